@@ -1,0 +1,1 @@
+//! elastrec-brain (see Cargo.toml description).

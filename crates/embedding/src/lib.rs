@@ -1,0 +1,1 @@
+//! elastrec-embedding (see Cargo.toml description).

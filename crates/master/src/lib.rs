@@ -1,0 +1,1 @@
+//! elastrec-master (see Cargo.toml description).

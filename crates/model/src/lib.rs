@@ -1,0 +1,1 @@
+//! elastrec-model (see Cargo.toml description).

@@ -1,0 +1,1 @@
+//! elastrec-ps (see Cargo.toml description).

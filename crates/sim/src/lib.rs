@@ -1,0 +1,1 @@
+//! elastrec-sim (see Cargo.toml description).

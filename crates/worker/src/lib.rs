@@ -1,0 +1,1 @@
+//! elastrec-worker (see Cargo.toml description).
