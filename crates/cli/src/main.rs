@@ -1,10 +1,143 @@
 //! The `elastrec` binary: thin glue over the library crates.
-use clap::Parser;
+//!
+//! Each subcommand parses its flags, builds a validated configuration and calls one library
+//! function; no training, data or scheduling logic lives here.
 
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+
+mod commands;
+
+/// Elastic, failure-tolerant training of deep learning recommendation models (DLRM).
 #[derive(Parser)]
-#[command(name = "elastrec", version, about = "Elastic, failure-tolerant DLRM training")]
-enum Cli {}
+#[command(name = "elastrec", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `elastrec_worker=debug`.
+    #[arg(long, global = true, env = "ELASTREC_LOG", default_value = "warn")]
+    log: String,
+}
 
-fn main() {
-    let _ = Cli::parse();
+#[derive(Subcommand)]
+enum Command {
+    /// Train a DLRM in this process (the standalone mode) from a job file.
+    Train(TrainArgs),
+    /// Generate Criteo-shaped data (raw Criteo layout) with a hidden teacher model.
+    GenData(GenDataArgs),
+    /// Evaluate a saved model on Criteo-layout files: AUC and logloss.
+    Eval(EvalArgs),
+    /// Measure training throughput of the Criteo-Kaggle-shaped model.
+    Bench(BenchArgs),
+}
+
+#[derive(clap::Args)]
+struct TrainArgs {
+    /// Job file (TOML); see docs/config.md.
+    config: PathBuf,
+    /// Print the fully resolved configuration and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+/// On-disk format of generated files.
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    /// Criteo raw TSV.
+    Tsv,
+    /// Apache Parquet.
+    Parquet,
+}
+
+#[derive(clap::Args)]
+struct GenDataArgs {
+    /// Output directory (created if missing).
+    #[arg(long)]
+    out: PathBuf,
+    /// Total number of rows over all day files.
+    #[arg(long, default_value_t = 700_000)]
+    rows: u64,
+    /// File format.
+    #[arg(long, value_enum, default_value_t = Format::Tsv)]
+    format: Format,
+    /// Seed: the same seed produces the same bytes.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Number of day files.
+    #[arg(long, default_value_t = 7)]
+    days: u32,
+    /// Factor applied to the published Criteo Kaggle per-feature cardinalities.
+    #[arg(long, default_value_t = 0.01)]
+    scale: f64,
+}
+
+#[derive(clap::Args)]
+struct EvalArgs {
+    /// Saved model (`model.bin` in a run directory).
+    #[arg(long)]
+    model: PathBuf,
+    /// Criteo TSV/Parquet files, or directories whose `day_*` files are all read.
+    #[arg(long, required = true, num_args = 1..)]
+    data: Vec<PathBuf>,
+    /// Malformed rows: fail (default) or skip.
+    #[arg(long, default_value = "fail")]
+    on_bad_row: String,
+    /// Print the result as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// Steps to time (after warm-up).
+    #[arg(long, default_value_t = 30)]
+    steps: usize,
+    /// Batch size.
+    #[arg(long, default_value_t = 2048)]
+    batch_size: usize,
+    /// Math threads (0: all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Directory for the file-reading variant's data (generated if missing).
+    #[arg(long, default_value = "data/bench")]
+    data_dir: PathBuf,
+    /// Also run the PyTorch reference (`bench/pytorch_dlrm.py`) with this Python
+    /// interpreter (e.g. `.venv/bin/python`) and print the ratio.
+    #[arg(long)]
+    pytorch: Option<PathBuf>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&cli.log).context("invalid --log filter")?,
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match cli.command {
+        Command::Train(a) => commands::train(&a.config, a.print_config),
+        Command::GenData(a) => commands::gen_data(commands::GenData {
+            out: a.out,
+            rows: a.rows,
+            parquet: matches!(a.format, Format::Parquet),
+            seed: a.seed,
+            days: a.days,
+            scale: a.scale,
+        }),
+        Command::Eval(a) => commands::eval(&a.model, &a.data, &a.on_bad_row, a.json),
+        Command::Bench(a) => commands::bench(commands::Bench {
+            steps: a.steps,
+            batch_size: a.batch_size,
+            threads: a.threads,
+            data_dir: a.data_dir,
+            pytorch: a.pytorch,
+            json: a.json,
+        }),
+    }
 }

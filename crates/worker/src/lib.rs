@@ -1,1 +1,16 @@
-//! elastrec-worker (see Cargo.toml description).
+//! The training worker.
+//!
+//! Owns the training step (embedding lookup → dense DLRM forward/backward → sparse and
+//! dense updates), the single-process trainer behind `elastrec train` (the standalone mode
+//! of the whole system), the job-file format, and saved-model files for `elastrec eval`.
+
+pub mod config;
+pub mod error;
+pub mod model_file;
+pub mod step;
+pub mod trainer;
+
+pub use config::JobConfig;
+pub use error::{Result, WorkerError};
+pub use step::{Dlrm, Predictor, TrainStep};
+pub use trainer::{evaluate, train, EvalResult, Summary};

@@ -1,0 +1,188 @@
+//! Subcommand bodies: build a configuration, call one library function, print the result.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use elastrec_data::{GenSpec, OutputFormat};
+use elastrec_worker::config::JobConfig;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// Sizes the global rayon pool (0: all cores).
+fn init_threads(threads: usize) -> Result<()> {
+    if threads > 0 {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build_global()
+            .context("could not size the thread pool")?;
+    }
+    Ok(())
+}
+
+pub fn train(config: &Path, print_config: bool) -> Result<()> {
+    let job = JobConfig::load(config)?;
+    if print_config {
+        print!("{}", toml::to_string_pretty(&job)?);
+        return Ok(());
+    }
+    init_threads(job.train.threads)?;
+    let s =
+        elastrec_worker::train(&job).with_context(|| format!("training {}", config.display()))?;
+    println!("training finished");
+    println!("  samples           {:>12}", s.samples);
+    println!(
+        "  epochs / steps    {:>12}",
+        format!("{} / {}", s.epochs, s.steps)
+    );
+    println!("  samples/s         {:>12.0}", s.samples_per_s);
+    println!("  train loss        {:>12.4}", s.train_loss);
+    if let Some(e) = s.eval {
+        println!("  eval AUC          {:>12.4}", e.auc);
+        println!("  eval logloss      {:>12.4}", e.logloss);
+        println!("  eval samples      {:>12}", e.samples);
+    }
+    if let Some(t) = s.teacher_auc {
+        println!("  teacher AUC       {:>12.4}  (the data's ceiling)", t);
+        if let Some(e) = s.eval {
+            let lift = (e.auc - 0.5) / (t - 0.5);
+            println!("  share of lift     {:>11.1}%", 100.0 * lift);
+        }
+    }
+    println!("  wall time         {:>11.1}s", s.wall_s);
+    println!("  threads           {:>12}", s.threads);
+    if s.rows_skipped > 0 {
+        println!("  bad rows skipped  {:>12}", s.rows_skipped);
+        for e in &s.skipped_examples {
+            println!("    {e}");
+        }
+    }
+    println!(
+        "  results           {}",
+        job.output.dir.join("summary.json").display()
+    );
+    if let Some(p) = &s.model_path {
+        println!("  model             {}", p.display());
+    }
+    Ok(())
+}
+
+pub struct GenData {
+    pub out: PathBuf,
+    pub rows: u64,
+    pub parquet: bool,
+    pub seed: u64,
+    pub days: u32,
+    pub scale: f64,
+}
+
+pub fn gen_data(a: GenData) -> Result<()> {
+    if a.rows == 0 {
+        bail!("--rows must be at least 1");
+    }
+    let spec = GenSpec {
+        out: a.out.clone(),
+        rows: a.rows,
+        format: if a.parquet {
+            OutputFormat::Parquet
+        } else {
+            OutputFormat::Tsv
+        },
+        seed: a.seed,
+        days: a.days,
+        scale: a.scale,
+    };
+    let pb = ProgressBar::with_draw_target(Some(a.rows), ProgressDrawTarget::stderr());
+    pb.set_style(ProgressStyle::with_template(
+        "generating [{elapsed_precise}] {wide_bar} {pos}/{len} ({per_sec}, eta {eta})",
+    )?);
+    let r = elastrec_data::generate_with_progress(&spec, &|done| pb.set_position(done))?;
+    pb.finish_and_clear();
+    println!(
+        "wrote {} rows to {} in {:.1}s ({:.0} rows/s)",
+        r.rows,
+        a.out.display(),
+        r.generation_secs,
+        r.rows_per_sec
+    );
+    for f in &r.files {
+        println!("  {:<20} {:>10} rows {:>12} bytes", f.name, f.rows, f.bytes);
+    }
+    println!(
+        "click rate {:.4}, teacher AUC {:.4} (the ceiling a model can approach)",
+        r.click_rate, r.teacher_auc
+    );
+    println!("report: {}", a.out.join("report.json").display());
+    Ok(())
+}
+
+/// Expands directories into their `day_*` data files, in name order.
+fn data_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for p in inputs {
+        if p.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(p)
+                .with_context(|| format!("reading directory {}", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| {
+                    f.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("day_") && !n.ends_with(".idx"))
+                })
+                .collect();
+            found.sort();
+            if found.is_empty() {
+                bail!("{}: no day_* data files in this directory", p.display());
+            }
+            files.extend(found);
+        } else if p.exists() {
+            files.push(p.clone());
+        } else {
+            bail!("{}: no such file or directory", p.display());
+        }
+    }
+    Ok(files)
+}
+
+pub fn eval(model: &Path, data: &[PathBuf], on_bad_row: &str, json: bool) -> Result<()> {
+    let policy = match on_bad_row {
+        "fail" => elastrec_data::BadRowPolicy::Fail,
+        "skip" => elastrec_data::BadRowPolicy::Skip,
+        other => bail!("--on-bad-row must be `fail` or `skip`, got `{other}`"),
+    };
+    let (dlrm, mut job) = elastrec_worker::model_file::load(model)?;
+    job.data.on_bad_row = policy;
+    let files = data_files(data)?;
+    let mut stats = elastrec_data::ReadStats::default();
+    let batches = elastrec_worker::trainer::load_eval_set(&files, &job, &mut stats)?;
+    let mut predictor = elastrec_worker::Predictor::new(&dlrm, job.train.batch_size);
+    let r = elastrec_worker::evaluate(&dlrm, &batches, &mut predictor)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"auc": r.auc, "logloss": r.logloss, "samples": r.samples,
+                "rows_skipped": stats.rows_skipped, "files": files})
+        );
+    } else {
+        println!("model    {}", model.display());
+        println!("files    {}", files.len());
+        println!("samples  {}", r.samples);
+        println!("AUC      {:.4}", r.auc);
+        println!("logloss  {:.4}", r.logloss);
+        if stats.rows_skipped > 0 {
+            println!("{stats}");
+        }
+    }
+    Ok(())
+}
+
+pub struct Bench {
+    pub steps: usize,
+    pub batch_size: usize,
+    pub threads: usize,
+    pub data_dir: PathBuf,
+    pub pytorch: Option<PathBuf>,
+    pub json: bool,
+}
+
+pub fn bench(_a: Bench) -> Result<()> {
+    bail!("not yet wired")
+}

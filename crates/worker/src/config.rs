@@ -1,0 +1,517 @@
+//! The training job file (TOML): typed, documented, defaulted and typo-proof.
+//!
+//! Every field has a default, so the smallest job file names only its data. Unknown keys are
+//! rejected (`deny_unknown_fields`) so a typo is an error, not a silently ignored setting.
+//! The field-by-field reference lives in `docs/config.md`; a test checks that every field
+//! of these structs appears there.
+
+use std::path::{Path, PathBuf};
+
+use elastrec_data::BadRowPolicy;
+use elastrec_embedding::SparseOptimizerConfig;
+use elastrec_model::{DenseOptimizerConfig, InteractionKind};
+use serde::{Deserialize, Serialize};
+
+/// A whole training job.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobConfig {
+    /// Where the samples come from.
+    pub data: DataConfig,
+    /// Model shape.
+    pub model: ModelConfig,
+    /// Loop settings: epochs, batch size, evaluation, threads.
+    pub train: TrainConfig,
+    /// Dense and sparse optimizers.
+    pub optimizer: OptimizerConfig,
+    /// Where results go.
+    pub output: OutputConfig,
+}
+
+/// Data source: a directory of Criteo-layout day files.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// Directory holding the day files (relative paths are relative to the job file).
+    pub dir: PathBuf,
+    /// File names (inside `dir`) used for training, in order.
+    pub train: Vec<String>,
+    /// File names (inside `dir`) held out for evaluation.
+    pub eval: Vec<String>,
+    /// What to do with a malformed row: `"fail"` stops with `file:line: field N: reason`,
+    /// `"skip"` counts it and reports the count at the end.
+    pub on_bad_row: BadRowPolicy,
+    /// When set and `dir` does not exist, the data is generated there first.
+    pub generate: Option<GenerateConfig>,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            dir: PathBuf::from("data/quickstart"),
+            train: (0..6).map(|d| format!("day_{d}.tsv")).collect(),
+            eval: vec!["day_6.tsv".into()],
+            on_bad_row: BadRowPolicy::Fail,
+            generate: None,
+        }
+    }
+}
+
+/// Parameters for generating the data set when it is missing.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct GenerateConfig {
+    /// Total rows over all day files.
+    pub rows: u64,
+    /// Number of day files.
+    pub days: u32,
+    /// Seed of the generator (same seed, same bytes).
+    pub seed: u64,
+    /// Factor applied to the published Criteo Kaggle per-feature cardinalities.
+    pub scale: f64,
+}
+
+impl Default for GenerateConfig {
+    fn default() -> Self {
+        Self {
+            rows: 700_000,
+            days: 7,
+            seed: 42,
+            scale: 0.01,
+        }
+    }
+}
+
+/// DLRM shape.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Embedding dimension `d` of every table (equals the bottom MLP's output for `dot`).
+    pub embedding_dim: usize,
+    /// Hidden and output sizes of the bottom MLP (its input is the 13 integer features).
+    pub bottom_mlp: Vec<usize>,
+    /// Hidden and output sizes of the top MLP (its input size follows from the
+    /// interaction; the last size must be 1).
+    pub top_mlp: Vec<usize>,
+    /// Feature interaction: `"dot"` (pairwise dot products) or `"concat"`.
+    pub interaction: InteractionKind,
+    /// Hashed rows per table: one number for all 26 tables, or a list of 26.
+    pub table_rows: TableRows,
+    /// Upper bound applied to every table's row count (keeps memory predictable).
+    pub max_table_rows: u64,
+    /// Seed of the parameter initialization.
+    pub seed: u64,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            embedding_dim: 16,
+            bottom_mlp: vec![512, 256, 64, 16],
+            top_mlp: vec![512, 256, 1],
+            interaction: InteractionKind::Dot,
+            table_rows: TableRows::Auto,
+            max_table_rows: 1_000_000,
+            seed: 1,
+        }
+    }
+}
+
+/// How many hashed rows each embedding table has.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum TableRows {
+    /// The per-feature cardinalities in the data set's `report.json` (written by
+    /// `elastrec gen-data`), capped by `max_table_rows`; 100,000 each without a report.
+    #[default]
+    Auto,
+    /// The same row count for every table.
+    All(u64),
+    /// One row count per table (26 values).
+    PerTable(Vec<u64>),
+}
+
+impl Serialize for TableRows {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            TableRows::Auto => s.serialize_str("auto"),
+            TableRows::All(n) => s.serialize_u64(*n),
+            TableRows::PerTable(v) => v.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for TableRows {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Name(String),
+            One(i64),
+            Many(Vec<i64>),
+        }
+        let positive = |n: i64| -> Result<u64, D::Error> {
+            if n <= 0 {
+                Err(serde::de::Error::custom(format!(
+                    "table_rows must be positive, got {n}"
+                )))
+            } else {
+                Ok(n as u64)
+            }
+        };
+        match Raw::deserialize(d)? {
+            Raw::Name(s) if s == "auto" => Ok(TableRows::Auto),
+            Raw::Name(s) => Err(serde::de::Error::custom(format!(
+                "table_rows must be \"auto\", a number or a list of 26 numbers, got \"{s}\""
+            ))),
+            Raw::One(n) => Ok(TableRows::All(positive(n)?)),
+            Raw::Many(v) => Ok(TableRows::PerTable(
+                v.into_iter().map(positive).collect::<Result<_, _>>()?,
+            )),
+        }
+    }
+}
+
+/// Training-loop settings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Passes over the training files.
+    pub epochs: u32,
+    /// Samples per step.
+    pub batch_size: usize,
+    /// Evaluate on the held-out files every this many training samples (0: only at the
+    /// end of each epoch).
+    pub eval_every: u64,
+    /// Worker threads for the math (0: all cores).
+    pub threads: usize,
+    /// Stop after this many training samples (0: no limit). Useful for smoke runs.
+    pub max_samples: u64,
+    /// Show a progress bar (off automatically when stderr is not a terminal).
+    pub progress: bool,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            epochs: 1,
+            batch_size: 2048,
+            eval_every: 0,
+            threads: 0,
+            max_samples: 0,
+            progress: true,
+        }
+    }
+}
+
+/// Dense and sparse optimizer choice. The types are the optimizer crates' own, so a job
+/// file configures exactly what runs.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimizerConfig {
+    /// Optimizer of the MLP parameters.
+    pub dense: DenseOptimizerConfig,
+    /// Optimizer of the embedding rows.
+    pub sparse: SparseOptimizerConfig,
+}
+
+impl Default for OptimizerConfig {
+    fn default() -> Self {
+        Self {
+            dense: DenseOptimizerConfig::Adagrad {
+                lr: 0.01,
+                initial_accumulator: 0.0,
+                eps: 1e-10,
+            },
+            sparse: SparseOptimizerConfig::RowWiseAdagrad {
+                lr: 0.05,
+                eps: 1e-8,
+                initial_accumulator: 0.0,
+            },
+        }
+    }
+}
+
+/// Where results are written.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutputConfig {
+    /// Run directory: `metrics.jsonl`, `summary.json` and `model.bin` go here (relative
+    /// paths are relative to the job file).
+    pub dir: PathBuf,
+    /// Save the trained model to `<dir>/model.bin` for `elastrec eval`.
+    pub save_model: bool,
+}
+
+impl Default for OutputConfig {
+    fn default() -> Self {
+        Self {
+            dir: PathBuf::from("runs/quickstart"),
+            save_model: true,
+        }
+    }
+}
+
+/// A configuration error, naming the field at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read job file {path}: {source}")]
+    Read {
+        /// The job file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// TOML syntax error, unknown field or wrong type.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The job file.
+        path: PathBuf,
+        /// The TOML parser's message, which names the field and position.
+        message: String,
+    },
+    /// A value out of its allowed range.
+    #[error("{path}: field `{field}`: {reason}")]
+    Invalid {
+        /// The job file.
+        path: PathBuf,
+        /// Dotted field name, e.g. `train.batch_size`.
+        field: &'static str,
+        /// What is wrong and what is allowed.
+        reason: String,
+    },
+}
+
+impl JobConfig {
+    /// Parses TOML text; `path` only names the source in errors.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let cfg: JobConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+
+    /// Reads and validates a job file; relative data and output paths are resolved
+    /// against the file's directory.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut cfg = Self::from_toml(&text, path)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        cfg.data.dir = base.join(&cfg.data.dir);
+        cfg.output.dir = base.join(&cfg.output.dir);
+        Ok(cfg)
+    }
+
+    /// Range checks that serde's types cannot express.
+    pub fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let bad = |field: &'static str, reason: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            field,
+            reason,
+        };
+        let m = &self.model;
+        if m.embedding_dim == 0 {
+            return Err(bad("model.embedding_dim", "must be at least 1".into()));
+        }
+        if m.bottom_mlp.is_empty() || m.bottom_mlp.contains(&0) {
+            return Err(bad(
+                "model.bottom_mlp",
+                "needs at least one layer, every size ≥ 1".into(),
+            ));
+        }
+        if m.interaction == InteractionKind::Dot && m.bottom_mlp.last() != Some(&m.embedding_dim) {
+            return Err(bad(
+                "model.bottom_mlp",
+                format!(
+                    "the last size ({}) must equal model.embedding_dim ({}) for the dot interaction",
+                    m.bottom_mlp.last().copied().unwrap_or(0),
+                    m.embedding_dim
+                ),
+            ));
+        }
+        if m.top_mlp.last() != Some(&1) || m.top_mlp.contains(&0) {
+            return Err(bad(
+                "model.top_mlp",
+                "sizes must be ≥ 1 and the last must be 1 (the click logit)".into(),
+            ));
+        }
+        if let TableRows::PerTable(v) = &m.table_rows {
+            if v.len() != elastrec_data::NUM_SPARSE {
+                return Err(bad(
+                    "model.table_rows",
+                    format!(
+                        "a list needs {} entries (one per categorical feature), got {}",
+                        elastrec_data::NUM_SPARSE,
+                        v.len()
+                    ),
+                ));
+            }
+        }
+        if m.max_table_rows == 0 {
+            return Err(bad("model.max_table_rows", "must be at least 1".into()));
+        }
+        if self.train.batch_size == 0 {
+            return Err(bad("train.batch_size", "must be at least 1".into()));
+        }
+        if self.train.epochs == 0 {
+            return Err(bad("train.epochs", "must be at least 1".into()));
+        }
+        if self.data.train.is_empty() {
+            return Err(bad("data.train", "names no training file".into()));
+        }
+        let dense_lr = match self.optimizer.dense {
+            DenseOptimizerConfig::Sgd { lr }
+            | DenseOptimizerConfig::Adagrad { lr, .. }
+            | DenseOptimizerConfig::Adam { lr, .. } => lr,
+        };
+        if !(dense_lr.is_finite() && dense_lr > 0.0) {
+            return Err(bad(
+                "optimizer.dense.lr",
+                format!("must be a positive number, got {dense_lr}"),
+            ));
+        }
+        if let Err(e) = self.optimizer.sparse.validate() {
+            return Err(bad("optimizer.sparse", e.to_string()));
+        }
+        if let Some(g) = &self.data.generate {
+            if g.rows == 0 || g.days == 0 {
+                return Err(bad(
+                    "data.generate",
+                    "rows and days must be at least 1".into(),
+                ));
+            }
+            if !(g.scale.is_finite() && g.scale > 0.0) {
+                return Err(bad(
+                    "data.generate.scale",
+                    format!("must be a positive number, got {}", g.scale),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolved paths of the training files.
+    pub fn train_files(&self) -> Vec<PathBuf> {
+        self.data
+            .train
+            .iter()
+            .map(|f| self.data.dir.join(f))
+            .collect()
+    }
+
+    /// Resolved paths of the evaluation files.
+    pub fn eval_files(&self) -> Vec<PathBuf> {
+        self.data
+            .eval
+            .iter()
+            .map(|f| self.data.dir.join(f))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<JobConfig, ConfigError> {
+        JobConfig::from_toml(text, Path::new("job.toml"))
+    }
+
+    #[test]
+    fn empty_file_gives_documented_defaults() {
+        let cfg = parse("").unwrap();
+        assert_eq!(cfg, JobConfig::default());
+        assert_eq!(cfg.train.batch_size, 2048);
+        assert_eq!(cfg.model.bottom_mlp, vec![512, 256, 64, 16]);
+    }
+
+    #[test]
+    fn unknown_field_is_named() {
+        let err = parse("[train]\nbatch_sise = 10\n").unwrap_err().to_string();
+        assert!(err.contains("batch_sise"), "{err}");
+    }
+
+    #[test]
+    fn negative_and_zero_values_are_rejected_with_field() {
+        let err = parse("[train]\nbatch_size = -1\n").unwrap_err().to_string();
+        assert!(err.contains("batch_size"), "{err}");
+        let err = parse("[train]\nbatch_size = 0\n").unwrap_err().to_string();
+        assert!(err.contains("train.batch_size"), "{err}");
+        let err = parse("[model]\ntable_rows = -5\n").unwrap_err().to_string();
+        assert!(err.contains("table_rows must be positive"), "{err}");
+    }
+
+    #[test]
+    fn dot_interaction_needs_matching_bottom_output() {
+        let err = parse("[model]\nbottom_mlp = [64, 8]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("model.bottom_mlp"), "{err}");
+        assert!(parse("[model]\nbottom_mlp = [64, 8]\ninteraction = \"concat\"\n").is_ok());
+    }
+
+    #[test]
+    fn optimizers_are_tagged_by_type() {
+        let cfg = parse(
+            "[optimizer.dense]\ntype = \"adam\"\nlr = 0.001\n[optimizer.sparse]\ntype = \"sgd\"\nlr = 0.1\n",
+        )
+        .unwrap();
+        assert!(
+            matches!(cfg.optimizer.dense, DenseOptimizerConfig::Adam { lr, .. } if lr == 0.001)
+        );
+        assert_eq!(cfg.optimizer.sparse, SparseOptimizerConfig::Sgd { lr: 0.1 });
+        let err = parse("[optimizer.dense]\ntype = \"adagrad\"\nlr = -1.0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("optimizer.dense.lr"), "{err}");
+    }
+
+    #[test]
+    fn table_rows_forms() {
+        let cfg = parse("[model]\ntable_rows = 1000\n").unwrap();
+        assert_eq!(cfg.model.table_rows, TableRows::All(1000));
+        let err = parse("[model]\ntable_rows = [1, 2]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("26 entries"), "{err}");
+    }
+
+    /// The config reference must document every field the structs accept.
+    #[test]
+    fn config_reference_documents_every_field() {
+        let doc = include_str!("../../../docs/config.md");
+        let defaults = toml::to_string(&JobConfig {
+            data: DataConfig {
+                generate: Some(GenerateConfig::default()),
+                ..DataConfig::default()
+            },
+            ..JobConfig::default()
+        })
+        .unwrap();
+        let value: toml::Value = toml::from_str(&defaults).unwrap();
+        let mut missing = Vec::new();
+        collect_keys(&value, "", &mut missing, doc);
+        assert!(missing.is_empty(), "docs/config.md lacks: {missing:?}");
+    }
+
+    fn collect_keys(v: &toml::Value, prefix: &str, missing: &mut Vec<String>, doc: &str) {
+        if let toml::Value::Table(t) = v {
+            for (k, child) in t {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                if !doc.contains(&format!("`{key}`")) {
+                    missing.push(key.clone());
+                }
+                collect_keys(child, &key, missing, doc);
+            }
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! One DLRM training step: gather embeddings → dense forward/backward → dense optimizer
+//! step and sparse row updates. Every buffer is allocated once for the maximum batch.
+
+use elastrec_data::{Batch, NUM_DENSE, NUM_SPARSE};
+use elastrec_embedding::{EmbeddingConfig, EmbeddingStore, UpdateScratch};
+use elastrec_model::{DenseDlrm, DenseOptimizer, DenseOptimizerConfig, DlrmConfig, Workspace};
+
+use crate::config::JobConfig;
+use crate::error::Result;
+
+/// A complete DLRM: embedding tables plus the dense part.
+pub struct Dlrm {
+    /// Embedding tables with their sparse optimizer state.
+    pub embeddings: EmbeddingStore,
+    /// Bottom MLP, interaction and top MLP (flat parameters).
+    pub dense: DenseDlrm,
+}
+
+impl Dlrm {
+    /// A freshly initialized model from a job's model and optimizer settings, with the
+    /// given per-table row counts.
+    pub fn new(job: &JobConfig, table_rows: Vec<u64>) -> Result<Self> {
+        let m = &job.model;
+        let mut bottom = vec![NUM_DENSE];
+        bottom.extend_from_slice(&m.bottom_mlp);
+        let dense = DenseDlrm::new(DlrmConfig {
+            bottom,
+            top: m.top_mlp.clone(),
+            num_tables: NUM_SPARSE,
+            embedding_dim: m.embedding_dim,
+            interaction: m.interaction,
+            seed: m.seed,
+        })?;
+        let embeddings = EmbeddingStore::new(EmbeddingConfig {
+            dim: m.embedding_dim,
+            rows: table_rows,
+            optimizer: job.optimizer.sparse,
+            seed: m.seed,
+        })?;
+        Ok(Self { embeddings, dense })
+    }
+
+    /// Embedding dimension.
+    pub fn dim(&self) -> usize {
+        self.embeddings.dim()
+    }
+}
+
+/// Reusable buffers for forward-only passes (evaluation, prediction).
+pub struct Predictor {
+    ws: Workspace,
+    emb: Vec<f32>,
+}
+
+impl Predictor {
+    /// Buffers for batches of up to `max_batch` samples.
+    pub fn new(model: &Dlrm, max_batch: usize) -> Self {
+        Self {
+            ws: model.dense.workspace(max_batch),
+            emb: vec![0.0; max_batch * NUM_SPARSE * model.dim()],
+        }
+    }
+
+    /// Writes click probabilities of `batch` into `probs` (resized to the batch length).
+    pub fn predict(&mut self, model: &Dlrm, batch: &Batch, probs: &mut Vec<f32>) -> Result<()> {
+        let n = batch.len();
+        let emb = &mut self.emb[..n * NUM_SPARSE * model.dim()];
+        model.embeddings.gather(&batch.sparse, emb)?;
+        probs.resize(n, 0.0);
+        model
+            .dense
+            .predict(&batch.dense, emb, &mut self.ws, probs)?;
+        Ok(())
+    }
+}
+
+/// Training state: the model, its dense optimizer and the step's buffers.
+pub struct TrainStep {
+    /// The model being trained.
+    pub model: Dlrm,
+    dense_opt: Box<dyn DenseOptimizer>,
+    ws: Workspace,
+    emb: Vec<f32>,
+    scratch: UpdateScratch,
+    max_batch: usize,
+}
+
+impl TrainStep {
+    /// Training state for batches of up to `max_batch` samples.
+    pub fn new(model: Dlrm, dense_opt: &DenseOptimizerConfig, max_batch: usize) -> Self {
+        let dense_opt = dense_opt.build(model.dense.num_params());
+        let ws = model.dense.workspace(max_batch);
+        let emb = vec![0.0; max_batch * NUM_SPARSE * model.dim()];
+        Self {
+            model,
+            dense_opt,
+            ws,
+            emb,
+            scratch: UpdateScratch::new(),
+            max_batch,
+        }
+    }
+
+    /// Largest batch this state accepts.
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// Trains on one batch; returns its mean log loss (before the update).
+    pub fn train_batch(&mut self, batch: &Batch) -> Result<f32> {
+        let n = batch.len();
+        let emb = &mut self.emb[..n * NUM_SPARSE * self.model.dim()];
+        self.model.embeddings.gather(&batch.sparse, emb)?;
+        let loss =
+            self.model
+                .dense
+                .forward_backward(&batch.dense, emb, &batch.labels, &mut self.ws)?;
+        self.dense_opt
+            .step(self.model.dense.params_mut(), self.ws.grads());
+        self.model
+            .embeddings
+            .apply_gradients(&batch.sparse, self.ws.d_emb(), &mut self.scratch)?;
+        Ok(loss)
+    }
+}

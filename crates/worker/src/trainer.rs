@@ -1,0 +1,438 @@
+//! The single-process trainer behind `elastrec train`: the standalone mode of elastrec.
+//!
+//! Reading runs on its own thread and hands parsed batches over a bounded channel (buffers
+//! go back on a second channel, so steady state allocates nothing); the math uses every
+//! core through rayon. Held-out files are parsed once and kept in memory for the periodic
+//! evaluations (exact AUC over the whole held-out set, not an approximation).
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::time::Instant;
+
+use elastrec_data::{Batch, BatchReader, GenSpec, OutputFormat, ReadStats, NUM_SPARSE};
+use elastrec_embedding::capped_rows;
+use elastrec_model::EvalAccumulator;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
+
+use crate::config::{JobConfig, TableRows};
+use crate::error::{Result, WorkerError};
+use crate::model_file;
+use crate::step::{Dlrm, Predictor, TrainStep};
+
+/// Rows per table when neither the job nor a data report says otherwise.
+pub const DEFAULT_TABLE_ROWS: u64 = 100_000;
+
+/// Batches in flight between the reader thread and the trainer.
+const PREFETCH: usize = 4;
+
+/// Held-out evaluation result.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct EvalResult {
+    /// Exact ROC AUC over the whole held-out set.
+    pub auc: f64,
+    /// Mean log loss.
+    pub logloss: f64,
+    /// Samples evaluated.
+    pub samples: u64,
+}
+
+/// Final figures of a training run, also written to `summary.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// Training samples processed (all epochs).
+    pub samples: u64,
+    /// Optimizer steps.
+    pub steps: u64,
+    /// Epochs run.
+    pub epochs: u32,
+    /// Training throughput over time spent training (evaluation excluded).
+    pub samples_per_s: f64,
+    /// Mean training loss of the last epoch.
+    pub train_loss: f64,
+    /// Last held-out evaluation.
+    pub eval: Option<EvalResult>,
+    /// The generator's teacher AUC for this data, when a `report.json` is present: the
+    /// ceiling a model can approach.
+    pub teacher_auc: Option<f64>,
+    /// Wall time of the whole run, seconds (data loading and evaluation included).
+    pub wall_s: f64,
+    /// Math threads used.
+    pub threads: usize,
+    /// Rows per embedding table.
+    pub table_rows: Vec<u64>,
+    /// Malformed rows skipped (with `on_bad_row = "skip"`).
+    pub rows_skipped: u64,
+    /// The first skip messages.
+    pub skipped_examples: Vec<String>,
+    /// Where the model was saved.
+    pub model_path: Option<PathBuf>,
+}
+
+/// Generates the job's data if its directory is missing and the job says how.
+pub fn ensure_data(job: &JobConfig, progress: bool) -> Result<()> {
+    let Some(gen) = &job.data.generate else {
+        return Ok(());
+    };
+    if job.data.dir.exists() {
+        return Ok(());
+    }
+    let spec = GenSpec {
+        out: job.data.dir.clone(),
+        rows: gen.rows,
+        format: OutputFormat::Tsv,
+        seed: gen.seed,
+        days: gen.days,
+        scale: gen.scale,
+    };
+    let pb = progress_bar(progress, gen.rows, "generating");
+    let report = elastrec_data::generate_with_progress(&spec, &|done| pb.set_position(done))?;
+    pb.finish_and_clear();
+    eprintln!(
+        "generated {} rows in {} files under {} ({:.0} rows/s); teacher AUC {:.4}, click rate {:.3}",
+        report.rows,
+        report.files.len(),
+        job.data.dir.display(),
+        report.rows_per_sec,
+        report.teacher_auc,
+        report.click_rate
+    );
+    Ok(())
+}
+
+/// Per-table row counts for a job: explicit, or from the data's `report.json`.
+pub fn resolve_table_rows(job: &JobConfig) -> Vec<u64> {
+    let cap = job.model.max_table_rows;
+    match &job.model.table_rows {
+        TableRows::All(n) => vec![(*n).min(cap); NUM_SPARSE],
+        TableRows::PerTable(v) => capped_rows(v, cap),
+        TableRows::Auto => match elastrec_data::gen::read_report(&job.data.dir) {
+            Ok(report) if report.cardinalities.len() == NUM_SPARSE => {
+                capped_rows(&report.cardinalities, cap)
+            }
+            _ => vec![DEFAULT_TABLE_ROWS.min(cap); NUM_SPARSE],
+        },
+    }
+}
+
+/// Reads every held-out file into memory as batches of `batch_size`.
+pub fn load_eval_set(
+    files: &[PathBuf],
+    job: &JobConfig,
+    stats: &mut ReadStats,
+) -> Result<Vec<Batch>> {
+    let mut batches = Vec::new();
+    for f in files {
+        let mut reader = elastrec_data::open_reader(f, job.data.on_bad_row)?;
+        loop {
+            let mut b = Batch::with_capacity(job.train.batch_size);
+            if reader.next_batch(&mut b, job.train.batch_size)? == 0 {
+                break;
+            }
+            batches.push(b);
+        }
+        stats.merge(reader.stats());
+    }
+    Ok(batches)
+}
+
+/// Exact AUC and log loss of `model` over `batches`.
+pub fn evaluate(model: &Dlrm, batches: &[Batch], predictor: &mut Predictor) -> Result<EvalResult> {
+    let mut acc = EvalAccumulator::new();
+    let mut probs = Vec::new();
+    for b in batches {
+        predictor.predict(model, b, &mut probs)?;
+        acc.push(&probs, &b.labels);
+    }
+    Ok(EvalResult {
+        auc: acc.auc().unwrap_or(f64::NAN),
+        logloss: acc.logloss(),
+        samples: acc.count() as u64,
+    })
+}
+
+/// Streams the training files in order on a background thread.
+struct Prefetcher {
+    full: Receiver<Result<Batch>>,
+    empty: SyncSender<Batch>,
+    handle: Option<std::thread::JoinHandle<ReadStats>>,
+}
+
+impl Prefetcher {
+    fn start(files: Vec<PathBuf>, job: &JobConfig) -> Self {
+        let (full_tx, full) = sync_channel::<Result<Batch>>(PREFETCH);
+        let (empty, empty_rx) = sync_channel::<Batch>(PREFETCH + 2);
+        let batch_size = job.train.batch_size;
+        for _ in 0..PREFETCH + 2 {
+            empty
+                .send(Batch::with_capacity(batch_size))
+                .expect("receiver alive");
+        }
+        let policy = job.data.on_bad_row;
+        let handle = std::thread::Builder::new()
+            .name("elastrec-reader".into())
+            .spawn(move || {
+                let mut stats = ReadStats::default();
+                for f in files {
+                    let mut reader = match elastrec_data::open_reader(&f, policy) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            let _ = full_tx.send(Err(e.into()));
+                            return stats;
+                        }
+                    };
+                    loop {
+                        let Ok(mut b) = empty_rx.recv() else {
+                            return stats;
+                        };
+                        match reader.next_batch(&mut b, batch_size) {
+                            Ok(0) => break,
+                            Ok(_) => {
+                                if full_tx.send(Ok(b)).is_err() {
+                                    return stats;
+                                }
+                            }
+                            Err(e) => {
+                                let _ = full_tx.send(Err(e.into()));
+                                return stats;
+                            }
+                        }
+                    }
+                    stats.merge(reader.stats());
+                }
+                stats
+            })
+            .expect("spawn reader thread");
+        Self {
+            full,
+            empty,
+            handle: Some(handle),
+        }
+    }
+
+    /// The next batch, `None` at the end of the files.
+    fn next(&self) -> Option<Result<Batch>> {
+        self.full.recv().ok()
+    }
+
+    /// Returns a consumed batch's buffers to the reader.
+    fn recycle(&self, b: Batch) {
+        let _ = self.empty.send(b);
+    }
+
+    /// Stops the reader (it may be blocked on either channel) and returns its counters.
+    fn finish(self) -> ReadStats {
+        let Prefetcher {
+            full,
+            empty,
+            handle,
+        } = self;
+        drop(full);
+        drop(empty);
+        handle
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default()
+    }
+}
+
+fn progress_bar(enabled: bool, total: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(
+        Some(total),
+        if enabled {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        },
+    );
+    pb.set_style(
+        ProgressStyle::with_template(&format!(
+            "{what} [{{elapsed_precise}}] {{wide_bar}} {{pos}}/{{len}} ({{per_sec}}, eta {{eta}}) {{msg}}"
+        ))
+        .expect("valid template"),
+    );
+    pb
+}
+
+/// Appends one JSON object per line to `metrics.jsonl`.
+struct MetricsLog {
+    file: std::fs::File,
+    path: PathBuf,
+}
+
+impl MetricsLog {
+    fn open(dir: &Path) -> Result<Self> {
+        let path = dir.join("metrics.jsonl");
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| WorkerError::io(&path, e))?;
+        Ok(Self { file, path })
+    }
+
+    fn write(&mut self, value: serde_json::Value) -> Result<()> {
+        writeln!(self.file, "{value}").map_err(|e| WorkerError::io(&self.path, e))
+    }
+}
+
+/// Trains the job in this process and returns its summary (also written to
+/// `<output.dir>/summary.json`).
+pub fn train(job: &JobConfig) -> Result<Summary> {
+    let started = Instant::now();
+    let progress = job.train.progress;
+    ensure_data(job, progress)?;
+    for f in job.train_files().iter().chain(job.eval_files().iter()) {
+        if !f.exists() {
+            return Err(WorkerError::io(
+                f,
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "data file not found; check data.dir and data.train/data.eval, or add [data.generate]",
+                ),
+            ));
+        }
+    }
+    std::fs::create_dir_all(&job.output.dir).map_err(|e| WorkerError::io(&job.output.dir, e))?;
+    let mut metrics = MetricsLog::open(&job.output.dir)?;
+
+    let table_rows = resolve_table_rows(job);
+    let model = Dlrm::new(job, table_rows.clone())?;
+    let batch_size = job.train.batch_size;
+    let mut step = TrainStep::new(model, &job.optimizer.dense, batch_size);
+    let mut predictor = Predictor::new(&step.model, batch_size);
+
+    let mut eval_stats = ReadStats::default();
+    let eval_set = load_eval_set(&job.eval_files(), job, &mut eval_stats)?;
+    let train_rows: u64 = job
+        .train_files()
+        .iter()
+        .map(|f| elastrec_data::count_rows(f))
+        .sum::<std::result::Result<u64, _>>()?;
+    let mut budget = train_rows * job.train.epochs as u64;
+    if job.train.max_samples > 0 {
+        budget = budget.min(job.train.max_samples);
+    }
+
+    let pb = progress_bar(progress, budget, "training");
+    let mut samples = 0u64;
+    let mut steps = 0u64;
+    let mut train_time = 0.0f64;
+    let mut last_eval = None;
+    let mut next_eval = if job.train.eval_every > 0 {
+        job.train.eval_every
+    } else {
+        u64::MAX
+    };
+    let mut read_stats = ReadStats::default();
+    let mut epoch_loss = (0.0f64, 0u64);
+    let mut epochs_run = 0;
+    'epochs: for epoch in 0..job.train.epochs {
+        epochs_run = epoch + 1;
+        epoch_loss = (0.0, 0);
+        let reader = Prefetcher::start(job.train_files(), job);
+        let mut t0 = Instant::now();
+        while let Some(batch) = reader.next() {
+            let mut batch = batch?;
+            if job.train.max_samples > 0 {
+                let left = job.train.max_samples - samples;
+                if left == 0 {
+                    read_stats.merge(&reader.finish());
+                    break 'epochs;
+                }
+                truncate(&mut batch, left as usize);
+            }
+            let loss = step.train_batch(&batch)?;
+            if !loss.is_finite() {
+                return Err(WorkerError::Diverged { step: steps, loss });
+            }
+            let n = batch.len() as u64;
+            reader.recycle(batch);
+            samples += n;
+            steps += 1;
+            epoch_loss.0 += loss as f64 * n as f64;
+            epoch_loss.1 += n;
+            pb.set_position(samples);
+            if steps % 10 == 0 {
+                pb.set_message(format!("loss {:.4}", epoch_loss.0 / epoch_loss.1 as f64));
+            }
+            if samples >= next_eval {
+                train_time += t0.elapsed().as_secs_f64();
+                let r = evaluate(&step.model, &eval_set, &mut predictor)?;
+                pb.println(format!(
+                    "epoch {epoch} samples {samples}: eval AUC {:.4} logloss {:.4}",
+                    r.auc, r.logloss
+                ));
+                metrics.write(serde_json::json!({
+                    "event": "eval", "epoch": epoch, "samples": samples, "steps": steps,
+                    "train_loss": epoch_loss.0 / epoch_loss.1.max(1) as f64,
+                    "auc": r.auc, "logloss": r.logloss,
+                    "samples_per_s": samples as f64 / train_time.max(1e-9),
+                    "elapsed_s": started.elapsed().as_secs_f64(),
+                }))?;
+                last_eval = Some(r);
+                next_eval += job.train.eval_every;
+                t0 = Instant::now();
+            }
+        }
+        train_time += t0.elapsed().as_secs_f64();
+        read_stats.merge(&reader.finish());
+        let r = evaluate(&step.model, &eval_set, &mut predictor)?;
+        pb.println(format!(
+            "epoch {epoch} done ({samples} samples): eval AUC {:.4} logloss {:.4}",
+            r.auc, r.logloss
+        ));
+        metrics.write(serde_json::json!({
+            "event": "epoch", "epoch": epoch, "samples": samples, "steps": steps,
+            "train_loss": epoch_loss.0 / epoch_loss.1.max(1) as f64,
+            "auc": r.auc, "logloss": r.logloss,
+            "samples_per_s": samples as f64 / train_time.max(1e-9),
+            "elapsed_s": started.elapsed().as_secs_f64(),
+        }))?;
+        last_eval = Some(r);
+    }
+    pb.finish_and_clear();
+    if last_eval.is_none_or(|e| e.samples == 0) && !eval_set.is_empty() {
+        last_eval = Some(evaluate(&step.model, &eval_set, &mut predictor)?);
+    }
+
+    let model_path = if job.output.save_model {
+        let p = job.output.dir.join("model.bin");
+        model_file::save(&step.model, job, &p)?;
+        Some(p)
+    } else {
+        None
+    };
+    read_stats.merge(&eval_stats);
+    let summary = Summary {
+        samples,
+        steps,
+        epochs: epochs_run,
+        samples_per_s: samples as f64 / train_time.max(1e-9),
+        train_loss: epoch_loss.0 / epoch_loss.1.max(1) as f64,
+        eval: last_eval,
+        teacher_auc: elastrec_data::gen::read_report(&job.data.dir)
+            .ok()
+            .map(|r| r.teacher_auc),
+        wall_s: started.elapsed().as_secs_f64(),
+        threads: rayon::current_num_threads(),
+        table_rows,
+        rows_skipped: read_stats.rows_skipped,
+        skipped_examples: read_stats.first_errors.clone(),
+        model_path,
+    };
+    let path = job.output.dir.join("summary.json");
+    let text = serde_json::to_string_pretty(&summary).expect("summary serializes");
+    std::fs::write(&path, text).map_err(|e| WorkerError::io(&path, e))?;
+    Ok(summary)
+}
+
+/// Keeps the first `n` samples of `batch`.
+fn truncate(batch: &mut Batch, n: usize) {
+    if batch.len() > n {
+        batch.labels.truncate(n);
+        batch.dense.truncate(n * elastrec_data::NUM_DENSE);
+        batch.sparse.truncate(n * NUM_SPARSE);
+    }
+}
