@@ -11,3 +11,28 @@ pub const PROTOCOL_MAJOR: u32 = 1;
 pub mod common {
     tonic::include_proto!("elastrec.common.v1");
 }
+
+/// Generated code of the versioned packages, nested as their package names expect
+/// (`elastrec.master.v1` refers to `elastrec.common.v1` as `super::super::common::v1`).
+mod wire {
+    pub mod common {
+        pub mod v1 {
+            pub use crate::common::*;
+        }
+    }
+    pub mod master {
+        pub mod v1 {
+            tonic::include_proto!("elastrec.master.v1");
+        }
+    }
+    pub mod ps {
+        pub mod v1 {
+            tonic::include_proto!("elastrec.ps.v1");
+        }
+    }
+}
+
+/// The job master's service (`elastrec.master.v1`): membership, data tasks, scaling, status.
+pub use wire::master::v1 as master;
+/// The parameter server's service (`elastrec.ps.v1`): embedding rows and dense slices.
+pub use wire::ps::v1 as ps;

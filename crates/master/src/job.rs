@@ -1,0 +1,964 @@
+//! The job master's state machine: node table, task queue, ledger, scaling and failure
+//! policy. Side effects (clock, persistence, starting and stopping processes, log events)
+//! go through [`Context`], so the same code runs live, in tests and in a simulator.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ledger::LedgerSummary;
+use crate::tasks::{Assignment, ReportError, Reported, Task, TaskQueue};
+
+/// Role of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    /// Parameter server.
+    Ps,
+    /// Training worker.
+    Worker,
+}
+
+/// Life of a node as the master sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeState {
+    /// Launched, not registered yet.
+    Pending,
+    /// Registered and heartbeating.
+    Running,
+    /// Asked to finish its batch and exit (scaled away).
+    Stopping,
+    /// Left normally.
+    Exited,
+    /// Declared dead (silent too long or its process died).
+    Dead,
+}
+
+impl NodeState {
+    /// Still expected to heartbeat.
+    pub fn is_live(self) -> bool {
+        matches!(
+            self,
+            NodeState::Pending | NodeState::Running | NodeState::Stopping
+        )
+    }
+}
+
+/// One row of the node table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    /// Unique, never reused.
+    pub id: u32,
+    /// PS or worker.
+    pub role: Role,
+    /// PS index (shard number); for workers the launch sequence number.
+    pub index: u32,
+    /// Life state.
+    pub state: NodeState,
+    /// OS process id (0 unknown).
+    pub pid: u32,
+    /// Served address (PS).
+    pub addr: String,
+    /// Last time the master heard from it (ms, master clock).
+    pub last_seen_ms: u64,
+    /// When it was launched (ms).
+    pub started_ms: u64,
+    /// Samples trained (workers) as last reported.
+    pub samples: u64,
+    /// Step (PS: dense version; worker: local steps).
+    pub step: u64,
+    /// Which relaunch this is (0 for an original node).
+    pub restarts: u32,
+}
+
+/// Job-level settings of the state machine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    /// Number of parameter servers.
+    pub num_ps: u32,
+    /// A node silent this long is dead.
+    pub dead_after_ms: u64,
+    /// How many times dead workers are replaced over the job.
+    pub max_worker_restarts: u32,
+    /// A worker whose rate is below this fraction of its peers' median is a straggler.
+    pub straggler_ratio: f64,
+    /// Whether a final evaluation runs.
+    pub evaluate: bool,
+}
+
+/// Where the job is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Phase {
+    /// Training (or waiting for PS to come up).
+    Training,
+    /// Data done; one worker evaluates.
+    Evaluating,
+    /// Complete.
+    Finished,
+    /// Stopped by a failure.
+    Failed(String),
+}
+
+/// Final evaluation numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EvalResult {
+    /// Area under the ROC curve.
+    pub auc: f64,
+    /// Mean log loss.
+    pub logloss: f64,
+    /// Evaluated samples.
+    pub samples: u64,
+}
+
+/// Something worth a log line (and a metric).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// An epoch's ledger closed.
+    EpochDone(u32, LedgerSummary),
+    /// A node was declared dead.
+    NodeDead {
+        /// Node id.
+        id: u32,
+        /// Role.
+        role: Role,
+        /// Why.
+        reason: String,
+    },
+    /// A worker's remainder went back to the queue.
+    Requeued {
+        /// Worker.
+        worker: u32,
+        /// New task holding the remainder.
+        task: u64,
+    },
+    /// The job reached a terminal phase.
+    JobEnded(Phase),
+}
+
+/// One persisted change; applied to the database before the triggering reply is sent.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// Insert or update a task row.
+    Task(Task),
+    /// Append a consumed range `(epoch, file, start, end)`.
+    Range(u32, u32, u64, u64),
+    /// Insert or update a node row.
+    Node(Node),
+    /// Set a scalar (JSON text).
+    Meta(&'static str, String),
+}
+
+/// Side effects of the state machine.
+pub trait Context {
+    /// Milliseconds on the master's monotonic clock.
+    fn now_ms(&self) -> u64;
+    /// Records a change to persist before the current reply.
+    fn persist(&mut self, change: Change);
+    /// Starts a process for `node`.
+    fn launch(&mut self, node: &Node);
+    /// Stops `node`'s process (forcefully; used for dead or failed nodes).
+    fn kill(&mut self, node: &Node);
+    /// Reports an event (log line and metric).
+    fn event(&mut self, event: Event);
+}
+
+/// Answer to a worker's heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Directive {
+    /// Keep going.
+    Continue,
+    /// Finish the current batch, report, exit.
+    Stop,
+    /// Not a member (declared dead or never launched): exit without reporting.
+    Unknown,
+}
+
+/// Answer to get-task.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TaskReply {
+    /// Train it.
+    Task(Task),
+    /// Ask again later.
+    Wait,
+    /// Training over; evaluate when true.
+    Finished {
+        /// This worker runs the final evaluation.
+        evaluate: bool,
+    },
+    /// Scaled away or unknown: exit.
+    Stop,
+}
+
+/// Errors a caller can act on.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum JobError {
+    /// The node id is not in the table (or is dead).
+    #[error("node {0} is not a live member of this job")]
+    UnknownNode(u32),
+    /// A refused progress report.
+    #[error(transparent)]
+    Report(#[from] ReportError),
+    /// The request does not fit the node's role.
+    #[error("node {0} has the wrong role for this call")]
+    WrongRole(u32),
+}
+
+/// The whole master state.
+#[derive(Debug, Clone)]
+pub struct Job {
+    policy: Policy,
+    tasks: TaskQueue,
+    nodes: BTreeMap<u32, Node>,
+    next_node: u32,
+    target_workers: u32,
+    restarts_used: u32,
+    phase: Phase,
+    evaluator: Option<u32>,
+    eval: Option<EvalResult>,
+    epochs_closed: Vec<(u32, LedgerSummary)>,
+}
+
+impl Job {
+    /// A new job: launches the parameter servers and `workers` workers.
+    pub fn start(policy: Policy, tasks: TaskQueue, workers: u32, cx: &mut impl Context) -> Self {
+        let mut job = Self {
+            policy,
+            tasks,
+            nodes: BTreeMap::new(),
+            next_node: 1,
+            target_workers: workers,
+            restarts_used: 0,
+            phase: Phase::Training,
+            evaluator: None,
+            eval: None,
+            epochs_closed: Vec::new(),
+        };
+        for i in 0..job.policy.num_ps {
+            job.launch(Role::Ps, i, 0, cx);
+        }
+        for _ in 0..workers {
+            job.launch_worker(0, cx);
+        }
+        job.persist_meta(cx);
+        job
+    }
+
+    /// Rebuilds the master after a restart. Live nodes get a fresh grace period: they are
+    /// expected to re-register (or at least heartbeat) within the dead-node timeout.
+    #[allow(clippy::too_many_arguments)]
+    pub fn restore(
+        policy: Policy,
+        tasks: TaskQueue,
+        nodes: Vec<Node>,
+        target_workers: u32,
+        restarts_used: u32,
+        phase: Phase,
+        eval: Option<EvalResult>,
+        epochs_closed: Vec<(u32, LedgerSummary)>,
+        cx: &mut impl Context,
+    ) -> Self {
+        let now = cx.now_ms();
+        let mut job = Self {
+            policy,
+            tasks,
+            nodes: BTreeMap::new(),
+            next_node: 1,
+            target_workers,
+            restarts_used,
+            phase,
+            evaluator: None,
+            eval,
+            epochs_closed,
+        };
+        for mut n in nodes {
+            job.next_node = job.next_node.max(n.id + 1);
+            if n.state.is_live() {
+                n.last_seen_ms = now;
+            }
+            job.nodes.insert(n.id, n);
+        }
+        job
+    }
+
+    fn persist_meta(&self, cx: &mut impl Context) {
+        cx.persist(Change::Meta(
+            "target_workers",
+            self.target_workers.to_string(),
+        ));
+        cx.persist(Change::Meta(
+            "restarts_used",
+            self.restarts_used.to_string(),
+        ));
+        cx.persist(Change::Meta(
+            "generated_epochs",
+            self.tasks.generated_epochs().to_string(),
+        ));
+        cx.persist(Change::Meta(
+            "phase",
+            serde_json::to_string(&self.phase).expect("phase serializes"),
+        ));
+        cx.persist(Change::Meta(
+            "eval",
+            serde_json::to_string(&self.eval).expect("eval serializes"),
+        ));
+        cx.persist(Change::Meta(
+            "epochs_closed",
+            serde_json::to_string(&self.epochs_closed).expect("serializes"),
+        ));
+    }
+
+    fn flush_tasks(&mut self, cx: &mut impl Context) {
+        let (tasks, ranges) = self.tasks.take_dirty();
+        for t in tasks {
+            cx.persist(Change::Task(t));
+        }
+        for (e, f, s, t) in ranges {
+            cx.persist(Change::Range(e, f, s, t));
+        }
+    }
+
+    fn launch(&mut self, role: Role, index: u32, restarts: u32, cx: &mut impl Context) -> u32 {
+        let id = self.next_node;
+        self.next_node += 1;
+        let now = cx.now_ms();
+        let node = Node {
+            id,
+            role,
+            index,
+            state: NodeState::Pending,
+            pid: 0,
+            addr: String::new(),
+            last_seen_ms: now,
+            started_ms: now,
+            samples: 0,
+            step: 0,
+            restarts,
+        };
+        cx.launch(&node);
+        cx.persist(Change::Node(node.clone()));
+        self.nodes.insert(id, node);
+        id
+    }
+
+    fn launch_worker(&mut self, restarts: u32, cx: &mut impl Context) -> u32 {
+        let index = self
+            .nodes
+            .values()
+            .filter(|n| n.role == Role::Worker)
+            .count() as u32;
+        self.launch(Role::Worker, index, restarts, cx)
+    }
+
+    /// Policy settings.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The task queue and ledger.
+    pub fn tasks(&self) -> &TaskQueue {
+        &self.tasks
+    }
+
+    /// The node table.
+    pub fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.values()
+    }
+
+    /// A node by id.
+    pub fn node(&self, id: u32) -> Option<&Node> {
+        self.nodes.get(&id)
+    }
+
+    /// Current phase.
+    pub fn phase(&self) -> &Phase {
+        &self.phase
+    }
+
+    /// Desired number of workers.
+    pub fn target_workers(&self) -> u32 {
+        self.target_workers
+    }
+
+    /// Final evaluation, once reported.
+    pub fn eval(&self) -> Option<EvalResult> {
+        self.eval
+    }
+
+    /// Ledger verdicts of the epochs closed so far.
+    pub fn epochs_closed(&self) -> &[(u32, LedgerSummary)] {
+        &self.epochs_closed
+    }
+
+    /// Live workers that are training (not stopping).
+    pub fn active_workers(&self) -> u32 {
+        self.nodes
+            .values()
+            .filter(|n| {
+                n.role == Role::Worker && matches!(n.state, NodeState::Pending | NodeState::Running)
+            })
+            .count() as u32
+    }
+
+    /// PS addresses by index once all have registered.
+    pub fn ps_addrs(&self) -> Option<Vec<String>> {
+        let mut addrs = vec![String::new(); self.policy.num_ps as usize];
+        for n in self.nodes.values() {
+            if n.role == Role::Ps && n.state == NodeState::Running {
+                addrs[n.index as usize] = n.addr.clone();
+            }
+        }
+        addrs.iter().all(|a| !a.is_empty()).then_some(addrs)
+    }
+
+    fn live_node(&mut self, id: u32, cx: &impl Context) -> Result<&mut Node, JobError> {
+        let now = cx.now_ms();
+        match self.nodes.get_mut(&id) {
+            Some(n) if n.state.is_live() => {
+                n.last_seen_ms = now;
+                Ok(n)
+            }
+            _ => Err(JobError::UnknownNode(id)),
+        }
+    }
+
+    /// A launched process announces itself (also after a master restart).
+    pub fn register(
+        &mut self,
+        id: u32,
+        role: Role,
+        addr: &str,
+        pid: u32,
+        cx: &mut impl Context,
+    ) -> Result<(), JobError> {
+        let n = self.live_node(id, cx)?;
+        if n.role != role {
+            return Err(JobError::WrongRole(id));
+        }
+        if n.state == NodeState::Pending {
+            n.state = NodeState::Running;
+        }
+        n.addr = addr.to_string();
+        n.pid = pid;
+        let n = n.clone();
+        cx.persist(Change::Node(n));
+        Ok(())
+    }
+
+    /// A heartbeat: liveness, progress counters, and what the node should do.
+    pub fn heartbeat(
+        &mut self,
+        id: u32,
+        samples: u64,
+        step: u64,
+        cx: &mut impl Context,
+    ) -> Directive {
+        let Ok(n) = self.live_node(id, cx) else {
+            return Directive::Unknown;
+        };
+        n.samples = n.samples.max(samples);
+        n.step = n.step.max(step);
+        if n.state == NodeState::Stopping {
+            Directive::Stop
+        } else {
+            Directive::Continue
+        }
+    }
+
+    /// Rate (samples/s) of a worker since launch.
+    fn rate(n: &Node, now: u64) -> f64 {
+        n.samples as f64 * 1000.0 / (now.saturating_sub(n.started_ms).max(1)) as f64
+    }
+
+    /// True when `id`'s rate is well below the median of its running peers.
+    pub fn is_straggler(&self, id: u32, now: u64) -> bool {
+        let Some(me) = self.nodes.get(&id) else {
+            return false;
+        };
+        let mut peers: Vec<f64> = self
+            .nodes
+            .values()
+            .filter(|n| {
+                n.role == Role::Worker
+                    && n.state == NodeState::Running
+                    && n.id != id
+                    && n.samples > 0
+            })
+            .map(|n| Self::rate(n, now))
+            .collect();
+        if peers.len() < 2 || me.samples == 0 {
+            return false;
+        }
+        peers.sort_by(f64::total_cmp);
+        let median = peers[peers.len() / 2];
+        Self::rate(me, now) < self.policy.straggler_ratio * median
+    }
+
+    /// A worker asks for work.
+    pub fn get_task(&mut self, id: u32, cx: &mut impl Context) -> Result<TaskReply, JobError> {
+        let state = self.live_node(id, cx)?.state;
+        if state == NodeState::Stopping {
+            self.leave(id, cx);
+            return Ok(TaskReply::Stop);
+        }
+        match self.phase {
+            Phase::Training => {}
+            Phase::Evaluating => {
+                if self.evaluator.is_none() || self.evaluator == Some(id) {
+                    self.evaluator = Some(id);
+                    return Ok(TaskReply::Finished { evaluate: true });
+                }
+                self.leave(id, cx);
+                return Ok(TaskReply::Finished { evaluate: false });
+            }
+            Phase::Finished | Phase::Failed(_) => {
+                self.leave(id, cx);
+                return Ok(TaskReply::Finished { evaluate: false });
+            }
+        }
+        let small = self.is_straggler(id, cx.now_ms());
+        let gen_before = self.tasks.generated_epochs();
+        let reply = match self.tasks.assign(id, small) {
+            Assignment::Task(t) => TaskReply::Task(t),
+            Assignment::Wait => TaskReply::Wait,
+            Assignment::Finished => {
+                self.finish_training(cx);
+                return self.get_task(id, cx);
+            }
+        };
+        self.flush_tasks(cx);
+        if gen_before != self.tasks.generated_epochs() {
+            self.persist_meta(cx);
+        }
+        Ok(reply)
+    }
+
+    fn finish_training(&mut self, cx: &mut impl Context) {
+        if self.phase != Phase::Training {
+            return;
+        }
+        self.phase = if self.policy.evaluate {
+            Phase::Evaluating
+        } else {
+            Phase::Finished
+        };
+        if self.phase == Phase::Finished {
+            cx.event(Event::JobEnded(Phase::Finished));
+        }
+        self.persist_meta(cx);
+    }
+
+    /// A worker reports rows trained. Returns `(task_done, stop)`.
+    pub fn report(
+        &mut self,
+        id: u32,
+        task: u64,
+        offset: u64,
+        cx: &mut impl Context,
+    ) -> Result<(bool, bool), JobError> {
+        let state = self.live_node(id, cx)?.state;
+        let r: Reported = self.tasks.report(id, task, offset)?;
+        let stop = state == NodeState::Stopping;
+        if stop {
+            self.leave(id, cx);
+        }
+        self.flush_tasks(cx);
+        if let Some(done) = r.epoch_done {
+            self.epochs_closed.push(done);
+            cx.event(Event::EpochDone(done.0, done.1));
+            self.persist_meta(cx);
+        }
+        if self.tasks.is_finished() {
+            self.finish_training(cx);
+        }
+        Ok((r.task_done, stop))
+    }
+
+    /// The evaluating worker reports the final metrics.
+    pub fn report_eval(
+        &mut self,
+        id: u32,
+        eval: EvalResult,
+        cx: &mut impl Context,
+    ) -> Result<(), JobError> {
+        self.live_node(id, cx)?;
+        if self.phase == Phase::Evaluating {
+            self.eval = Some(eval);
+            self.phase = Phase::Finished;
+            cx.event(Event::JobEnded(Phase::Finished));
+            self.leave(id, cx);
+            self.persist_meta(cx);
+        }
+        Ok(())
+    }
+
+    /// A worker leaves normally: its unreported remainder returns to the queue.
+    fn leave(&mut self, id: u32, cx: &mut impl Context) {
+        if let Some(task) = self.tasks.release(id) {
+            cx.event(Event::Requeued { worker: id, task });
+        }
+        if let Some(n) = self.nodes.get_mut(&id) {
+            n.state = NodeState::Exited;
+            cx.persist(Change::Node(n.clone()));
+        }
+        self.flush_tasks(cx);
+    }
+
+    /// Sets the desired worker count: starts new workers or asks the newest to stop.
+    pub fn scale(&mut self, workers: u32, cx: &mut impl Context) -> u32 {
+        let previous = self.target_workers;
+        self.target_workers = workers;
+        let active = self.active_workers();
+        if workers > active {
+            for _ in active..workers {
+                self.launch_worker(0, cx);
+            }
+        } else if workers < active {
+            let mut victims: Vec<&Node> = self
+                .nodes
+                .values()
+                .filter(|n| {
+                    n.role == Role::Worker
+                        && matches!(n.state, NodeState::Pending | NodeState::Running)
+                })
+                .collect();
+            // Pending first (they hold nothing), then the newest.
+            victims.sort_by_key(|n| (n.state != NodeState::Pending, std::cmp::Reverse(n.id)));
+            let ids: Vec<u32> = victims
+                .iter()
+                .take((active - workers) as usize)
+                .map(|n| n.id)
+                .collect();
+            for id in ids {
+                let n = self.nodes.get_mut(&id).expect("node");
+                n.state = NodeState::Stopping;
+                cx.persist(Change::Node(n.clone()));
+            }
+        }
+        self.persist_meta(cx);
+        previous
+    }
+
+    /// The backend saw a node's process exit.
+    pub fn process_exited(&mut self, id: u32, cx: &mut impl Context) {
+        let Some(n) = self.nodes.get(&id) else { return };
+        match n.state {
+            NodeState::Stopping => self.leave(id, cx),
+            s if s.is_live() => self.declare_dead(id, "process exited".into(), cx),
+            _ => {}
+        }
+    }
+
+    /// Periodic check: declares silent nodes dead and applies the failure policy.
+    pub fn tick(&mut self, cx: &mut impl Context) {
+        let now = cx.now_ms();
+        let silent: Vec<u32> = self
+            .nodes
+            .values()
+            .filter(|n| {
+                n.state.is_live() && now.saturating_sub(n.last_seen_ms) > self.policy.dead_after_ms
+            })
+            .map(|n| n.id)
+            .collect();
+        for id in silent {
+            let ms = now - self.nodes[&id].last_seen_ms;
+            self.declare_dead(id, format!("no heartbeat for {ms} ms"), cx);
+        }
+    }
+
+    fn declare_dead(&mut self, id: u32, reason: String, cx: &mut impl Context) {
+        let Some(n) = self.nodes.get_mut(&id) else {
+            return;
+        };
+        let was_stopping = n.state == NodeState::Stopping;
+        n.state = NodeState::Dead;
+        let node = n.clone();
+        cx.persist(Change::Node(node.clone()));
+        cx.kill(&node);
+        cx.event(Event::NodeDead {
+            id,
+            role: node.role,
+            reason: reason.clone(),
+        });
+        match node.role {
+            Role::Ps => {
+                if matches!(self.phase, Phase::Training | Phase::Evaluating) {
+                    self.fail(
+                        format!(
+                            "parameter server {} (node {id}, {}) is dead ({reason}); last step {}",
+                            node.index,
+                            if node.addr.is_empty() {
+                                "never registered"
+                            } else {
+                                &node.addr
+                            },
+                            node.step
+                        ),
+                        cx,
+                    );
+                }
+            }
+            Role::Worker => {
+                if let Some(task) = self.tasks.release(id) {
+                    cx.event(Event::Requeued { worker: id, task });
+                }
+                self.flush_tasks(cx);
+                if self.evaluator == Some(id) {
+                    self.evaluator = None;
+                }
+                let finished = matches!(self.phase, Phase::Finished | Phase::Failed(_));
+                if !was_stopping && !finished {
+                    if self.restarts_used < self.policy.max_worker_restarts {
+                        self.restarts_used += 1;
+                        self.launch_worker(node.restarts + 1, cx);
+                    } else {
+                        self.target_workers = self.target_workers.saturating_sub(1);
+                    }
+                    if self.active_workers() == 0 {
+                        self.fail(
+                            format!(
+                                "every worker is dead and the restart budget ({}) is spent",
+                                self.policy.max_worker_restarts
+                            ),
+                            cx,
+                        );
+                    }
+                }
+                self.persist_meta(cx);
+            }
+        }
+    }
+
+    /// Stops the job with a message; every live process is stopped.
+    pub fn fail(&mut self, message: String, cx: &mut impl Context) {
+        self.phase = Phase::Failed(message);
+        let live: Vec<Node> = self
+            .nodes
+            .values()
+            .filter(|n| n.state.is_live())
+            .cloned()
+            .collect();
+        for n in live {
+            cx.kill(&n);
+        }
+        cx.event(Event::JobEnded(self.phase.clone()));
+        self.persist_meta(cx);
+    }
+
+    /// After the job ends: nodes still live that should be stopped.
+    pub fn leftover_nodes(&self) -> Vec<Node> {
+        self.nodes
+            .values()
+            .filter(|n| n.state.is_live())
+            .cloned()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tasks::ShardSpec;
+
+    /// A recording context with a hand-driven clock.
+    #[derive(Default)]
+    struct Rec {
+        now: u64,
+        changes: Vec<Change>,
+        launched: Vec<Node>,
+        killed: Vec<u32>,
+        events: Vec<Event>,
+    }
+
+    impl Context for Rec {
+        fn now_ms(&self) -> u64 {
+            self.now
+        }
+        fn persist(&mut self, c: Change) {
+            self.changes.push(c);
+        }
+        fn launch(&mut self, n: &Node) {
+            self.launched.push(n.clone());
+        }
+        fn kill(&mut self, n: &Node) {
+            self.killed.push(n.id);
+        }
+        fn event(&mut self, e: Event) {
+            self.events.push(e);
+        }
+    }
+
+    fn policy() -> Policy {
+        Policy {
+            num_ps: 2,
+            dead_after_ms: 1000,
+            max_worker_restarts: 2,
+            straggler_ratio: 0.5,
+            evaluate: true,
+        }
+    }
+
+    fn job(cx: &mut Rec, workers: u32) -> Job {
+        let q = TaskQueue::new(
+            ShardSpec {
+                rows_per_shard: 100,
+                min_rows: 10,
+                epochs: 1,
+                seed: 1,
+                shuffle: true,
+            },
+            vec![1000],
+        );
+        let mut j = Job::start(policy(), q, workers, cx);
+        for n in cx.launched.clone() {
+            let addr = if n.role == Role::Ps {
+                format!("127.0.0.1:{}", 9000 + n.index)
+            } else {
+                String::new()
+            };
+            j.register(n.id, n.role, &addr, 100 + n.id, cx).unwrap();
+        }
+        j
+    }
+
+    #[test]
+    fn launches_ps_and_workers_and_publishes_addresses() {
+        let mut cx = Rec::default();
+        let j = job(&mut cx, 3);
+        assert_eq!(cx.launched.len(), 5);
+        assert_eq!(
+            j.ps_addrs().unwrap(),
+            vec!["127.0.0.1:9000", "127.0.0.1:9001"]
+        );
+        assert_eq!(j.active_workers(), 3);
+    }
+
+    #[test]
+    fn silent_worker_is_replaced_and_its_remainder_requeued() {
+        let mut cx = Rec::default();
+        let mut j = job(&mut cx, 2);
+        let TaskReply::Task(t) = j.get_task(3, &mut cx).unwrap() else {
+            panic!()
+        };
+        j.report(3, t.id, 40, &mut cx).unwrap();
+        cx.now = 500;
+        j.heartbeat(4, 0, 0, &mut cx);
+        j.heartbeat(1, 0, 0, &mut cx);
+        j.heartbeat(2, 0, 0, &mut cx);
+        cx.now = 1200;
+        j.tick(&mut cx);
+        assert_eq!(j.node(3).unwrap().state, NodeState::Dead);
+        assert_eq!(cx.killed, vec![3]);
+        assert!(cx
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::Requeued { worker: 3, .. })));
+        assert_eq!(cx.launched.last().unwrap().restarts, 1);
+        // The dead worker's late report and heartbeat are refused.
+        assert!(j.report(3, t.id, 50, &mut cx).is_err());
+        assert_eq!(j.heartbeat(3, 0, 0, &mut cx), Directive::Unknown);
+        // The next worker gets exactly the remainder.
+        let TaskReply::Task(r) = j.get_task(4, &mut cx).unwrap() else {
+            panic!()
+        };
+        assert_eq!((r.start, r.end), (t.start + 40, t.end));
+    }
+
+    #[test]
+    fn dead_ps_fails_the_job_naming_it() {
+        let mut cx = Rec::default();
+        let mut j = job(&mut cx, 1);
+        j.heartbeat(1, 0, 17, &mut cx);
+        j.process_exited(2, &mut cx);
+        let Phase::Failed(msg) = j.phase() else {
+            panic!("{:?}", j.phase())
+        };
+        assert!(msg.contains("parameter server 1"), "{msg}");
+        assert!(msg.contains("last step 0"), "{msg}");
+        assert!(cx.killed.contains(&1) && cx.killed.contains(&3));
+    }
+
+    #[test]
+    fn scale_down_stops_newest_after_its_report_then_scale_up() {
+        let mut cx = Rec::default();
+        let mut j = job(&mut cx, 3);
+        let TaskReply::Task(t) = j.get_task(5, &mut cx).unwrap() else {
+            panic!()
+        };
+        assert_eq!(j.scale(1, &mut cx), 3);
+        assert_eq!(j.heartbeat(5, 0, 0, &mut cx), Directive::Stop);
+        assert_eq!(j.node(3).unwrap().state, NodeState::Running);
+        let (_, stop) = j.report(5, t.id, 20, &mut cx).unwrap();
+        assert!(stop);
+        assert_eq!(j.node(5).unwrap().state, NodeState::Exited);
+        assert_eq!(j.get_task(4, &mut cx).unwrap(), TaskReply::Stop);
+        assert_eq!(j.active_workers(), 1);
+        j.scale(3, &mut cx);
+        assert_eq!(j.active_workers(), 3);
+        assert_eq!(cx.launched.len(), 7);
+    }
+
+    #[test]
+    fn restart_budget_is_bounded_and_job_fails_without_workers() {
+        let mut cx = Rec::default();
+        let mut j = job(&mut cx, 1);
+        for _ in 0..3 {
+            let w = j
+                .nodes()
+                .find(|n| n.role == Role::Worker && n.state.is_live())
+                .unwrap()
+                .id;
+            j.process_exited(w, &mut cx);
+        }
+        assert!(matches!(j.phase(), Phase::Failed(m) if m.contains("restart budget")));
+    }
+
+    #[test]
+    fn full_run_ends_with_evaluation_and_clean_ledger() {
+        let mut cx = Rec::default();
+        let mut j = job(&mut cx, 2);
+        let mut finished = 0;
+        while finished < 2 {
+            for w in [3, 4] {
+                match j.get_task(w, &mut cx) {
+                    Ok(TaskReply::Task(t)) => {
+                        j.report(w, t.id, t.len(), &mut cx).unwrap();
+                    }
+                    Ok(TaskReply::Finished { evaluate: true }) => {
+                        j.report_eval(
+                            w,
+                            EvalResult {
+                                auc: 0.7,
+                                logloss: 0.5,
+                                samples: 10,
+                            },
+                            &mut cx,
+                        )
+                        .unwrap();
+                        finished += 1;
+                    }
+                    Ok(TaskReply::Finished { evaluate: false }) | Err(_) => finished += 1,
+                    Ok(other) => panic!("{other:?}"),
+                }
+            }
+        }
+        assert_eq!(j.phase(), &Phase::Finished);
+        assert_eq!(j.epochs_closed().len(), 1);
+        assert!(j.epochs_closed()[0].1.exactly_once());
+        assert!(j.eval().is_some());
+    }
+
+    #[test]
+    fn straggler_detection_uses_peer_median() {
+        let mut cx = Rec::default();
+        let mut j = job(&mut cx, 3);
+        cx.now = 10_000;
+        j.heartbeat(3, 1000, 1, &mut cx);
+        j.heartbeat(4, 1000, 1, &mut cx);
+        j.heartbeat(5, 100, 1, &mut cx);
+        assert!(j.is_straggler(5, cx.now));
+        assert!(!j.is_straggler(3, cx.now));
+        let TaskReply::Task(t) = j.get_task(5, &mut cx).unwrap() else {
+            panic!()
+        };
+        assert_eq!(t.len(), 50);
+    }
+}

@@ -1,0 +1,630 @@
+//! Dynamic data sharding: the task table (todo / doing / done), handed out on demand.
+//!
+//! A task is a row range of one file in one epoch. Workers report a progress offset (rows
+//! of the task whose gradients the PS accepted); each report appends exactly the newly
+//! covered range to the [`Ledger`]. A lost worker's task is split at its offset: the
+//! reported part is done, exactly the unreported remainder goes back to the front of the
+//! queue. Everything here is pure: no clock, no I/O.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+
+use crate::ledger::{Ledger, LedgerSummary};
+
+/// A consumed range: `(epoch, file, start_row, end_row)`.
+pub type Range = (u32, u32, u64, u64);
+
+/// How the data set is cut into tasks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardSpec {
+    /// Rows of a normal task (batches per shard × batch size).
+    pub rows_per_shard: u64,
+    /// Smallest task a straggler is cut down to (one batch).
+    pub min_rows: u64,
+    /// Passes over the data.
+    pub epochs: u32,
+    /// Seed of the per-epoch shuffle of task order.
+    pub seed: u64,
+    /// Shuffle task order within each epoch.
+    pub shuffle: bool,
+}
+
+/// Where a task is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskState {
+    /// Waiting in the queue.
+    Todo,
+    /// Handed to this worker.
+    Doing(u32),
+    /// Every row reported (or the task was truncated at a lost worker's offset).
+    Done,
+}
+
+/// One data task: rows `[start, end)` of file `file` in epoch `epoch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Task {
+    /// Unique, never reused.
+    pub id: u64,
+    /// Epoch the rows are trained for.
+    pub epoch: u32,
+    /// Index of the file in the data set.
+    pub file: u32,
+    /// First row.
+    pub start: u64,
+    /// One past the last row.
+    pub end: u64,
+    /// Rows from `start` already reported.
+    pub offset: u64,
+    /// Queue state.
+    pub state: TaskState,
+    /// Position in the queue (smaller first); requeued remainders go to the front.
+    pub order: i64,
+}
+
+impl Task {
+    /// Rows in the task.
+    pub fn len(&self) -> u64 {
+        self.end - self.start
+    }
+
+    /// True for a task without rows.
+    pub fn is_empty(&self) -> bool {
+        self.end == self.start
+    }
+}
+
+/// Answer to a worker asking for work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Assignment {
+    /// Train this task.
+    Task(Task),
+    /// Nothing now; other workers still hold tasks that may come back.
+    Wait,
+    /// Every epoch is done.
+    Finished,
+}
+
+/// Why a progress report was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReportError {
+    /// The task is not (or no longer) held by this worker.
+    #[error("task {task} is not held by worker {worker}")]
+    NotHeld {
+        /// Task id.
+        task: u64,
+        /// Reporting worker.
+        worker: u32,
+    },
+    /// The offset goes backwards or past the task's end.
+    #[error("offset {offset} is invalid for task {task} (reported {reported}, length {len})")]
+    BadOffset {
+        /// Task id.
+        task: u64,
+        /// Offered offset.
+        offset: u64,
+        /// Offset already recorded.
+        reported: u64,
+        /// Task length.
+        len: u64,
+    },
+}
+
+/// Effect of an accepted report.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Reported {
+    /// Newly covered range, `(epoch, file, start, end)`; `None` for a repeated report.
+    pub range: Option<Range>,
+    /// The task is complete.
+    pub task_done: bool,
+    /// The epoch this completed, with its ledger verdict.
+    pub epoch_done: Option<(u32, LedgerSummary)>,
+}
+
+/// The task table and the ledger.
+#[derive(Debug, Clone)]
+pub struct TaskQueue {
+    spec: ShardSpec,
+    file_rows: Vec<u64>,
+    tasks: BTreeMap<u64, Task>,
+    todo: VecDeque<u64>,
+    doing: HashMap<u32, u64>,
+    next_id: u64,
+    next_front: i64,
+    next_back: i64,
+    generated_epochs: u32,
+    open_per_epoch: BTreeMap<u32, u64>,
+    ledger: Ledger,
+    /// Tasks created or changed since the last [`TaskQueue::take_dirty`].
+    dirty: Vec<u64>,
+    /// Ledger ranges added since the last [`TaskQueue::take_dirty`].
+    new_ranges: Vec<Range>,
+}
+
+impl TaskQueue {
+    /// A fresh queue over files with the given row counts; no task exists until asked.
+    pub fn new(spec: ShardSpec, file_rows: Vec<u64>) -> Self {
+        assert!(spec.rows_per_shard > 0 && spec.min_rows > 0);
+        Self {
+            ledger: Ledger::new(file_rows.clone()),
+            spec,
+            file_rows,
+            tasks: BTreeMap::new(),
+            todo: VecDeque::new(),
+            doing: HashMap::new(),
+            next_id: 1,
+            next_front: -1,
+            next_back: 0,
+            generated_epochs: 0,
+            open_per_epoch: BTreeMap::new(),
+            dirty: Vec::new(),
+            new_ranges: Vec::new(),
+        }
+    }
+
+    /// Rebuilds a queue from persisted tasks and ledger ranges.
+    pub fn restore(
+        spec: ShardSpec,
+        file_rows: Vec<u64>,
+        tasks: Vec<Task>,
+        ranges: &[Range],
+        generated_epochs: u32,
+    ) -> Self {
+        let mut q = Self::new(spec, file_rows);
+        q.generated_epochs = generated_epochs;
+        for &(e, f, s, t) in ranges {
+            q.ledger.record(e, f, s, t);
+        }
+        let mut todo: Vec<(i64, u64)> = Vec::new();
+        for t in tasks {
+            q.next_id = q.next_id.max(t.id + 1);
+            q.next_front = q.next_front.min(t.order - 1);
+            q.next_back = q.next_back.max(t.order + 1);
+            match t.state {
+                TaskState::Todo => todo.push((t.order, t.id)),
+                TaskState::Doing(w) => {
+                    q.doing.insert(w, t.id);
+                }
+                TaskState::Done => {}
+            }
+            if t.state != TaskState::Done {
+                *q.open_per_epoch.entry(t.epoch).or_default() += 1;
+            }
+            q.tasks.insert(t.id, t);
+        }
+        todo.sort();
+        q.todo = todo.into_iter().map(|(_, id)| id).collect();
+        q
+    }
+
+    /// The shard specification.
+    pub fn spec(&self) -> &ShardSpec {
+        &self.spec
+    }
+
+    /// Row counts of the files.
+    pub fn file_rows(&self) -> &[u64] {
+        &self.file_rows
+    }
+
+    /// Number of epochs whose tasks exist.
+    pub fn generated_epochs(&self) -> u32 {
+        self.generated_epochs
+    }
+
+    /// The ledger of consumed ranges.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// A task by id.
+    pub fn task(&self, id: u64) -> Option<&Task> {
+        self.tasks.get(&id)
+    }
+
+    /// The task a worker holds.
+    pub fn held_by(&self, worker: u32) -> Option<&Task> {
+        self.doing.get(&worker).and_then(|id| self.tasks.get(id))
+    }
+
+    /// (todo, doing, done) task counts.
+    pub fn counts(&self) -> (u64, u64, u64) {
+        let todo = self.todo.len() as u64;
+        let doing = self.doing.len() as u64;
+        (todo, doing, self.tasks.len() as u64 - todo - doing)
+    }
+
+    /// Rows to train over the whole job.
+    pub fn total_rows(&self) -> u64 {
+        self.file_rows.iter().sum::<u64>() * self.spec.epochs as u64
+    }
+
+    /// Epoch currently being handed out (the oldest with open tasks).
+    pub fn current_epoch(&self) -> u32 {
+        self.open_per_epoch
+            .iter()
+            .find(|(_, &n)| n > 0)
+            .map(|(&e, _)| e)
+            .unwrap_or(self.generated_epochs.saturating_sub(1))
+    }
+
+    /// True once every epoch's tasks exist and all are done.
+    pub fn is_finished(&self) -> bool {
+        self.generated_epochs == self.spec.epochs && self.todo.is_empty() && self.doing.is_empty()
+    }
+
+    /// Changed tasks and new ledger ranges since the last call (for persistence).
+    pub fn take_dirty(&mut self) -> (Vec<Task>, Vec<Range>) {
+        let mut ids = std::mem::take(&mut self.dirty);
+        ids.sort_unstable();
+        ids.dedup();
+        let tasks = ids
+            .into_iter()
+            .filter_map(|id| self.tasks.get(&id).cloned())
+            .collect();
+        (tasks, std::mem::take(&mut self.new_ranges))
+    }
+
+    fn new_task(&mut self, epoch: u32, file: u32, start: u64, end: u64, front: bool) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let order = if front {
+            self.next_front -= 1;
+            self.next_front + 1
+        } else {
+            self.next_back += 1;
+            self.next_back - 1
+        };
+        self.tasks.insert(
+            id,
+            Task {
+                id,
+                epoch,
+                file,
+                start,
+                end,
+                offset: 0,
+                state: TaskState::Todo,
+                order,
+            },
+        );
+        *self.open_per_epoch.entry(epoch).or_default() += 1;
+        if front {
+            self.todo.push_front(id);
+        } else {
+            self.todo.push_back(id);
+        }
+        self.dirty.push(id);
+        id
+    }
+
+    /// Creates the tasks of the next epoch, in seeded shuffled order.
+    fn generate_epoch(&mut self) {
+        let epoch = self.generated_epochs;
+        let mut ranges = Vec::new();
+        for (f, &rows) in self.file_rows.iter().enumerate() {
+            let mut s = 0;
+            while s < rows {
+                let e = (s + self.spec.rows_per_shard).min(rows);
+                ranges.push((f as u32, s, e));
+                s = e;
+            }
+        }
+        if self.spec.shuffle {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(
+                self.spec.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            );
+            ranges.shuffle(&mut rng);
+        }
+        for (f, s, e) in ranges {
+            self.new_task(epoch, f, s, e, false);
+        }
+        self.generated_epochs += 1;
+    }
+
+    /// Hands `worker` a task. A worker that already holds one gets the same one back (a
+    /// lost reply is harmless). `small` cuts the task down for a straggler.
+    pub fn assign(&mut self, worker: u32, small: bool) -> Assignment {
+        if let Some(t) = self.held_by(worker) {
+            return Assignment::Task(t.clone());
+        }
+        if self.todo.is_empty() && self.generated_epochs < self.spec.epochs {
+            self.generate_epoch();
+        }
+        let Some(id) = self.todo.pop_front() else {
+            return if self.doing.is_empty() && self.generated_epochs == self.spec.epochs {
+                Assignment::Finished
+            } else {
+                Assignment::Wait
+            };
+        };
+        let (epoch, file, start, end) = {
+            let t = &self.tasks[&id];
+            (t.epoch, t.file, t.start, t.end)
+        };
+        let small_rows = (self.spec.rows_per_shard / 2).max(self.spec.min_rows);
+        if small && end - start > small_rows {
+            // Keep the head for the straggler; the tail goes back to the front.
+            let cut = start + small_rows;
+            self.tasks.get_mut(&id).expect("task").end = cut;
+            self.new_task(epoch, file, cut, end, true);
+        }
+        let t = self.tasks.get_mut(&id).expect("task");
+        t.state = TaskState::Doing(worker);
+        self.doing.insert(worker, id);
+        self.dirty.push(id);
+        Assignment::Task(t.clone())
+    }
+
+    /// Records that `worker` trained rows `[start, start + offset)` of `task`.
+    pub fn report(&mut self, worker: u32, task: u64, offset: u64) -> Result<Reported, ReportError> {
+        if self.doing.get(&worker) != Some(&task) {
+            return Err(ReportError::NotHeld { task, worker });
+        }
+        let t = self.tasks.get_mut(&task).expect("held task exists");
+        if offset < t.offset || offset > t.len() {
+            return Err(ReportError::BadOffset {
+                task,
+                offset,
+                reported: t.offset,
+                len: t.len(),
+            });
+        }
+        let mut out = Reported::default();
+        if offset > t.offset {
+            let range = (t.epoch, t.file, t.start + t.offset, t.start + offset);
+            t.offset = offset;
+            self.ledger.record(range.0, range.1, range.2, range.3);
+            self.new_ranges.push(range);
+            out.range = Some(range);
+            self.dirty.push(task);
+        }
+        if offset == t.len() {
+            t.state = TaskState::Done;
+            let epoch = t.epoch;
+            self.doing.remove(&worker);
+            out.task_done = true;
+            out.epoch_done = self.close_one(epoch);
+        }
+        Ok(out)
+    }
+
+    fn close_one(&mut self, epoch: u32) -> Option<(u32, LedgerSummary)> {
+        let open = self.open_per_epoch.entry(epoch).or_default();
+        *open -= 1;
+        // Open counts every todo and doing task of the epoch.
+        (*open == 0).then(|| (epoch, self.ledger.summary(epoch)))
+    }
+
+    /// The worker is gone (dead, stopped or scaled away): its task's reported part is
+    /// done and exactly the unreported remainder returns to the front of the queue.
+    /// Returns the id of the requeued task.
+    pub fn release(&mut self, worker: u32) -> Option<u64> {
+        let id = self.doing.remove(&worker)?;
+        let t = self.tasks.get_mut(&id).expect("held task exists");
+        if t.offset == 0 {
+            t.state = TaskState::Todo;
+            self.next_front -= 1;
+            t.order = self.next_front + 1;
+            self.todo.push_front(id);
+            self.dirty.push(id);
+            return Some(id);
+        }
+        let (epoch, file, cut, end) = (t.epoch, t.file, t.start + t.offset, t.end);
+        t.end = cut;
+        t.state = TaskState::Done;
+        self.dirty.push(id);
+        // The truncated task closes; the remainder opens: the epoch stays open.
+        *self.open_per_epoch.entry(epoch).or_default() -= 1;
+        Some(self.new_task(epoch, file, cut, end, true))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn spec(rows: u64, epochs: u32) -> ShardSpec {
+        ShardSpec {
+            rows_per_shard: rows,
+            min_rows: 10,
+            epochs,
+            seed: 3,
+            shuffle: true,
+        }
+    }
+
+    fn drain(q: &mut TaskQueue, worker: u32) -> Vec<(u32, LedgerSummary)> {
+        let mut epochs = Vec::new();
+        loop {
+            match q.assign(worker, false) {
+                Assignment::Task(t) => {
+                    let r = q.report(worker, t.id, t.len()).unwrap();
+                    epochs.extend(r.epoch_done);
+                }
+                Assignment::Wait => panic!("single worker never waits"),
+                Assignment::Finished => return epochs,
+            }
+        }
+    }
+
+    #[test]
+    fn one_worker_covers_every_epoch_exactly_once() {
+        let mut q = TaskQueue::new(spec(64, 3), vec![1000, 17, 0, 300]);
+        let epochs = drain(&mut q, 1);
+        assert_eq!(epochs.len(), 3);
+        for (e, (epoch, s)) in epochs.iter().enumerate() {
+            assert_eq!(*epoch, e as u32);
+            assert_eq!(s.consumed, 1317);
+            assert!(s.exactly_once(), "{s}");
+        }
+        assert!(q.is_finished());
+    }
+
+    #[test]
+    fn shuffle_is_seeded_and_differs_per_epoch() {
+        let order = |seed| {
+            let mut s = spec(10, 2);
+            s.seed = seed;
+            let mut q = TaskQueue::new(s, vec![200]);
+            let mut v = Vec::new();
+            while let Assignment::Task(t) = q.assign(1, false) {
+                v.push((t.epoch, t.start));
+                q.report(1, t.id, t.len()).unwrap();
+            }
+            v
+        };
+        assert_eq!(order(5), order(5));
+        assert_ne!(order(5), order(6));
+        let v = order(5);
+        let e0: Vec<u64> = v.iter().filter(|x| x.0 == 0).map(|x| x.1).collect();
+        let e1: Vec<u64> = v.iter().filter(|x| x.0 == 1).map(|x| x.1).collect();
+        assert_ne!(e0, e1);
+    }
+
+    #[test]
+    fn lost_worker_requeues_exactly_the_unreported_remainder() {
+        let mut q = TaskQueue::new(spec(100, 1), vec![100]);
+        let Assignment::Task(t) = q.assign(1, false) else {
+            panic!()
+        };
+        q.report(1, t.id, 30).unwrap();
+        let r = q.release(1).unwrap();
+        let rem = q.task(r).unwrap().clone();
+        assert_eq!((rem.start, rem.end, rem.state), (30, 100, TaskState::Todo));
+        // The dead worker's late report is refused.
+        assert!(matches!(
+            q.report(1, t.id, 50),
+            Err(ReportError::NotHeld { .. })
+        ));
+        let Assignment::Task(t2) = q.assign(2, false) else {
+            panic!()
+        };
+        assert_eq!(t2.id, rem.id);
+        let r = q.report(2, t2.id, 70).unwrap();
+        let (_, s) = r.epoch_done.unwrap();
+        assert_eq!(s.to_string(), "consumed 100, duplicated 0, missing 0");
+    }
+
+    #[test]
+    fn repeated_or_backward_reports() {
+        let mut q = TaskQueue::new(spec(100, 1), vec![100]);
+        let Assignment::Task(t) = q.assign(1, false) else {
+            panic!()
+        };
+        q.report(1, t.id, 40).unwrap();
+        assert_eq!(q.report(1, t.id, 40).unwrap().range, None);
+        assert!(matches!(
+            q.report(1, t.id, 39),
+            Err(ReportError::BadOffset { .. })
+        ));
+        assert!(matches!(
+            q.report(1, t.id, 101),
+            Err(ReportError::BadOffset { .. })
+        ));
+        // Asking again returns the held task.
+        assert_eq!(
+            q.assign(1, false),
+            Assignment::Task(q.task(t.id).unwrap().clone())
+        );
+    }
+
+    #[test]
+    fn straggler_gets_a_smaller_task_and_the_tail_stays_first() {
+        let mut q = TaskQueue::new(
+            ShardSpec {
+                shuffle: false,
+                ..spec(100, 1)
+            },
+            vec![200],
+        );
+        let Assignment::Task(t) = q.assign(1, true) else {
+            panic!()
+        };
+        assert_eq!((t.start, t.end), (0, 50));
+        let Assignment::Task(t2) = q.assign(2, false) else {
+            panic!()
+        };
+        assert_eq!((t2.start, t2.end), (50, 100));
+    }
+
+    #[test]
+    fn waits_while_others_hold_tasks_then_finishes() {
+        let mut q = TaskQueue::new(spec(100, 1), vec![100]);
+        let Assignment::Task(t) = q.assign(1, false) else {
+            panic!()
+        };
+        assert_eq!(q.assign(2, false), Assignment::Wait);
+        q.report(1, t.id, 100).unwrap();
+        assert_eq!(q.assign(2, false), Assignment::Finished);
+    }
+
+    /// Interleaves assignments, partial reports, worker deaths (with and without the
+    /// master restarting from its persisted rows) and checks the ledger proves
+    /// exactly-once for every epoch.
+    #[test]
+    fn randomized_interleaving_is_exactly_once() {
+        for seed in 0..60u64 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let files: Vec<u64> = (0..rng.random_range(1..4))
+                .map(|_| rng.random_range(0..500))
+                .collect();
+            let epochs = rng.random_range(1..4);
+            let mut q = TaskQueue::new(spec(rng.random_range(10..80), epochs), files.clone());
+            // Mirror of the persisted tables.
+            let mut db_tasks: BTreeMap<u64, Task> = BTreeMap::new();
+            let mut db_ranges = Vec::new();
+            let mut workers: Vec<u32> = vec![1, 2, 3];
+            let mut next_worker = 4;
+            let mut done_epochs = Vec::new();
+            for _step in 0..20_000 {
+                if q.is_finished() {
+                    break;
+                }
+                let w = workers[rng.random_range(0..workers.len())];
+                match rng.random_range(0..10) {
+                    0 => {
+                        q.release(w);
+                        workers.retain(|&x| x != w);
+                        workers.push(next_worker);
+                        next_worker += 1;
+                    }
+                    1 => {
+                        // Master restart from persisted state.
+                        let gen = q.generated_epochs();
+                        q = TaskQueue::restore(
+                            q.spec().clone(),
+                            files.clone(),
+                            db_tasks.values().cloned().collect(),
+                            &db_ranges,
+                            gen,
+                        );
+                    }
+                    _ => match q.assign(w, rng.random_bool(0.2)) {
+                        Assignment::Task(t) => {
+                            let step = rng.random_range(1..=t.len().max(1));
+                            let off = (t.offset + step).min(t.len());
+                            let r = q.report(w, t.id, off).unwrap();
+                            done_epochs.extend(r.epoch_done);
+                        }
+                        Assignment::Wait | Assignment::Finished => {}
+                    },
+                }
+                let (tasks, ranges) = q.take_dirty();
+                for t in tasks {
+                    db_tasks.insert(t.id, t);
+                }
+                db_ranges.extend(ranges);
+            }
+            assert!(q.is_finished(), "seed {seed} did not finish");
+            for e in 0..epochs {
+                let s = q.ledger().summary(e);
+                assert!(s.exactly_once(), "seed {seed} epoch {e}: {s}");
+                assert_eq!(s.consumed, files.iter().sum::<u64>());
+            }
+        }
+    }
+}
