@@ -1,0 +1,72 @@
+//! The crate's error type.
+
+/// Errors raised by the dense model: invalid configurations (the caller's fault) and
+/// shape mismatches between the inputs of a call and the model or its workspace.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    /// An MLP was given fewer sizes than it needs (`bottom` needs input and output,
+    /// `top` needs at least the output layer).
+    #[error("{mlp} MLP needs at least {min} sizes, got {got}")]
+    MlpTooShort {
+        /// `"bottom"` or `"top"`.
+        mlp: &'static str,
+        /// Minimum number of sizes.
+        min: usize,
+        /// Number of sizes given.
+        got: usize,
+    },
+    /// A layer width of zero.
+    #[error("{mlp} MLP size #{index} is zero")]
+    ZeroWidth {
+        /// `"bottom"` or `"top"`.
+        mlp: &'static str,
+        /// Position in the size list.
+        index: usize,
+    },
+    /// The top MLP must end in a single logit.
+    #[error("top MLP must end with 1 output (the logit), got {got}")]
+    TopOutputNotOne {
+        /// The last top size given.
+        got: usize,
+    },
+    /// Dot interaction needs the bottom-MLP output to have the embedding dimension.
+    #[error(
+        "dot interaction needs bottom MLP output ({bottom_out}) == embedding_dim ({embedding_dim})"
+    )]
+    DotDimMismatch {
+        /// Last bottom size.
+        bottom_out: usize,
+        /// Embedding dimension.
+        embedding_dim: usize,
+    },
+    /// `num_tables` or `embedding_dim` is zero.
+    #[error("{what} must be positive")]
+    ZeroEmbedding {
+        /// `"num_tables"` or `"embedding_dim"`.
+        what: &'static str,
+    },
+    /// An input slice has the wrong length for the batch.
+    #[error("{what}: expected {expected} values, got {got}")]
+    Shape {
+        /// Which input.
+        what: &'static str,
+        /// Expected length.
+        expected: usize,
+        /// Given length.
+        got: usize,
+    },
+    /// The batch is larger than the workspace was sized for.
+    #[error("batch of {batch} exceeds workspace capacity {capacity}")]
+    BatchTooLarge {
+        /// Requested batch size.
+        batch: usize,
+        /// Workspace capacity.
+        capacity: usize,
+    },
+    /// A workspace built for a different model was passed.
+    #[error("workspace was built for a different model layout")]
+    WorkspaceMismatch,
+}
+
+/// Result alias for this crate.
+pub type Result<T> = std::result::Result<T, ModelError>;

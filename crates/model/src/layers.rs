@@ -1,0 +1,372 @@
+//! Fully connected layers with fused bias + activation, and MLP stacks.
+//!
+//! Activations are batch-major (`[n, in]` row-major). A layer owns no memory: its weight
+//! `W [out, in]` (row-major, PyTorch layout) and bias `b [out]` live at fixed offsets of the
+//! model's flat parameter buffer, and its gradients at the same offsets of the flat gradient
+//! buffer.
+
+use rayon::prelude::*;
+
+use crate::gemm::{sgemm, MatRef};
+use crate::init::SplitMix64;
+
+/// Rows per rayon task in elementwise passes.
+pub(crate) const ROWS_PER_TASK: usize = 128;
+
+/// Number of row chunks used for bias-gradient partial sums. Fixed (not thread-dependent),
+/// so results are bit-identical for any thread count.
+pub const BIAS_CHUNKS: usize = 16;
+
+/// Activation applied after the affine map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    /// Identity.
+    None,
+    /// `max(x, 0)`.
+    Relu,
+    /// `1 / (1 + exp(-x))`.
+    Sigmoid,
+}
+
+/// Numerically stable logistic function.
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+
+/// `y = act(x W^T + b)`: a linear layer whose parameters live in a flat buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Linear {
+    /// Input width.
+    pub in_dim: usize,
+    /// Output width.
+    pub out_dim: usize,
+    /// Offset of `W [out, in]` in the flat parameter buffer.
+    pub w_offset: usize,
+    /// Offset of `b [out]` in the flat parameter buffer.
+    pub b_offset: usize,
+    /// Activation fused after the affine map.
+    pub act: Activation,
+}
+
+impl Linear {
+    /// A layer whose parameters start at `offset` (weights, then bias).
+    pub fn new(in_dim: usize, out_dim: usize, offset: usize, act: Activation) -> Self {
+        Self {
+            in_dim,
+            out_dim,
+            w_offset: offset,
+            b_offset: offset + in_dim * out_dim,
+            act,
+        }
+    }
+
+    /// Number of parameters (`out * in + out`).
+    pub fn num_params(&self) -> usize {
+        self.out_dim * (self.in_dim + 1)
+    }
+
+    /// One past the last parameter offset.
+    pub fn end_offset(&self) -> usize {
+        self.b_offset + self.out_dim
+    }
+
+    /// Length of the scratch slice [`Linear::backward`] needs.
+    pub fn scratch_len(&self) -> usize {
+        BIAS_CHUNKS * self.out_dim
+    }
+
+    /// Weight and bias slices of `params`.
+    pub fn weights<'a>(&self, params: &'a [f32]) -> (&'a [f32], &'a [f32]) {
+        (
+            &params[self.w_offset..self.b_offset],
+            &params[self.b_offset..self.end_offset()],
+        )
+    }
+
+    /// Glorot/Xavier-uniform weights, bias uniform in `±1/sqrt(in)`, from a SplitMix64
+    /// stream keyed by `(seed, stream)`.
+    pub fn init(&self, params: &mut [f32], seed: u64, stream: u64) {
+        let mut rng = SplitMix64::new(seed, stream);
+        let a = (6.0 / (self.in_dim + self.out_dim) as f32).sqrt();
+        for w in &mut params[self.w_offset..self.b_offset] {
+            *w = rng.uniform_sym(a);
+        }
+        let ab = 1.0 / (self.in_dim as f32).sqrt();
+        for b in &mut params[self.b_offset..self.end_offset()] {
+            *b = rng.uniform_sym(ab);
+        }
+    }
+
+    /// Forward pass: `y[n, out] = act(x[n, in] W^T + b)`.
+    ///
+    /// One GEMM, then one parallel pass over `y` that adds the bias and applies the
+    /// activation while the tile is hot.
+    pub fn forward(&self, params: &[f32], x: &[f32], n: usize, y: &mut [f32]) {
+        let (inp, out) = (self.in_dim, self.out_dim);
+        let (w, b) = self.weights(params);
+        let y = &mut y[..n * out];
+        sgemm(
+            1.0,
+            MatRef::row_major(&x[..n * inp], n, inp),
+            MatRef::row_major_t(w, out, inp),
+            0.0,
+            y,
+        );
+        let act = self.act;
+        y.par_chunks_mut(ROWS_PER_TASK * out).for_each(|chunk| {
+            bias_act_rows(chunk, b, act);
+        });
+    }
+
+    /// Backward pass.
+    ///
+    /// * `x`: the forward input `[n, in]`; `y`: the forward output `[n, out]`.
+    /// * `dy`: on entry the gradient w.r.t. `y`; on exit w.r.t. the pre-activation.
+    /// * writes (overwrites) `dW` and `db` at this layer's offsets in `grads`.
+    /// * `dx`: if given, receives the gradient w.r.t. `x` `[n, in]`.
+    /// * `scratch`: at least [`Linear::scratch_len`] floats.
+    ///
+    /// The activation derivative and the bias-gradient column sums are fused in one pass
+    /// over `dy`; `dW = dy^T x` and `dx = dy W` are GEMMs on strided views (no transposes).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &self,
+        params: &[f32],
+        grads: &mut [f32],
+        x: &[f32],
+        y: &[f32],
+        dy: &mut [f32],
+        dx: Option<&mut [f32]>,
+        n: usize,
+        scratch: &mut [f32],
+    ) {
+        let (inp, out) = (self.in_dim, self.out_dim);
+        let dy = &mut dy[..n * out];
+        let y = &y[..n * out];
+        // 1. activation derivative + bias gradient, fixed chunking for determinism.
+        let rows_per_chunk = n.div_ceil(BIAS_CHUNKS).max(1);
+        let scratch = &mut scratch[..BIAS_CHUNKS * out];
+        let act = self.act;
+        scratch
+            .par_chunks_mut(out)
+            .zip(dy.par_chunks_mut(rows_per_chunk * out))
+            .zip(y.par_chunks(rows_per_chunk * out))
+            .for_each(|((part, dyc), yc)| act_grad_colsum(dyc, yc, part, act));
+        let used = n.div_ceil(rows_per_chunk);
+        {
+            let db = &mut grads[self.b_offset..self.end_offset()];
+            db.copy_from_slice(&scratch[..out]);
+            for c in 1..used {
+                for (d, s) in db.iter_mut().zip(&scratch[c * out..(c + 1) * out]) {
+                    *d += s;
+                }
+            }
+        }
+        let dy = &*dy;
+        // 2. dW[out, in] = dy^T[out, n] x[n, in]
+        sgemm(
+            1.0,
+            MatRef::row_major_t(dy, n, out),
+            MatRef::row_major(&x[..n * inp], n, inp),
+            0.0,
+            &mut grads[self.w_offset..self.b_offset],
+        );
+        // 3. dx[n, in] = dy[n, out] W[out, in]
+        if let Some(dx) = dx {
+            let (w, _) = self.weights(params);
+            sgemm(
+                1.0,
+                MatRef::row_major(dy, n, out),
+                MatRef::row_major(w, out, inp),
+                0.0,
+                &mut dx[..n * inp],
+            );
+        }
+    }
+
+    /// Forward FLOPs per sample (multiply-add counted as 2).
+    pub fn forward_flops(&self) -> u64 {
+        2 * (self.in_dim * self.out_dim) as u64
+    }
+}
+
+fn bias_act_rows(chunk: &mut [f32], b: &[f32], act: Activation) {
+    let out = b.len();
+    match act {
+        Activation::None => {
+            for row in chunk.chunks_exact_mut(out) {
+                for (v, &bb) in row.iter_mut().zip(b) {
+                    *v += bb;
+                }
+            }
+        }
+        Activation::Relu => {
+            for row in chunk.chunks_exact_mut(out) {
+                for (v, &bb) in row.iter_mut().zip(b) {
+                    *v = (*v + bb).max(0.0);
+                }
+            }
+        }
+        Activation::Sigmoid => {
+            for row in chunk.chunks_exact_mut(out) {
+                for (v, &bb) in row.iter_mut().zip(b) {
+                    *v = sigmoid(*v + bb);
+                }
+            }
+        }
+    }
+}
+
+fn act_grad_colsum(dy: &mut [f32], y: &[f32], part: &mut [f32], act: Activation) {
+    let out = part.len();
+    part.fill(0.0);
+    let rows = dy.chunks_exact_mut(out).zip(y.chunks_exact(out));
+    match act {
+        Activation::None => {
+            for (drow, _) in rows {
+                for (p, d) in part.iter_mut().zip(drow.iter()) {
+                    *p += *d;
+                }
+            }
+        }
+        Activation::Relu => {
+            for (drow, yrow) in rows {
+                for ((p, d), &yy) in part.iter_mut().zip(drow.iter_mut()).zip(yrow) {
+                    let g = if yy > 0.0 { *d } else { 0.0 };
+                    *d = g;
+                    *p += g;
+                }
+            }
+        }
+        Activation::Sigmoid => {
+            for (drow, yrow) in rows {
+                for ((p, d), &yy) in part.iter_mut().zip(drow.iter_mut()).zip(yrow) {
+                    let g = *d * yy * (1.0 - yy);
+                    *d = g;
+                    *p += g;
+                }
+            }
+        }
+    }
+}
+
+/// A stack of [`Linear`] layers with contiguous parameters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mlp {
+    /// The layers, input to output.
+    pub layers: Vec<Linear>,
+}
+
+impl Mlp {
+    /// Layers for `sizes = [in, h1, ..., out]`, parameters from `offset`; every layer uses
+    /// `hidden_act` except the last, which uses `last_act`.
+    pub fn new(
+        sizes: &[usize],
+        offset: usize,
+        hidden_act: Activation,
+        last_act: Activation,
+    ) -> Self {
+        let mut layers = Vec::with_capacity(sizes.len().saturating_sub(1));
+        let mut off = offset;
+        for (i, w) in sizes.windows(2).enumerate() {
+            let act = if i + 2 == sizes.len() {
+                last_act
+            } else {
+                hidden_act
+            };
+            let l = Linear::new(w[0], w[1], off, act);
+            off = l.end_offset();
+            layers.push(l);
+        }
+        Self { layers }
+    }
+
+    /// Input width.
+    pub fn in_dim(&self) -> usize {
+        self.layers[0].in_dim
+    }
+
+    /// Output width.
+    pub fn out_dim(&self) -> usize {
+        self.layers[self.layers.len() - 1].out_dim
+    }
+
+    /// Total parameters.
+    pub fn num_params(&self) -> usize {
+        self.layers.iter().map(Linear::num_params).sum()
+    }
+
+    /// Widest layer output.
+    pub fn max_width(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| l.out_dim.max(l.in_dim))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Forward: `acts[i]` receives layer `i`'s output.
+    pub fn forward(&self, params: &[f32], x: &[f32], n: usize, acts: &mut [Vec<f32>]) {
+        for (i, l) in self.layers.iter().enumerate() {
+            let (prev, rest) = acts.split_at_mut(i);
+            let inp: &[f32] = if i == 0 { x } else { &prev[i - 1] };
+            l.forward(params, inp, n, &mut rest[0]);
+        }
+    }
+
+    /// Backward from `dy` (gradient w.r.t. the MLP output, clobbered). `ga`/`gb` are
+    /// ping-pong buffers of at least `n * max_width`; if `dx` is given it receives the
+    /// gradient w.r.t. the MLP input.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &self,
+        params: &[f32],
+        grads: &mut [f32],
+        x: &[f32],
+        acts: &[Vec<f32>],
+        dy: &mut [f32],
+        ga: &mut [f32],
+        gb: &mut [f32],
+        mut dx: Option<&mut [f32]>,
+        n: usize,
+        scratch: &mut [f32],
+    ) {
+        // The current gradient lives in `dy`, then alternates between `ga` and `gb`.
+        let mut which: Option<bool> = None;
+        for i in (0..self.layers.len()).rev() {
+            let l = &self.layers[i];
+            let (cur, next): (&mut [f32], &mut [f32]) = match which {
+                None => (&mut *dy, &mut *ga),
+                Some(false) => (&mut *ga, &mut *gb),
+                Some(true) => (&mut *gb, &mut *ga),
+            };
+            if i == 0 {
+                l.backward(params, grads, x, &acts[0], cur, dx.take(), n, scratch);
+            } else {
+                l.backward(
+                    params,
+                    grads,
+                    &acts[i - 1],
+                    &acts[i],
+                    cur,
+                    Some(next),
+                    n,
+                    scratch,
+                );
+                which = Some(which == Some(false));
+            }
+        }
+    }
+
+    /// Forward FLOPs per sample.
+    pub fn forward_flops(&self) -> u64 {
+        self.layers.iter().map(Linear::forward_flops).sum()
+    }
+}

@@ -1,0 +1,132 @@
+//! Evaluation metrics: exact AUC, logloss, and a streaming accumulator.
+
+/// Exact ROC AUC of `scores` against binary `labels` (`> 0.5` is positive), via the
+/// Mann-Whitney statistic: sort once (O(n log n)), tied scores share their average rank.
+/// `None` when either class is absent. NaN scores are ordered last (`f32::total_cmp`).
+pub fn auc(scores: &[f32], labels: &[f32]) -> Option<f64> {
+    assert_eq!(scores.len(), labels.len());
+    let mut idx: Vec<u32> = (0..scores.len() as u32).collect();
+    idx.sort_unstable_by(|&a, &b| scores[a as usize].total_cmp(&scores[b as usize]));
+    let mut pos_rank_sum = 0.0f64;
+    let mut n_pos = 0u64;
+    let mut i = 0;
+    while i < idx.len() {
+        let s = scores[idx[i] as usize];
+        let mut j = i + 1;
+        while j < idx.len() && scores[idx[j] as usize].total_cmp(&s).is_eq() {
+            j += 1;
+        }
+        // ranks i+1 ..= j, averaged.
+        let avg_rank = (i + 1 + j) as f64 / 2.0;
+        for &k in &idx[i..j] {
+            if labels[k as usize] > 0.5 {
+                pos_rank_sum += avg_rank;
+                n_pos += 1;
+            }
+        }
+        i = j;
+    }
+    let n_neg = scores.len() as u64 - n_pos;
+    if n_pos == 0 || n_neg == 0 {
+        return None;
+    }
+    let (p, q) = (n_pos as f64, n_neg as f64);
+    Some((pos_rank_sum - p * (p + 1.0) / 2.0) / (p * q))
+}
+
+/// Probabilities are clamped to `[LOGLOSS_EPS, 1 - LOGLOSS_EPS]` in [`logloss`].
+pub const LOGLOSS_EPS: f64 = 1e-7;
+
+#[inline]
+fn logloss_term(p: f32, y: f32) -> f64 {
+    let p = (p as f64).clamp(LOGLOSS_EPS, 1.0 - LOGLOSS_EPS);
+    let y = y as f64;
+    -(y * p.ln() + (1.0 - y) * (1.0 - p).ln())
+}
+
+/// Mean binary log-loss of probabilities `probs` against `labels` (clamped, see
+/// [`LOGLOSS_EPS`]). 0 for empty input.
+pub fn logloss(probs: &[f32], labels: &[f32]) -> f64 {
+    assert_eq!(probs.len(), labels.len());
+    if probs.is_empty() {
+        return 0.0;
+    }
+    probs
+        .iter()
+        .zip(labels)
+        .map(|(&p, &y)| logloss_term(p, y))
+        .sum::<f64>()
+        / probs.len() as f64
+}
+
+/// Streaming evaluation: feed batches of probabilities and labels, read AUC / logloss /
+/// accuracy over everything seen. Keeps all scores (exact AUC needs them: 8 bytes/sample).
+#[derive(Clone, Debug, Default)]
+pub struct EvalAccumulator {
+    scores: Vec<f32>,
+    labels: Vec<f32>,
+    loss_sum: f64,
+    correct: u64,
+}
+
+impl EvalAccumulator {
+    /// Empty accumulator.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a batch of probabilities and labels.
+    pub fn push(&mut self, probs: &[f32], labels: &[f32]) {
+        assert_eq!(probs.len(), labels.len());
+        self.scores.extend_from_slice(probs);
+        self.labels.extend_from_slice(labels);
+        for (&p, &y) in probs.iter().zip(labels) {
+            self.loss_sum += logloss_term(p, y);
+            self.correct += u64::from((p > 0.5) == (y > 0.5));
+        }
+    }
+
+    /// Merges another accumulator (e.g. from another eval thread).
+    pub fn merge(&mut self, other: &EvalAccumulator) {
+        self.scores.extend_from_slice(&other.scores);
+        self.labels.extend_from_slice(&other.labels);
+        self.loss_sum += other.loss_sum;
+        self.correct += other.correct;
+    }
+
+    /// Samples seen.
+    pub fn count(&self) -> usize {
+        self.scores.len()
+    }
+
+    /// Mean logloss so far (0 if empty).
+    pub fn logloss(&self) -> f64 {
+        if self.scores.is_empty() {
+            0.0
+        } else {
+            self.loss_sum / self.scores.len() as f64
+        }
+    }
+
+    /// Exact AUC so far (`None` if a class is missing).
+    pub fn auc(&self) -> Option<f64> {
+        auc(&self.scores, &self.labels)
+    }
+
+    /// Accuracy at threshold 0.5 (0 if empty).
+    pub fn accuracy(&self) -> f64 {
+        if self.scores.is_empty() {
+            0.0
+        } else {
+            self.correct as f64 / self.scores.len() as f64
+        }
+    }
+
+    /// Forgets everything.
+    pub fn reset(&mut self) {
+        self.scores.clear();
+        self.labels.clear();
+        self.loss_sum = 0.0;
+        self.correct = 0;
+    }
+}

@@ -1,0 +1,245 @@
+//! Dense optimizers over flat parameter / gradient slices.
+//!
+//! State lives in flat buffers of the same length as the parameters, so the parameter
+//! server can shard, ship and checkpoint it as plain slices. Updates run in parallel
+//! chunks with plain loops the compiler vectorizes.
+
+use rayon::prelude::*;
+
+/// Elements per rayon task.
+const CHUNK: usize = 1 << 14;
+
+/// An optimizer that updates a flat parameter slice in place from a gradient slice.
+pub trait DenseOptimizer: Send {
+    /// One update step. `params` and `grads` must have the length the optimizer was
+    /// built for.
+    fn step(&mut self, params: &mut [f32], grads: &[f32]);
+
+    /// Optimizer state buffers (for checkpoints), in a fixed order.
+    fn state(&self) -> Vec<&[f32]>;
+
+    /// Mutable state buffers (for restores), same order as [`DenseOptimizer::state`].
+    fn state_mut(&mut self) -> Vec<&mut [f32]>;
+}
+
+/// Serializable choice of dense optimizer with its hyper-parameters.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum DenseOptimizerConfig {
+    /// Plain SGD.
+    Sgd {
+        /// Learning rate.
+        lr: f32,
+    },
+    /// Adagrad (PyTorch semantics: `p -= lr g / (sqrt(acc) + eps)`).
+    Adagrad {
+        /// Learning rate.
+        lr: f32,
+        /// Initial accumulator value.
+        #[serde(default)]
+        initial_accumulator: f32,
+        /// Added to the square root of the accumulator.
+        #[serde(default = "default_adagrad_eps")]
+        eps: f32,
+    },
+    /// Adam with bias correction.
+    Adam {
+        /// Learning rate.
+        lr: f32,
+        /// First-moment decay.
+        #[serde(default = "default_beta1")]
+        beta1: f32,
+        /// Second-moment decay.
+        #[serde(default = "default_beta2")]
+        beta2: f32,
+        /// Added to the square root of the corrected second moment.
+        #[serde(default = "default_adam_eps")]
+        eps: f32,
+    },
+}
+
+fn default_adagrad_eps() -> f32 {
+    1e-10
+}
+fn default_beta1() -> f32 {
+    0.9
+}
+fn default_beta2() -> f32 {
+    0.999
+}
+fn default_adam_eps() -> f32 {
+    1e-8
+}
+
+impl DenseOptimizerConfig {
+    /// Builds the optimizer for `num_params` parameters.
+    pub fn build(&self, num_params: usize) -> Box<dyn DenseOptimizer> {
+        match *self {
+            Self::Sgd { lr } => Box::new(Sgd::new(lr)),
+            Self::Adagrad {
+                lr,
+                initial_accumulator,
+                eps,
+            } => Box::new(Adagrad::new(num_params, lr, initial_accumulator, eps)),
+            Self::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+            } => Box::new(Adam::new(num_params, lr, beta1, beta2, eps)),
+        }
+    }
+}
+
+/// `p -= lr * g`.
+#[derive(Clone, Debug)]
+pub struct Sgd {
+    /// Learning rate.
+    pub lr: f32,
+}
+
+impl Sgd {
+    /// SGD with learning rate `lr`.
+    pub fn new(lr: f32) -> Self {
+        Self { lr }
+    }
+}
+
+impl DenseOptimizer for Sgd {
+    fn step(&mut self, params: &mut [f32], grads: &[f32]) {
+        assert_eq!(params.len(), grads.len());
+        let lr = self.lr;
+        params
+            .par_chunks_mut(CHUNK)
+            .zip(grads.par_chunks(CHUNK))
+            .for_each(|(p, g)| {
+                for (p, g) in p.iter_mut().zip(g) {
+                    *p -= lr * g;
+                }
+            });
+    }
+
+    fn state(&self) -> Vec<&[f32]> {
+        Vec::new()
+    }
+
+    fn state_mut(&mut self) -> Vec<&mut [f32]> {
+        Vec::new()
+    }
+}
+
+/// Adagrad: `acc += g^2; p -= lr * g / (sqrt(acc) + eps)`.
+#[derive(Clone, Debug)]
+pub struct Adagrad {
+    /// Learning rate.
+    pub lr: f32,
+    /// Added to `sqrt(acc)`.
+    pub eps: f32,
+    /// Sum of squared gradients per parameter.
+    pub accum: Vec<f32>,
+}
+
+impl Adagrad {
+    /// Adagrad state for `num_params` parameters.
+    pub fn new(num_params: usize, lr: f32, initial_accumulator: f32, eps: f32) -> Self {
+        Self {
+            lr,
+            eps,
+            accum: vec![initial_accumulator; num_params],
+        }
+    }
+}
+
+impl DenseOptimizer for Adagrad {
+    fn step(&mut self, params: &mut [f32], grads: &[f32]) {
+        assert_eq!(params.len(), grads.len());
+        assert_eq!(params.len(), self.accum.len());
+        let (lr, eps) = (self.lr, self.eps);
+        params
+            .par_chunks_mut(CHUNK)
+            .zip(grads.par_chunks(CHUNK))
+            .zip(self.accum.par_chunks_mut(CHUNK))
+            .for_each(|((p, g), a)| {
+                for ((p, &g), a) in p.iter_mut().zip(g).zip(a.iter_mut()) {
+                    *a += g * g;
+                    *p -= lr * g / (a.sqrt() + eps);
+                }
+            });
+    }
+
+    fn state(&self) -> Vec<&[f32]> {
+        vec![&self.accum]
+    }
+
+    fn state_mut(&mut self) -> Vec<&mut [f32]> {
+        vec![&mut self.accum]
+    }
+}
+
+/// Adam with bias correction (PyTorch semantics, no weight decay).
+#[derive(Clone, Debug)]
+pub struct Adam {
+    /// Learning rate.
+    pub lr: f32,
+    /// First-moment decay.
+    pub beta1: f32,
+    /// Second-moment decay.
+    pub beta2: f32,
+    /// Added to the corrected RMS.
+    pub eps: f32,
+    /// Steps taken so far.
+    pub t: u64,
+    /// First moment.
+    pub m: Vec<f32>,
+    /// Second moment.
+    pub v: Vec<f32>,
+}
+
+impl Adam {
+    /// Adam state for `num_params` parameters.
+    pub fn new(num_params: usize, lr: f32, beta1: f32, beta2: f32, eps: f32) -> Self {
+        Self {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            t: 0,
+            m: vec![0.0; num_params],
+            v: vec![0.0; num_params],
+        }
+    }
+}
+
+impl DenseOptimizer for Adam {
+    fn step(&mut self, params: &mut [f32], grads: &[f32]) {
+        assert_eq!(params.len(), grads.len());
+        assert_eq!(params.len(), self.m.len());
+        self.t += 1;
+        let (b1, b2, eps) = (self.beta1, self.beta2, self.eps);
+        let bc1 = 1.0 - (b1 as f64).powi(self.t as i32);
+        let bc2 = 1.0 - (b2 as f64).powi(self.t as i32);
+        let step_size = (self.lr as f64 / bc1) as f32;
+        let inv_sqrt_bc2 = (1.0 / bc2.sqrt()) as f32;
+        params
+            .par_chunks_mut(CHUNK)
+            .zip(grads.par_chunks(CHUNK))
+            .zip(self.m.par_chunks_mut(CHUNK))
+            .zip(self.v.par_chunks_mut(CHUNK))
+            .for_each(|(((p, g), m), v)| {
+                for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                    *m = b1 * *m + (1.0 - b1) * g;
+                    *v = b2 * *v + (1.0 - b2) * g * g;
+                    let denom = v.sqrt() * inv_sqrt_bc2 + eps;
+                    *p -= step_size * *m / denom;
+                }
+            });
+    }
+
+    fn state(&self) -> Vec<&[f32]> {
+        vec![&self.m, &self.v]
+    }
+
+    fn state_mut(&mut self) -> Vec<&mut [f32]> {
+        vec![&mut self.m, &mut self.v]
+    }
+}

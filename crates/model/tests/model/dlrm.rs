@@ -1,0 +1,214 @@
+use elastrec_model::{DenseDlrm, DlrmConfig, InteractionKind, ModelError};
+
+use crate::common::{check_fd, randv, rng};
+
+fn small(kind: InteractionKind) -> DlrmConfig {
+    DlrmConfig {
+        bottom: vec![5, 8, 4],
+        top: vec![6, 1],
+        num_tables: 3,
+        embedding_dim: 4,
+        interaction: kind,
+        seed: 42,
+    }
+}
+
+/// Sum (not mean) BCE in f64 from the f32 logits, plus the ReLU pattern of every hidden
+/// activation.
+fn loss_and_pattern(
+    m: &DenseDlrm,
+    ws: &mut elastrec_model::Workspace,
+    x: &[f32],
+    e: &[f32],
+    y: &[f32],
+) -> (f64, Vec<bool>) {
+    let logits = m.forward(x, e, ws).unwrap().to_vec();
+    let loss: f64 = logits
+        .iter()
+        .zip(y)
+        .map(|(&l, &t)| {
+            let l = l as f64;
+            l.max(0.0) - l * t as f64 + (-l.abs()).exp().ln_1p()
+        })
+        .sum();
+    let mut pat = Vec::new();
+    for i in 0..m.bottom().layers.len() {
+        pat.extend(ws.bottom_activation(i).iter().map(|&v| v > 0.0));
+    }
+    for i in 0..m.top().layers.len() - 1 {
+        pat.extend(ws.top_activation(i).iter().map(|&v| v > 0.0));
+    }
+    (loss, pat)
+}
+
+fn gradcheck_model(kind: InteractionKind) {
+    let mut m = DenseDlrm::new(small(kind)).unwrap();
+    let n = 6;
+    let mut ws = m.workspace(8);
+    let mut g = rng(3);
+    let x = randv(&mut g, n * 5, 1.0);
+    let e = randv(&mut g, n * 3 * 4, 1.0);
+    let y: Vec<f32> = (0..n).map(|i| (i % 2) as f32).collect();
+    m.forward_backward(&x, &e, &y, &mut ws).unwrap();
+    // Analytic gradients of the *sum* loss = n * gradients of the mean loss.
+    let gp: Vec<f32> = ws.grads().iter().map(|v| v * n as f32).collect();
+    let ge: Vec<f32> = ws.d_emb().iter().map(|v| v * n as f32).collect();
+    assert_eq!(ge.len(), n * 3 * 4);
+    let p0 = m.params().to_vec();
+    let mut ws2 = m.workspace(8);
+    check_fd("dlrm params", &p0, &gp, 2e-3, 1e-3, 2e-2, |p| {
+        m.params_mut().copy_from_slice(p);
+        loss_and_pattern(&m, &mut ws2, &x, &e, &y)
+    });
+    m.params_mut().copy_from_slice(&p0);
+    check_fd("dlrm emb", &e, &ge, 2e-3, 1e-3, 2e-2, |ee| {
+        loss_and_pattern(&m, &mut ws2, &x, ee, &y)
+    });
+}
+
+#[test]
+fn dlrm_dot_gradcheck() {
+    gradcheck_model(InteractionKind::Dot);
+}
+
+#[test]
+fn dlrm_concat_gradcheck() {
+    gradcheck_model(InteractionKind::Concat);
+}
+
+#[test]
+fn deterministic_init() {
+    let a = DenseDlrm::new(DlrmConfig::criteo_kaggle()).unwrap();
+    let b = DenseDlrm::new(DlrmConfig::criteo_kaggle()).unwrap();
+    assert_eq!(a.params(), b.params());
+    let c = DenseDlrm::new(DlrmConfig {
+        seed: 1,
+        ..DlrmConfig::criteo_kaggle()
+    })
+    .unwrap();
+    assert_ne!(a.params(), c.params());
+    // Xavier bound respected on the first weight matrix.
+    let l = &a.bottom().layers[0];
+    let bound = (6.0f32 / (13 + 512) as f32).sqrt();
+    let (w, _) = l.weights(a.params());
+    assert!(w.iter().all(|v| v.abs() <= bound));
+    assert!(w.iter().any(|v| v.abs() > 0.5 * bound));
+}
+
+#[test]
+fn criteo_kaggle_shapes() {
+    let m = DenseDlrm::new(DlrmConfig::criteo_kaggle()).unwrap();
+    assert_eq!(m.interaction().out_dim(), 367);
+    assert_eq!(m.top().layers[0].in_dim, 367);
+    let want = 13 * 512
+        + 512
+        + 512 * 256
+        + 256
+        + 256 * 64
+        + 64
+        + 64 * 16
+        + 16
+        + 367 * 512
+        + 512
+        + 512 * 256
+        + 256
+        + 256
+        + 1;
+    assert_eq!(m.num_params(), want);
+}
+
+#[test]
+fn config_errors() {
+    let bad = DlrmConfig {
+        bottom: vec![13, 8],
+        ..DlrmConfig::criteo_kaggle()
+    };
+    assert_eq!(
+        DenseDlrm::new(bad).unwrap_err(),
+        ModelError::DotDimMismatch {
+            bottom_out: 8,
+            embedding_dim: 16
+        }
+    );
+    let ok = DlrmConfig {
+        bottom: vec![13, 8],
+        interaction: InteractionKind::Concat,
+        ..DlrmConfig::criteo_kaggle()
+    };
+    assert!(DenseDlrm::new(ok).is_ok());
+    let bad = DlrmConfig {
+        top: vec![4, 2],
+        ..DlrmConfig::criteo_kaggle()
+    };
+    assert_eq!(
+        DenseDlrm::new(bad).unwrap_err(),
+        ModelError::TopOutputNotOne { got: 2 }
+    );
+    let bad = DlrmConfig {
+        bottom: vec![13],
+        ..DlrmConfig::criteo_kaggle()
+    };
+    assert!(matches!(
+        DenseDlrm::new(bad),
+        Err(ModelError::MlpTooShort { .. })
+    ));
+    let bad = DlrmConfig {
+        top: vec![0, 1],
+        ..DlrmConfig::criteo_kaggle()
+    };
+    assert!(matches!(
+        DenseDlrm::new(bad),
+        Err(ModelError::ZeroWidth { .. })
+    ));
+}
+
+#[test]
+fn shape_errors() {
+    let m = DenseDlrm::new(small(InteractionKind::Dot)).unwrap();
+    let mut ws = m.workspace(4);
+    let x = vec![0.0; 4 * 5];
+    let e = vec![0.0; 4 * 12];
+    assert!(matches!(
+        m.forward_backward(&x, &e[1..], &[0.0; 4], &mut ws),
+        Err(ModelError::Shape { what: "emb", .. })
+    ));
+    assert!(matches!(
+        m.forward_backward(&x, &e, &[0.0; 3], &mut ws),
+        Err(ModelError::Shape { what: "labels", .. })
+    ));
+    let x8 = vec![0.0; 8 * 5];
+    let e8 = vec![0.0; 8 * 12];
+    assert_eq!(
+        m.forward(&x8, &e8, &mut ws).unwrap_err(),
+        ModelError::BatchTooLarge {
+            batch: 8,
+            capacity: 4
+        }
+    );
+}
+
+#[test]
+fn smaller_batch_than_capacity_and_training_reduces_loss() {
+    use elastrec_model::{Adagrad, DenseOptimizer};
+    let mut m = DenseDlrm::new(small(InteractionKind::Dot)).unwrap();
+    let mut ws = m.workspace(64);
+    let mut g = rng(1);
+    let n = 37;
+    let x = randv(&mut g, n * 5, 1.0);
+    let e = randv(&mut g, n * 12, 1.0);
+    let y: Vec<f32> = x.chunks(5).map(|r| f32::from(r[0] + r[1] > 0.0)).collect();
+    let mut opt = Adagrad::new(m.num_params(), 0.05, 0.0, 1e-10);
+    let first = m.forward_backward(&x, &e, &y, &mut ws).unwrap();
+    let mut last = first;
+    for _ in 0..200 {
+        last = m.forward_backward(&x, &e, &y, &mut ws).unwrap();
+        opt.step(m.params_mut(), ws.grads());
+    }
+    assert!(last < 0.5 * first, "loss {first} -> {last}");
+    // Same inputs in a workspace of exact capacity give the same gradient.
+    let mut ws2 = m.workspace(n);
+    m.forward_backward(&x, &e, &y, &mut ws).unwrap();
+    m.forward_backward(&x, &e, &y, &mut ws2).unwrap();
+    assert_eq!(ws.grads(), ws2.grads());
+    assert_eq!(ws.d_emb(), ws2.d_emb());
+}

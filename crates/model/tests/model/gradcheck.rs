@@ -1,0 +1,230 @@
+use elastrec_model::{
+    bce_with_logits, bce_with_logits_loss, Activation, Interaction, InteractionKind, Linear,
+};
+
+use crate::common::{check_fd, randv, rng};
+
+fn weighted_sum(y: &[f32], r: &[f32]) -> f64 {
+    y.iter().zip(r).map(|(&a, &b)| a as f64 * b as f64).sum()
+}
+
+fn check_linear(act: Activation, seed: u64) {
+    let (n, inp, out) = (7, 5, 6);
+    let mut g = rng(seed);
+    // Parameters at a nonzero offset inside a larger flat buffer.
+    let off = 3;
+    let l = Linear::new(inp, out, off, act);
+    let mut params = randv(&mut g, off + l.num_params() + 2, 0.8);
+    let x = randv(&mut g, n * inp, 1.0);
+    let r = randv(&mut g, n * out, 1.0);
+    let mut y = vec![0.0; n * out];
+    l.forward(&params, &x, n, &mut y);
+    // Forward matches the naive formula.
+    let (w, b) = l.weights(&params);
+    for s in 0..n {
+        for o in 0..out {
+            let mut pre = b[o];
+            for i in 0..inp {
+                pre += x[s * inp + i] * w[o * inp + i];
+            }
+            let want = match act {
+                Activation::None => pre,
+                Activation::Relu => pre.max(0.0),
+                Activation::Sigmoid => 1.0 / (1.0 + (-pre).exp()),
+            };
+            assert!((y[s * out + o] - want).abs() < 1e-5, "forward mismatch");
+        }
+    }
+    let mut grads = vec![f32::NAN; params.len()];
+    let mut dy = r.clone();
+    let mut dx = vec![0.0; n * inp];
+    let mut scratch = vec![0.0; l.scratch_len()];
+    l.backward(
+        &params,
+        &mut grads,
+        &x,
+        &y,
+        &mut dy,
+        Some(&mut dx),
+        n,
+        &mut scratch,
+    );
+    // Gradients only written at the layer's offsets.
+    assert!(grads[..off].iter().all(|v| v.is_nan()));
+    assert!(grads[l.end_offset()..].iter().all(|v| v.is_nan()));
+
+    let fwd = |params: &[f32], x: &[f32]| -> (f64, Vec<bool>) {
+        let mut y = vec![0.0; n * out];
+        l.forward(params, x, n, &mut y);
+        (weighted_sum(&y, &r), y.iter().map(|&v| v > 0.0).collect())
+    };
+    let pslice = params[off..l.end_offset()].to_vec();
+    check_fd(
+        "linear params",
+        &pslice,
+        &grads[off..l.end_offset()],
+        1e-3,
+        2e-3,
+        1e-2,
+        |p| {
+            params[off..l.end_offset()].copy_from_slice(p);
+            fwd(&params, &x)
+        },
+    );
+    params[off..l.end_offset()].copy_from_slice(&pslice);
+    check_fd("linear input", &x, &dx, 1e-3, 2e-3, 1e-2, |xx| {
+        fwd(&params, xx)
+    });
+}
+
+#[test]
+fn linear_relu_gradcheck() {
+    for seed in 0..3 {
+        check_linear(Activation::Relu, seed);
+    }
+}
+
+#[test]
+fn linear_identity_gradcheck() {
+    check_linear(Activation::None, 11);
+}
+
+#[test]
+fn linear_sigmoid_gradcheck() {
+    check_linear(Activation::Sigmoid, 12);
+}
+
+#[test]
+fn linear_large_batch_bias_chunks() {
+    // Batch larger than the chunk count, not a multiple of it: bias grad = column sums.
+    let (n, inp, out) = (203, 3, 4);
+    let mut g = rng(5);
+    let l = Linear::new(inp, out, 0, Activation::None);
+    let params = randv(&mut g, l.num_params(), 0.5);
+    let x = randv(&mut g, n * inp, 1.0);
+    let mut y = vec![0.0; n * out];
+    l.forward(&params, &x, n, &mut y);
+    let mut dy = randv(&mut g, n * out, 1.0);
+    let want: Vec<f64> = (0..out)
+        .map(|o| (0..n).map(|s| dy[s * out + o] as f64).sum())
+        .collect();
+    let mut grads = vec![0.0; l.num_params()];
+    let mut scratch = vec![0.0; l.scratch_len()];
+    l.backward(&params, &mut grads, &x, &y, &mut dy, None, n, &mut scratch);
+    for o in 0..out {
+        assert!((grads[l.b_offset + o] as f64 - want[o]).abs() < 1e-4);
+    }
+}
+
+fn check_interaction(kind: InteractionKind, bottom_dim: usize) {
+    let (n, t, d) = (5, 4, 3);
+    let it = Interaction {
+        kind,
+        bottom_dim,
+        num_tables: t,
+        dim: d,
+    };
+    let mut g = rng(7);
+    let z = randv(&mut g, n * bottom_dim, 1.0);
+    let e = randv(&mut g, n * t * d, 1.0);
+    let od = it.out_dim();
+    let r = randv(&mut g, n * od, 1.0);
+    let mut out = vec![0.0; n * od];
+    it.forward(&z, &e, n, &mut out);
+    // Naive forward.
+    for s in 0..n {
+        let f = |i: usize| -> Vec<f32> {
+            if i == 0 {
+                z[s * bottom_dim..(s + 1) * bottom_dim].to_vec()
+            } else {
+                e[(s * t + i - 1) * d..(s * t + i) * d].to_vec()
+            }
+        };
+        let mut want = f(0);
+        match kind {
+            InteractionKind::Dot => {
+                for i in 1..=t {
+                    for j in 0..i {
+                        want.push(f(i).iter().zip(f(j)).map(|(a, b)| a * b).sum());
+                    }
+                }
+            }
+            InteractionKind::Concat => {
+                for i in 1..=t {
+                    want.extend(f(i));
+                }
+            }
+        }
+        assert_eq!(want.len(), od);
+        for (a, b) in out[s * od..(s + 1) * od].iter().zip(&want) {
+            assert!((a - b).abs() < 1e-5);
+        }
+    }
+    let mut dz = vec![0.0; n * bottom_dim];
+    let mut de = vec![f32::NAN; n * t * d];
+    it.backward(&z, &e, &r, n, &mut dz, &mut de);
+    let fwd = |z: &[f32], e: &[f32]| -> (f64, Vec<bool>) {
+        let mut out = vec![0.0; n * od];
+        it.forward(z, e, n, &mut out);
+        (weighted_sum(&out, &r), Vec::new())
+    };
+    check_fd("interaction dz", &z, &dz, 1e-3, 2e-3, 1e-2, |zz| {
+        fwd(zz, &e)
+    });
+    check_fd("interaction demb", &e, &de, 1e-3, 2e-3, 1e-2, |ee| {
+        fwd(&z, ee)
+    });
+}
+
+#[test]
+fn dot_interaction_gradcheck() {
+    check_interaction(InteractionKind::Dot, 3);
+}
+
+#[test]
+fn concat_interaction_gradcheck() {
+    check_interaction(InteractionKind::Concat, 5);
+}
+
+#[test]
+fn interaction_out_dims() {
+    let it = Interaction {
+        kind: InteractionKind::Dot,
+        bottom_dim: 16,
+        num_tables: 26,
+        dim: 16,
+    };
+    assert_eq!(it.out_dim(), 16 + 27 * 26 / 2);
+    let it = Interaction {
+        kind: InteractionKind::Concat,
+        ..it
+    };
+    assert_eq!(it.out_dim(), 16 + 26 * 16);
+}
+
+#[test]
+fn bce_values_and_gradient() {
+    let mut d = vec![0.0; 1];
+    let l = bce_with_logits(&[0.0], &[1.0], &mut d);
+    assert!((l - std::f32::consts::LN_2).abs() < 1e-6);
+    assert!((d[0] + 0.5).abs() < 1e-6);
+    // Extreme logits stay finite and exact.
+    let mut d = vec![0.0; 4];
+    let l = bce_with_logits(
+        &[100.0, -100.0, 100.0, -100.0],
+        &[0.0, 1.0, 1.0, 0.0],
+        &mut d,
+    );
+    assert!((l - 50.0).abs() < 1e-4, "{l}");
+    assert!(d.iter().all(|v| v.is_finite()));
+    assert!((d[0] - 0.25).abs() < 1e-6 && (d[1] + 0.25).abs() < 1e-6);
+    // Gradient of the mean loss by finite differences, soft labels included.
+    let mut g = rng(9);
+    let x = randv(&mut g, 6, 4.0);
+    let y = vec![0.0, 1.0, 1.0, 0.0, 0.3, 1.0];
+    let mut dx = vec![0.0; 6];
+    bce_with_logits(&x, &y, &mut dx);
+    check_fd("bce", &x, &dx, 1e-2, 1e-4, 1e-2, |xx| {
+        (bce_with_logits_loss(xx, &y) as f64, Vec::new())
+    });
+}
