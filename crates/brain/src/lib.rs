@@ -1,1 +1,16 @@
-//! elastrec-brain (see Cargo.toml description).
+//! elastrec-brain: the cluster brain.
+//!
+//! Owns the throughput models (DLRover-RM, KALE) fitted by NNLS, the config database of job
+//! history (SQLite or PostgreSQL), warm start, NSGA-II job plans, the cluster-level
+//! weighted greedy, KALE streaming plans (forecast, fewest workers, stabilization,
+//! fallback), Primus scaling rules and OOM prediction. Policies are pure functions over
+//! observed state (no I/O), so the simulator and the live service run the same code; the
+//! database (`db`) and the gRPC service (`service`) are the only parts that do I/O.
+
+pub mod alloc;
+pub mod error;
+pub mod nnls;
+pub mod throughput;
+
+pub use alloc::{Allocation, Bounds, Range, Resources};
+pub use error::{BrainError, Result};
