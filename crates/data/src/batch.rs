@@ -51,6 +51,43 @@ impl Batch {
         self.sparse.clear();
     }
 
+    /// Appends one raw row (label, raw integers, raw categorical values), applying
+    /// [`Batch::transform_dense`] to the integers and [`MISSING_CATEGORY`] to empty
+    /// categorical fields. Does not allocate once the buffers have grown.
+    #[inline]
+    pub fn push_raw(&mut self, row: &crate::raw::RawRow) {
+        self.labels.push(row.label as f32);
+        self.dense.extend(
+            row.ints
+                .iter()
+                .map(|v| crate::raw::transform_dense_fast(v.unwrap_or(0))),
+        );
+        self.sparse.extend(
+            row.cats
+                .iter()
+                .map(|c| c.map_or(MISSING_CATEGORY, u64::from)),
+        );
+    }
+
+    /// Appends the rows `range` of `other` to this batch.
+    pub fn extend_from(&mut self, other: &Batch, range: std::ops::Range<usize>) {
+        self.labels.extend_from_slice(&other.labels[range.clone()]);
+        self.dense
+            .extend_from_slice(&other.dense[range.start * NUM_DENSE..range.end * NUM_DENSE]);
+        self.sparse
+            .extend_from_slice(&other.sparse[range.start * NUM_SPARSE..range.end * NUM_SPARSE]);
+    }
+
+    /// The dense features of row `i`.
+    pub fn dense_row(&self, i: usize) -> &[f32] {
+        &self.dense[i * NUM_DENSE..(i + 1) * NUM_DENSE]
+    }
+
+    /// The categorical features of row `i`.
+    pub fn sparse_row(&self, i: usize) -> &[u64] {
+        &self.sparse[i * NUM_SPARSE..(i + 1) * NUM_SPARSE]
+    }
+
     /// Transform applied to a raw integer feature before it enters the model.
     #[inline]
     pub fn transform_dense(raw: i64) -> f32 {

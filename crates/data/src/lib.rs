@@ -1,7 +1,34 @@
-//! Data for elastrec: the Criteo-layout batch, readers (Criteo TSV plain/gzip, Parquet),
-//! the synthetic Criteo-shaped generator, and (later) dataset/stream/source definitions,
-//! preprocessing plans and data-task generation.
+//! Data for elastrec. This crate owns:
+//!
+//! - the in-memory [`Batch`] every reader fills and every trainer consumes, and the raw
+//!   (untransformed) row types [`RawRow`] / [`RawBatch`];
+//! - the reader seam [`BatchReader`] with its [`BadRowPolicy`] and [`ReadStats`], format
+//!   detection by magic bytes and row-range opening for data shards
+//!   ([`open_reader_range`], [`count_rows`]);
+//! - the Criteo TSV reader (plain and gzip) with a sidecar line index for O(1) range seeks
+//!   ([`tsv`], [`index`]);
+//! - Parquet writer and reader with the same batch semantics ([`parquet_io`]);
+//! - the synthetic Criteo-shaped generator with a hidden teacher model ([`gen`]);
+//! - one error type, [`DataError`], whose bad-data variants read `file:line: field N: reason`.
+//!
+//! Later: dataset/stream/source definitions, preprocessing plans, data-task generation.
 
 pub mod batch;
+pub mod error;
+pub mod gen;
+pub mod index;
+pub mod parquet_io;
+pub mod raw;
+pub mod reader;
+pub mod tsv;
 
 pub use batch::{Batch, MISSING_CATEGORY, NUM_DENSE, NUM_SPARSE};
+pub use error::{DataError, FieldError, Result};
+pub use gen::{generate, generate_with_progress, GenFile, GenReport, GenSpec, OutputFormat};
+pub use parquet_io::{ParquetOptions, ParquetReader, ParquetWriter};
+pub use raw::{RawBatch, RawRow};
+pub use reader::{
+    count_rows, detect_format, open_reader, open_reader_range, read_all, BadRowPolicy, BatchReader,
+    FileFormat, ReadStats,
+};
+pub use tsv::TsvReader;

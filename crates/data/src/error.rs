@@ -1,0 +1,173 @@
+//! The crate's single error type.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Everything that can go wrong in `elastrec-data`.
+///
+/// Variants say who is at fault: [`DataError::Malformed`] and [`DataError::BadValue`] are
+/// problems in the input data, [`DataError::Io`] and [`DataError::Parquet`] are the
+/// environment or the container format, [`DataError::InvalidSpec`] and
+/// [`DataError::InvalidRange`] are the caller's arguments.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// An I/O error on `path`.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// File being read or written.
+        path: PathBuf,
+        /// Underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A malformed TSV line, reported as `file:line: field N: reason`.
+    ///
+    /// Field numbering: 0 = label, 1..=13 integer features, 14..=39 categorical features.
+    #[error("{}:{line}: field {field}: {reason}", path.display())]
+    Malformed {
+        /// File holding the line.
+        path: PathBuf,
+        /// 1-based line number in the file (also for range readers).
+        line: u64,
+        /// 0-based field index (0 = label).
+        field: usize,
+        /// What is wrong with the field.
+        reason: FieldError,
+    },
+    /// A bad value in a columnar (Parquet) file: `file: row R: column C: reason`.
+    #[error("{}: row {row}: column {column}: {reason}", path.display())]
+    BadValue {
+        /// File holding the row.
+        path: PathBuf,
+        /// 0-based row number in the file.
+        row: u64,
+        /// Column name (`label`, `I1`..`I13`, `C1`..`C26`).
+        column: String,
+        /// What is wrong with the value.
+        reason: FieldError,
+    },
+    /// The Parquet/Arrow layer failed (corrupt file, unsupported schema...).
+    #[error("{}: parquet: {message}", path.display())]
+    Parquet {
+        /// File being read or written.
+        path: PathBuf,
+        /// Error text from the parquet/arrow crates.
+        message: String,
+    },
+    /// A requested row range does not fit the file.
+    #[error("{}: invalid row range {start}..{end} (file has {rows} rows)", path.display())]
+    InvalidRange {
+        /// File the range refers to.
+        path: PathBuf,
+        /// First row (inclusive).
+        start: u64,
+        /// Last row (exclusive).
+        end: u64,
+        /// Rows in the file.
+        rows: u64,
+    },
+    /// Invalid arguments (generator spec, options).
+    #[error("invalid specification: {0}")]
+    InvalidSpec(String),
+}
+
+/// Result alias for this crate.
+pub type Result<T, E = DataError> = std::result::Result<T, E>;
+
+impl DataError {
+    /// Wraps an I/O error with the path it happened on.
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        DataError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    /// Wraps a parquet/arrow error with the path it happened on.
+    pub fn parquet(path: &Path, err: impl fmt::Display) -> Self {
+        DataError::Parquet {
+            path: path.to_path_buf(),
+            message: err.to_string(),
+        }
+    }
+
+    /// True for errors caused by one bad row (the ones [`crate::BadRowPolicy::Skip`] skips).
+    pub fn is_bad_row(&self) -> bool {
+        matches!(
+            self,
+            DataError::Malformed { .. } | DataError::BadValue { .. }
+        )
+    }
+}
+
+/// Why one field (or value) is invalid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FieldError {
+    /// The line ended before all 40 fields were seen (`found` fields present).
+    MissingField {
+        /// Number of fields present on the line.
+        found: usize,
+    },
+    /// The line has more than 40 fields.
+    ExtraField,
+    /// The label is empty (or null in Parquet).
+    EmptyLabel,
+    /// The label is not `0` or `1`.
+    BadLabel(String),
+    /// An integer feature is not a valid 64-bit integer.
+    BadInteger(String),
+    /// A categorical feature is not exactly 8 hex digits (or out of 32-bit range).
+    BadCategory(String),
+    /// The field holds non-ASCII bytes (invalid UTF-8 or binary garbage).
+    NonAscii(String),
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FieldError::MissingField { found } => write!(
+                f,
+                "missing field: line has {found} fields, expected {}",
+                crate::tsv::NUM_FIELDS
+            ),
+            FieldError::ExtraField => write!(
+                f,
+                "unexpected extra field: expected {} fields",
+                crate::tsv::NUM_FIELDS
+            ),
+            FieldError::EmptyLabel => write!(f, "empty label"),
+            FieldError::BadLabel(got) => write!(f, "label must be 0 or 1, got {got:?}"),
+            FieldError::BadInteger(got) => write!(f, "expected an integer, got {got:?}"),
+            FieldError::BadCategory(got) => write!(f, "expected 8 hex digits, got {got:?}"),
+            FieldError::NonAscii(got) => {
+                write!(
+                    f,
+                    "non-ASCII bytes (invalid UTF-8 or binary garbage): {got}"
+                )
+            }
+        }
+    }
+}
+
+/// Renders raw field bytes for an error message: lossy UTF-8, at most 40 characters.
+pub(crate) fn show_bytes(bytes: &[u8]) -> String {
+    let s = String::from_utf8_lossy(bytes);
+    let mut out: String = s.chars().take(40).collect();
+    if s.chars().count() > 40 {
+        out.push('…');
+    }
+    out
+}
+
+/// Renders non-ASCII field bytes as an escaped byte string, e.g. `"ab\xff"`.
+pub(crate) fn show_escaped(bytes: &[u8]) -> String {
+    let mut out = String::from("\"");
+    for &b in bytes.iter().take(40) {
+        out.extend(std::ascii::escape_default(b).map(char::from));
+    }
+    if bytes.len() > 40 {
+        out.push('…');
+    }
+    out.push('"');
+    out
+}

@@ -1,0 +1,124 @@
+//! Raw (untransformed) Criteo rows: what the TSV parser produces and the writers consume.
+
+use crate::batch::{Batch, NUM_DENSE, NUM_SPARSE};
+use std::sync::OnceLock;
+
+/// One Criteo row before the dense transform: `None` is an empty field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RawRow {
+    /// Click label, 0 or 1.
+    pub label: u8,
+    /// Integer features `I1..I13`, raw.
+    pub ints: [Option<i64>; NUM_DENSE],
+    /// Categorical features `C1..C26` as the 32-bit value of their 8 hex digits.
+    pub cats: [Option<u32>; NUM_SPARSE],
+}
+
+/// Raw rows in structure-of-arrays form (row-major feature blocks), e.g. for the writers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RawBatch {
+    /// Labels, 0 or 1.
+    pub labels: Vec<u8>,
+    /// `len * NUM_DENSE` integer features, row-major.
+    pub ints: Vec<Option<i64>>,
+    /// `len * NUM_SPARSE` categorical features, row-major.
+    pub cats: Vec<Option<u32>>,
+}
+
+impl RawBatch {
+    /// An empty batch with room for `rows` rows.
+    pub fn with_capacity(rows: usize) -> Self {
+        Self {
+            labels: Vec::with_capacity(rows),
+            ints: Vec::with_capacity(rows * NUM_DENSE),
+            cats: Vec::with_capacity(rows * NUM_SPARSE),
+        }
+    }
+
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// True when there is no row.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// Drops all rows, keeping capacity.
+    pub fn clear(&mut self) {
+        self.labels.clear();
+        self.ints.clear();
+        self.cats.clear();
+    }
+
+    /// Appends one row.
+    pub fn push(&mut self, row: &RawRow) {
+        self.labels.push(row.label);
+        self.ints.extend_from_slice(&row.ints);
+        self.cats.extend_from_slice(&row.cats);
+    }
+
+    /// Row `i` as a [`RawRow`].
+    pub fn row(&self, i: usize) -> RawRow {
+        let mut r = RawRow {
+            label: self.labels[i],
+            ..RawRow::default()
+        };
+        r.ints
+            .copy_from_slice(&self.ints[i * NUM_DENSE..(i + 1) * NUM_DENSE]);
+        r.cats
+            .copy_from_slice(&self.cats[i * NUM_SPARSE..(i + 1) * NUM_SPARSE]);
+        r
+    }
+
+    /// The transformed model batch for these rows.
+    pub fn to_batch(&self) -> Batch {
+        let mut b = Batch::with_capacity(self.len());
+        for i in 0..self.len() {
+            b.push_raw(&self.row(i));
+        }
+        b
+    }
+}
+
+const TABLE_SIZE: usize = 4096;
+
+/// [`Batch::transform_dense`] with a lookup table for small values; bit-identical to it.
+#[inline]
+pub(crate) fn transform_dense_fast(raw: i64) -> f32 {
+    static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
+    if (0..TABLE_SIZE as i64).contains(&raw) {
+        let t = TABLE.get_or_init(|| (0..TABLE_SIZE as i64).map(Batch::transform_dense).collect());
+        t[raw as usize]
+    } else {
+        Batch::transform_dense(raw)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_transform_matches_reference() {
+        for v in [
+            -5i64,
+            -1,
+            0,
+            1,
+            2,
+            100,
+            4095,
+            4096,
+            1 << 40,
+            i64::MAX,
+            i64::MIN,
+        ] {
+            assert_eq!(
+                transform_dense_fast(v).to_bits(),
+                Batch::transform_dense(v).to_bits()
+            );
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! The reader seam: [`BatchReader`], the bad-row policy, read statistics and format
+//! dispatch (`open_reader`, `open_reader_range`, `count_rows`).
+
+use crate::batch::Batch;
+use crate::error::{DataError, Result};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::io::Read;
+use std::path::Path;
+
+/// What a reader does with a malformed row.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BadRowPolicy {
+    /// Return the error from `next_batch` (the default: nothing is silently dropped).
+    #[default]
+    Fail,
+    /// Skip the row, count it in [`ReadStats::rows_skipped`] and keep the first
+    /// [`MAX_KEPT_ERRORS`] messages for the caller to report.
+    Skip,
+}
+
+/// Number of error messages [`ReadStats`] keeps under [`BadRowPolicy::Skip`].
+pub const MAX_KEPT_ERRORS: usize = 8;
+
+/// Counters a reader keeps while reading.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadStats {
+    /// Rows delivered into batches.
+    pub rows_read: u64,
+    /// Malformed rows skipped (only under [`BadRowPolicy::Skip`]).
+    pub rows_skipped: u64,
+    /// The first [`MAX_KEPT_ERRORS`] skip messages, `file:line: field N: reason`.
+    pub first_errors: Vec<String>,
+}
+
+impl ReadStats {
+    /// Records a skipped row.
+    pub fn record_skip(&mut self, err: &DataError) {
+        self.rows_skipped += 1;
+        if self.first_errors.len() < MAX_KEPT_ERRORS {
+            self.first_errors.push(err.to_string());
+        }
+    }
+
+    /// Adds another reader's counters (e.g. to total several files).
+    pub fn merge(&mut self, other: &ReadStats) {
+        self.rows_read += other.rows_read;
+        self.rows_skipped += other.rows_skipped;
+        for e in &other.first_errors {
+            if self.first_errors.len() < MAX_KEPT_ERRORS {
+                self.first_errors.push(e.clone());
+            }
+        }
+    }
+}
+
+impl fmt::Display for ReadStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} rows read, {} skipped",
+            self.rows_read, self.rows_skipped
+        )?;
+        for e in &self.first_errors {
+            write!(f, "\n  skipped: {e}")?;
+        }
+        if self.rows_skipped > self.first_errors.len() as u64 {
+            write!(
+                f,
+                "\n  ... and {} more",
+                self.rows_skipped - self.first_errors.len() as u64
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A source of Criteo-layout batches.
+///
+/// Implemented by [`crate::TsvReader`] and [`crate::ParquetReader`].
+pub trait BatchReader: Send {
+    /// Clears `batch` and fills it with up to `max_rows` rows. Returns the number of rows
+    /// delivered; `0` means the reader (or its row range) is exhausted.
+    ///
+    /// Under [`BadRowPolicy::Fail`] a malformed row returns its error; the rows before it
+    /// stay in `batch` and the reader is positioned after the bad row. Skipped rows do not
+    /// count towards `max_rows` but do count towards the reader's row range (a range is a
+    /// range of physical rows/lines).
+    fn next_batch(&mut self, batch: &mut Batch, max_rows: usize) -> Result<usize>;
+
+    /// Counters so far.
+    fn stats(&self) -> &ReadStats;
+}
+
+impl<R: BatchReader + ?Sized> BatchReader for Box<R> {
+    fn next_batch(&mut self, batch: &mut Batch, max_rows: usize) -> Result<usize> {
+        (**self).next_batch(batch, max_rows)
+    }
+    fn stats(&self) -> &ReadStats {
+        (**self).stats()
+    }
+}
+
+/// On-disk format of a data file, detected from its first bytes (never its extension).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileFormat {
+    /// Plain Criteo TSV.
+    Tsv,
+    /// Gzip-compressed Criteo TSV (magic `1f 8b`; multi-member files are read whole).
+    TsvGzip,
+    /// Parquet (magic `PAR1`).
+    Parquet,
+}
+
+/// Detects the format of `path` from its magic bytes.
+pub fn detect_format(path: &Path) -> Result<FileFormat> {
+    let mut f = std::fs::File::open(path).map_err(|e| DataError::io(path, e))?;
+    let mut magic = [0u8; 4];
+    let mut n = 0;
+    while n < 4 {
+        let k = f
+            .read(&mut magic[n..])
+            .map_err(|e| DataError::io(path, e))?;
+        if k == 0 {
+            break;
+        }
+        n += k;
+    }
+    Ok(if n >= 2 && magic[..2] == [0x1f, 0x8b] {
+        FileFormat::TsvGzip
+    } else if n == 4 && &magic == b"PAR1" {
+        FileFormat::Parquet
+    } else {
+        FileFormat::Tsv
+    })
+}
+
+/// Opens any supported file (format detected by magic bytes) for a full read.
+pub fn open_reader(path: &Path, policy: BadRowPolicy) -> Result<Box<dyn BatchReader>> {
+    Ok(match detect_format(path)? {
+        FileFormat::Parquet => Box::new(crate::ParquetReader::open(path, policy)?),
+        _ => Box::new(crate::TsvReader::open(path, policy)?),
+    })
+}
+
+/// Opens rows `start_row..end_row` (0-based, end exclusive) of any supported file.
+pub fn open_reader_range(
+    path: &Path,
+    start_row: u64,
+    end_row: u64,
+    policy: BadRowPolicy,
+) -> Result<Box<dyn BatchReader>> {
+    Ok(match detect_format(path)? {
+        FileFormat::Parquet => Box::new(crate::ParquetReader::open_range(
+            path, start_row, end_row, policy,
+        )?),
+        _ => Box::new(crate::TsvReader::open_range(
+            path, start_row, end_row, policy,
+        )?),
+    })
+}
+
+/// Number of rows in any supported file. For TSV this is the number of lines (a final
+/// line without `\n` counts) and builds or reuses the sidecar index (see
+/// [`crate::index`]); for Parquet it reads the footer.
+pub fn count_rows(path: &Path) -> Result<u64> {
+    match detect_format(path)? {
+        FileFormat::Parquet => crate::parquet_io::parquet_row_count(path),
+        _ => Ok(crate::index::LineIndex::load_or_build(path)?.rows),
+    }
+}
+
+/// Reads a whole file into one batch (convenience for tests, evaluation and small data).
+pub fn read_all(path: &Path, policy: BadRowPolicy) -> Result<(Batch, ReadStats)> {
+    let mut reader = open_reader(path, policy)?;
+    drain(&mut reader)
+}
+
+/// Reads everything left in `reader` into one batch.
+pub fn drain(reader: &mut dyn BatchReader) -> Result<(Batch, ReadStats)> {
+    let mut all = Batch::default();
+    let mut chunk = Batch::with_capacity(8192);
+    while reader.next_batch(&mut chunk, 8192)? > 0 {
+        all.extend_from(&chunk, 0..chunk.len());
+    }
+    Ok((all, reader.stats().clone()))
+}

@@ -1,0 +1,567 @@
+//! Criteo TSV: the hand-written line parser, [`TsvReader`] (plain or gzip, full or row
+//! range) and the row formatter used by the generator.
+//!
+//! A line is `label \t I1..I13 \t C1..C26` (40 fields, 39 tabs). The label is `0` or `1`;
+//! integers are optional-minus decimal `i64` (no `+`, no spaces); categoricals are exactly
+//! 8 hex digits (either case). Integer and categorical fields may be empty. A line ends at
+//! `\n`; a `\r` right before it is part of the line terminator (CRLF files read the same).
+
+use crate::batch::{Batch, NUM_DENSE, NUM_SPARSE};
+use crate::error::{show_bytes, show_escaped, DataError, FieldError, Result};
+use crate::index::LineIndex;
+use crate::raw::RawRow;
+use crate::reader::{BadRowPolicy, BatchReader, FileFormat, ReadStats};
+use std::fs::File;
+use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+/// Fields per line: label + 13 integers + 26 categoricals.
+pub const NUM_FIELDS: usize = 1 + NUM_DENSE + NUM_SPARSE;
+
+const READ_BUF: usize = 1 << 20;
+
+const fn hex_table() -> [u8; 256] {
+    let mut t = [0xffu8; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        t[b'A' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+}
+
+static HEX: [u8; 256] = hex_table();
+
+/// Splits a line into fields without allocating.
+struct Fields<'a> {
+    rest: &'a [u8],
+    done: bool,
+}
+
+impl<'a> Fields<'a> {
+    #[inline]
+    fn next(&mut self) -> Option<&'a [u8]> {
+        if self.done {
+            return None;
+        }
+        match self.rest.iter().position(|&b| b == b'\t') {
+            Some(i) => {
+                let f = &self.rest[..i];
+                self.rest = &self.rest[i + 1..];
+                Some(f)
+            }
+            None => {
+                self.done = true;
+                Some(self.rest)
+            }
+        }
+    }
+
+    /// Fast path for the common case: the next field is exactly 8 valid hex digits. Only
+    /// advances on success.
+    #[inline]
+    fn try_hex8(&mut self) -> Option<u32> {
+        if self.done || self.rest.len() < 8 {
+            return None;
+        }
+        let last = self.rest.len() == 8;
+        if !last && self.rest[8] != b'\t' {
+            return None;
+        }
+        let v = hex8(&self.rest[..8])?;
+        if last {
+            self.done = true;
+            self.rest = &[];
+        } else {
+            self.rest = &self.rest[9..];
+        }
+        Some(v)
+    }
+}
+
+/// Value of exactly 8 hex digits; `None` if any byte is not a hex digit.
+#[inline]
+fn hex8(f: &[u8]) -> Option<u32> {
+    let mut v: u32 = 0;
+    let mut bad: u8 = 0;
+    for &b in &f[..8] {
+        let d = HEX[b as usize];
+        bad |= d;
+        v = (v << 4) | (d & 0xf) as u32;
+    }
+    (bad & 0xf0 == 0).then_some(v)
+}
+
+#[inline]
+fn parse_label(f: &[u8]) -> Result<u8, FieldError> {
+    match f {
+        b"0" => Ok(0),
+        b"1" => Ok(1),
+        b"" => Err(FieldError::EmptyLabel),
+        _ => Err(bad_field(f, FieldError::BadLabel)),
+    }
+}
+
+#[inline]
+fn parse_int(f: &[u8]) -> Result<Option<i64>, FieldError> {
+    if f.is_empty() {
+        return Ok(None);
+    }
+    let (neg, digits) = match f[0] {
+        b'-' => (true, &f[1..]),
+        _ => (false, f),
+    };
+    if digits.is_empty() || digits.len() > 19 {
+        return Err(bad_field(f, FieldError::BadInteger));
+    }
+    let mut v: u64 = 0;
+    for &b in digits {
+        let d = b.wrapping_sub(b'0');
+        if d > 9 {
+            return Err(bad_field(f, FieldError::BadInteger));
+        }
+        v = v * 10 + d as u64; // 19 digits cannot overflow u64
+    }
+    if neg {
+        if v > i64::MAX as u64 + 1 {
+            return Err(bad_field(f, FieldError::BadInteger));
+        }
+        Ok(Some((v as i64).wrapping_neg()))
+    } else if v > i64::MAX as u64 {
+        Err(bad_field(f, FieldError::BadInteger))
+    } else {
+        Ok(Some(v as i64))
+    }
+}
+
+#[inline]
+fn parse_cat(f: &[u8]) -> Result<Option<u32>, FieldError> {
+    if f.is_empty() {
+        return Ok(None);
+    }
+    if f.len() == 8 {
+        if let Some(v) = hex8(f) {
+            return Ok(Some(v));
+        }
+    }
+    Err(bad_field(f, FieldError::BadCategory))
+}
+
+#[cold]
+fn bad_field(f: &[u8], kind: fn(String) -> FieldError) -> FieldError {
+    if f.iter().any(|&b| b >= 0x80) {
+        FieldError::NonAscii(show_escaped(f))
+    } else {
+        kind(show_bytes(f))
+    }
+}
+
+/// Parses one line (without its terminator) into `row`.
+///
+/// On error returns the 0-based field index and the reason; `row` is then unspecified.
+#[inline]
+pub fn parse_line(line: &[u8], row: &mut RawRow) -> Result<(), (usize, FieldError)> {
+    let mut fields = Fields {
+        rest: line,
+        done: false,
+    };
+    let missing = |found: usize| (found, FieldError::MissingField { found });
+    let f = fields.next().ok_or(missing(0))?;
+    row.label = parse_label(f).map_err(|e| (0, e))?;
+    for i in 0..NUM_DENSE {
+        let f = fields.next().ok_or(missing(1 + i))?;
+        row.ints[i] = parse_int(f).map_err(|e| (1 + i, e))?;
+    }
+    for i in 0..NUM_SPARSE {
+        let field = 1 + NUM_DENSE + i;
+        if let Some(v) = fields.try_hex8() {
+            row.cats[i] = Some(v);
+            continue;
+        }
+        let f = fields.next().ok_or(missing(field))?;
+        row.cats[i] = parse_cat(f).map_err(|e| (field, e))?;
+    }
+    if !fields.done {
+        return Err((NUM_FIELDS, FieldError::ExtraField));
+    }
+    Ok(())
+}
+
+/// Appends `row` to `out` as one Criteo TSV line, `\n` included.
+pub fn write_row(row: &RawRow, out: &mut Vec<u8>) {
+    const HEXD: &[u8; 16] = b"0123456789abcdef";
+    out.push(b'0' + row.label);
+    for v in &row.ints {
+        out.push(b'\t');
+        if let Some(v) = *v {
+            write_i64(v, out);
+        }
+    }
+    for c in &row.cats {
+        out.push(b'\t');
+        if let Some(c) = *c {
+            let mut buf = [0u8; 8];
+            for (k, b) in buf.iter_mut().enumerate() {
+                *b = HEXD[((c >> (28 - 4 * k)) & 0xf) as usize];
+            }
+            out.extend_from_slice(&buf);
+        }
+    }
+    out.push(b'\n');
+}
+
+#[inline]
+fn write_i64(v: i64, out: &mut Vec<u8>) {
+    if v < 0 {
+        out.push(b'-');
+    }
+    let mut u = v.unsigned_abs();
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (u % 10) as u8;
+        u /= 10;
+        if u == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+/// Skips `n` lines of `input`; returns how many were actually there.
+pub(crate) fn skip_lines(input: &mut dyn BufRead, n: u64) -> std::io::Result<u64> {
+    let mut left = n;
+    let mut partial = false;
+    while left > 0 {
+        let buf = input.fill_buf()?;
+        if buf.is_empty() {
+            if partial {
+                left -= 1;
+            }
+            break;
+        }
+        let mut consumed = buf.len();
+        for (i, &b) in buf.iter().enumerate() {
+            if b == b'\n' {
+                left -= 1;
+                if left == 0 {
+                    consumed = i + 1;
+                    break;
+                }
+            }
+        }
+        partial = buf[consumed - 1] != b'\n';
+        input.consume(consumed);
+    }
+    Ok(n - left)
+}
+
+/// Reads Criteo TSV (plain or gzip, detected by magic bytes) into [`Batch`]es.
+///
+/// One line buffer is reused; lines are parsed as bytes, so reading allocates nothing per
+/// row. See [`crate::index`] for how plain-TSV row ranges seek in O(1).
+pub struct TsvReader {
+    path: PathBuf,
+    input: Box<dyn BufRead + Send>,
+    policy: BadRowPolicy,
+    /// 1-based number of the next line to read.
+    next_line: u64,
+    /// Lines left in the range (`u64::MAX` for a full read).
+    remaining: u64,
+    range: Option<(u64, u64)>,
+    line: Vec<u8>,
+    row: RawRow,
+    stats: ReadStats,
+}
+
+impl std::fmt::Debug for TsvReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TsvReader")
+            .field("path", &self.path)
+            .field("next_line", &self.next_line)
+            .field("remaining", &self.remaining)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+fn open_input(path: &Path) -> Result<(Box<dyn BufRead + Send>, FileFormat)> {
+    let format = crate::reader::detect_format(path)?;
+    let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+    let input: Box<dyn BufRead + Send> = match format {
+        FileFormat::TsvGzip => Box::new(BufReader::with_capacity(
+            READ_BUF,
+            flate2::read::MultiGzDecoder::new(BufReader::with_capacity(READ_BUF, file)),
+        )),
+        FileFormat::Tsv => Box::new(BufReader::with_capacity(READ_BUF, file)),
+        FileFormat::Parquet => {
+            return Err(DataError::parquet(
+                path,
+                "is a Parquet file, not TSV; use ParquetReader",
+            ))
+        }
+    };
+    Ok((input, format))
+}
+
+impl TsvReader {
+    /// Opens a whole TSV file (plain or gzip).
+    pub fn open(path: &Path, policy: BadRowPolicy) -> Result<Self> {
+        let (input, _) = open_input(path)?;
+        Ok(Self::new(path, input, policy, 1, u64::MAX, None))
+    }
+
+    /// Opens lines `start_row..end_row` (0-based rows, end exclusive).
+    ///
+    /// Plain TSV with a valid sidecar index (built by [`crate::count_rows`] or
+    /// [`LineIndex::load_or_build`]) seeks to the nearest indexed line and skips fewer than
+    /// [`crate::index::STRIDE`] lines; otherwise (no index, or gzip) it scans from the
+    /// start. Errors with [`DataError::InvalidRange`] if the range is inverted or (known
+    /// from the index, or found at end of file) exceeds the file.
+    pub fn open_range(
+        path: &Path,
+        start_row: u64,
+        end_row: u64,
+        policy: BadRowPolicy,
+    ) -> Result<Self> {
+        if start_row > end_row {
+            return Err(DataError::InvalidRange {
+                path: path.to_path_buf(),
+                start: start_row,
+                end: end_row,
+                rows: LineIndex::load(path).map_or(0, |i| i.rows),
+            });
+        }
+        let (mut input, format) = open_input(path)?;
+        let mut skip = start_row;
+        if let Some(idx) = LineIndex::load(path) {
+            if end_row > idx.rows {
+                return Err(DataError::InvalidRange {
+                    path: path.to_path_buf(),
+                    start: start_row,
+                    end: end_row,
+                    rows: idx.rows,
+                });
+            }
+            if format == FileFormat::Tsv {
+                if let Some((offset, first_line)) = idx.seek_point(start_row) {
+                    drop(input);
+                    let mut file = File::open(path).map_err(|e| DataError::io(path, e))?;
+                    file.seek(SeekFrom::Start(offset))
+                        .map_err(|e| DataError::io(path, e))?;
+                    input = Box::new(BufReader::with_capacity(READ_BUF, file));
+                    skip = start_row - first_line;
+                }
+            }
+        }
+        let skipped = skip_lines(&mut input, skip).map_err(|e| DataError::io(path, e))?;
+        if skipped < skip {
+            let rows = start_row - (skip - skipped);
+            return Err(DataError::InvalidRange {
+                path: path.to_path_buf(),
+                start: start_row,
+                end: end_row,
+                rows,
+            });
+        }
+        Ok(Self::new(
+            path,
+            input,
+            policy,
+            start_row + 1,
+            end_row - start_row,
+            Some((start_row, end_row)),
+        ))
+    }
+
+    fn new(
+        path: &Path,
+        input: Box<dyn BufRead + Send>,
+        policy: BadRowPolicy,
+        next_line: u64,
+        remaining: u64,
+        range: Option<(u64, u64)>,
+    ) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            input,
+            policy,
+            next_line,
+            remaining,
+            range,
+            line: Vec::with_capacity(1024),
+            row: RawRow::default(),
+            stats: ReadStats::default(),
+        }
+    }
+
+    /// Reads the next line as a raw row into `row`. `Ok(false)` at end of input/range.
+    /// Malformed lines follow the policy (skipped ones are not returned).
+    pub fn next_raw(&mut self, row: &mut RawRow) -> Result<bool> {
+        loop {
+            if self.remaining == 0 {
+                return Ok(false);
+            }
+            self.line.clear();
+            let n = self
+                .input
+                .read_until(b'\n', &mut self.line)
+                .map_err(|e| DataError::io(&self.path, e))?;
+            if n == 0 {
+                let remaining = self.remaining;
+                self.remaining = 0;
+                if let (Some((start, end)), true) = (self.range, remaining != u64::MAX) {
+                    return Err(DataError::InvalidRange {
+                        path: self.path.clone(),
+                        start,
+                        end,
+                        rows: end - remaining,
+                    });
+                }
+                return Ok(false);
+            }
+            if self.remaining != u64::MAX {
+                self.remaining -= 1;
+            }
+            let line_no = self.next_line;
+            self.next_line += 1;
+            let mut line = &self.line[..];
+            if let [rest @ .., b'\n'] = line {
+                line = rest;
+                if let [rest @ .., b'\r'] = line {
+                    line = rest;
+                }
+            }
+            match parse_line(line, row) {
+                Ok(()) => {
+                    self.stats.rows_read += 1;
+                    return Ok(true);
+                }
+                Err((field, reason)) => {
+                    let err = DataError::Malformed {
+                        path: self.path.clone(),
+                        line: line_no,
+                        field,
+                        reason,
+                    };
+                    match self.policy {
+                        BadRowPolicy::Fail => return Err(err),
+                        BadRowPolicy::Skip => self.stats.record_skip(&err),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The file being read.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl BatchReader for TsvReader {
+    fn next_batch(&mut self, batch: &mut Batch, max_rows: usize) -> Result<usize> {
+        batch.clear();
+        let mut row = self.row;
+        while batch.len() < max_rows {
+            match self.next_raw(&mut row) {
+                Ok(true) => batch.push_raw(&row),
+                Ok(false) => break,
+                Err(e) => {
+                    self.row = row;
+                    return Err(e);
+                }
+            }
+        }
+        self.row = row;
+        Ok(batch.len())
+    }
+
+    fn stats(&self) -> &ReadStats {
+        &self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(label: &str, ints: &[&str], cats: &[&str]) -> String {
+        let mut s = label.to_string();
+        for i in 0..NUM_DENSE {
+            s.push('\t');
+            s.push_str(ints.get(i).copied().unwrap_or(""));
+        }
+        for i in 0..NUM_SPARSE {
+            s.push('\t');
+            s.push_str(cats.get(i).copied().unwrap_or(""));
+        }
+        s
+    }
+
+    #[test]
+    fn parses_values_and_empties() {
+        let l = line(
+            "1",
+            &["5", "", "-2", "9223372036854775807"],
+            &["68fd1e64", "", "DEADBEEF"],
+        );
+        let mut r = RawRow::default();
+        parse_line(l.as_bytes(), &mut r).unwrap();
+        assert_eq!(r.label, 1);
+        assert_eq!(r.ints[..4], [Some(5), None, Some(-2), Some(i64::MAX)]);
+        assert_eq!(r.ints[4], None);
+        assert_eq!(r.cats[..3], [Some(0x68fd1e64), None, Some(0xdeadbeef)]);
+        let mut out = Vec::new();
+        write_row(&r, &mut out);
+        let mut r2 = RawRow::default();
+        parse_line(&out[..out.len() - 1], &mut r2).unwrap();
+        assert_eq!(r, r2);
+    }
+
+    #[test]
+    fn field_errors() {
+        let mut r = RawRow::default();
+        let err = |s: &str| parse_line(s.as_bytes(), &mut RawRow::default()).unwrap_err();
+        assert_eq!(err(&line("2", &[], &[])).0, 0);
+        assert_eq!(err(&line("", &[], &[])), (0, FieldError::EmptyLabel));
+        assert_eq!(err(&line("0", &["1x"], &[])).0, 1);
+        assert_eq!(err(&line("0", &["+1"], &[])).0, 1);
+        assert_eq!(err(&line("0", &["-"], &[])).0, 1);
+        assert_eq!(err(&line("0", &["99999999999999999999"], &[])).0, 1);
+        assert_eq!(
+            err(&line("0", &[], &["0000000a", "zz12"])),
+            (15, FieldError::BadCategory("zz12".into()))
+        );
+        assert_eq!(err(&line("0", &[], &["123456789"])).0, 14);
+        let mut l = line("0", &[], &[]);
+        l.push('\t');
+        assert_eq!(err(&l), (40, FieldError::ExtraField));
+        let l = line("0", &[], &[]);
+        let short = &l[..l.len() - 1];
+        assert_eq!(err(short), (39, FieldError::MissingField { found: 39 }));
+        assert!(parse_line(b"", &mut r).is_err());
+        let bytes = [b"0\t\xff\xfe".as_slice(), &[b'\t'; 38]].concat();
+        let e = parse_line(&bytes, &mut r).unwrap_err();
+        assert_eq!(e.0, 1);
+        assert!(matches!(e.1, FieldError::NonAscii(_)));
+    }
+
+    #[test]
+    fn int_edges() {
+        assert_eq!(parse_int(b"-9223372036854775808").unwrap(), Some(i64::MIN));
+        assert!(parse_int(b"9223372036854775808").is_err());
+        assert!(parse_int(b"-9223372036854775809").is_err());
+        assert_eq!(parse_int(b"0").unwrap(), Some(0));
+        let mut out = Vec::new();
+        write_i64(i64::MIN, &mut out);
+        assert_eq!(out, b"-9223372036854775808");
+    }
+}

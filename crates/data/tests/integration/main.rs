@@ -1,0 +1,7 @@
+//! Integration tests of `elastrec-data`, one module per area.
+
+mod bad_rows;
+mod gen;
+mod ranges;
+mod roundtrip;
+mod util;
