@@ -1,0 +1,10 @@
+//! Integration tests of elastrec-embedding, one module per area.
+
+mod common;
+mod config;
+mod determinism;
+mod gather;
+mod memory;
+mod optimizer;
+mod routing;
+mod snapshot;
