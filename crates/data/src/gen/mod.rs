@@ -277,7 +277,7 @@ impl World {
 
 enum DayWriter {
     Tsv(BufWriter<File>, PathBuf),
-    Parquet(ParquetWriter),
+    Parquet(Box<ParquetWriter>),
 }
 
 impl DayWriter {
@@ -311,9 +311,10 @@ fn open_day(spec: &GenSpec, d: u32) -> Result<DayWriter> {
             let f = File::create(&path).map_err(|e| DataError::io(&path, e))?;
             DayWriter::Tsv(BufWriter::with_capacity(1 << 20, f), path)
         }
-        OutputFormat::Parquet => {
-            DayWriter::Parquet(ParquetWriter::create(&path, ParquetOptions::default())?)
-        }
+        OutputFormat::Parquet => DayWriter::Parquet(Box::new(ParquetWriter::create(
+            &path,
+            ParquetOptions::default(),
+        )?)),
     })
 }
 

@@ -188,11 +188,10 @@ impl Teacher {
     /// Unscaled component values of a row.
     #[inline]
     pub(crate) fn components(&self, row: &RawRow, ranks: &[u32; NUM_SPARSE]) -> [f64; COMPONENTS] {
-        let mut z = [0.0; NUM_DENSE];
-        for f in 0..NUM_DENSE {
+        let z: [f64; NUM_DENSE] = std::array::from_fn(|f| {
             let g = crate::raw::transform_dense_fast(row.ints[f].unwrap_or(0)) as f64;
-            z[f] = (g - self.dense_mean[f]) * self.dense_inv_std[f];
-        }
+            (g - self.dense_mean[f]) * self.dense_inv_std[f]
+        });
         let lin: f64 = z.iter().zip(&self.w).map(|(z, w)| z * w).sum();
         let mut nl = 0.0;
         for h in 0..HIDDEN {
@@ -200,8 +199,8 @@ impl Teacher {
             nl += self.c[h] * (0.5 * pre).tanh();
         }
         let mut ids = 0.0;
-        for f in 0..NUM_SPARSE {
-            ids += self.amp[f] * self.decay(f, ranks[f]) * hash_unif(self.id_hash(f, ranks[f], 0));
+        for (f, &rank) in ranks.iter().enumerate() {
+            ids += self.amp[f] * self.decay(f, rank) * hash_unif(self.id_hash(f, rank, 0));
         }
         let mut pairs = 0.0;
         for &(fa, fb) in &PAIRS {
