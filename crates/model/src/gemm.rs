@@ -1,4 +1,7 @@
-//! Thin, bounds-checked wrapper over the SGEMM backend.
+//! Thin, bounds-checked wrapper over the SGEMM backend: the `gemm` crate, run on the
+//! rayon pool. (`examples/gemm_compare.rs` measured it against `matrixmultiply` on this
+//! model's shapes: equal or faster, and it avoids a second thread pool whose idle
+//! threads yield-spin against rayon's.)
 //!
 //! All matrices are described by a slice plus row/column strides, so transposed operands
 //! cost nothing: the backend packs them anyway.
@@ -56,24 +59,66 @@ pub(crate) fn sgemm(alpha: f32, a: MatRef<'_>, b: MatRef<'_>, beta: f32, c: &mut
     }
     // SAFETY: every index the kernel touches was bounds-checked above (views via `check`,
     // output by length); the output does not alias the inputs (distinct borrows).
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            alpha,
-            a.data.as_ptr(),
-            a.rs as isize,
-            a.cs as isize,
-            b.data.as_ptr(),
-            b.rs as isize,
-            b.cs as isize,
-            beta,
-            c.as_mut_ptr(),
-            n as isize,
-            1,
-        );
+    unsafe { ge(alpha, a, b, beta, c, m, k, n, par()) }
+}
+
+/// `C[m, n] = A[m, k] B[k, n]` on contiguous row-major buffers, through the same GEMM
+/// backend and threads as the model's layers (used to measure the machine's GEMM peak).
+pub fn matmul(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize) {
+    sgemm(
+        1.0,
+        MatRef::row_major(a, m, k),
+        MatRef::row_major(b, k, n),
+        0.0,
+        c,
+    );
+}
+
+/// All rayon threads: the GEMM shares the pool of the elementwise passes, so no second
+/// pool spins (or yields) while the other works.
+fn par() -> gemm::Parallelism {
+    let t = rayon::current_num_threads();
+    if t > 1 {
+        gemm::Parallelism::Rayon(t)
+    } else {
+        gemm::Parallelism::None
     }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn ge(
+    alpha: f32,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    beta: f32,
+    c: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    par: gemm::Parallelism,
+) {
+    // gemm computes dst = alpha * dst + beta * lhs * rhs (note the swapped names).
+    gemm::gemm(
+        m,
+        n,
+        k,
+        c.as_mut_ptr(),
+        1,
+        n as isize,
+        beta != 0.0,
+        a.data.as_ptr(),
+        a.cs as isize,
+        a.rs as isize,
+        b.data.as_ptr(),
+        b.cs as isize,
+        b.rs as isize,
+        beta,
+        alpha,
+        false,
+        false,
+        false,
+        par,
+    );
 }
 
 #[cfg(test)]

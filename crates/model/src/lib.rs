@@ -13,8 +13,10 @@
 //! * [`optim`]: dense SGD / Adagrad / Adam over flat slices;
 //! * [`metrics`]: exact AUC, logloss, a streaming accumulator.
 //!
-//! GEMMs go through `matrixmultiply` (multithreaded), on strided views so no operand is
-//! ever transposed in memory; elementwise and interaction work is split over the batch
+//! GEMMs go through the `gemm` crate on the rayon pool, on strided views so no operand is
+//! ever transposed in memory (bias + activation are one pass over the GEMM output, the
+//! ReLU mask is fused with the bias-gradient reduction); the dot interaction runs
+//! sample-lane AVX2+FMA kernels (runtime-detected, portable fallback); elementwise and interaction work is split over the batch
 //! with rayon in fixed chunks, which also keeps results independent of the thread count.
 //!
 //! ```
@@ -33,7 +35,7 @@
 
 pub mod dlrm;
 pub mod error;
-mod gemm;
+pub mod gemm;
 pub mod init;
 pub mod interaction;
 pub mod layers;

@@ -117,7 +117,19 @@ fn linear_large_batch_bias_chunks() {
 }
 
 fn check_interaction(kind: InteractionKind, bottom_dim: usize) {
-    let (n, t, d) = (5, 4, 3);
+    check_interaction_shape(kind, bottom_dim, 5, 4, 3, true);
+}
+
+/// Forward against a naive formula, backward against the naive analytic gradient (f64)
+/// and, when `fd`, against finite differences.
+fn check_interaction_shape(
+    kind: InteractionKind,
+    bottom_dim: usize,
+    n: usize,
+    t: usize,
+    d: usize,
+    fd: bool,
+) {
     let it = Interaction {
         kind,
         bottom_dim,
@@ -163,6 +175,60 @@ fn check_interaction(kind: InteractionKind, bottom_dim: usize) {
     let mut dz = vec![0.0; n * bottom_dim];
     let mut de = vec![f32::NAN; n * t * d];
     it.backward(&z, &e, &r, n, &mut dz, &mut de);
+    // Naive analytic backward in f64.
+    for s in 0..n {
+        let g = &r[s * od..(s + 1) * od];
+        let f = |i: usize, k: usize| -> f64 {
+            if i == 0 {
+                z[s * bottom_dim + k] as f64
+            } else {
+                e[(s * t + i - 1) * d + k] as f64
+            }
+        };
+        let mut want_z: Vec<f64> = g[..bottom_dim].iter().map(|&v| v as f64).collect();
+        let mut want_e = vec![0.0f64; t * d];
+        match kind {
+            InteractionKind::Dot => {
+                let mut p = bottom_dim;
+                for i in 1..=t {
+                    for j in 0..i {
+                        for k in 0..d {
+                            let gv = g[p] as f64;
+                            let gi = gv * f(j, k);
+                            let gj = gv * f(i, k);
+                            want_e[(i - 1) * d + k] += gi;
+                            if j == 0 {
+                                want_z[k] += gj;
+                            } else {
+                                want_e[(j - 1) * d + k] += gj;
+                            }
+                        }
+                        p += 1;
+                    }
+                }
+            }
+            InteractionKind::Concat => {
+                for (w, &v) in want_e.iter_mut().zip(&g[bottom_dim..]) {
+                    *w = v as f64;
+                }
+            }
+        }
+        for (a, b) in dz[s * bottom_dim..(s + 1) * bottom_dim].iter().zip(&want_z) {
+            assert!(
+                (*a as f64 - b).abs() < 1e-4 * (1.0 + b.abs()),
+                "dz {a} vs {b}"
+            );
+        }
+        for (a, b) in de[s * t * d..(s + 1) * t * d].iter().zip(&want_e) {
+            assert!(
+                (*a as f64 - b).abs() < 1e-4 * (1.0 + b.abs()),
+                "demb {a} vs {b}"
+            );
+        }
+    }
+    if !fd {
+        return;
+    }
     let fwd = |z: &[f32], e: &[f32]| -> (f64, Vec<bool>) {
         let mut out = vec![0.0; n * od];
         it.forward(z, e, n, &mut out);
@@ -179,6 +245,15 @@ fn check_interaction(kind: InteractionKind, bottom_dim: usize) {
 #[test]
 fn dot_interaction_gradcheck() {
     check_interaction(InteractionKind::Dot, 3);
+}
+
+#[test]
+fn dot_interaction_simd_shapes() {
+    // Criteo shape (d = 16, 26 tables): SIMD blocks of 8 samples plus a remainder, over
+    // several parallel chunks; d not a multiple of 8; a bottom row longer than 8.
+    check_interaction_shape(InteractionKind::Dot, 16, 8 * 40 + 5, 26, 16, false);
+    check_interaction_shape(InteractionKind::Dot, 12, 19, 5, 12, false);
+    check_interaction_shape(InteractionKind::Dot, 3, 17, 2, 3, true);
 }
 
 #[test]
