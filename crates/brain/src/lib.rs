@@ -14,3 +14,17 @@ pub mod throughput;
 
 pub use alloc::{Allocation, Bounds, Range, Resources};
 pub use error::{BrainError, Result};
+pub mod forecast;
+pub mod greedy;
+pub mod job;
+pub mod nsga2;
+pub mod oom;
+pub mod plan;
+pub mod planner;
+pub mod primus;
+pub mod streaming;
+pub mod warm_start;
+
+pub use job::{JobFile, JobSpec, TableSpec};
+pub use plan::{Plan, PlanKind, StreamPlan};
+pub use planner::{plan_for_job, plan_for_job_file, BrainConfig};

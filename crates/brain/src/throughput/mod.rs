@@ -17,10 +17,8 @@ use crate::nnls::{nnls, Matrix};
 
 /// One runtime measurement of a job: the allocation it ran with and its step time.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ProfileSample {
     /// Allocation during the measurement.
-    #[serde(flatten)]
     pub alloc: Allocation,
     /// Mini-batch size per worker, `m`.
     pub batch_size: u32,
