@@ -178,11 +178,112 @@ pub struct Bench {
     pub steps: usize,
     pub batch_size: usize,
     pub threads: usize,
+    pub max_table_rows: u64,
     pub data_dir: PathBuf,
     pub pytorch: Option<PathBuf>,
     pub json: bool,
 }
 
-pub fn bench(_a: Bench) -> Result<()> {
-    bail!("not yet wired")
+/// Runs `bench/pytorch_dlrm.py` on the same file, model, batch size and thread count.
+fn pytorch_reference(
+    python: &Path,
+    mode: &str,
+    opts: &elastrec_worker::bench::BenchOptions,
+    threads: usize,
+) -> Result<serde_json::Value> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/pytorch_dlrm.py");
+    let data = elastrec_worker::bench::first_file(opts);
+    let out = std::process::Command::new(python)
+        .arg(&script)
+        .args(["--mode", mode, "--threads", &threads.to_string()])
+        .args(["--batch", &opts.batch_size.to_string()])
+        .args(["--max-rows", &opts.max_table_rows.to_string()])
+        .args(["--steps", &opts.steps.to_string()])
+        .args(["--warmup", &opts.warmup.to_string()])
+        .arg("--data")
+        .arg(&data)
+        .output()
+        .with_context(|| format!("running {} {}", python.display(), script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "the PyTorch reference failed ({}); is torch installed in that interpreter? See bench/README.md.\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .context("the PyTorch reference printed no JSON line")?;
+    Ok(serde_json::from_str(line)?)
+}
+
+pub fn bench(a: Bench) -> Result<()> {
+    init_threads(a.threads)?;
+    let opts = elastrec_worker::bench::BenchOptions {
+        steps: a.steps,
+        batch_size: a.batch_size,
+        max_table_rows: a.max_table_rows,
+        data_dir: a.data_dir,
+        ..Default::default()
+    };
+    eprintln!(
+        "benchmarking the Criteo-Kaggle DLRM: batch {}, {} timed steps, {} threads",
+        opts.batch_size,
+        opts.steps,
+        rayon::current_num_threads()
+    );
+    let r = elastrec_worker::bench::run(&opts)?;
+    let mut out = serde_json::to_value(&r)?;
+    if let Some(py) = &a.pytorch {
+        eprintln!("running the PyTorch reference ({})", py.display());
+        let full = pytorch_reference(py, "full", &opts, r.threads)?;
+        let dense = pytorch_reference(py, "dense", &opts, r.threads)?;
+        let sps = |v: &serde_json::Value| v["samples_per_s"].as_f64().unwrap_or(f64::NAN);
+        out["pytorch_full"] = full.clone();
+        out["pytorch_dense"] = dense.clone();
+        out["ratio_full_vs_pytorch"] = (r.in_memory_samples_per_s / sps(&full)).into();
+        out["ratio_dense_vs_pytorch"] = (r.dense_samples_per_s / sps(&dense)).into();
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!("| measurement | value |");
+    println!("|---|---|");
+    println!("| threads | {} |", r.threads);
+    println!("| training samples/s, in memory | {:.0} |", r.in_memory_samples_per_s);
+    println!("| training samples/s, from TSV files | {:.0} |", r.from_files_samples_per_s);
+    println!("| dense part samples/s | {:.0} |", r.dense_samples_per_s);
+    println!(
+        "| dense part GFLOP/s (of measured SGEMM peak {:.1}) | {:.1} ({:.0}%) |",
+        r.gemm_peak_gflops,
+        r.dense_gflops,
+        100.0 * r.dense_fraction_of_peak
+    );
+    println!(
+        "| embedding store bytes / raw row+state bytes | {} / {} (+{:.2}%) |",
+        r.embedding_bytes,
+        r.embedding_raw_bytes,
+        100.0 * r.embedding_overhead
+    );
+    if let Some(rss) = r.peak_rss_bytes {
+        println!("| peak resident memory | {:.0} MiB |", rss as f64 / (1 << 20) as f64);
+    }
+    if a.pytorch.is_some() {
+        let f = |k: &str| out[k]["samples_per_s"].as_f64().unwrap_or(f64::NAN);
+        println!("| PyTorch full step samples/s | {:.0} |", f("pytorch_full"));
+        println!("| PyTorch dense part samples/s | {:.0} |", f("pytorch_dense"));
+        println!(
+            "| **elastrec / PyTorch, full step** | **{:.2}x** |",
+            out["ratio_full_vs_pytorch"].as_f64().unwrap_or(f64::NAN)
+        );
+        println!(
+            "| elastrec / PyTorch, dense part | {:.2}x |",
+            out["ratio_dense_vs_pytorch"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
+    Ok(())
 }

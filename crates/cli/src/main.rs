@@ -100,6 +100,9 @@ struct BenchArgs {
     /// Math threads (0: all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// Cap on every table's rows (Criteo Kaggle cardinalities are used below it).
+    #[arg(long, default_value_t = 1_000_000)]
+    max_table_rows: u64,
     /// Directory for the file-reading variant's data (generated if missing).
     #[arg(long, default_value = "data/bench")]
     data_dir: PathBuf,
@@ -135,6 +138,7 @@ fn main() -> anyhow::Result<()> {
             steps: a.steps,
             batch_size: a.batch_size,
             threads: a.threads,
+            max_table_rows: a.max_table_rows,
             data_dir: a.data_dir,
             pytorch: a.pytorch,
             json: a.json,

@@ -74,7 +74,7 @@ pub struct GenerateConfig {
 impl Default for GenerateConfig {
     fn default() -> Self {
         Self {
-            rows: 700_000,
+            rows: 1_400_000,
             days: 7,
             seed: 42,
             scale: 0.01,

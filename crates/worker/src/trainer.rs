@@ -102,7 +102,17 @@ pub fn ensure_data(job: &JobConfig, progress: bool) -> Result<()> {
     Ok(())
 }
 
-/// Per-table row counts for a job: explicit, or from the data's `report.json`.
+/// Hashed rows per distinct value when sizing tables from cardinalities.
+///
+/// At load factor 1 (rows = cardinality) about 63% of values share a row, including the
+/// frequent ones of small tables, and those collisions cost real accuracy (measured on the
+/// quickstart data: 83% of the teacher's AUC lift at factor 1, 95% at factor 4).
+pub const ROWS_PER_VALUE: u64 = 4;
+/// Smallest auto-sized table: tiny vocabularies get room so their values never collide.
+pub const MIN_AUTO_ROWS: u64 = 1024;
+
+/// Per-table row counts for a job: explicit, or sized from the data's `report.json` as
+/// `min(max_table_rows, max(ROWS_PER_VALUE · cardinality, MIN_AUTO_ROWS))`.
 pub fn resolve_table_rows(job: &JobConfig) -> Vec<u64> {
     let cap = job.model.max_table_rows;
     match &job.model.table_rows {
@@ -110,7 +120,12 @@ pub fn resolve_table_rows(job: &JobConfig) -> Vec<u64> {
         TableRows::PerTable(v) => capped_rows(v, cap),
         TableRows::Auto => match elastrec_data::gen::read_report(&job.data.dir) {
             Ok(report) if report.cardinalities.len() == NUM_SPARSE => {
-                capped_rows(&report.cardinalities, cap)
+                let sized: Vec<u64> = report
+                    .cardinalities
+                    .iter()
+                    .map(|&c| (c.saturating_mul(ROWS_PER_VALUE)).max(MIN_AUTO_ROWS))
+                    .collect();
+                capped_rows(&sized, cap)
             }
             _ => vec![DEFAULT_TABLE_ROWS.min(cap); NUM_SPARSE],
         },
@@ -154,14 +169,14 @@ pub fn evaluate(model: &Dlrm, batches: &[Batch], predictor: &mut Predictor) -> R
 }
 
 /// Streams the training files in order on a background thread.
-struct Prefetcher {
+pub(crate) struct Prefetcher {
     full: Receiver<Result<Batch>>,
     empty: SyncSender<Batch>,
     handle: Option<std::thread::JoinHandle<ReadStats>>,
 }
 
 impl Prefetcher {
-    fn start(files: Vec<PathBuf>, job: &JobConfig) -> Self {
+    pub(crate) fn start(files: Vec<PathBuf>, job: &JobConfig) -> Self {
         let (full_tx, full) = sync_channel::<Result<Batch>>(PREFETCH);
         let (empty, empty_rx) = sync_channel::<Batch>(PREFETCH + 2);
         let batch_size = job.train.batch_size;
@@ -213,17 +228,17 @@ impl Prefetcher {
     }
 
     /// The next batch, `None` at the end of the files.
-    fn next(&self) -> Option<Result<Batch>> {
+    pub(crate) fn next(&self) -> Option<Result<Batch>> {
         self.full.recv().ok()
     }
 
     /// Returns a consumed batch's buffers to the reader.
-    fn recycle(&self, b: Batch) {
+    pub(crate) fn recycle(&self, b: Batch) {
         let _ = self.empty.send(b);
     }
 
     /// Stops the reader (it may be blocked on either channel) and returns its counters.
-    fn finish(self) -> ReadStats {
+    pub(crate) fn finish(self) -> ReadStats {
         let Prefetcher {
             full,
             empty,
@@ -253,6 +268,15 @@ fn progress_bar(enabled: bool, total: u64, what: &str) -> ProgressBar {
         .expect("valid template"),
     );
     pb
+}
+
+/// Prints a line above the progress bar, or plainly when the bar is hidden.
+fn say(pb: &ProgressBar, line: String) {
+    if pb.is_hidden() {
+        eprintln!("{line}");
+    } else {
+        pb.println(line);
+    }
 }
 
 /// Appends one JSON object per line to `metrics.jsonl`.
@@ -360,10 +384,13 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
             if samples >= next_eval {
                 train_time += t0.elapsed().as_secs_f64();
                 let r = evaluate(&step.model, &eval_set, &mut predictor)?;
-                pb.println(format!(
-                    "epoch {epoch} samples {samples}: eval AUC {:.4} logloss {:.4}",
-                    r.auc, r.logloss
-                ));
+                say(
+                    &pb,
+                    format!(
+                        "epoch {epoch} samples {samples}: eval AUC {:.4} logloss {:.4}",
+                        r.auc, r.logloss
+                    ),
+                );
                 metrics.write(serde_json::json!({
                     "event": "eval", "epoch": epoch, "samples": samples, "steps": steps,
                     "train_loss": epoch_loss.0 / epoch_loss.1.max(1) as f64,
@@ -379,10 +406,13 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
         train_time += t0.elapsed().as_secs_f64();
         read_stats.merge(&reader.finish());
         let r = evaluate(&step.model, &eval_set, &mut predictor)?;
-        pb.println(format!(
-            "epoch {epoch} done ({samples} samples): eval AUC {:.4} logloss {:.4}",
-            r.auc, r.logloss
-        ));
+        say(
+            &pb,
+            format!(
+                "epoch {epoch} done ({samples} samples): eval AUC {:.4} logloss {:.4}",
+                r.auc, r.logloss
+            ),
+        );
         metrics.write(serde_json::json!({
             "event": "epoch", "epoch": epoch, "samples": samples, "steps": steps,
             "train_loss": epoch_loss.0 / epoch_loss.1.max(1) as f64,

@@ -1,0 +1,202 @@
+//! End-to-end tests of the `elastrec` binary in temporary directories.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn elastrec(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_elastrec"))
+        .args(args)
+        .output()
+        .expect("run elastrec")
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "elastrec failed: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn gen(dir: &Path, rows: u64, days: u32) {
+    ok(&elastrec(&[
+        "gen-data",
+        "--out",
+        dir.to_str().unwrap(),
+        "--rows",
+        &rows.to_string(),
+        "--days",
+        &days.to_string(),
+        "--scale",
+        "0.001",
+        "--seed",
+        "3",
+    ]));
+}
+
+/// A small but real job: the same DLRM structure with narrower MLPs.
+fn write_job(dir: &Path, extra: &str) -> PathBuf {
+    let job = dir.join("job.toml");
+    std::fs::write(
+        &job,
+        format!(
+            r#"
+[data]
+dir = "data"
+train = ["day_0.tsv", "day_1.tsv"]
+eval = ["day_2.tsv"]
+{extra}
+[model]
+bottom_mlp = [64, 16]
+top_mlp = [64, 1]
+[train]
+batch_size = 256
+progress = false
+[output]
+dir = "run"
+"#
+        ),
+    )
+    .unwrap();
+    job
+}
+
+fn summary(dir: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(dir.join("run/summary.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+#[test]
+fn train_beats_trivial_predictor_and_eval_reproduces_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    gen(&tmp.path().join("data"), 60_000, 3);
+    let job = write_job(tmp.path(), "");
+    let stdout = ok(&elastrec(&["train", job.to_str().unwrap()]));
+    assert!(stdout.contains("eval AUC"), "{stdout}");
+
+    let s = summary(tmp.path());
+    let auc = s["eval"]["auc"].as_f64().unwrap();
+    let logloss = s["eval"]["logloss"].as_f64().unwrap();
+    assert_eq!(s["samples"].as_u64().unwrap(), 40_000);
+    assert_eq!(s["eval"]["samples"].as_u64().unwrap(), 20_000);
+    // A constant predictor has AUC 0.5 and at best the label entropy as log loss.
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(tmp.path().join("data/report.json")).unwrap(),
+    )
+    .unwrap();
+    let p = report["click_rate"].as_f64().unwrap();
+    let entropy = -(p * p.ln() + (1.0 - p) * (1.0 - p).ln());
+    assert!(auc > 0.6, "AUC {auc} does not beat a trivial predictor clearly");
+    assert!(logloss < entropy, "logloss {logloss} not below the constant predictor's {entropy}");
+    assert!(auc < report["teacher_auc"].as_f64().unwrap() + 0.01);
+
+    // The saved model evaluates to the same figures on the same file.
+    let model = tmp.path().join("run/model.bin");
+    let data = tmp.path().join("data/day_2.tsv");
+    let out = ok(&elastrec(&[
+        "eval",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--json",
+    ]));
+    let e: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!((e["auc"].as_f64().unwrap() - auc).abs() < 1e-9);
+    assert!((e["logloss"].as_f64().unwrap() - logloss).abs() < 1e-9);
+
+    // A corrupted model file is refused, not evaluated.
+    let mut bytes = std::fs::read(&model).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&model, bytes).unwrap();
+    let out = elastrec(&["eval", "--model", model.to_str().unwrap(), "--data", data.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("checksum mismatch"));
+}
+
+#[test]
+fn bad_rows_fail_with_location_or_are_skipped_and_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    gen(&data, 3_000, 3);
+    // Corrupt line 5 of day_1: a categorical value that is not 8 hex digits.
+    let day1 = data.join("day_1.tsv");
+    let text = std::fs::read_to_string(&day1).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let mut fields: Vec<&str> = lines[4].split('\t').collect();
+    fields[20] = "zz12";
+    lines[4] = fields.join("\t");
+    std::fs::write(&day1, lines.join("\n") + "\n").unwrap();
+    let _ = std::fs::remove_file(data.join("day_1.tsv.idx"));
+
+    let job = write_job(tmp.path(), "");
+    let out = elastrec(&["train", job.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("day_1.tsv:5: field 20"), "{err}");
+
+    let job = write_job(tmp.path(), "on_bad_row = \"skip\"");
+    ok(&elastrec(&["train", job.to_str().unwrap()]));
+    let s = summary(tmp.path());
+    assert_eq!(s["rows_skipped"].as_u64().unwrap(), 1);
+    assert_eq!(s["samples"].as_u64().unwrap(), 1_999);
+}
+
+#[test]
+fn bad_job_files_are_rejected_naming_the_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = tmp.path().join("job.toml");
+    for (text, needle) in [
+        ("[train]\nbatch_sise = 10\n", "batch_sise"),
+        ("[train]\nbatch_size = 0\n", "train.batch_size"),
+        ("[model]\nembedding_dim = 8\n", "model.bottom_mlp"),
+        ("[optimizer.dense]\ntype = \"adagrad\"\nlr = -1.0\n", "optimizer.dense.lr"),
+    ] {
+        std::fs::write(&job, text).unwrap();
+        let out = elastrec(&["train", job.to_str().unwrap()]);
+        assert!(!out.status.success(), "{text} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{text}: {err}");
+    }
+    // A missing data directory without [data.generate] says what to do.
+    std::fs::write(&job, "[data]\ndir = \"nowhere\"\n").unwrap();
+    let out = elastrec(&["train", job.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("data file not found"));
+}
+
+#[test]
+fn every_subcommand_has_help() {
+    for sub in ["train", "gen-data", "eval", "bench"] {
+        let out = ok(&elastrec(&[sub, "--help"]));
+        assert!(out.contains("Usage"), "{sub}: {out}");
+    }
+}
+
+/// The README's first command, on its own data: the trained model must reach 95% of the
+/// AUC lift of the generator's hidden teacher (the best any model can do on this data).
+#[test]
+fn quickstart_reaches_95_percent_of_teacher_lift() {
+    let tmp = tempfile::tempdir().unwrap();
+    let examples = tmp.path().join("examples");
+    std::fs::create_dir_all(&examples).unwrap();
+    let job = examples.join("quickstart.toml");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/quickstart.toml"),
+        &job,
+    )
+    .unwrap();
+    ok(&elastrec(&["train", job.to_str().unwrap()]));
+    let text = std::fs::read_to_string(tmp.path().join("runs/quickstart/summary.json")).unwrap();
+    let s: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let auc = s["eval"]["auc"].as_f64().unwrap();
+    let teacher = s["teacher_auc"].as_f64().unwrap();
+    let target = 0.95 * (teacher - 0.5) + 0.5;
+    assert!(
+        auc >= target,
+        "quickstart AUC {auc:.4} below 95% of the teacher's lift ({target:.4}; teacher {teacher:.4})"
+    );
+}
