@@ -31,6 +31,8 @@ enum Command {
     Eval(EvalArgs),
     /// Measure training throughput of the Criteo-Kaggle-shaped model.
     Bench(BenchArgs),
+    #[command(flatten)]
+    Cluster(elastrec_master::cli::ClusterCommand),
 }
 
 #[derive(clap::Args)]
@@ -134,6 +136,7 @@ fn main() -> anyhow::Result<()> {
             scale: a.scale,
         }),
         Command::Eval(a) => commands::eval(&a.model, &a.data, &a.on_bad_row, a.json),
+        Command::Cluster(c) => elastrec_master::cli::dispatch(c),
         Command::Bench(a) => commands::bench(commands::Bench {
             steps: a.steps,
             batch_size: a.batch_size,

@@ -2,8 +2,16 @@
 //! and sample ledger), elastic scaling and failure policy, persisted in SQLite.
 //!
 //! Layout follows logic / service / node: [`ledger`], [`tasks`] and [`job`] are pure state
-//! machines; side effects reach them through [`job::Context`].
+//! machines (side effects reach them through [`job::Context`]); [`store`] persists their
+//! changes; [`service`] holds the thin gRPC handlers; [`node`] wires the process
+//! (`elastrec run`), [`backend`] starts role processes, [`cli`] backs the subcommands.
 
+pub mod backend;
+pub mod cli;
 pub mod job;
 pub mod ledger;
+pub mod metrics;
+pub mod node;
+pub mod service;
+pub mod store;
 pub mod tasks;

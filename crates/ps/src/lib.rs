@@ -1,1 +1,11 @@
-//! elastrec-ps (see Cargo.toml description).
+//! The parameter-server process (`elastrec ps`, started by the job master).
+//!
+//! PS `i` of `n` holds shard `i` of every embedding table (rows routed by the embedding
+//! crate's stable `shard_of`) and the slice `dense_slice(num_params, n, i)` of the flat
+//! dense parameters, each with its optimizer state. Asynchronous mode applies every push
+//! at once; synchronous mode averages the pushes of one global step (one per active
+//! worker) before applying them, waiting at most `cluster.sync_timeout_ms` for stragglers.
+
+pub mod server;
+
+pub use server::{run_ps, PsArgs, PsShard};

@@ -5,9 +5,12 @@
 //! of the whole system), the job-file format, and saved-model files for `elastrec eval`.
 
 pub mod bench;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod model_file;
+pub mod remote;
+pub mod rpc;
 pub mod step;
 pub mod trainer;
 

@@ -1,0 +1,111 @@
+//! Cluster backends: how role instances (PS, workers) are started and stopped.
+//!
+//! One trait with few methods; the local-process engine lives here, Slurm and Kubernetes
+//! engines come later behind the same trait. Job semantics never depend on the backend.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use parking_lot::Mutex;
+
+use crate::job::{Node, Role};
+
+/// Starts, stops and watches the processes of a job's nodes.
+pub trait ClusterBackend: Send + Sync {
+    /// Starts `node`'s process; returns its pid.
+    fn start(&self, node: &Node) -> anyhow::Result<u32>;
+    /// Stops `node`'s process forcefully (it may already be gone).
+    fn stop(&self, node: &Node);
+    /// Ids of nodes whose processes exited since the last call. Backends that cannot
+    /// observe exits return nothing; heartbeat timeouts then detect deaths.
+    fn exited(&self) -> Vec<u32>;
+}
+
+/// Role instances as child processes of this binary on this machine: the same executable
+/// with the hidden `ps` / `worker` subcommands. The job token travels in the environment.
+pub struct LocalProcesses {
+    exe: PathBuf,
+    master_addr: String,
+    token: String,
+    log_dir: PathBuf,
+    children: Mutex<HashMap<u32, Child>>,
+}
+
+impl LocalProcesses {
+    /// Runs `exe` for every node; logs go to `log_dir/<role>-<id>.log`.
+    pub fn new(exe: PathBuf, master_addr: String, token: String, log_dir: PathBuf) -> Self {
+        Self {
+            exe,
+            master_addr,
+            token,
+            log_dir,
+            children: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl ClusterBackend for LocalProcesses {
+    fn start(&self, node: &Node) -> anyhow::Result<u32> {
+        std::fs::create_dir_all(&self.log_dir)?;
+        let role = match node.role {
+            Role::Ps => "ps",
+            Role::Worker => "worker",
+        };
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_dir.join(format!("{role}-{}.log", node.id)))?;
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg(role)
+            .arg("--master")
+            .arg(&self.master_addr)
+            .arg("--node-id")
+            .arg(node.id.to_string());
+        if node.role == Role::Ps {
+            cmd.arg("--index").arg(node.index.to_string());
+        }
+        cmd.env(elastrec_worker::rpc::TOKEN_ENV, &self.token)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let child = cmd.spawn()?;
+        let pid = child.id();
+        self.children.lock().insert(node.id, child);
+        Ok(pid)
+    }
+
+    fn stop(&self, node: &Node) {
+        if let Some(mut c) = self.children.lock().remove(&node.id) {
+            let _ = c.kill();
+            let _ = c.wait();
+        } else if node.pid > 0 {
+            // A process started by an earlier master (before a restart).
+            // SAFETY: kill(2) has no memory-safety preconditions.
+            unsafe {
+                libc::kill(node.pid as libc::pid_t, libc::SIGKILL);
+            }
+        }
+    }
+
+    fn exited(&self) -> Vec<u32> {
+        let mut children = self.children.lock();
+        let gone: Vec<u32> = children
+            .iter_mut()
+            .filter_map(|(&id, c)| matches!(c.try_wait(), Ok(Some(_))).then_some(id))
+            .collect();
+        for id in &gone {
+            children.remove(id);
+        }
+        gone
+    }
+}
+
+impl Drop for LocalProcesses {
+    fn drop(&mut self) {
+        for (_, mut c) in self.children.lock().drain() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! Prometheus metrics of the master, served on `/metrics`.
+
+use std::sync::atomic::AtomicU64;
+
+use elastrec_proto::master::StatusResponse;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(String, String)>;
+
+/// The master's metrics.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<Labels, Counter>,
+    shards: Family<Labels, Gauge>,
+    samples_done: Gauge,
+    samples_per_sec: Gauge<f64, AtomicU64>,
+    workers: Gauge,
+    /// Nodes declared dead.
+    pub node_deaths: Counter,
+    /// Unreported remainders returned to the queue.
+    pub requeues: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A registry with every metric registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("elastrec_master");
+        let requests = Family::<Labels, Counter>::default();
+        registry.register("requests", "RPCs served, by method", requests.clone());
+        let shards = Family::<Labels, Gauge>::default();
+        registry.register("shards", "Data shards by state", shards.clone());
+        let samples_done = Gauge::default();
+        registry.register(
+            "samples_done",
+            "Samples reported trained",
+            samples_done.clone(),
+        );
+        let samples_per_sec = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "samples_per_second",
+            "Recent training rate",
+            samples_per_sec.clone(),
+        );
+        let workers = Gauge::default();
+        registry.register("workers_active", "Workers training", workers.clone());
+        let node_deaths = Counter::default();
+        registry.register("node_deaths", "Nodes declared dead", node_deaths.clone());
+        let requeues = Counter::default();
+        registry.register(
+            "requeues",
+            "Unreported remainders requeued",
+            requeues.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            shards,
+            samples_done,
+            samples_per_sec,
+            workers,
+            node_deaths,
+            requeues,
+        }
+    }
+
+    /// Counts one request.
+    pub fn request(&self, method: &str) {
+        self.requests
+            .get_or_create(&vec![("method".to_string(), method.to_string())])
+            .inc();
+    }
+
+    /// Updates gauges from a status snapshot.
+    pub fn observe(&self, s: &StatusResponse) {
+        for (state, v) in [
+            ("todo", s.shards_todo),
+            ("doing", s.shards_doing),
+            ("done", s.shards_done),
+        ] {
+            self.shards
+                .get_or_create(&vec![("state".to_string(), state.to_string())])
+                .set(v as i64);
+        }
+        self.samples_done.set(s.samples_done as i64);
+        self.samples_per_sec.set(s.samples_per_sec);
+        let active = s
+            .nodes
+            .iter()
+            .filter(|n| {
+                n.role == elastrec_proto::master::Role::Worker as i32 && n.state == "running"
+            })
+            .count();
+        self.workers.set(active as i64);
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}

@@ -1,0 +1,485 @@
+//! The master process (`elastrec run`): validates the job, opens (or reopens) its state
+//! database, serves gRPC and `/metrics`, launches nodes through the backend, runs the
+//! control loop (exits, heartbeat timeouts, progress display) and writes the result.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use elastrec_proto::master::master_server::MasterServer;
+use elastrec_worker::cluster::ClusterJob;
+use elastrec_worker::rpc::ServerAuth;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use tonic::service::interceptor::InterceptedService;
+
+use crate::backend::{ClusterBackend, LocalProcesses};
+use crate::job::{Job, Phase, Policy, Role};
+use crate::ledger::LedgerSummary;
+use crate::service::{now_ms, LiveCtx, MasterCore, MasterService};
+use crate::store::{Store, Writer};
+use crate::tasks::{ShardSpec, TaskQueue};
+
+/// Files of a job directory.
+pub struct JobDir(pub PathBuf);
+
+impl JobDir {
+    /// The state database.
+    pub fn db(&self) -> PathBuf {
+        self.0.join("master.db")
+    }
+    /// The per-job token (mode 0600).
+    pub fn token(&self) -> PathBuf {
+        self.0.join("token")
+    }
+    /// The master's gRPC address.
+    pub fn addr(&self) -> PathBuf {
+        self.0.join("master.addr")
+    }
+    /// The `/metrics` address.
+    pub fn metrics_addr(&self) -> PathBuf {
+        self.0.join("metrics.addr")
+    }
+    /// The job's result.
+    pub fn result(&self) -> PathBuf {
+        self.0.join("result.json")
+    }
+    /// Node logs.
+    pub fn logs(&self) -> PathBuf {
+        self.0.join("logs")
+    }
+}
+
+/// A training file and its row count, as recorded at job start.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FileRows {
+    /// Absolute path.
+    pub path: String,
+    /// Rows.
+    pub rows: u64,
+}
+
+/// The job's result JSON.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobResult {
+    /// Job id.
+    pub job_id: String,
+    /// `finished` or `failed`.
+    pub status: String,
+    /// Failure message.
+    pub error: Option<String>,
+    /// Ledger verdict per epoch.
+    pub epochs: Vec<EpochLedger>,
+    /// Ledger verdict over the job.
+    pub ledger: LedgerSummary,
+    /// Final evaluation.
+    pub eval: Option<crate::job::EvalResult>,
+    /// Samples trained per second of wall time since the job started.
+    pub samples_per_s: f64,
+    /// Wall time from job start (including master downtime), seconds.
+    pub wall_s: f64,
+    /// Worker processes launched over the job.
+    pub workers_launched: u32,
+    /// Workers declared dead.
+    pub workers_dead: u32,
+}
+
+/// One epoch's ledger line.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EpochLedger {
+    /// Epoch.
+    pub epoch: u32,
+    /// Verdict.
+    #[serde(flatten)]
+    pub summary: LedgerSummary,
+}
+
+fn shard_spec(cfg: &ClusterJob) -> ShardSpec {
+    let b = cfg.train.batch_size as u64;
+    ShardSpec {
+        rows_per_shard: b * cfg.cluster.batches_per_shard as u64,
+        min_rows: b,
+        epochs: cfg.train.epochs,
+        seed: cfg.cluster.seed,
+        shuffle: cfg.cluster.shuffle,
+    }
+}
+
+fn policy(cfg: &ClusterJob) -> Policy {
+    Policy {
+        num_ps: cfg.cluster.ps,
+        dead_after_ms: cfg.cluster.dead_after_ms,
+        max_worker_restarts: cfg.cluster.max_worker_restarts,
+        straggler_ratio: cfg.cluster.straggler_ratio,
+        evaluate: !cfg.data.eval.is_empty(),
+    }
+}
+
+fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+/// Validates a job file completely (fields, ranges, data paths) without starting anything.
+pub fn validate_job(path: &Path) -> anyhow::Result<ClusterJob> {
+    let cfg = ClusterJob::load(path)?;
+    cfg.check_data(path)?;
+    Ok(cfg)
+}
+
+/// Starts a new job from its file and runs it to the end.
+pub async fn start_job(path: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
+    let cfg = validate_job(path)?;
+    elastrec_worker::trainer::ensure_data(&cfg.job(), false)?;
+    let dir = JobDir(cfg.output.dir.clone());
+    if dir.db().exists() {
+        bail!(
+            "{} already holds a job; resume it with `elastrec run --resume {}` or set another output.dir",
+            dir.0.display(),
+            dir.0.display()
+        );
+    }
+    std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
+    let mut files = Vec::new();
+    for f in cfg.job().train_files() {
+        let rows = elastrec_data::count_rows(&f)
+            .with_context(|| format!("counting rows of {}", f.display()))?;
+        files.push(FileRows {
+            path: f.to_string_lossy().into_owned(),
+            rows,
+        });
+    }
+    let token: String = {
+        let mut rng = rand::rng();
+        (0..32)
+            .map(|_| format!("{:x}", rng.random_range(0..16u8)))
+            .collect()
+    };
+    write_private(&dir.token(), &token)?;
+    let ip: std::net::IpAddr = cfg.cluster.bind.parse()?;
+    let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, cfg.cluster.master_port))
+        .await
+        .context("binding the master port")?;
+    let addr = listener.local_addr()?.to_string();
+    std::fs::write(dir.addr(), &addr)?;
+    let job_id = dir
+        .0
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "job".into());
+    let job_toml = toml::to_string(&cfg)?;
+    let store = Store::open(&dir.db(), true).await?;
+    store.set_meta("job_toml", job_toml.clone()).await?;
+    store
+        .set_meta("files", serde_json::to_string(&files)?)
+        .await?;
+    store.set_meta("job_id", job_id.clone()).await?;
+    store.set_meta("master_addr", addr.clone()).await?;
+    std::fs::write(dir.0.join("started_ms"), now_ms().to_string())?;
+    let backend: Arc<dyn ClusterBackend> = Arc::new(LocalProcesses::new(
+        exe,
+        addr.clone(),
+        token.clone(),
+        dir.logs(),
+    ));
+    let queue = TaskQueue::new(shard_spec(&cfg), files.iter().map(|f| f.rows).collect());
+    let mut cx = LiveCtx::now();
+    let job = Job::start(policy(&cfg), queue, cfg.cluster.workers, &mut cx);
+    store.apply(&cx.take_changes()).await?;
+    eprintln!(
+        "job {job_id}: master on {addr}, {} PS, {} workers, {} rows x {} epochs, {} rows per shard; state in {}",
+        cfg.cluster.ps,
+        cfg.cluster.workers,
+        files.iter().map(|f| f.rows).sum::<u64>(),
+        cfg.train.epochs,
+        job.tasks().spec().rows_per_shard,
+        dir.db().display()
+    );
+    let core = Arc::new(MasterCore::new(
+        job,
+        Writer::spawn(store),
+        backend,
+        job_toml,
+        files.into_iter().map(|f| f.path).collect(),
+        cfg.cluster.heartbeat_ms as u32,
+        job_id,
+    ));
+    core.effects(cx);
+    serve(core, listener, token, &cfg, &dir).await
+}
+
+/// Restarts the master of a job whose master died, from its database. Live nodes
+/// re-register; training continues where the ledger says it stopped.
+pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
+    let dir = JobDir(dir.to_path_buf());
+    anyhow::ensure!(
+        dir.db().exists(),
+        "{} holds no job (no master.db)",
+        dir.0.display()
+    );
+    let token = std::fs::read_to_string(dir.token())?.trim().to_string();
+    let store = Store::open(&dir.db(), false).await?;
+    let snap = store.load().await?;
+    let meta = |k: &str| {
+        snap.meta
+            .get(k)
+            .cloned()
+            .with_context(|| format!("master.db lacks `{k}`"))
+    };
+    let job_toml = meta("job_toml")?;
+    let cfg = ClusterJob::from_toml(&job_toml, &dir.db())?;
+    let files: Vec<FileRows> = serde_json::from_str(&meta("files")?)?;
+    let addr = meta("master_addr")?;
+    let job_id = meta("job_id")?;
+    let generated: u32 = meta("generated_epochs")?.parse()?;
+    let queue = TaskQueue::restore(
+        shard_spec(&cfg),
+        files.iter().map(|f| f.rows).collect(),
+        snap.tasks,
+        &snap.ranges,
+        generated,
+    );
+    let mut cx = LiveCtx::now();
+    let job = Job::restore(
+        policy(&cfg),
+        queue,
+        snap.nodes,
+        meta("target_workers")?.parse()?,
+        meta("restarts_used")?.parse()?,
+        serde_json::from_str(&meta("phase")?)?,
+        serde_json::from_str(&meta("eval")?)?,
+        serde_json::from_str(&meta("epochs_closed")?)?,
+        &mut cx,
+    );
+    store.apply(&cx.take_changes()).await?;
+    // The same address, so live nodes find the new master.
+    let sock: SocketAddr = addr.parse()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let listener = loop {
+        match tokio::net::TcpListener::bind(sock).await {
+            Ok(l) => break l,
+            Err(e) if Instant::now() < deadline => {
+                tracing::warn!(error = %e, "master address busy; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e).context("rebinding the master address"),
+        }
+    };
+    let (todo, doing, done) = job.tasks().counts();
+    eprintln!(
+        "job {job_id}: master resumed on {addr}: shards todo {todo}, doing {doing}, done {done}; waiting for nodes to re-register"
+    );
+    let backend: Arc<dyn ClusterBackend> =
+        Arc::new(LocalProcesses::new(exe, addr, token.clone(), dir.logs()));
+    let core = Arc::new(MasterCore::new(
+        job,
+        Writer::spawn(store),
+        backend,
+        job_toml,
+        files.into_iter().map(|f| f.path).collect(),
+        cfg.cluster.heartbeat_ms as u32,
+        job_id,
+    ));
+    core.effects(cx);
+    serve(core, listener, token, &cfg, &dir).await
+}
+
+async fn serve(
+    core: Arc<MasterCore>,
+    listener: tokio::net::TcpListener,
+    token: String,
+    cfg: &ClusterJob,
+    dir: &JobDir,
+) -> anyhow::Result<JobResult> {
+    let max = cfg.cluster.max_message_bytes;
+    let svc = MasterServer::new(MasterService(core.clone()))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(InterceptedService::new(svc, ServerAuth::new(&token)))
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                async {
+                    let _ = stop_rx.await;
+                },
+            ),
+    );
+    // Prometheus endpoint.
+    let ip: std::net::IpAddr = cfg.cluster.bind.parse()?;
+    let metrics_listener =
+        tokio::net::TcpListener::bind(SocketAddr::new(ip, cfg.cluster.metrics_port)).await?;
+    std::fs::write(
+        dir.metrics_addr(),
+        metrics_listener.local_addr()?.to_string(),
+    )?;
+    let mcore = core.clone();
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let c = mcore.clone();
+            async move {
+                c.status();
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    c.metrics.render(),
+                )
+            }
+        }),
+    );
+    let metrics = tokio::spawn(async move { axum::serve(metrics_listener, app).await });
+
+    let t0 = Instant::now();
+    let mut last_print = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let phase = loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("master: interrupted; stopping every node (resume later with `elastrec run --resume {}`)", dir.0.display());
+                let nodes = core.job.lock().leftover_nodes();
+                for n in nodes {
+                    core.backend().stop(&n);
+                }
+                bail!("interrupted");
+            }
+        }
+        let exited = core.backend().exited();
+        let failed = core.take_failed_launches();
+        let phase = core
+            .run(|job, cx| {
+                for id in exited.into_iter().chain(failed) {
+                    job.process_exited(id, cx);
+                }
+                job.tick(cx);
+                job.phase().clone()
+            })
+            .await
+            .map_err(|s| anyhow::anyhow!("master state: {}", s.message()))?;
+        if matches!(phase, Phase::Finished | Phase::Failed(_)) {
+            break phase;
+        }
+        if last_print.elapsed() > Duration::from_secs(2) {
+            last_print = Instant::now();
+            let s = core.status();
+            let workers = s
+                .nodes
+                .iter()
+                .filter(|n| {
+                    n.role == elastrec_proto::master::Role::Worker as i32 && n.state == "running"
+                })
+                .count();
+            eprintln!(
+                "[{:>6.1}s] epoch {}/{} samples {}/{} ({:.0}/s) shards todo {} doing {} done {} workers {} ({})",
+                t0.elapsed().as_secs_f64(),
+                s.epoch + 1,
+                s.epochs,
+                s.samples_done,
+                s.samples_total,
+                s.samples_per_sec,
+                s.shards_todo,
+                s.shards_doing,
+                s.shards_done,
+                workers,
+                s.phase
+            );
+        }
+    };
+    // Let workers and PS leave by themselves (they poll the master), then stop the rest.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        let left = core
+            .job
+            .lock()
+            .leftover_nodes()
+            .iter()
+            .filter(|n| n.role == Role::Worker)
+            .count();
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2 * cfg.cluster.heartbeat_ms)).await;
+    let leftovers = core.job.lock().leftover_nodes();
+    for n in &leftovers {
+        core.backend().stop(n);
+    }
+    let result = {
+        let job = core.job.lock();
+        let epochs = job.tasks().spec().epochs;
+        let per_epoch: Vec<EpochLedger> = (0..epochs)
+            .map(|e| EpochLedger {
+                epoch: e,
+                summary: job.tasks().ledger().summary(e),
+            })
+            .collect();
+        let total = job.tasks().ledger().total(epochs);
+        let started: u64 = Store::started_ms_hint(dir).unwrap_or(now_ms());
+        let wall_s = now_ms().saturating_sub(started) as f64 / 1000.0;
+        let workers: Vec<_> = job.nodes().filter(|n| n.role == Role::Worker).collect();
+        JobResult {
+            job_id: core.job_id.clone(),
+            status: match &phase {
+                Phase::Finished => "finished".into(),
+                _ => "failed".into(),
+            },
+            error: match &phase {
+                Phase::Failed(m) => Some(m.clone()),
+                _ => None,
+            },
+            epochs: per_epoch,
+            ledger: total,
+            eval: job.eval(),
+            samples_per_s: total.consumed as f64 / wall_s.max(1e-9),
+            wall_s,
+            workers_launched: workers.len() as u32,
+            workers_dead: workers
+                .iter()
+                .filter(|n| n.state == crate::job::NodeState::Dead)
+                .count() as u32,
+        }
+    };
+    eprintln!("job {}: {}", result.job_id, result.ledger);
+    if let Some(e) = result.eval {
+        eprintln!(
+            "job {}: final eval AUC {:.4} logloss {:.4} on {} samples",
+            result.job_id, e.auc, e.logloss, e.samples
+        );
+    }
+    std::fs::write(dir.result(), serde_json::to_string_pretty(&result)?)?;
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    metrics.abort();
+    if let Phase::Failed(m) = phase {
+        bail!("job failed: {m}");
+    }
+    Ok(result)
+}
+
+impl Store {
+    /// Job start time from the `started_ms` file-side hint (written at start).
+    fn started_ms_hint(dir: &JobDir) -> Option<u64> {
+        std::fs::read_to_string(dir.0.join("started_ms"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+}

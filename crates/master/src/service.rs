@@ -1,0 +1,445 @@
+//! The master's gRPC service: thin handlers over the [`Job`] state machine. Every handler
+//! mutates the state under one lock, queues the resulting changes to the group-commit
+//! writer (in mutation order), and replies only once they are durable.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use elastrec_proto::master::master_server::Master;
+use elastrec_proto::master::{
+    self as pb, get_task_response::Reply, GetTaskRequest, GetTaskResponse, HeartbeatRequest,
+    HeartbeatResponse, NodeAction, NodeStatus, RegisterRequest, RegisterResponse,
+    ReportEvalRequest, ReportEvalResponse, ReportProgressRequest, ReportProgressResponse,
+    ScaleRequest, ScaleResponse, StatusRequest, StatusResponse,
+};
+use elastrec_worker::rpc::check_version;
+use parking_lot::Mutex;
+use tonic::{Request, Response, Status};
+
+use crate::backend::ClusterBackend;
+use crate::job::{
+    Change, Context, Directive, EvalResult, Event, Job, JobError, Node, Phase, Role, TaskReply,
+};
+use crate::metrics::Metrics;
+use crate::store::Writer;
+
+/// Wall-clock milliseconds (persisted timestamps survive a master restart).
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Side effects collected while the state lock is held, executed after it is released.
+#[derive(Default)]
+pub struct LiveCtx {
+    now: u64,
+    changes: Vec<Change>,
+    launches: Vec<Node>,
+    kills: Vec<Node>,
+    events: Vec<Event>,
+}
+
+impl LiveCtx {
+    /// A context at the current time.
+    pub fn now() -> Self {
+        Self {
+            now: now_ms(),
+            ..Self::default()
+        }
+    }
+
+    /// Takes the changes to persist.
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        std::mem::take(&mut self.changes)
+    }
+}
+
+impl Context for LiveCtx {
+    fn now_ms(&self) -> u64 {
+        self.now
+    }
+    fn persist(&mut self, change: Change) {
+        self.changes.push(change);
+    }
+    fn launch(&mut self, node: &Node) {
+        self.launches.push(node.clone());
+    }
+    fn kill(&mut self, node: &Node) {
+        self.kills.push(node.clone());
+    }
+    fn event(&mut self, event: Event) {
+        self.events.push(event);
+    }
+}
+
+/// Everything the handlers and the control loop share.
+pub struct MasterCore {
+    /// The state machine.
+    pub job: Mutex<Job>,
+    writer: Writer,
+    backend: Arc<dyn ClusterBackend>,
+    /// Job file every node trains with.
+    pub job_toml: String,
+    /// Training file paths by index.
+    pub files: Vec<String>,
+    heartbeat_ms: u32,
+    /// Prometheus metrics.
+    pub metrics: Metrics,
+    /// Job id.
+    pub job_id: String,
+    /// Nodes whose launch failed (fed back as exits by the control loop).
+    failed_launches: Mutex<Vec<u32>>,
+    /// (time, samples done) samples for the recent rate.
+    rate: Mutex<VecDeque<(Instant, u64)>>,
+    /// Set when the job reached a terminal phase.
+    pub done: tokio::sync::Notify,
+}
+
+impl MasterCore {
+    /// Wires the state machine to its writer and backend.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        job: Job,
+        writer: Writer,
+        backend: Arc<dyn ClusterBackend>,
+        job_toml: String,
+        files: Vec<String>,
+        heartbeat_ms: u32,
+        job_id: String,
+    ) -> Self {
+        Self {
+            job: Mutex::new(job),
+            writer,
+            backend,
+            job_toml,
+            files,
+            heartbeat_ms,
+            metrics: Metrics::new(),
+            job_id,
+            failed_launches: Mutex::new(Vec::new()),
+            rate: Mutex::new(VecDeque::new()),
+            done: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Runs `f` on the state, makes its changes durable, then performs its side effects.
+    pub async fn run<R>(&self, f: impl FnOnce(&mut Job, &mut LiveCtx) -> R) -> Result<R, Status> {
+        let mut cx = LiveCtx {
+            now: now_ms(),
+            ..LiveCtx::default()
+        };
+        let (r, durable) = {
+            let mut job = self.job.lock();
+            let r = f(&mut job, &mut cx);
+            let durable = (!cx.changes.is_empty())
+                .then(|| self.writer.submit(std::mem::take(&mut cx.changes)));
+            (r, durable)
+        };
+        if let Some(d) = durable {
+            d.await.map_err(|e| Status::internal(e.to_string()))?;
+        }
+        self.effects(cx);
+        Ok(r)
+    }
+
+    /// Runs the state machine with a context whose effects are executed immediately (used
+    /// once, before serving, to launch the initial nodes).
+    pub fn effects(&self, cx: LiveCtx) {
+        for n in &cx.kills {
+            self.backend.stop(n);
+        }
+        for n in &cx.launches {
+            match self.backend.start(n) {
+                Ok(pid) => tracing::info!(node = n.id, role = ?n.role, pid, "launched"),
+                Err(e) => {
+                    eprintln!(
+                        "master: could not start node {} ({:?}): {e:#}",
+                        n.id, n.role
+                    );
+                    self.failed_launches.lock().push(n.id);
+                }
+            }
+        }
+        for e in cx.events {
+            match &e {
+                Event::EpochDone(epoch, s) => {
+                    eprintln!("epoch {epoch}: {s}");
+                }
+                Event::NodeDead { id, role, reason } => {
+                    eprintln!("master: node {id} ({role:?}) declared dead: {reason}");
+                    self.metrics.node_deaths.inc();
+                }
+                Event::Requeued { worker, task } => {
+                    tracing::info!(worker, task, "unreported remainder requeued");
+                    self.metrics.requeues.inc();
+                }
+                Event::JobEnded(_) => self.done.notify_one(),
+            }
+        }
+    }
+
+    /// Launch failures since the last call.
+    pub fn take_failed_launches(&self) -> Vec<u32> {
+        std::mem::take(&mut *self.failed_launches.lock())
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn ClusterBackend> {
+        &self.backend
+    }
+
+    /// Samples per second over roughly the last ten seconds.
+    pub fn recent_rate(&self, samples_done: u64) -> f64 {
+        let now = Instant::now();
+        let mut q = self.rate.lock();
+        q.push_back((now, samples_done));
+        while q.len() > 2 && now.duration_since(q[0].0).as_secs_f64() > 10.0 {
+            q.pop_front();
+        }
+        let (t0, s0) = q[0];
+        let dt = now.duration_since(t0).as_secs_f64();
+        if dt <= 0.0 {
+            0.0
+        } else {
+            samples_done.saturating_sub(s0) as f64 / dt
+        }
+    }
+
+    /// The status reply (also used by the progress display).
+    pub fn status(&self) -> StatusResponse {
+        let now = now_ms();
+        let job = self.job.lock();
+        let q = job.tasks();
+        let (todo, doing, done) = q.counts();
+        let samples_done: u64 = (0..q.spec().epochs)
+            .map(|e| q.ledger().summary(e).consumed)
+            .sum();
+        let nodes = job
+            .nodes()
+            .map(|n| NodeStatus {
+                node_id: n.id,
+                role: match n.role {
+                    Role::Ps => pb::Role::Ps as i32,
+                    Role::Worker => pb::Role::Worker as i32,
+                },
+                state: format!("{:?}", n.state).to_lowercase(),
+                pid: n.pid,
+                addr: n.addr.clone(),
+                last_heartbeat_ms_ago: now.saturating_sub(n.last_seen_ms),
+                samples: n.samples,
+                restarts: n.restarts,
+                task_id: q.held_by(n.id).map(|t| t.id).unwrap_or(0),
+            })
+            .collect();
+        let phase = match job.phase() {
+            Phase::Training => "training".to_string(),
+            Phase::Evaluating => "evaluating".to_string(),
+            Phase::Finished => "finished".to_string(),
+            Phase::Failed(m) => format!("failed: {m}"),
+        };
+        let reply = StatusResponse {
+            job_id: self.job_id.clone(),
+            phase,
+            epoch: q.current_epoch(),
+            epochs: q.spec().epochs,
+            shards_todo: todo,
+            shards_doing: doing,
+            shards_done: done,
+            samples_done,
+            samples_total: q.total_rows(),
+            samples_per_sec: 0.0,
+            target_workers: job.target_workers(),
+            nodes,
+        };
+        drop(job);
+        let mut reply = reply;
+        reply.samples_per_sec = self.recent_rate(samples_done);
+        self.metrics.observe(&reply);
+        reply
+    }
+}
+
+/// The tonic service.
+pub struct MasterService(pub Arc<MasterCore>);
+
+fn status_of(e: JobError) -> Status {
+    match e {
+        JobError::UnknownNode(_) => Status::not_found(e.to_string()),
+        JobError::WrongRole(_) => Status::invalid_argument(e.to_string()),
+        JobError::Report(crate::tasks::ReportError::NotHeld { .. }) => {
+            Status::failed_precondition(e.to_string())
+        }
+        JobError::Report(_) => Status::invalid_argument(e.to_string()),
+    }
+}
+
+#[tonic::async_trait]
+impl Master for MasterService {
+    async fn register(
+        &self,
+        req: Request<RegisterRequest>,
+    ) -> Result<Response<RegisterResponse>, Status> {
+        let req = req.into_inner();
+        check_version(&req.version)?;
+        self.0.metrics.request("register");
+        let role = match pb::Role::try_from(req.role) {
+            Ok(pb::Role::Ps) => Role::Ps,
+            Ok(pb::Role::Worker) => Role::Worker,
+            _ => return Err(Status::invalid_argument("role must be ps or worker")),
+        };
+        if req.addr.len() > 256 {
+            return Err(Status::invalid_argument("address too long"));
+        }
+        if role == Role::Ps
+            && !req.addr.is_empty()
+            && req.addr.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(Status::invalid_argument("addr must be host:port"));
+        }
+        let ps_addrs = self
+            .0
+            .run(|job, cx| {
+                job.register(req.node_id, role, &req.addr, req.pid, cx)?;
+                Ok::<_, JobError>(job.ps_addrs().unwrap_or_default())
+            })
+            .await?
+            .map_err(status_of)?;
+        Ok(Response::new(RegisterResponse {
+            job_toml: self.0.job_toml.clone(),
+            ps_addrs,
+            heartbeat_ms: self.0.heartbeat_ms,
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        req: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        let req = req.into_inner();
+        check_version(&req.version)?;
+        self.0.metrics.request("heartbeat");
+        let (d, ps_addrs, active) = self
+            .0
+            .run(|job, cx| {
+                let mut d = job.heartbeat(req.node_id, req.samples, req.step, cx);
+                // Parameter servers stop with the job.
+                if job.node(req.node_id).is_some_and(|n| n.role == Role::Ps)
+                    && matches!(job.phase(), Phase::Finished | Phase::Failed(_))
+                {
+                    d = Directive::Stop;
+                }
+                (d, job.ps_addrs().unwrap_or_default(), job.active_workers())
+            })
+            .await?;
+        let action = match d {
+            Directive::Continue => NodeAction::Continue,
+            Directive::Stop => NodeAction::Stop,
+            Directive::Unknown => NodeAction::Unknown,
+        };
+        Ok(Response::new(HeartbeatResponse {
+            action: action as i32,
+            ps_addrs,
+            active_workers: active,
+        }))
+    }
+
+    async fn get_task(
+        &self,
+        req: Request<GetTaskRequest>,
+    ) -> Result<Response<GetTaskResponse>, Status> {
+        let req = req.into_inner();
+        check_version(&req.version)?;
+        self.0.metrics.request("get_task");
+        let reply = self
+            .0
+            .run(|job, cx| job.get_task(req.node_id, cx))
+            .await?
+            .map_err(status_of)?;
+        let reply = match reply {
+            TaskReply::Task(t) => Reply::Task(pb::Task {
+                task_id: t.id,
+                file: self.0.files[t.file as usize].clone(),
+                start_row: t.start,
+                end_row: t.end,
+                epoch: t.epoch,
+                offset: t.offset,
+            }),
+            TaskReply::Wait => Reply::WaitMs(200),
+            TaskReply::Finished { evaluate } => Reply::Finished(pb::Finished { evaluate }),
+            TaskReply::Stop => Reply::Stop(true),
+        };
+        Ok(Response::new(GetTaskResponse { reply: Some(reply) }))
+    }
+
+    async fn report_progress(
+        &self,
+        req: Request<ReportProgressRequest>,
+    ) -> Result<Response<ReportProgressResponse>, Status> {
+        let req = req.into_inner();
+        check_version(&req.version)?;
+        self.0.metrics.request("report_progress");
+        let (task_done, stop) = self
+            .0
+            .run(|job, cx| job.report(req.node_id, req.task_id, req.offset, cx))
+            .await?
+            .map_err(status_of)?;
+        Ok(Response::new(ReportProgressResponse { task_done, stop }))
+    }
+
+    async fn report_eval(
+        &self,
+        req: Request<ReportEvalRequest>,
+    ) -> Result<Response<ReportEvalResponse>, Status> {
+        let req = req.into_inner();
+        check_version(&req.version)?;
+        self.0.metrics.request("report_eval");
+        let eval = EvalResult {
+            auc: req.auc,
+            logloss: req.logloss,
+            samples: req.samples,
+        };
+        self.0
+            .run(|job, cx| job.report_eval(req.node_id, eval, cx))
+            .await?
+            .map_err(status_of)?;
+        Ok(Response::new(ReportEvalResponse {}))
+    }
+
+    async fn scale(&self, req: Request<ScaleRequest>) -> Result<Response<ScaleResponse>, Status> {
+        let req = req.into_inner();
+        check_version(&req.version)?;
+        self.0.metrics.request("scale");
+        if req.workers == 0 || req.workers > 256 {
+            return Err(Status::invalid_argument(
+                "workers must be between 1 and 256",
+            ));
+        }
+        let previous = self
+            .0
+            .run(|job, cx| {
+                if matches!(job.phase(), Phase::Training) {
+                    Ok(job.scale(req.workers, cx))
+                } else {
+                    Err(Status::failed_precondition("the job is no longer training"))
+                }
+            })
+            .await??;
+        eprintln!("master: scaling workers {previous} -> {}", req.workers);
+        Ok(Response::new(ScaleResponse {
+            previous,
+            target: req.workers,
+        }))
+    }
+
+    async fn status(
+        &self,
+        req: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        check_version(&req.into_inner().version)?;
+        self.0.metrics.request("status");
+        Ok(Response::new(self.0.status()))
+    }
+}

@@ -1,0 +1,420 @@
+//! The PS state ([`PsShard`]), its gRPC service and the process entry point.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use elastrec_embedding::{EmbeddingConfig, EmbeddingStore, ShardSpec, TableScratch};
+use elastrec_model::DenseOptimizer;
+use elastrec_proto::master::{HeartbeatRequest, NodeAction, Role};
+use elastrec_proto::ps::parameter_server_server::{ParameterServer, ParameterServerServer};
+use elastrec_proto::ps::{
+    InfoRequest, InfoResponse, PullRequest, PullResponse, PushRequest, PushResponse,
+};
+use elastrec_worker::cluster::{ClusterJob, SyncMode};
+use elastrec_worker::remote::{dense_model, register};
+use elastrec_worker::rpc::{self, check_version, dense_slice, is_transient, ServerAuth};
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tonic::service::interceptor::InterceptedService;
+use tonic::{Request, Response, Status};
+
+/// Arguments of the hidden `elastrec ps` role command.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PsArgs {
+    /// Address of the job master.
+    #[arg(long)]
+    pub master: String,
+    /// Node id the master assigned to this process.
+    #[arg(long)]
+    pub node_id: u32,
+    /// Shard index of this PS.
+    #[arg(long)]
+    pub index: u32,
+}
+
+/// Gradients of one synchronous step collected so far.
+#[derive(Default)]
+struct Accum {
+    count: u32,
+    tables: Vec<u32>,
+    rows: Vec<u64>,
+    grads: Vec<f32>,
+    dense: Vec<f32>,
+}
+
+struct State {
+    store: EmbeddingStore,
+    scratch: TableScratch,
+    dense: Vec<f32>,
+    opt: Box<dyn DenseOptimizer>,
+    version: u64,
+    accum: Accum,
+}
+
+/// One parameter-server shard: embedding rows and a dense slice with optimizer state.
+pub struct PsShard {
+    state: Mutex<State>,
+    version_tx: watch::Sender<u64>,
+    index: u32,
+    count: u32,
+    dim: usize,
+    table_rows: Vec<u64>,
+    range: std::ops::Range<usize>,
+    mode: SyncMode,
+    sync_timeout: Duration,
+}
+
+fn bad(msg: String) -> Status {
+    Status::invalid_argument(msg)
+}
+
+impl PsShard {
+    /// Shard `index` of `count` for `job`, initialized exactly as the single-process model.
+    pub fn new(job: &ClusterJob, index: u32, count: u32) -> anyhow::Result<Self> {
+        let table_rows = elastrec_worker::trainer::resolve_table_rows(&job.job());
+        let store = EmbeddingStore::new_shard(
+            EmbeddingConfig {
+                dim: job.model.embedding_dim,
+                rows: table_rows.clone(),
+                optimizer: job.optimizer.sparse,
+                seed: job.model.seed,
+            },
+            ShardSpec::new(index, count)?,
+        )?;
+        let dense = dense_model(job)?;
+        let range = dense_slice(dense.num_params(), count as usize, index as usize);
+        let slice = dense.params()[range.clone()].to_vec();
+        let opt = job.optimizer.dense.build(slice.len());
+        Ok(Self {
+            state: Mutex::new(State {
+                store,
+                scratch: TableScratch::default(),
+                dense: slice,
+                opt,
+                version: 0,
+                accum: Accum::default(),
+            }),
+            version_tx: watch::channel(0).0,
+            index,
+            count,
+            dim: job.model.embedding_dim,
+            table_rows,
+            range,
+            mode: job.cluster.mode,
+            sync_timeout: Duration::from_millis(job.cluster.sync_timeout_ms),
+        })
+    }
+
+    /// Dense updates applied so far.
+    pub fn version(&self) -> u64 {
+        self.state.lock().version
+    }
+
+    #[allow(clippy::result_large_err)]
+    fn check_rows(&self, tables: &[u32], rows: &[u64]) -> Result<(), Status> {
+        if tables.len() != rows.len() {
+            return Err(bad(format!(
+                "{} tables for {} rows",
+                tables.len(),
+                rows.len()
+            )));
+        }
+        for (&t, &r) in tables.iter().zip(rows) {
+            let Some(&n) = self.table_rows.get(t as usize) else {
+                return Err(bad(format!("table {t} does not exist")));
+            };
+            if r >= n || elastrec_embedding::shard_of(t as usize, r, self.count) != self.index {
+                return Err(bad(format!(
+                    "row {r} of table {t} is not held by PS {}",
+                    self.index
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies rows (and optionally the dense slice) out.
+    #[allow(clippy::result_large_err)]
+    pub fn pull(&self, req: &PullRequest) -> Result<PullResponse, Status> {
+        self.check_rows(&req.tables, &req.rows)?;
+        let st = self.state.lock();
+        let mut values = Vec::with_capacity(req.rows.len() * self.dim);
+        for (&t, &r) in req.tables.iter().zip(&req.rows) {
+            let w = st
+                .store
+                .table(t as usize)
+                .and_then(|tb| tb.weights(r))
+                .map_err(|e| bad(e.to_string()))?;
+            values.extend_from_slice(w);
+        }
+        Ok(PullResponse {
+            values,
+            dense: if req.want_dense {
+                st.dense.clone()
+            } else {
+                Vec::new()
+            },
+            dense_version: st.version,
+        })
+    }
+
+    fn apply_sparse(
+        st: &mut State,
+        tables: &[u32],
+        rows: &[u64],
+        grads: &[f32],
+        dim: usize,
+    ) -> Result<(), Status> {
+        let ntables = st.store.num_tables();
+        let mut by_table: Vec<(Vec<u64>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); ntables];
+        for (i, (&t, &r)) in tables.iter().zip(rows).enumerate() {
+            let e = &mut by_table[t as usize];
+            e.0.push(r);
+            e.1.extend_from_slice(&grads[i * dim..(i + 1) * dim]);
+        }
+        let State { store, scratch, .. } = st;
+        for (t, (rows, grads)) in by_table.iter().enumerate() {
+            if rows.is_empty() {
+                continue;
+            }
+            store
+                .table_mut(t)
+                .and_then(|tb| tb.apply_rows(rows, grads, scratch))
+                .map_err(|e| Status::internal(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    fn apply_all(
+        st: &mut State,
+        tables: &[u32],
+        rows: &[u64],
+        grads: &[f32],
+        dense: &[f32],
+        dim: usize,
+    ) -> Result<(), Status> {
+        Self::apply_sparse(st, tables, rows, grads, dim)?;
+        if !dense.is_empty() {
+            let State {
+                opt, dense: params, ..
+            } = st;
+            opt.step(params, dense);
+            st.version += 1;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::result_large_err)]
+    fn validate_push(&self, req: &PushRequest) -> Result<(), Status> {
+        self.check_rows(&req.tables, &req.rows)?;
+        if req.grads.len() != req.rows.len() * self.dim {
+            return Err(bad(format!(
+                "{} gradient values for {} rows of dimension {}",
+                req.grads.len(),
+                req.rows.len(),
+                self.dim
+            )));
+        }
+        if !req.dense_grad.is_empty() && req.dense_grad.len() != self.range.len() {
+            return Err(bad(format!(
+                "dense gradient has {} values, this PS holds {}",
+                req.dense_grad.len(),
+                self.range.len()
+            )));
+        }
+        if req
+            .grads
+            .iter()
+            .chain(&req.dense_grad)
+            .any(|g| !g.is_finite())
+        {
+            return Err(bad("non-finite gradient".into()));
+        }
+        Ok(())
+    }
+
+    /// Applies a push: at once (async), or as part of its synchronous step.
+    pub async fn push(&self, req: PushRequest) -> Result<PushResponse, Status> {
+        self.validate_push(&req)?;
+        if self.mode == SyncMode::Async {
+            let mut st = self.state.lock();
+            Self::apply_all(
+                &mut st,
+                &req.tables,
+                &req.rows,
+                &req.grads,
+                &req.dense_grad,
+                self.dim,
+            )?;
+            return Ok(PushResponse {
+                dense_version: st.version,
+            });
+        }
+        let scale = 1.0 / req.contributors.max(1) as f32;
+        let scaled = |v: &[f32]| v.iter().map(|g| g * scale).collect::<Vec<f32>>();
+        let step = {
+            let mut st = self.state.lock();
+            if req.base_version != st.version {
+                // Late for its step (or from a worker that missed a barrier): apply alone.
+                let (g, d) = (scaled(&req.grads), scaled(&req.dense_grad));
+                Self::apply_sparse(&mut st, &req.tables, &req.rows, &g, self.dim)?;
+                if !d.is_empty() {
+                    let State { opt, dense, .. } = &mut *st;
+                    opt.step(dense, &d);
+                }
+                return Ok(PushResponse {
+                    dense_version: st.version,
+                });
+            }
+            let a = &mut st.accum;
+            a.count += 1;
+            a.tables.extend_from_slice(&req.tables);
+            a.rows.extend_from_slice(&req.rows);
+            a.grads.extend(req.grads.iter().map(|g| g * scale));
+            if a.dense.is_empty() {
+                a.dense = vec![0.0; self.range.len()];
+            }
+            if !req.dense_grad.is_empty() {
+                for (x, g) in a.dense.iter_mut().zip(&req.dense_grad) {
+                    *x += g * scale;
+                }
+            }
+            if a.count >= req.contributors.max(1) {
+                self.flush(&mut st)?;
+                return Ok(PushResponse {
+                    dense_version: st.version,
+                });
+            }
+            st.version
+        };
+        let mut rx = self.version_tx.subscribe();
+        let waited = tokio::time::timeout(self.sync_timeout, rx.wait_for(|&v| v > step)).await;
+        let mut st = self.state.lock();
+        if waited.is_err() && st.version == step {
+            // Some contributor never came (died or left): apply what arrived.
+            self.flush(&mut st)?;
+        }
+        Ok(PushResponse {
+            dense_version: st.version,
+        })
+    }
+
+    #[allow(clippy::result_large_err)]
+    fn flush(&self, st: &mut State) -> Result<(), Status> {
+        let a = std::mem::take(&mut st.accum);
+        let dense = if a.dense.is_empty() {
+            vec![0.0; self.range.len()]
+        } else {
+            a.dense
+        };
+        Self::apply_all(st, &a.tables, &a.rows, &a.grads, &dense, self.dim)?;
+        self.version_tx.send_replace(st.version);
+        Ok(())
+    }
+}
+
+struct Service(Arc<PsShard>);
+
+#[tonic::async_trait]
+impl ParameterServer for Service {
+    async fn pull(&self, req: Request<PullRequest>) -> Result<Response<PullResponse>, Status> {
+        let req = req.into_inner();
+        check_version(&req.version)?;
+        let shard = self.0.clone();
+        let out = tokio::task::spawn_blocking(move || shard.pull(&req))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))??;
+        Ok(Response::new(out))
+    }
+
+    async fn push(&self, req: Request<PushRequest>) -> Result<Response<PushResponse>, Status> {
+        let req = req.into_inner();
+        check_version(&req.version)?;
+        Ok(Response::new(self.0.push(req).await?))
+    }
+
+    async fn info(&self, req: Request<InfoRequest>) -> Result<Response<InfoResponse>, Status> {
+        check_version(&req.into_inner().version)?;
+        let s = &self.0;
+        Ok(Response::new(InfoResponse {
+            index: s.index,
+            num_servers: s.count,
+            dense_start: s.range.start as u64,
+            dense_end: s.range.end as u64,
+            dense_version: s.version(),
+            rows_held: s
+                .state
+                .lock()
+                .store
+                .tables()
+                .iter()
+                .map(|t| t.local_rows() as u64)
+                .sum(),
+        }))
+    }
+}
+
+/// Serves `shard` on `listener` with token checks and message limits.
+pub async fn serve(
+    shard: Arc<PsShard>,
+    listener: tokio::net::TcpListener,
+    token: String,
+    max_bytes: usize,
+) -> anyhow::Result<()> {
+    let svc = ParameterServerServer::new(Service(shard))
+        .max_decoding_message_size(max_bytes)
+        .max_encoding_message_size(max_bytes);
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(InterceptedService::new(svc, ServerAuth::new(&token)))
+        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+        .await?;
+    Ok(())
+}
+
+/// The PS process: bind, register with the master, serve, heartbeat until told to stop.
+pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
+    let token = rpc::token_from_env()?;
+    let mut master = rpc::master_client(&args.master, &token, 64 << 20)?;
+    // Learn the job first (bind address), then register with the real address.
+    let (job, _, _) = register(&mut master, Role::Ps, args.node_id, "", false).await?;
+    let ip: std::net::IpAddr = job.cluster.bind.parse().context("cluster.bind")?;
+    let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0)).await?;
+    let addr = listener.local_addr()?.to_string();
+    let shard = Arc::new(PsShard::new(&job, args.index, job.cluster.ps)?);
+    let server = tokio::spawn(serve(
+        shard.clone(),
+        listener,
+        token.clone(),
+        job.cluster.max_message_bytes,
+    ));
+    let (_, _, hb_ms) = register(&mut master, Role::Ps, args.node_id, &addr, false).await?;
+    loop {
+        let r = master
+            .heartbeat(HeartbeatRequest {
+                version: rpc::version(),
+                node_id: args.node_id,
+                task_id: 0,
+                offset: 0,
+                samples: 0,
+                step: shard.version(),
+            })
+            .await;
+        match r {
+            Ok(r) => match r.into_inner().action() {
+                NodeAction::Stop | NodeAction::Unknown => break,
+                _ => {}
+            },
+            Err(s) if is_transient(&s) => {}
+            Err(s) => anyhow::bail!("heartbeat refused: {s}"),
+        }
+        if server.is_finished() {
+            anyhow::bail!("PS server stopped");
+        }
+        tokio::time::sleep(Duration::from_millis(hb_ms.max(1))).await;
+    }
+    server.abort();
+    Ok(())
+}

@@ -1,0 +1,540 @@
+//! The distributed worker process (`elastrec worker`, started by the job master).
+//!
+//! Loop: ask the master for a data task, read its rows batch by batch, pull the batch's
+//! embedding rows (and, when stale, the dense parameters) from the parameter servers,
+//! run forward/backward locally, push sparse and dense gradients, and only after every PS
+//! accepted them report the new progress offset. A heartbeat task keeps the membership
+//! lease; without a fresh acknowledgement from the master the worker pushes nothing (so a
+//! worker the master declared dead cannot train samples that were handed to another).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use elastrec_data::{Batch, BatchReader, NUM_DENSE, NUM_SPARSE};
+use elastrec_embedding::{row_of, shard_of};
+use elastrec_model::{DenseDlrm, DlrmConfig, EvalAccumulator, Workspace};
+use elastrec_proto::master::{
+    get_task_response::Reply, GetTaskRequest, HeartbeatRequest, NodeAction, RegisterRequest,
+    ReportEvalRequest, ReportProgressRequest, Role,
+};
+use elastrec_proto::ps::{PullRequest, PushRequest};
+use parking_lot::Mutex;
+use tonic::Code;
+
+use crate::cluster::{ClusterJob, SyncMode};
+use crate::rpc::{self, dense_slice, is_transient, Master, Ps};
+
+/// Arguments of the hidden `elastrec worker` role command.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerArgs {
+    /// Address of the job master.
+    #[arg(long)]
+    pub master: String,
+    /// Node id the master assigned to this process.
+    #[arg(long)]
+    pub node_id: u32,
+}
+
+/// Builds the dense DLRM of a job (same shapes and seed as the single-process trainer).
+pub fn dense_model(job: &ClusterJob) -> anyhow::Result<DenseDlrm> {
+    let m = &job.model;
+    let mut bottom = vec![NUM_DENSE];
+    bottom.extend_from_slice(&m.bottom_mlp);
+    Ok(DenseDlrm::new(DlrmConfig {
+        bottom,
+        top: m.top_mlp.clone(),
+        num_tables: NUM_SPARSE,
+        embedding_dim: m.embedding_dim,
+        interaction: m.interaction,
+        seed: m.seed,
+    })?)
+}
+
+/// Registers a node with the master, retrying while it is unreachable. Returns the job
+/// and the PS addresses (waiting until every PS is up when `need_ps`).
+pub async fn register(
+    master: &mut Master,
+    role: Role,
+    node_id: u32,
+    addr: &str,
+    need_ps: bool,
+) -> anyhow::Result<(ClusterJob, Vec<String>, u64)> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let r = master
+            .register(RegisterRequest {
+                version: rpc::version(),
+                role: role as i32,
+                node_id,
+                addr: addr.to_string(),
+                pid: std::process::id(),
+            })
+            .await;
+        match r {
+            Ok(r) => {
+                let r = r.into_inner();
+                if !need_ps || !r.ps_addrs.is_empty() {
+                    let job = ClusterJob::from_toml(&r.job_toml, Path::new("<master>"))?;
+                    return Ok((job, r.ps_addrs, r.heartbeat_ms as u64));
+                }
+            }
+            Err(s) if is_transient(&s) => {}
+            Err(s) => bail!("master refused registration: {s}"),
+        }
+        if Instant::now() > deadline {
+            bail!("could not register with the master in 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Shared between the training loop and the heartbeat task.
+#[derive(Default)]
+struct Shared {
+    task: AtomicU64,
+    active_workers: std::sync::atomic::AtomicU32,
+    offset: AtomicU64,
+    samples: AtomicU64,
+    steps: AtomicU64,
+    stop: AtomicBool,
+    /// When the master last acknowledged this node.
+    last_ack: Mutex<Option<Instant>>,
+}
+
+impl Shared {
+    fn lease_ok(&self, lease: Duration) -> bool {
+        self.last_ack.lock().is_some_and(|t| t.elapsed() < lease)
+    }
+}
+
+async fn heartbeat_loop(mut master: Master, id: u32, every: Duration, shared: Arc<Shared>) {
+    loop {
+        let r = master
+            .heartbeat(HeartbeatRequest {
+                version: rpc::version(),
+                node_id: id,
+                task_id: shared.task.load(Ordering::Relaxed),
+                offset: shared.offset.load(Ordering::Relaxed),
+                samples: shared.samples.load(Ordering::Relaxed),
+                step: shared.steps.load(Ordering::Relaxed),
+            })
+            .await;
+        match r {
+            Ok(r) => {
+                *shared.last_ack.lock() = Some(Instant::now());
+                let r = r.into_inner();
+                shared
+                    .active_workers
+                    .store(r.active_workers, Ordering::Relaxed);
+                match r.action() {
+                    NodeAction::Stop => shared.stop.store(true, Ordering::Relaxed),
+                    NodeAction::Unknown => {
+                        // Declared dead: another worker owns our samples now. Exit at once,
+                        // pushing nothing more.
+                        eprintln!("worker {id}: the master no longer knows this node; exiting");
+                        std::process::exit(3);
+                    }
+                    _ => {}
+                }
+            }
+            Err(s) if is_transient(&s) => {}
+            Err(s) => {
+                eprintln!("worker {id}: heartbeat refused: {s}; exiting");
+                std::process::exit(3);
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Where each (sample, table) slot of a batch lives: PS index and position in that PS's
+/// unique-row list.
+struct Routing {
+    per_ps: Vec<(Vec<u32>, Vec<u64>)>,
+    slot: Vec<(u32, u32)>,
+}
+
+/// Dense model copy plus the PS connections.
+struct RemoteModel {
+    dense: DenseDlrm,
+    ws: Workspace,
+    emb: Vec<f32>,
+    table_rows: Vec<u64>,
+    dim: usize,
+    ps: Vec<Ps>,
+    slices: Vec<std::ops::Range<usize>>,
+    versions: Vec<u64>,
+    need_dense: bool,
+    staleness: u64,
+    mode: SyncMode,
+    worker_id: u32,
+}
+
+impl RemoteModel {
+    fn new(job: &ClusterJob, ps: Vec<Ps>, worker_id: u32) -> anyhow::Result<Self> {
+        let dense = dense_model(job)?;
+        let batch = job.train.batch_size;
+        let n = dense.num_params();
+        let p = ps.len();
+        Ok(Self {
+            ws: dense.workspace(batch),
+            emb: vec![0.0; batch * NUM_SPARSE * job.model.embedding_dim],
+            table_rows: crate::trainer::resolve_table_rows(&job.job()),
+            dim: job.model.embedding_dim,
+            slices: (0..p).map(|i| dense_slice(n, p, i)).collect(),
+            versions: vec![0; p],
+            need_dense: true,
+            staleness: job.cluster.staleness as u64,
+            mode: job.cluster.mode,
+            dense,
+            ps,
+            worker_id,
+        })
+    }
+
+    fn route(&self, batch: &Batch) -> Routing {
+        let p = self.ps.len();
+        let mut per_ps: Vec<(Vec<u32>, Vec<u64>)> = vec![(Vec::new(), Vec::new()); p];
+        let mut index: Vec<HashMap<(u32, u64), u32>> = vec![HashMap::new(); p];
+        let mut slot = Vec::with_capacity(batch.sparse.len());
+        for (i, &id) in batch.sparse.iter().enumerate() {
+            let t = i % NUM_SPARSE;
+            let row = row_of(t, id, self.table_rows[t]);
+            let s = shard_of(t, row, p as u32) as usize;
+            let k = *index[s].entry((t as u32, row)).or_insert_with(|| {
+                per_ps[s].0.push(t as u32);
+                per_ps[s].1.push(row);
+                (per_ps[s].1.len() - 1) as u32
+            });
+            slot.push((s as u32, k));
+        }
+        Routing { per_ps, slot }
+    }
+
+    /// Pulls the batch's rows (and the dense parameters when stale) into place.
+    async fn pull(&mut self, routing: &Routing) -> anyhow::Result<()> {
+        let want_dense = self.need_dense || self.mode == SyncMode::Sync;
+        let calls = self
+            .ps
+            .iter()
+            .zip(&routing.per_ps)
+            .map(|(c, (tables, rows))| {
+                let mut c = c.clone();
+                let req = PullRequest {
+                    version: rpc::version(),
+                    tables: tables.clone(),
+                    rows: rows.clone(),
+                    want_dense,
+                };
+                async move { c.pull(req).await }
+            });
+        let replies = futures_join(calls).await;
+        let d = self.dim;
+        let mut values = Vec::with_capacity(replies.len());
+        for (i, r) in replies.into_iter().enumerate() {
+            let r = r.with_context(|| format!("pull from PS {i}"))?.into_inner();
+            anyhow::ensure!(
+                r.values.len() == routing.per_ps[i].1.len() * d,
+                "PS {i} returned {} values for {} rows",
+                r.values.len(),
+                routing.per_ps[i].1.len()
+            );
+            if want_dense {
+                let range = self.slices[i].clone();
+                anyhow::ensure!(
+                    r.dense.len() == range.len(),
+                    "PS {i} returned a wrong dense slice"
+                );
+                self.dense.params_mut()[range].copy_from_slice(&r.dense);
+                self.versions[i] = r.dense_version;
+            }
+            values.push(r.values);
+        }
+        self.need_dense = false;
+        for (j, &(s, k)) in routing.slot.iter().enumerate() {
+            let src = &values[s as usize][k as usize * d..(k as usize + 1) * d];
+            self.emb[j * d..(j + 1) * d].copy_from_slice(src);
+        }
+        Ok(())
+    }
+
+    /// Forward/backward on the pulled parameters; returns the loss.
+    fn compute(&mut self, batch: &Batch) -> anyhow::Result<f32> {
+        let n = batch.len();
+        let emb = &self.emb[..n * NUM_SPARSE * self.dim];
+        Ok(self
+            .dense
+            .forward_backward(&batch.dense, emb, &batch.labels, &mut self.ws)?)
+    }
+
+    /// Pushes the gradients to every PS; returns once all accepted them.
+    async fn push(&mut self, routing: &Routing, contributors: u32) -> anyhow::Result<()> {
+        let d = self.dim;
+        let d_emb = self.ws.d_emb();
+        let mut grads: Vec<Vec<f32>> = routing
+            .per_ps
+            .iter()
+            .map(|(_, rows)| vec![0.0; rows.len() * d])
+            .collect();
+        for (j, &(s, k)) in routing.slot.iter().enumerate() {
+            let dst = &mut grads[s as usize][k as usize * d..(k as usize + 1) * d];
+            for (a, g) in dst.iter_mut().zip(&d_emb[j * d..(j + 1) * d]) {
+                *a += g;
+            }
+        }
+        let dense_grad = self.ws.grads();
+        let calls = self
+            .ps
+            .iter()
+            .zip(&routing.per_ps)
+            .zip(grads)
+            .enumerate()
+            .map(|(i, ((c, (tables, rows)), g))| {
+                let mut c = c.clone();
+                let req = PushRequest {
+                    version: rpc::version(),
+                    worker_id: self.worker_id,
+                    tables: tables.clone(),
+                    rows: rows.clone(),
+                    grads: g,
+                    dense_grad: dense_grad[self.slices[i].clone()].to_vec(),
+                    base_version: self.versions[i],
+                    step: self.versions[i],
+                    contributors,
+                };
+                async move { c.push(req).await }
+            });
+        let replies = futures_join(calls).await;
+        for (i, r) in replies.into_iter().enumerate() {
+            let v = r
+                .with_context(|| format!("push to PS {i}"))?
+                .into_inner()
+                .dense_version;
+            if v.saturating_sub(self.versions[i]) > self.staleness {
+                self.need_dense = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Forward-only evaluation over in-memory batches.
+    async fn evaluate(&mut self, batches: &[Batch]) -> anyhow::Result<EvalAccumulator> {
+        self.need_dense = true;
+        let mut acc = EvalAccumulator::new();
+        let mut probs = Vec::new();
+        for b in batches {
+            let routing = self.route(b);
+            self.pull(&routing).await?;
+            let n = b.len();
+            probs.resize(n, 0.0);
+            let emb = &self.emb[..n * NUM_SPARSE * self.dim];
+            self.dense
+                .predict(&b.dense, emb, &mut self.ws, &mut probs)?;
+            acc.push(&probs, &b.labels);
+        }
+        Ok(acc)
+    }
+}
+
+/// Runs futures concurrently and collects their outputs in order.
+async fn futures_join<F>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futs.map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        out.push(h.await.expect("rpc task panicked"));
+    }
+    out
+}
+
+/// Reports progress, retrying while the master is unreachable (e.g. restarting).
+/// Returns `(task_done, stop)`.
+async fn report(
+    master: &mut Master,
+    id: u32,
+    task: u64,
+    offset: u64,
+) -> anyhow::Result<(bool, bool)> {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let r = master
+            .report_progress(ReportProgressRequest {
+                version: rpc::version(),
+                node_id: id,
+                task_id: task,
+                offset,
+            })
+            .await;
+        match r {
+            Ok(r) => {
+                let r = r.into_inner();
+                return Ok((r.task_done, r.stop));
+            }
+            Err(s) if is_transient(&s) && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(s) if s.code() == Code::NotFound || s.code() == Code::FailedPrecondition => {
+                eprintln!("worker {id}: master refused progress ({s}); exiting");
+                std::process::exit(3);
+            }
+            Err(s) => bail!("report progress: {s}"),
+        }
+    }
+}
+
+/// The worker process.
+pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
+    let token = rpc::token_from_env()?;
+    let id = args.node_id;
+    let mut master = rpc::master_client(&args.master, &token, 64 << 20)?;
+    let (job, ps_addrs, hb_ms) = register(&mut master, Role::Worker, id, "", true).await?;
+    let max = job.cluster.max_message_bytes;
+    let mut master = rpc::master_client(&args.master, &token, max)?;
+    let ps = ps_addrs
+        .iter()
+        .map(|a| rpc::ps_client(a, &token, max))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let shared = Arc::new(Shared::default());
+    *shared.last_ack.lock() = Some(Instant::now());
+    tokio::spawn(heartbeat_loop(
+        master.clone(),
+        id,
+        Duration::from_millis(hb_ms.max(1)),
+        shared.clone(),
+    ));
+    // The master declares a node dead after `dead_after_ms` of silence; stop pushing well
+    // before that so a worker it gave up on never trains reassigned samples.
+    let lease = Duration::from_millis(
+        job.cluster
+            .dead_after_ms
+            .saturating_sub(2 * hb_ms)
+            .max(hb_ms),
+    );
+    let mut model = RemoteModel::new(&job, ps, id)?;
+    let batch_size = job.train.batch_size;
+    let policy = job.data.on_bad_row;
+    let files: Vec<PathBuf> = job.job().train_files();
+    let mut batch = Batch::with_capacity(batch_size);
+    shared
+        .active_workers
+        .store(job.cluster.workers, Ordering::Relaxed);
+    loop {
+        let reply = match master
+            .get_task(GetTaskRequest {
+                version: rpc::version(),
+                node_id: id,
+            })
+            .await
+        {
+            Ok(r) => r.into_inner().reply,
+            Err(s) if is_transient(&s) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            Err(s) => {
+                eprintln!("worker {id}: get-task refused: {s}; exiting");
+                return Ok(());
+            }
+        };
+        let task = match reply {
+            Some(Reply::Task(t)) => t,
+            Some(Reply::WaitMs(ms)) => {
+                tokio::time::sleep(Duration::from_millis(ms.clamp(10, 2000) as u64)).await;
+                continue;
+            }
+            Some(Reply::Finished(f)) => {
+                if f.evaluate {
+                    let eval_job = job.job();
+                    let mut stats = elastrec_data::ReadStats::default();
+                    let batches = crate::trainer::load_eval_set(
+                        &eval_job.eval_files(),
+                        &eval_job,
+                        &mut stats,
+                    )?;
+                    let acc = model.evaluate(&batches).await?;
+                    let req = ReportEvalRequest {
+                        version: rpc::version(),
+                        node_id: id,
+                        auc: acc.auc().unwrap_or(f64::NAN),
+                        logloss: acc.logloss(),
+                        samples: acc.count() as u64,
+                    };
+                    loop {
+                        match master.report_eval(req).await {
+                            Ok(_) => break,
+                            Err(s) if is_transient(&s) => {
+                                tokio::time::sleep(Duration::from_millis(200)).await
+                            }
+                            Err(s) => bail!("report eval: {s}"),
+                        }
+                    }
+                }
+                return Ok(());
+            }
+            Some(Reply::Stop(_)) | None => return Ok(()),
+        };
+        // The master's copy of the task says how far it was reported.
+        // Ids and paths from the wire are checked: only the job's own training files.
+        let file = files
+            .iter()
+            .find(|f| f.as_os_str() == task.file.as_str())
+            .cloned()
+            .with_context(|| format!("task {} names unknown file {}", task.task_id, task.file))?;
+        anyhow::ensure!(
+            task.start_row <= task.end_row && task.offset <= task.end_row - task.start_row,
+            "task {} has an invalid row range",
+            task.task_id
+        );
+        let held = task.end_row - task.start_row;
+        let mut offset = task.offset;
+        let mut reader: Box<dyn BatchReader> =
+            elastrec_data::open_reader_range(&file, task.start_row + offset, task.end_row, policy)?;
+        shared.task.store(task.task_id, Ordering::Relaxed);
+        shared.offset.store(offset, Ordering::Relaxed);
+        let mut skipped_before = reader.stats().rows_skipped;
+        while offset < held {
+            let n = reader.next_batch(&mut batch, batch_size)?;
+            let skipped = reader.stats().rows_skipped - skipped_before;
+            skipped_before = reader.stats().rows_skipped;
+            let physical = n as u64 + skipped;
+            if physical == 0 {
+                bail!(
+                    "file {} ended before row {}",
+                    file.display(),
+                    task.start_row + offset
+                );
+            }
+            if n > 0 {
+                let routing = model.route(&batch);
+                model.pull(&routing).await?;
+                let loss = tokio::task::block_in_place(|| model.compute(&batch))?;
+                if !loss.is_finite() {
+                    bail!("training diverged (loss {loss})");
+                }
+                while !shared.lease_ok(lease) {
+                    // No recent word from the master: it may have given our task away.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                let contributors = shared.active_workers.load(Ordering::Relaxed).max(1);
+                model.push(&routing, contributors).await?;
+            }
+            offset += physical;
+            let (_, stop) = report(&mut master, id, task.task_id, offset).await?;
+            shared.offset.store(offset, Ordering::Relaxed);
+            shared.samples.fetch_add(n as u64, Ordering::Relaxed);
+            shared.steps.fetch_add(1, Ordering::Relaxed);
+            if stop {
+                eprintln!("worker {id}: scaled away after reporting offset {offset}; exiting");
+                return Ok(());
+            }
+        }
+        shared.task.store(0, Ordering::Relaxed);
+    }
+}
