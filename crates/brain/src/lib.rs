@@ -28,3 +28,7 @@ pub mod warm_start;
 pub use job::{JobFile, JobSpec, TableSpec};
 pub use plan::{Plan, PlanKind, StreamPlan};
 pub use planner::{plan_for_job, plan_for_job_file, BrainConfig};
+pub mod db;
+pub mod service;
+
+pub use service::{serve, serve_with_listener, BrainServeOptions};

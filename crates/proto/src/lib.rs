@@ -36,3 +36,8 @@ mod wire {
 pub use wire::master::v1 as master;
 /// The parameter server's service (`elastrec.ps.v1`): embedding rows and dense slices.
 pub use wire::ps::v1 as ps;
+
+/// The cluster brain's service: profiles in, resource plans out.
+pub mod brain {
+    tonic::include_proto!("elastrec.brain.v1");
+}

@@ -1,0 +1,372 @@
+//! The config database (sqlx): jobs, their configurations over time, runtime profiles,
+//! memory readings and outcomes. SQLite by default (`sqlite://path?mode=rwc`), PostgreSQL
+//! by URL (`postgres://...`); one portable schema in `migrations/`, applied at connect.
+//!
+//! Uses `sqlx::Any` with the runtime query API (`$N` placeholders work on both drivers).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
+
+use crate::alloc::Allocation;
+use crate::error::{BrainError, Result};
+use crate::job::JobSpec;
+use crate::oom::MemorySample;
+use crate::throughput::ProfileSample;
+use crate::warm_start::{HistoricalJob, JobFeatures};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Which database a [`Store`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// SQLite file.
+    Sqlite,
+    /// PostgreSQL server.
+    Postgres,
+}
+
+/// How a job ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// "succeeded", "failed", "oom", ...
+    pub status: String,
+    /// Mean throughput, samples/s.
+    pub throughput: f64,
+    /// Wall time, seconds.
+    pub duration_s: f64,
+}
+
+/// Outcome statuses whose last configuration warm start does not learn from.
+pub const FAILED_STATUSES: &[&str] = &["failed", "oom"];
+
+#[derive(Clone, Copy)]
+enum SeqTable {
+    Configs,
+    Samples,
+}
+
+/// Handle on the config database.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn i64_of(field: &str, v: u64) -> Result<i64> {
+    i64::try_from(v)
+        .map_err(|_| BrainError::invalid(field, format!("{v} does not fit the database")))
+}
+
+fn alloc_of(r: &AnyRow) -> Result<Allocation> {
+    let u = |name: &str| -> Result<u32> {
+        let v: i64 = r.try_get(name)?;
+        u32::try_from(v)
+            .map_err(|_| BrainError::Internal(format!("stored {name} = {v} out of range")))
+    };
+    Ok(Allocation {
+        workers: u("workers")?,
+        ps: u("ps")?,
+        worker_cpu: r.try_get("worker_cpu")?,
+        ps_cpu: r.try_get("ps_cpu")?,
+        worker_mem_gb: r.try_get("worker_mem_gb")?,
+        ps_mem_gb: r.try_get("ps_mem_gb")?,
+    })
+}
+
+impl Store {
+    /// Opens the database at `url` and applies pending migrations.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let backend = if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Backend::Postgres
+        } else {
+            return Err(BrainError::Config(format!(
+                "database URL must start with sqlite: or postgres://, got `{url}`"
+            )));
+        };
+        sqlx::any::install_default_drivers();
+        // One writer for SQLite avoids "database is locked" between pooled connections.
+        let max = if backend == Backend::Sqlite { 1 } else { 8 };
+        let pool = AnyPoolOptions::new()
+            .max_connections(max)
+            .connect(url)
+            .await?;
+        MIGRATOR.run(&pool).await?;
+        Ok(Self { pool, backend })
+    }
+
+    /// Which database this is.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Inserts or replaces a job's description.
+    pub async fn upsert_job(&self, spec: &JobSpec) -> Result<()> {
+        spec.validate()?;
+        let f = JobFeatures::of(spec);
+        let json = serde_json::to_string(spec).map_err(|e| BrainError::Internal(e.to_string()))?;
+        sqlx::query(
+            "INSERT INTO brain_jobs (job_id, model_type, table_count, total_rows, emb_dim_total, dense_params, \
+             dataset_samples, batch_size, scenario, user_tag, spec_json, created_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+             ON CONFLICT (job_id) DO UPDATE SET model_type = excluded.model_type, table_count = excluded.table_count, \
+             total_rows = excluded.total_rows, emb_dim_total = excluded.emb_dim_total, dense_params = excluded.dense_params, \
+             dataset_samples = excluded.dataset_samples, batch_size = excluded.batch_size, scenario = excluded.scenario, \
+             user_tag = excluded.user_tag, spec_json = excluded.spec_json",
+        )
+        .bind(spec.job_id.clone())
+        .bind(f.model_type.clone())
+        .bind(i64_of("tables", f.table_count)?)
+        .bind(i64_of("total_rows", f.total_rows)?)
+        .bind(i64_of("emb_dim_total", f.emb_dim_total)?)
+        .bind(i64_of("dense_params", f.dense_params)?)
+        .bind(i64_of("dataset_samples", f.dataset_samples)?)
+        .bind(i64::from(spec.batch_size))
+        .bind(f.scenario.clone())
+        .bind(f.user.clone())
+        .bind(json)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// A job's description, if known.
+    pub async fn job(&self, job_id: &str) -> Result<Option<JobSpec>> {
+        let row = sqlx::query("SELECT spec_json FROM brain_jobs WHERE job_id = $1")
+            .bind(job_id.to_string())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| {
+            let s: String = r.try_get("spec_json")?;
+            serde_json::from_str(&s)
+                .map_err(|e| BrainError::Internal(format!("stored spec of {job_id}: {e}")))
+        })
+        .transpose()
+    }
+
+    /// Like [`Store::job`] but fails with [`BrainError::UnknownJob`].
+    pub async fn require_job(&self, job_id: &str) -> Result<JobSpec> {
+        self.job(job_id)
+            .await?
+            .ok_or_else(|| BrainError::UnknownJob(job_id.to_string()))
+    }
+
+    async fn next_seq(
+        &self,
+        tx: &mut sqlx::AnyConnection,
+        table: SeqTable,
+        job_id: &str,
+    ) -> Result<i64> {
+        let sql = match table {
+            SeqTable::Configs => {
+                "SELECT COALESCE(MAX(seq), 0) AS s FROM brain_job_configs WHERE job_id = $1"
+            }
+            SeqTable::Samples => {
+                "SELECT COALESCE(MAX(seq), 0) AS s FROM brain_profile_samples WHERE job_id = $1"
+            }
+        };
+        let r = sqlx::query(sql)
+            .bind(job_id.to_string())
+            .fetch_one(&mut *tx)
+            .await?;
+        Ok(r.try_get::<i64, _>("s")? + 1)
+    }
+
+    /// Appends a configuration of a job (`source`: "warm-start", "re-plan", "reported"...).
+    pub async fn record_config(&self, job_id: &str, a: &Allocation, source: &str) -> Result<()> {
+        a.validate("allocation")?;
+        let mut tx = self.pool.begin().await?;
+        let seq = self.next_seq(&mut tx, SeqTable::Configs, job_id).await?;
+        sqlx::query(
+            "INSERT INTO brain_job_configs (job_id, seq, ts_ms, workers, ps, worker_cpu, ps_cpu, worker_mem_gb, ps_mem_gb, source) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        )
+        .bind(job_id.to_string())
+        .bind(seq)
+        .bind(now_ms())
+        .bind(i64::from(a.workers))
+        .bind(i64::from(a.ps))
+        .bind(a.worker_cpu)
+        .bind(a.ps_cpu)
+        .bind(a.worker_mem_gb)
+        .bind(a.ps_mem_gb)
+        .bind(source.to_string())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// A job's configurations, oldest first, with their source.
+    pub async fn configs(&self, job_id: &str) -> Result<Vec<(Allocation, String)>> {
+        let rows = sqlx::query("SELECT * FROM brain_job_configs WHERE job_id = $1 ORDER BY seq")
+            .bind(job_id.to_string())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((alloc_of(r)?, r.try_get::<String, _>("source")?)))
+            .collect()
+    }
+
+    /// Appends runtime profile samples (validated first); returns how many were stored.
+    pub async fn add_samples(&self, job_id: &str, samples: &[ProfileSample]) -> Result<u64> {
+        for (i, s) in samples.iter().enumerate() {
+            s.validate(i)?;
+        }
+        let mut tx = self.pool.begin().await?;
+        let mut seq = self.next_seq(&mut tx, SeqTable::Samples, job_id).await?;
+        let ts = now_ms();
+        for s in samples {
+            let a = &s.alloc;
+            sqlx::query(
+                "INSERT INTO brain_profile_samples (job_id, seq, ts_ms, workers, ps, worker_cpu, ps_cpu, worker_mem_gb, \
+                 ps_mem_gb, batch_size, iter_time_s) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            )
+            .bind(job_id.to_string())
+            .bind(seq)
+            .bind(ts)
+            .bind(i64::from(a.workers))
+            .bind(i64::from(a.ps))
+            .bind(a.worker_cpu)
+            .bind(a.ps_cpu)
+            .bind(a.worker_mem_gb)
+            .bind(a.ps_mem_gb)
+            .bind(i64::from(s.batch_size))
+            .bind(s.iter_time_s)
+            .execute(&mut *tx)
+            .await?;
+            seq += 1;
+        }
+        tx.commit().await?;
+        Ok(samples.len() as u64)
+    }
+
+    /// The latest `limit` profile samples of a job, oldest first.
+    pub async fn samples(&self, job_id: &str, limit: usize) -> Result<Vec<ProfileSample>> {
+        let rows = sqlx::query(
+            "SELECT * FROM brain_profile_samples WHERE job_id = $1 ORDER BY seq DESC LIMIT $2",
+        )
+        .bind(job_id.to_string())
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = rows
+            .iter()
+            .map(|r| {
+                let b: i64 = r.try_get("batch_size")?;
+                Ok(ProfileSample {
+                    alloc: alloc_of(r)?,
+                    batch_size: u32::try_from(b)
+                        .map_err(|_| BrainError::Internal(format!("stored batch {b}")))?,
+                    iter_time_s: r.try_get("iter_time_s")?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        out.reverse();
+        Ok(out)
+    }
+
+    /// Appends PS memory readings.
+    pub async fn add_memory(&self, job_id: &str, samples: &[MemorySample]) -> Result<u64> {
+        for (i, s) in samples.iter().enumerate() {
+            crate::error::check_non_negative(&format!("memory[{i}].mem_gb"), s.mem_gb)?;
+            i64_of(&format!("memory[{i}].step"), s.step)?;
+        }
+        let mut tx = self.pool.begin().await?;
+        let ts = now_ms();
+        for s in samples {
+            sqlx::query("INSERT INTO brain_memory_samples (job_id, ps_index, step, mem_gb, ts_ms) VALUES ($1, $2, $3, $4, $5)")
+                .bind(job_id.to_string())
+                .bind(i64::from(s.ps_index))
+                .bind(i64_of("step", s.step)?)
+                .bind(s.mem_gb)
+                .bind(ts)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(samples.len() as u64)
+    }
+
+    /// A job's PS memory readings, by PS then step.
+    pub async fn memory(&self, job_id: &str) -> Result<Vec<MemorySample>> {
+        let rows = sqlx::query("SELECT ps_index, step, mem_gb FROM brain_memory_samples WHERE job_id = $1 ORDER BY ps_index, step")
+            .bind(job_id.to_string())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let ps: i64 = r.try_get("ps_index")?;
+                let step: i64 = r.try_get("step")?;
+                Ok(MemorySample {
+                    ps_index: u32::try_from(ps)
+                        .map_err(|_| BrainError::Internal(format!("stored ps_index {ps}")))?,
+                    step: u64::try_from(step)
+                        .map_err(|_| BrainError::Internal(format!("stored step {step}")))?,
+                    mem_gb: r.try_get("mem_gb")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Records how a job ended.
+    pub async fn record_outcome(&self, job_id: &str, o: &Outcome) -> Result<()> {
+        crate::error::check_non_negative("throughput", o.throughput)?;
+        crate::error::check_non_negative("duration_s", o.duration_s)?;
+        sqlx::query(
+            "INSERT INTO brain_outcomes (job_id, status, throughput, duration_s, ts_ms) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (job_id) DO UPDATE SET status = excluded.status, throughput = excluded.throughput, \
+             duration_s = excluded.duration_s, ts_ms = excluded.ts_ms",
+        )
+        .bind(job_id.to_string())
+        .bind(o.status.clone())
+        .bind(o.throughput)
+        .bind(o.duration_s)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Warm-start history: every job with at least one configuration, with its latest one,
+    /// except jobs whose outcome is in [`FAILED_STATUSES`].
+    pub async fn history(&self) -> Result<Vec<HistoricalJob>> {
+        let rows = sqlx::query(
+            "SELECT j.spec_json, c.workers, c.ps, c.worker_cpu, c.ps_cpu, c.worker_mem_gb, c.ps_mem_gb, \
+             COALESCE(o.status, '') AS status \
+             FROM brain_jobs j \
+             JOIN brain_job_configs c ON c.job_id = j.job_id \
+             LEFT JOIN brain_outcomes o ON o.job_id = j.job_id \
+             WHERE c.seq = (SELECT MAX(seq) FROM brain_job_configs c2 WHERE c2.job_id = j.job_id) \
+             ORDER BY j.job_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let status: String = r.try_get("status")?;
+            if FAILED_STATUSES.contains(&status.as_str()) {
+                continue;
+            }
+            let json: String = r.try_get("spec_json")?;
+            let spec: JobSpec = serde_json::from_str(&json)
+                .map_err(|e| BrainError::Internal(format!("stored spec: {e}")))?;
+            out.push(HistoricalJob {
+                job_id: spec.job_id.clone(),
+                features: JobFeatures::of(&spec),
+                config: alloc_of(r)?,
+            });
+        }
+        Ok(out)
+    }
+}

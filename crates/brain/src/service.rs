@@ -1,0 +1,498 @@
+//! The brain's gRPC service (`elastrec.brain.v1.Brain`): thin handlers that validate the
+//! wire, call the planner, store what they learn and map errors to `tonic::Status`.
+
+use std::future::Future;
+use std::net::SocketAddr;
+
+use elastrec_proto::brain as pb;
+use pb::brain_server::{Brain, BrainServer};
+use tonic::{Request, Response, Status};
+
+use crate::alloc::{Allocation, Bounds, Range};
+use crate::db::Store;
+use crate::error::{BrainError, Result};
+use crate::job::{JobSpec, TableSpec};
+use crate::oom::MemorySample;
+use crate::plan::{Plan, PlanKind, StreamPlan};
+use crate::planner::{self, BrainConfig, Mode, ReplanInput, StreamInput};
+use crate::throughput::{FitReport, ProfileSample};
+
+/// Most profile samples or memory readings accepted in one report.
+pub const MAX_REPORT: usize = 100_000;
+/// Most traffic values accepted in one streaming request.
+pub const MAX_TRAFFIC: usize = 100_000;
+/// Profile samples a re-plan fits on (the latest ones).
+pub const FIT_WINDOW: usize = 2_000;
+/// Default listen address (loopback only).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:50070";
+
+/// Options of `elastrec brain --db URL [--listen ADDR] [--token TOKEN]`.
+#[derive(Debug, Clone)]
+pub struct BrainServeOptions {
+    /// Database URL: `sqlite://brain.db?mode=rwc` or `postgres://...`.
+    pub db_url: String,
+    /// Address to listen on (default [`DEFAULT_LISTEN`]).
+    pub listen: SocketAddr,
+    /// Shared token every request must carry as `authorization: Bearer <token>`.
+    pub token: String,
+    /// Policy settings.
+    pub config: BrainConfig,
+}
+
+impl BrainServeOptions {
+    /// Options with the default listen address and policy settings.
+    pub fn new(db_url: impl Into<String>, token: impl Into<String>) -> Self {
+        Self {
+            db_url: db_url.into(),
+            listen: DEFAULT_LISTEN.parse().expect("constant address parses"),
+            token: token.into(),
+            config: BrainConfig::default(),
+        }
+    }
+}
+
+/// Serves until Ctrl-C.
+pub async fn serve(opts: BrainServeOptions) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .map_err(|source| BrainError::Io {
+            path: opts.listen.to_string(),
+            source,
+        })?;
+    tracing::info!(listen = %opts.listen, db = %redact(&opts.db_url), "brain serving");
+    serve_with_listener(opts, listener, async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await
+}
+
+/// Serves on an already bound listener until `shutdown` completes (tests bind port 0).
+pub async fn serve_with_listener(
+    opts: BrainServeOptions,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<()> {
+    if opts.token.is_empty() {
+        return Err(BrainError::Config(
+            "a non-empty shared token is required (--token)".into(),
+        ));
+    }
+    let store = Store::connect(&opts.db_url).await?;
+    let svc = BrainService {
+        store,
+        cfg: opts.config,
+    };
+    let expected = format!("Bearer {}", opts.token).into_bytes();
+    let server = BrainServer::with_interceptor(svc, move |req: Request<()>| {
+        let ok = req
+            .metadata()
+            .get("authorization")
+            .is_some_and(|v| constant_time_eq(v.as_bytes(), &expected));
+        if ok {
+            Ok(req)
+        } else {
+            Err(Status::unauthenticated("missing or wrong brain token"))
+        }
+    });
+    tonic::transport::Server::builder()
+        .add_service(server)
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener),
+            shutdown,
+        )
+        .await?;
+    Ok(())
+}
+
+fn redact(url: &str) -> String {
+    match url.find('@') {
+        Some(at) => match url.find("://") {
+            Some(s) => format!("{}://***{}", &url[..s], &url[at..]),
+            None => "***".into(),
+        },
+        None => url.to_string(),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Maps a brain error to a gRPC status (the edge is the only place this happens).
+pub fn status_of(e: BrainError) -> Status {
+    match &e {
+        BrainError::InvalidInput { .. } => Status::invalid_argument(e.to_string()),
+        BrainError::Profile(_) => Status::failed_precondition(e.to_string()),
+        BrainError::Infeasible(_) => Status::resource_exhausted(e.to_string()),
+        BrainError::UnknownJob(_) => Status::not_found(e.to_string()),
+        _ => {
+            tracing::error!(error = %e, "brain request failed");
+            Status::internal(e.to_string())
+        }
+    }
+}
+
+/// The service state: the store and the policy settings.
+pub struct BrainService {
+    store: Store,
+    cfg: BrainConfig,
+}
+
+fn check_job_id(id: &str) -> Result<()> {
+    if id.is_empty() || id.len() > crate::job::MAX_NAME {
+        return Err(BrainError::invalid("job_id", "must be 1..=256 bytes"));
+    }
+    Ok(())
+}
+
+fn alloc_from(field: &str, a: Option<pb::Allocation>) -> Result<Option<Allocation>> {
+    let Some(a) = a else { return Ok(None) };
+    let out = Allocation {
+        workers: a.workers,
+        ps: a.ps,
+        worker_cpu: a.worker_cpu,
+        ps_cpu: a.ps_cpu,
+        worker_mem_gb: a.worker_mem_gb,
+        ps_mem_gb: a.ps_mem_gb,
+    };
+    out.validate(field)?;
+    if out.workers > crate::alloc::MAX_NODES || out.ps > crate::alloc::MAX_NODES {
+        return Err(BrainError::invalid(field, "absurd node count"));
+    }
+    Ok(Some(out))
+}
+
+fn alloc_to(a: &Allocation) -> pb::Allocation {
+    pb::Allocation {
+        workers: a.workers,
+        ps: a.ps,
+        worker_cpu: a.worker_cpu,
+        ps_cpu: a.ps_cpu,
+        worker_mem_gb: a.worker_mem_gb,
+        ps_mem_gb: a.ps_mem_gb,
+    }
+}
+
+fn count_range(field: &str, r: Option<pb::Range>, default: Range<u32>) -> Result<Range<u32>> {
+    let Some(r) = r else { return Ok(default) };
+    for v in [r.min, r.max] {
+        if !v.is_finite() || v < 0.0 || v.fract() != 0.0 || v > f64::from(u32::MAX) {
+            return Err(BrainError::invalid(
+                field,
+                format!("counts must be whole numbers, got {v}"),
+            ));
+        }
+    }
+    Ok(Range::new(r.min as u32, r.max as u32))
+}
+
+fn real_range(r: Option<pb::Range>, default: Range<f64>) -> Range<f64> {
+    r.map_or(default, |r| Range::new(r.min, r.max))
+}
+
+fn bounds_from(b: Option<pb::Bounds>) -> Result<Bounds> {
+    let d = Bounds::default();
+    let Some(b) = b else { return Ok(d) };
+    let out = Bounds {
+        workers: count_range("bounds.workers", b.workers, d.workers)?,
+        ps: count_range("bounds.ps", b.ps, d.ps)?,
+        worker_cpu: real_range(b.worker_cpu, d.worker_cpu),
+        ps_cpu: real_range(b.ps_cpu, d.ps_cpu),
+        worker_mem_gb: real_range(b.worker_mem_gb, d.worker_mem_gb),
+        ps_mem_gb: real_range(b.ps_mem_gb, d.ps_mem_gb),
+    };
+    out.validate()?;
+    Ok(out)
+}
+
+fn spec_from(j: Option<pb::JobSpec>) -> Result<JobSpec> {
+    let j = j.ok_or_else(|| BrainError::invalid("job", "missing"))?;
+    if j.tables.len() > crate::job::MAX_TABLES {
+        return Err(BrainError::invalid("job.tables", "too many tables"));
+    }
+    let spec = JobSpec {
+        job_id: j.job_id,
+        model_type: if j.model_type.is_empty() {
+            "dlrm".into()
+        } else {
+            j.model_type
+        },
+        tables: j
+            .tables
+            .iter()
+            .map(|t| TableSpec {
+                rows: t.rows,
+                dim: t.dim,
+            })
+            .collect(),
+        dense_params: j.dense_params,
+        dataset_samples: j.dataset_samples,
+        batch_size: if j.batch_size == 0 { 512 } else { j.batch_size },
+        scenario: j.scenario,
+        user: j.user,
+        bounds: bounds_from(j.bounds)?,
+    };
+    spec.validate()?;
+    Ok(spec)
+}
+
+fn fit_to(f: &FitReport) -> pb::FitError {
+    pb::FitError {
+        model: f.model.clone(),
+        mae: f.mae,
+        mape: f.mape,
+        rmsle: f.rmsle,
+        train_samples: f.train_samples as u32,
+        holdout_samples: f.holdout_samples as u32,
+    }
+}
+
+fn plan_to(p: &Plan) -> pb::PlanResponse {
+    pb::PlanResponse {
+        job_id: p.job_id.clone(),
+        kind: p.kind.as_str().into(),
+        allocation: Some(alloc_to(&p.allocation)),
+        predicted_throughput: p.predicted_throughput.unwrap_or(0.0),
+        predicted_cost: p.predicted_cost,
+        predicted_gain: p.predicted_gain.unwrap_or(0.0),
+        reasons: p.reasons.clone(),
+        fit: p.fit.as_ref().map(fit_to),
+        memory: p
+            .memory
+            .iter()
+            .map(|m| pb::MemoryAction {
+                ps_index: m.ps_index,
+                predicted_peak_gb: m.predicted_peak_gb,
+                limit_gb: m.limit_gb,
+                step_at_limit: m.step_at_limit.unwrap_or(0),
+                new_mem_gb: m.new_mem_gb,
+            })
+            .collect(),
+        pareto_size: p.front.len() as u32,
+    }
+}
+
+fn stream_to(p: &StreamPlan) -> pb::StreamPlanResponse {
+    pb::StreamPlanResponse {
+        job_id: p.job_id.clone(),
+        forecast: p.forecast.clone(),
+        raw_workers: p.raw_workers.clone(),
+        stabilized_workers: p.stabilized_workers.clone(),
+        workers_now: p.workers_now,
+        predicted_throughput_now: p.predicted_throughput_now,
+        reasons: p.reasons.clone(),
+        fit: p.fit.as_ref().map(fit_to),
+    }
+}
+
+impl BrainService {
+    async fn report(&self, r: pb::ReportProfileRequest) -> Result<pb::ReportProfileResponse> {
+        check_job_id(&r.job_id)?;
+        if r.samples.len() > MAX_REPORT || r.memory.len() > MAX_REPORT {
+            return Err(BrainError::invalid(
+                "samples",
+                format!("at most {MAX_REPORT} per report"),
+            ));
+        }
+        self.store.require_job(&r.job_id).await?;
+        let mut samples = Vec::with_capacity(r.samples.len());
+        for (i, s) in r.samples.into_iter().enumerate() {
+            let alloc = alloc_from(&format!("samples[{i}].allocation"), s.allocation)?.ok_or_else(
+                || BrainError::invalid(format!("samples[{i}].allocation"), "missing"),
+            )?;
+            let p = ProfileSample {
+                alloc,
+                batch_size: s.batch_size,
+                iter_time_s: s.iter_time_s,
+            };
+            p.validate(i)?;
+            samples.push(p);
+        }
+        let memory: Vec<MemorySample> = r
+            .memory
+            .iter()
+            .map(|m| MemorySample {
+                ps_index: m.ps_index,
+                step: m.step,
+                mem_gb: m.mem_gb,
+            })
+            .collect();
+        let n = self.store.add_samples(&r.job_id, &samples).await?;
+        let m = self.store.add_memory(&r.job_id, &memory).await?;
+        Ok(pb::ReportProfileResponse {
+            samples_stored: n,
+            memory_samples_stored: m,
+        })
+    }
+
+    async fn warm(&self, r: pb::WarmStartRequest) -> Result<pb::PlanResponse> {
+        let spec = spec_from(r.job)?;
+        let history = self.store.history().await?;
+        let plan = planner::warm_plan(&self.cfg, &spec, &history)?;
+        self.store.upsert_job(&spec).await?;
+        self.store
+            .record_config(&spec.job_id, &plan.allocation, "warm-start")
+            .await?;
+        Ok(plan_to(&plan))
+    }
+
+    async fn replan(&self, r: pb::PlanRequest) -> Result<pb::PlanResponse> {
+        check_job_id(&r.job_id)?;
+        let spec = self.store.require_job(&r.job_id).await?;
+        let current = match alloc_from("current", r.current)? {
+            Some(c) => Some(c),
+            None => self.store.configs(&r.job_id).await?.last().map(|c| c.0),
+        };
+        if r.total_steps < r.current_step {
+            return Err(BrainError::invalid("total_steps", "is before current_step"));
+        }
+        let samples = self.store.samples(&r.job_id, FIT_WINDOW).await?;
+        let memory = self.store.memory(&r.job_id).await?;
+        let remaining = if r.remaining_samples == 0 {
+            spec.dataset_samples
+        } else {
+            r.remaining_samples
+        };
+        let plan = planner::replan(
+            &self.cfg,
+            ReplanInput {
+                spec: &spec,
+                samples: &samples,
+                current,
+                remaining_samples: remaining as f64,
+                memory: &memory,
+                steps: (r.total_steps > 0).then_some((r.current_step, r.total_steps)),
+            },
+        )?;
+        if plan.kind == PlanKind::Replan {
+            self.store
+                .record_config(&r.job_id, &plan.allocation, "re-plan")
+                .await?;
+        }
+        Ok(plan_to(&plan))
+    }
+
+    async fn stream(&self, r: pb::PlanStreamRequest) -> Result<pb::StreamPlanResponse> {
+        check_job_id(&r.job_id)?;
+        if r.traffic_history.len() > MAX_TRAFFIC {
+            return Err(BrainError::invalid(
+                "traffic_history",
+                format!("at most {MAX_TRAFFIC} values"),
+            ));
+        }
+        let spec = self.store.require_job(&r.job_id).await?;
+        let samples = self.store.samples(&r.job_id, FIT_WINDOW).await?;
+        let mode = match pb::TrainingMode::try_from(r.mode) {
+            Ok(pb::TrainingMode::Sync) => Mode::Sync,
+            Ok(pb::TrainingMode::Async) => Mode::Async,
+            Err(_) => {
+                return Err(BrainError::invalid(
+                    "mode",
+                    format!("unknown mode {}", r.mode),
+                ))
+            }
+        };
+        let global_batch = if r.global_batch == 0 {
+            f64::from(spec.batch_size)
+        } else {
+            f64::from(r.global_batch)
+        };
+        let plan = planner::stream_plan(
+            &self.cfg,
+            StreamInput {
+                spec: &spec,
+                samples: &samples,
+                mode,
+                global_batch,
+                traffic: &r.traffic_history,
+                interval_s: r.interval_s,
+                period: r.period as usize,
+                horizon: r.horizon as usize,
+                current_workers: r.current_workers,
+                lag: r.lag_samples,
+                utilization: r.utilization,
+            },
+        )?;
+        Ok(stream_to(&plan))
+    }
+}
+
+#[tonic::async_trait]
+impl Brain for BrainService {
+    async fn report_profile(
+        &self,
+        request: Request<pb::ReportProfileRequest>,
+    ) -> std::result::Result<Response<pb::ReportProfileResponse>, Status> {
+        self.report(request.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(status_of)
+    }
+
+    async fn warm_start(
+        &self,
+        request: Request<pb::WarmStartRequest>,
+    ) -> std::result::Result<Response<pb::PlanResponse>, Status> {
+        self.warm(request.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(status_of)
+    }
+
+    async fn plan(
+        &self,
+        request: Request<pb::PlanRequest>,
+    ) -> std::result::Result<Response<pb::PlanResponse>, Status> {
+        self.replan(request.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(status_of)
+    }
+
+    async fn plan_stream(
+        &self,
+        request: Request<pb::PlanStreamRequest>,
+    ) -> std::result::Result<Response<pb::StreamPlanResponse>, Status> {
+        self.stream(request.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(status_of)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_validation_names_fields() {
+        let bad = pb::Allocation {
+            workers: 2,
+            ps: 1,
+            worker_cpu: f64::NAN,
+            ps_cpu: 1.0,
+            worker_mem_gb: 1.0,
+            ps_mem_gb: 1.0,
+        };
+        let e = alloc_from("current", Some(bad)).unwrap_err().to_string();
+        assert!(e.contains("current.worker_cpu"), "{e}");
+        let e = bounds_from(Some(pb::Bounds {
+            workers: Some(pb::Range { min: 1.5, max: 3.0 }),
+            ..Default::default()
+        }))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("bounds.workers"), "{e}");
+        let s = status_of(BrainError::invalid("x", "y"));
+        assert_eq!(s.code(), tonic::Code::InvalidArgument);
+        assert!(
+            constant_time_eq(b"abc", b"abc")
+                && !constant_time_eq(b"abc", b"abd")
+                && !constant_time_eq(b"a", b"ab")
+        );
+        assert_eq!(redact("postgres://u:p@h:5/db"), "postgres://***@h:5/db");
+    }
+}

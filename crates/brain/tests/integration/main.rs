@@ -1,0 +1,6 @@
+//! Integration tests of the brain: the config database on SQLite and on a real PostgreSQL
+//! started by the test, and the gRPC service on loopback.
+
+mod db;
+mod pg;
+mod service;
