@@ -254,8 +254,14 @@ pub fn bench(a: Bench) -> Result<()> {
     println!("| measurement | value |");
     println!("|---|---|");
     println!("| threads | {} |", r.threads);
-    println!("| training samples/s, in memory | {:.0} |", r.in_memory_samples_per_s);
-    println!("| training samples/s, from TSV files | {:.0} |", r.from_files_samples_per_s);
+    println!(
+        "| training samples/s, in memory | {:.0} |",
+        r.in_memory_samples_per_s
+    );
+    println!(
+        "| training samples/s, from TSV files | {:.0} |",
+        r.from_files_samples_per_s
+    );
     println!("| dense part samples/s | {:.0} |", r.dense_samples_per_s);
     println!(
         "| dense part GFLOP/s (of measured SGEMM peak {:.1}) | {:.1} ({:.0}%) |",
@@ -270,12 +276,18 @@ pub fn bench(a: Bench) -> Result<()> {
         100.0 * r.embedding_overhead
     );
     if let Some(rss) = r.peak_rss_bytes {
-        println!("| peak resident memory | {:.0} MiB |", rss as f64 / (1 << 20) as f64);
+        println!(
+            "| peak resident memory | {:.0} MiB |",
+            rss as f64 / (1 << 20) as f64
+        );
     }
     if a.pytorch.is_some() {
         let f = |k: &str| out[k]["samples_per_s"].as_f64().unwrap_or(f64::NAN);
         println!("| PyTorch full step samples/s | {:.0} |", f("pytorch_full"));
-        println!("| PyTorch dense part samples/s | {:.0} |", f("pytorch_dense"));
+        println!(
+            "| PyTorch dense part samples/s | {:.0} |",
+            f("pytorch_dense")
+        );
         println!(
             "| **elastrec / PyTorch, full step** | **{:.2}x** |",
             out["ratio_full_vs_pytorch"].as_f64().unwrap_or(f64::NAN)
@@ -286,4 +298,30 @@ pub fn bench(a: Bench) -> Result<()> {
         );
     }
     Ok(())
+}
+
+pub fn brain_plan(job: &Path, json: bool) -> Result<()> {
+    let plan = elastrec_brain::plan_for_job_file(job)
+        .with_context(|| format!("planning {}", job.display()))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+    } else {
+        print!("{}", plan.render_table());
+    }
+    Ok(())
+}
+
+pub fn brain_serve(db: &str, listen: std::net::SocketAddr, token: Option<String>) -> Result<()> {
+    let token = match token {
+        Some(t) if !t.is_empty() => t,
+        _ => bail!(
+            "the brain needs a shared token: pass --token or set ELASTREC_BRAIN_TOKEN (masters send it with every request)"
+        ),
+    };
+    let mut opts = elastrec_brain::BrainServeOptions::new(db, token);
+    opts.listen = listen;
+    eprintln!("brain listening on {listen}, config database {db}");
+    tokio::runtime::Runtime::new()?
+        .block_on(elastrec_brain::serve(opts))
+        .context("brain service stopped")
 }

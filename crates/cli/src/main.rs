@@ -31,6 +31,9 @@ enum Command {
     Eval(EvalArgs),
     /// Measure training throughput of the Criteo-Kaggle-shaped model.
     Bench(BenchArgs),
+    /// Cluster brain: serve plans over gRPC (`elastrec brain --db URL`) or print a plan
+    /// for a job file (`elastrec brain plan --job job.toml`).
+    Brain(BrainArgs),
     #[command(flatten)]
     Cluster(elastrec_master::cli::ClusterCommand),
 }
@@ -117,6 +120,35 @@ struct BenchArgs {
     json: bool,
 }
 
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+struct BrainArgs {
+    #[command(subcommand)]
+    command: Option<BrainCommand>,
+    /// Config database: `sqlite://brain.db?mode=rwc` (default) or `postgres://user@host/db`.
+    #[arg(long, default_value = "sqlite://brain.db?mode=rwc")]
+    db: String,
+    /// Address to listen on (loopback unless you say otherwise).
+    #[arg(long, default_value = elastrec_brain::service::DEFAULT_LISTEN)]
+    listen: std::net::SocketAddr,
+    /// Shared token every request must carry (`authorization: Bearer <token>`).
+    #[arg(long, env = "ELASTREC_BRAIN_TOKEN")]
+    token: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum BrainCommand {
+    /// Print the brain's resource plan for a job description (TOML, see docs/brain.md).
+    Plan {
+        /// Job description file.
+        #[arg(long)]
+        job: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
@@ -136,6 +168,10 @@ fn main() -> anyhow::Result<()> {
             scale: a.scale,
         }),
         Command::Eval(a) => commands::eval(&a.model, &a.data, &a.on_bad_row, a.json),
+        Command::Brain(a) => match a.command {
+            Some(BrainCommand::Plan { job, json }) => commands::brain_plan(&job, json),
+            None => commands::brain_serve(&a.db, a.listen, a.token),
+        },
         Command::Cluster(c) => elastrec_master::cli::dispatch(c),
         Command::Bench(a) => commands::bench(commands::Bench {
             steps: a.steps,

@@ -88,8 +88,14 @@ fn train_beats_trivial_predictor_and_eval_reproduces_it() {
     .unwrap();
     let p = report["click_rate"].as_f64().unwrap();
     let entropy = -(p * p.ln() + (1.0 - p) * (1.0 - p).ln());
-    assert!(auc > 0.6, "AUC {auc} does not beat a trivial predictor clearly");
-    assert!(logloss < entropy, "logloss {logloss} not below the constant predictor's {entropy}");
+    assert!(
+        auc > 0.6,
+        "AUC {auc} does not beat a trivial predictor clearly"
+    );
+    assert!(
+        logloss < entropy,
+        "logloss {logloss} not below the constant predictor's {entropy}"
+    );
     assert!(auc < report["teacher_auc"].as_f64().unwrap() + 0.01);
 
     // The saved model evaluates to the same figures on the same file.
@@ -112,7 +118,13 @@ fn train_beats_trivial_predictor_and_eval_reproduces_it() {
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x40;
     std::fs::write(&model, bytes).unwrap();
-    let out = elastrec(&["eval", "--model", model.to_str().unwrap(), "--data", data.to_str().unwrap()]);
+    let out = elastrec(&[
+        "eval",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+    ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("checksum mismatch"));
 }
@@ -153,7 +165,10 @@ fn bad_job_files_are_rejected_naming_the_field() {
         ("[train]\nbatch_sise = 10\n", "batch_sise"),
         ("[train]\nbatch_size = 0\n", "train.batch_size"),
         ("[model]\nembedding_dim = 8\n", "model.bottom_mlp"),
-        ("[optimizer.dense]\ntype = \"adagrad\"\nlr = -1.0\n", "optimizer.dense.lr"),
+        (
+            "[optimizer.dense]\ntype = \"adagrad\"\nlr = -1.0\n",
+            "optimizer.dense.lr",
+        ),
     ] {
         std::fs::write(&job, text).unwrap();
         let out = elastrec(&["train", job.to_str().unwrap()]);

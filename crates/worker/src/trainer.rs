@@ -301,6 +301,42 @@ impl MetricsLog {
     }
 }
 
+/// Where the loop stands when it evaluates.
+struct Position {
+    epoch: u32,
+    samples: u64,
+    steps: u64,
+    /// Sum of per-sample losses and samples so far in this epoch.
+    loss: (f64, u64),
+    /// Seconds spent training (evaluation excluded).
+    train_time: f64,
+}
+
+/// Prints an evaluation and appends it to `metrics.jsonl`.
+fn report_eval(
+    pb: &ProgressBar,
+    metrics: &mut MetricsLog,
+    event: &str,
+    at: &Position,
+    r: &EvalResult,
+    started: Instant,
+) -> Result<()> {
+    say(
+        pb,
+        format!(
+            "epoch {} {event} at {} samples: eval AUC {:.4} logloss {:.4}",
+            at.epoch, at.samples, r.auc, r.logloss
+        ),
+    );
+    metrics.write(serde_json::json!({
+        "event": event, "epoch": at.epoch, "samples": at.samples, "steps": at.steps,
+        "train_loss": at.loss.0 / at.loss.1.max(1) as f64,
+        "auc": r.auc, "logloss": r.logloss,
+        "samples_per_s": at.samples as f64 / at.train_time.max(1e-9),
+        "elapsed_s": started.elapsed().as_secs_f64(),
+    }))
+}
+
 /// Trains the job in this process and returns its summary (also written to
 /// `<output.dir>/summary.json`).
 pub fn train(job: &JobConfig) -> Result<Summary> {
@@ -383,21 +419,15 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
             }
             if samples >= next_eval {
                 train_time += t0.elapsed().as_secs_f64();
+                let at = Position {
+                    epoch,
+                    samples,
+                    steps,
+                    loss: epoch_loss,
+                    train_time,
+                };
                 let r = evaluate(&step.model, &eval_set, &mut predictor)?;
-                say(
-                    &pb,
-                    format!(
-                        "epoch {epoch} samples {samples}: eval AUC {:.4} logloss {:.4}",
-                        r.auc, r.logloss
-                    ),
-                );
-                metrics.write(serde_json::json!({
-                    "event": "eval", "epoch": epoch, "samples": samples, "steps": steps,
-                    "train_loss": epoch_loss.0 / epoch_loss.1.max(1) as f64,
-                    "auc": r.auc, "logloss": r.logloss,
-                    "samples_per_s": samples as f64 / train_time.max(1e-9),
-                    "elapsed_s": started.elapsed().as_secs_f64(),
-                }))?;
+                report_eval(&pb, &mut metrics, "eval", &at, &r, started)?;
                 last_eval = Some(r);
                 next_eval += job.train.eval_every;
                 t0 = Instant::now();
@@ -405,21 +435,15 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
         }
         train_time += t0.elapsed().as_secs_f64();
         read_stats.merge(&reader.finish());
+        let at = Position {
+            epoch,
+            samples,
+            steps,
+            loss: epoch_loss,
+            train_time,
+        };
         let r = evaluate(&step.model, &eval_set, &mut predictor)?;
-        say(
-            &pb,
-            format!(
-                "epoch {epoch} done ({samples} samples): eval AUC {:.4} logloss {:.4}",
-                r.auc, r.logloss
-            ),
-        );
-        metrics.write(serde_json::json!({
-            "event": "epoch", "epoch": epoch, "samples": samples, "steps": steps,
-            "train_loss": epoch_loss.0 / epoch_loss.1.max(1) as f64,
-            "auc": r.auc, "logloss": r.logloss,
-            "samples_per_s": samples as f64 / train_time.max(1e-9),
-            "elapsed_s": started.elapsed().as_secs_f64(),
-        }))?;
+        report_eval(&pb, &mut metrics, "epoch", &at, &r, started)?;
         last_eval = Some(r);
     }
     pb.finish_and_clear();
