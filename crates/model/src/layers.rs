@@ -110,6 +110,9 @@ impl Linear {
     /// activation while the tile is hot.
     pub fn forward(&self, params: &[f32], x: &[f32], n: usize, y: &mut [f32]) {
         let (inp, out) = (self.in_dim, self.out_dim);
+        if n == 0 {
+            return;
+        }
         let (w, b) = self.weights(params);
         let y = &mut y[..n * out];
         sgemm(
@@ -148,6 +151,10 @@ impl Linear {
         scratch: &mut [f32],
     ) {
         let (inp, out) = (self.in_dim, self.out_dim);
+        if n == 0 {
+            grads[self.w_offset..self.end_offset()].fill(0.0);
+            return;
+        }
         let dy = &mut dy[..n * out];
         let y = &y[..n * out];
         // 1. activation derivative + bias gradient, fixed chunking for determinism.

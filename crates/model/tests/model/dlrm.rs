@@ -212,3 +212,19 @@ fn smaller_batch_than_capacity_and_training_reduces_loss() {
     assert_eq!(ws.grads(), ws2.grads());
     assert_eq!(ws.d_emb(), ws2.d_emb());
 }
+
+#[test]
+fn empty_batch_gives_zero_gradients() {
+    let m = DenseDlrm::new(small(InteractionKind::Dot)).unwrap();
+    let mut ws = m.workspace(4);
+    let mut g = rng(2);
+    let x = randv(&mut g, 4 * 5, 1.0);
+    let e = randv(&mut g, 4 * 12, 1.0);
+    m.forward_backward(&x, &e, &[1.0, 0.0, 1.0, 0.0], &mut ws)
+        .unwrap();
+    assert!(ws.grads().iter().any(|&v| v != 0.0));
+    let loss = m.forward_backward(&[], &[], &[], &mut ws).unwrap();
+    assert_eq!(loss, 0.0);
+    assert!(ws.grads().iter().all(|&v| v == 0.0));
+    assert!(ws.d_emb().is_empty() && ws.logits().is_empty());
+}
