@@ -351,6 +351,30 @@ fn master_killed_and_resumed() {
     drop(g);
 }
 
+/// Synchronous mode (one global step averaged over the workers) with a worker killed:
+/// the PS applies the step after its timeout and the ledger stays exact.
+#[test]
+fn sync_mode_survives_a_worker_kill() {
+    let _g = serial();
+    let cluster = CLUSTER.replace("staleness = 0", "mode = \"sync\"\nsync_timeout_ms = 500");
+    let (job, dir) = write_job("sync", &cluster);
+    let log = dir.with_extension("log");
+    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
+    let total = 2 * fixture().train_rows;
+    wait_for(Duration::from_secs(120), || samples_done(&dir) >= total / 4);
+    if let Some(s) = status_json(&dir) {
+        if let Some(&(_, pid)) = running_workers(&s).first() {
+            // SAFETY: plain kill(2).
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+    let st = g.wait(Duration::from_secs(300));
+    assert!(st.success(), "{}", std::fs::read_to_string(&log).unwrap());
+    check_result(&dir, &log, MULTI_WORKER_AUC_TOLERANCE);
+}
+
 /// A bad job file is rejected before any process starts, naming the field.
 #[test]
 fn bad_job_files_are_rejected_naming_the_field() {

@@ -418,3 +418,144 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     server.abort();
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn job(mode: &str) -> ClusterJob {
+        ClusterJob::from_toml(
+            &format!(
+                "[model]\nbottom_mlp = [8, 4]\ntop_mlp = [8, 1]\nembedding_dim = 4\ntable_rows = 100\n[cluster]\nps = 2\nmode = \"{mode}\"\nsync_timeout_ms = 200\n"
+            ),
+            Path::new("job.toml"),
+        )
+        .unwrap()
+    }
+
+    fn owned_row(table: u32, shard: u32) -> u64 {
+        (0..100u64)
+            .find(|&r| elastrec_embedding::shard_of(table as usize, r, 2) == shard)
+            .unwrap()
+    }
+
+    #[test]
+    fn ids_and_sizes_from_the_wire_are_validated() {
+        let ps = PsShard::new(&job("async"), 0, 2).unwrap();
+        let pull = |tables: Vec<u32>, rows: Vec<u64>| {
+            ps.pull(&PullRequest {
+                version: rpc::version(),
+                tables,
+                rows,
+                want_dense: false,
+            })
+        };
+        let mine = owned_row(3, 0);
+        let theirs = owned_row(3, 1);
+        assert_eq!(pull(vec![3], vec![mine]).unwrap().values.len(), 4);
+        for (t, r) in [(99, mine), (3, theirs), (3, 100)] {
+            let e = pull(vec![t], vec![r]).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{t} {r}: {e}");
+        }
+        assert!(pull(vec![3, 3], vec![mine]).is_err());
+    }
+
+    #[tokio::test]
+    async fn async_push_applies_at_once_and_checks_lengths() {
+        let ps = PsShard::new(&job("async"), 1, 2).unwrap();
+        let row = owned_row(0, 1);
+        let before = ps
+            .pull(&PullRequest {
+                version: rpc::version(),
+                tables: vec![0],
+                rows: vec![row],
+                want_dense: true,
+            })
+            .unwrap();
+        let req = |grads: Vec<f32>, dense: Vec<f32>| PushRequest {
+            version: rpc::version(),
+            worker_id: 1,
+            tables: vec![0],
+            rows: vec![row],
+            grads,
+            dense_grad: dense,
+            base_version: 0,
+            step: 0,
+            contributors: 1,
+        };
+        let n = before.dense.len();
+        assert!(ps.push(req(vec![1.0; 3], vec![])).await.is_err());
+        assert!(ps.push(req(vec![1.0; 4], vec![1.0; n + 1])).await.is_err());
+        assert!(ps.push(req(vec![f32::NAN; 4], vec![])).await.is_err());
+        let r = ps.push(req(vec![1.0; 4], vec![0.5; n])).await.unwrap();
+        assert_eq!(r.dense_version, 1);
+        let after = ps
+            .pull(&PullRequest {
+                version: rpc::version(),
+                tables: vec![0],
+                rows: vec![row],
+                want_dense: true,
+            })
+            .unwrap();
+        assert!(after.values.iter().zip(&before.values).all(|(a, b)| a < b));
+        assert!(after.dense.iter().zip(&before.dense).all(|(a, b)| a < b));
+    }
+
+    #[tokio::test]
+    async fn sync_push_waits_for_every_contributor_then_applies_once() {
+        let ps = Arc::new(PsShard::new(&job("sync"), 0, 2).unwrap());
+        let n = ps
+            .pull(&PullRequest {
+                version: rpc::version(),
+                tables: vec![],
+                rows: vec![],
+                want_dense: true,
+            })
+            .unwrap()
+            .dense
+            .len();
+        let push = |w: u32| {
+            let ps = ps.clone();
+            async move {
+                ps.push(PushRequest {
+                    version: rpc::version(),
+                    worker_id: w,
+                    tables: vec![],
+                    rows: vec![],
+                    grads: vec![],
+                    dense_grad: vec![1.0; n],
+                    base_version: 0,
+                    step: 0,
+                    contributors: 2,
+                })
+                .await
+                .unwrap()
+                .dense_version
+            }
+        };
+        let (a, b) = tokio::join!(tokio::spawn(push(1)), tokio::spawn(push(2)));
+        assert_eq!((a.unwrap(), b.unwrap()), (1, 1));
+        assert_eq!(ps.version(), 1);
+        // A missing contributor: the step is applied after the timeout.
+        let t0 = std::time::Instant::now();
+        let ps2 = ps.clone();
+        let v = ps2
+            .push(PushRequest {
+                version: rpc::version(),
+                worker_id: 1,
+                tables: vec![],
+                rows: vec![],
+                grads: vec![],
+                dense_grad: vec![1.0; n],
+                base_version: 1,
+                step: 1,
+                contributors: 2,
+            })
+            .await
+            .unwrap()
+            .dense_version;
+        assert_eq!(v, 2);
+        assert!(t0.elapsed() >= Duration::from_millis(150));
+    }
+}
