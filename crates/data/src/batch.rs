@@ -57,10 +57,11 @@ impl Batch {
     #[inline]
     pub fn push_raw(&mut self, row: &crate::raw::RawRow) {
         self.labels.push(row.label as f32);
+        let table = crate::raw::dense_table();
         self.dense.extend(
             row.ints
                 .iter()
-                .map(|v| crate::raw::transform_dense_fast(v.unwrap_or(0))),
+                .map(|v| crate::raw::transform_with(table, v.unwrap_or(0))),
         );
         self.sparse.extend(
             row.cats

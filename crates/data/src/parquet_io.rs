@@ -208,9 +208,12 @@ pub struct ParquetReader {
     path: PathBuf,
     inner: Option<ParquetRecordBatchReader>,
     projection: Projection,
-    current: Option<RecordBatch>,
+    /// The current decoded Arrow batch, converted column-wise to raw rows.
+    staged: RawBatch,
+    /// First bad value of each staged row, if any.
+    staged_err: Vec<Option<(String, FieldError)>>,
     cursor: usize,
-    /// File row number of `current`'s row `cursor`.
+    /// File row number of staged row `cursor`.
     next_row: u64,
     policy: BadRowPolicy,
     stats: ReadStats,
@@ -290,7 +293,8 @@ impl ParquetReader {
             path: path.to_path_buf(),
             inner,
             projection,
-            current: None,
+            staged: RawBatch::default(),
+            staged_err: Vec::new(),
             cursor: 0,
             next_row,
             policy,
@@ -301,39 +305,34 @@ impl ParquetReader {
     /// Decodes the next row into `row`; `Ok(false)` at the end. Bad rows follow the policy.
     pub fn next_raw(&mut self, row: &mut RawRow) -> Result<bool> {
         loop {
-            let need = self
-                .current
-                .as_ref()
-                .is_none_or(|b| self.cursor >= b.num_rows());
-            if need {
+            if self.cursor >= self.staged.len() {
                 let Some(inner) = self.inner.as_mut() else {
                     return Ok(false);
                 };
                 match inner.next() {
                     None => {
                         self.inner = None;
-                        self.current = None;
                         return Ok(false);
                     }
                     Some(Err(e)) => return Err(DataError::parquet(&self.path, e)),
                     Some(Ok(b)) => {
-                        self.current = Some(b);
+                        stage(&b, &self.projection, &mut self.staged, &mut self.staged_err);
                         self.cursor = 0;
                         continue;
                     }
                 }
             }
-            let batch = self.current.as_ref().expect("current batch");
             let i = self.cursor;
             self.cursor += 1;
             let file_row = self.next_row;
             self.next_row += 1;
-            match decode_row(batch, &self.projection, i, row) {
-                Ok(()) => {
+            match self.staged_err[i].take() {
+                None => {
+                    *row = self.staged.row(i);
                     self.stats.rows_read += 1;
                     return Ok(true);
                 }
-                Err((column, reason)) => {
+                Some((column, reason)) => {
                     let err = DataError::BadValue {
                         path: self.path.clone(),
                         row: file_row,
@@ -343,6 +342,82 @@ impl ParquetReader {
                     match self.policy {
                         BadRowPolicy::Fail => return Err(err),
                         BadRowPolicy::Skip => self.stats.record_skip(&err),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Converts an Arrow batch column by column (one downcast per column) into raw rows,
+/// recording the first bad value of each row (label first, then `C1..C26`).
+fn stage(
+    b: &RecordBatch,
+    p: &Projection,
+    raw: &mut RawBatch,
+    errs: &mut Vec<Option<(String, FieldError)>>,
+) {
+    let n = b.num_rows();
+    raw.labels.clear();
+    raw.labels.resize(n, 0);
+    raw.ints.clear();
+    raw.ints.resize(n * NUM_DENSE, None);
+    raw.cats.clear();
+    raw.cats.resize(n * NUM_SPARSE, None);
+    errs.clear();
+    errs.resize(n, None);
+    let label = b.column(p.label);
+    for (r, slot) in raw.labels.iter_mut().enumerate() {
+        match decode_label(label, r) {
+            Ok(v) => *slot = v,
+            Err(e) => errs[r] = Some(("label".to_string(), e)),
+        }
+    }
+    for (f, &c) in p.ints.iter().enumerate() {
+        let col = b.column(c);
+        let dst = raw.ints.iter_mut().skip(f).step_by(NUM_DENSE);
+        match col.data_type() {
+            DataType::Int32 => {
+                for (d, v) in dst.zip(col.as_primitive::<Int32Type>().iter()) {
+                    *d = v.map(i64::from);
+                }
+            }
+            _ => {
+                let a = col.as_primitive::<Int64Type>();
+                if a.null_count() == 0 {
+                    for (d, &v) in dst.zip(a.values().iter()) {
+                        *d = Some(v);
+                    }
+                } else {
+                    for (d, v) in dst.zip(a.iter()) {
+                        *d = v;
+                    }
+                }
+            }
+        }
+    }
+    for (f, &c) in p.cats.iter().enumerate() {
+        let col = b.column(c);
+        let dst = raw.cats.iter_mut().skip(f).step_by(NUM_SPARSE);
+        if let DataType::UInt32 = col.data_type() {
+            let a = col.as_primitive::<UInt32Type>();
+            if a.null_count() == 0 {
+                for (d, &v) in dst.zip(a.values().iter()) {
+                    *d = Some(v);
+                }
+            } else {
+                for (d, v) in dst.zip(a.iter()) {
+                    *d = v;
+                }
+            }
+            continue;
+        }
+        for (r, d) in dst.enumerate() {
+            match decode_cat(col, r) {
+                Ok(v) => *d = v,
+                Err(e) => {
+                    if errs[r].is_none() {
+                        errs[r] = Some((cat_column(f), e));
                     }
                 }
             }
@@ -375,16 +450,6 @@ fn decode_label(col: &ArrayRef, i: usize) -> Result<u8, FieldError> {
     }
 }
 
-fn decode_int(col: &ArrayRef, i: usize) -> Option<i64> {
-    if col.is_null(i) {
-        return None;
-    }
-    Some(match col.data_type() {
-        DataType::Int32 => col.as_primitive::<Int32Type>().value(i) as i64,
-        _ => col.as_primitive::<Int64Type>().value(i),
-    })
-}
-
 fn decode_cat(col: &ArrayRef, i: usize) -> Result<Option<u32>, FieldError> {
     if col.is_null(i) {
         return Ok(None);
@@ -409,22 +474,6 @@ fn hex8(s: &[u8]) -> Result<Option<u32>, FieldError> {
         return Ok(Some(u32::from_str_radix(text, 16).expect("8 hex digits")));
     }
     Err(FieldError::BadCategory(show_bytes(s)))
-}
-
-fn decode_row(
-    batch: &RecordBatch,
-    p: &Projection,
-    i: usize,
-    row: &mut RawRow,
-) -> Result<(), (String, FieldError)> {
-    row.label = decode_label(batch.column(p.label), i).map_err(|e| ("label".to_string(), e))?;
-    for (f, &c) in p.ints.iter().enumerate() {
-        row.ints[f] = decode_int(batch.column(c), i);
-    }
-    for (f, &c) in p.cats.iter().enumerate() {
-        row.cats[f] = decode_cat(batch.column(c), i).map_err(|e| (cat_column(f), e))?;
-    }
-    Ok(())
 }
 
 impl BatchReader for ParquetReader {

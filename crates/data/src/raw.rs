@@ -84,16 +84,26 @@ impl RawBatch {
 
 const TABLE_SIZE: usize = 4096;
 
+/// [`Batch::transform_dense`] of `0..TABLE_SIZE`.
+#[inline]
+pub(crate) fn dense_table() -> &'static [f32] {
+    static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
+    TABLE.get_or_init(|| (0..TABLE_SIZE as i64).map(Batch::transform_dense).collect())
+}
+
+/// [`Batch::transform_dense`] through `table` (from [`dense_table`]); bit-identical to it.
+#[inline]
+pub(crate) fn transform_with(table: &[f32], raw: i64) -> f32 {
+    match table.get(raw as u64 as usize) {
+        Some(&v) if raw >= 0 => v,
+        _ => Batch::transform_dense(raw),
+    }
+}
+
 /// [`Batch::transform_dense`] with a lookup table for small values; bit-identical to it.
 #[inline]
 pub(crate) fn transform_dense_fast(raw: i64) -> f32 {
-    static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
-    if (0..TABLE_SIZE as i64).contains(&raw) {
-        let t = TABLE.get_or_init(|| (0..TABLE_SIZE as i64).map(Batch::transform_dense).collect());
-        t[raw as usize]
-    } else {
-        Batch::transform_dense(raw)
-    }
+    transform_with(dense_table(), raw)
 }
 
 #[cfg(test)]

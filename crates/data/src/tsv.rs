@@ -167,6 +167,67 @@ fn bad_field(f: &[u8], kind: fn(String) -> FieldError) -> FieldError {
 /// On error returns the 0-based field index and the reason; `row` is then unspecified.
 #[inline]
 pub fn parse_line(line: &[u8], row: &mut RawRow) -> Result<(), (usize, FieldError)> {
+    if parse_line_fast(line, row).is_some() {
+        return Ok(());
+    }
+    parse_line_checked(line, row)
+}
+
+/// Single-pass parser for well-formed lines. Returns `None` on anything unusual (errors,
+/// integers of 19+ digits), and the checked parser then decides; it never accepts a line
+/// the checked parser would reject, nor parses one differently.
+#[inline]
+fn parse_line_fast(line: &[u8], row: &mut RawRow) -> Option<()> {
+    let n = line.len();
+    if n < 2 || line[1] != b'\t' || (line[0] != b'0' && line[0] != b'1') {
+        return None;
+    }
+    row.label = line[0] - b'0';
+    let mut p = 2;
+    for slot in row.ints.iter_mut() {
+        let neg = line.get(p) == Some(&b'-');
+        p += usize::from(neg);
+        let start = p;
+        let mut v: u64 = 0;
+        while p < n {
+            let d = line[p].wrapping_sub(b'0');
+            if d > 9 {
+                break;
+            }
+            v = v.wrapping_mul(10).wrapping_add(d as u64); // > 18 digits is rejected below
+            p += 1;
+        }
+        let len = p - start;
+        // Integer fields are always followed by a tab (categoricals come after).
+        if len > 18 || p >= n || line[p] != b'\t' {
+            return None;
+        }
+        *slot = match (len, neg) {
+            (0, true) => return None,
+            (0, false) => None,
+            (_, true) => Some(-(v as i64)),
+            (_, false) => Some(v as i64),
+        };
+        p += 1;
+    }
+    for (i, slot) in row.cats.iter_mut().enumerate() {
+        let last = i == NUM_SPARSE - 1;
+        let end = if last {
+            n
+        } else {
+            line[p..].iter().take(9).position(|&b| b == b'\t')? + p
+        };
+        *slot = match end - p {
+            0 => None,
+            8 => Some(hex8(&line[p..end])?),
+            _ => return None,
+        };
+        p = end + 1;
+    }
+    Some(())
+}
+
+fn parse_line_checked(line: &[u8], row: &mut RawRow) -> Result<(), (usize, FieldError)> {
     let mut fields = Fields {
         rest: line,
         done: false,
@@ -552,6 +613,64 @@ mod tests {
         let e = parse_line(&bytes, &mut r).unwrap_err();
         assert_eq!(e.0, 1);
         assert!(matches!(e.1, FieldError::NonAscii(_)));
+    }
+
+    /// The fast path never disagrees with the checked parser, on valid lines and on
+    /// randomly mutated ones.
+    #[test]
+    fn fast_path_agrees_with_checked_parser() {
+        let mut seed = 0x1234_5678_u64;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            seed >> 33
+        };
+        let alphabet = b"0123456789abcdefABCDEF\t-x \xff";
+        let (mut fast_hits, mut fallbacks) = (0, 0);
+        for _ in 0..20_000 {
+            let mut row = RawRow {
+                label: (next() % 2) as u8,
+                ..RawRow::default()
+            };
+            for v in row.ints.iter_mut() {
+                *v = match next() % 6 {
+                    0 => None,
+                    1 => Some(-(next() as i64 % 3)),
+                    2 => Some((((next() << 31) | next()) as i64).wrapping_mul(1_000_003)),
+                    _ => Some(next() as i64 % 500),
+                };
+            }
+            for c in row.cats.iter_mut() {
+                *c = (next() % 5 != 0).then(|| next() as u32);
+            }
+            let mut line = Vec::new();
+            write_row(&row, &mut line);
+            line.pop();
+            for _ in 0..(next() % 3) {
+                let i = next() as usize % line.len();
+                match next() % 3 {
+                    0 => line[i] = alphabet[next() as usize % alphabet.len()],
+                    1 => {
+                        line.remove(i);
+                    }
+                    _ => line.insert(i, alphabet[next() as usize % alphabet.len()]),
+                }
+            }
+            let (mut a, mut b) = (RawRow::default(), RawRow::default());
+            let checked = parse_line_checked(&line, &mut b);
+            if parse_line_fast(&line, &mut a).is_some() {
+                fast_hits += 1;
+                assert_eq!(checked, Ok(()), "{:?}", String::from_utf8_lossy(&line));
+                assert_eq!(a, b);
+            } else {
+                fallbacks += 1;
+            }
+        }
+        assert!(
+            fast_hits > 500 && fallbacks > 5000,
+            "{fast_hits} {fallbacks}"
+        );
     }
 
     #[test]

@@ -48,7 +48,7 @@ pub const TARGET_LOGIT_STD: f64 = 1.6;
 /// Target click rate.
 pub const TARGET_CTR: f64 = 0.25;
 /// Rows of the calibration sample.
-const CALIBRATION_ROWS: usize = 40_000;
+const CALIBRATION_ROWS: usize = 20_000;
 /// Most rows kept for the exact teacher AUC (beyond that, a fixed stride subsample).
 const AUC_MAX_ROWS: u64 = 4_000_000;
 

@@ -33,6 +33,35 @@ const CAT_MISSING: [f64; NUM_SPARSE] = [
     0.44,
 ];
 
+/// Knots of the tabulated inverse CDFs (linear interpolation between knots).
+const KNOTS: usize = 1024;
+/// Integer features use the table below this quantile and the exact formula above it
+/// (the Lomax tail is too steep to interpolate).
+const INT_TABLE_MAX_U: f64 = 0.99;
+
+/// A monotone function of `u in [0, 1]` tabulated at `KNOTS + 1` points.
+#[derive(Debug, Clone)]
+struct Table {
+    knots: Vec<f64>,
+}
+
+impl Table {
+    fn new(f: impl Fn(f64) -> f64) -> Self {
+        Self {
+            knots: (0..=KNOTS).map(|i| f(i as f64 / KNOTS as f64)).collect(),
+        }
+    }
+
+    #[inline]
+    fn eval(&self, u: f64) -> f64 {
+        let t = u * KNOTS as f64;
+        let i = (t as usize).min(KNOTS - 1);
+        let fr = t - i as f64;
+        let (a, b) = (self.knots[i], self.knots[i + 1]);
+        a + fr * (b - a)
+    }
+}
+
 /// Rank used for an empty categorical field in the teacher (its own "id").
 pub(crate) const MISSING_RANK: u32 = u32::MAX;
 
@@ -41,39 +70,60 @@ pub(crate) const MISSING_RANK: u32 = u32::MAX;
 #[derive(Debug, Clone)]
 pub(crate) struct Features {
     pub(crate) cards: [u64; NUM_SPARSE],
-    zipf_a: [f64; NUM_SPARSE],
-    zipf_inv: [f64; NUM_SPARSE],
+    /// Inverse CDF of each categorical feature's rank distribution (`x >= 1`).
+    zipf: Vec<Table>,
+    /// Inverse CDF of each integer feature below [`INT_TABLE_MAX_U`], in units of the
+    /// scale.
+    lomax: Vec<Table>,
     keys: [u32; NUM_SPARSE],
 }
 
 impl Features {
     pub(crate) fn new(scale: f64) -> Self {
         let mut cards = [0u64; NUM_SPARSE];
-        let mut zipf_a = [0.0; NUM_SPARSE];
-        let mut zipf_inv = [0.0; NUM_SPARSE];
+        let mut zipf = Vec::with_capacity(NUM_SPARSE);
         let mut keys = [0u32; NUM_SPARSE];
         for f in 0..NUM_SPARSE {
             let n = ((CRITEO_KAGGLE_CARDINALITIES[f] as f64 * scale).round() as u64).max(2);
             cards[f] = n;
             // Exponent in [1.05, 1.2], fixed per feature.
             let s = 1.05 + 0.15 * unit(mix64(0xC0FFEE ^ f as u64));
-            zipf_a[f] = ((n + 1) as f64).powf(1.0 - s) - 1.0;
-            zipf_inv[f] = 1.0 / (1.0 - s);
+            // Inverse CDF of the continuous power law on [1, n+1).
+            let a = ((n + 1) as f64).powf(1.0 - s) - 1.0;
+            let inv = 1.0 / (1.0 - s);
+            zipf.push(Table::new(|u| (1.0 + u * a).powf(inv)));
             keys[f] = mix64(0x5EED_0000 + f as u64) as u32;
         }
+        let lomax = (0..NUM_DENSE)
+            .map(|f| {
+                let alpha = INT_ALPHA[f];
+                Table::new(|t| (1.0 - t * INT_TABLE_MAX_U).powf(-1.0 / alpha) - 1.0)
+            })
+            .collect();
         Self {
             cards,
-            zipf_a,
-            zipf_inv,
+            zipf,
+            lomax,
             keys,
         }
     }
 
-    /// Zipf-like rank in `0..card` (inverse CDF of the continuous power law on [1, n+1)).
+    /// Zipf-like rank in `0..card`.
     #[inline]
     fn rank(&self, f: usize, u: f64) -> u32 {
-        let x = (1.0 + u * self.zipf_a[f]).powf(self.zipf_inv[f]);
+        let x = self.zipf[f].eval(u);
         ((x as u64).saturating_sub(1)).min(self.cards[f] - 1) as u32
+    }
+
+    /// Heavy-tailed (Lomax) count of integer feature `f` at quantile `u`.
+    #[inline]
+    fn count(&self, f: usize, u: f64) -> i64 {
+        let unit = if u < INT_TABLE_MAX_U {
+            self.lomax[f].eval(u / INT_TABLE_MAX_U)
+        } else {
+            (1.0 - u).powf(-1.0 / INT_ALPHA[f]) - 1.0
+        };
+        (INT_SCALE[f] * unit).min(INT_CAP) as i64
     }
 
     /// The 32-bit value written for `rank` of feature `f`: a bijective scramble, so
@@ -86,9 +136,9 @@ impl Features {
     /// Samples one row's features; `ranks[f]` gets the rank (or [`MISSING_RANK`]).
     #[inline]
     pub(crate) fn sample(&self, rng: &mut Rng, row: &mut RawRow, ranks: &mut [u32; NUM_SPARSE]) {
-        for f in 0..NUM_DENSE {
+        for (f, slot) in row.ints.iter_mut().enumerate() {
             let u = rng.f64();
-            row.ints[f] = if u < INT_MISSING[f] {
+            *slot = if u < INT_MISSING[f] {
                 None
             } else {
                 let u = (u - INT_MISSING[f]) / (1.0 - INT_MISSING[f]);
@@ -96,8 +146,7 @@ impl Features {
                     // Like Criteo's I2, a few small negative values.
                     Some(if u < 0.006 { -2 } else { -1 })
                 } else {
-                    let v = INT_SCALE[f] * ((1.0 - u).powf(-1.0 / INT_ALPHA[f]) - 1.0);
-                    Some(v.min(INT_CAP) as i64)
+                    Some(self.count(f, u))
                 }
             };
         }
@@ -265,7 +314,7 @@ impl Teacher {
             .map(|x| x.iter().zip(&self.scales).map(|(c, s)| c * s).sum())
             .collect();
         let (mut lo, mut hi) = (-30.0f64, 30.0f64);
-        for _ in 0..100 {
+        for _ in 0..60 {
             let mid = 0.5 * (lo + hi);
             let mean = logits.iter().map(|l| sigmoid(l + mid)).sum::<f64>() / n as f64;
             if mean < ctr {
