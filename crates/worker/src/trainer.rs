@@ -414,7 +414,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
             epoch_loss.0 += loss as f64 * n as f64;
             epoch_loss.1 += n;
             pb.set_position(samples);
-            if steps % 10 == 0 {
+            if steps.is_multiple_of(10) {
                 pb.set_message(format!("loss {:.4}", epoch_loss.0 / epoch_loss.1 as f64));
             }
             if samples >= next_eval {
