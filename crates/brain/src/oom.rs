@@ -88,6 +88,18 @@ pub fn fit_growth(samples: &[MemorySample]) -> Result<MemoryGrowth> {
     })
 }
 
+/// Predicted memory of each PS at `step`, by PS index.
+pub fn predicted_peaks(samples: &[MemorySample], step: u64) -> Result<Vec<(u32, f64)>> {
+    let mut by_ps: std::collections::BTreeMap<u32, Vec<MemorySample>> = Default::default();
+    for s in samples {
+        by_ps.entry(s.ps_index).or_default().push(*s);
+    }
+    by_ps
+        .into_iter()
+        .map(|(ps, s)| Ok((ps, fit_growth(&s)?.at(step))))
+        .collect()
+}
+
 /// OOM policy parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct OomPolicy {

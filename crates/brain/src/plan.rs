@@ -138,7 +138,7 @@ impl Plan {
         for m in &self.memory {
             let _ = writeln!(
                 out,
-                "PS {}: predicted peak {:.1} GiB vs limit {:.1} GiB{} -> {:.1} GiB{}",
+                "PS {} (current layout): predicted peak {:.1} GiB vs limit {:.1} GiB{} -> needs {:.1} GiB{}",
                 m.ps_index,
                 m.predicted_peak_gb,
                 m.limit_gb,

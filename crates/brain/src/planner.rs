@@ -219,6 +219,7 @@ pub fn replan(cfg: &BrainConfig, input: ReplanInput<'_>) -> Result<Plan> {
     let mut memory = Vec::new();
     if let Some((cur_step, total)) = input.steps {
         if !input.memory.is_empty() {
+            // Per-PS actions for the layout the readings come from ...
             let limit = input.current.map_or(alloc.ps_mem_gb, |c| c.ps_mem_gb);
             memory = oom::predict(
                 input.memory,
@@ -228,24 +229,32 @@ pub fn replan(cfg: &BrainConfig, input: ReplanInput<'_>) -> Result<Plan> {
                 cfg.oom,
                 spec.bounds.ps_mem_gb,
             )?;
-            if let Some(m) = memory.iter().map(|m| m.new_mem_gb).reduce(f64::max) {
-                if m > alloc.ps_mem_gb {
-                    reasons.push(format!(
-                        "OOM prediction: PS memory {:.1} -> {:.1} GiB before step {} of {total}",
-                        alloc.ps_mem_gb,
-                        m,
-                        memory
-                            .iter()
-                            .filter_map(|x| x.step_at_limit)
-                            .min()
-                            .unwrap_or(total)
-                    ));
-                    alloc.ps_mem_gb = m;
-                }
-                if memory.iter().any(|x| x.capped) && alloc.ps < spec.bounds.ps.max {
-                    reasons.push("OOM prediction: memory bound reached, adding a PS".into());
-                    alloc.ps += 1;
-                }
+            // ... and the plan's own layout must hold the predicted total at job end
+            // (rows are hashed evenly over the PS, so the total re-shards).
+            let peak_total: f64 = oom::predicted_peaks(input.memory, total)?
+                .iter()
+                .map(|p| p.1)
+                .sum();
+            let need_end = peak_total * (1.0 + cfg.oom.headroom);
+            if f64::from(alloc.ps) * alloc.ps_mem_gb < need_end {
+                let (a3, note) = fit_memory(alloc, need_end, &spec.bounds);
+                reasons.push(format!(
+                    "OOM prediction: PS memory grows to {peak_total:.1} GiB in total by step {total} (now step {cur_step}){}; plan holds {:.1} GiB with {:.0}% headroom",
+                    memory
+                        .iter()
+                        .filter_map(|m| m.step_at_limit)
+                        .min()
+                        .map_or(String::new(), |s| format!(", the current {limit:.1} GiB per PS is reached at step {s}")),
+                    need_end,
+                    cfg.oom.headroom * 100.0
+                ));
+                reasons.extend(note);
+                alloc = a3;
+            } else if !memory.is_empty() {
+                reasons.push(format!(
+                    "OOM prediction: the planned {} PS x {:.1} GiB hold the predicted {peak_total:.1} GiB at step {total}",
+                    alloc.ps, alloc.ps_mem_gb
+                ));
             }
         }
     }

@@ -2,5 +2,6 @@
 //! started by the test, and the gRPC service on loopback.
 
 mod db;
+mod job_file;
 mod pg;
 mod service;
