@@ -93,6 +93,15 @@ impl Store {
                 "database URL must start with sqlite: or postgres://, got `{url}`"
             )));
         };
+        // `sqlite://brain.db` creates the file when missing (as `?mode=rwc` does).
+        let url =
+            if backend == Backend::Sqlite && !url.contains("mode=") && !url.contains(":memory:") {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{sep}mode=rwc")
+            } else {
+                url.to_string()
+            };
+        let url = url.as_str();
         sqlx::any::install_default_drivers();
         // One writer for SQLite avoids "database is locked" between pooled connections.
         let max = if backend == Backend::Sqlite { 1 } else { 8 };

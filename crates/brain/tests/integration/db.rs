@@ -169,6 +169,17 @@ async fn postgres_suite() {
 }
 
 #[tokio::test]
+async fn sqlite_url_without_mode_creates_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fresh.db");
+    let store = Store::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    assert!(store.history().await.unwrap().is_empty());
+    assert!(path.exists());
+}
+
+#[tokio::test]
 async fn bad_url_is_a_configuration_error() {
     let e = Store::connect("mysql://x").await.unwrap_err();
     assert!(matches!(e, elastrec_brain::BrainError::Config(_)), "{e}");
