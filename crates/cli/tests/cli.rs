@@ -215,3 +215,50 @@ fn quickstart_reaches_95_percent_of_teacher_lift() {
         "quickstart AUC {auc:.4} below 95% of the teacher's lift ({target:.4}; teacher {teacher:.4})"
     );
 }
+
+/// `elastrec brain plan` prints a plan inside the job's bounds, with its reasons.
+#[test]
+fn brain_plan_stays_within_the_job_bounds() {
+    let job = Path::new(env!("CARGO_MANIFEST_DIR")).join("../brain/tests/data/job.toml");
+    let out = ok(&elastrec(&[
+        "brain",
+        "plan",
+        "--job",
+        job.to_str().unwrap(),
+        "--json",
+    ]));
+    let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let spec: toml::Value = toml::from_str(&std::fs::read_to_string(&job).unwrap()).unwrap();
+    let bounds = &spec["job"]["bounds"];
+    for (key, bound) in [("workers", "workers"), ("ps", "ps")] {
+        let v = plan["allocation"][key].as_f64().unwrap();
+        let lo = bounds[bound][0].as_integer().unwrap() as f64;
+        let hi = bounds[bound][1].as_integer().unwrap() as f64;
+        assert!(lo <= v && v <= hi, "{key} = {v} outside [{lo}, {hi}]");
+    }
+    assert!(plan["predicted_throughput"].as_f64().unwrap() > 0.0);
+    assert!(!plan["reasons"].as_array().unwrap().is_empty());
+
+    let table = ok(&elastrec(&[
+        "brain",
+        "plan",
+        "--job",
+        job.to_str().unwrap(),
+    ]));
+    assert!(
+        table.contains("workers") && table.contains("reasons"),
+        "{table}"
+    );
+}
+
+/// The brain service refuses to start without a shared token.
+#[test]
+fn brain_service_requires_a_token() {
+    let out = Command::new(env!("CARGO_BIN_EXE_elastrec"))
+        .args(["brain", "--db", "sqlite::memory:"])
+        .env_remove("ELASTREC_BRAIN_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--token"));
+}
