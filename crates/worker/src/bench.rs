@@ -41,7 +41,7 @@ impl Default for BenchOptions {
     fn default() -> Self {
         Self {
             steps: 30,
-            warmup: 3,
+            warmup: 5,
             batch_size: 2048,
             max_table_rows: 1_000_000,
             data_dir: PathBuf::from("data/bench"),
@@ -171,7 +171,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
     // Dense part alone.
     let (dense_sps, flops) = dense_only(&job, &batches, opts)?;
     let dense_gflops = dense_sps * flops as f64 / 1e9;
-    let peak = gemm_peak_gflops(1024, 5);
+    let peak = gemm_peak_gflops(2048, 8);
 
     let emb = &step.model.embeddings;
     let (bytes, raw) = (emb.memory_bytes() as u64, emb.raw_bytes() as u64);
