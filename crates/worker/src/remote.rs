@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use elastrec_data::{Batch, BatchReader, NUM_DENSE, NUM_SPARSE};
+use elastrec_data::{Batch, BatchReader, NUM_SPARSE};
 use elastrec_embedding::{row_of, shard_of};
-use elastrec_model::{DenseDlrm, DlrmConfig, EvalAccumulator, Workspace};
+use elastrec_model::{DenseDlrm, EvalAccumulator, Workspace};
 use elastrec_proto::master::{
     get_task_response::Reply, GetTaskRequest, HeartbeatRequest, NodeAction, RegisterRequest,
     ReportEvalRequest, ReportProgressRequest, Role,
@@ -41,17 +41,7 @@ pub struct WorkerArgs {
 
 /// Builds the dense DLRM of a job (same shapes and seed as the single-process trainer).
 pub fn dense_model(job: &ClusterJob) -> anyhow::Result<DenseDlrm> {
-    let m = &job.model;
-    let mut bottom = vec![NUM_DENSE];
-    bottom.extend_from_slice(&m.bottom_mlp);
-    Ok(DenseDlrm::new(DlrmConfig {
-        bottom,
-        top: m.top_mlp.clone(),
-        num_tables: NUM_SPARSE,
-        embedding_dim: m.embedding_dim,
-        interaction: m.interaction,
-        seed: m.seed,
-    })?)
+    Ok(DenseDlrm::new(crate::step::dense_config(&job.model))?)
 }
 
 /// Registers a node with the master, retrying while it is unreachable. Returns the job

@@ -5,8 +5,25 @@ use elastrec_data::{Batch, NUM_DENSE, NUM_SPARSE};
 use elastrec_embedding::{EmbeddingConfig, EmbeddingStore, UpdateScratch};
 use elastrec_model::{DenseDlrm, DenseOptimizer, DenseOptimizerConfig, DlrmConfig, Workspace};
 
-use crate::config::JobConfig;
+use crate::config::{JobConfig, ModelConfig};
 use crate::error::Result;
+
+/// The dense DLRM configuration of a job's model section: 13 dense inputs in front of the
+/// bottom MLP, one embedding vector per categorical feature. Every process (trainer,
+/// parameter server, worker) builds its dense model from this, so shapes and initial
+/// values agree.
+pub fn dense_config(m: &ModelConfig) -> DlrmConfig {
+    let mut bottom = vec![NUM_DENSE];
+    bottom.extend_from_slice(&m.bottom_mlp);
+    DlrmConfig {
+        bottom,
+        top: m.top_mlp.clone(),
+        num_tables: NUM_SPARSE,
+        embedding_dim: m.embedding_dim,
+        interaction: m.interaction,
+        seed: m.seed,
+    }
+}
 
 /// A complete DLRM: embedding tables plus the dense part.
 pub struct Dlrm {
@@ -21,16 +38,7 @@ impl Dlrm {
     /// given per-table row counts.
     pub fn new(job: &JobConfig, table_rows: Vec<u64>) -> Result<Self> {
         let m = &job.model;
-        let mut bottom = vec![NUM_DENSE];
-        bottom.extend_from_slice(&m.bottom_mlp);
-        let dense = DenseDlrm::new(DlrmConfig {
-            bottom,
-            top: m.top_mlp.clone(),
-            num_tables: NUM_SPARSE,
-            embedding_dim: m.embedding_dim,
-            interaction: m.interaction,
-            seed: m.seed,
-        })?;
+        let dense = DenseDlrm::new(dense_config(m))?;
         let embeddings = EmbeddingStore::new(EmbeddingConfig {
             dim: m.embedding_dim,
             rows: table_rows,
