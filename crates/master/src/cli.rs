@@ -26,6 +26,14 @@ pub struct RunArgs {
     /// Where role processes run; only `local` (processes on this machine) for now.
     #[arg(long, default_value = "local")]
     pub backend: String,
+    /// Start the job from a checkpoint of another job (its model and data position): a
+    /// checkpoint directory or s3://bucket/prefix. The number of parameter servers may
+    /// differ; rows are re-routed by the stable hash.
+    #[arg(long, value_name = "LOCATION", conflicts_with = "resume")]
+    pub from_checkpoint: Option<String>,
+    /// With --from-checkpoint: this checkpoint id instead of the newest intact one.
+    #[arg(long, requires = "from_checkpoint")]
+    pub checkpoint_id: Option<u64>,
 }
 
 /// Runs (or resumes) a job to its end.
@@ -38,7 +46,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<JobResult> {
     let exe = std::env::current_exe().context("locating the elastrec binary")?;
     match (args.resume, args.job) {
         (Some(dir), _) => resume_job(&dir, exe).await,
-        (None, Some(job)) => start_job(&job, exe).await,
+        (None, Some(job)) => {
+            let from = args
+                .from_checkpoint
+                .map(|location| crate::node::FromCheckpoint {
+                    location,
+                    id: args.checkpoint_id,
+                });
+            start_job(&job, exe, from).await
+        }
         (None, None) => anyhow::bail!("give a job file or --resume JOB_DIR"),
     }
 }
@@ -251,6 +267,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             max_worker_restarts: 0,
             straggler_ratio: 0.5,
             evaluate: false,
+            recover_ps: false,
         },
         queue,
         args.clients,

@@ -7,7 +7,11 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::LedgerSummary;
-use crate::tasks::{Assignment, ReportError, Reported, Task, TaskQueue};
+use crate::tasks::{Assignment, DataPosition, Range, ReportError, Reported, Task, TaskQueue};
+
+/// Parameter-server failures recovered over a job before it gives up (a PS that keeps
+/// dying is not a transient failure).
+pub const MAX_PS_RECOVERIES: u32 = 32;
 
 /// Role of a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,6 +87,21 @@ pub struct Policy {
     pub straggler_ratio: f64,
     /// Whether a final evaluation runs.
     pub evaluate: bool,
+    /// A dead PS is recovered from checkpoints (otherwise it stops the job).
+    pub recover_ps: bool,
+}
+
+/// A parameter server that died and awaits recovery.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PsFailure {
+    /// PS index (shard).
+    pub index: u32,
+    /// The dead node.
+    pub node: u32,
+    /// Why it was declared dead.
+    pub reason: String,
+    /// Samples trained (ledger) when it died.
+    pub samples: u64,
 }
 
 /// Where the job is.
@@ -130,6 +149,8 @@ pub enum Event {
         /// New task holding the remainder.
         task: u64,
     },
+    /// A parameter server died; recovery follows.
+    PsFailed(PsFailure),
     /// The job reached a terminal phase.
     JobEnded(Phase),
 }
@@ -145,6 +166,8 @@ pub enum Change {
     Node(Node),
     /// Set a scalar (JSON text).
     Meta(&'static str, String),
+    /// Replace every task and ledger range (a full recovery rewound the data position).
+    ResetData(Vec<Task>, Vec<Range>),
 }
 
 /// Side effects of the state machine.
@@ -215,6 +238,8 @@ pub struct Job {
     evaluator: Option<u32>,
     eval: Option<EvalResult>,
     epochs_closed: Vec<(u32, LedgerSummary)>,
+    ps_failures: Vec<PsFailure>,
+    ps_recoveries: u32,
 }
 
 impl Job {
@@ -231,6 +256,8 @@ impl Job {
             evaluator: None,
             eval: None,
             epochs_closed: Vec::new(),
+            ps_failures: Vec::new(),
+            ps_recoveries: 0,
         };
         for i in 0..job.policy.num_ps {
             job.launch(Role::Ps, i, 0, cx);
@@ -268,6 +295,8 @@ impl Job {
             evaluator: None,
             eval,
             epochs_closed,
+            ps_failures: Vec::new(),
+            ps_recoveries: 0,
         };
         for mut n in nodes {
             job.next_node = job.next_node.max(n.id + 1);
@@ -680,7 +709,18 @@ impl Job {
         });
         match node.role {
             Role::Ps => {
-                if matches!(self.phase, Phase::Training | Phase::Evaluating) {
+                let active = matches!(self.phase, Phase::Training | Phase::Evaluating);
+                if active && self.policy.recover_ps && self.ps_recoveries < MAX_PS_RECOVERIES {
+                    self.ps_recoveries += 1;
+                    let failure = PsFailure {
+                        index: node.index,
+                        node: id,
+                        reason,
+                        samples: self.samples_done(),
+                    };
+                    cx.event(Event::PsFailed(failure.clone()));
+                    self.ps_failures.push(failure);
+                } else if active {
                     self.fail(
                         format!(
                             "parameter server {} (node {id}, {}) is dead ({reason}); last step {}",
@@ -725,6 +765,91 @@ impl Job {
                 self.persist_meta(cx);
             }
         }
+    }
+
+    /// Samples reported trained so far (all epochs).
+    pub fn samples_done(&self) -> u64 {
+        let q = &self.tasks;
+        (0..q.spec().epochs)
+            .map(|e| q.ledger().summary(e).consumed)
+            .sum()
+    }
+
+    /// Replaces the closed-epoch verdicts (a job started from a checkpoint).
+    pub fn set_epochs_closed(&mut self, closed: Vec<(u32, LedgerSummary)>, cx: &mut impl Context) {
+        self.epochs_closed = closed;
+        self.persist_meta(cx);
+    }
+
+    /// Tasks changed since the last flush (for a caller that rewrites the task table).
+    pub fn take_dirty_tasks(&mut self) -> (Vec<Task>, Vec<Range>) {
+        self.tasks.take_dirty()
+    }
+
+    /// PS failures waiting for recovery (taken once).
+    pub fn take_ps_failures(&mut self) -> Vec<PsFailure> {
+        std::mem::take(&mut self.ps_failures)
+    }
+
+    /// True while a PS is missing (dead and not yet replaced, or replaced but not up).
+    pub fn recovering(&self) -> bool {
+        !self.ps_failures.is_empty() || self.ps_addrs().is_none()
+    }
+
+    /// Where training stands, for a checkpoint.
+    pub fn data_position(&self) -> DataPosition {
+        DataPosition {
+            epochs_closed: self.epochs_closed.clone(),
+            ..self.tasks.position()
+        }
+    }
+
+    /// Partial recovery: a new process for PS `index` (it loads its own shard of the last
+    /// checkpoint); every other node keeps its progress.
+    pub fn relaunch_ps(&mut self, index: u32, restarts: u32, cx: &mut impl Context) -> u32 {
+        self.launch(Role::Ps, index, restarts, cx)
+    }
+
+    /// Full recovery: every node is stopped and replaced, and the data position returns to
+    /// `queue` (the checkpoint's); the ledger forgets everything reported after it.
+    pub fn full_restore(
+        &mut self,
+        queue: TaskQueue,
+        epochs_closed: Vec<(u32, LedgerSummary)>,
+        cx: &mut impl Context,
+    ) {
+        let live: Vec<u32> = self
+            .nodes
+            .values()
+            .filter(|n| n.state.is_live())
+            .map(|n| n.id)
+            .collect();
+        for id in live {
+            let n = self.nodes.get_mut(&id).expect("node");
+            n.state = NodeState::Exited;
+            let n = n.clone();
+            cx.kill(&n);
+            cx.persist(Change::Node(n));
+        }
+        self.tasks = queue;
+        let (tasks, _) = self.tasks.take_dirty();
+        let spans = self.tasks.ledger().spans();
+        cx.persist(Change::ResetData(tasks, spans));
+        cx.persist(Change::Meta(
+            "ledger_adjust",
+            serde_json::to_string(&self.tasks.position().ledger_adjustments()).expect("serializes"),
+        ));
+        self.epochs_closed = epochs_closed;
+        self.evaluator = None;
+        self.ps_failures.clear();
+        self.phase = Phase::Training;
+        for i in 0..self.policy.num_ps {
+            self.launch(Role::Ps, i, 0, cx);
+        }
+        for _ in 0..self.target_workers.max(1) {
+            self.launch_worker(0, cx);
+        }
+        self.persist_meta(cx);
     }
 
     /// Stops the job with a message; every live process is stopped.
@@ -793,6 +918,7 @@ mod tests {
             max_worker_restarts: 2,
             straggler_ratio: 0.5,
             evaluate: true,
+            recover_ps: false,
         }
     }
 
@@ -874,6 +1000,58 @@ mod tests {
         assert!(msg.contains("parameter server 1"), "{msg}");
         assert!(msg.contains("last step 0"), "{msg}");
         assert!(cx.killed.contains(&1) && cx.killed.contains(&3));
+    }
+
+    #[test]
+    fn dead_ps_with_checkpoints_awaits_recovery_and_full_restore_rewinds() {
+        let mut cx = Rec::default();
+        let mut j = Job::start(
+            Policy {
+                recover_ps: true,
+                ..policy()
+            },
+            TaskQueue::new(
+                ShardSpec {
+                    rows_per_shard: 100,
+                    min_rows: 10,
+                    epochs: 1,
+                    seed: 1,
+                    shuffle: true,
+                },
+                vec![1000],
+            ),
+            2,
+            &mut cx,
+        );
+        for n in cx.launched.clone() {
+            j.register(n.id, n.role, "127.0.0.1:1", 1, &mut cx).unwrap();
+        }
+        let TaskReply::Task(t) = j.get_task(3, &mut cx).unwrap() else {
+            panic!()
+        };
+        j.report(3, t.id, 40, &mut cx).unwrap();
+        let pos = j.data_position();
+        j.report(3, t.id, 70, &mut cx).unwrap();
+        j.process_exited(2, &mut cx);
+        assert_eq!(j.phase(), &Phase::Training);
+        assert!(j.recovering());
+        let f = j.take_ps_failures();
+        assert_eq!((f.len(), f[0].index, f[0].samples), (1, 1, 70));
+        // Partial: one new PS with the same index.
+        let before = cx.launched.len();
+        let id = j.relaunch_ps(1, 1, &mut cx);
+        assert_eq!(cx.launched.len(), before + 1);
+        assert_eq!(j.node(id).unwrap().index, 1);
+        // Full: everything replaced, ledger back at 40 rows, the held task requeued.
+        let q = TaskQueue::from_position(j.tasks().spec().clone(), vec![1000], &pos);
+        j.full_restore(q, pos.epochs_closed.clone(), &mut cx);
+        assert_eq!(j.samples_done(), 40);
+        assert!(j.nodes().filter(|n| n.state.is_live()).all(|n| n.id > id));
+        assert_eq!(j.active_workers(), 2);
+        let TaskReply::Task(r) = j.get_task(id + 3, &mut cx).unwrap() else {
+            panic!()
+        };
+        assert_eq!((r.start, r.end), (t.start + 40, t.end));
     }
 
     #[test]

@@ -154,6 +154,27 @@ impl Ledger {
         }
     }
 
+    /// The covered ranges `(epoch, file, start, end)`, merged, in order.
+    pub fn spans(&self) -> Vec<(u32, u32, u64, u64)> {
+        self.sets
+            .iter()
+            .flat_map(|(&(e, f), set)| set.spans().map(move |(s, t)| (e, f, s, t)))
+            .collect()
+    }
+
+    /// Per epoch `(epoch, consumed, duplicated)`.
+    pub fn counts(&self) -> Vec<(u32, u64, u64)> {
+        self.counts.iter().map(|(&e, &(c, d))| (e, c, d)).collect()
+    }
+
+    /// Adds to an epoch's counters without covering rows: what merged spans cannot say
+    /// (rows reported twice before a checkpoint) when a ledger is rebuilt from them.
+    pub fn adjust(&mut self, epoch: u32, consumed: u64, duplicated: u64) {
+        let c = self.counts.entry(epoch).or_default();
+        c.0 += consumed;
+        c.1 += duplicated;
+    }
+
     /// The verdict summed over epochs `0..epochs`.
     pub fn total(&self, epochs: u32) -> LedgerSummary {
         let mut t = LedgerSummary::default();

@@ -7,6 +7,7 @@
 //! (`elastrec run`), [`backend`] starts role processes, [`cli`] backs the subcommands.
 
 pub mod backend;
+pub mod checkpoint;
 pub mod cli;
 pub mod job;
 pub mod ledger;

@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 use tonic::service::interceptor::InterceptedService;
 
 use crate::backend::{ClusterBackend, LocalProcesses};
-use crate::job::{Job, Phase, Policy, Role};
+use crate::checkpoint::{CheckpointReport, CheckpointStats, Coordinator, Fingerprint};
+use crate::job::{Context as _, Job, NodeState, Phase, Policy, Role};
 use crate::ledger::LedgerSummary;
 use crate::service::{now_ms, LiveCtx, MasterCore, MasterService};
 use crate::store::{Store, Writer};
@@ -84,6 +85,8 @@ pub struct JobResult {
     pub workers_launched: u32,
     /// Workers declared dead.
     pub workers_dead: u32,
+    /// Checkpoints, recoveries and the portion of lost samples (when enabled).
+    pub checkpoint: Option<CheckpointReport>,
 }
 
 /// One epoch's ledger line.
@@ -114,7 +117,39 @@ fn policy(cfg: &ClusterJob) -> Policy {
         max_worker_restarts: cfg.cluster.max_worker_restarts,
         straggler_ratio: cfg.cluster.straggler_ratio,
         evaluate: !cfg.data.eval.is_empty(),
+        recover_ps: cfg.checkpoint.enabled,
     }
+}
+
+/// Where a new job's model and data position come from (`--from-checkpoint`).
+#[derive(Debug, Clone)]
+pub struct FromCheckpoint {
+    /// Checkpoint storage location (directory or s3://...).
+    pub location: String,
+    /// A specific checkpoint id (default: the newest intact one).
+    pub id: Option<u64>,
+}
+
+fn shm_namespace(job_id: &str, token: &str) -> String {
+    format!("{job_id}-{}", &token[..8.min(token.len())])
+}
+
+fn file_pairs(files: &[FileRows]) -> Vec<(String, u64)> {
+    files.iter().map(|f| (f.path.clone(), f.rows)).collect()
+}
+
+/// True when `pid` is a live elastrec parameter-server process.
+fn ps_process_alive(pid: u32) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    // SAFETY: kill(2) with signal 0 only checks that the process exists.
+    let exists = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0;
+    // A zombie or a recycled pid has another (or an empty) command line.
+    exists
+        && std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|c| c.split(|&b| b == 0).any(|arg| arg == b"ps"))
+            .unwrap_or(false)
 }
 
 fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
@@ -138,8 +173,13 @@ pub fn validate_job(path: &Path) -> anyhow::Result<ClusterJob> {
     Ok(cfg)
 }
 
-/// Starts a new job from its file and runs it to the end.
-pub async fn start_job(path: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
+/// Starts a new job from its file (optionally from another job's checkpoint) and runs it
+/// to the end.
+pub async fn start_job(
+    path: &Path,
+    exe: PathBuf,
+    from: Option<FromCheckpoint>,
+) -> anyhow::Result<JobResult> {
     let cfg = validate_job(path)?;
     elastrec_worker::trainer::ensure_data(&cfg.job(), false)?;
     let dir = JobDir(cfg.output.dir.clone());
@@ -193,9 +233,53 @@ pub async fn start_job(path: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
         token.clone(),
         dir.logs(),
     ));
-    let queue = TaskQueue::new(shard_spec(&cfg), files.iter().map(|f| f.rows).collect());
+    let shm_ns = shm_namespace(&job_id, &token);
+    let fingerprint = Fingerprint::of(&cfg, &file_pairs(&files));
+    let total_samples = files.iter().map(|f| f.rows).sum::<u64>() * cfg.train.epochs as u64;
+    let coordinator = if cfg.checkpoint.enabled {
+        Some(Arc::new(Coordinator::new(
+            &cfg,
+            fingerprint.clone(),
+            total_samples,
+            &token,
+            shm_ns.clone(),
+            None,
+        )?))
+    } else {
+        None
+    };
+    let mut queue = TaskQueue::new(shard_spec(&cfg), files.iter().map(|f| f.rows).collect());
+    let mut initial_plan = None;
+    let mut closed = Vec::new();
+    if let Some(from) = &from {
+        let (m, plan, pos) =
+            crate::checkpoint::load_foreign(&from.location, from.id, &fingerprint).await?;
+        eprintln!(
+            "job {job_id}: starting from checkpoint {} of {} ({} PS, {} samples trained)",
+            m.id, from.location, m.num_ps, m.samples
+        );
+        queue = TaskQueue::from_position(
+            shard_spec(&cfg),
+            files.iter().map(|f| f.rows).collect(),
+            &pos,
+        );
+        store
+            .set_meta(
+                "ledger_adjust",
+                serde_json::to_string(&pos.ledger_adjustments())?,
+            )
+            .await?;
+        closed = pos.epochs_closed.clone();
+        initial_plan = Some(plan);
+    }
     let mut cx = LiveCtx::now();
-    let job = Job::start(policy(&cfg), queue, cfg.cluster.workers, &mut cx);
+    let mut job = Job::start(policy(&cfg), queue, cfg.cluster.workers, &mut cx);
+    if from.is_some() {
+        job.set_epochs_closed(closed, &mut cx);
+        let (tasks, _) = job.take_dirty_tasks();
+        let spans = job.tasks().ledger().spans();
+        cx.persist(crate::job::Change::ResetData(tasks, spans));
+    }
     store.apply(&cx.take_changes()).await?;
     eprintln!(
         "job {job_id}: master on {addr}, {} PS, {} workers, {} rows x {} epochs, {} rows per shard; state in {}",
@@ -215,6 +299,10 @@ pub async fn start_job(path: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
         cfg.cluster.heartbeat_ms as u32,
         job_id,
     ));
+    core.set_restore_plan(initial_plan);
+    if let Some(c) = coordinator {
+        core.set_checkpoints(c);
+    }
     core.effects(cx);
     serve(core, listener, token, &cfg, &dir).await
 }
@@ -243,13 +331,21 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
     let addr = meta("master_addr")?;
     let job_id = meta("job_id")?;
     let generated: u32 = meta("generated_epochs")?.parse()?;
-    let queue = TaskQueue::restore(
+    let mut queue = TaskQueue::restore(
         shard_spec(&cfg),
         files.iter().map(|f| f.rows).collect(),
         snap.tasks,
         &snap.ranges,
         generated,
     );
+    if let Some(adj) = snap.meta.get("ledger_adjust") {
+        queue.adjust_ledger(&serde_json::from_str::<Vec<(u32, u64, u64)>>(adj)?);
+    }
+    let stats: Option<CheckpointStats> = snap
+        .meta
+        .get("checkpoint_stats")
+        .map(|t| serde_json::from_str(t))
+        .transpose()?;
     let mut cx = LiveCtx::now();
     let job = Job::restore(
         policy(&cfg),
@@ -277,8 +373,27 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
         }
     };
     let (todo, doing, done) = job.tasks().counts();
+    // After a crash of the whole job (not only the master) the parameter servers are gone:
+    // their state can only come back from a checkpoint, with the data position it holds.
+    let ps_gone: Vec<u32> = job
+        .nodes()
+        .filter(|n| n.role == Role::Ps && n.state.is_live() && !ps_process_alive(n.pid))
+        .map(|n| n.index)
+        .collect();
+    let training = matches!(job.phase(), Phase::Training | Phase::Evaluating);
+    if !ps_gone.is_empty() && training && !cfg.checkpoint.enabled {
+        bail!(
+            "parameter servers {ps_gone:?} of {} are gone and checkpoints are disabled; the model cannot be recovered",
+            dir.0.display()
+        );
+    }
     eprintln!(
-        "job {job_id}: master resumed on {addr}: shards todo {todo}, doing {doing}, done {done}; waiting for nodes to re-register"
+        "job {job_id}: master resumed on {addr}: shards todo {todo}, doing {doing}, done {done}; {}",
+        if ps_gone.is_empty() || !training {
+            "waiting for nodes to re-register".to_string()
+        } else {
+            format!("parameter servers {ps_gone:?} are gone: restoring the last checkpoint")
+        }
     );
     let backend: Arc<dyn ClusterBackend> =
         Arc::new(LocalProcesses::new(exe, addr, token.clone(), dir.logs()));
@@ -289,10 +404,45 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
         job_toml,
         files.into_iter().map(|f| f.path).collect(),
         cfg.cluster.heartbeat_ms as u32,
-        job_id,
+        job_id.clone(),
     ));
-    core.effects(cx);
+    if cfg.checkpoint.enabled {
+        let total_samples = files_rows_total(&core) * cfg.train.epochs as u64;
+        let c = Arc::new(Coordinator::new(
+            &cfg,
+            Fingerprint::of(&cfg, &core_file_pairs(&core)),
+            total_samples,
+            &token,
+            shm_namespace(&job_id, &token),
+            stats,
+        )?);
+        core.set_checkpoints(c.clone());
+        core.effects(cx);
+        if !ps_gone.is_empty() && training {
+            let failures = ps_gone
+                .iter()
+                .map(|&index| crate::job::PsFailure {
+                    index,
+                    node: 0,
+                    reason: "gone after a restart of the whole job".into(),
+                    samples: 0,
+                })
+                .collect();
+            c.recover_full(&core, failures).await?;
+        }
+    } else {
+        core.effects(cx);
+    }
     serve(core, listener, token, &cfg, &dir).await
+}
+
+fn files_rows_total(core: &MasterCore) -> u64 {
+    core.job.lock().tasks().file_rows().iter().sum()
+}
+
+fn core_file_pairs(core: &MasterCore) -> Vec<(String, u64)> {
+    let rows = core.job.lock().tasks().file_rows().to_vec();
+    core.files.iter().cloned().zip(rows).collect()
 }
 
 async fn serve(
@@ -348,17 +498,36 @@ async fn serve(
     let t0 = Instant::now();
     let mut last_print = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
     let phase = loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = tokio::signal::ctrl_c() => {
-                eprintln!("master: interrupted; stopping every node (resume later with `elastrec run --resume {}`)", dir.0.display());
-                let nodes = core.job.lock().leftover_nodes();
-                for n in nodes {
-                    core.backend().stop(&n);
+        let interrupted = tokio::select! {
+            _ = tick.tick() => None,
+            _ = tokio::signal::ctrl_c() => Some("interrupted"),
+            _ = sigterm.recv() => Some("terminated"),
+        };
+        if let Some(how) = interrupted {
+            let ckpt = match core.checkpoints() {
+                Some(c) if cfg.checkpoint.on_sigterm && !core.job.lock().recovering() => {
+                    match tokio::time::timeout(Duration::from_secs(120), c.checkpoint(&core, how))
+                        .await
+                    {
+                        Ok(Ok(m)) => format!("checkpoint {} written; ", m.id),
+                        Ok(Err(e)) => format!("no checkpoint ({e:#}); "),
+                        Err(_) => "no checkpoint (timed out); ".to_string(),
+                    }
                 }
-                bail!("interrupted");
+                _ => String::new(),
+            };
+            eprintln!(
+                "master: {how}; {ckpt}stopping every node (resume later with `elastrec run --resume {}`)",
+                dir.0.display()
+            );
+            let nodes = core.job.lock().leftover_nodes();
+            for n in nodes {
+                core.backend().stop(&n);
             }
+            bail!("{how}");
         }
         let exited = core.backend().exited();
         let failed = core.take_failed_launches();
@@ -374,6 +543,40 @@ async fn serve(
             .map_err(|s| anyhow::anyhow!("master state: {}", s.message()))?;
         if matches!(phase, Phase::Finished | Phase::Failed(_)) {
             break phase;
+        }
+        if let Some(c) = core.checkpoints().cloned() {
+            let failures = core.job.lock().take_ps_failures();
+            if !failures.is_empty() {
+                if let Err(e) = c.recover(&core, failures).await {
+                    let msg = format!("recovering a parameter server failed: {e:#}");
+                    core.run(|job, cx| job.fail(msg, cx))
+                        .await
+                        .map_err(|s| anyhow::anyhow!("master state: {}", s.message()))?;
+                    continue;
+                }
+            }
+            c.observe(&core).await;
+            let (training, recovering, samples) = {
+                let job = core.job.lock();
+                (
+                    *job.phase() == Phase::Training,
+                    job.recovering(),
+                    job.samples_done(),
+                )
+            };
+            if training && !recovering && c.due(samples) {
+                let (c2, core2) = (c.clone(), core.clone());
+                let rt = tokio::runtime::Handle::current();
+                // On a blocking thread: the checkpoint runs beside the control loop, and its
+                // future need not be `Send` (object_store's streams borrow).
+                tokio::task::spawn_blocking(move || {
+                    rt.block_on(async move {
+                        if let Err(e) = c2.checkpoint(&core2, "interval").await {
+                            eprintln!("master: checkpoint failed (training goes on): {e:#}");
+                        }
+                    })
+                });
+            }
         }
         if last_print.elapsed() > Duration::from_secs(2) {
             last_print = Instant::now();
@@ -452,10 +655,28 @@ async fn serve(
             workers_launched: workers.len() as u32,
             workers_dead: workers
                 .iter()
-                .filter(|n| n.state == crate::job::NodeState::Dead)
+                .filter(|n| n.state == NodeState::Dead)
                 .count() as u32,
+            checkpoint: core.checkpoints().map(|c| c.report(total.consumed)),
         }
     };
+    if let Some(c) = core.checkpoints() {
+        if let Some(r) = &result.checkpoint {
+            eprintln!(
+                "job {}: {} checkpoints (mean stall {:.2} ms vs memory copy {:.2} ms, persisted at {:.0} MB/s), {} PS recoveries, PLS {:.4}",
+                result.job_id,
+                r.stats.count,
+                r.stall_ms,
+                r.memcpy_ms,
+                r.persist_mb_s,
+                r.stats.recoveries.len(),
+                r.pls
+            );
+        }
+        if phase == Phase::Finished {
+            c.remove_shm();
+        }
+    }
     eprintln!("job {}: {}", result.job_id, result.ledger);
     if let Some(e) = result.eval {
         eprintln!(

@@ -11,7 +11,7 @@ use elastrec_proto::master::{
     self as pb, get_task_response::Reply, GetTaskRequest, GetTaskResponse, HeartbeatRequest,
     HeartbeatResponse, NodeAction, NodeStatus, RegisterRequest, RegisterResponse,
     ReportEvalRequest, ReportEvalResponse, ReportProgressRequest, ReportProgressResponse,
-    ScaleRequest, ScaleResponse, StatusRequest, StatusResponse,
+    RestorePlan, ScaleRequest, ScaleResponse, StatusRequest, StatusResponse,
 };
 use elastrec_worker::rpc::check_version;
 use parking_lot::Mutex;
@@ -96,6 +96,10 @@ pub struct MasterCore {
     rate: Mutex<VecDeque<(Instant, u64)>>,
     /// Set when the job reached a terminal phase.
     pub done: tokio::sync::Notify,
+    /// What a (re)started PS loads (the last checkpoint at the time of the recovery).
+    restore_plan: Mutex<Option<RestorePlan>>,
+    /// The checkpoint coordinator, when checkpoints are enabled.
+    checkpoints: std::sync::OnceLock<Arc<crate::checkpoint::Coordinator>>,
 }
 
 impl MasterCore {
@@ -122,7 +126,32 @@ impl MasterCore {
             failed_launches: Mutex::new(Vec::new()),
             rate: Mutex::new(VecDeque::new()),
             done: tokio::sync::Notify::new(),
+            restore_plan: Mutex::new(None),
+            checkpoints: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Makes changes that do not touch the state machine durable (e.g. statistics).
+    pub async fn persist(&self, changes: Vec<Change>) -> Result<(), Status> {
+        self.writer
+            .submit(changes)
+            .await
+            .map_err(|e| Status::internal(e.to_string()))
+    }
+
+    /// Sets what PS processes started from now on load.
+    pub fn set_restore_plan(&self, plan: Option<RestorePlan>) {
+        *self.restore_plan.lock() = plan;
+    }
+
+    /// Attaches the checkpoint coordinator (once).
+    pub fn set_checkpoints(&self, c: Arc<crate::checkpoint::Coordinator>) {
+        let _ = self.checkpoints.set(c);
+    }
+
+    /// The checkpoint coordinator, when checkpoints are enabled.
+    pub fn checkpoints(&self) -> Option<&Arc<crate::checkpoint::Coordinator>> {
+        self.checkpoints.get()
     }
 
     /// Runs `f` on the state, makes its changes durable, then performs its side effects.
@@ -175,6 +204,12 @@ impl MasterCore {
                 Event::Requeued { worker, task } => {
                     tracing::info!(worker, task, "unreported remainder requeued");
                     self.metrics.requeues.inc();
+                }
+                Event::PsFailed(f) => {
+                    eprintln!(
+                        "master: parameter server {} (node {}) failed ({}) at {} samples; recovering",
+                        f.index, f.node, f.reason, f.samples
+                    );
                 }
                 Event::JobEnded(_) => self.done.notify_one(),
             }
@@ -253,9 +288,11 @@ impl MasterCore {
             samples_per_sec: 0.0,
             target_workers: job.target_workers(),
             nodes,
+            checkpoint: None,
         };
         drop(job);
         let mut reply = reply;
+        reply.checkpoint = self.checkpoints().map(|c| c.status(samples_done));
         reply.samples_per_sec = self.recent_rate(samples_done);
         self.metrics.observe(&reply);
         reply
@@ -311,6 +348,11 @@ impl Master for MasterService {
             job_toml: self.0.job_toml.clone(),
             ps_addrs,
             heartbeat_ms: self.0.heartbeat_ms,
+            restore: if role == Role::Ps {
+                self.0.restore_plan.lock().clone()
+            } else {
+                None
+            },
         }))
     }
 

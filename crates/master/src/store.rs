@@ -117,43 +117,18 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         for c in changes {
             match c {
-                Change::Task(t) => {
-                    let (state, worker) = match t.state {
-                        TaskState::Todo => ("todo", None),
-                        TaskState::Doing(w) => ("doing", Some(w as i64)),
-                        TaskState::Done => ("done", None),
-                    };
-                    sqlx::query(
-                        "INSERT INTO tasks (id, epoch, file, start_row, end_row, offset_rows, state, worker, ord)
-                         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-                         ON CONFLICT(id) DO UPDATE SET epoch=excluded.epoch, file=excluded.file,
-                           start_row=excluded.start_row, end_row=excluded.end_row,
-                           offset_rows=excluded.offset_rows, state=excluded.state,
-                           worker=excluded.worker, ord=excluded.ord",
-                    )
-                    .bind(t.id as i64)
-                    .bind(t.epoch as i64)
-                    .bind(t.file as i64)
-                    .bind(t.start as i64)
-                    .bind(t.end as i64)
-                    .bind(t.offset as i64)
-                    .bind(state)
-                    .bind(worker)
-                    .bind(t.order)
-                    .execute(&mut *tx)
-                    .await?;
+                Change::ResetData(tasks, ranges) => {
+                    sqlx::query("DELETE FROM tasks").execute(&mut *tx).await?;
+                    sqlx::query("DELETE FROM ledger").execute(&mut *tx).await?;
+                    for t in tasks {
+                        Self::put_task(&mut tx, t).await?;
+                    }
+                    for &(e, f, s, t) in ranges {
+                        Self::put_range(&mut tx, e, f, s, t).await?;
+                    }
                 }
-                Change::Range(e, f, s, t) => {
-                    sqlx::query(
-                        "INSERT INTO ledger (epoch, file, start_row, end_row) VALUES (?, ?, ?, ?)",
-                    )
-                    .bind(*e as i64)
-                    .bind(*f as i64)
-                    .bind(*s as i64)
-                    .bind(*t as i64)
-                    .execute(&mut *tx)
-                    .await?;
-                }
+                Change::Task(t) => Self::put_task(&mut tx, t).await?,
+                Change::Range(e, f, s, t) => Self::put_range(&mut tx, *e, *f, *s, *t).await?,
                 Change::Node(n) => {
                     sqlx::query(
                         "INSERT INTO nodes (id, role, idx, state, pid, addr, last_seen_ms, started_ms, samples, step, restarts)
@@ -190,6 +165,54 @@ impl Store {
             }
         }
         tx.commit().await?;
+        Ok(())
+    }
+
+    async fn put_task(
+        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+        t: &Task,
+    ) -> std::result::Result<(), sqlx::Error> {
+        let (state, worker) = match t.state {
+            TaskState::Todo => ("todo", None),
+            TaskState::Doing(w) => ("doing", Some(w as i64)),
+            TaskState::Done => ("done", None),
+        };
+        sqlx::query(
+            "INSERT INTO tasks (id, epoch, file, start_row, end_row, offset_rows, state, worker, ord)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT(id) DO UPDATE SET epoch=excluded.epoch, file=excluded.file,
+               start_row=excluded.start_row, end_row=excluded.end_row,
+               offset_rows=excluded.offset_rows, state=excluded.state,
+               worker=excluded.worker, ord=excluded.ord",
+        )
+        .bind(t.id as i64)
+        .bind(t.epoch as i64)
+        .bind(t.file as i64)
+        .bind(t.start as i64)
+        .bind(t.end as i64)
+        .bind(t.offset as i64)
+        .bind(state)
+        .bind(worker)
+        .bind(t.order)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    async fn put_range(
+        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+        e: u32,
+        f: u32,
+        s: u64,
+        t: u64,
+    ) -> std::result::Result<(), sqlx::Error> {
+        sqlx::query("INSERT INTO ledger (epoch, file, start_row, end_row) VALUES (?, ?, ?, ?)")
+            .bind(e as i64)
+            .bind(f as i64)
+            .bind(s as i64)
+            .bind(t as i64)
+            .execute(&mut **tx)
+            .await?;
         Ok(())
     }
 
@@ -391,6 +414,7 @@ mod tests {
             max_worker_restarts: 3,
             straggler_ratio: 0.5,
             evaluate: false,
+            recover_ps: false,
         }
     }
 

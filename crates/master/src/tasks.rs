@@ -123,6 +123,47 @@ pub struct Reported {
     pub epoch_done: Option<(u32, LedgerSummary)>,
 }
 
+/// Where training stands in the data: every task and the ledger, as a checkpoint stores
+/// it. Restoring it resumes exactly there.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DataPosition {
+    /// Every task (held ones are handed out again from their reported offset).
+    pub tasks: Vec<Task>,
+    /// Covered ledger ranges, merged.
+    pub spans: Vec<Range>,
+    /// Per epoch `(epoch, consumed, duplicated)` as the ledger counted them.
+    pub counts: Vec<(u32, u64, u64)>,
+    /// Epochs whose tasks exist.
+    pub generated_epochs: u32,
+    /// Ledger verdicts of the epochs closed so far.
+    pub epochs_closed: Vec<(u32, LedgerSummary)>,
+}
+
+impl DataPosition {
+    /// Samples reported trained (all epochs).
+    pub fn samples(&self) -> u64 {
+        self.counts.iter().map(|c| c.1).sum()
+    }
+
+    /// Per epoch, what the merged spans do not show: `(epoch, consumed − covered,
+    /// duplicated)`.
+    pub fn ledger_adjustments(&self) -> Vec<(u32, u64, u64)> {
+        self.counts
+            .iter()
+            .map(|&(e, c, d)| {
+                let covered: u64 = self
+                    .spans
+                    .iter()
+                    .filter(|r| r.0 == e)
+                    .map(|r| r.3 - r.2)
+                    .sum();
+                (e, c.saturating_sub(covered), d)
+            })
+            .filter(|a| a.1 > 0 || a.2 > 0)
+            .collect()
+    }
+}
+
 /// The task table and the ledger.
 #[derive(Debug, Clone)]
 pub struct TaskQueue {
@@ -197,6 +238,47 @@ impl TaskQueue {
         todo.sort();
         q.todo = todo.into_iter().map(|(_, id)| id).collect();
         q
+    }
+
+    /// The position to checkpoint (without the closed-epoch verdicts, which the job keeps).
+    pub fn position(&self) -> DataPosition {
+        DataPosition {
+            tasks: self.tasks.values().cloned().collect(),
+            spans: self.ledger.spans(),
+            counts: self.ledger.counts(),
+            generated_epochs: self.generated_epochs,
+            epochs_closed: Vec::new(),
+        }
+    }
+
+    /// Rebuilds the queue at a checkpointed position. No worker holds anything afterwards:
+    /// a task that was held goes back to the front of the queue from its reported offset.
+    pub fn from_position(spec: ShardSpec, file_rows: Vec<u64>, pos: &DataPosition) -> Self {
+        let mut q = Self::restore(
+            spec,
+            file_rows,
+            pos.tasks.clone(),
+            &pos.spans,
+            pos.generated_epochs,
+        );
+        for (e, c, d) in pos.ledger_adjustments() {
+            q.ledger.adjust(e, c, d);
+        }
+        let holders: Vec<u32> = q.doing.keys().copied().collect();
+        for w in holders {
+            q.release(w);
+        }
+        // Everything is rewritten by the caller; nothing is pending.
+        q.dirty = q.tasks.keys().copied().collect();
+        q.new_ranges.clear();
+        q
+    }
+
+    /// Adds per-epoch counter adjustments (see [`DataPosition::ledger_adjustments`]).
+    pub fn adjust_ledger(&mut self, adjustments: &[(u32, u64, u64)]) {
+        for &(e, c, d) in adjustments {
+            self.ledger.adjust(e, c, d);
+        }
     }
 
     /// The shard specification.
@@ -449,6 +531,36 @@ mod tests {
                 Assignment::Finished => return epochs,
             }
         }
+    }
+
+    /// A queue rebuilt from a mid-epoch position (one task held) finishes the job with the
+    /// ledger exact: the held task's unreported rows are trained once, nothing twice.
+    #[test]
+    fn position_round_trip_resumes_exactly() {
+        let mut q = TaskQueue::new(spec(100, 1), vec![1000]);
+        let Assignment::Task(a) = q.assign(1, false) else {
+            panic!()
+        };
+        q.report(1, a.id, a.len()).unwrap();
+        let Assignment::Task(b) = q.assign(1, false) else {
+            panic!()
+        };
+        q.report(1, b.id, 30).unwrap();
+        let pos = q.position();
+        assert_eq!(pos.samples(), a.len() + 30);
+        let json = serde_json::to_string(&pos).unwrap();
+        let pos: DataPosition = serde_json::from_str(&json).unwrap();
+        // Training went on after the checkpoint; the rebuilt queue forgets it.
+        q.report(1, b.id, 60).unwrap();
+        let mut r = TaskQueue::from_position(spec(100, 1), vec![1000], &pos);
+        assert_eq!(r.ledger().summary(0).consumed, a.len() + 30);
+        let Assignment::Task(next) = r.assign(2, false) else {
+            panic!()
+        };
+        assert_eq!((next.start, next.end), (b.start + 30, b.end));
+        let closed = drain(&mut r, 2);
+        assert_eq!(closed.len(), 1);
+        assert!(closed[0].1.exactly_once(), "{:?}", closed[0].1);
     }
 
     #[test]

@@ -20,6 +20,15 @@ pub trait DenseOptimizer: Send {
 
     /// Mutable state buffers (for restores), same order as [`DenseOptimizer::state`].
     fn state_mut(&mut self) -> Vec<&mut [f32]>;
+
+    /// Steps taken, for optimizers whose update depends on it (Adam's bias correction);
+    /// checkpoints carry it beside [`DenseOptimizer::state`].
+    fn steps(&self) -> u64 {
+        0
+    }
+
+    /// Restores the step count saved by [`DenseOptimizer::steps`].
+    fn set_steps(&mut self, _steps: u64) {}
 }
 
 /// Serializable choice of dense optimizer with its hyper-parameters.
@@ -241,5 +250,13 @@ impl DenseOptimizer for Adam {
 
     fn state_mut(&mut self) -> Vec<&mut [f32]> {
         vec![&mut self.m, &mut self.v]
+    }
+
+    fn steps(&self) -> u64 {
+        self.t
+    }
+
+    fn set_steps(&mut self, steps: u64) {
+        self.t = steps;
     }
 }

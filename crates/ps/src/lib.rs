@@ -6,6 +6,8 @@
 //! at once; synchronous mode averages the pushes of one global step (one per active
 //! worker) before applying them, waiting at most `cluster.sync_timeout_ms` for stragglers.
 
+pub mod checkpoint;
+pub mod image;
 pub mod server;
 
 pub use server::{run_ps, PsArgs, PsShard};

@@ -5,14 +5,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use elastrec_checkpoint::priority::{large_tables, SsuList};
 use elastrec_embedding::{EmbeddingConfig, EmbeddingStore, ShardSpec, TableScratch};
 use elastrec_model::DenseOptimizer;
 use elastrec_proto::master::{HeartbeatRequest, NodeAction, Role};
 use elastrec_proto::ps::parameter_server_server::{ParameterServer, ParameterServerServer};
 use elastrec_proto::ps::{
-    InfoRequest, InfoResponse, PullRequest, PullResponse, PushRequest, PushResponse,
+    CheckpointRequest, CheckpointResponse, InfoRequest, InfoResponse, PullRequest, PullResponse,
+    PushRequest, PushResponse,
 };
-use elastrec_worker::cluster::{ClusterJob, SyncMode};
+use elastrec_worker::cluster::{ClusterJob, SavePriority, SyncMode};
 use elastrec_worker::remote::{dense_model, register};
 use elastrec_worker::rpc::{self, check_version, dense_slice, is_transient, ServerAuth};
 use parking_lot::Mutex;
@@ -44,26 +46,34 @@ struct Accum {
     dense: Vec<f32>,
 }
 
-struct State {
-    store: EmbeddingStore,
+pub(crate) struct State {
+    pub(crate) store: EmbeddingStore,
     scratch: TableScratch,
-    dense: Vec<f32>,
-    opt: Box<dyn DenseOptimizer>,
-    version: u64,
+    pub(crate) dense: Vec<f32>,
+    pub(crate) opt: Box<dyn DenseOptimizer>,
+    pub(crate) version: u64,
     accum: Accum,
+    /// CPR-SSU: sub-sampled lists of touched rows, for the large tables.
+    pub(crate) ssu: Vec<Option<SsuList>>,
 }
 
 /// One parameter-server shard: embedding rows and a dense slice with optimizer state.
 pub struct PsShard {
-    state: Mutex<State>,
-    version_tx: watch::Sender<u64>,
-    index: u32,
-    count: u32,
+    pub(crate) state: Mutex<State>,
+    pub(crate) version_tx: watch::Sender<u64>,
+    pub(crate) index: u32,
+    pub(crate) count: u32,
     dim: usize,
     table_rows: Vec<u64>,
-    range: std::ops::Range<usize>,
+    pub(crate) range: std::ops::Range<usize>,
+    pub(crate) dense_total: usize,
     mode: SyncMode,
     sync_timeout: Duration,
+    /// Tables a delta checkpoint saves only partly (CPR's large tables).
+    pub(crate) large: Vec<bool>,
+    pub(crate) stores: crate::checkpoint::Stores,
+    /// Shared-memory images this process wrote (older ones are removed).
+    pub(crate) shm_ids: Mutex<Vec<u64>>,
 }
 
 fn bad(msg: String) -> Status {
@@ -74,7 +84,7 @@ impl PsShard {
     /// Shard `index` of `count` for `job`, initialized exactly as the single-process model.
     pub fn new(job: &ClusterJob, index: u32, count: u32) -> anyhow::Result<Self> {
         let table_rows = elastrec_worker::trainer::resolve_table_rows(&job.job());
-        let store = EmbeddingStore::new_shard(
+        let mut store = EmbeddingStore::new_shard(
             EmbeddingConfig {
                 dim: job.model.embedding_dim,
                 rows: table_rows.clone(),
@@ -87,6 +97,27 @@ impl PsShard {
         let range = dense_slice(dense.num_params(), count as usize, index as usize);
         let slice = dense.params()[range.clone()].to_vec();
         let opt = job.optimizer.dense.build(slice.len());
+        let ckpt = &job.checkpoint;
+        let mut large = vec![false; table_rows.len()];
+        if ckpt.priority != SavePriority::None {
+            for t in large_tables(&table_rows, ckpt.large_table_coverage) {
+                large[t] = true;
+            }
+        }
+        let mut ssu = Vec::with_capacity(table_rows.len());
+        for (t, &is_large) in large.iter().enumerate() {
+            let local = store.table(t)?.local_rows();
+            ssu.push(match ckpt.priority {
+                SavePriority::Ssu if is_large => {
+                    let cap = ((local as f64) * ckpt.ratio).ceil() as usize;
+                    Some(SsuList::new(cap, 2, job.model.seed ^ t as u64))
+                }
+                _ => None,
+            });
+            if ckpt.priority == SavePriority::Mfu && is_large {
+                store.table_mut(t)?.enable_access_counters();
+            }
+        }
         Ok(Self {
             state: Mutex::new(State {
                 store,
@@ -95,6 +126,7 @@ impl PsShard {
                 opt,
                 version: 0,
                 accum: Accum::default(),
+                ssu,
             }),
             version_tx: watch::channel(0).0,
             index,
@@ -102,8 +134,12 @@ impl PsShard {
             dim: job.model.embedding_dim,
             table_rows,
             range,
+            dense_total: dense.num_params(),
             mode: job.cluster.mode,
             sync_timeout: Duration::from_millis(job.cluster.sync_timeout_ms),
+            large,
+            stores: Default::default(),
+            shm_ids: Mutex::new(Vec::new()),
         })
     }
 
@@ -174,10 +210,20 @@ impl PsShard {
             e.0.push(r);
             e.1.extend_from_slice(&grads[i * dim..(i + 1) * dim]);
         }
-        let State { store, scratch, .. } = st;
+        let State {
+            store,
+            scratch,
+            ssu,
+            ..
+        } = st;
+        let n = store.shard().count as u64;
         for (t, (rows, grads)) in by_table.iter().enumerate() {
             if rows.is_empty() {
                 continue;
+            }
+            if let Some(list) = ssu[t].as_mut() {
+                let locals: Vec<usize> = rows.iter().map(|&r| (r / n) as usize).collect();
+                list.observe(&locals);
             }
             store
                 .table_mut(t)
@@ -335,6 +381,15 @@ impl ParameterServer for Service {
         Ok(Response::new(self.0.push(req).await?))
     }
 
+    async fn checkpoint(
+        &self,
+        req: Request<CheckpointRequest>,
+    ) -> Result<Response<CheckpointResponse>, Status> {
+        let req = req.into_inner();
+        check_version(&req.version)?;
+        Ok(Response::new(self.0.checkpoint(req).await?))
+    }
+
     async fn info(&self, req: Request<InfoRequest>) -> Result<Response<InfoResponse>, Status> {
         check_version(&req.into_inner().version)?;
         let s = &self.0;
@@ -379,18 +434,34 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     let token = rpc::token_from_env()?;
     let mut master = rpc::master_client(&args.master, &token, 64 << 20)?;
     // Learn the job first (bind address), then register with the real address.
-    let (job, _, _) = register(&mut master, Role::Ps, args.node_id, "", false).await?;
+    let (job, _, _, plan) = register(&mut master, Role::Ps, args.node_id, "", false).await?;
     let ip: std::net::IpAddr = job.cluster.bind.parse().context("cluster.bind")?;
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0)).await?;
     let addr = listener.local_addr()?.to_string();
     let shard = Arc::new(PsShard::new(&job, args.index, job.cluster.ps)?);
+    if let Some(plan) = plan.filter(|p| !p.chain.is_empty()) {
+        let t0 = std::time::Instant::now();
+        let (version, shm, storage) = shard.restore(&plan).await.with_context(|| {
+            format!(
+                "PS {}: restoring checkpoint {:?} from {}",
+                args.index, plan.chain, plan.location
+            )
+        })?;
+        eprintln!(
+            "PS {}: restored checkpoint {:?} (written by {} PS) in {:.3} s: {shm} parts from shared memory, {storage} from storage; dense version {version}",
+            args.index,
+            plan.chain,
+            plan.num_ps,
+            t0.elapsed().as_secs_f64()
+        );
+    }
     let server = tokio::spawn(serve(
         shard.clone(),
         listener,
         token.clone(),
         job.cluster.max_message_bytes,
     ));
-    let (_, _, hb_ms) = register(&mut master, Role::Ps, args.node_id, &addr, false).await?;
+    let (_, _, hb_ms, _) = register(&mut master, Role::Ps, args.node_id, &addr, false).await?;
     loop {
         let r = master
             .heartbeat(HeartbeatRequest {

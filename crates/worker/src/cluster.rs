@@ -84,6 +84,89 @@ impl Default for ClusterConfig {
     }
 }
 
+/// Which recovery a parameter-server failure gets (CPR).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RecoveryChoice {
+    /// Every PS and the data position return to the last checkpoint.
+    Full,
+    /// Only the failed PS reloads its shard; everything else keeps its progress.
+    Partial,
+    /// CPR's rule: compare the expected overheads of full (Eq. 1) and partial (Eq. 2)
+    /// recovery from measured costs and the mean time between failures.
+    #[default]
+    Auto,
+}
+
+/// Which embedding rows a delta checkpoint saves first (CPR §4.3).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SavePriority {
+    /// Every checkpoint saves every row.
+    #[default]
+    None,
+    /// Most frequently used rows (a 4-byte access counter per row of the large tables).
+    Mfu,
+    /// Sub-sampled used rows (a list of `ratio × rows` entries per large table).
+    Ssu,
+}
+
+/// The `[checkpoint]` section: flash checkpoints, recovery, CPR policies.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Take checkpoints at all. Without them a dead PS stops the job.
+    pub enabled: bool,
+    /// Where checkpoints go: a directory (relative to the job file) or `s3://bucket/prefix`;
+    /// empty means `<output.dir>/checkpoints`.
+    pub location: String,
+    /// Seconds between checkpoints; 0 chooses it: `sqrt(2 · O_save · T_fail)` for full
+    /// recovery, `2 · target_pls · N_ps · T_fail` for partial (CPR Eq. 4).
+    pub interval_s: f64,
+    /// Checkpoints kept (older ones are deleted once a newer one is committed).
+    pub keep: usize,
+    /// `"full"`, `"partial"` or `"auto"`.
+    pub recovery: RecoveryChoice,
+    /// Target portion of lost samples for partial recovery (CPR's PLS).
+    pub target_pls: f64,
+    /// Mean time between PS failures assumed until failures are observed (s).
+    pub mtbf_s: f64,
+    /// Partial recovery must save at least this fraction of full recovery's expected
+    /// overhead to be chosen by `auto`.
+    pub min_benefit: f64,
+    /// `"none"`, `"mfu"` or `"ssu"`: delta checkpoints of the hottest rows.
+    pub priority: SavePriority,
+    /// CPR's r: a delta saves this fraction of each large table's rows, `1/ratio` times as
+    /// often as full checkpoints.
+    pub ratio: f64,
+    /// Tables covering this fraction of all rows count as large (the rest are saved whole).
+    pub large_table_coverage: f64,
+    /// Keep a shared-memory image of every PS so a relaunched PS reloads without storage.
+    pub shm: bool,
+    /// Take a checkpoint when the master receives SIGTERM or Ctrl-C, before stopping.
+    pub on_sigterm: bool,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            location: String::new(),
+            interval_s: 0.0,
+            keep: 3,
+            recovery: RecoveryChoice::Auto,
+            target_pls: 0.1,
+            mtbf_s: 3600.0,
+            min_benefit: 0.1,
+            priority: SavePriority::None,
+            ratio: 0.125,
+            large_table_coverage: 0.99,
+            shm: true,
+            on_sigterm: true,
+        }
+    }
+}
+
 /// A distributed job: the training job plus its cluster layout.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -100,6 +183,8 @@ pub struct ClusterJob {
     pub output: OutputConfig,
     /// Processes and policies.
     pub cluster: ClusterConfig,
+    /// Checkpoints and recovery.
+    pub checkpoint: CheckpointConfig,
 }
 
 impl ClusterJob {
@@ -135,6 +220,18 @@ impl ClusterJob {
         let base = path.parent().unwrap_or(Path::new("."));
         cfg.data.dir = absolute(&base.join(&cfg.data.dir));
         cfg.output.dir = absolute(&base.join(&cfg.output.dir));
+        let loc = &cfg.checkpoint.location;
+        cfg.checkpoint.location = if loc.is_empty() {
+            cfg.output
+                .dir
+                .join("checkpoints")
+                .to_string_lossy()
+                .into_owned()
+        } else if loc.contains("://") {
+            loc.clone()
+        } else {
+            absolute(&base.join(loc)).to_string_lossy().into_owned()
+        };
         Ok(cfg)
     }
 
@@ -202,6 +299,48 @@ impl ClusterJob {
         }
         if c.max_message_bytes < 1 << 20 {
             return Err(bad("cluster.max_message_bytes", "must be at least 1 MiB"));
+        }
+        let k = &self.checkpoint;
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        if !(k.interval_s.is_finite() && k.interval_s >= 0.0) {
+            return Err(bad(
+                "checkpoint.interval_s",
+                "must be 0 (chosen by the policy) or a positive number of seconds",
+            ));
+        }
+        if k.keep == 0 {
+            return Err(bad("checkpoint.keep", "must be at least 1"));
+        }
+        if !(positive(k.target_pls) && k.target_pls <= 1.0) {
+            return Err(bad("checkpoint.target_pls", "must be in (0, 1]"));
+        }
+        if !positive(k.mtbf_s) {
+            return Err(bad(
+                "checkpoint.mtbf_s",
+                "must be a positive number of seconds",
+            ));
+        }
+        if !(k.min_benefit.is_finite() && (0.0..1.0).contains(&k.min_benefit)) {
+            return Err(bad("checkpoint.min_benefit", "must be in [0, 1)"));
+        }
+        if !(positive(k.ratio) && k.ratio <= 1.0) {
+            return Err(bad("checkpoint.ratio", "must be in (0, 1]"));
+        }
+        if !(positive(k.large_table_coverage) && k.large_table_coverage <= 1.0) {
+            return Err(bad("checkpoint.large_table_coverage", "must be in (0, 1]"));
+        }
+        if let Some(rest) = k.location.strip_prefix("s3://") {
+            if rest.split('/').next().unwrap_or("").is_empty() {
+                return Err(bad(
+                    "checkpoint.location",
+                    "an S3 location needs a bucket: s3://bucket/prefix",
+                ));
+            }
+        } else if k.location.contains("://") && !k.location.starts_with("file://") {
+            return Err(bad(
+                "checkpoint.location",
+                "must be a directory, file://path or s3://bucket/prefix",
+            ));
         }
         Ok(())
     }

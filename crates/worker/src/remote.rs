@@ -19,7 +19,7 @@ use elastrec_embedding::{row_of, shard_of};
 use elastrec_model::{DenseDlrm, EvalAccumulator, Workspace};
 use elastrec_proto::master::{
     get_task_response::Reply, GetTaskRequest, HeartbeatRequest, NodeAction, RegisterRequest,
-    ReportEvalRequest, ReportProgressRequest, Role,
+    ReportEvalRequest, ReportProgressRequest, RestorePlan, Role,
 };
 use elastrec_proto::ps::{PullRequest, PushRequest};
 use parking_lot::Mutex;
@@ -44,15 +44,16 @@ pub fn dense_model(job: &ClusterJob) -> anyhow::Result<DenseDlrm> {
     Ok(DenseDlrm::new(crate::step::dense_config(&job.model))?)
 }
 
-/// Registers a node with the master, retrying while it is unreachable. Returns the job
-/// and the PS addresses (waiting until every PS is up when `need_ps`).
+/// Registers a node with the master, retrying while it is unreachable. Returns the job,
+/// the PS addresses (waiting until every PS is up when `need_ps`), the heartbeat interval
+/// and, for a parameter server, the checkpoint it must load before serving.
 pub async fn register(
     master: &mut Master,
     role: Role,
     node_id: u32,
     addr: &str,
     need_ps: bool,
-) -> anyhow::Result<(ClusterJob, Vec<String>, u64)> {
+) -> anyhow::Result<(ClusterJob, Vec<String>, u64, Option<RestorePlan>)> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let r = master
@@ -69,7 +70,7 @@ pub async fn register(
                 let r = r.into_inner();
                 if !need_ps || !r.ps_addrs.is_empty() {
                     let job = ClusterJob::from_toml(&r.job_toml, Path::new("<master>"))?;
-                    return Ok((job, r.ps_addrs, r.heartbeat_ms as u64));
+                    return Ok((job, r.ps_addrs, r.heartbeat_ms as u64, r.restore));
                 }
             }
             Err(s) if is_transient(&s) => {}
@@ -93,6 +94,8 @@ struct Shared {
     stop: AtomicBool,
     /// When the master last acknowledged this node.
     last_ack: Mutex<Option<Instant>>,
+    /// PS addresses as last published by the master (a replaced PS has a new one).
+    ps_addrs: Mutex<Vec<String>>,
 }
 
 impl Shared {
@@ -120,6 +123,9 @@ async fn heartbeat_loop(mut master: Master, id: u32, every: Duration, shared: Ar
                 shared
                     .active_workers
                     .store(r.active_workers, Ordering::Relaxed);
+                if !r.ps_addrs.is_empty() {
+                    *shared.ps_addrs.lock() = r.ps_addrs.clone();
+                }
                 match r.action() {
                     NodeAction::Stop => shared.stop.store(true, Ordering::Relaxed),
                     NodeAction::Unknown => {
@@ -156,6 +162,11 @@ struct RemoteModel {
     table_rows: Vec<u64>,
     dim: usize,
     ps: Vec<Ps>,
+    /// Address of each PS connection (to notice a replaced PS).
+    addrs: Vec<String>,
+    token: String,
+    max_bytes: usize,
+    shared: Arc<Shared>,
     slices: Vec<std::ops::Range<usize>>,
     versions: Vec<u64>,
     need_dense: bool,
@@ -165,7 +176,18 @@ struct RemoteModel {
 }
 
 impl RemoteModel {
-    fn new(job: &ClusterJob, ps: Vec<Ps>, worker_id: u32) -> anyhow::Result<Self> {
+    fn new(
+        job: &ClusterJob,
+        addrs: Vec<String>,
+        token: String,
+        shared: Arc<Shared>,
+        worker_id: u32,
+    ) -> anyhow::Result<Self> {
+        let max_bytes = job.cluster.max_message_bytes;
+        let ps = addrs
+            .iter()
+            .map(|a| rpc::ps_client(a, &token, max_bytes))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let dense = dense_model(job)?;
         let batch = job.train.batch_size;
         let n = dense.num_params();
@@ -182,8 +204,46 @@ impl RemoteModel {
             mode: job.cluster.mode,
             dense,
             ps,
+            addrs,
+            token,
+            max_bytes,
+            shared,
             worker_id,
         })
+    }
+
+    /// PS `i` failed a call: waits until the master publishes a replacement (a new
+    /// address), reconnects, and asks for fresh dense parameters. A PS that stays away
+    /// for two minutes ends the worker (the master stops the job or recovers it fully).
+    async fn await_replacement(&mut self, i: usize, why: &tonic::Status) -> anyhow::Result<()> {
+        eprintln!(
+            "worker {}: PS {i} at {} failed ({}); waiting for its replacement",
+            self.worker_id,
+            self.addrs[i],
+            why.message()
+        );
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let addrs = self.shared.ps_addrs.lock().clone();
+            if addrs.len() == self.addrs.len() && addrs[i] != self.addrs[i] {
+                for (k, a) in addrs.iter().enumerate() {
+                    if *a != self.addrs[k] {
+                        self.ps[k] = rpc::ps_client(a, &self.token, self.max_bytes)?;
+                    }
+                }
+                self.addrs = addrs;
+                self.need_dense = true;
+                eprintln!(
+                    "worker {}: PS {i} is back at {}",
+                    self.worker_id, self.addrs[i]
+                );
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("PS {i} did not come back within 120 s ({why})");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     fn route(&self, batch: &Batch) -> Routing {
@@ -205,8 +265,22 @@ impl RemoteModel {
         Routing { per_ps, slot }
     }
 
-    /// Pulls the batch's rows (and the dense parameters when stale) into place.
+    /// Pulls the batch's rows (and the dense parameters when stale) into place, waiting
+    /// out the replacement of a failed PS.
     async fn pull(&mut self, routing: &Routing) -> anyhow::Result<()> {
+        loop {
+            match self.try_pull(routing).await? {
+                None => return Ok(()),
+                Some((i, status)) => self.await_replacement(i, &status).await?,
+            }
+        }
+    }
+
+    /// One pull attempt; `Some((ps, status))` when a PS was unreachable.
+    async fn try_pull(
+        &mut self,
+        routing: &Routing,
+    ) -> anyhow::Result<Option<(usize, tonic::Status)>> {
         let want_dense = self.need_dense || self.mode == SyncMode::Sync;
         let calls = self
             .ps
@@ -225,8 +299,15 @@ impl RemoteModel {
         let replies = futures_join(calls).await;
         let d = self.dim;
         let mut values = Vec::with_capacity(replies.len());
+        let mut replies_ok = Vec::with_capacity(replies.len());
         for (i, r) in replies.into_iter().enumerate() {
-            let r = r.with_context(|| format!("pull from PS {i}"))?.into_inner();
+            match r {
+                Ok(r) => replies_ok.push(r.into_inner()),
+                Err(s) if is_transient(&s) => return Ok(Some((i, s))),
+                Err(s) => return Err(s).with_context(|| format!("pull from PS {i}")),
+            }
+        }
+        for (i, r) in replies_ok.into_iter().enumerate() {
             anyhow::ensure!(
                 r.values.len() == routing.per_ps[i].1.len() * d,
                 "PS {i} returned {} values for {} rows",
@@ -249,7 +330,7 @@ impl RemoteModel {
             let src = &values[s as usize][k as usize * d..(k as usize + 1) * d];
             self.emb[j * d..(j + 1) * d].copy_from_slice(src);
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Forward/backward on the pulled parameters; returns the loss.
@@ -276,21 +357,20 @@ impl RemoteModel {
                 *a += g;
             }
         }
-        let dense_grad = self.ws.grads();
-        let calls = self
-            .ps
-            .iter()
-            .zip(&routing.per_ps)
-            .zip(grads)
-            .enumerate()
-            .map(|(i, ((c, (tables, rows)), g))| {
-                let mut c = c.clone();
+        // A PS that failed is retried alone once replaced: the others already applied
+        // their part of this batch.
+        let mut pending: Vec<usize> = (0..self.ps.len()).collect();
+        loop {
+            let dense_grad = self.ws.grads();
+            let calls = pending.iter().map(|&i| {
+                let mut c = self.ps[i].clone();
+                let (tables, rows) = &routing.per_ps[i];
                 let req = PushRequest {
                     version: rpc::version(),
                     worker_id: self.worker_id,
                     tables: tables.clone(),
                     rows: rows.clone(),
-                    grads: g,
+                    grads: grads[i].clone(),
                     dense_grad: dense_grad[self.slices[i].clone()].to_vec(),
                     base_version: self.versions[i],
                     step: self.versions[i],
@@ -298,17 +378,30 @@ impl RemoteModel {
                 };
                 async move { c.push(req).await }
             });
-        let replies = futures_join(calls).await;
-        for (i, r) in replies.into_iter().enumerate() {
-            let v = r
-                .with_context(|| format!("push to PS {i}"))?
-                .into_inner()
-                .dense_version;
-            if v.saturating_sub(self.versions[i]) > self.staleness {
-                self.need_dense = true;
+            let replies = futures_join(calls).await;
+            let mut failed = None;
+            let mut still = Vec::new();
+            for (&i, r) in pending.iter().zip(replies) {
+                match r {
+                    Ok(r) => {
+                        let v = r.into_inner().dense_version;
+                        if v.saturating_sub(self.versions[i]) > self.staleness {
+                            self.need_dense = true;
+                        }
+                    }
+                    Err(s) if is_transient(&s) => {
+                        still.push(i);
+                        failed.get_or_insert((i, s));
+                    }
+                    Err(s) => return Err(s).with_context(|| format!("push to PS {i}")),
+                }
             }
+            let Some((i, s)) = failed else {
+                return Ok(());
+            };
+            self.await_replacement(i, &s).await?;
+            pending = still;
         }
-        Ok(())
     }
 
     /// Forward-only evaluation over in-memory batches.
@@ -384,14 +477,11 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let token = rpc::token_from_env()?;
     let id = args.node_id;
     let mut master = rpc::master_client(&args.master, &token, 64 << 20)?;
-    let (job, ps_addrs, hb_ms) = register(&mut master, Role::Worker, id, "", true).await?;
+    let (job, ps_addrs, hb_ms, _) = register(&mut master, Role::Worker, id, "", true).await?;
     let max = job.cluster.max_message_bytes;
     let mut master = rpc::master_client(&args.master, &token, max)?;
-    let ps = ps_addrs
-        .iter()
-        .map(|a| rpc::ps_client(a, &token, max))
-        .collect::<anyhow::Result<Vec<_>>>()?;
     let shared = Arc::new(Shared::default());
+    *shared.ps_addrs.lock() = ps_addrs.clone();
     *shared.last_ack.lock() = Some(Instant::now());
     tokio::spawn(heartbeat_loop(
         master.clone(),
@@ -407,7 +497,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             .saturating_sub(2 * hb_ms)
             .max(hb_ms),
     );
-    let mut model = RemoteModel::new(&job, ps, id)?;
+    let mut model = RemoteModel::new(&job, ps_addrs, token.clone(), shared.clone(), id)?;
     let batch_size = job.train.batch_size;
     let policy = job.data.on_bad_row;
     let files: Vec<PathBuf> = job.job().train_files();
