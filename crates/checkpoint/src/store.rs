@@ -28,7 +28,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 
 use crate::error::{Check, CheckpointError, Result};
 use crate::format::{checksum, CheckpointId, Manifest, PartMeta, MANIFEST_FILE};
@@ -39,6 +39,16 @@ const BLOCKING_HASH_BYTES: usize = 4 << 20;
 
 /// How many objects are read or checked at the same time (manifests, parts, deletions).
 const CONCURRENCY: usize = 8;
+
+/// Remote parts at least this large are uploaded as multipart uploads, several chunks at a
+/// time: one HTTP stream to S3 tops out far below what a host can send.
+const MULTIPART_BYTES: usize = 64 << 20;
+
+/// Chunk size of multipart uploads (S3 requires at least 5 MiB for all but the last).
+const MULTIPART_CHUNK: usize = 16 << 20;
+
+/// Chunks of one part in flight at once.
+const UPLOAD_CONCURRENCY: usize = 8;
 
 /// Longest accepted part name (a common file-name limit).
 const MAX_PART_NAME: usize = 200;
@@ -52,6 +62,10 @@ pub struct CheckpointStore {
     /// The directory of a local store, to remove the leftovers `object_store` cannot see
     /// (empty directories, staging files of a crashed write).
     local_root: Option<PathBuf>,
+    /// Remote parts of at least this many bytes go up as multipart uploads.
+    multipart_bytes: usize,
+    /// Chunk size of those uploads.
+    multipart_chunk: usize,
 }
 
 impl CheckpointStore {
@@ -100,6 +114,8 @@ impl CheckpointStore {
             prefix: Path::default(),
             location: root.display().to_string(),
             local_root: Some(root),
+            multipart_bytes: MULTIPART_BYTES,
+            multipart_chunk: MULTIPART_CHUNK,
         })
     }
 
@@ -137,7 +153,18 @@ impl CheckpointStore {
             prefix: Path::from(prefix),
             location: location.into(),
             local_root: None,
+            multipart_bytes: MULTIPART_BYTES,
+            multipart_chunk: MULTIPART_CHUNK,
         }
+    }
+
+    /// Uploads remote parts of at least `threshold` bytes in `chunk`-byte pieces, several
+    /// at once (defaults: 64 MiB, 16 MiB). S3 needs `chunk` >= 5 MiB. Local directories
+    /// always write a part in one go.
+    pub fn with_multipart(mut self, threshold: usize, chunk: usize) -> Self {
+        self.multipart_bytes = threshold;
+        self.multipart_chunk = chunk.max(1);
+        self
     }
 
     /// Where this store is, for messages (`s3://bucket/prefix` or a directory; never
@@ -190,11 +217,33 @@ impl CheckpointStore {
             checksum: sum,
         };
         let path = self.part_path(id, name);
-        self.store
-            .put(&path, PutPayload::from_bytes(bytes))
+        self.put_object(&path, bytes)
             .await
             .map_err(|e| CheckpointError::storage(self.describe(&path), e))?;
         Ok(meta)
+    }
+
+    /// One PUT for small objects and local files; a concurrent multipart upload for large
+    /// remote ones (aborted on failure so no orphaned parts are billed).
+    async fn put_object(&self, path: &Path, bytes: Bytes) -> object_store::Result<()> {
+        if self.local_root.is_some() || bytes.len() < self.multipart_bytes {
+            self.store.put(path, PutPayload::from_bytes(bytes)).await?;
+            return Ok(());
+        }
+        let upload = self.store.put_multipart(path).await?;
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, self.multipart_chunk);
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            if let Err(e) = writer.wait_for_capacity(UPLOAD_CONCURRENCY).await {
+                // The upload error is the one worth reporting; abort is best effort.
+                let _ = writer.abort().await;
+                return Err(e);
+            }
+            let chunk = rest.split_to(rest.len().min(self.multipart_chunk));
+            writer.put(chunk);
+        }
+        writer.finish().await?;
+        Ok(())
     }
 
     /// Commits a checkpoint by writing its manifest, after checking that every listed part

@@ -1,10 +1,13 @@
 //! The checkpoint store against a real S3-compatible server (moto_server). Fails, rather
 //! than skips, when moto is not installed.
 
+use elastrec_checkpoint::format::CheckpointKind;
 use elastrec_checkpoint::store::CheckpointStore;
+use object_store::ObjectStoreExt;
 
 use crate::moto::Moto;
 use crate::scenarios;
+use crate::util::{part_bytes, save};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_store_against_moto() {
@@ -16,6 +19,29 @@ async fn s3_store_against_moto() {
     scenarios::corruption_falls_back(&open("corrupt")).await;
     scenarios::crash_mid_save_is_ignored(&open("crash")).await;
     scenarios::retention_keeps_delta_bases(&open("retain")).await;
+
+    // Large parts go up as concurrent multipart uploads and read back intact.
+    let store = open("multipart").with_multipart(8 << 20, 5 << 20);
+    let saved = save(
+        &store,
+        1,
+        CheckpointKind::Full,
+        &[("ps-0", 12 << 20), ("dense", 100)],
+    )
+    .await;
+    let bytes = store.read_part(&saved, "ps-0").await.unwrap();
+    assert_eq!(bytes, part_bytes(1, "ps-0", 12 << 20));
+    store.verify(&saved).await.unwrap();
+    let head = store
+        .object_store()
+        .head(&store.part_path(1, "ps-0"))
+        .await
+        .unwrap();
+    let etag = head.e_tag.unwrap_or_default();
+    assert!(
+        etag.contains("-3"),
+        "12 MiB in 5 MiB chunks is a 3-part upload: {etag}"
+    );
 
     // Prefixes are separate stores in one bucket.
     assert_eq!(open("round-trip").next_id().await.unwrap(), 2);
