@@ -1,1 +1,15 @@
-//! elastrec-sim (see Cargo.toml description).
+//! Simulations over elastrec's live policies: the same functions the master and parameter
+//! servers call, driven by emulated time and injected failures instead of a cluster.
+//!
+//! * [`cpr`]: the CPR emulation (Maeng et al., MLSys 2021, §5.1): one process trains a
+//!   DLRM on generated data while `N_emb` virtual parameter servers fail at seeded sample
+//!   positions, and compares full recovery, partial recovery, CPR-vanilla, CPR-MFU and
+//!   CPR-SSU on emulated overhead and final AUC ([`cpr::run_cpr_emulation`]). The
+//!   policies come from `elastrec_checkpoint::{cpr, priority}`.
+//! * [`cli`]: the library side of `elastrec simulate`.
+
+pub mod cli;
+pub mod cpr;
+pub mod error;
+
+pub use error::{Result, SimError};
