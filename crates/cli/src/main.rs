@@ -36,6 +36,10 @@ enum Command {
     Brain(BrainArgs),
     #[command(flatten)]
     Cluster(elastrec_master::cli::ClusterCommand),
+    /// Simulations over the live policies: `elastrec simulate cpr` emulates parameter-server
+    /// failures and compares CPR's recovery strategies (docs/cpr.md).
+    #[command(subcommand)]
+    Simulate(elastrec_sim::cli::SimulateCommand),
 }
 
 #[derive(clap::Args)]
@@ -173,6 +177,7 @@ fn main() -> anyhow::Result<()> {
             None => commands::brain_serve(&a.db, a.listen, a.token),
         },
         Command::Cluster(c) => elastrec_master::cli::dispatch(c),
+        Command::Simulate(c) => elastrec_sim::cli::dispatch(c),
         Command::Bench(a) => commands::bench(commands::Bench {
             steps: a.steps,
             batch_size: a.batch_size,

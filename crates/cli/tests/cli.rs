@@ -262,3 +262,44 @@ fn brain_service_requires_a_token() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--token"));
 }
+
+/// `elastrec simulate cpr` on a small job: the side-by-side table on stdout, the JSON
+/// report on disk, the same failures for every strategy.
+#[test]
+fn simulate_cpr_prints_the_table_and_writes_the_report() {
+    let tmp = tempfile::tempdir().unwrap();
+    gen(&tmp.path().join("data"), 3_000, 3);
+    let job = write_job(tmp.path(), "");
+    let report = tmp.path().join("out").join("cpr.json");
+    let help = ok(&elastrec(&["simulate", "cpr", "--help"]));
+    assert!(
+        help.contains("--target-pls") && help.contains("--n-emb"),
+        "{help}"
+    );
+    let out = ok(&elastrec(&[
+        "simulate",
+        "cpr",
+        "--job",
+        job.to_str().unwrap(),
+        "--failures",
+        "2",
+        "--strategies",
+        "full,cpr-vanilla",
+        "--out",
+        report.to_str().unwrap(),
+        "--no-progress",
+    ]));
+    assert!(out.contains("| full recovery | full |"), "{out}");
+    assert!(out.contains("| CPR-vanilla |"), "{out}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 3);
+    assert_eq!(results[0]["strategy"], "no-failures");
+    for r in &results[1..] {
+        assert_eq!(r["failures"], 2, "{r}");
+    }
+    let bad = elastrec(&["simulate", "cpr", "--strategies", "scar"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("cpr-ssu"));
+}
