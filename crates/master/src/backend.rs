@@ -79,7 +79,7 @@ impl ClusterBackend for LocalProcesses {
         if let Some(mut c) = self.children.lock().remove(&node.id) {
             let _ = c.kill();
             let _ = c.wait();
-        } else if node.pid > 0 {
+        } else if node.pid > 0 && is_our_node(node.pid, node.id) {
             // A process started by an earlier master (before a restart).
             // SAFETY: kill(2) has no memory-safety preconditions.
             unsafe {
@@ -99,6 +99,18 @@ impl ClusterBackend for LocalProcesses {
         }
         gone
     }
+}
+
+/// True when `pid` still runs node `id` of a job (its command line says so): the pid of
+/// a process that died while no master watched it may have been reused by another one.
+fn is_our_node(pid: u32, id: u32) -> bool {
+    let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+    let id = id.to_string();
+    args.windows(2)
+        .any(|w| w[0] == b"--node-id" && w[1] == id.as_bytes())
 }
 
 impl Drop for LocalProcesses {

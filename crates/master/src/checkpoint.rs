@@ -223,6 +223,8 @@ pub struct Coordinator {
     busy: AtomicBool,
     /// A recovery in progress: (record index, when it started).
     pending: Mutex<Option<(usize, Instant)>>,
+    /// The checkpoint a job started from (`--from-checkpoint`), used until it has its own.
+    origin: Mutex<Option<(Manifest, RestorePlan, DataPosition)>>,
 }
 
 impl Coordinator {
@@ -259,7 +261,14 @@ impl Coordinator {
             stats: Mutex::new(stats),
             busy: AtomicBool::new(false),
             pending: Mutex::new(None),
+            origin: Mutex::new(None),
         })
+    }
+
+    /// Records the checkpoint this job started from: a PS failing before the job's own
+    /// first checkpoint is restored from it.
+    pub fn set_origin(&self, origin: (Manifest, RestorePlan, DataPosition)) {
+        *self.origin.lock() = Some(origin);
     }
 
     /// The checkpoint storage.
@@ -529,7 +538,7 @@ impl Coordinator {
     /// exists yet; restore means initialization).
     pub async fn latest(&self) -> anyhow::Result<Option<(Manifest, RestorePlan, DataPosition)>> {
         let Some(m) = self.store.latest_valid().await? else {
-            return Ok(None);
+            return Ok(self.origin.lock().clone());
         };
         self.plan_for(m).await.map(Some)
     }

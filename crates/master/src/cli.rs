@@ -144,6 +144,12 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
                 "samples_done": s.samples_done, "samples_total": s.samples_total,
                 "samples_per_sec": s.samples_per_sec, "target_workers": s.target_workers,
                 "nodes": nodes,
+                "checkpoint": s.checkpoint.as_ref().map(|c| serde_json::json!({
+                    "count": c.count, "last_id": c.last_id, "last_age_s": c.last_age_s,
+                    "interval_s": c.interval_s, "pls": c.pls, "recovery": c.recovery,
+                    "stall_ms": c.stall_ms, "memcpy_ms": c.memcpy_ms,
+                    "recoveries": c.recoveries,
+                })),
             })
         );
         return Ok(());
@@ -182,6 +188,13 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
             n.restarts,
             n.task_id
         );
+    }
+    if let Some(c) = &s.checkpoint {
+        println!(
+            "checkpoints {} (last id {}, {:.1} s ago, every {:.1} s; stall {:.2} ms vs memory copy {:.2} ms)  PS recoveries {}  PLS {:.4}",
+            c.count, c.last_id, c.last_age_s, c.interval_s, c.stall_ms, c.memcpy_ms, c.recoveries, c.pls
+        );
+        println!("recovery policy: {}", c.recovery);
     }
     Ok(())
 }

@@ -200,6 +200,18 @@ pub async fn start_job(
             rows,
         });
     }
+    // A job started from a checkpoint checks it before anything is created.
+    let foreign = match &from {
+        Some(f) => Some(
+            crate::checkpoint::load_foreign(
+                &f.location,
+                f.id,
+                &Fingerprint::of(&cfg, &file_pairs(&files)),
+            )
+            .await?,
+        ),
+        None => None,
+    };
     let token: String = {
         let mut rng = rand::rng();
         (0..32)
@@ -252,8 +264,7 @@ pub async fn start_job(
     let mut initial_plan = None;
     let mut closed = Vec::new();
     if let Some(from) = &from {
-        let (m, plan, pos) =
-            crate::checkpoint::load_foreign(&from.location, from.id, &fingerprint).await?;
+        let (m, plan, pos) = foreign.clone().expect("loaded with --from-checkpoint");
         eprintln!(
             "job {job_id}: starting from checkpoint {} of {} ({} PS, {} samples trained)",
             m.id, from.location, m.num_ps, m.samples
@@ -270,7 +281,10 @@ pub async fn start_job(
             )
             .await?;
         closed = pos.epochs_closed.clone();
-        initial_plan = Some(plan);
+        initial_plan = Some(plan.clone());
+        if let Some(c) = &coordinator {
+            c.set_origin((m, plan, pos));
+        }
     }
     let mut cx = LiveCtx::now();
     let mut job = Job::start(policy(&cfg), queue, cfg.cluster.workers, &mut cx);

@@ -1,0 +1,206 @@
+//! Shared by the end-to-end tests of distributed jobs: the `elastrec` binary, process
+//! groups killed on drop, one data set with its single-process baseline, job files, and
+//! status polling.
+#![allow(dead_code)]
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+pub fn exe() -> &'static str {
+    env!("CARGO_BIN_EXE_elastrec")
+}
+
+pub fn elastrec(args: &[&str]) -> Output {
+    Command::new(exe())
+        .args(args)
+        .output()
+        .expect("run elastrec")
+}
+
+/// One distributed job at a time: the machine is small and timings matter.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A process group (the master and every node it starts) killed when dropped.
+pub struct Group(pub Child);
+
+impl Group {
+    pub fn spawn(args: &[&str], log: &Path) -> Self {
+        let f = std::fs::File::create(log).unwrap();
+        let child = Command::new(exe())
+            .args(args)
+            .stdout(f.try_clone().unwrap())
+            .stderr(f)
+            .stdin(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("spawn elastrec run");
+        Group(child)
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.0.id() as i32
+    }
+
+    pub fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let t0 = Instant::now();
+        loop {
+            if let Some(s) = self.0.try_wait().unwrap() {
+                return s;
+            }
+            assert!(t0.elapsed() < limit, "job did not finish in {limit:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) with a negative pid signals the process group.
+        unsafe {
+            libc::kill(-self.pid(), libc::SIGKILL);
+        }
+        let _ = self.0.wait();
+    }
+}
+
+/// Shared data set and single-process baseline.
+pub struct Fixture {
+    pub dir: PathBuf,
+    pub baseline_auc: f64,
+    pub train_rows: u64,
+}
+
+pub const ROWS: u64 = 90_000;
+
+pub fn fixture() -> &'static Fixture {
+    static F: OnceLock<Fixture> = OnceLock::new();
+    F.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap().keep();
+        let out = elastrec(&[
+            "gen-data",
+            "--out",
+            dir.join("data").to_str().unwrap(),
+            "--rows",
+            &ROWS.to_string(),
+            "--days",
+            "3",
+            "--scale",
+            "0.001",
+            "--seed",
+            "5",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let job = dir.join("single.toml");
+        std::fs::write(&job, job_text("single", "")).unwrap();
+        let out = elastrec(&["train", job.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let summary: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("single/summary.json")).unwrap(),
+        )
+        .unwrap();
+        Fixture {
+            baseline_auc: summary["eval"]["auc"].as_f64().unwrap(),
+            train_rows: ROWS * 2 / 3,
+            dir,
+        }
+    })
+}
+
+/// The same data, model and optimizer for both modes; `cluster` adds the `[cluster]` part.
+pub fn job_text(out: &str, cluster: &str) -> String {
+    format!(
+        r#"
+[data]
+dir = "data"
+train = ["day_0.tsv", "day_1.tsv"]
+eval = ["day_2.tsv"]
+[model]
+bottom_mlp = [32, 16]
+top_mlp = [32, 1]
+max_table_rows = 4000
+[train]
+batch_size = 256
+epochs = 2
+progress = false
+[output]
+dir = "{out}"
+{cluster}
+"#
+    )
+}
+
+pub fn write_job(name: &str, cluster: &str) -> (PathBuf, PathBuf) {
+    let f = fixture();
+    let job = f.dir.join(format!("{name}.toml"));
+    std::fs::write(&job, job_text(name, cluster)).unwrap();
+    (job, f.dir.join(name))
+}
+
+pub fn result(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("result.json")).unwrap()).unwrap()
+}
+
+/// The ledger proves exactly-once per epoch, and the model is as good as single-process.
+pub fn check_result(dir: &Path, log: &Path, auc_tolerance: f64) {
+    let f = fixture();
+    let r = result(dir);
+    let text = std::fs::read_to_string(log).unwrap();
+    assert_eq!(r["status"], "finished", "{r}\n{text}");
+    for e in r["epochs"].as_array().unwrap() {
+        assert_eq!(e["duplicated"], 0, "{r}");
+        assert_eq!(e["missing"], 0, "{r}");
+        assert_eq!(e["consumed"], f.train_rows, "{r}");
+    }
+    assert_eq!(r["ledger"]["consumed"], 2 * f.train_rows);
+    assert!(text.contains("duplicated 0, missing 0"), "{text}");
+    let auc = r["eval"]["auc"].as_f64().unwrap();
+    assert!(
+        (auc - f.baseline_auc).abs() <= auc_tolerance,
+        "distributed AUC {auc:.4} vs single-process {:.4}",
+        f.baseline_auc
+    );
+}
+
+pub fn status_json(dir: &Path) -> Option<serde_json::Value> {
+    let out = elastrec(&["status", dir.to_str().unwrap(), "--json"]);
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+pub fn running_workers(s: &serde_json::Value) -> Vec<(u64, i32)> {
+    s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["role"] == "worker" && n["state"] == "running" && n["pid"].as_u64() > Some(0))
+        .map(|n| (n["id"].as_u64().unwrap(), n["pid"].as_u64().unwrap() as i32))
+        .collect()
+}
+
+pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < limit, "condition not reached in {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub fn samples_done(dir: &Path) -> u64 {
+    status_json(dir).map_or(0, |s| s["samples_done"].as_u64().unwrap_or(0))
+}

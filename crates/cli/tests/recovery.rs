@@ -1,0 +1,227 @@
+//! End-to-end tests of checkpoints and recovery with real processes: a parameter server
+//! killed with SIGKILL under partial and under full recovery, the whole job killed and
+//! resumed (with the newest checkpoint corrupted and a half-written one lying around), and
+//! a checkpoint of a 2-PS job restored onto 3 PS. Every test checks the sample ledger and
+//! the final AUC against the single-process `elastrec train` on the same data.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+
+/// One worker, so that the model matches the single-process trainer (see cluster.rs): the
+/// AUC bound below is the issue's 0.005, not the multi-worker one.
+fn cluster(recovery: &str, interval_s: f64) -> String {
+    format!(
+        r#"
+[cluster]
+ps = 2
+workers = 1
+staleness = 0
+batches_per_shard = 4
+heartbeat_ms = 200
+dead_after_ms = 2000
+[checkpoint]
+interval_s = {interval_s:?}
+keep = 3
+recovery = "{recovery}"
+"#
+    )
+}
+
+fn ps_pids(s: &serde_json::Value) -> Vec<(u64, i32)> {
+    s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["role"] == "ps" && n["state"] == "running" && n["pid"].as_u64() > Some(0))
+        .map(|n| (n["id"].as_u64().unwrap(), n["pid"].as_u64().unwrap() as i32))
+        .collect()
+}
+
+fn checkpoints_taken(dir: &Path) -> u64 {
+    status_json(dir).map_or(0, |s| s["checkpoint"]["count"].as_u64().unwrap_or(0))
+}
+
+fn kill(pid: i32, sig: i32) {
+    // SAFETY: plain kill(2).
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+/// Waits until a third of the job is trained and two checkpoints exist, then kills PS 1.
+fn kill_a_ps_midway(dir: &Path) {
+    let total = 2 * fixture().train_rows;
+    wait_for(Duration::from_secs(180), || {
+        samples_done(dir) >= total / 3 && checkpoints_taken(dir) >= 2
+    });
+    let s = status_json(dir).expect("status");
+    let ps = ps_pids(&s);
+    assert_eq!(ps.len(), 2, "{s}");
+    kill(ps[1].1, libc::SIGKILL);
+}
+
+/// Partial recovery: only the killed PS reloads its shard; the worker keeps its progress,
+/// nothing is trained twice, the lost updates show as PLS > 0, and the model is as good as
+/// the failure-free one.
+#[test]
+fn ps_killed_under_partial_recovery() {
+    let _g = serial();
+    let (job, dir) = write_job("partial", &cluster("partial", 1.0));
+    let log = dir.with_extension("log");
+    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
+    kill_a_ps_midway(&dir);
+    let st = g.wait(Duration::from_secs(300));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(st.success(), "{text}");
+    check_result(&dir, &log, 0.005);
+    let r = result(&dir);
+    let c = &r["checkpoint"];
+    let rec = c["recoveries"].as_array().unwrap();
+    assert_eq!(rec.len(), 1, "{r}");
+    assert_eq!(rec[0]["mode"], "partial", "{r}");
+    assert_eq!(rec[0]["ps"], serde_json::json!([1]), "{r}");
+    assert!(rec[0]["seconds"].as_f64().is_some(), "{r}");
+    assert!(c["pls"].as_f64().unwrap() > 0.0, "{r}");
+    // The worker never stopped: no replacement was launched.
+    assert_eq!(r["workers_launched"], 1, "{r}");
+    assert!(text.contains("recovering PS [1] (partial)"), "{text}");
+}
+
+/// Full recovery: every node and the data position go back to the last checkpoint; the
+/// ledger (rewound with it) is still exact, and the rewound samples are counted.
+#[test]
+fn ps_killed_under_full_recovery() {
+    let _g = serial();
+    let (job, dir) = write_job("full", &cluster("full", 1.0));
+    let log = dir.with_extension("log");
+    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
+    kill_a_ps_midway(&dir);
+    let st = g.wait(Duration::from_secs(300));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(st.success(), "{text}");
+    check_result(&dir, &log, 0.005);
+    let r = result(&dir);
+    let c = &r["checkpoint"];
+    let rec = c["recoveries"].as_array().unwrap();
+    assert_eq!(rec.len(), 1, "{r}");
+    assert_eq!(rec[0]["mode"], "full", "{r}");
+    assert!(rec[0]["checkpoint"].as_u64().is_some(), "{r}");
+    assert!(
+        rec[0]["samples_at_checkpoint"].as_u64() <= rec[0]["samples_at_failure"].as_u64(),
+        "{r}"
+    );
+    assert_eq!(c["pls"].as_f64().unwrap(), 0.0, "{r}");
+    assert!(text.contains("recovering PS [1] (full)"), "{text}");
+}
+
+/// The whole job (master, PS, worker) is killed; the newest checkpoint is then corrupted
+/// and a half-written one is left behind. `run --resume` detects the corruption by its
+/// checksum, ignores the half-written one, restores the previous checkpoint (model and
+/// data position) and finishes with an exact ledger.
+#[test]
+fn whole_job_killed_then_resumed_from_the_last_intact_checkpoint() {
+    let _g = serial();
+    let (job, dir) = write_job("whole", &cluster("auto", 1.0));
+    let log = dir.with_extension("log");
+    let g = Group::spawn(&["run", job.to_str().unwrap()], &log);
+    let total = 2 * fixture().train_rows;
+    wait_for(Duration::from_secs(180), || {
+        samples_done(&dir) >= total / 3 && checkpoints_taken(&dir) >= 3
+    });
+    drop(g); // SIGKILL to the process group: master, PS and worker.
+    std::thread::sleep(Duration::from_millis(300));
+    let ckpts = dir.join("checkpoints");
+    let mut ids: Vec<u64> = std::fs::read_dir(&ckpts)
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.unwrap();
+            let name = e.file_name().into_string().unwrap();
+            let id = name.strip_prefix("ckpt-")?.parse().ok()?;
+            e.path().join("MANIFEST.json").exists().then_some(id)
+        })
+        .collect();
+    ids.sort_unstable();
+    let newest = *ids.last().expect("a committed checkpoint");
+    let part = ckpts
+        .join(format!("ckpt-{newest:012}"))
+        .join("ps-0-of-2.bin");
+    let mut bytes = std::fs::read(&part).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x5a;
+    std::fs::write(&part, bytes).unwrap();
+    // A save that crashed before its manifest: parts only.
+    let torn = ckpts.join(format!("ckpt-{:012}", newest + 1));
+    std::fs::create_dir_all(&torn).unwrap();
+    std::fs::write(torn.join("ps-0-of-2.bin"), b"half a part").unwrap();
+
+    let log2 = dir.with_extension("resume.log");
+    let mut g2 = Group::spawn(&["run", "--resume", dir.to_str().unwrap()], &log2);
+    let st = g2.wait(Duration::from_secs(300));
+    let text = std::fs::read_to_string(&log2).unwrap();
+    assert!(st.success(), "{text}");
+    check_result(&dir, &log2, 0.005);
+    let r = result(&dir);
+    let rec = r["checkpoint"]["recoveries"].as_array().unwrap();
+    let last = rec.last().unwrap();
+    assert_eq!(last["mode"], "full", "{r}");
+    let restored = last["checkpoint"].as_u64().unwrap();
+    assert!(
+        restored < newest,
+        "restored {restored}, corrupted {newest}: {text}"
+    );
+    assert!(text.contains("restoring the last checkpoint"), "{text}");
+}
+
+/// A 2-PS job stopped with SIGTERM writes a checkpoint on the way out; a new job with 3
+/// PS starts from it (`--from-checkpoint`), rows re-routed by the stable hash, and
+/// finishes the remaining data with an exact ledger and an unchanged model quality.
+#[test]
+fn checkpoint_of_two_ps_restored_onto_three() {
+    let _g = serial();
+    let (job, dir) = write_job("two", &cluster("auto", 3600.0));
+    let log = dir.with_extension("log");
+    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
+    let total = 2 * fixture().train_rows;
+    wait_for(Duration::from_secs(180), || samples_done(&dir) >= total / 3);
+    kill(g.pid(), libc::SIGTERM);
+    let st = g.wait(Duration::from_secs(120));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!st.success(), "{text}");
+    assert!(
+        text.contains("checkpoint") && text.contains("terminated"),
+        "{text}"
+    );
+
+    let three = cluster("auto", 1.0).replace("ps = 2", "ps = 3");
+    let (job3, dir3) = write_job("three", &three);
+    let log3 = dir3.with_extension("log");
+    let from = dir.join("checkpoints");
+    let mut g3 = Group::spawn(
+        &[
+            "run",
+            job3.to_str().unwrap(),
+            "--from-checkpoint",
+            from.to_str().unwrap(),
+        ],
+        &log3,
+    );
+    let st = g3.wait(Duration::from_secs(300));
+    let text3 = std::fs::read_to_string(&log3).unwrap();
+    assert!(st.success(), "{text3}");
+    assert!(text3.contains("starting from checkpoint"), "{text3}");
+    check_result(&dir3, &log3, 0.005);
+    // The new job trained only what the first one had not.
+    let ps_logs = std::fs::read_dir(dir3.join("logs"))
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .filter(|t| t.contains("restored checkpoint"))
+        .count();
+    assert_eq!(
+        ps_logs, 3,
+        "every new PS loads its rows from the 2-PS checkpoint"
+    );
+}
