@@ -143,6 +143,17 @@ impl PsShard {
         })
     }
 
+    /// Bytes of embedding state held, CPR-MFU counters and CPR-SSU lists included.
+    pub fn memory_bytes(&self) -> usize {
+        let st = self.state.lock();
+        st.store.memory_bytes()
+            + st.ssu
+                .iter()
+                .flatten()
+                .map(SsuList::memory_bytes)
+                .sum::<usize>()
+    }
+
     /// Dense updates applied so far.
     pub fn version(&self) -> u64 {
         self.state.lock().version

@@ -1,0 +1,207 @@
+//! Flash checkpoints of a parameter server through its own API, on a real local checkpoint
+//! store: a full checkpoint followed by a CPR-MFU delta restores the hot rows to their
+//! latest values and the cold ones to the full checkpoint; a restore onto another number
+//! of servers gives every row back.
+
+use std::path::Path;
+
+use elastrec_checkpoint::format::{CheckpointKind, Manifest, PartMeta};
+use elastrec_checkpoint::store::CheckpointStore;
+use elastrec_proto::master::RestorePlan;
+use elastrec_proto::ps::{CheckpointRequest, CheckpointResponse, PullRequest, PushRequest};
+use elastrec_ps::PsShard;
+use elastrec_worker::cluster::ClusterJob;
+use elastrec_worker::rpc;
+
+/// Table 0 has 1000 rows (the only "large" table at 50% coverage); 25 small ones.
+fn job(priority: &str, ps: u32) -> ClusterJob {
+    let mut rows = vec![1000u64];
+    rows.extend(std::iter::repeat_n(10, 25));
+    ClusterJob::from_toml(
+        &format!(
+            "[model]\nbottom_mlp = [8, 4]\ntop_mlp = [8, 1]\nembedding_dim = 4\ntable_rows = {rows:?}\n\
+             [cluster]\nps = {ps}\n[checkpoint]\npriority = \"{priority}\"\nlarge_table_coverage = 0.5\n"
+        ),
+        Path::new("job.toml"),
+    )
+    .unwrap()
+}
+
+async fn push(ps: &PsShard, rows: &[u64], times: usize) {
+    for _ in 0..times {
+        ps.push(PushRequest {
+            version: rpc::version(),
+            worker_id: 1,
+            tables: vec![0; rows.len()],
+            rows: rows.to_vec(),
+            grads: vec![0.5; rows.len() * 4],
+            dense_grad: vec![],
+            base_version: 0,
+            step: 0,
+            contributors: 1,
+        })
+        .await
+        .unwrap();
+    }
+}
+
+fn pull(ps: &PsShard, rows: &[u64]) -> Vec<Vec<f32>> {
+    let r = ps
+        .pull(&PullRequest {
+            version: rpc::version(),
+            tables: vec![0; rows.len()],
+            rows: rows.to_vec(),
+            want_dense: false,
+        })
+        .unwrap();
+    r.values.chunks(4).map(|c| c.to_vec()).collect()
+}
+
+async fn checkpoint(
+    ps: &[&PsShard],
+    store: &CheckpointStore,
+    id: u64,
+    delta: bool,
+    ratio: f64,
+) -> Vec<CheckpointResponse> {
+    let mut out = Vec::new();
+    for p in ps {
+        out.push(
+            p.checkpoint(CheckpointRequest {
+                version: rpc::version(),
+                id,
+                location: store.location(),
+                delta,
+                ratio,
+                shm_namespace: String::new(),
+            })
+            .await
+            .unwrap(),
+        );
+    }
+    let parts = out
+        .iter()
+        .map(|r| PartMeta {
+            name: r.part.clone(),
+            bytes: r.bytes,
+            checksum: r.checksum,
+        })
+        .collect();
+    store
+        .commit(&Manifest {
+            id,
+            created_ms: 0,
+            fingerprint: "test".into(),
+            kind: if delta {
+                CheckpointKind::Delta { base: id - 1 }
+            } else {
+                CheckpointKind::Full
+            },
+            num_ps: ps.len() as u32,
+            step: 0,
+            samples: 0,
+            parts,
+            info: Default::default(),
+        })
+        .await
+        .unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mfu_delta_saves_hot_rows_and_restores_on_top_of_the_full_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(dir.path().to_str().unwrap()).unwrap();
+    let ps = PsShard::new(&job("mfu", 1), 0, 1).unwrap();
+    let hot: Vec<u64> = (100..105).collect();
+    let cold: Vec<u64> = (500..520).collect();
+    push(&ps, &hot, 3).await;
+    push(&ps, &cold, 1).await;
+    let full = checkpoint(&[&ps], &store, 1, false, 1.0).await;
+    assert_eq!(full[0].rows, 1000 + 25 * 10);
+    assert!(full[0].stall_us > 0 && full[0].bytes > 0);
+    let cold_at_full = pull(&ps, &cold);
+    // After the full checkpoint: hot rows 10 times, cold rows once.
+    push(&ps, &hot, 10).await;
+    push(&ps, &cold, 1).await;
+    // k = ceil(0.01 × 1000) = 10: the 5 hot rows and the 5 lowest-index cold rows.
+    let delta = checkpoint(&[&ps], &store, 2, true, 0.01).await;
+    assert_eq!(
+        delta[0].rows,
+        10 + 25 * 10,
+        "delta: 10 MFU rows + the small tables"
+    );
+    assert!(delta[0].bytes < full[0].bytes);
+    let now_hot = pull(&ps, &hot);
+    let now_cold = pull(&ps, &cold);
+
+    let fresh = PsShard::new(&job("mfu", 1), 0, 1).unwrap();
+    fresh
+        .restore(&RestorePlan {
+            location: store.location(),
+            chain: vec![1, 2],
+            num_ps: 1,
+            shm_namespace: String::new(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(pull(&fresh, &hot), now_hot, "hot rows come from the delta");
+    let restored_cold = pull(&fresh, &cold);
+    assert_eq!(restored_cold[..5], now_cold[..5], "selected cold rows too");
+    assert_eq!(
+        restored_cold[5..],
+        cold_at_full[5..],
+        "unselected rows keep the full checkpoint's values"
+    );
+    assert_ne!(restored_cold[5..], now_cold[5..]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ssu_delta_saves_at_most_ratio_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(dir.path().to_str().unwrap()).unwrap();
+    let ps = PsShard::new(&job("ssu", 1), 0, 1).unwrap();
+    checkpoint(&[&ps], &store, 1, false, 1.0).await;
+    let touched: Vec<u64> = (0..400).collect();
+    push(&ps, &touched, 4).await;
+    let delta = checkpoint(&[&ps], &store, 2, true, 0.125).await;
+    let large_rows = delta[0].rows - 25 * 10;
+    assert!(
+        large_rows > 0 && large_rows <= 125,
+        "SSU saved {large_rows} rows of table 0 (cap 125)"
+    );
+}
+
+/// A checkpoint of two servers restored onto three: every row of every table is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_server_checkpoint_restores_onto_three() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(dir.path().to_str().unwrap()).unwrap();
+    let job2 = job("none", 2);
+    let a = PsShard::new(&job2, 0, 2).unwrap();
+    let b = PsShard::new(&job2, 1, 2).unwrap();
+    let rows: Vec<u64> = (0..1000).collect();
+    let owner = |r: u64, n: u32| elastrec_embedding::shard_of(0, r, n) as usize;
+    for (i, s) in [&a, &b].iter().enumerate() {
+        let mine: Vec<u64> = rows.iter().copied().filter(|&r| owner(r, 2) == i).collect();
+        push(s, &mine, 2).await;
+    }
+    checkpoint(&[&a, &b], &store, 1, false, 1.0).await;
+    let job3 = job("none", 3);
+    let three: Vec<PsShard> = (0..3).map(|i| PsShard::new(&job3, i, 3).unwrap()).collect();
+    for s in &three {
+        s.restore(&RestorePlan {
+            location: store.location(),
+            chain: vec![1],
+            num_ps: 2,
+            shm_namespace: String::new(),
+        })
+        .await
+        .unwrap();
+    }
+    for r in (0..1000).step_by(37) {
+        let before = pull([&a, &b][owner(r, 2)], &[r]);
+        let after = pull(&three[owner(r, 3)], &[r]);
+        assert_eq!(before, after, "row {r}");
+    }
+}
