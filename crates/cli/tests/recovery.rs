@@ -5,6 +5,8 @@
 //! the final AUC against the single-process `elastrec train` on the same data.
 
 mod common;
+#[path = "../../checkpoint/tests/integration/moto.rs"]
+mod moto;
 
 use std::path::Path;
 use std::time::Duration;
@@ -224,4 +226,37 @@ fn checkpoint_of_two_ps_restored_onto_three() {
         ps_logs, 3,
         "every new PS loads its rows from the 2-PS checkpoint"
     );
+}
+
+/// Checkpoints on S3 (a real S3-compatible server on loopback), no shared memory: the
+/// replacement PS reads its part from the object store.
+#[test]
+fn ps_recovers_from_checkpoints_on_s3() {
+    let _g = serial();
+    let s3 = moto::Moto::start();
+    s3.create_bucket("ckpt");
+    let text = cluster("partial", 1.0)
+        + &format!("location = \"{}\"\nshm = false\n", s3.url("ckpt", "jobs/s3"));
+    let (job, dir) = write_job("s3", &text);
+    let log = dir.with_extension("log");
+    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
+    kill_a_ps_midway(&dir);
+    let st = g.wait(Duration::from_secs(300));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(st.success(), "{text}");
+    check_result(&dir, &log, 0.005);
+    let r = result(&dir);
+    assert_eq!(r["checkpoint"]["location"], "s3://ckpt/jobs/s3", "{r}");
+    assert_eq!(r["checkpoint"]["recoveries"][0]["mode"], "partial", "{r}");
+    let restored: Vec<String> = std::fs::read_dir(dir.join("logs"))
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .filter(|t| t.contains("restored checkpoint"))
+        .collect();
+    assert_eq!(restored.len(), 1, "{restored:?}");
+    assert!(
+        restored[0].contains("0 parts from shared memory, 1 from storage"),
+        "{restored:?}"
+    );
+    assert!(!dir.join("checkpoints").exists(), "nothing written locally");
 }
