@@ -20,7 +20,8 @@ use elastrec_checkpoint::shm::ShmImage;
 use elastrec_checkpoint::store::CheckpointStore;
 use elastrec_proto::master::{CheckpointStatus, RestorePlan};
 use elastrec_proto::ps::CheckpointRequest;
-use elastrec_worker::cluster::{CheckpointConfig, ClusterJob, RecoveryChoice, SavePriority};
+use elastrec_worker::cluster::{CheckpointConfig, RecoveryChoice, SavePriority};
+use elastrec_worker::config::JobConfig;
 use elastrec_worker::rpc;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -56,7 +57,7 @@ pub struct Fingerprint {
 
 impl Fingerprint {
     /// The fingerprint of `job` over training files with the given rows.
-    pub fn of(job: &ClusterJob, files: &[(String, u64)]) -> Self {
+    pub fn of(job: &JobConfig, files: &[(String, u64)]) -> Self {
         Self {
             model: serde_json::to_value(&job.model).expect("model serializes"),
             optimizer: serde_json::to_value(&job.optimizer).expect("optimizer serializes"),
@@ -231,7 +232,7 @@ impl Coordinator {
     /// A coordinator for `job`; `stats` come from the master database after a restart.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        job: &ClusterJob,
+        job: &JobConfig,
         fingerprint: Fingerprint,
         total_samples: u64,
         token: &str,
@@ -813,7 +814,7 @@ mod tests {
 
     #[test]
     fn fingerprint_names_the_section_that_differs() {
-        let job = ClusterJob::default();
+        let job = JobConfig::default();
         let files = vec![("/d/day_0.tsv".to_string(), 100)];
         let a = Fingerprint::of(&job, &files);
         assert_eq!(a.files[0].0, "day_0.tsv");

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use elastrec_proto::master::master_server::MasterServer;
-use elastrec_worker::cluster::ClusterJob;
+use elastrec_worker::config::JobConfig;
 use elastrec_worker::rpc::ServerAuth;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -99,7 +99,7 @@ pub struct EpochLedger {
     pub summary: LedgerSummary,
 }
 
-fn shard_spec(cfg: &ClusterJob) -> ShardSpec {
+fn shard_spec(cfg: &JobConfig) -> ShardSpec {
     let b = cfg.train.batch_size as u64;
     ShardSpec {
         rows_per_shard: b * cfg.cluster.batches_per_shard as u64,
@@ -110,7 +110,7 @@ fn shard_spec(cfg: &ClusterJob) -> ShardSpec {
     }
 }
 
-fn policy(cfg: &ClusterJob) -> Policy {
+fn policy(cfg: &JobConfig) -> Policy {
     Policy {
         num_ps: cfg.cluster.ps,
         dead_after_ms: cfg.cluster.dead_after_ms,
@@ -167,8 +167,8 @@ fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
 }
 
 /// Validates a job file completely (fields, ranges, data paths) without starting anything.
-pub fn validate_job(path: &Path) -> anyhow::Result<ClusterJob> {
-    let cfg = ClusterJob::load(path)?;
+pub fn validate_job(path: &Path) -> anyhow::Result<JobConfig> {
+    let cfg = JobConfig::load(path)?;
     cfg.check_data(path)?;
     Ok(cfg)
 }
@@ -181,7 +181,7 @@ pub async fn start_job(
     from: Option<FromCheckpoint>,
 ) -> anyhow::Result<JobResult> {
     let cfg = validate_job(path)?;
-    elastrec_worker::trainer::ensure_data(&cfg.job(), false)?;
+    elastrec_worker::trainer::ensure_data(&cfg, false)?;
     let dir = JobDir(cfg.output.dir.clone());
     if dir.db().exists() {
         bail!(
@@ -192,7 +192,7 @@ pub async fn start_job(
     }
     std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
     let mut files = Vec::new();
-    for f in cfg.job().train_files() {
+    for f in cfg.train_files() {
         let rows = elastrec_data::count_rows(&f)
             .with_context(|| format!("counting rows of {}", f.display()))?;
         files.push(FileRows {
@@ -340,7 +340,7 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
             .with_context(|| format!("master.db lacks `{k}`"))
     };
     let job_toml = meta("job_toml")?;
-    let cfg = ClusterJob::from_toml(&job_toml, &dir.db())?;
+    let cfg = JobConfig::from_toml(&job_toml, &dir.db())?;
     let files: Vec<FileRows> = serde_json::from_str(&meta("files")?)?;
     let addr = meta("master_addr")?;
     let job_id = meta("job_id")?;
@@ -463,7 +463,7 @@ async fn serve(
     core: Arc<MasterCore>,
     listener: tokio::net::TcpListener,
     token: String,
-    cfg: &ClusterJob,
+    cfg: &JobConfig,
     dir: &JobDir,
 ) -> anyhow::Result<JobResult> {
     let max = cfg.cluster.max_message_bytes;

@@ -14,11 +14,11 @@ use elastrec_checkpoint::store::CheckpointStore;
 use elastrec_proto::master::RestorePlan;
 use elastrec_proto::ps::CheckpointRequest;
 use elastrec_ps::PsShard;
-use elastrec_worker::cluster::ClusterJob;
+use elastrec_worker::config::JobConfig;
 use elastrec_worker::rpc;
 
-fn job(rows: u64, priority: &str) -> ClusterJob {
-    ClusterJob::from_toml(
+fn job(rows: u64, priority: &str) -> JobConfig {
+    JobConfig::from_toml(
         &format!(
             "[model]\nembedding_dim = 16\ntable_rows = {rows}\n[checkpoint]\npriority = \"{priority}\"\n"
         ),

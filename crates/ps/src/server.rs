@@ -14,7 +14,8 @@ use elastrec_proto::ps::{
     CheckpointRequest, CheckpointResponse, InfoRequest, InfoResponse, PullRequest, PullResponse,
     PushRequest, PushResponse,
 };
-use elastrec_worker::cluster::{ClusterJob, SavePriority, SyncMode};
+use elastrec_worker::cluster::{SavePriority, SyncMode};
+use elastrec_worker::config::JobConfig;
 use elastrec_worker::remote::{dense_model, register};
 use elastrec_worker::rpc::{self, check_version, dense_slice, is_transient, ServerAuth};
 use parking_lot::Mutex;
@@ -82,8 +83,8 @@ fn bad(msg: String) -> Status {
 
 impl PsShard {
     /// Shard `index` of `count` for `job`, initialized exactly as the single-process model.
-    pub fn new(job: &ClusterJob, index: u32, count: u32) -> anyhow::Result<Self> {
-        let table_rows = elastrec_worker::trainer::resolve_table_rows(&job.job());
+    pub fn new(job: &JobConfig, index: u32, count: u32) -> anyhow::Result<Self> {
+        let table_rows = elastrec_worker::trainer::resolve_table_rows(job);
         let mut store = EmbeddingStore::new_shard(
             EmbeddingConfig {
                 dim: job.model.embedding_dim,
@@ -506,8 +507,8 @@ mod tests {
     use super::*;
     use std::path::Path;
 
-    fn job(mode: &str) -> ClusterJob {
-        ClusterJob::from_toml(
+    fn job(mode: &str) -> JobConfig {
+        JobConfig::from_toml(
             &format!(
                 "[model]\nbottom_mlp = [8, 4]\ntop_mlp = [8, 1]\nembedding_dim = 4\ntable_rows = 100\n[cluster]\nps = 2\nmode = \"{mode}\"\nsync_timeout_ms = 200\n"
             ),

@@ -10,14 +10,14 @@ use elastrec_checkpoint::store::CheckpointStore;
 use elastrec_proto::master::RestorePlan;
 use elastrec_proto::ps::{CheckpointRequest, CheckpointResponse, PullRequest, PushRequest};
 use elastrec_ps::PsShard;
-use elastrec_worker::cluster::ClusterJob;
+use elastrec_worker::config::JobConfig;
 use elastrec_worker::rpc;
 
 /// Table 0 has 1000 rows (the only "large" table at 50% coverage); 25 small ones.
-fn job(priority: &str, ps: u32) -> ClusterJob {
+fn job(priority: &str, ps: u32) -> JobConfig {
     let mut rows = vec![1000u64];
     rows.extend(std::iter::repeat_n(10, 25));
-    ClusterJob::from_toml(
+    JobConfig::from_toml(
         &format!(
             "[model]\nbottom_mlp = [8, 4]\ntop_mlp = [8, 1]\nembedding_dim = 4\ntable_rows = {rows:?}\n\
              [cluster]\nps = {ps}\n[checkpoint]\npriority = \"{priority}\"\nlarge_table_coverage = 0.5\n"

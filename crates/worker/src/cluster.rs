@@ -1,14 +1,13 @@
-//! The distributed job file: the single-process job ([`JobConfig`]'s sections) plus a
-//! `[cluster]` section for `elastrec run` (parameter servers, workers, sharding, failure
-//! policy). Typo-proof like the rest: unknown keys are errors naming the key.
+//! The distributed sections of a job file: `[cluster]` (parameter servers, workers,
+//! sharding, failure policy) and `[checkpoint]` (flash checkpoints, recovery, CPR), read by
+//! `elastrec run` and ignored by the single-process `elastrec train`. Typo-proof like the
+//! rest: unknown keys are errors naming the key.
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{
-    ConfigError, DataConfig, JobConfig, ModelConfig, OptimizerConfig, OutputConfig, TrainConfig,
-};
+use crate::config::{ConfigError, JobConfig};
 
 /// How gradients from several workers meet on the PS.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -167,186 +166,108 @@ impl Default for CheckpointConfig {
     }
 }
 
-/// A distributed job: the training job plus its cluster layout.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct ClusterJob {
-    /// Where the samples come from.
-    pub data: DataConfig,
-    /// Model shape.
-    pub model: ModelConfig,
-    /// Loop settings.
-    pub train: TrainConfig,
-    /// Dense and sparse optimizers.
-    pub optimizer: OptimizerConfig,
-    /// Where results go (the job directory).
-    pub output: OutputConfig,
-    /// Processes and policies.
-    pub cluster: ClusterConfig,
-    /// Checkpoints and recovery.
-    pub checkpoint: CheckpointConfig,
-}
-
-impl ClusterJob {
-    /// The single-process view of the job (same data, model, optimizer).
-    pub fn job(&self) -> JobConfig {
-        JobConfig {
-            data: self.data.clone(),
-            model: self.model.clone(),
-            train: self.train.clone(),
-            optimizer: self.optimizer.clone(),
-            output: self.output.clone(),
-        }
+/// Range checks of the `[cluster]` and `[checkpoint]` sections (part of
+/// [`JobConfig::validate`]).
+pub(crate) fn validate_distributed(job: &JobConfig, path: &Path) -> Result<(), ConfigError> {
+    let bad = |field: &'static str, reason: &str| ConfigError::Invalid {
+        path: path.to_path_buf(),
+        field,
+        reason: reason.to_string(),
+    };
+    let c = &job.cluster;
+    if c.ps == 0 || c.ps > 64 {
+        return Err(bad("cluster.ps", "must be between 1 and 64"));
     }
-
-    /// Parses and validates TOML text; `path` only names the source in errors.
-    pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let cfg: ClusterJob = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
-        cfg.job().validate(path)?;
-        cfg.validate_cluster(path)?;
-        Ok(cfg)
+    if c.workers == 0 || c.workers > 256 {
+        return Err(bad("cluster.workers", "must be between 1 and 256"));
     }
-
-    /// Reads a job file; relative data and output paths resolve against its directory.
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let mut cfg = Self::from_toml(&text, path)?;
-        let base = path.parent().unwrap_or(Path::new("."));
-        cfg.data.dir = absolute(&base.join(&cfg.data.dir));
-        cfg.output.dir = absolute(&base.join(&cfg.output.dir));
-        let loc = &cfg.checkpoint.location;
-        cfg.checkpoint.location = if loc.is_empty() {
-            cfg.output
-                .dir
-                .join("checkpoints")
-                .to_string_lossy()
-                .into_owned()
-        } else if loc.contains("://") {
-            loc.clone()
-        } else {
-            absolute(&base.join(loc)).to_string_lossy().into_owned()
-        };
-        Ok(cfg)
+    if c.batches_per_shard == 0 {
+        return Err(bad("cluster.batches_per_shard", "must be at least 1"));
     }
-
-    /// Checks that every training and evaluation file exists (unless the data is to be
-    /// generated), naming the field at fault.
-    pub fn check_data(&self, path: &Path) -> Result<(), ConfigError> {
-        if self.data.generate.is_some() && !self.data.dir.exists() {
-            return Ok(());
-        }
-        let job = self.job();
-        for (field, files) in [
-            ("data.train", job.train_files()),
-            ("data.eval", job.eval_files()),
-        ] {
-            for f in files {
-                if !f.is_file() {
-                    return Err(ConfigError::Invalid {
-                        path: path.to_path_buf(),
-                        field,
-                        reason: format!(
-                            "data file {} does not exist (data.dir is {})",
-                            f.display(),
-                            self.data.dir.display()
-                        ),
-                    });
-                }
-            }
-        }
-        Ok(())
+    if c.heartbeat_ms == 0 {
+        return Err(bad("cluster.heartbeat_ms", "must be at least 1"));
     }
-
-    fn validate_cluster(&self, path: &Path) -> Result<(), ConfigError> {
-        let bad = |field: &'static str, reason: &str| ConfigError::Invalid {
-            path: path.to_path_buf(),
-            field,
-            reason: reason.to_string(),
-        };
-        let c = &self.cluster;
-        if c.ps == 0 || c.ps > 64 {
-            return Err(bad("cluster.ps", "must be between 1 and 64"));
-        }
-        if c.workers == 0 || c.workers > 256 {
-            return Err(bad("cluster.workers", "must be between 1 and 256"));
-        }
-        if c.batches_per_shard == 0 {
-            return Err(bad("cluster.batches_per_shard", "must be at least 1"));
-        }
-        if c.heartbeat_ms == 0 {
-            return Err(bad("cluster.heartbeat_ms", "must be at least 1"));
-        }
-        if c.dead_after_ms < 2 * c.heartbeat_ms {
-            return Err(bad(
-                "cluster.dead_after_ms",
-                "must be at least twice cluster.heartbeat_ms",
-            ));
-        }
-        if !(c.straggler_ratio.is_finite() && (0.0..=1.0).contains(&c.straggler_ratio)) {
-            return Err(bad("cluster.straggler_ratio", "must be between 0 and 1"));
-        }
-        if c.bind.parse::<std::net::IpAddr>().is_err() {
-            return Err(bad(
-                "cluster.bind",
-                "must be an IP address such as 127.0.0.1",
-            ));
-        }
-        if c.max_message_bytes < 1 << 20 {
-            return Err(bad("cluster.max_message_bytes", "must be at least 1 MiB"));
-        }
-        let k = &self.checkpoint;
-        let positive = |v: f64| v.is_finite() && v > 0.0;
-        if !(k.interval_s.is_finite() && k.interval_s >= 0.0) {
-            return Err(bad(
-                "checkpoint.interval_s",
-                "must be 0 (chosen by the policy) or a positive number of seconds",
-            ));
-        }
-        if k.keep == 0 {
-            return Err(bad("checkpoint.keep", "must be at least 1"));
-        }
-        if !(positive(k.target_pls) && k.target_pls <= 1.0) {
-            return Err(bad("checkpoint.target_pls", "must be in (0, 1]"));
-        }
-        if !positive(k.mtbf_s) {
-            return Err(bad(
-                "checkpoint.mtbf_s",
-                "must be a positive number of seconds",
-            ));
-        }
-        if !(k.min_benefit.is_finite() && (0.0..1.0).contains(&k.min_benefit)) {
-            return Err(bad("checkpoint.min_benefit", "must be in [0, 1)"));
-        }
-        if !(positive(k.ratio) && k.ratio <= 1.0) {
-            return Err(bad("checkpoint.ratio", "must be in (0, 1]"));
-        }
-        if !(positive(k.large_table_coverage) && k.large_table_coverage <= 1.0) {
-            return Err(bad("checkpoint.large_table_coverage", "must be in (0, 1]"));
-        }
-        if let Some(rest) = k.location.strip_prefix("s3://") {
-            if rest.split('/').next().unwrap_or("").is_empty() {
-                return Err(bad(
-                    "checkpoint.location",
-                    "an S3 location needs a bucket: s3://bucket/prefix",
-                ));
-            }
-        } else if k.location.contains("://") && !k.location.starts_with("file://") {
+    if c.dead_after_ms < 2 * c.heartbeat_ms {
+        return Err(bad(
+            "cluster.dead_after_ms",
+            "must be at least twice cluster.heartbeat_ms",
+        ));
+    }
+    if !(c.straggler_ratio.is_finite() && (0.0..=1.0).contains(&c.straggler_ratio)) {
+        return Err(bad("cluster.straggler_ratio", "must be between 0 and 1"));
+    }
+    if c.bind.parse::<std::net::IpAddr>().is_err() {
+        return Err(bad(
+            "cluster.bind",
+            "must be an IP address such as 127.0.0.1",
+        ));
+    }
+    if c.max_message_bytes < 1 << 20 {
+        return Err(bad("cluster.max_message_bytes", "must be at least 1 MiB"));
+    }
+    let k = &job.checkpoint;
+    let positive = |v: f64| v.is_finite() && v > 0.0;
+    if !(k.interval_s.is_finite() && k.interval_s >= 0.0) {
+        return Err(bad(
+            "checkpoint.interval_s",
+            "must be 0 (chosen by the policy) or a positive number of seconds",
+        ));
+    }
+    if k.keep == 0 {
+        return Err(bad("checkpoint.keep", "must be at least 1"));
+    }
+    if !(positive(k.target_pls) && k.target_pls <= 1.0) {
+        return Err(bad("checkpoint.target_pls", "must be in (0, 1]"));
+    }
+    if !positive(k.mtbf_s) {
+        return Err(bad(
+            "checkpoint.mtbf_s",
+            "must be a positive number of seconds",
+        ));
+    }
+    if !(k.min_benefit.is_finite() && (0.0..1.0).contains(&k.min_benefit)) {
+        return Err(bad("checkpoint.min_benefit", "must be in [0, 1)"));
+    }
+    if !(positive(k.ratio) && k.ratio <= 1.0) {
+        return Err(bad("checkpoint.ratio", "must be in (0, 1]"));
+    }
+    if !(positive(k.large_table_coverage) && k.large_table_coverage <= 1.0) {
+        return Err(bad("checkpoint.large_table_coverage", "must be in (0, 1]"));
+    }
+    if let Some(rest) = k.location.strip_prefix("s3://") {
+        if rest.split('/').next().unwrap_or("").is_empty() {
             return Err(bad(
                 "checkpoint.location",
-                "must be a directory, file://path or s3://bucket/prefix",
+                "an S3 location needs a bucket: s3://bucket/prefix",
             ));
         }
-        Ok(())
+    } else if k.location.contains("://") && !k.location.starts_with("file://") {
+        return Err(bad(
+            "checkpoint.location",
+            "must be a directory, file://path or s3://bucket/prefix",
+        ));
     }
+    Ok(())
 }
 
-fn absolute(p: &Path) -> PathBuf {
+/// Resolves `checkpoint.location` against the job file's directory (`base`): empty means
+/// `<output.dir>/checkpoints`; URLs are kept.
+pub(crate) fn resolve_checkpoint_location(job: &mut JobConfig, base: &Path) {
+    let loc = &job.checkpoint.location;
+    job.checkpoint.location = if loc.is_empty() {
+        job.output
+            .dir
+            .join("checkpoints")
+            .to_string_lossy()
+            .into_owned()
+    } else if loc.contains("://") {
+        loc.clone()
+    } else {
+        absolute(&base.join(loc)).to_string_lossy().into_owned()
+    };
+}
+
+pub(crate) fn absolute(p: &Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
@@ -354,8 +275,8 @@ fn absolute(p: &Path) -> PathBuf {
 mod tests {
     use super::*;
 
-    fn parse(text: &str) -> Result<ClusterJob, ConfigError> {
-        ClusterJob::from_toml(text, Path::new("job.toml"))
+    fn parse(text: &str) -> Result<JobConfig, ConfigError> {
+        JobConfig::from_toml(text, Path::new("job.toml"))
     }
 
     #[test]
@@ -363,7 +284,7 @@ mod tests {
         let c = parse("[cluster]\nps = 2\nworkers = 3\nmode = \"sync\"\n").unwrap();
         assert_eq!((c.cluster.ps, c.cluster.workers), (2, 3));
         assert_eq!(c.cluster.mode, SyncMode::Sync);
-        assert_eq!(c.job().train.batch_size, 2048);
+        assert_eq!(c.train.batch_size, 2048);
     }
 
     #[test]
@@ -387,7 +308,7 @@ mod tests {
             "[data]\ndir = \"nowhere\"\ntrain = [\"a.tsv\"]\neval = []\n",
         )
         .unwrap();
-        let c = ClusterJob::load(&p).unwrap();
+        let c = JobConfig::load(&p).unwrap();
         let e = c.check_data(&p).unwrap_err().to_string();
         assert!(e.contains("data.train") && e.contains("a.tsv"), "{e}");
     }

@@ -12,7 +12,10 @@ use elastrec_embedding::SparseOptimizerConfig;
 use elastrec_model::{DenseOptimizerConfig, InteractionKind};
 use serde::{Deserialize, Serialize};
 
-/// A whole training job.
+use crate::cluster::{CheckpointConfig, ClusterConfig};
+
+/// A whole training job: one file for `elastrec train` (single process) and `elastrec run`
+/// (distributed; `[cluster]` and `[checkpoint]` apply there and are ignored by `train`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct JobConfig {
@@ -26,6 +29,10 @@ pub struct JobConfig {
     pub optimizer: OptimizerConfig,
     /// Where results go.
     pub output: OutputConfig,
+    /// Distributed layout and policies (`elastrec run`).
+    pub cluster: ClusterConfig,
+    /// Checkpoints and recovery (`elastrec run`).
+    pub checkpoint: CheckpointConfig,
 }
 
 /// Data source: a directory of Criteo-layout day files.
@@ -302,9 +309,38 @@ impl JobConfig {
         })?;
         let mut cfg = Self::from_toml(&text, path)?;
         let base = path.parent().unwrap_or(Path::new("."));
-        cfg.data.dir = base.join(&cfg.data.dir);
-        cfg.output.dir = base.join(&cfg.output.dir);
+        // Absolute: the distributed job ships this config to processes in other directories.
+        cfg.data.dir = crate::cluster::absolute(&base.join(&cfg.data.dir));
+        cfg.output.dir = crate::cluster::absolute(&base.join(&cfg.output.dir));
+        crate::cluster::resolve_checkpoint_location(&mut cfg, base);
         Ok(cfg)
+    }
+
+    /// Checks that every training and evaluation file exists (unless the data is to be
+    /// generated), naming the field at fault.
+    pub fn check_data(&self, path: &Path) -> Result<(), ConfigError> {
+        if self.data.generate.is_some() && !self.data.dir.exists() {
+            return Ok(());
+        }
+        for (field, files) in [
+            ("data.train", self.train_files()),
+            ("data.eval", self.eval_files()),
+        ] {
+            for f in files {
+                if !f.is_file() {
+                    return Err(ConfigError::Invalid {
+                        path: path.to_path_buf(),
+                        field,
+                        reason: format!(
+                            "data file {} does not exist (data.dir is {})",
+                            f.display(),
+                            self.data.dir.display()
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Range checks that serde's types cannot express.
@@ -392,7 +428,7 @@ impl JobConfig {
                 ));
             }
         }
-        Ok(())
+        crate::cluster::validate_distributed(self, path)
     }
 
     /// Resolved paths of the training files.
@@ -493,12 +529,9 @@ mod tests {
             ..JobConfig::default()
         })
         .unwrap();
-        let cluster = toml::to_string(&crate::cluster::ClusterJob::default()).unwrap();
         let mut missing = Vec::new();
-        for text in [defaults, cluster] {
-            let value: toml::Value = toml::from_str(&text).unwrap();
-            collect_keys(&value, "", &mut missing, doc);
-        }
+        let value: toml::Value = toml::from_str(&defaults).unwrap();
+        collect_keys(&value, "", &mut missing, doc);
         assert!(missing.is_empty(), "docs/config.md lacks: {missing:?}");
     }
 

@@ -25,7 +25,8 @@ use elastrec_proto::ps::{PullRequest, PushRequest};
 use parking_lot::Mutex;
 use tonic::Code;
 
-use crate::cluster::{ClusterJob, SyncMode};
+use crate::cluster::SyncMode;
+use crate::config::JobConfig;
 use crate::rpc::{self, dense_slice, is_transient, Master, Ps};
 
 /// Arguments of the hidden `elastrec worker` role command.
@@ -40,7 +41,7 @@ pub struct WorkerArgs {
 }
 
 /// Builds the dense DLRM of a job (same shapes and seed as the single-process trainer).
-pub fn dense_model(job: &ClusterJob) -> anyhow::Result<DenseDlrm> {
+pub fn dense_model(job: &JobConfig) -> anyhow::Result<DenseDlrm> {
     Ok(DenseDlrm::new(crate::step::dense_config(&job.model))?)
 }
 
@@ -53,7 +54,7 @@ pub async fn register(
     node_id: u32,
     addr: &str,
     need_ps: bool,
-) -> anyhow::Result<(ClusterJob, Vec<String>, u64, Option<RestorePlan>)> {
+) -> anyhow::Result<(JobConfig, Vec<String>, u64, Option<RestorePlan>)> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let r = master
@@ -69,7 +70,7 @@ pub async fn register(
             Ok(r) => {
                 let r = r.into_inner();
                 if !need_ps || !r.ps_addrs.is_empty() {
-                    let job = ClusterJob::from_toml(&r.job_toml, Path::new("<master>"))?;
+                    let job = JobConfig::from_toml(&r.job_toml, Path::new("<master>"))?;
                     return Ok((job, r.ps_addrs, r.heartbeat_ms as u64, r.restore));
                 }
             }
@@ -177,7 +178,7 @@ struct RemoteModel {
 
 impl RemoteModel {
     fn new(
-        job: &ClusterJob,
+        job: &JobConfig,
         addrs: Vec<String>,
         token: String,
         shared: Arc<Shared>,
@@ -195,7 +196,7 @@ impl RemoteModel {
         Ok(Self {
             ws: dense.workspace(batch),
             emb: vec![0.0; batch * NUM_SPARSE * job.model.embedding_dim],
-            table_rows: crate::trainer::resolve_table_rows(&job.job()),
+            table_rows: crate::trainer::resolve_table_rows(job),
             dim: job.model.embedding_dim,
             slices: (0..p).map(|i| dense_slice(n, p, i)).collect(),
             versions: vec![0; p],
@@ -500,7 +501,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let mut model = RemoteModel::new(&job, ps_addrs, token.clone(), shared.clone(), id)?;
     let batch_size = job.train.batch_size;
     let policy = job.data.on_bad_row;
-    let files: Vec<PathBuf> = job.job().train_files();
+    let files: Vec<PathBuf> = job.train_files();
     let mut batch = Batch::with_capacity(batch_size);
     shared
         .active_workers
@@ -531,11 +532,11 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             }
             Some(Reply::Finished(f)) => {
                 if f.evaluate {
-                    let eval_job = job.job();
+                    let eval_job = &job;
                     let mut stats = elastrec_data::ReadStats::default();
                     let batches = crate::trainer::load_eval_set(
                         &eval_job.eval_files(),
-                        &eval_job,
+                        eval_job,
                         &mut stats,
                     )?;
                     let acc = model.evaluate(&batches).await?;
