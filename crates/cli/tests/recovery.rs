@@ -236,7 +236,10 @@ fn ps_recovers_from_checkpoints_on_s3() {
     let s3 = moto::Moto::start();
     s3.create_bucket("ckpt");
     let text = cluster("partial", 1.0)
-        + &format!("location = \"{}\"\nshm = false\n", s3.url("ckpt", "jobs/s3"));
+        + &format!(
+            "location = \"{}\"\nshm = false\n",
+            s3.url("ckpt", "jobs/s3")
+        );
     let (job, dir) = write_job("s3", &text);
     let log = dir.with_extension("log");
     let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
