@@ -42,6 +42,7 @@ mod config;
 mod criteo;
 mod error;
 mod hash;
+pub mod le;
 mod optim;
 mod snapshot;
 mod store;

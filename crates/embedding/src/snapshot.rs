@@ -124,12 +124,8 @@ impl TableSnapshot {
         }
         out.extend_from_slice(&self.table_rows.to_le_bytes());
         out.extend_from_slice(&(self.rows.len() as u64).to_le_bytes());
-        for r in &self.rows {
-            out.extend_from_slice(&r.to_le_bytes());
-        }
-        for v in &self.values {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
+        crate::le::put_u64s(out, &self.rows);
+        crate::le::put_f32s(out, &self.values);
     }
 
     /// The encoding as a fresh buffer.
@@ -166,14 +162,8 @@ impl TableSnapshot {
         }
         let count = count as usize;
         let rows_end = HEADER + count * 8;
-        let rows = bytes[HEADER..rows_end]
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect();
-        let values = bytes[rows_end..]
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-            .collect();
+        let rows = crate::le::get_u64s(&bytes[HEADER..rows_end]);
+        let values = crate::le::get_f32s(&bytes[rows_end..]);
         Ok(TableSnapshot {
             table,
             table_rows,

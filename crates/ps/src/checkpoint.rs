@@ -228,11 +228,11 @@ impl PsShard {
                 let bytes = match shm {
                     Some((_, b)) => {
                         from_shm += 1;
-                        b
+                        bytes::Bytes::from(b)
                     }
                     None => {
                         from_store += 1;
-                        store.read_part(m, &name).await?.to_vec()
+                        store.read_part(m, &name).await?
                     }
                 };
                 parts.push(tokio::task::spawn_blocking(move || decode(&bytes)).await??);

@@ -9,6 +9,7 @@
 
 use std::ops::Range;
 
+use elastrec_embedding::le::{get_f32s, put_f32s};
 use elastrec_embedding::{global_row, EmbeddingStore, TableSnapshot};
 use elastrec_model::DenseOptimizer;
 use serde::{Deserialize, Serialize};
@@ -159,8 +160,9 @@ impl ShardImage {
         out.extend_from_slice(&VERSION.to_le_bytes());
         out.extend_from_slice(&(header.len() as u32).to_le_bytes());
         out.extend_from_slice(&header);
-        for v in self.dense.iter().chain(self.state.iter().flatten()) {
-            out.extend_from_slice(&v.to_le_bytes());
+        put_f32s(&mut out, &self.dense);
+        for s in &self.state {
+            put_f32s(&mut out, s);
         }
         for t in self.tables {
             let snap = match t {
@@ -215,12 +217,6 @@ fn take<'a>(bytes: &'a [u8], at: &mut usize, n: usize, what: &str) -> anyhow::Re
     Ok(s)
 }
 
-fn floats(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-        .collect()
-}
-
 /// Decodes a part, checking every length against the buffer (parts come from storage).
 pub fn decode(bytes: &[u8]) -> anyhow::Result<DecodedPart> {
     let mut at = 0;
@@ -241,10 +237,10 @@ pub fn decode(bytes: &[u8]) -> anyhow::Result<DecodedPart> {
         "checkpoint part has an invalid dense range"
     );
     let n = header.dense_end - header.dense_start;
-    let dense = floats(take(bytes, &mut at, n * 4, "dense values")?);
+    let dense = get_f32s(take(bytes, &mut at, n * 4, "dense values")?);
     let mut state = Vec::with_capacity(header.state_buffers.min(8));
     for _ in 0..header.state_buffers {
-        state.push(floats(take(bytes, &mut at, n * 4, "optimizer state")?));
+        state.push(get_f32s(take(bytes, &mut at, n * 4, "optimizer state")?));
     }
     let mut tables = Vec::with_capacity(header.tables.min(1024));
     for _ in 0..header.tables {
