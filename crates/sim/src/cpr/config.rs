@@ -75,7 +75,8 @@ pub struct CprEmulationConfig {
     pub job: JobConfig,
     /// Length of the emulated job, hours (the paper: 56).
     pub job_hours: f64,
-    /// Failures injected, at uniformly random sample positions (the paper: 2 in 56 h).
+    /// Failures injected at seeded random sample positions, one uniform in each of
+    /// `failures` equal segments of the epoch (the paper: 2 in 56 h).
     /// `T_fail = job_hours / failures`.
     pub failures: u32,
     /// Virtual embedding parameter servers `N_emb`; row `r` of table `t` lives on

@@ -171,13 +171,20 @@ fn load_train_set(job: &JobConfig) -> Result<Vec<Batch>> {
     Ok(batches)
 }
 
-/// `failures` positions uniform over the epoch (sorted), each taking `failed_ps` distinct
-/// servers, from `seed`.
+/// `failures` positions over the epoch, sorted, each taking `failed_ps` distinct servers,
+/// from `seed`. Stratified: failure `i` of `K` is uniform in the `i`-th of `K` equal
+/// segments, so a failure's position is still uniform over the epoch (the paper's nearly
+/// constant failure probability) but a run cannot draw all its failures in one corner,
+/// which makes one seed representative.
 fn inject_failures(config: &CprEmulationConfig, s_total: u64) -> Vec<InjectedFailure> {
     let mut rng = StdRng::seed_from_u64(config.seed);
-    let mut out: Vec<InjectedFailure> = (0..config.failures)
-        .map(|_| {
-            let at_sample = rng.random_range(1..s_total.max(2));
+    let k = u64::from(config.failures);
+    let span = s_total.saturating_sub(1).max(1);
+    (0..k)
+        .map(|i| {
+            let lo = 1 + i * span / k;
+            let hi = (1 + (i + 1) * span / k).max(lo + 1);
+            let at_sample = rng.random_range(lo..hi);
             let mut servers: Vec<u32> = rand::seq::index::sample(
                 &mut rng,
                 config.n_emb as usize,
@@ -189,9 +196,7 @@ fn inject_failures(config: &CprEmulationConfig, s_total: u64) -> Vec<InjectedFai
             servers.sort_unstable();
             InjectedFailure { at_sample, servers }
         })
-        .collect();
-    out.sort_by_key(|f| f.at_sample);
-    out
+        .collect()
 }
 
 #[cfg(test)]
@@ -199,7 +204,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn failures_are_seeded_sorted_and_distinct_servers() {
+    fn failures_are_seeded_stratified_and_on_distinct_servers() {
         let c = CprEmulationConfig {
             failures: 5,
             failed_ps: 3,
@@ -209,8 +214,14 @@ mod tests {
         assert_eq!(a, inject_failures(&c, 10_000));
         assert_eq!(a.len(), 5);
         assert!(a.windows(2).all(|w| w[0].at_sample <= w[1].at_sample));
-        for f in &a {
-            assert!(f.at_sample >= 1 && f.at_sample < 10_000);
+        for (i, f) in a.iter().enumerate() {
+            // Stratified: the i-th failure lies in the i-th fifth of the epoch.
+            let (lo, hi) = (1 + i as u64 * 9_999 / 5, 1 + (i as u64 + 1) * 9_999 / 5);
+            assert!(
+                f.at_sample >= lo && f.at_sample < hi,
+                "{i}: {}",
+                f.at_sample
+            );
             assert_eq!(f.servers.len(), 3);
             assert!(f.servers.windows(2).all(|w| w[0] < w[1]));
             assert!(f.servers.iter().all(|&s| s < c.n_emb));
