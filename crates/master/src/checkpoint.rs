@@ -356,12 +356,19 @@ impl Coordinator {
         if self.cfg.interval_s > 0.0 {
             return self.cfg.interval_s;
         }
-        if self.stats.lock().count == 0 {
+        let (count, persist_s) = {
+            let st = self.stats.lock();
+            (st.count, st.persist_s_sum / st.count.max(1) as f64)
+        };
+        if count == 0 {
             return FIRST_CHECKPOINT_S;
         }
+        // A flash checkpoint barely stalls training, so CPR's optimum can be very short;
+        // background persistence still costs CPU and I/O: keep it under half the time.
+        let floor = INTERVAL_BOUNDS_S.0.max(2.0 * persist_s);
         self.decision(samples_done)
             .t_save_s()
-            .clamp(INTERVAL_BOUNDS_S.0, INTERVAL_BOUNDS_S.1)
+            .clamp(floor, INTERVAL_BOUNDS_S.1.max(floor))
     }
 
     /// Seconds between checkpoints of any kind (deltas come `1/ratio` times as often).
