@@ -151,6 +151,13 @@ pub enum Event {
     },
     /// A parameter server died; recovery follows.
     PsFailed(PsFailure),
+    /// A worker became (or stopped being) a straggler: its shards are cut in half.
+    Straggler {
+        /// Worker node.
+        id: u32,
+        /// True when it is a straggler now.
+        slow: bool,
+    },
     /// The job reached a terminal phase.
     JobEnded(Phase),
 }
@@ -240,6 +247,8 @@ pub struct Job {
     epochs_closed: Vec<(u32, LedgerSummary)>,
     ps_failures: Vec<PsFailure>,
     ps_recoveries: u32,
+    /// Workers currently handed half-size shards.
+    stragglers: std::collections::BTreeSet<u32>,
 }
 
 impl Job {
@@ -258,6 +267,7 @@ impl Job {
             epochs_closed: Vec::new(),
             ps_failures: Vec::new(),
             ps_recoveries: 0,
+            stragglers: Default::default(),
         };
         for i in 0..job.policy.num_ps {
             job.launch(Role::Ps, i, 0, cx);
@@ -297,6 +307,7 @@ impl Job {
             epochs_closed,
             ps_failures: Vec::new(),
             ps_recoveries: 0,
+            stragglers: Default::default(),
         };
         for mut n in nodes {
             job.next_node = job.next_node.max(n.id + 1);
@@ -544,6 +555,14 @@ impl Job {
             }
         }
         let small = self.is_straggler(id, cx.now_ms());
+        let changed = if small {
+            self.stragglers.insert(id)
+        } else {
+            self.stragglers.remove(&id)
+        };
+        if changed {
+            cx.event(Event::Straggler { id, slow: small });
+        }
         let gen_before = self.tasks.generated_epochs();
         let reply = match self.tasks.assign(id, small) {
             Assignment::Task(t) => TaskReply::Task(t),
@@ -1138,5 +1157,6 @@ mod tests {
             panic!()
         };
         assert_eq!(t.len(), 50);
+        assert!(cx.events.contains(&Event::Straggler { id: 5, slow: true }));
     }
 }

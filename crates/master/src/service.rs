@@ -211,6 +211,15 @@ impl MasterCore {
                         f.index, f.node, f.reason, f.samples
                     );
                 }
+                Event::Straggler { id, slow } => {
+                    if *slow {
+                        eprintln!(
+                            "master: worker {id} is a straggler (below the straggler ratio of its peers' median rate): half-size shards"
+                        );
+                    } else {
+                        eprintln!("master: worker {id} caught up: full-size shards again");
+                    }
+                }
                 Event::JobEnded(_) => self.done.notify_one(),
             }
         }
