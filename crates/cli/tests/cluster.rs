@@ -179,6 +179,47 @@ fn sync_mode_survives_a_worker_kill() {
     check_result(&dir, &log, MULTI_WORKER_AUC_TOLERANCE);
 }
 
+/// A real straggler: one worker is frozen (SIGSTOP) for 300 ms of every 400 ms. The master
+/// sees its rate fall below half its peers' median, hands it half-size shards (logged), and
+/// the ledger stays exact.
+#[test]
+fn a_frozen_worker_becomes_a_straggler_with_smaller_shards() {
+    let _g = serial();
+    let (job, dir) = write_job("straggler", CLUSTER);
+    let log = dir.with_extension("log");
+    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
+    let total = 2 * fixture().train_rows;
+    wait_for(Duration::from_secs(120), || {
+        samples_done(&dir) >= total / 10
+            && status_json(&dir).is_some_and(|s| running_workers(&s).len() == 3)
+    });
+    let (_, pid) = running_workers(&status_json(&dir).unwrap())[0];
+    let mut flagged = false;
+    for _ in 0..100 {
+        // SAFETY: plain kill(2) of one worker process.
+        unsafe {
+            libc::kill(pid, libc::SIGSTOP);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        unsafe {
+            libc::kill(pid, libc::SIGCONT);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        if std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("is a straggler")
+        {
+            flagged = true;
+            break;
+        }
+    }
+    let st = g.wait(Duration::from_secs(300));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(st.success(), "{text}");
+    assert!(flagged, "the frozen worker was never flagged: {text}");
+    check_result(&dir, &log, MULTI_WORKER_AUC_TOLERANCE);
+}
+
 /// A bad job file is rejected before any process starts, naming the field.
 #[test]
 fn bad_job_files_are_rejected_naming_the_field() {

@@ -249,6 +249,37 @@ pub struct Job {
     ps_recoveries: u32,
     /// Workers currently handed half-size shards.
     stragglers: std::collections::BTreeSet<u32>,
+    /// Recent training rate of each worker (not persisted: re-learned after a restart).
+    rates: BTreeMap<u32, RecentRate>,
+}
+
+/// A worker's recent rate: an exponential average over windows of at least
+/// [`RecentRate::WINDOW_MS`], so that a worker that slows down is noticed within seconds
+/// rather than diluted by its whole history.
+#[derive(Debug, Clone, Copy, Default)]
+struct RecentRate {
+    samples: u64,
+    at_ms: u64,
+    ewma: Option<f64>,
+}
+
+impl RecentRate {
+    const WINDOW_MS: u64 = 1000;
+    const ALPHA: f64 = 0.5;
+
+    fn observe(&mut self, samples: u64, now: u64) {
+        let dt = now.saturating_sub(self.at_ms);
+        if dt < Self::WINDOW_MS {
+            return;
+        }
+        let rate = samples.saturating_sub(self.samples) as f64 * 1000.0 / dt as f64;
+        self.ewma = Some(match self.ewma {
+            Some(e) => Self::ALPHA * rate + (1.0 - Self::ALPHA) * e,
+            None => rate,
+        });
+        self.samples = samples;
+        self.at_ms = now;
+    }
 }
 
 impl Job {
@@ -268,6 +299,7 @@ impl Job {
             ps_failures: Vec::new(),
             ps_recoveries: 0,
             stragglers: Default::default(),
+            rates: BTreeMap::new(),
         };
         for i in 0..job.policy.num_ps {
             job.launch(Role::Ps, i, 0, cx);
@@ -308,6 +340,7 @@ impl Job {
             ps_failures: Vec::new(),
             ps_recoveries: 0,
             stragglers: Default::default(),
+            rates: BTreeMap::new(),
         };
         for mut n in nodes {
             job.next_node = job.next_node.max(n.id + 1);
@@ -496,16 +529,30 @@ impl Job {
         };
         n.samples = n.samples.max(samples);
         n.step = n.step.max(step);
-        if n.state == NodeState::Stopping {
+        let (role, started, total, now) = (n.role, n.started_ms, n.samples, cx.now_ms());
+        let stopping = n.state == NodeState::Stopping;
+        if role == Role::Worker {
+            self.rates
+                .entry(id)
+                .or_insert(RecentRate {
+                    at_ms: started,
+                    ..RecentRate::default()
+                })
+                .observe(total, now);
+        }
+        if stopping {
             Directive::Stop
         } else {
             Directive::Continue
         }
     }
 
-    /// Rate (samples/s) of a worker since launch.
-    fn rate(n: &Node, now: u64) -> f64 {
-        n.samples as f64 * 1000.0 / (now.saturating_sub(n.started_ms).max(1)) as f64
+    /// Recent rate (samples/s) of a worker; its rate since launch until one window passed.
+    fn rate(&self, n: &Node, now: u64) -> f64 {
+        match self.rates.get(&n.id).and_then(|r| r.ewma) {
+            Some(r) => r,
+            None => n.samples as f64 * 1000.0 / (now.saturating_sub(n.started_ms).max(1)) as f64,
+        }
     }
 
     /// True when `id`'s rate is well below the median of its running peers.
@@ -522,14 +569,14 @@ impl Job {
                     && n.id != id
                     && n.samples > 0
             })
-            .map(|n| Self::rate(n, now))
+            .map(|n| self.rate(n, now))
             .collect();
         if peers.len() < 2 || me.samples == 0 {
             return false;
         }
         peers.sort_by(f64::total_cmp);
         let median = peers[peers.len() / 2];
-        Self::rate(me, now) < self.policy.straggler_ratio * median
+        self.rate(me, now) < self.policy.straggler_ratio * median
     }
 
     /// A worker asks for work.
@@ -1141,6 +1188,29 @@ mod tests {
         assert_eq!(j.epochs_closed().len(), 1);
         assert!(j.epochs_closed()[0].1.exactly_once());
         assert!(j.eval().is_some());
+    }
+
+    /// A worker that was as fast as its peers for a long time and then slows down is
+    /// flagged within a few seconds: the rate is recent, not an average since launch.
+    #[test]
+    fn a_worker_that_slows_down_is_flagged_quickly() {
+        let mut cx = Rec::default();
+        let mut j = job(&mut cx, 3);
+        let mut samples = [0u64; 3];
+        for t in 1..=60u64 {
+            cx.now = t * 1000;
+            for (k, w) in [3u32, 4, 5].into_iter().enumerate() {
+                // Worker 5 drops to a fifth of its speed after 50 s.
+                samples[k] += if w == 5 && t > 50 { 200 } else { 1000 };
+                j.heartbeat(w, samples[k], t, &mut cx);
+            }
+            if t == 50 {
+                assert!(!j.is_straggler(5, cx.now));
+            }
+        }
+        // Its rate since launch is still 87% of its peers'; its recent rate is not.
+        assert!(j.is_straggler(5, cx.now));
+        assert!(!j.is_straggler(3, cx.now));
     }
 
     #[test]
