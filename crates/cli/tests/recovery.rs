@@ -66,13 +66,15 @@ fn kill_a_ps_midway(dir: &Path) {
     kill(ps[1].1, libc::SIGKILL);
 }
 
-/// Partial recovery: only the killed PS reloads its shard; the worker keeps its progress,
-/// nothing is trained twice, the lost updates show as PLS > 0, and the model is as good as
-/// the failure-free one.
-#[test]
-fn ps_killed_under_partial_recovery() {
-    let _g = serial();
-    let (job, dir) = write_job("partial", &cluster("partial", 1.0));
+/// Runs job `name` with `cluster` settings, kills PS 1 midway, and checks that the job
+/// finished with an exact ledger and the single-process AUC after exactly one recovery of
+/// PS 1 in `mode`. Returns the result JSON, that recovery's record and the master's log.
+fn run_with_a_ps_killed(
+    name: &str,
+    cluster: &str,
+    mode: &str,
+) -> (serde_json::Value, serde_json::Value, String) {
+    let (job, dir) = write_job(name, cluster);
     let log = dir.with_extension("log");
     let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
     kill_a_ps_midway(&dir);
@@ -81,16 +83,28 @@ fn ps_killed_under_partial_recovery() {
     assert!(st.success(), "{text}");
     check_result(&dir, &log, 0.005);
     let r = result(&dir);
-    let c = &r["checkpoint"];
-    let rec = c["recoveries"].as_array().unwrap();
+    let rec = r["checkpoint"]["recoveries"].as_array().unwrap().clone();
     assert_eq!(rec.len(), 1, "{r}");
-    assert_eq!(rec[0]["mode"], "partial", "{r}");
+    assert_eq!(rec[0]["mode"], mode, "{r}");
     assert_eq!(rec[0]["ps"], serde_json::json!([1]), "{r}");
     assert!(rec[0]["seconds"].as_f64().is_some(), "{r}");
-    assert!(c["pls"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(
+        text.contains(&format!("recovering PS [1] ({mode})")),
+        "{text}"
+    );
+    (r, rec[0].clone(), text)
+}
+
+/// Partial recovery: only the killed PS reloads its shard; the worker keeps its progress,
+/// nothing is trained twice, the lost updates show as PLS > 0, and the model is as good as
+/// the failure-free one.
+#[test]
+fn ps_killed_under_partial_recovery() {
+    let _g = serial();
+    let (r, _, _) = run_with_a_ps_killed("partial", &cluster("partial", 1.0), "partial");
+    assert!(r["checkpoint"]["pls"].as_f64().unwrap() > 0.0, "{r}");
     // The worker never stopped: no replacement was launched.
     assert_eq!(r["workers_launched"], 1, "{r}");
-    assert!(text.contains("recovering PS [1] (partial)"), "{text}");
 }
 
 /// Full recovery: every node and the data position go back to the last checkpoint; the
@@ -98,26 +112,15 @@ fn ps_killed_under_partial_recovery() {
 #[test]
 fn ps_killed_under_full_recovery() {
     let _g = serial();
-    let (job, dir) = write_job("full", &cluster("full", 1.0));
-    let log = dir.with_extension("log");
-    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
-    kill_a_ps_midway(&dir);
-    let st = g.wait(Duration::from_secs(300));
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert!(st.success(), "{text}");
-    check_result(&dir, &log, 0.005);
-    let r = result(&dir);
-    let c = &r["checkpoint"];
-    let rec = c["recoveries"].as_array().unwrap();
-    assert_eq!(rec.len(), 1, "{r}");
-    assert_eq!(rec[0]["mode"], "full", "{r}");
-    assert!(rec[0]["checkpoint"].as_u64().is_some(), "{r}");
+    let (r, rec, _) = run_with_a_ps_killed("full", &cluster("full", 1.0), "full");
+    assert!(rec["checkpoint"].as_u64().is_some(), "{r}");
     assert!(
-        rec[0]["samples_at_checkpoint"].as_u64() <= rec[0]["samples_at_failure"].as_u64(),
+        rec["samples_at_checkpoint"].as_u64() <= rec["samples_at_failure"].as_u64(),
         "{r}"
     );
-    assert_eq!(c["pls"].as_f64().unwrap(), 0.0, "{r}");
-    assert!(text.contains("recovering PS [1] (full)"), "{text}");
+    assert_eq!(r["checkpoint"]["pls"].as_f64().unwrap(), 0.0, "{r}");
+    // The worker was replaced with everything else.
+    assert_eq!(r["workers_launched"], 2, "{r}");
 }
 
 /// The whole job (master, PS, worker) is killed; the newest checkpoint is then corrupted
@@ -240,17 +243,9 @@ fn ps_recovers_from_checkpoints_on_s3() {
             "location = \"{}\"\nshm = false\n",
             s3.url("ckpt", "jobs/s3")
         );
-    let (job, dir) = write_job("s3", &text);
-    let log = dir.with_extension("log");
-    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
-    kill_a_ps_midway(&dir);
-    let st = g.wait(Duration::from_secs(300));
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert!(st.success(), "{text}");
-    check_result(&dir, &log, 0.005);
-    let r = result(&dir);
+    let (r, _, _) = run_with_a_ps_killed("s3", &text, "partial");
     assert_eq!(r["checkpoint"]["location"], "s3://ckpt/jobs/s3", "{r}");
-    assert_eq!(r["checkpoint"]["recoveries"][0]["mode"], "partial", "{r}");
+    let dir = fixture().dir.join("s3");
     let restored: Vec<String> = std::fs::read_dir(dir.join("logs"))
         .unwrap()
         .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
