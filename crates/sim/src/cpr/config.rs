@@ -99,8 +99,10 @@ pub struct CprEmulationConfig {
     /// `r` of CPR-MFU/SSU: `r·N` rows of each large table every `r·T_save`; `1/r` must be
     /// a whole number (the paper: 0.125).
     pub priority_ratio: f64,
-    /// Large tables are the fewest largest that hold this share of all rows (the paper's 7
-    /// of 26 hold 99.6%); the others are saved whole every `T_save`.
+    /// Large tables are the fewest largest that hold this share of all rows; the others are
+    /// saved whole every `T_save`. The paper's 7 of Criteo's 26 tables hold 99.6%; on the
+    /// quickstart-shaped data (small tables padded to 1024 rows) the default 0.98 selects
+    /// the same number, 7.
     pub large_table_coverage: f64,
     /// CPR-SSU records every this-many-th training step's rows (the paper: 2).
     pub ssu_sample_period: u32,
@@ -126,7 +128,7 @@ impl Default for CprEmulationConfig {
             target_pls: 0.1,
             min_benefit: 0.1,
             priority_ratio: 0.125,
-            large_table_coverage: 0.99,
+            large_table_coverage: 0.98,
             ssu_sample_period: 2,
             seed: 7,
             strategies: Strategy::WITH_FAILURES.to_vec(),
