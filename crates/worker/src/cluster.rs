@@ -159,7 +159,7 @@ impl Default for CheckpointConfig {
             min_benefit: 0.1,
             priority: SavePriority::None,
             ratio: 0.125,
-            large_table_coverage: 0.99,
+            large_table_coverage: 0.98,
             shm: true,
             on_sigterm: true,
         }

@@ -114,6 +114,16 @@ impl TrainStep {
         self.max_batch
     }
 
+    /// The dense optimizer (its state is part of a checkpoint).
+    pub fn dense_optimizer(&self) -> &dyn DenseOptimizer {
+        self.dense_opt.as_ref()
+    }
+
+    /// The dense optimizer, mutably (to restore its state).
+    pub fn dense_optimizer_mut(&mut self) -> &mut dyn DenseOptimizer {
+        self.dense_opt.as_mut()
+    }
+
     /// Trains on one batch; returns its mean log loss (before the update).
     pub fn train_batch(&mut self, batch: &Batch) -> Result<f32> {
         let n = batch.len();

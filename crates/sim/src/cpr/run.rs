@@ -143,8 +143,8 @@ impl<'a> Setup<'a> {
         }
         pb.finish_and_clear();
         let wall_s = started.elapsed().as_secs_f64();
-        let mut predictor = Predictor::new(&run.trainee.model, cfg.job.train.batch_size);
-        let eval = evaluate(&run.trainee.model, &self.eval, &mut predictor)?;
+        let mut predictor = Predictor::new(run.trainee.model(), cfg.job.train.batch_size);
+        let eval = evaluate(run.trainee.model(), &self.eval, &mut predictor)?;
         Ok(run.finish(self, strategy, plan, eval, wall_s))
     }
 }
@@ -189,12 +189,13 @@ impl<'p> Run<'p> {
         let full_image = (plan.inject && plan.recovery == RecoveryMode::Full)
             .then(|| FullImage::capture(&trainee, 0, 0));
         let partial_image = (plan.inject && plan.recovery == RecoveryMode::Partial)
-            .then(|| trainee.model.embeddings.clone());
+            .then(|| trainee.model().embeddings.clone());
         let mut ssu = Vec::new();
         match plan.priority {
             Some(Priority::Mfu) => {
                 for &t in &setup.large {
                     trainee
+                        .step
                         .model
                         .embeddings
                         .table_mut(t)?
@@ -276,7 +277,7 @@ impl<'p> Run<'p> {
             img.update(&self.trainee, batches, pos);
             self.rows_saved += setup.total_rows;
         } else if let Some(img) = &mut self.partial_image {
-            let live = &mut self.trainee.model.embeddings;
+            let live = &mut self.trainee.step.model.embeddings;
             match self.plan.priority {
                 None => {
                     img.clone_from(live);
@@ -330,8 +331,12 @@ impl<'p> Run<'p> {
             RecoveryMode::Partial => {
                 let img = self.partial_image.as_ref().expect("partial image kept");
                 for &s in &f.servers {
-                    self.stale_rows +=
-                        restore_shard(&mut self.trainee.model.embeddings, img, s, setup.cfg.n_emb)?;
+                    self.stale_rows += restore_shard(
+                        &mut self.trainee.step.model.embeddings,
+                        img,
+                        s,
+                        setup.cfg.n_emb,
+                    )?;
                 }
                 self.pls.on_failure(pos, f.servers.len() as u32);
                 Ok(None)

@@ -1,22 +1,16 @@
 //! Training state of one emulated run and the checkpoint images it restores from.
 
-use elastrec_data::{Batch, NUM_SPARSE};
-use elastrec_embedding::{shard_of, shard_residue, EmbeddingStore, UpdateScratch};
-use elastrec_model::{DenseOptimizer, Workspace};
+use elastrec_data::Batch;
+use elastrec_embedding::{shard_of, shard_residue, EmbeddingStore};
 use elastrec_worker::config::JobConfig;
-use elastrec_worker::step::Dlrm;
+use elastrec_worker::step::{Dlrm, TrainStep};
 
 use crate::error::Result;
 
-/// The model, its dense optimizer and the step's buffers. This is
-/// `elastrec_worker::TrainStep` with its dense optimizer state reachable, which full
-/// recovery must rewind (the worker's step keeps it private).
+/// The worker's training step plus the global rows of the last batch (which virtual PS a
+/// failure hits).
 pub(crate) struct Trainee {
-    pub(crate) model: Dlrm,
-    opt: Box<dyn DenseOptimizer>,
-    ws: Workspace,
-    emb: Vec<f32>,
-    scratch: UpdateScratch,
+    pub(crate) step: TrainStep,
     /// Global rows of the last batch (`n x T`), filled by [`Trainee::batch_rows`].
     rows: Vec<u64>,
 }
@@ -25,38 +19,27 @@ impl Trainee {
     /// A freshly initialized model (the same for every run: seeds come from the job).
     pub(crate) fn new(job: &JobConfig, table_rows: Vec<u64>) -> Result<Self> {
         let model = Dlrm::new(job, table_rows)?;
-        let max_batch = job.train.batch_size;
         Ok(Self {
-            opt: job.optimizer.dense.build(model.dense.num_params()),
-            ws: model.dense.workspace(max_batch),
-            emb: vec![0.0; max_batch * NUM_SPARSE * model.dim()],
-            scratch: UpdateScratch::new(),
+            step: TrainStep::new(model, &job.optimizer.dense, job.train.batch_size),
             rows: Vec::new(),
-            model,
         })
+    }
+
+    /// The model.
+    pub(crate) fn model(&self) -> &Dlrm {
+        &self.step.model
     }
 
     /// One training step; returns the batch's mean log loss.
     pub(crate) fn train_batch(&mut self, batch: &Batch) -> Result<f32> {
-        let n = batch.len();
-        let emb = &mut self.emb[..n * NUM_SPARSE * self.model.dim()];
-        self.model.embeddings.gather(&batch.sparse, emb)?;
-        let loss =
-            self.model
-                .dense
-                .forward_backward(&batch.dense, emb, &batch.labels, &mut self.ws)?;
-        self.opt
-            .step(self.model.dense.params_mut(), self.ws.grads());
-        self.model
-            .embeddings
-            .apply_gradients(&batch.sparse, self.ws.d_emb(), &mut self.scratch)?;
-        Ok(loss)
+        Ok(self.step.train_batch(batch)?)
     }
 
     /// Global rows of `batch` (`n x T`, sample-major), as the parameter servers see them.
     pub(crate) fn batch_rows(&mut self, batch: &Batch) -> Result<&[u64]> {
         self.rows.resize(batch.sparse.len(), 0);
-        self.model
+        self.step
+            .model
             .embeddings
             .ids_to_rows(&batch.sparse, &mut self.rows)?;
         Ok(&self.rows)
@@ -78,9 +61,15 @@ pub(crate) struct FullImage {
 impl FullImage {
     pub(crate) fn capture(t: &Trainee, batch: usize, samples: u64) -> Self {
         Self {
-            embeddings: t.model.embeddings.clone(),
-            dense: t.model.dense.params().to_vec(),
-            opt_state: t.opt.state().iter().map(|s| s.to_vec()).collect(),
+            embeddings: t.step.model.embeddings.clone(),
+            dense: t.step.model.dense.params().to_vec(),
+            opt_state: t
+                .step
+                .dense_optimizer()
+                .state()
+                .iter()
+                .map(|s| s.to_vec())
+                .collect(),
             batch,
             samples,
         }
@@ -88,9 +77,13 @@ impl FullImage {
 
     /// Overwrites the image with `t`'s current state (reusing the buffers).
     pub(crate) fn update(&mut self, t: &Trainee, batch: usize, samples: u64) {
-        self.embeddings.clone_from(&t.model.embeddings);
-        self.dense.copy_from_slice(t.model.dense.params());
-        for (dst, src) in self.opt_state.iter_mut().zip(t.opt.state()) {
+        self.embeddings.clone_from(&t.step.model.embeddings);
+        self.dense.copy_from_slice(t.step.model.dense.params());
+        for (dst, src) in self
+            .opt_state
+            .iter_mut()
+            .zip(t.step.dense_optimizer().state())
+        {
             dst.copy_from_slice(src);
         }
         self.batch = batch;
@@ -98,9 +91,15 @@ impl FullImage {
     }
 
     pub(crate) fn restore(&self, t: &mut Trainee) {
-        t.model.embeddings.clone_from(&self.embeddings);
-        t.model.dense.params_mut().copy_from_slice(&self.dense);
-        for (dst, src) in t.opt.state_mut().into_iter().zip(&self.opt_state) {
+        t.step.model.embeddings.clone_from(&self.embeddings);
+        t.step.model.dense.params_mut().copy_from_slice(&self.dense);
+        for (dst, src) in t
+            .step
+            .dense_optimizer_mut()
+            .state_mut()
+            .into_iter()
+            .zip(&self.opt_state)
+        {
             dst.copy_from_slice(src);
         }
     }
