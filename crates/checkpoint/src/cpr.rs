@@ -216,8 +216,8 @@ pub fn decide(
     let overhead_full_s = overhead_full(c, t_total_s, t_save_full_s);
     let overhead_partial_s = overhead_partial(c, t_total_s, t_save_partial_s);
     let figures = format!(
-        "full recovery: {overhead_full_s:.1} s overhead saving every {t_save_full_s:.1} s (Eq. 1); \
-         partial recovery: {overhead_partial_s:.1} s overhead saving every {t_save_partial_s:.1} s \
+        "full recovery: {overhead_full_s:.3} s overhead saving every {t_save_full_s:.1} s (Eq. 1); \
+         partial recovery: {overhead_partial_s:.3} s overhead saving every {t_save_partial_s:.1} s \
          for target PLS {target_pls} over {n_emb} embedding PS (Eq. 2)"
     );
     let saved = 1.0 - overhead_partial_s / overhead_full_s;
