@@ -230,18 +230,58 @@ pub struct BenchArgs {
     /// Simulated workers (concurrent clients).
     #[arg(long, default_value_t = 64)]
     pub clients: u32,
-    /// Seconds to measure.
+    /// HTTP/2 connections the clients share, round-robin (requests of clients on one
+    /// connection are multiplexed); 0: one connection per client, as real workers have.
+    #[arg(long, default_value_t = 0)]
+    pub connections: u32,
+    /// Seconds to measure (after every client registered and a 0.5 s warm-up).
     #[arg(long, default_value_t = 5.0)]
     pub seconds: f64,
     /// Heartbeats per progress report.
     #[arg(long, default_value_t = 1)]
     pub heartbeats_per_report: u32,
+    /// Threads of the master's own runtime (the clients run on the command's runtime).
+    #[arg(long, default_value_t = 2)]
+    pub server_threads: usize,
 }
 
-/// Starts an in-process master (real gRPC on loopback, real SQLite, group commit) with
-/// processes that are never started, and drives it with many simulated workers that
-/// register, heartbeat, get tasks and report progress. Prints requests/s and latencies.
-pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+/// CPU seconds (user + system) used so far by this process's threads, split into the
+/// master's (its runtime and the SQLite threads) and everything else (the clients).
+/// `None` where `/proc` is not available.
+fn cpu_split() -> Option<(f64, f64)> {
+    // SAFETY: sysconf has no preconditions.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let (mut server, mut client) = (0u64, 0u64);
+    for entry in std::fs::read_dir("/proc/self/task").ok()? {
+        let Ok(stat) = std::fs::read_to_string(entry.ok()?.path().join("stat")) else {
+            continue; // the thread exited meanwhile
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = &stat[open + 1..close];
+        // After the command come the fields from 3 (state) on; utime, stime are 14, 15.
+        let f: Vec<&str> = stat[close + 2..].split(' ').collect();
+        let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+        if comm.starts_with(BENCH_MASTER_THREAD) || comm.starts_with("sqlx-sqlite") {
+            server += ticks;
+        } else {
+            client += ticks;
+        }
+    }
+    Some((server as f64 / tick, client as f64 / tick))
+}
+
+/// Name of the bench master's runtime threads.
+const BENCH_MASTER_THREAD: &str = "master-server";
+
+/// The bench master's job: one 10⁹-row file in 16 Ki-row shards, `workers` workers that
+/// are never launched (the simulated clients register as them).
+async fn start_bench_master(
+    db: PathBuf,
+    workers: u32,
+    token: &'static str,
+) -> anyhow::Result<(Arc<crate::service::MasterCore>, String)> {
     use crate::backend::ClusterBackend;
     use crate::job::{Job, Node, Policy};
     use crate::service::{LiveCtx, MasterCore, MasterService};
@@ -259,9 +299,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         }
     }
 
-    let dir = tempfile::tempdir()?;
-    let store = Store::open(&dir.path().join("master.db"), true).await?;
-    let rows = 1_000_000_000u64;
+    let store = Store::open(&db, true).await?;
     let queue = TaskQueue::new(
         ShardSpec {
             rows_per_shard: 64 * 256,
@@ -270,22 +308,18 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             seed: 1,
             shuffle: true,
         },
-        vec![rows],
+        vec![1_000_000_000],
     );
+    let policy = Policy {
+        num_ps: 0,
+        dead_after_ms: 60_000,
+        max_worker_restarts: 0,
+        straggler_ratio: 0.5,
+        evaluate: false,
+        recover_ps: false,
+    };
     let mut cx = LiveCtx::now();
-    let job = Job::start(
-        Policy {
-            num_ps: 0,
-            dead_after_ms: 60_000,
-            max_worker_restarts: 0,
-            straggler_ratio: 0.5,
-            evaluate: false,
-            recover_ps: false,
-        },
-        queue,
-        args.clients,
-        &mut cx,
-    );
+    let job = Job::start(policy, queue, workers, &mut cx);
     store.apply(&cx.take_changes()).await?;
     let core = Arc::new(MasterCore::new(
         job,
@@ -296,7 +330,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         1000,
         "bench".into(),
     ));
-    let token = "benchtoken";
+    // Served as `elastrec run` serves it (`node.rs`).
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?.to_string();
     let svc = elastrec_proto::master::master_server::MasterServer::new(MasterService(core.clone()));
@@ -309,96 +343,254 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             ))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
-    let deadline = Instant::now() + Duration::from_secs_f64(args.seconds + 0.5);
-    let warm = Instant::now() + Duration::from_millis(500);
-    let mut handles = Vec::new();
-    // Node ids 1..=clients are the workers created above.
-    for id in 1..=args.clients {
-        let mut c = rpc::master_client(&addr, token, 64 << 20)?;
-        let hb = args.heartbeats_per_report;
-        handles.push(tokio::spawn(async move {
-            let mut lat: Vec<u32> = Vec::new();
-            c.register(RegisterRequest {
-                version: rpc::version(),
-                role: PbRole::Worker as i32,
-                node_id: id,
-                addr: String::new(),
-                pid: 0,
-            })
-            .await?;
-            let mut task: Option<(u64, u64, u64)> = None;
-            while Instant::now() < deadline {
-                let t0 = Instant::now();
-                match task {
-                    None => {
-                        let r = c
-                            .get_task(GetTaskRequest {
-                                version: rpc::version(),
-                                node_id: id,
-                            })
-                            .await?
-                            .into_inner();
-                        if let Some(Reply::Task(t)) = r.reply {
-                            task = Some((t.task_id, t.offset, t.end_row - t.start_row));
-                        }
-                    }
-                    Some((tid, off, len)) => {
-                        let off = (off + 256).min(len);
-                        c.report_progress(ReportProgressRequest {
-                            version: rpc::version(),
-                            node_id: id,
-                            task_id: tid,
-                            offset: off,
-                        })
-                        .await?;
-                        task = (off < len).then_some((tid, off, len));
-                    }
-                }
-                if t0 > warm {
-                    lat.push(t0.elapsed().as_micros() as u32);
-                }
-                for _ in 0..hb {
-                    let t0 = Instant::now();
-                    c.heartbeat(HeartbeatRequest {
+    Ok((core, addr))
+}
+
+/// What the simulated workers share with the bench.
+#[derive(Default)]
+struct BenchFlags {
+    /// Workers registered so far.
+    registered: std::sync::atomic::AtomicU32,
+    /// Set during the measured window: requests started then record their latency.
+    measuring: std::sync::atomic::AtomicBool,
+    /// Set at the end: workers finish their request and stop.
+    stop: std::sync::atomic::AtomicBool,
+    /// Replies received (every one answered by the master).
+    answered: std::sync::atomic::AtomicU64,
+}
+
+/// One simulated worker: registers as node `id`, then gets a task, reports progress 256
+/// rows at a time until it is done, and sends `heartbeats` heartbeats after each of those
+/// requests. Returns the latencies (µs) of requests started while measuring and the rows
+/// whose reports the master acknowledged.
+async fn simulated_worker(
+    mut c: Master,
+    id: u32,
+    heartbeats: u32,
+    flags: Arc<BenchFlags>,
+) -> anyhow::Result<(Vec<u32>, u64)> {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    let mut lat: Vec<u32> = Vec::new();
+    let mut acked = 0u64;
+    c.register(RegisterRequest {
+        version: rpc::version(),
+        role: PbRole::Worker as i32,
+        node_id: id,
+        addr: String::new(),
+        pid: 0,
+    })
+    .await?;
+    flags.registered.fetch_add(1, Relaxed);
+    let done = |t0: Instant, measured: bool, lat: &mut Vec<u32>| {
+        flags.answered.fetch_add(1, Relaxed);
+        if measured {
+            lat.push(t0.elapsed().as_micros() as u32);
+        }
+    };
+    // (task id, rows reported, rows in the task)
+    let mut task: Option<(u64, u64, u64)> = None;
+    while !flags.stop.load(Relaxed) {
+        let (t0, measured) = (Instant::now(), flags.measuring.load(Relaxed));
+        match task {
+            None => {
+                let r = c
+                    .get_task(GetTaskRequest {
                         version: rpc::version(),
                         node_id: id,
-                        task_id: 0,
-                        offset: 0,
-                        samples: 0,
-                        step: 0,
                     })
-                    .await?;
-                    if t0 > warm {
-                        lat.push(t0.elapsed().as_micros() as u32);
-                    }
+                    .await?
+                    .into_inner();
+                if let Some(Reply::Task(t)) = r.reply {
+                    task = Some((t.task_id, t.offset, t.end_row - t.start_row));
                 }
             }
-            Ok::<_, anyhow::Error>(lat)
-        }));
+            Some((tid, off, len)) => {
+                let next = (off + 256).min(len);
+                c.report_progress(ReportProgressRequest {
+                    version: rpc::version(),
+                    node_id: id,
+                    task_id: tid,
+                    offset: next,
+                })
+                .await?;
+                acked += next - off;
+                task = (next < len).then_some((tid, next, len));
+            }
+        }
+        done(t0, measured, &mut lat);
+        for _ in 0..heartbeats {
+            let (t0, measured) = (Instant::now(), flags.measuring.load(Relaxed));
+            c.heartbeat(HeartbeatRequest {
+                version: rpc::version(),
+                node_id: id,
+                task_id: 0,
+                offset: 0,
+                samples: 0,
+                step: 0,
+            })
+            .await?;
+            done(t0, measured, &mut lat);
+        }
     }
-    let mut all = Vec::new();
-    for h in handles {
-        all.extend(h.await??);
+    Ok((lat, acked))
+}
+
+/// Starts a master (real gRPC on loopback, real SQLite, group commit) on a runtime of its
+/// own, with processes that are never started, and drives it with simulated workers
+/// ([`simulated_worker`]) on this runtime. Prints the requests the master answered per
+/// second in the measured window, their latencies, the CPU each side used and the group
+/// commits, then checks that the ledger, in memory and as reloaded from SQLite, holds
+/// exactly the rows whose reports were acknowledged.
+pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    /// Shuts the master's runtime down without blocking (dropping a runtime inside
+    /// another one panics), also on early returns.
+    struct MasterRuntime(Option<tokio::runtime::Runtime>);
+    impl Drop for MasterRuntime {
+        fn drop(&mut self) {
+            if let Some(rt) = self.0.take() {
+                rt.shutdown_background();
+            }
+        }
     }
-    all.sort_unstable();
-    let secs = args.seconds;
+
+    anyhow::ensure!(args.clients > 0, "--clients must be at least 1");
+    anyhow::ensure!(
+        args.server_threads > 0,
+        "--server-threads must be at least 1"
+    );
+    let connections = match args.connections {
+        0 => args.clients,
+        n => n.min(args.clients),
+    };
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("master.db");
+    let token = "benchtoken";
+    let master_rt = MasterRuntime(Some(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.server_threads)
+            .thread_name(BENCH_MASTER_THREAD)
+            .enable_all()
+            .build()?,
+    ));
+    let master = master_rt.0.as_ref().expect("set above").handle().clone();
+    let (core, addr) = master
+        .spawn(start_bench_master(db.clone(), args.clients, token))
+        .await??;
+
+    let channels = (0..connections)
+        .map(|_| rpc::master_client(&addr, token, 64 << 20))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let flags = Arc::new(BenchFlags::default());
+    // Node ids 1..=clients are the workers of the job.
+    let mut workers: Vec<_> = (1..=args.clients)
+        .map(|id| {
+            let c = channels[(id - 1) as usize % channels.len()].clone();
+            tokio::spawn(simulated_worker(
+                c,
+                id,
+                args.heartbeats_per_report,
+                flags.clone(),
+            ))
+        })
+        .collect();
+    let setup = Instant::now();
+    while flags.registered.load(Relaxed) < args.clients {
+        anyhow::ensure!(
+            setup.elapsed() < Duration::from_secs(30),
+            "the clients did not register within 30 s"
+        );
+        if let Some(w) = workers.iter_mut().find(|w| w.is_finished()) {
+            w.await??;
+            anyhow::bail!("a client stopped before the measurement");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let snapshot = || {
+        (
+            Instant::now(),
+            flags.answered.load(Relaxed),
+            core.metrics.requests_total(),
+            core.writer_stats(),
+            cpu_split(),
+        )
+    };
+    let (t0, answered0, counted0, writes0, cpu0) = snapshot();
+    flags.measuring.store(true, Relaxed);
+    tokio::time::sleep(Duration::from_secs_f64(args.seconds)).await;
+    flags.measuring.store(false, Relaxed);
+    let (t1, answered1, counted1, writes1, cpu1) = snapshot();
+    flags.stop.store(true, Relaxed);
+    let mut lat = Vec::new();
+    let mut acked = 0;
+    for w in workers {
+        let (l, rows) = w.await??;
+        lat.extend(l);
+        acked += rows;
+    }
+
+    lat.sort_unstable();
     let pct = |p: f64| {
-        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
+        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
             .copied()
             .unwrap_or(0)
     };
-    let ledger = core.job.lock().tasks().ledger().summary(0);
+    let secs = (t1 - t0).as_secs_f64();
+    let answered = answered1 - answered0;
     println!(
-        "master bench: {} clients, {} requests in {:.1} s = {:.0} req/s; latency p50 {} us, p99 {} us, max {} us; rows reported {} (duplicated {})",
+        "master bench: {} clients over {} HTTP/2 connection(s); master runtime {} thread(s); {} CPU(s)",
         args.clients,
-        all.len(),
-        secs,
-        all.len() as f64 / secs,
+        connections,
+        args.server_threads,
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+    );
+    println!(
+        "  {answered} requests answered in {secs:.2} s = {:.0} req/s (the master counted {}); latency p50 {} us, p99 {} us, max {} us",
+        answered as f64 / secs,
+        counted1 - counted0,
         pct(0.5),
         pct(0.99),
-        all.last().copied().unwrap_or(0),
-        ledger.consumed,
-        ledger.duplicated
+        lat.last().copied().unwrap_or(0),
+    );
+    if let (Some((m0, c0)), Some((m1, c1))) = (cpu0, cpu1) {
+        let per = |cpu: f64| cpu * 1e6 / answered.max(1) as f64;
+        println!(
+            "  CPU: master {:.2} s ({:.0} us/request), clients {:.2} s ({:.0} us/request)",
+            m1 - m0,
+            per(m1 - m0),
+            c1 - c0,
+            per(c1 - c0),
+        );
+    }
+    let (txs, subs) = (
+        writes1.transactions - writes0.transactions,
+        writes1.submissions - writes0.submissions,
+    );
+    println!(
+        "  SQLite: {txs} transactions for {subs} requests that changed state ({:.1} per transaction)",
+        subs as f64 / txs.max(1) as f64
+    );
+
+    // Every acknowledged report is in the ledger exactly once, in memory and on disk.
+    let ledger = core.job.lock().tasks().ledger().summary(0);
+    let on_disk: u64 = master
+        .spawn(async move {
+            let snap = crate::store::Store::open(&db, false).await?.load().await?;
+            Ok::<_, anyhow::Error>(snap.ranges.iter().map(|r| r.3 - r.2).sum())
+        })
+        .await??;
+    println!(
+        "  ledger: rows acknowledged {acked}, reported {} (duplicated {}), in SQLite {on_disk}",
+        ledger.consumed, ledger.duplicated
+    );
+    drop(master_rt);
+    anyhow::ensure!(
+        ledger.consumed == acked && ledger.duplicated == 0 && on_disk == acked,
+        "the ledger is not exact"
     );
     Ok(())
 }

@@ -11,6 +11,10 @@ use prometheus_client::registry::Registry;
 
 type Labels = Vec<(String, String)>;
 
+fn method_label(method: &str) -> Labels {
+    vec![("method".to_string(), method.to_string())]
+}
+
 /// The master's metrics.
 pub struct Metrics {
     registry: Registry,
@@ -23,7 +27,20 @@ pub struct Metrics {
     pub node_deaths: Counter,
     /// Unreported remainders returned to the queue.
     pub requeues: Counter,
+    /// The per-method request counters, resolved once (no allocation per request).
+    by_method: Vec<(&'static str, Counter)>,
 }
+
+/// The RPC methods counted by [`Metrics::request`].
+pub const METHODS: [&str; 7] = [
+    "register",
+    "heartbeat",
+    "get_task",
+    "report_progress",
+    "report_eval",
+    "scale",
+    "status",
+];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -61,7 +78,12 @@ impl Metrics {
             "Unreported remainders requeued",
             requeues.clone(),
         );
+        let by_method = METHODS
+            .iter()
+            .map(|&m| (m, requests.get_or_create(&method_label(m)).clone()))
+            .collect();
         Self {
+            by_method,
             registry,
             requests,
             shards,
@@ -75,9 +97,16 @@ impl Metrics {
 
     /// Counts one request.
     pub fn request(&self, method: &str) {
-        self.requests
-            .get_or_create(&vec![("method".to_string(), method.to_string())])
-            .inc();
+        if let Some((_, c)) = self.by_method.iter().find(|(m, _)| *m == method) {
+            c.inc();
+        } else {
+            self.requests.get_or_create(&method_label(method)).inc();
+        }
+    }
+
+    /// Requests counted so far, all methods together.
+    pub fn requests_total(&self) -> u64 {
+        self.by_method.iter().map(|(_, c)| c.get()).sum()
     }
 
     /// Updates gauges from a status snapshot.

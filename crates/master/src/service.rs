@@ -1,6 +1,8 @@
 //! The master's gRPC service: thin handlers over the [`Job`] state machine. Every handler
 //! mutates the state under one lock, queues the resulting changes to the group-commit
-//! writer (in mutation order), and replies only once they are durable.
+//! writer (in mutation order), and replies only once they are durable. A handler that
+//! changed nothing still replies only once the queued changes its reply rests on are
+//! durable (for a heartbeat: node rows and the phase, rarely pending).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -22,7 +24,7 @@ use crate::job::{
     Change, Context, Directive, EvalResult, Event, Job, JobError, Node, Phase, Role, TaskReply,
 };
 use crate::metrics::Metrics;
-use crate::store::Writer;
+use crate::store::{Barrier, Depends, Writer};
 
 /// Wall-clock milliseconds (persisted timestamps survive a master restart).
 pub fn now_ms() -> u64 {
@@ -139,6 +141,11 @@ impl MasterCore {
             .map_err(|e| Status::internal(e.to_string()))
     }
 
+    /// What the group-commit writer did so far.
+    pub fn writer_stats(&self) -> crate::store::WriterStats {
+        self.writer.stats()
+    }
+
     /// Sets what PS processes started from now on load.
     pub fn set_restore_plan(&self, plan: Option<RestorePlan>) {
         *self.restore_plan.lock() = plan;
@@ -155,21 +162,46 @@ impl MasterCore {
     }
 
     /// Runs `f` on the state, makes its changes durable, then performs its side effects.
+    ///
+    /// When `f` changed nothing, its result may still rest on changes of other requests
+    /// that are queued but not yet durable; it is returned only once they are.
     pub async fn run<R>(&self, f: impl FnOnce(&mut Job, &mut LiveCtx) -> R) -> Result<R, Status> {
+        self.run_depending(Depends::All, f).await
+    }
+
+    /// [`MasterCore::run`] for a read whose result depends only on what `depends` names.
+    async fn run_depending<R>(
+        &self,
+        depends: Depends,
+        f: impl FnOnce(&mut Job, &mut LiveCtx) -> R,
+    ) -> Result<R, Status> {
         let mut cx = LiveCtx {
             now: now_ms(),
             ..LiveCtx::default()
         };
+        /// What the reply waits for.
+        enum Durable<W> {
+            /// Its own changes (queued after everything it saw).
+            Written(W),
+            /// The queued changes it saw.
+            Seen(Barrier),
+        }
+        // Queued or taken under the lock: exactly what `f` saw was queued before.
         let (r, durable) = {
             let mut job = self.job.lock();
             let r = f(&mut job, &mut cx);
-            let durable = (!cx.changes.is_empty())
-                .then(|| self.writer.submit(std::mem::take(&mut cx.changes)));
+            let durable = if cx.changes.is_empty() {
+                Durable::Seen(self.writer.barrier(depends))
+            } else {
+                Durable::Written(self.writer.submit(std::mem::take(&mut cx.changes)))
+            };
             (r, durable)
         };
-        if let Some(d) = durable {
-            d.await.map_err(|e| Status::internal(e.to_string()))?;
+        match durable {
+            Durable::Written(w) => w.await,
+            Durable::Seen(b) => self.writer.wait(b).await,
         }
+        .map_err(|e| Status::internal(e.to_string()))?;
         self.effects(cx);
         Ok(r)
     }
@@ -372,9 +404,11 @@ impl Master for MasterService {
         let req = req.into_inner();
         check_version(&req.version)?;
         self.0.metrics.request("heartbeat");
+        // A heartbeat changes nothing durable; its reply depends only on node rows and the
+        // phase, so pending task and ledger writes of other requests do not delay it.
         let (d, ps_addrs, active) = self
             .0
-            .run(|job, cx| {
+            .run_depending(Depends::Nodes, |job, cx| {
                 let mut d = job.heartbeat(req.node_id, req.samples, req.step, cx);
                 // Parameter servers stop with the job.
                 if job.node(req.node_id).is_some_and(|n| n.role == Role::Ps)

@@ -6,12 +6,14 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
 };
 use sqlx::Row;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::job::{Change, Node, NodeState, Role};
 use crate::tasks::{Range, Task, TaskState};
@@ -33,6 +35,9 @@ pub enum StoreError {
         /// The value.
         value: String,
     },
+    /// A group of changes could not be written; the master acknowledges nothing after it.
+    #[error("master database write failed: {0}")]
+    Write(String),
     /// The writer task is gone.
     #[error("master database writer stopped")]
     WriterGone,
@@ -83,6 +88,188 @@ fn corrupt(what: &'static str, value: &str) -> StoreError {
     }
 }
 
+/// A table written by [`Batch`]: `INSERT INTO {head} VALUES (?, …), … {tail}`.
+struct Table {
+    head: &'static str,
+    cols: usize,
+    tail: &'static str,
+}
+
+const TASKS: Table = Table {
+    head: "tasks (id, epoch, file, start_row, end_row, offset_rows, state, worker, ord)",
+    cols: 9,
+    tail: "ON CONFLICT(id) DO UPDATE SET epoch=excluded.epoch, file=excluded.file,
+  start_row=excluded.start_row, end_row=excluded.end_row, offset_rows=excluded.offset_rows,
+  state=excluded.state, worker=excluded.worker, ord=excluded.ord",
+};
+const LEDGER: Table = Table {
+    head: "ledger (epoch, file, start_row, end_row)",
+    cols: 4,
+    tail: "",
+};
+const NODES: Table = Table {
+    head:
+        "nodes (id, role, idx, state, pid, addr, last_seen_ms, started_ms, samples, step, restarts)",
+    cols: 11,
+    tail: "ON CONFLICT(id) DO UPDATE SET role=excluded.role, idx=excluded.idx,
+  state=excluded.state, pid=excluded.pid, addr=excluded.addr,
+  last_seen_ms=excluded.last_seen_ms, started_ms=excluded.started_ms,
+  samples=excluded.samples, step=excluded.step, restarts=excluded.restarts",
+};
+const META: Table = Table {
+    head: "meta (key, value)",
+    cols: 2,
+    tail: "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+};
+
+/// Rows per `INSERT` at most (SQLite takes at most 32766 parameters per statement).
+const MAX_ROWS: usize = 1000;
+
+/// A group of changes folded into the rows each table ends up with: the last version of
+/// each task, node and meta key, every ledger range in order, and whether a
+/// [`Change::ResetData`] first empties `tasks` and `ledger` (rows written before the
+/// reset in the same group would be deleted by it, so they are dropped).
+#[derive(Default)]
+struct Batch<'a> {
+    reset: bool,
+    tasks: Vec<&'a Task>,
+    task_pos: HashMap<u64, usize>,
+    ranges: Vec<Range>,
+    nodes: Vec<&'a Node>,
+    node_pos: HashMap<u32, usize>,
+    meta: Vec<(&'static str, &'a str)>,
+}
+
+impl<'a> Batch<'a> {
+    fn fold(changes: &'a [Change]) -> Self {
+        let mut b = Self::default();
+        for c in changes {
+            match c {
+                Change::ResetData(tasks, ranges) => {
+                    b.reset = true;
+                    b.tasks.clear();
+                    b.task_pos.clear();
+                    b.ranges.clear();
+                    tasks.iter().for_each(|t| b.task(t));
+                    b.ranges.extend_from_slice(ranges);
+                }
+                Change::Task(t) => b.task(t),
+                Change::Range(e, f, s, t) => b.ranges.push((*e, *f, *s, *t)),
+                Change::Node(n) => match b.node_pos.get(&n.id) {
+                    Some(&i) => b.nodes[i] = n,
+                    None => {
+                        b.node_pos.insert(n.id, b.nodes.len());
+                        b.nodes.push(n);
+                    }
+                },
+                Change::Meta(k, v) => match b.meta.iter_mut().find(|(key, _)| key == k) {
+                    Some(slot) => slot.1 = v,
+                    None => b.meta.push((k, v)),
+                },
+            }
+        }
+        b
+    }
+
+    fn task(&mut self, t: &'a Task) {
+        match self.task_pos.get(&t.id) {
+            Some(&i) => self.tasks[i] = t,
+            None => {
+                self.task_pos.insert(t.id, self.tasks.len());
+                self.tasks.push(t);
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        !self.reset
+            && self.tasks.is_empty()
+            && self.ranges.is_empty()
+            && self.nodes.is_empty()
+            && self.meta.is_empty()
+    }
+
+    /// The whole group as one script: `BEGIN`, one multi-row `INSERT` per table (or per
+    /// [`MAX_ROWS`] rows), `COMMIT`. Its text depends only on the row counts, so the
+    /// connection's statement cache keeps the usual few shapes prepared.
+    fn sql(&self) -> String {
+        let mut sql = String::from("BEGIN IMMEDIATE;\n");
+        if self.reset {
+            sql.push_str("DELETE FROM tasks;\nDELETE FROM ledger;\n");
+        }
+        for (t, n) in [
+            (&TASKS, self.tasks.len()),
+            (&LEDGER, self.ranges.len()),
+            (&NODES, self.nodes.len()),
+            (&META, self.meta.len()),
+        ] {
+            let row = format!("({})", vec!["?"; t.cols].join(","));
+            let mut left = n;
+            while left > 0 {
+                let k = left.min(MAX_ROWS);
+                sql.push_str("INSERT INTO ");
+                sql.push_str(t.head);
+                sql.push_str(" VALUES ");
+                sql.push_str(&vec![row.as_str(); k].join(","));
+                sql.push(' ');
+                sql.push_str(t.tail);
+                sql.push_str(";\n");
+                left -= k;
+            }
+        }
+        sql.push_str("COMMIT;");
+        sql
+    }
+
+    /// Binds every row, in the order [`Batch::sql`] lists them.
+    fn bind<'q>(&'q self, mut q: Query<'q>) -> Query<'q> {
+        for t in &self.tasks {
+            let (state, worker) = match t.state {
+                TaskState::Todo => ("todo", None),
+                TaskState::Doing(w) => ("doing", Some(w as i64)),
+                TaskState::Done => ("done", None),
+            };
+            q = q
+                .bind(t.id as i64)
+                .bind(t.epoch as i64)
+                .bind(t.file as i64)
+                .bind(t.start as i64)
+                .bind(t.end as i64)
+                .bind(t.offset as i64)
+                .bind(state)
+                .bind(worker)
+                .bind(t.order);
+        }
+        for &(e, f, s, t) in &self.ranges {
+            q = q
+                .bind(e as i64)
+                .bind(f as i64)
+                .bind(s as i64)
+                .bind(t as i64);
+        }
+        for n in &self.nodes {
+            q = q
+                .bind(n.id as i64)
+                .bind(role_str(n.role))
+                .bind(n.index as i64)
+                .bind(state_str(n.state))
+                .bind(n.pid as i64)
+                .bind(n.addr.as_str())
+                .bind(n.last_seen_ms as i64)
+                .bind(n.started_ms as i64)
+                .bind(n.samples as i64)
+                .bind(n.step as i64)
+                .bind(n.restarts as i64);
+        }
+        for &(k, v) in &self.meta {
+            q = q.bind(k).bind(v);
+        }
+        q
+    }
+}
+
+type Query<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>;
+
 impl Store {
     /// Opens (creating when `create`) the database at `path` and applies migrations.
     pub async fn open(path: &Path, create: bool) -> Result<Self> {
@@ -91,6 +278,8 @@ impl Store {
             .create_if_missing(create)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
+            // Group scripts have one shape per row count (see `Batch::sql`).
+            .statement_cache_capacity(512)
             .busy_timeout(std::time::Duration::from_secs(5));
         let pool = SqlitePoolOptions::new()
             .max_connections(2)
@@ -114,106 +303,14 @@ impl Store {
 
     /// Writes `changes` in one transaction.
     pub async fn apply(&self, changes: &[Change]) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
-        for c in changes {
-            match c {
-                Change::ResetData(tasks, ranges) => {
-                    sqlx::query("DELETE FROM tasks").execute(&mut *tx).await?;
-                    sqlx::query("DELETE FROM ledger").execute(&mut *tx).await?;
-                    for t in tasks {
-                        Self::put_task(&mut tx, t).await?;
-                    }
-                    for &(e, f, s, t) in ranges {
-                        Self::put_range(&mut tx, e, f, s, t).await?;
-                    }
-                }
-                Change::Task(t) => Self::put_task(&mut tx, t).await?,
-                Change::Range(e, f, s, t) => Self::put_range(&mut tx, *e, *f, *s, *t).await?,
-                Change::Node(n) => {
-                    sqlx::query(
-                        "INSERT INTO nodes (id, role, idx, state, pid, addr, last_seen_ms, started_ms, samples, step, restarts)
-                         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                         ON CONFLICT(id) DO UPDATE SET role=excluded.role, idx=excluded.idx,
-                           state=excluded.state, pid=excluded.pid, addr=excluded.addr,
-                           last_seen_ms=excluded.last_seen_ms, started_ms=excluded.started_ms,
-                           samples=excluded.samples, step=excluded.step, restarts=excluded.restarts",
-                    )
-                    .bind(n.id as i64)
-                    .bind(role_str(n.role))
-                    .bind(n.index as i64)
-                    .bind(state_str(n.state))
-                    .bind(n.pid as i64)
-                    .bind(&n.addr)
-                    .bind(n.last_seen_ms as i64)
-                    .bind(n.started_ms as i64)
-                    .bind(n.samples as i64)
-                    .bind(n.step as i64)
-                    .bind(n.restarts as i64)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                Change::Meta(k, v) => {
-                    sqlx::query(
-                        "INSERT INTO meta (key, value) VALUES (?, ?)
-                         ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                    )
-                    .bind(*k)
-                    .bind(v)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-            }
+        let mut conn = self.pool.acquire().await?;
+        let res = write(&mut conn, changes).await;
+        if res.is_err() {
+            // The transaction may still be open: close the connection instead of
+            // returning it to the pool.
+            drop(conn.detach());
         }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn put_task(
-        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-        t: &Task,
-    ) -> std::result::Result<(), sqlx::Error> {
-        let (state, worker) = match t.state {
-            TaskState::Todo => ("todo", None),
-            TaskState::Doing(w) => ("doing", Some(w as i64)),
-            TaskState::Done => ("done", None),
-        };
-        sqlx::query(
-            "INSERT INTO tasks (id, epoch, file, start_row, end_row, offset_rows, state, worker, ord)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-             ON CONFLICT(id) DO UPDATE SET epoch=excluded.epoch, file=excluded.file,
-               start_row=excluded.start_row, end_row=excluded.end_row,
-               offset_rows=excluded.offset_rows, state=excluded.state,
-               worker=excluded.worker, ord=excluded.ord",
-        )
-        .bind(t.id as i64)
-        .bind(t.epoch as i64)
-        .bind(t.file as i64)
-        .bind(t.start as i64)
-        .bind(t.end as i64)
-        .bind(t.offset as i64)
-        .bind(state)
-        .bind(worker)
-        .bind(t.order)
-        .execute(&mut **tx)
-        .await?;
-        Ok(())
-    }
-
-    async fn put_range(
-        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-        e: u32,
-        f: u32,
-        s: u64,
-        t: u64,
-    ) -> std::result::Result<(), sqlx::Error> {
-        sqlx::query("INSERT INTO ledger (epoch, file, start_row, end_row) VALUES (?, ?, ?, ?)")
-            .bind(e as i64)
-            .bind(f as i64)
-            .bind(s as i64)
-            .bind(t as i64)
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
+        res
     }
 
     /// Sets one scalar.
@@ -303,23 +400,175 @@ impl Store {
     }
 }
 
-type Pending = (
-    Vec<Change>,
-    oneshot::Sender<std::result::Result<(), String>>,
-);
+/// Writes `changes` in one transaction on `conn`: folded into the rows each table ends
+/// up with ([`Batch`]), then written by one script, in one call to the connection's
+/// SQLite thread (each call costs two thread switches, more than the statements
+/// themselves). When it fails the transaction may still be open: the caller then drops
+/// `conn` (closing it rolls back).
+async fn write(conn: &mut SqliteConnection, changes: &[Change]) -> Result<()> {
+    let batch = Batch::fold(changes);
+    if batch.is_empty() {
+        return Ok(());
+    }
+    batch
+        .bind(sqlx::query(sqlx::AssertSqlSafe(batch.sql())))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Writes one group on the writer's connection, opening it when needed; after a failure
+/// the connection is dropped (rolling back what the failed transaction wrote) and the
+/// next group opens a fresh one.
+async fn write_group(
+    store: &Store,
+    conn: &mut Option<SqliteConnection>,
+    changes: &[Change],
+) -> Result<()> {
+    let c = match conn {
+        Some(c) => c,
+        None => {
+            let mut c = store.pool.acquire().await?.detach();
+            // Checkpoints normally run beside the writer (see `Checkpointer`); this only
+            // bounds the WAL should they fall behind.
+            sqlx::query("PRAGMA wal_autocheckpoint = 16384")
+                .execute(&mut c)
+                .await?;
+            conn.insert(c)
+        }
+    };
+    let res = write(c, changes).await;
+    if res.is_err() {
+        *conn = None;
+    }
+    res
+}
+
+/// Copies the WAL back into the database file from a pool connection, at most every
+/// [`Checkpointer::EVERY`] and one at a time, so that the writer's transactions never
+/// wait for a checkpoint (and its two fsyncs). Commits are durable once in the WAL;
+/// checkpoints only keep the WAL short.
+struct Checkpointer {
+    last: std::time::Instant,
+    running: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Checkpointer {
+    const EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+    fn new() -> Self {
+        Self {
+            last: std::time::Instant::now(),
+            running: Arc::default(),
+        }
+    }
+
+    /// Called after each commit: starts a passive checkpoint when one is due.
+    fn after_commit(&mut self, store: &Store) {
+        use std::sync::atomic::Ordering;
+        if self.last.elapsed() < Self::EVERY || self.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.last = std::time::Instant::now();
+        let (pool, running) = (store.pool.clone(), self.running.clone());
+        tokio::spawn(async move {
+            if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+                .execute(&pool)
+                .await
+            {
+                tracing::warn!(error = %e, "master database: WAL checkpoint failed");
+            }
+            running.store(false, Ordering::Release);
+        });
+    }
+}
+
+/// One request's changes in the writer's queue.
+struct Pending {
+    /// Position in the queue (1, 2, …).
+    seq: u64,
+    changes: Vec<Change>,
+    ack: oneshot::Sender<std::result::Result<(), String>>,
+}
+
+/// How far the writer got.
+#[derive(Clone, Debug, Default)]
+struct Written {
+    /// Every submission up to this sequence number is durable.
+    seq: u64,
+    /// Why a write failed. From then on nothing is acknowledged (fail-stop): the database
+    /// no longer holds what the state in memory says.
+    failed: Option<String>,
+}
+
+/// The tail of the writer's queue, as seen by submitters (which hold the state lock).
+#[derive(Debug, Default)]
+struct Tail {
+    /// Sequence number of the last submission.
+    seq: u64,
+    /// Sequence number of the last submission that changed a node row, a scalar or reset
+    /// the data (everything but task rows and ledger ranges).
+    nodes_seq: u64,
+}
+
+/// What a reply that changes nothing itself depends on (see [`Writer::barrier`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Depends {
+    /// Everything queued before it (e.g. a task reply reads task rows another request
+    /// just changed).
+    All,
+    /// Only node rows and scalars: node states, phase, PS addresses (heartbeats).
+    Nodes,
+}
+
+/// A position in the writer's queue that a reply must not overtake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Barrier(u64);
 
 /// Group-commit writer: requests queue their changes in mutation order; one transaction
 /// writes everything queued so far, then every waiting request is acknowledged.
+///
+/// A request that changed nothing may still have read state that another request changed
+/// and whose write is still queued; it takes a [`Barrier`] under the state lock and waits
+/// for it ([`Writer::wait`]) before replying. When nothing it depends on is pending (the
+/// usual case for heartbeats) that costs no waiting at all.
 #[derive(Clone, Debug)]
 pub struct Writer {
     tx: mpsc::UnboundedSender<Pending>,
+    tail: Arc<parking_lot::Mutex<Tail>>,
+    written: Arc<watch::Sender<Written>>,
+    stats: Arc<Counters>,
+}
+
+/// Counters of the writer's work (see [`Writer::stats`]).
+#[derive(Debug, Default)]
+struct Counters {
+    transactions: std::sync::atomic::AtomicU64,
+    submissions: std::sync::atomic::AtomicU64,
+}
+
+/// What the writer did so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Transactions committed (one per group).
+    pub transactions: u64,
+    /// Requests' change sets they held.
+    pub submissions: u64,
 }
 
 impl Writer {
     /// Starts the writer task on the current runtime.
     pub fn spawn(store: Store) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<Pending>();
+        let written = Arc::new(watch::Sender::new(Written::default()));
+        let progress = written.clone();
+        let stats = Arc::new(Counters::default());
+        let counters = stats.clone();
         tokio::spawn(async move {
+            // A connection of its own, taken out of the pool: every write goes through one
+            // SQLite thread with one warm page cache.
+            let mut conn: Option<SqliteConnection> = None;
+            let mut checkpoints = Checkpointer::new();
             let mut batch: Vec<Pending> = Vec::new();
             let mut all: Vec<Change> = Vec::new();
             while let Some(first) = rx.recv().await {
@@ -331,20 +580,51 @@ impl Writer {
                     }
                 }
                 all.clear();
-                for (c, _) in &mut batch {
-                    all.append(c);
+                for p in &mut batch {
+                    all.append(&mut p.changes);
                 }
-                let res = if all.is_empty() {
-                    Ok(())
-                } else {
-                    store.apply(&all).await.map_err(|e| e.to_string())
+                let failed = progress.borrow().failed.clone();
+                let res = match failed {
+                    Some(e) => Err(e),
+                    None if all.is_empty() => Ok(()),
+                    None => {
+                        let res = write_group(&store, &mut conn, &all).await;
+                        if res.is_ok() {
+                            use std::sync::atomic::Ordering::Relaxed;
+                            checkpoints.after_commit(&store);
+                            counters.transactions.fetch_add(1, Relaxed);
+                            counters.submissions.fetch_add(batch.len() as u64, Relaxed);
+                        }
+                        res.map_err(|e| e.to_string())
+                    }
                 };
-                for (_, ack) in batch.drain(..) {
-                    let _ = ack.send(res.clone());
+                let last = batch.last().map_or(0, |p| p.seq);
+                progress.send_modify(|w| {
+                    w.seq = last;
+                    if let Err(e) = &res {
+                        w.failed.get_or_insert_with(|| e.clone());
+                    }
+                });
+                for p in batch.drain(..) {
+                    let _ = p.ack.send(res.clone());
                 }
             }
         });
-        Self { tx }
+        Self {
+            tx,
+            tail: Arc::default(),
+            written,
+            stats,
+        }
+    }
+
+    /// What the writer did so far.
+    pub fn stats(&self) -> WriterStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        WriterStats {
+            transactions: self.stats.transactions.load(Relaxed),
+            submissions: self.stats.submissions.load(Relaxed),
+        }
     }
 
     /// Queues `changes` (call while still holding the state lock, so order is kept) and
@@ -354,20 +634,56 @@ impl Writer {
         changes: Vec<Change>,
     ) -> impl std::future::Future<Output = std::result::Result<(), StoreError>> + use<> {
         let (ack, done) = oneshot::channel();
-        let sent = self.tx.send((changes, ack)).is_ok();
+        let sent = {
+            let mut tail = self.tail.lock();
+            tail.seq += 1;
+            if changes
+                .iter()
+                .any(|c| !matches!(c, Change::Task(_) | Change::Range(..)))
+            {
+                tail.nodes_seq = tail.seq;
+            }
+            let seq = tail.seq;
+            // Sent under the tail lock: queue order is sequence order.
+            self.tx.send(Pending { seq, changes, ack }).is_ok()
+        };
         async move {
             if !sent {
                 return Err(StoreError::WriterGone);
             }
             match done.await {
                 Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(StoreError::Corrupt {
-                    what: "write",
-                    value: e,
-                }),
+                Ok(Err(e)) => Err(StoreError::Write(e)),
                 Err(_) => Err(StoreError::WriterGone),
             }
         }
+    }
+
+    /// The queue position a reply that changed nothing, built from the state as it is
+    /// now, must wait for (call while holding the state lock).
+    pub fn barrier(&self, depends: Depends) -> Barrier {
+        let tail = self.tail.lock();
+        Barrier(match depends {
+            Depends::All => tail.seq,
+            Depends::Nodes => tail.nodes_seq,
+        })
+    }
+
+    /// Resolves once everything up to `barrier` is durable (at once when it already is).
+    pub async fn wait(&self, barrier: Barrier) -> std::result::Result<(), StoreError> {
+        let check = |w: &Written| match &w.failed {
+            Some(e) => Some(Err(StoreError::Write(e.clone()))),
+            None => (w.seq >= barrier.0).then_some(Ok(())),
+        };
+        if let Some(r) = check(&self.written.borrow()) {
+            return r;
+        }
+        let mut rx = self.written.subscribe();
+        let w = rx
+            .wait_for(|w| check(w).is_some())
+            .await
+            .map_err(|_| StoreError::WriterGone)?;
+        check(&w).expect("waited for it")
     }
 }
 
@@ -416,6 +732,169 @@ mod tests {
             evaluate: false,
             recover_ps: false,
         }
+    }
+
+    fn task(id: u64, offset: u64, state: TaskState) -> Task {
+        Task {
+            id,
+            epoch: 0,
+            file: 1,
+            start: 100,
+            end: 200,
+            offset,
+            state,
+            order: -(id as i64),
+        }
+    }
+
+    fn node(id: u32, addr: &str, samples: u64) -> Node {
+        Node {
+            id,
+            role: Role::Ps,
+            index: 0,
+            state: NodeState::Running,
+            pid: 7,
+            addr: addr.to_string(),
+            last_seen_ms: u64::from(u32::MAX) + 5,
+            started_ms: 3,
+            samples,
+            step: 9,
+            restarts: 1,
+        }
+    }
+
+    /// One group holding several versions of the same rows, strings that need escaping
+    /// and a reset: what is loaded back is what applying the changes one by one gives.
+    #[tokio::test]
+    async fn group_writes_equal_one_by_one_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("master.db"), true)
+            .await
+            .unwrap();
+        let odd = "host\"'\\ \u{e9}\n:1";
+        store
+            .apply(&[
+                Change::Task(task(1, 0, TaskState::Doing(4))),
+                Change::Range(0, 1, 100, 110),
+                Change::Node(node(4, "a", 1)),
+                Change::Task(task(1, 10, TaskState::Doing(4))),
+                Change::Task(task(2, 0, TaskState::Todo)),
+                Change::Meta("phase", "\"training\"".into()),
+                Change::Range(0, 1, 110, 150),
+                Change::Meta("phase", "\"finished\"".into()),
+                Change::Node(node(4, odd, 2)),
+                Change::Task(task(1, 50, TaskState::Done)),
+            ])
+            .await
+            .unwrap();
+        let snap = store.load().await.unwrap();
+        let mut tasks = snap.tasks.clone();
+        tasks.sort_by_key(|t| t.id);
+        assert_eq!(
+            tasks,
+            vec![task(1, 50, TaskState::Done), task(2, 0, TaskState::Todo)]
+        );
+        assert_eq!(snap.ranges, vec![(0, 1, 100, 110), (0, 1, 110, 150)]);
+        assert_eq!(snap.nodes, vec![node(4, odd, 2)]);
+        assert_eq!(snap.meta["phase"], "\"finished\"");
+
+        // Rows written before a reset in the same group are gone; rows after it stay.
+        store
+            .apply(&[
+                Change::Task(task(3, 0, TaskState::Todo)),
+                Change::Range(0, 1, 150, 160),
+                Change::ResetData(vec![task(5, 0, TaskState::Todo)], vec![(0, 1, 0, 20)]),
+                Change::Range(0, 1, 20, 30),
+                Change::Task(task(6, 0, TaskState::Todo)),
+            ])
+            .await
+            .unwrap();
+        let snap = store.load().await.unwrap();
+        let mut tasks = snap.tasks.clone();
+        tasks.sort_by_key(|t| t.id);
+        assert_eq!(
+            tasks,
+            vec![task(5, 0, TaskState::Todo), task(6, 0, TaskState::Todo)]
+        );
+        assert_eq!(snap.ranges, vec![(0, 1, 0, 20), (0, 1, 20, 30)]);
+        assert_eq!(snap.nodes.len(), 1);
+    }
+
+    /// Groups larger than one statement takes are split, and keep the ledger's order.
+    #[tokio::test]
+    async fn large_groups_are_written_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("master.db"), true)
+            .await
+            .unwrap();
+        let tasks: Vec<Task> = (0..2500).map(|i| task(i, 0, TaskState::Todo)).collect();
+        let ranges: Vec<Range> = (0..2100).map(|i| (0, 1, 10 * i, 10 * i + 5)).collect();
+        store
+            .apply(&[Change::ResetData(tasks.clone(), ranges.clone())])
+            .await
+            .unwrap();
+        let snap = store.load().await.unwrap();
+        let mut got = snap.tasks;
+        got.sort_by_key(|t| t.id);
+        assert_eq!(got, tasks);
+        assert_eq!(snap.ranges, ranges);
+    }
+
+    /// A reply that changed nothing waits for the pending writes it depends on, and only
+    /// for those; after a failed write nothing more is acknowledged.
+    #[tokio::test]
+    async fn reads_wait_for_what_they_depend_on_and_failures_stop_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("master.db"), true)
+            .await
+            .unwrap();
+        let writer = Writer::spawn(store.clone());
+        // Polls the wait once: the writer task cannot run in between.
+        let ready = |b| {
+            let mut wait = std::pin::pin!(writer.wait(b));
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            std::future::Future::poll(wait.as_mut(), &mut cx).is_ready()
+        };
+        // Nothing queued: nothing to wait for.
+        assert!(ready(writer.barrier(Depends::All)));
+
+        // Queued task and ledger rows hold back a task reply, not a heartbeat.
+        let pending = writer.submit(vec![
+            Change::Task(task(1, 5, TaskState::Doing(2))),
+            Change::Range(0, 1, 100, 105),
+        ]);
+        assert!(ready(writer.barrier(Depends::Nodes)));
+        let all = writer.barrier(Depends::All);
+        assert!(!ready(all));
+        writer.wait(all).await.unwrap();
+        assert_eq!(store.load().await.unwrap().ranges, vec![(0, 1, 100, 105)]);
+        pending.await.unwrap();
+
+        // A queued node row holds back heartbeats too.
+        let pending = writer.submit(vec![Change::Node(node(3, "x", 0))]);
+        let nodes = writer.barrier(Depends::Nodes);
+        assert!(!ready(nodes));
+        writer.wait(nodes).await.unwrap();
+        pending.await.unwrap();
+
+        // A failed write fails its requests, every later one and every waiting read.
+        sqlx::query("DROP TABLE ledger")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        let failed = writer.submit(vec![Change::Range(0, 1, 200, 210)]);
+        let later = writer.submit(vec![Change::Node(node(3, "y", 1))]);
+        assert!(matches!(failed.await, Err(StoreError::Write(_))));
+        assert!(matches!(later.await, Err(StoreError::Write(_))));
+        assert!(matches!(
+            writer.wait(writer.barrier(Depends::Nodes)).await,
+            Err(StoreError::Write(_))
+        ));
+        let addr: String = sqlx::query_scalar("SELECT addr FROM nodes WHERE id = 3")
+            .fetch_one(&store.pool)
+            .await
+            .unwrap();
+        assert_eq!(addr, "x");
     }
 
     /// Runs part of a job, persists through SQLite, restarts from the file several times
