@@ -541,29 +541,29 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     };
     let secs = (t1 - t0).as_secs_f64();
     let answered = answered1 - answered0;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
-        "master bench: {} clients over {} HTTP/2 connection(s); master runtime {} thread(s); {} CPU(s)",
-        args.clients,
-        connections,
-        args.server_threads,
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "master bench: {} clients over {} HTTP/2 connection(s); master runtime {} thread(s); {cpus} CPU(s)",
+        args.clients, connections, args.server_threads,
     );
     println!(
-        "  {answered} requests answered in {secs:.2} s = {:.0} req/s (the master counted {}); latency p50 {} us, p99 {} us, max {} us",
+        "  {answered} requests answered in {secs:.2} s = {:.0} req/s (the master counted {}); latency p50 {} us, p99 {} us, p99.9 {} us, max {} us",
         answered as f64 / secs,
         counted1 - counted0,
         pct(0.5),
         pct(0.99),
+        pct(0.999),
         lat.last().copied().unwrap_or(0),
     );
     if let (Some((m0, c0)), Some((m1, c1))) = (cpu0, cpu1) {
         let per = |cpu: f64| cpu * 1e6 / answered.max(1) as f64;
         println!(
-            "  CPU: master {:.2} s ({:.0} us/request), clients {:.2} s ({:.0} us/request)",
+            "  CPU: master {:.2} s ({:.0} us/request), clients {:.2} s ({:.0} us/request); {:.0}% of {cpus} CPU(s) busy",
             m1 - m0,
             per(m1 - m0),
             c1 - c0,
             per(c1 - c0),
+            100.0 * (m1 - m0 + c1 - c0) / (secs * cpus as f64),
         );
     }
     let (txs, subs) = (

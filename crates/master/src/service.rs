@@ -301,7 +301,7 @@ impl MasterCore {
                     Role::Ps => pb::Role::Ps as i32,
                     Role::Worker => pb::Role::Worker as i32,
                 },
-                state: format!("{:?}", n.state).to_lowercase(),
+                state: crate::store::state_str(n.state).to_string(),
                 pid: n.pid,
                 addr: n.addr.clone(),
                 last_heartbeat_ms_ago: now.saturating_sub(n.last_seen_ms),

@@ -71,7 +71,8 @@ fn role_str(r: Role) -> &'static str {
     }
 }
 
-fn state_str(s: NodeState) -> &'static str {
+/// The stored (and displayed) name of a node state.
+pub(crate) fn state_str(s: NodeState) -> &'static str {
     match s {
         NodeState::Pending => "pending",
         NodeState::Running => "running",
