@@ -1,5 +1,6 @@
-//! Per-phase timing of the Criteo-Kaggle dense step at batch 2048 (best of several runs
-//! per phase, to see through machine noise), with each phase's GFLOP/s.
+//! Per-phase timing of the Criteo-Kaggle dense step at batch 2048 on ONE thread (the
+//! layers run single-threaded; `DenseDlrm` runs row blocks in parallel), best of several
+//! runs per phase to see through machine noise, with each phase's GFLOP/s.
 //!
 //! `cargo run --release -p elastrec-model --example dense_breakdown`
 
@@ -38,21 +39,9 @@ fn main() {
         let mut y = vec![0.0f32; n * l.out_dim];
         let mut dy = vec![0.01f32; n * l.out_dim];
         let mut dx = vec![0.0f32; n * l.in_dim];
-        let mut scratch = vec![0.0; l.scratch_len()];
         let tf = best(|| l.forward(&p, &x, n, &mut y), reps);
         let tb = best(
-            || {
-                l.backward(
-                    &p,
-                    &mut grads,
-                    &x,
-                    &y,
-                    &mut dy,
-                    Some(&mut dx),
-                    n,
-                    &mut scratch,
-                )
-            },
+            || l.backward(&p, &mut grads, &x, &y, &mut dy, Some(&mut dx), n),
             reps,
         );
         let f = (n * l.in_dim * l.out_dim * 2) as f64;

@@ -2,8 +2,10 @@
 
 use crate::error::{ModelError, Result};
 use crate::interaction::{Interaction, InteractionKind};
+use rayon::prelude::*;
+
 use crate::layers::{sigmoid, Activation, Mlp};
-use crate::loss::bce_with_logits;
+use crate::loss::bce_sum_with_logits;
 
 /// Configuration of the dense DLRM.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -216,7 +218,11 @@ impl DenseDlrm {
     }
 
     fn check(&self, dense_x: &[f32], emb: &[f32], ws: &Workspace) -> Result<usize> {
-        if ws.num_params != self.params.len() || ws.bottom_acts.len() != self.bottom.layers.len() {
+        let shape_differs = ws.blocks.first().is_some_and(|b| {
+            b.bottom_acts.len() != self.bottom.layers.len()
+                || b.top_acts.len() != self.top.layers.len()
+        });
+        if ws.num_params != self.params.len() || shape_differs {
             return Err(ModelError::WorkspaceMismatch);
         }
         let nd = self.config.num_dense();
@@ -245,13 +251,55 @@ impl DenseDlrm {
         Ok(n)
     }
 
+    /// Runs `f` on every row block of the batch in parallel: block `i` gets rows
+    /// `i * BLOCK_ROWS ..` of `dense_x`, `emb` and the label/`d_emb` slices (empty when
+    /// not given). Returns the blocks' results in block order.
+    fn for_blocks<R: Send>(
+        &self,
+        inputs: BlockInputs<'_>,
+        ws: &mut Workspace,
+        f: impl Fn(&Self, &mut Block, BlockInputs<'_>, &mut [f32]) -> R + Sync,
+    ) -> Vec<R> {
+        let n = inputs.n;
+        let (nd, te) = (self.config.num_dense(), self.emb_width());
+        let used = n.div_ceil(BLOCK_ROWS);
+        let d_emb = &mut ws.d_emb[..n * te];
+        let mut d_emb_blocks: Vec<&mut [f32]> = d_emb.chunks_mut(BLOCK_ROWS * te).collect();
+        d_emb_blocks.resize_with(used, Default::default);
+        ws.blocks[..used]
+            .par_iter_mut()
+            .zip(d_emb_blocks)
+            .enumerate()
+            .map(|(i, (block, d_emb))| {
+                let r0 = i * BLOCK_ROWS;
+                let r1 = (r0 + BLOCK_ROWS).min(n);
+                let part = BlockInputs {
+                    n: r1 - r0,
+                    dense_x: &inputs.dense_x[r0 * nd..r1 * nd],
+                    emb: &inputs.emb[r0 * te..r1 * te],
+                    labels: inputs.labels.get(r0..r1).unwrap_or(&[]),
+                    grad_scale: inputs.grad_scale,
+                };
+                f(self, block, part, d_emb)
+            })
+            .collect()
+    }
+
+    /// Floats of one sample's embedding input (`T * d`).
+    fn emb_width(&self) -> usize {
+        self.config.num_tables * self.config.embedding_dim
+    }
+
     fn forward_inner(&self, dense_x: &[f32], emb: &[f32], n: usize, ws: &mut Workspace) {
-        let p = &self.params;
-        self.bottom.forward(p, dense_x, n, &mut ws.bottom_acts);
-        let z = ws.bottom_acts.last().expect("nonempty");
-        self.interaction.forward(z, emb, n, &mut ws.inter);
-        self.top.forward(p, &ws.inter, n, &mut ws.top_acts);
-        ws.n = n;
+        let inputs = BlockInputs {
+            n,
+            dense_x,
+            emb,
+            labels: &[],
+            grad_scale: 0.0,
+        };
+        self.for_blocks(inputs, ws, |m, block, part, _| block.forward(m, part));
+        ws.gather_logits(n);
     }
 
     /// Forward pass for `n = dense_x.len() / num_dense` samples: `dense_x [n, num_dense]`,
@@ -308,99 +356,209 @@ impl DenseDlrm {
                 got: labels.len(),
             });
         }
-        self.forward_inner(dense_x, emb, n, ws);
-        let p = &self.params;
-        let ws = &mut *ws;
-        let logits = &ws.top_acts.last().expect("nonempty")[..n];
-        let loss = bce_with_logits(logits, labels, &mut ws.dlogits[..n]);
-        // top MLP backward -> d(interaction output) in d_inter
-        self.top.backward(
-            p,
-            &mut ws.grads,
-            &ws.inter,
-            &ws.top_acts,
-            &mut ws.dlogits,
-            &mut ws.ga,
-            &mut ws.gb,
-            Some(&mut ws.d_inter),
+        let inputs = BlockInputs {
             n,
-            &mut ws.scratch,
-        );
-        let z = ws.bottom_acts.last().expect("nonempty");
-        self.interaction
-            .backward(z, emb, &ws.d_inter, n, &mut ws.d_bottom, &mut ws.d_emb);
-        self.bottom.backward(
-            p,
-            &mut ws.grads,
             dense_x,
-            &ws.bottom_acts,
-            &mut ws.d_bottom,
-            &mut ws.ga,
-            &mut ws.gb,
-            None,
-            n,
-            &mut ws.scratch,
-        );
-        Ok(loss)
+            emb,
+            labels,
+            grad_scale: 1.0 / n.max(1) as f32,
+        };
+        let losses = self.for_blocks(inputs, ws, |m, block, part, d_emb| {
+            block.forward(m, part);
+            block.backward(m, part, d_emb)
+        });
+        ws.gather_logits(n);
+        ws.reduce_grads(n.div_ceil(BLOCK_ROWS));
+        let loss_sum: f64 = losses.iter().sum();
+        Ok(if n == 0 {
+            0.0
+        } else {
+            (loss_sum / n as f64) as f32
+        })
     }
 }
 
-/// Every activation and temporary of a step, allocated once for a maximum batch size:
-/// steps do not allocate. Also holds the outputs of the last step: logits, the flat
-/// dense gradient and the embedding gradient.
-#[derive(Clone, Debug)]
-pub struct Workspace {
-    capacity: usize,
+/// Rows of the batch one task computes start to finish on one thread (a multiple of the
+/// interaction kernels' sample lanes). Fixed rather than derived from the thread count, so
+/// a step gives bit-identical results on any number of threads: blocks only differ in
+/// which thread runs them, and their gradients are summed in block order.
+pub const BLOCK_ROWS: usize = 256;
+
+/// One row block's slices of a step's inputs.
+#[derive(Clone, Copy)]
+struct BlockInputs<'a> {
     n: usize,
-    num_params: usize,
+    dense_x: &'a [f32],
+    emb: &'a [f32],
+    labels: &'a [f32],
+    /// Factor of `dlogits` (`1 / batch`, so the blocks' gradients add up to the mean's).
+    grad_scale: f32,
+}
+
+/// Activations, temporaries and the partial dense gradient of one row block.
+#[derive(Clone, Debug)]
+struct Block {
     bottom_acts: Vec<Vec<f32>>,
     inter: Vec<f32>,
     top_acts: Vec<Vec<f32>>,
     dlogits: Vec<f32>,
     d_inter: Vec<f32>,
     d_bottom: Vec<f32>,
-    d_emb: Vec<f32>,
     ga: Vec<f32>,
     gb: Vec<f32>,
-    scratch: Vec<f32>,
+    grads: Vec<f32>,
+}
+
+impl Block {
+    fn new(model: &DenseDlrm, rows: usize) -> Self {
+        let acts = |m: &Mlp| -> Vec<Vec<f32>> {
+            m.layers
+                .iter()
+                .map(|l| vec![0.0; rows * l.out_dim])
+                .collect()
+        };
+        let max_w = model.bottom.max_width().max(model.top.max_width());
+        Self {
+            bottom_acts: acts(&model.bottom),
+            inter: vec![0.0; rows * model.interaction.out_dim()],
+            top_acts: acts(&model.top),
+            dlogits: vec![0.0; rows],
+            d_inter: vec![0.0; rows * model.interaction.out_dim()],
+            d_bottom: vec![0.0; rows * model.bottom.out_dim()],
+            ga: vec![0.0; rows * max_w],
+            gb: vec![0.0; rows * max_w],
+            grads: vec![0.0; model.num_params()],
+        }
+    }
+
+    fn forward(&mut self, m: &DenseDlrm, x: BlockInputs<'_>) {
+        let p = &m.params;
+        m.bottom.forward(p, x.dense_x, x.n, &mut self.bottom_acts);
+        let z = self.bottom_acts.last().expect("nonempty");
+        m.interaction.forward(z, x.emb, x.n, &mut self.inter);
+        m.top.forward(p, &self.inter, x.n, &mut self.top_acts);
+    }
+
+    /// Backward of the block's share of the mean loss, after [`Block::forward`]: the
+    /// block's partial dense gradient into `self.grads`, its embedding gradient into
+    /// `d_emb`. Returns the block's summed loss.
+    fn backward(&mut self, m: &DenseDlrm, x: BlockInputs<'_>, d_emb: &mut [f32]) -> f64 {
+        let (p, n) = (&m.params, x.n);
+        let logits = &self.top_acts.last().expect("nonempty")[..n];
+        let loss = bce_sum_with_logits(logits, x.labels, x.grad_scale, &mut self.dlogits[..n]);
+        m.top.backward(
+            p,
+            &mut self.grads,
+            &self.inter,
+            &self.top_acts,
+            &mut self.dlogits,
+            &mut self.ga,
+            &mut self.gb,
+            Some(&mut self.d_inter),
+            n,
+        );
+        let z = self.bottom_acts.last().expect("nonempty");
+        m.interaction
+            .backward(z, x.emb, &self.d_inter, n, &mut self.d_bottom, d_emb);
+        m.bottom.backward(
+            p,
+            &mut self.grads,
+            x.dense_x,
+            &self.bottom_acts,
+            &mut self.d_bottom,
+            &mut self.ga,
+            &mut self.gb,
+            None,
+            n,
+        );
+        loss
+    }
+
+    /// Rows this block holds activations for.
+    fn rows(&self) -> usize {
+        self.dlogits.len()
+    }
+}
+
+/// Every activation and temporary of a step, allocated once for a maximum batch size:
+/// steps do not allocate. Per row block ([`BLOCK_ROWS`]) it holds that block's
+/// activations and partial gradient; it also holds the outputs of the last step: logits,
+/// the flat dense gradient (the blocks' sum) and the embedding gradient.
+#[derive(Clone, Debug)]
+pub struct Workspace {
+    capacity: usize,
+    n: usize,
+    num_params: usize,
+    blocks: Vec<Block>,
+    logits: Vec<f32>,
+    d_emb: Vec<f32>,
     grads: Vec<f32>,
 }
 
 impl Workspace {
     /// Workspace for `model` and batches of at most `capacity` samples.
     pub fn new(model: &DenseDlrm, capacity: usize) -> Self {
-        let acts = |m: &Mlp| -> Vec<Vec<f32>> {
-            m.layers
-                .iter()
-                .map(|l| vec![0.0; capacity * l.out_dim])
-                .collect()
-        };
-        let max_w = model.bottom.max_width().max(model.top.max_width());
-        let scratch = model
-            .bottom
-            .layers
-            .iter()
-            .chain(&model.top.layers)
-            .map(|l| l.scratch_len())
-            .max()
-            .unwrap_or(0);
-        let c = &model.config;
+        let blocks = (0..capacity.div_ceil(BLOCK_ROWS))
+            .map(|i| Block::new(model, (capacity - i * BLOCK_ROWS).min(BLOCK_ROWS)))
+            .collect();
         Self {
             capacity,
             n: 0,
             num_params: model.num_params(),
-            bottom_acts: acts(&model.bottom),
-            inter: vec![0.0; capacity * model.interaction.out_dim()],
-            top_acts: acts(&model.top),
-            dlogits: vec![0.0; capacity],
-            d_inter: vec![0.0; capacity * model.interaction.out_dim()],
-            d_bottom: vec![0.0; capacity * model.bottom.out_dim()],
-            d_emb: vec![0.0; capacity * c.num_tables * c.embedding_dim],
-            ga: vec![0.0; capacity * max_w],
-            gb: vec![0.0; capacity * max_w],
-            scratch: vec![0.0; scratch],
+            blocks,
+            logits: vec![0.0; capacity],
+            d_emb: vec![0.0; capacity * model.emb_width()],
             grads: vec![0.0; model.num_params()],
         }
+    }
+
+    /// Copies the blocks' logits of the last forward into one `[n]` vector.
+    fn gather_logits(&mut self, n: usize) {
+        self.n = n;
+        for (i, chunk) in self.logits[..n].chunks_mut(BLOCK_ROWS).enumerate() {
+            let last = self.blocks[i].top_acts.last().expect("nonempty");
+            chunk.copy_from_slice(&last[..chunk.len()]);
+        }
+    }
+
+    /// `grads = sum of the first `used` blocks' gradients`, added in block order (so the
+    /// result does not depend on the thread count), parallel over parameter chunks.
+    fn reduce_grads(&mut self, used: usize) {
+        const CHUNK: usize = 16 * 1024;
+        let blocks = &self.blocks[..used];
+        self.grads
+            .par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(c, out)| {
+                let range = c * CHUNK..c * CHUNK + out.len();
+                match blocks.split_first() {
+                    None => out.fill(0.0),
+                    Some((first, rest)) => {
+                        out.copy_from_slice(&first.grads[range.clone()]);
+                        for b in rest {
+                            for (o, g) in out.iter_mut().zip(&b.grads[range.clone()]) {
+                                *o += g;
+                            }
+                        }
+                    }
+                }
+            });
+    }
+
+    /// Concatenates one activation of every block used by the last forward.
+    fn concat(&self, pick: impl Fn(&Block) -> &[f32]) -> Vec<f32> {
+        let mut out = Vec::new();
+        let mut left = self.n;
+        for b in &self.blocks {
+            if left == 0 {
+                break;
+            }
+            let rows = left.min(b.rows());
+            let a = pick(b);
+            out.extend_from_slice(&a[..rows * (a.len() / b.rows())]);
+            left -= rows;
+        }
+        out
     }
 
     /// Maximum batch size.
@@ -415,7 +573,7 @@ impl Workspace {
 
     /// Logits of the last forward (`[n]`).
     pub fn logits(&self) -> &[f32] {
-        &self.top_acts.last().expect("nonempty")[..self.n]
+        &self.logits[..self.n]
     }
 
     /// Flat dense gradient of the last `forward_backward` (params layout).
@@ -434,20 +592,19 @@ impl Workspace {
         &self.d_emb[..self.n * per]
     }
 
-    /// Output of bottom-MLP layer `i` for the last forward (`[n, width]`).
-    pub fn bottom_activation(&self, i: usize) -> &[f32] {
-        let a = &self.bottom_acts[i];
-        &a[..self.n * (a.len() / self.capacity.max(1))]
+    /// Output of bottom-MLP layer `i` for the last forward (`[n, width]`, copied out of
+    /// the row blocks).
+    pub fn bottom_activation(&self, i: usize) -> Vec<f32> {
+        self.concat(|b| &b.bottom_acts[i])
     }
 
-    /// Output of top-MLP layer `i` for the last forward (`[n, width]`).
-    pub fn top_activation(&self, i: usize) -> &[f32] {
-        let a = &self.top_acts[i];
-        &a[..self.n * (a.len() / self.capacity.max(1))]
+    /// Output of top-MLP layer `i` for the last forward (`[n, width]`, copied).
+    pub fn top_activation(&self, i: usize) -> Vec<f32> {
+        self.concat(|b| &b.top_acts[i])
     }
 
-    /// Interaction output of the last forward (`[n, width]`).
-    pub fn interaction_output(&self) -> &[f32] {
-        &self.inter[..self.n * (self.inter.len() / self.capacity.max(1))]
+    /// Interaction output of the last forward (`[n, width]`, copied).
+    pub fn interaction_output(&self) -> Vec<f32> {
+        self.concat(|b| &b.inter)
     }
 }

@@ -1,7 +1,9 @@
-//! Thin, bounds-checked wrapper over the SGEMM backend: the `gemm` crate, run on the
-//! rayon pool. (`examples/gemm_compare.rs` measured it against `matrixmultiply` on this
-//! model's shapes: equal or faster, and it avoids a second thread pool whose idle
-//! threads yield-spin against rayon's.)
+//! Thin, bounds-checked wrapper over the SGEMM backend, the `gemm` crate.
+//! (`examples/gemm_compare.rs` measures it against `matrixmultiply` on this model's
+//! shapes.) The layers call [`sgemm`] on one thread: the model splits a batch into row
+//! blocks, one per task, because on this model's shapes one core's kernel runs near its
+//! peak while a GEMM split over threads loses a quarter of it to packing and barriers.
+//! [`matmul`] uses every rayon thread; it measures the machine's peak.
 //!
 //! All matrices are described by a slice plus row/column strides, so transposed operands
 //! cost nothing: the backend packs them anyway.
@@ -47,8 +49,20 @@ impl<'a> MatRef<'a> {
     }
 }
 
-/// `C = alpha * A * B + beta * C` with `C` row-major contiguous (`a.rows x b.cols`).
+/// `C = alpha * A * B + beta * C` with `C` row-major contiguous (`a.rows x b.cols`), on
+/// the calling thread.
 pub(crate) fn sgemm(alpha: f32, a: MatRef<'_>, b: MatRef<'_>, beta: f32, c: &mut [f32]) {
+    sgemm_with(alpha, a, b, beta, c, gemm::Parallelism::None);
+}
+
+fn sgemm_with(
+    alpha: f32,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    beta: f32,
+    c: &mut [f32],
+    par: gemm::Parallelism,
+) {
     assert_eq!(a.cols, b.rows, "inner dimensions differ");
     let (m, k, n) = (a.rows, a.cols, b.cols);
     assert!(c.len() >= m * n, "output too small");
@@ -59,24 +73,24 @@ pub(crate) fn sgemm(alpha: f32, a: MatRef<'_>, b: MatRef<'_>, beta: f32, c: &mut
     }
     // SAFETY: every index the kernel touches was bounds-checked above (views via `check`,
     // output by length); the output does not alias the inputs (distinct borrows).
-    unsafe { ge(alpha, a, b, beta, c, m, k, n, par()) }
+    unsafe { ge(alpha, a, b, beta, c, m, k, n, par) }
 }
 
-/// `C[m, n] = A[m, k] B[k, n]` on contiguous row-major buffers, through the same GEMM
-/// backend and threads as the model's layers (used to measure the machine's GEMM peak).
+/// `C[m, n] = A[m, k] B[k, n]` on contiguous row-major buffers, with the model's GEMM
+/// backend on all rayon threads (used to measure the machine's GEMM peak).
 pub fn matmul(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize) {
-    sgemm(
+    sgemm_with(
         1.0,
         MatRef::row_major(a, m, k),
         MatRef::row_major(b, k, n),
         0.0,
         c,
+        all_threads(),
     );
 }
 
-/// All rayon threads: the GEMM shares the pool of the elementwise passes, so no second
-/// pool spins (or yields) while the other works.
-fn par() -> gemm::Parallelism {
+/// All rayon threads, so no second pool spins (or yields) while rayon's works.
+fn all_threads() -> gemm::Parallelism {
     let t = rayon::current_num_threads();
     if t > 1 {
         gemm::Parallelism::Rayon(t)

@@ -10,10 +10,6 @@
 //! * [`InteractionKind::Concat`]: the output row is `[z, e_0, ..., e_{T-1}]`, width
 //!   `db + T d`.
 
-use rayon::prelude::*;
-
-use crate::layers::ROWS_PER_TASK;
-
 /// Which interaction the model uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -98,35 +94,31 @@ impl Interaction {
         let emb = &emb[..n * t * d];
         let kind = self.kind;
         let lanes = self.lane_kernel_fits();
-        out.par_chunks_mut(ROWS_PER_TASK * od)
-            .zip(z.par_chunks(ROWS_PER_TASK * db))
-            .zip(emb.par_chunks(ROWS_PER_TASK * t * d))
-            .for_each(|((oc, zc), ec)| {
-                let mut rows = oc.len() / od;
-                if kind == InteractionKind::Dot && lanes {
-                    let blocks = rows / L;
-                    let sh = Shape { db, t, d };
-                    dispatch_fwd(
-                        sh,
-                        &zc[..blocks * L * db],
-                        &ec[..blocks * L * t * d],
-                        &mut oc[..blocks * L * od],
-                    );
-                    rows -= blocks * L;
-                }
-                let start = oc.len() / od - rows;
-                for ((orow, zrow), erow) in oc[start * od..]
-                    .chunks_exact_mut(od)
-                    .zip(zc[start * db..].chunks_exact(db))
-                    .zip(ec[start * t * d..].chunks_exact(t * d))
-                {
-                    orow[..db].copy_from_slice(zrow);
-                    match kind {
-                        InteractionKind::Concat => orow[db..].copy_from_slice(erow),
-                        InteractionKind::Dot => dot_forward_row(zrow, erow, &mut orow[db..], d),
-                    }
-                }
-            });
+        let (oc, zc, ec) = (out, z, emb);
+        let mut rows = n;
+        if kind == InteractionKind::Dot && lanes {
+            let blocks = rows / L;
+            let sh = Shape { db, t, d };
+            dispatch_fwd(
+                sh,
+                &zc[..blocks * L * db],
+                &ec[..blocks * L * t * d],
+                &mut oc[..blocks * L * od],
+            );
+            rows -= blocks * L;
+        }
+        let start = n - rows;
+        for ((orow, zrow), erow) in oc[start * od..]
+            .chunks_exact_mut(od)
+            .zip(zc[start * db..].chunks_exact(db))
+            .zip(ec[start * t * d..].chunks_exact(t * d))
+        {
+            orow[..db].copy_from_slice(zrow);
+            match kind {
+                InteractionKind::Concat => orow[db..].copy_from_slice(erow),
+                InteractionKind::Dot => dot_forward_row(zrow, erow, &mut orow[db..], d),
+            }
+        }
     }
 
     /// Whether the sample-lane SIMD kernels' stack buffers hold this shape.
@@ -154,41 +146,35 @@ impl Interaction {
         let dz = &mut dz[..n * db];
         let demb = &mut demb[..n * t * d];
         let lanes = self.lane_kernel_fits();
-        dz.par_chunks_mut(ROWS_PER_TASK * db)
-            .zip(demb.par_chunks_mut(ROWS_PER_TASK * t * d))
-            .zip(dout[..n * od].par_chunks(ROWS_PER_TASK * od))
-            .zip(z[..n * db].par_chunks(ROWS_PER_TASK * db))
-            .zip(emb[..n * t * d].par_chunks(ROWS_PER_TASK * t * d))
-            .for_each(|((((dzc, dec), goc), zc), ec)| {
-                let mut rows = dzc.len() / db;
-                if lanes {
-                    let blocks = rows / L;
-                    let sh = Shape { db, t, d };
-                    dispatch_bwd(
-                        sh,
-                        &zc[..blocks * L * db],
-                        &ec[..blocks * L * t * d],
-                        &goc[..blocks * L * od],
-                        &mut dzc[..blocks * L * db],
-                        &mut dec[..blocks * L * t * d],
-                    );
-                    rows -= blocks * L;
-                }
-                let start = dzc.len() / db - rows;
-                for ((((dzr, der), gr), zr), er) in dzc[start * db..]
-                    .chunks_exact_mut(db)
-                    .zip(dec[start * t * d..].chunks_exact_mut(t * d))
-                    .zip(goc[start * od..].chunks_exact(od))
-                    .zip(zc[start * db..].chunks_exact(db))
-                    .zip(ec[start * t * d..].chunks_exact(t * d))
-                {
-                    dzr.copy_from_slice(&gr[..db]);
-                    match kind {
-                        InteractionKind::Concat => der.copy_from_slice(&gr[db..]),
-                        InteractionKind::Dot => dot_backward_row(zr, er, &gr[db..], dzr, der, d),
-                    }
-                }
-            });
+        let (dzc, dec, goc, zc, ec) = (dz, demb, &dout[..n * od], &z[..n * db], &emb[..n * t * d]);
+        let mut rows = n;
+        if lanes {
+            let blocks = rows / L;
+            let sh = Shape { db, t, d };
+            dispatch_bwd(
+                sh,
+                &zc[..blocks * L * db],
+                &ec[..blocks * L * t * d],
+                &goc[..blocks * L * od],
+                &mut dzc[..blocks * L * db],
+                &mut dec[..blocks * L * t * d],
+            );
+            rows -= blocks * L;
+        }
+        let start = n - rows;
+        for ((((dzr, der), gr), zr), er) in dzc[start * db..]
+            .chunks_exact_mut(db)
+            .zip(dec[start * t * d..].chunks_exact_mut(t * d))
+            .zip(goc[start * od..].chunks_exact(od))
+            .zip(zc[start * db..].chunks_exact(db))
+            .zip(ec[start * t * d..].chunks_exact(t * d))
+        {
+            dzr.copy_from_slice(&gr[..db]);
+            match kind {
+                InteractionKind::Concat => der.copy_from_slice(&gr[db..]),
+                InteractionKind::Dot => dot_backward_row(zr, er, &gr[db..], dzr, der, d),
+            }
+        }
     }
 }
 

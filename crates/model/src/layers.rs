@@ -4,18 +4,13 @@
 //! `W [out, in]` (row-major, PyTorch layout) and bias `b [out]` live at fixed offsets of the
 //! model's flat parameter buffer, and its gradients at the same offsets of the flat gradient
 //! buffer.
-
-use rayon::prelude::*;
+//!
+//! Everything here runs on the calling thread: [`crate::DenseDlrm`] parallelizes a step by
+//! giving each thread whole row blocks of the batch, which keeps every GEMM on one core's
+//! caches and needs no synchronization inside a layer.
 
 use crate::gemm::{sgemm, MatRef};
 use crate::init::SplitMix64;
-
-/// Rows per rayon task in elementwise passes.
-pub(crate) const ROWS_PER_TASK: usize = 128;
-
-/// Number of row chunks used for bias-gradient partial sums. Fixed (not thread-dependent),
-/// so results are bit-identical for any thread count.
-pub const BIAS_CHUNKS: usize = 16;
 
 /// Activation applied after the affine map.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -77,11 +72,6 @@ impl Linear {
         self.b_offset + self.out_dim
     }
 
-    /// Length of the scratch slice [`Linear::backward`] needs.
-    pub fn scratch_len(&self) -> usize {
-        BIAS_CHUNKS * self.out_dim
-    }
-
     /// Weight and bias slices of `params`.
     pub fn weights<'a>(&self, params: &'a [f32]) -> (&'a [f32], &'a [f32]) {
         (
@@ -106,8 +96,7 @@ impl Linear {
 
     /// Forward pass: `y[n, out] = act(x[n, in] W^T + b)`.
     ///
-    /// One GEMM, then one parallel pass over `y` that adds the bias and applies the
-    /// activation while the tile is hot.
+    /// One GEMM, then one pass over `y` that adds the bias and applies the activation.
     pub fn forward(&self, params: &[f32], x: &[f32], n: usize, y: &mut [f32]) {
         let (inp, out) = (self.in_dim, self.out_dim);
         if n == 0 {
@@ -122,10 +111,7 @@ impl Linear {
             0.0,
             y,
         );
-        let act = self.act;
-        y.par_chunks_mut(ROWS_PER_TASK * out).for_each(|chunk| {
-            bias_act_rows(chunk, b, act);
-        });
+        bias_act_rows(y, b, self.act);
     }
 
     /// Backward pass.
@@ -134,7 +120,6 @@ impl Linear {
     /// * `dy`: on entry the gradient w.r.t. `y`; on exit w.r.t. the pre-activation.
     /// * writes (overwrites) `dW` and `db` at this layer's offsets in `grads`.
     /// * `dx`: if given, receives the gradient w.r.t. `x` `[n, in]`.
-    /// * `scratch`: at least [`Linear::scratch_len`] floats.
     ///
     /// The activation derivative and the bias-gradient column sums are fused in one pass
     /// over `dy`; `dW = dy^T x` and `dx = dy W` are GEMMs on strided views (no transposes).
@@ -148,7 +133,6 @@ impl Linear {
         dy: &mut [f32],
         dx: Option<&mut [f32]>,
         n: usize,
-        scratch: &mut [f32],
     ) {
         let (inp, out) = (self.in_dim, self.out_dim);
         if n == 0 {
@@ -157,25 +141,9 @@ impl Linear {
         }
         let dy = &mut dy[..n * out];
         let y = &y[..n * out];
-        // 1. activation derivative + bias gradient, fixed chunking for determinism.
-        let rows_per_chunk = n.div_ceil(BIAS_CHUNKS).max(1);
-        let scratch = &mut scratch[..BIAS_CHUNKS * out];
-        let act = self.act;
-        scratch
-            .par_chunks_mut(out)
-            .zip(dy.par_chunks_mut(rows_per_chunk * out))
-            .zip(y.par_chunks(rows_per_chunk * out))
-            .for_each(|((part, dyc), yc)| act_grad_colsum(dyc, yc, part, act));
-        let used = n.div_ceil(rows_per_chunk);
-        {
-            let db = &mut grads[self.b_offset..self.end_offset()];
-            db.copy_from_slice(&scratch[..out]);
-            for c in 1..used {
-                for (d, s) in db.iter_mut().zip(&scratch[c * out..(c + 1) * out]) {
-                    *d += s;
-                }
-            }
-        }
+        // 1. activation derivative fused with the bias gradient (column sums of dy).
+        let db = &mut grads[self.b_offset..self.end_offset()];
+        act_grad_colsum(dy, y, db, self.act);
         let dy = &*dy;
         // 2. dW[out, in] = dy^T[out, n] x[n, in]
         sgemm(
@@ -343,7 +311,6 @@ impl Mlp {
         gb: &mut [f32],
         mut dx: Option<&mut [f32]>,
         n: usize,
-        scratch: &mut [f32],
     ) {
         // The current gradient lives in `dy`, then alternates between `ga` and `gb`.
         let mut which: Option<bool> = None;
@@ -355,18 +322,9 @@ impl Mlp {
                 Some(true) => (&mut *gb, &mut *ga),
             };
             if i == 0 {
-                l.backward(params, grads, x, &acts[0], cur, dx.take(), n, scratch);
+                l.backward(params, grads, x, &acts[0], cur, dx.take(), n);
             } else {
-                l.backward(
-                    params,
-                    grads,
-                    &acts[i - 1],
-                    &acts[i],
-                    cur,
-                    Some(next),
-                    n,
-                    scratch,
-                );
+                l.backward(params, grads, &acts[i - 1], &acts[i], cur, Some(next), n);
                 which = Some(which == Some(false));
             }
         }

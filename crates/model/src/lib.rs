@@ -13,11 +13,13 @@
 //! * [`optim`]: dense SGD / Adagrad / Adam over flat slices;
 //! * [`metrics`]: exact AUC, logloss, a streaming accumulator.
 //!
-//! GEMMs go through the `gemm` crate on the rayon pool, on strided views so no operand is
-//! ever transposed in memory (bias + activation are one pass over the GEMM output, the
-//! ReLU mask is fused with the bias-gradient reduction); the dot interaction runs
-//! sample-lane AVX2+FMA kernels (runtime-detected, portable fallback); elementwise and interaction work is split over the batch
-//! with rayon in fixed chunks, which also keeps results independent of the thread count.
+//! A step runs the batch in row blocks of [`dlrm::BLOCK_ROWS`], one rayon task each: a
+//! block's whole forward and backward stay on one core (single-threaded GEMMs through the
+//! `gemm` crate, on strided views so no operand is ever transposed in memory), and the
+//! blocks' partial dense gradients are summed in block order, so results do not depend on
+//! the thread count. Bias + activation are one pass over the GEMM output, the ReLU mask is
+//! fused with the bias-gradient reduction, and the dot interaction runs sample-lane
+//! AVX2+FMA kernels (runtime-detected, portable fallback).
 //!
 //! ```
 //! use elastrec_model::{DenseDlrm, DlrmConfig, DenseOptimizer, Adagrad};

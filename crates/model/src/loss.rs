@@ -15,13 +15,24 @@ pub fn bce_with_logits(logits: &[f32], labels: &[f32], dlogits: &mut [f32]) -> f
     if n == 0 {
         return 0.0;
     }
-    let inv_n = 1.0 / n as f32;
+    (bce_sum_with_logits(logits, labels, 1.0 / n as f32, dlogits) / n as f64) as f32
+}
+
+/// The summed (not averaged) binary cross-entropy of a block of a batch, writing
+/// `dlogits[i] = (sigmoid(x_i) - y_i) * grad_scale`; with `grad_scale = 1 / batch` the
+/// blocks' gradients are those of the whole batch's mean loss.
+pub(crate) fn bce_sum_with_logits(
+    logits: &[f32],
+    labels: &[f32],
+    grad_scale: f32,
+    dlogits: &mut [f32],
+) -> f64 {
     let mut sum = 0.0f64;
     for ((&x, &y), g) in logits.iter().zip(labels).zip(dlogits.iter_mut()) {
         sum += bce_term(x, y) as f64;
-        *g = (sigmoid(x) - y) * inv_n;
+        *g = (sigmoid(x) - y) * grad_scale;
     }
-    (sum / n as f64) as f32
+    sum
 }
 
 /// Mean binary cross-entropy on logits without the gradient.

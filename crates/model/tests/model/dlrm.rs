@@ -228,3 +228,75 @@ fn empty_batch_gives_zero_gradients() {
     assert!(ws.grads().iter().all(|&v| v == 0.0));
     assert!(ws.d_emb().is_empty() && ws.logits().is_empty());
 }
+
+/// Per-block results of a batch spanning several row blocks (the last one partial) must
+/// be those of the whole batch: the gradient of the mean loss is the size-weighted mean of
+/// the sub-batches' gradients, and nothing depends on how many threads ran the blocks.
+#[test]
+fn row_blocks_add_up_to_the_whole_batch_on_any_thread_count() {
+    use elastrec_model::dlrm::BLOCK_ROWS;
+    let m = DenseDlrm::new(small(InteractionKind::Dot)).unwrap();
+    let n = 2 * BLOCK_ROWS + 88;
+    let mut g = rng(9);
+    let x = randv(&mut g, n * 5, 1.0);
+    let e = randv(&mut g, n * 12, 1.0);
+    let y: Vec<f32> = (0..n).map(|i| f32::from(i % 3 == 0)).collect();
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let mut ws = m.workspace(n);
+            let loss = m.forward_backward(&x, &e, &y, &mut ws).unwrap();
+            (
+                loss,
+                ws.grads().to_vec(),
+                ws.d_emb().to_vec(),
+                ws.logits().to_vec(),
+            )
+        })
+    };
+    let (loss, grads, d_emb, logits) = run(1);
+    assert_eq!(run(3), (loss, grads.clone(), d_emb.clone(), logits.clone()));
+
+    // Reference: each block's rows as their own batch (one block each), re-weighted.
+    let mut want_grads = vec![0.0f64; grads.len()];
+    let mut want_loss = 0.0f64;
+    for r0 in (0..n).step_by(BLOCK_ROWS) {
+        let r1 = (r0 + BLOCK_ROWS).min(n);
+        let k = r1 - r0;
+        let w = k as f64 / n as f64;
+        let mut ws = m.workspace(k);
+        let l = m
+            .forward_backward(
+                &x[r0 * 5..r1 * 5],
+                &e[r0 * 12..r1 * 12],
+                &y[r0..r1],
+                &mut ws,
+            )
+            .unwrap();
+        want_loss += w * l as f64;
+        for (a, &b) in want_grads.iter_mut().zip(ws.grads()) {
+            *a += w * b as f64;
+        }
+        for (i, (&got, &part)) in d_emb[r0 * 12..r1 * 12].iter().zip(ws.d_emb()).enumerate() {
+            assert!(
+                (got as f64 - w * part as f64).abs() < 1e-7,
+                "d_emb row {}",
+                r0 + i / 12
+            );
+        }
+        assert_eq!(&logits[r0..r1], ws.logits());
+    }
+    assert!(
+        (loss as f64 - want_loss).abs() < 1e-6,
+        "{loss} vs {want_loss}"
+    );
+    for (i, (&got, &want)) in grads.iter().zip(&want_grads).enumerate() {
+        assert!(
+            (got as f64 - want).abs() < 1e-5 * (1.0 + want.abs()),
+            "param {i}: {got} vs {want}"
+        );
+    }
+}
