@@ -220,6 +220,38 @@ fn a_frozen_worker_becomes_a_straggler_with_smaller_shards() {
     check_result(&dir, &log, MULTI_WORKER_AUC_TOLERANCE);
 }
 
+/// A worker dies after both PS accepted a batch's gradients but before the master heard
+/// of the batch: the master hands the batch out again (the ledger counts reports), and
+/// each PS recognizes it and does not apply it a second time.
+#[test]
+fn a_batch_applied_before_its_worker_died_is_not_applied_twice() {
+    let _g = serial();
+    let (job, dir) = write_job("repeat", CLUSTER);
+    let log = dir.with_extension("log");
+    // Node ids: the 2 PS are 1 and 2, the workers 3, 4 and 5.
+    let mut g = Group::spawn_with_env(
+        &["run", job.to_str().unwrap()],
+        &log,
+        &[("ELASTREC_FAIL_EXIT_AFTER_PUSH", "4:20")],
+    );
+    let st = g.wait(Duration::from_secs(300));
+    assert!(st.success(), "{}", std::fs::read_to_string(&log).unwrap());
+    let logs = dir.join("logs");
+    let node_log = |name: &str| std::fs::read_to_string(logs.join(name)).unwrap_or_default();
+    assert!(
+        node_log("worker-4.log").contains("fail point: exiting after a push"),
+        "worker 4 did not stop at the fail point: {}",
+        node_log("worker-4.log")
+    );
+    for ps in 1..=2 {
+        let text = node_log(&format!("ps-{ps}.log"));
+        let skipped = text.matches("skipped a repeated push").count();
+        assert_eq!(skipped, 1, "PS node {ps}: {text}");
+        assert!(text.contains("already applied from worker 4"), "{text}");
+    }
+    check_result(&dir, &log, MULTI_WORKER_AUC_TOLERANCE);
+}
+
 /// A bad job file is rejected before any process starts, naming the field.
 #[test]
 fn bad_job_files_are_rejected_naming_the_field() {

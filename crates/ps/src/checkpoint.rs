@@ -247,6 +247,8 @@ impl PsShard {
             let (v, _) = apply_parts(&parts, emb, dense, opt.as_mut(), &self.range)?;
             version = v;
             st.version = v;
+            // Batches applied before the restore are the checkpoint's business now.
+            st.last_batch.clear();
         }
         self.version_tx.send_replace(version);
         Ok((version, from_shm, from_store))

@@ -1,5 +1,6 @@
 //! The PS state ([`PsShard`]), its gRPC service and the process entry point.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,8 +12,8 @@ use elastrec_model::DenseOptimizer;
 use elastrec_proto::master::{HeartbeatRequest, NodeAction, Role};
 use elastrec_proto::ps::parameter_server_server::{ParameterServer, ParameterServerServer};
 use elastrec_proto::ps::{
-    CheckpointRequest, CheckpointResponse, InfoRequest, InfoResponse, PullRequest, PullResponse,
-    PushRequest, PushResponse,
+    BatchKey, CheckpointRequest, CheckpointResponse, InfoRequest, InfoResponse, PullRequest,
+    PullResponse, PushRequest, PushResponse,
 };
 use elastrec_worker::cluster::{SavePriority, SyncMode};
 use elastrec_worker::config::JobConfig;
@@ -56,6 +57,13 @@ pub(crate) struct State {
     accum: Accum,
     /// CPR-SSU: sub-sampled lists of touched rows, for the large tables.
     pub(crate) ssu: Vec<Option<SsuList>>,
+    /// The last batch each worker pushed that this server applied (or queued for its
+    /// synchronous step). A worker reports a batch to the master before it pushes the
+    /// next one, so only this batch can be handed out again: one entry per worker
+    /// suffices to apply every batch at most once.
+    pub(crate) last_batch: HashMap<u32, BatchKey>,
+    /// Pushes skipped because their batch was already applied.
+    pub(crate) repeated_pushes: u64,
 }
 
 /// One parameter-server shard: embedding rows and a dense slice with optimizer state.
@@ -128,6 +136,8 @@ impl PsShard {
                 version: 0,
                 accum: Accum::default(),
                 ssu,
+                last_batch: HashMap::new(),
+                repeated_pushes: 0,
             }),
             version_tx: watch::channel(0).0,
             index,
@@ -158,6 +168,35 @@ impl PsShard {
     /// Dense updates applied so far.
     pub fn version(&self) -> u64 {
         self.state.lock().version
+    }
+
+    /// Pushes skipped so far because their batch had been applied already.
+    pub fn repeated_pushes(&self) -> u64 {
+        self.state.lock().repeated_pushes
+    }
+
+    /// Whether `req` names a batch this server already applied (counted and logged).
+    fn already_applied(&self, st: &mut State, req: &PushRequest) -> bool {
+        let Some(key) = req.batch.as_ref() else {
+            return false;
+        };
+        let Some((&first, _)) = st.last_batch.iter().find(|(_, k)| *k == key) else {
+            return false;
+        };
+        st.repeated_pushes += 1;
+        eprintln!(
+            "PS {}: skipped a repeated push of batch (epoch {}, file {}, row {}) from worker \
+             {}: already applied from worker {first}",
+            self.index, key.epoch, key.file, key.start_row, req.worker_id
+        );
+        true
+    }
+
+    /// Records `req`'s batch as its worker's last one, once it was applied (or queued).
+    fn remember(st: &mut State, req: &PushRequest) {
+        if let Some(key) = req.batch.as_ref() {
+            st.last_batch.insert(req.worker_id, *key);
+        }
     }
 
     #[allow(clippy::result_large_err)]
@@ -298,6 +337,11 @@ impl PsShard {
         self.validate_push(&req)?;
         if self.mode == SyncMode::Async {
             let mut st = self.state.lock();
+            if self.already_applied(&mut st, &req) {
+                return Ok(PushResponse {
+                    dense_version: st.version,
+                });
+            }
             Self::apply_all(
                 &mut st,
                 &req.tables,
@@ -306,6 +350,7 @@ impl PsShard {
                 &req.dense_grad,
                 self.dim,
             )?;
+            Self::remember(&mut st, &req);
             return Ok(PushResponse {
                 dense_version: st.version,
             });
@@ -314,6 +359,13 @@ impl PsShard {
         let scaled = |v: &[f32]| v.iter().map(|g| g * scale).collect::<Vec<f32>>();
         let step = {
             let mut st = self.state.lock();
+            if self.already_applied(&mut st, &req) {
+                // Its gradients are in this or an earlier step already; the step it
+                // would have joined completes by its other contributors or the timeout.
+                return Ok(PushResponse {
+                    dense_version: st.version,
+                });
+            }
             if req.base_version != st.version {
                 // Late for its step (or from a worker that missed a barrier): apply alone.
                 let (g, d) = (scaled(&req.grads), scaled(&req.dense_grad));
@@ -322,10 +374,12 @@ impl PsShard {
                     let State { opt, dense, .. } = &mut *st;
                     opt.step(dense, &d);
                 }
+                Self::remember(&mut st, &req);
                 return Ok(PushResponse {
                     dense_version: st.version,
                 });
             }
+            Self::remember(&mut st, &req);
             let a = &mut st.accum;
             a.count += 1;
             a.tables.extend_from_slice(&req.tables);
@@ -566,6 +620,7 @@ mod tests {
             base_version: 0,
             step: 0,
             contributors: 1,
+            batch: None,
         };
         let n = before.dense.len();
         assert!(ps.push(req(vec![1.0; 3], vec![])).await.is_err());
@@ -583,6 +638,72 @@ mod tests {
             .unwrap();
         assert!(after.values.iter().zip(&before.values).all(|(a, b)| a < b));
         assert!(after.dense.iter().zip(&before.dense).all(|(a, b)| a < b));
+    }
+
+    /// A batch handed out again after its worker died (or a retried call) reaches the
+    /// server a second time: it is acknowledged without being applied again, in both modes.
+    #[tokio::test]
+    async fn a_batch_pushed_twice_is_applied_once() {
+        use elastrec_proto::ps::BatchKey;
+        for mode in ["async", "sync"] {
+            let ps = PsShard::new(&job(mode), 0, 2).unwrap();
+            let row = owned_row(0, 0);
+            let key = |start_row| BatchKey {
+                epoch: 1,
+                file: 0,
+                start_row,
+            };
+            let req = |worker_id, batch: BatchKey| PushRequest {
+                version: rpc::version(),
+                worker_id,
+                tables: vec![0],
+                rows: vec![row],
+                grads: vec![1.0; 4],
+                dense_grad: vec![],
+                base_version: 0,
+                step: 0,
+                contributors: 1,
+                batch: Some(batch),
+            };
+            let values = || {
+                ps.pull(&PullRequest {
+                    version: rpc::version(),
+                    tables: vec![0],
+                    rows: vec![row],
+                    want_dense: false,
+                })
+                .unwrap()
+                .values
+            };
+            ps.push(req(7, key(512))).await.unwrap();
+            let once = values();
+            // Worker 7 died before reporting; worker 9 trains the same batch again.
+            ps.push(req(9, key(512))).await.unwrap();
+            assert_eq!(
+                values(),
+                once,
+                "{mode}: the repeated batch changed the rows"
+            );
+            // Worker 7's lost reply, retried.
+            ps.push(req(7, key(512))).await.unwrap();
+            assert_eq!(values(), once, "{mode}");
+            assert_eq!(ps.repeated_pushes(), 2, "{mode}");
+            // The next batch, and the same rows in the next epoch, are new.
+            ps.push(req(9, key(768))).await.unwrap();
+            let twice = values();
+            assert_ne!(twice, once, "{mode}");
+            ps.push(req(
+                9,
+                BatchKey {
+                    epoch: 2,
+                    ..key(512)
+                },
+            ))
+            .await
+            .unwrap();
+            assert_ne!(values(), twice, "{mode}");
+            assert_eq!(ps.repeated_pushes(), 2, "{mode}");
+        }
     }
 
     #[tokio::test]
@@ -611,6 +732,7 @@ mod tests {
                     base_version: 0,
                     step: 0,
                     contributors: 2,
+                    batch: None,
                 })
                 .await
                 .unwrap()
@@ -634,6 +756,7 @@ mod tests {
                 base_version: 1,
                 step: 1,
                 contributors: 2,
+                batch: None,
             })
             .await
             .unwrap()

@@ -39,6 +39,7 @@ async fn push(ps: &PsShard, rows: &[u64], times: usize) {
             base_version: 0,
             step: 0,
             contributors: 1,
+            batch: None,
         })
         .await
         .unwrap();

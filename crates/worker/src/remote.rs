@@ -21,7 +21,7 @@ use elastrec_proto::master::{
     get_task_response::Reply, GetTaskRequest, HeartbeatRequest, NodeAction, RegisterRequest,
     ReportEvalRequest, ReportProgressRequest, RestorePlan, Role,
 };
-use elastrec_proto::ps::{PullRequest, PushRequest};
+use elastrec_proto::ps::{BatchKey, PullRequest, PushRequest};
 use parking_lot::Mutex;
 use tonic::Code;
 
@@ -343,8 +343,13 @@ impl RemoteModel {
             .forward_backward(&batch.dense, emb, &batch.labels, &mut self.ws)?)
     }
 
-    /// Pushes the gradients to every PS; returns once all accepted them.
-    async fn push(&mut self, routing: &Routing, contributors: u32) -> anyhow::Result<()> {
+    /// Pushes the gradients of `batch` to every PS; returns once all accepted them.
+    async fn push(
+        &mut self,
+        routing: &Routing,
+        contributors: u32,
+        batch: BatchKey,
+    ) -> anyhow::Result<()> {
         let d = self.dim;
         let d_emb = self.ws.d_emb();
         let mut grads: Vec<Vec<f32>> = routing
@@ -376,6 +381,7 @@ impl RemoteModel {
                     base_version: self.versions[i],
                     step: self.versions[i],
                     contributors,
+                    batch: Some(batch),
                 };
                 async move { c.push(req).await }
             });
@@ -503,6 +509,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let policy = job.data.on_bad_row;
     let files: Vec<PathBuf> = job.train_files();
     let mut batch = Batch::with_capacity(batch_size);
+    let mut exit_after_push = fail_point_exit_after_push(id);
     shared
         .active_workers
         .store(job.cluster.workers, Ordering::Relaxed);
@@ -563,11 +570,11 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         };
         // The master's copy of the task says how far it was reported.
         // Ids and paths from the wire are checked: only the job's own training files.
-        let file = files
+        let file_index = files
             .iter()
-            .find(|f| f.as_os_str() == task.file.as_str())
-            .cloned()
+            .position(|f| f.as_os_str() == task.file.as_str())
             .with_context(|| format!("task {} names unknown file {}", task.task_id, task.file))?;
+        let file = files[file_index].clone();
         anyhow::ensure!(
             task.start_row <= task.end_row && task.offset <= task.end_row - task.start_row,
             "task {} has an invalid row range",
@@ -604,7 +611,21 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 let contributors = shared.active_workers.load(Ordering::Relaxed).max(1);
-                model.push(&routing, contributors).await?;
+                let key = BatchKey {
+                    epoch: task.epoch,
+                    file: file_index as u32,
+                    start_row: task.start_row + offset,
+                };
+                model.push(&routing, contributors, key).await?;
+                if let Some(left) = exit_after_push.as_mut() {
+                    *left -= 1;
+                    if *left == 0 {
+                        eprintln!(
+                            "worker {id}: fail point: exiting after a push, before its report"
+                        );
+                        std::process::exit(86);
+                    }
+                }
             }
             offset += physical;
             let (_, stop) = report(&mut master, id, task.task_id, offset).await?;
@@ -618,4 +639,17 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         }
         shared.task.store(0, Ordering::Relaxed);
     }
+}
+
+/// Test fail point `ELASTREC_FAIL_EXIT_AFTER_PUSH=NODE:N`: worker `NODE` exits right
+/// after the PS accepted its `N`-th push, before reporting it to the master (the window in
+/// which a batch's gradients are applied but its samples are not counted). Other nodes,
+/// and relaunched workers (new node ids), ignore it.
+fn fail_point_exit_after_push(node: u32) -> Option<u64> {
+    let v = std::env::var("ELASTREC_FAIL_EXIT_AFTER_PUSH").ok()?;
+    let (who, n) = v.split_once(':')?;
+    (who.parse::<u32>().ok()? == node)
+        .then(|| n.parse::<u64>().ok())
+        .flatten()
+        .filter(|&n| n > 0)
 }

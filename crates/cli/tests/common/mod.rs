@@ -31,9 +31,15 @@ pub struct Group(pub Child);
 
 impl Group {
     pub fn spawn(args: &[&str], log: &Path) -> Self {
+        Self::spawn_with_env(args, log, &[])
+    }
+
+    /// Like [`Group::spawn`], with extra environment variables (inherited by every node).
+    pub fn spawn_with_env(args: &[&str], log: &Path, env: &[(&str, &str)]) -> Self {
         let f = std::fs::File::create(log).unwrap();
         let child = Command::new(exe())
             .args(args)
+            .envs(env.iter().copied())
             .stdout(f.try_clone().unwrap())
             .stderr(f)
             .stdin(Stdio::null())
