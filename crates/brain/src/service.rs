@@ -97,7 +97,8 @@ pub async fn serve_with_listener(
     tonic::transport::Server::builder()
         .add_service(server)
         .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener),
+            // Nagle off: see `elastrec_worker::rpc::incoming` (brain does not depend on it).
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown,
         )
         .await?;

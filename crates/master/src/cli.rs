@@ -336,12 +336,11 @@ async fn start_bench_master(
     let svc = elastrec_proto::master::master_server::MasterServer::new(MasterService(core.clone()));
     tokio::spawn(
         tonic::transport::Server::builder()
-            .tcp_nodelay(true)
             .add_service(tonic::service::interceptor::InterceptedService::new(
                 svc,
                 rpc::ServerAuth::new(token),
             ))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+            .serve_with_incoming(elastrec_worker::rpc::incoming(listener)),
     );
     Ok((core, addr))
 }

@@ -471,6 +471,20 @@ impl Job {
             .count() as u32
     }
 
+    /// Live workers that hold a task: the contributors of a synchronous step. A worker
+    /// waiting for work (the end of an epoch) is not counted, so the others' steps do not
+    /// wait for it until the PS's timeout.
+    pub fn training_workers(&self) -> u32 {
+        self.nodes
+            .values()
+            .filter(|n| {
+                n.role == Role::Worker
+                    && matches!(n.state, NodeState::Pending | NodeState::Running)
+                    && self.tasks.held_by(n.id).is_some()
+            })
+            .count() as u32
+    }
+
     /// PS addresses by index once all have registered.
     pub fn ps_addrs(&self) -> Option<Vec<String>> {
         let mut addrs = vec![String::new(); self.policy.num_ps as usize];

@@ -473,14 +473,10 @@ async fn serve(
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(
         tonic::transport::Server::builder()
-            .tcp_nodelay(true)
             .add_service(InterceptedService::new(svc, ServerAuth::new(&token)))
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
-                async {
-                    let _ = stop_rx.await;
-                },
-            ),
+            .serve_with_incoming_shutdown(elastrec_worker::rpc::incoming(listener), async {
+                let _ = stop_rx.await;
+            }),
     );
     // Prometheus endpoint.
     let ip: std::net::IpAddr = cfg.cluster.bind.parse()?;

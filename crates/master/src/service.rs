@@ -416,7 +416,11 @@ impl Master for MasterService {
                 {
                     d = Directive::Stop;
                 }
-                (d, job.ps_addrs().unwrap_or_default(), job.active_workers())
+                (
+                    d,
+                    job.ps_addrs().unwrap_or_default(),
+                    job.training_workers(),
+                )
             })
             .await?;
         let action = match d {

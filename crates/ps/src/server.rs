@@ -38,10 +38,12 @@ pub struct PsArgs {
     pub index: u32,
 }
 
-/// Gradients of one synchronous step collected so far.
+/// Gradients of one synchronous step collected so far, each contribution multiplied by
+/// its sample count (`weight` sums those counts; the flush divides by it).
 #[derive(Default)]
 struct Accum {
     count: u32,
+    weight: f64,
     tables: Vec<u32>,
     rows: Vec<u64>,
     grads: Vec<f32>,
@@ -64,6 +66,8 @@ pub(crate) struct State {
     pub(crate) last_batch: HashMap<u32, BatchKey>,
     /// Pushes skipped because their batch was already applied.
     pub(crate) repeated_pushes: u64,
+    /// Synchronous pushes that joined a step after the one they were computed for.
+    pub(crate) late_pushes: u64,
 }
 
 /// One parameter-server shard: embedding rows and a dense slice with optimizer state.
@@ -78,6 +82,8 @@ pub struct PsShard {
     pub(crate) dense_total: usize,
     mode: SyncMode,
     sync_timeout: Duration,
+    /// Samples of one synchronous step: the job's batch size (the global batch).
+    step_samples: f64,
     /// Tables a delta checkpoint saves only partly (CPR's large tables).
     pub(crate) large: Vec<bool>,
     pub(crate) stores: crate::checkpoint::Stores,
@@ -138,6 +144,7 @@ impl PsShard {
                 ssu,
                 last_batch: HashMap::new(),
                 repeated_pushes: 0,
+                late_pushes: 0,
             }),
             version_tx: watch::channel(0).0,
             index,
@@ -148,6 +155,7 @@ impl PsShard {
             dense_total: dense.num_params(),
             mode: job.cluster.mode,
             sync_timeout: Duration::from_millis(job.cluster.sync_timeout_ms),
+            step_samples: job.train.batch_size as f64,
             large,
             stores: Default::default(),
             shm_ids: Mutex::new(Vec::new()),
@@ -173,6 +181,15 @@ impl PsShard {
     /// Pushes skipped so far because their batch had been applied already.
     pub fn repeated_pushes(&self) -> u64 {
         self.state.lock().repeated_pushes
+    }
+
+    /// One line of totals for the log when the server stops.
+    pub fn summary(&self) -> String {
+        let st = self.state.lock();
+        format!(
+            "PS {}: {} dense updates, {} repeated pushes skipped, {} late synchronous pushes",
+            self.index, st.version, st.repeated_pushes, st.late_pushes
+        )
     }
 
     /// Whether `req` names a batch this server already applied (counted and logged).
@@ -355,8 +372,6 @@ impl PsShard {
                 dense_version: st.version,
             });
         }
-        let scale = 1.0 / req.contributors.max(1) as f32;
-        let scaled = |v: &[f32]| v.iter().map(|g| g * scale).collect::<Vec<f32>>();
         let step = {
             let mut st = self.state.lock();
             if self.already_applied(&mut st, &req) {
@@ -367,33 +382,29 @@ impl PsShard {
                 });
             }
             if req.base_version != st.version {
-                // Late for its step (or from a worker that missed a barrier): apply alone.
-                let (g, d) = (scaled(&req.grads), scaled(&req.dense_grad));
-                Self::apply_sparse(&mut st, &req.tables, &req.rows, &g, self.dim)?;
-                if !d.is_empty() {
-                    let State { opt, dense, .. } = &mut *st;
-                    opt.step(dense, &d);
-                }
-                Self::remember(&mut st, &req);
-                return Ok(PushResponse {
-                    dense_version: st.version,
-                });
+                // Computed before the last step closed (a worker that believed the step
+                // needed it too): it joins the open step, one update stale.
+                st.late_pushes += 1;
             }
             Self::remember(&mut st, &req);
             let a = &mut st.accum;
             a.count += 1;
             a.tables.extend_from_slice(&req.tables);
             a.rows.extend_from_slice(&req.rows);
-            a.grads.extend(req.grads.iter().map(|g| g * scale));
+            let w = req.samples.max(1) as f32;
+            a.weight += f64::from(w);
+            a.grads.extend(req.grads.iter().map(|g| g * w));
             if a.dense.is_empty() {
                 a.dense = vec![0.0; self.range.len()];
             }
             if !req.dense_grad.is_empty() {
                 for (x, g) in a.dense.iter_mut().zip(&req.dense_grad) {
-                    *x += g * scale;
+                    *x += g * w;
                 }
             }
-            if a.count >= req.contributors.max(1) {
+            // The step is complete once every worker that trains has contributed, or once
+            // it holds the job's (global) batch of samples.
+            if a.count >= req.contributors.max(1) || a.weight >= self.step_samples {
                 self.flush(&mut st)?;
                 return Ok(PushResponse {
                     dense_version: st.version,
@@ -415,7 +426,12 @@ impl PsShard {
 
     #[allow(clippy::result_large_err)]
     fn flush(&self, st: &mut State) -> Result<(), Status> {
-        let a = std::mem::take(&mut st.accum);
+        let mut a = std::mem::take(&mut st.accum);
+        // The mean over the step's samples.
+        let inv = (1.0 / a.weight.max(1.0)) as f32;
+        for g in a.grads.iter_mut().chain(a.dense.iter_mut()) {
+            *g *= inv;
+        }
         let dense = if a.dense.is_empty() {
             vec![0.0; self.range.len()]
         } else {
@@ -488,9 +504,8 @@ pub async fn serve(
         .max_decoding_message_size(max_bytes)
         .max_encoding_message_size(max_bytes);
     tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .add_service(InterceptedService::new(svc, ServerAuth::new(&token)))
-        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+        .serve_with_incoming(elastrec_worker::rpc::incoming(listener))
         .await?;
     Ok(())
 }
@@ -553,6 +568,7 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(hb_ms.max(1))).await;
     }
     server.abort();
+    eprintln!("{}", shard.summary());
     Ok(())
 }
 
@@ -621,6 +637,7 @@ mod tests {
             step: 0,
             contributors: 1,
             batch: None,
+            samples: 0,
         };
         let n = before.dense.len();
         assert!(ps.push(req(vec![1.0; 3], vec![])).await.is_err());
@@ -664,6 +681,7 @@ mod tests {
                 step: 0,
                 contributors: 1,
                 batch: Some(batch),
+                samples: 0,
             };
             let values = || {
                 ps.pull(&PullRequest {
@@ -706,6 +724,66 @@ mod tests {
         }
     }
 
+    /// A synchronous step closes as soon as it holds the job's batch of samples, even when
+    /// the pushing workers expected more contributors; its update is the sample-weighted
+    /// mean; a push computed before the step closed joins the next one.
+    #[tokio::test]
+    async fn sync_step_closes_on_the_global_batch_and_weights_by_samples() {
+        let mut job = job("sync");
+        job.train.batch_size = 100;
+        job.cluster.sync_timeout_ms = 5_000;
+        job.optimizer.dense = elastrec_model::DenseOptimizerConfig::Sgd { lr: 1.0 };
+        let ps = Arc::new(PsShard::new(&job, 0, 2).unwrap());
+        let start = ps.state.lock().dense.clone();
+        let n = ps.range.len();
+        let push = |w: u32, samples: u32, grad: f32, base: u64| {
+            let ps = ps.clone();
+            async move {
+                ps.push(PushRequest {
+                    version: rpc::version(),
+                    worker_id: w,
+                    tables: vec![],
+                    rows: vec![],
+                    grads: vec![],
+                    dense_grad: vec![grad; n],
+                    base_version: base,
+                    step: base,
+                    contributors: 3,
+                    batch: None,
+                    samples,
+                })
+                .await
+                .unwrap()
+                .dense_version
+            }
+        };
+        let t0 = std::time::Instant::now();
+        let (a, b) = tokio::join!(
+            tokio::spawn(push(1, 25, 4.0, 0)),
+            tokio::spawn(push(2, 75, 0.0, 0))
+        );
+        assert_eq!((a.unwrap(), b.unwrap()), (1, 1));
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "waited for the timeout"
+        );
+        // SGD with lr 1 moves every weight by the weighted mean (25 * 4 + 75 * 0) / 100.
+        let before = ps.state.lock().dense.clone();
+        for (x, y) in before.iter().zip(&start) {
+            assert!((y - x - 1.0).abs() < 1e-5, "{y} -> {x}");
+        }
+        let (c, d) = tokio::join!(
+            tokio::spawn(push(3, 40, 1.0, 0)),
+            tokio::spawn(push(1, 60, 1.0, 1))
+        );
+        assert_eq!((c.unwrap(), d.unwrap()), (2, 2));
+        assert_eq!(ps.state.lock().late_pushes, 1);
+        let after = ps.state.lock().dense.clone();
+        for (x, y) in after.iter().zip(&before) {
+            assert!((y - x - 1.0).abs() < 1e-5, "{y} -> {x}");
+        }
+    }
+
     #[tokio::test]
     async fn sync_push_waits_for_every_contributor_then_applies_once() {
         let ps = Arc::new(PsShard::new(&job("sync"), 0, 2).unwrap());
@@ -733,6 +811,7 @@ mod tests {
                     step: 0,
                     contributors: 2,
                     batch: None,
+                    samples: 0,
                 })
                 .await
                 .unwrap()
@@ -757,6 +836,7 @@ mod tests {
                 step: 1,
                 contributors: 2,
                 batch: None,
+                samples: 0,
             })
             .await
             .unwrap()

@@ -40,6 +40,7 @@ async fn push(ps: &PsShard, rows: &[u64], times: usize) {
             step: 0,
             contributors: 1,
             batch: None,
+            samples: 0,
         })
         .await
         .unwrap();

@@ -349,6 +349,7 @@ impl RemoteModel {
         routing: &Routing,
         contributors: u32,
         batch: BatchKey,
+        samples: u32,
     ) -> anyhow::Result<()> {
         let d = self.dim;
         let d_emb = self.ws.d_emb();
@@ -382,6 +383,7 @@ impl RemoteModel {
                     step: self.versions[i],
                     contributors,
                     batch: Some(batch),
+                    samples,
                 };
                 async move { c.push(req).await }
             });
@@ -588,7 +590,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         shared.offset.store(offset, Ordering::Relaxed);
         let mut skipped_before = reader.stats().rows_skipped;
         while offset < held {
-            let n = reader.next_batch(&mut batch, batch_size)?;
+            let n = reader.next_batch(&mut batch, local_batch_size(&job, &shared))?;
             let skipped = reader.stats().rows_skipped - skipped_before;
             skipped_before = reader.stats().rows_skipped;
             let physical = n as u64 + skipped;
@@ -616,7 +618,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                     file: file_index as u32,
                     start_row: task.start_row + offset,
                 };
-                model.push(&routing, contributors, key).await?;
+                model.push(&routing, contributors, key, n as u32).await?;
                 if let Some(left) = exit_after_push.as_mut() {
                     *left -= 1;
                     if *left == 0 {
@@ -638,6 +640,20 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             }
         }
         shared.task.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Rows of this worker's next batch. Asynchronous: `train.batch_size`. Synchronous: the
+/// job's batch is the global one, shared by the workers that train this step, so a step
+/// applies the mean gradient of `batch_size` samples, as the single-process trainer does.
+fn local_batch_size(job: &JobConfig, shared: &Shared) -> usize {
+    let batch = job.train.batch_size;
+    match job.cluster.mode {
+        SyncMode::Async => batch,
+        SyncMode::Sync => {
+            let workers = shared.active_workers.load(Ordering::Relaxed).max(1) as usize;
+            batch.div_ceil(workers)
+        }
     }
 }
 
