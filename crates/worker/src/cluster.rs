@@ -66,7 +66,7 @@ impl Default for ClusterConfig {
             ps: 1,
             workers: 2,
             mode: SyncMode::Async,
-            staleness: 4,
+            staleness: 0,
             sync_timeout_ms: 2000,
             batches_per_shard: 16,
             shuffle: true,
