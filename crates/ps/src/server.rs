@@ -587,6 +587,30 @@ mod tests {
         .unwrap()
     }
 
+    /// A push of a dense gradient only, as worker `worker_id` computed it against
+    /// `base`, averaging `samples` samples, expecting `contributors` per step.
+    fn dense_push(
+        worker_id: u32,
+        dense_grad: Vec<f32>,
+        base: u64,
+        contributors: u32,
+        samples: u32,
+    ) -> PushRequest {
+        PushRequest {
+            version: rpc::version(),
+            worker_id,
+            tables: vec![],
+            rows: vec![],
+            grads: vec![],
+            dense_grad,
+            base_version: base,
+            step: base,
+            contributors,
+            batch: None,
+            samples,
+        }
+    }
+
     fn owned_row(table: u32, shard: u32) -> u64 {
         (0..100u64)
             .find(|&r| elastrec_embedding::shard_of(table as usize, r, 2) == shard)
@@ -739,22 +763,8 @@ mod tests {
         let push = |w: u32, samples: u32, grad: f32, base: u64| {
             let ps = ps.clone();
             async move {
-                ps.push(PushRequest {
-                    version: rpc::version(),
-                    worker_id: w,
-                    tables: vec![],
-                    rows: vec![],
-                    grads: vec![],
-                    dense_grad: vec![grad; n],
-                    base_version: base,
-                    step: base,
-                    contributors: 3,
-                    batch: None,
-                    samples,
-                })
-                .await
-                .unwrap()
-                .dense_version
+                let req = dense_push(w, vec![grad; n], base, 3, samples);
+                ps.push(req).await.unwrap().dense_version
             }
         };
         let t0 = std::time::Instant::now();
@@ -800,22 +810,8 @@ mod tests {
         let push = |w: u32| {
             let ps = ps.clone();
             async move {
-                ps.push(PushRequest {
-                    version: rpc::version(),
-                    worker_id: w,
-                    tables: vec![],
-                    rows: vec![],
-                    grads: vec![],
-                    dense_grad: vec![1.0; n],
-                    base_version: 0,
-                    step: 0,
-                    contributors: 2,
-                    batch: None,
-                    samples: 0,
-                })
-                .await
-                .unwrap()
-                .dense_version
+                let req = dense_push(w, vec![1.0; n], 0, 2, 0);
+                ps.push(req).await.unwrap().dense_version
             }
         };
         let (a, b) = tokio::join!(tokio::spawn(push(1)), tokio::spawn(push(2)));
@@ -823,21 +819,8 @@ mod tests {
         assert_eq!(ps.version(), 1);
         // A missing contributor: the step is applied after the timeout.
         let t0 = std::time::Instant::now();
-        let ps2 = ps.clone();
-        let v = ps2
-            .push(PushRequest {
-                version: rpc::version(),
-                worker_id: 1,
-                tables: vec![],
-                rows: vec![],
-                grads: vec![],
-                dense_grad: vec![1.0; n],
-                base_version: 1,
-                step: 1,
-                contributors: 2,
-                batch: None,
-                samples: 0,
-            })
+        let v = ps
+            .push(dense_push(1, vec![1.0; n], 1, 2, 0))
             .await
             .unwrap()
             .dense_version;
