@@ -480,7 +480,7 @@ impl Job {
             .filter(|n| {
                 n.role == Role::Worker
                     && matches!(n.state, NodeState::Pending | NodeState::Running)
-                    && self.tasks.held_by(n.id).is_some()
+                    && self.tasks.holds_task(n.id)
             })
             .count() as u32
     }

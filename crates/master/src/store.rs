@@ -477,6 +477,9 @@ mod ffi {
 /// runtime for long; checkpoints (the fsyncs) stay on another connection ([`Checkpointer`]).
 struct RawWriter {
     db: *mut ffi::sqlite3,
+    /// `BEGIN IMMEDIATE` and `COMMIT`.
+    begin: *mut ffi::sqlite3_stmt,
+    commit: *mut ffi::sqlite3_stmt,
     /// Upserts of a task, a node, a meta key, and the ledger insert.
     tasks: *mut ffi::sqlite3_stmt,
     ledger: *mut ffi::sqlite3_stmt,
@@ -498,6 +501,8 @@ impl RawWriter {
     unsafe fn new(db: *mut ffi::sqlite3) -> std::result::Result<Self, String> {
         let mut w = Self {
             db,
+            begin: std::ptr::null_mut(),
+            commit: std::ptr::null_mut(),
             tasks: std::ptr::null_mut(),
             ledger: std::ptr::null_mut(),
             nodes: std::ptr::null_mut(),
@@ -506,6 +511,8 @@ impl RawWriter {
         // Checkpoints normally run beside the writer (see `Checkpointer`); this only bounds
         // the WAL should they fall behind.
         w.exec("PRAGMA wal_autocheckpoint = 16384")?;
+        w.begin = w.prepare_sql("BEGIN IMMEDIATE")?;
+        w.commit = w.prepare_sql("COMMIT")?;
         w.tasks = w.prepare(&TASKS)?;
         w.ledger = w.prepare(&LEDGER)?;
         w.nodes = w.prepare(&NODES)?;
@@ -526,6 +533,10 @@ impl RawWriter {
             vec!["?"; t.cols].join(","),
             t.tail
         );
+        self.prepare_sql(&sql)
+    }
+
+    fn prepare_sql(&self, sql: &str) -> std::result::Result<*mut ffi::sqlite3_stmt, String> {
         let mut stmt = std::ptr::null_mut();
         // SAFETY: `db` is valid; `sql` outlives the call and its length is passed.
         let rc = unsafe {
@@ -597,7 +608,7 @@ impl RawWriter {
         let res = if rc == ffi::SQLITE_DONE {
             Ok(())
         } else {
-            Err(self.error("writing a row"))
+            Err(self.error("writing the group"))
         };
         // SAFETY: as above (resetting also releases the statement's read/write locks).
         unsafe { ffi::sqlite3_reset(stmt) };
@@ -610,8 +621,8 @@ impl RawWriter {
         if batch.is_empty() {
             return Ok(());
         }
-        self.exec("BEGIN IMMEDIATE")?;
-        let res = self.rows(&batch).and_then(|()| self.exec("COMMIT"));
+        self.run(self.begin, &[])?;
+        let res = self.rows(&batch).and_then(|()| self.run(self.commit, &[]));
         if res.is_err() {
             // Nothing of the group stays (the writer fails every later group anyway).
             let _ = self.exec("ROLLBACK");
@@ -678,7 +689,14 @@ impl RawWriter {
 
 impl Drop for RawWriter {
     fn drop(&mut self) {
-        for s in [self.tasks, self.ledger, self.nodes, self.meta] {
+        for s in [
+            self.begin,
+            self.commit,
+            self.tasks,
+            self.ledger,
+            self.nodes,
+            self.meta,
+        ] {
             // SAFETY: each is null or a statement of `db`, finalized once.
             unsafe { ffi::sqlite3_finalize(s) };
         }

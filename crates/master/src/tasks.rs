@@ -311,6 +311,12 @@ impl TaskQueue {
         self.doing.get(&worker).and_then(|id| self.tasks.get(id))
     }
 
+    /// True when `worker` holds a task: `held_by(worker).is_some()` without looking the
+    /// task up (tasks are never removed, so a held id always names one).
+    pub fn holds_task(&self, worker: u32) -> bool {
+        self.doing.contains_key(&worker)
+    }
+
     /// (todo, doing, done) task counts.
     pub fn counts(&self) -> (u64, u64, u64) {
         let todo = self.todo.len() as u64;
