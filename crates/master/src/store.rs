@@ -418,52 +418,9 @@ async fn write(conn: &mut SqliteConnection, changes: &[Change]) -> Result<()> {
     Ok(())
 }
 
-/// SQLite's C API, for the writer's connection (the symbols come with the SQLite library
-/// that sqlx links; only what [`RawWriter`] calls is declared).
-#[allow(non_camel_case_types)]
-mod ffi {
-    use std::ffi::{c_char, c_int, c_void};
-
-    pub enum sqlite3 {}
-    pub enum sqlite3_stmt {}
-
-    pub const SQLITE_OK: c_int = 0;
-    pub const SQLITE_DONE: c_int = 101;
-    pub const SQLITE_PREPARE_PERSISTENT: u32 = 1;
-    /// `SQLITE_TRANSIENT`: SQLite copies a bound string before the call returns.
-    pub const SQLITE_TRANSIENT: isize = -1;
-
-    extern "C" {
-        pub fn sqlite3_prepare_v3(
-            db: *mut sqlite3,
-            sql: *const c_char,
-            len: c_int,
-            flags: u32,
-            stmt: *mut *mut sqlite3_stmt,
-            tail: *mut *const c_char,
-        ) -> c_int;
-        pub fn sqlite3_bind_int64(stmt: *mut sqlite3_stmt, i: c_int, v: i64) -> c_int;
-        pub fn sqlite3_bind_text(
-            stmt: *mut sqlite3_stmt,
-            i: c_int,
-            text: *const c_char,
-            len: c_int,
-            destructor: isize,
-        ) -> c_int;
-        pub fn sqlite3_bind_null(stmt: *mut sqlite3_stmt, i: c_int) -> c_int;
-        pub fn sqlite3_step(stmt: *mut sqlite3_stmt) -> c_int;
-        pub fn sqlite3_reset(stmt: *mut sqlite3_stmt) -> c_int;
-        pub fn sqlite3_finalize(stmt: *mut sqlite3_stmt) -> c_int;
-        pub fn sqlite3_errmsg(db: *mut sqlite3) -> *const c_char;
-        pub fn sqlite3_exec(
-            db: *mut sqlite3,
-            sql: *const c_char,
-            callback: *const c_void,
-            arg: *mut c_void,
-            errmsg: *mut *mut c_char,
-        ) -> c_int;
-    }
-}
+/// SQLite's C API for the writer's connection: the bindings of the `libsqlite3-sys` that
+/// sqlx links (same crate and version), so the raw handle sqlx lends is of this type.
+use libsqlite3_sys as ffi;
 
 /// The group-commit writer's connection, driven through SQLite's C API on the writer task
 /// itself: one prepared single-row statement per table, a group written as `BEGIN
@@ -562,7 +519,7 @@ impl RawWriter {
             ffi::sqlite3_exec(
                 self.db,
                 sql.as_ptr(),
-                std::ptr::null(),
+                None,
                 std::ptr::null_mut(),
                 std::ptr::null_mut(),
             )
@@ -592,7 +549,7 @@ impl RawWriter {
                         i,
                         s.as_ptr().cast(),
                         s.len() as i32,
-                        ffi::SQLITE_TRANSIENT,
+                        ffi::SQLITE_TRANSIENT(),
                     ),
                     Value::Null => ffi::sqlite3_bind_null(stmt, i),
                 }
@@ -847,7 +804,7 @@ impl Writer {
             let mut raw = match &mut locked {
                 // SAFETY: the handle stays valid and locked for us while `locked` lives,
                 // which outlives `raw` (dropped first, in reverse order of declaration).
-                Ok(h) => unsafe { RawWriter::new(h.as_raw_handle().as_ptr().cast()) },
+                Ok(h) => unsafe { RawWriter::new(h.as_raw_handle().as_ptr()) },
                 Err(e) => Err(e.clone()),
             };
             let mut checkpoints = Checkpointer::new();
