@@ -119,6 +119,10 @@ struct BenchArgs {
     /// interpreter (e.g. `.venv/bin/python`) and print the ratio.
     #[arg(long)]
     pytorch: Option<PathBuf>,
+    /// With `--pytorch`: full-step rounds, elastrec then PyTorch back to back in each, so
+    /// both see the same machine speed; the ratio reported is the median round's.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -185,6 +189,7 @@ fn main() -> anyhow::Result<()> {
             max_table_rows: a.max_table_rows,
             data_dir: a.data_dir,
             pytorch: a.pytorch,
+            rounds: a.rounds,
             json: a.json,
         }),
     }

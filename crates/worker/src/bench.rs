@@ -120,30 +120,11 @@ pub fn ensure_bench_data(opts: &BenchOptions) -> Result<Vec<PathBuf>> {
 
 /// Runs every measurement.
 pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
-    let files = ensure_bench_data(opts)?;
-    let job = bench_job(opts);
-    let table_rows = capped_rows(&CRITEO_KAGGLE_CARDINALITIES, opts.max_table_rows);
-    let mut stats = Default::default();
-    let batches: Vec<Batch> = load_eval_set(&files, &job, &mut stats)?
-        .into_iter()
-        .filter(|b| b.len() == opts.batch_size)
-        .collect();
+    let (files, job, table_rows, batches) = prepare(opts)?;
     let total = opts.steps + opts.warmup;
 
     // Full step, in memory.
-    let mut step = TrainStep::new(
-        Dlrm::new(&job, table_rows.clone())?,
-        &job.optimizer.dense,
-        opts.batch_size,
-    );
-    let mut t0 = Instant::now();
-    for i in 0..total {
-        if i == opts.warmup {
-            t0 = Instant::now();
-        }
-        step.train_batch(&batches[i % batches.len()])?;
-    }
-    let in_memory = (opts.steps * opts.batch_size) as f64 / t0.elapsed().as_secs_f64();
+    let in_memory = time_in_memory(&job, &table_rows, &batches, opts)?;
 
     // Full step, from files (fresh model so both variants do the same work).
     let mut step = TrainStep::new(
@@ -192,6 +173,50 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
         peak_rss_bytes: peak_rss(),
         table_rows,
     })
+}
+
+/// Training samples/s of the full step on in-memory batches (a fresh model), measured
+/// again: `elastrec bench --pytorch` interleaves this with the PyTorch reference.
+pub fn in_memory_samples_per_s(opts: &BenchOptions) -> Result<f64> {
+    let (_, job, table_rows, batches) = prepare(opts)?;
+    time_in_memory(&job, &table_rows, &batches, opts)
+}
+
+/// The benchmark's files (generated when missing), job, table sizes and full batches.
+type Prepared = (Vec<PathBuf>, JobConfig, Vec<u64>, Vec<Batch>);
+
+fn prepare(opts: &BenchOptions) -> Result<Prepared> {
+    let files = ensure_bench_data(opts)?;
+    let job = bench_job(opts);
+    let table_rows = capped_rows(&CRITEO_KAGGLE_CARDINALITIES, opts.max_table_rows);
+    let mut stats = Default::default();
+    let batches: Vec<Batch> = load_eval_set(&files, &job, &mut stats)?
+        .into_iter()
+        .filter(|b| b.len() == opts.batch_size)
+        .collect();
+    Ok((files, job, table_rows, batches))
+}
+
+fn time_in_memory(
+    job: &JobConfig,
+    table_rows: &[u64],
+    batches: &[Batch],
+    opts: &BenchOptions,
+) -> Result<f64> {
+    let mut step = TrainStep::new(
+        Dlrm::new(job, table_rows.to_vec())?,
+        &job.optimizer.dense,
+        opts.batch_size,
+    );
+    let total = opts.steps + opts.warmup;
+    let mut t0 = Instant::now();
+    for i in 0..total {
+        if i == opts.warmup {
+            t0 = Instant::now();
+        }
+        step.train_batch(&batches[i % batches.len()])?;
+    }
+    Ok((opts.steps * opts.batch_size) as f64 / t0.elapsed().as_secs_f64())
 }
 
 /// Dense forward + backward + Adagrad on fixed embedding inputs: samples/s and FLOPs/sample.
