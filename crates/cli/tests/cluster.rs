@@ -11,11 +11,15 @@ use common::*;
 
 /// Measured on this data (2 epochs, ~470 steps; single-process AUC 0.8119): one worker
 /// reproduces single-process exactly without shuffling and within 0.002 with shuffled
-/// shards. Three workers land 0.804-0.813, asynchronous (two groups, 12 runs) or
-/// synchronous (6 runs): the order in which three workers' updates interleave moves this
-/// small model by up to 0.008. The issue's 0.005 holds for the single-worker run; the
-/// multi-worker tests use this wider bound (see docs/distributed.md).
-const MULTI_WORKER_AUC_TOLERANCE: f64 = 0.015;
+/// shards. Three asynchronous workers landed 0.804-0.813 until the async warm-up
+/// (`cluster.warmup_steps`, default 100: one worker trains the first steps alone) put them
+/// at 0.8123-0.8128; these tests assert the issue's 0.005.
+const MULTI_WORKER_AUC_TOLERANCE: f64 = 0.005;
+
+/// Synchronous runs with three workers spread 0.804-0.813 (which pushes share a step
+/// depends on timing; a late push joins the next step), so the sync test keeps a wider
+/// bound (see docs/distributed.md).
+const SYNC_AUC_TOLERANCE: f64 = 0.015;
 
 const CLUSTER: &str = r#"
 [cluster]
@@ -178,7 +182,7 @@ fn sync_mode_survives_a_worker_kill() {
     }
     let st = g.wait(Duration::from_secs(300));
     assert!(st.success(), "{}", std::fs::read_to_string(&log).unwrap());
-    check_result(&dir, &log, MULTI_WORKER_AUC_TOLERANCE);
+    check_result(&dir, &log, SYNC_AUC_TOLERANCE);
 }
 
 /// A real straggler: one worker is frozen (SIGSTOP) for 300 ms of every 400 ms. The master

@@ -317,6 +317,7 @@ async fn start_bench_master(
         straggler_ratio: 0.5,
         evaluate: false,
         recover_ps: false,
+        warmup_samples: 0,
     };
     let mut cx = LiveCtx::now();
     let job = Job::start(policy, queue, workers, &mut cx);

@@ -89,6 +89,8 @@ pub struct Policy {
     pub evaluate: bool,
     /// A dead PS is recovered from checkpoints (otherwise it stops the job).
     pub recover_ps: bool,
+    /// Until this many samples are reported, one worker trains alone (async warm-up).
+    pub warmup_samples: u64,
 }
 
 /// A parameter server that died and awaits recovery.
@@ -239,6 +241,8 @@ pub struct Job {
     tasks: TaskQueue,
     nodes: BTreeMap<u32, Node>,
     next_node: u32,
+    /// The worker that trains alone during the async warm-up.
+    warmup_worker: Option<u32>,
     target_workers: u32,
     restarts_used: u32,
     phase: Phase,
@@ -290,6 +294,7 @@ impl Job {
             tasks,
             nodes: BTreeMap::new(),
             next_node: 1,
+            warmup_worker: None,
             target_workers: workers,
             restarts_used: 0,
             phase: Phase::Training,
@@ -331,6 +336,7 @@ impl Job {
             tasks,
             nodes: BTreeMap::new(),
             next_node: 1,
+            warmup_worker: None,
             target_workers,
             restarts_used,
             phase,
@@ -615,6 +621,9 @@ impl Job {
                 return Ok(TaskReply::Finished { evaluate: false });
             }
         }
+        if self.warming_up(id) {
+            return Ok(TaskReply::Wait);
+        }
         let small = self.is_straggler(id, cx.now_ms());
         let changed = if small {
             self.stragglers.insert(id)
@@ -638,6 +647,21 @@ impl Job {
             self.persist_meta(cx);
         }
         Ok(reply)
+    }
+
+    /// Async warm-up: until `warmup_samples` are reported, only one worker (the first to
+    /// ask, or the next one if it dies) gets tasks; the others wait.
+    fn warming_up(&mut self, id: u32) -> bool {
+        if self.policy.warmup_samples == 0 || self.samples_done() >= self.policy.warmup_samples {
+            return false;
+        }
+        match self.warmup_worker {
+            Some(w) if w != id && self.node(w).is_some_and(|n| n.state.is_live()) => true,
+            _ => {
+                self.warmup_worker = Some(id);
+                false
+            }
+        }
     }
 
     fn finish_training(&mut self, cx: &mut impl Context) {
@@ -999,6 +1023,7 @@ mod tests {
             straggler_ratio: 0.5,
             evaluate: true,
             recover_ps: false,
+            warmup_samples: 0,
         }
     }
 
@@ -1035,6 +1060,29 @@ mod tests {
             vec!["127.0.0.1:9000", "127.0.0.1:9001"]
         );
         assert_eq!(j.active_workers(), 3);
+    }
+
+    #[test]
+    fn async_warm_up_lets_one_worker_train_alone_first() {
+        let mut cx = Rec::default();
+        let mut j = job(&mut cx, 2);
+        j.policy.warmup_samples = 150;
+        let TaskReply::Task(t) = j.get_task(3, &mut cx).unwrap() else {
+            panic!()
+        };
+        assert_eq!(j.get_task(4, &mut cx).unwrap(), TaskReply::Wait);
+        // Between its tasks the first worker holds nothing; the other still waits.
+        j.report(3, t.id, 100, &mut cx).unwrap();
+        assert_eq!(j.get_task(4, &mut cx).unwrap(), TaskReply::Wait);
+        let TaskReply::Task(t2) = j.get_task(3, &mut cx).unwrap() else {
+            panic!()
+        };
+        j.report(3, t2.id, 60, &mut cx).unwrap();
+        // 160 samples reported: everyone trains.
+        assert!(matches!(
+            j.get_task(4, &mut cx).unwrap(),
+            TaskReply::Task(_)
+        ));
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use elastrec_proto::master::master_server::MasterServer;
+use elastrec_worker::cluster::SyncMode;
 use elastrec_worker::config::JobConfig;
 use elastrec_worker::rpc::ServerAuth;
 use rand::Rng;
@@ -118,6 +119,10 @@ fn policy(cfg: &JobConfig) -> Policy {
         straggler_ratio: cfg.cluster.straggler_ratio,
         evaluate: !cfg.data.eval.is_empty(),
         recover_ps: cfg.checkpoint.enabled,
+        warmup_samples: match cfg.cluster.mode {
+            SyncMode::Async => u64::from(cfg.cluster.warmup_steps) * cfg.train.batch_size as u64,
+            SyncMode::Sync => 0,
+        },
     }
 }
 

@@ -977,6 +977,7 @@ mod tests {
             straggler_ratio: 0.5,
             evaluate: false,
             recover_ps: false,
+            warmup_samples: 0,
         }
     }
 

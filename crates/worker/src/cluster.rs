@@ -33,6 +33,10 @@ pub struct ClusterConfig {
     pub mode: SyncMode,
     /// Async mode: dense-parameter updates a worker may lag behind before it re-pulls.
     pub staleness: u32,
+    /// Async mode: the job's first this-many batches are trained by one worker while the
+    /// others wait, so the workers do not all take their first (largest, for Adagrad)
+    /// steps from the same initial parameters.
+    pub warmup_steps: u32,
     /// Sync mode: how long a PS waits for the missing gradients of a step (ms) before it
     /// applies the ones it has (a worker may have died).
     pub sync_timeout_ms: u64,
@@ -67,6 +71,7 @@ impl Default for ClusterConfig {
             workers: 2,
             mode: SyncMode::Async,
             staleness: 0,
+            warmup_steps: 100,
             sync_timeout_ms: 2000,
             batches_per_shard: 16,
             shuffle: true,
