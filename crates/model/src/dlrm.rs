@@ -252,25 +252,23 @@ impl DenseDlrm {
     }
 
     /// Runs `f` on every row block of the batch in parallel: block `i` gets rows
-    /// `i * BLOCK_ROWS ..` of `dense_x`, `emb` and the label/`d_emb` slices (empty when
-    /// not given). Returns the blocks' results in block order.
-    fn for_blocks<R: Send>(
+    /// `i * BLOCK_ROWS ..` of `dense_x`, `emb`, the labels (empty when not given) and the
+    /// workspace's `d_emb`. Allocates nothing: results stay in the blocks.
+    fn for_blocks(
         &self,
         inputs: BlockInputs<'_>,
         ws: &mut Workspace,
-        f: impl Fn(&Self, &mut Block, BlockInputs<'_>, &mut [f32]) -> R + Sync,
-    ) -> Vec<R> {
+        f: impl Fn(&Self, &mut Block, BlockInputs<'_>, &mut [f32]) + Sync,
+    ) {
         let n = inputs.n;
         let (nd, te) = (self.config.num_dense(), self.emb_width());
         let used = n.div_ceil(BLOCK_ROWS);
-        let d_emb = &mut ws.d_emb[..n * te];
-        let mut d_emb_blocks: Vec<&mut [f32]> = d_emb.chunks_mut(BLOCK_ROWS * te).collect();
-        d_emb_blocks.resize_with(used, Default::default);
+        // `te > 0` (validated), so there is one `d_emb` chunk per used block.
         ws.blocks[..used]
             .par_iter_mut()
-            .zip(d_emb_blocks)
+            .zip(ws.d_emb[..n * te].par_chunks_mut(BLOCK_ROWS * te))
             .enumerate()
-            .map(|(i, (block, d_emb))| {
+            .for_each(|(i, (block, d_emb))| {
                 let r0 = i * BLOCK_ROWS;
                 let r1 = (r0 + BLOCK_ROWS).min(n);
                 let part = BlockInputs {
@@ -281,8 +279,7 @@ impl DenseDlrm {
                     grad_scale: inputs.grad_scale,
                 };
                 f(self, block, part, d_emb)
-            })
-            .collect()
+            });
     }
 
     /// Floats of one sample's embedding input (`T * d`).
@@ -363,13 +360,15 @@ impl DenseDlrm {
             labels,
             grad_scale: 1.0 / n.max(1) as f32,
         };
-        let losses = self.for_blocks(inputs, ws, |m, block, part, d_emb| {
+        self.for_blocks(inputs, ws, |m, block, part, d_emb| {
             block.forward(m, part);
-            block.backward(m, part, d_emb)
+            block.backward(m, part, d_emb);
         });
+        let used = n.div_ceil(BLOCK_ROWS);
         ws.gather_logits(n);
-        ws.reduce_grads(n.div_ceil(BLOCK_ROWS));
-        let loss_sum: f64 = losses.iter().sum();
+        ws.reduce_grads(used);
+        // Block order, so the sum does not depend on the thread count.
+        let loss_sum: f64 = ws.blocks[..used].iter().map(|b| b.loss_sum).sum();
         Ok(if n == 0 {
             0.0
         } else {
@@ -407,6 +406,8 @@ struct Block {
     ga: Vec<f32>,
     gb: Vec<f32>,
     grads: Vec<f32>,
+    /// Summed loss of the block's rows in the last `backward`.
+    loss_sum: f64,
 }
 
 impl Block {
@@ -428,6 +429,7 @@ impl Block {
             ga: vec![0.0; rows * max_w],
             gb: vec![0.0; rows * max_w],
             grads: vec![0.0; model.num_params()],
+            loss_sum: 0.0,
         }
     }
 
@@ -441,11 +443,11 @@ impl Block {
 
     /// Backward of the block's share of the mean loss, after [`Block::forward`]: the
     /// block's partial dense gradient into `self.grads`, its embedding gradient into
-    /// `d_emb`. Returns the block's summed loss.
-    fn backward(&mut self, m: &DenseDlrm, x: BlockInputs<'_>, d_emb: &mut [f32]) -> f64 {
+    /// `d_emb`, its summed loss into `self.loss_sum`.
+    fn backward(&mut self, m: &DenseDlrm, x: BlockInputs<'_>, d_emb: &mut [f32]) {
         let (p, n) = (&m.params, x.n);
         let logits = &self.top_acts.last().expect("nonempty")[..n];
-        let loss = bce_sum_with_logits(logits, x.labels, x.grad_scale, &mut self.dlogits[..n]);
+        self.loss_sum = bce_sum_with_logits(logits, x.labels, x.grad_scale, &mut self.dlogits[..n]);
         m.top.backward(
             p,
             &mut self.grads,
@@ -471,7 +473,6 @@ impl Block {
             None,
             n,
         );
-        loss
     }
 
     /// Rows this block holds activations for.
