@@ -873,10 +873,7 @@ impl Job {
 
     /// Samples reported trained so far (all epochs).
     pub fn samples_done(&self) -> u64 {
-        let q = &self.tasks;
-        (0..q.spec().epochs)
-            .map(|e| q.ledger().summary(e).consumed)
-            .sum()
+        self.tasks.ledger().consumed()
     }
 
     /// Replaces the closed-epoch verdicts (a job started from a checkpoint).

@@ -135,6 +135,12 @@ impl Ledger {
         dup
     }
 
+    /// Rows recorded over all epochs (duplicates included), without the per-file
+    /// coverage walk [`Ledger::summary`] does for `missing`.
+    pub fn consumed(&self) -> u64 {
+        self.counts.values().map(|c| c.0).sum()
+    }
+
     /// The verdict for one epoch.
     pub fn summary(&self, epoch: u32) -> LedgerSummary {
         let (consumed, duplicated) = self.counts.get(&epoch).copied().unwrap_or((0, 0));
