@@ -236,7 +236,8 @@ pub fn bench(a: Bench) -> Result<()> {
         opts.steps,
         rayon::current_num_threads()
     );
-    let r = elastrec_worker::bench::run(&opts)?;
+    let data = elastrec_worker::bench::prepare(&opts)?;
+    let r = elastrec_worker::bench::run(&opts, &data)?;
     let mut out = serde_json::to_value(&r)?;
     if let Some(py) = &a.pytorch {
         let sps = |v: &serde_json::Value| v["samples_per_s"].as_f64().unwrap_or(f64::NAN);
@@ -249,7 +250,7 @@ pub fn bench(a: Bench) -> Result<()> {
             let ours = if round == 0 {
                 r.in_memory_samples_per_s
             } else {
-                elastrec_worker::bench::in_memory_samples_per_s(&opts)?
+                elastrec_worker::bench::in_memory_samples_per_s(&opts, &data)?
             };
             eprintln!(
                 "round {}/{rounds}: running the PyTorch reference ({})",

@@ -119,20 +119,20 @@ pub fn ensure_bench_data(opts: &BenchOptions) -> Result<Vec<PathBuf>> {
 }
 
 /// Runs every measurement.
-pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
-    let (files, job, table_rows, batches) = prepare(opts)?;
+pub fn run(opts: &BenchOptions, data: &BenchData) -> Result<BenchReport> {
+    let (job, table_rows) = (&data.job, &data.table_rows);
     let total = opts.steps + opts.warmup;
 
     // Full step, in memory.
-    let in_memory = time_in_memory(&job, &table_rows, &batches, opts)?;
+    let in_memory = in_memory_samples_per_s(opts, data)?;
 
     // Full step, from files (fresh model so both variants do the same work).
     let mut step = TrainStep::new(
-        Dlrm::new(&job, table_rows.clone())?,
+        Dlrm::new(job, table_rows.clone())?,
         &job.optimizer.dense,
         opts.batch_size,
     );
-    let reader = Prefetcher::start(files.clone(), &job);
+    let reader = Prefetcher::start(data.files.clone(), job);
     let mut done = 0;
     let mut t0 = Instant::now();
     while done < total {
@@ -150,7 +150,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
     drop(reader.finish());
 
     // Dense part alone.
-    let (dense_sps, flops) = dense_only(&job, &batches, opts)?;
+    let (dense_sps, flops) = dense_only(job, &data.batches, opts)?;
     let dense_gflops = dense_sps * flops as f64 / 1e9;
     let peak = gemm_peak_gflops(2048, 8);
 
@@ -171,40 +171,16 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
         embedding_raw_bytes: raw,
         embedding_overhead: bytes as f64 / raw as f64 - 1.0,
         peak_rss_bytes: peak_rss(),
-        table_rows,
+        table_rows: table_rows.clone(),
     })
 }
 
 /// Training samples/s of the full step on in-memory batches (a fresh model), measured
 /// again: `elastrec bench --pytorch` interleaves this with the PyTorch reference.
-pub fn in_memory_samples_per_s(opts: &BenchOptions) -> Result<f64> {
-    let (_, job, table_rows, batches) = prepare(opts)?;
-    time_in_memory(&job, &table_rows, &batches, opts)
-}
-
-/// The benchmark's files (generated when missing), job, table sizes and full batches.
-type Prepared = (Vec<PathBuf>, JobConfig, Vec<u64>, Vec<Batch>);
-
-fn prepare(opts: &BenchOptions) -> Result<Prepared> {
-    let files = ensure_bench_data(opts)?;
-    let job = bench_job(opts);
-    let table_rows = capped_rows(&CRITEO_KAGGLE_CARDINALITIES, opts.max_table_rows);
-    let mut stats = Default::default();
-    let batches: Vec<Batch> = load_eval_set(&files, &job, &mut stats)?
-        .into_iter()
-        .filter(|b| b.len() == opts.batch_size)
-        .collect();
-    Ok((files, job, table_rows, batches))
-}
-
-fn time_in_memory(
-    job: &JobConfig,
-    table_rows: &[u64],
-    batches: &[Batch],
-    opts: &BenchOptions,
-) -> Result<f64> {
+pub fn in_memory_samples_per_s(opts: &BenchOptions, data: &BenchData) -> Result<f64> {
+    let job = &data.job;
     let mut step = TrainStep::new(
-        Dlrm::new(job, table_rows.to_vec())?,
+        Dlrm::new(job, data.table_rows.clone())?,
         &job.optimizer.dense,
         opts.batch_size,
     );
@@ -214,9 +190,36 @@ fn time_in_memory(
         if i == opts.warmup {
             t0 = Instant::now();
         }
-        step.train_batch(&batches[i % batches.len()])?;
+        step.train_batch(&data.batches[i % data.batches.len()])?;
     }
     Ok((opts.steps * opts.batch_size) as f64 / t0.elapsed().as_secs_f64())
+}
+
+/// What every measurement reads, loaded once: the benchmark's files (generated when
+/// missing), job, table sizes and the full batches held in memory.
+pub struct BenchData {
+    files: Vec<PathBuf>,
+    job: JobConfig,
+    table_rows: Vec<u64>,
+    batches: Vec<Batch>,
+}
+
+/// Loads (and first generates, if missing) the benchmark's data.
+pub fn prepare(opts: &BenchOptions) -> Result<BenchData> {
+    let files = ensure_bench_data(opts)?;
+    let job = bench_job(opts);
+    let table_rows = capped_rows(&CRITEO_KAGGLE_CARDINALITIES, opts.max_table_rows);
+    let mut stats = Default::default();
+    let batches: Vec<Batch> = load_eval_set(&files, &job, &mut stats)?
+        .into_iter()
+        .filter(|b| b.len() == opts.batch_size)
+        .collect();
+    Ok(BenchData {
+        files,
+        job,
+        table_rows,
+        batches,
+    })
 }
 
 /// Dense forward + backward + Adagrad on fixed embedding inputs: samples/s and FLOPs/sample.
