@@ -1019,21 +1019,7 @@ mod tests {
             .await
             .unwrap();
         let odd = "host\"'\\ \u{e9}\n:1";
-        store
-            .apply(&[
-                Change::Task(task(1, 0, TaskState::Doing(4))),
-                Change::Range(0, 1, 100, 110),
-                Change::Node(node(4, "a", 1)),
-                Change::Task(task(1, 10, TaskState::Doing(4))),
-                Change::Task(task(2, 0, TaskState::Todo)),
-                Change::Meta("phase", "\"training\"".into()),
-                Change::Range(0, 1, 110, 150),
-                Change::Meta("phase", "\"finished\"".into()),
-                Change::Node(node(4, odd, 2)),
-                Change::Task(task(1, 50, TaskState::Done)),
-            ])
-            .await
-            .unwrap();
+        store.apply(&updates_of_one_job(odd)).await.unwrap();
         let snap = store.load().await.unwrap();
         let mut tasks = snap.tasks.clone();
         tasks.sort_by_key(|t| t.id);
@@ -1067,24 +1053,30 @@ mod tests {
         assert_eq!(snap.nodes.len(), 1);
     }
 
+    /// A group that rewrites the same task, node and meta key several times and adds
+    /// ledger ranges: the last write of each row must win.
+    fn updates_of_one_job(odd: &str) -> Vec<Change> {
+        vec![
+            Change::Task(task(1, 0, TaskState::Doing(4))),
+            Change::Range(0, 1, 100, 110),
+            Change::Node(node(4, "a", 1)),
+            Change::Task(task(1, 10, TaskState::Doing(4))),
+            Change::Task(task(2, 0, TaskState::Todo)),
+            Change::Meta("phase", "\"training\"".into()),
+            Change::Range(0, 1, 110, 150),
+            Change::Meta("phase", "\"finished\"".into()),
+            Change::Node(node(4, odd, 2)),
+            Change::Task(task(1, 50, TaskState::Done)),
+        ]
+    }
+
     /// The writer (SQLite's C API, one statement per row) writes exactly what
     /// [`Store::apply`] (one sqlx script per group) writes, resets and odd strings included.
     #[tokio::test]
     async fn writer_groups_equal_apply() {
         let odd = "host\"'\\ \u{e9}\n:1";
         let groups = vec![
-            vec![
-                Change::Task(task(1, 0, TaskState::Doing(4))),
-                Change::Range(0, 1, 100, 110),
-                Change::Node(node(4, "a", 1)),
-                Change::Task(task(1, 10, TaskState::Doing(4))),
-                Change::Task(task(2, 0, TaskState::Todo)),
-                Change::Meta("phase", "\"training\"".into()),
-                Change::Range(0, 1, 110, 150),
-                Change::Meta("phase", "\"finished\"".into()),
-                Change::Node(node(4, odd, 2)),
-                Change::Task(task(1, 50, TaskState::Done)),
-            ],
+            updates_of_one_job(odd),
             vec![Change::Node(node(5, "", 0)), Change::Range(0, 1, 150, 151)],
             vec![
                 Change::Task(task(3, 0, TaskState::Todo)),
