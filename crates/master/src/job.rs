@@ -469,26 +469,22 @@ impl Job {
 
     /// Live workers that are training (not stopping).
     pub fn active_workers(&self) -> u32 {
-        self.nodes
-            .values()
-            .filter(|n| {
-                n.role == Role::Worker && matches!(n.state, NodeState::Pending | NodeState::Running)
-            })
-            .count() as u32
+        self.active_worker_nodes().count() as u32
     }
 
     /// Live workers that hold a task: the contributors of a synchronous step. A worker
     /// waiting for work (the end of an epoch) is not counted, so the others' steps do not
     /// wait for it until the PS's timeout.
     pub fn training_workers(&self) -> u32 {
-        self.nodes
-            .values()
-            .filter(|n| {
-                n.role == Role::Worker
-                    && matches!(n.state, NodeState::Pending | NodeState::Running)
-                    && self.tasks.holds_task(n.id)
-            })
+        self.active_worker_nodes()
+            .filter(|n| self.tasks.holds_task(n.id))
             .count() as u32
+    }
+
+    fn active_worker_nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.values().filter(|n| {
+            n.role == Role::Worker && matches!(n.state, NodeState::Pending | NodeState::Running)
+        })
     }
 
     /// PS addresses by index once all have registered.
