@@ -303,3 +303,23 @@ fn simulate_cpr_prints_the_table_and_writes_the_report() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("cpr-ssu"));
 }
+
+/// A job directory whose token file was damaged: `status` and `scale` say which file is
+/// corrupt instead of panicking.
+#[test]
+fn a_corrupt_token_file_is_named_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("master.addr"), "127.0.0.1:1").unwrap();
+    std::fs::write(dir.path().join("token"), "not a\ntoken\u{0}").unwrap();
+    let d = dir.path().to_str().unwrap();
+    for args in [vec!["status", d], vec!["scale", d, "--workers", "2"]] {
+        let out = elastrec(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(
+            err.contains("token") && err.contains("corrupt"),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -61,77 +61,81 @@ fn two_ps_three_workers_exactly_once() {
     assert!(out.status.success());
 }
 
-/// (b) SIGKILL of random workers, several times: nothing lost, nothing repeated.
+/// (b) SIGKILL of random workers, three times (each while the job is paused at a fifth
+/// of its samples, so a fast run cannot finish first): nothing lost, nothing repeated.
 #[test]
 fn killing_workers_loses_and_repeats_nothing() {
     let _g = serial();
     let (job, dir) = write_job("b", CLUSTER);
     let log = dir.with_extension("log");
-    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
     let total = 2 * fixture().train_rows;
-    let mut kills = 0;
+    let first = (total / 5).to_string();
+    let mut g = Group::spawn(
+        &["run", job.to_str().unwrap(), "--pause-at-samples", &first],
+        &log,
+    );
     let mut seed = 0x9e37_79b9u64;
-    for k in 0..3u64 {
-        wait_for(Duration::from_secs(120), || {
-            samples_done(&dir) >= total * (k + 1) / 5
-        });
-        let Some(s) = status_json(&dir) else { break };
+    for k in 1..=3u64 {
+        let s = wait_held(&dir);
         let w = running_workers(&s);
-        if w.is_empty() {
-            continue;
-        }
+        assert!(!w.is_empty(), "no running worker to kill: {s}");
         seed = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        let (_, pid) = w[(seed >> 33) as usize % w.len()];
+        let (id, pid) = w[(seed >> 33) as usize % w.len()];
         // SAFETY: plain kill(2).
         unsafe {
             libc::kill(pid, libc::SIGKILL);
         }
-        kills += 1;
+        wait_not_running(&dir, id);
+        if k < 3 {
+            pause_at(&dir, total * (k + 1) / 5);
+        } else {
+            unpause(&dir);
+        }
     }
-    assert!(kills >= 2, "killed only {kills} workers");
     let st = g.wait(Duration::from_secs(300));
     assert!(st.success(), "{}", std::fs::read_to_string(&log).unwrap());
     check_result(&dir, &log, MULTI_WORKER_AUC_TOLERANCE);
     let text = std::fs::read_to_string(&log).unwrap();
-    assert!(text.contains("declared dead"), "{text}");
+    assert!(text.matches("declared dead").count() >= 3, "{text}");
+    assert!(result(&dir)["workers_dead"].as_u64() >= Some(3), "{text}");
 }
 
-/// (c) Scale 1 → 3 → 1 workers mid-epoch.
+/// (c) Scale 1 → 3 → 1 workers mid-epoch, each change made while the job is paused so
+/// that it happens at the same data position however fast the job runs.
 #[test]
 fn scaling_workers_up_and_down_mid_epoch() {
     let _g = serial();
     let cluster = CLUSTER.replace("workers = 3", "workers = 1");
     let (job, dir) = write_job("c", &cluster);
     let log = dir.with_extension("log");
-    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
     let total = 2 * fixture().train_rows;
-    wait_for(Duration::from_secs(120), || {
-        samples_done(&dir) >= total / 10
-    });
-    let out = elastrec(&["scale", dir.to_str().unwrap(), "--workers", "3"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let first = (total / 10).to_string();
+    let mut g = Group::spawn(
+        &["run", job.to_str().unwrap(), "--pause-at-samples", &first],
+        &log,
     );
+    let scale = |n: &str| {
+        let out = elastrec(&["scale", dir.to_str().unwrap(), "--workers", n]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    wait_held(&dir);
+    scale("3");
     wait_for(Duration::from_secs(60), || {
         status_json(&dir).is_some_and(|s| running_workers(&s).len() == 3)
     });
-    let before = samples_done(&dir);
-    wait_for(Duration::from_secs(120), || {
-        samples_done(&dir) >= before + total / 10
-    });
-    let out = elastrec(&["scale", dir.to_str().unwrap(), "--workers", "1"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    pause_at(&dir, total * 2 / 10);
+    wait_held(&dir);
+    scale("1");
     wait_for(Duration::from_secs(60), || {
         status_json(&dir).is_some_and(|s| running_workers(&s).len() == 1)
     });
+    unpause(&dir);
     let st = g.wait(Duration::from_secs(300));
     assert!(st.success(), "{}", std::fs::read_to_string(&log).unwrap());
     check_result(&dir, &log, MULTI_WORKER_AUC_TOLERANCE);
@@ -145,16 +149,24 @@ fn master_killed_and_resumed() {
     let _g = serial();
     let (job, dir) = write_job("d", CLUSTER);
     let log = dir.with_extension("log");
-    let g = Group::spawn(&["run", job.to_str().unwrap()], &log);
     let total = 2 * fixture().train_rows;
-    wait_for(Duration::from_secs(120), || samples_done(&dir) >= total / 3);
+    let at = (total / 3).to_string();
+    let mut g = Group::spawn(
+        &["run", job.to_str().unwrap(), "--pause-at-samples", &at],
+        &log,
+    );
+    wait_held(&dir);
     // SAFETY: plain kill(2) of the master only; its nodes keep running.
     unsafe {
         libc::kill(g.pid(), libc::SIGKILL);
     }
-    std::thread::sleep(Duration::from_millis(500));
+    let _ = g.wait(Duration::from_secs(30));
     let log2 = dir.with_extension("resume.log");
     let mut g2 = Group::spawn(&["run", "--resume", dir.to_str().unwrap()], &log2);
+    // The resumed master holds at the same point until the pause is lifted; it answers
+    // once it serves again.
+    wait_held(&dir);
+    unpause(&dir);
     let st = g2.wait(Duration::from_secs(300));
     assert!(st.success(), "{}", std::fs::read_to_string(&log2).unwrap());
     check_result(&dir, &log2, MULTI_WORKER_AUC_TOLERANCE);
@@ -169,60 +181,54 @@ fn sync_mode_survives_a_worker_kill() {
     let cluster = CLUSTER.replace("staleness = 0", "mode = \"sync\"\nsync_timeout_ms = 500");
     let (job, dir) = write_job("sync", &cluster);
     let log = dir.with_extension("log");
-    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
     let total = 2 * fixture().train_rows;
-    wait_for(Duration::from_secs(120), || samples_done(&dir) >= total / 4);
-    if let Some(s) = status_json(&dir) {
-        if let Some(&(_, pid)) = running_workers(&s).first() {
-            // SAFETY: plain kill(2).
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-            }
-        }
+    let at = (total / 4).to_string();
+    let mut g = Group::spawn(
+        &["run", job.to_str().unwrap(), "--pause-at-samples", &at],
+        &log,
+    );
+    let s = wait_held(&dir);
+    let &(id, pid) = running_workers(&s)
+        .first()
+        .unwrap_or_else(|| panic!("no running worker to kill: {s}"));
+    // SAFETY: plain kill(2).
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
     }
-    let st = g.wait(Duration::from_secs(300));
-    assert!(st.success(), "{}", std::fs::read_to_string(&log).unwrap());
-    check_result(&dir, &log, SYNC_AUC_TOLERANCE);
-}
-
-/// A real straggler: one worker is frozen (SIGSTOP) for 300 ms of every 400 ms. The master
-/// sees its rate fall below half its peers' median, hands it half-size shards (logged), and
-/// the ledger stays exact.
-#[test]
-fn a_frozen_worker_becomes_a_straggler_with_smaller_shards() {
-    let _g = serial();
-    let (job, dir) = write_job("straggler", CLUSTER);
-    let log = dir.with_extension("log");
-    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
-    let total = 2 * fixture().train_rows;
-    wait_for(Duration::from_secs(120), || {
-        samples_done(&dir) >= total / 10
-            && status_json(&dir).is_some_and(|s| running_workers(&s).len() == 3)
-    });
-    let (_, pid) = running_workers(&status_json(&dir).unwrap())[0];
-    let mut flagged = false;
-    for _ in 0..100 {
-        // SAFETY: plain kill(2) of one worker process.
-        unsafe {
-            libc::kill(pid, libc::SIGSTOP);
-        }
-        std::thread::sleep(Duration::from_millis(300));
-        unsafe {
-            libc::kill(pid, libc::SIGCONT);
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        if std::fs::read_to_string(&log)
-            .unwrap()
-            .contains("is a straggler")
-        {
-            flagged = true;
-            break;
-        }
-    }
+    wait_not_running(&dir, id);
+    unpause(&dir);
     let st = g.wait(Duration::from_secs(300));
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(st.success(), "{text}");
-    assert!(flagged, "the frozen worker was never flagged: {text}");
+    check_result(&dir, &log, SYNC_AUC_TOLERANCE);
+    assert!(
+        text.contains(&format!("node {id} (Worker) declared dead")),
+        "{text}"
+    );
+}
+
+/// A real straggler: worker node 5 spends 250 ms more on every batch (a fail point, as a
+/// slow machine would), several times its peers' batch time even on a busy machine. The
+/// master sees its rate fall below half its peers' median, hands it half-size shards
+/// (logged), and the ledger stays exact.
+#[test]
+fn a_slow_worker_becomes_a_straggler_with_smaller_shards() {
+    let _g = serial();
+    let (job, dir) = write_job("straggler", CLUSTER);
+    let log = dir.with_extension("log");
+    // Node ids: the 2 PS are 1 and 2, the workers 3, 4 and 5.
+    let mut g = Group::spawn_with_env(
+        &["run", job.to_str().unwrap()],
+        &log,
+        &[("ELASTREC_FAIL_SLOW_WORKER", "5:250")],
+    );
+    let st = g.wait(Duration::from_secs(300));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(st.success(), "{text}");
+    assert!(
+        text.contains("worker 5 is a straggler"),
+        "the slow worker was never flagged: {text}"
+    );
     check_result(&dir, &log, MULTI_WORKER_AUC_TOLERANCE);
 }
 

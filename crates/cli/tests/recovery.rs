@@ -43,8 +43,15 @@ fn ps_pids(s: &serde_json::Value) -> Vec<(u64, i32)> {
         .collect()
 }
 
-fn checkpoints_taken(dir: &Path) -> u64 {
-    status_json(dir).map_or(0, |s| s["checkpoint"]["count"].as_u64().unwrap_or(0))
+/// True when `pid` has exited (a zombie no longer runs: its parent may never reap it).
+fn process_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesized command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    }
 }
 
 fn kill(pid: i32, sig: i32) {
@@ -54,16 +61,28 @@ fn kill(pid: i32, sig: i32) {
     }
 }
 
-/// Waits until a third of the job is trained and two checkpoints exist, then kills PS 1.
-fn kill_a_ps_midway(dir: &Path) {
+/// Holds the job at a sixth of its samples and takes a checkpoint there, then holds it at
+/// a third and kills PS 1 (so samples were trained after the checkpoint), then lets the job
+/// go on. The pauses make the sequence independent of how fast the job runs.
+fn kill_a_ps_after_a_checkpoint(dir: &Path) {
     let total = 2 * fixture().train_rows;
-    wait_for(Duration::from_secs(180), || {
-        samples_done(dir) >= total / 3 && checkpoints_taken(dir) >= 2
-    });
-    let s = status_json(dir).expect("status");
+    wait_held(dir);
+    take_checkpoint(dir);
+    pause_at(dir, total / 3);
+    let s = wait_held(dir);
     let ps = ps_pids(&s);
     assert_eq!(ps.len(), 2, "{s}");
     kill(ps[1].1, libc::SIGKILL);
+    unpause(dir);
+}
+
+/// Starts job `job` held at a sixth of its samples.
+fn spawn_paused(job: &Path, log: &Path) -> Group {
+    let at = (2 * fixture().train_rows / 6).to_string();
+    Group::spawn(
+        &["run", job.to_str().unwrap(), "--pause-at-samples", &at],
+        log,
+    )
 }
 
 /// Runs job `name` with `cluster` settings, kills PS 1 midway, and checks that the job
@@ -76,8 +95,8 @@ fn run_with_a_ps_killed(
 ) -> (serde_json::Value, serde_json::Value, String) {
     let (job, dir) = write_job(name, cluster);
     let log = dir.with_extension("log");
-    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
-    kill_a_ps_midway(&dir);
+    let mut g = spawn_paused(&job, &log);
+    kill_a_ps_after_a_checkpoint(&dir);
     let st = g.wait(Duration::from_secs(300));
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(st.success(), "{text}");
@@ -101,7 +120,7 @@ fn run_with_a_ps_killed(
 #[test]
 fn ps_killed_under_partial_recovery() {
     let _g = serial();
-    let (r, _, _) = run_with_a_ps_killed("partial", &cluster("partial", 1.0), "partial");
+    let (r, _, _) = run_with_a_ps_killed("partial", &cluster("partial", 3600.0), "partial");
     assert!(r["checkpoint"]["pls"].as_f64().unwrap() > 0.0, "{r}");
     // The worker never stopped: no replacement was launched.
     assert_eq!(r["workers_launched"], 1, "{r}");
@@ -112,7 +131,7 @@ fn ps_killed_under_partial_recovery() {
 #[test]
 fn ps_killed_under_full_recovery() {
     let _g = serial();
-    let (r, rec, _) = run_with_a_ps_killed("full", &cluster("full", 1.0), "full");
+    let (r, rec, _) = run_with_a_ps_killed("full", &cluster("full", 3600.0), "full");
     assert!(rec["checkpoint"].as_u64().is_some(), "{r}");
     assert!(
         rec["samples_at_checkpoint"].as_u64() <= rec["samples_at_failure"].as_u64(),
@@ -132,13 +151,28 @@ fn whole_job_killed_then_resumed_from_the_last_intact_checkpoint() {
     let _g = serial();
     let (job, dir) = write_job("whole", &cluster("auto", 1.0));
     let log = dir.with_extension("log");
-    let g = Group::spawn(&["run", job.to_str().unwrap()], &log);
+    // Periodic checkpoints (every second) may come in between; three are taken on
+    // request at three different data positions whatever the job's speed.
+    let g = spawn_paused(&job, &log);
     let total = 2 * fixture().train_rows;
-    wait_for(Duration::from_secs(180), || {
-        samples_done(&dir) >= total / 3 && checkpoints_taken(&dir) >= 3
-    });
+    for k in 1..=3 {
+        wait_held(&dir);
+        take_checkpoint(&dir);
+        pause_at(&dir, total * (k + 1) / 6);
+    }
+    let s = wait_held(&dir);
+    let pids: Vec<i32> = s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["pid"].as_i64().filter(|&p| p > 0))
+        .map(|p| p as i32)
+        .collect();
     drop(g); // SIGKILL to the process group: master, PS and worker.
-    std::thread::sleep(Duration::from_millis(300));
+             // Nothing may still write checkpoint files while the test tampers with them.
+    wait_for(Duration::from_secs(30), || {
+        pids.iter().all(|&p| process_gone(p))
+    });
     let ckpts = dir.join("checkpoints");
     let mut ids: Vec<u64> = std::fs::read_dir(&ckpts)
         .unwrap()
@@ -165,6 +199,11 @@ fn whole_job_killed_then_resumed_from_the_last_intact_checkpoint() {
 
     let log2 = dir.with_extension("resume.log");
     let mut g2 = Group::spawn(&["run", "--resume", dir.to_str().unwrap()], &log2);
+    // The pause is part of the job's state: the resumed job holds at the same point
+    // (after retraining from the restored checkpoint) until it is lifted.
+    let s = wait_held(&dir);
+    assert_eq!(s["pause"]["at_samples"], total * 4 / 6, "{s}");
+    unpause(&dir);
     let st = g2.wait(Duration::from_secs(300));
     let text = std::fs::read_to_string(&log2).unwrap();
     assert!(st.success(), "{text}");
@@ -189,9 +228,13 @@ fn checkpoint_of_two_ps_restored_onto_three() {
     let _g = serial();
     let (job, dir) = write_job("two", &cluster("auto", 3600.0));
     let log = dir.with_extension("log");
-    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
     let total = 2 * fixture().train_rows;
-    wait_for(Duration::from_secs(180), || samples_done(&dir) >= total / 3);
+    let at = (total / 3).to_string();
+    let mut g = Group::spawn(
+        &["run", job.to_str().unwrap(), "--pause-at-samples", &at],
+        &log,
+    );
+    wait_held(&dir);
     kill(g.pid(), libc::SIGTERM);
     let st = g.wait(Duration::from_secs(120));
     let text = std::fs::read_to_string(&log).unwrap();
@@ -238,7 +281,7 @@ fn ps_recovers_from_checkpoints_on_s3() {
     let _g = serial();
     let s3 = moto::Moto::start();
     s3.create_bucket("ckpt");
-    let text = cluster("partial", 1.0)
+    let text = cluster("partial", 3600.0)
         + &format!(
             "location = \"{}\"\nshm = false\n",
             s3.url("ckpt", "jobs/s3")

@@ -26,6 +26,7 @@ pub trait ClusterBackend: Send + Sync {
 /// with the hidden `ps` / `worker` subcommands. The job token travels in the environment.
 pub struct LocalProcesses {
     exe: PathBuf,
+    job_uid: String,
     master_addr: String,
     token: String,
     log_dir: PathBuf,
@@ -33,10 +34,18 @@ pub struct LocalProcesses {
 }
 
 impl LocalProcesses {
-    /// Runs `exe` for every node; logs go to `log_dir/<role>-<id>.log`.
-    pub fn new(exe: PathBuf, master_addr: String, token: String, log_dir: PathBuf) -> Self {
+    /// Runs `exe` for every node of the job with unique id `job_uid`; logs go to
+    /// `log_dir/<role>-<id>.log`.
+    pub fn new(
+        exe: PathBuf,
+        job_uid: String,
+        master_addr: String,
+        token: String,
+        log_dir: PathBuf,
+    ) -> Self {
         Self {
             exe,
+            job_uid,
             master_addr,
             token,
             log_dir,
@@ -61,7 +70,9 @@ impl ClusterBackend for LocalProcesses {
             .arg("--master")
             .arg(&self.master_addr)
             .arg("--node-id")
-            .arg(node.id.to_string());
+            .arg(node.id.to_string())
+            .arg("--job")
+            .arg(&self.job_uid);
         if node.role == Role::Ps {
             cmd.arg("--index").arg(node.index.to_string());
         }
@@ -79,7 +90,7 @@ impl ClusterBackend for LocalProcesses {
         if let Some(mut c) = self.children.lock().remove(&node.id) {
             let _ = c.kill();
             let _ = c.wait();
-        } else if node.pid > 0 && is_our_node(node.pid, node.id) {
+        } else if runs_node(node.pid, &self.job_uid, node.id) {
             // A process started by an earlier master (before a restart).
             // SAFETY: kill(2) has no memory-safety preconditions.
             unsafe {
@@ -101,16 +112,21 @@ impl ClusterBackend for LocalProcesses {
     }
 }
 
-/// True when `pid` still runs node `id` of a job (its command line says so): the pid of
-/// a process that died while no master watched it may have been reused by another one.
-fn is_our_node(pid: u32, id: u32) -> bool {
+/// True when `pid` still runs node `id` of the job with unique id `job_uid` (its command
+/// line says so): the pid of a process that died while no master watched it may have been
+/// reused by another process, or by a node of another job (node ids repeat across jobs;
+/// job uids do not). A zombie's command line is empty, so it does not count.
+pub fn runs_node(pid: u32, job_uid: &str, id: u32) -> bool {
+    if pid == 0 {
+        return false;
+    }
     let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
     let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
     let id = id.to_string();
-    args.windows(2)
-        .any(|w| w[0] == b"--node-id" && w[1] == id.as_bytes())
+    let has = |flag: &[u8], value: &[u8]| args.windows(2).any(|w| w[0] == flag && w[1] == value);
+    has(b"--node-id", id.as_bytes()) && has(b"--job", job_uid.as_bytes())
 }
 
 impl Drop for LocalProcesses {
@@ -119,5 +135,38 @@ impl Drop for LocalProcesses {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process with the same node id but another job's uid is not ours (before the
+    /// uid, any process started with `--node-id 3` matched node 3 of every job).
+    #[test]
+    fn a_node_of_another_job_is_not_ours() {
+        // `sh -c SCRIPT ARG0 ARGS...` keeps the arguments in its command line; the second
+        // command stops the shell from replacing itself with `sleep`.
+        let child = Command::new("sh")
+            .args(["-c", "sleep 30; true", "--node-id", "3", "--job", "aaaa"])
+            .spawn();
+        let mut child = child.unwrap();
+        let pid = child.id();
+        // Until the child has executed `sh`, its command line is still this test's.
+        let t0 = std::time::Instant::now();
+        while !std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"sh\0")) {
+            assert!(t0.elapsed().as_secs() < 10, "sh did not start");
+            std::thread::yield_now();
+        }
+        let ours = runs_node(pid, "aaaa", 3);
+        let other_job = runs_node(pid, "bbbb", 3);
+        let other_node = runs_node(pid, "aaaa", 4);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(ours);
+        assert!(!other_job);
+        assert!(!other_node);
+        assert!(!runs_node(pid, "aaaa", 3), "an exited process is not ours");
     }
 }

@@ -222,6 +222,9 @@ pub struct Coordinator {
     started: Instant,
     stats: Mutex<CheckpointStats>,
     busy: AtomicBool,
+    /// When this master last committed a checkpoint (monotonic: the interval must not
+    /// depend on wall-clock steps).
+    last_commit: Mutex<Option<Instant>>,
     /// A recovery in progress: (record index, when it started).
     pending: Mutex<Option<(usize, Instant)>>,
     /// The checkpoint a job started from (`--from-checkpoint`), used until it has its own.
@@ -261,6 +264,7 @@ impl Coordinator {
             started: Instant::now(),
             stats: Mutex::new(stats),
             busy: AtomicBool::new(false),
+            last_commit: Mutex::new(None),
             pending: Mutex::new(None),
             origin: Mutex::new(None),
         })
@@ -385,12 +389,12 @@ impl Coordinator {
         if !self.cfg.enabled || self.busy.load(Ordering::Relaxed) {
             return false;
         }
-        let last = self.stats.lock().last_ms;
-        let since = if last == 0 {
-            self.started.elapsed().as_secs_f64()
-        } else {
-            now_ms().saturating_sub(last) as f64 / 1e3
-        };
+        let since = self
+            .last_commit
+            .lock()
+            .unwrap_or(self.started)
+            .elapsed()
+            .as_secs_f64();
         since >= self.period_s(samples_done)
     }
 
@@ -400,7 +404,17 @@ impl Coordinator {
         if self.busy.swap(true, Ordering::AcqRel) {
             bail!("a checkpoint is already being taken");
         }
-        let r = self.checkpoint_inner(core, reason).await;
+        // A PS or the storage that never answers must not leave `busy` set forever (that
+        // would silently stop every later checkpoint): the whole checkpoint has a deadline.
+        let r = match tokio::time::timeout(self.cfg.timeout(), self.checkpoint_inner(core, reason))
+            .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(anyhow::anyhow!(
+                "checkpoint not committed within checkpoint.timeout_s = {} s; abandoned",
+                self.cfg.timeout_s
+            )),
+        };
         self.busy.store(false, Ordering::Release);
         r
     }
@@ -434,7 +448,7 @@ impl Coordinator {
         // Plain loop, not an iterator of closures: the spawned futures must not borrow.
         let mut handles = Vec::with_capacity(addrs.len());
         for (i, a) in addrs.iter().enumerate() {
-            let client = rpc::ps_client(a, &self.token, self.max_bytes);
+            let client = rpc::ps_client(a, &self.token, self.max_bytes, self.cfg.timeout());
             let req = CheckpointRequest {
                 version: rpc::version(),
                 id,
@@ -503,6 +517,7 @@ impl Coordinator {
             st.count += 1;
             st.last_id = id;
             st.last_ms = manifest.created_ms;
+            *self.last_commit.lock() = Some(Instant::now());
             st.deltas_since_full = if delta { st.deltas_since_full + 1 } else { 0 };
             st.stall_ms_sum += stall as f64 / 1e3;
             st.memcpy_ms_sum += memcpy as f64 / 1e3;

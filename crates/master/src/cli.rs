@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use elastrec_proto::master::{
-    get_task_response::Reply, GetTaskRequest, HeartbeatRequest, RegisterRequest,
-    ReportProgressRequest, Role as PbRole, ScaleRequest, StatusRequest,
+    get_task_response::Reply, GetTaskRequest, HeartbeatRequest, PauseRequest, RegisterRequest,
+    ReportProgressRequest, Role as PbRole, ScaleRequest, StatusRequest, TakeCheckpointRequest,
 };
 use elastrec_worker::rpc::{self, Master};
 
@@ -34,6 +34,9 @@ pub struct RunArgs {
     /// With --from-checkpoint: this checkpoint id instead of the newest intact one.
     #[arg(long, requires = "from_checkpoint")]
     pub checkpoint_id: Option<u64>,
+    /// Pause the job once this many samples are trained (`elastrec unpause` goes on).
+    #[arg(long, value_name = "SAMPLES", conflicts_with = "resume")]
+    pub pause_at_samples: Option<u64>,
 }
 
 /// Runs (or resumes) a job to its end.
@@ -53,7 +56,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<JobResult> {
                     location,
                     id: args.checkpoint_id,
                 });
-            start_job(&job, exe, from).await
+            start_job(&job, exe, from, args.pause_at_samples).await
         }
         (None, None) => anyhow::bail!("give a job file or --resume JOB_DIR"),
     }
@@ -63,8 +66,14 @@ fn connect(dir: &std::path::Path) -> anyhow::Result<Master> {
     let dir = JobDir(dir.to_path_buf());
     let addr = std::fs::read_to_string(dir.addr())
         .with_context(|| format!("{} holds no running job (no master.addr)", dir.0.display()))?;
-    let token = std::fs::read_to_string(dir.token())?;
-    rpc::master_client(addr.trim(), token.trim(), 64 << 20)
+    let token = std::fs::read_to_string(dir.token())
+        .with_context(|| format!("reading the job token {}", dir.token().display()))?;
+    rpc::master_client(addr.trim(), token.trim(), 64 << 20).with_context(|| {
+        format!(
+            "{} is corrupt: it must hold the token that the job's master wrote",
+            dir.token().display()
+        )
+    })
 }
 
 /// `elastrec status`: nodes, shards, rate of a job.
@@ -144,6 +153,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
                 "samples_done": s.samples_done, "samples_total": s.samples_total,
                 "samples_per_sec": s.samples_per_sec, "target_workers": s.target_workers,
                 "nodes": nodes,
+                "pause": s.paused_at.map(|at| serde_json::json!({"at_samples": at, "held": s.held})),
                 "checkpoint": s.checkpoint.as_ref().map(|c| serde_json::json!({
                     "count": c.count, "last_id": c.last_id, "last_age_s": c.last_age_s,
                     "interval_s": c.interval_s, "pls": c.pls, "recovery": c.recovery,
@@ -189,6 +199,16 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
             n.task_id
         );
     }
+    if let Some(at) = s.paused_at {
+        println!(
+            "paused at {at} samples: {}",
+            if s.held {
+                "held (no data handed out; `elastrec unpause` goes on)"
+            } else {
+                "not reached yet"
+            }
+        );
+    }
     if let Some(c) = &s.checkpoint {
         println!(
             "checkpoints {} (last id {}, {:.1} s ago, every {:.1} s; stall {:.2} ms vs memory copy {:.2} ms)  PS recoveries {}  PLS {:.4}",
@@ -224,6 +244,84 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `elastrec pause`: stop handing out data at a number of samples (default: now).
+#[derive(Debug, Clone, clap::Args)]
+pub struct PauseArgs {
+    /// The job directory (the job's `output.dir`).
+    pub job_dir: PathBuf,
+    /// Pause once this many samples are trained instead of now.
+    #[arg(long, value_name = "SAMPLES")]
+    pub at_samples: Option<u64>,
+}
+
+/// `elastrec unpause`: lift a pause.
+#[derive(Debug, Clone, clap::Args)]
+pub struct UnpauseArgs {
+    /// The job directory (the job's `output.dir`).
+    pub job_dir: PathBuf,
+}
+
+async fn set_pause(
+    job_dir: &std::path::Path,
+    at_samples: Option<u64>,
+    release: bool,
+) -> anyhow::Result<()> {
+    let mut client = connect(job_dir)?;
+    let r = client
+        .pause(PauseRequest {
+            version: rpc::version(),
+            at_samples,
+            release,
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("pause refused: {}", s.message()))?
+        .into_inner();
+    match r.at_samples {
+        Some(at) => println!(
+            "paused at {at} samples ({} trained so far; workers finish the shards they hold)",
+            r.samples_done
+        ),
+        None => println!("not paused ({} samples trained so far)", r.samples_done),
+    }
+    Ok(())
+}
+
+/// Asks the master to pause the job.
+pub async fn pause(args: PauseArgs) -> anyhow::Result<()> {
+    set_pause(&args.job_dir, args.at_samples, false).await
+}
+
+/// Asks the master to lift the pause.
+pub async fn unpause(args: UnpauseArgs) -> anyhow::Result<()> {
+    set_pause(&args.job_dir, None, true).await
+}
+
+/// `elastrec checkpoint`: take a checkpoint of a running job now.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CheckpointArgs {
+    /// The job directory (the job's `output.dir`).
+    pub job_dir: PathBuf,
+}
+
+/// Asks the master for a checkpoint and waits until it is committed.
+pub async fn checkpoint(args: CheckpointArgs) -> anyhow::Result<()> {
+    let mut client = connect(&args.job_dir)?;
+    let r = client
+        .take_checkpoint(TakeCheckpointRequest {
+            version: rpc::version(),
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("checkpoint refused: {}", s.message()))?
+        .into_inner();
+    println!(
+        "checkpoint {} committed: {} samples, {:.1} MB",
+        r.id,
+        r.samples,
+        r.bytes as f64 / 1e6
+    );
+    Ok(())
+}
+
 /// `elastrec bench-master`: load test of the master's task and heartbeat service.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
@@ -243,6 +341,10 @@ pub struct BenchArgs {
     /// Threads of the master's own runtime (the clients run on the command's runtime).
     #[arg(long, default_value_t = 2)]
     pub server_threads: usize,
+    /// Durability of the master database's commits (`full`, the master's setting, fsyncs
+    /// the WAL at every group commit; `process` survives only a master crash).
+    #[arg(long, value_enum, default_value = "full")]
+    pub durability: crate::store::Durability,
 }
 
 /// CPU seconds (user + system) used so far by this process's threads, split into the
@@ -279,6 +381,7 @@ const BENCH_MASTER_THREAD: &str = "master-server";
 /// are never launched (the simulated clients register as them).
 async fn start_bench_master(
     db: PathBuf,
+    durability: crate::store::Durability,
     workers: u32,
     token: &'static str,
 ) -> anyhow::Result<(Arc<crate::service::MasterCore>, String)> {
@@ -299,7 +402,7 @@ async fn start_bench_master(
         }
     }
 
-    let store = Store::open(&db, true).await?;
+    let store = Store::open_with(&db, true, durability).await?;
     let queue = TaskQueue::new(
         ShardSpec {
             rows_per_shard: 64 * 256,
@@ -336,7 +439,7 @@ async fn start_bench_master(
     let addr = listener.local_addr()?.to_string();
     let svc = elastrec_proto::master::master_server::MasterServer::new(MasterService(core.clone()));
     tokio::spawn(
-        tonic::transport::Server::builder()
+        elastrec_worker::rpc::server()
             .add_service(tonic::service::interceptor::InterceptedService::new(
                 svc,
                 rpc::ServerAuth::new(token),
@@ -477,7 +580,12 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     ));
     let master = master_rt.0.as_ref().expect("set above").handle().clone();
     let (core, addr) = master
-        .spawn(start_bench_master(db.clone(), args.clients, token))
+        .spawn(start_bench_master(
+            db.clone(),
+            args.durability,
+            args.clients,
+            token,
+        ))
         .await??;
 
     let channels = (0..connections)
@@ -543,8 +651,8 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let answered = answered1 - answered0;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
-        "master bench: {} clients over {} HTTP/2 connection(s); master runtime {} thread(s); {cpus} CPU(s)",
-        args.clients, connections, args.server_threads,
+        "master bench: {} clients over {} HTTP/2 connection(s); master runtime {} thread(s); {cpus} CPU(s); durability {:?}",
+        args.clients, connections, args.server_threads, args.durability,
     );
     println!(
         "  {answered} requests answered in {secs:.2} s = {:.0} req/s (the master counted {}); latency p50 {} us, p99 {} us, p99.9 {} us, max {} us",
@@ -604,6 +712,13 @@ pub enum ClusterCommand {
     Status(StatusArgs),
     /// Add or remove workers of a running job.
     Scale(ScaleArgs),
+    /// Pause a running job (now or at a number of samples): workers finish their shards
+    /// and wait; nodes stay up, checkpoints and recoveries go on.
+    Pause(PauseArgs),
+    /// Lift a pause.
+    Unpause(UnpauseArgs),
+    /// Take a checkpoint of a running job now.
+    Checkpoint(CheckpointArgs),
     /// Load-test the master's task and heartbeat service (requests/s, p99 latency).
     BenchMaster(BenchArgs),
     /// (internal) A parameter-server process, started by the master.
@@ -625,6 +740,9 @@ pub fn dispatch(cmd: ClusterCommand) -> anyhow::Result<()> {
             ClusterCommand::Run(a) => run(a).await.map(|_| ()),
             ClusterCommand::Status(a) => status(a).await,
             ClusterCommand::Scale(a) => scale(a).await,
+            ClusterCommand::Pause(a) => pause(a).await,
+            ClusterCommand::Unpause(a) => unpause(a).await,
+            ClusterCommand::Checkpoint(a) => checkpoint(a).await,
             ClusterCommand::BenchMaster(a) => bench(a).await,
             ClusterCommand::Ps(a) => elastrec_ps::run_ps(a).await,
             ClusterCommand::Worker(a) => elastrec_worker::remote::run_worker(a).await,

@@ -255,6 +255,8 @@ pub struct Job {
     stragglers: std::collections::BTreeSet<u32>,
     /// Recent training rate of each worker (not persisted: re-learned after a restart).
     rates: BTreeMap<u32, RecentRate>,
+    /// No task is handed out once this many samples are trained (`elastrec pause`).
+    pause_at: Option<u64>,
 }
 
 /// A worker's recent rate: an exponential average over windows of at least
@@ -305,6 +307,7 @@ impl Job {
             ps_recoveries: 0,
             stragglers: Default::default(),
             rates: BTreeMap::new(),
+            pause_at: None,
         };
         for i in 0..job.policy.num_ps {
             job.launch(Role::Ps, i, 0, cx);
@@ -347,12 +350,13 @@ impl Job {
             ps_recoveries: 0,
             stragglers: Default::default(),
             rates: BTreeMap::new(),
+            pause_at: None,
         };
         for mut n in nodes {
             job.next_node = job.next_node.max(n.id + 1);
-            if n.state.is_live() {
-                n.last_seen_ms = now;
-            }
+            // Times of the previous master's clock mean nothing on this one.
+            n.last_seen_ms = now;
+            n.started_ms = now;
             job.nodes.insert(n.id, n);
         }
         job
@@ -617,7 +621,7 @@ impl Job {
                 return Ok(TaskReply::Finished { evaluate: false });
             }
         }
-        if self.warming_up(id) {
+        if self.held() || self.warming_up(id) {
             return Ok(TaskReply::Wait);
         }
         let small = self.is_straggler(id, cx.now_ms());
@@ -643,6 +647,26 @@ impl Job {
             self.persist_meta(cx);
         }
         Ok(reply)
+    }
+
+    /// The pause point in force (samples), if any.
+    pub fn pause_at(&self) -> Option<u64> {
+        self.pause_at
+    }
+
+    /// Sets (or, with `None`, lifts) the pause point: once `samples_done` reaches it, the
+    /// workers finish the shards they hold and then wait. It survives a master restart.
+    pub fn set_pause(&mut self, at: Option<u64>, cx: &mut impl Context) {
+        self.pause_at = at;
+        cx.persist(Change::Meta(
+            "pause_at",
+            serde_json::to_string(&at).expect("serializes"),
+        ));
+    }
+
+    /// True while training and held at the pause point: no task is handed out.
+    pub fn held(&self) -> bool {
+        self.phase == Phase::Training && self.pause_at.is_some_and(|p| self.samples_done() >= p)
     }
 
     /// Async warm-up: until `warmup_samples` are reported, only one worker (the first to
@@ -1076,6 +1100,39 @@ mod tests {
             j.get_task(4, &mut cx).unwrap(),
             TaskReply::Task(_)
         ));
+    }
+
+    #[test]
+    fn a_paused_job_hands_out_nothing_past_its_pause_point_until_released() {
+        let mut cx = Rec::default();
+        let mut j = job(&mut cx, 2);
+        j.set_pause(Some(150), &mut cx);
+        assert!(cx
+            .changes
+            .iter()
+            .any(|c| matches!(c, Change::Meta("pause_at", v) if v == "150")));
+        let TaskReply::Task(t) = j.get_task(3, &mut cx).unwrap() else {
+            panic!()
+        };
+        // Below the pause point: tasks are handed out.
+        let TaskReply::Task(t2) = j.get_task(4, &mut cx).unwrap() else {
+            panic!()
+        };
+        j.report(3, t.id, 100, &mut cx).unwrap();
+        assert!(!j.held());
+        // The task a worker holds is finished even past the pause point.
+        j.report(4, t2.id, 100, &mut cx).unwrap();
+        assert!(j.held());
+        assert_eq!(j.get_task(3, &mut cx).unwrap(), TaskReply::Wait);
+        assert_eq!(j.get_task(4, &mut cx).unwrap(), TaskReply::Wait);
+        // Moving the point further lets the job go on until it gets there.
+        j.set_pause(Some(300), &mut cx);
+        assert!(matches!(
+            j.get_task(3, &mut cx).unwrap(),
+            TaskReply::Task(_)
+        ));
+        j.set_pause(None, &mut cx);
+        assert!(!j.held());
     }
 
     #[test]

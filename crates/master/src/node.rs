@@ -16,7 +16,7 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 use tonic::service::interceptor::InterceptedService;
 
-use crate::backend::{ClusterBackend, LocalProcesses};
+use crate::backend::{runs_node, ClusterBackend, LocalProcesses};
 use crate::checkpoint::{CheckpointReport, CheckpointStats, Coordinator, Fingerprint};
 use crate::job::{Context as _, Job, NodeState, Phase, Policy, Role};
 use crate::ledger::LedgerSummary;
@@ -135,26 +135,33 @@ pub struct FromCheckpoint {
     pub id: Option<u64>,
 }
 
-fn shm_namespace(job_id: &str, token: &str) -> String {
-    format!("{job_id}-{}", &token[..8.min(token.len())])
+/// Shared-memory namespace of a job's PS images: its name and unique id (never token
+/// material: names under /dev/shm are visible to every user).
+fn shm_namespace(job_id: &str, job_uid: &str) -> String {
+    let name: String = job_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    format!("{name}-{job_uid}")
+}
+
+/// `n` random lowercase hex digits.
+fn random_hex(n: usize) -> String {
+    let mut rng = rand::rng();
+    (0..n)
+        .map(|_| format!("{:x}", rng.random_range(0..16u8)))
+        .collect()
 }
 
 fn file_pairs(files: &[FileRows]) -> Vec<(String, u64)> {
     files.iter().map(|f| (f.path.clone(), f.rows)).collect()
-}
-
-/// True when `pid` is a live elastrec parameter-server process.
-fn ps_process_alive(pid: u32) -> bool {
-    if pid == 0 {
-        return false;
-    }
-    // SAFETY: kill(2) with signal 0 only checks that the process exists.
-    let exists = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0;
-    // A zombie or a recycled pid has another (or an empty) command line.
-    exists
-        && std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|c| c.split(|&b| b == 0).any(|arg| arg == b"ps"))
-            .unwrap_or(false)
 }
 
 fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
@@ -184,6 +191,7 @@ pub async fn start_job(
     path: &Path,
     exe: PathBuf,
     from: Option<FromCheckpoint>,
+    pause_at: Option<u64>,
 ) -> anyhow::Result<JobResult> {
     let cfg = validate_job(path)?;
     elastrec_worker::trainer::ensure_data(&cfg, false)?;
@@ -217,12 +225,9 @@ pub async fn start_job(
         ),
         None => None,
     };
-    let token: String = {
-        let mut rng = rand::rng();
-        (0..32)
-            .map(|_| format!("{:x}", rng.random_range(0..16u8)))
-            .collect()
-    };
+    let token = random_hex(32);
+    // Tells this job's processes and shared memory from another job's of the same name.
+    let job_uid = random_hex(16);
     write_private(&dir.token(), &token)?;
     let ip: std::net::IpAddr = cfg.cluster.bind.parse()?;
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, cfg.cluster.master_port))
@@ -242,15 +247,17 @@ pub async fn start_job(
         .set_meta("files", serde_json::to_string(&files)?)
         .await?;
     store.set_meta("job_id", job_id.clone()).await?;
+    store.set_meta("job_uid", job_uid.clone()).await?;
     store.set_meta("master_addr", addr.clone()).await?;
     std::fs::write(dir.0.join("started_ms"), now_ms().to_string())?;
     let backend: Arc<dyn ClusterBackend> = Arc::new(LocalProcesses::new(
         exe,
+        job_uid.clone(),
         addr.clone(),
         token.clone(),
         dir.logs(),
     ));
-    let shm_ns = shm_namespace(&job_id, &token);
+    let shm_ns = shm_namespace(&job_id, &job_uid);
     let fingerprint = Fingerprint::of(&cfg, &file_pairs(&files));
     let total_samples = files.iter().map(|f| f.rows).sum::<u64>() * cfg.train.epochs as u64;
     let coordinator = if cfg.checkpoint.enabled {
@@ -299,6 +306,9 @@ pub async fn start_job(
         let spans = job.tasks().ledger().spans();
         cx.persist(crate::job::Change::ResetData(tasks, spans));
     }
+    if pause_at.is_some() {
+        job.set_pause(pause_at, &mut cx);
+    }
     store.apply(&cx.take_changes()).await?;
     eprintln!(
         "job {job_id}: master on {addr}, {} PS, {} workers, {} rows x {} epochs, {} rows per shard; state in {}",
@@ -335,7 +345,12 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
         "{} holds no job (no master.db)",
         dir.0.display()
     );
-    let token = std::fs::read_to_string(dir.token())?.trim().to_string();
+    let token = std::fs::read_to_string(dir.token())
+        .with_context(|| format!("reading the job token {}", dir.token().display()))?
+        .trim()
+        .to_string();
+    elastrec_worker::rpc::check_token(&token)
+        .with_context(|| format!("{} is corrupt", dir.token().display()))?;
     let store = Store::open(&dir.db(), false).await?;
     let snap = store.load().await?;
     let meta = |k: &str| {
@@ -349,6 +364,16 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
     let files: Vec<FileRows> = serde_json::from_str(&meta("files")?)?;
     let addr = meta("master_addr")?;
     let job_id = meta("job_id")?;
+    let job_uid = match snap.meta.get("job_uid") {
+        Some(u) => u.clone(),
+        // A job started before job uids existed: its old nodes cannot be recognized
+        // by uid (they are treated as gone); new ones get one.
+        None => {
+            let u = random_hex(16);
+            store.set_meta("job_uid", u.clone()).await?;
+            u
+        }
+    };
     let generated: u32 = meta("generated_epochs")?.parse()?;
     let mut queue = TaskQueue::restore(
         shard_spec(&cfg),
@@ -366,7 +391,7 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
         .map(|t| serde_json::from_str(t))
         .transpose()?;
     let mut cx = LiveCtx::now();
-    let job = Job::restore(
+    let mut job = Job::restore(
         policy(&cfg),
         queue,
         snap.nodes,
@@ -377,6 +402,9 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
         serde_json::from_str(&meta("epochs_closed")?)?,
         &mut cx,
     );
+    if let Some(p) = snap.meta.get("pause_at") {
+        job.set_pause(serde_json::from_str(p)?, &mut cx);
+    }
     store.apply(&cx.take_changes()).await?;
     // The same address, so live nodes find the new master.
     let sock: SocketAddr = addr.parse()?;
@@ -396,7 +424,7 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
     // their state can only come back from a checkpoint, with the data position it holds.
     let ps_gone: Vec<u32> = job
         .nodes()
-        .filter(|n| n.role == Role::Ps && n.state.is_live() && !ps_process_alive(n.pid))
+        .filter(|n| n.role == Role::Ps && n.state.is_live() && !runs_node(n.pid, &job_uid, n.id))
         .map(|n| n.index)
         .collect();
     let training = matches!(job.phase(), Phase::Training | Phase::Evaluating);
@@ -414,8 +442,13 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
             format!("parameter servers {ps_gone:?} are gone: restoring the last checkpoint")
         }
     );
-    let backend: Arc<dyn ClusterBackend> =
-        Arc::new(LocalProcesses::new(exe, addr, token.clone(), dir.logs()));
+    let backend: Arc<dyn ClusterBackend> = Arc::new(LocalProcesses::new(
+        exe,
+        job_uid.clone(),
+        addr,
+        token.clone(),
+        dir.logs(),
+    ));
     let core = Arc::new(MasterCore::new(
         job,
         Writer::spawn(store),
@@ -432,7 +465,7 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
             Fingerprint::of(&cfg, &core_file_pairs(&core)),
             total_samples,
             &token,
-            shm_namespace(&job_id, &token),
+            shm_namespace(&job_id, &job_uid),
             stats,
         )?);
         core.set_checkpoints(c.clone());
@@ -477,7 +510,7 @@ async fn serve(
         .max_encoding_message_size(max);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(
-        tonic::transport::Server::builder()
+        elastrec_worker::rpc::server()
             .add_service(InterceptedService::new(svc, ServerAuth::new(&token)))
             .serve_with_incoming_shutdown(elastrec_worker::rpc::incoming(listener), async {
                 let _ = stop_rx.await;

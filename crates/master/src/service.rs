@@ -11,9 +11,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use elastrec_proto::master::master_server::Master;
 use elastrec_proto::master::{
     self as pb, get_task_response::Reply, GetTaskRequest, GetTaskResponse, HeartbeatRequest,
-    HeartbeatResponse, NodeAction, NodeStatus, RegisterRequest, RegisterResponse,
-    ReportEvalRequest, ReportEvalResponse, ReportProgressRequest, ReportProgressResponse,
-    RestorePlan, ScaleRequest, ScaleResponse, StatusRequest, StatusResponse,
+    HeartbeatResponse, NodeAction, NodeStatus, PauseRequest, PauseResponse, RegisterRequest,
+    RegisterResponse, ReportEvalRequest, ReportEvalResponse, ReportProgressRequest,
+    ReportProgressResponse, RestorePlan, ScaleRequest, ScaleResponse, StatusRequest,
+    StatusResponse, TakeCheckpointRequest, TakeCheckpointResponse,
 };
 use elastrec_worker::rpc::check_version;
 use parking_lot::Mutex;
@@ -26,12 +27,23 @@ use crate::job::{
 use crate::metrics::Metrics;
 use crate::store::{Barrier, Depends, Writer};
 
-/// Wall-clock milliseconds (persisted timestamps survive a master restart).
+/// Wall-clock milliseconds since the Unix epoch: only for times shown to people or
+/// compared across processes (checkpoint manifests, recovery records), never for timeouts.
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// Milliseconds on this master process's monotonic clock: liveness and rates are measured
+/// on it, so a step of the wall clock (NTP, a VM resume, an operator) cannot declare every
+/// node dead at once. Its origin is the first call, so values do not survive a restart:
+/// [`Job::restore`] resets the node times it loads.
+pub fn monotonic_ms() -> u64 {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    // Offset by one so that 0 keeps meaning "never".
+    ORIGIN.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
 }
 
 /// Side effects collected while the state lock is held, executed after it is released.
@@ -48,7 +60,7 @@ impl LiveCtx {
     /// A context at the current time.
     pub fn now() -> Self {
         Self {
-            now: now_ms(),
+            now: monotonic_ms(),
             ..Self::default()
         }
     }
@@ -176,7 +188,7 @@ impl MasterCore {
         f: impl FnOnce(&mut Job, &mut LiveCtx) -> R,
     ) -> Result<R, Status> {
         let mut cx = LiveCtx {
-            now: now_ms(),
+            now: monotonic_ms(),
             ..LiveCtx::default()
         };
         /// What the reply waits for.
@@ -286,7 +298,7 @@ impl MasterCore {
 
     /// The status reply (also used by the progress display).
     pub fn status(&self) -> StatusResponse {
-        let now = now_ms();
+        let now = monotonic_ms();
         let job = self.job.lock();
         let q = job.tasks();
         let (todo, doing, done) = q.counts();
@@ -330,6 +342,8 @@ impl MasterCore {
             target_workers: job.target_workers(),
             nodes,
             checkpoint: None,
+            paused_at: job.pause_at(),
+            held: job.held(),
         };
         drop(job);
         let mut reply = reply;
@@ -530,5 +544,61 @@ impl Master for MasterService {
         check_version(&req.into_inner().version)?;
         self.0.metrics.request("status");
         Ok(Response::new(self.0.status()))
+    }
+
+    async fn pause(&self, req: Request<PauseRequest>) -> Result<Response<PauseResponse>, Status> {
+        let req = req.into_inner();
+        check_version(&req.version)?;
+        self.0.metrics.request("pause");
+        let (at, done) = self
+            .0
+            .run(|job, cx| {
+                if !matches!(job.phase(), Phase::Training) {
+                    return Err(Status::failed_precondition("the job is no longer training"));
+                }
+                let at = if req.release {
+                    None
+                } else {
+                    Some(req.at_samples.unwrap_or_else(|| job.samples_done()))
+                };
+                job.set_pause(at, cx);
+                Ok((at, job.samples_done()))
+            })
+            .await??;
+        match at {
+            Some(at) => eprintln!("master: pausing at {at} samples ({done} trained)"),
+            None => eprintln!("master: pause lifted at {done} samples"),
+        }
+        Ok(Response::new(PauseResponse {
+            at_samples: at,
+            samples_done: done,
+        }))
+    }
+
+    async fn take_checkpoint(
+        &self,
+        req: Request<TakeCheckpointRequest>,
+    ) -> Result<Response<TakeCheckpointResponse>, Status> {
+        check_version(&req.into_inner().version)?;
+        self.0.metrics.request("take_checkpoint");
+        let c =
+            self.0.checkpoints().cloned().ok_or_else(|| {
+                Status::failed_precondition("checkpoints are disabled for this job")
+            })?;
+        let core = self.0.clone();
+        let rt = tokio::runtime::Handle::current();
+        // On a blocking thread, as the control loop does: the checkpoint future is not
+        // `Send` (object_store's streams borrow), which a tonic handler must be.
+        let m = tokio::task::spawn_blocking(move || {
+            rt.block_on(async move { c.checkpoint(&core, "requested").await })
+        })
+        .await
+        .map_err(|e| Status::internal(format!("checkpoint task: {e}")))?
+        .map_err(|e| Status::unavailable(format!("{e:#}")))?;
+        Ok(Response::new(TakeCheckpointResponse {
+            id: m.id,
+            samples: m.samples,
+            bytes: m.total_bytes(),
+        }))
     }
 }

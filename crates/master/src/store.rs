@@ -271,14 +271,34 @@ impl<'a> Batch<'a> {
 
 type Query<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>;
 
+/// How far a commit of the master database goes before the reply it backs is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Durability {
+    /// The WAL is fsynced at every commit (`synchronous = FULL`): a reply's state survives
+    /// a power loss or kernel crash. The master's default.
+    Full,
+    /// The WAL is written but fsynced only at WAL checkpoints (`synchronous = NORMAL`):
+    /// survives a crash of the master process, not of the machine.
+    Process,
+}
+
 impl Store {
-    /// Opens (creating when `create`) the database at `path` and applies migrations.
+    /// Opens (creating when `create`) the database at `path` with [`Durability::Full`] and
+    /// applies migrations.
     pub async fn open(path: &Path, create: bool) -> Result<Self> {
+        Self::open_with(path, create, Durability::Full).await
+    }
+
+    /// [`Store::open`] with the given durability.
+    pub async fn open_with(path: &Path, create: bool, durability: Durability) -> Result<Self> {
         let opts = SqliteConnectOptions::from_str("sqlite://")?
             .filename(path)
             .create_if_missing(create)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
+            .synchronous(match durability {
+                Durability::Full => SqliteSynchronous::Full,
+                Durability::Process => SqliteSynchronous::Normal,
+            })
             // Group scripts have one shape per row count (see `Batch::sql`).
             .statement_cache_capacity(512)
             .busy_timeout(std::time::Duration::from_secs(5));
@@ -429,9 +449,10 @@ use libsqlite3_sys as ffi;
 /// Through sqlx every group cost a hand-off to the connection's own thread and back (two
 /// thread switches per transaction, more than SQLite's work for a group) plus building and
 /// hashing a script whose text changes with the group's row counts; here a group is a few
-/// microseconds of SQLite work on the thread that already runs the writer. A commit in WAL
-/// mode with `synchronous=NORMAL` writes the WAL without fsync, so it does not block the
-/// runtime for long; checkpoints (the fsyncs) stay on another connection ([`Checkpointer`]).
+/// microseconds of SQLite work on the thread that already runs the writer, plus, with
+/// `synchronous=FULL` (the default), one fsync of the WAL per group: the price of a reply
+/// that survives a power loss, shared by every request of the group. WAL checkpoints
+/// (their fsyncs) stay on another connection ([`Checkpointer`]).
 struct RawWriter {
     db: *mut ffi::sqlite3,
     /// `BEGIN IMMEDIATE` and `COMMIT`.

@@ -36,6 +36,10 @@ pub struct PsArgs {
     /// Shard index of this PS.
     #[arg(long)]
     pub index: u32,
+    /// Unique id of the job: on the command line so that the master recognizes its own
+    /// processes after a restart (node ids repeat across jobs).
+    #[arg(long, default_value = "")]
+    pub job: String,
 }
 
 /// Gradients of one synchronous step collected so far, each contribution multiplied by

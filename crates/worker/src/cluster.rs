@@ -62,6 +62,23 @@ pub struct ClusterConfig {
     pub metrics_port: u16,
     /// Largest gRPC message accepted (bytes).
     pub max_message_bytes: usize,
+    /// Deadline of a worker's call to a parameter server (pull, push), ms: a hung server
+    /// makes the call fail and be retried instead of blocking the worker forever. Must
+    /// exceed `sync_timeout_ms` (a sync push waits that long for the step).
+    pub rpc_timeout_ms: u64,
+}
+
+/// Upper bound of `cluster.max_message_bytes`: gRPC frames carry a 32-bit length, and
+/// one message that large is already more than a node should buffer.
+pub const MAX_MESSAGE_BYTES_LIMIT: usize = 1 << 30;
+/// Upper bound of `cluster.sync_timeout_ms` and `cluster.rpc_timeout_ms` (10 minutes).
+pub const MAX_TIMEOUT_MS: u64 = 600_000;
+
+impl ClusterConfig {
+    /// The deadline of a worker's PS call.
+    pub fn rpc_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.rpc_timeout_ms)
+    }
 }
 
 impl Default for ClusterConfig {
@@ -84,6 +101,7 @@ impl Default for ClusterConfig {
             master_port: 0,
             metrics_port: 0,
             max_message_bytes: 64 << 20,
+            rpc_timeout_ms: 30_000,
         }
     }
 }
@@ -149,6 +167,16 @@ pub struct CheckpointConfig {
     pub shm: bool,
     /// Take a checkpoint when the master receives SIGTERM or Ctrl-C, before stopping.
     pub on_sigterm: bool,
+    /// A checkpoint not committed within this many seconds (a PS hung or storage stalled)
+    /// is abandoned, so that the next one can start.
+    pub timeout_s: f64,
+}
+
+impl CheckpointConfig {
+    /// The deadline of one checkpoint.
+    pub fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.timeout_s)
+    }
 }
 
 impl Default for CheckpointConfig {
@@ -167,6 +195,7 @@ impl Default for CheckpointConfig {
             large_table_coverage: 0.98,
             shm: true,
             on_sigterm: true,
+            timeout_s: 600.0,
         }
     }
 }
@@ -207,8 +236,23 @@ pub(crate) fn validate_distributed(job: &JobConfig, path: &Path) -> Result<(), C
             "must be an IP address such as 127.0.0.1",
         ));
     }
-    if c.max_message_bytes < 1 << 20 {
-        return Err(bad("cluster.max_message_bytes", "must be at least 1 MiB"));
+    if !(1 << 20..=MAX_MESSAGE_BYTES_LIMIT).contains(&c.max_message_bytes) {
+        return Err(bad(
+            "cluster.max_message_bytes",
+            "must be between 1 MiB and 1 GiB",
+        ));
+    }
+    if c.sync_timeout_ms == 0 || c.sync_timeout_ms > MAX_TIMEOUT_MS {
+        return Err(bad(
+            "cluster.sync_timeout_ms",
+            "must be between 1 and 600000 (10 minutes)",
+        ));
+    }
+    if c.rpc_timeout_ms <= c.sync_timeout_ms || c.rpc_timeout_ms > MAX_TIMEOUT_MS {
+        return Err(bad(
+            "cluster.rpc_timeout_ms",
+            "must exceed cluster.sync_timeout_ms and be at most 600000 (10 minutes)",
+        ));
     }
     let k = &job.checkpoint;
     let positive = |v: f64| v.is_finite() && v > 0.0;
@@ -216,6 +260,12 @@ pub(crate) fn validate_distributed(job: &JobConfig, path: &Path) -> Result<(), C
         return Err(bad(
             "checkpoint.interval_s",
             "must be 0 (chosen by the policy) or a positive number of seconds",
+        ));
+    }
+    if !(positive(k.timeout_s) && k.timeout_s <= 24.0 * 3600.0) {
+        return Err(bad(
+            "checkpoint.timeout_s",
+            "must be a positive number of seconds, at most a day",
         ));
     }
     if k.keep == 0 {
@@ -302,6 +352,38 @@ mod tests {
         assert!(e.contains("cluster.ps"), "{e}");
         let e = parse("[train]\nbatch_size = 0\n").unwrap_err().to_string();
         assert!(e.contains("train.batch_size"), "{e}");
+    }
+
+    #[test]
+    fn sizes_and_timeouts_are_bounded() {
+        for (text, field) in [
+            (
+                "[cluster]\nmax_message_bytes = 4294967296\n",
+                "cluster.max_message_bytes",
+            ),
+            (
+                "[cluster]\nsync_timeout_ms = 0\n",
+                "cluster.sync_timeout_ms",
+            ),
+            (
+                "[cluster]\nsync_timeout_ms = 86400000\n",
+                "cluster.sync_timeout_ms",
+            ),
+            (
+                "[cluster]\nrpc_timeout_ms = 1000\n",
+                "cluster.rpc_timeout_ms",
+            ),
+            (
+                "[cluster]\nrpc_timeout_ms = 86400000\n",
+                "cluster.rpc_timeout_ms",
+            ),
+            ("[checkpoint]\ntimeout_s = 0\n", "checkpoint.timeout_s"),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(field), "{text}: {e}");
+        }
+        let c = parse("[cluster]\nrpc_timeout_ms = 5000\nsync_timeout_ms = 500\n").unwrap();
+        assert_eq!(c.cluster.rpc_timeout().as_millis(), 5000);
     }
 
     #[test]

@@ -38,6 +38,10 @@ pub struct WorkerArgs {
     /// Node id the master assigned to this process.
     #[arg(long)]
     pub node_id: u32,
+    /// Unique id of the job: on the command line so that the master recognizes its own
+    /// processes after a restart (node ids repeat across jobs).
+    #[arg(long, default_value = "")]
+    pub job: String,
 }
 
 /// Builds the dense DLRM of a job (same shapes and seed as the single-process trainer).
@@ -167,6 +171,7 @@ struct RemoteModel {
     addrs: Vec<String>,
     token: String,
     max_bytes: usize,
+    call_timeout: Duration,
     shared: Arc<Shared>,
     slices: Vec<std::ops::Range<usize>>,
     versions: Vec<u64>,
@@ -185,9 +190,10 @@ impl RemoteModel {
         worker_id: u32,
     ) -> anyhow::Result<Self> {
         let max_bytes = job.cluster.max_message_bytes;
+        let call_timeout = job.cluster.rpc_timeout();
         let ps = addrs
             .iter()
-            .map(|a| rpc::ps_client(a, &token, max_bytes))
+            .map(|a| rpc::ps_client(a, &token, max_bytes, call_timeout))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let dense = dense_model(job)?;
         let batch = job.train.batch_size;
@@ -208,6 +214,7 @@ impl RemoteModel {
             addrs,
             token,
             max_bytes,
+            call_timeout,
             shared,
             worker_id,
         })
@@ -229,7 +236,8 @@ impl RemoteModel {
             if addrs.len() == self.addrs.len() && addrs[i] != self.addrs[i] {
                 for (k, a) in addrs.iter().enumerate() {
                     if *a != self.addrs[k] {
-                        self.ps[k] = rpc::ps_client(a, &self.token, self.max_bytes)?;
+                        self.ps[k] =
+                            rpc::ps_client(a, &self.token, self.max_bytes, self.call_timeout)?;
                     }
                 }
                 self.addrs = addrs;
@@ -512,6 +520,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let files: Vec<PathBuf> = job.train_files();
     let mut batch = Batch::with_capacity(batch_size);
     let mut exit_after_push = fail_point_exit_after_push(id);
+    let slow_batch = fail_point_slow_batch(id);
     shared
         .active_workers
         .store(job.cluster.workers, Ordering::Relaxed);
@@ -602,6 +611,10 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                 );
             }
             if n > 0 {
+                if let Some(pause) = slow_batch {
+                    // A slow machine: every batch takes this much longer.
+                    tokio::time::sleep(pause).await;
+                }
                 let routing = model.route(&batch);
                 model.pull(&routing).await?;
                 let loss = tokio::task::block_in_place(|| model.compute(&batch))?;
@@ -657,15 +670,25 @@ fn local_batch_size(job: &JobConfig, shared: &Shared) -> usize {
     }
 }
 
-/// Test fail point `ELASTREC_FAIL_EXIT_AFTER_PUSH=NODE:N`: worker `NODE` exits right
-/// after the PS accepted its `N`-th push, before reporting it to the master (the window in
-/// which a batch's gradients are applied but its samples are not counted). Other nodes,
+/// The value of a test fail point `NAME=NODE:N` when it names this node. Other nodes,
 /// and relaunched workers (new node ids), ignore it.
-fn fail_point_exit_after_push(node: u32) -> Option<u64> {
-    let v = std::env::var("ELASTREC_FAIL_EXIT_AFTER_PUSH").ok()?;
+fn fail_point(name: &str, node: u32) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
     let (who, n) = v.split_once(':')?;
     (who.parse::<u32>().ok()? == node)
         .then(|| n.parse::<u64>().ok())
         .flatten()
-        .filter(|&n| n > 0)
+}
+
+/// Test fail point `ELASTREC_FAIL_EXIT_AFTER_PUSH=NODE:N`: worker `NODE` exits right
+/// after the PS accepted its `N`-th push, before reporting it to the master (the window in
+/// which a batch's gradients are applied but its samples are not counted).
+fn fail_point_exit_after_push(node: u32) -> Option<u64> {
+    fail_point("ELASTREC_FAIL_EXIT_AFTER_PUSH", node).filter(|&n| n > 0)
+}
+
+/// Test fail point `ELASTREC_FAIL_SLOW_WORKER=NODE:MS`: worker `NODE` spends `MS` more
+/// milliseconds on every batch, as a worker on a slow or overloaded machine would.
+fn fail_point_slow_batch(node: u32) -> Option<Duration> {
+    fail_point("ELASTREC_FAIL_SLOW_WORKER", node).map(Duration::from_millis)
 }

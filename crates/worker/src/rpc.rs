@@ -41,10 +41,14 @@ pub fn check_version(v: &Option<ProtocolVersion>) -> Result<(), Status> {
     }
 }
 
-fn bearer(token: &str) -> MetadataValue<Ascii> {
-    format!("Bearer {token}")
-        .parse()
-        .expect("token is ASCII hex")
+/// Checks that `token` can be a job token: non-empty ASCII letters and digits (what the
+/// master generates), so that it fits an HTTP header and nothing else hides in it.
+pub fn check_token(token: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !token.is_empty() && token.len() <= 256 && token.bytes().all(|b| b.is_ascii_alphanumeric()),
+        "the job token must be 1 to 256 ASCII letters and digits"
+    );
+    Ok(())
 }
 
 /// Adds the job token to every outgoing request.
@@ -52,9 +56,10 @@ fn bearer(token: &str) -> MetadataValue<Ascii> {
 pub struct ClientAuth(MetadataValue<Ascii>);
 
 impl ClientAuth {
-    /// For `token`.
-    pub fn new(token: &str) -> Self {
-        Self(bearer(token))
+    /// For `token` (refused when it is not a valid token, see [`check_token`]).
+    pub fn new(token: &str) -> anyhow::Result<Self> {
+        check_token(token)?;
+        Ok(Self(format!("Bearer {token}").parse()?))
     }
 }
 
@@ -108,27 +113,60 @@ pub fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::
     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
-/// A lazily connecting channel to `addr` (`host:port`); reconnects by itself.
-pub fn channel(addr: &str) -> anyhow::Result<Channel> {
+/// Deadline of a call to the master: every master call is a short state change.
+pub const MASTER_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// HTTP/2 PING interval on idle and busy connections alike: a peer that vanished without
+/// closing its socket (power loss, network partition) is noticed within
+/// `KEEPALIVE_INTERVAL + KEEPALIVE_TIMEOUT` instead of never.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// How long a PING may go unanswered before the connection is dropped.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A lazily connecting channel to `addr` (`host:port`); reconnects by itself. Every call
+/// on it fails with `DeadlineExceeded` after `call_timeout`, so a hung peer cannot block
+/// its caller forever.
+pub fn channel(addr: &str, call_timeout: Duration) -> anyhow::Result<Channel> {
     Ok(Endpoint::from_shared(format!("http://{addr}"))?
         .connect_timeout(Duration::from_secs(2))
+        .timeout(call_timeout)
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
         .tcp_nodelay(true)
         .connect_lazy())
 }
 
-/// Master client for `addr`.
+/// A server with the same HTTP/2 keepalive as the clients (dead clients' connections are
+/// closed instead of held).
+pub fn server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+}
+
+/// Master client for `addr` (calls time out after [`MASTER_CALL_TIMEOUT`]).
 pub fn master_client(addr: &str, token: &str, max_bytes: usize) -> anyhow::Result<Master> {
     Ok(
-        MasterClient::with_interceptor(channel(addr)?, ClientAuth::new(token))
-            .max_decoding_message_size(max_bytes)
-            .max_encoding_message_size(max_bytes),
+        MasterClient::with_interceptor(
+            channel(addr, MASTER_CALL_TIMEOUT)?,
+            ClientAuth::new(token)?,
+        )
+        .max_decoding_message_size(max_bytes)
+        .max_encoding_message_size(max_bytes),
     )
 }
 
-/// PS client for `addr`.
-pub fn ps_client(addr: &str, token: &str, max_bytes: usize) -> anyhow::Result<Ps> {
+/// PS client for `addr` whose calls time out after `call_timeout`.
+pub fn ps_client(
+    addr: &str,
+    token: &str,
+    max_bytes: usize,
+    call_timeout: Duration,
+) -> anyhow::Result<Ps> {
+    let auth = ClientAuth::new(token)?;
     Ok(
-        ParameterServerClient::with_interceptor(channel(addr)?, ClientAuth::new(token))
+        ParameterServerClient::with_interceptor(channel(addr, call_timeout)?, auth)
             .max_decoding_message_size(max_bytes)
             .max_encoding_message_size(max_bytes),
     )
@@ -139,10 +177,7 @@ pub fn token_from_env() -> anyhow::Result<String> {
     let t = std::env::var(TOKEN_ENV).map_err(|_| {
         anyhow::anyhow!("{TOKEN_ENV} is not set: role processes are started by `elastrec run`")
     })?;
-    anyhow::ensure!(
-        !t.is_empty() && t.bytes().all(|b| b.is_ascii_alphanumeric()),
-        "{TOKEN_ENV} must be a non-empty alphanumeric token"
-    );
+    check_token(&t).map_err(|e| anyhow::anyhow!("{TOKEN_ENV}: {e}"))?;
     Ok(t)
 }
 
@@ -169,15 +204,56 @@ mod tests {
     #[test]
     fn server_auth_checks_the_token() {
         let mut s = ServerAuth::new("abc123");
-        let mut c = ClientAuth::new("abc123");
+        let mut c = ClientAuth::new("abc123").unwrap();
         assert!(s.call(c.call(Request::new(())).unwrap()).is_ok());
-        let mut wrong = ClientAuth::new("abc124");
+        let mut wrong = ClientAuth::new("abc124").unwrap();
         let e = s.call(wrong.call(Request::new(())).unwrap()).unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated);
         assert_eq!(
             s.call(Request::new(())).unwrap_err().code(),
             tonic::Code::Unauthenticated
         );
+    }
+
+    /// A peer that accepts connections and then never answers (a hung process, a stopped
+    /// VM): a call still ends, with `DeadlineExceeded`, after its deadline.
+    #[tokio::test]
+    async fn a_call_to_a_hung_peer_times_out() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        // Accepted, never read or answered.
+        let held = std::thread::spawn(move || {
+            let conns: Vec<_> = listener.incoming().take(2).collect();
+            std::thread::park_timeout(Duration::from_secs(30));
+            drop(conns);
+        });
+        let mut ps = ps_client(&addr, "abc", 1 << 20, Duration::from_millis(300)).unwrap();
+        let call = ps.info(elastrec_proto::ps::InfoRequest { version: version() });
+        let r = tokio::time::timeout(Duration::from_secs(20), call)
+            .await
+            .expect("the call ended by its own deadline");
+        let e = r.unwrap_err();
+        assert!(
+            matches!(
+                e.code(),
+                tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+            ),
+            "{e:?}"
+        );
+        assert!(is_transient(&e), "a timed-out call is retried: {e:?}");
+        held.thread().unpark();
+        drop(held);
+    }
+
+    #[test]
+    fn a_corrupt_token_is_an_error_not_a_panic() {
+        for bad in ["", "abc\n123", "ab c", "tök", "abc\u{0}"] {
+            assert!(ClientAuth::new(bad).is_err(), "{bad:?}");
+            assert!(
+                master_client("127.0.0.1:1", bad, 1 << 20).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

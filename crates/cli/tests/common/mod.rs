@@ -210,3 +210,59 @@ pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) {
 pub fn samples_done(dir: &Path) -> u64 {
     status_json(dir).map_or(0, |s| s["samples_done"].as_u64().unwrap_or(0))
 }
+
+/// Runs an `elastrec` subcommand on a job directory and asserts that it succeeded.
+fn control(args: &[&str]) -> String {
+    let out = elastrec(args);
+    assert!(
+        out.status.success(),
+        "elastrec {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Moves the job's pause point to `samples` (the job goes on until it gets there).
+pub fn pause_at(dir: &Path, samples: u64) {
+    control(&[
+        "pause",
+        dir.to_str().unwrap(),
+        "--at-samples",
+        &samples.to_string(),
+    ]);
+}
+
+/// Lifts the job's pause.
+pub fn unpause(dir: &Path) {
+    control(&["unpause", dir.to_str().unwrap()]);
+}
+
+/// Takes a checkpoint now (returns once it is committed).
+pub fn take_checkpoint(dir: &Path) {
+    control(&["checkpoint", dir.to_str().unwrap()]);
+}
+
+/// Waits until the job stands at its pause point. A paused job cannot pass it, so no fast
+/// run skips this state.
+pub fn wait_held(dir: &Path) -> serde_json::Value {
+    let mut last = None;
+    wait_for(Duration::from_secs(180), || {
+        last = status_json(dir);
+        last.as_ref()
+            .is_some_and(|s| s["pause"]["held"].as_bool() == Some(true))
+    });
+    last.unwrap()
+}
+
+/// Waits until node `id` is no longer running (declared dead or exited).
+pub fn wait_not_running(dir: &Path, id: u64) {
+    wait_for(Duration::from_secs(60), || {
+        status_json(dir).is_some_and(|s| {
+            s["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|n| n["id"].as_u64() == Some(id) && n["state"] != "running")
+        })
+    });
+}
