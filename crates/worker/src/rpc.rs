@@ -147,13 +147,11 @@ pub fn server() -> tonic::transport::Server {
 
 /// Master client for `addr` (calls time out after [`MASTER_CALL_TIMEOUT`]).
 pub fn master_client(addr: &str, token: &str, max_bytes: usize) -> anyhow::Result<Master> {
+    let auth = ClientAuth::new(token)?;
     Ok(
-        MasterClient::with_interceptor(
-            channel(addr, MASTER_CALL_TIMEOUT)?,
-            ClientAuth::new(token)?,
-        )
-        .max_decoding_message_size(max_bytes)
-        .max_encoding_message_size(max_bytes),
+        MasterClient::with_interceptor(channel(addr, MASTER_CALL_TIMEOUT)?, auth)
+            .max_decoding_message_size(max_bytes)
+            .max_encoding_message_size(max_bytes),
     )
 }
 
