@@ -51,6 +51,7 @@ fn persist_rate(c: &mut Criterion) {
         CheckpointStore::open(dir.path().to_str().expect("utf-8 temp dir")).expect("local store");
     bench_store(c, "local_dir_256MiB", &local, &bytes);
 
+    moto::set_credentials_env();
     let moto = moto::Moto::start();
     moto.create_bucket("bench");
     let s3 = CheckpointStore::open(&moto.url("bench", "persist")).expect("s3 store");

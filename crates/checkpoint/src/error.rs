@@ -87,6 +87,34 @@ pub enum CheckpointError {
         reason: String,
     },
 
+    /// Shared memory could not take an image: `/dev/shm` is full (`ENOSPC`), or creating
+    /// the directory or writing the file failed otherwise. Nothing of the new image is left
+    /// behind and the previous image is unchanged; the checkpoint itself is not lost, so
+    /// the caller should persist it to storage only ([`CheckpointError::is_shm_unavailable`]).
+    #[error("cannot write shared-memory image {}: {source}; {}", path.display(), shm_write_hint(source))]
+    ShmWrite {
+        /// The image (or directory) being written.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The shared-memory root or a namespace directory is not private to this user (a
+    /// symbolic link, not a directory, another owner, a mode other than 0700), so images
+    /// are not read from or written to it.
+    #[error(
+        "refusing shared-memory directory {}: {reason}. Remove it, or set ELASTREC_SHM_ROOT \
+         to a directory of your own with mode 0700; until then checkpoints skip shared memory",
+        path.display()
+    )]
+    ShmUnsafe {
+        /// The refused directory.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+
     /// A delta checkpoint's base chain is broken (missing base, cycle, base not older).
     #[error("checkpoint {id} cannot be restored: {reason}")]
     BrokenChain {
@@ -174,6 +202,23 @@ impl CheckpointError {
     /// exists but must not be used.
     pub fn is_corrupt(&self) -> bool {
         matches!(self, Self::Corrupt { .. } | Self::BadImage { .. })
+    }
+
+    /// True for [`CheckpointError::ShmWrite`] and [`CheckpointError::ShmUnsafe`]: shared
+    /// memory cannot hold an image right now. A checkpoint should then skip the image and go
+    /// to storage only; a restore should read storage.
+    pub fn is_shm_unavailable(&self) -> bool {
+        matches!(self, Self::ShmWrite { .. } | Self::ShmUnsafe { .. })
+    }
+}
+
+/// What to do about a failed shared-memory write.
+fn shm_write_hint(e: &std::io::Error) -> &'static str {
+    if e.kind() == std::io::ErrorKind::StorageFull {
+        "shared memory is full: free it or enlarge /dev/shm (e.g. `docker run --shm-size`); \
+         the checkpoint can still be persisted to storage without the image"
+    } else {
+        "the checkpoint can still be persisted to storage without the image"
     }
 }
 

@@ -29,6 +29,7 @@ use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+use url::Url;
 
 use crate::error::{Check, CheckpointError, Result};
 use crate::format::{checksum, CheckpointId, Manifest, PartMeta, MANIFEST_FILE};
@@ -72,18 +73,26 @@ impl CheckpointStore {
     /// Opens the store at `location`:
     ///
     /// * a plain path or `file:///path`: a local directory, created if needed;
-    /// * `s3://bucket/prefix`: S3, configured from the usual `AWS_*` environment variables
-    ///   (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`,
-    ///   `AWS_ALLOW_HTTP`, ...). Query parameters override them with any `object_store` S3
-    ///   key, e.g. `?endpoint=http://127.0.0.1:9000&region=us-east-1`; an `http://`
-    ///   endpoint allows plain HTTP (S3-compatible servers on a private network).
+    /// * `s3://bucket/prefix`: S3 or an S3-compatible server, configured from the usual
+    ///   `AWS_*` environment variables (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ALLOW_HTTP`,
+    ///   ...). Query parameters override them with any non-secret `object_store` S3 key,
+    ///   e.g. `?endpoint=http://127.0.0.1:9000&region=us-east-1`; an `http://` endpoint
+    ///   allows plain HTTP (S3-compatible servers on a private network).
+    ///
+    /// S3 credentials come only from the environment: `AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN`, or what `object_store` finds by
+    /// itself (a web identity token file, ECS container credentials, EC2 instance metadata;
+    /// it reads no `~/.aws/credentials` file). A location carrying a credential — a query
+    /// parameter named like a key id, secret, token or password, or `user:password@` — is
+    /// refused with [`CheckpointError::Config`]: locations are logged, stored in the job
+    /// database and sent to every process, so a secret in one would leak to all of them.
     pub fn open(location: &str) -> Result<Self> {
         let trimmed = location.trim();
         if trimmed.is_empty() {
             return Err(config_error(location, "empty location"));
         }
-        if let Some(rest) = trimmed.strip_prefix("s3://") {
-            return Self::open_s3(location, rest);
+        if trimmed.starts_with("s3://") {
+            return Self::open_s3(trimmed);
         }
         if let Some(path) = trimmed.strip_prefix("file://") {
             if path.is_empty() {
@@ -119,9 +128,11 @@ impl CheckpointStore {
         })
     }
 
-    fn open_s3(location: &str, rest: &str) -> Result<Self> {
-        let location = &redact_secrets(location);
-        let url = S3Url::parse(rest).map_err(|reason| config_error(location, &reason))?;
+    fn open_s3(location: &str) -> Result<Self> {
+        // A refused location may hold a secret: its message quotes it redacted. Past this
+        // point the location holds none.
+        let url = S3Url::parse(location)
+            .map_err(|reason| config_error(&redact_location(location), &reason))?;
         let mut builder = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
         for (key, value) in &url.options {
             let parsed = AmazonS3ConfigKey::from_str(key)
@@ -134,11 +145,8 @@ impl CheckpointStore {
         let s3 = builder
             .build()
             .map_err(|e| config_error(location, &e.to_string()))?;
-        Ok(Self::from_object_store(
-            Arc::new(s3),
-            &url.prefix,
-            url.display(),
-        ))
+        let location = url.display();
+        Ok(Self::with_prefix(Arc::new(s3), url.prefix, location))
     }
 
     /// Wraps an already built store (tests, in-memory stores, custom clients). `location`
@@ -148,10 +156,14 @@ impl CheckpointStore {
         prefix: &str,
         location: impl Into<String>,
     ) -> Self {
+        Self::with_prefix(store, Path::from(prefix), location.into())
+    }
+
+    fn with_prefix(store: Arc<dyn ObjectStore>, prefix: Path, location: String) -> Self {
         Self {
             store,
-            prefix: Path::from(prefix),
-            location: location.into(),
+            prefix,
+            location,
             local_root: None,
             multipart_bytes: MULTIPART_BYTES,
             multipart_chunk: MULTIPART_CHUNK,
@@ -791,88 +803,146 @@ fn config_error(location: &str, reason: &str) -> CheckpointError {
     }
 }
 
-/// `location` with the values of secret query parameters (keys, tokens) replaced by `***`,
-/// so that error messages can quote it.
-fn redact_secrets(location: &str) -> String {
-    let Some((base, query)) = location.split_once('?') else {
-        return location.to_string();
+/// `location` with its credentials replaced by `***` (the values of secret query
+/// parameters, a `user:password@` part), for logging a location that did not come through
+/// [`CheckpointStore::open`], which refuses such locations. Returned unchanged when it holds
+/// nothing secret or is not a URL (a plain path); a URL that does not parse keeps only its
+/// scheme, since where its secrets are cannot be known.
+pub fn redact_location(location: &str) -> String {
+    let mut url = match Url::parse(location) {
+        Ok(url) => url,
+        Err(_) => {
+            return match location.split_once("://") {
+                Some((scheme, _)) => format!("{scheme}://<unparsable location hidden>"),
+                None => location.to_string(),
+            }
+        }
     };
-    let pairs: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((key, _)) if is_secret_key(key) => format!("{key}=***"),
-            _ => pair.to_string(),
-        })
-        .collect();
-    format!("{base}?{}", pairs.join("&"))
+    let mut changed = false;
+    if !url.username().is_empty() || url.password().is_some() {
+        // Only fails for URLs without a host, which have no user part to hide.
+        let _ = url.set_username("***");
+        let _ = url.set_password(None);
+        changed = true;
+    }
+    if url.query_pairs().any(|(key, _)| is_secret_key(&key)) {
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(key, value)| {
+                let value = if is_secret_key(&key) {
+                    "***".to_string()
+                } else {
+                    value.into_owned()
+                };
+                (key.into_owned(), value)
+            })
+            .collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+        changed = true;
+    }
+    if changed {
+        url.to_string()
+    } else {
+        location.to_string()
+    }
 }
 
+/// Query parameters that hold credentials (keys, secrets, tokens, passwords, SSE-C keys).
+/// Matched by substring so that every alias and any future key of the kind is caught.
 fn is_secret_key(key: &str) -> bool {
     let key = key.to_ascii_lowercase();
-    ["secret", "token", "password", "key_id"]
+    ["secret", "token", "password", "key_id", "customer_key"]
         .iter()
         .any(|s| key.contains(s))
+}
+
+/// Why a location with the secret query parameter `key` is refused, and what to do.
+fn secret_parameter(key: &str) -> String {
+    // The variable object_store reads for this key, when it knows the key.
+    let variable = AmazonS3ConfigKey::from_str(key).ok().map(|k| {
+        let name = k.as_ref().to_ascii_uppercase();
+        if name.starts_with("AWS_") {
+            name
+        } else {
+            format!("AWS_{name}")
+        }
+    });
+    let set = match variable {
+        Some(v) => format!("set {v} in the environment instead"),
+        None => "set the credentials in the environment instead".to_string(),
+    };
+    format!(
+        "query parameter `{key}` is a credential, and a checkpoint location must carry none \
+         (it is logged, stored and sent to other processes): remove it and {set} (S3 \
+         credentials come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN)"
+    )
 }
 
 /// An `s3://bucket/prefix?key=value&...` location, split.
 #[derive(Debug, PartialEq)]
 struct S3Url {
     bucket: String,
-    prefix: String,
+    prefix: Path,
     options: Vec<(String, String)>,
 }
 
 impl S3Url {
-    /// Parses what follows `s3://`.
-    fn parse(rest: &str) -> std::result::Result<Self, String> {
-        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (bucket, prefix) = path.split_once('/').unwrap_or((path, ""));
+    /// Parses an `s3://` location.
+    fn parse(location: &str) -> std::result::Result<Self, String> {
+        let url = Url::parse(location).map_err(|e| format!("not a valid URL: {e}"))?;
+        if url.scheme() != "s3" {
+            return Err(format!("scheme `{}` is not s3", url.scheme()));
+        }
+        // Credentials first: whatever else is wrong, a location holding one must be fixed
+        // by moving it to the environment.
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(
+                "credentials before the bucket (`user:password@`) are refused: remove \
+                 them and set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment \
+                 instead"
+                    .into(),
+            );
+        }
+        if let Some((key, _)) = url.query_pairs().find(|(key, _)| is_secret_key(key)) {
+            return Err(secret_parameter(&key));
+        }
+        let bucket = url.host_str().unwrap_or_default();
         if bucket.is_empty() {
             return Err("missing bucket name (s3://BUCKET/prefix)".into());
         }
+        if url.port().is_some() {
+            return Err(
+                "a port after the bucket is not allowed; name the server with \
+                 `?endpoint=http://host:port`"
+                    .into(),
+            );
+        }
+        if url.fragment().is_some() {
+            return Err("`#` is not allowed (write it as %23 in a prefix)".into());
+        }
+        let prefix = Path::from_url_path(url.path()).map_err(|e| format!("bad prefix: {e}"))?;
         let mut options = Vec::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair
-                .split_once('=')
-                .ok_or_else(|| format!("query parameter `{pair}` has no value"))?;
-            options.push((percent_decode(key)?, percent_decode(value)?));
+        for (key, value) in url.query_pairs() {
+            if value.is_empty() {
+                return Err(format!("query parameter `{key}` has no value"));
+            }
+            options.push((key.into_owned(), value.into_owned()));
         }
         Ok(Self {
             bucket: bucket.to_string(),
-            prefix: prefix.trim_matches('/').to_string(),
+            prefix,
             options,
         })
     }
 
-    /// `s3://bucket/prefix` without the query (which may hold credentials).
+    /// `s3://bucket/prefix` without the query.
     fn display(&self) -> String {
-        if self.prefix.is_empty() {
+        if self.prefix.as_ref().is_empty() {
             format!("s3://{}", self.bucket)
         } else {
             format!("s3://{}/{}", self.bucket, self.prefix)
         }
     }
-}
-
-/// Decodes `%XX` escapes of a query component.
-fn percent_decode(s: &str) -> std::result::Result<String, String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| format!("bad percent escape in `{s}`"))?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| format!("`{s}` is not UTF-8 once decoded"))
 }
 
 #[cfg(test)]
@@ -926,9 +996,10 @@ mod tests {
     #[test]
     fn s3_urls_parse() {
         let url =
-            S3Url::parse("bucket/a/b/?endpoint=http://127.0.0.1:9000&region=us%2Deast-1").unwrap();
+            S3Url::parse("s3://bucket/a/b%20c/?endpoint=http://127.0.0.1:9000&region=us%2Deast-1")
+                .unwrap();
         assert_eq!(url.bucket, "bucket");
-        assert_eq!(url.prefix, "a/b");
+        assert_eq!(url.prefix.as_ref(), "a/b c");
         assert_eq!(
             url.options,
             vec![
@@ -936,20 +1007,82 @@ mod tests {
                 ("region".into(), "us-east-1".into())
             ]
         );
-        assert_eq!(url.display(), "s3://bucket/a/b");
-        assert_eq!(S3Url::parse("b").unwrap().display(), "s3://b");
-        assert!(S3Url::parse("/x").is_err());
-        assert!(S3Url::parse("b?novalue").is_err());
-        assert!(S3Url::parse("b?k=%zz").is_err());
+        assert_eq!(url.display(), "s3://bucket/a/b c");
+        assert_eq!(S3Url::parse("s3://b").unwrap().display(), "s3://b");
+        for (bad, why) in [
+            ("s3:///x", "missing bucket"),
+            ("s3://b?novalue", "no value"),
+            ("s3://b:9000/p", "endpoint="),
+            ("s3://b/p#x", "`#`"),
+            ("s3://b/a//c", "bad prefix"),
+        ] {
+            let err = S3Url::parse(bad).unwrap_err();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn credentials_in_s3_urls_are_refused() {
+        for (location, key, variable) in [
+            (
+                "s3://b/p?access_key_id=AKIA",
+                "access_key_id",
+                "AWS_ACCESS_KEY_ID",
+            ),
+            (
+                "s3://b/p?region=r&aws_secret_access_key=S",
+                "aws_secret_access_key",
+                "AWS_SECRET_ACCESS_KEY",
+            ),
+            ("s3://b/p?token=T", "token", "AWS_SESSION_TOKEN"),
+            (
+                "s3://b/p?secret%5Faccess%5Fkey=S",
+                "secret_access_key",
+                "AWS_SECRET_ACCESS_KEY",
+            ),
+            (
+                "s3://b/p?sse_customer_key_base64=K",
+                "sse_customer_key_base64",
+                "AWS_SSE_CUSTOMER_KEY_BASE64",
+            ),
+            ("s3://b/p?PASSWORD=P", "PASSWORD", "AWS_SECRET_ACCESS_KEY"),
+        ] {
+            let err = S3Url::parse(location).unwrap_err();
+            assert!(err.contains(&format!("`{key}`")), "{err}");
+            assert!(err.contains(variable), "{err}");
+        }
+        let err = S3Url::parse("s3://AKIA:S@b/p").unwrap_err();
+        assert!(err.contains("user:password@"), "{err}");
+        assert!(!err.contains("AKIA"), "{err}");
     }
 
     #[test]
     fn secrets_are_redacted() {
+        let redacted =
+            redact_location("s3://b/p?region=r&secret_access_key=S1&aws_session_token=T1&x");
         assert_eq!(
-            redact_secrets("s3://b/p?region=r&secret_access_key=S&aws_session_token=T&x"),
-            "s3://b/p?region=r&secret_access_key=***&aws_session_token=***&x"
+            redacted,
+            "s3://b/p?region=r&secret_access_key=***&aws_session_token=***&x="
         );
-        assert_eq!(redact_secrets("s3://b/p"), "s3://b/p");
+        let redacted = redact_location("s3://AKIA:S2@b/p");
+        assert!(
+            !redacted.contains("AKIA") && !redacted.contains("S2"),
+            "{redacted}"
+        );
+        assert!(redacted.ends_with("@b/p"), "{redacted}");
+        // Nothing secret: unchanged, spelling included.
+        for plain in [
+            "s3://b/p",
+            "s3://b/p?endpoint=http://h:1&region=r",
+            "/data/ckpt?x",
+            "file:///data/ckpt",
+        ] {
+            assert_eq!(redact_location(plain), plain);
+        }
+        assert_eq!(
+            redact_location("s3://b:port/p?secret_access_key=S3"),
+            "s3://<unparsable location hidden>"
+        );
     }
 
     #[test]

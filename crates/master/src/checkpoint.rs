@@ -16,7 +16,7 @@ use std::time::Instant;
 use anyhow::{bail, Context as _};
 use elastrec_checkpoint::cpr::{decide, CprCosts, PlsTracker, RecoveryDecision, RecoveryMode};
 use elastrec_checkpoint::format::{CheckpointKind, Manifest, PartMeta};
-use elastrec_checkpoint::shm::ShmImage;
+use elastrec_checkpoint::shm::ShmRoot;
 use elastrec_checkpoint::store::CheckpointStore;
 use elastrec_proto::master::{CheckpointStatus, RestorePlan};
 use elastrec_proto::ps::CheckpointRequest;
@@ -759,8 +759,8 @@ impl Coordinator {
 
     /// Removes this job's shared-memory images (at the end of the job).
     pub fn remove_shm(&self) {
-        if let Some(dir) = ShmImage::new(&self.shm_ns, "x").path().parent() {
-            let _ = std::fs::remove_dir_all(dir);
+        if let Ok(root) = ShmRoot::open_default() {
+            let _ = root.remove_namespace(&self.shm_ns);
         }
     }
 }

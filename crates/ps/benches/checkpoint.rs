@@ -114,11 +114,8 @@ async fn run(rows: u64) -> anyhow::Result<()> {
             (bytes - plain) as f64 / (26 * rows) as f64
         );
     }
-    if let Some(d) = elastrec_checkpoint::shm::ShmImage::new(&ns, "x")
-        .path()
-        .parent()
-    {
-        let _ = std::fs::remove_dir_all(d);
+    if let Ok(root) = elastrec_checkpoint::shm::ShmRoot::open_default() {
+        let _ = root.remove_namespace(&ns);
     }
     Ok(())
 }

@@ -156,7 +156,13 @@ impl PsShard {
         let bytes = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<u8>> {
             let bytes = image.encode();
             if !ns.is_empty() {
-                ShmImage::new(&ns, &shm_name(index, count, id)).write(id, &bytes)?;
+                // The image only speeds up a restart on this host: when shared memory cannot
+                // take it (full /dev/shm, unsafe directory, bad namespace) the part still
+                // goes to storage, and a restore reads it from there.
+                let name = shm_name(index, count, id);
+                if let Err(e) = ShmImage::new(&ns, &name).and_then(|img| img.write(id, &bytes)) {
+                    eprintln!("checkpoint {id}: no shared-memory image, storage only: {e}");
+                }
             }
             Ok(bytes)
         })
@@ -189,7 +195,9 @@ impl PsShard {
         ids.push(id);
         if !delta {
             for &old in ids.iter().filter(|&&o| o < id) {
-                let _ = ShmImage::new(ns, &shm_name(self.index, self.count, old)).remove();
+                if let Ok(img) = ShmImage::new(ns, &shm_name(self.index, self.count, old)) {
+                    let _ = img.remove();
+                }
             }
             ids.retain(|&o| o >= id);
         }
@@ -222,7 +230,10 @@ impl PsShard {
                     .part(&name)
                     .ok_or_else(|| anyhow::anyhow!("checkpoint {id} has no part {name}"))?;
                 let shm = (!plan.shm_namespace.is_empty())
-                    .then(|| ShmImage::new(&plan.shm_namespace, &shm_name(j, old, *id)).read())
+                    .then(|| {
+                        ShmImage::new(&plan.shm_namespace, &shm_name(j, old, *id))
+                            .and_then(|img| img.read())
+                    })
                     .and_then(|r| r.ok().flatten())
                     .filter(|(sid, b)| *sid == *id && checksum(b) == want.checksum);
                 let bytes = match shm {

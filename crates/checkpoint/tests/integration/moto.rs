@@ -42,11 +42,12 @@ impl Moto {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    /// A checkpoint location for `bucket`/`prefix` with test credentials in the query (no
-    /// process-wide environment variables: tests run in parallel).
+    /// A checkpoint location for `bucket`/`prefix` on this server. It holds no credentials
+    /// (the store refuses locations that do): a process opening it needs
+    /// [`credentials_env`] in its environment, e.g. through [`set_credentials_env`].
     pub fn url(&self, bucket: &str, prefix: &str) -> String {
         format!(
-            "s3://{bucket}/{prefix}?endpoint={}&region=us-east-1&access_key_id=testing&secret_access_key=testing",
+            "s3://{bucket}/{prefix}?endpoint={}&region=us-east-1",
             self.endpoint()
         )
     }
@@ -107,6 +108,31 @@ impl Drop for Moto {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The credentials moto accepts, as the environment variables the S3 client reads: pass
+/// them to child processes (`Command::envs`) or set them with [`set_credentials_env`].
+#[allow(dead_code)] // Not every file that includes this module uses both functions.
+pub fn credentials_env() -> [(&'static str, &'static str); 2] {
+    [
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+    ]
+}
+
+/// Puts [`credentials_env`] into this process's environment, once per process. Tests run on
+/// parallel threads and the environment is shared by all of them: setting the same values
+/// once and never removing them means no test can see another's values or a variable
+/// half-way through a change. (`set_var` is safe to call in edition 2021; edition 2024
+/// makes it `unsafe` for exactly this reason.)
+#[allow(dead_code)]
+pub fn set_credentials_env() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for (key, value) in credentials_env() {
+            std::env::set_var(key, value);
+        }
+    });
 }
 
 fn find_on_path(program: &str) -> Option<PathBuf> {

@@ -3,16 +3,21 @@
 
 use elastrec_checkpoint::format::CheckpointKind;
 use elastrec_checkpoint::store::CheckpointStore;
+use elastrec_checkpoint::CheckpointError;
 use object_store::ObjectStoreExt;
 
-use crate::moto::Moto;
+use crate::moto::{self, Moto};
 use crate::scenarios;
 use crate::util::{part_bytes, save};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_store_against_moto() {
+    // Credentials from the environment only, as in production: the location has none.
+    moto::set_credentials_env();
     let moto = Moto::start();
     moto.create_bucket("ckpt");
+    let url = moto.url("ckpt", "round-trip");
+    assert!(!url.contains("testing"), "no credentials in {url}");
     let open = |prefix: &str| CheckpointStore::open(&moto.url("ckpt", prefix)).unwrap();
 
     scenarios::round_trip(&open("round-trip")).await;
@@ -54,4 +59,11 @@ async fn s3_store_against_moto() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("s3://no-such-bucket/p"), "{err}");
+
+    // The old form, keys in the query, is refused before any request, naming the parameter.
+    let with_keys = format!("{url}&access_key_id=testing&secret_access_key=testing");
+    let err = CheckpointStore::open(&with_keys).unwrap_err();
+    assert!(matches!(err, CheckpointError::Config { .. }), "{err}");
+    assert!(err.to_string().contains("`access_key_id`"), "{err}");
+    assert!(err.to_string().contains("AWS_ACCESS_KEY_ID"), "{err}");
 }
