@@ -24,6 +24,8 @@ use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
+use crate::error::PsError;
+
 /// Arguments of the hidden `elastrec ps` role command.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PsArgs {
@@ -89,11 +91,14 @@ pub struct PsShard {
     pub(crate) stores: crate::checkpoint::Stores,
     /// Shared-memory images this process wrote (older ones are removed).
     pub(crate) shm_ids: Mutex<Vec<u64>>,
+    /// The job's gRPC message limit (`cluster.max_message_bytes`): a pull reply over it
+    /// could not be sent, so it is refused before its buffer is allocated.
+    max_message_bytes: usize,
 }
 
-fn bad(msg: String) -> Status {
-    Status::invalid_argument(msg)
-}
+/// Upper bound of a pull reply's protobuf encoding beyond its floats: two packed fields
+/// (tag and length varint, at most 11 bytes each) and the version (at most 11 bytes).
+const PULL_REPLY_FRAMING_BYTES: u64 = 64;
 
 impl PsShard {
     /// Shard `index` of `count` for `job`, initialized exactly as the single-process model.
@@ -159,6 +164,7 @@ impl PsShard {
             large,
             stores: Default::default(),
             shm_ids: Mutex::new(Vec::new()),
+            max_message_bytes: job.cluster.max_message_bytes,
         })
     }
 
@@ -216,42 +222,74 @@ impl PsShard {
         }
     }
 
-    #[allow(clippy::result_large_err)]
-    fn check_rows(&self, tables: &[u32], rows: &[u64]) -> Result<(), Status> {
+    /// Checks the parallel arrays of table ids and rows from the wire: every table exists
+    /// and every row is in range and held by this server.
+    fn check_rows(&self, tables: &[u32], rows: &[u64]) -> Result<(), PsError> {
         if tables.len() != rows.len() {
-            return Err(bad(format!(
-                "{} tables for {} rows",
-                tables.len(),
-                rows.len()
-            )));
+            return Err(PsError::ParallelArrays {
+                tables: tables.len(),
+                rows: rows.len(),
+            });
         }
-        for (&t, &r) in tables.iter().zip(rows) {
-            let Some(&n) = self.table_rows.get(t as usize) else {
-                return Err(bad(format!("table {t} does not exist")));
+        for (&table, &row) in tables.iter().zip(rows) {
+            let Some(&n) = self.table_rows.get(table as usize) else {
+                return Err(PsError::UnknownTable {
+                    table,
+                    tables: self.table_rows.len(),
+                });
             };
-            if r >= n || elastrec_embedding::shard_of(t as usize, r, self.count) != self.index {
-                return Err(bad(format!(
-                    "row {r} of table {t} is not held by PS {}",
-                    self.index
-                )));
+            if row >= n {
+                return Err(PsError::RowOutOfRange {
+                    table,
+                    row,
+                    rows: n,
+                });
+            }
+            if elastrec_embedding::shard_of(table as usize, row, self.count) != self.index {
+                return Err(PsError::RowNotHeld {
+                    table,
+                    row,
+                    ps: self.index,
+                    count: self.count,
+                });
             }
         }
         Ok(())
     }
 
+    /// Refuses a pull whose reply would exceed the message limit. The client controls the
+    /// row count (a 64 MiB request names millions of rows, each reply row `dim` floats), so
+    /// this runs before anything is sized by it: a reply over the limit could not be sent
+    /// anyway, but building it first would allocate up to gigabytes per request.
+    fn check_pull_reply_size(&self, req: &PullRequest) -> Result<(), PsError> {
+        let dense = if req.want_dense { self.range.len() } else { 0 };
+        let floats = (req.rows.len() as u64)
+            .saturating_mul(self.dim as u64)
+            .saturating_add(dense as u64);
+        let bytes = floats
+            .saturating_mul(4)
+            .saturating_add(PULL_REPLY_FRAMING_BYTES);
+        if bytes > self.max_message_bytes as u64 {
+            return Err(PsError::ReplyTooLarge {
+                rows: req.rows.len(),
+                dim: self.dim,
+                dense,
+                bytes,
+                limit: self.max_message_bytes,
+            });
+        }
+        Ok(())
+    }
+
     /// Copies rows (and optionally the dense slice) out.
-    #[allow(clippy::result_large_err)]
-    pub fn pull(&self, req: &PullRequest) -> Result<PullResponse, Status> {
+    pub fn pull(&self, req: &PullRequest) -> Result<PullResponse, PsError> {
+        self.check_pull_reply_size(req)?;
         self.check_rows(&req.tables, &req.rows)?;
-        let st = self.state.lock();
+        // Bounded by the message limit (checked above); allocated before taking the lock.
         let mut values = Vec::with_capacity(req.rows.len() * self.dim);
+        let st = self.state.lock();
         for (&t, &r) in req.tables.iter().zip(&req.rows) {
-            let w = st
-                .store
-                .table(t as usize)
-                .and_then(|tb| tb.weights(r))
-                .map_err(|e| bad(e.to_string()))?;
-            values.extend_from_slice(w);
+            values.extend_from_slice(st.store.table(t as usize)?.weights(r)?);
         }
         Ok(PullResponse {
             values,
@@ -270,7 +308,8 @@ impl PsShard {
         rows: &[u64],
         grads: &[f32],
         dim: usize,
-    ) -> Result<(), Status> {
+    ) -> Result<(), PsError> {
+        // Every index and length here was checked by `validate_push`.
         let ntables = st.store.num_tables();
         let mut by_table: Vec<(Vec<u64>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); ntables];
         for (i, (&t, &r)) in tables.iter().zip(rows).enumerate() {
@@ -293,23 +332,20 @@ impl PsShard {
                 let locals: Vec<usize> = rows.iter().map(|&r| (r / n) as usize).collect();
                 list.observe(&locals);
             }
-            store
-                .table_mut(t)
-                .and_then(|tb| tb.apply_rows(rows, grads, scratch))
-                .map_err(|e| Status::internal(e.to_string()))?;
+            store.table_mut(t)?.apply_rows(rows, grads, scratch)?;
         }
         Ok(())
     }
 
     fn apply_all(
+        &self,
         st: &mut State,
         tables: &[u32],
         rows: &[u64],
         grads: &[f32],
         dense: &[f32],
-        dim: usize,
-    ) -> Result<(), Status> {
-        Self::apply_sparse(st, tables, rows, grads, dim)?;
+    ) -> Result<(), PsError> {
+        Self::apply_sparse(st, tables, rows, grads, self.dim)?;
         if !dense.is_empty() {
             let State {
                 opt, dense: params, ..
@@ -320,37 +356,33 @@ impl PsShard {
         Ok(())
     }
 
-    #[allow(clippy::result_large_err)]
-    fn validate_push(&self, req: &PushRequest) -> Result<(), Status> {
+    /// Checks every id and length of a push from the wire before any of it is used.
+    fn validate_push(&self, req: &PushRequest) -> Result<(), PsError> {
         self.check_rows(&req.tables, &req.rows)?;
-        if req.grads.len() != req.rows.len() * self.dim {
-            return Err(bad(format!(
-                "{} gradient values for {} rows of dimension {}",
-                req.grads.len(),
-                req.rows.len(),
-                self.dim
-            )));
+        if req.rows.len().checked_mul(self.dim) != Some(req.grads.len()) {
+            return Err(PsError::GradientLength {
+                values: req.grads.len(),
+                rows: req.rows.len(),
+                dim: self.dim,
+            });
         }
         if !req.dense_grad.is_empty() && req.dense_grad.len() != self.range.len() {
-            return Err(bad(format!(
-                "dense gradient has {} values, this PS holds {}",
-                req.dense_grad.len(),
-                self.range.len()
-            )));
+            return Err(PsError::DenseGradientLength {
+                values: req.dense_grad.len(),
+                ps: self.index,
+                held: self.range.len(),
+            });
         }
-        if req
-            .grads
-            .iter()
-            .chain(&req.dense_grad)
-            .any(|g| !g.is_finite())
-        {
-            return Err(bad("non-finite gradient".into()));
+        for (what, g) in [("sparse", &req.grads), ("dense", &req.dense_grad)] {
+            if let Some(at) = g.iter().position(|g| !g.is_finite()) {
+                return Err(PsError::NonFiniteGradient { what, at });
+            }
         }
         Ok(())
     }
 
     /// Applies a push: at once (async), or as part of its synchronous step.
-    pub async fn push(&self, req: PushRequest) -> Result<PushResponse, Status> {
+    pub async fn push(&self, req: PushRequest) -> Result<PushResponse, PsError> {
         self.validate_push(&req)?;
         if self.mode == SyncMode::Async {
             let mut st = self.state.lock();
@@ -359,14 +391,7 @@ impl PsShard {
                     dense_version: st.version,
                 });
             }
-            Self::apply_all(
-                &mut st,
-                &req.tables,
-                &req.rows,
-                &req.grads,
-                &req.dense_grad,
-                self.dim,
-            )?;
+            self.apply_all(&mut st, &req.tables, &req.rows, &req.grads, &req.dense_grad)?;
             Self::remember(&mut st, &req);
             return Ok(PushResponse {
                 dense_version: st.version,
@@ -424,8 +449,7 @@ impl PsShard {
         })
     }
 
-    #[allow(clippy::result_large_err)]
-    fn flush(&self, st: &mut State) -> Result<(), Status> {
+    fn flush(&self, st: &mut State) -> Result<(), PsError> {
         let mut a = std::mem::take(&mut st.accum);
         // The mean over the step's samples.
         let inv = (1.0 / a.weight.max(1.0)) as f32;
@@ -437,7 +461,7 @@ impl PsShard {
         } else {
             a.dense
         };
-        Self::apply_all(st, &a.tables, &a.rows, &a.grads, &dense, self.dim)?;
+        self.apply_all(st, &a.tables, &a.rows, &a.grads, &dense)?;
         self.version_tx.send_replace(st.version);
         Ok(())
     }
@@ -453,7 +477,7 @@ impl ParameterServer for Service {
         let shard = self.0.clone();
         let out = tokio::task::spawn_blocking(move || shard.pull(&req))
             .await
-            .map_err(|e| Status::internal(e.to_string()))??;
+            .map_err(PsError::from)??;
         Ok(Response::new(out))
     }
 
@@ -631,11 +655,69 @@ mod tests {
         let mine = owned_row(3, 0);
         let theirs = owned_row(3, 1);
         assert_eq!(pull(vec![3], vec![mine]).unwrap().values.len(), 4);
+        assert!(matches!(
+            pull(vec![99], vec![mine]),
+            Err(PsError::UnknownTable { table: 99, .. })
+        ));
+        assert!(matches!(
+            pull(vec![3], vec![theirs]),
+            Err(PsError::RowNotHeld {
+                table: 3,
+                ps: 0,
+                ..
+            })
+        ));
+        assert!(matches!(
+            pull(vec![3], vec![100]),
+            Err(PsError::RowOutOfRange {
+                row: 100,
+                rows: 100,
+                ..
+            })
+        ));
+        assert!(matches!(
+            pull(vec![3, 3], vec![mine]),
+            Err(PsError::ParallelArrays { tables: 2, rows: 1 })
+        ));
         for (t, r) in [(99, mine), (3, theirs), (3, 100)] {
-            let e = pull(vec![t], vec![r]).unwrap_err();
-            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{t} {r}: {e}");
+            let s = Status::from(pull(vec![t], vec![r]).unwrap_err());
+            assert_eq!(s.code(), tonic::Code::InvalidArgument, "{t} {r}: {s}");
         }
-        assert!(pull(vec![3, 3], vec![mine]).is_err());
+    }
+
+    /// A pull whose reply would not fit in `cluster.max_message_bytes` is refused with
+    /// the sizes in the message (the allocation side is checked in tests/pull_limits.rs);
+    /// the dense slice counts towards the reply.
+    #[test]
+    fn a_pull_whose_reply_exceeds_the_message_limit_is_refused() {
+        let mut job = job("async");
+        job.cluster.max_message_bytes = 1 << 20;
+        let ps = PsShard::new(&job, 0, 2).unwrap();
+        let row = owned_row(3, 0);
+        let pull = |n: usize, want_dense: bool| {
+            ps.pull(&PullRequest {
+                version: rpc::version(),
+                tables: vec![3; n],
+                rows: vec![row; n],
+                want_dense,
+            })
+        };
+        // dim 4: 16 bytes a row. The largest pull that fits, then one row more.
+        let fits = ((1 << 20) - PULL_REPLY_FRAMING_BYTES as usize) / 16;
+        assert_eq!(pull(fits, false).unwrap().values.len(), fits * 4);
+        let e = pull(fits + 1, false).unwrap_err();
+        assert!(
+            matches!(e, PsError::ReplyTooLarge { rows, dim: 4, dense: 0, limit, .. }
+                if rows == fits + 1 && limit == 1 << 20),
+            "{e}"
+        );
+        let s = Status::from(e);
+        assert_eq!(s.code(), tonic::Code::ResourceExhausted);
+        assert!(s.message().contains("1048576-byte"), "{}", s.message());
+        assert!(matches!(
+            pull(fits, true),
+            Err(PsError::ReplyTooLarge { dense, .. }) if dense == ps.range.len()
+        ));
     }
 
     #[tokio::test]
@@ -664,9 +746,63 @@ mod tests {
             samples: 0,
         };
         let n = before.dense.len();
-        assert!(ps.push(req(vec![1.0; 3], vec![])).await.is_err());
-        assert!(ps.push(req(vec![1.0; 4], vec![1.0; n + 1])).await.is_err());
-        assert!(ps.push(req(vec![f32::NAN; 4], vec![])).await.is_err());
+        assert!(matches!(
+            ps.push(req(vec![1.0; 3], vec![])).await,
+            Err(PsError::GradientLength {
+                values: 3,
+                rows: 1,
+                dim: 4
+            })
+        ));
+        assert!(matches!(
+            ps.push(req(vec![1.0; 5], vec![])).await,
+            Err(PsError::GradientLength { values: 5, .. })
+        ));
+        assert!(matches!(
+            ps.push(req(vec![1.0; 4], vec![1.0; n + 1])).await,
+            Err(PsError::DenseGradientLength { values, held, .. }) if values == n + 1 && held == n
+        ));
+        assert!(matches!(
+            ps.push(req(vec![1.0, 1.0, f32::NAN, 1.0], vec![])).await,
+            Err(PsError::NonFiniteGradient {
+                what: "sparse",
+                at: 2
+            })
+        ));
+        assert!(matches!(
+            ps.push(req(vec![1.0; 4], vec![f32::INFINITY; n])).await,
+            Err(PsError::NonFiniteGradient {
+                what: "dense",
+                at: 0
+            })
+        ));
+        assert!(matches!(
+            ps.push(PushRequest {
+                tables: vec![99],
+                ..req(vec![1.0; 4], vec![])
+            })
+            .await,
+            Err(PsError::UnknownTable { table: 99, .. })
+        ));
+        assert!(matches!(
+            ps.push(PushRequest {
+                tables: vec![0, 0],
+                ..req(vec![1.0; 8], vec![])
+            })
+            .await,
+            Err(PsError::ParallelArrays { tables: 2, rows: 1 })
+        ));
+        // A refused push changed nothing.
+        assert_eq!(ps.version(), 0);
+        let unchanged = ps
+            .pull(&PullRequest {
+                version: rpc::version(),
+                tables: vec![0],
+                rows: vec![row],
+                want_dense: true,
+            })
+            .unwrap();
+        assert_eq!(unchanged.values, before.values);
         let r = ps.push(req(vec![1.0; 4], vec![0.5; n])).await.unwrap();
         assert_eq!(r.dense_version, 1);
         let after = ps
