@@ -53,7 +53,7 @@ impl PsShard {
         PartHeader {
             index: self.index,
             num_ps: self.count,
-            dense_version: st.version,
+            dense_version: self.version_locked(st),
             dense_start: self.range.start,
             dense_end: self.range.end,
             dense_total: self.dense_total,
@@ -246,7 +246,7 @@ impl PsShard {
             } = &mut *st;
             let (v, _) = apply_parts(&parts, emb, dense, opt.as_mut(), &self.range)?;
             version = v;
-            st.version = v;
+            self.set_version(&mut st, v);
             // Batches applied before the restore are the checkpoint's business now.
             st.last_batch.clear();
         }

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,7 +58,6 @@ pub(crate) struct State {
     scratch: TableScratch,
     pub(crate) dense: Vec<f32>,
     pub(crate) opt: Box<dyn DenseOptimizer>,
-    pub(crate) version: u64,
     accum: Accum,
     /// CPR-SSU: sub-sampled lists of touched rows, for the large tables.
     pub(crate) ssu: Vec<Option<SsuList>>,
@@ -75,6 +75,12 @@ pub(crate) struct State {
 /// One parameter-server shard: embedding rows and a dense slice with optimizer state.
 pub struct PsShard {
     pub(crate) state: Mutex<State>,
+    /// Dense updates applied to the state. Written only while `state` is locked (the
+    /// writers take `&mut State` as proof), so a lock holder reads the value that matches
+    /// the state it sees; the heartbeat and `Info` read it without the lock, because a
+    /// checkpoint holds the lock for a copy of the whole shard (seconds on a large one) and
+    /// a heartbeat stuck behind it looks like a dead server to the master.
+    version: AtomicU64,
     pub(crate) version_tx: watch::Sender<u64>,
     pub(crate) index: u32,
     pub(crate) count: u32,
@@ -94,6 +100,8 @@ pub struct PsShard {
     /// The job's gRPC message limit (`cluster.max_message_bytes`): a pull reply over it
     /// could not be sent, so it is refused before its buffer is allocated.
     max_message_bytes: usize,
+    /// Embedding rows this shard holds (fixed by the sharding), for `Info` without the lock.
+    rows_held: u64,
 }
 
 /// Upper bound of a pull reply's protobuf encoding beyond its floats: two packed fields
@@ -117,6 +125,7 @@ impl PsShard {
         let range = dense_slice(dense.num_params(), count as usize, index as usize);
         let slice = dense.params()[range.clone()].to_vec();
         let opt = job.optimizer.dense.build(slice.len());
+        let rows_held = store.tables().iter().map(|t| t.local_rows() as u64).sum();
         let ckpt = &job.checkpoint;
         let mut large = vec![false; table_rows.len()];
         if ckpt.priority != SavePriority::None {
@@ -144,13 +153,13 @@ impl PsShard {
                 scratch: TableScratch::default(),
                 dense: slice,
                 opt,
-                version: 0,
                 accum: Accum::default(),
                 ssu,
                 last_batch: HashMap::new(),
                 repeated_pushes: 0,
                 late_pushes: 0,
             }),
+            version: AtomicU64::new(0),
             version_tx: watch::channel(0).0,
             index,
             count,
@@ -165,6 +174,7 @@ impl PsShard {
             stores: Default::default(),
             shm_ids: Mutex::new(Vec::new()),
             max_message_bytes: job.cluster.max_message_bytes,
+            rows_held,
         })
     }
 
@@ -179,9 +189,21 @@ impl PsShard {
                 .sum::<usize>()
     }
 
-    /// Dense updates applied so far.
+    /// Dense updates applied so far, without waiting for the state lock (see `version`).
     pub fn version(&self) -> u64 {
-        self.state.lock().version
+        // Relaxed: a monitoring read of one counter; lock holders get their ordering from
+        // the lock.
+        self.version.load(Ordering::Relaxed)
+    }
+
+    /// The version of the state `_st` (borrowed to show that the lock is held).
+    pub(crate) fn version_locked(&self, _st: &State) -> u64 {
+        self.version.load(Ordering::Relaxed)
+    }
+
+    /// Sets the version of the state `_st` (borrowed mutably: only lock holders write it).
+    pub(crate) fn set_version(&self, _st: &mut State, v: u64) {
+        self.version.store(v, Ordering::Relaxed);
     }
 
     /// Pushes skipped so far because their batch had been applied already.
@@ -194,7 +216,10 @@ impl PsShard {
         let st = self.state.lock();
         format!(
             "PS {}: {} dense updates, {} repeated pushes skipped, {} late synchronous pushes",
-            self.index, st.version, st.repeated_pushes, st.late_pushes
+            self.index,
+            self.version_locked(&st),
+            st.repeated_pushes,
+            st.late_pushes
         )
     }
 
@@ -298,7 +323,7 @@ impl PsShard {
             } else {
                 Vec::new()
             },
-            dense_version: st.version,
+            dense_version: self.version_locked(&st),
         })
     }
 
@@ -351,7 +376,8 @@ impl PsShard {
                 opt, dense: params, ..
             } = st;
             opt.step(params, dense);
-            st.version += 1;
+            let v = self.version_locked(st) + 1;
+            self.set_version(st, v);
         }
         Ok(())
     }
@@ -388,13 +414,13 @@ impl PsShard {
             let mut st = self.state.lock();
             if self.already_applied(&mut st, &req) {
                 return Ok(PushResponse {
-                    dense_version: st.version,
+                    dense_version: self.version_locked(&st),
                 });
             }
             self.apply_all(&mut st, &req.tables, &req.rows, &req.grads, &req.dense_grad)?;
             Self::remember(&mut st, &req);
             return Ok(PushResponse {
-                dense_version: st.version,
+                dense_version: self.version_locked(&st),
             });
         }
         let step = {
@@ -403,10 +429,10 @@ impl PsShard {
                 // Its gradients are in this or an earlier step already; the step it
                 // would have joined completes by its other contributors or the timeout.
                 return Ok(PushResponse {
-                    dense_version: st.version,
+                    dense_version: self.version_locked(&st),
                 });
             }
-            if req.base_version != st.version {
+            if req.base_version != self.version_locked(&st) {
                 // Computed before the last step closed (a worker that believed the step
                 // needed it too): it joins the open step, one update stale.
                 st.late_pushes += 1;
@@ -432,20 +458,20 @@ impl PsShard {
             if a.count >= req.contributors.max(1) || a.weight >= self.step_samples {
                 self.flush(&mut st)?;
                 return Ok(PushResponse {
-                    dense_version: st.version,
+                    dense_version: self.version_locked(&st),
                 });
             }
-            st.version
+            self.version_locked(&st)
         };
         let mut rx = self.version_tx.subscribe();
         let waited = tokio::time::timeout(self.sync_timeout, rx.wait_for(|&v| v > step)).await;
         let mut st = self.state.lock();
-        if waited.is_err() && st.version == step {
+        if waited.is_err() && self.version_locked(&st) == step {
             // Some contributor never came (died or left): apply what arrived.
             self.flush(&mut st)?;
         }
         Ok(PushResponse {
-            dense_version: st.version,
+            dense_version: self.version_locked(&st),
         })
     }
 
@@ -462,7 +488,7 @@ impl PsShard {
             a.dense
         };
         self.apply_all(st, &a.tables, &a.rows, &a.grads, &dense)?;
-        self.version_tx.send_replace(st.version);
+        self.version_tx.send_replace(self.version_locked(st));
         Ok(())
     }
 }
@@ -504,15 +530,9 @@ impl ParameterServer for Service {
             num_servers: s.count,
             dense_start: s.range.start as u64,
             dense_end: s.range.end as u64,
+            // Neither waits for the state lock, which a checkpoint may hold for seconds.
             dense_version: s.version(),
-            rows_held: s
-                .state
-                .lock()
-                .store
-                .tables()
-                .iter()
-                .map(|t| t.local_rows() as u64)
-                .sum(),
+            rows_held: s.rows_held,
         }))
     }
 }
@@ -575,6 +595,7 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
                 task_id: 0,
                 offset: 0,
                 samples: 0,
+                // Read without the state lock: a heartbeat must not wait for a checkpoint.
                 step: shard.version(),
             })
             .await;
@@ -718,6 +739,27 @@ mod tests {
             pull(fits, true),
             Err(PsError::ReplyTooLarge { dense, .. }) if dense == ps.range.len()
         ));
+    }
+
+    /// The heartbeat's step is read while another thread holds the state lock (as a
+    /// checkpoint's copy of a large shard does for seconds): it must not wait for it.
+    #[test]
+    fn the_heartbeat_step_is_read_without_the_state_lock() {
+        let ps = Arc::new(PsShard::new(&job("async"), 0, 2).unwrap());
+        {
+            let mut st = ps.state.lock();
+            ps.set_version(&mut st, 41);
+        }
+        let guard = ps.state.lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn({
+            let ps = ps.clone();
+            move || tx.send(ps.version()).unwrap()
+        });
+        let got = rx.recv_timeout(Duration::from_secs(10));
+        drop(guard);
+        reader.join().unwrap();
+        assert_eq!(got, Ok(41), "the step read waited for the state lock");
     }
 
     #[tokio::test]
