@@ -6,6 +6,7 @@
 //! [`tonic::Status`] (see the `From` impl): the shard's own methods stay free of transport
 //! types and tests can match on the variant.
 
+use elastrec_checkpoint::error::CheckpointError;
 use elastrec_embedding::EmbeddingError;
 use tonic::Status;
 
@@ -106,6 +107,14 @@ pub enum PsError {
         limit: usize,
     },
 
+    /// A delta checkpoint needs the share of rows it saves.
+    #[error("checkpoint ratio {0} is not in (0, 1]")]
+    BadRatio(f64),
+
+    /// Checkpoint storage (or the shared-memory image on restore) failed.
+    #[error("checkpoint storage: {0}")]
+    Storage(#[from] CheckpointError),
+
     /// The embedding store refused an operation the checks above let through (a bug).
     #[error("embedding store: {0}")]
     Embedding(#[from] EmbeddingError),
@@ -126,8 +135,9 @@ impl From<PsError> for Status {
             | PsError::RowNotHeld { .. }
             | PsError::GradientLength { .. }
             | PsError::DenseGradientLength { .. }
-            | PsError::NonFiniteGradient { .. } => Status::invalid_argument(msg),
-            PsError::Embedding(_) | PsError::Task(_) => Status::internal(msg),
+            | PsError::NonFiniteGradient { .. }
+            | PsError::BadRatio(_) => Status::invalid_argument(msg),
+            PsError::Storage(_) | PsError::Embedding(_) | PsError::Task(_) => Status::internal(msg),
         }
     }
 }
