@@ -130,7 +130,9 @@ impl PsShard {
     }
 
     /// Serves a checkpoint request: flash copy, then one encoding written to the
-    /// shared-memory image and to storage in the background of training.
+    /// shared-memory image and to storage in the background of training. A failed
+    /// shared-memory write is logged and skipped: the image only speeds up a relaunch on
+    /// this host, storage is what the checkpoint needs.
     pub async fn checkpoint(
         self: &Arc<Self>,
         req: CheckpointRequest,
@@ -157,23 +159,31 @@ impl PsShard {
                 &shm_name(self.index, self.count, req.id),
             )
         });
-        let id = req.id;
-        let (bytes, memcpy, t2) = tokio::task::spawn_blocking(move || {
+        let (index, id) = (self.index, req.id);
+        let (bytes, memcpy, t2, shm_written) = tokio::task::spawn_blocking(move || {
             let memcpy = image.time_plain_copy();
             let t2 = Instant::now();
             let bytes = image.encode();
-            if let Some(img) = shm {
-                img.write(id, &bytes)?;
-            }
-            Ok::<_, PsError>((bytes, memcpy, t2))
+            let written = shm.map(|img| match img.write(id, &bytes) {
+                Ok(()) => true,
+                Err(e) => {
+                    eprintln!(
+                        "PS {index}: warning: checkpoint {id}: skipped the shared-memory image \
+                         ({e}); the part goes to storage only, so a PS relaunched on this host \
+                         restores it from storage"
+                    );
+                    false
+                }
+            });
+            (bytes, memcpy, t2, written)
         })
-        .await??;
+        .await?;
         let name = part_name(self.index, self.count);
         let meta = store
             .put_part(req.id, &name, bytes::Bytes::from(bytes))
             .await?;
-        if !req.shm_namespace.is_empty() {
-            self.forget_old_shm(&req.shm_namespace, req.id, req.delta);
+        if let Some(written) = shm_written {
+            self.forget_old_shm(&req.shm_namespace, req.id, req.delta, written);
         }
         Ok(CheckpointResponse {
             part: meta.name,
@@ -187,10 +197,15 @@ impl PsShard {
         })
     }
 
-    /// Shared-memory images older than the newest full checkpoint are of no use.
-    fn forget_old_shm(&self, ns: &str, id: u64, delta: bool) {
+    /// Records checkpoint `id`'s image (when it was `written`) and, after a full
+    /// checkpoint, removes the older images: restores start from the newest full
+    /// checkpoint, so they are of no use. They go even when this image could not be
+    /// written, which frees the shared memory a full `/dev/shm` needs for the next one.
+    fn forget_old_shm(&self, ns: &str, id: u64, delta: bool, written: bool) {
         let mut ids = self.shm_ids.lock();
-        ids.push(id);
+        if written {
+            ids.push(id);
+        }
         if !delta {
             for &old in ids.iter().filter(|&&o| o < id) {
                 let _ = ShmImage::new(ns, &shm_name(self.index, self.count, old)).remove();
@@ -353,6 +368,27 @@ mod tests {
         assert_eq!(checksum(&shm), r.checksum);
         assert_eq!(checksum(&stored), r.checksum);
         assert_eq!(decode(&shm).unwrap().header.dense_version, r.dense_version);
+    }
+
+    /// `/dev/shm` unusable (here: the namespace's directory is a plain file, as good as a
+    /// full or read-only tmpfs for the write): the checkpoint still reaches storage.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_shared_memory_write_leaves_the_checkpoint_to_storage() {
+        let dir = tempfile::tempdir().unwrap();
+        let ns = Namespace::new("shm-fails");
+        let blocked = ns.dir();
+        std::fs::create_dir_all(blocked.parent().unwrap()).unwrap();
+        std::fs::write(&blocked, b"not a directory").unwrap();
+        let ps = shard();
+        let r = ps
+            .checkpoint(request(1, dir.path(), &ns.0))
+            .await
+            .expect("the checkpoint must not fail because of shared memory");
+        let stored = stored_part(dir.path(), 1, &r).await;
+        assert_eq!(checksum(&stored), r.checksum);
+        assert_eq!(decode(&stored).unwrap().tables.len(), 26);
+        assert!(ShmImage::new(&ns.0, &shm_name(0, 1, 1)).read().is_err());
+        assert!(ps.shm_ids.lock().is_empty(), "no image was recorded");
     }
 
     /// While a checkpoint waits for the state lock (or copies under it), the runtime's
