@@ -76,12 +76,13 @@ fn kill_a_ps_after_a_checkpoint(dir: &Path) {
     unpause(dir);
 }
 
-/// Starts job `job` held at a sixth of its samples.
-fn spawn_paused(job: &Path, log: &Path) -> Group {
+/// Starts job `job` held at a sixth of its samples, with `env` added to its environment.
+fn spawn_paused(job: &Path, log: &Path, env: &[(&str, &str)]) -> Group {
     let at = (2 * fixture().train_rows / 6).to_string();
-    Group::spawn(
+    Group::spawn_with_env(
         &["run", job.to_str().unwrap(), "--pause-at-samples", &at],
         log,
+        env,
     )
 }
 
@@ -92,10 +93,11 @@ fn run_with_a_ps_killed(
     name: &str,
     cluster: &str,
     mode: &str,
+    env: &[(&str, &str)],
 ) -> (serde_json::Value, serde_json::Value, String) {
     let (job, dir) = write_job(name, cluster);
     let log = dir.with_extension("log");
-    let mut g = spawn_paused(&job, &log);
+    let mut g = spawn_paused(&job, &log, env);
     kill_a_ps_after_a_checkpoint(&dir);
     let st = g.wait(Duration::from_secs(300));
     let text = std::fs::read_to_string(&log).unwrap();
@@ -120,7 +122,7 @@ fn run_with_a_ps_killed(
 #[test]
 fn ps_killed_under_partial_recovery() {
     let _g = serial();
-    let (r, _, _) = run_with_a_ps_killed("partial", &cluster("partial", 3600.0), "partial");
+    let (r, _, _) = run_with_a_ps_killed("partial", &cluster("partial", 3600.0), "partial", &[]);
     assert!(r["checkpoint"]["pls"].as_f64().unwrap() > 0.0, "{r}");
     // The worker never stopped: no replacement was launched.
     assert_eq!(r["workers_launched"], 1, "{r}");
@@ -131,7 +133,7 @@ fn ps_killed_under_partial_recovery() {
 #[test]
 fn ps_killed_under_full_recovery() {
     let _g = serial();
-    let (r, rec, _) = run_with_a_ps_killed("full", &cluster("full", 3600.0), "full");
+    let (r, rec, _) = run_with_a_ps_killed("full", &cluster("full", 3600.0), "full", &[]);
     assert!(rec["checkpoint"].as_u64().is_some(), "{r}");
     assert!(
         rec["samples_at_checkpoint"].as_u64() <= rec["samples_at_failure"].as_u64(),
@@ -153,7 +155,7 @@ fn whole_job_killed_then_resumed_from_the_last_intact_checkpoint() {
     let log = dir.with_extension("log");
     // Periodic checkpoints (every second) may come in between; three are taken on
     // request at three different data positions whatever the job's speed.
-    let g = spawn_paused(&job, &log);
+    let g = spawn_paused(&job, &log, &[]);
     let total = 2 * fixture().train_rows;
     for k in 1..=3 {
         wait_held(&dir);
@@ -274,8 +276,35 @@ fn checkpoint_of_two_ps_restored_onto_three() {
     );
 }
 
+/// Distinctive S3 credentials: the server on loopback accepts any, and these are easy to
+/// search for in everything the job leaves behind.
+const S3_KEY_ID: &str = "ELASTRECTESTKEYID7F3A";
+const S3_SECRET: &str = "elastrec-test-secret-9c1e-do-not-leak";
+
+/// Every file under `dir` (logs, master.db and its WAL, results, checkpoints) that
+/// contains `needle`.
+fn files_containing(dir: &Path, needle: &str) -> Vec<String> {
+    let mut hits = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(bytes) = std::fs::read(&p) {
+                if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                    hits.push(p.display().to_string());
+                }
+            }
+        }
+    }
+    hits
+}
+
 /// Checkpoints on S3 (a real S3-compatible server on loopback), no shared memory: the
-/// replacement PS reads its part from the object store.
+/// replacement PS reads its part from the object store. The credentials come from the
+/// environment only and appear in no log, database, result or checkpoint of the job (the
+/// job file, the only thing that travels over RPC with the location, holds none).
 #[test]
 fn ps_recovers_from_checkpoints_on_s3() {
     let _g = serial();
@@ -286,9 +315,14 @@ fn ps_recovers_from_checkpoints_on_s3() {
             "location = \"{}\"\nshm = false\n",
             s3.url("ckpt", "jobs/s3")
         );
-    let (r, _, _) = run_with_a_ps_killed("s3", &text, "partial");
+    let env = [
+        ("AWS_ACCESS_KEY_ID", S3_KEY_ID),
+        ("AWS_SECRET_ACCESS_KEY", S3_SECRET),
+    ];
+    let (r, _, _) = run_with_a_ps_killed("s3", &text, "partial", &env);
     assert_eq!(r["checkpoint"]["location"], "s3://ckpt/jobs/s3", "{r}");
-    let dir = fixture().dir.join("s3");
+    let f = fixture();
+    let dir = f.dir.join("s3");
     let restored: Vec<String> = std::fs::read_dir(dir.join("logs"))
         .unwrap()
         .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
@@ -300,4 +334,25 @@ fn ps_recovers_from_checkpoints_on_s3() {
         "{restored:?}"
     );
     assert!(!dir.join("checkpoints").exists(), "nothing written locally");
+    for secret in [S3_KEY_ID, S3_SECRET] {
+        let mut hits = files_containing(&dir, secret);
+        hits.extend(files_containing(&dir.with_extension("log"), secret));
+        assert!(hits.is_empty(), "a credential leaked into {hits:?}");
+    }
+}
+
+/// A location that carries credentials is refused before anything starts, naming the
+/// field and the environment variable to use, without echoing the secret.
+#[test]
+fn a_checkpoint_location_with_credentials_is_refused() {
+    let text = cluster("auto", 1.0)
+        + &format!("location = \"s3://ckpt/p?region=us-east-1&secret_access_key={S3_SECRET}\"\n");
+    let (job, dir) = write_job("keys", &text);
+    let out = elastrec(&["run", job.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("checkpoint.location"), "{err}");
+    assert!(err.contains("AWS_SECRET_ACCESS_KEY"), "{err}");
+    assert!(!err.contains(S3_SECRET), "the secret was echoed: {err}");
+    assert!(!dir.join("master.db").exists());
 }

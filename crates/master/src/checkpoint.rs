@@ -17,7 +17,7 @@ use anyhow::{bail, Context as _};
 use elastrec_checkpoint::cpr::{decide, CprCosts, PlsTracker, RecoveryDecision, RecoveryMode};
 use elastrec_checkpoint::format::{CheckpointKind, Manifest, PartMeta};
 use elastrec_checkpoint::shm::ShmRoot;
-use elastrec_checkpoint::store::CheckpointStore;
+use elastrec_checkpoint::store::{redact_location, CheckpointStore};
 use elastrec_proto::master::{CheckpointStatus, RestorePlan};
 use elastrec_proto::ps::CheckpointRequest;
 use elastrec_worker::cluster::{CheckpointConfig, RecoveryChoice, SavePriority};
@@ -242,12 +242,7 @@ impl Coordinator {
         shm_ns: String,
         stats: Option<CheckpointStats>,
     ) -> anyhow::Result<Self> {
-        let store = CheckpointStore::open(&job.checkpoint.location).with_context(|| {
-            format!(
-                "checkpoint.location `{}` cannot be opened",
-                job.checkpoint.location
-            )
-        })?;
+        let store = open_store(&job.checkpoint.location)?;
         let mut stats = stats.unwrap_or_default();
         if stats.pls.is_none() {
             stats.pls = Some(PlsTracker::new(total_samples.max(1), job.cluster.ps));
@@ -797,14 +792,24 @@ pub async fn plan_from(
 }
 
 /// Checkpoint `id` (default: the newest intact one) of another job's storage, for
+/// Opens the checkpoint store at `location`; an error names the location with any
+/// secret in it hidden (credentials come from the environment, never from a location).
+pub fn open_store(location: &str) -> anyhow::Result<CheckpointStore> {
+    CheckpointStore::open(location).with_context(|| {
+        format!(
+            "checkpoint location `{}` cannot be opened",
+            redact_location(location)
+        )
+    })
+}
+
 /// `elastrec run --from-checkpoint`.
 pub async fn load_foreign(
     location: &str,
     id: Option<u64>,
     fingerprint: &Fingerprint,
 ) -> anyhow::Result<(Manifest, RestorePlan, DataPosition)> {
-    let store = CheckpointStore::open(location)
-        .with_context(|| format!("opening checkpoints at {location}"))?;
+    let store = open_store(location)?;
     let m = match id {
         Some(id) => {
             let m = store.manifest(id).await?;
@@ -814,7 +819,7 @@ pub async fn load_foreign(
         None => store
             .latest_valid()
             .await?
-            .with_context(|| format!("{location} holds no intact checkpoint"))?,
+            .with_context(|| format!("{} holds no intact checkpoint", redact_location(location)))?,
     };
     plan_from(&store, location, "", fingerprint, m).await
 }

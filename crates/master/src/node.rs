@@ -182,6 +182,10 @@ fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
 pub fn validate_job(path: &Path) -> anyhow::Result<JobConfig> {
     let cfg = JobConfig::load(path)?;
     cfg.check_data(path)?;
+    if cfg.checkpoint.enabled {
+        crate::checkpoint::open_store(&cfg.checkpoint.location)
+            .with_context(|| format!("{}: checkpoint.location", path.display()))?;
+    }
     Ok(cfg)
 }
 
@@ -279,7 +283,10 @@ pub async fn start_job(
         let (m, plan, pos) = foreign.clone().expect("loaded with --from-checkpoint");
         eprintln!(
             "job {job_id}: starting from checkpoint {} of {} ({} PS, {} samples trained)",
-            m.id, from.location, m.num_ps, m.samples
+            m.id,
+            elastrec_checkpoint::store::redact_location(&from.location),
+            m.num_ps,
+            m.samples
         );
         queue = TaskQueue::from_position(
             shard_spec(&cfg),

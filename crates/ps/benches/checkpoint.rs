@@ -7,6 +7,7 @@
 //! 26 tables × 200k rows × (16 + 1) floats ≈ 354 MB).
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use elastrec_checkpoint::format::{CheckpointKind, Manifest, PartMeta};
@@ -43,7 +44,7 @@ async fn run(rows: u64) -> anyhow::Result<()> {
     let location = dir.path().to_string_lossy().into_owned();
     let store = CheckpointStore::open(&location)?;
     let ns = format!("bench-{}", std::process::id());
-    let ps = PsShard::new(&job(rows, "none"), 0, 1)?;
+    let ps = Arc::new(PsShard::new(&job(rows, "none"), 0, 1)?);
     println!("| checkpoint | bytes | stall (ms) | memory copy (ms) | stall / copy | persist (s) | persist MB/s |");
     println!("|---|---|---|---|---|---|---|");
     let mut last = None;

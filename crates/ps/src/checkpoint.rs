@@ -1,10 +1,16 @@
 //! Flash checkpoints and restores of one parameter server.
 //!
 //! A checkpoint copies the state under the lock (the training stall: plain memory copies),
-//! releases it, then encodes the copy, writes it to a shared-memory image (so a PS
-//! relaunched on this host reloads without storage) and to checkpoint storage. Delta
-//! checkpoints (CPR-MFU / CPR-SSU) copy only the hottest `ratio` of each large table's
-//! rows, plus the small tables and the dense slice whole.
+//! releases it, then encodes the copy once and writes those bytes to a shared-memory image
+//! (so a PS relaunched on this host reloads without storage) and to checkpoint storage.
+//! Delta checkpoints (CPR-MFU / CPR-SSU) copy only the hottest `ratio` of each large
+//! table's rows, plus the small tables and the dense slice whole.
+//!
+//! Memory: besides the live state, a checkpoint holds the copy, which the encoding consumes
+//! table by table, so at any moment about one extra shard's worth of bytes (the copy's rest
+//! plus the encoding so far), then the encoded bytes and the shared-memory file. The copy
+//! and the encoding are CPU-bound for seconds on a large shard, so they run on the blocking
+//! pool: on a runtime thread they would keep pulls, pushes and heartbeats waiting.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,11 +20,12 @@ use elastrec_checkpoint::format::{checksum, Manifest};
 use elastrec_checkpoint::priority::select_mfu;
 use elastrec_checkpoint::shm::ShmImage;
 use elastrec_checkpoint::store::CheckpointStore;
+use elastrec_embedding::EmbeddingError;
 use elastrec_proto::master::RestorePlan;
 use elastrec_proto::ps::{CheckpointRequest, CheckpointResponse};
 use parking_lot::Mutex;
-use tonic::Status;
 
+use crate::error::PsError;
 use crate::image::{apply_parts, decode, part_name, PartHeader, ShardImage, TableCopy};
 use crate::server::{PsShard, State};
 
@@ -28,7 +35,7 @@ pub struct Stores(Mutex<HashMap<String, Arc<CheckpointStore>>>);
 
 impl Stores {
     /// The store at `location`, opened once.
-    pub fn get(&self, location: &str) -> anyhow::Result<Arc<CheckpointStore>> {
+    pub fn get(&self, location: &str) -> elastrec_checkpoint::Result<Arc<CheckpointStore>> {
         let mut m = self.0.lock();
         if let Some(s) = m.get(location) {
             return Ok(s.clone());
@@ -44,16 +51,13 @@ fn shm_name(index: u32, num_ps: u32, id: u64) -> String {
     format!("ps-{index}-of-{num_ps}-ckpt-{id}")
 }
 
-fn internal(e: impl std::fmt::Display) -> Status {
-    Status::internal(e.to_string())
-}
-
 impl PsShard {
+    /// The part header for the state `st` (the lock is held, so the version matches it).
     fn header(&self, st: &State, delta: bool) -> PartHeader {
         PartHeader {
             index: self.index,
             num_ps: self.count,
-            dense_version: st.version,
+            dense_version: self.version_locked(st),
             dense_start: self.range.start,
             dense_end: self.range.end,
             dense_total: self.dense_total,
@@ -65,7 +69,12 @@ impl PsShard {
     }
 
     /// Copies the state for checkpoint `delta`-or-full; the caller holds the lock.
-    fn copy_state(&self, st: &mut State, delta: bool, ratio: f64) -> anyhow::Result<ShardImage> {
+    fn copy_state(
+        &self,
+        st: &mut State,
+        delta: bool,
+        ratio: f64,
+    ) -> Result<ShardImage, EmbeddingError> {
         let header = self.header(st, delta);
         if !delta {
             // Everything is saved: the hotness statistics start over.
@@ -120,62 +129,61 @@ impl PsShard {
         ))
     }
 
-    /// Serves a checkpoint request: flash copy, then encode, shared-memory image and
-    /// storage in the background of training.
-    pub async fn checkpoint(&self, req: CheckpointRequest) -> Result<CheckpointResponse, Status> {
-        if !(req.ratio.is_finite() && req.ratio > 0.0 && req.ratio <= 1.0) && req.delta {
-            return Err(Status::invalid_argument("ratio must be in (0, 1]"));
+    /// Serves a checkpoint request: flash copy, then one encoding written to the
+    /// shared-memory image and to storage in the background of training. A failed
+    /// shared-memory write is logged and skipped: the image only speeds up a relaunch on
+    /// this host, storage is what the checkpoint needs.
+    pub async fn checkpoint(
+        self: &Arc<Self>,
+        req: CheckpointRequest,
+    ) -> Result<CheckpointResponse, PsError> {
+        if req.delta && !(req.ratio.is_finite() && req.ratio > 0.0 && req.ratio <= 1.0) {
+            return Err(PsError::BadRatio(req.ratio));
         }
-        let store = self.stores.get(&req.location).map_err(internal)?;
-        let t0 = Instant::now();
-        let image = {
-            let mut st = self.state.lock();
-            self.copy_state(&mut st, req.delta, req.ratio)
-                .map_err(internal)?
-        };
-        let stall = t0.elapsed();
-        // The ideal to compare with: a plain copy of as many bytes, outside the lock.
-        let t1 = Instant::now();
-        let probe: Vec<Vec<f32>> = image
-            .tables
-            .iter()
-            .map(|t| match t {
-                TableCopy::Arena { data, .. } => data.clone(),
-                TableCopy::Rows(s) => s.values.clone(),
-            })
-            .chain(std::iter::once(image.dense.clone()))
-            .chain(image.state.iter().cloned())
-            .collect();
-        let memcpy = t1.elapsed();
-        drop(std::hint::black_box(probe));
+        let store = self.stores.get(&req.location)?;
+        let shard = self.clone();
+        let (delta, ratio) = (req.delta, req.ratio);
+        let (image, stall) = tokio::task::spawn_blocking(move || {
+            let t0 = Instant::now();
+            let mut st = shard.state.lock();
+            let image = shard.copy_state(&mut st, delta, ratio)?;
+            drop(st);
+            Ok::<_, PsError>((image, t0.elapsed()))
+        })
+        .await??;
         let rows = image.rows();
         let dense_version = image.header.dense_version;
-        let t2 = Instant::now();
-        let (index, count, id) = (self.index, self.count, req.id);
-        let ns = req.shm_namespace.clone();
-        let bytes = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<u8>> {
+        let shm = (!req.shm_namespace.is_empty()).then(|| {
+            ShmImage::new(
+                &req.shm_namespace,
+                &shm_name(self.index, self.count, req.id),
+            )
+        });
+        let (index, id) = (self.index, req.id);
+        let (bytes, memcpy, t2, shm_written) = tokio::task::spawn_blocking(move || {
+            let memcpy = image.time_plain_copy();
+            let t2 = Instant::now();
             let bytes = image.encode();
-            if !ns.is_empty() {
-                // The image only speeds up a restart on this host: when shared memory cannot
-                // take it (full /dev/shm, unsafe directory, bad namespace) the part still
-                // goes to storage, and a restore reads it from there.
-                let name = shm_name(index, count, id);
-                if let Err(e) = ShmImage::new(&ns, &name).and_then(|img| img.write(id, &bytes)) {
-                    eprintln!("checkpoint {id}: no shared-memory image, storage only: {e}");
+            let written = shm.map(|img| match img.and_then(|img| img.write(id, &bytes)) {
+                Ok(()) => true,
+                Err(e) => {
+                    eprintln!(
+                        "PS {index}: warning: checkpoint {id}: skipped the shared-memory image \
+                         ({e}); the part goes to storage only, so a PS relaunched on this host \
+                         restores it from storage"
+                    );
+                    false
                 }
-            }
-            Ok(bytes)
+            });
+            (bytes, memcpy, t2, written)
         })
-        .await
-        .map_err(internal)?
-        .map_err(internal)?;
+        .await?;
         let name = part_name(self.index, self.count);
         let meta = store
             .put_part(req.id, &name, bytes::Bytes::from(bytes))
-            .await
-            .map_err(internal)?;
-        if !req.shm_namespace.is_empty() {
-            self.forget_old_shm(&req.shm_namespace, req.id, req.delta);
+            .await?;
+        if let Some(written) = shm_written {
+            self.forget_old_shm(&req.shm_namespace, req.id, req.delta, written);
         }
         Ok(CheckpointResponse {
             part: meta.name,
@@ -189,10 +197,15 @@ impl PsShard {
         })
     }
 
-    /// Shared-memory images older than the newest full checkpoint are of no use.
-    fn forget_old_shm(&self, ns: &str, id: u64, delta: bool) {
+    /// Records checkpoint `id`'s image (when it was `written`) and, after a full
+    /// checkpoint, removes the older images: restores start from the newest full
+    /// checkpoint, so they are of no use. They go even when this image could not be
+    /// written, which frees the shared memory a full `/dev/shm` needs for the next one.
+    fn forget_old_shm(&self, ns: &str, id: u64, delta: bool, written: bool) {
         let mut ids = self.shm_ids.lock();
-        ids.push(id);
+        if written {
+            ids.push(id);
+        }
         if !delta {
             for &old in ids.iter().filter(|&&o| o < id) {
                 if let Ok(img) = ShmImage::new(ns, &shm_name(self.index, self.count, old)) {
@@ -257,11 +270,175 @@ impl PsShard {
             } = &mut *st;
             let (v, _) = apply_parts(&parts, emb, dense, opt.as_mut(), &self.range)?;
             version = v;
-            st.version = v;
+            self.set_version(&mut st, v);
             // Batches applied before the restore are the checkpoint's business now.
             st.last_batch.clear();
         }
         self.version_tx.send_replace(version);
         Ok((version, from_shm, from_store))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+    use std::time::Duration;
+
+    use elastrec_checkpoint::format::{CheckpointKind, PartMeta};
+    use elastrec_proto::ps::PullRequest;
+    use elastrec_worker::config::JobConfig;
+    use elastrec_worker::rpc;
+
+    use super::*;
+
+    fn shard() -> Arc<PsShard> {
+        let job = JobConfig::from_toml(
+            "[model]\nbottom_mlp = [8, 4]\ntop_mlp = [8, 1]\nembedding_dim = 4\ntable_rows = 300\n",
+            Path::new("job.toml"),
+        )
+        .unwrap();
+        Arc::new(PsShard::new(&job, 0, 1).unwrap())
+    }
+
+    fn request(id: u64, location: &Path, ns: &str) -> CheckpointRequest {
+        CheckpointRequest {
+            version: rpc::version(),
+            id,
+            location: location.to_string_lossy().into_owned(),
+            delta: false,
+            ratio: 1.0,
+            shm_namespace: ns.to_string(),
+        }
+    }
+
+    /// A shared-memory namespace of this test process only, removed when dropped.
+    struct Namespace(String);
+
+    impl Namespace {
+        fn new(test: &str) -> Self {
+            Self(format!("ps-unit-{test}-{}", std::process::id()))
+        }
+
+        /// The directory that holds the namespace's images.
+        fn dir(&self) -> PathBuf {
+            let img = ShmImage::new(&self.0, "x").unwrap();
+            img.path().parent().unwrap().to_path_buf()
+        }
+    }
+
+    impl Drop for Namespace {
+        fn drop(&mut self) {
+            let dir = self.dir();
+            let _ = std::fs::remove_dir_all(&dir).or_else(|_| std::fs::remove_file(&dir));
+        }
+    }
+
+    /// The part a checkpoint reply describes, read back from storage through a manifest
+    /// committed for it.
+    async fn stored_part(root: &Path, id: u64, r: &CheckpointResponse) -> bytes::Bytes {
+        let store = CheckpointStore::open(&root.to_string_lossy()).unwrap();
+        let manifest = Manifest {
+            id,
+            created_ms: 0,
+            fingerprint: "test".into(),
+            kind: CheckpointKind::Full,
+            num_ps: 1,
+            step: 0,
+            samples: 0,
+            parts: vec![PartMeta {
+                name: r.part.clone(),
+                bytes: r.bytes,
+                checksum: r.checksum,
+            }],
+            info: Default::default(),
+        };
+        store.commit(&manifest).await.unwrap();
+        store.read_part(&manifest, &r.part).await.unwrap()
+    }
+
+    /// The bytes in shared memory and in storage are the one encoding the reply describes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shared_memory_and_storage_hold_the_same_encoding() {
+        let dir = tempfile::tempdir().unwrap();
+        let ns = Namespace::new("same-bytes");
+        let ps = shard();
+        let r = ps.checkpoint(request(3, dir.path(), &ns.0)).await.unwrap();
+        let (id, shm) = ShmImage::new(&ns.0, &shm_name(0, 1, 3))
+            .unwrap()
+            .read()
+            .unwrap()
+            .expect("a shared-memory image");
+        let stored = stored_part(dir.path(), 3, &r).await;
+        assert_eq!(id, 3);
+        assert_eq!(shm.len() as u64, r.bytes);
+        assert_eq!(checksum(&shm), r.checksum);
+        assert_eq!(checksum(&stored), r.checksum);
+        assert_eq!(decode(&shm).unwrap().header.dense_version, r.dense_version);
+    }
+
+    /// `/dev/shm` unusable (here: the namespace's directory is a plain file, as good as a
+    /// full or read-only tmpfs for the write): the checkpoint still reaches storage.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_shared_memory_write_leaves_the_checkpoint_to_storage() {
+        let dir = tempfile::tempdir().unwrap();
+        let ns = Namespace::new("shm-fails");
+        let blocked = ns.dir();
+        std::fs::create_dir_all(blocked.parent().unwrap()).unwrap();
+        std::fs::write(&blocked, b"not a directory").unwrap();
+        let ps = shard();
+        let r = ps
+            .checkpoint(request(1, dir.path(), &ns.0))
+            .await
+            .expect("the checkpoint must not fail because of shared memory");
+        let stored = stored_part(dir.path(), 1, &r).await;
+        assert_eq!(checksum(&stored), r.checksum);
+        assert_eq!(decode(&stored).unwrap().tables.len(), 26);
+        assert!(ShmImage::new(&ns.0, &shm_name(0, 1, 1))
+            .unwrap()
+            .read()
+            .is_err());
+        assert!(ps.shm_ids.lock().is_empty(), "no image was recorded");
+    }
+
+    /// While a checkpoint waits for the state lock (or copies under it), the runtime's
+    /// threads keep serving other requests: with one runtime thread, a task spawned after
+    /// the checkpoint still runs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_checkpoint_does_not_hold_a_runtime_thread_while_it_copies() {
+        let dir = tempfile::tempdir().unwrap();
+        let ps = shard();
+        let guard = ps.state.lock();
+        let ckpt = tokio::spawn({
+            let ps = ps.clone();
+            let req = request(1, dir.path(), "");
+            async move { ps.checkpoint(req).await }
+        });
+        // Let the checkpoint task reach the lock before the probe is queued behind it.
+        std::thread::sleep(Duration::from_millis(100));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let probe = tokio::spawn({
+            let ps = ps.clone();
+            async move {
+                let _ = tx.send(ps.version());
+            }
+        });
+        // A std channel: the runtime's own timers need the thread that may be blocked.
+        let served = rx.recv_timeout(Duration::from_secs(10));
+        drop(guard);
+        probe.await.unwrap();
+        let r = ckpt.await.unwrap().unwrap();
+        assert_eq!(
+            served,
+            Ok(0),
+            "the runtime thread was blocked by the checkpoint"
+        );
+        assert_eq!(r.rows, 26 * 300);
+        let pulled = ps.pull(&PullRequest {
+            version: rpc::version(),
+            tables: vec![0],
+            rows: vec![0],
+            want_dense: false,
+        });
+        assert!(pulled.is_ok());
     }
 }

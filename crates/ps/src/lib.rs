@@ -7,7 +7,9 @@
 //! worker) before applying them, waiting at most `cluster.sync_timeout_ms` for stragglers.
 
 pub mod checkpoint;
+pub mod error;
 pub mod image;
 pub mod server;
 
+pub use error::PsError;
 pub use server::{run_ps, PsArgs, PsShard};

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +24,8 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
+
+use crate::error::PsError;
 
 /// Arguments of the hidden `elastrec ps` role command.
 #[derive(Debug, Clone, clap::Args)]
@@ -59,7 +62,6 @@ pub(crate) struct State {
     scratch: TableScratch,
     pub(crate) dense: Vec<f32>,
     pub(crate) opt: Box<dyn DenseOptimizer>,
-    pub(crate) version: u64,
     accum: Accum,
     /// CPR-SSU: sub-sampled lists of touched rows, for the large tables.
     pub(crate) ssu: Vec<Option<SsuList>>,
@@ -77,6 +79,12 @@ pub(crate) struct State {
 /// One parameter-server shard: embedding rows and a dense slice with optimizer state.
 pub struct PsShard {
     pub(crate) state: Mutex<State>,
+    /// Dense updates applied to the state. Written only while `state` is locked (the
+    /// writers take `&mut State` as proof), so a lock holder reads the value that matches
+    /// the state it sees; the heartbeat and `Info` read it without the lock, because a
+    /// checkpoint holds the lock for a copy of the whole shard (seconds on a large one) and
+    /// a heartbeat stuck behind it looks like a dead server to the master.
+    version: AtomicU64,
     pub(crate) version_tx: watch::Sender<u64>,
     pub(crate) index: u32,
     pub(crate) count: u32,
@@ -93,11 +101,16 @@ pub struct PsShard {
     pub(crate) stores: crate::checkpoint::Stores,
     /// Shared-memory images this process wrote (older ones are removed).
     pub(crate) shm_ids: Mutex<Vec<u64>>,
+    /// The job's gRPC message limit (`cluster.max_message_bytes`): a pull reply over it
+    /// could not be sent, so it is refused before its buffer is allocated.
+    max_message_bytes: usize,
+    /// Embedding rows this shard holds (fixed by the sharding), for `Info` without the lock.
+    rows_held: u64,
 }
 
-fn bad(msg: String) -> Status {
-    Status::invalid_argument(msg)
-}
+/// Upper bound of a pull reply's protobuf encoding beyond its floats: two packed fields
+/// (tag and length varint, at most 11 bytes each) and the version (at most 11 bytes).
+const PULL_REPLY_FRAMING_BYTES: u64 = 64;
 
 impl PsShard {
     /// Shard `index` of `count` for `job`, initialized exactly as the single-process model.
@@ -116,6 +129,7 @@ impl PsShard {
         let range = dense_slice(dense.num_params(), count as usize, index as usize);
         let slice = dense.params()[range.clone()].to_vec();
         let opt = job.optimizer.dense.build(slice.len());
+        let rows_held = store.tables().iter().map(|t| t.local_rows() as u64).sum();
         let ckpt = &job.checkpoint;
         let mut large = vec![false; table_rows.len()];
         if ckpt.priority != SavePriority::None {
@@ -143,13 +157,13 @@ impl PsShard {
                 scratch: TableScratch::default(),
                 dense: slice,
                 opt,
-                version: 0,
                 accum: Accum::default(),
                 ssu,
                 last_batch: HashMap::new(),
                 repeated_pushes: 0,
                 late_pushes: 0,
             }),
+            version: AtomicU64::new(0),
             version_tx: watch::channel(0).0,
             index,
             count,
@@ -163,6 +177,8 @@ impl PsShard {
             large,
             stores: Default::default(),
             shm_ids: Mutex::new(Vec::new()),
+            max_message_bytes: job.cluster.max_message_bytes,
+            rows_held,
         })
     }
 
@@ -177,9 +193,21 @@ impl PsShard {
                 .sum::<usize>()
     }
 
-    /// Dense updates applied so far.
+    /// Dense updates applied so far, without waiting for the state lock (see `version`).
     pub fn version(&self) -> u64 {
-        self.state.lock().version
+        // Relaxed: a monitoring read of one counter; lock holders get their ordering from
+        // the lock.
+        self.version.load(Ordering::Relaxed)
+    }
+
+    /// The version of the state `_st` (borrowed to show that the lock is held).
+    pub(crate) fn version_locked(&self, _st: &State) -> u64 {
+        self.version.load(Ordering::Relaxed)
+    }
+
+    /// Sets the version of the state `_st` (borrowed mutably: only lock holders write it).
+    pub(crate) fn set_version(&self, _st: &mut State, v: u64) {
+        self.version.store(v, Ordering::Relaxed);
     }
 
     /// Pushes skipped so far because their batch had been applied already.
@@ -192,7 +220,10 @@ impl PsShard {
         let st = self.state.lock();
         format!(
             "PS {}: {} dense updates, {} repeated pushes skipped, {} late synchronous pushes",
-            self.index, st.version, st.repeated_pushes, st.late_pushes
+            self.index,
+            self.version_locked(&st),
+            st.repeated_pushes,
+            st.late_pushes
         )
     }
 
@@ -220,42 +251,74 @@ impl PsShard {
         }
     }
 
-    #[allow(clippy::result_large_err)]
-    fn check_rows(&self, tables: &[u32], rows: &[u64]) -> Result<(), Status> {
+    /// Checks the parallel arrays of table ids and rows from the wire: every table exists
+    /// and every row is in range and held by this server.
+    fn check_rows(&self, tables: &[u32], rows: &[u64]) -> Result<(), PsError> {
         if tables.len() != rows.len() {
-            return Err(bad(format!(
-                "{} tables for {} rows",
-                tables.len(),
-                rows.len()
-            )));
+            return Err(PsError::ParallelArrays {
+                tables: tables.len(),
+                rows: rows.len(),
+            });
         }
-        for (&t, &r) in tables.iter().zip(rows) {
-            let Some(&n) = self.table_rows.get(t as usize) else {
-                return Err(bad(format!("table {t} does not exist")));
+        for (&table, &row) in tables.iter().zip(rows) {
+            let Some(&n) = self.table_rows.get(table as usize) else {
+                return Err(PsError::UnknownTable {
+                    table,
+                    tables: self.table_rows.len(),
+                });
             };
-            if r >= n || elastrec_embedding::shard_of(t as usize, r, self.count) != self.index {
-                return Err(bad(format!(
-                    "row {r} of table {t} is not held by PS {}",
-                    self.index
-                )));
+            if row >= n {
+                return Err(PsError::RowOutOfRange {
+                    table,
+                    row,
+                    rows: n,
+                });
+            }
+            if elastrec_embedding::shard_of(table as usize, row, self.count) != self.index {
+                return Err(PsError::RowNotHeld {
+                    table,
+                    row,
+                    ps: self.index,
+                    count: self.count,
+                });
             }
         }
         Ok(())
     }
 
+    /// Refuses a pull whose reply would exceed the message limit. The client controls the
+    /// row count (a 64 MiB request names millions of rows, each reply row `dim` floats), so
+    /// this runs before anything is sized by it: a reply over the limit could not be sent
+    /// anyway, but building it first would allocate up to gigabytes per request.
+    fn check_pull_reply_size(&self, req: &PullRequest) -> Result<(), PsError> {
+        let dense = if req.want_dense { self.range.len() } else { 0 };
+        let floats = (req.rows.len() as u64)
+            .saturating_mul(self.dim as u64)
+            .saturating_add(dense as u64);
+        let bytes = floats
+            .saturating_mul(4)
+            .saturating_add(PULL_REPLY_FRAMING_BYTES);
+        if bytes > self.max_message_bytes as u64 {
+            return Err(PsError::ReplyTooLarge {
+                rows: req.rows.len(),
+                dim: self.dim,
+                dense,
+                bytes,
+                limit: self.max_message_bytes,
+            });
+        }
+        Ok(())
+    }
+
     /// Copies rows (and optionally the dense slice) out.
-    #[allow(clippy::result_large_err)]
-    pub fn pull(&self, req: &PullRequest) -> Result<PullResponse, Status> {
+    pub fn pull(&self, req: &PullRequest) -> Result<PullResponse, PsError> {
+        self.check_pull_reply_size(req)?;
         self.check_rows(&req.tables, &req.rows)?;
-        let st = self.state.lock();
+        // Bounded by the message limit (checked above); allocated before taking the lock.
         let mut values = Vec::with_capacity(req.rows.len() * self.dim);
+        let st = self.state.lock();
         for (&t, &r) in req.tables.iter().zip(&req.rows) {
-            let w = st
-                .store
-                .table(t as usize)
-                .and_then(|tb| tb.weights(r))
-                .map_err(|e| bad(e.to_string()))?;
-            values.extend_from_slice(w);
+            values.extend_from_slice(st.store.table(t as usize)?.weights(r)?);
         }
         Ok(PullResponse {
             values,
@@ -264,7 +327,7 @@ impl PsShard {
             } else {
                 Vec::new()
             },
-            dense_version: st.version,
+            dense_version: self.version_locked(&st),
         })
     }
 
@@ -274,7 +337,8 @@ impl PsShard {
         rows: &[u64],
         grads: &[f32],
         dim: usize,
-    ) -> Result<(), Status> {
+    ) -> Result<(), PsError> {
+        // Every index and length here was checked by `validate_push`.
         let ntables = st.store.num_tables();
         let mut by_table: Vec<(Vec<u64>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); ntables];
         for (i, (&t, &r)) in tables.iter().zip(rows).enumerate() {
@@ -297,83 +361,70 @@ impl PsShard {
                 let locals: Vec<usize> = rows.iter().map(|&r| (r / n) as usize).collect();
                 list.observe(&locals);
             }
-            store
-                .table_mut(t)
-                .and_then(|tb| tb.apply_rows(rows, grads, scratch))
-                .map_err(|e| Status::internal(e.to_string()))?;
+            store.table_mut(t)?.apply_rows(rows, grads, scratch)?;
         }
         Ok(())
     }
 
     fn apply_all(
+        &self,
         st: &mut State,
         tables: &[u32],
         rows: &[u64],
         grads: &[f32],
         dense: &[f32],
-        dim: usize,
-    ) -> Result<(), Status> {
-        Self::apply_sparse(st, tables, rows, grads, dim)?;
+    ) -> Result<(), PsError> {
+        Self::apply_sparse(st, tables, rows, grads, self.dim)?;
         if !dense.is_empty() {
             let State {
                 opt, dense: params, ..
             } = st;
             opt.step(params, dense);
-            st.version += 1;
+            let v = self.version_locked(st) + 1;
+            self.set_version(st, v);
         }
         Ok(())
     }
 
-    #[allow(clippy::result_large_err)]
-    fn validate_push(&self, req: &PushRequest) -> Result<(), Status> {
+    /// Checks every id and length of a push from the wire before any of it is used.
+    fn validate_push(&self, req: &PushRequest) -> Result<(), PsError> {
         self.check_rows(&req.tables, &req.rows)?;
-        if req.grads.len() != req.rows.len() * self.dim {
-            return Err(bad(format!(
-                "{} gradient values for {} rows of dimension {}",
-                req.grads.len(),
-                req.rows.len(),
-                self.dim
-            )));
+        if req.rows.len().checked_mul(self.dim) != Some(req.grads.len()) {
+            return Err(PsError::GradientLength {
+                values: req.grads.len(),
+                rows: req.rows.len(),
+                dim: self.dim,
+            });
         }
         if !req.dense_grad.is_empty() && req.dense_grad.len() != self.range.len() {
-            return Err(bad(format!(
-                "dense gradient has {} values, this PS holds {}",
-                req.dense_grad.len(),
-                self.range.len()
-            )));
+            return Err(PsError::DenseGradientLength {
+                values: req.dense_grad.len(),
+                ps: self.index,
+                held: self.range.len(),
+            });
         }
-        if req
-            .grads
-            .iter()
-            .chain(&req.dense_grad)
-            .any(|g| !g.is_finite())
-        {
-            return Err(bad("non-finite gradient".into()));
+        for (what, g) in [("sparse", &req.grads), ("dense", &req.dense_grad)] {
+            if let Some(at) = g.iter().position(|g| !g.is_finite()) {
+                return Err(PsError::NonFiniteGradient { what, at });
+            }
         }
         Ok(())
     }
 
     /// Applies a push: at once (async), or as part of its synchronous step.
-    pub async fn push(&self, req: PushRequest) -> Result<PushResponse, Status> {
+    pub async fn push(&self, req: PushRequest) -> Result<PushResponse, PsError> {
         self.validate_push(&req)?;
         if self.mode == SyncMode::Async {
             let mut st = self.state.lock();
             if self.already_applied(&mut st, &req) {
                 return Ok(PushResponse {
-                    dense_version: st.version,
+                    dense_version: self.version_locked(&st),
                 });
             }
-            Self::apply_all(
-                &mut st,
-                &req.tables,
-                &req.rows,
-                &req.grads,
-                &req.dense_grad,
-                self.dim,
-            )?;
+            self.apply_all(&mut st, &req.tables, &req.rows, &req.grads, &req.dense_grad)?;
             Self::remember(&mut st, &req);
             return Ok(PushResponse {
-                dense_version: st.version,
+                dense_version: self.version_locked(&st),
             });
         }
         let step = {
@@ -382,10 +433,10 @@ impl PsShard {
                 // Its gradients are in this or an earlier step already; the step it
                 // would have joined completes by its other contributors or the timeout.
                 return Ok(PushResponse {
-                    dense_version: st.version,
+                    dense_version: self.version_locked(&st),
                 });
             }
-            if req.base_version != st.version {
+            if req.base_version != self.version_locked(&st) {
                 // Computed before the last step closed (a worker that believed the step
                 // needed it too): it joins the open step, one update stale.
                 st.late_pushes += 1;
@@ -411,25 +462,24 @@ impl PsShard {
             if a.count >= req.contributors.max(1) || a.weight >= self.step_samples {
                 self.flush(&mut st)?;
                 return Ok(PushResponse {
-                    dense_version: st.version,
+                    dense_version: self.version_locked(&st),
                 });
             }
-            st.version
+            self.version_locked(&st)
         };
         let mut rx = self.version_tx.subscribe();
         let waited = tokio::time::timeout(self.sync_timeout, rx.wait_for(|&v| v > step)).await;
         let mut st = self.state.lock();
-        if waited.is_err() && st.version == step {
+        if waited.is_err() && self.version_locked(&st) == step {
             // Some contributor never came (died or left): apply what arrived.
             self.flush(&mut st)?;
         }
         Ok(PushResponse {
-            dense_version: st.version,
+            dense_version: self.version_locked(&st),
         })
     }
 
-    #[allow(clippy::result_large_err)]
-    fn flush(&self, st: &mut State) -> Result<(), Status> {
+    fn flush(&self, st: &mut State) -> Result<(), PsError> {
         let mut a = std::mem::take(&mut st.accum);
         // The mean over the step's samples.
         let inv = (1.0 / a.weight.max(1.0)) as f32;
@@ -441,8 +491,8 @@ impl PsShard {
         } else {
             a.dense
         };
-        Self::apply_all(st, &a.tables, &a.rows, &a.grads, &dense, self.dim)?;
-        self.version_tx.send_replace(st.version);
+        self.apply_all(st, &a.tables, &a.rows, &a.grads, &dense)?;
+        self.version_tx.send_replace(self.version_locked(st));
         Ok(())
     }
 }
@@ -457,7 +507,7 @@ impl ParameterServer for Service {
         let shard = self.0.clone();
         let out = tokio::task::spawn_blocking(move || shard.pull(&req))
             .await
-            .map_err(|e| Status::internal(e.to_string()))??;
+            .map_err(PsError::from)??;
         Ok(Response::new(out))
     }
 
@@ -484,15 +534,9 @@ impl ParameterServer for Service {
             num_servers: s.count,
             dense_start: s.range.start as u64,
             dense_end: s.range.end as u64,
+            // Neither waits for the state lock, which a checkpoint may hold for seconds.
             dense_version: s.version(),
-            rows_held: s
-                .state
-                .lock()
-                .store
-                .tables()
-                .iter()
-                .map(|t| t.local_rows() as u64)
-                .sum(),
+            rows_held: s.rows_held,
         }))
     }
 }
@@ -507,7 +551,7 @@ pub async fn serve(
     let svc = ParameterServerServer::new(Service(shard))
         .max_decoding_message_size(max_bytes)
         .max_encoding_message_size(max_bytes);
-    tonic::transport::Server::builder()
+    elastrec_worker::rpc::server()
         .add_service(InterceptedService::new(svc, ServerAuth::new(&token)))
         .serve_with_incoming(elastrec_worker::rpc::incoming(listener))
         .await?;
@@ -555,6 +599,7 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
                 task_id: 0,
                 offset: 0,
                 samples: 0,
+                // Read without the state lock: a heartbeat must not wait for a checkpoint.
                 step: shard.version(),
             })
             .await;
@@ -635,11 +680,90 @@ mod tests {
         let mine = owned_row(3, 0);
         let theirs = owned_row(3, 1);
         assert_eq!(pull(vec![3], vec![mine]).unwrap().values.len(), 4);
+        assert!(matches!(
+            pull(vec![99], vec![mine]),
+            Err(PsError::UnknownTable { table: 99, .. })
+        ));
+        assert!(matches!(
+            pull(vec![3], vec![theirs]),
+            Err(PsError::RowNotHeld {
+                table: 3,
+                ps: 0,
+                ..
+            })
+        ));
+        assert!(matches!(
+            pull(vec![3], vec![100]),
+            Err(PsError::RowOutOfRange {
+                row: 100,
+                rows: 100,
+                ..
+            })
+        ));
+        assert!(matches!(
+            pull(vec![3, 3], vec![mine]),
+            Err(PsError::ParallelArrays { tables: 2, rows: 1 })
+        ));
         for (t, r) in [(99, mine), (3, theirs), (3, 100)] {
-            let e = pull(vec![t], vec![r]).unwrap_err();
-            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{t} {r}: {e}");
+            let s = Status::from(pull(vec![t], vec![r]).unwrap_err());
+            assert_eq!(s.code(), tonic::Code::InvalidArgument, "{t} {r}: {s}");
         }
-        assert!(pull(vec![3, 3], vec![mine]).is_err());
+    }
+
+    /// A pull whose reply would not fit in `cluster.max_message_bytes` is refused with
+    /// the sizes in the message (the allocation side is checked in tests/pull_limits.rs);
+    /// the dense slice counts towards the reply.
+    #[test]
+    fn a_pull_whose_reply_exceeds_the_message_limit_is_refused() {
+        let mut job = job("async");
+        job.cluster.max_message_bytes = 1 << 20;
+        let ps = PsShard::new(&job, 0, 2).unwrap();
+        let row = owned_row(3, 0);
+        let pull = |n: usize, want_dense: bool| {
+            ps.pull(&PullRequest {
+                version: rpc::version(),
+                tables: vec![3; n],
+                rows: vec![row; n],
+                want_dense,
+            })
+        };
+        // dim 4: 16 bytes a row. The largest pull that fits, then one row more.
+        let fits = ((1 << 20) - PULL_REPLY_FRAMING_BYTES as usize) / 16;
+        assert_eq!(pull(fits, false).unwrap().values.len(), fits * 4);
+        let e = pull(fits + 1, false).unwrap_err();
+        assert!(
+            matches!(e, PsError::ReplyTooLarge { rows, dim: 4, dense: 0, limit, .. }
+                if rows == fits + 1 && limit == 1 << 20),
+            "{e}"
+        );
+        let s = Status::from(e);
+        assert_eq!(s.code(), tonic::Code::ResourceExhausted);
+        assert!(s.message().contains("1048576-byte"), "{}", s.message());
+        assert!(matches!(
+            pull(fits, true),
+            Err(PsError::ReplyTooLarge { dense, .. }) if dense == ps.range.len()
+        ));
+    }
+
+    /// The heartbeat's step is read while another thread holds the state lock (as a
+    /// checkpoint's copy of a large shard does for seconds): it must not wait for it.
+    #[test]
+    fn the_heartbeat_step_is_read_without_the_state_lock() {
+        let ps = Arc::new(PsShard::new(&job("async"), 0, 2).unwrap());
+        {
+            let mut st = ps.state.lock();
+            ps.set_version(&mut st, 41);
+        }
+        let guard = ps.state.lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn({
+            let ps = ps.clone();
+            move || tx.send(ps.version()).unwrap()
+        });
+        let got = rx.recv_timeout(Duration::from_secs(10));
+        drop(guard);
+        reader.join().unwrap();
+        assert_eq!(got, Ok(41), "the step read waited for the state lock");
     }
 
     #[tokio::test]
@@ -668,9 +792,63 @@ mod tests {
             samples: 0,
         };
         let n = before.dense.len();
-        assert!(ps.push(req(vec![1.0; 3], vec![])).await.is_err());
-        assert!(ps.push(req(vec![1.0; 4], vec![1.0; n + 1])).await.is_err());
-        assert!(ps.push(req(vec![f32::NAN; 4], vec![])).await.is_err());
+        assert!(matches!(
+            ps.push(req(vec![1.0; 3], vec![])).await,
+            Err(PsError::GradientLength {
+                values: 3,
+                rows: 1,
+                dim: 4
+            })
+        ));
+        assert!(matches!(
+            ps.push(req(vec![1.0; 5], vec![])).await,
+            Err(PsError::GradientLength { values: 5, .. })
+        ));
+        assert!(matches!(
+            ps.push(req(vec![1.0; 4], vec![1.0; n + 1])).await,
+            Err(PsError::DenseGradientLength { values, held, .. }) if values == n + 1 && held == n
+        ));
+        assert!(matches!(
+            ps.push(req(vec![1.0, 1.0, f32::NAN, 1.0], vec![])).await,
+            Err(PsError::NonFiniteGradient {
+                what: "sparse",
+                at: 2
+            })
+        ));
+        assert!(matches!(
+            ps.push(req(vec![1.0; 4], vec![f32::INFINITY; n])).await,
+            Err(PsError::NonFiniteGradient {
+                what: "dense",
+                at: 0
+            })
+        ));
+        assert!(matches!(
+            ps.push(PushRequest {
+                tables: vec![99],
+                ..req(vec![1.0; 4], vec![])
+            })
+            .await,
+            Err(PsError::UnknownTable { table: 99, .. })
+        ));
+        assert!(matches!(
+            ps.push(PushRequest {
+                tables: vec![0, 0],
+                ..req(vec![1.0; 8], vec![])
+            })
+            .await,
+            Err(PsError::ParallelArrays { tables: 2, rows: 1 })
+        ));
+        // A refused push changed nothing.
+        assert_eq!(ps.version(), 0);
+        let unchanged = ps
+            .pull(&PullRequest {
+                version: rpc::version(),
+                tables: vec![0],
+                rows: vec![row],
+                want_dense: true,
+            })
+            .unwrap();
+        assert_eq!(unchanged.values, before.values);
         let r = ps.push(req(vec![1.0; 4], vec![0.5; n])).await.unwrap();
         assert_eq!(r.dense_version, 1);
         let after = ps

@@ -4,6 +4,7 @@
 //! of servers gives every row back.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use elastrec_checkpoint::format::{CheckpointKind, Manifest, PartMeta};
 use elastrec_checkpoint::store::CheckpointStore;
@@ -60,7 +61,7 @@ fn pull(ps: &PsShard, rows: &[u64]) -> Vec<Vec<f32>> {
 }
 
 async fn checkpoint(
-    ps: &[&PsShard],
+    ps: &[&Arc<PsShard>],
     store: &CheckpointStore,
     id: u64,
     delta: bool,
@@ -114,7 +115,7 @@ async fn checkpoint(
 async fn mfu_delta_saves_hot_rows_and_restores_on_top_of_the_full_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let store = CheckpointStore::open(dir.path().to_str().unwrap()).unwrap();
-    let ps = PsShard::new(&job("mfu", 1), 0, 1).unwrap();
+    let ps = Arc::new(PsShard::new(&job("mfu", 1), 0, 1).unwrap());
     let hot: Vec<u64> = (100..105).collect();
     let cold: Vec<u64> = (500..520).collect();
     push(&ps, &hot, 3).await;
@@ -162,7 +163,7 @@ async fn mfu_delta_saves_hot_rows_and_restores_on_top_of_the_full_checkpoint() {
 async fn ssu_delta_saves_at_most_ratio_rows() {
     let dir = tempfile::tempdir().unwrap();
     let store = CheckpointStore::open(dir.path().to_str().unwrap()).unwrap();
-    let ps = PsShard::new(&job("ssu", 1), 0, 1).unwrap();
+    let ps = Arc::new(PsShard::new(&job("ssu", 1), 0, 1).unwrap());
     checkpoint(&[&ps], &store, 1, false, 1.0).await;
     let touched: Vec<u64> = (0..400).collect();
     push(&ps, &touched, 4).await;
@@ -180,8 +181,8 @@ async fn two_server_checkpoint_restores_onto_three() {
     let dir = tempfile::tempdir().unwrap();
     let store = CheckpointStore::open(dir.path().to_str().unwrap()).unwrap();
     let job2 = job("none", 2);
-    let a = PsShard::new(&job2, 0, 2).unwrap();
-    let b = PsShard::new(&job2, 1, 2).unwrap();
+    let a = Arc::new(PsShard::new(&job2, 0, 2).unwrap());
+    let b = Arc::new(PsShard::new(&job2, 1, 2).unwrap());
     let rows: Vec<u64> = (0..1000).collect();
     let owner = |r: u64, n: u32| elastrec_embedding::shard_of(0, r, n) as usize;
     for (i, s) in [&a, &b].iter().enumerate() {

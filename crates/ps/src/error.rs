@@ -1,0 +1,174 @@
+//! Errors of the parameter server's request handling.
+//!
+//! Everything a request carries comes from the network, so every id and length is checked
+//! before it indexes a table or sizes an allocation; each refusal names the values involved
+//! so the worker's log says what was wrong. The gRPC handlers turn these into
+//! [`tonic::Status`] (see the `From` impl): the shard's own methods stay free of transport
+//! types and tests can match on the variant.
+
+use elastrec_checkpoint::error::CheckpointError;
+use elastrec_embedding::EmbeddingError;
+use tonic::Status;
+
+/// What a parameter-server request can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum PsError {
+    /// `tables` and `rows` are parallel arrays of one entry per row.
+    #[error("{tables} table ids for {rows} row ids (one table id per row expected)")]
+    ParallelArrays {
+        /// Entries of `tables`.
+        tables: usize,
+        /// Entries of `rows`.
+        rows: usize,
+    },
+
+    /// A table id the job does not have.
+    #[error("table {table} does not exist (the job has {tables} tables)")]
+    UnknownTable {
+        /// The id asked for.
+        table: u32,
+        /// Tables of the job.
+        tables: usize,
+    },
+
+    /// A row past the end of its table.
+    #[error("row {row} of table {table} is out of range (the table has {rows} rows)")]
+    RowOutOfRange {
+        /// Table id.
+        table: u32,
+        /// The row asked for.
+        row: u64,
+        /// Rows of the table.
+        rows: u64,
+    },
+
+    /// A row another server holds (the client routed with a stale server count).
+    #[error("row {row} of table {table} is not held by PS {ps} of {count}")]
+    RowNotHeld {
+        /// Table id.
+        table: u32,
+        /// The row asked for.
+        row: u64,
+        /// This server's index.
+        ps: u32,
+        /// Servers of the job.
+        count: u32,
+    },
+
+    /// A push whose gradient array does not hold `dim` values per row.
+    #[error(
+        "{values} gradient values for {rows} rows of dimension {dim} (expected {rows} x {dim})"
+    )]
+    GradientLength {
+        /// Values sent.
+        values: usize,
+        /// Rows sent.
+        rows: usize,
+        /// The job's embedding dimension.
+        dim: usize,
+    },
+
+    /// A dense gradient that is not exactly this server's dense slice.
+    #[error("dense gradient has {values} values, PS {ps} holds a slice of {held}")]
+    DenseGradientLength {
+        /// Values sent.
+        values: usize,
+        /// This server's index.
+        ps: u32,
+        /// Length of its dense slice.
+        held: usize,
+    },
+
+    /// NaN or infinity in a gradient: applying it would poison the parameters for good.
+    #[error("non-finite gradient value at position {at} of the {what} gradient")]
+    NonFiniteGradient {
+        /// `sparse` or `dense`.
+        what: &'static str,
+        /// Index of the first non-finite value.
+        at: usize,
+    },
+
+    /// A pull whose reply could not be sent: refused before anything is allocated for it.
+    #[error(
+        "pull of {rows} rows of dimension {dim}{} needs a reply of about {bytes} bytes, \
+         over the {limit}-byte message limit (cluster.max_message_bytes); pull fewer rows per request",
+        if *.dense > 0 { format!(" and the dense slice of {} values", .dense) } else { String::new() }
+    )]
+    ReplyTooLarge {
+        /// Rows asked for.
+        rows: usize,
+        /// The job's embedding dimension.
+        dim: usize,
+        /// Dense values asked for (0 without the dense slice).
+        dense: usize,
+        /// Encoded size of the reply (an upper bound).
+        bytes: u64,
+        /// The configured limit.
+        limit: usize,
+    },
+
+    /// A delta checkpoint needs the share of rows it saves.
+    #[error("checkpoint ratio {0} is not in (0, 1]")]
+    BadRatio(f64),
+
+    /// Checkpoint storage (or the shared-memory image on restore) failed.
+    #[error("checkpoint storage: {0}")]
+    Storage(#[from] CheckpointError),
+
+    /// The embedding store refused an operation the checks above let through (a bug).
+    #[error("embedding store: {0}")]
+    Embedding(#[from] EmbeddingError),
+
+    /// A background (blocking) task of the request panicked or was cancelled.
+    #[error("background task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+impl From<PsError> for Status {
+    fn from(e: PsError) -> Self {
+        let msg = e.to_string();
+        match e {
+            PsError::ReplyTooLarge { .. } => Status::resource_exhausted(msg),
+            PsError::ParallelArrays { .. }
+            | PsError::UnknownTable { .. }
+            | PsError::RowOutOfRange { .. }
+            | PsError::RowNotHeld { .. }
+            | PsError::GradientLength { .. }
+            | PsError::DenseGradientLength { .. }
+            | PsError::NonFiniteGradient { .. }
+            | PsError::BadRatio(_) => Status::invalid_argument(msg),
+            PsError::Storage(_) | PsError::Embedding(_) | PsError::Task(_) => Status::internal(msg),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_mistakes_and_server_failures_get_distinct_codes() {
+        let too_big = PsError::ReplyTooLarge {
+            rows: 10,
+            dim: 4,
+            dense: 3,
+            bytes: 200,
+            limit: 100,
+        };
+        let s = Status::from(too_big);
+        assert_eq!(s.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            s.message().contains("10 rows") && s.message().contains("100-byte"),
+            "{}",
+            s.message()
+        );
+        let bad = PsError::GradientLength {
+            values: 3,
+            rows: 1,
+            dim: 4,
+        };
+        assert_eq!(Status::from(bad).code(), tonic::Code::InvalidArgument);
+        let bug = PsError::Embedding(EmbeddingError::ZeroDim);
+        assert_eq!(Status::from(bug).code(), tonic::Code::Internal);
+    }
+}
