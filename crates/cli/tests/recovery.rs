@@ -281,20 +281,17 @@ fn checkpoint_of_two_ps_restored_onto_three() {
 const S3_KEY_ID: &str = "ELASTRECTESTKEYID7F3A";
 const S3_SECRET: &str = "elastrec-test-secret-9c1e-do-not-leak";
 
-/// Every file under `dir` (logs, master.db and its WAL, results, checkpoints) that
-/// contains `needle`.
-fn files_containing(dir: &Path, needle: &str) -> Vec<String> {
+/// Every file at or under `path` (logs, master.db and its WAL, results, checkpoints)
+/// that contains `needle`.
+fn files_containing(path: &Path, needle: &str) -> Vec<String> {
     let mut hits = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if let Ok(bytes) = std::fs::read(&p) {
-                if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
-                    hits.push(p.display().to_string());
-                }
+    let mut stack = vec![path.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        if p.is_dir() {
+            stack.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+        } else if let Ok(bytes) = std::fs::read(&p) {
+            if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                hits.push(p.display().to_string());
             }
         }
     }
