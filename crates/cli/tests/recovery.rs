@@ -276,6 +276,32 @@ fn checkpoint_of_two_ps_restored_onto_three() {
     );
 }
 
+/// A parameter server that never answers a checkpoint call (a fail point hangs PS 1's
+/// first one): the checkpoint is abandoned after `checkpoint.timeout_s` instead of
+/// blocking every later one, the next checkpoint commits, and the job finishes exactly.
+#[test]
+fn a_hung_checkpoint_is_abandoned_and_the_next_one_commits() {
+    let _g = serial();
+    let text = cluster("partial", 3600.0) + "timeout_s = 2.0\n";
+    let (job, dir) = write_job("hung", &text);
+    let log = dir.with_extension("log");
+    let mut g = spawn_paused(&job, &log, &[("ELASTREC_FAIL_HANG_CHECKPOINT", "1")]);
+    wait_held(&dir);
+    let out = elastrec(&["checkpoint", dir.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the hung checkpoint was committed");
+    assert!(err.contains("checkpoint refused"), "{err}");
+    take_checkpoint(&dir);
+    unpause(&dir);
+    let st = g.wait(Duration::from_secs(300));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(st.success(), "{text}");
+    check_result(&dir, &log, 0.005);
+    assert_eq!(result(&dir)["checkpoint"]["count"], 1, "{text}");
+    let ps1 = std::fs::read_to_string(dir.join("logs/ps-2.log")).unwrap();
+    assert!(ps1.contains("never answering this checkpoint"), "{ps1}");
+}
+
 /// Distinctive S3 credentials: the server on loopback accepts any, and these are easy to
 /// search for in everything the job leaves behind.
 const S3_KEY_ID: &str = "ELASTRECTESTKEYID7F3A";

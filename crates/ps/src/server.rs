@@ -523,6 +523,13 @@ impl ParameterServer for Service {
     ) -> Result<Response<CheckpointResponse>, Status> {
         let req = req.into_inner();
         check_version(&req.version)?;
+        if fail_point_hang_checkpoint(self.0.index) {
+            eprintln!(
+                "PS {}: fail point: never answering this checkpoint",
+                self.0.index
+            );
+            std::future::pending::<()>().await;
+        }
         Ok(Response::new(self.0.checkpoint(req).await?))
     }
 
@@ -1009,4 +1016,15 @@ mod tests {
         assert_eq!(v, 2);
         assert!(t0.elapsed() >= Duration::from_millis(150));
     }
+}
+
+/// Test fail point `ELASTREC_FAIL_HANG_CHECKPOINT=INDEX`: PS `INDEX` never answers its
+/// first checkpoint request (a hung server), and answers later ones normally.
+fn fail_point_hang_checkpoint(index: u32) -> bool {
+    static USED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    std::env::var("ELASTREC_FAIL_HANG_CHECKPOINT")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        == Some(index)
+        && !USED.swap(true, std::sync::atomic::Ordering::AcqRel)
 }
