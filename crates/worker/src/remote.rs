@@ -462,30 +462,27 @@ async fn report(
     task: u64,
     offset: u64,
 ) -> anyhow::Result<(bool, bool)> {
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let r = master
-            .report_progress(ReportProgressRequest {
-                version: rpc::version(),
-                node_id: id,
-                task_id: task,
-                offset,
-            })
-            .await;
-        match r {
-            Ok(r) => {
-                let r = r.into_inner();
-                return Ok((r.task_done, r.stop));
-            }
-            Err(s) if is_transient(&s) && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(s) if s.code() == Code::NotFound || s.code() == Code::FailedPrecondition => {
-                eprintln!("worker {id}: master refused progress ({s}); exiting");
-                std::process::exit(3);
-            }
-            Err(s) => bail!("report progress: {s}"),
+    let req = ReportProgressRequest {
+        version: rpc::version(),
+        node_id: id,
+        task_id: task,
+        offset,
+    };
+    let r = rpc::retry_transient(Some(Duration::from_secs(300)), || {
+        let mut m = master.clone();
+        async move { m.report_progress(req).await }
+    })
+    .await;
+    match r {
+        Ok(r) => {
+            let r = r.into_inner();
+            Ok((r.task_done, r.stop))
         }
+        Err(s) if s.code() == Code::NotFound || s.code() == Code::FailedPrecondition => {
+            eprintln!("worker {id}: master refused progress ({s}); exiting");
+            std::process::exit(3);
+        }
+        Err(s) => bail!("report progress: {s}"),
     }
 }
 
@@ -525,18 +522,17 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         .active_workers
         .store(job.cluster.workers, Ordering::Relaxed);
     loop {
-        let reply = match master
-            .get_task(GetTaskRequest {
-                version: rpc::version(),
-                node_id: id,
-            })
-            .await
+        let req = GetTaskRequest {
+            version: rpc::version(),
+            node_id: id,
+        };
+        let reply = match rpc::retry_transient(None, || {
+            let mut m = master.clone();
+            async move { m.get_task(req).await }
+        })
+        .await
         {
             Ok(r) => r.into_inner().reply,
-            Err(s) if is_transient(&s) => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
-            }
             Err(s) => {
                 eprintln!("worker {id}: get-task refused: {s}; exiting");
                 return Ok(());
@@ -565,15 +561,12 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                         logloss: acc.logloss(),
                         samples: acc.count() as u64,
                     };
-                    loop {
-                        match master.report_eval(req).await {
-                            Ok(_) => break,
-                            Err(s) if is_transient(&s) => {
-                                tokio::time::sleep(Duration::from_millis(200)).await
-                            }
-                            Err(s) => bail!("report eval: {s}"),
-                        }
-                    }
+                    rpc::retry_transient(None, || {
+                        let mut m = master.clone();
+                        async move { m.report_eval(req).await }
+                    })
+                    .await
+                    .map_err(|s| anyhow::anyhow!("report eval: {s}"))?;
                 }
                 return Ok(());
             }

@@ -195,6 +195,31 @@ pub fn is_transient(s: &Status) -> bool {
     )
 }
 
+/// Pause between two attempts of a call that failed transiently.
+pub const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// Runs `call` until it succeeds or fails with a non-transient status (returned), retrying
+/// transient failures (see [`is_transient`]) every [`RETRY_PAUSE`]; with `give_up_after`,
+/// the last transient status is returned once that much time has passed.
+pub async fn retry_transient<T, F, Fut>(
+    give_up_after: Option<Duration>,
+    mut call: F,
+) -> Result<T, Status>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Status>>,
+{
+    let start = std::time::Instant::now();
+    loop {
+        match call().await {
+            Err(s) if is_transient(&s) && give_up_after.is_none_or(|d| start.elapsed() < d) => {
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            r => return r,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,6 +277,32 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn transient_failures_are_retried_and_others_returned() {
+        let mut n = 0;
+        let r = retry_transient(None, || {
+            n += 1;
+            let attempt = n;
+            async move {
+                if attempt < 3 {
+                    Err(Status::unavailable("down"))
+                } else {
+                    Ok(attempt)
+                }
+            }
+        })
+        .await;
+        assert_eq!(r.unwrap(), 3);
+        let r: Result<(), _> =
+            retry_transient(None, || async { Err(Status::not_found("gone")) }).await;
+        assert_eq!(r.unwrap_err().code(), tonic::Code::NotFound);
+        let r: Result<(), _> = retry_transient(Some(Duration::ZERO), || async {
+            Err(Status::unavailable("down"))
+        })
+        .await;
+        assert_eq!(r.unwrap_err().code(), tonic::Code::Unavailable);
     }
 
     #[test]
