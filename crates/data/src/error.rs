@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 
 /// Everything that can go wrong in `elastrec-data`.
 ///
-/// Variants say who is at fault: [`DataError::Malformed`] and [`DataError::BadValue`] are
-/// problems in the input data, [`DataError::Io`] and [`DataError::Parquet`] are the
-/// environment or the container format, [`DataError::InvalidSpec`] and
-/// [`DataError::InvalidRange`] are the caller's arguments.
+/// Variants say who is at fault: [`DataError::Malformed`], [`DataError::LineTooLong`] and
+/// [`DataError::BadValue`] are problems in the input data, [`DataError::Io`] and
+/// [`DataError::Parquet`] are the environment or the container format,
+/// [`DataError::InvalidSpec`] and [`DataError::InvalidRange`] are the caller's arguments.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
     /// An I/O error on `path`.
@@ -33,6 +33,20 @@ pub enum DataError {
         field: usize,
         /// What is wrong with the field.
         reason: FieldError,
+    },
+    /// A TSV line longer than [`crate::tsv::MAX_LINE_BYTES`]: `file:line: line longer than N
+    /// bytes`. Only the first `N` bytes are ever buffered; the rest of the line is skipped.
+    #[error(
+        "{}:{line}: line longer than {limit} bytes (a Criteo line is under 1 KiB: corrupt file?)",
+        path.display()
+    )]
+    LineTooLong {
+        /// File holding the line.
+        path: PathBuf,
+        /// 1-based line number in the file (also for range readers).
+        line: u64,
+        /// The cap, [`crate::tsv::MAX_LINE_BYTES`].
+        limit: usize,
     },
     /// A bad value in a columnar (Parquet) file: `file: row R: column C: reason`.
     #[error("{}: row {row}: column {column}: {reason}", path.display())]
@@ -95,7 +109,9 @@ impl DataError {
     pub fn is_bad_row(&self) -> bool {
         matches!(
             self,
-            DataError::Malformed { .. } | DataError::BadValue { .. }
+            DataError::Malformed { .. }
+                | DataError::LineTooLong { .. }
+                | DataError::BadValue { .. }
         )
     }
 }
