@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 /// Everything that can go wrong in `elastrec-data`.
 ///
 /// Variants say who is at fault: [`DataError::Malformed`], [`DataError::LineTooLong`] and
-/// [`DataError::BadValue`] are problems in the input data, [`DataError::Io`] and
-/// [`DataError::Parquet`] are the environment or the container format,
-/// [`DataError::InvalidSpec`] and [`DataError::InvalidRange`] are the caller's arguments.
+/// [`DataError::BadValue`] are problems in the input data, [`DataError::CorruptIndex`] in a
+/// cached sidecar, [`DataError::Io`] and [`DataError::Parquet`] are the environment or the
+/// container format, [`DataError::InvalidSpec`] and [`DataError::InvalidRange`] are the
+/// caller's arguments.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
     /// An I/O error on `path`.
@@ -67,6 +68,15 @@ pub enum DataError {
         path: PathBuf,
         /// Error text from the parquet/arrow crates.
         message: String,
+    },
+    /// A TSV row index sidecar (`<file>.idx`, see [`crate::index`]) that matches its data
+    /// file's size and modification time but whose contents are inconsistent.
+    #[error("{}: corrupt row index: {reason}; delete it to rebuild it", path.display())]
+    CorruptIndex {
+        /// The sidecar file (not the data file).
+        path: PathBuf,
+        /// What is inconsistent.
+        reason: String,
     },
     /// A requested row range does not fit the file.
     #[error("{}: invalid row range {start}..{end} (file has {rows} rows)", path.display())]

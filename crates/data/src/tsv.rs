@@ -408,12 +408,13 @@ impl TsvReader {
                 path: path.to_path_buf(),
                 start: start_row,
                 end: end_row,
-                rows: LineIndex::load(path).map_or(0, |i| i.rows),
+                // Only to word the error: a corrupt index must not hide the caller's mistake.
+                rows: LineIndex::load(path).ok().flatten().map_or(0, |i| i.rows),
             });
         }
         let (mut input, format) = open_input(path)?;
         let mut skip = start_row;
-        if let Some(idx) = LineIndex::load(path) {
+        if let Some(idx) = LineIndex::load(path)? {
             if end_row > idx.rows {
                 return Err(DataError::InvalidRange {
                     path: path.to_path_buf(),
