@@ -478,7 +478,8 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
     };
     let path = job.output.dir.join("summary.json");
     let text = serde_json::to_string_pretty(&summary).expect("summary serializes");
-    std::fs::write(&path, text).map_err(|e| WorkerError::io(&path, e))?;
+    // Atomic: scripts and dashboards read summary.json as the run's result.
+    crate::fsio::write_atomic(&path, text.as_bytes())?;
     Ok(summary)
 }
 
@@ -488,5 +489,79 @@ fn truncate(batch: &mut Batch, n: usize) {
         batch.labels.truncate(n);
         batch.dense.truncate(n * elastrec_data::NUM_DENSE);
         batch.sparse.truncate(n * NUM_SPARSE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use elastrec_data::RawRow;
+
+    /// `rows` rows of Criteo TSV whose label follows the first integer feature.
+    fn tsv(rows: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        for r in 0..rows {
+            let mut row = RawRow {
+                label: (r % 2) as u8,
+                ..RawRow::default()
+            };
+            row.ints[0] = Some(10 * (r % 2) as i64);
+            row.cats[0] = Some(r as u32 % 7);
+            elastrec_data::tsv::write_row(&row, &mut out);
+        }
+        out
+    }
+
+    /// A tiny job over `train` (name, contents) files and one 64-row eval file.
+    fn job(dir: &Path, train: &[(&str, Vec<u8>)]) -> JobConfig {
+        for (name, bytes) in train {
+            std::fs::write(dir.join(name), bytes).unwrap();
+        }
+        std::fs::write(dir.join("eval.tsv"), tsv(64)).unwrap();
+        let mut job = JobConfig::default();
+        job.data.dir = dir.to_path_buf();
+        job.data.train = train.iter().map(|(n, _)| n.to_string()).collect();
+        job.data.eval = vec!["eval.tsv".into()];
+        job.model.embedding_dim = 4;
+        job.model.bottom_mlp = vec![8, 4];
+        job.model.top_mlp = vec![8, 1];
+        job.model.table_rows = TableRows::All(64);
+        job.train.batch_size = 32;
+        job.train.progress = false;
+        job.output.dir = dir.join("run");
+        job
+    }
+
+    /// `summary.json` and `model.bin` replace the previous files by rename, never by
+    /// writing into them: an existing file hard-linked to the old name keeps its bytes
+    /// (an in-place write would change them, and a crash would leave a partial file).
+    #[test]
+    fn run_files_are_replaced_atomically() {
+        let dir = tempfile::tempdir().unwrap();
+        let job = job(dir.path(), &[("day.tsv", tsv(200))]);
+        std::fs::create_dir_all(&job.output.dir).unwrap();
+        let mut previous = Vec::new();
+        for name in ["summary.json", "model.bin"] {
+            let keep = dir.path().join(format!("previous-{name}"));
+            std::fs::write(&keep, b"previous run").unwrap();
+            std::fs::hard_link(&keep, job.output.dir.join(name)).unwrap();
+            previous.push(keep);
+        }
+        let summary = train(&job).unwrap();
+        assert_eq!(summary.samples, 200);
+        for keep in &previous {
+            assert_eq!(std::fs::read(keep).unwrap(), b"previous run");
+        }
+        let written: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(job.output.dir.join("summary.json")).unwrap())
+                .unwrap();
+        assert_eq!(written["samples"], 200);
+        model_file::load(&job.output.dir.join("model.bin")).unwrap();
+        let leftovers: Vec<_> = std::fs::read_dir(&job.output.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
     }
 }
