@@ -102,6 +102,27 @@ pub fn ensure_data(job: &JobConfig, progress: bool) -> Result<()> {
     Ok(())
 }
 
+/// Rows of each training file (TSV: lines, Parquet: the footer's count), in job order.
+///
+/// Fails with [`WorkerError::NoTrainingData`], naming the files, when together they hold
+/// no row: training would otherwise run zero steps and still report the AUC of an
+/// untrained model. The standalone trainer calls this before it creates anything; the
+/// distributed master needs the same per-file counts to cut its shards.
+pub fn count_train_rows(job: &JobConfig) -> Result<Vec<(PathBuf, u64)>> {
+    let files = job.train_files();
+    let counts = files
+        .iter()
+        .map(|f| Ok((f.clone(), elastrec_data::count_rows(f)?)))
+        .collect::<Result<Vec<_>>>()?;
+    if counts.iter().all(|&(_, rows)| rows == 0) {
+        return Err(WorkerError::NoTrainingData {
+            files,
+            reason: "the data.train files hold 0 rows".into(),
+        });
+    }
+    Ok(counts)
+}
+
 /// Hashed rows per distinct value when sizing tables from cardinalities.
 ///
 /// At load factor 1 (rows = cardinality) about 63% of values share a row, including the
@@ -354,6 +375,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
             ));
         }
     }
+    let train_rows: u64 = count_train_rows(job)?.iter().map(|&(_, rows)| rows).sum();
     std::fs::create_dir_all(&job.output.dir).map_err(|e| WorkerError::io(&job.output.dir, e))?;
     let mut metrics = MetricsLog::open(&job.output.dir)?;
 
@@ -365,11 +387,6 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
 
     let mut eval_stats = ReadStats::default();
     let eval_set = load_eval_set(&job.eval_files(), job, &mut eval_stats)?;
-    let train_rows: u64 = job
-        .train_files()
-        .iter()
-        .map(|f| elastrec_data::count_rows(f))
-        .sum::<std::result::Result<u64, _>>()?;
     let mut budget = train_rows * job.train.epochs as u64;
     if job.train.max_samples > 0 {
         budget = budget.min(job.train.max_samples);
@@ -435,6 +452,17 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
         }
         train_time += t0.elapsed().as_secs_f64();
         read_stats.merge(&reader.finish());
+        if samples == 0 {
+            // The files have rows (checked above), but `on_bad_row = "skip"` dropped them all.
+            return Err(WorkerError::NoTrainingData {
+                files: job.train_files(),
+                reason: format!(
+                    "all {} rows were skipped as malformed (on_bad_row = \"skip\"), the first as {}",
+                    read_stats.rows_skipped,
+                    read_stats.first_errors.first().map_or("?", String::as_str)
+                ),
+            });
+        }
         let at = Position {
             epoch,
             samples,
@@ -495,7 +523,7 @@ fn truncate(batch: &mut Batch, n: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use elastrec_data::RawRow;
+    use elastrec_data::{BadRowPolicy, RawRow};
 
     /// `rows` rows of Criteo TSV whose label follows the first integer feature.
     fn tsv(rows: usize) -> Vec<u8> {
@@ -530,6 +558,51 @@ mod tests {
         job.train.progress = false;
         job.output.dir = dir.join("run");
         job
+    }
+
+    /// Training files with no row are an error naming them, raised before the run
+    /// directory is created: no summary with the AUC of an untrained model.
+    #[test]
+    fn empty_training_files_are_an_error_naming_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let job = job(dir.path(), &[("a.tsv", vec![]), ("b.tsv", vec![])]);
+        let err = train(&job).unwrap_err();
+        assert!(matches!(err, WorkerError::NoTrainingData { .. }), "{err:?}");
+        let msg = err.to_string();
+        let (a, b) = (dir.path().join("a.tsv"), dir.path().join("b.tsv"));
+        assert_eq!(
+            msg,
+            format!(
+                "no training data in {}, {}: the data.train files hold 0 rows",
+                a.display(),
+                b.display()
+            )
+        );
+        assert!(!job.output.dir.exists());
+        assert_eq!(count_train_rows(&job).unwrap_err().to_string(), msg);
+
+        // One file with rows is enough.
+        std::fs::write(&b, tsv(3)).unwrap();
+        assert_eq!(count_train_rows(&job).unwrap(), vec![(a, 0), (b, 3)]);
+    }
+
+    /// Rows that all get skipped as malformed leave nothing to train on either.
+    #[test]
+    fn training_files_of_only_skipped_rows_are_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut job = job(dir.path(), &[("bad.tsv", b"2\tx\n\n".to_vec())]);
+        job.data.on_bad_row = BadRowPolicy::Skip;
+        let msg = train(&job).unwrap_err().to_string();
+        let bad = dir.path().join("bad.tsv");
+        assert!(
+            msg.starts_with(&format!(
+                "no training data in {}: all 2 rows were skipped as malformed (on_bad_row = \"skip\"), the first as {}:1: field 0:",
+                bad.display(),
+                bad.display()
+            )),
+            "{msg}"
+        );
+        assert!(!job.output.dir.join("summary.json").exists());
     }
 
     /// `summary.json` and `model.bin` replace the previous files by rename, never by
