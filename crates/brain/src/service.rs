@@ -27,7 +27,7 @@ pub const FIT_WINDOW: usize = 2_000;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50070";
 
 /// Options of `elastrec brain --db URL [--listen ADDR] [--token TOKEN]`.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct BrainServeOptions {
     /// Database URL: `sqlite://brain.db?mode=rwc` or `postgres://...`.
     pub db_url: String,
@@ -51,6 +51,18 @@ impl BrainServeOptions {
     }
 }
 
+/// Hides the secrets: the database password and the token.
+impl std::fmt::Debug for BrainServeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrainServeOptions")
+            .field("db_url", &crate::db::redact_url(&self.db_url))
+            .field("listen", &self.listen)
+            .field("token", &"***")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
 /// Serves until Ctrl-C.
 pub async fn serve(opts: BrainServeOptions) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(opts.listen)
@@ -59,7 +71,8 @@ pub async fn serve(opts: BrainServeOptions) -> Result<()> {
             path: opts.listen.to_string(),
             source,
         })?;
-    tracing::info!(listen = %opts.listen, db = %redact(&opts.db_url), "brain serving");
+    let db = crate::db::redact_url(&opts.db_url);
+    tracing::info!(listen = %opts.listen, %db, "brain serving");
     serve_with_listener(opts, listener, async {
         let _ = tokio::signal::ctrl_c().await;
     })
@@ -103,16 +116,6 @@ pub async fn serve_with_listener(
         )
         .await?;
     Ok(())
-}
-
-fn redact(url: &str) -> String {
-    match url.find('@') {
-        Some(at) => match url.find("://") {
-            Some(s) => format!("{}://***{}", &url[..s], &url[at..]),
-            None => "***".into(),
-        },
-        None => url.to_string(),
-    }
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -469,6 +472,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn options_debug_hides_secrets() {
+        let opts = BrainServeOptions::new("postgres://u:pw-in-url@h/db", "s3cret-token");
+        let shown = format!("{opts:?}");
+        assert!(shown.contains("postgres://u:***@h/db"), "{shown}");
+        assert!(
+            !shown.contains("pw-in-url") && !shown.contains("s3cret"),
+            "{shown}"
+        );
+    }
+
+    #[test]
     fn wire_validation_names_fields() {
         let bad = pb::Allocation {
             workers: 2,
@@ -494,6 +508,5 @@ mod tests {
                 && !constant_time_eq(b"abc", b"abd")
                 && !constant_time_eq(b"a", b"ab")
         );
-        assert_eq!(redact("postgres://u:p@h:5/db"), "postgres://***@h:5/db");
     }
 }

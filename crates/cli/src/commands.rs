@@ -361,7 +361,10 @@ pub fn brain_serve(db: &str, listen: std::net::SocketAddr, token: Option<String>
     };
     let mut opts = elastrec_brain::BrainServeOptions::new(db, token);
     opts.listen = listen;
-    eprintln!("brain listening on {listen}, config database {db}");
+    eprintln!(
+        "brain listening on {listen}, config database {}",
+        elastrec_brain::db::redact_url(db)
+    );
     tokio::runtime::Runtime::new()?
         .block_on(elastrec_brain::serve(opts))
         .context("brain service stopped")
