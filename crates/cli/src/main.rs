@@ -136,9 +136,12 @@ struct BrainArgs {
     /// Config database: `sqlite://brain.db?mode=rwc` (default) or `postgres://user@host/db`.
     /// Keep a password out of the command line, where `ps` shows it: use PGPASSWORD or
     /// ~/.pgpass, or pass the whole URL in ELASTREC_BRAIN_DB.
+    // `hide_env_values`: `--help` would otherwise print the variable's value, password
+    // included.
     #[arg(
         long,
         env = "ELASTREC_BRAIN_DB",
+        hide_env_values = true,
         default_value = "sqlite://brain.db?mode=rwc"
     )]
     db: String,
