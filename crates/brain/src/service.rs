@@ -26,8 +26,12 @@ pub const FIT_WINDOW: usize = 2_000;
 /// Default listen address (loopback only).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50070";
 
-/// Options of `elastrec brain --db URL [--listen ADDR] [--token TOKEN]`.
-#[derive(Debug, Clone)]
+/// Environment variable holding the brain's shared token (`elastrec brain`). The token is
+/// never a command-line argument: those are visible to every user through `ps`.
+pub const TOKEN_ENV: &str = "ELASTREC_BRAIN_TOKEN";
+
+/// Options of `elastrec brain --db URL [--listen ADDR] [--token-file PATH]`.
+#[derive(Clone)]
 pub struct BrainServeOptions {
     /// Database URL: `sqlite://brain.db?mode=rwc` or `postgres://...`.
     pub db_url: String,
@@ -51,6 +55,67 @@ impl BrainServeOptions {
     }
 }
 
+/// Hides the secrets: the database password and the token.
+impl std::fmt::Debug for BrainServeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrainServeOptions")
+            .field("db_url", &crate::db::redact_url(&self.db_url))
+            .field("listen", &self.listen)
+            .field("token", &"***")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+/// The shared token, from the file `token_file` (`--token-file`) or the value of
+/// [`TOKEN_ENV`] (`env_value`), exactly one of them.
+///
+/// Surrounding whitespace is dropped (a file usually ends with a newline). The token must
+/// then be non-empty and printable ASCII without spaces, since it travels in an
+/// `authorization: Bearer <token>` header; errors name the source, never the token.
+pub fn resolve_token(
+    token_file: Option<&std::path::Path>,
+    env_value: Option<std::ffi::OsString>,
+) -> Result<String> {
+    let (raw, source) = match (token_file, env_value) {
+        (Some(_), Some(_)) => {
+            // Either could be stale; picking one would turn a mix-up into Unauthenticated.
+            return Err(BrainError::Config(format!(
+                "both --token-file and {TOKEN_ENV} are set: use only one"
+            )));
+        }
+        (Some(path), None) => {
+            let text = std::fs::read_to_string(path).map_err(|source| BrainError::Io {
+                path: path.display().to_string(),
+                source,
+            })?;
+            (text, format!("token file {}", path.display()))
+        }
+        (None, Some(value)) => {
+            let text = value
+                .into_string()
+                .map_err(|_| BrainError::Config(format!("{TOKEN_ENV} is not valid UTF-8")))?;
+            (text, TOKEN_ENV.to_string())
+        }
+        (None, None) => {
+            return Err(BrainError::Config(format!(
+                "the brain needs a shared token: set {TOKEN_ENV} or pass --token-file PATH \
+                 (masters send it with every request)"
+            )))
+        }
+    };
+    let token = raw.trim();
+    if token.is_empty() {
+        return Err(BrainError::Config(format!("{source}: the token is empty")));
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(BrainError::Config(format!(
+            "{source}: the token must be printable ASCII without spaces (it is sent in an HTTP header)"
+        )));
+    }
+    Ok(token.to_string())
+}
+
 /// Serves until Ctrl-C.
 pub async fn serve(opts: BrainServeOptions) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(opts.listen)
@@ -59,7 +124,8 @@ pub async fn serve(opts: BrainServeOptions) -> Result<()> {
             path: opts.listen.to_string(),
             source,
         })?;
-    tracing::info!(listen = %opts.listen, db = %redact(&opts.db_url), "brain serving");
+    let db = crate::db::redact_url(&opts.db_url);
+    tracing::info!(listen = %opts.listen, %db, "brain serving");
     serve_with_listener(opts, listener, async {
         let _ = tokio::signal::ctrl_c().await;
     })
@@ -73,9 +139,9 @@ pub async fn serve_with_listener(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
     if opts.token.is_empty() {
-        return Err(BrainError::Config(
-            "a non-empty shared token is required (--token)".into(),
-        ));
+        return Err(BrainError::Config(format!(
+            "a non-empty shared token is required ({TOKEN_ENV} or --token-file)"
+        )));
     }
     let store = Store::connect(&opts.db_url).await?;
     let svc = BrainService {
@@ -103,16 +169,6 @@ pub async fn serve_with_listener(
         )
         .await?;
     Ok(())
-}
-
-fn redact(url: &str) -> String {
-    match url.find('@') {
-        Some(at) => match url.find("://") {
-            Some(s) => format!("{}://***{}", &url[..s], &url[at..]),
-            None => "***".into(),
-        },
-        None => url.to_string(),
-    }
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -468,6 +524,48 @@ impl Brain for BrainService {
 mod tests {
     use super::*;
 
+    /// The token comes from exactly one of the file or the environment, trimmed; errors
+    /// name the source and never echo the token.
+    #[test]
+    fn token_comes_from_a_file_or_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "s3cret-token\n").unwrap();
+        assert_eq!(resolve_token(Some(&file), None).unwrap(), "s3cret-token");
+        assert_eq!(
+            resolve_token(None, Some(" s3cret-token ".into())).unwrap(),
+            "s3cret-token"
+        );
+        let err = |file: Option<&std::path::Path>, env: Option<&str>| {
+            resolve_token(file, env.map(Into::into))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(err(None, None).contains(TOKEN_ENV), "{}", err(None, None));
+        assert!(err(None, None).contains("--token-file"));
+        assert!(err(Some(&file), Some("x")).contains("both --token-file and"));
+        assert!(err(Some(&dir.path().join("missing")), None).contains("missing"));
+        std::fs::write(&file, "\n").unwrap();
+        assert!(err(Some(&file), None).ends_with("the token is empty"));
+        let e = err(None, Some("s3cret token"));
+        assert!(
+            e.contains(&format!("{TOKEN_ENV}: the token must be printable ASCII")),
+            "{e}"
+        );
+        assert!(!e.contains("s3cret"), "{e}");
+    }
+
+    #[test]
+    fn options_debug_hides_secrets() {
+        let opts = BrainServeOptions::new("postgres://u:pw-in-url@h/db", "s3cret-token");
+        let shown = format!("{opts:?}");
+        assert!(shown.contains("postgres://u:***@h/db"), "{shown}");
+        assert!(
+            !shown.contains("pw-in-url") && !shown.contains("s3cret"),
+            "{shown}"
+        );
+    }
+
     #[test]
     fn wire_validation_names_fields() {
         let bad = pb::Allocation {
@@ -494,6 +592,5 @@ mod tests {
                 && !constant_time_eq(b"abc", b"abd")
                 && !constant_time_eq(b"a", b"ab")
         );
-        assert_eq!(redact("postgres://u:p@h:5/db"), "postgres://***@h:5/db");
     }
 }

@@ -352,16 +352,19 @@ pub fn brain_plan(job: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn brain_serve(db: &str, listen: std::net::SocketAddr, token: Option<String>) -> Result<()> {
-    let token = match token {
-        Some(t) if !t.is_empty() => t,
-        _ => bail!(
-            "the brain needs a shared token: pass --token or set ELASTREC_BRAIN_TOKEN (masters send it with every request)"
-        ),
-    };
+pub fn brain_serve(
+    db: &str,
+    listen: std::net::SocketAddr,
+    token_file: Option<&Path>,
+) -> Result<()> {
+    use elastrec_brain::service::{resolve_token, TOKEN_ENV};
+    let token = resolve_token(token_file, std::env::var_os(TOKEN_ENV))?;
     let mut opts = elastrec_brain::BrainServeOptions::new(db, token);
     opts.listen = listen;
-    eprintln!("brain listening on {listen}, config database {db}");
+    eprintln!(
+        "brain listening on {listen}, config database {}",
+        elastrec_brain::db::redact_url(db)
+    );
     tokio::runtime::Runtime::new()?
         .block_on(elastrec_brain::serve(opts))
         .context("brain service stopped")

@@ -134,14 +134,25 @@ struct BrainArgs {
     #[command(subcommand)]
     command: Option<BrainCommand>,
     /// Config database: `sqlite://brain.db?mode=rwc` (default) or `postgres://user@host/db`.
-    #[arg(long, default_value = "sqlite://brain.db?mode=rwc")]
+    /// Keep a password out of the command line, where `ps` shows it: use PGPASSWORD or
+    /// ~/.pgpass, or pass the whole URL in ELASTREC_BRAIN_DB.
+    // `hide_env_values`: `--help` would otherwise print the variable's value, password
+    // included.
+    #[arg(
+        long,
+        env = "ELASTREC_BRAIN_DB",
+        hide_env_values = true,
+        default_value = "sqlite://brain.db?mode=rwc"
+    )]
     db: String,
     /// Address to listen on (loopback unless you say otherwise).
     #[arg(long, default_value = elastrec_brain::service::DEFAULT_LISTEN)]
     listen: std::net::SocketAddr,
-    /// Shared token every request must carry (`authorization: Bearer <token>`).
-    #[arg(long, env = "ELASTREC_BRAIN_TOKEN")]
-    token: Option<String>,
+    /// File holding the shared token every request must carry (`authorization: Bearer
+    /// <token>`); without it the token comes from ELASTREC_BRAIN_TOKEN. There is no
+    /// `--token`: a command-line argument is visible to every user through `ps`.
+    #[arg(long, value_name = "PATH")]
+    token_file: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -178,7 +189,7 @@ fn main() -> anyhow::Result<()> {
         Command::Eval(a) => commands::eval(&a.model, &a.data, &a.on_bad_row, a.json),
         Command::Brain(a) => match a.command {
             Some(BrainCommand::Plan { job, json }) => commands::brain_plan(&job, json),
-            None => commands::brain_serve(&a.db, a.listen, a.token),
+            None => commands::brain_serve(&a.db, a.listen, a.token_file.as_deref()),
         },
         Command::Cluster(c) => elastrec_master::cli::dispatch(c),
         Command::Simulate(c) => elastrec_sim::cli::dispatch(c),

@@ -5,10 +5,11 @@ use std::path::{Path, PathBuf};
 
 /// Everything that can go wrong in `elastrec-data`.
 ///
-/// Variants say who is at fault: [`DataError::Malformed`] and [`DataError::BadValue`] are
-/// problems in the input data, [`DataError::Io`] and [`DataError::Parquet`] are the
-/// environment or the container format, [`DataError::InvalidSpec`] and
-/// [`DataError::InvalidRange`] are the caller's arguments.
+/// Variants say who is at fault: [`DataError::Malformed`], [`DataError::LineTooLong`] and
+/// [`DataError::BadValue`] are problems in the input data, [`DataError::CorruptIndex`] in a
+/// cached sidecar, [`DataError::Io`] and [`DataError::Parquet`] are the environment or the
+/// container format, [`DataError::InvalidSpec`] and [`DataError::InvalidRange`] are the
+/// caller's arguments.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
     /// An I/O error on `path`.
@@ -34,6 +35,20 @@ pub enum DataError {
         /// What is wrong with the field.
         reason: FieldError,
     },
+    /// A TSV line longer than [`crate::tsv::MAX_LINE_BYTES`]: `file:line: line longer than N
+    /// bytes`. Only the first `N` bytes are ever buffered; the rest of the line is skipped.
+    #[error(
+        "{}:{line}: line longer than {limit} bytes (a Criteo line is under 1 KiB: corrupt file?)",
+        path.display()
+    )]
+    LineTooLong {
+        /// File holding the line.
+        path: PathBuf,
+        /// 1-based line number in the file (also for range readers).
+        line: u64,
+        /// The cap, [`crate::tsv::MAX_LINE_BYTES`].
+        limit: usize,
+    },
     /// A bad value in a columnar (Parquet) file: `file: row R: column C: reason`.
     #[error("{}: row {row}: column {column}: {reason}", path.display())]
     BadValue {
@@ -53,6 +68,15 @@ pub enum DataError {
         path: PathBuf,
         /// Error text from the parquet/arrow crates.
         message: String,
+    },
+    /// A TSV row index sidecar (`<file>.idx`, see [`crate::index`]) that matches its data
+    /// file's size and modification time but whose contents are inconsistent.
+    #[error("{}: corrupt row index: {reason}; delete it to rebuild it", path.display())]
+    CorruptIndex {
+        /// The sidecar file (not the data file).
+        path: PathBuf,
+        /// What is inconsistent.
+        reason: String,
     },
     /// A requested row range does not fit the file.
     #[error("{}: invalid row range {start}..{end} (file has {rows} rows)", path.display())]
@@ -95,7 +119,9 @@ impl DataError {
     pub fn is_bad_row(&self) -> bool {
         matches!(
             self,
-            DataError::Malformed { .. } | DataError::BadValue { .. }
+            DataError::Malformed { .. }
+                | DataError::LineTooLong { .. }
+                | DataError::BadValue { .. }
         )
     }
 }

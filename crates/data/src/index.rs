@@ -21,6 +21,8 @@ use std::time::UNIX_EPOCH;
 /// Lines between two indexed offsets.
 pub const STRIDE: u64 = 1024;
 const MAGIC: &[u8; 8] = b"ERIDX001";
+/// Magic and the six header words.
+const HEADER_BYTES: usize = 8 + 6 * 8;
 
 /// A TSV file's line index (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,53 +57,95 @@ fn file_stamp(path: &Path) -> Result<(u64, u64)> {
 }
 
 impl LineIndex {
-    /// Loads the sidecar index of `path` if it exists and matches the file's current size
-    /// and modification time.
-    pub fn load(path: &Path) -> Option<LineIndex> {
-        let (len, mtime) = file_stamp(path).ok()?;
-        let mut bytes = Vec::new();
-        File::open(index_path(path))
-            .ok()?
-            .read_to_end(&mut bytes)
-            .ok()?;
-        if bytes.len() < 56 || &bytes[..8] != MAGIC {
-            return None;
+    /// Loads the sidecar index of `path`.
+    ///
+    /// `Ok(None)` when there is nothing usable to load: no sidecar, one that cannot be
+    /// read, one in another format, or a stale one (the data file's size or modification
+    /// time changed since it was built). [`DataError::CorruptIndex`], naming the sidecar,
+    /// when a current sidecar's contents are inconsistent: its entry count is read from
+    /// the file, so it is checked against the sidecar's size (with checked arithmetic)
+    /// before anything is allocated, and the offsets must be increasing and inside the
+    /// data file.
+    pub fn load(path: &Path) -> Result<Option<LineIndex>> {
+        let Ok((len, mtime)) = file_stamp(path) else {
+            return Ok(None);
+        };
+        let idx_path = index_path(path);
+        let Ok(mut file) = File::open(&idx_path) else {
+            return Ok(None);
+        };
+        let mut header = [0u8; HEADER_BYTES];
+        if file.read_exact(&mut header).is_err() || &header[..8] != MAGIC {
+            return Ok(None);
         }
-        let word = |i: usize| u64::from_le_bytes(bytes[8 + 8 * i..16 + 8 * i].try_into().unwrap());
-        let (file_len, mtime_ns, flags, rows, stride, n) = (
-            word(0),
-            word(1),
-            word(2),
-            word(3),
-            word(4),
-            word(5) as usize,
-        );
-        if file_len != len || mtime_ns != mtime || stride == 0 || bytes.len() != 56 + 8 * n {
-            return None;
+        let word = |i: usize| u64::from_le_bytes(header[8 + 8 * i..16 + 8 * i].try_into().unwrap());
+        let (file_len, mtime_ns, flags, rows, stride, n) =
+            (word(0), word(1), word(2), word(3), word(4), word(5));
+        if file_len != len || mtime_ns != mtime {
+            return Ok(None);
+        }
+        let corrupt = |reason: String| DataError::CorruptIndex {
+            path: idx_path.clone(),
+            reason,
+        };
+        let idx_len = file
+            .metadata()
+            .map_err(|e| DataError::io(&idx_path, e))?
+            .len();
+        let want_len = n
+            .checked_mul(8)
+            .and_then(|b| b.checked_add(HEADER_BYTES as u64))
+            .ok_or_else(|| corrupt(format!("entry count {n} overflows")))?;
+        if want_len != idx_len {
+            return Err(corrupt(format!(
+                "{n} entries need {want_len} bytes, the file has {idx_len}"
+            )));
+        }
+        if stride == 0 {
+            return Err(corrupt("stride is 0".into()));
         }
         let gzip = flags & 1 == 1;
-        let expected = if gzip {
-            0
-        } else {
-            rows.div_ceil(stride) as usize
-        };
-        if n != expected {
-            return None;
+        // Plain TSV: every line is at least one byte, so there are at most `len` rows.
+        if !gzip && rows > len {
+            return Err(corrupt(format!(
+                "{rows} rows in a data file of {len} bytes"
+            )));
         }
-        let offsets = (0..n).map(|i| word(6 + i)).collect();
-        Some(LineIndex {
+        let expected = if gzip { 0 } else { rows.div_ceil(stride) };
+        if n != expected {
+            return Err(corrupt(format!(
+                "{n} entries for {rows} rows at stride {stride} (expected {expected})"
+            )));
+        }
+        // `n` is now bounded by the data file's length and matches the sidecar's size.
+        let mut bytes = vec![0u8; (idx_len - HEADER_BYTES as u64) as usize];
+        file.read_exact(&mut bytes)
+            .map_err(|e| DataError::io(&idx_path, e))?;
+        let offsets: Vec<u64> = bytes
+            .chunks_exact(8)
+            .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
+            .collect();
+        let in_order = offsets.first().is_none_or(|&o| o == 0)
+            && offsets.windows(2).all(|w| w[0] < w[1])
+            && offsets.last().is_none_or(|&o| o < len);
+        if !in_order {
+            return Err(corrupt(
+                "line offsets are not increasing from 0 inside the data file".into(),
+            ));
+        }
+        Ok(Some(LineIndex {
             rows,
             stride,
             offsets,
             gzip,
             file_len,
             mtime_ns,
-        })
+        }))
     }
 
     /// Loads the valid index of `path` or builds (and persists) a new one by scanning.
     pub fn load_or_build(path: &Path) -> Result<LineIndex> {
-        match Self::load(path) {
+        match Self::load(path)? {
             Some(i) => Ok(i),
             None => Self::build(path),
         }
@@ -169,7 +213,7 @@ impl LineIndex {
     }
 
     fn persist(&self, path: &Path) {
-        let mut bytes = Vec::with_capacity(56 + 8 * self.offsets.len());
+        let mut bytes = Vec::with_capacity(HEADER_BYTES + 8 * self.offsets.len());
         bytes.extend_from_slice(MAGIC);
         let header = [
             self.file_len,
@@ -227,9 +271,9 @@ mod tests {
             let line: String = text[off as usize..].lines().next().unwrap().into();
             assert_eq!(line, format!("{}", k as u64 * STRIDE));
         }
-        assert_eq!(LineIndex::load(&p), Some(idx));
+        assert_eq!(LineIndex::load(&p).unwrap(), Some(idx));
         std::fs::write(&p, "changed\n").unwrap();
-        assert_eq!(LineIndex::load(&p).map(|i| i.rows).unwrap_or(1), 1);
+        assert_eq!(LineIndex::load(&p).unwrap().map_or(1, |i| i.rows), 1);
         assert_eq!(LineIndex::load_or_build(&p).unwrap().rows, 1);
     }
 

@@ -9,7 +9,7 @@
 //! the value is exactly what the TSV reader produces. [`ParquetReader`] also accepts files
 //! written by other tools: `label` as any integer or float type holding 0/1, `I*` as
 //! `Int32`/`Int64`, `C*` as `UInt32`, `Int64`/`Int32` (0..2^32) or 8-hex `Utf8`/`LargeUtf8`.
-//! Extra columns are ignored. A bad value is reported as `file: row R: column C: reason`
+//! Extra columns are ignored (not even decoded). A bad value is reported as `file: row R: column C: reason`
 //! and handled by the [`BadRowPolicy`] like a malformed TSV line.
 //!
 //! Row ranges select the row groups that overlap the range and skip inside the first one,
@@ -26,8 +26,9 @@ use arrow_array::types::{
 use arrow_array::{Array, ArrayRef, Int32Array, Int64Array, RecordBatch, UInt32Array};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
-use parquet::arrow::ArrowWriter;
+use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::Compression;
+use parquet::file::metadata::ParquetMetaData;
 use parquet::file::properties::WriterProperties;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -150,10 +151,42 @@ pub fn parquet_row_count(path: &Path) -> Result<u64> {
     let file = File::open(path).map_err(|e| DataError::io(path, e))?;
     let builder =
         ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| DataError::parquet(path, e))?;
-    Ok(builder.metadata().file_metadata().num_rows() as u64)
+    Ok(footer_rows(path, builder.metadata())?.0)
 }
 
-/// Where each Criteo column lives in the file's schema.
+/// The file's row count and each row group's, from the footer.
+///
+/// The footer stores them as `i64`s that nothing has checked: a corrupt or hostile file
+/// may hold negative counts (which `as u64` would turn into ~2^64 rows) or row groups that
+/// do not add up to the file's count. Either is an error naming the file.
+fn footer_rows(path: &Path, meta: &ParquetMetaData) -> Result<(u64, Vec<u64>)> {
+    let count = |what: &str, n: i64| {
+        u64::try_from(n).map_err(|_| {
+            DataError::parquet(path, format!("footer: {what} row count {n} is negative"))
+        })
+    };
+    let total = count("file", meta.file_metadata().num_rows())?;
+    let groups = meta
+        .row_groups()
+        .iter()
+        .enumerate()
+        .map(|(g, rg)| count(&format!("row group {g}"), rg.num_rows()))
+        .collect::<Result<Vec<u64>>>()?;
+    let sum = groups.iter().try_fold(0u64, |acc, &n| acc.checked_add(n));
+    if sum != Some(total) {
+        return Err(DataError::parquet(
+            path,
+            format!(
+                "footer: the file row count {total} is not the sum of its {} row groups' counts",
+                groups.len()
+            ),
+        ));
+    }
+    Ok((total, groups))
+}
+
+/// Where each Criteo column lives: first as indices into the file's schema (to build the
+/// projection mask), then, after [`Projection::project`], into the decoded batches.
 #[derive(Debug, Clone)]
 struct Projection {
     label: usize,
@@ -200,6 +233,28 @@ impl Projection {
             )?;
         }
         Ok(Self { label, ints, cats })
+    }
+
+    /// The file columns to decode, in file order, and the projection that addresses them
+    /// in the decoded batches (which hold only these columns, in file order).
+    fn project(&self) -> (Vec<usize>, Projection) {
+        let mut wanted: Vec<usize> = std::iter::once(self.label)
+            .chain(self.ints)
+            .chain(self.cats)
+            .collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let pos = |c: usize| {
+            wanted
+                .binary_search(&c)
+                .expect("column is in the projection")
+        };
+        let decoded = Projection {
+            label: pos(self.label),
+            ints: self.ints.map(pos),
+            cats: self.cats.map(pos),
+        };
+        (wanted, decoded)
     }
 }
 
@@ -252,8 +307,12 @@ impl ParquetReader {
         let mut builder = ParquetRecordBatchReaderBuilder::try_new(file)
             .map_err(|e| DataError::parquet(path, e))?
             .with_batch_size(DECODE_BATCH);
-        let projection = Projection::new(path, builder.schema())?;
-        let rows = builder.metadata().file_metadata().num_rows() as u64;
+        // Decode only the 40 Criteo columns: a file may carry others (ids, text, nested
+        // data) that would cost decoding time and memory for nothing.
+        let (columns, projection) = Projection::new(path, builder.schema())?.project();
+        let mask = ProjectionMask::roots(builder.parquet_schema(), columns);
+        builder = builder.with_projection(mask);
+        let (rows, group_rows) = footer_rows(path, builder.metadata())?;
         let mut next_row = 0;
         let mut empty = false;
         if let Some((start, end)) = range {
@@ -268,8 +327,7 @@ impl ParquetReader {
             let mut groups = Vec::new();
             let mut first_group_start = None;
             let mut cum = 0u64;
-            for (g, rg) in builder.metadata().row_groups().iter().enumerate() {
-                let n = rg.num_rows() as u64;
+            for (g, &n) in group_rows.iter().enumerate() {
                 if cum + n > start && cum < end {
                     groups.push(g);
                     first_group_start.get_or_insert(cum);

@@ -5,6 +5,8 @@
 //! integers are optional-minus decimal `i64` (no `+`, no spaces); categoricals are exactly
 //! 8 hex digits (either case). Integer and categorical fields may be empty. A line ends at
 //! `\n`; a `\r` right before it is part of the line terminator (CRLF files read the same).
+//! A line longer than [`MAX_LINE_BYTES`] is a bad row ([`DataError::LineTooLong`]) and is
+//! never buffered whole.
 
 use crate::batch::{Batch, NUM_DENSE, NUM_SPARSE};
 use crate::error::{show_bytes, show_escaped, DataError, FieldError, Result};
@@ -12,11 +14,20 @@ use crate::index::LineIndex;
 use crate::raw::RawRow;
 use crate::reader::{BadRowPolicy, BatchReader, FileFormat, ReadStats};
 use std::fs::File;
-use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 /// Fields per line: label + 13 integers + 26 categoricals.
 pub const NUM_FIELDS: usize = 1 + NUM_DENSE + NUM_SPARSE;
+
+/// Longest line [`TsvReader`] accepts, terminator included.
+///
+/// The longest well-formed Criteo line is about 510 bytes (13 integers of up to 20
+/// characters, 26 × 8 hex digits, 39 tabs), so a line near this cap is already corrupt.
+/// Without a cap one corrupt or hostile file with a multi-GB line (e.g. binary garbage
+/// without `\n`, or a gzip bomb) would be buffered whole and could exhaust memory: the
+/// reader buffers at most this many bytes of a line and skips the rest as a bad row.
+pub const MAX_LINE_BYTES: usize = 1 << 20;
 
 const READ_BUF: usize = 1 << 20;
 
@@ -397,12 +408,13 @@ impl TsvReader {
                 path: path.to_path_buf(),
                 start: start_row,
                 end: end_row,
-                rows: LineIndex::load(path).map_or(0, |i| i.rows),
+                // Only to word the error: a corrupt index must not hide the caller's mistake.
+                rows: LineIndex::load(path).ok().flatten().map_or(0, |i| i.rows),
             });
         }
         let (mut input, format) = open_input(path)?;
         let mut skip = start_row;
-        if let Some(idx) = LineIndex::load(path) {
+        if let Some(idx) = LineIndex::load(path)? {
             if end_row > idx.rows {
                 return Err(DataError::InvalidRange {
                     path: path.to_path_buf(),
@@ -471,8 +483,9 @@ impl TsvReader {
                 return Ok(false);
             }
             self.line.clear();
-            let n = self
-                .input
+            // One byte over the cap tells "exactly at the cap" from "over it".
+            let n = (&mut self.input)
+                .take(MAX_LINE_BYTES as u64 + 1)
                 .read_until(b'\n', &mut self.line)
                 .map_err(|e| DataError::io(&self.path, e))?;
             if n == 0 {
@@ -493,6 +506,24 @@ impl TsvReader {
             }
             let line_no = self.next_line;
             self.next_line += 1;
+            if n > MAX_LINE_BYTES {
+                if self.line.last() != Some(&b'\n') {
+                    // Discard the rest of the line without buffering it.
+                    skip_lines(&mut self.input, 1).map_err(|e| DataError::io(&self.path, e))?;
+                }
+                let err = DataError::LineTooLong {
+                    path: self.path.clone(),
+                    line: line_no,
+                    limit: MAX_LINE_BYTES,
+                };
+                match self.policy {
+                    BadRowPolicy::Fail => return Err(err),
+                    BadRowPolicy::Skip => {
+                        self.stats.record_skip(&err);
+                        continue;
+                    }
+                }
+            }
             let mut line = &self.line[..];
             if let [rest @ .., b'\n'] = line {
                 line = rest;
@@ -670,6 +701,41 @@ mod tests {
         assert!(
             fast_hits > 500 && fallbacks > 5000,
             "{fast_hits} {fallbacks}"
+        );
+    }
+
+    /// A line far over the cap is never buffered whole: the reader holds at most the cap,
+    /// skips the line as a bad row and reads on after it.
+    #[test]
+    fn overlong_line_is_capped_not_buffered() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("long.tsv");
+        let good = line("1", &["5"], &["68fd1e64"]);
+        let mut text = format!("{good}\n").into_bytes();
+        text.resize(text.len() + 8 * MAX_LINE_BYTES, b'7');
+        text.push(b'\n');
+        text.extend_from_slice(good.as_bytes());
+        std::fs::write(&p, &text).unwrap();
+        let mut r = TsvReader::open(&p, BadRowPolicy::Skip).unwrap();
+        let mut row = RawRow::default();
+        assert!(r.next_raw(&mut row).unwrap());
+        assert!(
+            r.next_raw(&mut row).unwrap(),
+            "line 3 follows the skipped line 2"
+        );
+        assert_eq!(row.cats[0], Some(0x68fd1e64));
+        assert!(!r.next_raw(&mut row).unwrap());
+        assert_eq!((r.stats.rows_read, r.stats.rows_skipped), (2, 1));
+        assert!(
+            r.stats.first_errors[0].contains(":2: line longer than"),
+            "{:?}",
+            r.stats.first_errors
+        );
+        // Vec growth may round up, but never to the 8 MiB line.
+        assert!(
+            r.line.capacity() <= 2 * (MAX_LINE_BYTES + 1),
+            "line buffer grew to {} bytes",
+            r.line.capacity()
         );
     }
 

@@ -33,6 +33,15 @@ pub enum WorkerError {
         /// What is wrong.
         reason: String,
     },
+    /// The training files hold no sample: training would run no step and still report an
+    /// evaluation of the untrained model as if it were a result.
+    #[error("no training data in {}: {reason}", show_files(files))]
+    NoTrainingData {
+        /// The training files (`data.train`).
+        files: Vec<PathBuf>,
+        /// Why there is nothing to train on.
+        reason: String,
+    },
     /// Training diverged (a non-finite loss).
     #[error("training diverged at step {step}: loss is {loss}; lower the learning rates")]
     Diverged {
@@ -51,6 +60,22 @@ impl WorkerError {
             source,
         }
     }
+}
+
+/// Files named in an error: all of them up to a handful, then a count (a job may list
+/// hundreds of day files).
+fn show_files(files: &[PathBuf]) -> String {
+    const SHOWN: usize = 5;
+    let mut out = files
+        .iter()
+        .take(SHOWN)
+        .map(|f| f.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if files.len() > SHOWN {
+        out.push_str(&format!(" and {} more", files.len() - SHOWN));
+    }
+    out
 }
 
 /// Result with [`WorkerError`].

@@ -8,6 +8,7 @@ pub mod bench;
 pub mod cluster;
 pub mod config;
 pub mod error;
+pub mod fsio;
 pub mod model_file;
 pub mod remote;
 pub mod rpc;

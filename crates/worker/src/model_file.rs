@@ -12,7 +12,7 @@
 //! The checksum covers the whole file, so a truncated or corrupted file is refused
 //! instead of evaluated.
 
-use std::io::{BufWriter, Read, Write};
+use std::io::{Read, Write};
 use std::path::Path;
 
 use elastrec_embedding::TableSnapshot;
@@ -51,14 +51,17 @@ impl<W: Write> Write for HashingWriter<W> {
     }
 }
 
-/// Saves `model` to `path` (written to a temporary name, then renamed, so a crash never
-/// leaves a half-written model under the final name).
+/// Saves `model` to `path` atomically ([`crate::fsio::write_atomic_with`]), so a crash
+/// never leaves a half-written model under the final name.
 pub fn save(model: &Dlrm, job: &JobConfig, path: &Path) -> Result<()> {
-    let tmp = path.with_extension("bin.tmp");
-    let io = |e| WorkerError::io(&tmp, e);
-    let file = std::fs::File::create(&tmp).map_err(io)?;
+    crate::fsio::write_atomic_with(path, |out| write_model(model, job, path, out))
+}
+
+/// Writes the file's bytes (see the module docs) to `out`; `path` only names errors.
+fn write_model(model: &Dlrm, job: &JobConfig, path: &Path, out: &mut dyn Write) -> Result<()> {
+    let io = |e| WorkerError::io(path, e);
     let mut w = HashingWriter {
-        inner: BufWriter::new(file),
+        inner: out,
         hash: Xxh3::new(),
     };
     let header = Header {
@@ -89,13 +92,7 @@ pub fn save(model: &Dlrm, job: &JobConfig, path: &Path) -> Result<()> {
         w.write_all(&buf).map_err(io)?;
     }
     let digest = w.hash.digest();
-    let mut inner = w.inner;
-    inner.write_all(&digest.to_le_bytes()).map_err(io)?;
-    inner.flush().map_err(io)?;
-    inner.get_ref().sync_all().map_err(io)?;
-    drop(inner);
-    std::fs::rename(&tmp, path).map_err(|e| WorkerError::io(path, e))?;
-    Ok(())
+    w.inner.write_all(&digest.to_le_bytes()).map_err(io)
 }
 
 /// Loads a model saved by [`save`], verifying magic, version, sizes and checksum.

@@ -102,6 +102,27 @@ pub fn ensure_data(job: &JobConfig, progress: bool) -> Result<()> {
     Ok(())
 }
 
+/// Rows of each training file (TSV: lines, Parquet: the footer's count), in job order.
+///
+/// Fails with [`WorkerError::NoTrainingData`], naming the files, when together they hold
+/// no row: training would otherwise run zero steps and still report the AUC of an
+/// untrained model. The standalone trainer calls this before it creates anything; the
+/// distributed master needs the same per-file counts to cut its shards.
+pub fn count_train_rows(job: &JobConfig) -> Result<Vec<(PathBuf, u64)>> {
+    let files = job.train_files();
+    let counts = files
+        .iter()
+        .map(|f| Ok((f.clone(), elastrec_data::count_rows(f)?)))
+        .collect::<Result<Vec<_>>>()?;
+    if counts.iter().all(|&(_, rows)| rows == 0) {
+        return Err(WorkerError::NoTrainingData {
+            files,
+            reason: "the data.train files hold 0 rows".into(),
+        });
+    }
+    Ok(counts)
+}
+
 /// Hashed rows per distinct value when sizing tables from cardinalities.
 ///
 /// At load factor 1 (rows = cardinality) about 63% of values share a row, including the
@@ -354,6 +375,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
             ));
         }
     }
+    let train_rows: u64 = count_train_rows(job)?.iter().map(|&(_, rows)| rows).sum();
     std::fs::create_dir_all(&job.output.dir).map_err(|e| WorkerError::io(&job.output.dir, e))?;
     let mut metrics = MetricsLog::open(&job.output.dir)?;
 
@@ -365,11 +387,6 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
 
     let mut eval_stats = ReadStats::default();
     let eval_set = load_eval_set(&job.eval_files(), job, &mut eval_stats)?;
-    let train_rows: u64 = job
-        .train_files()
-        .iter()
-        .map(|f| elastrec_data::count_rows(f))
-        .sum::<std::result::Result<u64, _>>()?;
     let mut budget = train_rows * job.train.epochs as u64;
     if job.train.max_samples > 0 {
         budget = budget.min(job.train.max_samples);
@@ -435,6 +452,17 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
         }
         train_time += t0.elapsed().as_secs_f64();
         read_stats.merge(&reader.finish());
+        if samples == 0 {
+            // The files have rows (checked above), but `on_bad_row = "skip"` dropped them all.
+            return Err(WorkerError::NoTrainingData {
+                files: job.train_files(),
+                reason: format!(
+                    "all {} rows were skipped as malformed (on_bad_row = \"skip\"), the first as {}",
+                    read_stats.rows_skipped,
+                    read_stats.first_errors.first().map_or("?", String::as_str)
+                ),
+            });
+        }
         let at = Position {
             epoch,
             samples,
@@ -478,7 +506,8 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
     };
     let path = job.output.dir.join("summary.json");
     let text = serde_json::to_string_pretty(&summary).expect("summary serializes");
-    std::fs::write(&path, text).map_err(|e| WorkerError::io(&path, e))?;
+    // Atomic: scripts and dashboards read summary.json as the run's result.
+    crate::fsio::write_atomic(&path, text.as_bytes())?;
     Ok(summary)
 }
 
@@ -488,5 +517,124 @@ fn truncate(batch: &mut Batch, n: usize) {
         batch.labels.truncate(n);
         batch.dense.truncate(n * elastrec_data::NUM_DENSE);
         batch.sparse.truncate(n * NUM_SPARSE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use elastrec_data::{BadRowPolicy, RawRow};
+
+    /// `rows` rows of Criteo TSV whose label follows the first integer feature.
+    fn tsv(rows: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        for r in 0..rows {
+            let mut row = RawRow {
+                label: (r % 2) as u8,
+                ..RawRow::default()
+            };
+            row.ints[0] = Some(10 * (r % 2) as i64);
+            row.cats[0] = Some(r as u32 % 7);
+            elastrec_data::tsv::write_row(&row, &mut out);
+        }
+        out
+    }
+
+    /// A tiny job over `train` (name, contents) files and one 64-row eval file.
+    fn job(dir: &Path, train: &[(&str, Vec<u8>)]) -> JobConfig {
+        for (name, bytes) in train {
+            std::fs::write(dir.join(name), bytes).unwrap();
+        }
+        std::fs::write(dir.join("eval.tsv"), tsv(64)).unwrap();
+        let mut job = JobConfig::default();
+        job.data.dir = dir.to_path_buf();
+        job.data.train = train.iter().map(|(n, _)| n.to_string()).collect();
+        job.data.eval = vec!["eval.tsv".into()];
+        job.model.embedding_dim = 4;
+        job.model.bottom_mlp = vec![8, 4];
+        job.model.top_mlp = vec![8, 1];
+        job.model.table_rows = TableRows::All(64);
+        job.train.batch_size = 32;
+        job.train.progress = false;
+        job.output.dir = dir.join("run");
+        job
+    }
+
+    /// Training files with no row are an error naming them, raised before the run
+    /// directory is created: no summary with the AUC of an untrained model.
+    #[test]
+    fn empty_training_files_are_an_error_naming_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let job = job(dir.path(), &[("a.tsv", vec![]), ("b.tsv", vec![])]);
+        let err = train(&job).unwrap_err();
+        assert!(matches!(err, WorkerError::NoTrainingData { .. }), "{err:?}");
+        let msg = err.to_string();
+        let (a, b) = (dir.path().join("a.tsv"), dir.path().join("b.tsv"));
+        assert_eq!(
+            msg,
+            format!(
+                "no training data in {}, {}: the data.train files hold 0 rows",
+                a.display(),
+                b.display()
+            )
+        );
+        assert!(!job.output.dir.exists());
+        assert_eq!(count_train_rows(&job).unwrap_err().to_string(), msg);
+
+        // One file with rows is enough.
+        std::fs::write(&b, tsv(3)).unwrap();
+        assert_eq!(count_train_rows(&job).unwrap(), vec![(a, 0), (b, 3)]);
+    }
+
+    /// Rows that all get skipped as malformed leave nothing to train on either.
+    #[test]
+    fn training_files_of_only_skipped_rows_are_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut job = job(dir.path(), &[("bad.tsv", b"2\tx\n\n".to_vec())]);
+        job.data.on_bad_row = BadRowPolicy::Skip;
+        let msg = train(&job).unwrap_err().to_string();
+        let bad = dir.path().join("bad.tsv");
+        assert!(
+            msg.starts_with(&format!(
+                "no training data in {}: all 2 rows were skipped as malformed (on_bad_row = \"skip\"), the first as {}:1: field 0:",
+                bad.display(),
+                bad.display()
+            )),
+            "{msg}"
+        );
+        assert!(!job.output.dir.join("summary.json").exists());
+    }
+
+    /// `summary.json` and `model.bin` replace the previous files by rename, never by
+    /// writing into them: an existing file hard-linked to the old name keeps its bytes
+    /// (an in-place write would change them, and a crash would leave a partial file).
+    #[test]
+    fn run_files_are_replaced_atomically() {
+        let dir = tempfile::tempdir().unwrap();
+        let job = job(dir.path(), &[("day.tsv", tsv(200))]);
+        std::fs::create_dir_all(&job.output.dir).unwrap();
+        let mut previous = Vec::new();
+        for name in ["summary.json", "model.bin"] {
+            let keep = dir.path().join(format!("previous-{name}"));
+            std::fs::write(&keep, b"previous run").unwrap();
+            std::fs::hard_link(&keep, job.output.dir.join(name)).unwrap();
+            previous.push(keep);
+        }
+        let summary = train(&job).unwrap();
+        assert_eq!(summary.samples, 200);
+        for keep in &previous {
+            assert_eq!(std::fs::read(keep).unwrap(), b"previous run");
+        }
+        let written: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(job.output.dir.join("summary.json")).unwrap())
+                .unwrap();
+        assert_eq!(written["samples"], 200);
+        model_file::load(&job.output.dir.join("model.bin")).unwrap();
+        let leftovers: Vec<_> = std::fs::read_dir(&job.output.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
     }
 }

@@ -81,6 +81,44 @@ fn alloc_of(r: &AnyRow) -> Result<Allocation> {
     })
 }
 
+/// What a redacted secret reads as.
+const REDACTED: &str = "***";
+
+/// `url` with its password hidden, for logs and error messages: the userinfo password
+/// (`postgres://user:PASSWORD@host/db`) and a `password=` query parameter, which sqlx also
+/// accepts, both read `***`; everything else (user, host, database) stays, since that is
+/// what one needs to debug a connection. A URL that does not parse keeps only its scheme
+/// and what follows the last `@` (a password can only come before it).
+pub fn redact_url(url: &str) -> String {
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        return match (url.find("://"), url.rfind('@')) {
+            (Some(s), Some(at)) if s < at => format!("{}://{REDACTED}{}", &url[..s], &url[at..]),
+            (Some(s), _) => format!("{}://{REDACTED}", &url[..s]),
+            _ => REDACTED.to_string(),
+        };
+    };
+    if parsed.password().is_some() {
+        // Only fails for URLs that cannot have a userinfo, which have no password either.
+        let _ = parsed.set_password(Some(REDACTED));
+    }
+    let secret = |k: &str| k.eq_ignore_ascii_case("password");
+    if parsed.query_pairs().any(|(k, _)| secret(&k)) {
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if secret(&k) {
+                    REDACTED.into()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    parsed.to_string()
+}
+
 impl Store {
     /// Opens the database at `url` and applies pending migrations.
     pub async fn connect(url: &str) -> Result<Self> {
@@ -90,7 +128,8 @@ impl Store {
             Backend::Postgres
         } else {
             return Err(BrainError::Config(format!(
-                "database URL must start with sqlite: or postgres://, got `{url}`"
+                "database URL must start with sqlite: or postgres://, got `{}`",
+                redact_url(url)
             )));
         };
         // `sqlite://brain.db` creates the file when missing (as `?mode=rwc` does).
@@ -377,5 +416,35 @@ impl Store {
             });
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn redact_url_hides_passwords_and_keeps_the_rest() {
+        let cases = [
+            ("postgres://u:pw@h:5/db", "postgres://u:***@h:5/db"),
+            (
+                "postgresql://u:p%40ss@h/db?sslmode=require",
+                "postgresql://u:***@h/db?sslmode=require",
+            ),
+            (
+                "postgres://u@h/db?sslmode=disable&Password=pw",
+                "postgres://u@h/db?sslmode=disable&Password=***",
+            ),
+            ("postgres://u@h/db", "postgres://u@h/db"),
+            ("sqlite://brain.db?mode=rwc", "sqlite://brain.db?mode=rwc"),
+            ("sqlite::memory:", "sqlite::memory:"),
+            // Unparsable (port out of range): only the scheme and what follows the last `@`.
+            ("postgres://u:p@ss@h:99999/db", "postgres://***@h:99999/db"),
+            ("postgres://u:pw:99999", "postgres://***"),
+            ("no url at all: pw", "***"),
+        ];
+        for (url, want) in cases {
+            assert_eq!(redact_url(url), want, "{url}");
+        }
     }
 }

@@ -166,6 +166,17 @@ async fn postgres_suite() {
     drop(store);
     let store = Store::connect(&pg.url).await.unwrap();
     assert_eq!(store.history().await.unwrap().len(), 3);
+    // A server-side failure (no such database) does not echo the password either.
+    let server = &pg.url[..pg.url.rfind('/').unwrap()];
+    let with_password = format!(
+        "{}/no_such_db",
+        server.replace("postgres@", "postgres:s3cret@")
+    );
+    let e = Store::connect(&with_password)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no_such_db") && !e.contains("s3cret"), "{e}");
 }
 
 #[tokio::test]
@@ -183,4 +194,23 @@ async fn sqlite_url_without_mode_creates_the_file() {
 async fn bad_url_is_a_configuration_error() {
     let e = Store::connect("mysql://x").await.unwrap_err();
     assert!(matches!(e, elastrec_brain::BrainError::Config(_)), "{e}");
+}
+
+/// Connection errors never carry the database password, whether the brain or sqlx
+/// words them.
+#[tokio::test]
+async fn connection_errors_hide_the_password() {
+    for url in [
+        "mysql://u:s3cret@h/db",
+        "postgres://u:s3cret@h:99999/db",
+        "postgres://u@h:99999/db?password=s3cret",
+    ] {
+        let e = Store::connect(url).await.unwrap_err().to_string();
+        assert!(!e.contains("s3cret"), "{url}: {e}");
+    }
+    let e = Store::connect("mysql://u:s3cret@h/db").await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "configuration: database URL must start with sqlite: or postgres://, got `mysql://u:***@h/db`"
+    );
 }

@@ -1,10 +1,11 @@
 //! Every malformed-row case under `Fail` (exact `file:line: field N: reason` message) and
 //! `Skip` (counted, every good row delivered), for TSV and Parquet.
 
-use crate::util::write;
+use crate::util::{gzip, write};
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use elastrec_data::reader::{drain, MAX_KEPT_ERRORS};
+use elastrec_data::tsv::MAX_LINE_BYTES;
 use elastrec_data::{
     open_reader_range, read_all, BadRowPolicy, DataError, FieldError, ParquetReader,
     MISSING_CATEGORY,
@@ -142,6 +143,60 @@ fn skip_counts_and_delivers_all_good_rows() {
     let mut r = open_reader_range(&path, 1, 4, BadRowPolicy::Fail).unwrap();
     let err = drain(&mut r).unwrap_err();
     assert!(err.to_string().starts_with(&bad_lines[0]), "{err}");
+}
+
+/// A line over `MAX_LINE_BYTES` (terminator included) is a bad row named `file:line`: it
+/// fails the read under `Fail` and is counted under `Skip` with the lines around it
+/// delivered, in plain and gzip files, also as a final line without `\n`. A line exactly
+/// at the cap is still parsed, so its error names the field.
+#[test]
+fn overlong_lines_are_bad_rows() {
+    let good = |k| {
+        let mut l = join(&good_fields(k));
+        l.push(b'\n');
+        l
+    };
+    let mut at_cap = b"1\t".to_vec();
+    at_cap.resize(MAX_LINE_BYTES - 1, b'5');
+    at_cap.push(b'\n');
+    let mut over_cap = vec![b'x'; MAX_LINE_BYTES];
+    over_cap.push(b'\n');
+    let mut text = good(1);
+    text.extend(at_cap); // line 2
+    text.extend(good(2));
+    text.extend(over_cap); // line 4
+    text.extend(good(3));
+    text.resize(text.len() + 3 * MAX_LINE_BYTES, b'y'); // line 6, no terminator
+
+    let dir = tempfile::tempdir().unwrap();
+    for (name, bytes) in [("long.tsv", text.clone()), ("long.tsv.gz", gzip(&text))] {
+        let path = dir.path().join(name);
+        write(&path, &bytes);
+        let too_long = |line: u64| {
+            format!(
+                "{}:{line}: line longer than {MAX_LINE_BYTES} bytes (a Criteo line is under 1 KiB: corrupt file?)",
+                path.display()
+            )
+        };
+
+        match read_all(&path, BadRowPolicy::Fail).unwrap_err() {
+            DataError::Malformed { line, field, .. } => assert_eq!((line, field), (2, 1)),
+            other => panic!("{name}: expected Malformed at line 2, got {other:?}"),
+        }
+        let mut r = open_reader_range(&path, 3, 6, BadRowPolicy::Fail).unwrap();
+        let err = drain(&mut r).unwrap_err();
+        assert!(err.is_bad_row());
+        assert_eq!(err.to_string(), too_long(4));
+
+        let (batch, stats) = read_all(&path, BadRowPolicy::Skip).unwrap();
+        assert_eq!(batch.len(), 3, "{name}: lines 1, 3 and 5 are delivered");
+        assert_eq!(
+            batch.dense_row(2)[0],
+            elastrec_data::Batch::transform_dense(13)
+        );
+        assert_eq!((stats.rows_read, stats.rows_skipped), (3, 3));
+        assert_eq!(stats.first_errors[1..], [too_long(4), too_long(6)]);
+    }
 }
 
 #[test]

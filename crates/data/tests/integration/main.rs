@@ -2,6 +2,7 @@
 
 mod bad_rows;
 mod gen;
+mod parquet_input;
 mod ranges;
 mod roundtrip;
 mod util;

@@ -60,7 +60,7 @@ fn plain_tsv_ranges_with_and_without_index() {
     assert!(!index_path(&path).exists());
     assert_eq!(count_rows(&path).unwrap(), N);
     assert!(index_path(&path).exists());
-    assert_eq!(LineIndex::load(&path).unwrap().rows, N);
+    assert_eq!(LineIndex::load(&path).unwrap().unwrap().rows, N);
     check_all_ranges(&path); // index: seeks
 }
 
@@ -73,7 +73,7 @@ fn stale_index_is_rebuilt_not_trusted() {
     // Rewrite with different content and size: the old index must not be used.
     let rows = random_rows(N as usize, 9);
     write(&path, &tsv_bytes(&rows));
-    assert!(LineIndex::load(&path).is_none());
+    assert!(LineIndex::load(&path).unwrap().is_none());
     assert_eq!(count_rows(&path).unwrap(), N);
     check_all_ranges(&path);
 }
@@ -139,4 +139,55 @@ fn out_of_bounds_ranges_are_errors() {
         other => panic!("expected InvalidRange at open with an index, got {other:?}"),
     }
     assert!(open_reader_range(&tsv, 60, 70, BadRowPolicy::Fail).is_err());
+}
+
+/// A current sidecar (it matches the data file's size and modification time) with
+/// inconsistent contents is an error naming the sidecar: never a panic, a huge allocation
+/// or a read past its end. Entry counts come from the file, so `8 * n` must not overflow
+/// and must match the sidecar's size; rows, entries and offsets must agree.
+#[test]
+fn corrupt_index_is_an_error_naming_the_sidecar() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.tsv");
+    write(&path, &tsv_bytes(&random_rows(N as usize, 13)));
+    count_rows(&path).unwrap();
+    let idx = index_path(&path);
+    let good = std::fs::read(&idx).unwrap();
+    let entries = N.div_ceil(STRIDE);
+    // Header words: 0 file length, 1 mtime, 2 flags, 3 rows, 4 stride, 5 entry count;
+    // entries follow.
+    let patched = |changes: &[(usize, u64)]| {
+        let mut b = good.clone();
+        for &(word, value) in changes {
+            b[8 + 8 * word..16 + 8 * word].copy_from_slice(&value.to_le_bytes());
+        }
+        b
+    };
+    // 8 * n wraps around to the sidecar's real size, and rows = n at stride 1 agrees
+    // with n: unchecked arithmetic accepted this and read 2^61 entries from a few bytes.
+    let wraps = (1u64 << 61) + entries;
+    let cases = [
+        (patched(&[(3, wraps), (4, 1), (5, wraps)]), "overflows"),
+        (patched(&[(5, entries + 1)]), "bytes, the file has"),
+        (patched(&[(3, u64::MAX)]), "rows in a data file of"),
+        (patched(&[(3, N + STRIDE)]), "entries for"),
+        (patched(&[(4, 0)]), "stride is 0"),
+        (patched(&[(6 + 2, 0)]), "not increasing"),
+    ];
+    for (bytes, reason) in cases {
+        std::fs::write(&idx, &bytes).unwrap();
+        let err = LineIndex::load(&path).unwrap_err();
+        assert!(matches!(err, DataError::CorruptIndex { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with(&format!("{}: corrupt row index: ", idx.display()))
+                && msg.contains(reason),
+            "{msg}"
+        );
+        assert_eq!(count_rows(&path).unwrap_err().to_string(), msg);
+        assert!(open_reader_range(&path, 0, 1, BadRowPolicy::Fail).is_err());
+    }
+    // The intact sidecar is used again.
+    std::fs::write(&idx, &good).unwrap();
+    assert_eq!(LineIndex::load(&path).unwrap().unwrap().rows, N);
 }
