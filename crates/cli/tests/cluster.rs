@@ -294,4 +294,21 @@ fn bad_job_files_are_rejected_naming_the_field() {
         "{err}"
     );
     assert!(!f.dir.join("bad4/master.db").exists());
+    // An empty training set trains nothing: an error naming the files, not a job that
+    // "finishes" with 0 samples.
+    std::fs::write(f.dir.join("data/empty.tsv"), "").unwrap();
+    let job = f.dir.join("bad5.toml");
+    std::fs::write(
+        &job,
+        job_text("bad5", CLUSTER).replace(
+            r#"train = ["day_0.tsv", "day_1.tsv"]"#,
+            r#"train = ["empty.tsv"]"#,
+        ),
+    )
+    .unwrap();
+    let out = elastrec(&["run", job.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("empty.tsv") && err.contains("0 rows"), "{err}");
+    assert!(!f.dir.join("bad5/master.db").exists());
 }

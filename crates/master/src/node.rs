@@ -207,16 +207,15 @@ pub async fn start_job(
             dir.0.display()
         );
     }
-    std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
-    let mut files = Vec::new();
-    for f in cfg.train_files() {
-        let rows = elastrec_data::count_rows(&f)
-            .with_context(|| format!("counting rows of {}", f.display()))?;
-        files.push(FileRows {
+    // Before anything is created: an empty training set is an error naming the files.
+    let files: Vec<FileRows> = elastrec_worker::trainer::count_train_rows(&cfg)?
+        .into_iter()
+        .map(|(f, rows)| FileRows {
             path: f.to_string_lossy().into_owned(),
             rows,
-        });
-    }
+        })
+        .collect();
+    std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
     // A job started from a checkpoint checks it before anything is created.
     let foreign = match &from {
         Some(f) => Some(
@@ -739,7 +738,11 @@ async fn serve(
             result.job_id, e.auc, e.logloss, e.samples
         );
     }
-    std::fs::write(dir.result(), serde_json::to_string_pretty(&result)?)?;
+    // Readers poll for it: they see the whole file or none (temp + fsync + rename).
+    elastrec_worker::fsio::write_atomic(
+        &dir.result(),
+        serde_json::to_string_pretty(&result)?.as_bytes(),
+    )?;
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
     metrics.abort();
