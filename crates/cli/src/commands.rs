@@ -369,3 +369,13 @@ pub fn brain_serve(
         .block_on(elastrec_brain::serve(opts))
         .context("brain service stopped")
 }
+
+/// Runs a role process (`ps`, `worker`, started by the master) on a multi-threaded
+/// runtime: they serve gRPC and train at once.
+pub fn on_runtime(role: impl std::future::Future<Output = Result<()>>) -> Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(role)
+}

@@ -40,6 +40,12 @@ enum Command {
     /// failures and compares CPR's recovery strategies (docs/cpr.md).
     #[command(subcommand)]
     Simulate(elastrec_sim::cli::SimulateCommand),
+    /// (internal) A parameter-server process, started by the master.
+    #[command(hide = true)]
+    Ps(elastrec_ps::PsArgs),
+    /// (internal) A worker process, started by the master.
+    #[command(hide = true)]
+    Worker(elastrec_worker::remote::WorkerArgs),
 }
 
 #[derive(clap::Args)]
@@ -192,6 +198,8 @@ fn main() -> anyhow::Result<()> {
             None => commands::brain_serve(&a.db, a.listen, a.token_file.as_deref()),
         },
         Command::Cluster(c) => elastrec_master::cli::dispatch(c),
+        Command::Ps(a) => commands::on_runtime(elastrec_ps::run_ps(a)),
+        Command::Worker(a) => commands::on_runtime(elastrec_worker::remote::run_worker(a)),
         Command::Simulate(c) => elastrec_sim::cli::dispatch(c),
         Command::Bench(a) => commands::bench(commands::Bench {
             steps: a.steps,

@@ -721,12 +721,6 @@ pub enum ClusterCommand {
     Checkpoint(CheckpointArgs),
     /// Load-test the master's task and heartbeat service (requests/s, p99 latency).
     BenchMaster(BenchArgs),
-    /// (internal) A parameter-server process, started by the master.
-    #[command(hide = true)]
-    Ps(elastrec_ps::PsArgs),
-    /// (internal) A worker process, started by the master.
-    #[command(hide = true)]
-    Worker(elastrec_worker::remote::WorkerArgs),
 }
 
 /// Runs a [`ClusterCommand`] on a fresh multi-threaded runtime.
@@ -744,8 +738,6 @@ pub fn dispatch(cmd: ClusterCommand) -> anyhow::Result<()> {
             ClusterCommand::Unpause(a) => unpause(a).await,
             ClusterCommand::Checkpoint(a) => checkpoint(a).await,
             ClusterCommand::BenchMaster(a) => bench(a).await,
-            ClusterCommand::Ps(a) => elastrec_ps::run_ps(a).await,
-            ClusterCommand::Worker(a) => elastrec_worker::remote::run_worker(a).await,
         }
     })
 }
