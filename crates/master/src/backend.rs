@@ -20,6 +20,13 @@ pub trait ClusterBackend: Send + Sync {
     /// Ids of nodes whose processes exited since the last call. Backends that cannot
     /// observe exits return nothing; heartbeat timeouts then detect deaths.
     fn exited(&self) -> Vec<u32>;
+    /// True when `node`'s process still runs, including one started by an earlier master
+    /// of the same job (after `run --resume`). Backends that cannot tell say `true` and
+    /// leave the verdict to heartbeat timeouts.
+    fn is_alive(&self, node: &Node) -> bool {
+        let _ = node;
+        true
+    }
 }
 
 /// Role instances as child processes of this binary on this machine: the same executable
@@ -96,6 +103,13 @@ impl ClusterBackend for LocalProcesses {
             unsafe {
                 libc::kill(node.pid as libc::pid_t, libc::SIGKILL);
             }
+        }
+    }
+
+    fn is_alive(&self, node: &Node) -> bool {
+        match self.children.lock().get_mut(&node.id) {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => runs_node(node.pid, &self.job_uid, node.id),
         }
     }
 

@@ -16,7 +16,7 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 use tonic::service::interceptor::InterceptedService;
 
-use crate::backend::{runs_node, ClusterBackend, LocalProcesses};
+use crate::backend::{ClusterBackend, LocalProcesses};
 use crate::checkpoint::{CheckpointReport, CheckpointStats, Coordinator, Fingerprint};
 use crate::job::{Context as _, Job, NodeState, Phase, Policy, Role};
 use crate::ledger::LedgerSummary;
@@ -426,11 +426,18 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
         }
     };
     let (todo, doing, done) = job.tasks().counts();
+    let backend: Arc<dyn ClusterBackend> = Arc::new(LocalProcesses::new(
+        exe,
+        job_uid.clone(),
+        addr.clone(),
+        token.clone(),
+        dir.logs(),
+    ));
     // After a crash of the whole job (not only the master) the parameter servers are gone:
     // their state can only come back from a checkpoint, with the data position it holds.
     let ps_gone: Vec<u32> = job
         .nodes()
-        .filter(|n| n.role == Role::Ps && n.state.is_live() && !runs_node(n.pid, &job_uid, n.id))
+        .filter(|n| n.role == Role::Ps && n.state.is_live() && !backend.is_alive(n))
         .map(|n| n.index)
         .collect();
     let training = matches!(job.phase(), Phase::Training | Phase::Evaluating);
@@ -448,13 +455,6 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
             format!("parameter servers {ps_gone:?} are gone: restoring the last checkpoint")
         }
     );
-    let backend: Arc<dyn ClusterBackend> = Arc::new(LocalProcesses::new(
-        exe,
-        job_uid.clone(),
-        addr,
-        token.clone(),
-        dir.logs(),
-    ));
     let core = Arc::new(MasterCore::new(
         job,
         Writer::spawn(store),
