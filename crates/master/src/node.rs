@@ -762,3 +762,25 @@ impl Store {
             .ok()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Names under /dev/shm are visible to every user: a namespace carries the job's name
+    /// and its random uid, never token material, and is a valid plain name even when the
+    /// job directory's name is not.
+    #[test]
+    fn shm_namespace_holds_no_token_and_is_a_plain_name() {
+        let token = random_hex(32);
+        let uid = random_hex(16);
+        let ns = shm_namespace("my job/../x", &uid);
+        assert!(!ns.contains(&token[..8]), "{ns}");
+        assert!(ns.ends_with(&uid), "{ns}");
+        elastrec_checkpoint::shm::validate_namespace(&ns).unwrap();
+        assert_ne!(
+            shm_namespace("job", &random_hex(16)),
+            shm_namespace("job", &uid)
+        );
+    }
+}
