@@ -123,9 +123,6 @@ const META: Table = Table {
     tail: "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
 };
 
-/// Rows per `INSERT` at most (SQLite takes at most 32766 parameters per statement).
-const MAX_ROWS: usize = 1000;
-
 /// A group of changes folded into the rows each table ends up with: the last version of
 /// each task, node and meta key, every ledger range in order, and whether a
 /// [`Change::ResetData`] first empties `tasks` and `ledger` (rows written before the
@@ -189,87 +186,7 @@ impl<'a> Batch<'a> {
             && self.nodes.is_empty()
             && self.meta.is_empty()
     }
-
-    /// The whole group as one script: `BEGIN`, one multi-row `INSERT` per table (or per
-    /// [`MAX_ROWS`] rows), `COMMIT`. Its text depends only on the row counts, so the
-    /// connection's statement cache keeps the usual few shapes prepared.
-    fn sql(&self) -> String {
-        let mut sql = String::from("BEGIN IMMEDIATE;\n");
-        if self.reset {
-            sql.push_str("DELETE FROM tasks;\nDELETE FROM ledger;\n");
-        }
-        for (t, n) in [
-            (&TASKS, self.tasks.len()),
-            (&LEDGER, self.ranges.len()),
-            (&NODES, self.nodes.len()),
-            (&META, self.meta.len()),
-        ] {
-            let row = format!("({})", vec!["?"; t.cols].join(","));
-            let mut left = n;
-            while left > 0 {
-                let k = left.min(MAX_ROWS);
-                sql.push_str("INSERT INTO ");
-                sql.push_str(t.head);
-                sql.push_str(" VALUES ");
-                sql.push_str(&vec![row.as_str(); k].join(","));
-                sql.push(' ');
-                sql.push_str(t.tail);
-                sql.push_str(";\n");
-                left -= k;
-            }
-        }
-        sql.push_str("COMMIT;");
-        sql
-    }
-
-    /// Binds every row, in the order [`Batch::sql`] lists them.
-    fn bind<'q>(&'q self, mut q: Query<'q>) -> Query<'q> {
-        for t in &self.tasks {
-            let (state, worker) = match t.state {
-                TaskState::Todo => ("todo", None),
-                TaskState::Doing(w) => ("doing", Some(w as i64)),
-                TaskState::Done => ("done", None),
-            };
-            q = q
-                .bind(t.id as i64)
-                .bind(t.epoch as i64)
-                .bind(t.file as i64)
-                .bind(t.start as i64)
-                .bind(t.end as i64)
-                .bind(t.offset as i64)
-                .bind(state)
-                .bind(worker)
-                .bind(t.order);
-        }
-        for &(e, f, s, t) in &self.ranges {
-            q = q
-                .bind(e as i64)
-                .bind(f as i64)
-                .bind(s as i64)
-                .bind(t as i64);
-        }
-        for n in &self.nodes {
-            q = q
-                .bind(n.id as i64)
-                .bind(role_str(n.role))
-                .bind(n.index as i64)
-                .bind(state_str(n.state))
-                .bind(n.pid as i64)
-                .bind(n.addr.as_str())
-                .bind(n.last_seen_ms as i64)
-                .bind(n.started_ms as i64)
-                .bind(n.samples as i64)
-                .bind(n.step as i64)
-                .bind(n.restarts as i64);
-        }
-        for &(k, v) in &self.meta {
-            q = q.bind(k).bind(v);
-        }
-        q
-    }
 }
-
-type Query<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>;
 
 /// How far a commit of the master database goes before the reply it backs is sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -299,7 +216,6 @@ impl Store {
                 Durability::Full => SqliteSynchronous::Full,
                 Durability::Process => SqliteSynchronous::Normal,
             })
-            // Group scripts have one shape per row count (see `Batch::sql`).
             .statement_cache_capacity(512)
             .busy_timeout(std::time::Duration::from_secs(5));
         let pool = SqlitePoolOptions::new()
@@ -322,16 +238,19 @@ impl Store {
         Ok(Self { pool })
     }
 
-    /// Writes `changes` in one transaction.
+    /// Writes `changes` in one transaction, with the same code as the group-commit writer
+    /// ([`RawWriter`]) on a connection of its own (closed afterwards, so a failed
+    /// transaction can never be left open in the pool). For the few writes made before
+    /// the writer runs (job start, resume) and for tests.
     pub async fn apply(&self, changes: &[Change]) -> Result<()> {
-        let mut conn = self.pool.acquire().await?;
-        let res = write(&mut conn, changes).await;
-        if res.is_err() {
-            // The transaction may still be open: close the connection instead of
-            // returning it to the pool.
-            drop(conn.detach());
-        }
-        res
+        let mut conn = open_writer(self).await?;
+        let mut locked = conn.lock_handle().await?;
+        // SAFETY: the handle stays valid and locked while `locked` lives, and the writer
+        // is dropped at the end of this statement, before `locked`.
+        let res = unsafe { RawWriter::new(locked.as_raw_handle().as_ptr()) }
+            .and_then(|mut w| w.write(changes));
+        drop(locked);
+        res.map_err(StoreError::Write)
     }
 
     /// Sets one scalar.
@@ -421,30 +340,13 @@ impl Store {
     }
 }
 
-/// Writes `changes` in one transaction on `conn`: folded into the rows each table ends
-/// up with ([`Batch`]), then written by one script, in one call to the connection's
-/// SQLite thread (each call costs two thread switches, more than the statements
-/// themselves). When it fails the transaction may still be open: the caller then drops
-/// `conn` (closing it rolls back).
-async fn write(conn: &mut SqliteConnection, changes: &[Change]) -> Result<()> {
-    let batch = Batch::fold(changes);
-    if batch.is_empty() {
-        return Ok(());
-    }
-    batch
-        .bind(sqlx::query(sqlx::AssertSqlSafe(batch.sql())))
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
 /// SQLite's C API for the writer's connection: the bindings of the `libsqlite3-sys` that
 /// sqlx links (same crate and version), so the raw handle sqlx lends is of this type.
 use libsqlite3_sys as ffi;
 
 /// The group-commit writer's connection, driven through SQLite's C API on the writer task
 /// itself: one prepared single-row statement per table, a group written as `BEGIN
-/// IMMEDIATE`, its rows, `COMMIT` (the same rows [`write`] writes, see [`Batch`]).
+/// IMMEDIATE`, the rows each table ends up with ([`Batch`]), `COMMIT`.
 ///
 /// Through sqlx every group cost a hand-off to the connection's own thread and back (two
 /// thread switches per transaction, more than SQLite's work for a group) plus building and
@@ -1091,8 +993,9 @@ mod tests {
         ]
     }
 
-    /// The writer (SQLite's C API, one statement per row) writes exactly what
-    /// [`Store::apply`] (one sqlx script per group) writes, resets and odd strings included.
+    /// Groups submitted to the group-commit writer (folded together when they queue up)
+    /// leave exactly the state that applying them one by one leaves, resets and odd
+    /// strings included.
     #[tokio::test]
     async fn writer_groups_equal_apply() {
         let odd = "host\"'\\ \u{e9}\n:1";
