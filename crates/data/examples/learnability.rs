@@ -8,6 +8,7 @@
 
 #![allow(clippy::needless_range_loop)] // index loops mirror the FM formulas
 
+use elastrec_common::mix64;
 use elastrec_data::gen::exact_auc;
 use elastrec_data::{generate, read_all, BadRowPolicy, Batch, GenSpec, NUM_DENSE, NUM_SPARSE};
 
@@ -24,19 +25,13 @@ struct Fm {
     gb: f32,
 }
 
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 fn slots(b: &Batch, i: usize, out: &mut [usize; FIELDS]) {
     for (f, &x) in b.dense_row(i).iter().enumerate() {
         let bucket = (x * 2.0) as u64; // ln(1+x) in half-units
-        out[f] = (mix(((f as u64) << 40) ^ bucket) >> (64 - BITS)) as usize;
+        out[f] = (mix64(((f as u64) << 40) ^ bucket) >> (64 - BITS)) as usize;
     }
     for (f, &id) in b.sparse_row(i).iter().enumerate() {
-        out[NUM_DENSE + f] = (mix((((NUM_DENSE + f) as u64) << 40) ^ id) >> (64 - BITS)) as usize;
+        out[NUM_DENSE + f] = (mix64((((NUM_DENSE + f) as u64) << 40) ^ id) >> (64 - BITS)) as usize;
     }
 }
 
@@ -46,7 +41,7 @@ impl Fm {
         let mut seed = 1u64;
         let v = (0..n * K)
             .map(|_| {
-                seed = mix(seed.wrapping_add(0x9E37_79B9_7F4A_7C15));
+                seed = mix64(seed.wrapping_add(0x9E37_79B9_7F4A_7C15));
                 ((seed >> 11) as f32 / (1u64 << 53) as f32 - 0.5) * 0.02
             })
             .collect();

@@ -5,6 +5,7 @@
 //! agrees on it. Changing any formula here invalidates every checkpoint: the frozen-value
 //! tests in this module guard against that.
 
+use elastrec_common::splitmix::{mix64, GOLDEN_GAMMA};
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -103,14 +104,6 @@ pub fn global_row(table: usize, local: u64, shard: u32, num_shards: u32) -> u64 
     local * u64::from(num_shards) + shard_residue(table, shard, num_shards)
 }
 
-/// SplitMix64 finalizer: a bijective 64-bit mixer.
-#[inline]
-fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 /// Half-width of the initial uniform distribution of a `rows`-row table: `1 / sqrt(rows)`
 /// (as DLRM initializes its embedding bags), computed in `f64` and rounded to `f32`.
 #[inline]
@@ -128,16 +121,17 @@ pub fn init_bound(rows: u64) -> f32 {
 /// u_j   = (mix64(key + (j + 1) * 0x9e3779b97f4a7c15) >> 40) * 2^-24        // in [0, 1)
 /// w_j   = (2 * u_j - 1) * bound                                           // bound = init_bound(rows)
 /// ```
+///
+/// `mix64` is the SplitMix64 finalizer ([`elastrec_common::mix64`]).
 #[inline]
 pub fn init_row(seed: u64, table: usize, row: u64, bound: f32, out: &mut [f32]) {
     let mut bytes = [0u8; 16];
     bytes[..8].copy_from_slice(&(table as u64).to_le_bytes());
     bytes[8..].copy_from_slice(&row.to_le_bytes());
     let key = xxh3_64_with_seed(&bytes, seed ^ INIT_SALT);
-    const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
     const INV_2_24: f32 = 1.0 / (1u32 << 24) as f32;
     for (j, w) in out.iter_mut().enumerate() {
-        let h = mix64(key.wrapping_add((j as u64 + 1).wrapping_mul(GOLDEN)));
+        let h = mix64(key.wrapping_add((j as u64 + 1).wrapping_mul(GOLDEN_GAMMA)));
         let u = (h >> 40) as f32 * INV_2_24;
         *w = (2.0 * u - 1.0) * bound;
     }

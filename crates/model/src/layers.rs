@@ -10,7 +10,7 @@
 //! caches and needs no synchronization inside a layer.
 
 use crate::gemm::{sgemm, MatRef};
-use crate::init::SplitMix64;
+use crate::init::InitRng;
 
 /// Activation applied after the affine map.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -83,7 +83,7 @@ impl Linear {
     /// Glorot/Xavier-uniform weights, bias uniform in `±1/sqrt(in)`, from a SplitMix64
     /// stream keyed by `(seed, stream)`.
     pub fn init(&self, params: &mut [f32], seed: u64, stream: u64) {
-        let mut rng = SplitMix64::new(seed, stream);
+        let mut rng = InitRng::new(seed, stream);
         let a = (6.0 / (self.in_dim + self.out_dim) as f32).sqrt();
         for w in &mut params[self.w_offset..self.b_offset] {
             *w = rng.uniform_sym(a);

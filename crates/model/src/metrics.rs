@@ -4,34 +4,7 @@
 /// Mann-Whitney statistic: sort once (O(n log n)), tied scores share their average rank.
 /// `None` when either class is absent. NaN scores are ordered last (`f32::total_cmp`).
 pub fn auc(scores: &[f32], labels: &[f32]) -> Option<f64> {
-    assert_eq!(scores.len(), labels.len());
-    let mut idx: Vec<u32> = (0..scores.len() as u32).collect();
-    idx.sort_unstable_by(|&a, &b| scores[a as usize].total_cmp(&scores[b as usize]));
-    let mut pos_rank_sum = 0.0f64;
-    let mut n_pos = 0u64;
-    let mut i = 0;
-    while i < idx.len() {
-        let s = scores[idx[i] as usize];
-        let mut j = i + 1;
-        while j < idx.len() && scores[idx[j] as usize].total_cmp(&s).is_eq() {
-            j += 1;
-        }
-        // ranks i+1 ..= j, averaged.
-        let avg_rank = (i + 1 + j) as f64 / 2.0;
-        for &k in &idx[i..j] {
-            if labels[k as usize] > 0.5 {
-                pos_rank_sum += avg_rank;
-                n_pos += 1;
-            }
-        }
-        i = j;
-    }
-    let n_neg = scores.len() as u64 - n_pos;
-    if n_pos == 0 || n_neg == 0 {
-        return None;
-    }
-    let (p, q) = (n_pos as f64, n_neg as f64);
-    Some((pos_rank_sum - p * (p + 1.0) / 2.0) / (p * q))
+    elastrec_common::exact_auc(scores, labels, |y| y > 0.5)
 }
 
 /// Probabilities are clamped to `[LOGLOSS_EPS, 1 - LOGLOSS_EPS]` in [`logloss`].

@@ -9,7 +9,7 @@
 
 use std::ops::Range;
 
-use elastrec_embedding::le::{get_f32s, put_f32s};
+use elastrec_embedding::le::{get_f32s, put_f32s, Reader, Truncated};
 use elastrec_embedding::{global_row, EmbeddingStore, TableSnapshot};
 use elastrec_model::DenseOptimizer;
 use serde::{Deserialize, Serialize};
@@ -277,50 +277,46 @@ pub struct DecodedPart {
     pub tables: Vec<TableSnapshot>,
 }
 
-fn take<'a>(bytes: &'a [u8], at: &mut usize, n: usize, what: &str) -> anyhow::Result<&'a [u8]> {
-    let end = at
-        .checked_add(n)
-        .filter(|&e| e <= bytes.len())
-        .ok_or_else(|| anyhow::anyhow!("checkpoint part is truncated in {what}"))?;
-    let s = &bytes[*at..end];
-    *at = end;
-    Ok(s)
+fn truncated(e: Truncated) -> anyhow::Error {
+    anyhow::anyhow!("checkpoint part is truncated in {}", e.what)
 }
 
 /// Decodes a part, checking every length against the buffer (parts come from storage).
 pub fn decode(bytes: &[u8]) -> anyhow::Result<DecodedPart> {
-    let mut at = 0;
+    let mut r = Reader::new(bytes);
     anyhow::ensure!(
-        take(bytes, &mut at, 4, "magic")? == MAGIC,
+        r.take(4, "magic").map_err(truncated)? == MAGIC,
         "not a parameter-server checkpoint part (bad magic)"
     );
-    let version = u32::from_le_bytes(take(bytes, &mut at, 4, "version")?.try_into()?);
+    let version = r.u32("version").map_err(truncated)?;
     anyhow::ensure!(
         version == VERSION,
         "checkpoint part version {version} is not supported"
     );
-    let hlen = u32::from_le_bytes(take(bytes, &mut at, 4, "header length")?.try_into()?);
+    let hlen = r.u32("header length").map_err(truncated)?;
     let header: PartHeader =
-        serde_json::from_slice(take(bytes, &mut at, hlen as usize, "header")?)?;
+        serde_json::from_slice(r.take(hlen as usize, "header").map_err(truncated)?)?;
     anyhow::ensure!(
         header.dense_start <= header.dense_end && header.dense_end <= header.dense_total,
         "checkpoint part has an invalid dense range"
     );
     let n = header.dense_end - header.dense_start;
-    let dense = get_f32s(take(bytes, &mut at, n * 4, "dense values")?);
+    let dense = get_f32s(r.take(n * 4, "dense values").map_err(truncated)?);
     let mut state = Vec::with_capacity(header.state_buffers.min(8));
     for _ in 0..header.state_buffers {
-        state.push(get_f32s(take(bytes, &mut at, n * 4, "optimizer state")?));
+        state.push(get_f32s(
+            r.take(n * 4, "optimizer state").map_err(truncated)?,
+        ));
     }
     let mut tables = Vec::with_capacity(header.tables.min(1024));
     for _ in 0..header.tables {
-        let len = u64::from_le_bytes(take(bytes, &mut at, 8, "table length")?.try_into()?);
+        let len = r.u64("table length").map_err(truncated)?;
         let len = usize::try_from(len)?;
-        tables.push(TableSnapshot::from_bytes(take(
-            bytes, &mut at, len, "table",
-        )?)?);
+        tables.push(TableSnapshot::from_bytes(
+            r.take(len, "table").map_err(truncated)?,
+        )?);
     }
-    anyhow::ensure!(at == bytes.len(), "checkpoint part has trailing bytes");
+    anyhow::ensure!(r.is_empty(), "checkpoint part has trailing bytes");
     Ok(DecodedPart {
         header,
         dense,

@@ -12,9 +12,10 @@
 //! The checksum covers the whole file, so a truncated or corrupted file is refused
 //! instead of evaluated.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::Path;
 
+use elastrec_embedding::le::{Reader, Truncated};
 use elastrec_embedding::TableSnapshot;
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::Xxh3;
@@ -110,15 +111,16 @@ pub fn load(path: &Path) -> Result<(Dlrm, JobConfig)> {
     if xxhash_rust::xxh3::xxh3_64(body) != stored {
         return Err(bad("checksum mismatch (file truncated or corrupted)".into()));
     }
-    let mut r = &body[MAGIC.len()..];
-    let version = read_u32(&mut r).ok_or_else(|| bad("truncated version".into()))?;
+    let short = |e: Truncated| bad(e.to_string());
+    let mut r = Reader::new(&body[MAGIC.len()..]);
+    let version = r.u32("version").map_err(short)?;
     if version != VERSION {
         return Err(bad(format!(
             "format version {version}; this build reads {VERSION}"
         )));
     }
     let header_len = read_len(&mut r, "header").map_err(bad)?;
-    let header: Header = serde_json::from_slice(take(&mut r, header_len, "header").map_err(bad)?)
+    let header: Header = serde_json::from_slice(r.take(header_len, "header").map_err(short)?)
         .map_err(|e| bad(format!("header: {e}")))?;
     let job = JobConfig {
         model: header.model,
@@ -133,11 +135,11 @@ pub fn load(path: &Path) -> Result<(Dlrm, JobConfig)> {
             model.dense.num_params()
         )));
     }
-    let raw = take(&mut r, n * 4, "dense parameters").map_err(bad)?;
+    let raw = r.take(n * 4, "dense parameters").map_err(short)?;
     for (p, b) in model.dense.params_mut().iter_mut().zip(raw.chunks_exact(4)) {
         *p = f32::from_le_bytes(b.try_into().expect("4 bytes"));
     }
-    let tables = read_u32(&mut r).ok_or_else(|| bad("truncated table count".into()))? as usize;
+    let tables = r.u32("table count").map_err(short)? as usize;
     if tables != model.embeddings.num_tables() {
         return Err(bad(format!(
             "{tables} tables stored, the model has {}",
@@ -146,44 +148,92 @@ pub fn load(path: &Path) -> Result<(Dlrm, JobConfig)> {
     }
     for t in 0..tables {
         let len = read_len(&mut r, "table").map_err(bad)?;
-        let snap = TableSnapshot::from_bytes(take(&mut r, len, "table").map_err(bad)?)?;
+        let snap = TableSnapshot::from_bytes(r.take(len, "table").map_err(short)?)?;
         if snap.table != t {
             return Err(bad(format!("table {t} stored as table {}", snap.table)));
         }
         model.embeddings.import_table(&snap)?;
     }
     if !r.is_empty() {
-        return Err(bad(format!("{} unexpected trailing bytes", r.len())));
+        return Err(bad(format!("{} unexpected trailing bytes", r.remaining())));
     }
-    return Ok((model, job));
-
-    fn read_u32(r: &mut &[u8]) -> Option<u32> {
-        let mut b = [0u8; 4];
-        r.read_exact(&mut b).ok()?;
-        Some(u32::from_le_bytes(b))
-    }
+    Ok((model, job))
 }
 
-fn read_len(r: &mut &[u8], what: &str) -> Result<usize, String> {
-    let mut b = [0u8; 8];
-    r.read_exact(&mut b)
+/// A `u64` length prefix, refused unless that many bytes are left.
+fn read_len(r: &mut Reader<'_>, what: &str) -> Result<usize, String> {
+    let n = r
+        .u64("length")
         .map_err(|_| format!("truncated {what} length"))?;
-    let n = u64::from_le_bytes(b);
     // Never trust a size read from a file: it must fit in what is left.
-    if n > r.len() as u64 {
+    if n > r.remaining() as u64 {
         return Err(format!(
             "{what} length {n} exceeds the remaining {} bytes",
-            r.len()
+            r.remaining()
         ));
     }
     Ok(n as usize)
 }
 
-fn take<'a>(r: &mut &'a [u8], n: usize, what: &str) -> Result<&'a [u8], String> {
-    if n > r.len() {
-        return Err(format!("truncated {what}"));
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use elastrec_data::NUM_SPARSE;
+
+    fn saved(dir: &Path) -> (Dlrm, std::path::PathBuf) {
+        let job = JobConfig::default();
+        let model = Dlrm::new(&job, vec![16; NUM_SPARSE]).unwrap();
+        let path = dir.join("model.bin");
+        save(&model, &job, &path).unwrap();
+        (model, path)
     }
-    let (head, rest) = r.split_at(n);
-    *r = rest;
-    Ok(head)
+
+    /// Rewrites the trailing checksum so a deliberately malformed body reaches the parser.
+    fn reseal(body: &[u8]) -> Vec<u8> {
+        let mut out = body.to_vec();
+        out.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(body).to_le_bytes());
+        out
+    }
+
+    fn load_err(path: &Path, bytes: &[u8]) -> String {
+        std::fs::write(path, bytes).unwrap();
+        match load(path) {
+            Err(WorkerError::ModelFile { reason, .. }) => reason,
+            Err(e) => panic!("unexpected error {e}"),
+            Ok(_) => panic!("malformed model file loaded"),
+        }
+    }
+
+    #[test]
+    fn round_trip_and_malformed_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (model, path) = saved(dir.path());
+        let (loaded, _) = load(&path).unwrap();
+        assert_eq!(loaded.dense.params(), model.dense.params());
+
+        let bytes = std::fs::read(&path).unwrap();
+        let body = &bytes[..bytes.len() - 8];
+        let bad = dir.path().join("bad.bin");
+        let mut flipped = bytes.clone();
+        flipped[40] ^= 1;
+        assert!(load_err(&bad, &flipped).contains("checksum mismatch"));
+        // A header length larger than the file, or cut short.
+        let header_at = MAGIC.len() + 4;
+        let mut long = body.to_vec();
+        long[header_at..header_at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        let reason = load_err(&bad, &reseal(&long));
+        assert!(
+            reason.starts_with("header length 18446744073709551615 exceeds"),
+            "{reason}"
+        );
+        assert!(load_err(&bad, &reseal(&body[..header_at + 3])).contains("truncated header length"));
+        // Cut inside the tables, then extra bytes after them.
+        assert!(load_err(&bad, &reseal(&body[..body.len() - 1])).contains("table"));
+        let mut extra = body.to_vec();
+        extra.push(0);
+        assert_eq!(
+            load_err(&bad, &reseal(&extra)),
+            "1 unexpected trailing bytes"
+        );
+    }
 }

@@ -21,11 +21,9 @@
 //! [`CHUNK_ROWS`] rows of a day has its own seeded RNG; chunks are generated in parallel
 //! with rayon (in the current pool) and written in order by a writer thread.
 
-mod auc;
 mod model;
 mod rng;
 
-pub use auc::exact_auc;
 pub use model::CRITEO_KAGGLE_CARDINALITIES;
 
 use crate::batch::NUM_SPARSE;
@@ -34,12 +32,18 @@ use crate::parquet_io::{ParquetOptions, ParquetWriter};
 use crate::raw::{RawBatch, RawRow};
 use model::{sigmoid, Features, Teacher};
 use rayon::prelude::*;
-use rng::{mix64, Rng};
+use rng::{splitmix64, Rng};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+/// Exact AUC of `scores` against binary `labels` (1 = positive). `None` if one class is
+/// absent.
+pub fn exact_auc(scores: &[f32], labels: &[u8]) -> Option<f64> {
+    elastrec_common::exact_auc(scores, labels, |l| l != 0)
+}
 
 /// Rows per independently seeded chunk.
 pub const CHUNK_ROWS: usize = 16 * 1024;
@@ -237,8 +241,8 @@ struct World {
 
 impl World {
     fn chunk(&self, job: &ChunkJob) -> ChunkOut {
-        let mut rng = Rng::new(mix64(
-            self.seed ^ mix64(((job.day as u64) << 40) ^ job.index),
+        let mut rng = Rng::new(splitmix64(
+            self.seed ^ splitmix64(((job.day as u64) << 40) ^ job.index),
         ));
         let mut row = RawRow::default();
         let mut ranks = [0u32; NUM_SPARSE];

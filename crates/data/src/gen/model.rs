@@ -1,7 +1,7 @@
 //! The synthetic world: per-feature marginals ([`Features`]) and the hidden teacher that
 //! turns a row into a click probability ([`Teacher`]).
 
-use super::rng::{fmix32, mix64, unit, Rng};
+use super::rng::{fmix32, splitmix64, unit, Rng};
 use crate::batch::{NUM_DENSE, NUM_SPARSE};
 use crate::raw::RawRow;
 
@@ -87,12 +87,12 @@ impl Features {
             let n = ((CRITEO_KAGGLE_CARDINALITIES[f] as f64 * scale).round() as u64).max(2);
             cards[f] = n;
             // Exponent in [1.05, 1.2], fixed per feature.
-            let s = 1.05 + 0.15 * unit(mix64(0xC0FFEE ^ f as u64));
+            let s = 1.05 + 0.15 * unit(splitmix64(0xC0FFEE ^ f as u64));
             // Inverse CDF of the continuous power law on [1, n+1).
             let a = ((n + 1) as f64).powf(1.0 - s) - 1.0;
             let inv = 1.0 / (1.0 - s);
             zipf.push(Table::new(|u| (1.0 + u * a).powf(inv)));
-            keys[f] = mix64(0x5EED_0000 + f as u64) as u32;
+            keys[f] = splitmix64(0x5EED_0000 + f as u64) as u32;
         }
         let lomax = (0..NUM_DENSE)
             .map(|f| {
@@ -194,7 +194,7 @@ pub(crate) struct Teacher {
 /// Uniform with unit variance, from a hash.
 #[inline]
 fn hash_unif(h: u64) -> f64 {
-    (unit(mix64(h)) * 2.0 - 1.0) * 1.732_050_807_568_877_2
+    (unit(splitmix64(h)) * 2.0 - 1.0) * 1.732_050_807_568_877_2
 }
 
 impl Teacher {
@@ -207,7 +207,7 @@ impl Teacher {
         let c = std::array::from_fn(|_| g());
         let amp = std::array::from_fn(|_| 0.3 + 0.7 * (g() * 0.5 + 0.5));
         Teacher {
-            key: mix64(seed ^ 0x1D5_1D5),
+            key: splitmix64(seed ^ 0x1D5_1D5),
             dense_mean: [0.0; NUM_DENSE],
             dense_inv_std: [1.0; NUM_DENSE],
             w,

@@ -1,0 +1,17 @@
+//! Small, dependency-free helpers that more than one leaf crate needs.
+//!
+//! `data`, `model` and `embedding` do not depend on each other (and should not: `data`
+//! pulls in Parquet/Arrow, `model` pulls in `gemm`, and `model`'s tests already use
+//! `embedding`), so the one copy of each helper lives here, below all three:
+//!
+//! * [`splitmix`]: the SplitMix64 generator and its finalizer, which parameter init, row
+//!   init and the data generator all build on. Their outputs are frozen (checkpoints and
+//!   generated data depend on them).
+//! * [`auc`]: exact, sort-based ROC AUC, used for evaluation and for the generator's
+//!   teacher AUC.
+
+pub mod auc;
+pub mod splitmix;
+
+pub use auc::exact_auc;
+pub use splitmix::{mix64, splitmix64, SplitMix64};
