@@ -286,7 +286,12 @@ impl Coordinator {
         self.stats.lock().clone()
     }
 
-    fn costs(&self, st: &CheckpointStats) -> CprCosts {
+    /// Seconds since this coordinator started, on the clock reading `now`.
+    fn elapsed_s(&self, now: Instant) -> f64 {
+        now.saturating_duration_since(self.started).as_secs_f64()
+    }
+
+    fn costs(&self, st: &CheckpointStats, now: Instant) -> CprCosts {
         let o_save_s = if st.count > 0 {
             st.stall_ms() / 1e3
         } else {
@@ -300,7 +305,7 @@ impl Coordinator {
             ASSUMED_SAVE_S
         });
         let failures = st.recoveries.len() as f64;
-        let elapsed = self.started.elapsed().as_secs_f64();
+        let elapsed = self.elapsed_s(now);
         let t_fail_s = if failures > 0.0 {
             // Observed rate, never more optimistic than the configured one.
             (elapsed / failures).min(self.cfg.mtbf_s)
@@ -318,9 +323,14 @@ impl Coordinator {
     /// CPR's decision from the current measurements (`samples_done` estimates the job
     /// length), with the configured mode forced unless `recovery = "auto"`.
     pub fn decision(&self, samples_done: u64) -> RecoveryDecision {
+        self.decision_at(Instant::now(), samples_done)
+    }
+
+    /// [`Coordinator::decision`] at clock reading `now` (the policy reads no clock itself).
+    pub fn decision_at(&self, now: Instant, samples_done: u64) -> RecoveryDecision {
         let st = self.stats.lock();
-        let c = self.costs(&st);
-        let elapsed = self.started.elapsed().as_secs_f64().max(1.0);
+        let c = self.costs(&st, now);
+        let elapsed = self.elapsed_s(now).max(1.0);
         let rate = samples_done as f64 / elapsed;
         let t_total = if rate > 0.0 {
             self.total_samples as f64 / rate
@@ -352,6 +362,11 @@ impl Coordinator {
 
     /// Seconds between full checkpoints now.
     pub fn interval_s(&self, samples_done: u64) -> f64 {
+        self.interval_s_at(Instant::now(), samples_done)
+    }
+
+    /// [`Coordinator::interval_s`] at clock reading `now`.
+    pub fn interval_s_at(&self, now: Instant, samples_done: u64) -> f64 {
         if self.cfg.interval_s > 0.0 {
             return self.cfg.interval_s;
         }
@@ -365,14 +380,14 @@ impl Coordinator {
         // A flash checkpoint barely stalls training, so CPR's optimum can be very short;
         // background persistence still costs CPU and I/O: keep it under half the time.
         let floor = INTERVAL_BOUNDS_S.0.max(2.0 * persist_s);
-        self.decision(samples_done)
+        self.decision_at(now, samples_done)
             .t_save_s()
             .clamp(floor, INTERVAL_BOUNDS_S.1.max(floor))
     }
 
     /// Seconds between checkpoints of any kind (deltas come `1/ratio` times as often).
-    fn period_s(&self, samples_done: u64) -> f64 {
-        let full = self.interval_s(samples_done);
+    fn period_s(&self, now: Instant, samples_done: u64) -> f64 {
+        let full = self.interval_s_at(now, samples_done);
         match self.cfg.priority {
             SavePriority::None => full,
             _ => full * self.cfg.ratio,
@@ -381,16 +396,17 @@ impl Coordinator {
 
     /// True when a checkpoint is due and none is running.
     pub fn due(&self, samples_done: u64) -> bool {
+        self.due_at(Instant::now(), samples_done)
+    }
+
+    /// [`Coordinator::due`] at clock reading `now`.
+    pub fn due_at(&self, now: Instant, samples_done: u64) -> bool {
         if !self.cfg.enabled || self.busy.load(Ordering::Relaxed) {
             return false;
         }
-        let since = self
-            .last_commit
-            .lock()
-            .unwrap_or(self.started)
-            .elapsed()
-            .as_secs_f64();
-        since >= self.period_s(samples_done)
+        let last = self.last_commit.lock().unwrap_or(self.started);
+        let since = now.saturating_duration_since(last).as_secs_f64();
+        since >= self.period_s(now, samples_done)
     }
 
     /// Takes a checkpoint now: data position, flash copy on every PS, master part,
@@ -838,6 +854,45 @@ pub fn empty_position() -> DataPosition {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    fn coordinator(interval_s: f64) -> (Coordinator, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut job = JobConfig::default();
+        job.checkpoint.location = dir.path().to_string_lossy().into_owned();
+        job.checkpoint.interval_s = interval_s;
+        let c = Coordinator::new(
+            &job,
+            Fingerprint::of(&job, &[]),
+            1000,
+            "t",
+            "ns".into(),
+            None,
+        )
+        .unwrap();
+        (c, dir)
+    }
+
+    /// The schedule reads no clock of its own: checkpoints fall due on the clock reading
+    /// it is given, from the start, then from the last commit; never while one runs.
+    #[test]
+    fn checkpoints_fall_due_on_the_injected_clock() {
+        let s = Duration::from_secs_f64;
+        let (c, _d) = coordinator(10.0);
+        let t0 = c.started;
+        assert!(!c.due_at(t0 + s(9.9), 0));
+        assert!(c.due_at(t0 + s(10.0), 0));
+        *c.last_commit.lock() = Some(t0 + s(10.0));
+        assert!(!c.due_at(t0 + s(19.9), 0));
+        assert!(c.due_at(t0 + s(20.0), 0));
+        c.busy.store(true, Ordering::Relaxed);
+        assert!(!c.due_at(t0 + s(30.0), 0), "one checkpoint at a time");
+        // Chosen by the policy: the first one comes early, to measure the save cost.
+        let (p, _d) = coordinator(0.0);
+        assert_eq!(p.interval_s_at(p.started, 0), FIRST_CHECKPOINT_S);
+        assert!(!p.due_at(p.started + s(FIRST_CHECKPOINT_S - 0.1), 0));
+        assert!(p.due_at(p.started + s(FIRST_CHECKPOINT_S), 0));
+    }
 
     #[test]
     fn fingerprint_names_the_section_that_differs() {
