@@ -671,6 +671,17 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Test fail point `ELASTREC_FAIL_HANG_CHECKPOINT=INDEX`: PS `INDEX` never answers its
+/// first checkpoint request (a hung server), and answers later ones normally.
+fn fail_point_hang_checkpoint(index: u32) -> bool {
+    static USED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    std::env::var("ELASTREC_FAIL_HANG_CHECKPOINT")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        == Some(index)
+        && !USED.swap(true, std::sync::atomic::Ordering::AcqRel)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1059,15 +1070,4 @@ mod tests {
         assert_eq!(v, 2);
         assert!(t0.elapsed() >= Duration::from_millis(150));
     }
-}
-
-/// Test fail point `ELASTREC_FAIL_HANG_CHECKPOINT=INDEX`: PS `INDEX` never answers its
-/// first checkpoint request (a hung server), and answers later ones normally.
-fn fail_point_hang_checkpoint(index: u32) -> bool {
-    static USED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    std::env::var("ELASTREC_FAIL_HANG_CHECKPOINT")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        == Some(index)
-        && !USED.swap(true, std::sync::atomic::Ordering::AcqRel)
 }
