@@ -4,6 +4,9 @@
 use std::future::Future;
 use std::net::SocketAddr;
 
+use elastrec_metrics::prometheus_client::metrics::counter::Counter;
+use elastrec_metrics::prometheus_client::metrics::family::Family;
+use elastrec_metrics::prometheus_client::registry::Registry;
 use elastrec_proto::brain as pb;
 use pb::brain_server::{Brain, BrainServer};
 use tonic::{Request, Response, Status};
@@ -25,6 +28,8 @@ pub const MAX_TRAFFIC: usize = 100_000;
 pub const FIT_WINDOW: usize = 2_000;
 /// Default listen address (loopback only).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50070";
+/// Default `/metrics` address: loopback, any free port (logged at start).
+pub const DEFAULT_METRICS: &str = "127.0.0.1:0";
 
 /// Environment variable holding the brain's shared token (`elastrec brain`). The token is
 /// never a command-line argument: those are visible to every user through `ps`.
@@ -39,6 +44,9 @@ pub struct BrainServeOptions {
     pub listen: SocketAddr,
     /// Shared token every request must carry as `authorization: Bearer <token>`.
     pub token: String,
+    /// Address of the Prometheus `/metrics` endpoint (default [`DEFAULT_METRICS`]); off
+    /// loopback it requires the token too.
+    pub metrics: SocketAddr,
     /// Policy settings.
     pub config: BrainConfig,
 }
@@ -50,6 +58,7 @@ impl BrainServeOptions {
             db_url: db_url.into(),
             listen: DEFAULT_LISTEN.parse().expect("constant address parses"),
             token: token.into(),
+            metrics: DEFAULT_METRICS.parse().expect("constant address parses"),
             config: BrainConfig::default(),
         }
     }
@@ -132,10 +141,28 @@ pub async fn serve(opts: BrainServeOptions) -> Result<()> {
     .await
 }
 
-/// Serves on an already bound listener until `shutdown` completes (tests bind port 0).
+/// Serves on an already bound listener until `shutdown` completes (tests bind port 0),
+/// with metrics on `opts.metrics`.
 pub async fn serve_with_listener(
     opts: BrainServeOptions,
     listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<()> {
+    let metrics = tokio::net::TcpListener::bind(opts.metrics)
+        .await
+        .map_err(|source| BrainError::Io {
+            path: opts.metrics.to_string(),
+            source,
+        })?;
+    serve_with_listeners(opts, listener, metrics, shutdown).await
+}
+
+/// Serves gRPC on `listener` and `/metrics` on `metrics` (open on loopback, the token
+/// elsewhere) until `shutdown` completes.
+pub async fn serve_with_listeners(
+    opts: BrainServeOptions,
+    listener: tokio::net::TcpListener,
+    metrics: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
     if opts.token.is_empty() {
@@ -144,9 +171,21 @@ pub async fn serve_with_listener(
         )));
     }
     let store = Store::connect(&opts.db_url).await?;
+    let counters = std::sync::Arc::new(BrainMetrics::new());
+    let io = |source| BrainError::Io {
+        path: "the metrics listener".into(),
+        source,
+    };
+    let access =
+        elastrec_metrics::Access::for_bind(metrics.local_addr().map_err(io)?.ip(), &opts.token);
+    let c = counters.clone();
+    // Serves until dropped, when this function returns.
+    let endpoint = elastrec_metrics::serve_on(metrics, access, move || c.render()).map_err(io)?;
+    tracing::info!(metrics = %endpoint.addr(), "brain metrics on http://{}/metrics", endpoint.addr());
     let svc = BrainService {
         store,
         cfg: opts.config,
+        metrics: counters,
     };
     let expected = format!("Bearer {}", opts.token).into_bytes();
     let server = BrainServer::with_interceptor(svc, move |req: Request<()>| {
@@ -192,10 +231,52 @@ pub fn status_of(e: BrainError) -> Status {
     }
 }
 
-/// The service state: the store and the policy settings.
+type Labels = Vec<(String, String)>;
+
+/// Prometheus metrics of the brain (prefix `elastrec_brain`).
+struct BrainMetrics {
+    registry: Registry,
+    requests: Family<Labels, Counter>,
+    errors: Family<Labels, Counter>,
+}
+
+impl BrainMetrics {
+    fn new() -> Self {
+        let mut registry = Registry::with_prefix("elastrec_brain");
+        let requests = Family::<Labels, Counter>::default();
+        registry.register("requests", "Requests served, by method", requests.clone());
+        let errors = Family::<Labels, Counter>::default();
+        registry.register(
+            "errors",
+            "Requests answered with an error, by method",
+            errors.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            errors,
+        }
+    }
+
+    /// Counts one request of `method` and whether it failed.
+    fn count<T>(&self, method: &str, r: &Result<T>) {
+        let l = vec![("method".to_string(), method.to_string())];
+        self.requests.get_or_create(&l).inc();
+        if r.is_err() {
+            self.errors.get_or_create(&l).inc();
+        }
+    }
+
+    fn render(&self) -> String {
+        elastrec_metrics::encode(&self.registry)
+    }
+}
+
+/// The service state: the store, the policy settings and the counters.
 pub struct BrainService {
     store: Store,
     cfg: BrainConfig,
+    metrics: std::sync::Arc<BrainMetrics>,
 }
 
 fn check_job_id(id: &str) -> Result<()> {
@@ -483,40 +564,36 @@ impl Brain for BrainService {
         &self,
         request: Request<pb::ReportProfileRequest>,
     ) -> std::result::Result<Response<pb::ReportProfileResponse>, Status> {
-        self.report(request.into_inner())
-            .await
-            .map(Response::new)
-            .map_err(status_of)
+        let r = self.report(request.into_inner()).await;
+        self.metrics.count("report_profile", &r);
+        r.map(Response::new).map_err(status_of)
     }
 
     async fn warm_start(
         &self,
         request: Request<pb::WarmStartRequest>,
     ) -> std::result::Result<Response<pb::PlanResponse>, Status> {
-        self.warm(request.into_inner())
-            .await
-            .map(Response::new)
-            .map_err(status_of)
+        let r = self.warm(request.into_inner()).await;
+        self.metrics.count("warm_start", &r);
+        r.map(Response::new).map_err(status_of)
     }
 
     async fn plan(
         &self,
         request: Request<pb::PlanRequest>,
     ) -> std::result::Result<Response<pb::PlanResponse>, Status> {
-        self.replan(request.into_inner())
-            .await
-            .map(Response::new)
-            .map_err(status_of)
+        let r = self.replan(request.into_inner()).await;
+        self.metrics.count("plan", &r);
+        r.map(Response::new).map_err(status_of)
     }
 
     async fn plan_stream(
         &self,
         request: Request<pb::PlanStreamRequest>,
     ) -> std::result::Result<Response<pb::StreamPlanResponse>, Status> {
-        self.stream(request.into_inner())
-            .await
-            .map(Response::new)
-            .map_err(status_of)
+        let r = self.stream(request.into_inner()).await;
+        self.metrics.count("plan_stream", &r);
+        r.map(Response::new).map_err(status_of)
     }
 }
 

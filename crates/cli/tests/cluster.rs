@@ -46,19 +46,91 @@ fn one_worker_two_ps_matches_single_process() {
     check_result(&dir, &log, 0.005);
 }
 
-/// (a) 2 PS, 3 workers: completes with exactly-once ledger and single-process AUC.
+/// (a) 2 PS, 3 workers: completes with exactly-once ledger and single-process AUC. On the
+/// way, paused at a fifth of its samples, every node serves its role's metrics at the
+/// address `elastrec status` shows.
 #[test]
 fn two_ps_three_workers_exactly_once() {
     let _g = serial();
     let (job, dir) = write_job("a", CLUSTER);
     let log = dir.with_extension("log");
-    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
+    let first = (2 * fixture().train_rows / 5).to_string();
+    let mut g = Group::spawn(
+        &["run", job.to_str().unwrap(), "--pause-at-samples", &first],
+        &log,
+    );
+    wait_held(&dir);
+    check_node_metrics(&dir);
+    unpause(&dir);
     let st = g.wait(Duration::from_secs(300));
     assert!(st.success(), "{}", std::fs::read_to_string(&log).unwrap());
     check_result(&dir, &log, MULTI_WORKER_AUC_TOLERANCE);
-    // The metrics endpoint existed while running; the status command reads the result now.
+    // The status command reads the result once the master is gone.
     let out = elastrec(&["status", dir.to_str().unwrap()]);
     assert!(out.status.success());
+}
+
+/// The value of the sample `series` (name and labels) in an exposition.
+fn sample(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Scrapes the master and every running node over plain HTTP (loopback: no token) and
+/// checks each serves OpenMetrics text with its role's metrics.
+fn check_node_metrics(dir: &std::path::Path) {
+    let scrape = |addr: &str| {
+        let (code, body) = elastrec_metrics::http_get(addr, "/metrics", None).unwrap();
+        assert_eq!(code, 200, "{addr}: {body}");
+        elastrec_metrics::parse_exposition(&body).unwrap();
+        body
+    };
+    let master = std::fs::read_to_string(dir.join("metrics.addr")).unwrap();
+    let body = scrape(master.trim());
+    let get_tasks = sample(&body, "elastrec_master_requests_total{method=\"get_task\"}");
+    assert!(get_tasks > Some(0.0), "{body}");
+    // A node is running from its first registration; its endpoint's address comes with
+    // its second.
+    let mut nodes = Vec::new();
+    wait_for(Duration::from_secs(60), || {
+        let s = status_json(dir).unwrap();
+        nodes = s["nodes"].as_array().unwrap().clone();
+        nodes.len() == 5
+            && nodes
+                .iter()
+                .all(|n| n["state"] == "running" && n["metrics_addr"] != "")
+    });
+    let mut ps_seen = 0;
+    let mut worker_samples = 0.0;
+    for n in &nodes {
+        let body = scrape(n["metrics_addr"].as_str().unwrap());
+        if n["role"] == "ps" {
+            // Every batch pulls from both servers; which index is which does not matter.
+            let i = (0..2)
+                .find(|i| body.contains(&format!("elastrec_ps_rows_held{{ps=\"{i}\"}}")))
+                .unwrap_or_else(|| panic!("no PS index label: {body}"));
+            let pulls = sample(&body, &format!("elastrec_ps_pulls_total{{ps=\"{i}\"}}"));
+            assert!(pulls > Some(0.0), "{body}");
+            for name in ["pull_latency_seconds_count", "pushes_total", "version"] {
+                let v = sample(&body, &format!("elastrec_ps_{name}{{ps=\"{i}\"}}"));
+                assert!(v > Some(0.0), "{name}: {body}");
+            }
+            ps_seen |= 1 << i;
+        } else {
+            let id = n["id"].as_u64().unwrap();
+            let v = sample(
+                &body,
+                &format!("elastrec_worker_samples_total{{node=\"{id}\"}}"),
+            );
+            worker_samples += v.unwrap_or_else(|| panic!("{body}"));
+            assert!(
+                body.contains("elastrec_worker_pull_latency_seconds_bucket"),
+                "{body}"
+            );
+        }
+    }
+    assert_eq!(ps_seen, 0b11, "{nodes:?}");
+    assert!(worker_samples > 0.0);
 }
 
 /// (b) SIGKILL of random workers, three times (each while the job is paused at a fifth

@@ -140,6 +140,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
                 serde_json::json!({
                     "id": n.node_id, "role": if n.role == PbRole::Ps as i32 { "ps" } else { "worker" },
                     "state": n.state, "pid": n.pid, "addr": n.addr,
+                    "metrics_addr": n.metrics_addr,
                     "last_heartbeat_ms_ago": n.last_heartbeat_ms_ago, "samples": n.samples,
                     "restarts": n.restarts, "task": n.task_id,
                 })
@@ -178,12 +179,21 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         s.target_workers
     );
     println!(
-        "{:>5}  {:<6}  {:<8}  {:>7}  {:<21}  {:>12}  {:>9}  {:>8}  {:>6}",
-        "node", "role", "state", "pid", "addr", "heartbeat", "samples", "restarts", "task"
+        "{:>5}  {:<6}  {:<8}  {:>7}  {:<21}  {:<21}  {:>12}  {:>9}  {:>8}  {:>6}",
+        "node",
+        "role",
+        "state",
+        "pid",
+        "addr",
+        "metrics",
+        "heartbeat",
+        "samples",
+        "restarts",
+        "task"
     );
     for n in &s.nodes {
         println!(
-            "{:>5}  {:<6}  {:<8}  {:>7}  {:<21}  {:>9} ms  {:>9}  {:>8}  {:>6}",
+            "{:>5}  {:<6}  {:<8}  {:>7}  {:<21}  {:<21}  {:>9} ms  {:>9}  {:>8}  {:>6}",
             n.node_id,
             if n.role == PbRole::Ps as i32 {
                 "ps"
@@ -193,6 +203,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
             n.state,
             n.pid,
             n.addr,
+            n.metrics_addr,
             n.last_heartbeat_ms_ago,
             n.samples,
             n.restarts,
@@ -481,6 +492,7 @@ async fn simulated_worker(
         role: PbRole::Worker as i32,
         node_id: id,
         addr: String::new(),
+        metrics_addr: String::new(),
         pid: 0,
     })
     .await?;

@@ -62,6 +62,9 @@ pub struct Node {
     pub pid: u32,
     /// Served address (PS).
     pub addr: String,
+    /// Address of its `/metrics` endpoint (empty until it registers one).
+    #[serde(default)]
+    pub metrics_addr: String,
     /// Last time the master heard from it (ms, master clock).
     pub last_seen_ms: u64,
     /// When it was launched (ms).
@@ -410,6 +413,7 @@ impl Job {
             state: NodeState::Pending,
             pid: 0,
             addr: String::new(),
+            metrics_addr: String::new(),
             last_seen_ms: now,
             started_ms: now,
             samples: 0,
@@ -519,6 +523,7 @@ impl Job {
         id: u32,
         role: Role,
         addr: &str,
+        metrics_addr: &str,
         pid: u32,
         cx: &mut impl Context,
     ) -> Result<(), JobError> {
@@ -530,6 +535,7 @@ impl Job {
             n.state = NodeState::Running;
         }
         n.addr = addr.to_string();
+        n.metrics_addr = metrics_addr.to_string();
         n.pid = pid;
         let n = n.clone();
         cx.persist(Change::Node(n));
@@ -1062,7 +1068,7 @@ mod tests {
             } else {
                 String::new()
             };
-            j.register(n.id, n.role, &addr, 100 + n.id, cx).unwrap();
+            j.register(n.id, n.role, &addr, "", 100 + n.id, cx).unwrap();
         }
         j
     }
@@ -1202,7 +1208,8 @@ mod tests {
             &mut cx,
         );
         for n in cx.launched.clone() {
-            j.register(n.id, n.role, "127.0.0.1:1", 1, &mut cx).unwrap();
+            j.register(n.id, n.role, "127.0.0.1:1", "", 1, &mut cx)
+                .unwrap();
         }
         let TaskReply::Task(t) = j.get_task(3, &mut cx).unwrap() else {
             panic!()

@@ -3,7 +3,6 @@
 use std::sync::atomic::AtomicU64;
 
 use elastrec_proto::master::StatusResponse;
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -134,8 +133,6 @@ impl Metrics {
 
     /// The text exposition format.
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
-        out
+        elastrec_metrics::encode(&self.registry)
     }
 }

@@ -522,32 +522,21 @@ async fn serve(
                 let _ = stop_rx.await;
             }),
     );
-    // Prometheus endpoint.
+    // Prometheus endpoint (open on loopback, the job token elsewhere).
     let ip: std::net::IpAddr = cfg.cluster.bind.parse()?;
-    let metrics_listener =
-        tokio::net::TcpListener::bind(SocketAddr::new(ip, cfg.cluster.metrics_port)).await?;
-    std::fs::write(
-        dir.metrics_addr(),
-        metrics_listener.local_addr()?.to_string(),
-    )?;
     let mcore = core.clone();
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let c = mcore.clone();
-            async move {
-                c.status();
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    c.metrics.render(),
-                )
-            }
-        }),
-    );
-    let metrics = tokio::spawn(async move { axum::serve(metrics_listener, app).await });
+    let metrics = elastrec_metrics::serve(
+        SocketAddr::new(ip, cfg.cluster.metrics_port),
+        &token,
+        move || {
+            // Refreshes the gauges the status snapshot feeds.
+            mcore.status();
+            mcore.metrics.render()
+        },
+    )
+    .await
+    .context("binding the metrics endpoint")?;
+    std::fs::write(dir.metrics_addr(), metrics.addr().to_string())?;
 
     let t0 = Instant::now();
     let mut last_print = Instant::now();
@@ -745,7 +734,7 @@ async fn serve(
     )?;
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
-    metrics.abort();
+    drop(metrics);
     if let Phase::Failed(m) = phase {
         bail!("job failed: {m}");
     }

@@ -316,6 +316,7 @@ impl MasterCore {
                 state: crate::store::state_str(n.state).to_string(),
                 pid: n.pid,
                 addr: n.addr.clone(),
+                metrics_addr: n.metrics_addr.clone(),
                 last_heartbeat_ms_ago: now.saturating_sub(n.last_seen_ms),
                 samples: n.samples,
                 restarts: n.restarts,
@@ -382,7 +383,7 @@ impl Master for MasterService {
             Ok(pb::Role::Worker) => Role::Worker,
             _ => return Err(Status::invalid_argument("role must be ps or worker")),
         };
-        if req.addr.len() > 256 {
+        if req.addr.len() > 256 || req.metrics_addr.len() > 256 {
             return Err(Status::invalid_argument("address too long"));
         }
         if role == Role::Ps
@@ -391,10 +392,15 @@ impl Master for MasterService {
         {
             return Err(Status::invalid_argument("addr must be host:port"));
         }
+        // Shown to operators, who fetch it: only a socket address, nothing else.
+        if !req.metrics_addr.is_empty() && req.metrics_addr.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(Status::invalid_argument("metrics_addr must be host:port"));
+        }
         let ps_addrs = self
             .0
             .run(|job, cx| {
-                job.register(req.node_id, role, &req.addr, req.pid, cx)?;
+                job.register(req.node_id, role, &req.addr, &req.metrics_addr, req.pid, cx)?;
                 Ok::<_, JobError>(job.ps_addrs().unwrap_or_default())
             })
             .await?

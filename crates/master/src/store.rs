@@ -110,10 +110,10 @@ const LEDGER: Table = Table {
 };
 const NODES: Table = Table {
     head:
-        "nodes (id, role, idx, state, pid, addr, last_seen_ms, started_ms, samples, step, restarts)",
-    cols: 11,
+        "nodes (id, role, idx, state, pid, addr, last_seen_ms, started_ms, samples, step, restarts, metrics_addr)",
+    cols: 12,
     tail: "ON CONFLICT(id) DO UPDATE SET role=excluded.role, idx=excluded.idx,
-  state=excluded.state, pid=excluded.pid, addr=excluded.addr,
+  state=excluded.state, pid=excluded.pid, addr=excluded.addr, metrics_addr=excluded.metrics_addr,
   last_seen_ms=excluded.last_seen_ms, started_ms=excluded.started_ms,
   samples=excluded.samples, step=excluded.step, restarts=excluded.restarts",
 };
@@ -304,7 +304,7 @@ impl Store {
             ));
         }
         for r in sqlx::query(
-            "SELECT id, role, idx, state, pid, addr, last_seen_ms, started_ms, samples, step, restarts FROM nodes ORDER BY id",
+            "SELECT id, role, idx, state, pid, addr, last_seen_ms, started_ms, samples, step, restarts, metrics_addr FROM nodes ORDER BY id",
         )
         .fetch_all(&self.pool)
         .await?
@@ -329,6 +329,7 @@ impl Store {
                 },
                 pid: r.try_get::<i64, _>(4)? as u32,
                 addr: r.try_get(5)?,
+                metrics_addr: r.try_get(11)?,
                 last_seen_ms: r.try_get::<i64, _>(6)? as u64,
                 started_ms: r.try_get::<i64, _>(7)? as u64,
                 samples: r.try_get::<i64, _>(8)? as u64,
@@ -557,6 +558,7 @@ impl RawWriter {
                     Int(n.samples as i64),
                     Int(n.step as i64),
                     Int(n.restarts as i64),
+                    Text(&n.metrics_addr),
                 ],
             )?;
         }
@@ -925,6 +927,7 @@ mod tests {
             state: NodeState::Running,
             pid: 7,
             addr: addr.to_string(),
+            metrics_addr: format!("{addr}9"),
             last_seen_ms: u64::from(u32::MAX) + 5,
             started_ms: 3,
             samples,
@@ -1122,7 +1125,7 @@ mod tests {
         let mut cx = Cx::default();
         let mut job = Job::start(policy(), TaskQueue::new(spec(), files.clone()), 2, &mut cx);
         for n in cx.launched.clone() {
-            job.register(n.id, n.role, "127.0.0.1:1", 1, &mut cx)
+            job.register(n.id, n.role, "127.0.0.1:1", "", 1, &mut cx)
                 .unwrap();
         }
         store.apply(&std::mem::take(&mut cx.changes)).await.unwrap();

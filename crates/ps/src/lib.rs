@@ -9,6 +9,7 @@
 pub mod checkpoint;
 pub mod error;
 pub mod image;
+pub mod metrics;
 pub mod server;
 
 pub use error::PsError;

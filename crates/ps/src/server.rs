@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use elastrec_checkpoint::priority::{large_tables, SsuList};
@@ -106,6 +106,8 @@ pub struct PsShard {
     max_message_bytes: usize,
     /// Embedding rows this shard holds (fixed by the sharding), for `Info` without the lock.
     rows_held: u64,
+    /// Served on `/metrics`.
+    pub metrics: crate::metrics::PsMetrics,
 }
 
 /// Upper bound of a pull reply's protobuf encoding beyond its floats: two packed fields
@@ -179,6 +181,7 @@ impl PsShard {
             shm_ids: Mutex::new(Vec::new()),
             max_message_bytes: job.cluster.max_message_bytes,
             rows_held,
+            metrics: crate::metrics::PsMetrics::new(index, rows_held),
         })
     }
 
@@ -236,6 +239,7 @@ impl PsShard {
             return false;
         };
         st.repeated_pushes += 1;
+        self.metrics.repeated_pushes.inc();
         eprintln!(
             "PS {}: skipped a repeated push of batch (epoch {}, file {}, row {}) from worker \
              {}: already applied from worker {first}",
@@ -502,19 +506,33 @@ struct Service(Arc<PsShard>);
 #[tonic::async_trait]
 impl ParameterServer for Service {
     async fn pull(&self, req: Request<PullRequest>) -> Result<Response<PullResponse>, Status> {
+        let t0 = Instant::now();
         let req = req.into_inner();
         check_version(&req.version)?;
+        let rows = req.rows.len() as u64;
         let shard = self.0.clone();
         let out = tokio::task::spawn_blocking(move || shard.pull(&req))
             .await
             .map_err(PsError::from)??;
+        // Served pulls only: a refused one moved no rows.
+        let m = &self.0.metrics;
+        m.pulls.inc();
+        m.rows_pulled.inc_by(rows);
+        m.pull_latency.observe(t0.elapsed().as_secs_f64());
         Ok(Response::new(out))
     }
 
     async fn push(&self, req: Request<PushRequest>) -> Result<Response<PushResponse>, Status> {
+        let t0 = Instant::now();
         let req = req.into_inner();
         check_version(&req.version)?;
-        Ok(Response::new(self.0.push(req).await?))
+        let rows = req.rows.len() as u64;
+        let out = self.0.push(req).await?;
+        let m = &self.0.metrics;
+        m.pushes.inc();
+        m.rows_pushed.inc_by(rows);
+        m.push_latency.observe(t0.elapsed().as_secs_f64());
+        Ok(Response::new(out))
     }
 
     async fn checkpoint(
@@ -530,7 +548,11 @@ impl ParameterServer for Service {
             );
             std::future::pending::<()>().await;
         }
-        Ok(Response::new(self.0.checkpoint(req).await?))
+        let out = self.0.checkpoint(req).await?;
+        self.0
+            .metrics
+            .checkpoint(Duration::from_micros(out.stall_us));
+        Ok(Response::new(out))
     }
 
     async fn info(&self, req: Request<InfoRequest>) -> Result<Response<InfoResponse>, Status> {
@@ -570,11 +592,22 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     let token = rpc::token_from_env()?;
     let mut master = rpc::master_client(&args.master, &token, 64 << 20)?;
     // Learn the job first (bind address), then register with the real address.
-    let (job, _, _, plan) = register(&mut master, Role::Ps, args.node_id, "", false).await?;
+    let (job, _, _, plan) = register(&mut master, Role::Ps, args.node_id, "", "", false).await?;
     let ip: std::net::IpAddr = job.cluster.bind.parse().context("cluster.bind")?;
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0)).await?;
     let addr = listener.local_addr()?.to_string();
     let shard = Arc::new(PsShard::new(&job, args.index, job.cluster.ps)?);
+    let mshard = shard.clone();
+    let metrics = elastrec_metrics::serve(SocketAddr::new(ip, 0), &token, move || {
+        mshard.metrics.render(mshard.version())
+    })
+    .await
+    .context("binding the metrics endpoint")?;
+    eprintln!(
+        "PS {}: metrics on http://{}/metrics",
+        args.index,
+        metrics.addr()
+    );
     if let Some(plan) = plan.filter(|p| !p.chain.is_empty()) {
         let t0 = std::time::Instant::now();
         let (version, shm, storage) = shard.restore(&plan).await.with_context(|| {
@@ -597,7 +630,16 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
         token.clone(),
         job.cluster.max_message_bytes,
     ));
-    let (_, _, hb_ms, _) = register(&mut master, Role::Ps, args.node_id, &addr, false).await?;
+    let metrics_addr = metrics.addr().to_string();
+    let (_, _, hb_ms, _) = register(
+        &mut master,
+        Role::Ps,
+        args.node_id,
+        &addr,
+        &metrics_addr,
+        false,
+    )
+    .await?;
     loop {
         let r = master
             .heartbeat(HeartbeatRequest {
@@ -624,6 +666,7 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(hb_ms.max(1))).await;
     }
     server.abort();
+    drop(metrics);
     eprintln!("{}", shard.summary());
     Ok(())
 }

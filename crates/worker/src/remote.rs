@@ -16,6 +16,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use elastrec_data::{Batch, BatchReader, NUM_SPARSE};
 use elastrec_embedding::{row_of, shard_of};
+use elastrec_metrics::prometheus_client::metrics::counter::Counter;
+use elastrec_metrics::prometheus_client::metrics::gauge::Gauge;
+use elastrec_metrics::prometheus_client::metrics::histogram::Histogram;
+use elastrec_metrics::prometheus_client::registry::Registry;
 use elastrec_model::{DenseDlrm, EvalAccumulator, Workspace};
 use elastrec_proto::master::{
     get_task_response::Reply, GetTaskRequest, HeartbeatRequest, NodeAction, RegisterRequest,
@@ -49,7 +53,8 @@ pub fn dense_model(job: &JobConfig) -> anyhow::Result<DenseDlrm> {
     Ok(DenseDlrm::new(crate::step::dense_config(&job.model))?)
 }
 
-/// Registers a node with the master, retrying while it is unreachable. Returns the job,
+/// Registers a node (serving PS RPCs on `addr` and metrics on `metrics_addr`, either
+/// empty when not bound yet) with the master, retrying while it is unreachable. Returns the job,
 /// the PS addresses (waiting until every PS is up when `need_ps`), the heartbeat interval
 /// and, for a parameter server, the checkpoint it must load before serving.
 pub async fn register(
@@ -57,6 +62,7 @@ pub async fn register(
     role: Role,
     node_id: u32,
     addr: &str,
+    metrics_addr: &str,
     need_ps: bool,
 ) -> anyhow::Result<(JobConfig, Vec<String>, u64, Option<RestorePlan>)> {
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -67,6 +73,7 @@ pub async fn register(
                 role: role as i32,
                 node_id,
                 addr: addr.to_string(),
+                metrics_addr: metrics_addr.to_string(),
                 pid: std::process::id(),
             })
             .await;
@@ -85,6 +92,64 @@ pub async fn register(
             bail!("could not register with the master in 120 s");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Prometheus metrics of a worker (prefix `elastrec_worker`, label `node`: its node id).
+pub struct WorkerMetrics {
+    registry: Registry,
+    samples: Counter,
+    batches: Counter,
+    pull_latency: Histogram,
+    push_latency: Histogram,
+    get_task_waits: Counter,
+    task: Gauge,
+}
+
+impl WorkerMetrics {
+    /// The metrics of worker node `node`.
+    pub fn new(node: u32) -> Self {
+        let mut registry = Registry::with_prefix_and_labels(
+            "elastrec_worker",
+            [("node".into(), node.to_string().into())].into_iter(),
+        );
+        let (samples, batches, get_task_waits) =
+            (Counter::default(), Counter::default(), Counter::default());
+        let pull_latency = elastrec_metrics::latency_histogram();
+        let push_latency = elastrec_metrics::latency_histogram();
+        let task = Gauge::default();
+        registry.register("samples", "Samples trained and reported", samples.clone());
+        registry.register("batches", "Batches trained and reported", batches.clone());
+        registry.register(
+            "pull_latency_seconds",
+            "Time to pull a batch's parameters from every PS",
+            pull_latency.clone(),
+        );
+        registry.register(
+            "push_latency_seconds",
+            "Time until every PS accepted a batch's gradients",
+            push_latency.clone(),
+        );
+        registry.register(
+            "get_task_waits",
+            "Get-task replies that said to wait (no data to hand out now)",
+            get_task_waits.clone(),
+        );
+        registry.register("task", "Data task in progress (0: none)", task.clone());
+        Self {
+            registry,
+            samples,
+            batches,
+            pull_latency,
+            push_latency,
+            get_task_waits,
+            task,
+        }
+    }
+
+    /// The exposition.
+    pub fn render(&self) -> String {
+        elastrec_metrics::encode(&self.registry)
     }
 }
 
@@ -491,7 +556,26 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let token = rpc::token_from_env()?;
     let id = args.node_id;
     let mut master = rpc::master_client(&args.master, &token, 64 << 20)?;
-    let (job, ps_addrs, hb_ms, _) = register(&mut master, Role::Worker, id, "", true).await?;
+    // The job says where to bind; registering again with the endpoint's address also
+    // waits for the parameter servers.
+    let (job, _, _, _) = register(&mut master, Role::Worker, id, "", "", false).await?;
+    let ip: std::net::IpAddr = job.cluster.bind.parse().context("cluster.bind")?;
+    let metrics = Arc::new(WorkerMetrics::new(id));
+    let m = metrics.clone();
+    let endpoint =
+        elastrec_metrics::serve(std::net::SocketAddr::new(ip, 0), &token, move || m.render())
+            .await
+            .context("binding the metrics endpoint")?;
+    eprintln!("worker {id}: metrics on http://{}/metrics", endpoint.addr());
+    let (_, ps_addrs, hb_ms, _) = register(
+        &mut master,
+        Role::Worker,
+        id,
+        "",
+        &endpoint.addr().to_string(),
+        true,
+    )
+    .await?;
     let max = job.cluster.max_message_bytes;
     let mut master = rpc::master_client(&args.master, &token, max)?;
     let shared = Arc::new(Shared::default());
@@ -541,6 +625,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         let task = match reply {
             Some(Reply::Task(t)) => t,
             Some(Reply::WaitMs(ms)) => {
+                metrics.get_task_waits.inc();
                 tokio::time::sleep(Duration::from_millis(ms.clamp(10, 2000) as u64)).await;
                 continue;
             }
@@ -589,6 +674,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         let mut reader: Box<dyn BatchReader> =
             elastrec_data::open_reader_range(&file, task.start_row + offset, task.end_row, policy)?;
         shared.task.store(task.task_id, Ordering::Relaxed);
+        metrics.task.set(task.task_id as i64);
         shared.offset.store(offset, Ordering::Relaxed);
         let mut skipped_before = reader.stats().rows_skipped;
         while offset < held {
@@ -609,7 +695,9 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                     tokio::time::sleep(pause).await;
                 }
                 let routing = model.route(&batch);
+                let t0 = Instant::now();
                 model.pull(&routing).await?;
+                metrics.pull_latency.observe(t0.elapsed().as_secs_f64());
                 let loss = tokio::task::block_in_place(|| model.compute(&batch))?;
                 if !loss.is_finite() {
                     bail!("training diverged (loss {loss})");
@@ -624,7 +712,9 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                     file: file_index as u32,
                     start_row: task.start_row + offset,
                 };
+                let t0 = Instant::now();
                 model.push(&routing, contributors, key, n as u32).await?;
+                metrics.push_latency.observe(t0.elapsed().as_secs_f64());
                 if let Some(left) = exit_after_push.as_mut() {
                     *left -= 1;
                     if *left == 0 {
@@ -640,12 +730,17 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             shared.offset.store(offset, Ordering::Relaxed);
             shared.samples.fetch_add(n as u64, Ordering::Relaxed);
             shared.steps.fetch_add(1, Ordering::Relaxed);
+            if n > 0 {
+                metrics.samples.inc_by(n as u64);
+                metrics.batches.inc();
+            }
             if stop {
                 eprintln!("worker {id}: scaled away after reporting offset {offset}; exiting");
                 return Ok(());
             }
         }
         shared.task.store(0, Ordering::Relaxed);
+        metrics.task.set(0);
     }
 }
 

@@ -1,6 +1,7 @@
 //! The real gRPC server on loopback with a real client.
 
-use elastrec_brain::{serve_with_listener, BrainServeOptions};
+use elastrec_brain::service::serve_with_listeners;
+use elastrec_brain::BrainServeOptions;
 use elastrec_proto::brain as pb;
 use pb::brain_client::BrainClient;
 use tonic::transport::Channel;
@@ -83,6 +84,7 @@ async fn start() -> (
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<()>,
     tempfile::TempDir,
+    std::net::SocketAddr,
 ) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!(
@@ -91,10 +93,12 @@ async fn start() -> (
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_addr = metrics.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let opts = BrainServeOptions::new(url, TOKEN);
     let h = tokio::spawn(async move {
-        serve_with_listener(opts, listener, async {
+        serve_with_listeners(opts, listener, metrics, async {
             let _ = rx.await;
         })
         .await
@@ -108,12 +112,18 @@ async fn start() -> (
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    (client.expect("brain server did not come up"), tx, h, dir)
+    (
+        client.expect("brain server did not come up"),
+        tx,
+        h,
+        dir,
+        metrics_addr,
+    )
 }
 
 #[tokio::test]
 async fn report_warm_start_plan_and_stream_over_grpc() {
-    let (mut c, stop, handle, _dir) = start().await;
+    let (mut c, stop, handle, _dir, metrics) = start().await;
 
     // Wrong or missing token: Unauthenticated.
     let e = c
@@ -290,6 +300,34 @@ async fn report_warm_start_plan_and_stream_over_grpc() {
     assert_eq!(s.stabilized_workers.len(), 12);
     assert!((1..=32).contains(&s.workers_now));
     assert!(!s.reasons.is_empty());
+
+    // Every call above is counted by method, refused ones (wrong token) excepted: the
+    // loopback endpoint needs no token.
+    let (code, body) = tokio::task::spawn_blocking(move || {
+        elastrec_metrics::http_get(&metrics.to_string(), "/metrics", None)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(code, 200, "{body}");
+    elastrec_metrics::parse_exposition(&body).unwrap();
+    for (method, requests, errors) in [
+        ("warm_start", 3, 1),
+        ("plan", 3, 2),
+        ("report_profile", 2, 1),
+        ("plan_stream", 1, 0),
+    ] {
+        let line = |name: &str, n: u32| {
+            format!("elastrec_brain_{name}_total{{method=\"{method}\"}} {n}\n")
+        };
+        assert!(
+            body.contains(&line("requests", requests)),
+            "{method}: {body}"
+        );
+        if errors > 0 {
+            assert!(body.contains(&line("errors", errors)), "{method}: {body}");
+        }
+    }
 
     let _ = stop.send(());
     handle.await.unwrap();

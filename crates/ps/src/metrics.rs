@@ -1,0 +1,154 @@
+//! Prometheus metrics of one parameter server (prefix `elastrec_ps`, label `ps`: its
+//! index), served on `/metrics` by [`elastrec_metrics`].
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use elastrec_metrics::prometheus_client::metrics::counter::Counter;
+use elastrec_metrics::prometheus_client::metrics::gauge::Gauge;
+use elastrec_metrics::prometheus_client::metrics::histogram::Histogram;
+use elastrec_metrics::prometheus_client::registry::Registry;
+
+/// What a PS counts. Updated without the state lock, so that a scrape never waits for a
+/// checkpoint copy.
+pub struct PsMetrics {
+    registry: Registry,
+    pub(crate) pulls: Counter,
+    pub(crate) pushes: Counter,
+    pub(crate) rows_pulled: Counter,
+    pub(crate) rows_pushed: Counter,
+    pub(crate) pull_latency: Histogram,
+    pub(crate) push_latency: Histogram,
+    pub(crate) repeated_pushes: Counter,
+    pub(crate) checkpoints: Counter,
+    last_stall_ms: Gauge<f64, AtomicU64>,
+    version: Gauge,
+    rows_held: Gauge,
+}
+
+impl PsMetrics {
+    /// The metrics of PS `index`, holding `rows_held` embedding rows.
+    pub fn new(index: u32, rows_held: u64) -> Self {
+        let mut r = Registry::with_prefix_and_labels(
+            "elastrec_ps",
+            [("ps".into(), index.to_string().into())].into_iter(),
+        );
+        let m = Self {
+            pulls: Counter::default(),
+            pushes: Counter::default(),
+            rows_pulled: Counter::default(),
+            rows_pushed: Counter::default(),
+            pull_latency: elastrec_metrics::latency_histogram(),
+            push_latency: elastrec_metrics::latency_histogram(),
+            repeated_pushes: Counter::default(),
+            checkpoints: Counter::default(),
+            last_stall_ms: Gauge::default(),
+            version: Gauge::default(),
+            rows_held: Gauge::default(),
+            registry: Registry::default(),
+        };
+        r.register("pulls", "Pull requests served", m.pulls.clone());
+        r.register("pushes", "Push requests served", m.pushes.clone());
+        r.register(
+            "rows_pulled",
+            "Embedding rows pulled",
+            m.rows_pulled.clone(),
+        );
+        r.register(
+            "rows_pushed",
+            "Embedding rows pushed",
+            m.rows_pushed.clone(),
+        );
+        r.register(
+            "pull_latency_seconds",
+            "Time to handle a pull request",
+            m.pull_latency.clone(),
+        );
+        r.register(
+            "push_latency_seconds",
+            "Time to handle a push request (synchronous mode: the step barrier included)",
+            m.push_latency.clone(),
+        );
+        r.register(
+            "repeated_pushes_skipped",
+            "Pushes skipped because their batch was already applied",
+            m.repeated_pushes.clone(),
+        );
+        r.register(
+            "checkpoints",
+            "Checkpoint parts written",
+            m.checkpoints.clone(),
+        );
+        r.register(
+            "checkpoint_last_stall_ms",
+            "Training stall of the last checkpoint (state copied under the lock), ms",
+            m.last_stall_ms.clone(),
+        );
+        r.register(
+            "version",
+            "Dense updates applied (the step)",
+            m.version.clone(),
+        );
+        r.register(
+            "rows_held",
+            "Embedding rows this shard holds",
+            m.rows_held.clone(),
+        );
+        m.rows_held.set(rows_held as i64);
+        Self { registry: r, ..m }
+    }
+
+    /// Records a checkpoint whose copy stalled training for `stall`.
+    pub(crate) fn checkpoint(&self, stall: Duration) {
+        self.checkpoints.inc();
+        self.last_stall_ms.set(stall.as_secs_f64() * 1e3);
+    }
+
+    /// The exposition, with the step as of `version`.
+    pub fn render(&self, version: u64) -> String {
+        self.version.set(version as i64);
+        elastrec_metrics::encode(&self.registry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_metric_with_the_ps_label() {
+        let m = PsMetrics::new(1, 500);
+        m.pulls.inc();
+        m.pull_latency.observe(0.001);
+        m.checkpoint(Duration::from_micros(2500));
+        let body = m.render(42);
+        let names = elastrec_metrics::parse_exposition(&body).unwrap();
+        for name in [
+            "pulls_total",
+            "pushes_total",
+            "rows_pulled_total",
+            "rows_pushed_total",
+            "pull_latency_seconds_count",
+            "push_latency_seconds_count",
+            "repeated_pushes_skipped_total",
+            "checkpoints_total",
+            "checkpoint_last_stall_ms",
+            "version",
+            "rows_held",
+        ] {
+            assert!(
+                names.contains(&format!("elastrec_ps_{name}")),
+                "{name}: {body}"
+            );
+        }
+        for line in [
+            "elastrec_ps_pulls_total{ps=\"1\"} 1\n",
+            "elastrec_ps_version{ps=\"1\"} 42\n",
+            "elastrec_ps_rows_held{ps=\"1\"} 500\n",
+            "elastrec_ps_checkpoints_total{ps=\"1\"} 1\n",
+            "elastrec_ps_checkpoint_last_stall_ms{ps=\"1\"} 2.5\n",
+        ] {
+            assert!(body.contains(line), "{line}: {body}");
+        }
+    }
+}
