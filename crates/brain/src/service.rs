@@ -181,7 +181,9 @@ pub async fn serve_with_listeners(
     let c = counters.clone();
     // Serves until dropped, when this function returns.
     let endpoint = elastrec_metrics::serve_on(metrics, access, move || c.render()).map_err(io)?;
-    tracing::info!(metrics = %endpoint.addr(), "brain metrics on http://{}/metrics", endpoint.addr());
+    // Printed, not logged at info: an operator needs the address (the default port is
+    // chosen by the OS), whatever the log filter.
+    eprintln!("brain metrics on http://{}/metrics", endpoint.addr());
     let svc = BrainService {
         store,
         cfg: opts.config,

@@ -355,12 +355,14 @@ pub fn brain_plan(job: &Path, json: bool) -> Result<()> {
 pub fn brain_serve(
     db: &str,
     listen: std::net::SocketAddr,
+    metrics: std::net::SocketAddr,
     token_file: Option<&Path>,
 ) -> Result<()> {
     use elastrec_brain::service::{resolve_token, TOKEN_ENV};
     let token = resolve_token(token_file, std::env::var_os(TOKEN_ENV))?;
     let mut opts = elastrec_brain::BrainServeOptions::new(db, token);
     opts.listen = listen;
+    opts.metrics = metrics;
     eprintln!(
         "brain listening on {listen}, config database {}",
         elastrec_brain::db::redact_url(db)

@@ -159,6 +159,10 @@ struct BrainArgs {
     /// `--token`: a command-line argument is visible to every user through `ps`.
     #[arg(long, value_name = "PATH")]
     token_file: Option<PathBuf>,
+    /// Address of the brain's Prometheus `/metrics` endpoint (open on loopback; on any
+    /// other address it requires the brain's token).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    metrics_addr: std::net::SocketAddr,
 }
 
 #[derive(Subcommand)]
@@ -195,7 +199,7 @@ fn main() -> anyhow::Result<()> {
         Command::Eval(a) => commands::eval(&a.model, &a.data, &a.on_bad_row, a.json),
         Command::Brain(a) => match a.command {
             Some(BrainCommand::Plan { job, json }) => commands::brain_plan(&job, json),
-            None => commands::brain_serve(&a.db, a.listen, a.token_file.as_deref()),
+            None => commands::brain_serve(&a.db, a.listen, a.metrics_addr, a.token_file.as_deref()),
         },
         Command::Cluster(c) => elastrec_master::cli::dispatch(c),
         Command::Ps(a) => commands::on_runtime(elastrec_ps::run_ps(a)),

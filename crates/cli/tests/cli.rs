@@ -263,6 +263,49 @@ fn brain_service_requires_a_token() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--token"));
 }
 
+/// The brain serves `/metrics` where `--metrics-addr` says and prints the address (the
+/// port is chosen by the OS): the endpoint answers with an OpenMetrics exposition.
+#[test]
+fn brain_prints_and_serves_its_metrics_endpoint() {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_elastrec"))
+        .args([
+            "brain",
+            "--db",
+            "sqlite::memory:",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .env("ELASTREC_BRAIN_TOKEN", "brainmetricstesttoken")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Some(rest) = line.strip_prefix("brain metrics on http://") {
+                let _ = tx.send(rest.trim_end_matches("/metrics").to_string());
+            }
+        }
+    });
+    let addr = rx.recv_timeout(std::time::Duration::from_secs(60));
+    let got = addr
+        .as_deref()
+        .map(|a| elastrec_metrics::http_get(a, "/metrics", None));
+    let _ = child.kill();
+    let _ = child.wait();
+    let (status, body) = got.expect("the brain printed its metrics address").unwrap();
+    assert_eq!(status, 200, "{body}");
+    // Counters by method appear with the first request; before it, a valid empty exposition.
+    elastrec_metrics::parse_exposition(&body).unwrap();
+    assert!(body.trim_end().ends_with("# EOF"), "{body}");
+}
+
 /// `elastrec simulate cpr` on a small job: the side-by-side table on stdout, the JSON
 /// report on disk, the same failures for every strategy.
 #[test]
