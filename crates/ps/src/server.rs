@@ -640,30 +640,41 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
         false,
     )
     .await?;
+    // A heartbeat every `hb_ms` whether or not the previous one was answered: the master
+    // counts a node alive when a heartbeat arrives, and a reply may wait for the master's
+    // disk; waiting for it before the next beat let a slow master disk kill a live PS.
+    let (replies_tx, mut replies) = tokio::sync::mpsc::unbounded_channel();
+    let mut tick = tokio::time::interval(Duration::from_millis(hb_ms.max(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let r = master
-            .heartbeat(HeartbeatRequest {
-                version: rpc::version(),
-                node_id: args.node_id,
-                task_id: 0,
-                offset: 0,
-                samples: 0,
-                // Read without the state lock: a heartbeat must not wait for a checkpoint.
-                step: shard.version(),
-            })
-            .await;
-        match r {
-            Ok(r) => match r.into_inner().action() {
-                NodeAction::Stop | NodeAction::Unknown => break,
-                _ => {}
+        tokio::select! {
+            _ = tick.tick() => {
+                let req = HeartbeatRequest {
+                    version: rpc::version(),
+                    node_id: args.node_id,
+                    task_id: 0,
+                    offset: 0,
+                    samples: 0,
+                    // Read without the state lock: a heartbeat must not wait for a checkpoint.
+                    step: shard.version(),
+                };
+                let (mut m, tx) = (master.clone(), replies_tx.clone());
+                tokio::spawn(async move {
+                    let _ = tx.send(m.heartbeat(req).await);
+                });
+            }
+            Some(r) = replies.recv() => match r {
+                Ok(r) => match r.into_inner().action() {
+                    NodeAction::Stop | NodeAction::Unknown => break,
+                    _ => {}
+                },
+                Err(s) if is_transient(&s) => {}
+                Err(s) => anyhow::bail!("heartbeat refused: {s}"),
             },
-            Err(s) if is_transient(&s) => {}
-            Err(s) => anyhow::bail!("heartbeat refused: {s}"),
         }
         if server.is_finished() {
             anyhow::bail!("PS server stopped");
         }
-        tokio::time::sleep(Duration::from_millis(hb_ms.max(1))).await;
     }
     server.abort();
     drop(metrics);

@@ -162,6 +162,8 @@ struct Shared {
     samples: AtomicU64,
     steps: AtomicU64,
     stop: AtomicBool,
+    /// Sequence number of the newest heartbeat reply applied.
+    heartbeat_seq: AtomicU64,
     /// When the master last acknowledged this node.
     last_ack: Mutex<Option<Instant>>,
     /// PS addresses as last published by the master (a replaced PS has a new one).
@@ -174,46 +176,66 @@ impl Shared {
     }
 }
 
-async fn heartbeat_loop(mut master: Master, id: u32, every: Duration, shared: Arc<Shared>) {
-    loop {
-        let r = master
-            .heartbeat(HeartbeatRequest {
-                version: rpc::version(),
-                node_id: id,
-                task_id: shared.task.load(Ordering::Relaxed),
-                offset: shared.offset.load(Ordering::Relaxed),
-                samples: shared.samples.load(Ordering::Relaxed),
-                step: shared.steps.load(Ordering::Relaxed),
-            })
-            .await;
-        match r {
-            Ok(r) => {
-                *shared.last_ack.lock() = Some(Instant::now());
-                let r = r.into_inner();
-                shared
-                    .active_workers
-                    .store(r.active_workers, Ordering::Relaxed);
-                if !r.ps_addrs.is_empty() {
-                    *shared.ps_addrs.lock() = r.ps_addrs.clone();
-                }
-                match r.action() {
-                    NodeAction::Stop => shared.stop.store(true, Ordering::Relaxed),
-                    NodeAction::Unknown => {
-                        // Declared dead: another worker owns our samples now. Exit at once,
-                        // pushing nothing more.
-                        eprintln!("worker {id}: the master no longer knows this node; exiting");
-                        std::process::exit(3);
-                    }
-                    _ => {}
-                }
-            }
-            Err(s) if is_transient(&s) => {}
-            Err(s) => {
-                eprintln!("worker {id}: heartbeat refused: {s}; exiting");
+/// Sends a heartbeat every `every`, whether or not the previous one was answered: the
+/// master counts a node alive when a heartbeat *arrives*, and a reply can be slow (it waits
+/// until the master's queued node changes are on disk). Waiting for it before the next beat
+/// let a master with a slow disk declare live nodes dead. Replies are applied in order;
+/// one overtaken by a newer reply is dropped.
+async fn heartbeat_loop(master: Master, id: u32, every: Duration, shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    for seq in 1u64.. {
+        tick.tick().await;
+        let req = HeartbeatRequest {
+            version: rpc::version(),
+            node_id: id,
+            task_id: shared.task.load(Ordering::Relaxed),
+            offset: shared.offset.load(Ordering::Relaxed),
+            samples: shared.samples.load(Ordering::Relaxed),
+            step: shared.steps.load(Ordering::Relaxed),
+        };
+        let (mut m, shared) = (master.clone(), shared.clone());
+        tokio::spawn(async move {
+            let r = m.heartbeat(req).await;
+            apply_heartbeat_reply(r, seq, id, &shared);
+        });
+    }
+}
+
+fn apply_heartbeat_reply(
+    r: Result<tonic::Response<elastrec_proto::master::HeartbeatResponse>, tonic::Status>,
+    seq: u64,
+    id: u32,
+    shared: &Shared,
+) {
+    match r {
+        Ok(r) => {
+            let r = r.into_inner();
+            if r.action() == NodeAction::Unknown {
+                // Declared dead: another worker owns our samples now. Exit at once,
+                // pushing nothing more.
+                eprintln!("worker {id}: the master no longer knows this node; exiting");
                 std::process::exit(3);
             }
+            if shared.heartbeat_seq.fetch_max(seq, Ordering::AcqRel) > seq {
+                return; // a newer reply was applied already
+            }
+            *shared.last_ack.lock() = Some(Instant::now());
+            shared
+                .active_workers
+                .store(r.active_workers, Ordering::Relaxed);
+            if !r.ps_addrs.is_empty() {
+                *shared.ps_addrs.lock() = r.ps_addrs.clone();
+            }
+            if r.action() == NodeAction::Stop {
+                shared.stop.store(true, Ordering::Relaxed);
+            }
         }
-        tokio::time::sleep(every).await;
+        Err(s) if is_transient(&s) => {}
+        Err(s) => {
+            eprintln!("worker {id}: heartbeat refused: {s}; exiting");
+            std::process::exit(3);
+        }
     }
 }
 
