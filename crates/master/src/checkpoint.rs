@@ -430,6 +430,18 @@ impl Coordinator {
         r
     }
 
+    /// [`Coordinator::checkpoint`] on a blocking thread of the current runtime, beside the
+    /// control loop and the gRPC handlers: its future is not `Send` (object_store's
+    /// streams borrow), which a spawned task or a tonic handler must be.
+    pub fn spawn_checkpoint(
+        self: &Arc<Self>,
+        core: Arc<MasterCore>,
+        reason: &'static str,
+    ) -> tokio::task::JoinHandle<anyhow::Result<Manifest>> {
+        let (c, rt) = (self.clone(), tokio::runtime::Handle::current());
+        tokio::task::spawn_blocking(move || rt.block_on(c.checkpoint(&core, reason)))
+    }
+
     async fn checkpoint_inner(&self, core: &MasterCore, reason: &str) -> anyhow::Result<Manifest> {
         let (pos, step, addrs) = {
             let job = core.job.lock();

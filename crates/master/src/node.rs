@@ -608,16 +608,11 @@ async fn serve(
                 )
             };
             if training && !recovering && c.due(samples) {
-                let (c2, core2) = (c.clone(), core.clone());
-                let rt = tokio::runtime::Handle::current();
-                // On a blocking thread: the checkpoint runs beside the control loop, and its
-                // future need not be `Send` (object_store's streams borrow).
-                tokio::task::spawn_blocking(move || {
-                    rt.block_on(async move {
-                        if let Err(e) = c2.checkpoint(&core2, "interval").await {
-                            eprintln!("master: checkpoint failed (training goes on): {e:#}");
-                        }
-                    })
+                let task = c.spawn_checkpoint(core.clone(), "interval");
+                tokio::spawn(async move {
+                    if let Ok(Err(e)) = task.await {
+                        eprintln!("master: checkpoint failed (training goes on): {e:#}");
+                    }
                 });
             }
         }

@@ -591,16 +591,11 @@ impl Master for MasterService {
             self.0.checkpoints().cloned().ok_or_else(|| {
                 Status::failed_precondition("checkpoints are disabled for this job")
             })?;
-        let core = self.0.clone();
-        let rt = tokio::runtime::Handle::current();
-        // On a blocking thread, as the control loop does: the checkpoint future is not
-        // `Send` (object_store's streams borrow), which a tonic handler must be.
-        let m = tokio::task::spawn_blocking(move || {
-            rt.block_on(async move { c.checkpoint(&core, "requested").await })
-        })
-        .await
-        .map_err(|e| Status::internal(format!("checkpoint task: {e}")))?
-        .map_err(|e| Status::unavailable(format!("{e:#}")))?;
+        let m = c
+            .spawn_checkpoint(self.0.clone(), "requested")
+            .await
+            .map_err(|e| Status::internal(format!("checkpoint task: {e}")))?
+            .map_err(|e| Status::unavailable(format!("{e:#}")))?;
         Ok(Response::new(TakeCheckpointResponse {
             id: m.id,
             samples: m.samples,
