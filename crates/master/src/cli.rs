@@ -543,6 +543,7 @@ async fn simulated_worker(
                 offset: 0,
                 samples: 0,
                 step: 0,
+                profile: None,
             })
             .await?;
             done(t0, measured, &mut lat);

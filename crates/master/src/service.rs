@@ -345,6 +345,7 @@ impl MasterCore {
             checkpoint: None,
             paused_at: job.pause_at(),
             held: job.held(),
+            autoscale_json: String::new(),
         };
         drop(job);
         let mut reply = reply;
@@ -414,6 +415,9 @@ impl Master for MasterService {
             } else {
                 None
             },
+            layout_version: 0,
+            num_ps: 0,
+            joining: false,
         }))
     }
 
@@ -452,6 +456,7 @@ impl Master for MasterService {
             action: action as i32,
             ps_addrs,
             active_workers: active,
+            layout_version: 0,
         }))
     }
 

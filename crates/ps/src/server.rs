@@ -657,6 +657,7 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
                     samples: 0,
                     // Read without the state lock: a heartbeat must not wait for a checkpoint.
                     step: shard.version(),
+                    profile: None,
                 };
                 let (mut m, tx) = (master.clone(), replies_tx.clone());
                 tokio::spawn(async move {

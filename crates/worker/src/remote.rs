@@ -193,6 +193,7 @@ async fn heartbeat_loop(master: Master, id: u32, every: Duration, shared: Arc<Sh
             offset: shared.offset.load(Ordering::Relaxed),
             samples: shared.samples.load(Ordering::Relaxed),
             step: shared.steps.load(Ordering::Relaxed),
+            profile: None,
         };
         let (mut m, shared) = (master.clone(), shared.clone());
         tokio::spawn(async move {
