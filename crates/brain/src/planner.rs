@@ -217,8 +217,24 @@ pub fn replan(cfg: &BrainConfig, input: ReplanInput<'_>) -> Result<Plan> {
     alloc = a2;
     reasons.extend(note);
     let mut memory = Vec::new();
+    // OOM prediction fits each PS's growth; until every PS has enough readings (a job
+    // that just started) the plan goes on without it.
+    let readings_ok = {
+        let mut per_ps: std::collections::BTreeMap<u32, usize> = Default::default();
+        for m in input.memory {
+            *per_ps.entry(m.ps_index).or_default() += 1;
+        }
+        let ok = per_ps.values().all(|&n| n >= oom::OOM_MIN_SAMPLES);
+        if !ok {
+            reasons.push(format!(
+                "OOM prediction waits for {} memory readings of every PS",
+                oom::OOM_MIN_SAMPLES
+            ));
+        }
+        ok
+    };
     if let Some((cur_step, total)) = input.steps {
-        if !input.memory.is_empty() {
+        if !input.memory.is_empty() && readings_ok {
             // Per-PS actions for the layout the readings come from ...
             let limit = input.current.map_or(alloc.ps_mem_gb, |c| c.ps_mem_gb);
             memory = oom::predict(

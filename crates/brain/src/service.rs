@@ -429,6 +429,16 @@ fn stream_to(p: &StreamPlan) -> pb::StreamPlanResponse {
 }
 
 impl BrainService {
+    /// The service's logic without a server: a job master that runs the brain in its own
+    /// process calls the same handlers (the `Brain` trait) directly.
+    pub async fn open(db_url: &str, cfg: BrainConfig) -> Result<Self> {
+        Ok(Self {
+            store: Store::connect(db_url).await?,
+            cfg,
+            metrics: std::sync::Arc::new(BrainMetrics::new()),
+        })
+    }
+
     async fn report(&self, r: pb::ReportProfileRequest) -> Result<pb::ReportProfileResponse> {
         check_job_id(&r.job_id)?;
         if r.samples.len() > MAX_REPORT || r.memory.len() > MAX_REPORT {
@@ -489,6 +499,38 @@ impl BrainService {
         if r.total_steps < r.current_step {
             return Err(BrainError::invalid("total_steps", "is before current_step"));
         }
+        let mut cfg = self.cfg;
+        for (field, v, slot) in [
+            (
+                "worker_start_s",
+                r.worker_start_s,
+                &mut cfg.overhead.worker_start_s,
+            ),
+            (
+                "ps_migration_s",
+                r.ps_migration_s,
+                &mut cfg.overhead.ps_migration_s,
+            ),
+            ("horizon_s", r.horizon_s, &mut cfg.overhead.horizon_s),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(BrainError::invalid(field, format!("must be >= 0, got {v}")));
+            }
+            if v > 0.0 {
+                *slot = v;
+            }
+        }
+        for (field, v, slot) in [
+            ("free_cpu", r.free_cpu, &mut cfg.capacity.cpu),
+            ("free_mem_gb", r.free_mem_gb, &mut cfg.capacity.mem_gb),
+        ] {
+            if let Some(v) = v {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(BrainError::invalid(field, format!("must be >= 0, got {v}")));
+                }
+                *slot = v;
+            }
+        }
         let samples = self.store.samples(&r.job_id, FIT_WINDOW).await?;
         let memory = self.store.memory(&r.job_id).await?;
         let remaining = if r.remaining_samples == 0 {
@@ -497,7 +539,7 @@ impl BrainService {
             r.remaining_samples
         };
         let plan = planner::replan(
-            &self.cfg,
+            &cfg,
             ReplanInput {
                 spec: &spec,
                 samples: &samples,

@@ -132,6 +132,14 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
             return Ok(());
         }
     };
+    let autoscale: Option<serde_json::Value> = if s.autoscale_json.is_empty() {
+        None
+    } else {
+        Some(
+            serde_json::from_str(&s.autoscale_json)
+                .context("the master sent an unreadable autoscale state")?,
+        )
+    };
     if args.json {
         let nodes: Vec<serde_json::Value> = s
             .nodes
@@ -143,6 +151,11 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
                     "metrics_addr": n.metrics_addr,
                     "last_heartbeat_ms_ago": n.last_heartbeat_ms_ago, "samples": n.samples,
                     "restarts": n.restarts, "task": n.task_id,
+                    "profile": n.profile.map(|p| serde_json::json!({
+                        "cpu_s": p.cpu_s, "rss_bytes": p.rss_bytes, "threads": p.threads,
+                        "batches": p.batches, "compute_s": p.compute_s, "pull_s": p.pull_s,
+                        "push_s": p.push_s, "master_s": p.master_s,
+                    })),
                 })
             })
             .collect();
@@ -161,6 +174,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
                     "stall_ms": c.stall_ms, "memcpy_ms": c.memcpy_ms,
                     "recoveries": c.recoveries,
                 })),
+                "autoscale": autoscale,
             })
         );
         return Ok(());
@@ -179,7 +193,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         s.target_workers
     );
     println!(
-        "{:>5}  {:<6}  {:<8}  {:>7}  {:<21}  {:<21}  {:>12}  {:>9}  {:>8}  {:>6}",
+        "{:>5}  {:<6}  {:<8}  {:>7}  {:<21}  {:<21}  {:>12}  {:>9}  {:>8}  {:>6}  {:>8}  {:>7}  time split (compute/pull/push/master)",
         "node",
         "role",
         "state",
@@ -189,10 +203,25 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         "heartbeat",
         "samples",
         "restarts",
-        "task"
+        "task",
+        "rss MB",
+        "cpu s"
     );
     for n in &s.nodes {
-        println!(
+        let p = n.profile.unwrap_or_default();
+        let busy = p.compute_s + p.pull_s + p.push_s + p.master_s;
+        let split = if busy > 0.0 {
+            format!(
+                "{:.0}/{:.0}/{:.0}/{:.0}%",
+                100.0 * p.compute_s / busy,
+                100.0 * p.pull_s / busy,
+                100.0 * p.push_s / busy,
+                100.0 * p.master_s / busy
+            )
+        } else {
+            "-".into()
+        };
+        print!(
             "{:>5}  {:<6}  {:<8}  {:>7}  {:<21}  {:<21}  {:>9} ms  {:>9}  {:>8}  {:>6}",
             n.node_id,
             if n.role == PbRole::Ps as i32 {
@@ -208,6 +237,11 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
             n.samples,
             n.restarts,
             n.task_id
+        );
+        println!(
+            "  {:>8.1}  {:>7.1}  {split}",
+            p.rss_bytes as f64 / 1e6,
+            p.cpu_s
         );
     }
     if let Some(at) = s.paused_at {
@@ -227,7 +261,64 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         );
         println!("recovery policy: {}", c.recovery);
     }
+    if let Some(a) = &autoscale {
+        print_autoscale(a);
+    }
     Ok(())
+}
+
+/// The autoscaler's part of `elastrec status`.
+fn print_autoscale(a: &serde_json::Value) {
+    let num = |v: &serde_json::Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:.0}"));
+    println!(
+        "autoscale: workers in {}, PS in {}; {} profile samples, measured {} samples/s",
+        a["bounds"]["workers"],
+        a["bounds"]["ps"],
+        a["profile_samples"],
+        num(&a["measured_samples_per_s"])
+    );
+    if let Some(p) = a["last_plan"].as_object() {
+        println!(
+            "  last plan ({}): {} workers, {} PS, predicted {} samples/s, fit MAPE {}%",
+            p["kind"].as_str().unwrap_or("?"),
+            p["workers"],
+            p["ps"],
+            num(&p["predicted_samples_per_s"]),
+            p["fit_mape_percent"]
+                .as_f64()
+                .map_or("-".into(), |m| format!("{m:.1}"))
+        );
+        for r in p["reasons"].as_array().into_iter().flatten() {
+            println!("    - {}", r.as_str().unwrap_or_default());
+        }
+    }
+    if let Some(v) = a["last_verdict"].as_str() {
+        println!("  verdict: {v}");
+    }
+    if let Some(e) = a["brain_error"].as_str() {
+        println!("  brain: {e} (training goes on with the last plan)");
+    }
+    let scaling = a["scaling"].as_array().cloned().unwrap_or_default();
+    if !scaling.is_empty() {
+        println!(
+            "  {:>8}  {:>9}  {:>9}  {:<6}  {:>10}  {:>10}  {:>10}",
+            "at s", "workers", "PS", "source", "before/s", "predicted", "after/s"
+        );
+        for r in scaling {
+            println!(
+                "  {:>8.1}  {:>4} -> {:<2}  {:>4} -> {:<2}  {:<6}  {:>10}  {:>10}  {:>10}",
+                r["at_s"].as_f64().unwrap_or(0.0),
+                r["before"][0],
+                r["after"][0],
+                r["before"][1],
+                r["after"][1],
+                r["source"].as_str().unwrap_or(""),
+                num(&r["measured_before"]),
+                num(&r["predicted"]),
+                num(&r["measured_after"])
+            );
+        }
+    }
 }
 
 /// `elastrec scale`: change the number of workers of a running job.

@@ -495,6 +495,30 @@ impl Job {
         })
     }
 
+    /// Workers registered and training (not pending, not stopping).
+    pub fn running_workers(&self) -> u32 {
+        self.nodes
+            .values()
+            .filter(|n| n.role == Role::Worker && n.state == NodeState::Running)
+            .count() as u32
+    }
+
+    /// True when the job trains at its planned allocation with nothing in flux: every
+    /// planned worker registered, none stopping, every PS up, no pause, no async warm-up.
+    /// Only such stretches measure what an allocation can do.
+    pub fn steady(&self) -> bool {
+        let in_flux = self.nodes.values().any(|n| {
+            matches!(n.state, NodeState::Pending | NodeState::Stopping)
+                || (n.role == Role::Ps && n.state != NodeState::Running && n.state.is_live())
+        });
+        self.phase == Phase::Training
+            && !in_flux
+            && !self.held()
+            && !self.recovering()
+            && self.samples_done() >= self.policy.warmup_samples
+            && self.running_workers() == self.target_workers
+    }
+
     /// PS addresses by index once all have registered.
     pub fn ps_addrs(&self) -> Option<Vec<String>> {
         let mut addrs = vec![String::new(); self.policy.num_ps as usize];

@@ -6,7 +6,10 @@
 //! changes; [`service`] holds the thin gRPC handlers; [`node`] wires the process
 //! (`elastrec run`), [`backend`] starts role processes, [`cli`] backs the subcommands.
 
+pub mod autoscale;
+pub mod autoscale_loop;
 pub mod backend;
+pub mod brain_link;
 pub mod checkpoint;
 pub mod cli;
 pub mod job;

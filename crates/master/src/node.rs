@@ -88,6 +88,68 @@ pub struct JobResult {
     pub workers_dead: u32,
     /// Checkpoints, recoveries and the portion of lost samples (when enabled).
     pub checkpoint: Option<CheckpointReport>,
+    /// The autoscaler: bounds, last plan and every scaling action (when enabled).
+    #[serde(default)]
+    pub autoscale: Option<serde_json::Value>,
+}
+
+/// What the autoscaling loop of a job starts with.
+pub struct AutoscaleStart {
+    brain: Box<dyn crate::brain_link::BrainLink>,
+    brain_job_id: String,
+    samples_total: u64,
+    registered: bool,
+}
+
+/// Connects the job's brain and registers the job with it. Returns the loop's start and,
+/// when `warm_start` is set and the brain answered, the start-up worker count. A brain that
+/// cannot be reached does not stop the job: it starts with `cluster.workers` and the loop
+/// registers it later.
+async fn connect_brain(
+    cfg: &JobConfig,
+    dir: &JobDir,
+    brain_job_id: String,
+    samples_total: u64,
+    warm: bool,
+) -> anyhow::Result<(AutoscaleStart, Option<u32>)> {
+    let brain = crate::brain_link::connect(
+        &cfg.autoscale.brain,
+        &cfg.autoscale.brain_db,
+        &dir.0,
+        crate::autoscale_loop::brain_config(cfg),
+    )
+    .await?;
+    let (registered, workers) =
+        match crate::autoscale_loop::warm_start(&*brain, cfg, &brain_job_id, samples_total).await {
+            Ok(plan) => {
+                let w = plan.allocation.map(|a| a.workers);
+                if warm {
+                    eprintln!(
+                        "autoscale: warm start from the {}: {} workers ({})",
+                        brain.describe(),
+                        w.unwrap_or(cfg.cluster.workers),
+                        plan.reasons.join("; ")
+                    );
+                }
+                (true, w.filter(|_| warm))
+            }
+            Err(e) => {
+                eprintln!(
+                    "autoscale: {e}; starting with cluster.workers = {} and registering later",
+                    cfg.cluster.workers
+                );
+                (false, None)
+            }
+        };
+    Ok((
+        AutoscaleStart {
+            brain,
+            brain_job_id,
+            samples_total,
+            registered,
+        },
+        workers,
+    ))
 }
 
 /// One epoch's ledger line.
@@ -304,8 +366,23 @@ pub async fn start_job(
             c.set_origin((m, plan, pos));
         }
     }
+    let mut workers = cfg.cluster.workers;
+    let autoscale = if cfg.autoscale.enabled {
+        let (start, warm) = connect_brain(
+            &cfg,
+            &dir,
+            format!("{job_id}-{job_uid}"),
+            total_samples,
+            cfg.autoscale.warm_start,
+        )
+        .await?;
+        workers = warm.unwrap_or(workers);
+        Some(start)
+    } else {
+        None
+    };
     let mut cx = LiveCtx::now();
-    let mut job = Job::start(policy(&cfg), queue, cfg.cluster.workers, &mut cx);
+    let mut job = Job::start(policy(&cfg), queue, workers, &mut cx);
     if from.is_some() {
         job.set_epochs_closed(closed, &mut cx);
         let (tasks, _) = job.take_dirty_tasks();
@@ -319,7 +396,7 @@ pub async fn start_job(
     eprintln!(
         "job {job_id}: master on {addr}, {} PS, {} workers, {} rows x {} epochs, {} rows per shard; state in {}",
         cfg.cluster.ps,
-        cfg.cluster.workers,
+        workers,
         files.iter().map(|f| f.rows).sum::<u64>(),
         cfg.train.epochs,
         job.tasks().spec().rows_per_shard,
@@ -339,7 +416,7 @@ pub async fn start_job(
         core.set_checkpoints(c);
     }
     core.effects(cx);
-    serve(core, listener, token, &cfg, &dir).await
+    serve(core, listener, token, &cfg, &dir, autoscale).await
 }
 
 /// Restarts the master of a job whose master died, from its database. Live nodes
@@ -491,7 +568,19 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
     } else {
         core.effects(cx);
     }
-    serve(core, listener, token, &cfg, &dir).await
+    // The autoscaler starts afresh: the profile of the previous master's allocation is in
+    // the brain's database already, and its windows are re-measured here.
+    let autoscale = if cfg.autoscale.enabled {
+        let total = files_rows_total(&core) * cfg.train.epochs as u64;
+        Some(
+            connect_brain(&cfg, &dir, format!("{job_id}-{job_uid}"), total, false)
+                .await?
+                .0,
+        )
+    } else {
+        None
+    };
+    serve(core, listener, token, &cfg, &dir, autoscale).await
 }
 
 fn files_rows_total(core: &MasterCore) -> u64 {
@@ -509,6 +598,7 @@ async fn serve(
     token: String,
     cfg: &JobConfig,
     dir: &JobDir,
+    autoscale: Option<AutoscaleStart>,
 ) -> anyhow::Result<JobResult> {
     let max = cfg.cluster.max_message_bytes;
     let svc = MasterServer::new(MasterService(core.clone()))
@@ -537,6 +627,16 @@ async fn serve(
     .await
     .context("binding the metrics endpoint")?;
     std::fs::write(dir.metrics_addr(), metrics.addr().to_string())?;
+    let autoscaler = autoscale.map(|a| {
+        tokio::spawn(crate::autoscale_loop::run(
+            core.clone(),
+            a.brain,
+            cfg.clone(),
+            a.brain_job_id,
+            a.samples_total,
+            a.registered,
+        ))
+    });
 
     let t0 = Instant::now();
     let mut last_print = Instant::now();
@@ -662,6 +762,10 @@ async fn serve(
     for n in &leftovers {
         core.backend().stop(n);
     }
+    if let Some(h) = autoscaler {
+        // It stops once the job leaves training, with its final state written.
+        let _ = tokio::time::timeout(Duration::from_secs(2), h).await;
+    }
     let result = {
         let job = core.job.lock();
         let epochs = job.tasks().spec().epochs;
@@ -696,6 +800,7 @@ async fn serve(
                 .filter(|n| n.state == NodeState::Dead)
                 .count() as u32,
             checkpoint: core.checkpoints().map(|c| c.report(total.consumed)),
+            autoscale: core.autoscale_status.lock().clone(),
         }
     };
     if let Some(c) = core.checkpoints() {

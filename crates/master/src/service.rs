@@ -114,6 +114,10 @@ pub struct MasterCore {
     restore_plan: Mutex<Option<RestorePlan>>,
     /// The checkpoint coordinator, when checkpoints are enabled.
     checkpoints: std::sync::OnceLock<Arc<crate::checkpoint::Coordinator>>,
+    /// The latest heartbeat profile of every node (CPU, memory, time split).
+    pub profiles: Mutex<std::collections::BTreeMap<u32, elastrec_proto::master::NodeProfile>>,
+    /// The autoscaler's state as JSON, refreshed by its loop (absent: autoscaling off).
+    pub autoscale_status: Mutex<Option<serde_json::Value>>,
 }
 
 impl MasterCore {
@@ -142,6 +146,8 @@ impl MasterCore {
             done: tokio::sync::Notify::new(),
             restore_plan: Mutex::new(None),
             checkpoints: std::sync::OnceLock::new(),
+            profiles: Mutex::new(Default::default()),
+            autoscale_status: Mutex::new(None),
         }
     }
 
@@ -305,6 +311,7 @@ impl MasterCore {
         let samples_done: u64 = (0..q.spec().epochs)
             .map(|e| q.ledger().summary(e).consumed)
             .sum();
+        let profiles = self.profiles.lock().clone();
         let nodes = job
             .nodes()
             .map(|n| NodeStatus {
@@ -321,6 +328,7 @@ impl MasterCore {
                 samples: n.samples,
                 restarts: n.restarts,
                 task_id: q.held_by(n.id).map(|t| t.id).unwrap_or(0),
+                profile: profiles.get(&n.id).copied(),
             })
             .collect();
         let phase = match job.phase() {
@@ -345,7 +353,12 @@ impl MasterCore {
             checkpoint: None,
             paused_at: job.pause_at(),
             held: job.held(),
-            autoscale_json: String::new(),
+            autoscale_json: self
+                .autoscale_status
+                .lock()
+                .as_ref()
+                .map(|v| v.to_string())
+                .unwrap_or_default(),
         };
         drop(job);
         let mut reply = reply;
@@ -430,6 +443,9 @@ impl Master for MasterService {
         self.0.metrics.request("heartbeat");
         // A heartbeat changes nothing durable; its reply depends only on node rows and the
         // phase, so pending task and ledger writes of other requests do not delay it.
+        if let Some(p) = req.profile {
+            self.0.profiles.lock().insert(req.node_id, p);
+        }
         let (d, ps_addrs, active) = self
             .0
             .run_depending(Depends::Nodes, |job, cx| {
@@ -534,10 +550,14 @@ impl Master for MasterService {
         let previous = self
             .0
             .run(|job, cx| {
-                if matches!(job.phase(), Phase::Training) {
-                    Ok(job.scale(req.workers, cx))
-                } else {
+                if !matches!(job.phase(), Phase::Training) {
                     Err(Status::failed_precondition("the job is no longer training"))
+                } else if job.recovering() {
+                    Err(Status::failed_precondition(
+                        "a parameter server is being recovered; scale again once `elastrec status` shows every PS running",
+                    ))
+                } else {
+                    Ok(job.scale(req.workers, cx))
                 }
             })
             .await??;

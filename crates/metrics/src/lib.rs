@@ -8,6 +8,8 @@
 //! the network and answers only requests carrying `Authorization: Bearer <token>`, the
 //! token of the job (or of the brain), compared in constant time; others get 401.
 
+pub mod process;
+
 use std::io::{Read as _, Write as _};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

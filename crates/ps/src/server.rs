@@ -657,7 +657,7 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
                     samples: 0,
                     // Read without the state lock: a heartbeat must not wait for a checkpoint.
                     step: shard.version(),
-                    profile: None,
+                    profile: Some(ps_profile()),
                 };
                 let (mut m, tx) = (master.clone(), replies_tx.clone());
                 tokio::spawn(async move {
@@ -681,6 +681,17 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     drop(metrics);
     eprintln!("{}", shard.summary());
     Ok(())
+}
+
+/// The PS's heartbeat profile: CPU time and resident memory (the master predicts memory
+/// growth and spots a hot server from them).
+fn ps_profile() -> elastrec_proto::master::NodeProfile {
+    let usage = elastrec_metrics::process::usage();
+    elastrec_proto::master::NodeProfile {
+        cpu_s: usage.cpu_s,
+        rss_bytes: usage.rss_bytes,
+        ..Default::default()
+    }
 }
 
 /// Test fail point `ELASTREC_FAIL_HANG_CHECKPOINT=INDEX`: PS `INDEX` never answers its

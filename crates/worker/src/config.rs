@@ -33,6 +33,8 @@ pub struct JobConfig {
     pub cluster: ClusterConfig,
     /// Checkpoints and recovery (`elastrec run`).
     pub checkpoint: CheckpointConfig,
+    /// Closed-loop resource planning (`elastrec run`).
+    pub autoscale: crate::autoscale::AutoscaleConfig,
 }
 
 /// Data source: a directory of Criteo-layout day files.
@@ -428,7 +430,8 @@ impl JobConfig {
                 ));
             }
         }
-        crate::cluster::validate_distributed(self, path)
+        crate::cluster::validate_distributed(self, path)?;
+        crate::autoscale::validate_autoscale(self, path)
     }
 
     /// Resolved paths of the training files.

@@ -4,6 +4,7 @@
 //! dense updates), the single-process trainer behind `elastrec train` (the standalone mode
 //! of the whole system), the job-file format, and saved-model files for `elastrec eval`.
 
+pub mod autoscale;
 pub mod bench;
 pub mod cluster;
 pub mod config;

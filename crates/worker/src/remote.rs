@@ -22,8 +22,8 @@ use elastrec_metrics::prometheus_client::metrics::histogram::Histogram;
 use elastrec_metrics::prometheus_client::registry::Registry;
 use elastrec_model::{DenseDlrm, EvalAccumulator, Workspace};
 use elastrec_proto::master::{
-    get_task_response::Reply, GetTaskRequest, HeartbeatRequest, NodeAction, RegisterRequest,
-    ReportEvalRequest, ReportProgressRequest, RestorePlan, Role,
+    get_task_response::Reply, GetTaskRequest, HeartbeatRequest, NodeAction, NodeProfile,
+    RegisterRequest, ReportEvalRequest, ReportProgressRequest, RestorePlan, Role,
 };
 use elastrec_proto::ps::{BatchKey, PullRequest, PushRequest};
 use parking_lot::Mutex;
@@ -168,6 +168,41 @@ struct Shared {
     last_ack: Mutex<Option<Instant>>,
     /// PS addresses as last published by the master (a replaced PS has a new one).
     ps_addrs: Mutex<Vec<String>>,
+    /// Where the training loop's time goes (the master's profile), microseconds.
+    profile: TimeSplit,
+}
+
+/// Cumulative time of each part of a training iteration, microseconds.
+#[derive(Default)]
+struct TimeSplit {
+    batches: AtomicU64,
+    compute_us: AtomicU64,
+    pull_us: AtomicU64,
+    push_us: AtomicU64,
+    master_us: AtomicU64,
+}
+
+impl TimeSplit {
+    fn add(counter: &AtomicU64, since: Instant) {
+        counter.fetch_add(since.elapsed().as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// The heartbeat's profile: the split so far plus this process's CPU and memory.
+    fn snapshot(&self) -> NodeProfile {
+        let s = |c: &AtomicU64| c.load(Ordering::Relaxed) as f64 / 1e6;
+        let usage = elastrec_metrics::process::usage();
+        NodeProfile {
+            batches: self.batches.load(Ordering::Relaxed),
+            compute_s: s(&self.compute_us),
+            pull_s: s(&self.pull_us),
+            push_s: s(&self.push_us),
+            master_s: s(&self.master_us),
+            cpu_s: usage.cpu_s,
+            rss_bytes: usage.rss_bytes,
+            threads: rayon::current_num_threads() as u32,
+            ..NodeProfile::default()
+        }
+    }
 }
 
 impl Shared {
@@ -193,7 +228,7 @@ async fn heartbeat_loop(master: Master, id: u32, every: Duration, shared: Arc<Sh
             offset: shared.offset.load(Ordering::Relaxed),
             samples: shared.samples.load(Ordering::Relaxed),
             step: shared.steps.load(Ordering::Relaxed),
-            profile: None,
+            profile: Some(shared.profile.snapshot()),
         };
         let (mut m, shared) = (master.clone(), shared.clone());
         tokio::spawn(async move {
@@ -633,6 +668,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             version: rpc::version(),
             node_id: id,
         };
+        let t_ask = Instant::now();
         let reply = match rpc::retry_transient(None, || {
             let mut m = master.clone();
             async move { m.get_task(req).await }
@@ -650,6 +686,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             Some(Reply::WaitMs(ms)) => {
                 metrics.get_task_waits.inc();
                 tokio::time::sleep(Duration::from_millis(ms.clamp(10, 2000) as u64)).await;
+                TimeSplit::add(&shared.profile.master_us, t_ask);
                 continue;
             }
             Some(Reply::Finished(f)) => {
@@ -680,6 +717,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             }
             Some(Reply::Stop(_)) | None => return Ok(()),
         };
+        TimeSplit::add(&shared.profile.master_us, t_ask);
         // The master's copy of the task says how far it was reported.
         // Ids and paths from the wire are checked: only the job's own training files.
         let file_index = files
@@ -721,7 +759,10 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                 let t0 = Instant::now();
                 model.pull(&routing).await?;
                 metrics.pull_latency.observe(t0.elapsed().as_secs_f64());
+                TimeSplit::add(&shared.profile.pull_us, t0);
+                let t0 = Instant::now();
                 let loss = tokio::task::block_in_place(|| model.compute(&batch))?;
+                TimeSplit::add(&shared.profile.compute_us, t0);
                 if !loss.is_finite() {
                     bail!("training diverged (loss {loss})");
                 }
@@ -738,6 +779,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                 let t0 = Instant::now();
                 model.push(&routing, contributors, key, n as u32).await?;
                 metrics.push_latency.observe(t0.elapsed().as_secs_f64());
+                TimeSplit::add(&shared.profile.push_us, t0);
                 if let Some(left) = exit_after_push.as_mut() {
                     *left -= 1;
                     if *left == 0 {
@@ -749,7 +791,12 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                 }
             }
             offset += physical;
+            let t0 = Instant::now();
             let (_, stop) = report(&mut master, id, task.task_id, offset).await?;
+            TimeSplit::add(&shared.profile.master_us, t0);
+            if n > 0 {
+                shared.profile.batches.fetch_add(1, Ordering::Relaxed);
+            }
             shared.offset.store(offset, Ordering::Relaxed);
             shared.samples.fetch_add(n as u64, Ordering::Relaxed);
             shared.steps.fetch_add(1, Ordering::Relaxed);
@@ -781,12 +828,12 @@ fn local_batch_size(job: &JobConfig, shared: &Shared) -> usize {
     }
 }
 
-/// The value of a test fail point `NAME=NODE:N` when it names this node. Other nodes,
-/// and relaunched workers (new node ids), ignore it.
+/// The value of a test fail point `NAME=NODE:N` when it names this node (`*` names every
+/// node). Other nodes, and relaunched workers (new node ids), ignore it.
 fn fail_point(name: &str, node: u32) -> Option<u64> {
     let v = std::env::var(name).ok()?;
     let (who, n) = v.split_once(':')?;
-    (who.parse::<u32>().ok()? == node)
+    (who == "*" || who.parse::<u32>().ok()? == node)
         .then(|| n.parse::<u64>().ok())
         .flatten()
 }
@@ -798,8 +845,9 @@ fn fail_point_exit_after_push(node: u32) -> Option<u64> {
     fail_point("ELASTREC_FAIL_EXIT_AFTER_PUSH", node).filter(|&n| n > 0)
 }
 
-/// Test fail point `ELASTREC_FAIL_SLOW_WORKER=NODE:MS`: worker `NODE` spends `MS` more
-/// milliseconds on every batch, as a worker on a slow or overloaded machine would.
+/// Test fail point `ELASTREC_FAIL_SLOW_WORKER=NODE:MS`: worker `NODE` (`*`: every worker)
+/// spends `MS` more milliseconds on every batch, as a worker on a slow or overloaded
+/// machine would (or, for every worker, a job whose workers are the bottleneck).
 fn fail_point_slow_batch(node: u32) -> Option<Duration> {
     fail_point("ELASTREC_FAIL_SLOW_WORKER", node).map(Duration::from_millis)
 }

@@ -221,6 +221,7 @@ async fn report_warm_start_plan_and_stream_over_grpc() {
                 remaining_samples: 1_000_000_000,
                 current_step: 0,
                 total_steps: 0,
+                ..Default::default()
             },
             TOKEN,
         ))

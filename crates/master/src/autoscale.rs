@@ -1,0 +1,681 @@
+//! The autoscaler's policy: turns what the master observes into profile samples, asks the
+//! brain for plans and decides whether a plan is executed. Pure (no clock, no I/O, no
+//! locks): the control loop in `autoscale_loop` feeds it [`View`]s and brain replies and
+//! executes its [`Decision`]s, and a simulator can drive the same code.
+//!
+//! A profile sample is one window of `sample_s` seconds in which the allocation stood
+//! still (every planned worker running, no pause, no warm-up, no recovery): the job's
+//! throughput over the window, as DLRover-RM's `T_iter = w m / throughput` (Eq. 1), at
+//! that allocation. The throughput model (Eq. 2-6) needs samples at more than one
+//! allocation; until the profile has two worker counts the autoscaler *probes* one worker
+//! more (within bounds), then it follows the brain's plans (NNLS fit, NSGA-II, greedy).
+
+use elastrec_brain::throughput::dlrover::DLROVER_MIN_SAMPLES;
+use elastrec_brain::Allocation;
+use elastrec_proto::brain as pb;
+use serde::{Deserialize, Serialize};
+
+/// Settings of the policy (from `[autoscale]` and the job).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// Brain job id.
+    pub job_id: String,
+    /// Inclusive worker bounds.
+    pub workers: [u32; 2],
+    /// Inclusive PS bounds.
+    pub ps: [u32; 2],
+    /// Milliseconds between plans.
+    pub interval_ms: u64,
+    /// Milliseconds of one profile window.
+    pub sample_ms: u64,
+    /// Smallest relative change of predicted throughput worth executing.
+    pub min_gain: f64,
+    /// Rows per worker batch (`m`).
+    pub batch_size: u32,
+    /// CPU cores and memory of one worker and one PS.
+    pub worker_cpu: f64,
+    /// See `worker_cpu`.
+    pub ps_cpu: f64,
+    /// See `worker_cpu`.
+    pub worker_mem_gb: f64,
+    /// See `worker_cpu`.
+    pub ps_mem_gb: f64,
+    /// CPU cores and memory the job may use in all.
+    pub cluster_cpu: f64,
+    /// See `cluster_cpu`.
+    pub cluster_mem_gb: f64,
+    /// Scaling overheads measured for this backend (Eq. 8).
+    pub worker_start_s: f64,
+    /// See `worker_start_s`.
+    pub ps_migration_s: f64,
+    /// PS count changes can be executed (online re-sharding available).
+    pub ps_scaling: bool,
+}
+
+impl Settings {
+    /// The allocation of `workers` workers and `ps` PS with this job's node sizes.
+    pub fn allocation(&self, workers: u32, ps: u32) -> Allocation {
+        Allocation {
+            workers,
+            ps,
+            worker_cpu: self.worker_cpu,
+            ps_cpu: self.ps_cpu,
+            worker_mem_gb: self.worker_mem_gb,
+            ps_mem_gb: self.ps_mem_gb,
+        }
+    }
+}
+
+/// What the master sees now.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct View {
+    /// Master clock, ms.
+    pub now_ms: u64,
+    /// Workers registered and training (not stopping).
+    pub workers: u32,
+    /// Workers the job is meant to run.
+    pub target_workers: u32,
+    /// Parameter servers.
+    pub ps: u32,
+    /// Nothing is in flux: every planned node runs, the job trains, no pause, warm-up or
+    /// recovery.
+    pub steady: bool,
+    /// A parameter server is being recovered.
+    pub recovering: bool,
+    /// Samples trained (ledger).
+    pub samples_done: u64,
+    /// Samples of the whole job.
+    pub samples_total: u64,
+}
+
+/// One executed scaling action, for `status` and `result.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScalingRecord {
+    /// Seconds since the job started (master clock).
+    pub at_s: f64,
+    /// Workers and PS before and after.
+    pub before: (u32, u32),
+    /// See `before`.
+    pub after: (u32, u32),
+    /// `probe` (measuring the scaling curve) or `plan` (the brain's plan).
+    pub source: String,
+    /// Throughput measured before the change, samples/s.
+    pub measured_before: Option<f64>,
+    /// Throughput the plan predicted.
+    pub predicted: Option<f64>,
+    /// Throughput measured in the first steady window after the change.
+    pub measured_after: Option<f64>,
+    /// Why.
+    pub reasons: Vec<String>,
+}
+
+/// What the loop should do now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Round {
+    /// Nothing due.
+    Idle,
+    /// Report these samples (may be empty) and then ask for a plan.
+    Plan(pb::ReportProfileRequest, pb::PlanRequest),
+    /// Report these samples, then execute the probe.
+    Probe(pb::ReportProfileRequest, Decision),
+    /// Only report these samples (too few for a plan yet).
+    Report(pb::ReportProfileRequest),
+}
+
+/// The verdict on a plan.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Change to this many workers and PS.
+    Apply {
+        /// Target workers.
+        workers: u32,
+        /// Target PS.
+        ps: u32,
+        /// Predicted throughput (plans) or none (probes).
+        predicted: Option<f64>,
+        /// Why, in order.
+        reasons: Vec<String>,
+    },
+    /// Keep the allocation.
+    Keep(String),
+    /// The plan is unusable; nothing changes.
+    Refuse(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Window {
+    start_ms: u64,
+    samples: u64,
+    workers: u32,
+    ps: u32,
+}
+
+/// The autoscaler's state.
+#[derive(Debug, Clone)]
+pub struct Autoscaler {
+    settings: Settings,
+    started_ms: u64,
+    window: Option<Window>,
+    /// Samples not yet reported to the brain.
+    unreported: Vec<pb::ProfileSample>,
+    /// Worker counts the profile holds samples of.
+    seen_workers: std::collections::BTreeSet<u32>,
+    samples_taken: u64,
+    samples_at_last_plan: u64,
+    last_plan_ms: u64,
+    /// Last measured throughput and the allocation it was measured at.
+    measured: Option<(f64, u32, u32)>,
+    /// Samples trained at each allocation's last window (for the measured column).
+    history: Vec<ScalingRecord>,
+    last_plan: Option<pb::PlanResponse>,
+    last_verdict: Option<String>,
+    brain_error: Option<String>,
+    /// PS memory readings not yet reported: (ps index, step, GiB).
+    memory: Vec<pb::MemorySample>,
+}
+
+impl Autoscaler {
+    /// A new autoscaler for a job that started at `now_ms`.
+    pub fn new(settings: Settings, now_ms: u64) -> Self {
+        Self {
+            settings,
+            started_ms: now_ms,
+            window: None,
+            unreported: Vec::new(),
+            seen_workers: Default::default(),
+            samples_taken: 0,
+            samples_at_last_plan: 0,
+            last_plan_ms: now_ms,
+            measured: None,
+            history: Vec::new(),
+            last_plan: None,
+            last_verdict: None,
+            brain_error: None,
+            memory: Vec::new(),
+        }
+    }
+
+    /// Settings in force.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Scaling actions so far.
+    pub fn history(&self) -> &[ScalingRecord] {
+        &self.history
+    }
+
+    /// Feeds one observation: closes a profile window when one is complete.
+    pub fn observe(&mut self, v: &View) {
+        if !v.steady || v.workers != v.target_workers || v.workers == 0 {
+            self.window = None;
+            return;
+        }
+        let w = match self.window {
+            Some(w) if w.workers == v.workers && w.ps == v.ps => w,
+            _ => {
+                self.window = Some(Window {
+                    start_ms: v.now_ms,
+                    samples: v.samples_done,
+                    workers: v.workers,
+                    ps: v.ps,
+                });
+                return;
+            }
+        };
+        let dt = v.now_ms.saturating_sub(w.start_ms);
+        if dt < self.settings.sample_ms {
+            return;
+        }
+        self.window = Some(Window {
+            start_ms: v.now_ms,
+            samples: v.samples_done,
+            ..w
+        });
+        let trained = v.samples_done.saturating_sub(w.samples);
+        if trained == 0 {
+            return; // a stalled window says nothing about the allocation's speed
+        }
+        let throughput = trained as f64 * 1000.0 / dt as f64;
+        let m = f64::from(self.settings.batch_size);
+        self.unreported.push(pb::ProfileSample {
+            allocation: Some(alloc_to_pb(&self.settings.allocation(w.workers, w.ps))),
+            batch_size: self.settings.batch_size,
+            iter_time_s: f64::from(w.workers) * m / throughput,
+        });
+        self.seen_workers.insert(w.workers);
+        self.samples_taken += 1;
+        self.measured = Some((throughput, w.workers, w.ps));
+        if let Some(last) = self.history.last_mut() {
+            if last.after == (w.workers, w.ps) && last.measured_after.is_none() {
+                last.measured_after = Some(throughput);
+            }
+        }
+    }
+
+    /// A PS memory reading (resident memory of PS `index` at global step `step`).
+    pub fn observe_memory(&mut self, index: u32, step: u64, mem_gb: f64) {
+        if mem_gb.is_finite() && mem_gb > 0.0 {
+            self.memory.push(pb::MemorySample {
+                ps_index: index,
+                step,
+                mem_gb,
+            });
+        }
+    }
+
+    /// Throughput of the latest window, samples/s.
+    pub fn measured(&self) -> Option<f64> {
+        self.measured.map(|m| m.0)
+    }
+
+    /// What to do now: nothing, a plan round, or a probe.
+    pub fn next_round(&mut self, v: &View) -> Round {
+        let due = v.now_ms.saturating_sub(self.last_plan_ms) >= self.settings.interval_ms
+            && self.samples_taken > self.samples_at_last_plan;
+        if !due || !v.steady {
+            return Round::Idle;
+        }
+        self.last_plan_ms = v.now_ms;
+        self.samples_at_last_plan = self.samples_taken;
+        let report = pb::ReportProfileRequest {
+            job_id: self.settings.job_id.clone(),
+            samples: std::mem::take(&mut self.unreported),
+            memory: std::mem::take(&mut self.memory),
+        };
+        let [_, wmax] = self.settings.workers;
+        if self.seen_workers.len() < 2 && v.workers < wmax {
+            let d = Decision::Apply {
+                workers: v.workers + 1,
+                ps: v.ps,
+                predicted: None,
+                reasons: vec![format!(
+                    "probe: the profile holds only {} worker(s); one more measures how throughput scales (the fit needs two allocations)",
+                    v.workers
+                )],
+            };
+            return Round::Probe(report, d);
+        }
+        if self.samples_taken < DLROVER_MIN_SAMPLES as u64 {
+            // Too few windows for a fit with a held-out check: report them and wait.
+            return Round::Report(report);
+        }
+        let remaining = v.samples_total.saturating_sub(v.samples_done);
+        let current = self.settings.allocation(v.workers, v.ps);
+        let horizon_s = self
+            .measured()
+            .filter(|t| *t > 0.0)
+            .map_or(0.0, |t| remaining as f64 / t);
+        let m = u64::from(self.settings.batch_size.max(1));
+        let plan = pb::PlanRequest {
+            job_id: self.settings.job_id.clone(),
+            current: Some(alloc_to_pb(&current)),
+            remaining_samples: remaining.max(1),
+            current_step: v.samples_done / m,
+            total_steps: v.samples_total.div_ceil(m).max(v.samples_done / m + 1),
+            worker_start_s: self.settings.worker_start_s,
+            ps_migration_s: self.settings.ps_migration_s,
+            horizon_s,
+            free_cpu: Some((self.settings.cluster_cpu - current.total_cpu()).max(0.0)),
+            free_mem_gb: Some((self.settings.cluster_mem_gb - current.total_mem_gb()).max(0.0)),
+        };
+        Round::Plan(report, plan)
+    }
+
+    /// Samples a failed report must not lose: they go back in front of newer ones.
+    pub fn requeue(&mut self, report: pb::ReportProfileRequest) {
+        let mut samples = report.samples;
+        samples.append(&mut self.unreported);
+        self.unreported = samples;
+        let mut memory = report.memory;
+        memory.append(&mut self.memory);
+        self.memory = memory;
+    }
+
+    /// The brain could not be reached or refused: the job keeps its allocation.
+    pub fn brain_failed(&mut self, error: String) {
+        self.brain_error = Some(error);
+    }
+
+    /// Judges a plan from the brain against the bounds and the state of the job.
+    pub fn review(&mut self, plan: &pb::PlanResponse, v: &View) -> Decision {
+        self.brain_error = None;
+        self.last_plan = Some(plan.clone());
+        let d = self.judge(plan, v);
+        self.last_verdict = Some(match &d {
+            Decision::Apply { workers, ps, .. } => format!("apply: {workers} workers, {ps} PS"),
+            Decision::Keep(why) => format!("keep: {why}"),
+            Decision::Refuse(why) => format!("refused: {why}"),
+        });
+        d
+    }
+
+    fn judge(&self, plan: &pb::PlanResponse, v: &View) -> Decision {
+        let Some(a) = plan.allocation else {
+            return Decision::Refuse("the brain's plan has no allocation".into());
+        };
+        let [wmin, wmax] = self.settings.workers;
+        let [pmin, pmax] = self.settings.ps;
+        if !(wmin..=wmax).contains(&a.workers) {
+            return Decision::Refuse(format!(
+                "the plan's {} workers are outside autoscale.workers [{wmin}, {wmax}]",
+                a.workers
+            ));
+        }
+        if !(pmin..=pmax).contains(&a.ps) {
+            return Decision::Refuse(format!(
+                "the plan's {} PS are outside autoscale.ps [{pmin}, {pmax}]",
+                a.ps
+            ));
+        }
+        let tp = plan.predicted_throughput;
+        if !(tp.is_finite() && tp >= 0.0) {
+            return Decision::Refuse(format!(
+                "the plan's predicted throughput {tp} is not a number of samples/s"
+            ));
+        }
+        if v.recovering {
+            return Decision::Refuse(
+                "a parameter server is being recovered; scaling waits until it runs".into(),
+            );
+        }
+        let ps = if a.ps != v.ps && !self.settings.ps_scaling {
+            v.ps
+        } else {
+            a.ps
+        };
+        if (a.workers, ps) == (v.workers, v.ps) {
+            return Decision::Keep(if ps != a.ps {
+                format!(
+                    "the plan's PS change ({} -> {}) needs online re-sharding, which this job cannot do",
+                    v.ps, a.ps
+                )
+            } else {
+                format!("the plan keeps {} workers and {} PS", v.workers, v.ps)
+            });
+        }
+        if let Some(now) = self.measured().filter(|t| *t > 0.0) {
+            let change = (tp - now) / now;
+            // Fewer nodes for the same speed is a saving; more nodes must be faster.
+            let cheaper = a.workers <= v.workers && ps <= v.ps;
+            if !cheaper && change < self.settings.min_gain {
+                return Decision::Keep(format!(
+                    "predicted {tp:.0} samples/s is {:+.1}% of the measured {now:.0}, below autoscale.min_gain ({:.0}%)",
+                    change * 100.0,
+                    self.settings.min_gain * 100.0
+                ));
+            }
+        }
+        Decision::Apply {
+            workers: a.workers,
+            ps,
+            predicted: Some(tp),
+            reasons: plan.reasons.clone(),
+        }
+    }
+
+    /// Records an executed decision.
+    pub fn applied(&mut self, d: &Decision, v: &View, source: &str) {
+        if let Decision::Apply {
+            workers,
+            ps,
+            predicted,
+            reasons,
+        } = d
+        {
+            self.history.push(ScalingRecord {
+                at_s: v.now_ms.saturating_sub(self.started_ms) as f64 / 1000.0,
+                before: (v.workers, v.ps),
+                after: (*workers, *ps),
+                source: source.to_string(),
+                measured_before: self.measured(),
+                predicted: *predicted,
+                measured_after: None,
+                reasons: reasons.clone(),
+            });
+            // The next window starts at the new allocation.
+            self.window = None;
+        }
+    }
+
+    /// The state for `elastrec status` and `result.json`.
+    pub fn status(&self) -> serde_json::Value {
+        serde_json::json!({
+            "bounds": {"workers": self.settings.workers, "ps": self.settings.ps},
+            "profile_samples": self.samples_taken,
+            "measured_samples_per_s": self.measured(),
+            "last_plan": self.last_plan.as_ref().map(|p| serde_json::json!({
+                "kind": p.kind,
+                "workers": p.allocation.map(|a| a.workers),
+                "ps": p.allocation.map(|a| a.ps),
+                "predicted_samples_per_s": p.predicted_throughput,
+                "fit_mape_percent": p.fit.as_ref().map(|f| f.mape),
+                "reasons": p.reasons,
+            })),
+            "last_verdict": self.last_verdict,
+            "brain_error": self.brain_error,
+            "scaling": self.history,
+        })
+    }
+}
+
+/// The wire form of an allocation.
+pub fn alloc_to_pb(a: &Allocation) -> pb::Allocation {
+    pb::Allocation {
+        workers: a.workers,
+        ps: a.ps,
+        worker_cpu: a.worker_cpu,
+        ps_cpu: a.ps_cpu,
+        worker_mem_gb: a.worker_mem_gb,
+        ps_mem_gb: a.ps_mem_gb,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> Settings {
+        Settings {
+            job_id: "j".into(),
+            workers: [1, 4],
+            ps: [1, 1],
+            interval_ms: 3000,
+            sample_ms: 1000,
+            min_gain: 0.05,
+            batch_size: 100,
+            worker_cpu: 1.0,
+            ps_cpu: 1.0,
+            worker_mem_gb: 2.0,
+            ps_mem_gb: 2.0,
+            cluster_cpu: 16.0,
+            cluster_mem_gb: 64.0,
+            worker_start_s: 2.0,
+            ps_migration_s: 1.0,
+            ps_scaling: false,
+        }
+    }
+
+    fn view(now_ms: u64, workers: u32, samples_done: u64) -> View {
+        View {
+            now_ms,
+            workers,
+            target_workers: workers,
+            ps: 1,
+            steady: true,
+            recovering: false,
+            samples_done,
+            samples_total: 1_000_000,
+        }
+    }
+
+    fn plan(workers: u32, ps: u32, tp: f64) -> pb::PlanResponse {
+        pb::PlanResponse {
+            kind: "replan".into(),
+            allocation: Some(alloc_to_pb(&settings().allocation(workers, ps))),
+            predicted_throughput: tp,
+            reasons: vec!["because".into()],
+            ..Default::default()
+        }
+    }
+
+    /// Runs `secs` seconds at `workers` workers and `rate` samples/s, one observation
+    /// every 100 ms; returns the clock and samples after.
+    fn run(a: &mut Autoscaler, t: &mut u64, s: &mut u64, workers: u32, rate: u64, secs: u64) {
+        for _ in 0..secs * 10 {
+            *t += 100;
+            *s += rate / 10;
+            a.observe(&view(*t, workers, *s));
+        }
+    }
+
+    #[test]
+    fn windows_become_samples_with_the_iteration_time_of_eq_1() {
+        let mut a = Autoscaler::new(settings(), 0);
+        let (mut t, mut s) = (0, 0);
+        run(&mut a, &mut t, &mut s, 2, 1000, 3);
+        // 2 workers x 100 rows at 1000 samples/s: one iteration takes 0.2 s.
+        assert_eq!(
+            a.unreported.len(),
+            2,
+            "the first observation only opens a window"
+        );
+        for p in &a.unreported {
+            assert!((p.iter_time_s - 0.2).abs() < 1e-9, "{p:?}");
+            assert_eq!(p.allocation.unwrap().workers, 2);
+        }
+        assert_eq!(a.measured(), Some(1000.0));
+        // Not steady (a worker starting): no sample, the window restarts.
+        let mut v = view(t + 1500, 2, s + 1500);
+        v.steady = false;
+        a.observe(&v);
+        assert!(a.window.is_none());
+    }
+
+    #[test]
+    fn a_single_allocation_is_probed_then_plans_follow_the_brain() {
+        let mut a = Autoscaler::new(settings(), 0);
+        let (mut t, mut s) = (0, 0);
+        run(&mut a, &mut t, &mut s, 1, 1000, 4);
+        let v = view(t, 1, s);
+        let Round::Probe(report, d) = a.next_round(&v) else {
+            panic!("expected a probe")
+        };
+        assert_eq!(report.samples.len(), 3);
+        assert!(matches!(d, Decision::Apply { workers: 2, .. }), "{d:?}");
+        a.applied(&d, &v, "probe");
+        assert_eq!(
+            a.next_round(&view(t + 100, 2, s)),
+            Round::Idle,
+            "not due yet"
+        );
+        run(&mut a, &mut t, &mut s, 2, 1800, 4);
+        assert_eq!(a.history()[0].measured_after, Some(1800.0));
+        // Six windows are too few for a fit with a held-out check: only a report.
+        let Round::Report(report) = a.next_round(&view(t, 2, s)) else {
+            panic!("expected a report round")
+        };
+        assert_eq!(report.samples.len(), 3);
+        run(&mut a, &mut t, &mut s, 2, 1800, 3);
+        let v = view(t, 2, s);
+        let Round::Plan(report, req) = a.next_round(&v) else {
+            panic!("expected a plan round")
+        };
+        assert_eq!(report.samples.len(), 3);
+        assert_eq!(req.current.unwrap().workers, 2);
+        assert_eq!(req.free_cpu, Some(16.0 - 3.0));
+        assert!(req.horizon_s > 0.0);
+        // A plan with enough gain is applied; one below min_gain is kept.
+        let d = a.review(&plan(4, 1, 3000.0), &v);
+        assert!(matches!(d, Decision::Apply { workers: 4, .. }), "{d:?}");
+        let d = a.review(&plan(3, 1, 1850.0), &v);
+        assert!(
+            matches!(d, Decision::Keep(ref w) if w.contains("min_gain")),
+            "{d:?}"
+        );
+        // Fewer workers for about the same speed is a saving: applied.
+        let d = a.review(&plan(1, 1, 1790.0), &v);
+        assert!(matches!(d, Decision::Apply { workers: 1, .. }), "{d:?}");
+    }
+
+    #[test]
+    fn plans_outside_the_bounds_garbage_and_scaling_during_recovery_are_refused() {
+        let mut a = Autoscaler::new(settings(), 0);
+        let v = view(10_000, 2, 5000);
+        let d = a.review(&plan(9, 1, 5000.0), &v);
+        assert!(
+            matches!(d, Decision::Refuse(ref w) if w.contains("autoscale.workers [1, 4]")),
+            "{d:?}"
+        );
+        let d = a.review(&plan(2, 3, 5000.0), &v);
+        assert!(
+            matches!(d, Decision::Refuse(ref w) if w.contains("autoscale.ps")),
+            "{d:?}"
+        );
+        let d = a.review(&plan(3, 1, f64::NAN), &v);
+        assert!(
+            matches!(d, Decision::Refuse(ref w) if w.contains("not a number")),
+            "{d:?}"
+        );
+        let d = a.review(&pb::PlanResponse::default(), &v);
+        assert!(
+            matches!(d, Decision::Refuse(ref w) if w.contains("no allocation")),
+            "{d:?}"
+        );
+        let mut r = v;
+        r.recovering = true;
+        let d = a.review(&plan(3, 1, 5000.0), &r);
+        assert!(
+            matches!(d, Decision::Refuse(ref w) if w.contains("recovered")),
+            "{d:?}"
+        );
+        assert!(a.status()["last_verdict"]
+            .as_str()
+            .unwrap()
+            .starts_with("refused"));
+    }
+
+    #[test]
+    fn a_failed_report_keeps_its_samples_in_order() {
+        let mut a = Autoscaler::new(settings(), 0);
+        let (mut t, mut s) = (0, 0);
+        run(&mut a, &mut t, &mut s, 1, 1000, 4);
+        let Round::Probe(report, _) = a.next_round(&view(t, 1, s)) else {
+            panic!()
+        };
+        let n = report.samples.len();
+        run(&mut a, &mut t, &mut s, 1, 1000, 2);
+        let newer = a.unreported.len();
+        a.requeue(report);
+        assert_eq!(a.unreported.len(), n + newer);
+    }
+
+    #[test]
+    fn a_ps_change_without_resharding_keeps_the_ps_count() {
+        let mut a = Autoscaler::new(
+            Settings {
+                ps: [1, 4],
+                ..settings()
+            },
+            0,
+        );
+        let v = view(10_000, 2, 5000);
+        let d = a.review(&plan(2, 3, 5000.0), &v);
+        assert!(
+            matches!(d, Decision::Keep(ref w) if w.contains("re-sharding")),
+            "{d:?}"
+        );
+        let d = a.review(&plan(3, 3, 5000.0), &v);
+        assert!(
+            matches!(
+                d,
+                Decision::Apply {
+                    workers: 3,
+                    ps: 1,
+                    ..
+                }
+            ),
+            "{d:?}"
+        );
+    }
+}

@@ -1,0 +1,371 @@
+//! The closed loop: observes the running job, feeds the autoscaler, talks to the brain and
+//! executes the decisions (worker count through the job state machine, so the change is
+//! persisted and survives a master restart). Brain trouble never stops training: the job
+//! keeps its last allocation, the error shows in `status`, and the next round tries again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use elastrec_brain::planner::BrainConfig;
+use elastrec_proto::brain as pb;
+use elastrec_worker::config::JobConfig;
+
+use crate::autoscale::{alloc_to_pb, Autoscaler, Decision, Round, Settings, View};
+use crate::brain_link::BrainLink;
+use crate::job::{Phase, Role};
+use crate::service::{monotonic_ms, MasterCore};
+
+/// Observations per second: windows close within 100 ms of their length.
+const TICK: Duration = Duration::from_millis(100);
+
+/// The policy settings of a job.
+pub fn settings(cfg: &JobConfig, brain_job_id: &str) -> Settings {
+    let a = &cfg.autoscale;
+    let host_cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    Settings {
+        job_id: brain_job_id.to_string(),
+        workers: a.workers,
+        ps: a.ps_bounds(cfg.cluster.ps),
+        interval_ms: (a.interval_s * 1000.0) as u64,
+        sample_ms: (a.sample_s * 1000.0) as u64,
+        min_gain: a.min_gain,
+        batch_size: cfg.train.batch_size as u32,
+        // The local backend does not pin cores: every node counts as one core.
+        worker_cpu: 1.0,
+        ps_cpu: 1.0,
+        worker_mem_gb: a.worker_mem_gb,
+        ps_mem_gb: ps_mem_gb(cfg),
+        cluster_cpu: if a.cluster_cpu > 0.0 {
+            a.cluster_cpu
+        } else {
+            host_cpu
+        },
+        cluster_mem_gb: if a.cluster_mem_gb > 0.0 {
+            a.cluster_mem_gb
+        } else {
+            host_mem_gb()
+        },
+        worker_start_s: a.worker_start_s,
+        ps_migration_s: a.ps_migration_s,
+        ps_scaling: false,
+    }
+}
+
+/// Memory of one PS: configured, or its share of the model state as the brain sizes it
+/// (weights and two optimizer slots, x1.25) with 20% more and 0.5 GiB for the process.
+fn ps_mem_gb(cfg: &JobConfig) -> f64 {
+    if cfg.autoscale.ps_mem_gb > 0.0 {
+        return cfg.autoscale.ps_mem_gb;
+    }
+    let rows: f64 = elastrec_worker::trainer::resolve_table_rows(cfg)
+        .iter()
+        .map(|&r| r as f64 * cfg.model.embedding_dim as f64)
+        .sum();
+    let floats = rows + dense_params(cfg) as f64;
+    let gb = floats * 4.0 * 3.0 * 1.25 * 1.2 / f64::from(cfg.cluster.ps) / (1u64 << 30) as f64;
+    gb + 0.5
+}
+
+fn dense_params(cfg: &JobConfig) -> u64 {
+    elastrec_worker::remote::dense_model(cfg)
+        .map(|d| d.num_params() as u64)
+        .unwrap_or(0)
+}
+
+fn host_mem_gb() -> f64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))?
+                .split_whitespace()
+                .nth(1)?
+                .parse::<f64>()
+                .ok()
+        })
+        .map_or(8.0, |kb| kb / (1u64 << 20) as f64)
+}
+
+/// The job as the brain sees it: tables, dense size, data, batch and bounds.
+pub fn job_spec(cfg: &JobConfig, brain_job_id: &str, samples_total: u64) -> pb::JobSpec {
+    let a = &cfg.autoscale;
+    let s = settings_bounds(cfg);
+    let dense = dense_params(cfg);
+    let ps_mem = ps_mem_gb(cfg);
+    let range = |lo: f64, hi: f64| Some(pb::Range { min: lo, max: hi });
+    pb::JobSpec {
+        job_id: brain_job_id.to_string(),
+        model_type: "dlrm".into(),
+        tables: elastrec_worker::trainer::resolve_table_rows(cfg)
+            .into_iter()
+            .map(|rows| pb::Table {
+                rows,
+                dim: cfg.model.embedding_dim as u32,
+            })
+            .collect(),
+        dense_params: dense,
+        dataset_samples: samples_total,
+        batch_size: cfg.train.batch_size as u32,
+        scenario: String::new(),
+        user: String::new(),
+        bounds: Some(pb::Bounds {
+            workers: range(f64::from(s.0[0]), f64::from(s.0[1])),
+            ps: range(f64::from(s.1[0]), f64::from(s.1[1])),
+            worker_cpu: range(1.0, 1.0),
+            ps_cpu: range(1.0, 1.0),
+            worker_mem_gb: range(a.worker_mem_gb, a.worker_mem_gb),
+            ps_mem_gb: range(ps_mem, ps_mem),
+        }),
+    }
+}
+
+fn settings_bounds(cfg: &JobConfig) -> ([u32; 2], [u32; 2]) {
+    (
+        cfg.autoscale.workers,
+        cfg.autoscale.ps_bounds(cfg.cluster.ps),
+    )
+}
+
+/// The brain's policy settings for an in-process brain of this job.
+pub fn brain_config(cfg: &JobConfig) -> BrainConfig {
+    let s = settings(cfg, "");
+    let mut b = BrainConfig::default();
+    b.capacity.cpu = s.cluster_cpu;
+    b.capacity.mem_gb = s.cluster_mem_gb;
+    b.overhead.worker_start_s = s.worker_start_s;
+    b.overhead.ps_migration_s = s.ps_migration_s;
+    b
+}
+
+/// Registers the job with the brain and returns the start-up plan's worker count, clamped
+/// into the bounds (`None` when the brain cannot be reached or answers nonsense: the job
+/// then starts with `cluster.workers`).
+pub async fn warm_start(
+    brain: &dyn BrainLink,
+    cfg: &JobConfig,
+    brain_job_id: &str,
+    samples_total: u64,
+) -> Result<pb::PlanResponse, String> {
+    let plan = brain
+        .warm_start(pb::WarmStartRequest {
+            job: Some(job_spec(cfg, brain_job_id, samples_total)),
+        })
+        .await
+        .map_err(|s| format!("{}: {}", brain.describe(), s.message()))?;
+    let a = plan
+        .allocation
+        .ok_or_else(|| format!("{}: warm-start plan without allocation", brain.describe()))?;
+    let [lo, hi] = cfg.autoscale.workers;
+    if !(lo..=hi).contains(&a.workers) {
+        return Err(format!(
+            "{}: warm-start plan of {} workers is outside autoscale.workers [{lo}, {hi}]",
+            brain.describe(),
+            a.workers
+        ));
+    }
+    Ok(plan)
+}
+
+/// Runs the loop until the job leaves training. Spawned by the master's `serve`.
+pub async fn run(
+    core: Arc<MasterCore>,
+    brain: Box<dyn BrainLink>,
+    cfg: JobConfig,
+    brain_job_id: String,
+    samples_total: u64,
+    mut registered: bool,
+) {
+    let settings = settings(&cfg, &brain_job_id);
+    let m = u64::from(settings.batch_size.max(1));
+    let mut auto = Autoscaler::new(settings, monotonic_ms());
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    eprintln!(
+        "autoscale: {} workers in [{}, {}], {} PS in [{}, {}], planning every {:.1} s with the {}",
+        cfg.cluster.workers,
+        cfg.autoscale.workers[0],
+        cfg.autoscale.workers[1],
+        cfg.cluster.ps,
+        auto.settings().ps[0],
+        auto.settings().ps[1],
+        cfg.autoscale.interval_s,
+        brain.describe()
+    );
+    loop {
+        tick.tick().await;
+        let (view, ps_nodes, phase) = {
+            let job = core.job.lock();
+            let view = View {
+                now_ms: monotonic_ms(),
+                workers: job.running_workers(),
+                target_workers: job.target_workers(),
+                ps: job.policy().num_ps,
+                steady: job.steady(),
+                recovering: job.recovering(),
+                samples_done: job.samples_done(),
+                samples_total,
+            };
+            let ps: Vec<(u32, u32)> = job
+                .nodes()
+                .filter(|n| n.role == Role::Ps && n.state.is_live())
+                .map(|n| (n.id, n.index))
+                .collect();
+            (view, ps, job.phase().clone())
+        };
+        if phase != Phase::Training {
+            *core.autoscale_status.lock() = Some(auto.status());
+            return;
+        }
+        auto.observe(&view);
+        let round = auto.next_round(&view);
+        if round != Round::Idle {
+            // PS memory readings go with the round's report (OOM prediction).
+            let profiles = core.profiles.lock().clone();
+            for (id, index) in &ps_nodes {
+                if let Some(p) = profiles.get(id) {
+                    auto.observe_memory(
+                        *index,
+                        view.samples_done / m,
+                        p.rss_bytes as f64 / (1u64 << 30) as f64,
+                    );
+                }
+            }
+        }
+        match round {
+            Round::Idle => {}
+            Round::Report(report) => {
+                report_profile(
+                    &*brain,
+                    &mut auto,
+                    report,
+                    &mut registered,
+                    &cfg,
+                    samples_total,
+                )
+                .await;
+            }
+            Round::Probe(report, d) => {
+                report_profile(
+                    &*brain,
+                    &mut auto,
+                    report,
+                    &mut registered,
+                    &cfg,
+                    samples_total,
+                )
+                .await;
+                execute(&core, &mut auto, &d, &view, "probe").await;
+            }
+            Round::Plan(report, req) => {
+                report_profile(
+                    &*brain,
+                    &mut auto,
+                    report,
+                    &mut registered,
+                    &cfg,
+                    samples_total,
+                )
+                .await;
+                match brain.plan(req).await {
+                    Ok(plan) => {
+                        let d = auto.review(&plan, &view);
+                        execute(&core, &mut auto, &d, &view, "plan").await;
+                    }
+                    Err(s) => {
+                        let msg = format!("{}: {}", brain.describe(), s.message());
+                        eprintln!(
+                            "autoscale: no plan this round ({msg}); keeping {} workers",
+                            view.workers
+                        );
+                        if s.code() == tonic::Code::NotFound {
+                            registered = false;
+                        }
+                        auto.brain_failed(msg);
+                    }
+                }
+            }
+        }
+        *core.autoscale_status.lock() = Some(auto.status());
+    }
+}
+
+/// Reports profile samples; on failure they are kept for the next round. A brain that
+/// forgot the job (restarted on an empty database) gets it registered again.
+async fn report_profile(
+    brain: &dyn BrainLink,
+    auto: &mut Autoscaler,
+    report: pb::ReportProfileRequest,
+    registered: &mut bool,
+    cfg: &JobConfig,
+    samples_total: u64,
+) {
+    if !*registered {
+        match warm_start(brain, cfg, &auto.settings().job_id, samples_total).await {
+            Ok(_) => *registered = true,
+            Err(e) => {
+                auto.brain_failed(e);
+                auto.requeue(report);
+                return;
+            }
+        }
+    }
+    if report.samples.is_empty() && report.memory.is_empty() {
+        return;
+    }
+    if let Err(s) = brain.report_profile(report.clone()).await {
+        if s.code() == tonic::Code::NotFound {
+            *registered = false;
+        }
+        auto.brain_failed(format!("{}: {}", brain.describe(), s.message()));
+        auto.requeue(report);
+    }
+}
+
+/// Executes a decision through the job state machine and records it.
+async fn execute(core: &MasterCore, auto: &mut Autoscaler, d: &Decision, v: &View, source: &str) {
+    match d {
+        Decision::Apply {
+            workers,
+            ps,
+            predicted,
+            reasons,
+        } => {
+            let target = *workers;
+            let r = core
+                .run(|job, cx| {
+                    if job.phase() != &Phase::Training {
+                        return Err("the job is no longer training".to_string());
+                    }
+                    if job.recovering() {
+                        return Err("a parameter server is being recovered".to_string());
+                    }
+                    Ok(job.scale(target, cx))
+                })
+                .await;
+            match r {
+                Ok(Ok(previous)) => {
+                    eprintln!(
+                        "autoscale: workers {previous} -> {target}, PS {} ({source}{}): {}",
+                        ps,
+                        predicted.map_or(String::new(), |t| format!(
+                            ", predicted {t:.0} samples/s vs measured {:.0}",
+                            auto.measured().unwrap_or(0.0)
+                        )),
+                        reasons.last().map_or("", String::as_str)
+                    );
+                    auto.applied(d, v, source);
+                }
+                Ok(Err(why)) => eprintln!("autoscale: not scaling: {why}"),
+                Err(s) => eprintln!("autoscale: not scaling: master state: {}", s.message()),
+            }
+        }
+        Decision::Keep(why) => tracing::debug!(%why, "autoscale: keep"),
+        Decision::Refuse(why) => eprintln!("autoscale: plan refused: {why}"),
+    }
+}
+
+/// The wire allocation of `workers` x `ps` with this job's node sizes (for tests and
+/// tools).
+pub fn allocation(cfg: &JobConfig, workers: u32, ps: u32) -> pb::Allocation {
+    alloc_to_pb(&settings(cfg, "").allocation(workers, ps))
+}

@@ -1,0 +1,211 @@
+//! The `[autoscale]` section of a job file: bounds and settings of the closed loop in which
+//! the job master profiles the job, asks the brain for a plan and executes it. Read by
+//! `elastrec run`, ignored by `elastrec train`; unknown keys are errors naming the key.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ConfigError, JobConfig};
+
+/// The `[autoscale]` section.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AutoscaleConfig {
+    /// Let the master change the job's resources by itself (default false: the job keeps
+    /// `cluster.workers` / `cluster.ps` unless a person runs `elastrec scale`).
+    pub enabled: bool,
+    /// Smallest and largest number of workers the master may run.
+    pub workers: [u32; 2],
+    /// Smallest and largest number of parameter servers (default: `cluster.ps` for both,
+    /// i.e. a fixed PS count).
+    pub ps: [u32; 2],
+    /// Seconds between two plans.
+    pub interval_s: f64,
+    /// Length of one profile window, seconds: a window at a steady allocation becomes one
+    /// profile sample (allocation, iteration time) of the throughput model.
+    pub sample_s: f64,
+    /// Where the brain is: empty for the in-process brain (no server to start; its
+    /// database is `brain_db`), or `http://HOST:PORT` of an `elastrec brain` service
+    /// (token from `ELASTREC_BRAIN_TOKEN`).
+    pub brain: String,
+    /// Database of the in-process brain: empty for SQLite at `<output.dir>/brain.db`, or a
+    /// `sqlite://` / `postgres://` URL (a database shared by jobs lets warm start learn
+    /// from earlier jobs).
+    pub brain_db: String,
+    /// Start from the brain's warm-start plan (Algorithm 1 over similar past jobs) instead
+    /// of `cluster.workers`.
+    pub warm_start: bool,
+    /// A plan is executed only when it changes the predicted throughput by at least this
+    /// fraction of the measured one (hysteresis against flapping).
+    pub min_gain: f64,
+    /// CPU cores the job may use in all (0: this machine's cores).
+    pub cluster_cpu: f64,
+    /// Memory the job may use in all, GiB (0: this machine's memory).
+    pub cluster_mem_gb: f64,
+    /// Memory limit of one worker and of one PS, GiB (0 for the PS: the model state it
+    /// holds with headroom).
+    pub worker_mem_gb: f64,
+    /// See `worker_mem_gb`.
+    pub ps_mem_gb: f64,
+    /// Seconds a new worker needs before it trains (the scaling overhead of Eq. 8).
+    pub worker_start_s: f64,
+    /// Seconds a change of the PS set pauses training (Eq. 8).
+    pub ps_migration_s: f64,
+}
+
+impl Default for AutoscaleConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            workers: [1, 8],
+            ps: [0, 0],
+            interval_s: 5.0,
+            sample_s: 1.0,
+            brain: String::new(),
+            brain_db: String::new(),
+            warm_start: false,
+            min_gain: 0.05,
+            cluster_cpu: 0.0,
+            cluster_mem_gb: 0.0,
+            worker_mem_gb: 2.0,
+            ps_mem_gb: 0.0,
+            worker_start_s: 2.0,
+            ps_migration_s: 1.0,
+        }
+    }
+}
+
+impl AutoscaleConfig {
+    /// PS bounds with the default (`[0, 0]`: the job's fixed `cluster.ps`) resolved.
+    pub fn ps_bounds(&self, cluster_ps: u32) -> [u32; 2] {
+        if self.ps == [0, 0] {
+            [cluster_ps, cluster_ps]
+        } else {
+            self.ps
+        }
+    }
+}
+
+/// Range checks of `[autoscale]` (part of [`JobConfig::validate`]).
+pub(crate) fn validate_autoscale(job: &JobConfig, path: &Path) -> Result<(), ConfigError> {
+    let bad = |field: &'static str, reason: String| ConfigError::Invalid {
+        path: path.to_path_buf(),
+        field,
+        reason,
+    };
+    let a = &job.autoscale;
+    let [wmin, wmax] = a.workers;
+    if wmin == 0 || wmin > wmax || wmax > 256 {
+        return Err(bad(
+            "autoscale.workers",
+            format!("[{wmin}, {wmax}] must satisfy 1 <= min <= max <= 256"),
+        ));
+    }
+    let [pmin, pmax] = a.ps_bounds(job.cluster.ps);
+    if pmin == 0 || pmin > pmax || pmax > 64 {
+        return Err(bad(
+            "autoscale.ps",
+            format!("[{pmin}, {pmax}] must satisfy 1 <= min <= max <= 64"),
+        ));
+    }
+    if a.enabled && !a.warm_start && !(wmin..=wmax).contains(&job.cluster.workers) {
+        return Err(bad(
+            "cluster.workers",
+            format!(
+                "{} is outside autoscale.workers [{wmin}, {wmax}]",
+                job.cluster.workers
+            ),
+        ));
+    }
+    if a.enabled && !(pmin..=pmax).contains(&job.cluster.ps) {
+        return Err(bad(
+            "cluster.ps",
+            format!(
+                "{} is outside autoscale.ps [{pmin}, {pmax}]",
+                job.cluster.ps
+            ),
+        ));
+    }
+    let positive = |v: f64| v.is_finite() && v > 0.0;
+    let non_negative = |v: f64| v.is_finite() && v >= 0.0;
+    for (field, v) in [
+        ("autoscale.interval_s", a.interval_s),
+        ("autoscale.sample_s", a.sample_s),
+        ("autoscale.worker_mem_gb", a.worker_mem_gb),
+    ] {
+        if !positive(v) {
+            return Err(bad(field, format!("must be a positive number, got {v}")));
+        }
+    }
+    for (field, v) in [
+        ("autoscale.min_gain", a.min_gain),
+        ("autoscale.cluster_cpu", a.cluster_cpu),
+        ("autoscale.cluster_mem_gb", a.cluster_mem_gb),
+        ("autoscale.ps_mem_gb", a.ps_mem_gb),
+        ("autoscale.worker_start_s", a.worker_start_s),
+        ("autoscale.ps_migration_s", a.ps_migration_s),
+    ] {
+        if !non_negative(v) {
+            return Err(bad(field, format!("must be a number >= 0, got {v}")));
+        }
+    }
+    if a.sample_s > a.interval_s {
+        return Err(bad(
+            "autoscale.sample_s",
+            format!(
+                "{} is longer than autoscale.interval_s ({})",
+                a.sample_s, a.interval_s
+            ),
+        ));
+    }
+    let is_url = a.brain.starts_with("http://") || a.brain.starts_with("https://");
+    if !(a.brain.is_empty() || is_url) {
+        return Err(bad(
+            "autoscale.brain",
+            format!(
+                "`{}` must be empty (in-process brain) or http://HOST:PORT",
+                a.brain
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(extra: &str) -> Result<JobConfig, ConfigError> {
+        JobConfig::from_toml(extra, Path::new("job.toml"))
+    }
+
+    #[test]
+    fn defaults_are_off_with_the_fixed_ps_count() {
+        let j = job("").unwrap();
+        assert!(!j.autoscale.enabled);
+        assert_eq!(j.autoscale.ps_bounds(j.cluster.ps), [j.cluster.ps; 2]);
+    }
+
+    #[test]
+    fn bad_bounds_and_urls_name_the_field() {
+        let e = job("[autoscale]\nworkers = [3, 2]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("autoscale.workers"), "{e}");
+        let e = job("[autoscale]\nenabled = true\nworkers = [2, 4]\n[cluster]\nworkers = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cluster.workers") && e.contains("[2, 4]"), "{e}");
+        let e = job("[autoscale]\nbrain = \"brain:50070\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("autoscale.brain"), "{e}");
+        let e = job("[autoscale]\ninterval_s = -1.0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("autoscale.interval_s"), "{e}");
+        let e = job("[autoscale]\nbounds = 1\n").unwrap_err().to_string();
+        assert!(e.contains("bounds"), "{e}");
+    }
+}
