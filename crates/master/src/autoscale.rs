@@ -15,6 +15,9 @@ use elastrec_brain::Allocation;
 use elastrec_proto::brain as pb;
 use serde::{Deserialize, Serialize};
 
+/// Profile samples (and memory readings) kept while the brain cannot be reached.
+pub const MAX_UNREPORTED: usize = 5_000;
+
 /// Settings of the policy (from `[autoscale]` and the job).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
@@ -330,6 +333,20 @@ impl Autoscaler {
         let mut memory = report.memory;
         memory.append(&mut self.memory);
         self.memory = memory;
+        // A brain down for hours must not grow the master without bound: the newest
+        // readings describe the job best.
+        if self.unreported.len() > MAX_UNREPORTED {
+            self.unreported
+                .drain(..self.unreported.len() - MAX_UNREPORTED);
+        }
+        if self.memory.len() > MAX_UNREPORTED {
+            self.memory.drain(..self.memory.len() - MAX_UNREPORTED);
+        }
+    }
+
+    /// The brain answered again.
+    pub fn brain_ok(&mut self) {
+        self.brain_error = None;
     }
 
     /// The brain could not be reached or refused: the job keeps its allocation.

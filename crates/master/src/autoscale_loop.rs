@@ -312,12 +312,17 @@ async fn report_profile(
     if report.samples.is_empty() && report.memory.is_empty() {
         return;
     }
-    if let Err(s) = brain.report_profile(report.clone()).await {
-        if s.code() == tonic::Code::NotFound {
-            *registered = false;
+    match brain.report_profile(report.clone()).await {
+        Ok(_) => auto.brain_ok(),
+        Err(s) => {
+            if s.code() == tonic::Code::NotFound {
+                *registered = false;
+            }
+            let msg = format!("{}: {}", brain.describe(), s.message());
+            eprintln!("autoscale: profile not reported ({msg}); kept for the next round");
+            auto.brain_failed(msg);
+            auto.requeue(report);
         }
-        auto.brain_failed(format!("{}: {}", brain.describe(), s.message()));
-        auto.requeue(report);
     }
 }
 

@@ -1,0 +1,203 @@
+//! End-to-end tests of the closed loop (`[autoscale]`): real master, PS and worker
+//! processes, the in-process brain or a real `elastrec brain` service. Workers are made
+//! the bottleneck with the fail point `ELASTREC_FAIL_SLOW_WORKER=*:MS` (every batch takes
+//! MS longer), which also bounds how fast a run can be, so the states waited for below
+//! cannot be skipped.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Each batch of every worker sleeps this long: one worker trains at most
+/// 256 / 0.04 = 6,400 samples/s, so 120,000 samples take at least 19 s pinned at 1 worker.
+const SLOW: &str = "*:40";
+
+fn autoscale_section(extra: &str) -> String {
+    format!(
+        r#"
+[cluster]
+ps = 1
+workers = 1
+warmup_steps = 20
+[checkpoint]
+enabled = false
+[autoscale]
+enabled = true
+interval_s = 1.0
+sample_s = 0.5
+cluster_cpu = 16
+{extra}
+"#
+    )
+}
+
+fn run_job(job: &Path, log: &Path, env: &[(&str, &str)]) -> Group {
+    Group::spawn_with_env(&["run", job.to_str().unwrap()], log, env)
+}
+
+/// A job started at 1 worker / 1 PS on a workload whose workers are the bottleneck scales
+/// up by itself (a probe, then the brain's fitted plan) and finishes faster than the same
+/// job pinned at 1 worker; the ledger stays exact and the model as good.
+#[test]
+fn a_job_that_needs_more_workers_scales_up_by_itself_and_beats_the_pinned_job() {
+    let _g = serial();
+    let (pinned_job, pinned_dir) = write_job(
+        "pinned",
+        "[cluster]\nps = 1\nworkers = 1\nwarmup_steps = 20\n[checkpoint]\nenabled = false\n",
+    );
+    let (auto_job, auto_dir) = write_job("autoscaled", &autoscale_section("workers = [1, 4]"));
+    let (pinned_log, auto_log) = (
+        pinned_dir.with_extension("log"),
+        auto_dir.with_extension("log"),
+    );
+    // Side by side: both see the same machine load.
+    let mut pinned = run_job(
+        &pinned_job,
+        &pinned_log,
+        &[("ELASTREC_FAIL_SLOW_WORKER", SLOW)],
+    );
+    let mut auto = run_job(&auto_job, &auto_log, &[("ELASTREC_FAIL_SLOW_WORKER", SLOW)]);
+    assert!(
+        auto.wait(Duration::from_secs(300)).success(),
+        "{}",
+        std::fs::read_to_string(&auto_log).unwrap()
+    );
+    assert!(
+        pinned.wait(Duration::from_secs(300)).success(),
+        "{}",
+        std::fs::read_to_string(&pinned_log).unwrap()
+    );
+    check_result(&auto_dir, &auto_log, 0.005);
+    check_result(&pinned_dir, &pinned_log, 0.005);
+    let (r_auto, r_pinned) = (result(&auto_dir), result(&pinned_dir));
+    let scaling = r_auto["autoscale"]["scaling"].as_array().unwrap().clone();
+    let log = std::fs::read_to_string(&auto_log).unwrap();
+    assert!(!scaling.is_empty(), "no scaling action\n{log}");
+    assert_eq!(scaling[0]["source"], "probe", "{scaling:?}");
+    let last = scaling.last().unwrap();
+    let top = last["after"][0].as_u64().unwrap();
+    assert!(top > 1, "{scaling:?}");
+    assert!(
+        scaling.iter().any(|r| r["source"] == "plan"),
+        "the brain's fitted plan was never executed: {scaling:?}\n{log}"
+    );
+    // The plan's reasons carry the fitted model and its held-out error.
+    let plan = &r_auto["autoscale"]["last_plan"];
+    assert!(plan["fit_mape_percent"].as_f64().is_some(), "{plan}");
+    let (t_auto, t_pinned) = (
+        r_auto["wall_s"].as_f64().unwrap(),
+        r_pinned["wall_s"].as_f64().unwrap(),
+    );
+    eprintln!(
+        "job completion time: autoscaled {t_auto:.1} s (up to {top} workers), pinned at 1 worker {t_pinned:.1} s; scaling: {}",
+        serde_json::to_string(&scaling).unwrap()
+    );
+    assert!(
+        t_auto < t_pinned,
+        "autoscaled {t_auto:.1} s is not faster than pinned {t_pinned:.1} s"
+    );
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+const BRAIN_TOKEN: &str = "autoscale-test-brain-token";
+
+/// Starts `elastrec brain` on `port` with a SQLite file and waits until it has opened its
+/// database (it prints its metrics address right after).
+fn start_brain(port: u16, db: &Path, log: &Path) -> Child {
+    let f = std::fs::File::create(log).unwrap();
+    let child = Command::new(exe())
+        .args([
+            "brain",
+            "--db",
+            &format!("sqlite://{}?mode=rwc", db.display()),
+        ])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("ELASTREC_BRAIN_TOKEN", BRAIN_TOKEN)
+        .stdout(f.try_clone().unwrap())
+        .stderr(f)
+        .spawn()
+        .unwrap();
+    wait_for(Duration::from_secs(60), || {
+        std::fs::read_to_string(log).is_ok_and(|t| t.contains("brain metrics on"))
+    });
+    child
+}
+
+/// The brain service is killed mid-job: the job keeps training on its last plan (status
+/// shows the brain error), and once the service is back (same address and database) the
+/// job reports to it again and finishes with an exact ledger.
+#[test]
+fn a_job_keeps_training_while_its_brain_service_is_down_and_reconnects() {
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let db = tmp.path().join("brain.db");
+    let brain_log = tmp.path().join("brain.log");
+    let mut brain = start_brain(port, &db, &brain_log);
+    let (job, dir) = write_job(
+        "brain-down",
+        &autoscale_section(&format!(
+            "workers = [1, 2]\nbrain = \"http://127.0.0.1:{port}\""
+        )),
+    );
+    let log = dir.with_extension("log");
+    let total = 2 * fixture().train_rows;
+    let mut run = Group::spawn_with_env(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--pause-at-samples",
+            &(total / 3).to_string(),
+        ],
+        &log,
+        &[
+            ("ELASTREC_FAIL_SLOW_WORKER", SLOW),
+            ("ELASTREC_BRAIN_TOKEN", BRAIN_TOKEN),
+        ],
+    );
+    let s = wait_held(&dir);
+    // 40,000 samples at >= 40 ms a batch: seconds of planning rounds with the brain up.
+    assert!(s["autoscale"]["profile_samples"].as_u64() > Some(0), "{s}");
+    assert!(s["autoscale"]["brain_error"].is_null(), "{s}");
+    brain.kill().unwrap();
+    brain.wait().unwrap();
+    // Moving the pause point further lets the job go on until it reaches it.
+    pause_at(&dir, 2 * total / 3);
+    let s = wait_held(&dir);
+    assert_eq!(s["phase"], "training", "{s}");
+    assert!(
+        s["autoscale"]["brain_error"].as_str().is_some(),
+        "the brain is down, but status shows no brain error: {s}"
+    );
+    let samples_down = s["samples_done"].as_u64().unwrap();
+    assert!(samples_down >= 2 * total / 3, "{s}");
+    let mut brain = start_brain(port, &db, &tmp.path().join("brain2.log"));
+    let t0 = Instant::now();
+    unpause(&dir);
+    assert!(
+        run.wait(Duration::from_secs(300)).success(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    let _ = brain.kill();
+    let _ = brain.wait();
+    check_result(&dir, &log, 0.005);
+    let r = result(&dir);
+    assert!(
+        r["autoscale"]["brain_error"].is_null(),
+        "the job never reached the restarted brain ({:.1} s after its restart): {}",
+        t0.elapsed().as_secs_f64(),
+        r["autoscale"]
+    );
+}
