@@ -366,3 +366,29 @@ fn a_corrupt_token_file_is_named_not_a_panic() {
         );
     }
 }
+
+/// Every job file in `examples/` is valid (typos in a key or a range fail here, not in a
+/// user's first run).
+#[test]
+fn every_example_job_file_is_valid() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let mut seen = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "toml") {
+            let out = elastrec(&["train", "--print-config", p.to_str().unwrap()]);
+            assert!(
+                out.status.success(),
+                "{}: {}",
+                p.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            seen += 1;
+        }
+    }
+    assert!(
+        seen >= 3,
+        "found {seen} example job files in {}",
+        dir.display()
+    );
+}

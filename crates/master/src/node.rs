@@ -91,6 +91,22 @@ pub struct JobResult {
     /// The autoscaler: bounds, last plan and every scaling action (when enabled).
     #[serde(default)]
     pub autoscale: Option<serde_json::Value>,
+    /// What the job used (this master's lifetime).
+    #[serde(default)]
+    pub resources: Resources,
+}
+
+/// Resources a job used: node-seconds (the time each node process was live, summed; on
+/// the local backend every node is allotted one core, so these are the allotted
+/// core-seconds) and the CPU time the processes reported.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct Resources {
+    /// Worker processes' live seconds, summed.
+    pub worker_node_s: f64,
+    /// Parameter servers' live seconds, summed.
+    pub ps_node_s: f64,
+    /// CPU seconds (user + system) of every node process, from their last heartbeats.
+    pub cpu_s: f64,
 }
 
 /// What the autoscaling loop of a job starts with.
@@ -640,6 +656,8 @@ async fn serve(
 
     let t0 = Instant::now();
     let mut last_print = Instant::now();
+    let mut used = Resources::default();
+    let mut last_tick = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
@@ -671,6 +689,17 @@ async fn serve(
                 core.backend().stop(&n);
             }
             bail!("{how}");
+        }
+        {
+            let dt = last_tick.elapsed().as_secs_f64();
+            last_tick = Instant::now();
+            let job = core.job.lock();
+            for n in job.nodes().filter(|n| n.state.is_live()) {
+                match n.role {
+                    Role::Worker => used.worker_node_s += dt,
+                    Role::Ps => used.ps_node_s += dt,
+                }
+            }
         }
         let exited = core.backend().exited();
         let failed = core.take_failed_launches();
@@ -801,6 +830,10 @@ async fn serve(
                 .count() as u32,
             checkpoint: core.checkpoints().map(|c| c.report(total.consumed)),
             autoscale: core.autoscale_status.lock().clone(),
+            resources: Resources {
+                cpu_s: core.profiles.lock().values().map(|p| p.cpu_s).sum(),
+                ..used
+            },
         }
     };
     if let Some(c) = core.checkpoints() {
