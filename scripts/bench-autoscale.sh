@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Autoscaling benchmark: the same job static under-provisioned (1 worker), static
-# over-provisioned (4 workers), autoscaled from 1 worker with an empty brain database
+# over-provisioned (OVER workers, default 8), autoscaled from 1 worker with an empty brain database
 # (cold), and autoscaled again with the brain's history of the cold run (warm start).
 # Prints job completion time, node-seconds and CPU seconds of each, and the fitted
 # model's held-out MAPE on the job's own profile.
@@ -10,7 +10,7 @@
 # hook). Without it, on a 2-core machine every extra worker only competes for the same
 # cores, and the brain rightly keeps one.
 #
-# usage: scripts/bench-autoscale.sh [OUT_DIR]   (env: ELASTREC_BIN, BATCH_MS, ROWS, EPOCHS)
+# usage: scripts/bench-autoscale.sh [OUT_DIR]   (env: ELASTREC_BIN, BATCH_MS, ROWS, EPOCHS, OVER)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-target/bench-autoscale}"
@@ -19,7 +19,8 @@ if [ -z "$bin" ]; then
     cargo build --release -p elastrec-cli
     bin="${CARGO_TARGET_DIR:-target}/release/elastrec"
 fi
-batch_ms="${BATCH_MS:-40}"
+batch_ms="${BATCH_MS:-20}"
+over="${OVER:-8}"
 rows="${ROWS:-180000}"
 epochs="${EPOCHS:-2}"
 mkdir -p "$out"
@@ -51,7 +52,7 @@ TOML
 }
 auto="[autoscale]
 enabled = true
-workers = [1, 4]
+workers = [1, $over]
 interval_s = 1.0
 sample_s = 0.5
 cluster_cpu = 16
@@ -60,9 +61,9 @@ job static-1 "[cluster]
 ps = 1
 workers = 1
 warmup_steps = 20"
-job static-4 "[cluster]
+job static-over "[cluster]
 ps = 1
-workers = 4
+workers = $over
 warmup_steps = 20"
 job auto-cold "[cluster]
 ps = 1
@@ -76,8 +77,8 @@ warmup_steps = 20
 $auto
 warm_start = true"
 
-rm -rf "$out"/static-1 "$out"/static-4 "$out"/auto-cold "$out"/auto-warm "$out/brain.db"
-for name in static-1 static-4 auto-cold auto-warm; do
+rm -rf "$out"/static-1 "$out"/static-over "$out"/auto-cold "$out"/auto-warm "$out/brain.db"
+for name in static-1 static-over auto-cold auto-warm; do
     echo "running $name (load before: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
     ELASTREC_FAIL_SLOW_WORKER="*:$batch_ms" "$bin" run "$out/$name.toml" > "$out/$name.log" 2>&1
 done
@@ -86,7 +87,7 @@ python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]
 rows = []
-for name in ["static-1", "static-4", "auto-cold", "auto-warm"]:
+for name in ["static-1", "static-over", "auto-cold", "auto-warm"]:
     r = json.load(open(f"{out}/{name}/result.json"))
     a = r.get("autoscale") or {}
     res = r["resources"]

@@ -216,6 +216,7 @@ pub async fn run(
             *core.autoscale_status.lock() = Some(auto.status());
             return;
         }
+        enforce_memory_limits(&core, auto.settings());
         auto.observe(&view);
         let round = auto.next_round(&view);
         if round != Round::Idle {
@@ -286,6 +287,34 @@ pub async fn run(
             }
         }
         *core.autoscale_status.lock() = Some(auto.status());
+    }
+}
+
+/// Stops every live node whose resident memory is above its role's limit. The stop is
+/// an exit like any other: a worker is replaced, a PS recovered from its checkpoint (or the
+/// job fails naming it when checkpoints are off).
+fn enforce_memory_limits(core: &MasterCore, settings: &Settings) {
+    let profiles = core.profiles.lock().clone();
+    let over: Vec<(crate::job::Node, String)> = {
+        let job = core.job.lock();
+        job.nodes()
+            .filter(|n| n.state.is_live())
+            .filter_map(|n| {
+                let p = profiles.get(&n.id)?;
+                let why =
+                    crate::autoscale::memory_verdict(settings, n.role == Role::Ps, p.rss_bytes)?;
+                Some((n.clone(), why))
+            })
+            .collect()
+    };
+    for (n, why) in over {
+        eprintln!(
+            "autoscale: stopping node {} ({:?} {}): {why}",
+            n.id, n.role, n.index
+        );
+        // Not again for the same reading: the next heartbeat of a live node replaces it.
+        core.profiles.lock().remove(&n.id);
+        core.backend().stop(&n);
     }
 }
 
