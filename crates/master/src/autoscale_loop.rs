@@ -180,9 +180,10 @@ pub async fn run(
     let mut auto = Autoscaler::new(settings, monotonic_ms());
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let workers = core.job.lock().target_workers();
     eprintln!(
         "autoscale: {} workers in [{}, {}], {} PS in [{}, {}], planning every {:.1} s with the {}",
-        cfg.cluster.workers,
+        workers,
         cfg.autoscale.workers[0],
         cfg.autoscale.workers[1],
         cfg.cluster.ps,

@@ -825,6 +825,8 @@ impl Job {
         let Some(n) = self.nodes.get(&id) else { return };
         match n.state {
             NodeState::Stopping => self.leave(id, cx),
+            // After the job finished, nodes are told to stop and exit: that is no death.
+            s if s.is_live() && self.phase == Phase::Finished => self.leave(id, cx),
             s if s.is_live() => self.declare_dead(id, "process exited".into(), cx),
             _ => {}
         }
