@@ -53,6 +53,25 @@ pub fn dense_model(job: &JobConfig) -> anyhow::Result<DenseDlrm> {
     Ok(DenseDlrm::new(crate::step::dense_config(&job.model))?)
 }
 
+/// What the master tells a node that registers.
+#[derive(Debug)]
+pub struct Registration {
+    /// The job.
+    pub job: JobConfig,
+    /// PS addresses by index (empty until every PS registered, when not waited for).
+    pub ps_addrs: Vec<String>,
+    /// Heartbeat interval, ms.
+    pub heartbeat_ms: u64,
+    /// PS: the checkpoint to load before serving.
+    pub restore: Option<RestorePlan>,
+    /// Version of the PS layout `ps_addrs` belongs to (0: the job's first one).
+    pub layout_version: u64,
+    /// PS count of that layout (0: `cluster.ps` of the job).
+    pub num_ps: u32,
+    /// PS: this server joins a re-sharding in progress (starts empty, receives its rows).
+    pub joining: bool,
+}
+
 /// Registers a node (serving PS RPCs on `addr` and metrics on `metrics_addr`, either
 /// empty when not bound yet) with the master, retrying while it is unreachable. Returns the job,
 /// the PS addresses (waiting until every PS is up when `need_ps`), the heartbeat interval
@@ -65,6 +84,19 @@ pub async fn register(
     metrics_addr: &str,
     need_ps: bool,
 ) -> anyhow::Result<(JobConfig, Vec<String>, u64, Option<RestorePlan>)> {
+    let r = register_node(master, role, node_id, addr, metrics_addr, need_ps).await?;
+    Ok((r.job, r.ps_addrs, r.heartbeat_ms, r.restore))
+}
+
+/// [`register`], with everything the master answers (the PS layout included).
+pub async fn register_node(
+    master: &mut Master,
+    role: Role,
+    node_id: u32,
+    addr: &str,
+    metrics_addr: &str,
+    need_ps: bool,
+) -> anyhow::Result<Registration> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let r = master
@@ -82,7 +114,15 @@ pub async fn register(
                 let r = r.into_inner();
                 if !need_ps || !r.ps_addrs.is_empty() {
                     let job = JobConfig::from_toml(&r.job_toml, Path::new("<master>"))?;
-                    return Ok((job, r.ps_addrs, r.heartbeat_ms as u64, r.restore));
+                    return Ok(Registration {
+                        job,
+                        ps_addrs: r.ps_addrs,
+                        heartbeat_ms: r.heartbeat_ms as u64,
+                        restore: r.restore,
+                        layout_version: r.layout_version,
+                        num_ps: r.num_ps,
+                        joining: r.joining,
+                    });
                 }
             }
             Err(s) if is_transient(&s) => {}
@@ -390,6 +430,7 @@ impl RemoteModel {
                     tables: tables.clone(),
                     rows: rows.clone(),
                     want_dense,
+                    layout_version: 0,
                 };
                 async move { c.pull(req).await }
             });
@@ -480,6 +521,8 @@ impl RemoteModel {
                     contributors,
                     batch: Some(batch),
                     samples,
+                    layout_version: 0,
+                    dense_spans: vec![],
                 };
                 async move { c.push(req).await }
             });
