@@ -70,6 +70,23 @@ impl EmbeddingStore {
         })
     }
 
+    /// Shard `shard` of every table with every float zero (see [`TableShard::new_zeroed`]):
+    /// the rows are expected to be imported.
+    pub fn new_shard_zeroed(config: EmbeddingConfig, shard: ShardSpec) -> Result<Self> {
+        config.validate()?;
+        let tables = config
+            .rows
+            .iter()
+            .enumerate()
+            .map(|(t, &rows)| TableShard::new_zeroed(t, rows, config.dim, config.optimizer, shard))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            config,
+            shard,
+            tables,
+        })
+    }
+
     /// The validated configuration.
     pub fn config(&self) -> &EmbeddingConfig {
         &self.config

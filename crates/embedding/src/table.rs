@@ -63,6 +63,22 @@ impl TableShard {
         seed: u64,
         shard: ShardSpec,
     ) -> Result<Self> {
+        let mut me = Self::new_zeroed(table, rows, dim, optimizer, shard)?;
+        me.reinitialize(seed);
+        Ok(me)
+    }
+
+    /// Like [`TableShard::new`] but every float is zero instead of its seeded value: for a
+    /// shard whose rows are all about to be imported (a parameter server receiving its rows
+    /// when the servers are re-sharded). The zeroed arena comes from the allocator's
+    /// zeroed pages, so it costs no time until rows are written.
+    pub fn new_zeroed(
+        table: usize,
+        rows: u64,
+        dim: usize,
+        optimizer: SparseOptimizerConfig,
+        shard: ShardSpec,
+    ) -> Result<Self> {
         if dim == 0 {
             return Err(EmbeddingError::ZeroDim);
         }
@@ -81,7 +97,7 @@ impl TableShard {
         }
         let local_rows = local as usize;
         let stride = dim + optimizer.state_len();
-        let mut me = Self {
+        Ok(Self {
             table,
             rows,
             shard,
@@ -92,9 +108,7 @@ impl TableShard {
             optimizer,
             data: vec![0.0; local_rows * stride],
             counters: None,
-        };
-        me.reinitialize(seed);
-        Ok(me)
+        })
     }
 
     /// Resets every row to its seeded initial value and state.

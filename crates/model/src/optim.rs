@@ -21,6 +21,18 @@ pub trait DenseOptimizer: Send {
     /// Mutable state buffers (for restores), same order as [`DenseOptimizer::state`].
     fn state_mut(&mut self) -> Vec<&mut [f32]>;
 
+    /// Updates only the parameters `[offset, offset + grads.len())` of the slice (`params`
+    /// is the whole slice the optimizer was built for) and their state, without advancing
+    /// the step count: Adam's bias correction uses the current count (at least 1). This
+    /// finishes a step whose other parameters were updated elsewhere: after a parameter
+    /// server re-sharding, the part of a push that the old servers refused reaches the new
+    /// owners of its parameters, whose step count (the largest of the old servers') already
+    /// includes the step.
+    ///
+    /// # Panics
+    /// If the range is not inside the slice.
+    fn step_range(&mut self, params: &mut [f32], grads: &[f32], offset: usize);
+
     /// Steps taken, for optimizers whose update depends on it (Adam's bias correction);
     /// checkpoints carry it beside [`DenseOptimizer::state`].
     fn steps(&self) -> u64 {
@@ -114,8 +126,8 @@ impl Sgd {
     }
 }
 
-impl DenseOptimizer for Sgd {
-    fn step(&mut self, params: &mut [f32], grads: &[f32]) {
+impl Sgd {
+    fn update(&self, params: &mut [f32], grads: &[f32]) {
         assert_eq!(params.len(), grads.len());
         let lr = self.lr;
         params
@@ -126,6 +138,16 @@ impl DenseOptimizer for Sgd {
                     *p -= lr * g;
                 }
             });
+    }
+}
+
+impl DenseOptimizer for Sgd {
+    fn step(&mut self, params: &mut [f32], grads: &[f32]) {
+        self.update(params, grads);
+    }
+
+    fn step_range(&mut self, params: &mut [f32], grads: &[f32], offset: usize) {
+        self.update(&mut params[offset..offset + grads.len()], grads);
     }
 
     fn state(&self) -> Vec<&[f32]> {
@@ -159,21 +181,33 @@ impl Adagrad {
     }
 }
 
-impl DenseOptimizer for Adagrad {
-    fn step(&mut self, params: &mut [f32], grads: &[f32]) {
+impl Adagrad {
+    /// Updates `params` (`[offset, offset + len)` of the slice) with their accumulators.
+    fn update(&mut self, params: &mut [f32], grads: &[f32], offset: usize) {
         assert_eq!(params.len(), grads.len());
-        assert_eq!(params.len(), self.accum.len());
         let (lr, eps) = (self.lr, self.eps);
+        let accum = &mut self.accum[offset..offset + params.len()];
         params
             .par_chunks_mut(CHUNK)
             .zip(grads.par_chunks(CHUNK))
-            .zip(self.accum.par_chunks_mut(CHUNK))
+            .zip(accum.par_chunks_mut(CHUNK))
             .for_each(|((p, g), a)| {
                 for ((p, &g), a) in p.iter_mut().zip(g).zip(a.iter_mut()) {
                     *a += g * g;
                     *p -= lr * g / (a.sqrt() + eps);
                 }
             });
+    }
+}
+
+impl DenseOptimizer for Adagrad {
+    fn step(&mut self, params: &mut [f32], grads: &[f32]) {
+        assert_eq!(params.len(), self.accum.len());
+        self.update(params, grads, 0);
+    }
+
+    fn step_range(&mut self, params: &mut [f32], grads: &[f32], offset: usize) {
+        self.update(&mut params[offset..offset + grads.len()], grads, offset);
     }
 
     fn state(&self) -> Vec<&[f32]> {
@@ -219,21 +253,22 @@ impl Adam {
     }
 }
 
-impl DenseOptimizer for Adam {
-    fn step(&mut self, params: &mut [f32], grads: &[f32]) {
+impl Adam {
+    /// Updates `params` (`[offset, offset + len)` of the slice) with their moments, bias
+    /// corrected for step `t`.
+    fn update(&mut self, params: &mut [f32], grads: &[f32], offset: usize, t: u64) {
         assert_eq!(params.len(), grads.len());
-        assert_eq!(params.len(), self.m.len());
-        self.t += 1;
         let (b1, b2, eps) = (self.beta1, self.beta2, self.eps);
-        let bc1 = 1.0 - (b1 as f64).powi(self.t as i32);
-        let bc2 = 1.0 - (b2 as f64).powi(self.t as i32);
+        let bc1 = 1.0 - (b1 as f64).powi(t as i32);
+        let bc2 = 1.0 - (b2 as f64).powi(t as i32);
         let step_size = (self.lr as f64 / bc1) as f32;
         let inv_sqrt_bc2 = (1.0 / bc2.sqrt()) as f32;
+        let range = offset..offset + params.len();
         params
             .par_chunks_mut(CHUNK)
             .zip(grads.par_chunks(CHUNK))
-            .zip(self.m.par_chunks_mut(CHUNK))
-            .zip(self.v.par_chunks_mut(CHUNK))
+            .zip(self.m[range.clone()].par_chunks_mut(CHUNK))
+            .zip(self.v[range].par_chunks_mut(CHUNK))
             .for_each(|(((p, g), m), v)| {
                 for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
                     *m = b1 * *m + (1.0 - b1) * g;
@@ -242,6 +277,19 @@ impl DenseOptimizer for Adam {
                     *p -= step_size * *m / denom;
                 }
             });
+    }
+}
+
+impl DenseOptimizer for Adam {
+    fn step(&mut self, params: &mut [f32], grads: &[f32]) {
+        assert_eq!(params.len(), self.m.len());
+        self.t += 1;
+        self.update(params, grads, 0, self.t);
+    }
+
+    fn step_range(&mut self, params: &mut [f32], grads: &[f32], offset: usize) {
+        let t = self.t.max(1);
+        self.update(&mut params[offset..offset + grads.len()], grads, offset, t);
     }
 
     fn state(&self) -> Vec<&[f32]> {
@@ -258,5 +306,60 @@ impl DenseOptimizer for Adam {
 
     fn set_steps(&mut self, steps: u64) {
         self.t = steps;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A step split into two ranges (the second applied with `step_range`, the count
+    /// already advanced by the first) equals one whole step, for every optimizer.
+    #[test]
+    fn a_step_split_into_ranges_equals_the_whole_step() {
+        let configs = [
+            DenseOptimizerConfig::Sgd { lr: 0.1 },
+            DenseOptimizerConfig::Adagrad {
+                lr: 0.1,
+                initial_accumulator: 0.5,
+                eps: 1e-10,
+            },
+            DenseOptimizerConfig::Adam {
+                lr: 0.01,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+            },
+        ];
+        let n = 10;
+        let grads: Vec<Vec<f32>> = (0..3)
+            .map(|s| (0..n).map(|i| (i as f32 - 4.0) * 0.1 + s as f32).collect())
+            .collect();
+        for c in configs {
+            let (mut whole, mut split) = (c.build(n), c.build(n));
+            let mut pw: Vec<f32> = (0..n).map(|i| i as f32 * 0.01).collect();
+            let mut ps = pw.clone();
+            for g in &grads {
+                whole.step(&mut pw, g);
+                // The first 4 parameters by a full step (as the server that accepted its
+                // part), then the rest by a range step, as if re-split.
+                let mut head = g.clone();
+                head[4..].fill(0.0);
+                let keep_tail = ps[4..].to_vec();
+                let state_tail: Vec<Vec<f32>> =
+                    split.state().iter().map(|b| b[4..].to_vec()).collect();
+                split.step(&mut ps, &head);
+                ps[4..].copy_from_slice(&keep_tail);
+                for (b, t) in split.state_mut().into_iter().zip(&state_tail) {
+                    b[4..].copy_from_slice(t);
+                }
+                split.step_range(&mut ps, &g[4..], 4);
+            }
+            assert_eq!(pw, ps, "{c:?}");
+            assert_eq!(whole.steps(), split.steps(), "{c:?}");
+            for (a, b) in whole.state().iter().zip(split.state()) {
+                assert_eq!(*a, b, "{c:?}");
+            }
+        }
     }
 }

@@ -55,12 +55,12 @@ impl PsShard {
     /// The part header for the state `st` (the lock is held, so the version matches it).
     fn header(&self, st: &State, delta: bool) -> PartHeader {
         PartHeader {
-            index: self.index,
-            num_ps: self.count,
+            index: st.layout.index,
+            num_ps: st.layout.count,
             dense_version: self.version_locked(st),
-            dense_start: self.range.start,
-            dense_end: self.range.end,
-            dense_total: self.dense_total,
+            dense_start: st.layout.range.start,
+            dense_end: st.layout.range.end,
+            dense_total: self.config.dense_total,
             state_buffers: 0,
             optimizer_steps: 0,
             delta,
@@ -94,10 +94,10 @@ impl PsShard {
             ));
         }
         let mut tables = Vec::with_capacity(st.store.num_tables());
+        let (index, n) = (st.layout.index, st.layout.count);
         for t in 0..st.store.num_tables() {
-            let n = self.count;
             let table = st.store.table_mut(t)?;
-            let copy = if !self.large[t] {
+            let copy = if !self.config.large[t] {
                 TableCopy::Rows(table.export())
             } else {
                 let k = ((table.local_rows() as f64) * ratio).ceil() as usize;
@@ -115,7 +115,7 @@ impl PsShard {
                 let rows: Vec<u64> = locals
                     .iter()
                     .take(k)
-                    .map(|&l| elastrec_embedding::global_row(t, l as u64, self.index, n))
+                    .map(|&l| elastrec_embedding::global_row(t, l as u64, index, n))
                     .collect();
                 TableCopy::Rows(table.export_rows(&rows)?)
             };
@@ -146,6 +146,8 @@ impl PsShard {
         let (image, stall) = tokio::task::spawn_blocking(move || {
             let t0 = Instant::now();
             let mut st = shard.state.lock();
+            // A checkpoint is of one layout: not while the servers are being re-sharded.
+            st.check_layout(st.layout.version)?;
             let image = shard.copy_state(&mut st, delta, ratio)?;
             drop(st);
             Ok::<_, PsError>((image, t0.elapsed()))
@@ -153,13 +155,9 @@ impl PsShard {
         .await??;
         let rows = image.rows();
         let dense_version = image.header.dense_version;
-        let shm = (!req.shm_namespace.is_empty()).then(|| {
-            ShmImage::new(
-                &req.shm_namespace,
-                &shm_name(self.index, self.count, req.id),
-            )
-        });
-        let (index, id) = (self.index, req.id);
+        let (index, count, id) = (image.header.index, image.header.num_ps, req.id);
+        let shm = (!req.shm_namespace.is_empty())
+            .then(|| ShmImage::new(&req.shm_namespace, &shm_name(index, count, req.id)));
         let (bytes, memcpy, t2, shm_written) = tokio::task::spawn_blocking(move || {
             let memcpy = image.time_plain_copy();
             let t2 = Instant::now();
@@ -178,12 +176,17 @@ impl PsShard {
             (bytes, memcpy, t2, written)
         })
         .await?;
-        let name = part_name(self.index, self.count);
+        let name = part_name(index, count);
         let meta = store
             .put_part(req.id, &name, bytes::Bytes::from(bytes))
             .await?;
         if let Some(written) = shm_written {
-            self.forget_old_shm(&req.shm_namespace, req.id, req.delta, written);
+            self.forget_old_shm(
+                &req.shm_namespace,
+                (index, count, req.id),
+                req.delta,
+                written,
+            );
         }
         Ok(CheckpointResponse {
             part: meta.name,
@@ -201,18 +204,21 @@ impl PsShard {
     /// checkpoint, removes the older images: restores start from the newest full
     /// checkpoint, so they are of no use. They go even when this image could not be
     /// written, which frees the shared memory a full `/dev/shm` needs for the next one.
-    fn forget_old_shm(&self, ns: &str, id: u64, delta: bool, written: bool) {
+    /// Images are named by the layout that wrote them (index and server count), so the
+    /// ones of a layout this server served before a re-sharding go too.
+    fn forget_old_shm(&self, ns: &str, image: (u32, u32, u64), delta: bool, written: bool) {
+        let id = image.2;
         let mut ids = self.shm_ids.lock();
         if written {
-            ids.push(id);
+            ids.push(image);
         }
         if !delta {
-            for &old in ids.iter().filter(|&&o| o < id) {
-                if let Ok(img) = ShmImage::new(ns, &shm_name(self.index, self.count, old)) {
+            for &(index, count, old) in ids.iter().filter(|o| o.2 < id) {
+                if let Ok(img) = ShmImage::new(ns, &shm_name(index, count, old)) {
                     let _ = img.remove();
                 }
             }
-            ids.retain(|&o| o >= id);
+            ids.retain(|o| o.2 >= id);
         }
     }
 
@@ -224,8 +230,9 @@ impl PsShard {
         let store = self.stores.get(&plan.location)?;
         let manifests = store.list().await?;
         let old = plan.num_ps.max(1);
-        let sources: Vec<u32> = if old == self.count {
-            vec![self.index]
+        let layout = self.layout().layout;
+        let sources: Vec<u32> = if old == layout.count {
+            vec![layout.index]
         } else {
             (0..old).collect()
         };
@@ -268,7 +275,7 @@ impl PsShard {
                 opt,
                 ..
             } = &mut *st;
-            let (v, _) = apply_parts(&parts, emb, dense, opt.as_mut(), &self.range)?;
+            let (v, _) = apply_parts(&parts, emb, dense, opt.as_mut(), &layout.range)?;
             version = v;
             self.set_version(&mut st, v);
             // Batches applied before the restore are the checkpoint's business now.
@@ -438,6 +445,7 @@ mod tests {
             tables: vec![0],
             rows: vec![0],
             want_dense: false,
+            layout_version: 0,
         });
         assert!(pulled.is_ok());
     }

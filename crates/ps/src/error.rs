@@ -107,6 +107,42 @@ pub enum PsError {
         limit: usize,
     },
 
+    /// A request routed by a layout this server does not serve (see `ps.proto`): the
+    /// client waits for the current layout and routes again. `ABORTED`, with a message
+    /// starting with [`elastrec_worker::rpc::LAYOUT_REFUSAL`].
+    #[error("{0}")]
+    LayoutRefused(String),
+
+    /// A field of a request that cannot be right (re-sharding messages, dense spans):
+    /// names the message and the field.
+    #[error("{message} field `{field}`: {detail}")]
+    BadField {
+        /// The message, e.g. `ImportShard`.
+        message: &'static str,
+        /// The field, e.g. `rows`.
+        field: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
+
+    /// A re-sharding step this server cannot take now (synchronous mode, another
+    /// re-sharding in progress, a commit before every row arrived, ...).
+    #[error("re-sharding: {0}")]
+    Reshard(String),
+
+    /// A server of the new layout did not take the rows sent to it.
+    #[error("sending rows to PS {target} of the new layout ({addr}): {message}")]
+    Peer {
+        /// Its index in the new layout.
+        target: u32,
+        /// Its address.
+        addr: String,
+        /// Transient (the server is unreachable or timed out): the master may retry.
+        transient: bool,
+        /// What it answered.
+        message: String,
+    },
+
     /// A delta checkpoint needs the share of rows it saves.
     #[error("checkpoint ratio {0} is not in (0, 1]")]
     BadRatio(f64),
@@ -129,6 +165,12 @@ impl From<PsError> for Status {
         let msg = e.to_string();
         match e {
             PsError::ReplyTooLarge { .. } => Status::resource_exhausted(msg),
+            PsError::LayoutRefused(_) => elastrec_worker::rpc::layout_refusal(msg),
+            PsError::Reshard(_) => Status::failed_precondition(msg),
+            PsError::Peer {
+                transient: true, ..
+            } => Status::unavailable(msg),
+            PsError::Peer { .. } => Status::failed_precondition(msg),
             PsError::ParallelArrays { .. }
             | PsError::UnknownTable { .. }
             | PsError::RowOutOfRange { .. }
@@ -136,6 +178,7 @@ impl From<PsError> for Status {
             | PsError::GradientLength { .. }
             | PsError::DenseGradientLength { .. }
             | PsError::NonFiniteGradient { .. }
+            | PsError::BadField { .. }
             | PsError::BadRatio(_) => Status::invalid_argument(msg),
             PsError::Storage(_) | PsError::Embedding(_) | PsError::Task(_) => Status::internal(msg),
         }
@@ -170,5 +213,14 @@ mod tests {
         assert_eq!(Status::from(bad).code(), tonic::Code::InvalidArgument);
         let bug = PsError::Embedding(EmbeddingError::ZeroDim);
         assert_eq!(Status::from(bug).code(), tonic::Code::Internal);
+        let moved = Status::from(PsError::LayoutRefused("PS 1 serves layout 2".into()));
+        assert!(elastrec_worker::rpc::is_layout_refusal(&moved), "{moved:?}");
+        let field = Status::from(PsError::BadField {
+            message: "ImportShard",
+            field: "rows",
+            detail: "row 3 is not yours".into(),
+        });
+        assert_eq!(field.code(), tonic::Code::InvalidArgument);
+        assert!(field.message().starts_with("ImportShard field `rows`: "));
     }
 }

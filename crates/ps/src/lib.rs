@@ -9,7 +9,9 @@
 pub mod checkpoint;
 pub mod error;
 pub mod image;
+pub mod layout;
 pub mod metrics;
+pub mod reshard;
 pub mod server;
 
 pub use error::PsError;

@@ -98,6 +98,11 @@ impl PsMetrics {
         Self { registry: r, ..m }
     }
 
+    /// Sets the rows held (they change when the servers are re-sharded).
+    pub(crate) fn set_rows_held(&self, rows: u64) {
+        self.rows_held.set(rows as i64);
+    }
+
     /// Records a checkpoint whose copy stalled training for `stall`.
     pub(crate) fn checkpoint(&self, stall: Duration) {
         self.checkpoints.inc();

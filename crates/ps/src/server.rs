@@ -3,29 +3,33 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use elastrec_checkpoint::priority::{large_tables, SsuList};
-use elastrec_embedding::{EmbeddingConfig, EmbeddingStore, ShardSpec, TableScratch};
-use elastrec_model::DenseOptimizer;
+use elastrec_embedding::{
+    EmbeddingConfig, EmbeddingError, EmbeddingStore, ShardSpec, TableScratch,
+};
+use elastrec_model::{DenseOptimizer, DenseOptimizerConfig};
 use elastrec_proto::master::{HeartbeatRequest, NodeAction, Role};
 use elastrec_proto::ps::parameter_server_server::{ParameterServer, ParameterServerServer};
 use elastrec_proto::ps::{
-    BatchKey, CheckpointRequest, CheckpointResponse, InfoRequest, InfoResponse, PullRequest,
-    PullResponse, PushRequest, PushResponse,
+    AbortRequest, AbortResponse, BatchKey, CheckpointRequest, CheckpointResponse, CommitRequest,
+    CommitResponse, ImportRequest, ImportResponse, InfoRequest, InfoResponse, PullRequest,
+    PullResponse, PushRequest, PushResponse, ReshardRequest, ReshardResponse,
 };
 use elastrec_worker::cluster::{SavePriority, SyncMode};
 use elastrec_worker::config::JobConfig;
-use elastrec_worker::remote::{dense_model, register};
+use elastrec_worker::remote::{dense_model, register, register_node};
 use elastrec_worker::rpc::{self, check_version, dense_slice, is_transient, ServerAuth};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use crate::error::PsError;
+use crate::layout::{Bitset, Layout, LayoutView, Phase};
 
 /// Arguments of the hidden `elastrec ps` role command.
 #[derive(Debug, Clone, clap::Args)]
@@ -48,7 +52,7 @@ pub struct PsArgs {
 /// Gradients of one synchronous step collected so far, each contribution multiplied by
 /// its sample count (`weight` sums those counts; the flush divides by it).
 #[derive(Default)]
-struct Accum {
+pub(crate) struct Accum {
     count: u32,
     weight: f64,
     tables: Vec<u32>,
@@ -62,7 +66,7 @@ pub(crate) struct State {
     scratch: TableScratch,
     pub(crate) dense: Vec<f32>,
     pub(crate) opt: Box<dyn DenseOptimizer>,
-    accum: Accum,
+    pub(crate) accum: Accum,
     /// CPR-SSU: sub-sampled lists of touched rows, for the large tables.
     pub(crate) ssu: Vec<Option<SsuList>>,
     /// The last batch each worker pushed that this server applied (or queued for its
@@ -70,10 +74,118 @@ pub(crate) struct State {
     /// next one, so only this batch can be handed out again: one entry per worker
     /// suffices to apply every batch at most once.
     pub(crate) last_batch: HashMap<u32, BatchKey>,
+    /// The `last_batch` entries of the servers of the previous layout, by server: their
+    /// rows and dense ranges of a push of one of those batches were applied already.
+    pub(crate) inherited: Vec<crate::reshard::Inherited>,
     /// Pushes skipped because their batch was already applied.
     pub(crate) repeated_pushes: u64,
     /// Synchronous pushes that joined a step after the one they were computed for.
     pub(crate) late_pushes: u64,
+    /// The layout this state belongs to, and where the server stands (copied to
+    /// `PsShard::view` by every lock holder that changes them).
+    pub(crate) layout: Layout,
+    pub(crate) phase: Phase,
+    /// While a re-sharding pre-copies rows: per table, the local rows updated since they
+    /// were copied (they are sent again once frozen).
+    pub(crate) dirty: Option<Vec<Bitset>>,
+}
+
+/// The part of a shard that depends on its layout.
+pub(crate) struct ShardParts {
+    pub(crate) store: EmbeddingStore,
+    pub(crate) dense: Vec<f32>,
+    pub(crate) opt: Box<dyn DenseOptimizer>,
+    pub(crate) ssu: Vec<Option<SsuList>>,
+    pub(crate) layout: Layout,
+}
+
+/// What building the shard of any layout needs from the job.
+pub(crate) struct ShardConfig {
+    embedding: EmbeddingConfig,
+    dense_optimizer: DenseOptimizerConfig,
+    pub(crate) dense_total: usize,
+    /// Tables a delta checkpoint saves only partly (CPR's large tables).
+    pub(crate) large: Vec<bool>,
+    priority: SavePriority,
+    ratio: f64,
+    seed: u64,
+}
+
+impl ShardConfig {
+    fn new(job: &JobConfig, table_rows: &[u64], dense_total: usize) -> Self {
+        let ckpt = &job.checkpoint;
+        let mut large = vec![false; table_rows.len()];
+        if ckpt.priority != SavePriority::None {
+            for t in large_tables(table_rows, ckpt.large_table_coverage) {
+                large[t] = true;
+            }
+        }
+        Self {
+            embedding: EmbeddingConfig {
+                dim: job.model.embedding_dim,
+                rows: table_rows.to_vec(),
+                optimizer: job.optimizer.sparse,
+                seed: job.model.seed,
+            },
+            dense_optimizer: job.optimizer.dense.clone(),
+            dense_total,
+            large,
+            priority: ckpt.priority,
+            ratio: ckpt.ratio,
+            seed: job.model.seed,
+        }
+    }
+
+    /// Shard `index` of `count` of layout `version`: initialized exactly as the
+    /// single-process model from the full dense parameters `init`, or, without them, every
+    /// float zero (a shard whose rows and dense values are all about to be imported).
+    pub(crate) fn parts(
+        &self,
+        index: u32,
+        count: u32,
+        version: u64,
+        init: Option<&[f32]>,
+    ) -> Result<ShardParts, EmbeddingError> {
+        let spec = ShardSpec::new(index, count)?;
+        let mut store = match init {
+            Some(_) => EmbeddingStore::new_shard(self.embedding.clone(), spec)?,
+            None => EmbeddingStore::new_shard_zeroed(self.embedding.clone(), spec)?,
+        };
+        let range = dense_slice(self.dense_total, count as usize, index as usize);
+        let dense = match init {
+            Some(params) => params[range.clone()].to_vec(),
+            None => vec![0.0; range.len()],
+        };
+        let opt = self.dense_optimizer.build(range.len());
+        let mut ssu = Vec::with_capacity(self.large.len());
+        for (t, &is_large) in self.large.iter().enumerate() {
+            let local = store.table(t)?.local_rows();
+            ssu.push(match self.priority {
+                SavePriority::Ssu if is_large => {
+                    let cap = ((local as f64) * self.ratio).ceil() as usize;
+                    Some(SsuList::new(cap, 2, self.seed ^ t as u64))
+                }
+                _ => None,
+            });
+            if self.priority == SavePriority::Mfu && is_large {
+                store.table_mut(t)?.enable_access_counters();
+            }
+        }
+        let rows_held = store.tables().iter().map(|t| t.local_rows() as u64).sum();
+        Ok(ShardParts {
+            store,
+            dense,
+            opt,
+            ssu,
+            layout: Layout {
+                version,
+                index,
+                count,
+                range,
+                rows_held,
+            },
+        })
+    }
 }
 
 /// One parameter-server shard: embedding rows and a dense slice with optimizer state.
@@ -86,103 +198,198 @@ pub struct PsShard {
     /// a heartbeat stuck behind it looks like a dead server to the master.
     version: AtomicU64,
     pub(crate) version_tx: watch::Sender<u64>,
-    pub(crate) index: u32,
-    pub(crate) count: u32,
-    dim: usize,
-    table_rows: Vec<u64>,
-    pub(crate) range: std::ops::Range<usize>,
-    pub(crate) dense_total: usize,
-    mode: SyncMode,
+    /// The layout and phase of `state`, readable without the lock (see `State::layout`).
+    view: RwLock<LayoutView>,
+    /// The state of the next layout being received (re-sharding), until it is committed.
+    pub(crate) staged: Mutex<Option<crate::reshard::Staged>>,
+    pub(crate) config: ShardConfig,
+    pub(crate) dim: usize,
+    pub(crate) table_rows: Vec<u64>,
+    pub(crate) mode: SyncMode,
     sync_timeout: Duration,
     /// Samples of one synchronous step: the job's batch size (the global batch).
     step_samples: f64,
-    /// Tables a delta checkpoint saves only partly (CPR's large tables).
-    pub(crate) large: Vec<bool>,
     pub(crate) stores: crate::checkpoint::Stores,
-    /// Shared-memory images this process wrote (older ones are removed).
-    pub(crate) shm_ids: Mutex<Vec<u64>>,
+    /// Shared-memory images this process wrote, as (index, servers, checkpoint id): older
+    /// ones are removed, whatever layout wrote them.
+    pub(crate) shm_ids: Mutex<Vec<(u32, u32, u64)>>,
     /// The job's gRPC message limit (`cluster.max_message_bytes`): a pull reply over it
-    /// could not be sent, so it is refused before its buffer is allocated.
-    max_message_bytes: usize,
-    /// Embedding rows this shard holds (fixed by the sharding), for `Info` without the lock.
-    rows_held: u64,
+    /// could not be sent, so it is refused before its buffer is allocated; re-sharding
+    /// messages are cut to fit it.
+    pub(crate) max_message_bytes: usize,
+    /// Deadline of a call to another server (re-sharding).
+    pub(crate) call_timeout: Duration,
+    /// The job token, for calls to other servers (set by [`serve`]).
+    pub(crate) peer_token: OnceLock<String>,
     /// Served on `/metrics`.
     pub metrics: crate::metrics::PsMetrics,
+}
+
+/// Everything a shard holds (see [`PsShard::snapshot`]).
+#[derive(Debug, Clone)]
+pub struct ShardSnapshot {
+    /// The layout the state belongs to.
+    pub layout: Layout,
+    /// Every row of every table, with its optimizer state.
+    pub tables: Vec<elastrec_embedding::TableSnapshot>,
+    /// The dense slice.
+    pub dense: Vec<f32>,
+    /// The dense optimizer's state buffers over the slice.
+    pub dense_state: Vec<Vec<f32>>,
+    /// The dense optimizer's step count.
+    pub optimizer_steps: u64,
+    /// Dense updates applied.
+    pub dense_version: u64,
 }
 
 /// Upper bound of a pull reply's protobuf encoding beyond its floats: two packed fields
 /// (tag and length varint, at most 11 bytes each) and the version (at most 11 bytes).
 const PULL_REPLY_FRAMING_BYTES: u64 = 64;
 
+/// The dense part of a push, as offsets into this server's slice.
+pub(crate) enum DenseGrad<'a> {
+    /// The gradient of the whole slice: one optimizer step (empty: no dense update).
+    Whole(&'a [f32]),
+    /// Gradients of `(offset, values)` ranges of the slice: the rest of a step whose other
+    /// ranges were applied before a re-sharding (see `DenseOptimizer::step_range`).
+    Spans(Vec<(usize, &'a [f32])>),
+}
+
 impl PsShard {
-    /// Shard `index` of `count` for `job`, initialized exactly as the single-process model.
+    /// Shard `index` of `count` for `job` in the job's first layout (version 0),
+    /// initialized exactly as the single-process model.
     pub fn new(job: &JobConfig, index: u32, count: u32) -> anyhow::Result<Self> {
-        let table_rows = elastrec_worker::trainer::resolve_table_rows(job);
-        let mut store = EmbeddingStore::new_shard(
-            EmbeddingConfig {
-                dim: job.model.embedding_dim,
-                rows: table_rows.clone(),
-                optimizer: job.optimizer.sparse,
-                seed: job.model.seed,
-            },
-            ShardSpec::new(index, count)?,
-        )?;
+        Self::in_layout(job, index, count, 0)
+    }
+
+    /// Shard `index` of `count` serving layout `layout_version`, initialized exactly as
+    /// the single-process model (a restore then loads the checkpoint into it).
+    pub fn in_layout(
+        job: &JobConfig,
+        index: u32,
+        count: u32,
+        layout_version: u64,
+    ) -> anyhow::Result<Self> {
         let dense = dense_model(job)?;
-        let range = dense_slice(dense.num_params(), count as usize, index as usize);
-        let slice = dense.params()[range.clone()].to_vec();
-        let opt = job.optimizer.dense.build(slice.len());
-        let rows_held = store.tables().iter().map(|t| t.local_rows() as u64).sum();
-        let ckpt = &job.checkpoint;
-        let mut large = vec![false; table_rows.len()];
-        if ckpt.priority != SavePriority::None {
-            for t in large_tables(&table_rows, ckpt.large_table_coverage) {
-                large[t] = true;
-            }
+        Self::build(job, index, count, layout_version, Some(dense.params()))
+    }
+
+    /// Shard `index` of `count` of layout `layout_version`, which is being formed by a
+    /// re-sharding: every row and dense value comes from the servers of the previous
+    /// layout (`ImportShard`); it serves nothing until `CommitLayout`. Its arenas are
+    /// allocated zeroed, which costs no time before the rows arrive.
+    pub fn joining(
+        job: &JobConfig,
+        index: u32,
+        count: u32,
+        layout_version: u64,
+    ) -> anyhow::Result<Self> {
+        let shard = Self::build(job, index, count, layout_version, None)?;
+        {
+            let mut st = shard.state.lock();
+            st.phase = Phase::Joining;
+            shard.publish(&st);
         }
-        let mut ssu = Vec::with_capacity(table_rows.len());
-        for (t, &is_large) in large.iter().enumerate() {
-            let local = store.table(t)?.local_rows();
-            ssu.push(match ckpt.priority {
-                SavePriority::Ssu if is_large => {
-                    let cap = ((local as f64) * ckpt.ratio).ceil() as usize;
-                    Some(SsuList::new(cap, 2, job.model.seed ^ t as u64))
-                }
-                _ => None,
-            });
-            if ckpt.priority == SavePriority::Mfu && is_large {
-                store.table_mut(t)?.enable_access_counters();
-            }
-        }
+        *shard.staged.lock() = Some(crate::reshard::Staged::new(
+            &shard.config,
+            index,
+            count,
+            layout_version,
+        )?);
+        Ok(shard)
+    }
+
+    fn build(
+        job: &JobConfig,
+        index: u32,
+        count: u32,
+        layout_version: u64,
+        init: Option<&[f32]>,
+    ) -> anyhow::Result<Self> {
+        let table_rows = elastrec_worker::trainer::resolve_table_rows(job);
+        let config = ShardConfig::new(job, &table_rows, dense_model(job)?.num_params());
+        let parts = config.parts(index, count, layout_version, init)?;
+        let layout = parts.layout.clone();
         Ok(Self {
             state: Mutex::new(State {
-                store,
+                store: parts.store,
                 scratch: TableScratch::default(),
-                dense: slice,
-                opt,
+                dense: parts.dense,
+                opt: parts.opt,
                 accum: Accum::default(),
-                ssu,
+                ssu: parts.ssu,
                 last_batch: HashMap::new(),
+                inherited: Vec::new(),
                 repeated_pushes: 0,
                 late_pushes: 0,
+                layout: layout.clone(),
+                phase: Phase::Serving { precopy: None },
+                dirty: None,
             }),
             version: AtomicU64::new(0),
             version_tx: watch::channel(0).0,
-            index,
-            count,
+            view: RwLock::new(LayoutView {
+                layout: layout.clone(),
+                phase: Phase::Serving { precopy: None },
+            }),
+            staged: Mutex::new(None),
+            config,
             dim: job.model.embedding_dim,
             table_rows,
-            range,
-            dense_total: dense.num_params(),
             mode: job.cluster.mode,
             sync_timeout: Duration::from_millis(job.cluster.sync_timeout_ms),
             step_samples: job.train.batch_size as f64,
-            large,
             stores: Default::default(),
             shm_ids: Mutex::new(Vec::new()),
             max_message_bytes: job.cluster.max_message_bytes,
-            rows_held,
-            metrics: crate::metrics::PsMetrics::new(index, rows_held),
+            call_timeout: job.cluster.rpc_timeout(),
+            peer_token: OnceLock::new(),
+            metrics: crate::metrics::PsMetrics::new(index, layout.rows_held),
         })
+    }
+
+    /// The layout and phase, without waiting for the state lock.
+    pub fn layout(&self) -> LayoutView {
+        self.view.read().clone()
+    }
+
+    /// This server's index (it keeps it across layouts).
+    pub fn index(&self) -> u32 {
+        self.view.read().layout.index
+    }
+
+    /// This server's slice of the flat dense vector in the layout it serves.
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.view.read().layout.range.clone()
+    }
+
+    /// Embedding rows held in the layout it serves.
+    pub fn rows_held(&self) -> u64 {
+        self.view.read().layout.rows_held
+    }
+
+    /// Copies the layout and phase of `st` to the lock-free view and the metrics; every
+    /// lock holder that changes them calls it before releasing the lock.
+    pub(crate) fn publish(&self, st: &State) {
+        *self.view.write() = LayoutView {
+            layout: st.layout.clone(),
+            phase: st.phase,
+        };
+        self.metrics.set_rows_held(st.layout.rows_held);
+    }
+
+    /// A copy of everything the shard holds, optimizer state included (for tests and
+    /// tools: it holds the lock for a copy of the whole shard).
+    pub fn snapshot(&self) -> ShardSnapshot {
+        let st = self.state.lock();
+        ShardSnapshot {
+            layout: st.layout.clone(),
+            tables: st.store.tables().iter().map(|t| t.export()).collect(),
+            dense: st.dense.clone(),
+            dense_state: st.opt.state().iter().map(|b| b.to_vec()).collect(),
+            optimizer_steps: st.opt.steps(),
+            dense_version: self.version_locked(&st),
+        }
     }
 
     /// Bytes of embedding state held, CPR-MFU counters and CPR-SSU lists included.
@@ -222,8 +429,11 @@ impl PsShard {
     pub fn summary(&self) -> String {
         let st = self.state.lock();
         format!(
-            "PS {}: {} dense updates, {} repeated pushes skipped, {} late synchronous pushes",
-            self.index,
+            "PS {} (layout {}, {:?}): {} dense updates, {} repeated pushes skipped, {} late \
+             synchronous pushes",
+            st.layout.index,
+            st.layout.version,
+            st.phase.state(),
             self.version_locked(&st),
             st.repeated_pushes,
             st.late_pushes
@@ -243,7 +453,7 @@ impl PsShard {
         eprintln!(
             "PS {}: skipped a repeated push of batch (epoch {}, file {}, row {}) from worker \
              {}: already applied from worker {first}",
-            self.index, key.epoch, key.file, key.start_row, req.worker_id
+            st.layout.index, key.epoch, key.file, key.start_row, req.worker_id
         );
         true
     }
@@ -256,8 +466,8 @@ impl PsShard {
     }
 
     /// Checks the parallel arrays of table ids and rows from the wire: every table exists
-    /// and every row is in range and held by this server.
-    fn check_rows(&self, tables: &[u32], rows: &[u64]) -> Result<(), PsError> {
+    /// and every row is in range and held by this server in `layout`.
+    fn check_rows(&self, layout: &Layout, tables: &[u32], rows: &[u64]) -> Result<(), PsError> {
         if tables.len() != rows.len() {
             return Err(PsError::ParallelArrays {
                 tables: tables.len(),
@@ -278,12 +488,12 @@ impl PsShard {
                     rows: n,
                 });
             }
-            if elastrec_embedding::shard_of(table as usize, row, self.count) != self.index {
+            if elastrec_embedding::shard_of(table as usize, row, layout.count) != layout.index {
                 return Err(PsError::RowNotHeld {
                     table,
                     row,
-                    ps: self.index,
-                    count: self.count,
+                    ps: layout.index,
+                    count: layout.count,
                 });
             }
         }
@@ -294,8 +504,12 @@ impl PsShard {
     /// row count (a 64 MiB request names millions of rows, each reply row `dim` floats), so
     /// this runs before anything is sized by it: a reply over the limit could not be sent
     /// anyway, but building it first would allocate up to gigabytes per request.
-    fn check_pull_reply_size(&self, req: &PullRequest) -> Result<(), PsError> {
-        let dense = if req.want_dense { self.range.len() } else { 0 };
+    fn check_pull_reply_size(&self, layout: &Layout, req: &PullRequest) -> Result<(), PsError> {
+        let dense = if req.want_dense {
+            layout.range.len()
+        } else {
+            0
+        };
         let floats = (req.rows.len() as u64)
             .saturating_mul(self.dim as u64)
             .saturating_add(dense as u64);
@@ -316,11 +530,15 @@ impl PsShard {
 
     /// Copies rows (and optionally the dense slice) out.
     pub fn pull(&self, req: &PullRequest) -> Result<PullResponse, PsError> {
-        self.check_pull_reply_size(req)?;
-        self.check_rows(&req.tables, &req.rows)?;
+        let view = self.layout();
+        view.check(req.layout_version)?;
+        self.check_pull_reply_size(&view.layout, req)?;
+        self.check_rows(&view.layout, &req.tables, &req.rows)?;
         // Bounded by the message limit (checked above); allocated before taking the lock.
         let mut values = Vec::with_capacity(req.rows.len() * self.dim);
         let st = self.state.lock();
+        // The layout may have changed since the checks (a freeze): the state decides.
+        st.check_layout(req.layout_version)?;
         for (&t, &r) in req.tables.iter().zip(&req.rows) {
             values.extend_from_slice(st.store.table(t as usize)?.weights(r)?);
         }
@@ -354,6 +572,7 @@ impl PsShard {
             store,
             scratch,
             ssu,
+            dirty,
             ..
         } = st;
         let n = store.shard().count as u64;
@@ -366,33 +585,45 @@ impl PsShard {
                 list.observe(&locals);
             }
             store.table_mut(t)?.apply_rows(rows, grads, scratch)?;
+            if let Some(dirty) = dirty.as_mut() {
+                for &r in rows {
+                    dirty[t].insert((r / n) as usize);
+                }
+            }
         }
         Ok(())
     }
 
-    fn apply_all(
+    pub(crate) fn apply_all(
         &self,
         st: &mut State,
         tables: &[u32],
         rows: &[u64],
         grads: &[f32],
-        dense: &[f32],
+        dense: DenseGrad<'_>,
     ) -> Result<(), PsError> {
         Self::apply_sparse(st, tables, rows, grads, self.dim)?;
-        if !dense.is_empty() {
-            let State {
-                opt, dense: params, ..
-            } = st;
-            opt.step(params, dense);
-            let v = self.version_locked(st) + 1;
-            self.set_version(st, v);
+        let State {
+            opt, dense: params, ..
+        } = st;
+        match dense {
+            DenseGrad::Whole([]) => return Ok(()),
+            DenseGrad::Whole(g) => opt.step(params, g),
+            DenseGrad::Spans(spans) if spans.is_empty() => return Ok(()),
+            DenseGrad::Spans(spans) => {
+                for (offset, g) in spans {
+                    opt.step_range(params, g, offset);
+                }
+            }
         }
+        let v = self.version_locked(st) + 1;
+        self.set_version(st, v);
         Ok(())
     }
 
     /// Checks every id and length of a push from the wire before any of it is used.
-    fn validate_push(&self, req: &PushRequest) -> Result<(), PsError> {
-        self.check_rows(&req.tables, &req.rows)?;
+    fn validate_push(&self, layout: &Layout, req: &PushRequest) -> Result<(), PsError> {
+        self.check_rows(layout, &req.tables, &req.rows)?;
         if req.rows.len().checked_mul(self.dim) != Some(req.grads.len()) {
             return Err(PsError::GradientLength {
                 values: req.grads.len(),
@@ -400,12 +631,16 @@ impl PsShard {
                 dim: self.dim,
             });
         }
-        if !req.dense_grad.is_empty() && req.dense_grad.len() != self.range.len() {
-            return Err(PsError::DenseGradientLength {
-                values: req.dense_grad.len(),
-                ps: self.index,
-                held: self.range.len(),
-            });
+        if req.dense_spans.is_empty() {
+            if !req.dense_grad.is_empty() && req.dense_grad.len() != layout.range.len() {
+                return Err(PsError::DenseGradientLength {
+                    values: req.dense_grad.len(),
+                    ps: layout.index,
+                    held: layout.range.len(),
+                });
+            }
+        } else {
+            self.check_dense_spans(layout, req)?;
         }
         for (what, g) in [("sparse", &req.grads), ("dense", &req.dense_grad)] {
             if let Some(at) = g.iter().position(|g| !g.is_finite()) {
@@ -415,17 +650,90 @@ impl PsShard {
         Ok(())
     }
 
+    /// Dense spans must be ascending, disjoint, non-empty ranges of this server's slice
+    /// whose lengths add up to the dense gradient sent.
+    fn check_dense_spans(&self, layout: &Layout, req: &PushRequest) -> Result<(), PsError> {
+        let bad = |detail: String| PsError::BadField {
+            message: "Push",
+            field: "dense_spans",
+            detail,
+        };
+        if self.mode != SyncMode::Async {
+            return Err(bad(
+                "partial dense gradients are taken in asynchronous mode only".into(),
+            ));
+        }
+        let range = &layout.range;
+        let (mut end, mut total) = (range.start as u64, 0u64);
+        for s in &req.dense_spans {
+            let stop = s.start.saturating_add(s.len);
+            if s.len == 0 || s.start < end || stop > range.end as u64 {
+                return Err(bad(format!(
+                    "span [{}, {stop}) is empty, overlaps the previous one or is not inside \
+                     PS {}'s slice [{}, {})",
+                    s.start, layout.index, range.start, range.end
+                )));
+            }
+            end = stop;
+            total += s.len;
+        }
+        if total != req.dense_grad.len() as u64 {
+            return Err(bad(format!(
+                "spans of {total} values for a dense gradient of {}",
+                req.dense_grad.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The dense part of a validated push, by offsets into `range`.
+    fn dense_of<'a>(req: &'a PushRequest, range: &std::ops::Range<usize>) -> DenseGrad<'a> {
+        if req.dense_spans.is_empty() {
+            return DenseGrad::Whole(&req.dense_grad);
+        }
+        let mut at = 0;
+        let spans = req
+            .dense_spans
+            .iter()
+            .map(|s| {
+                let g = &req.dense_grad[at..at + s.len as usize];
+                at += s.len as usize;
+                (s.start as usize - range.start, g)
+            })
+            .collect();
+        DenseGrad::Spans(spans)
+    }
+
     /// Applies a push: at once (async), or as part of its synchronous step.
     pub async fn push(&self, req: PushRequest) -> Result<PushResponse, PsError> {
-        self.validate_push(&req)?;
+        let view = self.layout();
+        view.check(req.layout_version)?;
+        self.validate_push(&view.layout, &req)?;
         if self.mode == SyncMode::Async {
             let mut st = self.state.lock();
+            st.check_layout(req.layout_version)?;
             if self.already_applied(&mut st, &req) {
                 return Ok(PushResponse {
                     dense_version: self.version_locked(&st),
                 });
             }
-            self.apply_all(&mut st, &req.tables, &req.rows, &req.grads, &req.dense_grad)?;
+            match crate::reshard::inherited_part(&mut st, &req, self.config.dense_total) {
+                None => {
+                    let dense = Self::dense_of(&req, &view.layout.range);
+                    self.apply_all(&mut st, &req.tables, &req.rows, &req.grads, dense)?;
+                }
+                Some(rest) => {
+                    self.metrics.repeated_pushes.inc();
+                    let start = view.layout.range.start;
+                    let dense = rest
+                        .dense
+                        .iter()
+                        .map(|(s, g)| (s - start, g.as_slice()))
+                        .collect();
+                    let dense = DenseGrad::Spans(dense);
+                    self.apply_all(&mut st, &rest.tables, &rest.rows, &rest.grads, dense)?;
+                }
+            }
             Self::remember(&mut st, &req);
             return Ok(PushResponse {
                 dense_version: self.version_locked(&st),
@@ -433,6 +741,7 @@ impl PsShard {
         }
         let step = {
             let mut st = self.state.lock();
+            st.check_layout(req.layout_version)?;
             if self.already_applied(&mut st, &req) {
                 // Its gradients are in this or an earlier step already; the step it
                 // would have joined completes by its other contributors or the timeout.
@@ -446,6 +755,7 @@ impl PsShard {
                 st.late_pushes += 1;
             }
             Self::remember(&mut st, &req);
+            let held = st.layout.range.len();
             let a = &mut st.accum;
             a.count += 1;
             a.tables.extend_from_slice(&req.tables);
@@ -454,7 +764,7 @@ impl PsShard {
             a.weight += f64::from(w);
             a.grads.extend(req.grads.iter().map(|g| g * w));
             if a.dense.is_empty() {
-                a.dense = vec![0.0; self.range.len()];
+                a.dense = vec![0.0; held];
             }
             if !req.dense_grad.is_empty() {
                 for (x, g) in a.dense.iter_mut().zip(&req.dense_grad) {
@@ -491,13 +801,25 @@ impl PsShard {
             *g *= inv;
         }
         let dense = if a.dense.is_empty() {
-            vec![0.0; self.range.len()]
+            vec![0.0; st.layout.range.len()]
         } else {
             a.dense
         };
-        self.apply_all(st, &a.tables, &a.rows, &a.grads, &dense)?;
+        self.apply_all(st, &a.tables, &a.rows, &a.grads, DenseGrad::Whole(&dense))?;
         self.version_tx.send_replace(self.version_locked(st));
         Ok(())
+    }
+}
+
+impl State {
+    /// Accepts a request routed by layout `request` only while serving it (the lock
+    /// holder's check: the view may have changed since the caller read it).
+    pub(crate) fn check_layout(&self, request: u64) -> Result<(), PsError> {
+        LayoutView {
+            layout: self.layout.clone(),
+            phase: self.phase,
+        }
+        .check(request)
     }
 }
 
@@ -541,10 +863,10 @@ impl ParameterServer for Service {
     ) -> Result<Response<CheckpointResponse>, Status> {
         let req = req.into_inner();
         check_version(&req.version)?;
-        if fail_point_hang_checkpoint(self.0.index) {
+        if fail_point_hang_checkpoint(self.0.index()) {
             eprintln!(
                 "PS {}: fail point: never answering this checkpoint",
-                self.0.index
+                self.0.index()
             );
             std::future::pending::<()>().await;
         }
@@ -557,16 +879,70 @@ impl ParameterServer for Service {
 
     async fn info(&self, req: Request<InfoRequest>) -> Result<Response<InfoResponse>, Status> {
         check_version(&req.into_inner().version)?;
-        let s = &self.0;
+        // Neither the view nor the version waits for the state lock, which a checkpoint may
+        // hold for seconds.
+        let view = self.0.layout();
+        let l = &view.layout;
         Ok(Response::new(InfoResponse {
-            index: s.index,
-            num_servers: s.count,
-            dense_start: s.range.start as u64,
-            dense_end: s.range.end as u64,
-            // Neither waits for the state lock, which a checkpoint may hold for seconds.
-            dense_version: s.version(),
-            rows_held: s.rows_held,
+            index: l.index,
+            num_servers: l.count,
+            dense_start: l.range.start as u64,
+            dense_end: l.range.end as u64,
+            dense_version: self.0.version(),
+            rows_held: l.rows_held,
+            layout_version: l.version,
+            state: view.phase.state() as i32,
+            next_layout_version: view.next_version(),
         }))
+    }
+
+    async fn reshard(
+        &self,
+        req: Request<ReshardRequest>,
+    ) -> Result<Response<ReshardResponse>, Status> {
+        let req = req.into_inner();
+        check_version(&req.version)?;
+        let peers = crate::reshard::GrpcPeers::new(&self.0, &req.addrs)?;
+        Ok(Response::new(self.0.reshard(req, Arc::new(peers)).await?))
+    }
+
+    async fn import_shard(
+        &self,
+        req: Request<ImportRequest>,
+    ) -> Result<Response<ImportResponse>, Status> {
+        let req = req.into_inner();
+        check_version(&req.version)?;
+        let shard = self.0.clone();
+        let out = tokio::task::spawn_blocking(move || shard.import(req))
+            .await
+            .map_err(PsError::from)??;
+        Ok(Response::new(out))
+    }
+
+    async fn commit_layout(
+        &self,
+        req: Request<CommitRequest>,
+    ) -> Result<Response<CommitResponse>, Status> {
+        let req = req.into_inner();
+        check_version(&req.version)?;
+        let shard = self.0.clone();
+        let out = tokio::task::spawn_blocking(move || shard.commit_layout(req.layout_version))
+            .await
+            .map_err(PsError::from)??;
+        Ok(Response::new(out))
+    }
+
+    async fn abort_layout(
+        &self,
+        req: Request<AbortRequest>,
+    ) -> Result<Response<AbortResponse>, Status> {
+        let req = req.into_inner();
+        check_version(&req.version)?;
+        let shard = self.0.clone();
+        let out = tokio::task::spawn_blocking(move || shard.abort_layout(req.layout_version))
+            .await
+            .map_err(PsError::from)??;
+        Ok(Response::new(out))
     }
 }
 
@@ -577,6 +953,8 @@ pub async fn serve(
     token: String,
     max_bytes: usize,
 ) -> anyhow::Result<()> {
+    // Calls to the other servers (re-sharding) carry the same token.
+    let _ = shard.peer_token.set(token.clone());
     let svc = ParameterServerServer::new(Service(shard))
         .max_decoding_message_size(max_bytes)
         .max_encoding_message_size(max_bytes);
@@ -592,11 +970,28 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     let token = rpc::token_from_env()?;
     let mut master = rpc::master_client(&args.master, &token, 64 << 20)?;
     // Learn the job first (bind address), then register with the real address.
-    let (job, _, _, plan) = register(&mut master, Role::Ps, args.node_id, "", "", false).await?;
+    let reg = register_node(&mut master, Role::Ps, args.node_id, "", "", false).await?;
+    let (job, plan) = (reg.job, reg.restore);
     let ip: std::net::IpAddr = job.cluster.bind.parse().context("cluster.bind")?;
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0)).await?;
     let addr = listener.local_addr()?.to_string();
-    let shard = Arc::new(PsShard::new(&job, args.index, job.cluster.ps)?);
+    // The layout the master places this server in: the job's first one, the current one
+    // (a replaced server), or one being formed by a re-sharding (`joining`: the rows come
+    // from the servers of the previous layout).
+    let num_ps = if reg.num_ps > 0 {
+        reg.num_ps
+    } else {
+        job.cluster.ps
+    };
+    let shard = Arc::new(if reg.joining {
+        eprintln!(
+            "PS {}: joining layout {} as server {} of {num_ps}",
+            args.index, reg.layout_version, args.index
+        );
+        PsShard::joining(&job, args.index, num_ps, reg.layout_version)?
+    } else {
+        PsShard::in_layout(&job, args.index, num_ps, reg.layout_version)?
+    });
     let mshard = shard.clone();
     let metrics = elastrec_metrics::serve(SocketAddr::new(ip, 0), &token, move || {
         mshard.metrics.render(mshard.version())
@@ -608,7 +1003,7 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
         args.index,
         metrics.addr()
     );
-    if let Some(plan) = plan.filter(|p| !p.chain.is_empty()) {
+    if let Some(plan) = plan.filter(|p| !p.chain.is_empty() && !reg.joining) {
         let t0 = std::time::Instant::now();
         let (version, shm, storage) = shard.restore(&plan).await.with_context(|| {
             format!(
@@ -741,6 +1136,8 @@ mod tests {
             contributors,
             batch: None,
             samples,
+            layout_version: 0,
+            dense_spans: vec![],
         }
     }
 
@@ -759,6 +1156,7 @@ mod tests {
                 tables,
                 rows,
                 want_dense: false,
+                layout_version: 0,
             })
         };
         let mine = owned_row(3, 0);
@@ -809,6 +1207,7 @@ mod tests {
                 tables: vec![3; n],
                 rows: vec![row; n],
                 want_dense,
+                layout_version: 0,
             })
         };
         // dim 4: 16 bytes a row. The largest pull that fits, then one row more.
@@ -825,7 +1224,7 @@ mod tests {
         assert!(s.message().contains("1048576-byte"), "{}", s.message());
         assert!(matches!(
             pull(fits, true),
-            Err(PsError::ReplyTooLarge { dense, .. }) if dense == ps.range.len()
+            Err(PsError::ReplyTooLarge { dense, .. }) if dense == ps.range().len()
         ));
     }
 
@@ -860,6 +1259,7 @@ mod tests {
                 tables: vec![0],
                 rows: vec![row],
                 want_dense: true,
+                layout_version: 0,
             })
             .unwrap();
         let req = |grads: Vec<f32>, dense: Vec<f32>| PushRequest {
@@ -874,6 +1274,8 @@ mod tests {
             contributors: 1,
             batch: None,
             samples: 0,
+            layout_version: 0,
+            dense_spans: vec![],
         };
         let n = before.dense.len();
         assert!(matches!(
@@ -930,6 +1332,7 @@ mod tests {
                 tables: vec![0],
                 rows: vec![row],
                 want_dense: true,
+                layout_version: 0,
             })
             .unwrap();
         assert_eq!(unchanged.values, before.values);
@@ -941,10 +1344,56 @@ mod tests {
                 tables: vec![0],
                 rows: vec![row],
                 want_dense: true,
+                layout_version: 0,
             })
             .unwrap();
         assert!(after.values.iter().zip(&before.values).all(|(a, b)| a < b));
         assert!(after.dense.iter().zip(&before.dense).all(|(a, b)| a < b));
+    }
+
+    /// A push may carry the gradient of ranges of the slice only (the rest of a push
+    /// re-split after a re-sharding): ascending, disjoint, inside the slice, adding up to
+    /// the values sent; only those parameters change.
+    #[tokio::test]
+    async fn dense_spans_update_only_their_ranges() {
+        use elastrec_proto::ps::DenseSpan;
+        let ps = PsShard::new(&job("async"), 1, 2).unwrap();
+        let r = ps.range();
+        let span = |start: usize, len: u64| DenseSpan {
+            start: start as u64,
+            len,
+        };
+        let req = |spans: Vec<DenseSpan>, n: usize| PushRequest {
+            dense_spans: spans,
+            ..dense_push(1, vec![0.5; n], 0, 1, 1)
+        };
+        for (spans, n, says) in [
+            (vec![span(r.start - 1, 2)], 2, "not inside"),
+            (vec![span(r.end - 1, 2)], 2, "not inside"),
+            (vec![span(r.start, 2), span(r.start + 1, 1)], 3, "overlaps"),
+            (vec![span(r.start, 0)], 0, "empty"),
+            (vec![span(r.start, 2)], 3, "spans of 2 values"),
+        ] {
+            let e = ps.push(req(spans, n)).await.unwrap_err();
+            assert!(
+                matches!(&e, PsError::BadField { field: "dense_spans", detail, .. } if detail.contains(says)),
+                "{says}: {e}"
+            );
+        }
+        let before = ps.state.lock().dense.clone();
+        let v = ps
+            .push(req(vec![span(r.start + 1, 2), span(r.start + 5, 1)], 3))
+            .await
+            .unwrap()
+            .dense_version;
+        assert_eq!(v, 1);
+        let after = ps.state.lock().dense.clone();
+        for (i, (a, b)) in after.iter().zip(&before).enumerate() {
+            assert_eq!(a != b, [1, 2, 5].contains(&i), "parameter {i}");
+        }
+        let sync = PsShard::new(&job("sync"), 1, 2).unwrap();
+        let e = sync.push(req(vec![span(r.start, 1)], 1)).await.unwrap_err();
+        assert!(e.to_string().contains("asynchronous mode"), "{e}");
     }
 
     /// A batch handed out again after its worker died (or a retried call) reaches the
@@ -972,6 +1421,8 @@ mod tests {
                 contributors: 1,
                 batch: Some(batch),
                 samples: 0,
+                layout_version: 0,
+                dense_spans: vec![],
             };
             let values = || {
                 ps.pull(&PullRequest {
@@ -979,6 +1430,7 @@ mod tests {
                     tables: vec![0],
                     rows: vec![row],
                     want_dense: false,
+                    layout_version: 0,
                 })
                 .unwrap()
                 .values
@@ -1025,7 +1477,7 @@ mod tests {
         job.optimizer.dense = elastrec_model::DenseOptimizerConfig::Sgd { lr: 1.0 };
         let ps = Arc::new(PsShard::new(&job, 0, 2).unwrap());
         let start = ps.state.lock().dense.clone();
-        let n = ps.range.len();
+        let n = ps.range().len();
         let push = |w: u32, samples: u32, grad: f32, base: u64| {
             let ps = ps.clone();
             async move {
@@ -1069,6 +1521,7 @@ mod tests {
                 tables: vec![],
                 rows: vec![],
                 want_dense: true,
+                layout_version: 0,
             })
             .unwrap()
             .dense

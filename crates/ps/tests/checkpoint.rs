@@ -42,6 +42,8 @@ async fn push(ps: &PsShard, rows: &[u64], times: usize) {
             contributors: 1,
             batch: None,
             samples: 0,
+            layout_version: 0,
+            dense_spans: vec![],
         })
         .await
         .unwrap();
@@ -55,6 +57,7 @@ fn pull(ps: &PsShard, rows: &[u64]) -> Vec<Vec<f32>> {
             tables: vec![0; rows.len()],
             rows: rows.to_vec(),
             want_dense: false,
+            layout_version: 0,
         })
         .unwrap();
     r.values.chunks(4).map(|c| c.to_vec()).collect()

@@ -79,6 +79,7 @@ fn pull_of(n: usize) -> PullRequest {
         tables: vec![0; n],
         rows: vec![7; n],
         want_dense: false,
+        layout_version: 0,
     }
 }
 

@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod fsio;
+pub mod layout;
 pub mod model_file;
 pub mod remote;
 pub mod rpc;

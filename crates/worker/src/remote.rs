@@ -25,12 +25,13 @@ use elastrec_proto::master::{
     get_task_response::Reply, GetTaskRequest, HeartbeatRequest, NodeAction, NodeProfile,
     RegisterRequest, ReportEvalRequest, ReportProgressRequest, RestorePlan, Role,
 };
-use elastrec_proto::ps::{BatchKey, PullRequest, PushRequest};
+use elastrec_proto::ps::{BatchKey, DenseSpan, PullRequest, PushRequest};
 use parking_lot::Mutex;
 use tonic::Code;
 
 use crate::cluster::SyncMode;
 use crate::config::JobConfig;
+use crate::layout::{split_parts, PsLayout, PushPart};
 use crate::rpc::{self, dense_slice, is_transient, Master, Ps};
 
 /// Arguments of the hidden `elastrec worker` role command.
@@ -53,6 +54,25 @@ pub fn dense_model(job: &JobConfig) -> anyhow::Result<DenseDlrm> {
     Ok(DenseDlrm::new(crate::step::dense_config(&job.model))?)
 }
 
+/// What the master tells a node that registers.
+#[derive(Debug)]
+pub struct Registration {
+    /// The job.
+    pub job: JobConfig,
+    /// PS addresses by index (empty until every PS registered, when not waited for).
+    pub ps_addrs: Vec<String>,
+    /// Heartbeat interval, ms.
+    pub heartbeat_ms: u64,
+    /// PS: the checkpoint to load before serving.
+    pub restore: Option<RestorePlan>,
+    /// Version of the PS layout `ps_addrs` belongs to (0: the job's first one).
+    pub layout_version: u64,
+    /// PS count of that layout (0: `cluster.ps` of the job).
+    pub num_ps: u32,
+    /// PS: this server joins a re-sharding in progress (starts empty, receives its rows).
+    pub joining: bool,
+}
+
 /// Registers a node (serving PS RPCs on `addr` and metrics on `metrics_addr`, either
 /// empty when not bound yet) with the master, retrying while it is unreachable. Returns the job,
 /// the PS addresses (waiting until every PS is up when `need_ps`), the heartbeat interval
@@ -65,6 +85,19 @@ pub async fn register(
     metrics_addr: &str,
     need_ps: bool,
 ) -> anyhow::Result<(JobConfig, Vec<String>, u64, Option<RestorePlan>)> {
+    let r = register_node(master, role, node_id, addr, metrics_addr, need_ps).await?;
+    Ok((r.job, r.ps_addrs, r.heartbeat_ms, r.restore))
+}
+
+/// [`register`], with everything the master answers (the PS layout included).
+pub async fn register_node(
+    master: &mut Master,
+    role: Role,
+    node_id: u32,
+    addr: &str,
+    metrics_addr: &str,
+    need_ps: bool,
+) -> anyhow::Result<Registration> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let r = master
@@ -82,7 +115,15 @@ pub async fn register(
                 let r = r.into_inner();
                 if !need_ps || !r.ps_addrs.is_empty() {
                     let job = JobConfig::from_toml(&r.job_toml, Path::new("<master>"))?;
-                    return Ok((job, r.ps_addrs, r.heartbeat_ms as u64, r.restore));
+                    return Ok(Registration {
+                        job,
+                        ps_addrs: r.ps_addrs,
+                        heartbeat_ms: r.heartbeat_ms as u64,
+                        restore: r.restore,
+                        layout_version: r.layout_version,
+                        num_ps: r.num_ps,
+                        joining: r.joining,
+                    });
                 }
             }
             Err(s) if is_transient(&s) => {}
@@ -166,8 +207,9 @@ struct Shared {
     heartbeat_seq: AtomicU64,
     /// When the master last acknowledged this node.
     last_ack: Mutex<Option<Instant>>,
-    /// PS addresses as last published by the master (a replaced PS has a new one).
-    ps_addrs: Mutex<Vec<String>>,
+    /// The PS layout as last published by the master (a new version when the servers
+    /// were re-sharded; the same version with a new address when a PS was replaced).
+    ps_layout: Mutex<PsLayout>,
     /// Where the training loop's time goes (the master's profile), microseconds.
     profile: TimeSplit,
 }
@@ -260,9 +302,10 @@ fn apply_heartbeat_reply(
             shared
                 .active_workers
                 .store(r.active_workers, Ordering::Relaxed);
-            if !r.ps_addrs.is_empty() {
-                *shared.ps_addrs.lock() = r.ps_addrs.clone();
-            }
+            shared
+                .ps_layout
+                .lock()
+                .update(r.layout_version, &r.ps_addrs);
             if r.action() == NodeAction::Stop {
                 shared.stop.store(true, Ordering::Relaxed);
             }
@@ -276,11 +319,27 @@ fn apply_heartbeat_reply(
 }
 
 /// Where each (sample, table) slot of a batch lives: PS index and position in that PS's
-/// unique-row list.
+/// unique-row list, under the PS layout `layout`.
 struct Routing {
     per_ps: Vec<(Vec<u32>, Vec<u64>)>,
     slot: Vec<(u32, u32)>,
+    layout: u64,
 }
+
+/// Why a round of calls to the parameter servers did not complete.
+enum Refusal {
+    /// PS `i` is unreachable (died, or restarting): wait for its replacement.
+    Unreachable(usize, tonic::Status),
+    /// PS `i` does not serve the layout the call was routed by: wait for the new layout.
+    Layout(usize, tonic::Status),
+}
+
+/// How long a worker waits for the master to publish a new layout after a server refused
+/// its layout before it tries the servers again (they may be finishing their commit).
+const LAYOUT_POLL: Duration = Duration::from_millis(50);
+
+/// How long servers may refuse a worker's layout before it gives up.
+const LAYOUT_WAIT_LIMIT: Duration = Duration::from_secs(120);
 
 /// Dense model copy plus the PS connections.
 struct RemoteModel {
@@ -292,6 +351,9 @@ struct RemoteModel {
     ps: Vec<Ps>,
     /// Address of each PS connection (to notice a replaced PS).
     addrs: Vec<String>,
+    /// Version of the PS layout `ps`, `addrs` and `slices` belong to: every pull and push
+    /// names it, and a server of another layout refuses them.
+    layout: u64,
     token: String,
     max_bytes: usize,
     call_timeout: Duration,
@@ -307,45 +369,80 @@ struct RemoteModel {
 impl RemoteModel {
     fn new(
         job: &JobConfig,
-        addrs: Vec<String>,
+        layout: PsLayout,
         token: String,
         shared: Arc<Shared>,
         worker_id: u32,
     ) -> anyhow::Result<Self> {
-        let max_bytes = job.cluster.max_message_bytes;
-        let call_timeout = job.cluster.rpc_timeout();
-        let ps = addrs
-            .iter()
-            .map(|a| rpc::ps_client(a, &token, max_bytes, call_timeout))
-            .collect::<anyhow::Result<Vec<_>>>()?;
         let dense = dense_model(job)?;
         let batch = job.train.batch_size;
-        let n = dense.num_params();
-        let p = ps.len();
-        Ok(Self {
+        let mut me = Self {
             ws: dense.workspace(batch),
             emb: vec![0.0; batch * NUM_SPARSE * job.model.embedding_dim],
             table_rows: crate::trainer::resolve_table_rows(job),
             dim: job.model.embedding_dim,
-            slices: (0..p).map(|i| dense_slice(n, p, i)).collect(),
-            versions: vec![0; p],
+            slices: Vec::new(),
+            versions: Vec::new(),
             need_dense: true,
             staleness: job.cluster.staleness as u64,
             mode: job.cluster.mode,
             dense,
-            ps,
-            addrs,
+            ps: Vec::new(),
+            addrs: Vec::new(),
+            layout: 0,
             token,
-            max_bytes,
-            call_timeout,
+            max_bytes: job.cluster.max_message_bytes,
+            call_timeout: job.cluster.rpc_timeout(),
             shared,
             worker_id,
-        })
+        };
+        me.connect(layout)?;
+        Ok(me)
+    }
+
+    /// Routes by `layout` from now on: clients (connections to addresses that stay are
+    /// kept), dense slices, and fresh dense parameters at the next pull.
+    fn connect(&mut self, layout: PsLayout) -> anyhow::Result<()> {
+        let mut open: HashMap<String, Ps> = self.addrs.drain(..).zip(self.ps.drain(..)).collect();
+        self.ps = layout
+            .addrs
+            .iter()
+            .map(|a| match open.remove(a) {
+                Some(c) => Ok(c),
+                None => rpc::ps_client(a, &self.token, self.max_bytes, self.call_timeout),
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let (p, n) = (self.ps.len(), self.dense.num_params());
+        self.addrs = layout.addrs;
+        self.layout = layout.version;
+        self.slices = (0..p).map(|i| dense_slice(n, p, i)).collect();
+        self.versions = vec![0; p];
+        self.need_dense = true;
+        Ok(())
+    }
+
+    /// Switches to the layout the master published when it is newer than ours.
+    fn follow_layout(&mut self) -> anyhow::Result<bool> {
+        let published = self.shared.ps_layout.lock().clone();
+        if published.version <= self.layout || published.addrs.is_empty() {
+            return Ok(false);
+        }
+        eprintln!(
+            "worker {}: PS layout {} ({} servers) replaces layout {} ({} servers)",
+            self.worker_id,
+            published.version,
+            published.addrs.len(),
+            self.layout,
+            self.ps.len()
+        );
+        self.connect(published)?;
+        Ok(true)
     }
 
     /// PS `i` failed a call: waits until the master publishes a replacement (a new
     /// address), reconnects, and asks for fresh dense parameters. A PS that stays away
     /// for two minutes ends the worker (the master stops the job or recovers it fully).
+    /// A new layout published meanwhile is taken instead.
     async fn await_replacement(&mut self, i: usize, why: &tonic::Status) -> anyhow::Result<()> {
         eprintln!(
             "worker {}: PS {i} at {} failed ({}); waiting for its replacement",
@@ -355,8 +452,15 @@ impl RemoteModel {
         );
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            let addrs = self.shared.ps_addrs.lock().clone();
-            if addrs.len() == self.addrs.len() && addrs[i] != self.addrs[i] {
+            if self.follow_layout()? {
+                return Ok(());
+            }
+            let published = self.shared.ps_layout.lock().clone();
+            let addrs = published.addrs;
+            if published.version == self.layout
+                && addrs.len() == self.addrs.len()
+                && addrs[i] != self.addrs[i]
+            {
                 for (k, a) in addrs.iter().enumerate() {
                     if *a != self.addrs[k] {
                         self.ps[k] =
@@ -378,6 +482,44 @@ impl RemoteModel {
         }
     }
 
+    /// PS `i` refused our layout (the servers are being re-sharded, or were): waits for
+    /// the master to publish a newer layout and switches to it; without one within
+    /// [`LAYOUT_POLL`], returns to retry the same layout (the servers of a layout we
+    /// already have may be finishing their commit). Servers that refuse every layout we
+    /// get for [`LAYOUT_WAIT_LIMIT`] since `since` end the worker.
+    async fn await_layout(
+        &mut self,
+        i: usize,
+        why: &tonic::Status,
+        since: Instant,
+    ) -> anyhow::Result<()> {
+        if since.elapsed() < LAYOUT_POLL {
+            eprintln!(
+                "worker {}: PS {i} refused layout {} ({}); waiting for the new layout",
+                self.worker_id,
+                self.layout,
+                why.message()
+            );
+        }
+        let poll = Instant::now();
+        loop {
+            if self.follow_layout()? {
+                return Ok(());
+            }
+            if since.elapsed() > LAYOUT_WAIT_LIMIT {
+                bail!(
+                    "the parameter servers refused layout {} for {} s ({why})",
+                    self.layout,
+                    LAYOUT_WAIT_LIMIT.as_secs()
+                );
+            }
+            if poll.elapsed() >= LAYOUT_POLL {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     fn route(&self, batch: &Batch) -> Routing {
         let p = self.ps.len();
         let mut per_ps: Vec<(Vec<u32>, Vec<u64>)> = vec![(Vec::new(), Vec::new()); p];
@@ -394,26 +536,77 @@ impl RemoteModel {
             });
             slot.push((s as u32, k));
         }
-        Routing { per_ps, slot }
+        Routing {
+            per_ps,
+            slot,
+            layout: self.layout,
+        }
+    }
+
+    /// `r` routed by the current layout instead of the one it was made for (the same
+    /// unique rows, each at its new owner; the slots follow them).
+    fn reroute(&self, r: &Routing) -> Routing {
+        let p = self.ps.len();
+        let mut per_ps: Vec<(Vec<u32>, Vec<u64>)> = vec![(Vec::new(), Vec::new()); p];
+        // Each (table, row) appears once in `r`, under one server.
+        let moved: Vec<Vec<(u32, u32)>> = r
+            .per_ps
+            .iter()
+            .map(|(tables, rows)| {
+                tables
+                    .iter()
+                    .zip(rows)
+                    .map(|(&t, &row)| {
+                        let s = shard_of(t as usize, row, p as u32) as usize;
+                        per_ps[s].0.push(t);
+                        per_ps[s].1.push(row);
+                        (s as u32, (per_ps[s].1.len() - 1) as u32)
+                    })
+                    .collect()
+            })
+            .collect();
+        let slot = r
+            .slot
+            .iter()
+            .map(|&(s, k)| moved[s as usize][k as usize])
+            .collect();
+        Routing {
+            per_ps,
+            slot,
+            layout: self.layout,
+        }
     }
 
     /// Pulls the batch's rows (and the dense parameters when stale) into place, waiting
-    /// out the replacement of a failed PS.
+    /// out the replacement of a failed PS and changes of the PS layout (the pull is done
+    /// again by the new layout's routing).
     async fn pull(&mut self, routing: &Routing) -> anyhow::Result<()> {
+        self.follow_layout()?;
+        let mut refused_since = None;
         loop {
-            match self.try_pull(routing).await? {
+            let rerouted;
+            let r = if routing.layout == self.layout {
+                routing
+            } else {
+                rerouted = self.reroute(routing);
+                &rerouted
+            };
+            match self.try_pull(r).await? {
                 None => return Ok(()),
-                Some((i, status)) => self.await_replacement(i, &status).await?,
+                Some(Refusal::Unreachable(i, status)) => self.await_replacement(i, &status).await?,
+                Some(Refusal::Layout(i, status)) => {
+                    let since = *refused_since.get_or_insert_with(Instant::now);
+                    self.await_layout(i, &status, since).await?
+                }
             }
         }
     }
 
-    /// One pull attempt; `Some((ps, status))` when a PS was unreachable.
-    async fn try_pull(
-        &mut self,
-        routing: &Routing,
-    ) -> anyhow::Result<Option<(usize, tonic::Status)>> {
+    /// One pull attempt (`routing` is of the current layout); `Some` when a PS was
+    /// unreachable or refused the layout.
+    async fn try_pull(&mut self, routing: &Routing) -> anyhow::Result<Option<Refusal>> {
         let want_dense = self.need_dense || self.mode == SyncMode::Sync;
+        let layout_version = self.layout;
         let calls = self
             .ps
             .iter()
@@ -425,6 +618,7 @@ impl RemoteModel {
                     tables: tables.clone(),
                     rows: rows.clone(),
                     want_dense,
+                    layout_version,
                 };
                 async move { c.pull(req).await }
             });
@@ -435,7 +629,8 @@ impl RemoteModel {
         for (i, r) in replies.into_iter().enumerate() {
             match r {
                 Ok(r) => replies_ok.push(r.into_inner()),
-                Err(s) if is_transient(&s) => return Ok(Some((i, s))),
+                Err(s) if rpc::is_layout_refusal(&s) => return Ok(Some(Refusal::Layout(i, s))),
+                Err(s) if is_transient(&s) => return Ok(Some(Refusal::Unreachable(i, s))),
                 Err(s) => return Err(s).with_context(|| format!("pull from PS {i}")),
             }
         }
@@ -474,7 +669,50 @@ impl RemoteModel {
             .forward_backward(&batch.dense, emb, &batch.labels, &mut self.ws)?)
     }
 
-    /// Pushes the gradients of `batch` to every PS; returns once all accepted them.
+    /// The push of `part` to PS `j` of the current layout: the whole dense slice in the
+    /// plain form, other ranges as spans.
+    fn push_request(
+        &self,
+        j: usize,
+        part: &PushPart,
+        dense_grad: &[f32],
+        contributors: u32,
+        batch: BatchKey,
+        samples: u32,
+    ) -> PushRequest {
+        let whole = part.dense.len() == 1 && part.dense[0] == self.slices[j];
+        let (dense_grad, dense_spans) = if whole || part.dense.is_empty() {
+            let slice = part.dense.first().cloned().unwrap_or_default();
+            (dense_grad[slice].to_vec(), Vec::new())
+        } else {
+            let values = part.dense.iter().flat_map(|r| &dense_grad[r.clone()]);
+            let spans = part.dense.iter().map(|r| DenseSpan {
+                start: r.start as u64,
+                len: r.len() as u64,
+            });
+            (values.copied().collect(), spans.collect())
+        };
+        PushRequest {
+            version: rpc::version(),
+            worker_id: self.worker_id,
+            tables: part.tables.clone(),
+            rows: part.rows.clone(),
+            grads: part.grads.clone(),
+            dense_grad,
+            base_version: self.versions[j],
+            step: self.versions[j],
+            contributors,
+            batch: Some(batch),
+            samples,
+            layout_version: self.layout,
+            dense_spans,
+        }
+    }
+
+    /// Pushes the gradients of `batch` to every PS; returns once all accepted them. A PS
+    /// that failed is retried alone once replaced (the others applied their part). When
+    /// servers refuse the layout (re-sharding), only the parts they refused are split by
+    /// the new layout and sent to the new owners: the accepted parts moved with the state.
     async fn push(
         &mut self,
         routing: &Routing,
@@ -482,6 +720,14 @@ impl RemoteModel {
         batch: BatchKey,
         samples: u32,
     ) -> anyhow::Result<()> {
+        self.follow_layout()?;
+        let rerouted;
+        let routing = if routing.layout == self.layout {
+            routing
+        } else {
+            rerouted = self.reroute(routing);
+            &rerouted
+        };
         let d = self.dim;
         let d_emb = self.ws.d_emb();
         let mut grads: Vec<Vec<f32>> = routing
@@ -495,52 +741,70 @@ impl RemoteModel {
                 *a += g;
             }
         }
-        // A PS that failed is retried alone once replaced: the others already applied
-        // their part of this batch.
-        let mut pending: Vec<usize> = (0..self.ps.len()).collect();
-        loop {
-            let dense_grad = self.ws.grads();
-            let calls = pending.iter().map(|&i| {
-                let mut c = self.ps[i].clone();
-                let (tables, rows) = &routing.per_ps[i];
-                let req = PushRequest {
-                    version: rpc::version(),
-                    worker_id: self.worker_id,
+        // What each server of the current layout has not accepted yet (`None`: accepted).
+        let mut parts: Vec<Option<PushPart>> = routing
+            .per_ps
+            .iter()
+            .zip(grads)
+            .zip(&self.slices)
+            .map(|(((tables, rows), grads), slice)| {
+                Some(PushPart {
                     tables: tables.clone(),
                     rows: rows.clone(),
-                    grads: grads[i].clone(),
-                    dense_grad: dense_grad[self.slices[i].clone()].to_vec(),
-                    base_version: self.versions[i],
-                    step: self.versions[i],
-                    contributors,
-                    batch: Some(batch),
-                    samples,
-                };
+                    grads,
+                    dense: vec![slice.clone()],
+                })
+            })
+            .collect();
+        let mut parts_layout = self.layout;
+        let mut refused_since = None;
+        loop {
+            let dense_grad = self.ws.grads();
+            let pending: Vec<usize> = (0..parts.len()).filter(|&i| parts[i].is_some()).collect();
+            let calls = pending.iter().map(|&i| {
+                let mut c = self.ps[i].clone();
+                let part = parts[i].as_ref().expect("pending");
+                let req = self.push_request(i, part, dense_grad, contributors, batch, samples);
                 async move { c.push(req).await }
             });
             let replies = futures_join(calls).await;
-            let mut failed = None;
-            let mut still = Vec::new();
+            let mut refusal = None;
             for (&i, r) in pending.iter().zip(replies) {
                 match r {
                     Ok(r) => {
+                        parts[i] = None;
                         let v = r.into_inner().dense_version;
                         if v.saturating_sub(self.versions[i]) > self.staleness {
                             self.need_dense = true;
                         }
                     }
+                    Err(s) if rpc::is_layout_refusal(&s) => {
+                        if !matches!(refusal, Some(Refusal::Layout(..))) {
+                            refusal = Some(Refusal::Layout(i, s));
+                        }
+                    }
                     Err(s) if is_transient(&s) => {
-                        still.push(i);
-                        failed.get_or_insert((i, s));
+                        refusal.get_or_insert(Refusal::Unreachable(i, s));
                     }
                     Err(s) => return Err(s).with_context(|| format!("push to PS {i}")),
                 }
             }
-            let Some((i, s)) = failed else {
-                return Ok(());
-            };
-            self.await_replacement(i, &s).await?;
-            pending = still;
+            match refusal {
+                None => return Ok(()),
+                Some(Refusal::Layout(i, s)) => {
+                    let since = *refused_since.get_or_insert_with(Instant::now);
+                    self.await_layout(i, &s, since).await?;
+                }
+                Some(Refusal::Unreachable(i, s)) => self.await_replacement(i, &s).await?,
+            }
+            if self.layout != parts_layout {
+                let left = parts.into_iter().flatten();
+                parts = split_parts(left, &self.slices, d)
+                    .into_iter()
+                    .map(|p| (!p.is_empty()).then_some(p))
+                    .collect();
+                parts_layout = self.layout;
+            }
         }
     }
 
@@ -550,6 +814,7 @@ impl RemoteModel {
         let mut acc = EvalAccumulator::new();
         let mut probs = Vec::new();
         for b in batches {
+            self.follow_layout()?;
             let routing = self.route(b);
             self.pull(&routing).await?;
             let n = b.len();
@@ -625,7 +890,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             .await
             .context("binding the metrics endpoint")?;
     eprintln!("worker {id}: metrics on http://{}/metrics", endpoint.addr());
-    let (_, ps_addrs, hb_ms, _) = register(
+    let reg = register_node(
         &mut master,
         Role::Worker,
         id,
@@ -634,10 +899,15 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         true,
     )
     .await?;
+    let hb_ms = reg.heartbeat_ms;
+    let layout = PsLayout {
+        version: reg.layout_version,
+        addrs: reg.ps_addrs,
+    };
     let max = job.cluster.max_message_bytes;
     let mut master = rpc::master_client(&args.master, &token, max)?;
     let shared = Arc::new(Shared::default());
-    *shared.ps_addrs.lock() = ps_addrs.clone();
+    *shared.ps_layout.lock() = layout.clone();
     *shared.last_ack.lock() = Some(Instant::now());
     tokio::spawn(heartbeat_loop(
         master.clone(),
@@ -653,7 +923,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             .saturating_sub(2 * hb_ms)
             .max(hb_ms),
     );
-    let mut model = RemoteModel::new(&job, ps_addrs, token.clone(), shared.clone(), id)?;
+    let mut model = RemoteModel::new(&job, layout, token.clone(), shared.clone(), id)?;
     let batch_size = job.train.batch_size;
     let policy = job.data.on_bad_row;
     let files: Vec<PathBuf> = job.train_files();
@@ -850,4 +1120,272 @@ fn fail_point_exit_after_push(node: u32) -> Option<u64> {
 /// machine would (or, for every worker, a job whose workers are the bottleneck).
 fn fail_point_slow_batch(node: u32) -> Option<Duration> {
     fail_point("ELASTREC_FAIL_SLOW_WORKER", node).map(Duration::from_millis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use elastrec_proto::ps::parameter_server_server::{ParameterServer, ParameterServerServer};
+    use elastrec_proto::ps::{
+        AbortRequest, AbortResponse, CheckpointRequest, CheckpointResponse, CommitRequest,
+        CommitResponse, ImportRequest, ImportResponse, InfoRequest, InfoResponse, PullResponse,
+        PushResponse, ReshardRequest, ReshardResponse,
+    };
+    use tonic::{Request, Response, Status};
+
+    const TOKEN: &str = "remotetest";
+    const DIM: usize = 4;
+
+    /// A scripted parameter server: records the pulls and pushes it gets, answers pulls
+    /// with zeros of the right sizes, and either accepts pushes or refuses them for their
+    /// layout, publishing `next` (the layout the master would publish) when it refuses.
+    struct Fake {
+        slice_len: usize,
+        refuse: bool,
+        next: Option<(Arc<Shared>, PsLayout)>,
+        pulls: Mutex<Vec<PullRequest>>,
+        pushes: Mutex<Vec<PushRequest>>,
+    }
+
+    /// The service of a [`Fake`] (which the test keeps to look at).
+    struct FakeService(Arc<Fake>);
+
+    impl std::ops::Deref for FakeService {
+        type Target = Fake;
+        fn deref(&self) -> &Fake {
+            &self.0
+        }
+    }
+
+    #[tonic::async_trait]
+    impl ParameterServer for FakeService {
+        async fn pull(&self, r: Request<PullRequest>) -> Result<Response<PullResponse>, Status> {
+            let r = r.into_inner();
+            let reply = PullResponse {
+                values: vec![0.0; r.rows.len() * DIM],
+                dense: vec![0.0; if r.want_dense { self.slice_len } else { 0 }],
+                dense_version: 1,
+            };
+            self.pulls.lock().push(r);
+            Ok(Response::new(reply))
+        }
+
+        async fn push(&self, r: Request<PushRequest>) -> Result<Response<PushResponse>, Status> {
+            self.pushes.lock().push(r.into_inner());
+            if self.refuse {
+                if let Some((shared, next)) = &self.next {
+                    *shared.ps_layout.lock() = next.clone();
+                }
+                return Err(rpc::layout_refusal("PS 1 is moving to layout 1"));
+            }
+            Ok(Response::new(PushResponse { dense_version: 1 }))
+        }
+
+        async fn info(&self, _: Request<InfoRequest>) -> Result<Response<InfoResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+
+        async fn checkpoint(
+            &self,
+            _: Request<CheckpointRequest>,
+        ) -> Result<Response<CheckpointResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+
+        async fn reshard(
+            &self,
+            _: Request<ReshardRequest>,
+        ) -> Result<Response<ReshardResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+
+        async fn import_shard(
+            &self,
+            _: Request<ImportRequest>,
+        ) -> Result<Response<ImportResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+
+        async fn commit_layout(
+            &self,
+            _: Request<CommitRequest>,
+        ) -> Result<Response<CommitResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+
+        async fn abort_layout(
+            &self,
+            _: Request<AbortRequest>,
+        ) -> Result<Response<AbortResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+    }
+
+    async fn serve(fake: Arc<Fake>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let svc = tonic::service::interceptor::InterceptedService::new(
+            ParameterServerServer::new(FakeService(fake)),
+            rpc::ServerAuth::new(TOKEN),
+        );
+        tokio::spawn(
+            rpc::server()
+                .add_service(svc)
+                .serve_with_incoming(rpc::incoming(listener)),
+        );
+        addr
+    }
+
+    fn fake(slice_len: usize, refuse: bool, next: Option<(Arc<Shared>, PsLayout)>) -> Arc<Fake> {
+        Arc::new(Fake {
+            slice_len,
+            refuse,
+            next,
+            pulls: Mutex::new(Vec::new()),
+            pushes: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Layout 0 has two servers; server 0 accepts a push, server 1 refuses it (it froze
+    /// for layout 1, of three servers). The worker sends server 1's part, and only that,
+    /// to the servers of layout 1: each row to its new owner, the dense ranges of server
+    /// 1's slice cut by the new slices (as spans where partial). A pull routed by layout 0
+    /// is then done by layout 1's routing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_push_part_goes_to_the_new_owners_only() {
+        let job = JobConfig::from_toml(
+            &format!(
+                "[model]\nbottom_mlp = [8, {DIM}]\ntop_mlp = [8, 1]\nembedding_dim = {DIM}\n\
+                 table_rows = 1000\n[cluster]\nps = 2\n"
+            ),
+            Path::new("job.toml"),
+        )
+        .unwrap();
+        let total = dense_model(&job).unwrap().num_params();
+        let shared = Arc::new(Shared::default());
+        let new: Vec<Arc<Fake>> = (0..3)
+            .map(|j| fake(dense_slice(total, 3, j).len(), false, None))
+            .collect();
+        let mut new_addrs = Vec::new();
+        for f in &new {
+            new_addrs.push(serve(f.clone()).await);
+        }
+        let next = PsLayout {
+            version: 1,
+            addrs: new_addrs,
+        };
+        let old = [
+            fake(dense_slice(total, 2, 0).len(), false, None),
+            fake(
+                dense_slice(total, 2, 1).len(),
+                true,
+                Some((shared.clone(), next)),
+            ),
+        ];
+        let layout0 = PsLayout {
+            version: 0,
+            addrs: vec![serve(old[0].clone()).await, serve(old[1].clone()).await],
+        };
+        *shared.ps_layout.lock() = layout0.clone();
+        let mut model = RemoteModel::new(&job, layout0, TOKEN.into(), shared, 7).unwrap();
+        for (i, g) in model.ws.grads_mut().iter_mut().enumerate() {
+            *g = i as f32;
+        }
+        // 40 rows of 3 tables routed by layout 0 (the slots do not matter here).
+        let mut per_ps = vec![(Vec::new(), Vec::new()); 2];
+        for t in 0..3u32 {
+            for r in (0..40u64).map(|k| k * 7 + u64::from(t)) {
+                let s = shard_of(t as usize, r, 2) as usize;
+                per_ps[s].0.push(t);
+                per_ps[s].1.push(r);
+            }
+        }
+        let routing = Routing {
+            per_ps: per_ps.clone(),
+            slot: Vec::new(),
+            layout: 0,
+        };
+        let key = BatchKey {
+            epoch: 1,
+            file: 0,
+            start_row: 64,
+        };
+        model.push(&routing, 1, key, 8).await.unwrap();
+        assert_eq!(model.layout, 1);
+        let (a, b) = (old[0].pushes.lock().clone(), old[1].pushes.lock().clone());
+        assert_eq!((a.len(), b.len()), (1, 1));
+        assert_eq!(a[0].rows, per_ps[0].1);
+        assert_eq!(a[0].dense_grad.len(), dense_slice(total, 2, 0).len());
+        assert!(a[0].dense_spans.is_empty(), "a whole slice is sent plain");
+        // Server 1's part, re-split.
+        let refused_slice = dense_slice(total, 2, 1);
+        let mut rows_resent = Vec::new();
+        for (j, f) in new.iter().enumerate() {
+            let got = f.pushes.lock().clone();
+            assert_eq!(got.len(), 1, "PS {j} of layout 1");
+            let p = &got[0];
+            assert_eq!((p.layout_version, p.batch, p.worker_id), (1, Some(key), 7));
+            for (&t, &r) in p.tables.iter().zip(&p.rows) {
+                assert_eq!(shard_of(t as usize, r, 3), j as u32);
+                assert_eq!(
+                    shard_of(t as usize, r, 2),
+                    1,
+                    "row of the accepted part resent"
+                );
+                rows_resent.push((t, r));
+            }
+            assert_eq!(p.grads.len(), p.rows.len() * DIM);
+            let mine = dense_slice(total, 3, j);
+            let (lo, hi) = (
+                mine.start.max(refused_slice.start),
+                mine.end.min(refused_slice.end),
+            );
+            let want: Vec<f32> = (lo..hi).map(|i| i as f32).collect();
+            assert_eq!(p.dense_grad, want, "PS {j}");
+            if lo >= hi || (lo..hi) == mine {
+                assert!(p.dense_spans.is_empty(), "PS {j}: {:?}", p.dense_spans);
+            } else {
+                assert_eq!(
+                    p.dense_spans,
+                    vec![DenseSpan {
+                        start: lo as u64,
+                        len: (hi - lo) as u64
+                    }]
+                );
+            }
+        }
+        rows_resent.sort();
+        let mut refused: Vec<(u32, u64)> = per_ps[1]
+            .0
+            .iter()
+            .copied()
+            .zip(per_ps[1].1.iter().copied())
+            .collect();
+        refused.sort();
+        assert_eq!(rows_resent, refused);
+
+        model.pull(&routing).await.unwrap();
+        let mut pulled = Vec::new();
+        for (j, f) in new.iter().enumerate() {
+            let got = f.pulls.lock().clone();
+            assert_eq!(got.len(), 1);
+            assert_eq!(got[0].layout_version, 1);
+            assert!(
+                got[0].want_dense,
+                "fresh dense parameters after a layout change"
+            );
+            for (&t, &r) in got[0].tables.iter().zip(&got[0].rows) {
+                assert_eq!(shard_of(t as usize, r, 3), j as u32);
+                pulled.push((t, r));
+            }
+        }
+        pulled.sort();
+        let mut all: Vec<(u32, u64)> = per_ps
+            .iter()
+            .flat_map(|(t, r)| t.iter().copied().zip(r.iter().copied()))
+            .collect();
+        all.sort();
+        assert_eq!(pulled, all);
+        assert!(old[0].pulls.lock().is_empty());
+    }
 }

@@ -195,6 +195,24 @@ pub fn is_transient(s: &Status) -> bool {
     )
 }
 
+/// Start of the message of a parameter server's refusal of a request routed by another
+/// layout than the one it serves (code `ABORTED`; see [`is_layout_refusal`]).
+pub const LAYOUT_REFUSAL: &str = "layout changing";
+
+/// A parameter server's refusal of a request because the set of servers is being changed
+/// (or was changed): the request was routed by a layout the server does not serve. The
+/// caller waits for the master to publish the current layout and routes the request again.
+/// Code `ABORTED` (a version check failed, the gRPC meaning of it) and a message starting
+/// with [`LAYOUT_REFUSAL`]; the rest of the message says which layouts.
+pub fn layout_refusal(detail: impl std::fmt::Display) -> Status {
+    Status::aborted(format!("{LAYOUT_REFUSAL}: {detail}"))
+}
+
+/// True for a refusal made by [`layout_refusal`].
+pub fn is_layout_refusal(s: &Status) -> bool {
+    s.code() == tonic::Code::Aborted && s.message().starts_with(LAYOUT_REFUSAL)
+}
+
 /// Pause between two attempts of a call that failed transiently.
 pub const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
@@ -303,6 +321,18 @@ mod tests {
         })
         .await;
         assert_eq!(r.unwrap_err().code(), tonic::Code::Unavailable);
+    }
+
+    #[test]
+    fn layout_refusals_are_told_apart_from_other_aborts() {
+        let s = layout_refusal("PS 1 serves layout 3, the request was routed by layout 2");
+        assert!(is_layout_refusal(&s));
+        assert!(
+            !is_transient(&s),
+            "a refusal is not retried as a dead server"
+        );
+        assert!(!is_layout_refusal(&Status::aborted("something else")));
+        assert!(!is_layout_refusal(&Status::unavailable(LAYOUT_REFUSAL)));
     }
 
     #[test]
