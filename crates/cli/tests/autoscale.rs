@@ -201,3 +201,81 @@ fn a_job_keeps_training_while_its_brain_service_is_down_and_reconnects() {
         r["autoscale"]
     );
 }
+
+fn scale_ps(dir: &Path, ps: u32) -> String {
+    let out = elastrec(&["scale", dir.to_str().unwrap(), "--ps", &ps.to_string()]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "scale --ps {ps}: {}{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// The PS count goes 2 -> 4 -> 2 while the job trains: the servers re-shard online (rows
+/// and optimizer state move to their new owners, workers re-route without restarting),
+/// the ledger stays exact and the model as good as single-process; each change reports
+/// its training pause and the bytes it moved.
+#[test]
+fn the_ps_count_changes_online_two_four_two_without_losing_anything() {
+    let _g = serial();
+    let (job, dir) = write_job(
+        "reshard",
+        "[cluster]\nps = 2\nworkers = 2\nwarmup_steps = 20\n[checkpoint]\nenabled = false\n",
+    );
+    let log = dir.with_extension("log");
+    let total = 2 * fixture().train_rows;
+    let mut run = Group::spawn_with_env(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--pause-at-samples",
+            &(total / 4).to_string(),
+        ],
+        &log,
+        &[("ELASTREC_FAIL_SLOW_WORKER", "*:10")],
+    );
+    wait_held(&dir);
+    // Training goes on towards the next pause point while the servers re-shard.
+    pause_at(&dir, total / 2);
+    let up = scale_ps(&dir, 4);
+    let s = wait_held(&dir);
+    assert_eq!(s["layout"]["ps"], 4, "{s}\n{up}");
+    let ps_running = s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["role"] == "ps" && n["state"] == "running")
+        .count();
+    assert_eq!(ps_running, 4, "{s}");
+    pause_at(&dir, 3 * total / 4);
+    let down = scale_ps(&dir, 2);
+    let s = wait_held(&dir);
+    assert_eq!(s["layout"]["ps"], 2, "{s}\n{down}");
+    unpause(&dir);
+    assert!(
+        run.wait(Duration::from_secs(300)).success(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    check_result(&dir, &log, 0.005);
+    let r = result(&dir);
+    assert_eq!(r["workers_launched"], 2, "a worker was restarted: {r}");
+    assert_eq!(r["workers_dead"], 0, "{r}");
+    let changes = r["reshards"].as_array().unwrap();
+    assert_eq!(changes.len(), 2, "{r}");
+    assert_eq!(
+        (changes[0]["from"].as_u64(), changes[0]["to"].as_u64()),
+        (Some(2), Some(4))
+    );
+    assert_eq!(
+        (changes[1]["from"].as_u64(), changes[1]["to"].as_u64()),
+        (Some(4), Some(2))
+    );
+    for c in changes {
+        assert!(c["pause_ms"].as_f64().unwrap() > 0.0, "{c}");
+        assert!(c["precopy_bytes"].as_u64().unwrap() > 0, "{c}");
+    }
+    eprintln!("PS changes: {}", serde_json::to_string(changes).unwrap());
+}

@@ -47,7 +47,9 @@ pub fn settings(cfg: &JobConfig, brain_job_id: &str) -> Settings {
         },
         worker_start_s: a.worker_start_s,
         ps_migration_s: a.ps_migration_s,
-        ps_scaling: false,
+        // Online re-sharding moves the servers' state between layouts; synchronous
+        // steps would straddle them, so it is for asynchronous jobs.
+        ps_scaling: cfg.cluster.mode == elastrec_worker::cluster::SyncMode::Async,
     }
 }
 
@@ -365,6 +367,15 @@ async fn execute(core: &MasterCore, auto: &mut Autoscaler, d: &Decision, v: &Vie
             predicted,
             reasons,
         } => {
+            if *ps != v.ps {
+                let why = reasons.last().cloned().unwrap_or_default();
+                if let Err(e) =
+                    crate::reshard::change_ps(core, *ps, &format!("{source}: {why}")).await
+                {
+                    eprintln!("autoscale: {e:#}");
+                    return;
+                }
+            }
             let target = *workers;
             let r = core
                 .run(|job, cx| {

@@ -217,7 +217,11 @@ pub struct Coordinator {
     token: String,
     max_bytes: usize,
     fingerprint: Fingerprint,
-    num_ps: u32,
+    /// PS count of the layout in force (changes with online re-sharding).
+    num_ps: std::sync::atomic::AtomicU32,
+    /// The next checkpoint must be full (the PS layout changed: a delta's base was written
+    /// by other servers).
+    force_full: AtomicBool,
     total_samples: u64,
     started: Instant,
     stats: Mutex<CheckpointStats>,
@@ -254,7 +258,8 @@ impl Coordinator {
             token: token.to_string(),
             max_bytes: job.cluster.max_message_bytes,
             fingerprint,
-            num_ps: job.cluster.ps,
+            num_ps: std::sync::atomic::AtomicU32::new(job.cluster.ps),
+            force_full: AtomicBool::new(false),
             total_samples: total_samples.max(1),
             started: Instant::now(),
             stats: Mutex::new(stats),
@@ -340,7 +345,7 @@ impl Coordinator {
         let mut d = decide(
             &c,
             t_total,
-            self.num_ps,
+            self.num_ps(),
             self.cfg.target_pls,
             self.cfg.min_benefit,
         );
@@ -392,6 +397,26 @@ impl Coordinator {
             SavePriority::None => full,
             _ => full * self.cfg.ratio,
         }
+    }
+
+    /// PS count of the layout in force.
+    pub fn num_ps(&self) -> u32 {
+        self.num_ps.load(Ordering::Acquire)
+    }
+
+    /// The PS layout changed to `num_ps` servers: checkpoints are written by them from now
+    /// on, and the next one is full.
+    pub fn layout_changed(&self, num_ps: u32) {
+        self.num_ps.store(num_ps, Ordering::Release);
+        self.force_full.store(true, Ordering::Release);
+        if let Some(p) = self.stats.lock().pls.as_mut() {
+            p.n_emb = num_ps;
+        }
+    }
+
+    /// True while a checkpoint is being taken.
+    pub fn busy(&self) -> bool {
+        self.busy.load(Ordering::Acquire)
     }
 
     /// True when a checkpoint is due and none is running.
@@ -456,12 +481,14 @@ impl Coordinator {
         let addrs = addrs.context("not every parameter server is up")?;
         let id = self.store.next_id().await?;
         let ratio = self.cfg.ratio;
+        let forced_full = self.force_full.swap(false, Ordering::AcqRel);
         let delta = {
             let st = self.stats.lock();
             let per_full = (1.0 / ratio).round().max(1.0) as u32;
             self.cfg.priority != SavePriority::None
                 && st.count > 0
                 && st.deltas_since_full + 1 < per_full
+                && !forced_full
         };
         let shm_namespace = if self.cfg.shm {
             self.shm_ns.clone()
@@ -526,7 +553,7 @@ impl Coordinator {
             } else {
                 CheckpointKind::Full
             },
-            num_ps: self.num_ps,
+            num_ps: self.num_ps(),
             step,
             samples: pos.samples(),
             parts,
@@ -556,7 +583,7 @@ impl Coordinator {
             "checkpoint {id} ({}, {reason}): {:.1} MB from {} PS at {} samples; stall {:.2} ms (memory copy {:.2} ms), persisted in {:.2} s{}",
             if delta { "delta" } else { "full" },
             bytes as f64 / 1e6,
-            self.num_ps,
+            self.num_ps(),
             manifest.samples,
             stall as f64 / 1e3,
             memcpy as f64 / 1e3,

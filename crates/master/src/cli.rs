@@ -175,6 +175,8 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
                     "recoveries": c.recoveries,
                 })),
                 "autoscale": autoscale,
+                "layout": {"version": s.layout_version, "ps": s.num_ps},
+                "reshards": serde_json::from_str::<serde_json::Value>(&s.reshards_json).unwrap_or_default(),
             })
         );
         return Ok(());
@@ -327,8 +329,12 @@ pub struct ScaleArgs {
     /// The job directory (the job's `output.dir`).
     pub job_dir: PathBuf,
     /// Desired number of workers.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub workers: u32,
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256), required_unless_present = "ps")]
+    pub workers: Option<u32>,
+    /// Desired number of parameter servers: re-sharded online while the job trains
+    /// (asynchronous jobs); returns once the new layout is in force.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub ps: Option<u32>,
 }
 
 /// Asks the master to scale the workers.
@@ -337,12 +343,27 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<()> {
     let r = client
         .scale(ScaleRequest {
             version: rpc::version(),
-            workers: args.workers,
+            workers: args.workers.unwrap_or(0),
+            ps: args.ps,
         })
         .await
         .map_err(|s| anyhow::anyhow!("scale refused: {}", s.message()))?
         .into_inner();
-    println!("workers: {} -> {}", r.previous, r.target);
+    if !r.reshard_json.is_empty() {
+        let v: serde_json::Value = serde_json::from_str(&r.reshard_json)?;
+        println!(
+            "PS: {} -> {} (layout {}); training paused {:.1} ms, moved {:.1} MB ({:.1} MB pre-copied)",
+            v["from"],
+            v["to"],
+            v["layout_version"],
+            v["pause_ms"].as_f64().unwrap_or(0.0),
+            (v["frozen_bytes"].as_f64().unwrap_or(0.0) + v["precopy_bytes"].as_f64().unwrap_or(0.0)) / 1e6,
+            v["precopy_bytes"].as_f64().unwrap_or(0.0) / 1e6
+        );
+    }
+    if args.workers.is_some() {
+        println!("workers: {} -> {}", r.previous, r.target);
+    }
     Ok(())
 }
 

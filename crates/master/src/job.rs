@@ -260,6 +260,21 @@ pub struct Job {
     rates: BTreeMap<u32, RecentRate>,
     /// No task is handed out once this many samples are trained (`elastrec pause`).
     pause_at: Option<u64>,
+    /// Version of the PS layout in force (0: the job's first; see `reshard`).
+    layout_version: u64,
+    /// A change of the PS count in progress.
+    reshard: Option<Reshard>,
+}
+
+/// A change of the PS layout in progress (`crate::reshard` drives it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reshard {
+    /// The new layout's version and PS count.
+    pub version: u64,
+    /// See `version`.
+    pub num_ps: u32,
+    /// Node ids of the PS started for the new layout (indices from the old count up).
+    pub joining: Vec<u32>,
 }
 
 /// A worker's recent rate: an exponential average over windows of at least
@@ -311,6 +326,8 @@ impl Job {
             stragglers: Default::default(),
             rates: BTreeMap::new(),
             pause_at: None,
+            layout_version: 0,
+            reshard: None,
         };
         for i in 0..job.policy.num_ps {
             job.launch(Role::Ps, i, 0, cx);
@@ -354,6 +371,8 @@ impl Job {
             stragglers: Default::default(),
             rates: BTreeMap::new(),
             pause_at: None,
+            layout_version: 0,
+            reshard: None,
         };
         for mut n in nodes {
             job.next_node = job.next_node.max(n.id + 1);
@@ -519,15 +538,155 @@ impl Job {
             && self.running_workers() == self.target_workers
     }
 
-    /// PS addresses by index once all have registered.
+    /// PS addresses of the layout in force, by index, once all have registered.
     pub fn ps_addrs(&self) -> Option<Vec<String>> {
         let mut addrs = vec![String::new(); self.policy.num_ps as usize];
         for n in self.nodes.values() {
-            if n.role == Role::Ps && n.state == NodeState::Running {
+            if n.role == Role::Ps
+                && n.state == NodeState::Running
+                && n.index < self.policy.num_ps
+                && !self.is_joining(n.id)
+            {
                 addrs[n.index as usize] = n.addr.clone();
             }
         }
         addrs.iter().all(|a| !a.is_empty()).then_some(addrs)
+    }
+
+    /// Version of the PS layout in force.
+    pub fn layout_version(&self) -> u64 {
+        self.layout_version
+    }
+
+    /// Restores the layout after a master restart (its PS count is the policy's).
+    pub fn set_layout(&mut self, version: u64, num_ps: u32) {
+        self.layout_version = version;
+        self.policy.num_ps = num_ps;
+    }
+
+    /// The change of the PS layout in progress, if any.
+    pub fn reshard(&self) -> Option<&Reshard> {
+        self.reshard.as_ref()
+    }
+
+    /// True for a PS started for a layout that is not committed yet.
+    pub fn is_joining(&self, id: u32) -> bool {
+        self.reshard
+            .as_ref()
+            .is_some_and(|r| r.joining.contains(&id))
+    }
+
+    /// Starts changing the PS count to `num_ps`: launches the servers of the new layout
+    /// that do not exist yet (they join empty and receive their rows). Refused while the
+    /// job is not training, a PS is being recovered or another change is in progress.
+    pub fn begin_reshard(&mut self, num_ps: u32, cx: &mut impl Context) -> Result<u64, String> {
+        if self.phase != Phase::Training {
+            return Err("the job is no longer training".into());
+        }
+        if self.reshard.is_some() {
+            return Err("a change of the PS count is already in progress".into());
+        }
+        if self.recovering() {
+            return Err(
+                "a parameter server is being recovered; change the PS count once every PS runs"
+                    .into(),
+            );
+        }
+        if num_ps == 0 || num_ps > 64 {
+            return Err(format!("{num_ps} PS: must be between 1 and 64"));
+        }
+        if num_ps == self.policy.num_ps {
+            return Err(format!("the job already runs {num_ps} PS"));
+        }
+        let version = self.layout_version + 1;
+        let joining = (self.policy.num_ps..num_ps)
+            .map(|i| self.launch(Role::Ps, i, 0, cx))
+            .collect();
+        self.reshard = Some(Reshard {
+            version,
+            num_ps,
+            joining,
+        });
+        Ok(version)
+    }
+
+    /// The new layout's servers by index once every joining one has registered
+    /// (`Err` when one of them died).
+    pub fn reshard_targets(&self) -> Result<Option<Vec<String>>, String> {
+        let Some(r) = &self.reshard else {
+            return Err("no change of the PS count in progress".into());
+        };
+        let mut addrs = vec![String::new(); r.num_ps as usize];
+        for n in self.nodes.values().filter(|n| n.role == Role::Ps) {
+            let joining = r.joining.contains(&n.id);
+            if joining && !n.state.is_live() {
+                return Err(format!("PS {} (node {}) died while joining", n.index, n.id));
+            }
+            let member = joining || (n.index < self.policy.num_ps && n.index < r.num_ps);
+            if member && n.state == NodeState::Running && n.index < r.num_ps {
+                addrs[n.index as usize] = n.addr.clone();
+            }
+        }
+        Ok(addrs.iter().all(|a| !a.is_empty()).then_some(addrs))
+    }
+
+    /// The new layout is committed on every server: it is in force from now; servers
+    /// beyond the new count retire (their processes are stopped).
+    pub fn commit_reshard(&mut self, cx: &mut impl Context) {
+        let Some(r) = self.reshard.take() else { return };
+        let retired: Vec<u32> = self
+            .nodes
+            .values()
+            .filter(|n| n.role == Role::Ps && n.state.is_live() && n.index >= r.num_ps)
+            .map(|n| n.id)
+            .collect();
+        for id in retired {
+            let n = self.nodes.get_mut(&id).expect("node");
+            n.state = NodeState::Exited;
+            let n = n.clone();
+            cx.kill(&n);
+            cx.persist(Change::Node(n));
+        }
+        self.policy.num_ps = r.num_ps;
+        self.layout_version = r.version;
+        cx.persist(Change::Meta(
+            "ps_layout",
+            serde_json::to_string(&(r.version, r.num_ps)).expect("serializes"),
+        ));
+    }
+
+    /// After a master restart: PS processes of a layout that was never committed (index
+    /// beyond the count in force) are stopped. The old servers, which may have been frozen
+    /// by it, are told to abort it by the caller.
+    pub fn drop_uncommitted_servers(&mut self, cx: &mut impl Context) {
+        let stale: Vec<u32> = self
+            .nodes
+            .values()
+            .filter(|n| n.role == Role::Ps && n.state.is_live() && n.index >= self.policy.num_ps)
+            .map(|n| n.id)
+            .collect();
+        for id in stale {
+            let n = self.nodes.get_mut(&id).expect("node");
+            n.state = NodeState::Exited;
+            let n = n.clone();
+            cx.kill(&n);
+            cx.persist(Change::Node(n));
+        }
+    }
+
+    /// The change failed: the joining servers are stopped, the old layout stays.
+    pub fn abort_reshard(&mut self, cx: &mut impl Context) {
+        let Some(r) = self.reshard.take() else { return };
+        for id in r.joining {
+            if let Some(n) = self.nodes.get_mut(&id) {
+                if n.state.is_live() {
+                    n.state = NodeState::Exited;
+                    let n = n.clone();
+                    cx.kill(&n);
+                    cx.persist(Change::Node(n));
+                }
+            }
+        }
     }
 
     fn live_node(&mut self, id: u32, cx: &impl Context) -> Result<&mut Node, JobError> {
@@ -864,6 +1023,9 @@ impl Job {
             reason: reason.clone(),
         });
         match node.role {
+            // A server of a layout not yet committed holds nothing of the model: the
+            // re-sharding that started it fails and is rolled back (`crate::reshard`).
+            Role::Ps if self.is_joining(id) => {}
             Role::Ps => {
                 let active = matches!(self.phase, Phase::Training | Phase::Evaluating);
                 if active && self.policy.recover_ps && self.ps_recoveries < MAX_PS_RECOVERIES {
@@ -944,9 +1106,10 @@ impl Job {
         std::mem::take(&mut self.ps_failures)
     }
 
-    /// True while a PS is missing (dead and not yet replaced, or replaced but not up).
+    /// True while a PS is missing (dead and not yet replaced, or replaced but not up) or
+    /// the PS set is being changed: no checkpoint, no scaling then.
     pub fn recovering(&self) -> bool {
-        !self.ps_failures.is_empty() || self.ps_addrs().is_none()
+        !self.ps_failures.is_empty() || self.ps_addrs().is_none() || self.reshard.is_some()
     }
 
     /// Where training stands, for a checkpoint.

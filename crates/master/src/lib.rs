@@ -16,6 +16,7 @@ pub mod job;
 pub mod ledger;
 pub mod metrics;
 pub mod node;
+pub mod reshard;
 pub mod service;
 pub mod store;
 pub mod tasks;

@@ -94,6 +94,9 @@ pub struct JobResult {
     /// What the job used (this master's lifetime).
     #[serde(default)]
     pub resources: Resources,
+    /// Changes of the PS count while the job trained.
+    #[serde(default)]
+    pub reshards: Vec<crate::reshard::ReshardRecord>,
 }
 
 /// Resources a job used: node-seconds (the time each node process was live, summed; on
@@ -428,6 +431,10 @@ pub async fn start_job(
         job_id,
     ));
     core.set_restore_plan(initial_plan);
+    let _ = core.ps_access.set(crate::reshard::PsAccess {
+        token: token.clone(),
+        max_bytes: cfg.cluster.max_message_bytes,
+    });
     if let Some(c) = coordinator {
         core.set_checkpoints(c);
     }
@@ -504,6 +511,13 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
     if let Some(p) = snap.meta.get("pause_at") {
         job.set_pause(serde_json::from_str(p)?, &mut cx);
     }
+    // The PS layout in force when the previous master stopped (after online re-sharding);
+    // servers it had started for a layout it never committed are stopped.
+    if let Some(l) = snap.meta.get("ps_layout") {
+        let (version, num_ps): (u64, u32) = serde_json::from_str(l)?;
+        job.set_layout(version, num_ps);
+    }
+    job.drop_uncommitted_servers(&mut cx);
     store.apply(&cx.take_changes()).await?;
     // The same address, so live nodes find the new master.
     let sock: SocketAddr = addr.parse()?;
@@ -548,6 +562,7 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
             format!("parameter servers {ps_gone:?} are gone: restoring the last checkpoint")
         }
     );
+    let num_ps = job.policy().num_ps;
     let core = Arc::new(MasterCore::new(
         job,
         Writer::spawn(store),
@@ -557,6 +572,10 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
         cfg.cluster.heartbeat_ms as u32,
         job_id.clone(),
     ));
+    let _ = core.ps_access.set(crate::reshard::PsAccess {
+        token: token.clone(),
+        max_bytes: cfg.cluster.max_message_bytes,
+    });
     if cfg.checkpoint.enabled {
         let total_samples = files_rows_total(&core) * cfg.train.epochs as u64;
         let c = Arc::new(Coordinator::new(
@@ -567,6 +586,9 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
             shm_namespace(&job_id, &job_uid),
             stats,
         )?);
+        if num_ps != cfg.cluster.ps {
+            c.layout_changed(num_ps);
+        }
         core.set_checkpoints(c.clone());
         core.effects(cx);
         if !ps_gone.is_empty() && training {
@@ -834,6 +856,7 @@ async fn serve(
                 cpu_s: core.profiles.lock().values().map(|p| p.cpu_s).sum(),
                 ..used
             },
+            reshards: core.reshards.lock().clone(),
         }
     };
     if let Some(c) = core.checkpoints() {

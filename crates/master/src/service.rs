@@ -118,6 +118,10 @@ pub struct MasterCore {
     pub profiles: Mutex<std::collections::BTreeMap<u32, elastrec_proto::master::NodeProfile>>,
     /// The autoscaler's state as JSON, refreshed by its loop (absent: autoscaling off).
     pub autoscale_status: Mutex<Option<serde_json::Value>>,
+    /// How the master calls parameter servers (re-sharding).
+    pub ps_access: std::sync::OnceLock<crate::reshard::PsAccess>,
+    /// Changes of the PS count so far.
+    pub reshards: Mutex<Vec<crate::reshard::ReshardRecord>>,
 }
 
 impl MasterCore {
@@ -148,6 +152,8 @@ impl MasterCore {
             checkpoints: std::sync::OnceLock::new(),
             profiles: Mutex::new(Default::default()),
             autoscale_status: Mutex::new(None),
+            ps_access: std::sync::OnceLock::new(),
+            reshards: Mutex::new(Vec::new()),
         }
     }
 
@@ -353,6 +359,9 @@ impl MasterCore {
             checkpoint: None,
             paused_at: job.pause_at(),
             held: job.held(),
+            layout_version: job.layout_version(),
+            num_ps: job.policy().num_ps,
+            reshards_json: serde_json::to_string(&*self.reshards.lock()).unwrap_or_default(),
             autoscale_json: self
                 .autoscale_status
                 .lock()
@@ -411,11 +420,16 @@ impl Master for MasterService {
         {
             return Err(Status::invalid_argument("metrics_addr must be host:port"));
         }
-        let ps_addrs = self
+        let (ps_addrs, layout_version, num_ps, joining) = self
             .0
             .run(|job, cx| {
                 job.register(req.node_id, role, &req.addr, &req.metrics_addr, req.pid, cx)?;
-                Ok::<_, JobError>(job.ps_addrs().unwrap_or_default())
+                // A PS started for a layout being formed joins that one.
+                let (version, n, joining) = match job.reshard() {
+                    Some(r) if job.is_joining(req.node_id) => (r.version, r.num_ps, true),
+                    _ => (job.layout_version(), job.policy().num_ps, false),
+                };
+                Ok::<_, JobError>((job.ps_addrs().unwrap_or_default(), version, n, joining))
             })
             .await?
             .map_err(status_of)?;
@@ -423,14 +437,14 @@ impl Master for MasterService {
             job_toml: self.0.job_toml.clone(),
             ps_addrs,
             heartbeat_ms: self.0.heartbeat_ms,
-            restore: if role == Role::Ps {
+            restore: if role == Role::Ps && !joining {
                 self.0.restore_plan.lock().clone()
             } else {
                 None
             },
-            layout_version: 0,
-            num_ps: 0,
-            joining: false,
+            layout_version,
+            num_ps,
+            joining,
         }))
     }
 
@@ -446,7 +460,7 @@ impl Master for MasterService {
         if let Some(p) = req.profile {
             self.0.profiles.lock().insert(req.node_id, p);
         }
-        let (d, ps_addrs, active) = self
+        let (d, ps_addrs, active, layout_version) = self
             .0
             .run_depending(Depends::Nodes, |job, cx| {
                 let mut d = job.heartbeat(req.node_id, req.samples, req.step, cx);
@@ -460,6 +474,7 @@ impl Master for MasterService {
                     d,
                     job.ps_addrs().unwrap_or_default(),
                     job.training_workers(),
+                    job.layout_version(),
                 )
             })
             .await?;
@@ -472,7 +487,7 @@ impl Master for MasterService {
             action: action as i32,
             ps_addrs,
             active_workers: active,
-            layout_version: 0,
+            layout_version,
         }))
     }
 
@@ -542,10 +557,28 @@ impl Master for MasterService {
         let req = req.into_inner();
         check_version(&req.version)?;
         self.0.metrics.request("scale");
-        if req.workers == 0 || req.workers > 256 {
+        if req.workers > 256 {
             return Err(Status::invalid_argument(
                 "workers must be between 1 and 256",
             ));
+        }
+        if req.ps.is_some_and(|p| p == 0 || p > 64) {
+            return Err(Status::invalid_argument("ps must be between 1 and 64"));
+        }
+        let mut reshard_json = String::new();
+        if let Some(ps) = req.ps {
+            let r = crate::reshard::change_ps(&self.0, ps, "requested")
+                .await
+                .map_err(|e| Status::failed_precondition(format!("{e:#}")))?;
+            reshard_json = serde_json::to_string(&r).unwrap_or_default();
+        }
+        if req.workers == 0 {
+            let target = self.0.job.lock().target_workers();
+            return Ok(Response::new(ScaleResponse {
+                previous: target,
+                target,
+                reshard_json,
+            }));
         }
         let previous = self
             .0
@@ -565,6 +598,7 @@ impl Master for MasterService {
         Ok(Response::new(ScaleResponse {
             previous,
             target: req.workers,
+            reshard_json,
         }))
     }
 
