@@ -466,6 +466,11 @@ impl RemoteModel {
                 why.message()
             );
         }
+        // A server that committed the new layout names it: no need to wait for the
+        // master's next heartbeat reply.
+        if let Some((version, addrs)) = rpc::refusal_layout(why) {
+            self.shared.ps_layout.lock().take_newer(version, &addrs);
+        }
         let poll = Instant::now();
         loop {
             if self.follow_layout()? {
@@ -1094,7 +1099,9 @@ mod tests {
     struct Fake {
         slice_len: usize,
         refuse: bool,
-        next: Option<(Arc<Shared>, PsLayout)>,
+        /// The next layout, published in `Shared` as the master would (`Some`), or named
+        /// in the refusal (`None`).
+        next: Option<(Option<Arc<Shared>>, PsLayout)>,
         pulls: Mutex<Vec<PullRequest>>,
         pushes: Mutex<Vec<PushRequest>>,
     }
@@ -1125,10 +1132,19 @@ mod tests {
         async fn push(&self, r: Request<PushRequest>) -> Result<Response<PushResponse>, Status> {
             self.pushes.lock().push(r.into_inner());
             if self.refuse {
-                if let Some((shared, next)) = &self.next {
-                    *shared.ps_layout.lock() = next.clone();
-                }
-                return Err(rpc::layout_refusal("PS 1 is moving to layout 1"));
+                return Err(match &self.next {
+                    // The master publishes the layout (the next heartbeat reply).
+                    Some((Some(shared), next)) => {
+                        *shared.ps_layout.lock() = next.clone();
+                        rpc::layout_refusal("PS 1 is moving to layout 1")
+                    }
+                    // The server committed it and names it.
+                    Some((None, next)) => rpc::layout_refusal_naming(
+                        "PS 1 serves layout 1",
+                        (next.version, &next.addrs),
+                    ),
+                    None => rpc::layout_refusal("PS 1 is moving to layout 1"),
+                });
             }
             Ok(Response::new(PushResponse { dense_version: 1 }))
         }
@@ -1188,7 +1204,11 @@ mod tests {
         addr
     }
 
-    fn fake(slice_len: usize, refuse: bool, next: Option<(Arc<Shared>, PsLayout)>) -> Arc<Fake> {
+    fn fake(
+        slice_len: usize,
+        refuse: bool,
+        next: Option<(Option<Arc<Shared>>, PsLayout)>,
+    ) -> Arc<Fake> {
         Arc::new(Fake {
             slice_len,
             refuse,
@@ -1205,6 +1225,17 @@ mod tests {
     /// is then done by layout 1's routing.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_refused_push_part_goes_to_the_new_owners_only() {
+        resplit(true).await;
+    }
+
+    /// The same, the new layout named by the refusing server instead of published by the
+    /// master: the worker does not wait for a heartbeat reply.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_layout_named_in_a_refusal_is_followed() {
+        resplit(false).await;
+    }
+
+    async fn resplit(published_by_master: bool) {
         let job = JobConfig::from_toml(
             &format!(
                 "[model]\nbottom_mlp = [8, {DIM}]\ntop_mlp = [8, 1]\nembedding_dim = {DIM}\n\
@@ -1231,7 +1262,7 @@ mod tests {
             fake(
                 dense_slice(total, 2, 1).len(),
                 true,
-                Some((shared.clone(), next)),
+                Some((published_by_master.then(|| shared.clone()), next)),
             ),
         ];
         let layout0 = PsLayout {
