@@ -348,7 +348,11 @@ impl PsShard {
             max_message_bytes: job.cluster.max_message_bytes,
             call_timeout: job.cluster.rpc_timeout(),
             peer_token: OnceLock::new(),
-            metrics: crate::metrics::PsMetrics::new(index, layout.rows_held),
+            metrics: {
+                let m = crate::metrics::PsMetrics::new(index, layout.rows_held);
+                m.set_layout(layout.version, layout.rows_held);
+                m
+            },
         })
     }
 
@@ -380,7 +384,8 @@ impl PsShard {
             phase: st.phase,
             known: st.known.clone(),
         };
-        self.metrics.set_rows_held(st.layout.rows_held);
+        self.metrics
+            .set_layout(st.layout.version, st.layout.rows_held);
     }
 
     /// A copy of everything the shard holds, optimizer state included (for tests and
