@@ -1105,6 +1105,9 @@ mod tests {
     struct Fake {
         slice_len: usize,
         refuse: bool,
+        /// Pushes fail as from a dead server (`UNAVAILABLE`), after publishing `next`
+        /// (its replacement) in `Shared`.
+        dies: bool,
         /// The next layout, published in `Shared` as the master would (`Some`), or named
         /// in the refusal (`None`).
         next: Option<(Option<Arc<Shared>>, PsLayout)>,
@@ -1137,6 +1140,12 @@ mod tests {
 
         async fn push(&self, r: Request<PushRequest>) -> Result<Response<PushResponse>, Status> {
             self.pushes.lock().push(r.into_inner());
+            if self.dies {
+                if let Some((Some(shared), next)) = &self.next {
+                    *shared.ps_layout.lock() = next.clone();
+                }
+                return Err(Status::unavailable("PS 1 died"));
+            }
             if self.refuse {
                 return Err(match &self.next {
                     // The master publishes the layout (the next heartbeat reply).
@@ -1218,6 +1227,7 @@ mod tests {
         Arc::new(Fake {
             slice_len,
             refuse,
+            dies: false,
             next,
             pulls: Mutex::new(Vec::new()),
             pushes: Mutex::new(Vec::new()),
@@ -1377,5 +1387,73 @@ mod tests {
         all.sort();
         assert_eq!(pulled, all);
         assert!(old[0].pulls.lock().is_empty());
+    }
+
+    /// The path of a server that died and was replaced at the same index (same layout,
+    /// new address): only the part it did not accept is sent again, to the replacement.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replaced_server_gets_the_part_it_did_not_accept() {
+        let job = JobConfig::from_toml(
+            &format!(
+                "[model]\nbottom_mlp = [8, {DIM}]\ntop_mlp = [8, 1]\nembedding_dim = {DIM}\n\
+                 table_rows = 1000\n[cluster]\nps = 2\n"
+            ),
+            Path::new("job.toml"),
+        )
+        .unwrap();
+        let total = dense_model(&job).unwrap().num_params();
+        let shared = Arc::new(Shared::default());
+        let m0 = fake(dense_slice(total, 2, 0).len(), false, None);
+        let replacement = fake(dense_slice(total, 2, 1).len(), false, None);
+        let (a0, a2) = (serve(m0.clone()).await, serve(replacement.clone()).await);
+        let replaced = PsLayout {
+            version: 0,
+            addrs: vec![a0.clone(), a2],
+        };
+        let m1 = Arc::new(Fake {
+            dies: true,
+            ..Arc::into_inner(fake(
+                dense_slice(total, 2, 1).len(),
+                false,
+                Some((Some(shared.clone()), replaced)),
+            ))
+            .unwrap()
+        });
+        let layout0 = PsLayout {
+            version: 0,
+            addrs: vec![a0, serve(m1.clone()).await],
+        };
+        *shared.ps_layout.lock() = layout0.clone();
+        let mut model = RemoteModel::new(&job, layout0, TOKEN.into(), shared, 3).unwrap();
+        let mut per_ps = vec![(Vec::new(), Vec::new()); 2];
+        for r in 0..30u64 {
+            let s = shard_of(5, r, 2) as usize;
+            per_ps[s].0.push(5);
+            per_ps[s].1.push(r);
+        }
+        let routing = Routing {
+            per_ps: per_ps.clone(),
+            slot: Vec::new(),
+            layout: 0,
+        };
+        let key = BatchKey {
+            epoch: 2,
+            file: 1,
+            start_row: 0,
+        };
+        model.push(&routing, 1, key, 8).await.unwrap();
+        assert_eq!(model.layout, 0);
+        assert_eq!(
+            m0.pushes.lock().len(),
+            1,
+            "the part accepted is not sent again"
+        );
+        assert_eq!(m1.pushes.lock().len(), 1);
+        let got = replacement.pushes.lock().clone();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].rows, per_ps[1].1);
+        assert_eq!(got[0].dense_grad.len(), dense_slice(total, 2, 1).len());
+        assert!(got[0].dense_spans.is_empty());
+        assert_eq!((got[0].layout_version, got[0].batch), (0, Some(key)));
     }
 }
