@@ -110,8 +110,14 @@ pub enum PsError {
     /// A request routed by a layout this server does not serve (see `ps.proto`): the
     /// client waits for the current layout and routes again. `ABORTED`, with a message
     /// starting with [`elastrec_worker::rpc::LAYOUT_REFUSAL`].
-    #[error("{0}")]
-    LayoutRefused(String),
+    #[error("{detail}")]
+    LayoutRefused {
+        /// Which layouts.
+        detail: String,
+        /// A newer committed layout the server knows (version and addresses), named in
+        /// the refusal so the client can switch at once.
+        known: Option<(u64, std::sync::Arc<Vec<String>>)>,
+    },
 
     /// A field of a request that cannot be right (re-sharding messages, dense spans):
     /// names the message and the field.
@@ -165,7 +171,11 @@ impl From<PsError> for Status {
         let msg = e.to_string();
         match e {
             PsError::ReplyTooLarge { .. } => Status::resource_exhausted(msg),
-            PsError::LayoutRefused(_) => elastrec_worker::rpc::layout_refusal(msg),
+            PsError::LayoutRefused {
+                known: Some((v, addrs)),
+                ..
+            } => elastrec_worker::rpc::layout_refusal_naming(msg, (v, &addrs)),
+            PsError::LayoutRefused { .. } => elastrec_worker::rpc::layout_refusal(msg),
             PsError::Reshard(_) => Status::failed_precondition(msg),
             PsError::Peer {
                 transient: true, ..
@@ -213,8 +223,19 @@ mod tests {
         assert_eq!(Status::from(bad).code(), tonic::Code::InvalidArgument);
         let bug = PsError::Embedding(EmbeddingError::ZeroDim);
         assert_eq!(Status::from(bug).code(), tonic::Code::Internal);
-        let moved = Status::from(PsError::LayoutRefused("PS 1 serves layout 2".into()));
+        let moved = Status::from(PsError::LayoutRefused {
+            detail: "PS 1 serves layout 2".into(),
+            known: None,
+        });
         assert!(elastrec_worker::rpc::is_layout_refusal(&moved), "{moved:?}");
+        let named = Status::from(PsError::LayoutRefused {
+            detail: "PS 1 serves layout 2".into(),
+            known: Some((2, std::sync::Arc::new(vec!["h:1".into()]))),
+        });
+        assert_eq!(
+            elastrec_worker::rpc::refusal_layout(&named),
+            Some((2, vec!["h:1".to_string()]))
+        );
         let field = Status::from(PsError::BadField {
             message: "ImportShard",
             field: "rows",

@@ -2,6 +2,7 @@
 //! re-sharding (see `reshard.rs` and the service comment in `ps.proto`).
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use elastrec_proto::ps::LayoutState;
 
@@ -72,6 +73,9 @@ pub struct LayoutView {
     pub layout: Layout,
     /// Where the server stands.
     pub phase: Phase,
+    /// The newest committed layout whose addresses this server knows (from its commit):
+    /// named when it refuses a request of an older layout.
+    pub known: Option<(u64, Arc<Vec<String>>)>,
 }
 
 impl LayoutView {
@@ -106,7 +110,8 @@ impl LayoutView {
                  routed by layout {request}"
             ),
         };
-        Err(PsError::LayoutRefused(detail))
+        let known = self.known.clone().filter(|(v, _)| *v > request);
+        Err(PsError::LayoutRefused { detail, known })
     }
 }
 
@@ -204,9 +209,17 @@ mod tests {
         let mut v = LayoutView {
             layout,
             phase: Phase::Serving { precopy: None },
+            known: Some((3, Arc::new(vec!["a:1".into(), "b:2".into()]))),
         };
         assert!(v.check(3).is_ok());
-        assert!(matches!(v.check(2), Err(PsError::LayoutRefused(m)) if m.contains("layout 2")));
+        assert!(matches!(
+            v.check(2),
+            Err(PsError::LayoutRefused { detail, known: Some((3, _)) }) if detail.contains("layout 2")
+        ));
+        assert!(
+            matches!(v.check(4), Err(PsError::LayoutRefused { known: None, .. })),
+            "an older layout is not named"
+        );
         v.phase = Phase::Serving {
             precopy: Some(Target {
                 version: 4,

@@ -24,6 +24,7 @@ pub struct PsMetrics {
     last_stall_ms: Gauge<f64, AtomicU64>,
     version: Gauge,
     rows_held: Gauge,
+    layout_version: Gauge,
 }
 
 impl PsMetrics {
@@ -45,6 +46,7 @@ impl PsMetrics {
             last_stall_ms: Gauge::default(),
             version: Gauge::default(),
             rows_held: Gauge::default(),
+            layout_version: Gauge::default(),
             registry: Registry::default(),
         };
         r.register("pulls", "Pull requests served", m.pulls.clone());
@@ -94,13 +96,20 @@ impl PsMetrics {
             "Embedding rows this shard holds",
             m.rows_held.clone(),
         );
+        r.register(
+            "layout_version",
+            "Version of the PS layout this server serves (or joins), see docs/resharding.md",
+            m.layout_version.clone(),
+        );
         m.rows_held.set(rows_held as i64);
         Self { registry: r, ..m }
     }
 
-    /// Sets the rows held (they change when the servers are re-sharded).
-    pub(crate) fn set_rows_held(&self, rows: u64) {
-        self.rows_held.set(rows as i64);
+    /// Sets the layout served and the rows held (they change when the servers are
+    /// re-sharded).
+    pub(crate) fn set_layout(&self, layout_version: u64, rows_held: u64) {
+        self.layout_version.set(layout_version as i64);
+        self.rows_held.set(rows_held as i64);
     }
 
     /// Records a checkpoint whose copy stalled training for `stall`.
@@ -140,6 +149,7 @@ mod tests {
             "checkpoint_last_stall_ms",
             "version",
             "rows_held",
+            "layout_version",
         ] {
             assert!(
                 names.contains(&format!("elastrec_ps_{name}")),

@@ -85,6 +85,8 @@ pub(crate) struct State {
     /// `PsShard::view` by every lock holder that changes them).
     pub(crate) layout: Layout,
     pub(crate) phase: Phase,
+    /// See `LayoutView::known`.
+    pub(crate) known: Option<(u64, Arc<Vec<String>>)>,
     /// While a re-sharding pre-copies rows: per table, the local rows updated since they
     /// were copied (they are sent again once frozen).
     pub(crate) dirty: Option<Vec<Bitset>>,
@@ -324,6 +326,7 @@ impl PsShard {
                 late_pushes: 0,
                 layout: layout.clone(),
                 phase: Phase::Serving { precopy: None },
+                known: None,
                 dirty: None,
             }),
             version: AtomicU64::new(0),
@@ -331,6 +334,7 @@ impl PsShard {
             view: RwLock::new(LayoutView {
                 layout: layout.clone(),
                 phase: Phase::Serving { precopy: None },
+                known: None,
             }),
             staged: Mutex::new(None),
             config,
@@ -344,7 +348,11 @@ impl PsShard {
             max_message_bytes: job.cluster.max_message_bytes,
             call_timeout: job.cluster.rpc_timeout(),
             peer_token: OnceLock::new(),
-            metrics: crate::metrics::PsMetrics::new(index, layout.rows_held),
+            metrics: {
+                let m = crate::metrics::PsMetrics::new(index, layout.rows_held);
+                m.set_layout(layout.version, layout.rows_held);
+                m
+            },
         })
     }
 
@@ -374,8 +382,10 @@ impl PsShard {
         *self.view.write() = LayoutView {
             layout: st.layout.clone(),
             phase: st.phase,
+            known: st.known.clone(),
         };
-        self.metrics.set_rows_held(st.layout.rows_held);
+        self.metrics
+            .set_layout(st.layout.version, st.layout.rows_held);
     }
 
     /// A copy of everything the shard holds, optimizer state included (for tests and
@@ -818,6 +828,7 @@ impl State {
         LayoutView {
             layout: self.layout.clone(),
             phase: self.phase,
+            known: self.known.clone(),
         }
         .check(request)
     }
@@ -926,9 +937,10 @@ impl ParameterServer for Service {
         let req = req.into_inner();
         check_version(&req.version)?;
         let shard = self.0.clone();
-        let out = tokio::task::spawn_blocking(move || shard.commit_layout(req.layout_version))
-            .await
-            .map_err(PsError::from)??;
+        let out =
+            tokio::task::spawn_blocking(move || shard.commit_layout(req.layout_version, req.addrs))
+                .await
+                .map_err(PsError::from)??;
         Ok(Response::new(out))
     }
 

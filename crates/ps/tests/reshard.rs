@@ -59,6 +59,10 @@ struct Server {
 
 impl Server {
     async fn start(shard: PsShard) -> Self {
+        Self::start_with_limit(shard, MAX_BYTES).await
+    }
+
+    async fn start_with_limit(shard: PsShard, max_bytes: usize) -> Self {
         let shard = Arc::new(shard);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
@@ -66,7 +70,7 @@ impl Server {
             shard.clone(),
             listener,
             TOKEN.into(),
-            MAX_BYTES,
+            max_bytes,
         ));
         Self { shard, addr, task }
     }
@@ -326,8 +330,11 @@ impl Layout<'_> {
 /// What re-sharding took, over every server of the old layout.
 #[derive(Debug, Default)]
 struct Stats {
-    /// From the first Reshard call until every server committed.
+    /// From the first server's freeze until every server committed: the time training
+    /// is paused (less the workers' switch to the new layout).
     pause: Duration,
+    /// From the first Reshard call until every server committed (pre-copy included).
+    total: Duration,
     bytes: u64,
     rows: u64,
     messages: u64,
@@ -336,32 +343,57 @@ struct Stats {
     precopy_bytes: u64,
 }
 
-/// The master's part: Reshard on every old server (concurrently), then CommitLayout on
-/// every server of both layouts.
+/// One round of Reshard calls on every old server, concurrently: each reply with the
+/// time it arrived.
+async fn reshard_round(
+    old: &Layout<'_>,
+    new: &Layout<'_>,
+    precopy: bool,
+) -> Vec<(ReshardResponse, Instant)> {
+    let calls: Vec<_> = old
+        .servers
+        .iter()
+        .map(|s| {
+            let mut c = s.client();
+            let req = ReshardRequest {
+                version: rpc::version(),
+                layout_version: new.version,
+                num_ps: new.count(),
+                addrs: new.addrs(),
+                precopy,
+            };
+            tokio::spawn(async move { (c.reshard(req).await, Instant::now()) })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for h in calls {
+        let (r, at) = h.await.unwrap();
+        out.push((r.unwrap().into_inner(), at));
+    }
+    out
+}
+
+/// The master's part: (a pre-copy round, then) the freezing Reshard round on every old
+/// server, then CommitLayout on every server of both layouts.
 async fn reshard(old: &Layout<'_>, new: &Layout<'_>, precopy: bool) -> Stats {
     let t0 = Instant::now();
-    let calls = old.servers.iter().map(|s| {
-        let mut c = s.client();
-        let req = ReshardRequest {
-            version: rpc::version(),
-            layout_version: new.version,
-            num_ps: new.count(),
-            addrs: new.addrs(),
-            precopy,
-        };
-        tokio::spawn(async move { c.reshard(req).await })
-    });
     let mut stats = Stats::default();
-    let handles: Vec<JoinHandle<Result<tonic::Response<ReshardResponse>, tonic::Status>>> =
-        calls.collect();
-    for h in handles {
-        let r = h.await.unwrap().unwrap().into_inner();
+    if precopy {
+        for (r, _) in reshard_round(old, new, true).await {
+            stats.precopy_bytes += r.precopy_bytes;
+            assert_eq!(r.bytes, 0, "a pre-copy sends nothing frozen");
+        }
+    }
+    let mut first_freeze: Option<Instant> = None;
+    for (r, at) in reshard_round(old, new, false).await {
+        // The freeze happened `frozen_us` before the reply (less its way back).
+        let froze = at - Duration::from_micros(r.frozen_us);
+        first_freeze = Some(first_freeze.map_or(froze, |f| f.min(froze)));
         stats.bytes += r.bytes;
         stats.rows += r.rows;
         stats.messages += r.messages;
         stats.max_freeze_us = stats.max_freeze_us.max(r.freeze_us);
         stats.max_frozen_us = stats.max_frozen_us.max(r.frozen_us);
-        stats.precopy_bytes += r.precopy_bytes;
     }
     let mut both: Vec<&Server> = new.servers.clone();
     for s in &old.servers {
@@ -375,6 +407,7 @@ async fn reshard(old: &Layout<'_>, new: &Layout<'_>, precopy: bool) -> Stats {
             .commit_layout(CommitRequest {
                 version: rpc::version(),
                 layout_version: new.version,
+                addrs: new.addrs(),
             })
             .await
             .unwrap()
@@ -382,17 +415,20 @@ async fn reshard(old: &Layout<'_>, new: &Layout<'_>, precopy: bool) -> Stats {
         let stays = new.servers.iter().any(|n| n.addr == s.addr);
         assert_eq!(r.retired, !stays, "{}", s.addr);
     }
-    stats.pause = t0.elapsed();
+    stats.total = t0.elapsed();
+    stats.pause = first_freeze.map_or(stats.total, |f| f.elapsed());
     stats
 }
 
 fn report(what: &str, s: &Stats) {
     let gb = s.bytes as f64 / 1e9;
     eprintln!(
-        "re-sharding {what}: paused {:.1} ms (first Reshard to last commit); frozen at most \
-         {:.1} ms, lock held to freeze at most {} us; {} rows, {:.2} MB in {} messages while \
-         frozen ({:.0} ms per GB of paused time), {:.2} MB pre-copied",
+        "re-sharding {what}: paused {:.1} ms (first freeze to last commit; {:.1} ms from the \
+         first Reshard call); frozen at most {:.1} ms, lock held to freeze at most {} us; {} \
+         rows, {:.2} MB in {} messages while frozen ({:.0} ms of pause per GB moved frozen), \
+         {:.2} MB pre-copied",
         s.pause.as_secs_f64() * 1e3,
+        s.total.as_secs_f64() * 1e3,
         s.max_frozen_us as f64 / 1e3,
         s.max_freeze_us,
         s.rows,
@@ -469,6 +505,8 @@ async fn two_servers_become_four_then_two_and_lose_nothing() {
     let old = push_of_layout(&a0, &v0, &batch(98, 10, dense_len)).await;
     assert!(is_layout_refusal(&old), "{old:?}");
     assert!(old.message().contains("layout 0"), "{}", old.message());
+    // It names the new layout, so a worker switches without waiting for the master.
+    assert_eq!(rpc::refusal_layout(&old), Some((1, v1.addrs())));
     let pull = a1
         .client()
         .pull(PullRequest {
@@ -502,6 +540,7 @@ async fn two_servers_become_four_then_two_and_lose_nothing() {
     assert_eq!(info_state(&j3).await.2, LayoutState::Retired);
     let gone = push_of_layout(&j3, &v1, &batch(97, 10, dense_len)).await;
     assert!(is_layout_refusal(&gone), "{gone:?}");
+    assert_eq!(rpc::refusal_layout(&gone), Some((2, v2.addrs())));
     v2.assert_state_matches(&reference);
     v2.assert_pulls_match(&reference).await;
     let b = batch(8, 4000, dense_len);
@@ -641,23 +680,21 @@ async fn rows_updated_during_the_precopy_are_sent_again_once_frozen() {
             }),
         ));
     }
-    let r0 = a0
-        .shard
-        .reshard(
-            ReshardRequest {
-                version: rpc::version(),
-                layout_version: 1,
-                num_ps: 3,
-                addrs: v1.addrs(),
-                precopy: true,
-            },
-            Arc::new(peers),
-        )
-        .await
-        .unwrap();
+    let peers: Arc<Hooked> = Arc::new(peers);
+    let call = |precopy| ReshardRequest {
+        version: rpc::version(),
+        layout_version: 1,
+        num_ps: 3,
+        addrs: v1.addrs(),
+        precopy,
+    };
+    let pre = a0.shard.reshard(call(true), peers.clone()).await.unwrap();
+    let r0 = a0.shard.reshard(call(false), peers.clone()).await.unwrap();
+    assert!(peers.hooks.lock().is_empty(), "both hooks ran");
     // Server 1 accepted both pushes (it was serving); server 0 only the first.
     reference.apply(&during);
-    assert_eq!(r0.precopy_rows, a0.shard.rows_held());
+    assert_eq!(pre.precopy_rows, a0.shard.rows_held());
+    assert_eq!((pre.rows, r0.precopy_rows), (0, 0));
     let touched: std::collections::HashSet<(u32, u64)> = during
         .tables
         .iter()
@@ -674,7 +711,7 @@ async fn rows_updated_during_the_precopy_are_sent_again_once_frozen() {
     eprintln!(
         "pre-copy of PS 0: {} rows before the freeze, {} rows (of {} touched meanwhile) \
          after; frozen {:.1} ms",
-        r0.precopy_rows,
+        pre.precopy_rows,
         r0.rows,
         touched.len(),
         r0.frozen_us as f64 / 1e3
@@ -699,6 +736,7 @@ async fn rows_updated_during_the_precopy_are_sent_again_once_frozen() {
             .commit_layout(CommitRequest {
                 version: rpc::version(),
                 layout_version: 1,
+                addrs: v1.addrs(),
             })
             .await
             .unwrap();
@@ -944,6 +982,7 @@ async fn malformed_imports_are_refused_by_field() {
         .commit_layout(CommitRequest {
             version: rpc::version(),
             layout_version: 1,
+            addrs: vec![],
         })
         .await
         .unwrap_err();
@@ -969,4 +1008,68 @@ async fn malformed_imports_are_refused_by_field() {
 
 fn job_sync() -> JobConfig {
     job("sync")
+}
+
+/// The pause per gigabyte moved, on a larger shard (`ELASTREC_RESHARD_MB`, default 256 MB
+/// of rows with their optimizer state) with the default 64 MiB message limit, compared
+/// with a plain memory copy of the same bytes. A measurement, not a check: run with
+/// `cargo test -p elastrec-ps --test reshard -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore]
+async fn pause_per_gigabyte() {
+    let mb: u64 = std::env::var("ELASTREC_RESHARD_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
+    let dim = 64;
+    // Row-wise Adagrad: dim + 1 floats a row.
+    let big = mb * 1_000_000 / ((dim as u64 + 1) * 4);
+    let mut rows = vec![big];
+    rows.resize(26, 1000);
+    let job = JobConfig::from_toml(
+        &format!(
+            "[model]\nbottom_mlp = [64, {dim}]\ntop_mlp = [64, 1]\nembedding_dim = {dim}\n\
+             table_rows = {rows:?}\n[cluster]\nps = 2\n"
+        ),
+        Path::new("job.toml"),
+    )
+    .unwrap();
+    let limit = job.cluster.max_message_bytes;
+    let start = |s| Server::start_with_limit(s, limit);
+    let a0 = start(PsShard::new(&job, 0, 2).unwrap()).await;
+    let a1 = start(PsShard::new(&job, 1, 2).unwrap()).await;
+    let j2 = start(PsShard::joining(&job, 2, 4, 1).unwrap()).await;
+    let j3 = start(PsShard::joining(&job, 3, 4, 1).unwrap()).await;
+    let v0 = Layout {
+        version: 0,
+        servers: vec![&a0, &a1],
+    };
+    let v1 = Layout {
+        version: 1,
+        servers: vec![&a0, &a1, &j2, &j3],
+    };
+    let v2 = Layout {
+        version: 2,
+        servers: vec![&a0, &a1],
+    };
+    let stats = reshard(&v0, &v1, false).await;
+    report(&format!("2 -> 4, {mb} MB"), &stats);
+    let copy = vec![1.0f32; (stats.bytes / 4) as usize];
+    let t0 = Instant::now();
+    let copied = std::hint::black_box(copy.clone());
+    let memcpy = t0.elapsed();
+    drop(copied);
+    eprintln!(
+        "a memory copy of the {:.0} MB moved takes {:.1} ms ({:.0} ms per GB); the pause is \
+         {:.1}x that",
+        stats.bytes as f64 / 1e6,
+        memcpy.as_secs_f64() * 1e3,
+        memcpy.as_secs_f64() * 1e3 / (stats.bytes as f64 / 1e9),
+        stats.pause.as_secs_f64() / memcpy.as_secs_f64()
+    );
+    let stats = reshard(&v1, &v2, true).await;
+    report(
+        &format!("4 -> 2 with pre-copy, {mb} MB, no training meanwhile"),
+        &stats,
+    );
 }

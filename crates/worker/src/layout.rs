@@ -33,6 +33,19 @@ impl PsLayout {
     }
 }
 
+impl PsLayout {
+    /// Takes a layout a server named when it refused a request (see
+    /// `rpc::refusal_layout`): only a newer version. The master's publication stays the
+    /// authority for the current layout's addresses (a server's list may predate the
+    /// replacement of one of them).
+    pub fn take_newer(&mut self, version: u64, addrs: &[String]) {
+        if version > self.version && !addrs.is_empty() {
+            self.version = version;
+            self.addrs = addrs.to_vec();
+        }
+    }
+}
+
 /// Gradients of a batch that one server has not accepted yet: rows with their summed
 /// gradients (`dim` floats each) and ranges of the flat dense gradient.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -212,5 +225,19 @@ mod tests {
         );
         l.update(2, &addrs("d"));
         assert_eq!(l.addrs, addrs("d"), "a replaced server of the same layout");
+        l.take_newer(2, &addrs("e"));
+        assert_eq!(
+            l.addrs,
+            addrs("d"),
+            "a server's list does not replace the master's"
+        );
+        l.take_newer(3, &addrs("f"));
+        assert_eq!(
+            l,
+            PsLayout {
+                version: 3,
+                addrs: addrs("f")
+            }
+        );
     }
 }

@@ -501,6 +501,11 @@ impl RemoteModel {
                 why.message()
             );
         }
+        // A server that committed the new layout names it: no need to wait for the
+        // master's next heartbeat reply.
+        if let Some((version, addrs)) = rpc::refusal_layout(why) {
+            self.shared.ps_layout.lock().take_newer(version, &addrs);
+        }
         let poll = Instant::now();
         loop {
             if self.follow_layout()? {
@@ -670,17 +675,21 @@ impl RemoteModel {
     }
 
     /// The push of `part` to PS `j` of the current layout: the whole dense slice in the
-    /// plain form, other ranges as spans.
+    /// plain form (one optimizer step), other ranges as spans. A part re-split after a
+    /// re-sharding (`resplit`) is always sent as spans: the rest of a step the new server
+    /// counted already (its step count is the largest of the old servers').
+    #[allow(clippy::too_many_arguments)]
     fn push_request(
         &self,
         j: usize,
         part: &PushPart,
+        resplit: bool,
         dense_grad: &[f32],
         contributors: u32,
         batch: BatchKey,
         samples: u32,
     ) -> PushRequest {
-        let whole = part.dense.len() == 1 && part.dense[0] == self.slices[j];
+        let whole = !resplit && part.dense.len() == 1 && part.dense[0] == self.slices[j];
         let (dense_grad, dense_spans) = if whole || part.dense.is_empty() {
             let slice = part.dense.first().cloned().unwrap_or_default();
             (dense_grad[slice].to_vec(), Vec::new())
@@ -756,7 +765,7 @@ impl RemoteModel {
                 })
             })
             .collect();
-        let mut parts_layout = self.layout;
+        let (first_layout, mut parts_layout) = (self.layout, self.layout);
         let mut refused_since = None;
         loop {
             let dense_grad = self.ws.grads();
@@ -764,7 +773,9 @@ impl RemoteModel {
             let calls = pending.iter().map(|&i| {
                 let mut c = self.ps[i].clone();
                 let part = parts[i].as_ref().expect("pending");
-                let req = self.push_request(i, part, dense_grad, contributors, batch, samples);
+                let resplit = parts_layout != first_layout;
+                let req =
+                    self.push_request(i, part, resplit, dense_grad, contributors, batch, samples);
                 async move { c.push(req).await }
             });
             let replies = futures_join(calls).await;
@@ -1142,7 +1153,12 @@ mod tests {
     struct Fake {
         slice_len: usize,
         refuse: bool,
-        next: Option<(Arc<Shared>, PsLayout)>,
+        /// Pushes fail as from a dead server (`UNAVAILABLE`), after publishing `next`
+        /// (its replacement) in `Shared`.
+        dies: bool,
+        /// The next layout, published in `Shared` as the master would (`Some`), or named
+        /// in the refusal (`None`).
+        next: Option<(Option<Arc<Shared>>, PsLayout)>,
         pulls: Mutex<Vec<PullRequest>>,
         pushes: Mutex<Vec<PushRequest>>,
     }
@@ -1172,11 +1188,26 @@ mod tests {
 
         async fn push(&self, r: Request<PushRequest>) -> Result<Response<PushResponse>, Status> {
             self.pushes.lock().push(r.into_inner());
-            if self.refuse {
-                if let Some((shared, next)) = &self.next {
+            if self.dies {
+                if let Some((Some(shared), next)) = &self.next {
                     *shared.ps_layout.lock() = next.clone();
                 }
-                return Err(rpc::layout_refusal("PS 1 is moving to layout 1"));
+                return Err(Status::unavailable("PS 1 died"));
+            }
+            if self.refuse {
+                return Err(match &self.next {
+                    // The master publishes the layout (the next heartbeat reply).
+                    Some((Some(shared), next)) => {
+                        *shared.ps_layout.lock() = next.clone();
+                        rpc::layout_refusal("PS 1 is moving to layout 1")
+                    }
+                    // The server committed it and names it.
+                    Some((None, next)) => rpc::layout_refusal_naming(
+                        "PS 1 serves layout 1",
+                        (next.version, &next.addrs),
+                    ),
+                    None => rpc::layout_refusal("PS 1 is moving to layout 1"),
+                });
             }
             Ok(Response::new(PushResponse { dense_version: 1 }))
         }
@@ -1236,10 +1267,15 @@ mod tests {
         addr
     }
 
-    fn fake(slice_len: usize, refuse: bool, next: Option<(Arc<Shared>, PsLayout)>) -> Arc<Fake> {
+    fn fake(
+        slice_len: usize,
+        refuse: bool,
+        next: Option<(Option<Arc<Shared>>, PsLayout)>,
+    ) -> Arc<Fake> {
         Arc::new(Fake {
             slice_len,
             refuse,
+            dies: false,
             next,
             pulls: Mutex::new(Vec::new()),
             pushes: Mutex::new(Vec::new()),
@@ -1253,6 +1289,17 @@ mod tests {
     /// is then done by layout 1's routing.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_refused_push_part_goes_to_the_new_owners_only() {
+        resplit(true).await;
+    }
+
+    /// The same, the new layout named by the refusing server instead of published by the
+    /// master: the worker does not wait for a heartbeat reply.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_layout_named_in_a_refusal_is_followed() {
+        resplit(false).await;
+    }
+
+    async fn resplit(published_by_master: bool) {
         let job = JobConfig::from_toml(
             &format!(
                 "[model]\nbottom_mlp = [8, {DIM}]\ntop_mlp = [8, 1]\nembedding_dim = {DIM}\n\
@@ -1279,7 +1326,7 @@ mod tests {
             fake(
                 dense_slice(total, 2, 1).len(),
                 true,
-                Some((shared.clone(), next)),
+                Some((published_by_master.then(|| shared.clone()), next)),
             ),
         ];
         let layout0 = PsLayout {
@@ -1342,7 +1389,8 @@ mod tests {
             );
             let want: Vec<f32> = (lo..hi).map(|i| i as f32).collect();
             assert_eq!(p.dense_grad, want, "PS {j}");
-            if lo >= hi || (lo..hi) == mine {
+            // Spans even for a whole slice: the rest of a step the server counted.
+            if lo >= hi {
                 assert!(p.dense_spans.is_empty(), "PS {j}: {:?}", p.dense_spans);
             } else {
                 assert_eq!(
@@ -1387,5 +1435,73 @@ mod tests {
         all.sort();
         assert_eq!(pulled, all);
         assert!(old[0].pulls.lock().is_empty());
+    }
+
+    /// The path of a server that died and was replaced at the same index (same layout,
+    /// new address): only the part it did not accept is sent again, to the replacement.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replaced_server_gets_the_part_it_did_not_accept() {
+        let job = JobConfig::from_toml(
+            &format!(
+                "[model]\nbottom_mlp = [8, {DIM}]\ntop_mlp = [8, 1]\nembedding_dim = {DIM}\n\
+                 table_rows = 1000\n[cluster]\nps = 2\n"
+            ),
+            Path::new("job.toml"),
+        )
+        .unwrap();
+        let total = dense_model(&job).unwrap().num_params();
+        let shared = Arc::new(Shared::default());
+        let m0 = fake(dense_slice(total, 2, 0).len(), false, None);
+        let replacement = fake(dense_slice(total, 2, 1).len(), false, None);
+        let (a0, a2) = (serve(m0.clone()).await, serve(replacement.clone()).await);
+        let replaced = PsLayout {
+            version: 0,
+            addrs: vec![a0.clone(), a2],
+        };
+        let m1 = Arc::new(Fake {
+            dies: true,
+            ..Arc::into_inner(fake(
+                dense_slice(total, 2, 1).len(),
+                false,
+                Some((Some(shared.clone()), replaced)),
+            ))
+            .unwrap()
+        });
+        let layout0 = PsLayout {
+            version: 0,
+            addrs: vec![a0, serve(m1.clone()).await],
+        };
+        *shared.ps_layout.lock() = layout0.clone();
+        let mut model = RemoteModel::new(&job, layout0, TOKEN.into(), shared, 3).unwrap();
+        let mut per_ps = vec![(Vec::new(), Vec::new()); 2];
+        for r in 0..30u64 {
+            let s = shard_of(5, r, 2) as usize;
+            per_ps[s].0.push(5);
+            per_ps[s].1.push(r);
+        }
+        let routing = Routing {
+            per_ps: per_ps.clone(),
+            slot: Vec::new(),
+            layout: 0,
+        };
+        let key = BatchKey {
+            epoch: 2,
+            file: 1,
+            start_row: 0,
+        };
+        model.push(&routing, 1, key, 8).await.unwrap();
+        assert_eq!(model.layout, 0);
+        assert_eq!(
+            m0.pushes.lock().len(),
+            1,
+            "the part accepted is not sent again"
+        );
+        assert_eq!(m1.pushes.lock().len(), 1);
+        let got = replacement.pushes.lock().clone();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].rows, per_ps[1].1);
+        assert_eq!(got[0].dense_grad.len(), dense_slice(total, 2, 1).len());
+        assert!(got[0].dense_spans.is_empty());
+        assert_eq!((got[0].layout_version, got[0].batch), (0, Some(key)));
     }
 }

@@ -208,9 +208,42 @@ pub fn layout_refusal(detail: impl std::fmt::Display) -> Status {
     Status::aborted(format!("{LAYOUT_REFUSAL}: {detail}"))
 }
 
+/// Metadata of a layout refusal naming a newer committed layout: its version and its
+/// servers' addresses by index, comma-separated.
+const LAYOUT_VERSION_KEY: &str = "elastrec-layout-version";
+const LAYOUT_ADDRS_KEY: &str = "elastrec-layout-addrs";
+
+/// [`layout_refusal`] naming `layout` (version and addresses), a committed layout newer
+/// than the request's: the worker can switch without waiting for the master's next
+/// heartbeat reply. Addresses that cannot be metadata are left out (the worker then waits).
+pub fn layout_refusal_naming(detail: impl std::fmt::Display, layout: (u64, &[String])) -> Status {
+    let mut s = layout_refusal(detail);
+    let addrs = layout.1.join(",");
+    if let (Ok(v), Ok(a)) = (
+        layout.0.to_string().parse::<MetadataValue<Ascii>>(),
+        addrs.parse::<MetadataValue<Ascii>>(),
+    ) {
+        s.metadata_mut().insert(LAYOUT_VERSION_KEY, v);
+        s.metadata_mut().insert(LAYOUT_ADDRS_KEY, a);
+    }
+    s
+}
+
 /// True for a refusal made by [`layout_refusal`].
 pub fn is_layout_refusal(s: &Status) -> bool {
     s.code() == tonic::Code::Aborted && s.message().starts_with(LAYOUT_REFUSAL)
+}
+
+/// The layout a refusal names ([`layout_refusal_naming`]), if any.
+pub fn refusal_layout(s: &Status) -> Option<(u64, Vec<String>)> {
+    if !is_layout_refusal(s) {
+        return None;
+    }
+    let m = s.metadata();
+    let version = m.get(LAYOUT_VERSION_KEY)?.to_str().ok()?.parse().ok()?;
+    let addrs = m.get(LAYOUT_ADDRS_KEY)?.to_str().ok()?;
+    let addrs: Vec<String> = addrs.split(',').map(str::to_string).collect();
+    (!addrs.iter().any(String::is_empty)).then_some((version, addrs))
 }
 
 /// Pause between two attempts of a call that failed transiently.
@@ -333,6 +366,18 @@ mod tests {
         );
         assert!(!is_layout_refusal(&Status::aborted("something else")));
         assert!(!is_layout_refusal(&Status::unavailable(LAYOUT_REFUSAL)));
+        assert_eq!(refusal_layout(&s), None);
+        let addrs = vec!["127.0.0.1:1".to_string(), "10.0.0.2:80".to_string()];
+        let named = layout_refusal_naming("PS 0 serves layout 4", (4, &addrs));
+        assert!(is_layout_refusal(&named));
+        assert_eq!(refusal_layout(&named), Some((4, addrs)));
+        let odd = layout_refusal_naming("x", (4, &["a\nb".to_string()]));
+        assert!(is_layout_refusal(&odd));
+        assert_eq!(
+            refusal_layout(&odd),
+            None,
+            "no metadata rather than a broken one"
+        );
     }
 
     #[test]

@@ -187,9 +187,10 @@ impl Sent {
 }
 
 impl PsShard {
-    /// Serves a `Reshard` request (see `ps.proto`): optionally pre-copies, freezes, and
-    /// sends every server of the new layout its rows and dense values through `peers`.
-    /// Replies once all of them acknowledged everything.
+    /// Serves a `Reshard` request (see `ps.proto`): pre-copies while serving (`precopy`),
+    /// or freezes and sends every server of the new layout its rows (those updated since
+    /// the pre-copy, after one) and dense values through `peers`. Replies once all of them
+    /// acknowledged everything.
     pub async fn reshard(
         self: &Arc<Self>,
         req: ReshardRequest,
@@ -236,14 +237,27 @@ impl PsShard {
             tokio::task::spawn_blocking(move || Plan::new(&table_rows, old, target)).await?,
         );
         let mut out = ReshardResponse::default();
-        if req.precopy && self.begin_precopy(&plan)? {
-            let t0 = Instant::now();
-            let sent = self
-                .send_pass(&peers, &plan, Arc::new(Pass::Precopy))
-                .await?;
-            out.precopy_rows = sent.rows;
-            out.precopy_bytes = sent.bytes;
-            out.precopy_us = t0.elapsed().as_micros() as u64;
+        if req.precopy {
+            // A pre-copy after the freeze (a late retry) has nothing to do.
+            if self.begin_precopy(&plan)? {
+                let t0 = Instant::now();
+                let sent = self
+                    .send_pass(&peers, &plan, Arc::new(Pass::Precopy))
+                    .await?;
+                out.precopy_rows = sent.rows;
+                out.precopy_bytes = sent.bytes;
+                out.precopy_us = t0.elapsed().as_micros() as u64;
+                eprintln!(
+                    "PS {}: pre-copied layout {}'s share ({} rows, {} bytes) in {:.3} ms \
+                     while serving",
+                    plan.old.index,
+                    target.version,
+                    sent.rows,
+                    sent.bytes,
+                    out.precopy_us as f64 / 1e3
+                );
+            }
+            return Ok(out);
         }
         let (shard, p) = (self.clone(), plan.clone());
         let (dirty, held, dense_version) =
@@ -261,7 +275,7 @@ impl PsShard {
         out.messages = sent.messages;
         eprintln!(
             "PS {}: sent layout {}'s share ({} rows, {} dense values, {} bytes in {} \
-             messages) in {:.3} ms frozen (pre-copy: {} rows in {:.3} ms)",
+             messages) in {:.3} ms frozen",
             plan.old.index,
             target.version,
             out.rows,
@@ -269,8 +283,6 @@ impl PsShard {
             out.bytes,
             out.messages,
             out.frozen_us as f64 / 1e3,
-            out.precopy_rows,
-            out.precopy_us as f64 / 1e3
         );
         Ok(out)
     }
@@ -367,7 +379,8 @@ impl PsShard {
         Ok(total)
     }
 
-    /// Sends one pass to target `j`, one message in flight.
+    /// Sends one pass to target `j`: the next message is built while the previous one is
+    /// on its way (two in flight at most).
     async fn send_to(
         self: Arc<Self>,
         peers: Arc<dyn Peers>,
@@ -375,22 +388,29 @@ impl PsShard {
         pass: Arc<Pass>,
         j: u32,
     ) -> Result<Sent, PsError> {
+        type Delivery = tokio::task::JoinHandle<Result<ImportResponse, PsError>>;
         let mut cursor = Cursor::default();
         let mut sent = Sent::default();
+        let mut in_flight: Option<Delivery> = None;
         loop {
             let (me, p, ps) = (self.clone(), plan.clone(), pass.clone());
-            let (msg, next) = tokio::task::spawn_blocking(move || {
+            let built = tokio::task::spawn_blocking(move || {
                 let mut st = me.state.lock();
                 let mut c = cursor;
                 me.next_message(&mut st, &p, &ps, j, &mut c).map(|m| (m, c))
             })
-            .await??;
+            .await;
+            if let Some(previous) = in_flight.take() {
+                previous.await??;
+            }
+            let (msg, next) = built??;
             cursor = next;
             let Some(msg) = msg else {
                 return Ok(sent);
             };
             sent.add(&msg);
-            peers.import(j, msg).await?;
+            let peers = peers.clone();
+            in_flight = Some(tokio::spawn(async move { peers.import(j, msg).await }));
         }
     }
 

@@ -393,10 +393,17 @@ impl PsShard {
     /// Makes layout `version` live (see `ps.proto`): the staged shard replaces the state at
     /// once, or, for a server that is not part of the layout, the server retires. A
     /// repeated commit answers the same.
-    pub fn commit_layout(&self, version: u64) -> Result<CommitResponse, PsError> {
+    /// `addrs` (optional, by index) are the new layout's servers: a server refusing a
+    /// request of an older layout names them.
+    pub fn commit_layout(
+        &self,
+        version: u64,
+        addrs: Vec<String>,
+    ) -> Result<CommitResponse, PsError> {
         let mut staged = self.staged.lock();
         let mut st = self.state.lock();
         let (index, served) = (st.layout.index, st.layout.version);
+        let known = (!addrs.is_empty()).then(|| (version, std::sync::Arc::new(addrs)));
         match st.phase {
             Phase::Serving { .. } if served == version => {
                 return Ok(self.commit_response(&st));
@@ -407,6 +414,7 @@ impl PsShard {
             Phase::Frozen(t) if t.version == version && index >= t.count => {
                 // Not part of the new layout: its rows went to the other servers.
                 st.phase = Phase::Retired { layout: version };
+                st.known = known;
                 self.publish(&st);
                 *staged = None;
                 eprintln!("PS {index}: retired by layout {version}");
@@ -431,6 +439,16 @@ impl PsShard {
             let e = format!("layout {version} cannot be committed on PS {index}: {missing}");
             *staged = Some(s);
             return Err(PsError::Reshard(e));
+        }
+        let count = s.parts.layout.count as usize;
+        if known.as_ref().is_some_and(|(_, a)| a.len() != count) {
+            let n = known.as_ref().map_or(0, |(_, a)| a.len());
+            *staged = Some(s);
+            return Err(PsError::BadField {
+                message: "CommitLayout",
+                field: "addrs",
+                detail: format!("{n} addresses for a layout of {count} servers"),
+            });
         }
         let Staged {
             parts,
@@ -459,6 +477,7 @@ impl PsShard {
             .collect();
         st.layout = parts.layout;
         st.phase = Phase::Serving { precopy: None };
+        st.known = known;
         st.dirty = None;
         self.set_version(&mut st, dense_version);
         self.publish(&st);
