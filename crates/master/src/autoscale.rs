@@ -161,8 +161,10 @@ pub struct Autoscaler {
     window: Option<Window>,
     /// Samples not yet reported to the brain.
     unreported: Vec<pb::ProfileSample>,
-    /// Worker counts the profile holds samples of.
+    /// Worker and PS counts the profile holds samples of.
     seen_workers: std::collections::BTreeSet<u32>,
+    /// See `seen_workers`.
+    seen_ps: std::collections::BTreeSet<u32>,
     samples_taken: u64,
     samples_at_last_plan: u64,
     last_plan_ms: u64,
@@ -186,6 +188,7 @@ impl Autoscaler {
             window: None,
             unreported: Vec::new(),
             seen_workers: Default::default(),
+            seen_ps: Default::default(),
             samples_taken: 0,
             samples_at_last_plan: 0,
             last_plan_ms: now_ms,
@@ -247,6 +250,7 @@ impl Autoscaler {
             iter_time_s: f64::from(w.workers) * m / throughput,
         });
         self.seen_workers.insert(w.workers);
+        self.seen_ps.insert(w.ps);
         self.samples_taken += 1;
         self.measured = Some((throughput, w.workers, w.ps));
         if let Some(last) = self.history.last_mut() {
@@ -396,26 +400,37 @@ impl Autoscaler {
                 "a parameter server is being recovered; scaling waits until it runs".into(),
             );
         }
-        let ps = if a.ps != v.ps && !self.settings.ps_scaling {
-            v.ps
+        // A PS change for memory (a server would reach its limit before the job ends) is
+        // always made. One for speed only once the profile spans two PS counts: from one,
+        // the fit cannot tell what the PS terms of Eq. 2-5 are worth, and a re-sharding
+        // bought on a guess costs a pause.
+        let for_memory = plan.memory.iter().any(|m| m.step_at_limit > 0);
+        let (ps, ps_note) = if a.ps == v.ps {
+            (a.ps, None)
+        } else if !self.settings.ps_scaling {
+            (
+                v.ps,
+                Some("needs online re-sharding, which this job cannot do (synchronous mode)"),
+            )
+        } else if !for_memory && a.ps > v.ps && self.seen_ps.len() < 2 {
+            (
+                v.ps,
+                Some("is for speed, and the profile holds one PS count: the fit cannot predict it"),
+            )
         } else {
-            a.ps
+            (a.ps, None)
         };
         if (a.workers, ps) == (v.workers, v.ps) {
-            return Decision::Keep(if ps != a.ps {
-                format!(
-                    "the plan's PS change ({} -> {}) needs online re-sharding, which this job cannot do",
-                    v.ps, a.ps
-                )
-            } else {
-                format!("the plan keeps {} workers and {} PS", v.workers, v.ps)
+            return Decision::Keep(match ps_note {
+                Some(why) => format!("the plan's PS change ({} -> {}) {why}", v.ps, a.ps),
+                None => format!("the plan keeps {} workers and {} PS", v.workers, v.ps),
             });
         }
         if let Some(now) = self.measured().filter(|t| *t > 0.0) {
             let change = (tp - now) / now;
             // Fewer nodes for the same speed is a saving; more nodes must be faster.
             let cheaper = a.workers <= v.workers && ps <= v.ps;
-            if !cheaper && change < self.settings.min_gain {
+            if !cheaper && !for_memory && change < self.settings.min_gain {
                 return Decision::Keep(format!(
                     "predicted {tp:.0} samples/s is {:+.1}% of the measured {now:.0}, below autoscale.min_gain ({:.0}%)",
                     change * 100.0,
@@ -689,6 +704,44 @@ mod tests {
         assert!(
             v.contains("3.00 GiB") && v.contains("autoscale.ps_mem_gb"),
             "{v}"
+        );
+    }
+
+    #[test]
+    fn more_ps_for_speed_needs_a_profile_of_two_ps_counts_more_for_memory_does_not() {
+        let mut a = Autoscaler::new(
+            Settings {
+                ps: [1, 4],
+                ps_scaling: true,
+                ..settings()
+            },
+            0,
+        );
+        let (mut t, mut s) = (0, 0);
+        run(&mut a, &mut t, &mut s, 2, 1000, 2);
+        let v = view(t, 2, s);
+        let d = a.review(&plan(2, 3, 5000.0), &v);
+        assert!(
+            matches!(d, Decision::Keep(ref w) if w.contains("one PS count")),
+            "{d:?}"
+        );
+        let mut p = plan(2, 3, 1000.0);
+        p.memory.push(pb::MemoryAction {
+            ps_index: 0,
+            step_at_limit: 900,
+            ..Default::default()
+        });
+        let d = a.review(&p, &v);
+        assert!(
+            matches!(
+                d,
+                Decision::Apply {
+                    workers: 2,
+                    ps: 3,
+                    ..
+                }
+            ),
+            "{d:?}"
         );
     }
 

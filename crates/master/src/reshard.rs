@@ -185,25 +185,49 @@ async fn run_protocol(
         "not every server of the current layout is up"
     );
     let client = |addr: &str| rpc::ps_client(addr, &access.token, access.max_bytes, STEP_TIMEOUT);
-    let calls = olds.iter().map(|a| {
-        let c = client(a);
-        let req = ReshardRequest {
-            version: rpc::version(),
-            layout_version: version,
-            num_ps: to,
-            addrs: targets.clone(),
-            precopy: true,
-        };
-        async move { c?.reshard(req).await.map_err(anyhow::Error::from) }
-    });
-    let replies = futures_join(calls).await;
-    let mut responses = Vec::with_capacity(replies.len());
+    let targets_ref = &targets;
+    let reshard_round = |precopy: bool| {
+        let calls = olds.iter().map(move |a| {
+            let c = client(a);
+            let req = ReshardRequest {
+                version: rpc::version(),
+                layout_version: version,
+                num_ps: to,
+                addrs: targets_ref.clone(),
+                precopy,
+            };
+            async move { c?.reshard(req).await.map_err(anyhow::Error::from) }
+        });
+        futures_join(calls)
+    };
+    // Round 1, while the servers go on serving: every row to its new owner. Round 2,
+    // frozen: only the rows updated since, and the dense values.
     let mut failed = None;
-    for (i, r) in replies.into_iter().enumerate() {
+    let mut precopied = Vec::with_capacity(olds.len());
+    for (i, r) in reshard_round(true).await.into_iter().enumerate() {
         match r {
-            Ok(r) => responses.push(r.into_inner()),
+            Ok(r) => precopied.push(r.into_inner()),
             Err(e) => {
-                failed.get_or_insert(format!("PS {i} ({}): {e:#}", olds[i]));
+                failed.get_or_insert(format!("pre-copy of PS {i} ({}): {e:#}", olds[i]));
+            }
+        }
+    }
+    let mut responses = Vec::with_capacity(olds.len());
+    if failed.is_none() {
+        for (i, r) in reshard_round(false).await.into_iter().enumerate() {
+            match r {
+                Ok(r) => {
+                    let mut r = r.into_inner();
+                    if let Some(p) = precopied.get(i) {
+                        r.precopy_rows = p.precopy_rows.max(p.rows);
+                        r.precopy_bytes = p.precopy_bytes.max(p.bytes);
+                        r.precopy_us = p.precopy_us;
+                    }
+                    responses.push(r);
+                }
+                Err(e) => {
+                    failed.get_or_insert(format!("PS {i} ({}): {e:#}", olds[i]));
+                }
             }
         }
     }
@@ -235,6 +259,7 @@ async fn run_protocol(
         let req = CommitRequest {
             version: rpc::version(),
             layout_version: version,
+            addrs: targets.clone(),
         };
         async move { c?.commit_layout(req).await.map_err(anyhow::Error::from) }
     });
@@ -248,6 +273,7 @@ async fn run_protocol(
                 let req = CommitRequest {
                     version: rpc::version(),
                     layout_version: version,
+                    addrs: targets.clone(),
                 };
                 if client(a)?.commit_layout(req).await.is_ok() {
                     ok = true;
