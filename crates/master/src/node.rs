@@ -576,6 +576,9 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
         token: token.clone(),
         max_bytes: cfg.cluster.max_message_bytes,
     });
+    // The previous master may have died in the middle of a PS change: servers it froze
+    // for the next layout go back to the one in force.
+    crate::reshard::abort_uncommitted(&core).await;
     if cfg.checkpoint.enabled {
         let total_samples = files_rows_total(&core) * cfg.train.epochs as u64;
         let c = Arc::new(Coordinator::new(

@@ -290,6 +290,39 @@ async fn run_protocol(
     Ok((responses, everyone, pause))
 }
 
+/// After a master restart: tells every live server of the layout in force to abort the
+/// next layout, in case the previous master froze them for it and died before its commit
+/// (a server with nothing to abandon answers Ok).
+pub async fn abort_uncommitted(core: &MasterCore) {
+    let Some(access) = core.ps_access.get().cloned() else {
+        return;
+    };
+    let (next, addrs) = {
+        let job = core.job.lock();
+        let addrs: Vec<String> = job
+            .nodes()
+            .filter(|n| n.role == Role::Ps && n.state.is_live() && !n.addr.is_empty())
+            .map(|n| n.addr.clone())
+            .collect();
+        (job.layout_version() + 1, addrs)
+    };
+    for a in addrs {
+        let Ok(mut c) = rpc::ps_client(&a, &access.token, access.max_bytes, Duration::from_secs(5))
+        else {
+            continue;
+        };
+        let req = AbortRequest {
+            version: rpc::version(),
+            layout_version: next,
+        };
+        // A server with nothing to abandon answers Ok; one that committed it refuses
+        // (a change whose commit reached only some servers is not repaired here).
+        if let Err(s) = c.abort_layout(req).await {
+            tracing::debug!(addr = %a, error = %s, "abort of an uncommitted layout refused");
+        }
+    }
+}
+
 /// Runs futures concurrently and collects their outputs in order.
 async fn futures_join<F>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
 where
