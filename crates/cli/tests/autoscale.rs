@@ -279,3 +279,49 @@ fn the_ps_count_changes_online_two_four_two_without_losing_anything() {
     }
     eprintln!("PS changes: {}", serde_json::to_string(changes).unwrap());
 }
+
+/// A PS whose memory grows towards its limit (the fail point `ELASTREC_FAIL_PS_GROWTH`
+/// makes each pushed row hold 300 more bytes, as growing embedding tables would) is
+/// re-sharded onto more PS before it reaches the limit: the brain's OOM prediction sizes
+/// the plan, the autoscaler executes it, the job finishes. The same job pinned at one PS
+/// runs side by side and is stopped by the memory watchdog, naming the limit, which shows
+/// the limit was real.
+#[test]
+fn a_ps_growing_towards_its_memory_limit_is_resharded_before_it_is_killed() {
+    let _g = serial();
+    let section = |ps: &str| {
+        format!(
+            "[cluster]\nps = 1\nworkers = 2\nwarmup_steps = 20\n[checkpoint]\nenabled = false\n\
+             [autoscale]\nenabled = true\nworkers = [2, 2]\nps = {ps}\nps_mem_gb = 0.12\n\
+             interval_s = 0.5\nsample_s = 0.25\ncluster_cpu = 16\n"
+        )
+    };
+    let (job, dir) = write_job("oom-reshard", &section("[1, 4]"));
+    let (pinned_job, pinned_dir) = write_job("oom-pinned", &section("[1, 1]"));
+    let (log, pinned_log) = (dir.with_extension("log"), pinned_dir.with_extension("log"));
+    let env = [
+        ("ELASTREC_FAIL_SLOW_WORKER", "*:20"),
+        ("ELASTREC_FAIL_PS_GROWTH", "300"),
+    ];
+    let mut run = run_job(&job, &log, &env);
+    let mut pinned = run_job(&pinned_job, &pinned_log, &env);
+    let ok = run.wait(Duration::from_secs(300)).success();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(ok, "{text}");
+    assert!(!pinned.wait(Duration::from_secs(300)).success());
+    let pinned_text = std::fs::read_to_string(&pinned_log).unwrap();
+    assert!(
+        pinned_text.contains("above its limit of 0.12 GiB (autoscale.ps_mem_gb)"),
+        "the pinned job was not stopped by its PS memory limit:\n{pinned_text}"
+    );
+    check_result(&dir, &log, 0.005);
+    assert!(!text.contains("memory watchdog"), "{text}");
+    let r = result(&dir);
+    let changes = r["reshards"].as_array().unwrap();
+    assert!(!changes.is_empty(), "no re-sharding: {r}");
+    assert_eq!(changes[0]["from"], 1, "{r}");
+    assert!(changes[0]["to"].as_u64().unwrap() >= 2, "{r}");
+    let reason = changes[0]["reason"].as_str().unwrap();
+    assert!(reason.contains("PS memory"), "{reason}");
+    eprintln!("memory-driven PS change: {}", changes[0]);
+}

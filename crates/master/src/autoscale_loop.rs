@@ -219,7 +219,7 @@ pub async fn run(
             *core.autoscale_status.lock() = Some(auto.status());
             return;
         }
-        enforce_memory_limits(&core, auto.settings());
+        enforce_memory_limits(&core, auto.settings()).await;
         auto.observe(&view);
         let round = auto.next_round(&view);
         if round != Round::Idle {
@@ -293,10 +293,10 @@ pub async fn run(
     }
 }
 
-/// Stops every live node whose resident memory is above its role's limit. The stop is
-/// an exit like any other: a worker is replaced, a PS recovered from its checkpoint (or the
-/// job fails naming it when checkpoints are off).
-fn enforce_memory_limits(core: &MasterCore, settings: &Settings) {
+/// Stops every live node whose resident memory is above its role's limit. The stop is a
+/// death like any other, with the limit as its reason: a worker is replaced, a PS
+/// recovered from its checkpoint (or the job fails naming it when checkpoints are off).
+async fn enforce_memory_limits(core: &MasterCore, settings: &Settings) {
     let profiles = core.profiles.lock().clone();
     let over: Vec<(crate::job::Node, String)> = {
         let job = core.job.lock();
@@ -317,7 +317,10 @@ fn enforce_memory_limits(core: &MasterCore, settings: &Settings) {
         );
         // Not again for the same reading: the next heartbeat of a live node replaces it.
         core.profiles.lock().remove(&n.id);
-        core.backend().stop(&n);
+        let reason = format!("stopped by the memory watchdog: {why}");
+        if let Err(s) = core.run(|job, cx| job.node_stopped(n.id, reason, cx)).await {
+            eprintln!("autoscale: master state: {}", s.message());
+        }
     }
 }
 

@@ -979,6 +979,14 @@ impl Job {
         previous
     }
 
+    /// The master stopped a node's process itself (e.g. the memory watchdog): it is dead
+    /// for `reason`, handled like any other death.
+    pub fn node_stopped(&mut self, id: u32, reason: String, cx: &mut impl Context) {
+        if self.nodes.get(&id).is_some_and(|n| n.state.is_live()) {
+            self.declare_dead(id, reason, cx);
+        }
+    }
+
     /// The backend saw a node's process exit.
     pub fn process_exited(&mut self, id: u32, cx: &mut impl Context) {
         let Some(n) = self.nodes.get(&id) else { return };

@@ -719,6 +719,7 @@ impl PsShard {
         let view = self.layout();
         view.check(req.layout_version)?;
         self.validate_push(&view.layout, &req)?;
+        fail_point_grow(req.rows.len());
         if self.mode == SyncMode::Async {
             let mut st = self.state.lock();
             st.check_layout(req.layout_version)?;
@@ -1088,6 +1089,25 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     drop(metrics);
     eprintln!("{}", shard.summary());
     Ok(())
+}
+
+/// Test fail point `ELASTREC_FAIL_PS_GROWTH=BYTES`: every pushed row makes this server
+/// hold `BYTES` more memory, as a server whose embedding tables grow with new ids does
+/// (its memory grows with the rows routed to it, so adding servers slows each one's
+/// growth).
+fn fail_point_grow(rows: usize) {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    static HELD: parking_lot::Mutex<Vec<Vec<u8>>> = parking_lot::Mutex::new(Vec::new());
+    let per_row = *BYTES.get_or_init(|| {
+        std::env::var("ELASTREC_FAIL_PS_GROWTH")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    });
+    if per_row > 0 && rows > 0 {
+        // Written, so the pages are resident.
+        HELD.lock().push(vec![1u8; rows * per_row]);
+    }
 }
 
 /// The PS's heartbeat profile: CPU time and resident memory (the master predicts memory
