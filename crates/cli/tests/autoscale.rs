@@ -325,3 +325,36 @@ fn a_ps_growing_towards_its_memory_limit_is_resharded_before_it_is_killed() {
     assert!(reason.contains("PS memory"), "{reason}");
     eprintln!("memory-driven PS change: {}", changes[0]);
 }
+
+/// A hot PS (the fail point `ELASTREC_FAIL_SLOW_PS` makes PS process 2, index 1, spend
+/// 5 µs more per row on every pull and push) is detected from the servers' own timings
+/// and relieved: one more PS takes rows off it, online; the ledger stays exact.
+#[test]
+fn a_hot_ps_is_detected_and_its_load_spread_over_one_more_ps() {
+    let _g = serial();
+    let (job, dir) = write_job(
+        "hot-ps",
+        "[cluster]\nps = 2\nworkers = 2\nwarmup_steps = 20\n[checkpoint]\nenabled = false\n\
+         [autoscale]\nenabled = true\nworkers = [2, 2]\nps = [2, 3]\ninterval_s = 0.5\n\
+         sample_s = 0.25\ncluster_cpu = 16\n",
+    );
+    let log = dir.with_extension("log");
+    // PS are launched first: node 2 is PS index 1.
+    let mut run = run_job(&job, &log, &[("ELASTREC_FAIL_SLOW_PS", "2:5")]);
+    assert!(
+        run.wait(Duration::from_secs(300)).success(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    check_result(&dir, &log, 0.005);
+    let r = result(&dir);
+    let changes = r["reshards"].as_array().unwrap();
+    assert!(!changes.is_empty(), "the hot PS was not relieved: {r}");
+    assert_eq!(
+        (changes[0]["from"].as_u64(), changes[0]["to"].as_u64()),
+        (Some(2), Some(3))
+    );
+    let reason = changes[0]["reason"].as_str().unwrap();
+    assert!(reason.contains("hot PS 1"), "{reason}");
+    eprintln!("hot-PS relief: {}", changes[0]);
+}

@@ -53,6 +53,8 @@ pub struct Settings {
     pub ps_migration_s: f64,
     /// PS count changes can be executed (online re-sharding available).
     pub ps_scaling: bool,
+    /// A PS whose mean time per request exceeds this multiple of its peers' median is hot.
+    pub hot_ratio: f64,
 }
 
 impl Settings {
@@ -177,6 +179,44 @@ pub struct Autoscaler {
     brain_error: Option<String>,
     /// PS memory readings not yet reported: (ps index, step, GiB).
     memory: Vec<pb::MemorySample>,
+    /// Each PS node's cumulative (requests, seconds serving) at the last hot-PS check.
+    served: std::collections::BTreeMap<u32, (u64, f64)>,
+    /// The PS index found hot at the last check and how many checks in a row.
+    hot_streak: Option<(u32, u32)>,
+}
+
+/// What one PS served between two checks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PsLoad {
+    /// PS index.
+    pub index: u32,
+    /// Requests (pulls and pushes) served.
+    pub requests: u64,
+    /// Seconds spent serving them.
+    pub serve_s: f64,
+}
+
+/// Fewest requests of a PS in a window for its mean time per request to count.
+const HOT_MIN_REQUESTS: u64 = 20;
+/// Checks in a row a PS must be hot before load is moved off it.
+const HOT_STREAK: u32 = 2;
+
+/// DLRover-RM §6's hot PS: the server whose mean time per request is above `ratio` times
+/// the median of its peers (and above 1 ms). Returns (index, its ms, peers' median ms).
+pub fn hot_ps(loads: &[PsLoad], ratio: f64) -> Option<(u32, f64, f64)> {
+    let ms: Vec<(u32, f64)> = loads
+        .iter()
+        .filter(|l| l.requests >= HOT_MIN_REQUESTS)
+        .map(|l| (l.index, l.serve_s * 1e3 / l.requests as f64))
+        .collect();
+    if ms.len() < 2 {
+        return None;
+    }
+    let (index, worst) = ms.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1))?;
+    let mut peers: Vec<f64> = ms.iter().filter(|m| m.0 != index).map(|m| m.1).collect();
+    peers.sort_by(f64::total_cmp);
+    let median = peers[peers.len() / 2];
+    (worst > 1.0 && worst > ratio * median).then_some((index, worst, median))
 }
 
 impl Autoscaler {
@@ -198,7 +238,50 @@ impl Autoscaler {
             last_verdict: None,
             brain_error: None,
             memory: Vec::new(),
+            served: Default::default(),
+            hot_streak: None,
         }
+    }
+
+    /// Checks the PS for a hot one, from each live PS node's cumulative
+    /// `(node id, index, requests, seconds serving)`. Once the same PS was hot in
+    /// [`HOT_STREAK`] checks in a row, returns a decision that spreads its load over one
+    /// more PS (every PS then holds fewer rows, the hot one included).
+    pub fn check_hot_ps(&mut self, served: &[(u32, u32, u64, f64)], v: &View) -> Option<Decision> {
+        let loads: Vec<PsLoad> = served
+            .iter()
+            .filter_map(|&(id, index, requests, serve_s)| {
+                let (r0, s0) = self.served.get(&id).copied().unwrap_or((requests, serve_s));
+                (requests >= r0).then(|| PsLoad {
+                    index,
+                    requests: requests - r0,
+                    serve_s: (serve_s - s0).max(0.0),
+                })
+            })
+            .collect();
+        self.served = served.iter().map(|&(id, _, r, s)| (id, (r, s))).collect();
+        let Some((index, ms, median)) = hot_ps(&loads, self.settings.hot_ratio) else {
+            self.hot_streak = None;
+            return None;
+        };
+        let streak = match self.hot_streak {
+            Some((i, n)) if i == index => n + 1,
+            _ => 1,
+        };
+        self.hot_streak = Some((index, streak));
+        let [_, pmax] = self.settings.ps;
+        if streak < HOT_STREAK || !self.settings.ps_scaling || v.ps >= pmax || v.recovering {
+            return None;
+        }
+        self.hot_streak = None;
+        Some(Decision::Apply {
+            workers: v.workers,
+            ps: v.ps + 1,
+            predicted: None,
+            reasons: vec![format!(
+                "hot PS {index}: {ms:.2} ms per request vs its peers' median {median:.2} ms in {HOT_STREAK} checks in a row; one more PS takes rows off it"
+            )],
+        })
     }
 
     /// Settings in force.
@@ -539,6 +622,7 @@ mod tests {
             worker_start_s: 2.0,
             ps_migration_s: 1.0,
             ps_scaling: false,
+            hot_ratio: 3.0,
         }
     }
 
@@ -742,6 +826,52 @@ mod tests {
                 }
             ),
             "{d:?}"
+        );
+    }
+
+    #[test]
+    fn a_ps_slower_than_its_peers_twice_in_a_row_gets_its_load_spread() {
+        let load = |index, requests, serve_s| PsLoad {
+            index,
+            requests,
+            serve_s,
+        };
+        // 10 ms per request against peers at 1 ms: hot; 2.5x is not; too few requests
+        // do not count.
+        let hot = hot_ps(
+            &[load(0, 100, 0.1), load(1, 100, 1.0), load(2, 100, 0.1)],
+            3.0,
+        );
+        assert_eq!(hot.map(|h| h.0), Some(1));
+        assert_eq!(hot_ps(&[load(0, 100, 0.1), load(1, 100, 0.25)], 3.0), None);
+        assert_eq!(hot_ps(&[load(0, 100, 0.1), load(1, 5, 1.0)], 3.0), None);
+        let mut a = Autoscaler::new(
+            Settings {
+                ps: [2, 3],
+                ps_scaling: true,
+                ..settings()
+            },
+            0,
+        );
+        let mut v = view(1000, 2, 100);
+        v.ps = 2;
+        // Cumulative counters: the first check only sets the baseline.
+        assert_eq!(a.check_hot_ps(&[(1, 0, 0, 0.0), (2, 1, 0, 0.0)], &v), None);
+        assert_eq!(
+            a.check_hot_ps(&[(1, 0, 100, 0.1), (2, 1, 100, 1.0)], &v),
+            None
+        );
+        let d = a.check_hot_ps(&[(1, 0, 200, 0.2), (2, 1, 200, 2.0)], &v);
+        assert!(
+            matches!(d, Some(Decision::Apply { ps: 3, ref reasons, .. }) if reasons[0].contains("hot PS 1")),
+            "{d:?}"
+        );
+        // At the PS bound nothing more can be done.
+        v.ps = 3;
+        a.check_hot_ps(&[(1, 0, 300, 0.3), (2, 1, 300, 3.0)], &v);
+        assert_eq!(
+            a.check_hot_ps(&[(1, 0, 400, 0.4), (2, 1, 400, 4.0)], &v),
+            None
         );
     }
 

@@ -50,6 +50,7 @@ pub fn settings(cfg: &JobConfig, brain_job_id: &str) -> Settings {
         // Online re-sharding moves the servers' state between layouts; synchronous
         // steps would straddle them, so it is for asynchronous jobs.
         ps_scaling: cfg.cluster.mode == elastrec_worker::cluster::SyncMode::Async,
+        hot_ratio: a.hot_ps_ratio,
     }
 }
 
@@ -223,8 +224,27 @@ pub async fn run(
         auto.observe(&view);
         let round = auto.next_round(&view);
         if round != Round::Idle {
-            // PS memory readings go with the round's report (OOM prediction).
             let profiles = core.profiles.lock().clone();
+            // A hot PS is relieved before anything else is planned.
+            let served: Vec<(u32, u32, u64, f64)> = ps_nodes
+                .iter()
+                .filter_map(|(id, index)| {
+                    profiles
+                        .get(id)
+                        .map(|p| (*id, *index, p.requests, p.serve_s))
+                })
+                .collect();
+            if let Some(d) = auto.check_hot_ps(&served, &view) {
+                if let Round::Plan(report, _) | Round::Probe(report, _) | Round::Report(report) =
+                    round
+                {
+                    auto.requeue(report);
+                }
+                execute(&core, &mut auto, &d, &view, "hot-ps").await;
+                *core.autoscale_status.lock() = Some(auto.status());
+                continue;
+            }
+            // PS memory readings go with the round's report (OOM prediction).
             for (id, index) in &ps_nodes {
                 if let Some(p) = profiles.get(id) {
                     auto.observe_memory(

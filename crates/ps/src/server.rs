@@ -848,11 +848,13 @@ impl ParameterServer for Service {
         let out = tokio::task::spawn_blocking(move || shard.pull(&req))
             .await
             .map_err(PsError::from)??;
+        fail_point_slow_rows(rows).await;
         // Served pulls only: a refused one moved no rows.
         let m = &self.0.metrics;
         m.pulls.inc();
         m.rows_pulled.inc_by(rows);
         m.pull_latency.observe(t0.elapsed().as_secs_f64());
+        SERVED.add(t0);
         Ok(Response::new(out))
     }
 
@@ -862,10 +864,12 @@ impl ParameterServer for Service {
         check_version(&req.version)?;
         let rows = req.rows.len() as u64;
         let out = self.0.push(req).await?;
+        fail_point_slow_rows(rows).await;
         let m = &self.0.metrics;
         m.pushes.inc();
         m.rows_pushed.inc_by(rows);
         m.push_latency.observe(t0.elapsed().as_secs_f64());
+        SERVED.add(t0);
         Ok(Response::new(out))
     }
 
@@ -980,6 +984,7 @@ pub async fn serve(
 
 /// The PS process: bind, register with the master, serve, heartbeat until told to stop.
 pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
+    let _ = NODE_ID.set(args.node_id);
     let token = rpc::token_from_env()?;
     let mut master = rpc::master_client(&args.master, &token, 64 << 20)?;
     // Learn the job first (bind address), then register with the real address.
@@ -1110,14 +1115,58 @@ fn fail_point_grow(rows: usize) {
     }
 }
 
-/// The PS's heartbeat profile: CPU time and resident memory (the master predicts memory
-/// growth and spots a hot server from them).
+/// Pulls and pushes this process served and the time it spent on them: the master tells a
+/// hot server (slower than its peers) from them.
+struct Served {
+    requests: std::sync::atomic::AtomicU64,
+    micros: std::sync::atomic::AtomicU64,
+}
+
+static SERVED: Served = Served {
+    requests: std::sync::atomic::AtomicU64::new(0),
+    micros: std::sync::atomic::AtomicU64::new(0),
+};
+
+impl Served {
+    fn add(&self, since: Instant) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.requests.fetch_add(1, Relaxed);
+        self.micros
+            .fetch_add(since.elapsed().as_micros() as u64, Relaxed);
+    }
+}
+
+/// The PS's heartbeat profile: CPU time, resident memory, requests served and the time
+/// they took (the master predicts memory growth and spots a hot server from them).
 fn ps_profile() -> elastrec_proto::master::NodeProfile {
+    use std::sync::atomic::Ordering::Relaxed;
     let usage = elastrec_metrics::process::usage();
     elastrec_proto::master::NodeProfile {
         cpu_s: usage.cpu_s,
         rss_bytes: usage.rss_bytes,
+        requests: SERVED.requests.load(Relaxed),
+        serve_s: SERVED.micros.load(Relaxed) as f64 / 1e6,
         ..Default::default()
+    }
+}
+
+/// Node id of this PS process, for fail points that name one process (set at start).
+static NODE_ID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+
+/// Test fail point `ELASTREC_FAIL_SLOW_PS=NODE:US`: PS process `NODE` spends `US`
+/// microseconds more per row on every pull and push, as an overloaded or throttled server
+/// would (a server started later, even for the same index, is another node).
+async fn fail_point_slow_rows(rows: u64) {
+    static US: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    let us = *US.get_or_init(|| {
+        let v = std::env::var("ELASTREC_FAIL_SLOW_PS").ok()?;
+        let (who, us) = v.split_once(':')?;
+        (Some(&who.parse::<u32>().ok()?) == NODE_ID.get())
+            .then(|| us.parse().ok())
+            .flatten()
+    });
+    if let Some(us) = us.filter(|_| rows > 0) {
+        tokio::time::sleep(Duration::from_micros(us * rows)).await;
     }
 }
 

@@ -52,6 +52,9 @@ pub struct AutoscaleConfig {
     pub worker_start_s: f64,
     /// Seconds a change of the PS set pauses training (Eq. 8).
     pub ps_migration_s: f64,
+    /// A PS whose mean time per pull/push is above this multiple of its peers' median, in
+    /// two checks in a row, is hot: one more PS (within `ps`) takes rows off it.
+    pub hot_ps_ratio: f64,
 }
 
 impl Default for AutoscaleConfig {
@@ -72,6 +75,7 @@ impl Default for AutoscaleConfig {
             ps_mem_gb: 0.0,
             worker_start_s: 2.0,
             ps_migration_s: 1.0,
+            hot_ps_ratio: 3.0,
         }
     }
 }
@@ -133,6 +137,7 @@ pub(crate) fn validate_autoscale(job: &JobConfig, path: &Path) -> Result<(), Con
         ("autoscale.interval_s", a.interval_s),
         ("autoscale.sample_s", a.sample_s),
         ("autoscale.worker_mem_gb", a.worker_mem_gb),
+        ("autoscale.hot_ps_ratio", a.hot_ps_ratio),
     ] {
         if !positive(v) {
             return Err(bad(field, format!("must be a positive number, got {v}")));
