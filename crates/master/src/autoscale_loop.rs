@@ -30,8 +30,9 @@ pub fn settings(cfg: &JobConfig, brain_job_id: &str) -> Settings {
         sample_ms: (a.sample_s * 1000.0) as u64,
         min_gain: a.min_gain,
         batch_size: cfg.train.batch_size as u32,
-        // The local backend does not pin cores: every node counts as one core.
-        worker_cpu: 1.0,
+        // A worker's cores are its compute threads on the local backend; a PS counts as
+        // one core.
+        worker_cpu: a.worker_cpu.round().max(1.0),
         ps_cpu: 1.0,
         worker_mem_gb: a.worker_mem_gb,
         ps_mem_gb: ps_mem_gb(cfg),
@@ -114,7 +115,10 @@ pub fn job_spec(cfg: &JobConfig, brain_job_id: &str, samples_total: u64) -> pb::
         bounds: Some(pb::Bounds {
             workers: range(f64::from(s.0[0]), f64::from(s.0[1])),
             ps: range(f64::from(s.1[0]), f64::from(s.1[1])),
-            worker_cpu: range(1.0, 1.0),
+            worker_cpu: range(
+                cfg.autoscale.worker_cpu.round().max(1.0),
+                cfg.autoscale.worker_cpu.round().max(1.0),
+            ),
             ps_cpu: range(1.0, 1.0),
             worker_mem_gb: range(a.worker_mem_gb, a.worker_mem_gb),
             ps_mem_gb: range(ps_mem, ps_mem),

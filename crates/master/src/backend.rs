@@ -38,6 +38,8 @@ pub struct LocalProcesses {
     token: String,
     log_dir: PathBuf,
     children: Mutex<HashMap<u32, Child>>,
+    /// Compute threads of each worker (its allotted cores; `None`: all cores).
+    worker_threads: Option<usize>,
 }
 
 impl LocalProcesses {
@@ -57,7 +59,15 @@ impl LocalProcesses {
             token,
             log_dir,
             children: Mutex::new(HashMap::new()),
+            worker_threads: None,
         }
+    }
+
+    /// Caps every worker's compute threads at `threads` (`RAYON_NUM_THREADS`): the local
+    /// stand-in for a CPU limit, so that a worker uses the cores it was allotted.
+    pub fn with_worker_threads(mut self, threads: Option<usize>) -> Self {
+        self.worker_threads = threads.filter(|&t| t > 0);
+        self
     }
 }
 
@@ -82,6 +92,9 @@ impl ClusterBackend for LocalProcesses {
             .arg(&self.job_uid);
         if node.role == Role::Ps {
             cmd.arg("--index").arg(node.index.to_string());
+        }
+        if let (Role::Worker, Some(t)) = (node.role, self.worker_threads) {
+            cmd.env("RAYON_NUM_THREADS", t.to_string());
         }
         cmd.env(elastrec_worker::rpc::TOKEN_ENV, &self.token)
             .stdin(Stdio::null())

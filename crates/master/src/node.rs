@@ -207,6 +207,14 @@ fn policy(cfg: &JobConfig) -> Policy {
     }
 }
 
+/// Compute threads of each worker: with autoscaling, the cores a worker is allotted
+/// (`autoscale.worker_cpu`); otherwise all cores.
+fn worker_threads(cfg: &JobConfig) -> Option<usize> {
+    cfg.autoscale
+        .enabled
+        .then(|| cfg.autoscale.worker_cpu.round().max(1.0) as usize)
+}
+
 /// Where a new job's model and data position come from (`--from-checkpoint`).
 #[derive(Debug, Clone)]
 pub struct FromCheckpoint {
@@ -334,13 +342,16 @@ pub async fn start_job(
     store.set_meta("job_uid", job_uid.clone()).await?;
     store.set_meta("master_addr", addr.clone()).await?;
     std::fs::write(dir.0.join("started_ms"), now_ms().to_string())?;
-    let backend: Arc<dyn ClusterBackend> = Arc::new(LocalProcesses::new(
-        exe,
-        job_uid.clone(),
-        addr.clone(),
-        token.clone(),
-        dir.logs(),
-    ));
+    let backend: Arc<dyn ClusterBackend> = Arc::new(
+        LocalProcesses::new(
+            exe,
+            job_uid.clone(),
+            addr.clone(),
+            token.clone(),
+            dir.logs(),
+        )
+        .with_worker_threads(worker_threads(&cfg)),
+    );
     let shm_ns = shm_namespace(&job_id, &job_uid);
     let fingerprint = Fingerprint::of(&cfg, &file_pairs(&files));
     let total_samples = files.iter().map(|f| f.rows).sum::<u64>() * cfg.train.epochs as u64;
@@ -533,13 +544,16 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
         }
     };
     let (todo, doing, done) = job.tasks().counts();
-    let backend: Arc<dyn ClusterBackend> = Arc::new(LocalProcesses::new(
-        exe,
-        job_uid.clone(),
-        addr.clone(),
-        token.clone(),
-        dir.logs(),
-    ));
+    let backend: Arc<dyn ClusterBackend> = Arc::new(
+        LocalProcesses::new(
+            exe,
+            job_uid.clone(),
+            addr.clone(),
+            token.clone(),
+            dir.logs(),
+        )
+        .with_worker_threads(worker_threads(&cfg)),
+    );
     // After a crash of the whole job (not only the master) the parameter servers are gone:
     // their state can only come back from a checkpoint, with the data position it holds.
     let ps_gone: Vec<u32> = job

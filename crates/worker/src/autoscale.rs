@@ -43,6 +43,8 @@ pub struct AutoscaleConfig {
     pub cluster_cpu: f64,
     /// Memory the job may use in all, GiB (0: this machine's memory).
     pub cluster_mem_gb: f64,
+    /// Cores of one worker. On the local backend they are its compute threads.
+    pub worker_cpu: f64,
     /// Memory limit of one worker and of one PS, GiB (0 for the PS: the model state it
     /// holds with headroom).
     pub worker_mem_gb: f64,
@@ -71,6 +73,7 @@ impl Default for AutoscaleConfig {
             min_gain: 0.05,
             cluster_cpu: 0.0,
             cluster_mem_gb: 0.0,
+            worker_cpu: 1.0,
             worker_mem_gb: 2.0,
             ps_mem_gb: 0.0,
             worker_start_s: 2.0,
@@ -138,6 +141,7 @@ pub(crate) fn validate_autoscale(job: &JobConfig, path: &Path) -> Result<(), Con
         ("autoscale.sample_s", a.sample_s),
         ("autoscale.worker_mem_gb", a.worker_mem_gb),
         ("autoscale.hot_ps_ratio", a.hot_ps_ratio),
+        ("autoscale.worker_cpu", a.worker_cpu),
     ] {
         if !positive(v) {
             return Err(bad(field, format!("must be a positive number, got {v}")));
