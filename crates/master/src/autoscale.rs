@@ -55,6 +55,10 @@ pub struct Settings {
     pub ps_scaling: bool,
     /// A PS whose mean time per request exceeds this multiple of its peers' median is hot.
     pub hot_ratio: f64,
+    /// The job's own free capacity goes with each plan request (a brain of this job
+    /// alone). A shared brain service knows the cluster's capacity and plans every job that
+    /// shares it together, so none is sent to it.
+    pub send_capacity: bool,
 }
 
 impl Settings {
@@ -406,8 +410,14 @@ impl Autoscaler {
             worker_start_s: self.settings.worker_start_s,
             ps_migration_s: self.settings.ps_migration_s,
             horizon_s,
-            free_cpu: Some((self.settings.cluster_cpu - current.total_cpu()).max(0.0)),
-            free_mem_gb: Some((self.settings.cluster_mem_gb - current.total_mem_gb()).max(0.0)),
+            free_cpu: self
+                .settings
+                .send_capacity
+                .then(|| (self.settings.cluster_cpu - current.total_cpu()).max(0.0)),
+            free_mem_gb: self
+                .settings
+                .send_capacity
+                .then(|| (self.settings.cluster_mem_gb - current.total_mem_gb()).max(0.0)),
         };
         Round::Plan(report, plan)
     }
@@ -623,6 +633,7 @@ mod tests {
             ps_migration_s: 1.0,
             ps_scaling: false,
             hot_ratio: 3.0,
+            send_capacity: true,
         }
     }
 

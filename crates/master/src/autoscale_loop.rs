@@ -52,6 +52,7 @@ pub fn settings(cfg: &JobConfig, brain_job_id: &str) -> Settings {
         // steps would straddle them, so it is for asynchronous jobs.
         ps_scaling: cfg.cluster.mode == elastrec_worker::cluster::SyncMode::Async,
         hot_ratio: a.hot_ps_ratio,
+        send_capacity: a.brain.is_empty(),
     }
 }
 
