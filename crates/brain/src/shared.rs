@@ -14,7 +14,9 @@
 //!   either. The greedy never takes held resources away (a job it skips keeps them), and
 //!   `J`'s pick must fit beside what the others hold now; when the joint plan gives `J`
 //!   room another job has not released yet, `J` gets the best candidate that fits now and
-//!   the rest at a later re-plan. So the granted plans never add up to more than `S`.
+//!   the rest at a later re-plan. So the granted plans never add up to more than `S` as
+//!   long as every job runs what the brain planned (OOM prevention may still raise PS
+//!   memory past a pick).
 //! - **Stability.** The NSGA-II is seeded and the greedy breaks ties by job id, so the same
 //!   fronts, allocations and remaining samples give every job the same assignment whoever
 //!   asks: a job that re-plans gets what the last run of any other job computed for it,
