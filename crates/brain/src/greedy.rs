@@ -82,23 +82,46 @@ pub fn weighted_greedy(
     capacity: Resources,
     params: GreedyParams,
 ) -> Result<GreedyResult> {
+    let holding: Vec<Resources> = jobs
+        .iter()
+        .map(|j| j.current.as_ref().map(Resources::of).unwrap_or_default())
+        .collect();
+    weighted_greedy_holding(jobs, &holding, capacity, params)
+}
+
+/// [`weighted_greedy`] where `holding[j]` is what job `j` holds now (what it keeps when
+/// the greedy skips it and gives back when one of its candidates is chosen) instead of the
+/// resources of its `current` allocation. A brain shared by jobs that re-plan at different
+/// times counts a job that was granted a plan but has not re-planned since at the larger
+/// of its reported and granted resources: it may already run with either.
+pub fn weighted_greedy_holding(
+    jobs: &[JobOptions],
+    holding: &[Resources],
+    capacity: Resources,
+    params: GreedyParams,
+) -> Result<GreedyResult> {
     check_non_negative("capacity.cpu", capacity.cpu)?;
     check_non_negative("capacity.mem_gb", capacity.mem_gb)?;
     check_positive("epsilon", params.epsilon)?;
     if !params.rho.is_finite() {
         return Err(BrainError::invalid("rho", "must be finite"));
     }
+    if holding.len() != jobs.len() {
+        return Err(BrainError::invalid(
+            "holding",
+            format!("{} entries for {} jobs", holding.len(), jobs.len()),
+        ));
+    }
     let mut used = Resources::default();
-    for (j, job) in jobs.iter().enumerate() {
+    for (j, (job, held)) in jobs.iter().zip(holding).enumerate() {
         check_non_negative(
             &format!("jobs[{j}].remaining_samples"),
             job.remaining_samples,
         )?;
-        if let Some(c) = &job.current {
-            let r = Resources::of(c);
-            used.cpu += r.cpu;
-            used.mem_gb += r.mem_gb;
-        }
+        check_non_negative(&format!("holding[{j}].cpu"), held.cpu)?;
+        check_non_negative(&format!("holding[{j}].mem_gb"), held.mem_gb)?;
+        used.cpu += held.cpu;
+        used.mem_gb += held.mem_gb;
     }
     if !used.fits_in(&capacity) {
         return Err(BrainError::invalid(
@@ -138,11 +161,7 @@ pub fn weighted_greedy(
             continue;
         }
         let cand = jobs[j].candidates[k];
-        let cur = jobs[j]
-            .current
-            .as_ref()
-            .map(Resources::of)
-            .unwrap_or_default();
+        let cur = holding[j];
         let new = Resources::of(&cand.alloc);
         let after = Resources {
             cpu: used.cpu - cur.cpu + new.cpu,
@@ -292,6 +311,42 @@ mod tests {
             assert!((total.cpu - r.used.cpu).abs() < 1e-6);
             assert!(r.assignments.iter().any(|a| a.chosen.is_some()));
         }
+    }
+
+    /// A holding replaces the current allocation in the budget: what the job keeps when
+    /// skipped and gives back when one of its candidates is chosen.
+    #[test]
+    fn holdings_replace_current_allocations_in_the_budget() {
+        let jobs = vec![
+            JobOptions {
+                job_id: "held".into(),
+                remaining_samples: 1e6,
+                current: Some(cand(1, 1.0, 1.0).alloc),
+                candidates: vec![],
+            },
+            JobOptions {
+                job_id: "grows".into(),
+                remaining_samples: 1e6,
+                current: None,
+                candidates: vec![cand(4, 1e4, 1e4)],
+            },
+        ];
+        let big = Resources::of(&cand(8, 1.0, 1.0).alloc);
+        let four = Resources::of(&cand(4, 1.0, 1.0).alloc);
+        let cap = Resources {
+            cpu: big.cpu + four.cpu - 1.0,
+            mem_gb: big.mem_gb + four.mem_gb,
+        };
+        let p = GreedyParams::default();
+        // Counted at its current allocation, "held" leaves room for "grows" ...
+        let r = weighted_greedy(&jobs, cap, p).unwrap();
+        assert!(r.assignments[1].chosen.is_some());
+        // ... counted at what it holds, it does not.
+        let holding = [big, Resources::default()];
+        let r = weighted_greedy_holding(&jobs, &holding, cap, p).unwrap();
+        assert!(r.assignments[1].chosen.is_none());
+        assert_eq!(r.used, big);
+        assert!(weighted_greedy_holding(&jobs, &[big], cap, p).is_err());
     }
 
     #[test]

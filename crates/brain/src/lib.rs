@@ -3,9 +3,10 @@
 //! Owns the throughput models (DLRover-RM, KALE) fitted by NNLS, the config database of job
 //! history (SQLite or PostgreSQL), warm start, NSGA-II job plans, the cluster-level
 //! weighted greedy, KALE streaming plans (forecast, fewest workers, stabilization,
-//! fallback), Primus scaling rules and OOM prediction. Policies are pure functions over
-//! observed state (no I/O), so the simulator and the live service run the same code; the
-//! database (`db`) and the gRPC service (`service`) are the only parts that do I/O.
+//! fallback), Primus scaling rules, OOM prediction and the shared plan of the jobs that use
+//! one brain service. Policies are pure functions over observed state (no I/O), so the
+//! simulator and the live service run the same code; the database (`db`) and the gRPC
+//! service (`service`) are the only parts that do I/O.
 
 pub mod alloc;
 pub mod error;
@@ -22,6 +23,7 @@ pub mod oom;
 pub mod plan;
 pub mod planner;
 pub mod primus;
+pub mod shared;
 pub mod streaming;
 pub mod warm_start;
 

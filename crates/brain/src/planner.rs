@@ -8,13 +8,13 @@ use crate::error::{check_non_negative, check_positive, BrainError, Result};
 use crate::forecast::{Forecaster, HoltWinters, SeasonalNaive};
 use crate::greedy::{weighted_greedy, GreedyParams, JobOptions};
 use crate::job::JobSpec;
-use crate::nsga2::{nsga2, JobProblem, Nsga2Params, OverheadModel, Prices};
+use crate::nsga2::{nsga2, Candidate, JobProblem, Nsga2Params, OverheadModel, Prices};
 use crate::oom::{self, MemorySample, OomPolicy};
 use crate::plan::{Plan, PlanKind, StreamPlan};
 use crate::streaming::{plan_series, stabilize, Fallback, Stabilization};
 use crate::throughput::dlrover::{DlroverConstants, DlroverModel, DLROVER_MIN_SAMPLES};
 use crate::throughput::kale::{KaleModel, KaleSample, KaleVariant};
-use crate::throughput::{validate_profile, ProfileSample, ThroughputModel};
+use crate::throughput::{validate_profile, FitReport, ProfileSample, ThroughputModel};
 use crate::warm_start::{
     fit_memory, ps_mem_needed_gb, warm_start, HistoricalJob, JobFeatures, WarmStartParams,
 };
@@ -30,7 +30,10 @@ pub struct BrainConfig {
     pub nsga: Nsga2Params,
     /// Greedy settings (Eq. 14).
     pub greedy: GreedyParams,
-    /// Free cluster resources a re-plan may use (besides the job's current allocation).
+    /// Cluster resources. A re-plan of one job ([`replan`], or a service request carrying
+    /// `free_cpu`/`free_mem_gb`) reads them as the free resources besides the job's current
+    /// allocation; the service's shared planning ([`crate::shared`]) reads them as the whole
+    /// cluster that every active job's allocation comes out of.
     pub capacity: CapacityConfig,
     /// Warm start (Algorithm 1).
     pub warm: WarmStartParams,
@@ -42,6 +45,43 @@ pub struct BrainConfig {
     pub stabilization: Stabilization,
     /// KALE fallback thresholds.
     pub fallback: Fallback,
+    /// Planning the jobs that share one brain service together.
+    #[serde(default)]
+    pub sharing: SharingConfig,
+}
+
+/// Settings of shared planning ([`crate::shared`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SharingConfig {
+    /// A job that has not called `Plan` or `ReportProfile` for this many seconds is no
+    /// longer active: its front and allocation leave the shared plan (default 600 s).
+    pub inactive_after_s: f64,
+}
+
+impl Default for SharingConfig {
+    fn default() -> Self {
+        Self {
+            inactive_after_s: DEFAULT_INACTIVE_AFTER_S,
+        }
+    }
+}
+
+/// Default of [`SharingConfig::inactive_after_s`].
+pub const DEFAULT_INACTIVE_AFTER_S: f64 = 600.0;
+
+impl SharingConfig {
+    /// [`Self::inactive_after_s`] as a duration; a `Config` error unless it is finite and
+    /// positive.
+    pub fn inactive_after(&self) -> Result<std::time::Duration> {
+        let s = self.inactive_after_s;
+        if !(s.is_finite() && s > 0.0) {
+            return Err(BrainError::Config(format!(
+                "sharing.inactive_after_s must be finite and > 0, got {s}"
+            )));
+        }
+        std::time::Duration::try_from_secs_f64(s)
+            .map_err(|e| BrainError::Config(format!("sharing.inactive_after_s = {s}: {e}")))
+    }
 }
 
 /// Free cluster resources.
@@ -132,9 +172,44 @@ pub struct ReplanInput<'a> {
     pub steps: Option<(u64, u64)>,
 }
 
-/// Periodic re-plan: fit DLRover-RM's model, generate the NSGA-II front, pick with the
-/// weighted greedy under the free capacity, fold in OOM prevention.
+/// What [`fit_front`] learns about one job: its fitted model and its NSGA-II front.
+#[derive(Debug, Clone)]
+pub struct JobFront {
+    /// The fitted DLRover-RM model.
+    pub model: DlroverModel,
+    /// Its held-out fit quality.
+    pub report: FitReport,
+    /// Non-dominated allocations (cost vs 1/gain), gains relative to the current one.
+    pub front: Vec<Candidate>,
+    /// Memory the PS must hold together, GiB.
+    pub ps_mem_needed_gb: f64,
+    /// Why, in order (the fit and the front).
+    pub reasons: Vec<String>,
+}
+
+/// The greedy's decision for the job being planned, with why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pick {
+    /// The chosen candidate, or `None` to keep the current allocation.
+    pub chosen: Option<Candidate>,
+    /// Resources the job could use besides its current allocation (for the error when it
+    /// has neither a candidate nor a current allocation).
+    pub free: Resources,
+    /// Why, in order.
+    pub reasons: Vec<String>,
+}
+
+/// Periodic re-plan of one job alone: [`fit_front`], [`pick_alone`] under the free
+/// capacity `cfg.capacity`, then [`finish_plan`] (OOM prevention, bounds).
 pub fn replan(cfg: &BrainConfig, input: ReplanInput<'_>) -> Result<Plan> {
+    let fit = fit_front(cfg, &input)?;
+    let pick = pick_alone(cfg, &input, &fit.front)?;
+    finish_plan(cfg, &input, fit, pick)
+}
+
+/// The per-job half of a re-plan: validates the input, fits DLRover-RM's model on the
+/// profile and generates the NSGA-II front relative to the current allocation.
+pub fn fit_front(cfg: &BrainConfig, input: &ReplanInput<'_>) -> Result<JobFront> {
     let spec = input.spec;
     spec.validate()?;
     check_non_negative("remaining_samples", input.remaining_samples)?;
@@ -157,20 +232,34 @@ pub fn replan(cfg: &BrainConfig, input: ReplanInput<'_>) -> Result<Plan> {
         ps_mem_needed_gb: need,
     };
     let front = nsga2(&problem, cfg.nsga)?;
-    let mut reasons = vec![format!(
-        "fitted DLRover-RM model on {} samples: alpha_grad {:.3e}, alpha_upd {:.3e}, alpha_sync {:.3e}, alpha_emb {:.3e}, beta {:.3e}; held-out MAPE {:.2}%",
-        input.samples.len(),
-        model.coef.alpha_grad,
-        model.coef.alpha_upd,
-        model.coef.alpha_sync,
-        model.coef.alpha_emb,
-        model.coef.beta,
-        report.mape
-    )];
-    reasons.push(format!(
-        "NSGA-II front: {} non-dominated allocations (cost vs 1/gain)",
-        front.len()
-    ));
+    let reasons = vec![
+        format!(
+            "fitted DLRover-RM model on {} samples: alpha_grad {:.3e}, alpha_upd {:.3e}, alpha_sync {:.3e}, alpha_emb {:.3e}, beta {:.3e}; held-out MAPE {:.2}%",
+            input.samples.len(),
+            model.coef.alpha_grad,
+            model.coef.alpha_upd,
+            model.coef.alpha_sync,
+            model.coef.alpha_emb,
+            model.coef.beta,
+            report.mape
+        ),
+        format!(
+            "NSGA-II front: {} non-dominated allocations (cost vs 1/gain)",
+            front.len()
+        ),
+    ];
+    Ok(JobFront {
+        model,
+        report,
+        front,
+        ps_mem_needed_gb: need,
+        reasons,
+    })
+}
+
+/// The weighted greedy (Eq. 11-14) over one job's `front` alone: the best candidate
+/// within the free capacity `cfg.capacity` besides the job's current allocation.
+pub fn pick_alone(cfg: &BrainConfig, input: &ReplanInput<'_>, front: &[Candidate]) -> Result<Pick> {
     let capacity = {
         let cur = input
             .current
@@ -184,23 +273,48 @@ pub fn replan(cfg: &BrainConfig, input: ReplanInput<'_>) -> Result<Plan> {
     };
     let g = weighted_greedy(
         &[JobOptions {
-            job_id: spec.job_id.clone(),
+            job_id: input.spec.job_id.clone(),
             remaining_samples: input.remaining_samples,
             current: input.current,
-            candidates: front.clone(),
+            candidates: front.to_vec(),
         }],
         capacity,
         cfg.greedy,
     )?;
-    let chosen = g.assignments[0].chosen;
-    let (kind, mut alloc, tp, gain) = match (chosen, input.current) {
-        (Some(c), _) => {
-            reasons.push(format!(
-                "weighted greedy picked the candidate with the best RE x WG = {:.3e} (gain {:.1} samples/s for cost {:.2}/h) within free capacity {:.0} CPU / {:.0} GiB",
-                g.assignments[0].score, c.gain, c.cost, cfg.capacity.cpu, cfg.capacity.mem_gb
-            ));
-            (PlanKind::Replan, c.alloc, c.throughput, Some(c.gain))
-        }
+    let a = &g.assignments[0];
+    let reasons = a.chosen.iter().map(|c| format!(
+        "weighted greedy picked the candidate with the best RE x WG = {:.3e} (gain {:.1} samples/s for cost {:.2}/h) within free capacity {:.0} CPU / {:.0} GiB",
+        a.score, c.gain, c.cost, cfg.capacity.cpu, cfg.capacity.mem_gb
+    )).collect();
+    Ok(Pick {
+        chosen: a.chosen,
+        free: Resources {
+            cpu: cfg.capacity.cpu,
+            mem_gb: cfg.capacity.mem_gb,
+        },
+        reasons,
+    })
+}
+
+/// The second half of a re-plan: the allocation `pick` chose (or the current one), with
+/// PS memory for the model state and OOM prevention folded in, checked against the bounds.
+pub fn finish_plan(
+    cfg: &BrainConfig,
+    input: &ReplanInput<'_>,
+    fit: JobFront,
+    pick: Pick,
+) -> Result<Plan> {
+    let spec = input.spec;
+    let JobFront {
+        model,
+        report,
+        front,
+        ps_mem_needed_gb: need,
+        mut reasons,
+    } = fit;
+    reasons.extend(pick.reasons);
+    let (kind, mut alloc, tp, gain) = match (pick.chosen, input.current) {
+        (Some(c), _) => (PlanKind::Replan, c.alloc, c.throughput, Some(c.gain)),
         (None, Some(cur)) => {
             reasons.push("no candidate gains throughput net of scaling overhead within capacity: keep the current allocation".into());
             let cur = spec.bounds.clamp(&cur);
@@ -209,7 +323,7 @@ pub fn replan(cfg: &BrainConfig, input: ReplanInput<'_>) -> Result<Plan> {
         (None, None) => {
             return Err(BrainError::Infeasible(format!(
                 "no allocation inside the bounds fits the free capacity ({:.0} CPU, {:.0} GiB) and holds {need:.1} GiB of model state",
-                cfg.capacity.cpu, cfg.capacity.mem_gb
+                pick.free.cpu, pick.free.mem_gb
             )))
         }
     };
@@ -531,6 +645,55 @@ mod tests {
         assert!(p.reasons.len() >= 3 && p.fit.is_some());
         let t = p.render_table();
         assert!(t.contains("pareto front"), "{t}");
+    }
+
+    /// The halves of a re-plan compose: without a pick the job keeps its allocation, and
+    /// without one either the plan is refused naming the room it had.
+    #[test]
+    fn finish_plan_keeps_the_current_allocation_or_refuses() {
+        let s = dl::synthetic(40, 0.02, 4);
+        let job = spec("j");
+        let cur = Allocation {
+            workers: 2,
+            ps: 1,
+            worker_cpu: 2.0,
+            ps_cpu: 2.0,
+            worker_mem_gb: 8.0,
+            ps_mem_gb: 16.0,
+        };
+        let cfg = BrainConfig::default();
+        let input = ReplanInput {
+            spec: &job,
+            samples: &s,
+            current: Some(cur),
+            remaining_samples: 1e9,
+            memory: &[],
+            steps: None,
+        };
+        let fit = fit_front(&cfg, &input).unwrap();
+        let none = Pick {
+            chosen: None,
+            free: Resources {
+                cpu: 3.0,
+                mem_gb: 5.0,
+            },
+            reasons: vec!["no room".into()],
+        };
+        let p = finish_plan(&cfg, &input, fit.clone(), none.clone()).unwrap();
+        assert_eq!((p.kind, p.allocation), (PlanKind::Keep, cur));
+        assert!(p.reasons.iter().any(|r| r == "no room"), "{:?}", p.reasons);
+        let fresh = ReplanInput {
+            current: None,
+            ..input
+        };
+        let e = finish_plan(&cfg, &fresh, fit.clone(), none).unwrap_err();
+        assert!(
+            e.to_string().contains("free capacity (3 CPU, 5 GiB)"),
+            "{e}"
+        );
+        let pick = pick_alone(&cfg, &input, &fit.front).unwrap();
+        let p = finish_plan(&cfg, &input, fit, pick).unwrap();
+        assert_eq!(p, replan(&cfg, input).unwrap());
     }
 
     #[test]

@@ -3,6 +3,8 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use elastrec_metrics::prometheus_client::metrics::counter::Counter;
 use elastrec_metrics::prometheus_client::metrics::family::Family;
@@ -11,13 +13,14 @@ use elastrec_proto::brain as pb;
 use pb::brain_server::{Brain, BrainServer};
 use tonic::{Request, Response, Status};
 
-use crate::alloc::{Allocation, Bounds, Range};
+use crate::alloc::{Allocation, Bounds, Range, Resources};
 use crate::db::Store;
 use crate::error::{BrainError, Result};
 use crate::job::{JobSpec, TableSpec};
 use crate::oom::MemorySample;
 use crate::plan::{Plan, PlanKind, StreamPlan};
 use crate::planner::{self, BrainConfig, Mode, ReplanInput, StreamInput};
+use crate::shared::{ActiveJobs, Clock, SystemClock};
 use crate::throughput::{FitReport, ProfileSample};
 
 /// Most profile samples or memory readings accepted in one report.
@@ -171,7 +174,7 @@ pub async fn serve_with_listeners(
         )));
     }
     let store = Store::connect(&opts.db_url).await?;
-    let counters = std::sync::Arc::new(BrainMetrics::new());
+    let counters = Arc::new(BrainMetrics::new());
     let io = |source| BrainError::Io {
         path: "the metrics listener".into(),
         source,
@@ -184,11 +187,7 @@ pub async fn serve_with_listeners(
     // Printed, not logged at info: an operator needs the address (the default port is
     // chosen by the OS), whatever the log filter.
     eprintln!("brain metrics on http://{}/metrics", endpoint.addr());
-    let svc = BrainService {
-        store,
-        cfg: opts.config,
-        metrics: counters,
-    };
+    let svc = BrainService::new(store, opts.config, counters, Arc::new(SystemClock))?;
     let expected = format!("Bearer {}", opts.token).into_bytes();
     let server = BrainServer::with_interceptor(svc, move |req: Request<()>| {
         let ok = req
@@ -274,11 +273,15 @@ impl BrainMetrics {
     }
 }
 
-/// The service state: the store, the policy settings and the counters.
+/// The service state: the store, the policy settings, the counters and the jobs that share
+/// the cluster (in memory: a restarted brain relearns them as they re-plan).
 pub struct BrainService {
     store: Store,
     cfg: BrainConfig,
-    metrics: std::sync::Arc<BrainMetrics>,
+    metrics: Arc<BrainMetrics>,
+    shared: Mutex<ActiveJobs>,
+    inactive_after: Duration,
+    clock: Arc<dyn Clock>,
 }
 
 fn check_job_id(id: &str) -> Result<()> {
@@ -432,11 +435,46 @@ impl BrainService {
     /// The service's logic without a server: a job master that runs the brain in its own
     /// process calls the same handlers (the `Brain` trait) directly.
     pub async fn open(db_url: &str, cfg: BrainConfig) -> Result<Self> {
+        Self::open_with_clock(db_url, cfg, Arc::new(SystemClock)).await
+    }
+
+    /// [`Self::open`] with the clock that decides when a job stopped calling (tests drive
+    /// their own).
+    pub async fn open_with_clock(
+        db_url: &str,
+        cfg: BrainConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self> {
+        let store = Store::connect(db_url).await?;
+        Self::new(store, cfg, Arc::new(BrainMetrics::new()), clock)
+    }
+
+    fn new(
+        store: Store,
+        cfg: BrainConfig,
+        metrics: Arc<BrainMetrics>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self> {
         Ok(Self {
-            store: Store::connect(db_url).await?,
+            store,
+            inactive_after: cfg.sharing.inactive_after()?,
             cfg,
-            metrics: std::sync::Arc::new(BrainMetrics::new()),
+            metrics,
+            shared: Mutex::new(ActiveJobs::new()),
+            clock,
         })
+    }
+
+    /// The shared jobs, with those not heard from for `inactive_after` dropped.
+    fn active_jobs(&self) -> Result<std::sync::MutexGuard<'_, ActiveJobs>> {
+        let mut jobs = self
+            .shared
+            .lock()
+            .map_err(|_| BrainError::Internal("the shared plan's lock is poisoned".into()))?;
+        for id in jobs.expire(self.clock.now(), self.inactive_after) {
+            tracing::info!(job = %id, after_s = self.inactive_after.as_secs_f64(), "job stopped calling: dropped from the shared plan");
+        }
+        Ok(jobs)
     }
 
     async fn report(&self, r: pb::ReportProfileRequest) -> Result<pb::ReportProfileResponse> {
@@ -472,6 +510,10 @@ impl BrainService {
             .collect();
         let n = self.store.add_samples(&r.job_id, &samples).await?;
         let m = self.store.add_memory(&r.job_id, &memory).await?;
+        {
+            let now = self.clock.now();
+            self.active_jobs()?.touch(&r.job_id, now);
+        }
         Ok(pb::ReportProfileResponse {
             samples_stored: n,
             memory_samples_stored: m,
@@ -486,6 +528,16 @@ impl BrainService {
         self.store
             .record_config(&spec.job_id, &plan.allocation, "warm-start")
             .await?;
+        // From now on its start-up allocation counts against the shared cluster; it takes
+        // part in the greedy once its first re-plan brings a front.
+        let now = self.clock.now();
+        self.active_jobs()?.update(
+            &spec.job_id,
+            vec![],
+            Some(plan.allocation),
+            spec.dataset_samples as f64,
+            now,
+        );
         Ok(plan_to(&plan))
     }
 
@@ -500,6 +552,8 @@ impl BrainService {
             return Err(BrainError::invalid("total_steps", "is before current_step"));
         }
         let mut cfg = self.cfg;
+        // A job that knows its own free capacity plans alone; the others share the cluster.
+        let shared = r.free_cpu.is_none() && r.free_mem_gb.is_none();
         for (field, v, slot) in [
             (
                 "worker_start_s",
@@ -538,17 +592,45 @@ impl BrainService {
         } else {
             r.remaining_samples
         };
-        let plan = planner::replan(
-            &cfg,
-            ReplanInput {
-                spec: &spec,
-                samples: &samples,
+        let input = ReplanInput {
+            spec: &spec,
+            samples: &samples,
+            current,
+            remaining_samples: remaining as f64,
+            memory: &memory,
+            steps: (r.total_steps > 0).then_some((r.current_step, r.total_steps)),
+        };
+        if shared {
+            // Heard from, even when the fit below fails.
+            let now = self.clock.now();
+            self.active_jobs()?.touch(&r.job_id, now);
+        }
+        let fit = planner::fit_front(&cfg, &input)?;
+        let plan = if shared {
+            let mut jobs = self.active_jobs()?;
+            let now = self.clock.now();
+            jobs.update(
+                &r.job_id,
+                fit.front.clone(),
                 current,
-                remaining_samples: remaining as f64,
-                memory: &memory,
-                steps: (r.total_steps > 0).then_some((r.current_step, r.total_steps)),
-            },
-        )?;
+                input.remaining_samples,
+                now,
+            );
+            let capacity = Resources {
+                cpu: cfg.capacity.cpu,
+                mem_gb: cfg.capacity.mem_gb,
+            };
+            let joint = jobs.plan(&r.job_id, capacity, cfg.greedy)?;
+            let plan = planner::finish_plan(&cfg, &input, fit, joint.pick)?;
+            jobs.grant(&r.job_id, plan.allocation);
+            plan
+        } else {
+            if self.active_jobs()?.remove(&r.job_id) {
+                tracing::info!(job = %r.job_id, "job plans on its own machine: left the shared plan");
+            }
+            let pick = planner::pick_alone(&cfg, &input, &fit.front)?;
+            planner::finish_plan(&cfg, &input, fit, pick)?
+        };
         if plan.kind == PlanKind::Replan {
             self.store
                 .record_config(&r.job_id, &plan.allocation, "re-plan")

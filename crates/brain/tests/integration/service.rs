@@ -1,5 +1,6 @@
 //! The real gRPC server on loopback with a real client.
 
+use elastrec_brain::planner::BrainConfig;
 use elastrec_brain::service::serve_with_listeners;
 use elastrec_brain::BrainServeOptions;
 use elastrec_proto::brain as pb;
@@ -48,8 +49,13 @@ fn job(id: &str) -> pb::JobSpec {
 
 /// Iteration times from a known DLRover-RM model with 2% noise.
 fn profile() -> Vec<pb::ProfileSample> {
+    profile_of(3, 1.0)
+}
+
+/// [`profile`] drawn with `seed`, every iteration `slowdown` times longer.
+fn profile_of(seed: u64, slowdown: f64) -> Vec<pb::ProfileSample> {
     use rand::{Rng, SeedableRng};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     (0..30)
         .map(|_| {
             let (w, p) = (rng.random_range(1..=16u32), rng.random_range(1..=6u32));
@@ -73,13 +79,25 @@ fn profile() -> Vec<pb::ProfileSample> {
                     ps_mem_gb: 16.0,
                 }),
                 batch_size: 512,
-                iter_time_s: t * (1.0 + 0.02 * rng.random_range(-1.0..1.0)),
+                iter_time_s: slowdown * t * (1.0 + 0.02 * rng.random_range(-1.0..1.0)),
             }
         })
         .collect()
 }
 
 async fn start() -> (
+    BrainClient<Channel>,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+    tempfile::TempDir,
+    std::net::SocketAddr,
+) {
+    start_with(BrainConfig::default()).await
+}
+
+async fn start_with(
+    config: BrainConfig,
+) -> (
     BrainClient<Channel>,
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<()>,
@@ -96,7 +114,8 @@ async fn start() -> (
     let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let metrics_addr = metrics.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let opts = BrainServeOptions::new(url, TOKEN);
+    let mut opts = BrainServeOptions::new(url, TOKEN);
+    opts.config = config;
     let h = tokio::spawn(async move {
         serve_with_listeners(opts, listener, metrics, async {
             let _ = rx.await;
@@ -332,4 +351,232 @@ async fn report_warm_start_plan_and_stream_over_grpc() {
 
     let _ = stop.send(());
     handle.await.unwrap();
+}
+
+/// Cluster of the sharing tests: less than two jobs want alone (each would take up to
+/// 8 workers x 4 CPU + 4 PS x 4 CPU = 48 CPU).
+const SHARED_CPU: f64 = 64.0;
+const SHARED_MEM_GB: f64 = 1024.0;
+
+/// What the masters of the sharing tests run with: 6 CPU, 32 GiB.
+const CUR: pb::Allocation = pb::Allocation {
+    workers: 2,
+    ps: 1,
+    worker_cpu: 2.0,
+    ps_cpu: 2.0,
+    worker_mem_gb: 8.0,
+    ps_mem_gb: 16.0,
+};
+
+fn shared_config() -> BrainConfig {
+    let mut c = BrainConfig::default();
+    c.capacity.cpu = SHARED_CPU;
+    c.capacity.mem_gb = SHARED_MEM_GB;
+    c
+}
+
+/// [`job`] bounded to 8 workers and 4 PS of at most 4 CPU each.
+fn small_job(id: &str) -> pb::JobSpec {
+    let four = Some(pb::Range { min: 1.0, max: 4.0 });
+    pb::JobSpec {
+        bounds: Some(pb::Bounds {
+            workers: Some(pb::Range { min: 1.0, max: 8.0 }),
+            ps: four,
+            worker_cpu: four,
+            ps_cpu: four,
+            ..Default::default()
+        }),
+        ..job(id)
+    }
+}
+
+fn cpu(a: &pb::Allocation) -> f64 {
+    f64::from(a.workers) * a.worker_cpu + f64::from(a.ps) * a.ps_cpu
+}
+
+fn mem(a: &pb::Allocation) -> f64 {
+    f64::from(a.workers) * a.worker_mem_gb + f64::from(a.ps) * a.ps_mem_gb
+}
+
+/// A re-plan of `id` running [`CUR`]; `free` is the (CPU, GiB) override of a job on its
+/// own machine.
+fn plan_req(id: &str, free: Option<(f64, f64)>) -> pb::PlanRequest {
+    pb::PlanRequest {
+        job_id: id.into(),
+        current: Some(CUR),
+        remaining_samples: 1_000_000_000,
+        free_cpu: free.map(|f| f.0),
+        free_mem_gb: free.map(|f| f.1),
+        ..Default::default()
+    }
+}
+
+/// Two jobs share a brain whose cluster cannot give both what each wants alone. The job
+/// whose workers gain three times as much (better RE x WG) asks second yet ends with more,
+/// the planned allocations never add up to more than the cluster, and the other job,
+/// planned alone with the same free room, gets more than its share.
+#[tokio::test]
+async fn jobs_sharing_the_brain_are_planned_together() {
+    let (mut c, stop, handle, _dir, _) = start_with(shared_config()).await;
+    // Each job's latest plan, from its start-up plan on.
+    let mut latest = std::collections::BTreeMap::new();
+    let fits = |latest: &std::collections::BTreeMap<String, pb::Allocation>| {
+        let used: f64 = latest.values().map(cpu).sum();
+        let used_mem: f64 = latest.values().map(mem).sum();
+        assert!(
+            used <= SHARED_CPU + 1e-9 && used_mem <= SHARED_MEM_GB + 1e-9,
+            "{used} CPU, {used_mem} GiB: {latest:?}"
+        );
+    };
+    for (id, seed, slowdown) in [("fast", 3, 1.0), ("slow", 4, 3.0)] {
+        let p = c
+            .warm_start(req(
+                pb::WarmStartRequest {
+                    job: Some(small_job(id)),
+                },
+                TOKEN,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        latest.insert(id.to_string(), p.allocation.unwrap());
+        c.report_profile(req(
+            pb::ReportProfileRequest {
+                job_id: id.into(),
+                samples: profile_of(seed, slowdown),
+                memory: vec![],
+            },
+            TOKEN,
+        ))
+        .await
+        .unwrap();
+    }
+    fits(&latest);
+    // The slow job asks first and takes what the fast one's start-up plan leaves. Then both
+    // re-plan from the allocation they still run (masters that have not scaled yet): the
+    // greedy, not the order of the calls, decides.
+    let mut last = std::collections::BTreeMap::new();
+    for id in ["slow", "fast", "slow", "fast"] {
+        let p = c
+            .plan(req(plan_req(id, None), TOKEN))
+            .await
+            .unwrap()
+            .into_inner();
+        latest.insert(id.to_string(), p.allocation.unwrap());
+        fits(&latest);
+        last.insert(id, p);
+    }
+    let (fast, slow) = (&last["fast"], &last["slow"]);
+    let (fa, sa) = (fast.allocation.unwrap(), slow.allocation.unwrap());
+    assert!(cpu(&fa) > cpu(&sa), "fast {fa:?}, slow {sa:?}");
+    assert_eq!(fast.kind, "re-plan", "{:?}", fast.reasons);
+    for (p, other) in [(fast, "slow"), (slow, "fast")] {
+        let together = format!("planned together with 1 other active job(s) ({other})");
+        assert!(
+            p.reasons.iter().any(|r| r.contains(&together)),
+            "{:?}",
+            p.reasons
+        );
+    }
+    // On its own machine with the same free room, the slow job gets more.
+    let free = (SHARED_CPU - cpu(&CUR), SHARED_MEM_GB - mem(&CUR));
+    let alone = c
+        .plan(req(plan_req("slow", Some(free)), TOKEN))
+        .await
+        .unwrap()
+        .into_inner();
+    let aa = alone.allocation.unwrap();
+    assert!(cpu(&aa) > cpu(&sa), "alone {aa:?}, shared {sa:?}");
+    assert!(
+        !alone.reasons.iter().any(|r| r.contains("planned")),
+        "{:?}",
+        alone.reasons
+    );
+
+    let _ = stop.send(());
+    handle.await.unwrap();
+}
+
+/// A clock the test moves by hand.
+struct TestClock(std::sync::Mutex<std::time::Instant>);
+
+impl elastrec_brain::shared::Clock for TestClock {
+    fn now(&self) -> std::time::Instant {
+        *self.0.lock().unwrap()
+    }
+}
+
+impl TestClock {
+    fn advance(&self, secs: u64) {
+        *self.0.lock().unwrap() += std::time::Duration::from_secs(secs);
+    }
+}
+
+/// A job that stops calling leaves the shared plan once `sharing.inactive_after_s` has
+/// passed; a profile report keeps a job in it. (The service's handlers in process, with a
+/// clock the test moves.)
+#[tokio::test]
+async fn a_job_that_stops_calling_leaves_the_shared_plan() {
+    use elastrec_brain::service::BrainService;
+    use pb::brain_server::Brain as _;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("brain.db").display()
+    );
+    let clock = std::sync::Arc::new(TestClock(std::sync::Mutex::new(std::time::Instant::now())));
+    // Room for one job's 40 CPU, but not beside the other's 20 CPU start-up plan.
+    let mut cfg = shared_config();
+    cfg.capacity.cpu = 48.0;
+    assert_eq!(cfg.sharing.inactive_after_s, 600.0, "documented default");
+    let svc = BrainService::open_with_clock(&url, cfg, clock.clone())
+        .await
+        .unwrap();
+    for id in ["idle", "busy"] {
+        svc.warm_start(Request::new(pb::WarmStartRequest {
+            job: Some(small_job(id)),
+        }))
+        .await
+        .unwrap();
+    }
+    let report = |samples| pb::ReportProfileRequest {
+        job_id: "busy".into(),
+        samples,
+        memory: vec![],
+    };
+    svc.report_profile(Request::new(report(profile())))
+        .await
+        .unwrap();
+    let first = svc
+        .plan(Request::new(plan_req("busy", None)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        first
+            .reasons
+            .iter()
+            .any(|r| r.contains("planned together with 1 other active job(s) (idle)")),
+        "{:?}",
+        first.reasons
+    );
+    // Nine minutes on, busy reports (nothing new); idle has not called since it started.
+    clock.advance(540);
+    svc.report_profile(Request::new(report(vec![])))
+        .await
+        .unwrap();
+    clock.advance(61);
+    let second = svc
+        .plan(Request::new(plan_req("busy", None)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        second.reasons.iter().any(|r| r.contains("only active job")),
+        "{:?}",
+        second.reasons
+    );
+    let (a1, a2) = (first.allocation.unwrap(), second.allocation.unwrap());
+    assert!(cpu(&a1) <= 28.0, "beside idle's start-up plan: {a1:?}");
+    assert!(cpu(&a2) > cpu(&a1), "{a1:?} then {a2:?}");
 }
