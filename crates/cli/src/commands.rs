@@ -352,17 +352,40 @@ pub fn brain_plan(job: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// The cluster a brain service plans for.
+pub struct BrainCluster {
+    /// Cores.
+    pub cpu: f64,
+    /// Memory, GiB.
+    pub mem_gb: f64,
+    /// Seconds of silence after which a job no longer holds a share.
+    pub inactive_after_s: f64,
+}
+
 pub fn brain_serve(
     db: &str,
     listen: std::net::SocketAddr,
     metrics: std::net::SocketAddr,
     token_file: Option<&Path>,
+    cluster: BrainCluster,
 ) -> Result<()> {
     use elastrec_brain::service::{resolve_token, TOKEN_ENV};
+    for (flag, v) in [
+        ("--cluster-cpu", cluster.cpu),
+        ("--cluster-mem-gb", cluster.mem_gb),
+        ("--inactive-after-s", cluster.inactive_after_s),
+    ] {
+        if !(v.is_finite() && v > 0.0) {
+            bail!("{flag} must be a positive number, got {v}");
+        }
+    }
     let token = resolve_token(token_file, std::env::var_os(TOKEN_ENV))?;
     let mut opts = elastrec_brain::BrainServeOptions::new(db, token);
     opts.listen = listen;
     opts.metrics = metrics;
+    opts.config.capacity.cpu = cluster.cpu;
+    opts.config.capacity.mem_gb = cluster.mem_gb;
+    opts.config.sharing.inactive_after_s = cluster.inactive_after_s;
     eprintln!(
         "brain listening on {listen}, config database {}",
         elastrec_brain::db::redact_url(db)

@@ -163,6 +163,17 @@ struct BrainArgs {
     /// other address it requires the brain's token).
     #[arg(long, default_value = "127.0.0.1:0")]
     metrics_addr: std::net::SocketAddr,
+    /// CPU cores of the cluster the brain plans: jobs that share the service are given
+    /// shares of it together (weighted greedy, DLRover-RM Eq. 11-14).
+    #[arg(long, default_value_t = 1024.0)]
+    cluster_cpu: f64,
+    /// Memory of the cluster the brain plans, GiB.
+    #[arg(long, default_value_t = 4096.0)]
+    cluster_mem_gb: f64,
+    /// A job that has not reported or planned for this many seconds no longer holds a
+    /// share of the cluster.
+    #[arg(long, default_value_t = 600.0)]
+    inactive_after_s: f64,
 }
 
 #[derive(Subcommand)]
@@ -199,7 +210,17 @@ fn main() -> anyhow::Result<()> {
         Command::Eval(a) => commands::eval(&a.model, &a.data, &a.on_bad_row, a.json),
         Command::Brain(a) => match a.command {
             Some(BrainCommand::Plan { job, json }) => commands::brain_plan(&job, json),
-            None => commands::brain_serve(&a.db, a.listen, a.metrics_addr, a.token_file.as_deref()),
+            None => commands::brain_serve(
+                &a.db,
+                a.listen,
+                a.metrics_addr,
+                a.token_file.as_deref(),
+                commands::BrainCluster {
+                    cpu: a.cluster_cpu,
+                    mem_gb: a.cluster_mem_gb,
+                    inactive_after_s: a.inactive_after_s,
+                },
+            ),
         },
         Command::Cluster(c) => elastrec_master::cli::dispatch(c),
         Command::Ps(a) => commands::on_runtime(elastrec_ps::run_ps(a)),
