@@ -378,7 +378,9 @@ impl Autoscaler {
             memory: std::mem::take(&mut self.memory),
         };
         let [_, wmax] = self.settings.workers;
-        if self.seen_workers.len() < 2 && v.workers < wmax {
+        // A probe takes a worker without asking: only where the job plans its own
+        // capacity. On a shared brain service every worker comes from the cluster's plan.
+        if self.settings.send_capacity && self.seen_workers.len() < 2 && v.workers < wmax {
             let d = Decision::Apply {
                 workers: v.workers + 1,
                 ps: v.ps,
