@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Autoscaling benchmark: the same job static under-provisioned (1 worker), static
-# over-provisioned (OVER workers, default 8), autoscaled from 1 worker with an empty brain database
+# over-provisioned (OVER workers, default 16), autoscaled from 1 worker with an empty brain database
 # (cold), and autoscaled again with the brain's history of the cold run (warm start).
 # Prints job completion time, node-seconds and CPU seconds of each, and the fitted
 # model's held-out MAPE on the job's own profile.
@@ -20,7 +20,7 @@ if [ -z "$bin" ]; then
     bin="${CARGO_TARGET_DIR:-target}/release/elastrec"
 fi
 batch_ms="${BATCH_MS:-20}"
-over="${OVER:-8}"
+over="${OVER:-16}"
 rows="${ROWS:-180000}"
 epochs="${EPOCHS:-2}"
 mkdir -p "$out"
