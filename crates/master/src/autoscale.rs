@@ -379,8 +379,11 @@ impl Autoscaler {
         };
         let [_, wmax] = self.settings.workers;
         // A probe takes a worker without asking: only where the job plans its own
-        // capacity. On a shared brain service every worker comes from the cluster's plan.
-        if self.settings.send_capacity && self.seen_workers.len() < 2 && v.workers < wmax {
+        // capacity, and only when the capacity has room for it. On a shared brain service
+        // every worker comes from the cluster's plan.
+        let room = self.settings.allocation(v.workers + 1, v.ps).total_cpu()
+            <= self.settings.cluster_cpu + 1e-9;
+        if self.settings.send_capacity && room && self.seen_workers.len() < 2 && v.workers < wmax {
             let d = Decision::Apply {
                 workers: v.workers + 1,
                 ps: v.ps,
@@ -739,6 +742,21 @@ mod tests {
         // Fewer workers for about the same speed is a saving: applied.
         let d = a.review(&plan(1, 1, 1790.0), &v);
         assert!(matches!(d, Decision::Apply { workers: 1, .. }), "{d:?}");
+    }
+
+    #[test]
+    fn no_probe_beyond_the_capacity() {
+        let mut a = Autoscaler::new(
+            Settings {
+                cluster_cpu: 2.0,
+                ..settings()
+            },
+            0,
+        );
+        let (mut t, mut s) = (0, 0);
+        run(&mut a, &mut t, &mut s, 1, 1000, 4);
+        // 1 worker + 1 PS fill the 2 cores: the samples are reported, nothing is probed.
+        assert!(matches!(a.next_round(&view(t, 1, s)), Round::Report(_)));
     }
 
     #[test]
