@@ -308,7 +308,8 @@ fn alloc_from(field: &str, a: Option<pb::Allocation>) -> Result<Option<Allocatio
     Ok(Some(out))
 }
 
-fn alloc_to(a: &Allocation) -> pb::Allocation {
+/// The wire form of an allocation.
+pub fn alloc_to(a: &Allocation) -> pb::Allocation {
     pb::Allocation {
         workers: a.workers,
         ps: a.ps,

@@ -10,6 +10,7 @@
 //! allocation; until the profile has two worker counts the autoscaler *probes* one worker
 //! more (within bounds), then it follows the brain's plans (NNLS fit, NSGA-II, greedy).
 
+pub use elastrec_brain::service::alloc_to as alloc_to_pb;
 use elastrec_brain::throughput::dlrover::DLROVER_MIN_SAMPLES;
 use elastrec_brain::Allocation;
 use elastrec_proto::brain as pb;
@@ -601,18 +602,6 @@ pub fn memory_verdict(s: &Settings, is_ps: bool, rss_bytes: u64) -> Option<Strin
             if is_ps { "ps" } else { "worker" }
         )
     })
-}
-
-/// The wire form of an allocation.
-pub fn alloc_to_pb(a: &Allocation) -> pb::Allocation {
-    pb::Allocation {
-        workers: a.workers,
-        ps: a.ps,
-        worker_cpu: a.worker_cpu,
-        ps_cpu: a.ps_cpu,
-        worker_mem_gb: a.worker_mem_gb,
-        ps_mem_gb: a.ps_mem_gb,
-    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use elastrec_brain::planner::BrainConfig;
 use elastrec_proto::brain as pb;
 use elastrec_worker::config::JobConfig;
 
-use crate::autoscale::{alloc_to_pb, Autoscaler, Decision, Round, Settings, View};
+use crate::autoscale::{Autoscaler, Decision, Round, Settings, View};
 use crate::brain_link::BrainLink;
 use crate::job::{Phase, Role};
 use crate::service::{monotonic_ms, MasterCore};
@@ -260,59 +260,48 @@ pub async fn run(
                 }
             }
         }
-        match round {
-            Round::Idle => {}
-            Round::Report(report) => {
-                report_profile(
-                    &*brain,
-                    &mut auto,
-                    report,
-                    &mut registered,
-                    &cfg,
-                    samples_total,
-                )
-                .await;
-            }
-            Round::Probe(report, d) => {
-                report_profile(
-                    &*brain,
-                    &mut auto,
-                    report,
-                    &mut registered,
-                    &cfg,
-                    samples_total,
-                )
-                .await;
-                execute(&core, &mut auto, &d, &view, "probe").await;
-            }
-            Round::Plan(report, req) => {
-                report_profile(
-                    &*brain,
-                    &mut auto,
-                    report,
-                    &mut registered,
-                    &cfg,
-                    samples_total,
-                )
-                .await;
-                match brain.plan(req).await {
-                    Ok(plan) => {
-                        let d = auto.review(&plan, &view);
-                        execute(&core, &mut auto, &d, &view, "plan").await;
-                    }
-                    Err(s) => {
-                        let msg = format!("{}: {}", brain.describe(), s.message());
-                        eprintln!(
-                            "autoscale: no plan this round ({msg}); keeping {} workers",
-                            view.workers
-                        );
-                        if s.code() == tonic::Code::NotFound {
-                            registered = false;
-                        }
-                        auto.brain_failed(msg);
-                    }
+        // Every round reports first; then a probe is executed or a plan asked for.
+        enum Next {
+            Probe(Decision),
+            Plan(pb::PlanRequest),
+        }
+        let (report, next) = match round {
+            Round::Idle => (None, None),
+            Round::Report(report) => (Some(report), None),
+            Round::Probe(report, d) => (Some(report), Some(Next::Probe(d))),
+            Round::Plan(report, req) => (Some(report), Some(Next::Plan(req))),
+        };
+        if let Some(report) = report {
+            report_profile(
+                &*brain,
+                &mut auto,
+                report,
+                &mut registered,
+                &cfg,
+                samples_total,
+            )
+            .await;
+        }
+        match next {
+            None => {}
+            Some(Next::Probe(d)) => execute(&core, &mut auto, &d, &view, "probe").await,
+            Some(Next::Plan(req)) => match brain.plan(req).await {
+                Ok(plan) => {
+                    let d = auto.review(&plan, &view);
+                    execute(&core, &mut auto, &d, &view, "plan").await;
                 }
-            }
+                Err(s) => {
+                    let msg = format!("{}: {}", brain.describe(), s.message());
+                    eprintln!(
+                        "autoscale: no plan this round ({msg}); keeping {} workers",
+                        view.workers
+                    );
+                    if s.code() == tonic::Code::NotFound {
+                        registered = false;
+                    }
+                    auto.brain_failed(msg);
+                }
+            },
         }
         *core.autoscale_status.lock() = Some(auto.status());
     }
@@ -436,10 +425,4 @@ async fn execute(core: &MasterCore, auto: &mut Autoscaler, d: &Decision, v: &Vie
         Decision::Keep(why) => tracing::debug!(%why, "autoscale: keep"),
         Decision::Refuse(why) => eprintln!("autoscale: plan refused: {why}"),
     }
-}
-
-/// The wire allocation of `workers` x `ps` with this job's node sizes (for tests and
-/// tools).
-pub fn allocation(cfg: &JobConfig, workers: u32, ps: u32) -> pb::Allocation {
-    alloc_to_pb(&settings(cfg, "").allocation(workers, ps))
 }

@@ -207,12 +207,30 @@ fn policy(cfg: &JobConfig) -> Policy {
     }
 }
 
-/// Compute threads of each worker: with autoscaling, the cores a worker is allotted
-/// (`autoscale.worker_cpu`); otherwise all cores.
-fn worker_threads(cfg: &JobConfig) -> Option<usize> {
-    cfg.autoscale
+/// The job's nodes as processes on this machine. With autoscaling, a worker's compute
+/// threads are the cores it is allotted (`autoscale.worker_cpu`); otherwise all cores.
+fn local_backend(
+    exe: PathBuf,
+    job_uid: &str,
+    addr: &str,
+    token: &str,
+    dir: &JobDir,
+    cfg: &JobConfig,
+) -> Arc<dyn ClusterBackend> {
+    let threads = cfg
+        .autoscale
         .enabled
-        .then(|| cfg.autoscale.worker_cpu.round().max(1.0) as usize)
+        .then(|| cfg.autoscale.worker_cpu.round().max(1.0) as usize);
+    Arc::new(
+        LocalProcesses::new(
+            exe,
+            job_uid.to_string(),
+            addr.to_string(),
+            token.to_string(),
+            dir.logs(),
+        )
+        .with_worker_threads(threads),
+    )
 }
 
 /// Where a new job's model and data position come from (`--from-checkpoint`).
@@ -342,16 +360,7 @@ pub async fn start_job(
     store.set_meta("job_uid", job_uid.clone()).await?;
     store.set_meta("master_addr", addr.clone()).await?;
     std::fs::write(dir.0.join("started_ms"), now_ms().to_string())?;
-    let backend: Arc<dyn ClusterBackend> = Arc::new(
-        LocalProcesses::new(
-            exe,
-            job_uid.clone(),
-            addr.clone(),
-            token.clone(),
-            dir.logs(),
-        )
-        .with_worker_threads(worker_threads(&cfg)),
-    );
+    let backend = local_backend(exe, &job_uid, &addr, &token, &dir, &cfg);
     let shm_ns = shm_namespace(&job_id, &job_uid);
     let fingerprint = Fingerprint::of(&cfg, &file_pairs(&files));
     let total_samples = files.iter().map(|f| f.rows).sum::<u64>() * cfg.train.epochs as u64;
@@ -544,16 +553,7 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
         }
     };
     let (todo, doing, done) = job.tasks().counts();
-    let backend: Arc<dyn ClusterBackend> = Arc::new(
-        LocalProcesses::new(
-            exe,
-            job_uid.clone(),
-            addr.clone(),
-            token.clone(),
-            dir.logs(),
-        )
-        .with_worker_threads(worker_threads(&cfg)),
-    );
+    let backend = local_backend(exe, &job_uid, &addr, &token, &dir, &cfg);
     // After a crash of the whole job (not only the master) the parameter servers are gone:
     // their state can only come back from a checkpoint, with the data position it holds.
     let ps_gone: Vec<u32> = job

@@ -198,7 +198,7 @@ async fn run_protocol(
             };
             async move { c?.reshard(req).await.map_err(anyhow::Error::from) }
         });
-        futures_join(calls)
+        rpc::join_all(calls)
     };
     // Round 1, while the servers go on serving: every row to its new owner. Round 2,
     // frozen: only the rows updated since, and the dense values.
@@ -246,7 +246,7 @@ async fn run_protocol(
             };
             async move { c?.abort_layout(req).await.map_err(anyhow::Error::from) }
         });
-        for (a, r) in everyone.iter().zip(futures_join(calls).await) {
+        for (a, r) in everyone.iter().zip(rpc::join_all(calls).await) {
             if let Err(e) = r {
                 eprintln!("master: aborting layout {version} on {a}: {e:#}");
             }
@@ -263,7 +263,7 @@ async fn run_protocol(
         };
         async move { c?.commit_layout(req).await.map_err(anyhow::Error::from) }
     });
-    for (a, r) in everyone.iter().zip(futures_join(calls).await) {
+    for (a, r) in everyone.iter().zip(rpc::join_all(calls).await) {
         // Past this point the servers hold the moved state: a commit that did not arrive
         // is retried rather than rolled back.
         if let Err(e) = r {
@@ -321,18 +321,4 @@ pub async fn abort_uncommitted(core: &MasterCore) {
             tracing::debug!(addr = %a, error = %s, "abort of an uncommitted layout refused");
         }
     }
-}
-
-/// Runs futures concurrently and collects their outputs in order.
-async fn futures_join<F>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
-where
-    F: std::future::Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    let handles: Vec<_> = futs.map(tokio::spawn).collect();
-    let mut out = Vec::with_capacity(handles.len());
-    for h in handles {
-        out.push(h.await.expect("rpc task panicked"));
-    }
-    out
 }

@@ -627,7 +627,7 @@ impl RemoteModel {
                 };
                 async move { c.pull(req).await }
             });
-        let replies = futures_join(calls).await;
+        let replies = rpc::join_all(calls).await;
         let d = self.dim;
         let mut values = Vec::with_capacity(replies.len());
         let mut replies_ok = Vec::with_capacity(replies.len());
@@ -778,7 +778,7 @@ impl RemoteModel {
                     self.push_request(i, part, resplit, dense_grad, contributors, batch, samples);
                 async move { c.push(req).await }
             });
-            let replies = futures_join(calls).await;
+            let replies = rpc::join_all(calls).await;
             let mut refusal = None;
             for (&i, r) in pending.iter().zip(replies) {
                 match r {
@@ -837,20 +837,6 @@ impl RemoteModel {
         }
         Ok(acc)
     }
-}
-
-/// Runs futures concurrently and collects their outputs in order.
-async fn futures_join<F>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
-where
-    F: std::future::Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    let handles: Vec<_> = futs.map(tokio::spawn).collect();
-    let mut out = Vec::with_capacity(handles.len());
-    for h in handles {
-        out.push(h.await.expect("rpc task panicked"));
-    }
-    out
 }
 
 /// Reports progress, retrying while the master is unreachable (e.g. restarting).

@@ -271,6 +271,20 @@ where
     }
 }
 
+/// Runs futures concurrently and collects their outputs in order.
+pub async fn join_all<F>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futs.map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        out.push(h.await.expect("rpc task panicked"));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
