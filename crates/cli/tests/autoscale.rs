@@ -363,3 +363,38 @@ fn a_hot_ps_is_detected_and_its_load_spread_over_one_more_ps() {
     assert!(reason.contains("hot PS 1"), "{reason}");
     eprintln!("hot-PS relief: {}", changes[0]);
 }
+
+/// Vertical scaling: with the worker count at its bound, the autoscaler gives each worker
+/// one core more (`autoscale.worker_cpu_max`): every worker is replaced by one running
+/// with the new cores (its remainder returns to the queue), none dies, the ledger stays
+/// exact.
+#[test]
+fn a_worker_at_its_count_bound_gets_more_cores_by_replacement() {
+    let _g = serial();
+    let (job, dir) = write_job(
+        "vertical",
+        "[cluster]\nps = 1\nworkers = 1\nwarmup_steps = 20\n[checkpoint]\nenabled = false\n\
+         [autoscale]\nenabled = true\nworkers = [1, 1]\nworker_cpu_max = 2\ninterval_s = 0.5\n\
+         sample_s = 0.25\ncluster_cpu = 16\n",
+    );
+    let log = dir.with_extension("log");
+    // 10 ms a batch: the job lasts at least 4.7 s, long enough for a probe.
+    let mut run = run_job(&job, &log, &[("ELASTREC_FAIL_SLOW_WORKER", "*:10")]);
+    assert!(
+        run.wait(Duration::from_secs(300)).success(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    check_result(&dir, &log, 0.005);
+    let r = result(&dir);
+    let scaling = r["autoscale"]["scaling"].as_array().unwrap();
+    let vertical = scaling
+        .iter()
+        .find(|s| s["worker_cpu"][1].as_f64() > s["worker_cpu"][0].as_f64())
+        .unwrap_or_else(|| panic!("no change of the cores per worker: {r}"));
+    assert_eq!(vertical["worker_cpu"][1], 2.0, "{vertical}");
+    assert_eq!(r["workers_launched"], 2, "the worker was not replaced: {r}");
+    assert_eq!(r["workers_dead"], 0, "{r}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("x 2 cores (was 1)"), "{text}");
+}

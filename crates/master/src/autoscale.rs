@@ -36,8 +36,12 @@ pub struct Settings {
     pub min_gain: f64,
     /// Rows per worker batch (`m`).
     pub batch_size: u32,
-    /// CPU cores and memory of one worker and one PS.
+    /// CPU cores of one worker now (its compute threads on the local backend) and the
+    /// most a plan may give it (vertical scaling when above `worker_cpu`).
     pub worker_cpu: f64,
+    /// See `worker_cpu`.
+    pub worker_cpu_max: f64,
+    /// CPU cores and memory of one PS, memory of one worker.
     /// See `worker_cpu`.
     pub ps_cpu: f64,
     /// See `worker_cpu`.
@@ -107,6 +111,9 @@ pub struct ScalingRecord {
     pub before: (u32, u32),
     /// See `before`.
     pub after: (u32, u32),
+    /// Cores per worker before and after.
+    #[serde(default)]
+    pub worker_cpu: (f64, f64),
     /// `probe` (measuring the scaling curve) or `plan` (the brain's plan).
     pub source: String,
     /// Throughput measured before the change, samples/s.
@@ -135,10 +142,12 @@ pub enum Round {
 /// The verdict on a plan.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
-    /// Change to this many workers and PS.
+    /// Change to this many workers and PS, with this many cores per worker.
     Apply {
         /// Target workers.
         workers: u32,
+        /// Target cores per worker (a change restarts every worker with them).
+        worker_cpu: f64,
         /// Target PS.
         ps: u32,
         /// Predicted throughput (plans) or none (probes).
@@ -158,6 +167,7 @@ struct Window {
     samples: u64,
     workers: u32,
     ps: u32,
+    cpu: u64,
 }
 
 /// The autoscaler's state.
@@ -172,6 +182,8 @@ pub struct Autoscaler {
     seen_workers: std::collections::BTreeSet<u32>,
     /// See `seen_workers`.
     seen_ps: std::collections::BTreeSet<u32>,
+    /// Cores per worker the profile holds samples of.
+    seen_cpu: std::collections::BTreeSet<u64>,
     samples_taken: u64,
     samples_at_last_plan: u64,
     last_plan_ms: u64,
@@ -234,6 +246,7 @@ impl Autoscaler {
             unreported: Vec::new(),
             seen_workers: Default::default(),
             seen_ps: Default::default(),
+            seen_cpu: Default::default(),
             samples_taken: 0,
             samples_at_last_plan: 0,
             last_plan_ms: now_ms,
@@ -281,6 +294,7 @@ impl Autoscaler {
         self.hot_streak = None;
         Some(Decision::Apply {
             workers: v.workers,
+            worker_cpu: self.settings.worker_cpu,
             ps: v.ps + 1,
             predicted: None,
             reasons: vec![format!(
@@ -305,14 +319,16 @@ impl Autoscaler {
             self.window = None;
             return;
         }
+        let cpu = self.settings.worker_cpu as u64;
         let w = match self.window {
-            Some(w) if w.workers == v.workers && w.ps == v.ps => w,
+            Some(w) if w.workers == v.workers && w.ps == v.ps && w.cpu == cpu => w,
             _ => {
                 self.window = Some(Window {
                     start_ms: v.now_ms,
                     samples: v.samples_done,
                     workers: v.workers,
                     ps: v.ps,
+                    cpu,
                 });
                 return;
             }
@@ -339,10 +355,14 @@ impl Autoscaler {
         });
         self.seen_workers.insert(w.workers);
         self.seen_ps.insert(w.ps);
+        self.seen_cpu.insert(w.cpu);
         self.samples_taken += 1;
         self.measured = Some((throughput, w.workers, w.ps));
         if let Some(last) = self.history.last_mut() {
-            if last.after == (w.workers, w.ps) && last.measured_after.is_none() {
+            if last.after == (w.workers, w.ps)
+                && last.worker_cpu.1 as u64 == w.cpu
+                && last.measured_after.is_none()
+            {
                 last.measured_after = Some(throughput);
             }
         }
@@ -387,11 +407,34 @@ impl Autoscaler {
         if self.settings.send_capacity && room && self.seen_workers.len() < 2 && v.workers < wmax {
             let d = Decision::Apply {
                 workers: v.workers + 1,
+                worker_cpu: self.settings.worker_cpu,
                 ps: v.ps,
                 predicted: None,
                 reasons: vec![format!(
                     "probe: the profile holds only {} worker(s); one more measures how throughput scales (the fit needs two allocations)",
                     v.workers
+                )],
+            };
+            return Round::Probe(report, d);
+        }
+        // Vertical: the cores of a worker (Eq. 2's `l_w`) are identified only once the profile
+        // holds two values; probe one core more when the bounds allow it.
+        let cpu = self.settings.worker_cpu;
+        let room = f64::from(v.workers) * (cpu + 1.0) + f64::from(v.ps) * self.settings.ps_cpu
+            <= self.settings.cluster_cpu + 1e-9;
+        if self.settings.send_capacity
+            && room
+            && (self.seen_workers.len() >= 2 || v.workers >= wmax)
+            && self.seen_cpu.len() < 2
+            && cpu + 1.0 <= self.settings.worker_cpu_max
+        {
+            let d = Decision::Apply {
+                workers: v.workers,
+                worker_cpu: cpu + 1.0,
+                ps: v.ps,
+                predicted: None,
+                reasons: vec![format!(
+                    "probe: the profile holds only {cpu} core(s) per worker; one more measures what a worker's cores are worth (Eq. 2)"
                 )],
             };
             return Round::Probe(report, d);
@@ -463,7 +506,12 @@ impl Autoscaler {
         self.last_plan = Some(plan.clone());
         let d = self.judge(plan, v);
         self.last_verdict = Some(match &d {
-            Decision::Apply { workers, ps, .. } => format!("apply: {workers} workers, {ps} PS"),
+            Decision::Apply {
+                workers,
+                ps,
+                worker_cpu,
+                ..
+            } => format!("apply: {workers} workers x {worker_cpu} cores, {ps} PS"),
             Decision::Keep(why) => format!("keep: {why}"),
             Decision::Refuse(why) => format!("refused: {why}"),
         });
@@ -476,6 +524,14 @@ impl Autoscaler {
         };
         let [wmin, wmax] = self.settings.workers;
         let [pmin, pmax] = self.settings.ps;
+        let cpu_max = self.settings.worker_cpu_max;
+        let cpu = a.worker_cpu.round();
+        if !(a.worker_cpu.is_finite() && (1.0..=cpu_max + 1e-9).contains(&cpu)) {
+            return Decision::Refuse(format!(
+                "the plan's {} cores per worker are outside [1, {cpu_max}] (autoscale.worker_cpu_max)",
+                a.worker_cpu
+            ));
+        }
         if !(wmin..=wmax).contains(&a.workers) {
             return Decision::Refuse(format!(
                 "the plan's {} workers are outside autoscale.workers [{wmin}, {wmax}]",
@@ -519,7 +575,14 @@ impl Autoscaler {
         } else {
             (a.ps, None)
         };
-        if (a.workers, ps) == (v.workers, v.ps) {
+        // Cores per worker for speed only once the profile holds two values (as PS counts).
+        let now_cpu = self.settings.worker_cpu;
+        let cpu = if cpu > now_cpu && self.seen_cpu.len() < 2 {
+            now_cpu
+        } else {
+            cpu
+        };
+        if (a.workers, ps) == (v.workers, v.ps) && cpu == now_cpu {
             return Decision::Keep(match ps_note {
                 Some(why) => format!("the plan's PS change ({} -> {}) {why}", v.ps, a.ps),
                 None => format!("the plan keeps {} workers and {} PS", v.workers, v.ps),
@@ -528,7 +591,7 @@ impl Autoscaler {
         if let Some(now) = self.measured().filter(|t| *t > 0.0) {
             let change = (tp - now) / now;
             // Fewer nodes for the same speed is a saving; more nodes must be faster.
-            let cheaper = a.workers <= v.workers && ps <= v.ps;
+            let cheaper = a.workers <= v.workers && ps <= v.ps && cpu <= now_cpu;
             if !cheaper && !for_memory && change < self.settings.min_gain {
                 return Decision::Keep(format!(
                     "predicted {tp:.0} samples/s is {:+.1}% of the measured {now:.0}, below autoscale.min_gain ({:.0}%)",
@@ -539,6 +602,7 @@ impl Autoscaler {
         }
         Decision::Apply {
             workers: a.workers,
+            worker_cpu: cpu,
             ps,
             predicted: Some(tp),
             reasons: plan.reasons.clone(),
@@ -549,6 +613,7 @@ impl Autoscaler {
     pub fn applied(&mut self, d: &Decision, v: &View, source: &str) {
         if let Decision::Apply {
             workers,
+            worker_cpu,
             ps,
             predicted,
             reasons,
@@ -558,12 +623,14 @@ impl Autoscaler {
                 at_s: v.now_ms.saturating_sub(self.started_ms) as f64 / 1000.0,
                 before: (v.workers, v.ps),
                 after: (*workers, *ps),
+                worker_cpu: (self.settings.worker_cpu, *worker_cpu),
                 source: source.to_string(),
                 measured_before: self.measured(),
                 predicted: *predicted,
                 measured_after: None,
                 reasons: reasons.clone(),
             });
+            self.settings.worker_cpu = *worker_cpu;
             // The next window starts at the new allocation.
             self.window = None;
         }
@@ -618,6 +685,7 @@ mod tests {
             min_gain: 0.05,
             batch_size: 100,
             worker_cpu: 1.0,
+            worker_cpu_max: 1.0,
             ps_cpu: 1.0,
             worker_mem_gb: 2.0,
             ps_mem_gb: 2.0,
@@ -731,6 +799,39 @@ mod tests {
         // Fewer workers for about the same speed is a saving: applied.
         let d = a.review(&plan(1, 1, 1790.0), &v);
         assert!(matches!(d, Decision::Apply { workers: 1, .. }), "{d:?}");
+    }
+
+    #[test]
+    fn a_worker_count_at_its_bound_probes_one_core_more_then_keeps_it() {
+        let mut a = Autoscaler::new(
+            Settings {
+                workers: [1, 1],
+                worker_cpu_max: 2.0,
+                ..settings()
+            },
+            0,
+        );
+        let (mut t, mut s) = (0, 0);
+        run(&mut a, &mut t, &mut s, 1, 1000, 4);
+        let v = view(t, 1, s);
+        let Round::Probe(_, d) = a.next_round(&v) else {
+            panic!("expected a probe of the cores")
+        };
+        assert!(
+            matches!(d, Decision::Apply { workers: 1, worker_cpu, .. } if worker_cpu == 2.0),
+            "{d:?}"
+        );
+        a.applied(&d, &v, "probe");
+        assert_eq!(a.settings().worker_cpu, 2.0);
+        assert_eq!(a.history()[0].worker_cpu, (1.0, 2.0));
+        // A plan beyond the cores bound is refused.
+        let mut p = plan(1, 1, 5000.0);
+        p.allocation.as_mut().unwrap().worker_cpu = 3.0;
+        let d = a.review(&p, &view(t + 100, 1, s));
+        assert!(
+            matches!(d, Decision::Refuse(ref w) if w.contains("worker_cpu_max")),
+            "{d:?}"
+        );
     }
 
     #[test]

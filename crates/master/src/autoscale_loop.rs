@@ -33,6 +33,7 @@ pub fn settings(cfg: &JobConfig, brain_job_id: &str) -> Settings {
         // A worker's cores are its compute threads on the local backend; a PS counts as
         // one core.
         worker_cpu: a.worker_cpu.round().max(1.0),
+        worker_cpu_max: a.worker_cpu_max.round().max(a.worker_cpu.round()).max(1.0),
         ps_cpu: 1.0,
         worker_mem_gb: a.worker_mem_gb,
         ps_mem_gb: ps_mem_gb(cfg),
@@ -118,7 +119,11 @@ pub fn job_spec(cfg: &JobConfig, brain_job_id: &str, samples_total: u64) -> pb::
             ps: range(f64::from(s.1[0]), f64::from(s.1[1])),
             worker_cpu: range(
                 cfg.autoscale.worker_cpu.round().max(1.0),
-                cfg.autoscale.worker_cpu.round().max(1.0),
+                cfg.autoscale
+                    .worker_cpu_max
+                    .round()
+                    .max(cfg.autoscale.worker_cpu.round())
+                    .max(1.0),
             ),
             ps_cpu: range(1.0, 1.0),
             worker_mem_gb: range(a.worker_mem_gb, a.worker_mem_gb),
@@ -380,6 +385,7 @@ async fn execute(core: &MasterCore, auto: &mut Autoscaler, d: &Decision, v: &Vie
     match d {
         Decision::Apply {
             workers,
+            worker_cpu,
             ps,
             predicted,
             reasons,
@@ -394,6 +400,13 @@ async fn execute(core: &MasterCore, auto: &mut Autoscaler, d: &Decision, v: &Vie
                 }
             }
             let target = *workers;
+            let cpu_before = auto.settings().worker_cpu;
+            // Vertical: every worker is replaced by one with the new cores (its remainder
+            // goes back to the queue when it leaves, as on any scale-down).
+            let vertical = (*worker_cpu - cpu_before).abs() > 0.5;
+            if vertical {
+                core.backend().set_worker_threads(*worker_cpu as usize);
+            }
             let r = core
                 .run(|job, cx| {
                     if job.phase() != &Phase::Training {
@@ -402,13 +415,20 @@ async fn execute(core: &MasterCore, auto: &mut Autoscaler, d: &Decision, v: &Vie
                     if job.recovering() {
                         return Err("a parameter server is being recovered".to_string());
                     }
-                    Ok(job.scale(target, cx))
+                    let previous = job.scale(target, cx);
+                    if vertical {
+                        job.replace_workers(cx);
+                    }
+                    Ok(previous)
                 })
                 .await;
+            if vertical && !matches!(r, Ok(Ok(_))) {
+                core.backend().set_worker_threads(cpu_before as usize);
+            }
             match r {
                 Ok(Ok(previous)) => {
                     eprintln!(
-                        "autoscale: workers {previous} -> {target}, PS {} ({source}{}): {}",
+                        "autoscale: workers {previous} -> {target} x {worker_cpu} cores (was {cpu_before}), PS {} ({source}{}): {}",
                         ps,
                         predicted.map_or(String::new(), |t| format!(
                             ", predicted {t:.0} samples/s vs measured {:.0}",

@@ -27,6 +27,11 @@ pub trait ClusterBackend: Send + Sync {
         let _ = node;
         true
     }
+    /// Cores (compute threads) of the workers started from now on (vertical scaling).
+    /// Backends that size nodes otherwise ignore it.
+    fn set_worker_threads(&self, threads: usize) {
+        let _ = threads;
+    }
 }
 
 /// Role instances as child processes of this binary on this machine: the same executable
@@ -38,8 +43,9 @@ pub struct LocalProcesses {
     token: String,
     log_dir: PathBuf,
     children: Mutex<HashMap<u32, Child>>,
-    /// Compute threads of each worker (its allotted cores; `None`: all cores).
-    worker_threads: Option<usize>,
+    /// Compute threads of each worker started from now on (its allotted cores; 0: all
+    /// cores).
+    worker_threads: std::sync::atomic::AtomicUsize,
 }
 
 impl LocalProcesses {
@@ -59,14 +65,14 @@ impl LocalProcesses {
             token,
             log_dir,
             children: Mutex::new(HashMap::new()),
-            worker_threads: None,
+            worker_threads: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
     /// Caps every worker's compute threads at `threads` (`RAYON_NUM_THREADS`): the local
     /// stand-in for a CPU limit, so that a worker uses the cores it was allotted.
-    pub fn with_worker_threads(mut self, threads: Option<usize>) -> Self {
-        self.worker_threads = threads.filter(|&t| t > 0);
+    pub fn with_worker_threads(self, threads: Option<usize>) -> Self {
+        self.set_worker_threads(threads.unwrap_or(0));
         self
     }
 }
@@ -93,8 +99,11 @@ impl ClusterBackend for LocalProcesses {
         if node.role == Role::Ps {
             cmd.arg("--index").arg(node.index.to_string());
         }
-        if let (Role::Worker, Some(t)) = (node.role, self.worker_threads) {
-            cmd.env("RAYON_NUM_THREADS", t.to_string());
+        let threads = self
+            .worker_threads
+            .load(std::sync::atomic::Ordering::Acquire);
+        if node.role == Role::Worker && threads > 0 {
+            cmd.env("RAYON_NUM_THREADS", threads.to_string());
         }
         cmd.env(elastrec_worker::rpc::TOKEN_ENV, &self.token)
             .stdin(Stdio::null())
@@ -104,6 +113,11 @@ impl ClusterBackend for LocalProcesses {
         let pid = child.id();
         self.children.lock().insert(node.id, child);
         Ok(pid)
+    }
+
+    fn set_worker_threads(&self, threads: usize) {
+        self.worker_threads
+            .store(threads, std::sync::atomic::Ordering::Release);
     }
 
     fn stop(&self, node: &Node) {

@@ -987,6 +987,21 @@ impl Job {
         }
     }
 
+    /// Vertical scaling: every training worker is asked to finish its batch and leave, and
+    /// as many new ones are started (with the resources the backend now gives workers).
+    pub fn replace_workers(&mut self, cx: &mut impl Context) {
+        let ids: Vec<u32> = self.active_worker_nodes().map(|n| n.id).collect();
+        for &id in &ids {
+            let n = self.nodes.get_mut(&id).expect("node");
+            n.state = NodeState::Stopping;
+            cx.persist(Change::Node(n.clone()));
+        }
+        for _ in 0..ids.len() {
+            self.launch_worker(0, cx);
+        }
+        self.persist_meta(cx);
+    }
+
     /// The backend saw a node's process exit.
     pub fn process_exited(&mut self, id: u32, cx: &mut impl Context) {
         let Some(n) = self.nodes.get(&id) else { return };

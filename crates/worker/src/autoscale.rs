@@ -45,6 +45,9 @@ pub struct AutoscaleConfig {
     pub cluster_mem_gb: f64,
     /// Cores of one worker. On the local backend they are its compute threads.
     pub worker_cpu: f64,
+    /// Most cores a plan may give one worker (vertical scaling: every worker is replaced
+    /// by one with the new cores); 0: `worker_cpu`, i.e. fixed.
+    pub worker_cpu_max: f64,
     /// Memory limit of one worker and of one PS, GiB (0 for the PS: the model state it
     /// holds with headroom).
     pub worker_mem_gb: f64,
@@ -74,6 +77,7 @@ impl Default for AutoscaleConfig {
             cluster_cpu: 0.0,
             cluster_mem_gb: 0.0,
             worker_cpu: 1.0,
+            worker_cpu_max: 0.0,
             worker_mem_gb: 2.0,
             ps_mem_gb: 0.0,
             worker_start_s: 2.0,
@@ -154,6 +158,7 @@ pub(crate) fn validate_autoscale(job: &JobConfig, path: &Path) -> Result<(), Con
         ("autoscale.ps_mem_gb", a.ps_mem_gb),
         ("autoscale.worker_start_s", a.worker_start_s),
         ("autoscale.ps_migration_s", a.ps_migration_s),
+        ("autoscale.worker_cpu_max", a.worker_cpu_max),
     ] {
         if !non_negative(v) {
             return Err(bad(field, format!("must be a number >= 0, got {v}")));
