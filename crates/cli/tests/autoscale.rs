@@ -398,3 +398,44 @@ fn a_worker_at_its_count_bound_gets_more_cores_by_replacement() {
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.contains("x 2 cores (was 1)"), "{text}");
 }
+
+/// Vertical memory (Primus Eq. 2-3): a PS whose memory grows past its configured limit,
+/// with the PS count fixed, has its limit raised ahead of its use (up to
+/// `autoscale.ps_mem_gb_max`) instead of being stopped; the same growth that stops the
+/// pinned job of `a_ps_growing_towards_its_memory_limit_is_resharded_before_it_is_killed`.
+#[test]
+fn a_growing_ps_gets_a_higher_memory_limit_within_its_maximum() {
+    let _g = serial();
+    let (job, dir) = write_job(
+        "vertical-memory",
+        "[cluster]\nps = 1\nworkers = 2\nwarmup_steps = 20\n[checkpoint]\nenabled = false\n\
+         [autoscale]\nenabled = true\nworkers = [2, 2]\nps = [1, 1]\nps_mem_gb = 0.12\n\
+         ps_mem_gb_max = 0.5\ninterval_s = 0.5\nsample_s = 0.25\ncluster_cpu = 16\n",
+    );
+    let log = dir.with_extension("log");
+    let mut run = run_job(
+        &job,
+        &log,
+        &[
+            ("ELASTREC_FAIL_SLOW_WORKER", "*:20"),
+            ("ELASTREC_FAIL_PS_GROWTH", "300"),
+        ],
+    );
+    let ok = run.wait(Duration::from_secs(300)).success();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(ok, "{text}");
+    assert!(!text.contains("memory watchdog"), "{text}");
+    check_result(&dir, &log, 0.005);
+    let r = result(&dir);
+    let changes = r["autoscale"]["memory_limits"].as_array().unwrap();
+    let top = changes
+        .iter()
+        .filter(|c| c["role"] == "ps")
+        .filter_map(|c| c["to_gb"].as_f64())
+        .fold(0.0, f64::max);
+    assert!(
+        top > 0.12 && top <= 0.5,
+        "PS limit never raised: {changes:?}"
+    );
+    assert!(r["reshards"].as_array().unwrap().is_empty(), "{r}");
+}

@@ -660,8 +660,7 @@ impl Autoscaler {
 /// The memory watchdog's verdict on one node: `Some(reason)` when its resident memory is
 /// above its limit (the local backend's stand-in for a cgroup memory limit: the node is
 /// stopped as the kernel's OOM killer would, and the master's failure handling takes over).
-pub fn memory_verdict(s: &Settings, is_ps: bool, rss_bytes: u64) -> Option<String> {
-    let limit_gb = if is_ps { s.ps_mem_gb } else { s.worker_mem_gb };
+pub fn memory_verdict(limit_gb: f64, is_ps: bool, rss_bytes: u64) -> Option<String> {
     let rss_gb = rss_bytes as f64 / (1u64 << 30) as f64;
     (rss_gb > limit_gb).then(|| {
         format!(
@@ -904,8 +903,8 @@ mod tests {
     #[test]
     fn the_memory_watchdog_compares_resident_memory_with_the_role_limit() {
         let s = settings();
-        assert_eq!(memory_verdict(&s, false, 1 << 30), None);
-        let v = memory_verdict(&s, true, 3 << 30).unwrap();
+        assert_eq!(memory_verdict(s.worker_mem_gb, false, 1 << 30), None);
+        let v = memory_verdict(s.ps_mem_gb, true, 3 << 30).unwrap();
         assert!(
             v.contains("3.00 GiB") && v.contains("autoscale.ps_mem_gb"),
             "{v}"

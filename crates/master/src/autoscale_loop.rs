@@ -13,6 +13,7 @@ use elastrec_worker::config::JobConfig;
 use crate::autoscale::{Autoscaler, Decision, Round, Settings, View};
 use crate::brain_link::BrainLink;
 use crate::job::{Phase, Role};
+use crate::memory_limits::MemoryLimits;
 use crate::service::{monotonic_ms, MasterCore};
 
 /// Observations per second: windows close within 100 ms of their length.
@@ -190,7 +191,13 @@ pub async fn run(
 ) {
     let settings = settings(&cfg, &brain_job_id);
     let m = u64::from(settings.batch_size.max(1));
-    let mut auto = Autoscaler::new(settings, monotonic_ms());
+    let range = |lo: f64, hi: f64| elastrec_brain::Range::new(lo, hi.max(lo));
+    let mut limits = MemoryLimits::new(
+        range(settings.worker_mem_gb, cfg.autoscale.worker_mem_gb_max),
+        range(settings.ps_mem_gb, cfg.autoscale.ps_mem_gb_max),
+    );
+    let started = monotonic_ms();
+    let mut auto = Autoscaler::new(settings, started);
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let workers = core.job.lock().target_workers();
@@ -227,14 +234,15 @@ pub async fn run(
             (view, ps, job.phase().clone())
         };
         if phase != Phase::Training {
-            *core.autoscale_status.lock() = Some(auto.status());
+            *core.autoscale_status.lock() = Some(status(&auto, &limits));
             return;
         }
-        enforce_memory_limits(&core, auto.settings()).await;
+        enforce_memory_limits(&core, &limits).await;
         auto.observe(&view);
         let round = auto.next_round(&view);
         if round != Round::Idle {
             let profiles = core.profiles.lock().clone();
+            follow_memory_use(&core, &mut limits, &profiles, started);
             // A hot PS is relieved before anything else is planned.
             let served: Vec<(u32, u32, u64, f64)> = ps_nodes
                 .iter()
@@ -251,7 +259,7 @@ pub async fn run(
                     auto.requeue(report);
                 }
                 execute(&core, &mut auto, &d, &view, "hot-ps").await;
-                *core.autoscale_status.lock() = Some(auto.status());
+                *core.autoscale_status.lock() = Some(status(&auto, &limits));
                 continue;
             }
             // PS memory readings go with the round's report (OOM prediction).
@@ -308,14 +316,14 @@ pub async fn run(
                 }
             },
         }
-        *core.autoscale_status.lock() = Some(auto.status());
+        *core.autoscale_status.lock() = Some(status(&auto, &limits));
     }
 }
 
 /// Stops every live node whose resident memory is above its role's limit. The stop is a
 /// death like any other, with the limit as its reason: a worker is replaced, a PS
 /// recovered from its checkpoint (or the job fails naming it when checkpoints are off).
-async fn enforce_memory_limits(core: &MasterCore, settings: &Settings) {
+async fn enforce_memory_limits(core: &MasterCore, limits: &MemoryLimits) {
     let profiles = core.profiles.lock().clone();
     let over: Vec<(crate::job::Node, String)> = {
         let job = core.job.lock();
@@ -323,8 +331,12 @@ async fn enforce_memory_limits(core: &MasterCore, settings: &Settings) {
             .filter(|n| n.state.is_live())
             .filter_map(|n| {
                 let p = profiles.get(&n.id)?;
-                let why =
-                    crate::autoscale::memory_verdict(settings, n.role == Role::Ps, p.rss_bytes)?;
+                let is_ps = n.role == Role::Ps;
+                let why = crate::autoscale::memory_verdict(
+                    limits.limit_gb(n.id, is_ps),
+                    is_ps,
+                    p.rss_bytes,
+                )?;
                 Some((n.clone(), why))
             })
             .collect()
@@ -339,6 +351,42 @@ async fn enforce_memory_limits(core: &MasterCore, settings: &Settings) {
         let reason = format!("stopped by the memory watchdog: {why}");
         if let Err(s) = core.run(|job, cx| job.node_stopped(n.id, reason, cx)).await {
             eprintln!("autoscale: master state: {}", s.message());
+        }
+    }
+}
+
+/// The autoscaler's state with the memory limits' changes, for status and result.json.
+fn status(auto: &Autoscaler, limits: &MemoryLimits) -> serde_json::Value {
+    let mut s = auto.status();
+    s["memory_limits"] = serde_json::json!(limits.changes());
+    s
+}
+
+/// Vertical memory: each live node's limit follows its resident memory (Primus Eq. 2-3).
+fn follow_memory_use(
+    core: &MasterCore,
+    limits: &mut MemoryLimits,
+    profiles: &std::collections::BTreeMap<u32, elastrec_proto::master::NodeProfile>,
+    started: u64,
+) {
+    let nodes: Vec<(u32, bool, u32)> = core
+        .job
+        .lock()
+        .nodes()
+        .filter(|n| n.state.is_live())
+        .map(|n| (n.id, n.role == Role::Ps, n.index))
+        .collect();
+    let at_s = monotonic_ms().saturating_sub(started) as f64 / 1000.0;
+    for node in nodes {
+        let Some(p) = profiles.get(&node.0) else {
+            continue;
+        };
+        let gb = p.rss_bytes as f64 / (1u64 << 30) as f64;
+        if let Some(c) = limits.observe(at_s, node, gb) {
+            eprintln!(
+                "autoscale: memory limit of node {} ({} {}) {:.3} -> {:.3} GiB: {}",
+                c.node, c.role, c.index, c.from_gb, c.to_gb, c.reason
+            );
         }
     }
 }

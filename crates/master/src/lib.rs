@@ -14,6 +14,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod job;
 pub mod ledger;
+pub mod memory_limits;
 pub mod metrics;
 pub mod node;
 pub mod reshard;

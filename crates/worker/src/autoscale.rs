@@ -53,6 +53,12 @@ pub struct AutoscaleConfig {
     pub worker_mem_gb: f64,
     /// See `worker_mem_gb`.
     pub ps_mem_gb: f64,
+    /// Highest memory limit of one worker / one PS, GiB (vertical scaling, Primus Eq.
+    /// 2-3: each node's limit follows its use, between the limit above and this); 0: the
+    /// limit is fixed.
+    pub worker_mem_gb_max: f64,
+    /// See `worker_mem_gb_max`.
+    pub ps_mem_gb_max: f64,
     /// Seconds a new worker needs before it trains (the scaling overhead of Eq. 8).
     pub worker_start_s: f64,
     /// Seconds a change of the PS set pauses training (Eq. 8).
@@ -80,6 +86,8 @@ impl Default for AutoscaleConfig {
             worker_cpu_max: 0.0,
             worker_mem_gb: 2.0,
             ps_mem_gb: 0.0,
+            worker_mem_gb_max: 0.0,
+            ps_mem_gb_max: 0.0,
             worker_start_s: 2.0,
             ps_migration_s: 1.0,
             hot_ps_ratio: 3.0,
@@ -159,6 +167,8 @@ pub(crate) fn validate_autoscale(job: &JobConfig, path: &Path) -> Result<(), Con
         ("autoscale.worker_start_s", a.worker_start_s),
         ("autoscale.ps_migration_s", a.ps_migration_s),
         ("autoscale.worker_cpu_max", a.worker_cpu_max),
+        ("autoscale.worker_mem_gb_max", a.worker_mem_gb_max),
+        ("autoscale.ps_mem_gb_max", a.ps_mem_gb_max),
     ] {
         if !non_negative(v) {
             return Err(bad(field, format!("must be a number >= 0, got {v}")));
