@@ -63,17 +63,27 @@ pub async fn run(args: RunArgs) -> anyhow::Result<JobResult> {
 }
 
 fn connect(dir: &std::path::Path) -> anyhow::Result<Master> {
+    connect_with_timeout(dir, rpc::MASTER_CALL_TIMEOUT)
+}
+
+/// [`connect`] with calls that may take up to `call_timeout`.
+fn connect_with_timeout(
+    dir: &std::path::Path,
+    call_timeout: std::time::Duration,
+) -> anyhow::Result<Master> {
     let dir = JobDir(dir.to_path_buf());
     let addr = std::fs::read_to_string(dir.addr())
         .with_context(|| format!("{} holds no running job (no master.addr)", dir.0.display()))?;
     let token = std::fs::read_to_string(dir.token())
         .with_context(|| format!("reading the job token {}", dir.token().display()))?;
-    rpc::master_client(addr.trim(), token.trim(), 64 << 20).with_context(|| {
-        format!(
-            "{} is corrupt: it must hold the token that the job's master wrote",
-            dir.token().display()
-        )
-    })
+    rpc::master_client_with_timeout(addr.trim(), token.trim(), 64 << 20, call_timeout).with_context(
+        || {
+            format!(
+                "{} is corrupt: it must hold the token that the job's master wrote",
+                dir.token().display()
+            )
+        },
+    )
 }
 
 /// `elastrec status`: nodes, shards, rate of a job.
@@ -339,7 +349,14 @@ pub struct ScaleArgs {
 
 /// Asks the master to scale the workers.
 pub async fn scale(args: ScaleArgs) -> anyhow::Result<()> {
-    let mut client = connect(&args.job_dir)?;
+    // Re-sharding moves every PS's state before the reply: allow it the time the master
+    // allows each of its steps.
+    let timeout = if args.ps.is_some() {
+        crate::reshard::STEP_TIMEOUT * 2
+    } else {
+        rpc::MASTER_CALL_TIMEOUT
+    };
+    let mut client = connect_with_timeout(&args.job_dir, timeout)?;
     let r = client
         .scale(ScaleRequest {
             version: rpc::version(),

@@ -36,7 +36,7 @@ pub struct PsAccess {
 
 /// Longest a re-sharding step may take before it is rolled back (moving a large shard
 /// between machines takes a while; a hung server must not hold the job forever).
-const STEP_TIMEOUT: Duration = Duration::from_secs(300);
+pub const STEP_TIMEOUT: Duration = Duration::from_secs(300);
 /// Longest the new layout's servers may take to start and register.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(120);
 

@@ -147,9 +147,20 @@ pub fn server() -> tonic::transport::Server {
 
 /// Master client for `addr` (calls time out after [`MASTER_CALL_TIMEOUT`]).
 pub fn master_client(addr: &str, token: &str, max_bytes: usize) -> anyhow::Result<Master> {
+    master_client_with_timeout(addr, token, max_bytes, MASTER_CALL_TIMEOUT)
+}
+
+/// Master client whose calls time out after `call_timeout` (a call that waits for long
+/// work, such as re-sharding the parameter servers).
+pub fn master_client_with_timeout(
+    addr: &str,
+    token: &str,
+    max_bytes: usize,
+    call_timeout: Duration,
+) -> anyhow::Result<Master> {
     let auth = ClientAuth::new(token)?;
     Ok(
-        MasterClient::with_interceptor(channel(addr, MASTER_CALL_TIMEOUT)?, auth)
+        MasterClient::with_interceptor(channel(addr, call_timeout)?, auth)
             .max_decoding_message_size(max_bytes)
             .max_encoding_message_size(max_bytes),
     )
