@@ -151,9 +151,10 @@ pub fn brain_config(cfg: &JobConfig) -> BrainConfig {
     b
 }
 
-/// Registers the job with the brain and returns the start-up plan's worker count, clamped
-/// into the bounds (`None` when the brain cannot be reached or answers nonsense: the job
-/// then starts with `cluster.workers`).
+/// Registers the job with the brain and returns its start-up plan. A brain that cannot be
+/// reached, or a plan without an allocation or with a worker count outside
+/// `autoscale.workers`, is an error naming it (the caller then starts the job with
+/// `cluster.workers`).
 pub async fn warm_start(
     brain: &dyn BrainLink,
     cfg: &JobConfig,
@@ -463,11 +464,12 @@ async fn execute(core: &MasterCore, auto: &mut Autoscaler, d: &Decision, v: &Vie
                     if job.recovering() {
                         return Err("a parameter server is being recovered".to_string());
                     }
-                    let previous = job.scale(target, cx);
+                    // Replaced first, so that no worker is started with the old cores only
+                    // to be replaced at once.
                     if vertical {
                         job.replace_workers(cx);
                     }
-                    Ok(previous)
+                    Ok(job.scale(target, cx))
                 })
                 .await;
             if vertical && !matches!(r, Ok(Ok(_))) {

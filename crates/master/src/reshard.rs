@@ -92,7 +92,7 @@ pub async fn change_ps(
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     eprintln!("master: changing the PS count {from} -> {num_ps} (layout {version}): {reason}");
     match run_protocol(core, &access, version, from, num_ps).await {
-        Ok((responses, olds_and_news, pause)) => {
+        Ok((responses, pause)) => {
             let pause_ms = pause.as_secs_f64() * 1e3;
             let samples = core
                 .run(|job, cx| {
@@ -104,7 +104,6 @@ pub async fn change_ps(
             if let Some(c) = core.checkpoints() {
                 c.layout_changed(num_ps);
             }
-            drop(olds_and_news);
             let sum = |f: fn(&ReshardResponse) -> u64| responses.iter().map(f).sum::<u64>();
             let (frozen_bytes, precopy_bytes) = (sum(|r| r.bytes), sum(|r| r.precopy_bytes));
             let gb = (frozen_bytes + precopy_bytes) as f64 / 1e9;
@@ -140,15 +139,15 @@ pub async fn change_ps(
     }
 }
 
-/// Steps 2 and 3 (and 4 on failure). Returns the Reshard replies, the servers involved
-/// and the training pause.
+/// Steps 2 and 3 (and 4 on failure). Returns the Reshard replies and the training
+/// pause.
 async fn run_protocol(
     core: &MasterCore,
     access: &PsAccess,
     version: u64,
     from: u32,
     to: u32,
-) -> anyhow::Result<(Vec<ReshardResponse>, Vec<String>, Duration)> {
+) -> anyhow::Result<(Vec<ReshardResponse>, Duration)> {
     // No checkpoint may be copying a server's state while it freezes: new ones are held
     // back by the state machine from now on; one already running is waited for.
     if let Some(c) = core.checkpoints() {
@@ -287,7 +286,7 @@ async fn run_protocol(
     // of any server (reported by the server) plus the commit round.
     let frozen_us = responses.iter().map(|r| r.frozen_us).max().unwrap_or(0);
     let pause = Duration::from_micros(frozen_us) + commit_started.elapsed();
-    Ok((responses, everyone, pause))
+    Ok((responses, pause))
 }
 
 /// After a master restart: tells every live server of the layout in force to abort the
