@@ -61,16 +61,8 @@ fn a_job_that_needs_more_workers_scales_up_by_itself_and_beats_the_pinned_job() 
         &[("ELASTREC_FAIL_SLOW_WORKER", SLOW)],
     );
     let mut auto = run_job(&auto_job, &auto_log, &[("ELASTREC_FAIL_SLOW_WORKER", SLOW)]);
-    assert!(
-        auto.wait(Duration::from_secs(300)).success(),
-        "{}",
-        std::fs::read_to_string(&auto_log).unwrap()
-    );
-    assert!(
-        pinned.wait(Duration::from_secs(300)).success(),
-        "{}",
-        std::fs::read_to_string(&pinned_log).unwrap()
-    );
+    auto.wait_success(&auto_log);
+    pinned.wait_success(&pinned_log);
     check_result(&auto_dir, &auto_log, 0.005);
     check_result(&pinned_dir, &pinned_log, 0.005);
     let (r_auto, r_pinned) = (result(&auto_dir), result(&pinned_dir));
@@ -185,11 +177,7 @@ fn a_job_keeps_training_while_its_brain_service_is_down_and_reconnects() {
     let mut brain = start_brain(port, &db, &tmp.path().join("brain2.log"));
     let t0 = Instant::now();
     unpause(&dir);
-    assert!(
-        run.wait(Duration::from_secs(300)).success(),
-        "{}",
-        std::fs::read_to_string(&log).unwrap()
-    );
+    run.wait_success(&log);
     let _ = brain.kill();
     let _ = brain.wait();
     check_result(&dir, &log, 0.005);
@@ -254,11 +242,7 @@ fn the_ps_count_changes_online_two_four_two_without_losing_anything() {
     let s = wait_held(&dir);
     assert_eq!(s["layout"]["ps"], 2, "{s}\n{down}");
     unpause(&dir);
-    assert!(
-        run.wait(Duration::from_secs(300)).success(),
-        "{}",
-        std::fs::read_to_string(&log).unwrap()
-    );
+    run.wait_success(&log);
     check_result(&dir, &log, 0.005);
     let r = result(&dir);
     assert_eq!(r["workers_launched"], 2, "a worker was restarted: {r}");
@@ -305,9 +289,7 @@ fn a_ps_growing_towards_its_memory_limit_is_resharded_before_it_is_killed() {
     ];
     let mut run = run_job(&job, &log, &env);
     let mut pinned = run_job(&pinned_job, &pinned_log, &env);
-    let ok = run.wait(Duration::from_secs(300)).success();
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert!(ok, "{text}");
+    let text = run.wait_success(&log);
     assert!(!pinned.wait(Duration::from_secs(300)).success());
     let pinned_text = std::fs::read_to_string(&pinned_log).unwrap();
     assert!(
@@ -346,11 +328,7 @@ fn a_hot_ps_is_detected_and_its_load_spread_over_one_more_ps() {
     let log = dir.with_extension("log");
     // PS are launched first: node 2 is PS index 1.
     let mut run = run_job(&job, &log, &[("ELASTREC_FAIL_SLOW_PS", "2:5")]);
-    assert!(
-        run.wait(Duration::from_secs(300)).success(),
-        "{}",
-        std::fs::read_to_string(&log).unwrap()
-    );
+    run.wait_success(&log);
     check_result(&dir, &log, 0.005);
     let r = result(&dir);
     let changes = r["reshards"].as_array().unwrap();
@@ -380,11 +358,7 @@ fn a_worker_at_its_count_bound_gets_more_cores_by_replacement() {
     let log = dir.with_extension("log");
     // 10 ms a batch: the job lasts at least 4.7 s, long enough for a probe.
     let mut run = run_job(&job, &log, &[("ELASTREC_FAIL_SLOW_WORKER", "*:10")]);
-    assert!(
-        run.wait(Duration::from_secs(300)).success(),
-        "{}",
-        std::fs::read_to_string(&log).unwrap()
-    );
+    run.wait_success(&log);
     check_result(&dir, &log, 0.005);
     let r = result(&dir);
     let scaling = r["autoscale"]["scaling"].as_array().unwrap();
@@ -421,9 +395,7 @@ fn a_growing_ps_gets_a_higher_memory_limit_within_its_maximum() {
             ("ELASTREC_FAIL_PS_GROWTH", "300"),
         ],
     );
-    let ok = run.wait(Duration::from_secs(300)).success();
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert!(ok, "{text}");
+    let text = run.wait_success(&log);
     assert!(!text.contains("memory watchdog"), "{text}");
     check_result(&dir, &log, 0.005);
     let r = result(&dir);

@@ -41,8 +41,7 @@ fn one_worker_two_ps_matches_single_process() {
     let (job, dir) = write_job("one", &cluster);
     let log = dir.with_extension("log");
     let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
-    let st = g.wait(Duration::from_secs(300));
-    assert!(st.success(), "{}", std::fs::read_to_string(&log).unwrap());
+    g.wait_success(&log);
     check_result(&dir, &log, 0.005);
 }
 
@@ -62,8 +61,7 @@ fn two_ps_three_workers_exactly_once() {
     wait_held(&dir);
     check_node_metrics(&dir);
     unpause(&dir);
-    let st = g.wait(Duration::from_secs(300));
-    assert!(st.success(), "{}", std::fs::read_to_string(&log).unwrap());
+    g.wait_success(&log);
     check_result(&dir, &log, MULTI_WORKER_AUC_TOLERANCE);
     // The status command reads the result once the master is gone.
     let out = elastrec(&["status", dir.to_str().unwrap()]);
@@ -166,8 +164,7 @@ fn killing_workers_loses_and_repeats_nothing() {
             unpause(&dir);
         }
     }
-    let st = g.wait(Duration::from_secs(300));
-    assert!(st.success(), "{}", std::fs::read_to_string(&log).unwrap());
+    g.wait_success(&log);
     check_result(&dir, &log, MULTI_WORKER_AUC_TOLERANCE);
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.matches("declared dead").count() >= 3, "{text}");
@@ -208,8 +205,7 @@ fn scaling_workers_up_and_down_mid_epoch() {
         status_json(&dir).is_some_and(|s| running_workers(&s).len() == 1)
     });
     unpause(&dir);
-    let st = g.wait(Duration::from_secs(300));
-    assert!(st.success(), "{}", std::fs::read_to_string(&log).unwrap());
+    g.wait_success(&log);
     check_result(&dir, &log, MULTI_WORKER_AUC_TOLERANCE);
     let r = result(&dir);
     assert_eq!(r["workers_launched"], 3, "{r}");
@@ -239,8 +235,7 @@ fn master_killed_and_resumed() {
     // once it serves again.
     wait_held(&dir);
     unpause(&dir);
-    let st = g2.wait(Duration::from_secs(300));
-    assert!(st.success(), "{}", std::fs::read_to_string(&log2).unwrap());
+    g2.wait_success(&log2);
     check_result(&dir, &log2, MULTI_WORKER_AUC_TOLERANCE);
     drop(g);
 }
@@ -269,9 +264,7 @@ fn sync_mode_survives_a_worker_kill() {
     }
     wait_not_running(&dir, id);
     unpause(&dir);
-    let st = g.wait(Duration::from_secs(300));
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert!(st.success(), "{text}");
+    let text = g.wait_success(&log);
     check_result(&dir, &log, SYNC_AUC_TOLERANCE);
     assert!(
         text.contains(&format!("node {id} (Worker) declared dead")),
@@ -294,9 +287,7 @@ fn a_slow_worker_becomes_a_straggler_with_smaller_shards() {
         &log,
         &[("ELASTREC_FAIL_SLOW_WORKER", "5:250")],
     );
-    let st = g.wait(Duration::from_secs(300));
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert!(st.success(), "{text}");
+    let text = g.wait_success(&log);
     assert!(
         text.contains("worker 5 is a straggler"),
         "the slow worker was never flagged: {text}"
@@ -318,8 +309,7 @@ fn a_batch_applied_before_its_worker_died_is_not_applied_twice() {
         &log,
         &[("ELASTREC_FAIL_EXIT_AFTER_PUSH", "4:20")],
     );
-    let st = g.wait(Duration::from_secs(300));
-    assert!(st.success(), "{}", std::fs::read_to_string(&log).unwrap());
+    g.wait_success(&log);
     let logs = dir.join("logs");
     let node_log = |name: &str| std::fs::read_to_string(logs.join(name)).unwrap_or_default();
     assert!(

@@ -99,9 +99,7 @@ fn run_with_a_ps_killed(
     let log = dir.with_extension("log");
     let mut g = spawn_paused(&job, &log, env);
     kill_a_ps_after_a_checkpoint(&dir);
-    let st = g.wait(Duration::from_secs(300));
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert!(st.success(), "{text}");
+    let text = g.wait_success(&log);
     check_result(&dir, &log, 0.005);
     let r = result(&dir);
     let rec = r["checkpoint"]["recoveries"].as_array().unwrap().clone();
@@ -206,9 +204,7 @@ fn whole_job_killed_then_resumed_from_the_last_intact_checkpoint() {
     let s = wait_held(&dir);
     assert_eq!(s["pause"]["at_samples"], total * 4 / 6, "{s}");
     unpause(&dir);
-    let st = g2.wait(Duration::from_secs(300));
-    let text = std::fs::read_to_string(&log2).unwrap();
-    assert!(st.success(), "{text}");
+    let text = g2.wait_success(&log2);
     check_result(&dir, &log2, 0.005);
     let r = result(&dir);
     let rec = r["checkpoint"]["recoveries"].as_array().unwrap();
@@ -259,9 +255,7 @@ fn checkpoint_of_two_ps_restored_onto_three() {
         ],
         &log3,
     );
-    let st = g3.wait(Duration::from_secs(300));
-    let text3 = std::fs::read_to_string(&log3).unwrap();
-    assert!(st.success(), "{text3}");
+    let text3 = g3.wait_success(&log3);
     assert!(text3.contains("starting from checkpoint"), "{text3}");
     check_result(&dir3, &log3, 0.005);
     // The new job trained only what the first one had not.
@@ -293,9 +287,7 @@ fn a_hung_checkpoint_is_abandoned_and_the_next_one_commits() {
     assert!(err.contains("checkpoint refused"), "{err}");
     take_checkpoint(&dir);
     unpause(&dir);
-    let st = g.wait(Duration::from_secs(300));
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert!(st.success(), "{text}");
+    let text = g.wait_success(&log);
     check_result(&dir, &log, 0.005);
     assert_eq!(result(&dir)["checkpoint"]["count"], 1, "{text}");
     let ps1 = std::fs::read_to_string(dir.join("logs/ps-2.log")).unwrap();

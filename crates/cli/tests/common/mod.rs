@@ -53,6 +53,15 @@ impl Group {
         self.0.id() as i32
     }
 
+    /// Waits (at most 300 s) for the job to end and fails the test, showing its log,
+    /// unless it succeeded. Returns the log.
+    pub fn wait_success(&mut self, log: &Path) -> String {
+        let st = self.wait(Duration::from_secs(300));
+        let text = std::fs::read_to_string(log).unwrap();
+        assert!(st.success(), "{text}");
+        text
+    }
+
     pub fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
         let t0 = Instant::now();
         loop {
