@@ -272,10 +272,12 @@ fn sync_mode_survives_a_worker_kill() {
     );
 }
 
-/// A real straggler: worker node 5 spends 250 ms more on every batch (a fail point, as a
-/// slow machine would), several times its peers' batch time even on a busy machine. The
-/// master sees its rate fall below half its peers' median, hands it half-size shards
-/// (logged), and the ledger stays exact.
+/// A real straggler: worker node 5 spends 100 ms more on every batch (a fail point, as a
+/// slow machine would), its peers 20 ms, so that the job lasts several rate windows however
+/// fast the machine (117 shards of 4 batches take the two peers at least 4.7 s). The
+/// master sees the slow worker's rate fall below half its peers' median, hands it
+/// half-size shards (logged), and the ledger stays exact. (When worker 5 is the first to
+/// ask, it trains the async warm-up's 100 batches alone: 10 s more.)
 #[test]
 fn a_slow_worker_becomes_a_straggler_with_smaller_shards() {
     let _g = serial();
@@ -285,12 +287,13 @@ fn a_slow_worker_becomes_a_straggler_with_smaller_shards() {
     let mut g = Group::spawn_with_env(
         &["run", job.to_str().unwrap()],
         &log,
-        &[("ELASTREC_FAIL_SLOW_WORKER", "5:250")],
+        &[("ELASTREC_FAIL_SLOW_WORKER", "5:100,*:20")],
     );
     let text = g.wait_success(&log);
     assert!(
         text.contains("worker 5 is a straggler"),
-        "the slow worker was never flagged: {text}"
+        "the slow worker was never flagged: {text}\nworker 5's log:\n{}",
+        std::fs::read_to_string(dir.join("logs/worker-5.log")).unwrap_or_default()
     );
     check_result(&dir, &log, MULTI_WORKER_AUC_TOLERANCE);
 }

@@ -258,6 +258,8 @@ pub struct Job {
     stragglers: std::collections::BTreeSet<u32>,
     /// Recent training rate of each worker (not persisted: re-learned after a restart).
     rates: BTreeMap<u32, RecentRate>,
+    /// Workers whose last request was answered "wait" (their rate is not measured).
+    waiting: std::collections::BTreeSet<u32>,
     /// No task is handed out once this many samples are trained (`elastrec pause`).
     pause_at: Option<u64>,
     /// Version of the PS layout in force (0: the job's first; see `reshard`).
@@ -301,6 +303,11 @@ impl RecentRate {
             Some(e) => Self::ALPHA * rate + (1.0 - Self::ALPHA) * e,
             None => rate,
         });
+        self.restart(samples, now);
+    }
+
+    /// Starts a new window at `now` (the average so far is kept).
+    fn restart(&mut self, samples: u64, now: u64) {
         self.samples = samples;
         self.at_ms = now;
     }
@@ -325,6 +332,7 @@ impl Job {
             ps_recoveries: 0,
             stragglers: Default::default(),
             rates: BTreeMap::new(),
+            waiting: Default::default(),
             pause_at: None,
             layout_version: 0,
             reshard: None,
@@ -370,6 +378,7 @@ impl Job {
             ps_recoveries: 0,
             stragglers: Default::default(),
             rates: BTreeMap::new(),
+            waiting: Default::default(),
             pause_at: None,
             layout_version: 0,
             reshard: None,
@@ -741,13 +750,15 @@ impl Job {
         let (role, started, total, now) = (n.role, n.started_ms, n.samples, cx.now_ms());
         let stopping = n.state == NodeState::Stopping;
         if role == Role::Worker {
-            self.rates
-                .entry(id)
-                .or_insert(RecentRate {
-                    at_ms: started,
-                    ..RecentRate::default()
-                })
-                .observe(total, now);
+            let rate = self.rates.entry(id).or_insert(RecentRate {
+                at_ms: started,
+                ..RecentRate::default()
+            });
+            if self.waiting.contains(&id) {
+                rate.restart(total, now);
+            } else {
+                rate.observe(total, now);
+            }
         }
         if stopping {
             Directive::Stop
@@ -756,40 +767,46 @@ impl Job {
         }
     }
 
-    /// Recent rate (samples/s) of a worker; its rate since launch until one window passed.
-    fn rate(&self, n: &Node, now: u64) -> f64 {
-        match self.rates.get(&n.id).and_then(|r| r.ewma) {
-            Some(r) => r,
-            None => n.samples as f64 * 1000.0 / (now.saturating_sub(n.started_ms).max(1)) as f64,
-        }
+    /// Recent rate (samples/s) of a worker, once it has been watched for a whole window.
+    /// Before that it is unknown: a rate since launch mostly measures process start-up
+    /// and would flag a worker that merely started a little later than its peers.
+    fn recent_rate(&self, id: u32) -> Option<f64> {
+        self.rates.get(&id).and_then(|r| r.ewma)
     }
 
-    /// True when `id`'s rate is well below the median of its running peers.
-    pub fn is_straggler(&self, id: u32, now: u64) -> bool {
-        let Some(me) = self.nodes.get(&id) else {
+    /// True when `id`'s recent rate is well below the median of its running peers' (only
+    /// workers watched for at least one rate window are compared).
+    pub fn is_straggler(&self, id: u32) -> bool {
+        let Some(mine) = self.recent_rate(id) else {
             return false;
         };
         let mut peers: Vec<f64> = self
             .nodes
             .values()
-            .filter(|n| {
-                n.role == Role::Worker
-                    && n.state == NodeState::Running
-                    && n.id != id
-                    && n.samples > 0
-            })
-            .map(|n| self.rate(n, now))
+            .filter(|n| n.role == Role::Worker && n.state == NodeState::Running && n.id != id)
+            .filter_map(|n| self.recent_rate(n.id))
             .collect();
-        if peers.len() < 2 || me.samples == 0 {
+        if peers.len() < 2 {
             return false;
         }
         peers.sort_by(f64::total_cmp);
         let median = peers[peers.len() / 2];
-        self.rate(me, now) < self.policy.straggler_ratio * median
+        mine < self.policy.straggler_ratio * median
     }
 
     /// A worker asks for work.
     pub fn get_task(&mut self, id: u32, cx: &mut impl Context) -> Result<TaskReply, JobError> {
+        let reply = self.next_reply(id, cx)?;
+        // A worker told to wait is idle, not slow: its rate window restarts while it waits.
+        if matches!(reply, TaskReply::Wait) {
+            self.waiting.insert(id);
+        } else {
+            self.waiting.remove(&id);
+        }
+        Ok(reply)
+    }
+
+    fn next_reply(&mut self, id: u32, cx: &mut impl Context) -> Result<TaskReply, JobError> {
         let state = self.live_node(id, cx)?.state;
         if state == NodeState::Stopping {
             self.leave(id, cx);
@@ -813,7 +830,7 @@ impl Job {
         if self.held() || self.warming_up(id) {
             return Ok(TaskReply::Wait);
         }
-        let small = self.is_straggler(id, cx.now_ms());
+        let small = self.is_straggler(id);
         let changed = if small {
             self.stragglers.insert(id)
         } else {
@@ -828,7 +845,7 @@ impl Job {
             Assignment::Wait => TaskReply::Wait,
             Assignment::Finished => {
                 self.finish_training(cx);
-                return self.get_task(id, cx);
+                return self.next_reply(id, cx);
             }
         };
         self.flush_tasks(cx);
@@ -1536,12 +1553,49 @@ mod tests {
                 j.heartbeat(w, samples[k], t, &mut cx);
             }
             if t == 50 {
-                assert!(!j.is_straggler(5, cx.now));
+                assert!(!j.is_straggler(5));
             }
         }
         // Its rate since launch is still 87% of its peers'; its recent rate is not.
-        assert!(j.is_straggler(5, cx.now));
-        assert!(!j.is_straggler(3, cx.now));
+        assert!(j.is_straggler(5));
+        assert!(!j.is_straggler(3));
+    }
+
+    /// Start-up and waiting are not slowness: a worker is judged only on a whole window
+    /// of work, and a worker told to wait (here: while another warms the model up) is
+    /// not flagged once it starts, though it trained nothing during its first seconds.
+    #[test]
+    fn waiting_or_starting_workers_are_not_stragglers() {
+        let mut cx = Rec::default();
+        let mut j = job(&mut cx, 3);
+        cx.now = 500;
+        j.heartbeat(3, 4000, 1, &mut cx);
+        j.heartbeat(4, 4000, 1, &mut cx);
+        j.heartbeat(5, 100, 1, &mut cx);
+        assert!(!j.is_straggler(5), "judged before a whole window");
+        // Worker 5 is told to wait (held at a pause point) for 3 s; its peers train.
+        j.set_pause(Some(0), &mut cx);
+        assert!(matches!(j.get_task(5, &mut cx), Ok(TaskReply::Wait)));
+        j.set_pause(None, &mut cx);
+        for t in 1..=3u64 {
+            cx.now = 500 + t * 1000;
+            j.heartbeat(3, 4000 + t * 1000, 1, &mut cx);
+            j.heartbeat(4, 4000 + t * 1000, 1, &mut cx);
+            j.heartbeat(5, 100, 1, &mut cx);
+        }
+        assert!(!j.is_straggler(5), "flagged for waiting");
+        // Once it works, it is judged on its work: as fast as its peers here.
+        assert!(matches!(j.get_task(5, &mut cx), Ok(TaskReply::Task(_))));
+        cx.now += 1000;
+        j.heartbeat(3, 8000, 2, &mut cx);
+        j.heartbeat(4, 8000, 2, &mut cx);
+        j.heartbeat(5, 1100, 2, &mut cx);
+        assert!(!j.is_straggler(5));
+        cx.now += 1000;
+        j.heartbeat(3, 9000, 3, &mut cx);
+        j.heartbeat(4, 9000, 3, &mut cx);
+        j.heartbeat(5, 1100, 3, &mut cx);
+        assert!(j.is_straggler(5), "stalled for a whole window");
     }
 
     #[test]
@@ -1552,8 +1606,8 @@ mod tests {
         j.heartbeat(3, 1000, 1, &mut cx);
         j.heartbeat(4, 1000, 1, &mut cx);
         j.heartbeat(5, 100, 1, &mut cx);
-        assert!(j.is_straggler(5, cx.now));
-        assert!(!j.is_straggler(3, cx.now));
+        assert!(j.is_straggler(5));
+        assert!(!j.is_straggler(3));
         let TaskReply::Task(t) = j.get_task(5, &mut cx).unwrap() else {
             panic!()
         };

@@ -1095,14 +1095,20 @@ fn local_batch_size(job: &JobConfig, shared: &Shared) -> usize {
     }
 }
 
-/// The value of a test fail point `NAME=NODE:N` when it names this node (`*` names every
-/// node). Other nodes, and relaunched workers (new node ids), ignore it.
+/// The value of a test fail point `NAME=NODE:N[,NODE:N...]` for this node: the first entry
+/// that names it (`*` names every node). Other nodes, and relaunched workers (new node ids),
+/// ignore it.
 fn fail_point(name: &str, node: u32) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    let (who, n) = v.split_once(':')?;
-    (who == "*" || who.parse::<u32>().ok()? == node)
-        .then(|| n.parse::<u64>().ok())
-        .flatten()
+    fail_point_value(&std::env::var(name).ok()?, node)
+}
+
+fn fail_point_value(spec: &str, node: u32) -> Option<u64> {
+    spec.split(',').find_map(|entry| {
+        let (who, n) = entry.trim().split_once(':')?;
+        (who == "*" || who.parse::<u32>().ok()? == node)
+            .then(|| n.parse::<u64>().ok())
+            .flatten()
+    })
 }
 
 /// Test fail point `ELASTREC_FAIL_EXIT_AFTER_PUSH=NODE:N`: worker `NODE` exits right
@@ -1115,6 +1121,7 @@ fn fail_point_exit_after_push(node: u32) -> Option<u64> {
 /// Test fail point `ELASTREC_FAIL_SLOW_WORKER=NODE:MS`: worker `NODE` (`*`: every worker)
 /// spends `MS` more milliseconds on every batch, as a worker on a slow or overloaded
 /// machine would (or, for every worker, a job whose workers are the bottleneck).
+/// `5:250,*:20` slows worker 5 by 250 ms and every other worker by 20 ms.
 fn fail_point_slow_batch(node: u32) -> Option<Duration> {
     fail_point("ELASTREC_FAIL_SLOW_WORKER", node).map(Duration::from_millis)
 }
@@ -1131,6 +1138,15 @@ mod tests {
     use tonic::{Request, Response, Status};
 
     const TOKEN: &str = "remotetest";
+
+    #[test]
+    fn a_fail_point_list_applies_its_first_entry_naming_the_node() {
+        assert_eq!(fail_point_value("5:250,*:20", 5), Some(250));
+        assert_eq!(fail_point_value("5:250,*:20", 3), Some(20));
+        assert_eq!(fail_point_value("5:250", 3), None);
+        assert_eq!(fail_point_value("x:1,4:7", 4), Some(7));
+        assert_eq!(fail_point_value("4:slow", 4), None);
+    }
     const DIM: usize = 4;
 
     /// A scripted parameter server: records the pulls and pushes it gets, answers pulls
