@@ -199,11 +199,7 @@ fn quickstart_reaches_95_percent_of_teacher_lift() {
     let examples = tmp.path().join("examples");
     std::fs::create_dir_all(&examples).unwrap();
     let job = examples.join("quickstart.toml");
-    std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/quickstart.toml"),
-        &job,
-    )
-    .unwrap();
+    std::fs::copy(manifest_dir().join("../../examples/quickstart.toml"), &job).unwrap();
     ok(&elastrec(&["train", job.to_str().unwrap()]));
     let text = std::fs::read_to_string(tmp.path().join("runs/quickstart/summary.json")).unwrap();
     let s: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -219,7 +215,7 @@ fn quickstart_reaches_95_percent_of_teacher_lift() {
 /// `elastrec brain plan` prints a plan inside the job's bounds, with its reasons.
 #[test]
 fn brain_plan_stays_within_the_job_bounds() {
-    let job = Path::new(env!("CARGO_MANIFEST_DIR")).join("../brain/tests/data/job.toml");
+    let job = manifest_dir().join("../brain/tests/data/job.toml");
     let out = ok(&elastrec(&[
         "brain",
         "plan",
@@ -371,7 +367,7 @@ fn a_corrupt_token_file_is_named_not_a_panic() {
 /// user's first run).
 #[test]
 fn every_example_job_file_is_valid() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let dir = manifest_dir().join("../../examples");
     let mut seen = 0;
     for e in std::fs::read_dir(&dir).unwrap() {
         let p = e.unwrap().path();
@@ -391,4 +387,13 @@ fn every_example_job_file_is_valid() {
         "found {seen} example job files in {}",
         dir.display()
     );
+}
+
+/// This crate's directory, read when the test runs (cargo sets it): a path compiled in
+/// with `env!` would name wherever the binary was first built, which a shared target
+/// directory may have reused from another checkout.
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .expect("run the tests with cargo test")
+        .into()
 }

@@ -3,7 +3,10 @@
 use elastrec_brain::{plan_for_job_file, JobFile, PlanKind};
 
 fn example() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/job.toml")
+    // Read when the test runs (cargo sets it): `env!` would name the checkout the binary
+    // was first built in, which a shared target directory may have reused.
+    std::path::PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("run with cargo test"))
+        .join("tests/data/job.toml")
 }
 
 #[test]
