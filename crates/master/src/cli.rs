@@ -23,9 +23,11 @@ pub struct RunArgs {
     /// Restart the master of the job in this directory (after the master died).
     #[arg(long, value_name = "JOB_DIR", conflicts_with = "job")]
     pub resume: Option<PathBuf>,
-    /// Where role processes run; only `local` (processes on this machine) for now.
-    #[arg(long, default_value = "local")]
-    pub backend: String,
+    /// Where role processes run: `local` (processes on this machine, the default),
+    /// `slurm` (one `srun` step per node) or `kubernetes` (one pod per node). A resumed
+    /// job keeps the backend it started with.
+    #[arg(long, value_enum)]
+    pub backend: Option<crate::backend::BackendKind>,
     /// Start the job from a checkpoint of another job (its model and data position): a
     /// checkpoint directory or s3://bucket/prefix. The number of parameter servers may
     /// differ; rows are re-routed by the stable hash.
@@ -41,14 +43,9 @@ pub struct RunArgs {
 
 /// Runs (or resumes) a job to its end.
 pub async fn run(args: RunArgs) -> anyhow::Result<JobResult> {
-    anyhow::ensure!(
-        args.backend == "local",
-        "backend `{}` is not available yet; use `local`",
-        args.backend
-    );
     let exe = std::env::current_exe().context("locating the elastrec binary")?;
     match (args.resume, args.job) {
-        (Some(dir), _) => resume_job(&dir, exe).await,
+        (Some(dir), _) => resume_job(&dir, exe, args.backend).await,
         (None, Some(job)) => {
             let from = args
                 .from_checkpoint
@@ -56,7 +53,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<JobResult> {
                     location,
                     id: args.checkpoint_id,
                 });
-            start_job(&job, exe, from, args.pause_at_samples).await
+            start_job(
+                &job,
+                exe,
+                from,
+                args.pause_at_samples,
+                args.backend.unwrap_or_default(),
+            )
+            .await
         }
         (None, None) => anyhow::bail!("give a job file or --resume JOB_DIR"),
     }
@@ -537,7 +541,7 @@ async fn start_bench_master(
             Ok(0)
         }
         fn stop(&self, _: &Node) {}
-        fn exited(&self) -> Vec<u32> {
+        fn exited(&self) -> Vec<crate::backend::NodeExit> {
             Vec::new()
         }
     }

@@ -13,6 +13,7 @@ pub mod brain_link;
 pub mod checkpoint;
 pub mod cli;
 pub mod job;
+pub mod launch;
 pub mod ledger;
 pub mod memory_limits;
 pub mod metrics;

@@ -16,9 +16,10 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 use tonic::service::interceptor::InterceptedService;
 
-use crate::backend::{ClusterBackend, LocalProcesses};
+use crate::backend::{BackendKind, ClusterBackend};
 use crate::checkpoint::{CheckpointReport, CheckpointStats, Coordinator, Fingerprint};
 use crate::job::{Context as _, Job, NodeState, Phase, Policy, Role};
+use crate::launch::LaunchTemplate;
 use crate::ledger::LedgerSummary;
 use crate::service::{now_ms, LiveCtx, MasterCore, MasterService};
 use crate::store::{Store, Writer};
@@ -207,30 +208,65 @@ fn policy(cfg: &JobConfig) -> Policy {
     }
 }
 
-/// The job's nodes as processes on this machine. With autoscaling, a worker's compute
-/// threads are the cores it is allotted (`autoscale.worker_cpu`); otherwise all cores.
-fn local_backend(
+/// The job's backend of `kind`: nodes start `exe` and reach the master at `addr`. With
+/// autoscaling, a worker's compute threads are the cores it is allotted
+/// (`autoscale.worker_cpu`); otherwise the role's `[resources]` size it.
+#[allow(clippy::too_many_arguments)]
+fn open_backend(
+    kind: BackendKind,
     exe: PathBuf,
+    job_id: &str,
     job_uid: &str,
     addr: &str,
     token: &str,
     dir: &JobDir,
     cfg: &JobConfig,
-) -> Arc<dyn ClusterBackend> {
-    let threads = cfg
-        .autoscale
-        .enabled
-        .then(|| cfg.autoscale.worker_cpu.round().max(1.0) as usize);
-    Arc::new(
-        LocalProcesses::new(
-            exe,
-            job_uid.to_string(),
-            addr.to_string(),
-            token.to_string(),
-            dir.logs(),
-        )
-        .with_worker_threads(threads),
-    )
+) -> anyhow::Result<Arc<dyn ClusterBackend>> {
+    let template = LaunchTemplate::new(
+        exe,
+        job_id,
+        job_uid,
+        addr,
+        token,
+        dir.logs(),
+        cfg.resources.clone(),
+    );
+    if cfg.autoscale.enabled {
+        template.set_worker_threads(cfg.autoscale.worker_cpu.round().max(1.0) as usize);
+    }
+    crate::backend::open(kind, Arc::new(template))
+}
+
+/// The address nodes reach the master at (see [`elastrec_worker::resources::advertise_for`]).
+fn advertised(cfg: &JobConfig, bound: SocketAddr) -> anyhow::Result<String> {
+    elastrec_worker::resources::advertise_for(&cfg.engine, bound).map_err(anyhow::Error::msg)
+}
+
+/// The address the master binds: `engine.network.bind`, else `cluster.bind`.
+fn bind_ip(cfg: &JobConfig) -> anyhow::Result<std::net::IpAddr> {
+    elastrec_worker::resources::bind_address(cfg).map_err(anyhow::Error::msg)
+}
+
+/// The backend a resumed job runs on: the one it started with (`--backend` may only
+/// repeat it; a job's nodes cannot move engines while they run).
+fn resumed_backend(
+    stored: Option<&String>,
+    asked: Option<BackendKind>,
+) -> anyhow::Result<BackendKind> {
+    let stored = match stored.map(String::as_str) {
+        None | Some("local") => BackendKind::Local,
+        Some("slurm") => BackendKind::Slurm,
+        Some("kubernetes") => BackendKind::Kubernetes,
+        Some(other) => bail!("master.db names an unknown backend `{other}`"),
+    };
+    match asked {
+        Some(a) if a != stored => bail!(
+            "this job runs on the {} backend; resume it with --backend {} (or without --backend)",
+            stored.name(),
+            stored.name()
+        ),
+        _ => Ok(stored),
+    }
 }
 
 /// Where a new job's model and data position come from (`--from-checkpoint`).
@@ -303,6 +339,7 @@ pub async fn start_job(
     exe: PathBuf,
     from: Option<FromCheckpoint>,
     pause_at: Option<u64>,
+    kind: BackendKind,
 ) -> anyhow::Result<JobResult> {
     let cfg = validate_job(path)?;
     elastrec_worker::trainer::ensure_data(&cfg, false)?;
@@ -339,11 +376,12 @@ pub async fn start_job(
     // Tells this job's processes and shared memory from another job's of the same name.
     let job_uid = random_hex(16);
     write_private(&dir.token(), &token)?;
-    let ip: std::net::IpAddr = cfg.cluster.bind.parse()?;
+    let ip = bind_ip(&cfg)?;
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, cfg.cluster.master_port))
         .await
         .context("binding the master port")?;
-    let addr = listener.local_addr()?.to_string();
+    let bound = listener.local_addr()?;
+    let addr = advertised(&cfg, bound)?;
     std::fs::write(dir.addr(), &addr)?;
     let job_id = dir
         .0
@@ -359,8 +397,10 @@ pub async fn start_job(
     store.set_meta("job_id", job_id.clone()).await?;
     store.set_meta("job_uid", job_uid.clone()).await?;
     store.set_meta("master_addr", addr.clone()).await?;
+    store.set_meta("master_bind", bound.to_string()).await?;
+    store.set_meta("backend", kind.name().to_string()).await?;
     std::fs::write(dir.0.join("started_ms"), now_ms().to_string())?;
-    let backend = local_backend(exe, &job_uid, &addr, &token, &dir, &cfg);
+    let backend = open_backend(kind, exe, &job_id, &job_uid, &addr, &token, &dir, &cfg)?;
     let shm_ns = shm_namespace(&job_id, &job_uid);
     let fingerprint = Fingerprint::of(&cfg, &file_pairs(&files));
     let total_samples = files.iter().map(|f| f.rows).sum::<u64>() * cfg.train.epochs as u64;
@@ -464,7 +504,11 @@ pub async fn start_job(
 
 /// Restarts the master of a job whose master died, from its database. Live nodes
 /// re-register; training continues where the ledger says it stopped.
-pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
+pub async fn resume_job(
+    dir: &Path,
+    exe: PathBuf,
+    backend: Option<BackendKind>,
+) -> anyhow::Result<JobResult> {
     let dir = JobDir(dir.to_path_buf());
     anyhow::ensure!(
         dir.db().exists(),
@@ -490,6 +534,7 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
     let files: Vec<FileRows> = serde_json::from_str(&meta("files")?)?;
     let addr = meta("master_addr")?;
     let job_id = meta("job_id")?;
+    let kind = resumed_backend(snap.meta.get("backend"), backend)?;
     let job_uid = match snap.meta.get("job_uid") {
         Some(u) => u.clone(),
         // A job started before job uids existed: its old nodes cannot be recognized
@@ -540,7 +585,7 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
     job.drop_uncommitted_servers(&mut cx);
     store.apply(&cx.take_changes()).await?;
     // The same address, so live nodes find the new master.
-    let sock: SocketAddr = addr.parse()?;
+    let sock: SocketAddr = snap.meta.get("master_bind").unwrap_or(&addr).parse()?;
     let deadline = Instant::now() + Duration::from_secs(30);
     let listener = loop {
         match tokio::net::TcpListener::bind(sock).await {
@@ -553,7 +598,7 @@ pub async fn resume_job(dir: &Path, exe: PathBuf) -> anyhow::Result<JobResult> {
         }
     };
     let (todo, doing, done) = job.tasks().counts();
-    let backend = local_backend(exe, &job_uid, &addr, &token, &dir, &cfg);
+    let backend = open_backend(kind, exe, &job_id, &job_uid, &addr, &token, &dir, &cfg)?;
     // After a crash of the whole job (not only the master) the parameter servers are gone:
     // their state can only come back from a checkpoint, with the data position it holds.
     let ps_gone: Vec<u32> = job
@@ -740,7 +785,15 @@ async fn serve(
                 }
             }
         }
-        let exited = core.backend().exited();
+        let exited: Vec<u32> = core
+            .backend()
+            .exited()
+            .into_iter()
+            .map(|e| {
+                tracing::info!(node = e.id, reason = %e.reason, oom = e.oom, "node process ended");
+                e.id
+            })
+            .collect();
         let failed = core.take_failed_launches();
         let phase = core
             .run(|job, cx| {

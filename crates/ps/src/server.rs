@@ -990,9 +990,14 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     // Learn the job first (bind address), then register with the real address.
     let reg = register_node(&mut master, Role::Ps, args.node_id, "", "", false).await?;
     let (job, plan) = (reg.job, reg.restore);
-    let ip: std::net::IpAddr = job.cluster.bind.parse().context("cluster.bind")?;
-    let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0)).await?;
-    let addr = listener.local_addr()?.to_string();
+    let ip = elastrec_worker::resources::bind_address(&job).map_err(anyhow::Error::msg)?;
+    let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0))
+        .await
+        .with_context(|| format!("binding {ip}"))?;
+    // What the master and the workers dial: reachable from other hosts when bound to all
+    // interfaces.
+    let addr = elastrec_worker::resources::advertise_for(&job.engine, listener.local_addr()?)
+        .map_err(anyhow::Error::msg)?;
     // The layout the master places this server in: the job's first one, the current one
     // (a replaced server), or one being formed by a re-sharding (`joining`: the rows come
     // from the servers of the previous layout).

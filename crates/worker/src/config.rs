@@ -35,6 +35,10 @@ pub struct JobConfig {
     pub checkpoint: CheckpointConfig,
     /// Closed-loop resource planning (`elastrec run`).
     pub autoscale: crate::autoscale::AutoscaleConfig,
+    /// What each role asks of the cluster engine (`elastrec run`).
+    pub resources: crate::resources::ResourcesConfig,
+    /// Cluster engine settings (`elastrec run --backend`).
+    pub engine: crate::resources::EngineConfig,
 }
 
 /// Data source: a directory of Criteo-layout day files.
@@ -294,10 +298,11 @@ pub enum ConfigError {
 impl JobConfig {
     /// Parses TOML text; `path` only names the source in errors.
     pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let cfg: JobConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let mut cfg: JobConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
+        crate::resources::resolve_resources(&mut cfg, text, path)?;
         cfg.validate(path)?;
         Ok(cfg)
     }

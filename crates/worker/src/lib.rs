@@ -13,6 +13,7 @@ pub mod fsio;
 pub mod layout;
 pub mod model_file;
 pub mod remote;
+pub mod resources;
 pub mod rpc;
 pub mod step;
 pub mod trainer;

@@ -1,111 +1,48 @@
-//! Cluster backends: how role instances (PS, workers) are started and stopped.
-//!
-//! One trait with few methods; the local-process engine lives here, Slurm and Kubernetes
-//! engines come later behind the same trait. Job semantics never depend on the backend.
+//! The local backend: nodes as child processes of the master on this machine.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::job::{Node, Role};
-
-/// Starts, stops and watches the processes of a job's nodes.
-pub trait ClusterBackend: Send + Sync {
-    /// Starts `node`'s process; returns its pid.
-    fn start(&self, node: &Node) -> anyhow::Result<u32>;
-    /// Stops `node`'s process forcefully (it may already be gone).
-    fn stop(&self, node: &Node);
-    /// Ids of nodes whose processes exited since the last call. Backends that cannot
-    /// observe exits return nothing; heartbeat timeouts then detect deaths.
-    fn exited(&self) -> Vec<u32>;
-    /// True when `node`'s process still runs, including one started by an earlier master
-    /// of the same job (after `run --resume`). Backends that cannot tell say `true` and
-    /// leave the verdict to heartbeat timeouts.
-    fn is_alive(&self, node: &Node) -> bool {
-        let _ = node;
-        true
-    }
-    /// Cores (compute threads) of the workers started from now on (vertical scaling).
-    /// Backends that size nodes otherwise ignore it.
-    fn set_worker_threads(&self, threads: usize) {
-        let _ = threads;
-    }
-}
+use super::{ClusterBackend, NodeExit};
+use crate::job::Node;
+use crate::launch::LaunchTemplate;
 
 /// Role instances as child processes of this binary on this machine: the same executable
 /// with the hidden `ps` / `worker` subcommands. The job token travels in the environment.
+/// A worker's `cpu` becomes its compute threads only when the template caps them (the
+/// autoscaler's allotment); otherwise it uses every core.
 pub struct LocalProcesses {
-    exe: PathBuf,
-    job_uid: String,
-    master_addr: String,
-    token: String,
-    log_dir: PathBuf,
+    template: Arc<LaunchTemplate>,
     children: Mutex<HashMap<u32, Child>>,
-    /// Compute threads of each worker started from now on (its allotted cores; 0: all
-    /// cores).
-    worker_threads: std::sync::atomic::AtomicUsize,
 }
 
 impl LocalProcesses {
-    /// Runs `exe` for every node of the job with unique id `job_uid`; logs go to
-    /// `log_dir/<role>-<id>.log`.
-    pub fn new(
-        exe: PathBuf,
-        job_uid: String,
-        master_addr: String,
-        token: String,
-        log_dir: PathBuf,
-    ) -> Self {
+    /// Runs every node of the job `template` describes; logs go to its log directory.
+    pub fn new(template: Arc<LaunchTemplate>) -> Self {
         Self {
-            exe,
-            job_uid,
-            master_addr,
-            token,
-            log_dir,
+            template,
             children: Mutex::new(HashMap::new()),
-            worker_threads: std::sync::atomic::AtomicUsize::new(0),
         }
-    }
-
-    /// Caps every worker's compute threads at `threads` (`RAYON_NUM_THREADS`): the local
-    /// stand-in for a CPU limit, so that a worker uses the cores it was allotted.
-    pub fn with_worker_threads(self, threads: Option<usize>) -> Self {
-        self.set_worker_threads(threads.unwrap_or(0));
-        self
     }
 }
 
 impl ClusterBackend for LocalProcesses {
     fn start(&self, node: &Node) -> anyhow::Result<u32> {
-        std::fs::create_dir_all(&self.log_dir)?;
-        let role = match node.role {
-            Role::Ps => "ps",
-            Role::Worker => "worker",
-        };
+        let spec = self.template.spec(node);
+        if let Some(dir) = spec.log.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.log_dir.join(format!("{role}-{}.log", node.id)))?;
-        let mut cmd = Command::new(&self.exe);
-        cmd.arg(role)
-            .arg("--master")
-            .arg(&self.master_addr)
-            .arg("--node-id")
-            .arg(node.id.to_string())
-            .arg("--job")
-            .arg(&self.job_uid);
-        if node.role == Role::Ps {
-            cmd.arg("--index").arg(node.index.to_string());
-        }
-        let threads = self
-            .worker_threads
-            .load(std::sync::atomic::Ordering::Acquire);
-        if node.role == Role::Worker && threads > 0 {
-            cmd.env("RAYON_NUM_THREADS", threads.to_string());
-        }
-        cmd.env(elastrec_worker::rpc::TOKEN_ENV, &self.token)
+            .open(&spec.log)?;
+        let mut cmd = Command::new(&spec.program);
+        cmd.args(&spec.args)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .envs(spec.secret_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
@@ -116,15 +53,14 @@ impl ClusterBackend for LocalProcesses {
     }
 
     fn set_worker_threads(&self, threads: usize) {
-        self.worker_threads
-            .store(threads, std::sync::atomic::Ordering::Release);
+        self.template.set_worker_threads(threads);
     }
 
     fn stop(&self, node: &Node) {
         if let Some(mut c) = self.children.lock().remove(&node.id) {
             let _ = c.kill();
             let _ = c.wait();
-        } else if runs_node(node.pid, &self.job_uid, node.id) {
+        } else if runs_node(node.pid, &self.template.job_uid, node.id) {
             // A process started by an earlier master (before a restart).
             // SAFETY: kill(2) has no memory-safety preconditions.
             unsafe {
@@ -136,18 +72,21 @@ impl ClusterBackend for LocalProcesses {
     fn is_alive(&self, node: &Node) -> bool {
         match self.children.lock().get_mut(&node.id) {
             Some(c) => matches!(c.try_wait(), Ok(None)),
-            None => runs_node(node.pid, &self.job_uid, node.id),
+            None => runs_node(node.pid, &self.template.job_uid, node.id),
         }
     }
 
-    fn exited(&self) -> Vec<u32> {
+    fn exited(&self) -> Vec<NodeExit> {
         let mut children = self.children.lock();
-        let gone: Vec<u32> = children
+        let gone: Vec<NodeExit> = children
             .iter_mut()
-            .filter_map(|(&id, c)| matches!(c.try_wait(), Ok(Some(_))).then_some(id))
+            .filter_map(|(&id, c)| match c.try_wait() {
+                Ok(Some(status)) => Some(NodeExit::new(id, status.to_string())),
+                _ => None,
+            })
             .collect();
-        for id in &gone {
-            children.remove(id);
+        for e in &gone {
+            children.remove(&e.id);
         }
         gone
     }

@@ -1,0 +1,104 @@
+//! Where nodes run: one trait, one implementation per cluster engine. Every backend starts
+//! a node from the same [`LaunchSpec`] (command, environment, secrets, resources), so a job
+//! behaves the same on local processes, Slurm or Kubernetes; only how a process is placed,
+//! watched and stopped differs.
+
+mod local;
+
+pub use local::{runs_node, LocalProcesses};
+
+use crate::job::Node;
+use crate::launch::LaunchTemplate;
+
+/// Launches and stops the role processes of a job.
+pub trait ClusterBackend: Send + Sync {
+    /// Starts `node`'s process; returns its pid (0 where the engine hides it).
+    fn start(&self, node: &Node) -> anyhow::Result<u32>;
+    /// Stops `node`'s process forcefully (it may already be gone).
+    fn stop(&self, node: &Node);
+    /// Nodes whose processes ended since the last call, with the engine's reason. Backends
+    /// that cannot observe exits return nothing; heartbeat timeouts then detect deaths.
+    fn exited(&self) -> Vec<NodeExit>;
+    /// True when `node`'s process still runs, including one started by an earlier master
+    /// of the same job (after `run --resume`). Backends that cannot tell say `true` and
+    /// leave the verdict to heartbeat timeouts.
+    fn is_alive(&self, node: &Node) -> bool {
+        let _ = node;
+        true
+    }
+    /// Cores (compute threads) of the workers started from now on (vertical scaling).
+    /// Backends that size nodes otherwise ignore it.
+    fn set_worker_threads(&self, threads: usize) {
+        let _ = threads;
+    }
+}
+
+/// A node process that ended, as the engine reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeExit {
+    /// The node.
+    pub id: u32,
+    /// The engine's words: an exit status, a Slurm state, a pod's termination reason.
+    pub reason: String,
+    /// The engine killed it for exceeding its memory (OOMKilled, Slurm OUT_OF_MEMORY).
+    pub oom: bool,
+}
+
+impl NodeExit {
+    /// An exit with `reason`, not for memory.
+    pub fn new(id: u32, reason: impl Into<String>) -> Self {
+        Self {
+            id,
+            reason: reason.into(),
+            oom: false,
+        }
+    }
+}
+
+/// The cluster engines `elastrec run --backend` knows.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// Child processes of the master on this machine.
+    #[default]
+    Local,
+    /// One Slurm job step (`srun`) per node.
+    Slurm,
+    /// One pod per node through the Kubernetes API.
+    Kubernetes,
+}
+
+impl BackendKind {
+    /// The name used on the command line and in the job's state.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Local => "local",
+            Self::Slurm => "slurm",
+            Self::Kubernetes => "kubernetes",
+        }
+    }
+}
+
+/// The backend of `kind` for a job whose nodes start from `template`.
+pub fn open(
+    kind: BackendKind,
+    template: std::sync::Arc<LaunchTemplate>,
+) -> anyhow::Result<std::sync::Arc<dyn ClusterBackend>> {
+    match kind {
+        BackendKind::Local => Ok(std::sync::Arc::new(LocalProcesses::new(template))),
+        other => anyhow::bail!(
+            "backend `{}` is not built into this binary yet; use `local`",
+            other.name()
+        ),
+    }
+}

@@ -1,0 +1,264 @@
+//! What it takes to start one node, independent of where it runs: the program and its
+//! arguments, plain and secret environment, the resources its role asks for, and a name
+//! every engine accepts. Backends turn a [`LaunchSpec`] into a child process, an `srun`
+//! step or a pod.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use elastrec_worker::resources::{ResourcesConfig, RoleResources};
+
+use crate::job::{Node, Role};
+
+/// Environment variable carrying the master's address to a node (also on its command line).
+pub const MASTER_ENV: &str = "ELASTREC_MASTER";
+
+/// Everything needed to start the nodes of one job.
+pub struct LaunchTemplate {
+    /// The `elastrec` executable (on a cluster: its path on every host, or in the image).
+    pub program: PathBuf,
+    /// The job's name (its directory's name).
+    pub job_id: String,
+    /// The job's unique id: tells its processes, steps and pods from another job's.
+    pub job_uid: String,
+    /// The master's address as the nodes reach it.
+    pub master_addr: String,
+    /// The job token (travels only in the environment or an engine secret, never argv).
+    pub token: String,
+    /// Directory of the node logs (local and Slurm; Kubernetes keeps logs with the pods).
+    pub log_dir: PathBuf,
+    /// What each role asks for.
+    pub resources: ResourcesConfig,
+    /// Plain environment every node gets (e.g. the address to advertise).
+    pub env: Vec<(String, String)>,
+    /// Compute threads of the workers started from now on (0: the role's `cpu`, or every
+    /// core on the local backend).
+    worker_threads: AtomicUsize,
+}
+
+/// How to start one node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaunchSpec {
+    /// The node.
+    pub node: u32,
+    /// Its role.
+    pub role: Role,
+    /// Lowercase letters, digits and `-`, at most 63 characters, unique per job and node:
+    /// a Slurm job name, a pod name, a log file stem.
+    pub name: String,
+    /// The program.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Plain environment.
+    pub env: Vec<(String, String)>,
+    /// Secret environment (the token): an engine keeps it out of anything others can read
+    /// (a Kubernetes Secret; the inherited environment of `srun`).
+    pub secret_env: Vec<(String, String)>,
+    /// Cores.
+    pub cpu: f64,
+    /// Memory, MiB.
+    pub memory_mib: u64,
+    /// Log file (where the engine writes logs to files).
+    pub log: PathBuf,
+}
+
+impl LaunchTemplate {
+    /// A template for the job `job_id` / `job_uid` whose master is at `master_addr`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        program: PathBuf,
+        job_id: &str,
+        job_uid: &str,
+        master_addr: &str,
+        token: &str,
+        log_dir: PathBuf,
+        resources: ResourcesConfig,
+    ) -> Self {
+        Self {
+            program,
+            job_id: job_id.to_string(),
+            job_uid: job_uid.to_string(),
+            master_addr: master_addr.to_string(),
+            token: token.to_string(),
+            log_dir,
+            resources,
+            env: Vec::new(),
+            worker_threads: AtomicUsize::new(0),
+        }
+    }
+
+    /// Caps every worker's compute threads at `threads` (0: no cap).
+    pub fn set_worker_threads(&self, threads: usize) {
+        self.worker_threads.store(threads, Ordering::Release);
+    }
+
+    /// The workers' thread cap (0: none).
+    pub fn worker_threads(&self) -> usize {
+        self.worker_threads.load(Ordering::Acquire)
+    }
+
+    /// What `role` asks for.
+    pub fn role_resources(&self, role: Role) -> &RoleResources {
+        match role {
+            Role::Ps => &self.resources.ps,
+            Role::Worker => &self.resources.worker,
+        }
+    }
+
+    /// The engine-safe name of `node`: `elastrec-<job>-<uid8>-<role>-<id>`.
+    pub fn node_name(&self, role: Role, id: u32) -> String {
+        let role = role_name(role);
+        let tail = format!(
+            "-{}-{role}-{id}",
+            &self.job_uid[..self.job_uid.len().min(8)]
+        );
+        let job: String = self
+            .job_id
+            .to_ascii_lowercase()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let room = 63usize.saturating_sub("elastrec-".len() + tail.len());
+        let job = job.trim_matches('-');
+        let job = job[..job.len().min(room)].trim_end_matches('-');
+        format!("elastrec-{job}{tail}")
+    }
+
+    /// How to start `node`.
+    pub fn spec(&self, node: &Node) -> LaunchSpec {
+        let role = role_name(node.role);
+        let mut args = vec![
+            role.to_string(),
+            "--master".into(),
+            self.master_addr.clone(),
+            "--node-id".into(),
+            node.id.to_string(),
+            "--job".into(),
+            self.job_uid.clone(),
+        ];
+        if node.role == Role::Ps {
+            args.extend(["--index".into(), node.index.to_string()]);
+        }
+        let mut env = self.env.clone();
+        env.push((MASTER_ENV.into(), self.master_addr.clone()));
+        let r = self.role_resources(node.role);
+        let mut cpu = r.cpu;
+        let threads = self.worker_threads();
+        if node.role == Role::Worker && threads > 0 {
+            env.push(("RAYON_NUM_THREADS".into(), threads.to_string()));
+            cpu = threads as f64;
+        }
+        let name = self.node_name(node.role, node.id);
+        LaunchSpec {
+            node: node.id,
+            role: node.role,
+            log: self.log_dir.join(format!("{role}-{}.log", node.id)),
+            name,
+            program: self.program.clone(),
+            args,
+            env,
+            secret_env: vec![(
+                elastrec_worker::rpc::TOKEN_ENV.to_string(),
+                self.token.clone(),
+            )],
+            cpu,
+            memory_mib: r.memory_mib(),
+        }
+    }
+}
+
+/// `ps` or `worker`: the node subcommand and the role's name in logs and labels.
+pub fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::Ps => "ps",
+        Role::Worker => "worker",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::NodeState;
+
+    fn template(job_id: &str) -> LaunchTemplate {
+        LaunchTemplate::new(
+            "/usr/bin/elastrec".into(),
+            job_id,
+            "0123456789abcdef",
+            "10.0.0.1:5000",
+            "secret",
+            "/tmp/logs".into(),
+            ResourcesConfig::default(),
+        )
+    }
+
+    fn node(role: Role, id: u32) -> Node {
+        Node {
+            id,
+            role,
+            index: 1,
+            state: NodeState::Pending,
+            pid: 0,
+            addr: String::new(),
+            metrics_addr: String::new(),
+            last_seen_ms: 0,
+            started_ms: 0,
+            samples: 0,
+            step: 0,
+            restarts: 0,
+        }
+    }
+
+    #[test]
+    fn names_are_engine_safe_and_unique_per_node() {
+        let t = template("My_Job.2026 (test)");
+        let n = t.node_name(Role::Ps, 7);
+        assert_eq!(n, "elastrec-my-job-2026--test-01234567-ps-7");
+        let long = template(&"x".repeat(200)).node_name(Role::Worker, 123456);
+        assert!(long.len() <= 63, "{long}");
+        assert!(long.ends_with("-01234567-worker-123456"), "{long}");
+        assert!(long
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'));
+    }
+
+    #[test]
+    fn the_token_is_secret_and_threads_size_workers() {
+        let t = template("j");
+        let s = t.spec(&node(Role::Ps, 1));
+        assert_eq!(
+            s.args,
+            [
+                "ps",
+                "--master",
+                "10.0.0.1:5000",
+                "--node-id",
+                "1",
+                "--job",
+                "0123456789abcdef",
+                "--index",
+                "1"
+            ]
+        );
+        assert!(!s
+            .args
+            .iter()
+            .chain(s.env.iter().map(|e| &e.1))
+            .any(|a| a.contains("secret")));
+        assert_eq!(
+            s.secret_env,
+            [("ELASTREC_TOKEN".to_string(), "secret".to_string())]
+        );
+        assert_eq!((s.cpu, s.memory_mib), (1.0, 2048));
+        t.set_worker_threads(3);
+        let w = t.spec(&node(Role::Worker, 2));
+        assert_eq!(w.cpu, 3.0);
+        assert!(w.env.contains(&("RAYON_NUM_THREADS".into(), "3".into())));
+        assert_eq!(
+            t.spec(&node(Role::Ps, 1)).cpu,
+            1.0,
+            "threads size workers only"
+        );
+    }
+}

@@ -1,0 +1,242 @@
+//! The `[resources]` and `[engine]` sections of a job file: what each role asks of the
+//! cluster engine (cores, memory, count) and how to reach the engine. Every backend turns
+//! the same `[resources]` into its own requests: local threads and an RSS watchdog, Slurm
+//! `--cpus-per-task` / `--mem`, Kubernetes `resources.requests` / `limits`.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ConfigError, JobConfig};
+
+/// The `[resources]` section: one entry per role.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ResourcesConfig {
+    /// The job master (the `elastrec run` process; sized only where the engine runs it).
+    pub master: RoleResources,
+    /// Each parameter server.
+    pub ps: RoleResources,
+    /// Each worker.
+    pub worker: RoleResources,
+}
+
+/// What one node of a role asks for.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoleResources {
+    /// Number of nodes of this role; 0 takes `cluster.ps` / `cluster.workers` (giving
+    /// both with different values is an error). Not used for the master.
+    pub count: u32,
+    /// Cores (fractions allowed: Kubernetes millicores; Slurm rounds up).
+    pub cpu: f64,
+    /// Memory, GiB: the request and the limit (Kubernetes), `--mem` (Slurm), the RSS
+    /// watchdog's limit (local, with `[autoscale]`).
+    pub memory_gb: f64,
+}
+
+impl Default for RoleResources {
+    fn default() -> Self {
+        Self {
+            count: 0,
+            cpu: 1.0,
+            memory_gb: 2.0,
+        }
+    }
+}
+
+impl RoleResources {
+    /// Memory in MiB, rounded up (Slurm `--mem` and Kubernetes `Mi` quantities).
+    pub fn memory_mib(&self) -> u64 {
+        (self.memory_gb * 1024.0).ceil() as u64
+    }
+
+    /// Cores as whole CPUs, rounded up, at least 1 (Slurm `--cpus-per-task`).
+    pub fn whole_cpus(&self) -> u32 {
+        (self.cpu.ceil() as u32).max(1)
+    }
+
+    /// Cores in Kubernetes millicores (at least 1m).
+    pub fn millicores(&self) -> u64 {
+        ((self.cpu * 1000.0).round() as u64).max(1)
+    }
+}
+
+/// Checks `[resources]` and folds the counts into `[cluster]`, naming the field at fault.
+/// `text` is the job file, to tell a `cluster.workers` the file gives from the default.
+pub fn resolve_resources(cfg: &mut JobConfig, text: &str, path: &Path) -> Result<(), ConfigError> {
+    let given: toml::Table = toml::from_str(text).unwrap_or_default();
+    let in_cluster = |key: &str| {
+        given
+            .get("cluster")
+            .and_then(|c| c.as_table())
+            .is_some_and(|c| c.contains_key(key))
+    };
+    let bad = |field: &'static str, reason: String| ConfigError::Invalid {
+        path: path.to_path_buf(),
+        field,
+        reason,
+    };
+    let roles = [
+        ("resources.master", &cfg.resources.master),
+        ("resources.ps", &cfg.resources.ps),
+        ("resources.worker", &cfg.resources.worker),
+    ];
+    for (field, r) in roles {
+        if !(r.cpu.is_finite() && r.cpu > 0.0) {
+            return Err(bad(field, format!("cpu must be > 0 (got {})", r.cpu)));
+        }
+        if !(r.memory_gb.is_finite() && r.memory_gb > 0.0) {
+            return Err(bad(
+                field,
+                format!("memory_gb must be > 0 (got {})", r.memory_gb),
+            ));
+        }
+    }
+    if cfg.resources.master.count != 0 {
+        return Err(bad(
+            "resources.master.count",
+            "a job has one master; leave count out".into(),
+        ));
+    }
+    for (field, count, cluster, given, name) in [
+        (
+            "resources.ps.count",
+            cfg.resources.ps.count,
+            &mut cfg.cluster.ps,
+            in_cluster("ps"),
+            "cluster.ps",
+        ),
+        (
+            "resources.worker.count",
+            cfg.resources.worker.count,
+            &mut cfg.cluster.workers,
+            in_cluster("workers"),
+            "cluster.workers",
+        ),
+    ] {
+        if count == 0 {
+            continue;
+        }
+        if given && *cluster != count {
+            return Err(bad(
+                field,
+                format!("{count} contradicts {name} = {cluster}; give one of them"),
+            ));
+        }
+        *cluster = count;
+    }
+    Ok(())
+}
+
+/// The `[engine]` section: settings of the cluster engines (`elastrec run --backend`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// Where nodes bind and what address they advertise (every backend).
+    pub network: NetworkConfig,
+}
+
+/// How nodes are reached across hosts.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct NetworkConfig {
+    /// Address the PS (and the master's node-facing port) bind to on each host; empty:
+    /// `cluster.bind` (loopback by default, which only the local backend can use).
+    pub bind: String,
+    /// Address other hosts reach this node at; empty: the bind address when it is a
+    /// specific one, otherwise the host's own address (`ELASTREC_ADVERTISE` per node
+    /// overrides it, e.g. a pod IP from the downward API).
+    pub advertise: String,
+}
+
+/// This host's address as other hosts reach it: the source address of a route to a
+/// public address (no packet is sent: connecting a UDP socket only picks the route), or
+/// loopback on a machine with no route at all.
+pub fn host_address() -> std::io::Result<String> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0")?;
+    Ok(match socket.connect("192.0.2.1:9") {
+        Ok(()) => socket.local_addr()?.ip().to_string(),
+        Err(_) => "127.0.0.1".into(),
+    })
+}
+
+/// The address a node started on this host advertises for a server bound to `bound`:
+/// `ELASTREC_ADVERTISE` when set (a pod IP from the downward API, a Slurm node's
+/// address), else `advertise` from `[engine.network]`, else the bound address when it
+/// is a specific one, else this host's address.
+pub fn advertise_for(cfg: &EngineConfig, bound: std::net::SocketAddr) -> Result<String, String> {
+    let from_env = std::env::var(ADVERTISE_ENV).ok().filter(|v| !v.is_empty());
+    let host = match from_env
+        .or_else(|| (!cfg.network.advertise.is_empty()).then(|| cfg.network.advertise.clone()))
+    {
+        Some(h) => h,
+        None if !bound.ip().is_unspecified() => return Ok(bound.to_string()),
+        None => host_address().map_err(|e| format!("finding this host's address: {e}"))?,
+    };
+    let ip: std::net::IpAddr = host
+        .parse()
+        .map_err(|_| format!("advertised address `{host}` is not an IP address"))?;
+    Ok(std::net::SocketAddr::new(ip, bound.port()).to_string())
+}
+
+/// Environment variable overriding the address a node advertises.
+pub const ADVERTISE_ENV: &str = "ELASTREC_ADVERTISE";
+
+/// The address a node binds its servers to: `[engine.network] bind`, else `cluster.bind`.
+pub fn bind_address(cfg: &JobConfig) -> Result<std::net::IpAddr, String> {
+    let bind = if cfg.engine.network.bind.is_empty() {
+        &cfg.cluster.bind
+    } else {
+        &cfg.engine.network.bind
+    };
+    bind.parse()
+        .map_err(|_| format!("engine.network.bind: `{bind}` is not an IP address"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<JobConfig, ConfigError> {
+        JobConfig::from_toml(text, Path::new("job.toml"))
+    }
+
+    #[test]
+    fn counts_fold_into_cluster_and_contradictions_are_named() {
+        let cfg = parse("[resources.worker]\ncount = 4\n[resources.ps]\ncount = 3\n").unwrap();
+        assert_eq!((cfg.cluster.workers, cfg.cluster.ps), (4, 3));
+        let err = parse("[cluster]\nworkers = 2\n[resources.worker]\ncount = 4\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("resources.worker.count"), "{err}");
+        assert!(err.contains("cluster.workers = 2"), "{err}");
+    }
+
+    #[test]
+    fn bad_sizes_name_the_role() {
+        let err = parse("[resources.ps]\ncpu = 0\n").unwrap_err().to_string();
+        assert!(err.contains("resources.ps"), "{err}");
+        let err = parse("[resources.worker]\nmemory_gb = -1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("resources.worker"), "{err}");
+        let err = parse("[resources.master]\ncount = 2\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("resources.master.count"), "{err}");
+    }
+
+    #[test]
+    fn engine_units() {
+        let r = RoleResources {
+            count: 0,
+            cpu: 1.5,
+            memory_gb: 0.5,
+        };
+        assert_eq!(
+            (r.whole_cpus(), r.millicores(), r.memory_mib()),
+            (2, 1500, 512)
+        );
+    }
+}
