@@ -80,6 +80,10 @@ fn connect_with_timeout(
         .with_context(|| format!("{} holds no running job (no master.addr)", dir.0.display()))?;
     let token = std::fs::read_to_string(dir.token())
         .with_context(|| format!("reading the job token {}", dir.token().display()))?;
+    // A job whose channels use TLS: this command speaks TLS with the job's certificate.
+    if let Some(m) = elastrec_worker::tls::TlsMaterial::load(&dir.tls())? {
+        elastrec_worker::tls::install(m)?;
+    }
     rpc::master_client_with_timeout(addr.trim(), token.trim(), 64 << 20, call_timeout).with_context(
         || {
             format!(
@@ -583,7 +587,7 @@ async fn start_bench_master(
     let addr = listener.local_addr()?.to_string();
     let svc = elastrec_proto::master::master_server::MasterServer::new(MasterService(core.clone()));
     tokio::spawn(
-        elastrec_worker::rpc::server()
+        elastrec_worker::rpc::server()?
             .add_service(tonic::service::interceptor::InterceptedService::new(
                 svc,
                 rpc::ServerAuth::new(token),

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use elastrec_worker::resources::{ResourcesConfig, RoleResources};
+use elastrec_worker::rpc;
 
 use crate::job::{Node, Role};
 
@@ -23,8 +24,11 @@ pub struct LaunchTemplate {
     pub job_uid: String,
     /// The master's address as the nodes reach it.
     pub master_addr: String,
-    /// The job token (travels only in the environment or an engine secret, never argv).
+    /// The job secret: each node gets its role's token derived from it
+    /// (`rpc::role_token`), in the environment or an engine secret, never argv.
     pub token: String,
+    /// The job's TLS material, when its channels use TLS (an engine secret too).
+    pub tls: Option<elastrec_worker::tls::TlsMaterial>,
     /// Directory of the node logs (local and Slurm; Kubernetes keeps logs with the pods).
     pub log_dir: PathBuf,
     /// What each role asks for.
@@ -83,6 +87,7 @@ impl LaunchTemplate {
             token: token.to_string(),
             log_dir,
             resources,
+            tls: None,
             env: Vec::new(),
             worker_threads: AtomicUsize::new(0),
         }
@@ -150,6 +155,21 @@ impl LaunchTemplate {
             cpu = threads as f64;
         }
         let name = self.node_name(node.role, node.id);
+        let caller = match node.role {
+            Role::Ps => rpc::Caller::Ps,
+            Role::Worker => rpc::Caller::Worker,
+        };
+        let mut secret_env = vec![(
+            rpc::TOKEN_ENV.to_string(),
+            rpc::role_token(&self.token, caller),
+        )];
+        if node.role == Role::Ps {
+            // Digests of the tokens a PS accepts (never the tokens themselves).
+            env.push((rpc::ACCEPT_ENV.into(), rpc::ps_accept_list(&self.token)));
+        }
+        if let Some(tls) = &self.tls {
+            secret_env.extend(tls.to_env());
+        }
         LaunchSpec {
             node: node.id,
             role: node.role,
@@ -158,10 +178,7 @@ impl LaunchTemplate {
             program: self.program.clone(),
             args,
             env,
-            secret_env: vec![(
-                elastrec_worker::rpc::TOKEN_ENV.to_string(),
-                self.token.clone(),
-            )],
+            secret_env,
             cpu,
             memory_mib: r.memory_mib(),
         }
@@ -246,10 +263,10 @@ mod tests {
             .iter()
             .chain(s.env.iter().map(|e| &e.1))
             .any(|a| a.contains("secret")));
-        assert_eq!(
-            s.secret_env,
-            [("ELASTREC_TOKEN".to_string(), "secret".to_string())]
-        );
+        // Each role gets its own token, never the job secret.
+        let ps_token = rpc::role_token("secret", rpc::Caller::Ps);
+        assert_eq!(s.secret_env, [("ELASTREC_TOKEN".to_string(), ps_token)]);
+        assert!(s.env.iter().any(|(k, _)| k == rpc::ACCEPT_ENV));
         assert_eq!((s.cpu, s.memory_mib), (1.0, 2048));
         t.set_worker_threads(3);
         let w = t.spec(&node(Role::Worker, 2));
@@ -260,5 +277,8 @@ mod tests {
             1.0,
             "threads size workers only"
         );
+        let worker_token = rpc::role_token("secret", rpc::Caller::Worker);
+        assert_eq!(w.secret_env[0].1, worker_token);
+        assert!(!w.env.iter().any(|(k, _)| k == rpc::ACCEPT_ENV));
     }
 }

@@ -11,7 +11,8 @@ use anyhow::{bail, Context as _};
 use elastrec_proto::master::master_server::MasterServer;
 use elastrec_worker::cluster::SyncMode;
 use elastrec_worker::config::JobConfig;
-use elastrec_worker::rpc::ServerAuth;
+use elastrec_worker::rpc::{role_token, Caller, ServerAuth};
+use elastrec_worker::tls::TlsMaterial;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use tonic::service::interceptor::InterceptedService;
@@ -52,6 +53,10 @@ impl JobDir {
     /// Node logs.
     pub fn logs(&self) -> PathBuf {
         self.0.join("logs")
+    }
+    /// The job's TLS material (when its channels use TLS).
+    pub fn tls(&self) -> PathBuf {
+        self.0.join("tls")
     }
 }
 
@@ -219,10 +224,11 @@ fn open_backend(
     job_uid: &str,
     addr: &str,
     token: &str,
+    tls: Option<TlsMaterial>,
     dir: &JobDir,
     cfg: &JobConfig,
 ) -> anyhow::Result<Arc<dyn ClusterBackend>> {
-    let template = LaunchTemplate::new(
+    let mut template = LaunchTemplate::new(
         exe,
         job_id,
         job_uid,
@@ -231,20 +237,47 @@ fn open_backend(
         dir.logs(),
         cfg.resources.clone(),
     );
+    template.tls = tls;
     if cfg.autoscale.enabled {
         template.set_worker_threads(cfg.autoscale.worker_cpu.round().max(1.0) as usize);
     }
     crate::backend::open(kind, Arc::new(template))
 }
 
-/// The address nodes reach the master at (see [`elastrec_worker::resources::advertise_for`]).
-fn advertised(cfg: &JobConfig, bound: SocketAddr) -> anyhow::Result<String> {
-    elastrec_worker::resources::advertise_for(&cfg.engine, bound).map_err(anyhow::Error::msg)
+/// The job's TLS material when its channels use TLS (`[engine.tls]`; by default on for
+/// every backend but `local`): the user's files or a CA and certificate issued now. It is
+/// saved in the job directory (for `--resume` and the admin commands) and installed in
+/// this process before any channel or server exists.
+fn job_tls(
+    cfg: &JobConfig,
+    kind: BackendKind,
+    job_file: &Path,
+    dir: &JobDir,
+) -> anyhow::Result<Option<TlsMaterial>> {
+    if !cfg.engine.tls.enabled(kind == BackendKind::Local) {
+        return Ok(None);
+    }
+    let base = job_file.parent().unwrap_or(Path::new("."));
+    let material = match TlsMaterial::from_config(&cfg.engine.tls, base)? {
+        Some(m) => m,
+        None => TlsMaterial::issue(&dir.0.display().to_string())?,
+    };
+    material.save(&dir.tls())?;
+    elastrec_worker::tls::install(material.clone())?;
+    Ok(Some(material))
 }
 
-/// The address the master binds: `engine.network.bind`, else `cluster.bind`.
+/// The address nodes reach the master at (see [`elastrec_worker::resources::master_advertise`]).
+fn advertised(cfg: &JobConfig, bound: SocketAddr) -> anyhow::Result<String> {
+    elastrec_worker::resources::master_advertise(&cfg.engine, bound).map_err(anyhow::Error::msg)
+}
+
+/// The address the master binds: `cluster.bind`.
 fn bind_ip(cfg: &JobConfig) -> anyhow::Result<std::net::IpAddr> {
-    elastrec_worker::resources::bind_address(cfg).map_err(anyhow::Error::msg)
+    cfg.cluster
+        .bind
+        .parse()
+        .with_context(|| format!("cluster.bind: `{}` is not an IP address", cfg.cluster.bind))
 }
 
 /// The backend a resumed job runs on: the one it started with (`--backend` may only
@@ -376,6 +409,7 @@ pub async fn start_job(
     // Tells this job's processes and shared memory from another job's of the same name.
     let job_uid = random_hex(16);
     write_private(&dir.token(), &token)?;
+    let tls = job_tls(&cfg, kind, path, &dir)?;
     let ip = bind_ip(&cfg)?;
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, cfg.cluster.master_port))
         .await
@@ -400,7 +434,8 @@ pub async fn start_job(
     store.set_meta("master_bind", bound.to_string()).await?;
     store.set_meta("backend", kind.name().to_string()).await?;
     std::fs::write(dir.0.join("started_ms"), now_ms().to_string())?;
-    let backend = open_backend(kind, exe, &job_id, &job_uid, &addr, &token, &dir, &cfg)?;
+    let backend = open_backend(kind, exe, &job_id, &job_uid, &addr, &token, tls, &dir, &cfg)?;
+    let master_token = role_token(&token, Caller::Master);
     let shm_ns = shm_namespace(&job_id, &job_uid);
     let fingerprint = Fingerprint::of(&cfg, &file_pairs(&files));
     let total_samples = files.iter().map(|f| f.rows).sum::<u64>() * cfg.train.epochs as u64;
@@ -409,7 +444,7 @@ pub async fn start_job(
             &cfg,
             fingerprint.clone(),
             total_samples,
-            &token,
+            &master_token,
             shm_ns.clone(),
             None,
         )?))
@@ -492,7 +527,7 @@ pub async fn start_job(
     ));
     core.set_restore_plan(initial_plan);
     let _ = core.ps_access.set(crate::reshard::PsAccess {
-        token: token.clone(),
+        token: master_token.clone(),
         max_bytes: cfg.cluster.max_message_bytes,
     });
     if let Some(c) = coordinator {
@@ -598,7 +633,12 @@ pub async fn resume_job(
         }
     };
     let (todo, doing, done) = job.tasks().counts();
-    let backend = open_backend(kind, exe, &job_id, &job_uid, &addr, &token, &dir, &cfg)?;
+    let tls = TlsMaterial::load(&dir.tls())?;
+    if let Some(m) = &tls {
+        elastrec_worker::tls::install(m.clone())?;
+    }
+    let backend = open_backend(kind, exe, &job_id, &job_uid, &addr, &token, tls, &dir, &cfg)?;
+    let master_token = role_token(&token, Caller::Master);
     // After a crash of the whole job (not only the master) the parameter servers are gone:
     // their state can only come back from a checkpoint, with the data position it holds.
     let ps_gone: Vec<u32> = job
@@ -632,7 +672,7 @@ pub async fn resume_job(
         job_id.clone(),
     ));
     let _ = core.ps_access.set(crate::reshard::PsAccess {
-        token: token.clone(),
+        token: master_token.clone(),
         max_bytes: cfg.cluster.max_message_bytes,
     });
     // The previous master may have died in the middle of a PS change: servers it froze
@@ -644,7 +684,7 @@ pub async fn resume_job(
             &cfg,
             Fingerprint::of(&cfg, &core_file_pairs(&core)),
             total_samples,
-            &token,
+            &master_token,
             shm_namespace(&job_id, &job_uid),
             stats,
         )?);
@@ -706,8 +746,8 @@ async fn serve(
         .max_encoding_message_size(max);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(
-        elastrec_worker::rpc::server()
-            .add_service(InterceptedService::new(svc, ServerAuth::new(&token)))
+        elastrec_worker::rpc::server()?
+            .add_service(InterceptedService::new(svc, ServerAuth::for_job(&token)))
             .serve_with_incoming_shutdown(elastrec_worker::rpc::incoming(listener), async {
                 let _ = stop_rx.await;
             }),

@@ -16,7 +16,7 @@ use elastrec_proto::master::{
     ReportProgressResponse, RestorePlan, ScaleRequest, ScaleResponse, StatusRequest,
     StatusResponse, TakeCheckpointRequest, TakeCheckpointResponse,
 };
-use elastrec_worker::rpc::check_version;
+use elastrec_worker::rpc::{self, check_version};
 use parking_lot::Mutex;
 use tonic::{Request, Response, Status};
 
@@ -398,6 +398,7 @@ impl Master for MasterService {
         &self,
         req: Request<RegisterRequest>,
     ) -> Result<Response<RegisterResponse>, Status> {
+        let caller = rpc::require(&req, &[rpc::Caller::Worker, rpc::Caller::Ps])?;
         let req = req.into_inner();
         check_version(&req.version)?;
         self.0.metrics.request("register");
@@ -406,6 +407,18 @@ impl Master for MasterService {
             Ok(pb::Role::Worker) => Role::Worker,
             _ => return Err(Status::invalid_argument("role must be ps or worker")),
         };
+        // A worker's token cannot register a parameter server (and the reverse).
+        let claimed = match role {
+            Role::Ps => rpc::Caller::Ps,
+            Role::Worker => rpc::Caller::Worker,
+        };
+        if caller != rpc::Caller::Admin && caller != claimed {
+            return Err(Status::permission_denied(format!(
+                "a {} token cannot register a {}",
+                caller.name(),
+                claimed.name()
+            )));
+        }
         if req.addr.len() > 256 || req.metrics_addr.len() > 256 {
             return Err(Status::invalid_argument("address too long"));
         }
@@ -452,6 +465,7 @@ impl Master for MasterService {
         &self,
         req: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
+        rpc::require(&req, &[rpc::Caller::Worker, rpc::Caller::Ps])?;
         let req = req.into_inner();
         check_version(&req.version)?;
         self.0.metrics.request("heartbeat");
@@ -495,6 +509,7 @@ impl Master for MasterService {
         &self,
         req: Request<GetTaskRequest>,
     ) -> Result<Response<GetTaskResponse>, Status> {
+        rpc::require(&req, &[rpc::Caller::Worker])?;
         let req = req.into_inner();
         check_version(&req.version)?;
         self.0.metrics.request("get_task");
@@ -523,6 +538,7 @@ impl Master for MasterService {
         &self,
         req: Request<ReportProgressRequest>,
     ) -> Result<Response<ReportProgressResponse>, Status> {
+        rpc::require(&req, &[rpc::Caller::Worker])?;
         let req = req.into_inner();
         check_version(&req.version)?;
         self.0.metrics.request("report_progress");
@@ -538,6 +554,7 @@ impl Master for MasterService {
         &self,
         req: Request<ReportEvalRequest>,
     ) -> Result<Response<ReportEvalResponse>, Status> {
+        rpc::require(&req, &[rpc::Caller::Worker])?;
         let req = req.into_inner();
         check_version(&req.version)?;
         self.0.metrics.request("report_eval");
@@ -554,6 +571,7 @@ impl Master for MasterService {
     }
 
     async fn scale(&self, req: Request<ScaleRequest>) -> Result<Response<ScaleResponse>, Status> {
+        rpc::require(&req, &[])?;
         let req = req.into_inner();
         check_version(&req.version)?;
         self.0.metrics.request("scale");
@@ -606,12 +624,14 @@ impl Master for MasterService {
         &self,
         req: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
+        rpc::require(&req, &[])?;
         check_version(&req.into_inner().version)?;
         self.0.metrics.request("status");
         Ok(Response::new(self.0.status()))
     }
 
     async fn pause(&self, req: Request<PauseRequest>) -> Result<Response<PauseResponse>, Status> {
+        rpc::require(&req, &[])?;
         let req = req.into_inner();
         check_version(&req.version)?;
         self.0.metrics.request("pause");
@@ -644,6 +664,7 @@ impl Master for MasterService {
         &self,
         req: Request<TakeCheckpointRequest>,
     ) -> Result<Response<TakeCheckpointResponse>, Status> {
+        rpc::require(&req, &[])?;
         check_version(&req.into_inner().version)?;
         self.0.metrics.request("take_checkpoint");
         let c =

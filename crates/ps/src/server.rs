@@ -840,6 +840,10 @@ struct Service(Arc<PsShard>);
 #[tonic::async_trait]
 impl ParameterServer for Service {
     async fn pull(&self, req: Request<PullRequest>) -> Result<Response<PullResponse>, Status> {
+        rpc::require(
+            &req,
+            &[rpc::Caller::Worker, rpc::Caller::Master, rpc::Caller::Ps],
+        )?;
         let t0 = Instant::now();
         let req = req.into_inner();
         check_version(&req.version)?;
@@ -859,6 +863,7 @@ impl ParameterServer for Service {
     }
 
     async fn push(&self, req: Request<PushRequest>) -> Result<Response<PushResponse>, Status> {
+        rpc::require(&req, &[rpc::Caller::Worker])?;
         let t0 = Instant::now();
         let req = req.into_inner();
         check_version(&req.version)?;
@@ -877,6 +882,7 @@ impl ParameterServer for Service {
         &self,
         req: Request<CheckpointRequest>,
     ) -> Result<Response<CheckpointResponse>, Status> {
+        rpc::require(&req, &[rpc::Caller::Master])?;
         let req = req.into_inner();
         check_version(&req.version)?;
         if fail_point_hang_checkpoint(self.0.index()) {
@@ -894,6 +900,10 @@ impl ParameterServer for Service {
     }
 
     async fn info(&self, req: Request<InfoRequest>) -> Result<Response<InfoResponse>, Status> {
+        rpc::require(
+            &req,
+            &[rpc::Caller::Worker, rpc::Caller::Master, rpc::Caller::Ps],
+        )?;
         check_version(&req.into_inner().version)?;
         // Neither the view nor the version waits for the state lock, which a checkpoint may
         // hold for seconds.
@@ -916,6 +926,7 @@ impl ParameterServer for Service {
         &self,
         req: Request<ReshardRequest>,
     ) -> Result<Response<ReshardResponse>, Status> {
+        rpc::require(&req, &[rpc::Caller::Master])?;
         let req = req.into_inner();
         check_version(&req.version)?;
         let peers = crate::reshard::GrpcPeers::new(&self.0, &req.addrs)?;
@@ -926,6 +937,7 @@ impl ParameterServer for Service {
         &self,
         req: Request<ImportRequest>,
     ) -> Result<Response<ImportResponse>, Status> {
+        rpc::require(&req, &[rpc::Caller::Master, rpc::Caller::Ps])?;
         let req = req.into_inner();
         check_version(&req.version)?;
         let shard = self.0.clone();
@@ -939,6 +951,7 @@ impl ParameterServer for Service {
         &self,
         req: Request<CommitRequest>,
     ) -> Result<Response<CommitResponse>, Status> {
+        rpc::require(&req, &[rpc::Caller::Master])?;
         let req = req.into_inner();
         check_version(&req.version)?;
         let shard = self.0.clone();
@@ -953,6 +966,7 @@ impl ParameterServer for Service {
         &self,
         req: Request<AbortRequest>,
     ) -> Result<Response<AbortResponse>, Status> {
+        rpc::require(&req, &[rpc::Caller::Master])?;
         let req = req.into_inner();
         check_version(&req.version)?;
         let shard = self.0.clone();
@@ -975,8 +989,11 @@ pub async fn serve(
     let svc = ParameterServerServer::new(Service(shard))
         .max_decoding_message_size(max_bytes)
         .max_encoding_message_size(max_bytes);
-    elastrec_worker::rpc::server()
-        .add_service(InterceptedService::new(svc, ServerAuth::new(&token)))
+    // The accept list `elastrec run` gives a PS (its peers, the master, the workers), or
+    // only its own token for a PS started by hand.
+    let auth = ServerAuth::for_node(&token)?;
+    elastrec_worker::rpc::server()?
+        .add_service(InterceptedService::new(svc, auth))
         .serve_with_incoming(elastrec_worker::rpc::incoming(listener))
         .await?;
     Ok(())
@@ -986,6 +1003,7 @@ pub async fn serve(
 pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     let _ = NODE_ID.set(args.node_id);
     let token = rpc::token_from_env()?;
+    elastrec_worker::tls::install_from_env()?;
     let mut master = rpc::master_client(&args.master, &token, 64 << 20)?;
     // Learn the job first (bind address), then register with the real address.
     let reg = register_node(&mut master, Role::Ps, args.node_id, "", "", false).await?;
@@ -1048,7 +1066,8 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
         token.clone(),
         job.cluster.max_message_bytes,
     ));
-    let metrics_addr = metrics.addr().to_string();
+    let metrics_addr = elastrec_worker::resources::advertise_for(&job.engine, metrics.addr())
+        .map_err(anyhow::Error::msg)?;
     let (_, _, hb_ms, _) = register(
         &mut master,
         Role::Ps,

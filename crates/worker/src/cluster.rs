@@ -236,6 +236,19 @@ pub(crate) fn validate_distributed(job: &JobConfig, path: &Path) -> Result<(), C
             "must be an IP address such as 127.0.0.1",
         ));
     }
+    let n = &job.engine.network;
+    for (field, value) in [
+        ("engine.network.bind", &n.bind),
+        ("engine.network.advertise", &n.advertise),
+        ("engine.network.master_advertise", &n.master_advertise),
+    ] {
+        if !value.is_empty() && value.parse::<std::net::IpAddr>().is_err() {
+            return Err(bad(
+                field,
+                "must be an IP address such as 10.0.0.5 (or empty)",
+            ));
+        }
+    }
     if !(1 << 20..=MAX_MESSAGE_BYTES_LIMIT).contains(&c.max_message_bytes) {
         return Err(bad(
             "cluster.max_message_bytes",

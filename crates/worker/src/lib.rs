@@ -16,6 +16,7 @@ pub mod remote;
 pub mod resources;
 pub mod rpc;
 pub mod step;
+pub mod tls;
 pub mod trainer;
 
 pub use config::JobConfig;

@@ -874,28 +874,23 @@ async fn report(
 /// The worker process.
 pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let token = rpc::token_from_env()?;
+    crate::tls::install_from_env()?;
     let id = args.node_id;
     let mut master = rpc::master_client(&args.master, &token, 64 << 20)?;
     // The job says where to bind; registering again with the endpoint's address also
     // waits for the parameter servers.
     let (job, _, _, _) = register(&mut master, Role::Worker, id, "", "", false).await?;
-    let ip: std::net::IpAddr = job.cluster.bind.parse().context("cluster.bind")?;
+    let ip = crate::resources::bind_address(&job).map_err(anyhow::Error::msg)?;
     let metrics = Arc::new(WorkerMetrics::new(id));
     let m = metrics.clone();
     let endpoint =
         elastrec_metrics::serve(std::net::SocketAddr::new(ip, 0), &token, move || m.render())
             .await
             .context("binding the metrics endpoint")?;
-    eprintln!("worker {id}: metrics on http://{}/metrics", endpoint.addr());
-    let reg = register_node(
-        &mut master,
-        Role::Worker,
-        id,
-        "",
-        &endpoint.addr().to_string(),
-        true,
-    )
-    .await?;
+    let metrics_addr = crate::resources::advertise_for(&job.engine, endpoint.addr())
+        .map_err(anyhow::Error::msg)?;
+    eprintln!("worker {id}: metrics on http://{metrics_addr}/metrics");
+    let reg = register_node(&mut master, Role::Worker, id, "", &metrics_addr, true).await?;
     let hb_ms = reg.heartbeat_ms;
     let layout = PsLayout {
         version: reg.layout_version,
@@ -1263,6 +1258,7 @@ mod tests {
         );
         tokio::spawn(
             rpc::server()
+                .unwrap()
                 .add_service(svc)
                 .serve_with_incoming(rpc::incoming(listener)),
         );

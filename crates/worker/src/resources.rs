@@ -135,19 +135,27 @@ pub fn resolve_resources(cfg: &mut JobConfig, text: &str, path: &Path) -> Result
 pub struct EngineConfig {
     /// Where nodes bind and what address they advertise (every backend).
     pub network: NetworkConfig,
+    /// Transport security of the job's channels.
+    pub tls: crate::tls::TlsConfig,
 }
 
-/// How nodes are reached across hosts.
+/// How nodes are reached across hosts. The master binds `cluster.bind` (its port
+/// `cluster.master_port`); these settings place the parameter servers and workers, which
+/// on a cluster run on other hosts than the master.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct NetworkConfig {
-    /// Address the PS (and the master's node-facing port) bind to on each host; empty:
-    /// `cluster.bind` (loopback by default, which only the local backend can use).
+    /// Address the PS and workers bind their servers to; empty: `cluster.bind`
+    /// (loopback by default, which only the local backend can use; `0.0.0.0` on a
+    /// cluster).
     pub bind: String,
-    /// Address other hosts reach this node at; empty: the bind address when it is a
-    /// specific one, otherwise the host's own address (`ELASTREC_ADVERTISE` per node
-    /// overrides it, e.g. a pod IP from the downward API).
+    /// Address peers reach a PS or worker at; empty: the bind address when it is a
+    /// specific one, otherwise the host's own address (`ELASTREC_ADVERTISE` in a node's
+    /// environment overrides it, e.g. a pod IP from the downward API).
     pub advertise: String,
+    /// Address the nodes reach the master at, when the master binds all interfaces;
+    /// empty: the host's own address.
+    pub master_advertise: String,
 }
 
 /// This host's address as other hosts reach it: the source address of a route to a
@@ -161,15 +169,29 @@ pub fn host_address() -> std::io::Result<String> {
     })
 }
 
-/// The address a node started on this host advertises for a server bound to `bound`:
-/// `ELASTREC_ADVERTISE` when set (a pod IP from the downward API, a Slurm node's
-/// address), else `advertise` from `[engine.network]`, else the bound address when it
-/// is a specific one, else this host's address.
+/// Environment variable overriding the address a node advertises.
+pub const ADVERTISE_ENV: &str = "ELASTREC_ADVERTISE";
+
+/// The address a PS or worker started on this host advertises for a server bound to
+/// `bound`: `ELASTREC_ADVERTISE` when set (a pod IP from the downward API, a Slurm node's
+/// address), else `[engine.network] advertise`, else the bound address when it is a
+/// specific one, else this host's address.
 pub fn advertise_for(cfg: &EngineConfig, bound: std::net::SocketAddr) -> Result<String, String> {
     let from_env = std::env::var(ADVERTISE_ENV).ok().filter(|v| !v.is_empty());
-    let host = match from_env
-        .or_else(|| (!cfg.network.advertise.is_empty()).then(|| cfg.network.advertise.clone()))
-    {
+    let configured = (!cfg.network.advertise.is_empty()).then(|| cfg.network.advertise.clone());
+    advertise(from_env.or(configured), bound)
+}
+
+/// The address the nodes reach a master bound to `bound` at: `[engine.network]
+/// master_advertise`, else the bound address when specific, else this host's address.
+pub fn master_advertise(cfg: &EngineConfig, bound: std::net::SocketAddr) -> Result<String, String> {
+    let configured =
+        (!cfg.network.master_advertise.is_empty()).then(|| cfg.network.master_advertise.clone());
+    advertise(configured, bound)
+}
+
+fn advertise(host: Option<String>, bound: std::net::SocketAddr) -> Result<String, String> {
+    let host = match host {
         Some(h) => h,
         None if !bound.ip().is_unspecified() => return Ok(bound.to_string()),
         None => host_address().map_err(|e| format!("finding this host's address: {e}"))?,
@@ -180,10 +202,8 @@ pub fn advertise_for(cfg: &EngineConfig, bound: std::net::SocketAddr) -> Result<
     Ok(std::net::SocketAddr::new(ip, bound.port()).to_string())
 }
 
-/// Environment variable overriding the address a node advertises.
-pub const ADVERTISE_ENV: &str = "ELASTREC_ADVERTISE";
-
-/// The address a node binds its servers to: `[engine.network] bind`, else `cluster.bind`.
+/// The address a PS or worker binds its servers to: `[engine.network] bind`, else
+/// `cluster.bind`.
 pub fn bind_address(cfg: &JobConfig) -> Result<std::net::IpAddr, String> {
     let bind = if cfg.engine.network.bind.is_empty() {
         &cfg.cluster.bind

@@ -70,32 +70,179 @@ impl Interceptor for ClientAuth {
     }
 }
 
-/// Rejects requests without the job token (`Unauthenticated`).
+/// Who is calling, as the token it presents says. A job has one secret (the `token` file
+/// of its directory, used by the person who runs it: [`Caller::Admin`]); each role gets a
+/// token derived from it ([`role_token`]) that cannot be turned back into the secret or
+/// into another role's token, so a worker cannot call what only the master may.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    /// The job's owner (the secret itself): every call.
+    Admin,
+    /// The job master.
+    Master,
+    /// A parameter server.
+    Ps,
+    /// A worker.
+    Worker,
+}
+
+impl Caller {
+    /// Lowercase name (in accept lists and errors).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Admin => "admin",
+            Self::Master => "master",
+            Self::Ps => "ps",
+            Self::Worker => "worker",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Self> {
+        [Self::Admin, Self::Master, Self::Ps, Self::Worker]
+            .into_iter()
+            .find(|c| c.name() == name)
+    }
+}
+
+/// Environment variable of a server node's accept list: `role:sha256hex,...` (digests
+/// of the tokens it accepts, so a server never holds another role's token).
+pub const ACCEPT_ENV: &str = "ELASTREC_ACCEPT";
+
+/// The token of `role` in the job whose secret is `secret`: HMAC-SHA256, hex.
+pub fn role_token(secret: &str, role: Caller) -> String {
+    if role == Caller::Admin {
+        return secret.to_string();
+    }
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes());
+    let tag = ring::hmac::sign(&key, format!("elastrec/{}", role.name()).as_bytes());
+    hex(tag.as_ref())
+}
+
+fn digest(token: &[u8]) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, token);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The accept list a PS of the job with `secret` gets: the master, its peers, the workers.
+pub fn ps_accept_list(secret: &str) -> String {
+    [Caller::Master, Caller::Ps, Caller::Worker]
+        .iter()
+        .map(|&c| {
+            format!(
+                "{}:{}",
+                c.name(),
+                hex(&digest(role_token(secret, c).as_bytes()))
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Checks the token of every request and records who called ([`Caller`], a request
+/// extension that [`require`] reads); a request without a known token is refused
+/// (`Unauthenticated`).
 #[derive(Clone)]
-pub struct ServerAuth(Vec<u8>);
+pub struct ServerAuth(Vec<(Caller, [u8; 32])>);
 
 impl ServerAuth {
-    /// Accepts only `token`.
+    /// Accepts only `token`, with every right (a standalone server, tests).
     pub fn new(token: &str) -> Self {
-        Self(format!("Bearer {token}").into_bytes())
+        Self(vec![(Caller::Admin, digest(token.as_bytes()))])
+    }
+
+    /// The master's server of the job with `secret`: the owner and every role.
+    pub fn for_job(secret: &str) -> Self {
+        Self(
+            [Caller::Admin, Caller::Master, Caller::Ps, Caller::Worker]
+                .iter()
+                .map(|&c| (c, digest(role_token(secret, c).as_bytes())))
+                .collect(),
+        )
+    }
+
+    /// A node's server: the accept list of [`ACCEPT_ENV`] when set, else only its own
+    /// `token` (a node started by hand with one token).
+    pub fn for_node(token: &str) -> anyhow::Result<Self> {
+        match std::env::var(ACCEPT_ENV) {
+            Ok(list) if !list.is_empty() => Self::from_accept_list(&list),
+            _ => Ok(Self::new(token)),
+        }
+    }
+
+    /// Parses `role:sha256hex,...`.
+    pub fn from_accept_list(list: &str) -> anyhow::Result<Self> {
+        let mut out = Vec::new();
+        for entry in list.split(',') {
+            let (role, hexd) = entry
+                .split_once(':')
+                .ok_or_else(|| anyhow::anyhow!("{ACCEPT_ENV}: `{entry}` is not role:digest"))?;
+            let role = Caller::parse(role)
+                .ok_or_else(|| anyhow::anyhow!("{ACCEPT_ENV}: unknown role `{role}`"))?;
+            anyhow::ensure!(
+                hexd.len() == 64 && hexd.bytes().all(|b| b.is_ascii_hexdigit()),
+                "{ACCEPT_ENV}: the digest of `{}` is not 64 hex digits",
+                role.name()
+            );
+            let mut d = [0u8; 32];
+            for (i, byte) in d.iter_mut().enumerate() {
+                *byte = u8::from_str_radix(&hexd[2 * i..2 * i + 2], 16)?;
+            }
+            out.push((role, d));
+        }
+        Ok(Self(out))
     }
 }
 
 impl Interceptor for ServerAuth {
-    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
         let got = req
             .metadata()
             .get("authorization")
-            .map(|v| v.as_bytes())
-            .unwrap_or_default();
-        // Constant-time comparison.
-        let same = got.len() == self.0.len()
-            && got.iter().zip(&self.0).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0;
-        if same {
-            Ok(req)
-        } else {
-            Err(Status::unauthenticated("missing or wrong job token"))
+            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+            .map(digest);
+        // Digests compared in constant time; every entry is looked at.
+        let caller = got.and_then(|got| {
+            self.0.iter().fold(None, |found, (role, want)| {
+                let same = got.iter().zip(want).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0;
+                if same && found.is_none() {
+                    Some(*role)
+                } else {
+                    found
+                }
+            })
+        });
+        match caller {
+            Some(c) => {
+                req.extensions_mut().insert(c);
+                Ok(req)
+            }
+            None => Err(Status::unauthenticated("missing or wrong job token")),
         }
+    }
+}
+
+/// Refuses (`PermissionDenied`) a call whose caller is not in `allowed` (the owner may
+/// call anything); a request that did not pass [`ServerAuth`] is refused too.
+#[allow(clippy::result_large_err)]
+pub fn require<T>(req: &Request<T>, allowed: &[Caller]) -> Result<Caller, Status> {
+    match req.extensions().get::<Caller>() {
+        Some(&c) if c == Caller::Admin || allowed.contains(&c) => Ok(c),
+        Some(c) => Err(Status::permission_denied(format!(
+            "a {} may not make this call (it needs: {})",
+            c.name(),
+            allowed
+                .iter()
+                .map(|c| c.name())
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ))),
+        None => Err(Status::unauthenticated("the call carries no checked token")),
     }
 }
 
@@ -126,23 +273,36 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// A lazily connecting channel to `addr` (`host:port`); reconnects by itself. Every call
 /// on it fails with `DeadlineExceeded` after `call_timeout`, so a hung peer cannot block
 /// its caller forever.
+///
+/// With TLS installed in this process ([`crate::tls::install`]) the channel checks the
+/// server's certificate and presents the job's own.
 pub fn channel(addr: &str, call_timeout: Duration) -> anyhow::Result<Channel> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+    let tls = crate::tls::installed();
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))?
         .connect_timeout(Duration::from_secs(2))
         .timeout(call_timeout)
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .keep_alive_while_idle(true)
-        .tcp_nodelay(true)
-        .connect_lazy())
+        .tcp_nodelay(true);
+    if let Some(m) = tls {
+        endpoint = endpoint.tls_config(m.client())?;
+    }
+    Ok(endpoint.connect_lazy())
 }
 
 /// A server with the same HTTP/2 keepalive as the clients (dead clients' connections are
-/// closed instead of held).
-pub fn server() -> tonic::transport::Server {
-    tonic::transport::Server::builder()
+/// closed instead of held), and with TLS (client certificates required) when this
+/// process has it installed.
+pub fn server() -> anyhow::Result<tonic::transport::Server> {
+    let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT));
+    Ok(match crate::tls::installed() {
+        Some(m) => server.tls_config(m.server())?,
+        None => server,
+    })
 }
 
 /// Master client for `addr` (calls time out after [`MASTER_CALL_TIMEOUT`]).
@@ -299,6 +459,55 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Role tokens: each role is told apart, none is the secret or another's, and
+    /// `require` lets through only the roles a call allows (the owner always).
+    #[test]
+    fn role_tokens_tell_callers_apart() {
+        let secret = "s3cret";
+        let mut master = ServerAuth::for_job(secret);
+        let call = |auth: &mut ServerAuth, token: &str| {
+            let mut c = ClientAuth::new(token).unwrap();
+            auth.call(c.call(Request::new(())).unwrap())
+        };
+        let worker = role_token(secret, Caller::Worker);
+        assert_ne!(worker, role_token(secret, Caller::Ps));
+        assert!(!worker.contains(secret));
+        check_token(&worker).unwrap();
+        let req = call(&mut master, &worker).unwrap();
+        assert_eq!(
+            require(&req, &[Caller::Worker, Caller::Ps]).unwrap(),
+            Caller::Worker
+        );
+        let denied = require(&req, &[Caller::Master]).unwrap_err();
+        assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+        assert!(denied.message().contains("a worker may not"), "{denied:?}");
+        let owner = call(&mut master, secret).unwrap();
+        assert_eq!(require(&owner, &[Caller::Master]).unwrap(), Caller::Admin);
+        // A PS knows digests only, and accepts each role as itself.
+        let mut ps = ServerAuth::from_accept_list(&ps_accept_list(secret)).unwrap();
+        let from_master = call(&mut ps, &role_token(secret, Caller::Master)).unwrap();
+        assert_eq!(
+            require(&from_master, &[Caller::Master]).unwrap(),
+            Caller::Master
+        );
+        let from_worker = call(&mut ps, &worker).unwrap();
+        assert!(require(&from_worker, &[Caller::Master]).is_err());
+        assert_eq!(
+            call(&mut ps, secret).unwrap_err().code(),
+            tonic::Code::Unauthenticated,
+            "the PS accept list does not hold the owner's secret"
+        );
+        assert!(require(&Request::new(()), &[Caller::Worker]).is_err());
+        for bad in [
+            "worker",
+            "worker:zz",
+            "boss:00",
+            &format!("x:{}", "0".repeat(64)),
+        ] {
+            assert!(ServerAuth::from_accept_list(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn server_auth_checks_the_token() {
