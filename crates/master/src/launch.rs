@@ -4,7 +4,7 @@
 //! step or a pod.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use elastrec_worker::resources::{ResourcesConfig, RoleResources};
 use elastrec_worker::rpc;
@@ -38,6 +38,9 @@ pub struct LaunchTemplate {
     /// Compute threads of the workers started from now on (0: the role's `cpu`, or every
     /// core on the local backend).
     worker_threads: AtomicUsize,
+    /// Memory of the PS / workers started from now on, MiB (0: the role's `memory_gb`);
+    /// grows after an out-of-memory kill.
+    memory_mib: [AtomicU64; 2],
 }
 
 /// How to start one node.
@@ -90,6 +93,7 @@ impl LaunchTemplate {
             tls: None,
             env: Vec::new(),
             worker_threads: AtomicUsize::new(0),
+            memory_mib: [AtomicU64::new(0), AtomicU64::new(0)],
         }
     }
 
@@ -101,6 +105,25 @@ impl LaunchTemplate {
     /// The workers' thread cap (0: none).
     pub fn worker_threads(&self) -> usize {
         self.worker_threads.load(Ordering::Acquire)
+    }
+
+    /// Memory a node of `role` started now asks for, MiB.
+    pub fn memory_mib(&self, role: Role) -> u64 {
+        match self.memory_mib[role_slot(role)].load(Ordering::Acquire) {
+            0 => self.role_resources(role).memory_mib(),
+            m => m,
+        }
+    }
+
+    /// After the engine killed a node of `role` for its memory: the role's next nodes ask
+    /// for 1.5 times more, up to its `memory_gb_max`. Returns (before, after) in MiB;
+    /// equal when the maximum is reached.
+    pub fn grow_memory(&self, role: Role) -> (u64, u64) {
+        let before = self.memory_mib(role);
+        let max = self.role_resources(role).memory_max_mib();
+        let after = (before + before / 2).min(max).max(before);
+        self.memory_mib[role_slot(role)].store(after, Ordering::Release);
+        (before, after)
     }
 
     /// What `role` asks for.
@@ -180,8 +203,15 @@ impl LaunchTemplate {
             env,
             secret_env,
             cpu,
-            memory_mib: r.memory_mib(),
+            memory_mib: self.memory_mib(node.role),
         }
+    }
+}
+
+fn role_slot(role: Role) -> usize {
+    match role {
+        Role::Ps => 0,
+        Role::Worker => 1,
     }
 }
 
@@ -225,6 +255,16 @@ mod tests {
             step: 0,
             restarts: 0,
         }
+    }
+
+    #[test]
+    fn an_out_of_memory_kill_grows_the_role_up_to_its_maximum() {
+        let t = template("j");
+        assert_eq!(t.grow_memory(Role::Worker), (2048, 3072));
+        assert_eq!(t.spec(&node(Role::Worker, 3)).memory_mib, 3072);
+        assert_eq!(t.spec(&node(Role::Ps, 1)).memory_mib, 2048, "per role");
+        assert_eq!(t.grow_memory(Role::Worker), (3072, 4096), "twice memory_gb at most");
+        assert_eq!(t.grow_memory(Role::Worker), (4096, 4096));
     }
 
     #[test]

@@ -213,9 +213,10 @@ fn policy(cfg: &JobConfig) -> Policy {
     }
 }
 
-/// The job's backend of `kind`: nodes start `exe` and reach the master at `addr`. With
-/// autoscaling, a worker's compute threads are the cores it is allotted
-/// (`autoscale.worker_cpu`); otherwise the role's `[resources]` size it.
+/// The job's backend of `kind` and the template it starts nodes from: nodes start `exe`
+/// and reach the master at `addr`. With autoscaling, a worker's compute threads are the
+/// cores it is allotted (`autoscale.worker_cpu`); otherwise the role's `[resources]`
+/// size it.
 #[allow(clippy::too_many_arguments)]
 fn open_backend(
     kind: BackendKind,
@@ -227,7 +228,7 @@ fn open_backend(
     tls: Option<TlsMaterial>,
     dir: &JobDir,
     cfg: &JobConfig,
-) -> anyhow::Result<Arc<dyn ClusterBackend>> {
+) -> anyhow::Result<(Arc<dyn ClusterBackend>, Arc<LaunchTemplate>)> {
     let mut template = LaunchTemplate::new(
         exe,
         job_id,
@@ -241,7 +242,33 @@ fn open_backend(
     if cfg.autoscale.enabled {
         template.set_worker_threads(cfg.autoscale.worker_cpu.round().max(1.0) as usize);
     }
-    crate::backend::open(kind, Arc::new(template))
+    let template = Arc::new(template);
+    Ok((crate::backend::open(kind, template.clone())?, template))
+}
+
+/// The engine killed node `id` for exceeding its memory: its role's next nodes (the
+/// relaunch included) ask for more, up to the role's `memory_gb_max`.
+fn out_of_memory(core: &MasterCore, id: u32, reason: &str) {
+    let Some(role) = core.job.lock().node(id).map(|n| n.role) else {
+        return;
+    };
+    let Some(launch) = core.launch.get() else {
+        return;
+    };
+    let (before, after) = launch.grow_memory(role);
+    let role = crate::launch::role_name(role);
+    if after > before {
+        eprintln!(
+            "master: {role} node {id} was killed for its memory ({reason}); {role}s start with {:.2} GiB instead of {:.2} GiB from now on",
+            after as f64 / 1024.0,
+            before as f64 / 1024.0
+        );
+    } else {
+        eprintln!(
+            "master: {role} node {id} was killed for its memory ({reason}) at its role's maximum of {:.2} GiB; raise resources.{role}.memory_gb_max",
+            before as f64 / 1024.0
+        );
+    }
 }
 
 /// The job's TLS material when its channels use TLS (`[engine.tls]`; by default on for
@@ -434,7 +461,8 @@ pub async fn start_job(
     store.set_meta("master_bind", bound.to_string()).await?;
     store.set_meta("backend", kind.name().to_string()).await?;
     std::fs::write(dir.0.join("started_ms"), now_ms().to_string())?;
-    let backend = open_backend(kind, exe, &job_id, &job_uid, &addr, &token, tls, &dir, &cfg)?;
+    let (backend, launch) =
+        open_backend(kind, exe, &job_id, &job_uid, &addr, &token, tls, &dir, &cfg)?;
     let master_token = role_token(&token, Caller::Master);
     let shm_ns = shm_namespace(&job_id, &job_uid);
     let fingerprint = Fingerprint::of(&cfg, &file_pairs(&files));
@@ -526,6 +554,7 @@ pub async fn start_job(
         job_id,
     ));
     core.set_restore_plan(initial_plan);
+    let _ = core.launch.set(launch.clone());
     let _ = core.ps_access.set(crate::reshard::PsAccess {
         token: master_token.clone(),
         max_bytes: cfg.cluster.max_message_bytes,
@@ -637,7 +666,8 @@ pub async fn resume_job(
     if let Some(m) = &tls {
         elastrec_worker::tls::install(m.clone())?;
     }
-    let backend = open_backend(kind, exe, &job_id, &job_uid, &addr, &token, tls, &dir, &cfg)?;
+    let (backend, launch) =
+        open_backend(kind, exe, &job_id, &job_uid, &addr, &token, tls, &dir, &cfg)?;
     let master_token = role_token(&token, Caller::Master);
     // After a crash of the whole job (not only the master) the parameter servers are gone:
     // their state can only come back from a checkpoint, with the data position it holds.
@@ -671,6 +701,7 @@ pub async fn resume_job(
         cfg.cluster.heartbeat_ms as u32,
         job_id.clone(),
     ));
+    let _ = core.launch.set(launch.clone());
     let _ = core.ps_access.set(crate::reshard::PsAccess {
         token: master_token.clone(),
         max_bytes: cfg.cluster.max_message_bytes,
@@ -831,6 +862,9 @@ async fn serve(
             .into_iter()
             .map(|e| {
                 tracing::info!(node = e.id, reason = %e.reason, oom = e.oom, "node process ended");
+                if e.oom {
+                    out_of_memory(&core, e.id, &e.reason);
+                }
                 e.id
             })
             .collect();

@@ -120,6 +120,8 @@ pub struct MasterCore {
     pub autoscale_status: Mutex<Option<serde_json::Value>>,
     /// How the master calls parameter servers (re-sharding).
     pub ps_access: std::sync::OnceLock<crate::reshard::PsAccess>,
+    /// How the backend starts nodes (its sizes grow after an out-of-memory kill).
+    pub launch: std::sync::OnceLock<Arc<crate::launch::LaunchTemplate>>,
     /// Changes of the PS count so far.
     pub reshards: Mutex<Vec<crate::reshard::ReshardRecord>>,
 }
@@ -153,6 +155,7 @@ impl MasterCore {
             profiles: Mutex::new(Default::default()),
             autoscale_status: Mutex::new(None),
             ps_access: std::sync::OnceLock::new(),
+            launch: std::sync::OnceLock::new(),
             reshards: Mutex::new(Vec::new()),
         }
     }

@@ -33,6 +33,10 @@ pub struct RoleResources {
     /// Memory, GiB: the request and the limit (Kubernetes), `--mem` (Slurm), the RSS
     /// watchdog's limit (local, with `[autoscale]`).
     pub memory_gb: f64,
+    /// Most memory a node of this role may be given, GiB: after the engine kills one for
+    /// exceeding its memory (OOMKilled, Slurm OUT_OF_MEMORY), the role's nodes start with
+    /// 1.5 times more, up to this; 0: twice `memory_gb`.
+    pub memory_gb_max: f64,
 }
 
 impl Default for RoleResources {
@@ -41,6 +45,7 @@ impl Default for RoleResources {
             count: 0,
             cpu: 1.0,
             memory_gb: 2.0,
+            memory_gb_max: 0.0,
         }
     }
 }
@@ -49,6 +54,16 @@ impl RoleResources {
     /// Memory in MiB, rounded up (Slurm `--mem` and Kubernetes `Mi` quantities).
     pub fn memory_mib(&self) -> u64 {
         (self.memory_gb * 1024.0).ceil() as u64
+    }
+
+    /// The most memory a node of this role may be given, MiB.
+    pub fn memory_max_mib(&self) -> u64 {
+        let max = if self.memory_gb_max > 0.0 {
+            self.memory_gb_max
+        } else {
+            2.0 * self.memory_gb
+        };
+        (max * 1024.0).ceil() as u64
     }
 
     /// Cores as whole CPUs, rounded up, at least 1 (Slurm `--cpus-per-task`).
@@ -90,6 +105,15 @@ pub fn resolve_resources(cfg: &mut JobConfig, text: &str, path: &Path) -> Result
             return Err(bad(
                 field,
                 format!("memory_gb must be > 0 (got {})", r.memory_gb),
+            ));
+        }
+        if !(r.memory_gb_max == 0.0 || r.memory_gb_max >= r.memory_gb) {
+            return Err(bad(
+                field,
+                format!(
+                    "memory_gb_max ({}) must be 0 or at least memory_gb ({})",
+                    r.memory_gb_max, r.memory_gb
+                ),
             ));
         }
     }
@@ -183,11 +207,33 @@ pub fn advertise_for(cfg: &EngineConfig, bound: std::net::SocketAddr) -> Result<
 }
 
 /// The address the nodes reach a master bound to `bound` at: `[engine.network]
-/// master_advertise`, else the bound address when specific, else this host's address.
+/// master_advertise` (an IP address or a DNS name, e.g. a Kubernetes Service that still
+/// names the master after it restarts in a new pod), else the bound address when
+/// specific, else this host's address.
 pub fn master_advertise(cfg: &EngineConfig, bound: std::net::SocketAddr) -> Result<String, String> {
-    let configured =
-        (!cfg.network.master_advertise.is_empty()).then(|| cfg.network.master_advertise.clone());
+    let name = &cfg.network.master_advertise;
+    if !name.is_empty() && name.parse::<std::net::IpAddr>().is_err() {
+        if !is_dns_name(name) {
+            return Err(format!(
+                "engine.network.master_advertise: `{name}` is neither an IP address nor a host name"
+            ));
+        }
+        return Ok(format!("{name}:{}", bound.port()));
+    }
+    let configured = (!name.is_empty()).then(|| name.clone());
     advertise(configured, bound)
+}
+
+/// True for a host name: dot-separated labels of letters, digits and `-`.
+pub fn is_dns_name(name: &str) -> bool {
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
 }
 
 fn advertise(host: Option<String>, bound: std::net::SocketAddr) -> Result<String, String> {
@@ -248,12 +294,35 @@ mod tests {
     }
 
     #[test]
+    fn the_master_may_be_advertised_by_name_nodes_by_address() {
+        let bound: std::net::SocketAddr = "0.0.0.0:7070".parse().unwrap();
+        let mut e = EngineConfig::default();
+        e.network.master_advertise = "job-master.ml.svc".into();
+        assert_eq!(master_advertise(&e, bound).unwrap(), "job-master.ml.svc:7070");
+        e.network.master_advertise = "10.1.2.3".into();
+        assert_eq!(master_advertise(&e, bound).unwrap(), "10.1.2.3:7070");
+        e.network.master_advertise = "bad name!".into();
+        assert!(master_advertise(&e, bound).is_err());
+        let specific: std::net::SocketAddr = "127.0.0.2:5".parse().unwrap();
+        assert_eq!(
+            advertise_for(&EngineConfig::default(), specific).unwrap(),
+            "127.0.0.2:5"
+        );
+        let err = parse("[engine.network]\nadvertise = \"node-1\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("engine.network.advertise"), "{err}");
+    }
+
+    #[test]
     fn engine_units() {
         let r = RoleResources {
             count: 0,
             cpu: 1.5,
             memory_gb: 0.5,
+            memory_gb_max: 0.0,
         };
+        assert_eq!(r.memory_max_mib(), 1024);
         assert_eq!(
             (r.whole_cpus(), r.millicores(), r.memory_mib()),
             (2, 1500, 512)
