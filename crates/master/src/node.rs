@@ -234,7 +234,7 @@ fn open_backend(
     if cfg.autoscale.enabled {
         template.set_worker_threads(cfg.autoscale.worker_cpu.round().max(1.0) as usize);
     }
-    crate::backend::open(kind, Arc::new(template))
+    crate::backend::open(kind, Arc::new(template), &cfg.engine)
 }
 
 /// The address nodes reach the master at (see [`elastrec_worker::resources::advertise_for`]).
