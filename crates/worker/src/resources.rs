@@ -266,14 +266,14 @@ mod tests {
 
     #[test]
     fn slurm_settings_parse_and_unknown_keys_are_refused() {
-        let cfg = parse(
-            "[engine.slurm]\npartition = \"gpu\"\nextra_args = [\"--time=1:00:00\"]\n",
-        )
-        .unwrap();
+        let cfg = parse("[engine.slurm]\npartition = \"gpu\"\nextra_args = [\"--time=1:00:00\"]\n")
+            .unwrap();
         assert_eq!(cfg.engine.slurm.partition, "gpu");
         assert_eq!(cfg.engine.slurm.extra_args, ["--time=1:00:00"]);
         assert_eq!(cfg.engine.slurm.poll_ms, 500);
-        let err = parse("[engine.slurm]\nqueue = \"x\"\n").unwrap_err().to_string();
+        let err = parse("[engine.slurm]\nqueue = \"x\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("queue"), "{err}");
         let err = parse("[engine.slurm]\npoll_ms = 0\n")
             .unwrap_err()

@@ -410,7 +410,13 @@ impl Shared {
                 let oom = state.starts_with("OUT_OF_MEMORY");
                 (format!("Slurm state {state}{detail}{srun}"), oom)
             }
-            None => (format!("Slurm gives no state{srun}"), false),
+            None if self.allocation.is_some() => (
+                format!(
+                    "step ended (without Slurm accounting no state is kept for ended steps){srun}"
+                ),
+                false,
+            ),
+            None => (format!("Slurm no longer knows the job{srun}"), false),
         }
     }
 
@@ -463,7 +469,10 @@ impl Shared {
         let t0 = Instant::now();
         loop {
             let rows = self.tools.sacct(allocation)?;
-            let row = rows.iter().rev().find(|r| r.get(1).map(String::as_str) == Some(name))?;
+            let row = rows
+                .iter()
+                .rev()
+                .find(|r| r.get(1).map(String::as_str) == Some(name))?;
             let state = row.get(2)?.clone();
             if !is_transient(&state) || t0.elapsed() > FINAL_STATE_WAIT || self.shutting_down() {
                 let detail = format!(" (step {}, exit code {})", row[0], row.get(3)?);
@@ -486,7 +495,10 @@ impl Drop for SlurmSteps {
             .filter_map(|(_, s)| s.srun)
             .collect();
         self.cancel_all();
-        for mut c in sruns.into_iter().chain(self.shared.stopped.lock().drain(..)) {
+        for mut c in sruns
+            .into_iter()
+            .chain(self.shared.stopped.lock().drain(..))
+        {
             let _ = c.kill();
             let _ = c.wait();
         }

@@ -113,7 +113,9 @@ impl SlurmTools {
     pub fn squeue(&self, format: &str, extra: &[&str]) -> Result<Vec<Vec<String>>, String> {
         let mut args = vec!["-h", "--me", "-o", format];
         args.extend_from_slice(extra);
-        let out = self.run("squeue", &args, QUERY_LIMIT).map_err(|e| e.to_string())?;
+        let out = self
+            .run("squeue", &args, QUERY_LIMIT)
+            .map_err(|e| e.to_string())?;
         if !out.status.success() {
             return Err(format!("squeue: {}", text(&out.stderr)));
         }
@@ -126,9 +128,7 @@ impl SlurmTools {
         let out = self
             .run("scontrol", &["show", "job", "-o", job_id], QUERY_LIMIT)
             .ok()?;
-        out.status
-            .success()
-            .then(|| key_values(&text(&out.stdout)))
+        out.status.success().then(|| key_values(&text(&out.stdout)))
     }
 
     /// `(JobID, JobName, State, ExitCode)` rows of `sacct` for `job` (with its steps), or
@@ -207,7 +207,10 @@ mod tests {
         assert!(kv.contains(&("ExitCode".into(), "0:15".into())));
         assert_eq!(
             rows("12|elastrec-a-ps-1|RUNNING\n\n13|b|PENDING\n"),
-            [vec!["12", "elastrec-a-ps-1", "RUNNING"], vec!["13", "b", "PENDING"]]
+            [
+                vec!["12", "elastrec-a-ps-1", "RUNNING"],
+                vec!["13", "b", "PENDING"]
+            ]
         );
         assert!(is_transient("COMPLETING") && !is_live("COMPLETING"));
         assert!(is_live("RUNNING") && !is_transient("CANCELLED by 0"));
@@ -218,6 +221,9 @@ mod tests {
         let tools = SlurmTools::new("/nonexistent/slurm/bin");
         let err = tools.run("squeue", &[], QUERY_LIMIT).unwrap_err();
         assert!(matches!(err, ToolError::NotFound(_)), "{err}");
-        assert!(err.to_string().contains("/nonexistent/slurm/bin/squeue"), "{err}");
+        assert!(
+            err.to_string().contains("/nonexistent/slurm/bin/squeue"),
+            "{err}"
+        );
     }
 }

@@ -43,15 +43,25 @@ fn controller_answers(tools: &SlurmTools) -> anyhow::Result<()> {
              SLURM_CONF names this cluster's slurm.conf"
         ),
     };
-    let said = format!("{} {}", text(&out.stdout), text(&out.stderr));
-    if !out.status.success() || !said.contains("UP") {
+    let said = first_words(&out);
+    if !out.status.success() || !said.contains(" is UP") {
         bail!(
-            "the Slurm controller does not answer (`scontrol ping`: {}); start slurmctld, or \
-             point SLURM_CONF at this cluster's slurm.conf",
-            said.trim()
+            "the Slurm controller does not answer (`scontrol ping`: {said}); start slurmctld, \
+             or point SLURM_CONF at this cluster's slurm.conf"
         );
     }
     Ok(())
+}
+
+/// The first line a command said (stderr before stdout): Slurm's errors come on either,
+/// followed by banners not worth repeating.
+fn first_words(out: &std::process::Output) -> String {
+    [&out.stderr, &out.stdout]
+        .iter()
+        .map(|b| text(b))
+        .find(|t| !t.is_empty())
+        .and_then(|t| t.lines().next().map(str::to_string))
+        .unwrap_or_else(|| format!("no output, {}", out.status))
 }
 
 /// `scontrol show partition NAME` knows the partition.
@@ -67,9 +77,14 @@ fn partition_exists(tools: &SlurmTools, name: &str) -> anyhow::Result<()> {
         .map(|o| text(&o.stdout).lines().collect::<Vec<_>>().join(", "))
         .unwrap_or_default();
     bail!(
-        "engine.slurm.partition: Slurm has no partition `{name}` ({}); partitions here: {}",
-        text(&out.stderr),
-        if known.is_empty() { "(none listed)" } else { known.as_str() }
+        "engine.slurm.partition: Slurm has no partition `{name}` (scontrol: {}); partitions \
+         here: {}",
+        first_words(&out),
+        if known.is_empty() {
+            "(none listed)"
+        } else {
+            known.as_str()
+        }
     )
 }
 
