@@ -243,7 +243,10 @@ fn open_backend(
         template.set_worker_threads(cfg.autoscale.worker_cpu.round().max(1.0) as usize);
     }
     let template = Arc::new(template);
-    Ok((crate::backend::open(kind, template.clone())?, template))
+    Ok((
+        crate::backend::open(kind, template.clone(), &cfg.engine)?,
+        template,
+    ))
 }
 
 /// The engine killed node `id` for exceeding its memory: its role's next nodes (the

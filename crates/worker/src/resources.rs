@@ -117,6 +117,9 @@ pub fn resolve_resources(cfg: &mut JobConfig, text: &str, path: &Path) -> Result
             ));
         }
     }
+    if cfg.engine.slurm.poll_ms == 0 {
+        return Err(bad("engine.slurm.poll_ms", "must be > 0".into()));
+    }
     if cfg.resources.master.count != 0 {
         return Err(bad(
             "resources.master.count",
@@ -161,6 +164,40 @@ pub struct EngineConfig {
     pub network: NetworkConfig,
     /// Transport security of the job's channels.
     pub tls: crate::tls::TlsConfig,
+    /// How nodes are placed on Slurm (`--backend slurm`).
+    pub slurm: SlurmConfig,
+}
+
+/// The `[engine.slurm]` section: where the Slurm backend submits its steps and which
+/// Slurm commands it runs.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SlurmConfig {
+    /// `--partition` of every node; empty: the cluster's default partition (or, inside an
+    /// allocation, the allocation's).
+    pub partition: String,
+    /// `--account` every node is charged to; empty: the user's default account.
+    pub account: String,
+    /// More `srun` options for every node (e.g. `--constraint=avx512`, `--time=2:00:00`),
+    /// placed before the program.
+    pub extra_args: Vec<String>,
+    /// Directory holding `srun`, `squeue`, `sacct`, `scancel`, `sinfo` and `sbatch`;
+    /// empty: found on `PATH`.
+    pub bin_dir: String,
+    /// How often the backend asks Slurm about its steps, milliseconds.
+    pub poll_ms: u64,
+}
+
+impl Default for SlurmConfig {
+    fn default() -> Self {
+        Self {
+            partition: String::new(),
+            account: String::new(),
+            extra_args: Vec::new(),
+            bin_dir: String::new(),
+            poll_ms: 500,
+        }
+    }
 }
 
 /// How nodes are reached across hosts. The master binds `cluster.bind` (its port
@@ -312,6 +349,23 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("engine.network.advertise"), "{err}");
+    }
+
+    #[test]
+    fn slurm_settings_parse_and_unknown_keys_are_refused() {
+        let cfg = parse("[engine.slurm]\npartition = \"gpu\"\nextra_args = [\"--time=1:00:00\"]\n")
+            .unwrap();
+        assert_eq!(cfg.engine.slurm.partition, "gpu");
+        assert_eq!(cfg.engine.slurm.extra_args, ["--time=1:00:00"]);
+        assert_eq!(cfg.engine.slurm.poll_ms, 500);
+        let err = parse("[engine.slurm]\nqueue = \"x\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("queue"), "{err}");
+        let err = parse("[engine.slurm]\npoll_ms = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("engine.slurm.poll_ms"), "{err}");
     }
 
     #[test]

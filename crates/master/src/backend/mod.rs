@@ -4,8 +4,10 @@
 //! watched and stopped differs.
 
 mod local;
+mod slurm;
 
 pub use local::{runs_node, LocalProcesses};
+pub use slurm::SlurmSteps;
 
 use crate::job::Node;
 use crate::launch::LaunchTemplate;
@@ -89,13 +91,20 @@ impl BackendKind {
     }
 }
 
-/// The backend of `kind` for a job whose nodes start from `template`.
+/// The backend of `kind` for a job whose nodes start from `template`; `engine` is the
+/// job's `[engine]` section. Engines check here, before any node starts, that they can
+/// run the job.
 pub fn open(
     kind: BackendKind,
     template: std::sync::Arc<LaunchTemplate>,
+    engine: &elastrec_worker::resources::EngineConfig,
 ) -> anyhow::Result<std::sync::Arc<dyn ClusterBackend>> {
     match kind {
         BackendKind::Local => Ok(std::sync::Arc::new(LocalProcesses::new(template))),
+        BackendKind::Slurm => Ok(std::sync::Arc::new(SlurmSteps::open(
+            template,
+            &engine.slurm,
+        )?)),
         other => anyhow::bail!(
             "backend `{}` is not built into this binary yet; use `local`",
             other.name()
