@@ -3,8 +3,10 @@
 //! behaves the same on local processes, Slurm or Kubernetes; only how a process is placed,
 //! watched and stopped differs.
 
+pub mod kubernetes;
 mod local;
 
+pub use kubernetes::KubernetesPods;
 pub use local::{runs_node, LocalProcesses};
 
 use crate::job::Node;
@@ -31,6 +33,10 @@ pub trait ClusterBackend: Send + Sync {
     fn set_worker_threads(&self, threads: usize) {
         let _ = threads;
     }
+    /// Releases what the engine holds for the job once none of its nodes runs any more
+    /// (the job ended, or an interrupted master stopped every node): Kubernetes deletes
+    /// the job's pods and Secret. Backends with nothing to release ignore it.
+    fn finish(&self) {}
 }
 
 /// A node process that ended, as the engine reports it.
@@ -89,13 +95,19 @@ impl BackendKind {
     }
 }
 
-/// The backend of `kind` for a job whose nodes start from `template`.
+/// The backend of `kind` for a job whose nodes start from `template`; `engine` is the
+/// job's `[engine]` section.
 pub fn open(
     kind: BackendKind,
     template: std::sync::Arc<LaunchTemplate>,
+    engine: &elastrec_worker::resources::EngineConfig,
 ) -> anyhow::Result<std::sync::Arc<dyn ClusterBackend>> {
     match kind {
         BackendKind::Local => Ok(std::sync::Arc::new(LocalProcesses::new(template))),
+        BackendKind::Kubernetes => Ok(std::sync::Arc::new(KubernetesPods::open(
+            template,
+            &engine.kubernetes,
+        )?)),
         other => anyhow::bail!(
             "backend `{}` is not built into this binary yet; use `local`",
             other.name()
