@@ -317,7 +317,11 @@ fn kubernetes_dry_run_prints_manifests_and_starts_nothing() {
     );
     // A job token is 32 hex digits; the job uid (16) may show, a token may not.
     assert!(longest_hex_run(&yaml) < 32, "a token-like string:\n{yaml}");
-    assert!(!dir.exists(), "a dry run created the job directory");
+    assert!(
+        !dir.exists(),
+        "a dry run created the job directory: {:?}",
+        std::fs::read_dir(&dir).map(|d| d.map(|e| e.unwrap().path()).collect::<Vec<_>>())
+    );
     assert!(kube.fake.created_pods().is_empty() && kube.fake.secrets().is_empty());
 }
 

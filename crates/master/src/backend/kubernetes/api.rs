@@ -82,8 +82,9 @@ impl ApiThread {
                 });
             })
             .context("starting the Kubernetes API thread")?;
-        let (server, default_namespace) = wait(ready_rx, Duration::from_secs(60))
-            .context("the Kubernetes API thread did not start")??;
+        let (server, default_namespace) = wait(ready_rx, Duration::from_secs(60)).context(
+            "the Kubernetes API thread ended before connecting (its panic is printed above)",
+        )??;
         Ok(Self {
             work: Some(work_tx),
             thread: Some(thread),

@@ -22,7 +22,10 @@ pub async fn run(job: Option<&Path>, backend: Option<BackendKind>) -> anyhow::Re
         backend == Some(BackendKind::Kubernetes),
         "--dry-run prints the Kubernetes manifests of a job: add --backend kubernetes"
     );
-    let cfg = crate::node::validate_job(job)?;
+    // The job file and its data, checked as a start would; not the checkpoint store,
+    // whose opening creates its directory.
+    let cfg = JobConfig::load(job)?;
+    cfg.check_data(job)?;
     let namespace = namespace(&cfg.engine.kubernetes).await;
     print!("{}", render(&cfg, &namespace)?);
     Ok(())
