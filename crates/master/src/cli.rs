@@ -39,6 +39,10 @@ pub struct RunArgs {
     /// Pause the job once this many samples are trained (`elastrec unpause` goes on).
     #[arg(long, value_name = "SAMPLES", conflicts_with = "resume")]
     pub pause_at_samples: Option<u64>,
+    /// Print the manifests of the job's Secret and first pods (YAML, the token redacted)
+    /// and start nothing (with `--backend kubernetes`).
+    #[arg(long, conflicts_with = "resume")]
+    pub dry_run: bool,
 }
 
 /// Runs (or resumes) a job to its end.
@@ -881,6 +885,9 @@ pub fn dispatch(cmd: ClusterCommand) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     rt.block_on(async move {
         match cmd {
+            ClusterCommand::Run(a) if a.dry_run => {
+                crate::backend::kubernetes::dry_run::run(a.job.as_deref(), a.backend).await
+            }
             ClusterCommand::Run(a) => run(a).await.map(|_| ()),
             ClusterCommand::Status(a) => status(a).await,
             ClusterCommand::Scale(a) => scale(a).await,

@@ -452,6 +452,11 @@ pub async fn start_job(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "job".into());
+    // Before the state database: a backend that refuses the job (no permission on the
+    // cluster) leaves no half-started job behind; the same file runs again once fixed.
+    let (backend, launch) =
+        open_backend(kind, exe, &job_id, &job_uid, &addr, &token, tls, &dir, &cfg)?;
+    let master_token = role_token(&token, Caller::Master);
     let job_toml = toml::to_string(&cfg)?;
     let store = Store::open(&dir.db(), true).await?;
     store.set_meta("job_toml", job_toml.clone()).await?;
@@ -464,9 +469,6 @@ pub async fn start_job(
     store.set_meta("master_bind", bound.to_string()).await?;
     store.set_meta("backend", kind.name().to_string()).await?;
     std::fs::write(dir.0.join("started_ms"), now_ms().to_string())?;
-    let (backend, launch) =
-        open_backend(kind, exe, &job_id, &job_uid, &addr, &token, tls, &dir, &cfg)?;
-    let master_token = role_token(&token, Caller::Master);
     let shm_ns = shm_namespace(&job_id, &job_uid);
     let fingerprint = Fingerprint::of(&cfg, &file_pairs(&files));
     let total_samples = files.iter().map(|f| f.rows).sum::<u64>() * cfg.train.epochs as u64;
@@ -846,6 +848,7 @@ async fn serve(
             for n in nodes {
                 core.backend().stop(&n);
             }
+            core.backend().finish();
             bail!("{how}");
         }
         {
@@ -960,6 +963,7 @@ async fn serve(
     for n in &leftovers {
         core.backend().stop(n);
     }
+    core.backend().finish();
     if let Some(h) = autoscaler {
         // It stops once the job leaves training, with its final state written.
         let _ = tokio::time::timeout(Duration::from_secs(2), h).await;

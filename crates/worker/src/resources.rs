@@ -166,6 +166,46 @@ pub struct EngineConfig {
     pub tls: crate::tls::TlsConfig,
     /// How nodes are placed on Slurm (`--backend slurm`).
     pub slurm: SlurmConfig,
+    /// Pods: image, namespace, identity (`--backend kubernetes`).
+    pub kubernetes: KubernetesConfig,
+}
+
+/// How the Kubernetes backend runs nodes as pods. Every field but `image` has a default
+/// that works on a stock cluster; what each one becomes in a pod manifest is shown by
+/// `elastrec run JOB --backend kubernetes --dry-run`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesConfig {
+    /// Namespace of the job's pods and Secret; empty: the kubeconfig context's namespace
+    /// (in a pod: the pod's own namespace), else `default`.
+    pub namespace: String,
+    /// Container image holding the `elastrec` binary (required by the backend).
+    pub image: String,
+    /// `Always`, `IfNotPresent` or `Never`; empty: the cluster's default for the image.
+    pub image_pull_policy: String,
+    /// Service account the node pods run as; empty: the namespace's `default`.
+    pub service_account: String,
+    /// Path of the `elastrec` executable inside the image.
+    pub program: String,
+    /// Extra labels on every pod and the Secret (the backend's own labels take precedence).
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Kubeconfig file of the master; empty: `KUBECONFIG`, `~/.kube/config`, or the
+    /// in-cluster service account when the master runs in a pod.
+    pub kubeconfig: String,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            namespace: String::new(),
+            image: String::new(),
+            image_pull_policy: String::new(),
+            service_account: String::new(),
+            program: "/usr/local/bin/elastrec".into(),
+            labels: Default::default(),
+            kubeconfig: String::new(),
+        }
+    }
 }
 
 /// The `[engine.slurm]` section: where the Slurm backend submits its steps and which
@@ -285,9 +325,18 @@ fn advertise(host: Option<String>, bound: std::net::SocketAddr) -> Result<String
     Ok(std::net::SocketAddr::new(ip, bound.port()).to_string())
 }
 
-/// The address a PS or worker binds its servers to: `[engine.network] bind`, else
-/// `cluster.bind`.
+/// Environment variable overriding the address a node binds to (a pod binds every
+/// interface of its own network namespace while the master outside keeps its address).
+pub const BIND_ENV: &str = "ELASTREC_BIND";
+
+/// The address a PS or worker binds its servers to: `ELASTREC_BIND` when set, else
+/// `[engine.network] bind`, else `cluster.bind`.
 pub fn bind_address(cfg: &JobConfig) -> Result<std::net::IpAddr, String> {
+    if let Some(bind) = std::env::var(BIND_ENV).ok().filter(|v| !v.is_empty()) {
+        return bind
+            .parse()
+            .map_err(|_| format!("{BIND_ENV}: `{bind}` is not an IP address"));
+    }
     let bind = if cfg.engine.network.bind.is_empty() {
         &cfg.cluster.bind
     } else {

@@ -300,10 +300,6 @@ static INSTALLED: OnceLock<TlsMaterial> = OnceLock::new();
 /// second, different set is an error).
 pub fn install(material: TlsMaterial) -> Result<(), TlsError> {
     material.check()?;
-    // Two rustls crypto providers are linked (tonic's ring, the S3 client's aws-lc-rs),
-    // so rustls cannot pick one by itself: ring, for the whole process. An error only
-    // says one is installed already.
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let now = INSTALLED.get_or_init(|| material.clone());
     if *now != material {
         return Err(TlsError::Invalid(

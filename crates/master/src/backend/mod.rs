@@ -3,9 +3,11 @@
 //! behaves the same on local processes, Slurm or Kubernetes; only how a process is placed,
 //! watched and stopped differs.
 
+pub mod kubernetes;
 mod local;
 mod slurm;
 
+pub use kubernetes::KubernetesPods;
 pub use local::{runs_node, LocalProcesses};
 pub use slurm::SlurmSteps;
 
@@ -33,6 +35,10 @@ pub trait ClusterBackend: Send + Sync {
     fn set_worker_threads(&self, threads: usize) {
         let _ = threads;
     }
+    /// Releases what the engine holds for the job once none of its nodes runs any more
+    /// (the job ended, or an interrupted master stopped every node): Kubernetes deletes
+    /// the job's pods and Secret. Backends with nothing to release ignore it.
+    fn finish(&self) {}
 }
 
 /// A node process that ended, as the engine reports it.
@@ -105,9 +111,9 @@ pub fn open(
             template,
             &engine.slurm,
         )?)),
-        other => anyhow::bail!(
-            "backend `{}` is not built into this binary yet; use `local`",
-            other.name()
-        ),
+        BackendKind::Kubernetes => Ok(std::sync::Arc::new(KubernetesPods::open(
+            template,
+            &engine.kubernetes,
+        )?)),
     }
 }
