@@ -4,7 +4,7 @@
 //! a kubeconfig (`KUBECONFIG`), as it would reach a cluster.
 //!
 //! What the fake cannot show: scheduling, images, cgroup limits, networking between
-//! hosts and the real garbage collector (see docs/engines-kubernetes.md).
+//! hosts and the real garbage collector (see docs/engines.md).
 
 mod common;
 

@@ -188,7 +188,7 @@ pub fn explain(e: kube::Error, what: &str, server: &str, namespace: &str) -> any
             "the Kubernetes API server refused to {what}: 403 Forbidden ({}). The master's \
              identity lacks RBAC permission: bind it a Role in namespace `{namespace}` \
              granting create, get, list, watch and delete on pods and secrets (see \
-             docs/engines-kubernetes.md)",
+             docs/engines.md)",
             s.message
         ),
         kube::Error::Api(s) if s.code == 401 => anyhow::anyhow!(
