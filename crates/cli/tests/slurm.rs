@@ -143,8 +143,18 @@ fn slurm_master_killed_and_resumed_keeps_the_running_nodes() {
         libc::kill(g.pid(), libc::SIGKILL);
     }
     let _ = g.wait(std::time::Duration::from_secs(30));
-    let before: Vec<String> = s.jobs().into_iter().map(|j| j.name).collect();
-    assert_eq!(before.len(), 4, "{before:?}");
+    let ps_jobs = || {
+        let mut ids: Vec<String> = s
+            .jobs()
+            .into_iter()
+            .filter(|j| j.name.contains("-ps-") && j.state == "RUNNING")
+            .map(|j| j.id)
+            .collect();
+        ids.sort();
+        ids
+    };
+    let before = ps_jobs();
+    assert_eq!(before.len(), 2, "{:?}", s.jobs());
     let log2 = dir.with_extension("resume.log");
     let conf = s.conf.to_str().unwrap();
     let mut g2 = Group::spawn_with_env(
@@ -153,13 +163,41 @@ fn slurm_master_killed_and_resumed_keeps_the_running_nodes() {
         &[("SLURM_CONF", conf)],
     );
     wait_held(&dir);
+    // The same Slurm jobs serve the PS: kept, not submitted again.
+    assert_eq!(ps_jobs(), before, "{:?}", s.jobs());
     unpause(&dir);
     let text = g2.wait_success(&log2);
     check_result(&dir, &log2, AUC_TOLERANCE);
     assert!(text.contains(" 0 PS recoveries"), "{text}");
-    // The kept PS are watched through squeue: their end is seen with Slurm's state.
-    assert!(text.contains("ended: Slurm state COMPLETED"), "{text}");
     drop(g);
+    s.wait_no_jobs();
+}
+
+/// Ctrl-C (SIGINT) to a master whose job is held: it stops every node, and by the time
+/// it has exited none of its Slurm jobs is still pending or running.
+#[test]
+fn slurm_interrupted_master_leaves_no_job_running() {
+    let _g = serial();
+    let Some(s) = cluster() else { return };
+    let (job, dir) = write_job("slurm-i", CLUSTER);
+    let log = dir.with_extension("log");
+    let first = (2 * fixture().train_rows / 5).to_string();
+    let mut g = spawn_on_slurm(s, &job, &log, &["--pause-at-samples", &first]);
+    wait_held(&dir);
+    assert_eq!(s.jobs().len(), 4, "{:?}", s.jobs());
+    // SAFETY: plain kill(2) of the master only, as a terminal's Ctrl-C would.
+    unsafe {
+        libc::kill(g.pid(), libc::SIGINT);
+    }
+    let st = g.wait(std::time::Duration::from_secs(60));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!st.success(), "{text}");
+    let left: Vec<_> = s
+        .jobs()
+        .into_iter()
+        .filter(|j| j.state == "RUNNING" || j.state == "PENDING")
+        .collect();
+    assert!(left.is_empty(), "still in Slurm: {left:?}\n{text}");
     s.wait_no_jobs();
 }
 

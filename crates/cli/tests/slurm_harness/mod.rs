@@ -5,9 +5,8 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::OnceLock;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The node's name in Slurm (`slurmd -N`): independent of the host's name.
@@ -29,8 +28,8 @@ pub struct Slurm {
     pub conf: PathBuf,
 }
 
-static CTLD_PID: AtomicI32 = AtomicI32::new(0);
-static SLURMD_PID: AtomicI32 = AtomicI32::new(0);
+/// slurmd, then slurmctld (the order they are stopped in).
+static DAEMONS: Mutex<Vec<Child>> = Mutex::new(Vec::new());
 static CONF: OnceLock<PathBuf> = OnceLock::new();
 
 /// The shared cluster, started on first use; `None` (after a loud message) where Slurm
@@ -65,13 +64,14 @@ fn start() -> Option<Slurm> {
         "slurmctld",
         &["-D", "-i", "-f", conf.to_str().unwrap()],
     );
-    CTLD_PID.store(ctld, Ordering::SeqCst);
+    daemons().push(ctld);
     let slurmd = daemon(
         &dir,
         "slurmd",
         &["-D", "-f", conf.to_str().unwrap(), "-N", NODE],
     );
-    SLURMD_PID.store(slurmd, Ordering::SeqCst);
+    // Stopped first: slurmctld would otherwise wait for it to report its jobs' ends.
+    daemons().insert(0, slurmd);
     let cluster = Slurm { dir, conf };
     cluster.wait_node_idle();
     Some(cluster)
@@ -155,16 +155,19 @@ PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
 }
 
 /// Starts `program args` in the foreground mode (`-D`) with its output in `dir`.
-fn daemon(dir: &Path, program: &str, args: &[&str]) -> i32 {
+fn daemon(dir: &Path, program: &str, args: &[&str]) -> Child {
     let log = std::fs::File::create(dir.join(format!("{program}.out"))).unwrap();
-    let child = Command::new(program)
+    Command::new(program)
         .args(args)
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()
-        .unwrap_or_else(|e| panic!("starting {program}: {e}"));
-    child.id() as i32
+        .unwrap_or_else(|e| panic!("starting {program}: {e}"))
+}
+
+fn daemons() -> std::sync::MutexGuard<'static, Vec<Child>> {
+    DAEMONS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// At the test binary's exit: cancels whatever jobs are left, then stops both daemons.
@@ -177,22 +180,25 @@ extern "C" fn stop_at_exit() {
             .stderr(Stdio::null())
             .status();
     }
-    for pid in [&SLURMD_PID, &CTLD_PID] {
-        let pid = pid.swap(0, Ordering::SeqCst);
-        if pid > 0 {
-            // SAFETY: kill(2) and waitpid(2) of our own child, no memory involved.
-            unsafe {
-                libc::kill(pid, libc::SIGTERM);
-                libc::waitpid(pid, std::ptr::null_mut(), 0);
-            }
+    for mut d in daemons().drain(..) {
+        // SIGTERM: both daemons save their state and exit (SIGKILL would leave slurmd's
+        // steps' bookkeeping behind).
+        // SAFETY: kill(2) of our own child, no memory involved.
+        unsafe {
+            libc::kill(d.id() as i32, libc::SIGTERM);
         }
+        let _ = d.wait();
     }
 }
 
 /// This process's user name (`scancel` has no `--me`).
 fn user() -> String {
-    let out = Command::new("id").arg("-un").output().unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    // Never panics: it also runs in the exit handler.
+    Command::new("id")
+        .arg("-un")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|_| "root".into())
 }
 
 /// One row of `squeue`: a job of this cluster.

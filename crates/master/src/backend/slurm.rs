@@ -185,6 +185,12 @@ pub(crate) fn request_args(cfg: &SlurmConfig, cpus: u32, memory_mib: u64) -> Vec
     args
 }
 
+/// A node's end as Slurm states it, and whether Slurm killed it for its memory.
+fn in_slurm_words(state: &str, detail: &str, srun: &str) -> (String, bool) {
+    let oom = state.starts_with("OUT_OF_MEMORY");
+    (format!("Slurm state {state}{detail}{srun}"), oom)
+}
+
 /// True for the name of a node of the job `template` describes: every node name ends
 /// `-<uid8>-<role>-<id>` (see [`LaunchTemplate::node_name`]).
 fn is_ours(template: &LaunchTemplate, name: &str) -> bool {
@@ -406,10 +412,7 @@ impl Shared {
             Some(a) => self.step_verdict(&a.job_id, name),
         };
         match word {
-            Some((state, detail)) => {
-                let oom = state.starts_with("OUT_OF_MEMORY");
-                (format!("Slurm state {state}{detail}{srun}"), oom)
-            }
+            Some((state, detail)) => in_slurm_words(&state, &detail, &srun),
             None if self.allocation.is_some() => (
                 format!(
                     "step ended (without Slurm accounting no state is kept for ended steps){srun}"
@@ -535,6 +538,16 @@ mod tests {
         assert!(!is_ours(&t, "elastrec-job-fedcba98-worker-12"));
         assert!(!is_ours(&t, "elastrec-job-01234567-worker-x"));
         assert!(!is_ours(&t, "batch"));
+    }
+
+    #[test]
+    fn out_of_memory_is_a_memory_kill_and_other_states_are_not() {
+        let (reason, oom) = in_slurm_words("OUT_OF_MEMORY", " (job 7, exit code 0:125)", "");
+        assert!(oom, "{reason}");
+        assert_eq!(reason, "Slurm state OUT_OF_MEMORY (job 7, exit code 0:125)");
+        for state in ["CANCELLED", "TIMEOUT", "NODE_FAIL", "FAILED", "PREEMPTED"] {
+            assert!(!in_slurm_words(state, "", "").1, "{state}");
+        }
     }
 
     #[test]
