@@ -131,7 +131,7 @@ pub async fn run(client: Client, namespace: String, selector: String, table: Arc
             Ok(l) => l,
             Err(e) => {
                 failures += 1;
-                if failures == 1 || failures % 50 == 0 {
+                if failures == 1 || failures.is_multiple_of(50) {
                     eprintln!("kubernetes: listing the job's pods failed (retrying): {e}");
                 }
                 continue;
