@@ -204,6 +204,12 @@ fn is_ours(template: &LaunchTemplate, name: &str) -> bool {
 }
 
 impl ClusterBackend for SlurmSteps {
+    /// The job is over: nothing of it stays in Slurm, even a step whose `srun` this
+    /// master no longer follows.
+    fn finish(&self) {
+        self.cancel_all();
+    }
+
     fn start(&self, node: &Node) -> anyhow::Result<u32> {
         let spec = self.template.spec(node);
         if let Some(dir) = spec.log.parent() {
