@@ -194,6 +194,60 @@ fn kubernetes_oom_killed_worker_is_replaced() {
     kube.assert_empty(&text);
 }
 
+/// A parameter server's pod evicted after a checkpoint (the job held first at a sixth of
+/// its samples for the checkpoint, then at a third for the eviction): the master logs the
+/// eviction, recovers the PS from the checkpoint in a new pod, and the ledger stays exact.
+#[test]
+fn kubernetes_evicted_ps_is_recovered_from_a_checkpoint() {
+    let _g = serial();
+    let kube = Kube::start("k8s-f");
+    let cluster = CLUSTER.replace("workers = 3", "workers = 1")
+        + "[checkpoint]\ninterval_s = 1000.0\nkeep = 3\n";
+    let (job, dir) = write_job("k8s-f", &cluster);
+    let log = dir.with_extension("log");
+    let total = 2 * fixture().train_rows;
+    let mut g = kube.run(
+        &job,
+        &log,
+        &["--pause-at-samples", &(total / 6).to_string()],
+    );
+    wait_held(&dir);
+    take_checkpoint(&dir);
+    pause_at(&dir, total / 3);
+    let s = wait_held(&dir);
+    let ps: Vec<u64> = s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["role"] == "ps" && n["state"] == "running")
+        .map(|n| n["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ps.len(), 2, "{s}");
+    let pod = kube.pod_of(ps[1]);
+    assert!(kube.fake.kill_pod(&pod, "Evicted"), "{pod} is not running");
+    unpause(&dir);
+    let text = g.wait_success(&log);
+    check_result(&dir, &log, 0.005);
+    assert!(
+        text.contains(&format!(
+            "pod {pod} (node {}) ended: Evicted: The node was low on resource: memory.",
+            ps[1]
+        )),
+        "{text}"
+    );
+    let r = result(&dir);
+    let recoveries = r["checkpoint"]["recoveries"].as_array().unwrap();
+    assert_eq!(recoveries.len(), 1, "{r}");
+    let ps_pods = kube
+        .fake
+        .created_pods()
+        .iter()
+        .filter(|p| label(p, "elastrec.io/role").as_deref() == Some("ps"))
+        .count();
+    assert_eq!(ps_pods, 3, "the evicted PS came back in a new pod:\n{text}");
+    kube.assert_empty(&text);
+}
+
 /// (c) An identity without RBAC permission: the job stops at once, names the cause and
 /// the fix, creates nothing on the cluster, and leaves no state database (the same job
 /// file runs once the permission is granted).
