@@ -191,6 +191,21 @@ fn kubernetes_oom_killed_worker_is_replaced() {
         workers_created(&kube.fake) >= 4,
         "no replacement pod:\n{text}"
     );
+    // The kill feeds the memory policy: the replacement asks for 1.5 times more.
+    assert!(
+        text.contains("workers start with 3.00 GiB instead of 2.00 GiB"),
+        "{text}"
+    );
+    let memory_of_last_worker = kube
+        .fake
+        .created_pods()
+        .iter()
+        .rfind(|p| label(p, "elastrec.io/role").as_deref() == Some("worker"))
+        .and_then(|p| {
+            let c = &p.spec.as_ref()?.containers[0];
+            Some(c.resources.as_ref()?.limits.as_ref()?["memory"].0.clone())
+        });
+    assert_eq!(memory_of_last_worker.as_deref(), Some("3072Mi"), "{text}");
     kube.assert_empty(&text);
 }
 
@@ -358,7 +373,8 @@ fn kubernetes_dry_run_prints_manifests_and_starts_nothing() {
         "cpu: 1000m",
         "memory: 2048Mi",
         "secretKeyRef:",
-        "key: ELASTREC_TOKEN",
+        "key: worker.ELASTREC_TOKEN",
+        "key: ps.ELASTREC_TOKEN",
         "fieldPath: status.podIP",
         "image: registry.example/elastrec:test",
         "- /usr/local/bin/elastrec",

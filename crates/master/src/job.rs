@@ -1021,12 +1021,18 @@ impl Job {
 
     /// The backend saw a node's process exit.
     pub fn process_exited(&mut self, id: u32, cx: &mut impl Context) {
+        self.process_ended(id, "process exited", cx);
+    }
+
+    /// A node's process ended, with the engine's words for why (a Slurm state, a pod's
+    /// termination reason); the reason is what the node table and logs show.
+    pub fn process_ended(&mut self, id: u32, reason: &str, cx: &mut impl Context) {
         let Some(n) = self.nodes.get(&id) else { return };
         match n.state {
             NodeState::Stopping => self.leave(id, cx),
             // After the job finished, nodes are told to stop and exit: that is no death.
             s if s.is_live() && self.phase == Phase::Finished => self.leave(id, cx),
-            s if s.is_live() => self.declare_dead(id, "process exited".into(), cx),
+            s if s.is_live() => self.declare_dead(id, reason.to_string(), cx),
             _ => {}
         }
     }

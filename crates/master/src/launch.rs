@@ -187,8 +187,9 @@ impl LaunchTemplate {
             rpc::role_token(&self.token, caller),
         )];
         if node.role == Role::Ps {
-            // Digests of the tokens a PS accepts (never the tokens themselves).
-            env.push((rpc::ACCEPT_ENV.into(), rpc::ps_accept_list(&self.token)));
+            // Digests of the tokens a PS accepts (never the tokens themselves); secret
+            // all the same, as anything derived from the job secret.
+            secret_env.push((rpc::ACCEPT_ENV.into(), rpc::ps_accept_list(&self.token)));
         }
         if let Some(tls) = &self.tls {
             secret_env.extend(tls.to_env());
@@ -263,7 +264,11 @@ mod tests {
         assert_eq!(t.grow_memory(Role::Worker), (2048, 3072));
         assert_eq!(t.spec(&node(Role::Worker, 3)).memory_mib, 3072);
         assert_eq!(t.spec(&node(Role::Ps, 1)).memory_mib, 2048, "per role");
-        assert_eq!(t.grow_memory(Role::Worker), (3072, 4096), "twice memory_gb at most");
+        assert_eq!(
+            t.grow_memory(Role::Worker),
+            (3072, 4096),
+            "twice memory_gb at most"
+        );
         assert_eq!(t.grow_memory(Role::Worker), (4096, 4096));
     }
 
@@ -305,8 +310,8 @@ mod tests {
             .any(|a| a.contains("secret")));
         // Each role gets its own token, never the job secret.
         let ps_token = rpc::role_token("secret", rpc::Caller::Ps);
-        assert_eq!(s.secret_env, [("ELASTREC_TOKEN".to_string(), ps_token)]);
-        assert!(s.env.iter().any(|(k, _)| k == rpc::ACCEPT_ENV));
+        assert_eq!(s.secret_env[0], ("ELASTREC_TOKEN".to_string(), ps_token));
+        assert!(s.secret_env.iter().any(|(k, _)| k == rpc::ACCEPT_ENV));
         assert_eq!((s.cpu, s.memory_mib), (1.0, 2048));
         t.set_worker_threads(3);
         let w = t.spec(&node(Role::Worker, 2));
@@ -319,6 +324,6 @@ mod tests {
         );
         let worker_token = rpc::role_token("secret", rpc::Caller::Worker);
         assert_eq!(w.secret_env[0].1, worker_token);
-        assert!(!w.env.iter().any(|(k, _)| k == rpc::ACCEPT_ENV));
+        assert!(!w.secret_env.iter().any(|(k, _)| k == rpc::ACCEPT_ENV));
     }
 }

@@ -862,7 +862,7 @@ async fn serve(
                 }
             }
         }
-        let exited: Vec<u32> = core
+        let exited: Vec<(u32, String)> = core
             .backend()
             .exited()
             .into_iter()
@@ -871,13 +871,21 @@ async fn serve(
                 if e.oom {
                     out_of_memory(&core, e.id, &e.reason);
                 }
-                e.id
+                (e.id, e.reason)
             })
             .collect();
         let failed = core.take_failed_launches();
         let phase = core
             .run(|job, cx| {
-                for id in exited.into_iter().chain(failed) {
+                for (id, reason) in exited {
+                    let reason = if reason.is_empty() {
+                        "process exited".to_string()
+                    } else {
+                        format!("process exited: {reason}")
+                    };
+                    job.process_ended(id, &reason, cx);
+                }
+                for id in failed {
                     job.process_exited(id, cx);
                 }
                 job.tick(cx);

@@ -309,7 +309,9 @@ pub fn is_dns_name(name: &str) -> bool {
                 && label.len() <= 63
                 && !label.starts_with('-')
                 && !label.ends_with('-')
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
         })
 }
 
@@ -384,7 +386,10 @@ mod tests {
         let bound: std::net::SocketAddr = "0.0.0.0:7070".parse().unwrap();
         let mut e = EngineConfig::default();
         e.network.master_advertise = "job-master.ml.svc".into();
-        assert_eq!(master_advertise(&e, bound).unwrap(), "job-master.ml.svc:7070");
+        assert_eq!(
+            master_advertise(&e, bound).unwrap(),
+            "job-master.ml.svc:7070"
+        );
         e.network.master_advertise = "10.1.2.3".into();
         assert_eq!(master_advertise(&e, bound).unwrap(), "10.1.2.3:7070");
         e.network.master_advertise = "bad name!".into();

@@ -89,7 +89,7 @@ fn render(cfg: &JobConfig, namespace: &str) -> anyhow::Result<String> {
         secret_name: manifests::secret_name(&template.node_name(Role::Ps, 0)),
     };
     let nodes = initial_nodes(cfg.cluster.ps, cfg.cluster.workers);
-    let entries = template.spec(&nodes[0]).secret_env;
+    let entries = manifests::secret_entries(&template);
     let secret = objects.secret(&entries, super::master_pod(namespace), true);
     let owner = owner_reference(
         "Secret",

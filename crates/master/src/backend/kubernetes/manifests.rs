@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::ByteString;
 
+use crate::job::Role;
 use crate::launch::{role_name, LaunchSpec};
 
 /// `app.kubernetes.io/name`: what the objects are.
@@ -212,7 +213,7 @@ impl JobObjects {
             value_from: Some(EnvVarSource {
                 secret_key_ref: Some(SecretKeySelector {
                     name: self.secret_name.clone(),
-                    key: k.clone(),
+                    key: secret_key(spec.role, k),
                     optional: Some(false),
                 }),
                 ..Default::default()
@@ -249,6 +250,44 @@ fn non_empty(s: &str) -> Option<String> {
 }
 
 /// The name of the job's Secret: the node names' job part (`elastrec-<job>-<uid8>`).
+/// The Secret's key of a node's secret variable `env`: per role, since each role has its
+/// own token (`ps.ELASTREC_TOKEN`, `worker.ELASTREC_TOKEN`).
+pub fn secret_key(role: Role, env: &str) -> String {
+    format!("{}.{env}", crate::launch::role_name(role))
+}
+
+/// The secret entries of every role, keyed by [`secret_key`]: what the job's Secret holds.
+pub fn secret_entries(template: &crate::launch::LaunchTemplate) -> Vec<(String, String)> {
+    [Role::Ps, Role::Worker]
+        .into_iter()
+        .flat_map(|role| {
+            template
+                .spec(&probe_node(role))
+                .secret_env
+                .into_iter()
+                .map(move |(k, v)| (secret_key(role, &k), v))
+        })
+        .collect()
+}
+
+/// A node of `role` that only serves to list what its role's pods get.
+pub fn probe_node(role: Role) -> crate::job::Node {
+    crate::job::Node {
+        id: 0,
+        role,
+        index: 0,
+        state: crate::job::NodeState::Pending,
+        pid: 0,
+        addr: String::new(),
+        metrics_addr: String::new(),
+        last_seen_ms: 0,
+        started_ms: 0,
+        samples: 0,
+        step: 0,
+        restarts: 0,
+    }
+}
+
 pub fn secret_name(node_name_of_ps_0: &str) -> String {
     let stem = node_name_of_ps_0
         .strip_suffix("-ps-0")
@@ -259,7 +298,6 @@ pub fn secret_name(node_name_of_ps_0: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::Role;
 
     fn objects() -> JobObjects {
         JobObjects {
@@ -327,7 +365,7 @@ mod tests {
         let key = token.secret_key_ref.as_ref().unwrap();
         assert_eq!(
             (key.name.as_str(), key.key.as_str()),
-            ("elastrec-j-01234567-secret", "ELASTREC_TOKEN")
+            ("elastrec-j-01234567-secret", "worker.ELASTREC_TOKEN")
         );
         let ip = get(ADVERTISE_ENV).value_from.as_ref().unwrap();
         assert_eq!(ip.field_ref.as_ref().unwrap().field_path, "status.podIP");

@@ -33,7 +33,7 @@ use self::api::{explain, is_conflict, is_not_found, ApiThread, Credentials};
 use self::manifests::{job_selector, owner_reference, JobObjects, JOB_UID_LABEL};
 use self::watch::PodTable;
 use super::{ClusterBackend, NodeExit};
-use crate::job::{Node, NodeState, Role};
+use crate::job::{Node, Role};
 use crate::launch::LaunchTemplate;
 
 /// Downward-API variables of a master that runs in a pod: its pod becomes the owner of
@@ -95,8 +95,8 @@ impl KubernetesPods {
                     .map_err(|e| explain(e, &format!("list pods in namespace {ns}"), &server, &ns))
             })?;
         }
-        // Every node gets the same secret entries; a probe node's spec lists them.
-        let entries = template.spec(&probe_node()).secret_env;
+        // Each role's secret entries (its own token), listed by a probe node's spec.
+        let entries = manifests::secret_entries(&template);
         let secret = objects.secret(&entries, master_pod(&namespace), false);
         let uid = {
             let (ns, server) = (namespace.clone(), server.clone());
@@ -134,9 +134,10 @@ impl KubernetesPods {
     /// stored): a master allowed to create Secrets but not pods stops here, not with a
     /// job whose every launch fails.
     fn check_pod_permission(&self) -> anyhow::Result<()> {
-        let pod = self
-            .objects
-            .pod(&self.template.spec(&probe_node()), self.owner.clone());
+        let pod = self.objects.pod(
+            &self.template.spec(&manifests::probe_node(Role::Worker)),
+            self.owner.clone(),
+        );
         let (ns, server) = (self.objects.namespace.clone(), self.api.server.clone());
         self.api.call(move |client| async move {
             let params = PostParams {
@@ -205,23 +206,6 @@ impl KubernetesPods {
 }
 
 /// A worker no job has (id 0): what a pod of the job looks like before any node exists.
-fn probe_node() -> Node {
-    Node {
-        id: 0,
-        role: Role::Worker,
-        index: 0,
-        state: NodeState::Pending,
-        pid: 0,
-        addr: String::new(),
-        metrics_addr: String::new(),
-        last_seen_ms: 0,
-        started_ms: 0,
-        samples: 0,
-        step: 0,
-        restarts: 0,
-    }
-}
-
 /// Creates the job's Secret, or takes over the one a previous master of the same job
 /// created (after `run --resume`). Returns its uid.
 async fn ensure_secret(
