@@ -77,6 +77,26 @@ pub struct Node {
     pub restarts: u32,
 }
 
+impl Node {
+    /// A node about to be launched: no process, address or progress yet.
+    pub fn pending(id: u32, role: Role, index: u32) -> Self {
+        Self {
+            id,
+            role,
+            index,
+            state: NodeState::Pending,
+            pid: 0,
+            addr: String::new(),
+            metrics_addr: String::new(),
+            last_seen_ms: 0,
+            started_ms: 0,
+            samples: 0,
+            step: 0,
+            restarts: 0,
+        }
+    }
+}
+
 /// Job-level settings of the state machine.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
@@ -435,18 +455,10 @@ impl Job {
         self.next_node += 1;
         let now = cx.now_ms();
         let node = Node {
-            id,
-            role,
-            index,
-            state: NodeState::Pending,
-            pid: 0,
-            addr: String::new(),
-            metrics_addr: String::new(),
             last_seen_ms: now,
             started_ms: now,
-            samples: 0,
-            step: 0,
             restarts,
+            ..Node::pending(id, role, index)
         };
         cx.launch(&node);
         cx.persist(Change::Node(node.clone()));

@@ -216,6 +216,20 @@ fn role_slot(role: Role) -> usize {
     }
 }
 
+impl LaunchSpec {
+    /// Opens (appending) the node's log file, creating its directory: what a backend
+    /// whose processes write to this machine's files hands them as stdout and stderr.
+    pub fn open_log(&self) -> std::io::Result<std::fs::File> {
+        if let Some(dir) = self.log.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+    }
+}
+
 /// `ps` or `worker`: the node subcommand and the role's name in logs and labels.
 pub fn role_name(role: Role) -> &'static str {
     match role {
@@ -227,7 +241,6 @@ pub fn role_name(role: Role) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::NodeState;
 
     fn template(job_id: &str) -> LaunchTemplate {
         LaunchTemplate::new(
@@ -242,20 +255,7 @@ mod tests {
     }
 
     fn node(role: Role, id: u32) -> Node {
-        Node {
-            id,
-            role,
-            index: 1,
-            state: NodeState::Pending,
-            pid: 0,
-            addr: String::new(),
-            metrics_addr: String::new(),
-            last_seen_ms: 0,
-            started_ms: 0,
-            samples: 0,
-            step: 0,
-            restarts: 0,
-        }
+        Node::pending(id, role, 1)
     }
 
     #[test]

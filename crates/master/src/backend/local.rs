@@ -32,13 +32,7 @@ impl LocalProcesses {
 impl ClusterBackend for LocalProcesses {
     fn start(&self, node: &Node) -> anyhow::Result<u32> {
         let spec = self.template.spec(node);
-        if let Some(dir) = spec.log.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&spec.log)?;
+        let log = spec.open_log()?;
         let mut cmd = Command::new(&spec.program);
         cmd.args(&spec.args)
             .envs(spec.env.iter().map(|(k, v)| (k, v)))

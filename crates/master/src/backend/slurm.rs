@@ -212,13 +212,7 @@ impl ClusterBackend for SlurmSteps {
 
     fn start(&self, node: &Node) -> anyhow::Result<u32> {
         let spec = self.template.spec(node);
-        if let Some(dir) = spec.log.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&spec.log)?;
+        let log = spec.open_log()?;
         // The token travels in srun's environment, which srun passes on to the task
         // (`--export=ALL`, its default); never in its arguments.
         let child = self

@@ -12,7 +12,7 @@ use rand::Rng as _;
 
 use super::manifests::{self, owner_reference, JobObjects};
 use crate::backend::BackendKind;
-use crate::job::{Node, NodeState, Role};
+use crate::job::{Node, Role};
 use crate::launch::LaunchTemplate;
 
 /// Prints the manifests of the job in `job` (only the Kubernetes backend has any).
@@ -122,20 +122,7 @@ fn initial_nodes(ps: u32, workers: u32) -> Vec<Node> {
         .chain((0..workers).map(|i| (Role::Worker, i)));
     roles
         .enumerate()
-        .map(|(k, (role, index))| Node {
-            id: k as u32 + 1,
-            role,
-            index,
-            state: NodeState::Pending,
-            pid: 0,
-            addr: String::new(),
-            metrics_addr: String::new(),
-            last_seen_ms: 0,
-            started_ms: 0,
-            samples: 0,
-            step: 0,
-            restarts: 0,
-        })
+        .map(|(k, (role, index))| Node::pending(k as u32 + 1, role, index))
         .collect()
 }
 

@@ -272,20 +272,7 @@ pub fn secret_entries(template: &crate::launch::LaunchTemplate) -> Vec<(String, 
 
 /// A node of `role` that only serves to list what its role's pods get.
 pub fn probe_node(role: Role) -> crate::job::Node {
-    crate::job::Node {
-        id: 0,
-        role,
-        index: 0,
-        state: crate::job::NodeState::Pending,
-        pid: 0,
-        addr: String::new(),
-        metrics_addr: String::new(),
-        last_seen_ms: 0,
-        started_ms: 0,
-        samples: 0,
-        step: 0,
-        restarts: 0,
-    }
+    crate::job::Node::pending(0, role, 0)
 }
 
 pub fn secret_name(node_name_of_ps_0: &str) -> String {
