@@ -188,34 +188,14 @@ pub async fn serve_with_listeners(
     // chosen by the OS), whatever the log filter.
     eprintln!("brain metrics on http://{}/metrics", endpoint.addr());
     let svc = BrainService::new(store, opts.config, counters, Arc::new(SystemClock))?;
-    let expected = format!("Bearer {}", opts.token).into_bytes();
-    let server = BrainServer::with_interceptor(svc, move |req: Request<()>| {
-        let ok = req
-            .metadata()
-            .get("authorization")
-            .is_some_and(|v| constant_time_eq(v.as_bytes(), &expected));
-        if ok {
-            Ok(req)
-        } else {
-            Err(Status::unauthenticated("missing or wrong brain token"))
-        }
-    });
+    // The shared token check every elastrec server uses (digests compared in constant
+    // time); the brain's token is the owner's, so every call is allowed.
+    let server = BrainServer::with_interceptor(svc, elastrec_rpc::ServerAuth::new(&opts.token));
     tonic::transport::Server::builder()
         .add_service(server)
-        .serve_with_incoming_shutdown(
-            // Nagle off: see `elastrec_worker::rpc::incoming` (brain does not depend on it).
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(elastrec_rpc::incoming(listener), shutdown)
         .await?;
     Ok(())
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Maps a brain error to a gRPC status (the edge is the only place this happens).
@@ -791,10 +771,5 @@ mod tests {
         assert!(e.contains("bounds.workers"), "{e}");
         let s = status_of(BrainError::invalid("x", "y"));
         assert_eq!(s.code(), tonic::Code::InvalidArgument);
-        assert!(
-            constant_time_eq(b"abc", b"abc")
-                && !constant_time_eq(b"abc", b"abd")
-                && !constant_time_eq(b"a", b"ab")
-        );
     }
 }

@@ -14,12 +14,14 @@ pub mod layout;
 pub mod model_file;
 pub mod remote;
 pub mod resources;
-pub mod rpc;
 pub mod step;
-pub mod tls;
 pub mod trainer;
 
 pub use config::JobConfig;
+/// gRPC plumbing (its own crate, `elastrec-rpc`, which every role uses; re-exported under
+/// the paths the roles have always used).
+pub use elastrec_rpc as rpc;
+pub use elastrec_rpc::tls;
 pub use error::{Result, WorkerError};
 pub use step::{Dlrm, Predictor, TrainStep};
 pub use trainer::{evaluate, train, EvalResult, Summary};

@@ -1,6 +1,9 @@
-//! gRPC plumbing shared by the master, PS and worker processes: the per-job token (sent
-//! as `authorization: Bearer <token>` metadata, checked by a server interceptor), the
-//! protocol version check, and client connections.
+//! gRPC plumbing shared by every elastrec process (master, PS, worker, brain): tokens
+//! (sent as `authorization: Bearer <token>` metadata, checked by a server interceptor that
+//! records the caller's role), the per-job mutual TLS (`tls`), the protocol version
+//! check, client channels with deadlines and keepalive, servers, and retries.
+
+pub mod tls;
 
 use std::time::Duration;
 
@@ -222,7 +225,7 @@ impl Interceptor for ServerAuth {
                 req.extensions_mut().insert(c);
                 Ok(req)
             }
-            None => Err(Status::unauthenticated("missing or wrong job token")),
+            None => Err(Status::unauthenticated("missing or wrong token")),
         }
     }
 }

@@ -11,7 +11,7 @@
 //!
 //! A process learns the material from its environment ([`CA_ENV`], [`CERT_ENV`],
 //! [`KEY_ENV`], PEM text, delivered as engine secrets) and installs it once with
-//! [`install`]; [`crate::rpc::channel`] and [`crate::rpc::server`] then use it.
+//! [`install`]; [`crate::channel`] and [`crate::server`] then use it.
 
 use std::path::Path;
 use std::sync::OnceLock;
