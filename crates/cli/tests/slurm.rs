@@ -341,3 +341,58 @@ fn slurm_commands_missing_are_reported_with_what_to_do() {
     assert!(err.contains("engine.slurm.bin_dir"), "{err}");
     assert!(s.jobs().is_empty(), "{:?}", s.jobs());
 }
+
+/// Nodes waiting in Slurm's queue are waited for, not declared dead: a job holding all
+/// but two of the node's CPUs leaves room for at most two of the job's four nodes (which
+/// ones is Slurm's choice), so the others pend. For several times `cluster.dead_after_ms` the master sees them pending through
+/// `squeue` and keeps them; once the blocking job is cancelled they run and the job ends
+/// with no worker declared dead and no relaunch.
+#[test]
+fn slurm_nodes_pending_in_the_queue_are_waited_for_not_declared_dead() {
+    let _g = serial();
+    let Some(s) = cluster() else { return };
+    let cpus = (slurm_harness::CPUS - 2).to_string();
+    let blocker = s.run(
+        "sbatch",
+        &[
+            "--parsable",
+            "--job-name=blocker",
+            "--cpus-per-task",
+            &cpus,
+            "--mem=100M",
+            "--wrap",
+            "sleep 600",
+        ],
+    );
+    let blocker = blocker.trim().split(';').next().unwrap().to_string();
+    wait_for(std::time::Duration::from_secs(60), || {
+        s.jobs()
+            .iter()
+            .any(|j| j.id == blocker && j.state == "RUNNING")
+    });
+    let cluster = CLUSTER.replace("dead_after_ms = 4000", "dead_after_ms = 1000");
+    let (job, dir) = write_job("slurm-q", &cluster);
+    let log = dir.with_extension("log");
+    let mut g = spawn_on_slurm(s, &job, &log, &[]);
+    let pending_workers = || {
+        s.jobs()
+            .iter()
+            .filter(|j| j.name.starts_with("elastrec-slurm-q-") && j.name.contains("-worker-"))
+            .filter(|j| j.state == "PENDING")
+            .count()
+    };
+    wait_for(std::time::Duration::from_secs(60), || {
+        pending_workers() == 2
+    });
+    // The state is held by the blocking job; what is tested is time passing in it.
+    std::thread::sleep(std::time::Duration::from_millis(4000));
+    assert_eq!(pending_workers(), 2, "{:?}", s.jobs());
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!text.contains("declared dead"), "{text}");
+    s.run("scancel", &[&blocker]);
+    let text = g.wait_success(&log);
+    check_result(&dir, &log, AUC_TOLERANCE);
+    assert!(!text.contains("declared dead"), "{text}");
+    assert_eq!(result(&dir)["workers_launched"], 2, "{text}");
+    s.wait_no_jobs();
+}

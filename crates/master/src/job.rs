@@ -1049,6 +1049,17 @@ impl Job {
         }
     }
 
+    /// The engine still holds node `id` in its queue (waiting for resources): it is not
+    /// silent, so its heartbeat timeout starts only once it runs.
+    pub fn queued(&mut self, id: u32, cx: &mut impl Context) {
+        let now = cx.now_ms();
+        if let Some(n) = self.nodes.get_mut(&id) {
+            if n.state == NodeState::Pending {
+                n.last_seen_ms = now;
+            }
+        }
+    }
+
     /// Periodic check: declares silent nodes dead and applies the failure policy.
     pub fn tick(&mut self, cx: &mut impl Context) {
         let now = cx.now_ms();
@@ -1318,6 +1329,34 @@ mod tests {
             j.register(n.id, n.role, &addr, "", 100 + n.id, cx).unwrap();
         }
         j
+    }
+
+    /// A node waiting in the engine's queue is not silent: the heartbeat timeout starts
+    /// once it runs. Without the engine's word, the same wait is a death.
+    #[test]
+    fn a_node_queued_by_the_engine_is_not_declared_dead() {
+        let mut cx = Rec::default();
+        let q = TaskQueue::new(
+            ShardSpec {
+                rows_per_shard: 100,
+                min_rows: 10,
+                epochs: 1,
+                seed: 1,
+                shuffle: true,
+            },
+            vec![1000],
+        );
+        let mut j = Job::start(policy(), q, 1, &mut cx);
+        let worker = cx.launched.last().unwrap().id;
+        for t in 1..=5u64 {
+            cx.now = t * 900;
+            j.queued(worker, &mut cx);
+            j.tick(&mut cx);
+        }
+        assert_eq!(j.node(worker).unwrap().state, NodeState::Pending);
+        cx.now += 1500;
+        j.tick(&mut cx);
+        assert_eq!(j.node(worker).unwrap().state, NodeState::Dead);
     }
 
     #[test]

@@ -875,8 +875,12 @@ async fn serve(
             })
             .collect();
         let failed = core.take_failed_launches();
+        let queued = core.backend().queued();
         let phase = core
             .run(|job, cx| {
+                for id in queued {
+                    job.queued(id, cx);
+                }
                 for (id, reason) in exited {
                     let reason = if reason.is_empty() {
                         "process exited".to_string()

@@ -39,6 +39,12 @@ pub trait ClusterBackend: Send + Sync {
     /// (the job ended, or an interrupted master stopped every node): Kubernetes deletes
     /// the job's pods and Secret. Backends with nothing to release ignore it.
     fn finish(&self) {}
+    /// Nodes the engine still holds in its queue (submitted, waiting for resources): they
+    /// are not silent, so their heartbeat timeout starts only once they run. Backends
+    /// without a queue return nothing.
+    fn queued(&self) -> Vec<u32> {
+        Vec::new()
+    }
 }
 
 /// A node process that ended, as the engine reports it.

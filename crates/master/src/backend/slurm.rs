@@ -78,6 +78,8 @@ struct Shared {
     /// `srun`s of stopped nodes, reaped by the watcher (no verdict wanted).
     stopped: Mutex<Vec<Child>>,
     ended: Mutex<Vec<NodeExit>>,
+    /// Nodes whose Slurm job is still pending in the queue (outside an allocation).
+    queued: Mutex<Vec<u32>>,
     shutdown: Mutex<bool>,
     wake: Condvar,
 }
@@ -110,6 +112,7 @@ impl SlurmSteps {
             steps: Mutex::new(HashMap::new()),
             stopped: Mutex::new(Vec::new()),
             ended: Mutex::new(Vec::new()),
+            queued: Mutex::new(Vec::new()),
             shutdown: Mutex::new(false),
             wake: Condvar::new(),
         });
@@ -193,6 +196,19 @@ fn in_slurm_words(state: &str, detail: &str, srun: &str) -> (String, bool) {
 
 /// True for the name of a node of the job `template` describes: every node name ends
 /// `-<uid8>-<role>-<id>` (see [`LaunchTemplate::node_name`]).
+/// The nodes whose Slurm job `squeue` lists as pending (`(id, name, state)` rows).
+fn pending_nodes(listed: &[(String, String, String)], steps: &HashMap<u32, Step>) -> Vec<u32> {
+    steps
+        .iter()
+        .filter(|(_, step)| {
+            listed
+                .iter()
+                .any(|(_, name, state)| *name == step.name && state == "PENDING")
+        })
+        .map(|(&id, _)| id)
+        .collect()
+}
+
 fn is_ours(template: &LaunchTemplate, name: &str) -> bool {
     let uid = &template.job_uid[..template.job_uid.len().min(8)];
     name.starts_with("elastrec-")
@@ -266,6 +282,10 @@ impl ClusterBackend for SlurmSteps {
         if let Some(c) = srun {
             self.shared.stopped.lock().push(c);
         }
+    }
+
+    fn queued(&self) -> Vec<u32> {
+        self.shared.queued.lock().clone()
     }
 
     fn exited(&self) -> Vec<NodeExit> {
@@ -349,6 +369,11 @@ impl Shared {
             self.stopped
                 .lock()
                 .retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+            if self.allocation.is_none() && !self.steps.lock().is_empty() {
+                let listed = self.listed();
+                let pending = pending_nodes(&listed, &self.steps.lock());
+                *self.queued.lock() = pending;
+            }
             for (id, step, status) in self.ended_steps() {
                 let (reason, oom) = self.verdict(&step.name, status);
                 eprintln!(
@@ -528,6 +553,34 @@ mod tests {
             "/tmp/logs".into(),
             ResourcesConfig::default(),
         )
+    }
+
+    #[test]
+    fn only_steps_squeue_lists_as_pending_are_queued() {
+        let step = |name: &str| Step {
+            name: name.into(),
+            role: Role::Worker,
+            srun: None,
+        };
+        let steps = HashMap::from([(3, step("a-worker-3")), (4, step("a-worker-4"))]);
+        let listed = vec![
+            (
+                "10".to_string(),
+                "a-worker-3".to_string(),
+                "PENDING".to_string(),
+            ),
+            (
+                "11".to_string(),
+                "a-worker-4".to_string(),
+                "RUNNING".to_string(),
+            ),
+            (
+                "12".to_string(),
+                "other-job".to_string(),
+                "PENDING".to_string(),
+            ),
+        ];
+        assert_eq!(pending_nodes(&listed, &steps), vec![3]);
     }
 
     #[test]
