@@ -360,6 +360,8 @@ fn slurm_nodes_pending_in_the_queue_are_waited_for_not_declared_dead() {
             "--cpus-per-task",
             &cpus,
             "--mem=100M",
+            // Not the default slurm-<id>.out in the test's working directory.
+            "--output=/dev/null",
             "--wrap",
             "sleep 600",
         ],
