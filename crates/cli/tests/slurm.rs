@@ -367,11 +367,20 @@ fn slurm_nodes_pending_in_the_queue_are_waited_for_not_declared_dead() {
         ],
     );
     let blocker = blocker.trim().split(';').next().unwrap().to_string();
-    wait_for(std::time::Duration::from_secs(60), || {
-        s.jobs()
-            .iter()
-            .any(|j| j.id == blocker && j.state == "RUNNING")
-    });
+    let t0 = std::time::Instant::now();
+    while !s
+        .jobs()
+        .iter()
+        .any(|j| j.id == blocker && j.state == "RUNNING")
+    {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(120),
+            "the blocking job {blocker} does not run: {:?}\n{}",
+            s.jobs(),
+            s.run("sinfo", &["-N", "-l"])
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     let cluster = CLUSTER.replace("dead_after_ms = 4000", "dead_after_ms = 1000");
     let (job, dir) = write_job("slurm-q", &cluster);
     let log = dir.with_extension("log");
