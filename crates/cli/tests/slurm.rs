@@ -344,8 +344,8 @@ fn slurm_commands_missing_are_reported_with_what_to_do() {
 
 /// Nodes waiting in Slurm's queue are waited for, not declared dead: a job holding all
 /// but two of the node's CPUs leaves room for at most two of the job's four nodes (which
-/// ones is Slurm's choice), so the others pend. For several times `cluster.dead_after_ms` the master sees them pending through
-/// `squeue` and keeps them; once the blocking job is cancelled they run and the job ends
+/// ones is Slurm's choice), so the others pend. For several times
+/// `cluster.dead_after_ms` the master sees them pending through `squeue` and keeps them; once the blocking job is cancelled they run and the job ends
 /// with no worker declared dead and no relaunch.
 #[test]
 fn slurm_nodes_pending_in_the_queue_are_waited_for_not_declared_dead() {
@@ -385,19 +385,24 @@ fn slurm_nodes_pending_in_the_queue_are_waited_for_not_declared_dead() {
     let (job, dir) = write_job("slurm-q", &cluster);
     let log = dir.with_extension("log");
     let mut g = spawn_on_slurm(s, &job, &log, &[]);
-    let pending_workers = || {
+    let pending_nodes = || {
         s.jobs()
             .iter()
-            .filter(|j| j.name.starts_with("elastrec-slurm-q-") && j.name.contains("-worker-"))
-            .filter(|j| j.state == "PENDING")
+            .filter(|j| j.name.starts_with("elastrec-slurm-q-") && j.state == "PENDING")
             .count()
     };
-    wait_for(std::time::Duration::from_secs(60), || {
-        pending_workers() == 2
-    });
+    let t0 = std::time::Instant::now();
+    while pending_nodes() < 2 {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(60),
+            "no two nodes pending: {:?}",
+            s.jobs()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     // The state is held by the blocking job; what is tested is time passing in it.
     std::thread::sleep(std::time::Duration::from_millis(4000));
-    assert_eq!(pending_workers(), 2, "{:?}", s.jobs());
+    assert!(pending_nodes() >= 2, "{:?}", s.jobs());
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(!text.contains("declared dead"), "{text}");
     s.run("scancel", &[&blocker]);
