@@ -1308,8 +1308,9 @@ mod tests {
         }
     }
 
-    fn job(cx: &mut Rec, workers: u32) -> Job {
-        let q = TaskQueue::new(
+    /// One file of 1000 rows in shards of 100, one epoch.
+    fn queue() -> TaskQueue {
+        TaskQueue::new(
             ShardSpec {
                 rows_per_shard: 100,
                 min_rows: 10,
@@ -1318,8 +1319,11 @@ mod tests {
                 shuffle: true,
             },
             vec![1000],
-        );
-        let mut j = Job::start(policy(), q, workers, cx);
+        )
+    }
+
+    fn job(cx: &mut Rec, workers: u32) -> Job {
+        let mut j = Job::start(policy(), queue(), workers, cx);
         for n in cx.launched.clone() {
             let addr = if n.role == Role::Ps {
                 format!("127.0.0.1:{}", 9000 + n.index)
@@ -1336,17 +1340,7 @@ mod tests {
     #[test]
     fn a_node_queued_by_the_engine_is_not_declared_dead() {
         let mut cx = Rec::default();
-        let q = TaskQueue::new(
-            ShardSpec {
-                rows_per_shard: 100,
-                min_rows: 10,
-                epochs: 1,
-                seed: 1,
-                shuffle: true,
-            },
-            vec![1000],
-        );
-        let mut j = Job::start(policy(), q, 1, &mut cx);
+        let mut j = Job::start(policy(), queue(), 1, &mut cx);
         let worker = cx.launched.last().unwrap().id;
         for t in 1..=5u64 {
             cx.now = t * 900;

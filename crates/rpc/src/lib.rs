@@ -128,6 +128,11 @@ fn digest(token: &[u8]) -> [u8; 32] {
     out
 }
 
+/// The digest a server keeps of `role`'s token in the job with `secret`.
+fn role_digest(secret: &str, role: Caller) -> [u8; 32] {
+    digest(role_token(secret, role).as_bytes())
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -136,13 +141,7 @@ fn hex(bytes: &[u8]) -> String {
 pub fn ps_accept_list(secret: &str) -> String {
     [Caller::Master, Caller::Ps, Caller::Worker]
         .iter()
-        .map(|&c| {
-            format!(
-                "{}:{}",
-                c.name(),
-                hex(&digest(role_token(secret, c).as_bytes()))
-            )
-        })
+        .map(|&c| format!("{}:{}", c.name(), hex(&role_digest(secret, c))))
         .collect::<Vec<_>>()
         .join(",")
 }
@@ -164,7 +163,7 @@ impl ServerAuth {
         Self(
             [Caller::Admin, Caller::Master, Caller::Ps, Caller::Worker]
                 .iter()
-                .map(|&c| (c, digest(role_token(secret, c).as_bytes())))
+                .map(|&c| (c, role_digest(secret, c)))
                 .collect(),
         )
     }
