@@ -268,8 +268,9 @@ fn the_ps_count_changes_online_two_four_two_without_losing_anything() {
 /// makes each pushed row hold 300 more bytes, as growing embedding tables would) is
 /// re-sharded onto more PS before it reaches the limit: the brain's OOM prediction sizes
 /// the plan, the autoscaler executes it, the job finishes. The same job pinned at one PS
-/// runs side by side and is stopped by the memory watchdog, naming the limit, which shows
-/// the limit was real.
+/// runs side by side and is stopped at its limit (by the kernel where the host gives
+/// control groups, else by the memory watchdog), naming the limit, which shows the limit
+/// was real.
 #[test]
 fn a_ps_growing_towards_its_memory_limit_is_resharded_before_it_is_killed() {
     let _g = serial();
@@ -292,8 +293,11 @@ fn a_ps_growing_towards_its_memory_limit_is_resharded_before_it_is_killed() {
     let text = run.wait_success(&log);
     assert!(!pinned.wait(Duration::from_secs(300)).success());
     let pinned_text = std::fs::read_to_string(&pinned_log).unwrap();
+    // The kernel (the PS's control group) or, on a host without them, the master's
+    // watchdog stops it, naming the limit.
     assert!(
-        pinned_text.contains("above its limit of 0.12 GiB (autoscale.ps_mem_gb)"),
+        pinned_text.contains("above its limit of 0.12 GiB (autoscale.ps_mem_gb)")
+            || pinned_text.contains("OOM killer at its memory limit of 0.12 GiB"),
         "the pinned job was not stopped by its PS memory limit:\n{pinned_text}"
     );
     check_result(&dir, &log, 0.005);
@@ -371,6 +375,49 @@ fn a_worker_at_its_count_bound_gets_more_cores_by_replacement() {
     assert_eq!(r["workers_dead"], 0, "{r}");
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.contains("x 2 cores (was 1)"), "{text}");
+}
+
+/// Vertical CPU of a PS, in place: with the worker count at its bound and
+/// `autoscale.ps_cpu_max = 2`, the autoscaler gives the PS one core more by raising its
+/// control group's quota; the same PS process keeps serving (none is launched again), the
+/// ledger stays exact. Needs control groups (`ELASTREC_REQUIRE_CGROUPS=1` makes their
+/// absence a failure, as in CI).
+#[test]
+fn a_ps_gets_one_core_more_in_place_without_a_restart() {
+    let _g = serial();
+    let (job, dir) = write_job(
+        "vertical-ps-cpu",
+        "[cluster]\nps = 1\nworkers = 2\nwarmup_steps = 20\n[checkpoint]\nenabled = false\n\
+         [autoscale]\nenabled = true\nworkers = [2, 2]\nps_cpu_max = 2\ninterval_s = 0.5\n\
+         sample_s = 0.25\ncluster_cpu = 16\n",
+    );
+    let log = dir.with_extension("log");
+    let mut run = run_job(&job, &log, &[("ELASTREC_FAIL_SLOW_WORKER", "*:10")]);
+    let text = run.wait_success(&log);
+    if text.contains("no control groups on this host") {
+        assert!(
+            std::env::var_os("ELASTREC_REQUIRE_CGROUPS").is_none(),
+            "ELASTREC_REQUIRE_CGROUPS is set, but the master found no control groups:\n{text}"
+        );
+        eprintln!("skipped: no control groups on this host");
+        return;
+    }
+    assert!(text.contains("enforced by the kernel"), "{text}");
+    check_result(&dir, &log, 0.005);
+    let r = result(&dir);
+    let scaling = r["autoscale"]["scaling"].as_array().unwrap();
+    let vertical = scaling
+        .iter()
+        .find(|s| s["ps_cpu"][1].as_f64() > s["ps_cpu"][0].as_f64())
+        .unwrap_or_else(|| panic!("no change of the cores per PS: {r}"));
+    assert_eq!(
+        vertical["ps_cpu"],
+        serde_json::json!([1.0, 2.0]),
+        "{vertical}"
+    );
+    assert_eq!(r["ps_launched"], 1, "the PS was restarted: {r}");
+    assert_eq!(r["workers_launched"], 2, "{r}");
+    assert!(text.contains("PS 1 x 2 cores"), "{text}");
 }
 
 /// Vertical memory (Primus Eq. 2-3): a PS whose memory grows past its configured limit,

@@ -41,9 +41,11 @@ pub struct Settings {
     pub worker_cpu: f64,
     /// See `worker_cpu`.
     pub worker_cpu_max: f64,
-    /// CPU cores and memory of one PS, memory of one worker.
-    /// See `worker_cpu`.
+    /// Cores of one PS now and the most a plan may give it (vertical scaling in place,
+    /// where the engine can resize a running node; otherwise equal).
     pub ps_cpu: f64,
+    /// See `ps_cpu`.
+    pub ps_cpu_max: f64,
     /// See `worker_cpu`.
     pub worker_mem_gb: f64,
     /// See `worker_cpu`.
@@ -114,6 +116,9 @@ pub struct ScalingRecord {
     /// Cores per worker before and after.
     #[serde(default)]
     pub worker_cpu: (f64, f64),
+    /// Cores per PS before and after.
+    #[serde(default)]
+    pub ps_cpu: (f64, f64),
     /// `probe` (measuring the scaling curve) or `plan` (the brain's plan).
     pub source: String,
     /// Throughput measured before the change, samples/s.
@@ -150,6 +155,8 @@ pub enum Decision {
         worker_cpu: f64,
         /// Target PS.
         ps: u32,
+        /// Target cores per PS (changed in place).
+        ps_cpu: f64,
         /// Predicted throughput (plans) or none (probes).
         predicted: Option<f64>,
         /// Why, in order.
@@ -168,6 +175,8 @@ struct Window {
     workers: u32,
     ps: u32,
     cpu: u64,
+    /// Cores per PS, thousandths.
+    ps_cpu: u64,
 }
 
 /// The autoscaler's state.
@@ -184,6 +193,8 @@ pub struct Autoscaler {
     seen_ps: std::collections::BTreeSet<u32>,
     /// Cores per worker the profile holds samples of.
     seen_cpu: std::collections::BTreeSet<u64>,
+    /// Cores per PS (thousandths) the profile holds samples of.
+    seen_ps_cpu: std::collections::BTreeSet<u64>,
     samples_taken: u64,
     samples_at_last_plan: u64,
     last_plan_ms: u64,
@@ -247,6 +258,7 @@ impl Autoscaler {
             seen_workers: Default::default(),
             seen_ps: Default::default(),
             seen_cpu: Default::default(),
+            seen_ps_cpu: Default::default(),
             samples_taken: 0,
             samples_at_last_plan: 0,
             last_plan_ms: now_ms,
@@ -296,6 +308,7 @@ impl Autoscaler {
             workers: v.workers,
             worker_cpu: self.settings.worker_cpu,
             ps: v.ps + 1,
+            ps_cpu: self.settings.ps_cpu,
             predicted: None,
             reasons: vec![format!(
                 "hot PS {index}: {ms:.2} ms per request vs its peers' median {median:.2} ms in {HOT_STREAK} checks in a row; one more PS takes rows off it"
@@ -320,8 +333,13 @@ impl Autoscaler {
             return;
         }
         let cpu = self.settings.worker_cpu as u64;
+        let ps_cpu = (self.settings.ps_cpu * 1000.0).round() as u64;
         let w = match self.window {
-            Some(w) if w.workers == v.workers && w.ps == v.ps && w.cpu == cpu => w,
+            Some(w)
+                if w.workers == v.workers && w.ps == v.ps && w.cpu == cpu && w.ps_cpu == ps_cpu =>
+            {
+                w
+            }
             _ => {
                 self.window = Some(Window {
                     start_ms: v.now_ms,
@@ -329,6 +347,7 @@ impl Autoscaler {
                     workers: v.workers,
                     ps: v.ps,
                     cpu,
+                    ps_cpu,
                 });
                 return;
             }
@@ -356,11 +375,13 @@ impl Autoscaler {
         self.seen_workers.insert(w.workers);
         self.seen_ps.insert(w.ps);
         self.seen_cpu.insert(w.cpu);
+        self.seen_ps_cpu.insert(w.ps_cpu);
         self.samples_taken += 1;
         self.measured = Some((throughput, w.workers, w.ps));
         if let Some(last) = self.history.last_mut() {
             if last.after == (w.workers, w.ps)
                 && last.worker_cpu.1 as u64 == w.cpu
+                && (last.ps_cpu.1 * 1000.0).round() as u64 == w.ps_cpu
                 && last.measured_after.is_none()
             {
                 last.measured_after = Some(throughput);
@@ -409,6 +430,7 @@ impl Autoscaler {
                 workers: v.workers + 1,
                 worker_cpu: self.settings.worker_cpu,
                 ps: v.ps,
+                ps_cpu: self.settings.ps_cpu,
                 predicted: None,
                 reasons: vec![format!(
                     "probe: the profile holds only {} worker(s); one more measures how throughput scales (the fit needs two allocations)",
@@ -432,9 +454,36 @@ impl Autoscaler {
                 workers: v.workers,
                 worker_cpu: cpu + 1.0,
                 ps: v.ps,
+                ps_cpu: self.settings.ps_cpu,
                 predicted: None,
                 reasons: vec![format!(
                     "probe: the profile holds only {cpu} core(s) per worker; one more measures what a worker's cores are worth (Eq. 2)"
+                )],
+            };
+            return Round::Probe(report, d);
+        }
+        // A PS's cores enter Eq. 2 only as `w / (p * ps_cpu)`: from one PS count and one
+        // value of them, the fit cannot tell that term from the workers' own; one core
+        // more per PS (in place, no restart) measures it.
+        let ps_cpu = self.settings.ps_cpu;
+        let room = self.settings.allocation(v.workers, v.ps).total_cpu() + f64::from(v.ps)
+            <= self.settings.cluster_cpu + 1e-9;
+        if self.settings.send_capacity
+            && room
+            && (self.seen_workers.len() >= 2 || v.workers >= wmax)
+            && (self.seen_cpu.len() >= 2 || cpu + 1.0 > self.settings.worker_cpu_max)
+            && self.seen_ps_cpu.len() < 2
+            && self.seen_ps.len() < 2
+            && ps_cpu + 1.0 <= self.settings.ps_cpu_max + 1e-9
+        {
+            let d = Decision::Apply {
+                workers: v.workers,
+                worker_cpu: cpu,
+                ps: v.ps,
+                ps_cpu: ps_cpu + 1.0,
+                predicted: None,
+                reasons: vec![format!(
+                    "probe: the profile holds only {ps_cpu} core(s) per PS; one more measures what a server's cores are worth (Eq. 2, changed in place)"
                 )],
             };
             return Round::Probe(report, d);
@@ -510,8 +559,9 @@ impl Autoscaler {
                 workers,
                 ps,
                 worker_cpu,
+                ps_cpu,
                 ..
-            } => format!("apply: {workers} workers x {worker_cpu} cores, {ps} PS"),
+            } => format!("apply: {workers} workers x {worker_cpu} cores, {ps} PS x {ps_cpu} cores"),
             Decision::Keep(why) => format!("keep: {why}"),
             Decision::Refuse(why) => format!("refused: {why}"),
         });
@@ -536,6 +586,13 @@ impl Autoscaler {
             return Decision::Refuse(format!(
                 "the plan's {} workers are outside autoscale.workers [{wmin}, {wmax}]",
                 a.workers
+            ));
+        }
+        let ps_cpu_max = self.settings.ps_cpu_max.max(self.settings.ps_cpu);
+        if !(a.ps_cpu.is_finite() && a.ps_cpu > 0.0 && a.ps_cpu <= ps_cpu_max + 1e-9) {
+            return Decision::Refuse(format!(
+                "the plan's {} cores per PS are outside (0, {ps_cpu_max}] (autoscale.ps_cpu_max)",
+                a.ps_cpu
             ));
         }
         if !(pmin..=pmax).contains(&a.ps) {
@@ -582,7 +639,16 @@ impl Autoscaler {
         } else {
             cpu
         };
-        if (a.workers, ps) == (v.workers, v.ps) && cpu == now_cpu {
+        // Cores per PS for speed once the fit can tell what they are worth: two values
+        // of them, or two PS counts (the term is `w / (p * ps_cpu)`).
+        let now_ps_cpu = self.settings.ps_cpu;
+        let ps_cpu =
+            if a.ps_cpu > now_ps_cpu && self.seen_ps_cpu.len() < 2 && self.seen_ps.len() < 2 {
+                now_ps_cpu
+            } else {
+                a.ps_cpu
+            };
+        if (a.workers, ps) == (v.workers, v.ps) && cpu == now_cpu && ps_cpu == now_ps_cpu {
             return Decision::Keep(match ps_note {
                 Some(why) => format!("the plan's PS change ({} -> {}) {why}", v.ps, a.ps),
                 None => format!("the plan keeps {} workers and {} PS", v.workers, v.ps),
@@ -591,7 +657,8 @@ impl Autoscaler {
         if let Some(now) = self.measured().filter(|t| *t > 0.0) {
             let change = (tp - now) / now;
             // Fewer nodes for the same speed is a saving; more nodes must be faster.
-            let cheaper = a.workers <= v.workers && ps <= v.ps && cpu <= now_cpu;
+            let cheaper =
+                a.workers <= v.workers && ps <= v.ps && cpu <= now_cpu && ps_cpu <= now_ps_cpu;
             if !cheaper && !for_memory && change < self.settings.min_gain {
                 return Decision::Keep(format!(
                     "predicted {tp:.0} samples/s is {:+.1}% of the measured {now:.0}, below autoscale.min_gain ({:.0}%)",
@@ -604,6 +671,7 @@ impl Autoscaler {
             workers: a.workers,
             worker_cpu: cpu,
             ps,
+            ps_cpu,
             predicted: Some(tp),
             reasons: plan.reasons.clone(),
         }
@@ -615,6 +683,7 @@ impl Autoscaler {
             workers,
             worker_cpu,
             ps,
+            ps_cpu,
             predicted,
             reasons,
         } = d
@@ -624,6 +693,7 @@ impl Autoscaler {
                 before: (v.workers, v.ps),
                 after: (*workers, *ps),
                 worker_cpu: (self.settings.worker_cpu, *worker_cpu),
+                ps_cpu: (self.settings.ps_cpu, *ps_cpu),
                 source: source.to_string(),
                 measured_before: self.measured(),
                 predicted: *predicted,
@@ -631,6 +701,7 @@ impl Autoscaler {
                 reasons: reasons.clone(),
             });
             self.settings.worker_cpu = *worker_cpu;
+            self.settings.ps_cpu = *ps_cpu;
             // The next window starts at the new allocation.
             self.window = None;
         }
@@ -686,6 +757,7 @@ mod tests {
             worker_cpu: 1.0,
             worker_cpu_max: 1.0,
             ps_cpu: 1.0,
+            ps_cpu_max: 1.0,
             worker_mem_gb: 2.0,
             ps_mem_gb: 2.0,
             cluster_cpu: 16.0,

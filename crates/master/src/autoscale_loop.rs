@@ -31,11 +31,12 @@ pub fn settings(cfg: &JobConfig, brain_job_id: &str) -> Settings {
         sample_ms: (a.sample_s * 1000.0) as u64,
         min_gain: a.min_gain,
         batch_size: cfg.train.batch_size as u32,
-        // A worker's cores are its compute threads on the local backend; a PS counts as
-        // one core.
+        // A worker's cores are its compute threads on the local backend, so whole ones.
         worker_cpu: a.worker_cpu.round().max(1.0),
         worker_cpu_max: a.worker_cpu_max.round().max(a.worker_cpu.round()).max(1.0),
-        ps_cpu: 1.0,
+        ps_cpu: a.ps_cpu,
+        // Lowered to `ps_cpu` by the loop where the engine cannot resize a running PS.
+        ps_cpu_max: a.ps_cpu_max.max(a.ps_cpu),
         worker_mem_gb: a.worker_mem_gb,
         ps_mem_gb: ps_mem_gb(cfg),
         cluster_cpu: if a.cluster_cpu > 0.0 {
@@ -56,6 +57,31 @@ pub fn settings(cfg: &JobConfig, brain_job_id: &str) -> Settings {
         hot_ratio: a.hot_ps_ratio,
         send_capacity: a.brain.is_empty(),
     }
+}
+
+/// Sizes the nodes an autoscaled job starts: a worker's cores are its compute threads,
+/// and both roles take the allotment of `[autoscale]` (cores, memory, and the most an
+/// out-of-memory kill may grow it to) instead of `[resources]`.
+pub fn size_nodes(template: &crate::launch::LaunchTemplate, cfg: &JobConfig) {
+    if !cfg.autoscale.enabled {
+        return;
+    }
+    let s = settings(cfg, "");
+    let a = &cfg.autoscale;
+    let mib = |gb: f64| (gb * 1024.0).ceil() as u64;
+    template.set_worker_threads(s.worker_cpu as usize);
+    template.set_role_size(
+        Role::Worker,
+        s.worker_cpu,
+        mib(s.worker_mem_gb),
+        mib(a.worker_mem_gb_max.max(s.worker_mem_gb)),
+    );
+    template.set_role_size(
+        Role::Ps,
+        s.ps_cpu,
+        mib(s.ps_mem_gb),
+        mib(a.ps_mem_gb_max.max(s.ps_mem_gb)),
+    );
 }
 
 /// Memory of one PS: configured, or its share of the model state as the brain sizes it
@@ -126,7 +152,7 @@ pub fn job_spec(cfg: &JobConfig, brain_job_id: &str, samples_total: u64) -> pb::
                     .max(cfg.autoscale.worker_cpu.round())
                     .max(1.0),
             ),
-            ps_cpu: range(1.0, 1.0),
+            ps_cpu: range(a.ps_cpu, a.ps_cpu_max.max(a.ps_cpu)),
             worker_mem_gb: range(a.worker_mem_gb, a.worker_mem_gb),
             ps_mem_gb: range(ps_mem, ps_mem),
         }),
@@ -190,7 +216,14 @@ pub async fn run(
     samples_total: u64,
     mut registered: bool,
 ) {
-    let settings = settings(&cfg, &brain_job_id);
+    let mut settings = settings(&cfg, &brain_job_id);
+    if settings.ps_cpu_max > settings.ps_cpu && !core.backend().resizes_in_place() {
+        eprintln!(
+            "autoscale: a PS keeps {} cores: this backend cannot change a running node's cores (autoscale.ps_cpu_max needs the local backend with control groups)",
+            settings.ps_cpu
+        );
+        settings.ps_cpu_max = settings.ps_cpu;
+    }
     let m = u64::from(settings.batch_size.max(1));
     let range = |lo: f64, hi: f64| elastrec_brain::Range::new(lo, hi.max(lo));
     let mut limits = MemoryLimits::new(
@@ -238,7 +271,9 @@ pub async fn run(
             *core.autoscale_status.lock() = Some(status(&auto, &limits));
             return;
         }
-        enforce_memory_limits(&core, &limits).await;
+        if !core.backend().enforces_memory() {
+            enforce_memory_limits(&core, &limits).await;
+        }
         auto.observe(&view);
         let round = auto.next_round(&view);
         if round != Round::Idle {
@@ -370,25 +405,46 @@ fn follow_memory_use(
     profiles: &std::collections::BTreeMap<u32, elastrec_proto::master::NodeProfile>,
     started: u64,
 ) {
-    let nodes: Vec<(u32, bool, u32)> = core
+    let nodes: Vec<crate::job::Node> = core
         .job
         .lock()
         .nodes()
         .filter(|n| n.state.is_live())
-        .map(|n| (n.id, n.role == Role::Ps, n.index))
+        .cloned()
         .collect();
     let at_s = monotonic_ms().saturating_sub(started) as f64 / 1000.0;
-    for node in nodes {
-        let Some(p) = profiles.get(&node.0) else {
+    let backend = core.backend();
+    for n in nodes {
+        let Some(p) = profiles.get(&n.id) else {
             continue;
         };
         let gb = p.rss_bytes as f64 / (1u64 << 30) as f64;
-        if let Some(c) = limits.observe(at_s, node, gb) {
+        let start_gb = core
+            .launch
+            .get()
+            .map_or(0.0, |l| l.memory_mib(n.role) as f64 / 1024.0);
+        let node = (n.id, n.role == Role::Ps, n.index);
+        let Some(c) = limits.observe(at_s, node, gb, start_gb) else {
+            continue;
+        };
+        // Where the engine holds the node to a limit (its control group), the new one
+        // is written there; a refusal (e.g. below what the node holds) keeps the old one.
+        let change = crate::backend::Resize {
+            cpu: None,
+            memory_bytes: Some((c.to_gb * (1u64 << 30) as f64) as u64),
+        };
+        if let Err(e) = backend.resize(&n, change) {
             eprintln!(
-                "autoscale: memory limit of node {} ({} {}) {:.3} -> {:.3} GiB: {}",
-                c.node, c.role, c.index, c.from_gb, c.to_gb, c.reason
+                "autoscale: memory limit of node {} stays {:.3} GiB: {e:#}",
+                c.node, c.from_gb
             );
+            limits.undo(&c);
+            continue;
         }
+        eprintln!(
+            "autoscale: memory limit of node {} ({} {}) {:.3} -> {:.3} GiB: {}",
+            c.node, c.role, c.index, c.from_gb, c.to_gb, c.reason
+        );
     }
 }
 
@@ -436,9 +492,16 @@ async fn execute(core: &MasterCore, auto: &mut Autoscaler, d: &Decision, v: &Vie
             workers,
             worker_cpu,
             ps,
+            ps_cpu,
             predicted,
             reasons,
         } => {
+            if (*ps_cpu - auto.settings().ps_cpu).abs() > 1e-9 {
+                if let Err(e) = resize_ps(core, *ps_cpu) {
+                    eprintln!("autoscale: not scaling: {e:#}");
+                    return;
+                }
+            }
             if *ps != v.ps {
                 let why = reasons.last().cloned().unwrap_or_default();
                 if let Err(e) =
@@ -478,7 +541,7 @@ async fn execute(core: &MasterCore, auto: &mut Autoscaler, d: &Decision, v: &Vie
             match r {
                 Ok(Ok(previous)) => {
                     eprintln!(
-                        "autoscale: workers {previous} -> {target} x {worker_cpu} cores (was {cpu_before}), PS {} ({source}{}): {}",
+                        "autoscale: workers {previous} -> {target} x {worker_cpu} cores (was {cpu_before}), PS {} x {ps_cpu} cores ({source}{}): {}",
                         ps,
                         predicted.map_or(String::new(), |t| format!(
                             ", predicted {t:.0} samples/s vs measured {:.0}",
@@ -495,4 +558,37 @@ async fn execute(core: &MasterCore, auto: &mut Autoscaler, d: &Decision, v: &Vie
         Decision::Keep(why) => tracing::debug!(%why, "autoscale: keep"),
         Decision::Refuse(why) => eprintln!("autoscale: plan refused: {why}"),
     }
+}
+
+/// Gives every running PS `cpu` cores in place (their control groups' quota) and the PS
+/// started from now on the same. Refused while a PS is recovered or the layout changes,
+/// so that no server is left with the old cores.
+fn resize_ps(core: &MasterCore, cpu: f64) -> anyhow::Result<()> {
+    let servers: Vec<crate::job::Node> = {
+        let job = core.job.lock();
+        if job.recovering() {
+            anyhow::bail!("a parameter server is being recovered");
+        }
+        job.nodes()
+            .filter(|n| n.role == Role::Ps && n.state.is_live())
+            .cloned()
+            .collect()
+    };
+    let backend = core.backend();
+    for n in &servers {
+        let change = crate::backend::Resize {
+            cpu: Some(cpu),
+            memory_bytes: None,
+        };
+        if !backend.resize(n, change)? {
+            anyhow::bail!(
+                "this backend cannot change the cores of running PS {}",
+                n.index
+            );
+        }
+    }
+    if let Some(launch) = core.launch.get() {
+        launch.set_role_cpu(Role::Ps, cpu);
+    }
+    Ok(())
 }

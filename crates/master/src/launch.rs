@@ -41,6 +41,10 @@ pub struct LaunchTemplate {
     /// Memory of the PS / workers started from now on, MiB (0: the role's `memory_gb`);
     /// grows after an out-of-memory kill.
     memory_mib: [AtomicU64; 2],
+    /// The most an out-of-memory kill may grow it to, MiB (0: the role's `memory_gb_max`).
+    memory_max_mib: [AtomicU64; 2],
+    /// Cores of the PS / workers started from now on, thousandths (0: the role's `cpu`).
+    cpu_milli: [AtomicU64; 2],
 }
 
 /// How to start one node.
@@ -94,6 +98,32 @@ impl LaunchTemplate {
             env: Vec::new(),
             worker_threads: AtomicUsize::new(0),
             memory_mib: [AtomicU64::new(0), AtomicU64::new(0)],
+            memory_max_mib: [AtomicU64::new(0), AtomicU64::new(0)],
+            cpu_milli: [AtomicU64::new(0), AtomicU64::new(0)],
+        }
+    }
+
+    /// Sizes the nodes of `role` started from now on (the autoscaler's allotment instead
+    /// of `[resources]`): cores, memory and the most an out-of-memory kill may grow it to,
+    /// MiB.
+    pub fn set_role_size(&self, role: Role, cpu: f64, memory_mib: u64, memory_max_mib: u64) {
+        let slot = role_slot(role);
+        self.cpu_milli[slot].store((cpu * 1000.0).round().max(1.0) as u64, Ordering::Release);
+        self.memory_mib[slot].store(memory_mib.max(1), Ordering::Release);
+        self.memory_max_mib[slot].store(memory_max_mib.max(memory_mib), Ordering::Release);
+    }
+
+    /// Cores of the nodes of `role` started from now on (vertical scaling).
+    pub fn set_role_cpu(&self, role: Role, cpu: f64) {
+        self.cpu_milli[role_slot(role)]
+            .store((cpu * 1000.0).round().max(1.0) as u64, Ordering::Release);
+    }
+
+    /// Cores a node of `role` started now asks for (a worker's thread cap aside).
+    pub fn cpu(&self, role: Role) -> f64 {
+        match self.cpu_milli[role_slot(role)].load(Ordering::Acquire) {
+            0 => self.role_resources(role).cpu,
+            m => m as f64 / 1000.0,
         }
     }
 
@@ -120,7 +150,10 @@ impl LaunchTemplate {
     /// equal when the maximum is reached.
     pub fn grow_memory(&self, role: Role) -> (u64, u64) {
         let before = self.memory_mib(role);
-        let max = self.role_resources(role).memory_max_mib();
+        let max = match self.memory_max_mib[role_slot(role)].load(Ordering::Acquire) {
+            0 => self.role_resources(role).memory_max_mib(),
+            m => m,
+        };
         let after = (before + before / 2).min(max).max(before);
         self.memory_mib[role_slot(role)].store(after, Ordering::Release);
         (before, after)
@@ -170,8 +203,7 @@ impl LaunchTemplate {
         }
         let mut env = self.env.clone();
         env.push((MASTER_ENV.into(), self.master_addr.clone()));
-        let r = self.role_resources(node.role);
-        let mut cpu = r.cpu;
+        let mut cpu = self.cpu(node.role);
         let threads = self.worker_threads();
         if node.role == Role::Worker && threads > 0 {
             env.push(("RAYON_NUM_THREADS".into(), threads.to_string()));
@@ -270,6 +302,25 @@ mod tests {
             "twice memory_gb at most"
         );
         assert_eq!(t.grow_memory(Role::Worker), (4096, 4096));
+    }
+
+    /// The autoscaler's allotment sizes a role instead of `[resources]`, its maximum
+    /// included.
+    #[test]
+    fn a_role_size_replaces_the_resources_of_nodes_started_from_then_on() {
+        let t = template("j");
+        t.set_role_size(Role::Ps, 1.5, 200, 300);
+        let s = t.spec(&node(Role::Ps, 1));
+        assert_eq!((s.cpu, s.memory_mib), (1.5, 200));
+        assert_eq!(t.grow_memory(Role::Ps), (200, 300));
+        assert_eq!(
+            t.grow_memory(Role::Ps),
+            (300, 300),
+            "the allotment's maximum"
+        );
+        t.set_role_cpu(Role::Ps, 2.0);
+        assert_eq!(t.spec(&node(Role::Ps, 1)).cpu, 2.0);
+        assert_eq!(t.spec(&node(Role::Worker, 2)).memory_mib, 2048, "per role");
     }
 
     #[test]

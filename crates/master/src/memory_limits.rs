@@ -1,7 +1,8 @@
 //! Per-node memory limits that follow use (Primus Eq. 2-3, vertical scaling): each round,
 //! a node's limit becomes `R_used + R_x + R_s` over its recent resident-memory readings,
 //! kept between its role's configured limit and maximum. On the local backend a limit is
-//! what the memory watchdog enforces, so a change needs no restart. Pure: the autoscale
+//! its control group's (or, without them, what the memory watchdog enforces), so a change
+//! needs no restart. Pure: the autoscale
 //! loop feeds readings and asks for limits.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -74,16 +75,19 @@ impl MemoryLimits {
     }
 
     /// One reading of a node's resident memory; returns the change of its limit, if any.
+    /// `start_gb` is the limit the node was started with (its role's, grown after an
+    /// out-of-memory kill), used at its first reading.
     pub fn observe(
         &mut self,
         at_s: f64,
         node: (u32, bool, u32),
         rss_gb: f64,
+        start_gb: f64,
     ) -> Option<LimitChange> {
         let (id, is_ps, index) = node;
         let range = self.range(is_ps);
         let n = self.nodes.entry(id).or_insert_with(|| NodeMemory {
-            limit_gb: range.min,
+            limit_gb: start_gb.max(range.min),
             readings: VecDeque::new(),
         });
         n.readings.push_back(rss_gb);
@@ -119,6 +123,16 @@ impl MemoryLimits {
         Some(change)
     }
 
+    /// Takes back `change`, which could not be applied (the engine refused it).
+    pub fn undo(&mut self, change: &LimitChange) {
+        if let Some(n) = self.nodes.get_mut(&change.node) {
+            n.limit_gb = change.from_gb;
+        }
+        if self.changes.last() == Some(change) {
+            self.changes.pop();
+        }
+    }
+
     /// Every change so far.
     pub fn changes(&self) -> &[LimitChange] {
         &self.changes
@@ -134,7 +148,7 @@ mod tests {
         let mut m = MemoryLimits::new(Range::new(2.0, 2.0), Range::new(0.12, 0.4));
         let mut change = None;
         for (i, gb) in [0.05, 0.07, 0.09, 0.11].iter().enumerate() {
-            change = m.observe(i as f64, (1, true, 0), *gb).or(change);
+            change = m.observe(i as f64, (1, true, 0), *gb, 0.12).or(change);
         }
         let c = change.expect("the limit follows the growth");
         assert!(c.to_gb > 0.12 && c.to_gb <= 0.4, "{c:?}");
@@ -142,13 +156,22 @@ mod tests {
         assert_eq!(m.limit_gb(1, true), c.to_gb);
         // Far beyond the maximum: clamped to it.
         for gb in [1.0, 2.0] {
-            m.observe(9.0, (1, true, 0), gb);
+            m.observe(9.0, (1, true, 0), gb, 0.12);
         }
         assert_eq!(m.limit_gb(1, true), 0.4);
         // A fixed role never changes.
         for gb in [1.0, 3.0, 5.0] {
-            assert_eq!(m.observe(1.0, (2, false, 0), gb), None);
+            assert_eq!(m.observe(1.0, (2, false, 0), gb, 2.0), None);
         }
         assert_eq!(m.limit_gb(2, false), 2.0);
+        // A node started with a grown limit begins there; a refused change is undone.
+        let c = [0.3, 0.35]
+            .iter()
+            .find_map(|gb| m.observe(1.0, (3, true, 1), *gb, 0.2))
+            .expect("growth past the start");
+        assert_eq!(c.from_gb, 0.2);
+        let n = m.changes().len();
+        m.undo(&c);
+        assert_eq!((m.limit_gb(3, true), m.changes().len()), (0.2, n - 1));
     }
 }

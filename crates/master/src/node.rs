@@ -92,6 +92,10 @@ pub struct JobResult {
     pub workers_launched: u32,
     /// Workers declared dead.
     pub workers_dead: u32,
+    /// Parameter-server processes launched over the job (a recovery or a re-sharding
+    /// launches more).
+    #[serde(default)]
+    pub ps_launched: u32,
     /// Checkpoints, recoveries and the portion of lost samples (when enabled).
     pub checkpoint: Option<CheckpointReport>,
     /// The autoscaler: bounds, last plan and every scaling action (when enabled).
@@ -214,8 +218,8 @@ fn policy(cfg: &JobConfig) -> Policy {
 }
 
 /// The job's backend of `kind` and the template it starts nodes from: nodes start `exe`
-/// and reach the master at `addr`. With autoscaling, a worker's compute threads are the
-/// cores it is allotted (`autoscale.worker_cpu`); otherwise the role's `[resources]`
+/// and reach the master at `addr`. With autoscaling, nodes take the allotment of
+/// `[autoscale]` (see `autoscale_loop::size_nodes`); otherwise the role's `[resources]`
 /// size it.
 #[allow(clippy::too_many_arguments)]
 fn open_backend(
@@ -239,12 +243,11 @@ fn open_backend(
         cfg.resources.clone(),
     );
     template.tls = tls;
-    if cfg.autoscale.enabled {
-        template.set_worker_threads(cfg.autoscale.worker_cpu.round().max(1.0) as usize);
-    }
+    crate::autoscale_loop::size_nodes(&template, cfg);
     let template = Arc::new(template);
+    let enforce = cfg.autoscale.enabled || cfg.engine.local.enforce_resources;
     Ok((
-        crate::backend::open(kind, template.clone(), &cfg.engine)?,
+        crate::backend::open(kind, template.clone(), &cfg.engine, enforce)?,
         template,
     ))
 }
@@ -268,7 +271,7 @@ fn out_of_memory(core: &MasterCore, id: u32, reason: &str) {
         );
     } else {
         eprintln!(
-            "master: {role} node {id} was killed for its memory ({reason}) at its role's maximum of {:.2} GiB; raise resources.{role}.memory_gb_max",
+            "master: {role} node {id} was killed for its memory ({reason}) at its role's maximum of {:.2} GiB; raise resources.{role}.memory_gb_max (autoscale.{role}_mem_gb_max in an autoscaled job)",
             before as f64 / 1024.0
         );
     }
@@ -1013,6 +1016,7 @@ async fn serve(
                 .iter()
                 .filter(|n| n.state == NodeState::Dead)
                 .count() as u32,
+            ps_launched: job.nodes().filter(|n| n.role == Role::Ps).count() as u32,
             checkpoint: core.checkpoints().map(|c| c.report(total.consumed)),
             autoscale: core.autoscale_status.lock().clone(),
             resources: Resources {

@@ -48,6 +48,12 @@ pub struct AutoscaleConfig {
     /// Most cores a plan may give one worker (vertical scaling: every worker is replaced
     /// by one with the new cores); 0: `worker_cpu`, i.e. fixed.
     pub worker_cpu_max: f64,
+    /// Cores of one PS (its CPU quota where the engine enforces one: a control group on
+    /// the local backend).
+    pub ps_cpu: f64,
+    /// Most cores a plan may give one PS (vertical scaling, changed in place: the local
+    /// backend with control groups only); 0: `ps_cpu`, i.e. fixed.
+    pub ps_cpu_max: f64,
     /// Memory limit of one worker and of one PS, GiB (0 for the PS: the model state it
     /// holds with headroom).
     pub worker_mem_gb: f64,
@@ -84,6 +90,8 @@ impl Default for AutoscaleConfig {
             cluster_mem_gb: 0.0,
             worker_cpu: 1.0,
             worker_cpu_max: 0.0,
+            ps_cpu: 1.0,
+            ps_cpu_max: 0.0,
             worker_mem_gb: 2.0,
             ps_mem_gb: 0.0,
             worker_mem_gb_max: 0.0,
@@ -154,6 +162,7 @@ pub(crate) fn validate_autoscale(job: &JobConfig, path: &Path) -> Result<(), Con
         ("autoscale.worker_mem_gb", a.worker_mem_gb),
         ("autoscale.hot_ps_ratio", a.hot_ps_ratio),
         ("autoscale.worker_cpu", a.worker_cpu),
+        ("autoscale.ps_cpu", a.ps_cpu),
     ] {
         if !positive(v) {
             return Err(bad(field, format!("must be a positive number, got {v}")));
@@ -167,6 +176,7 @@ pub(crate) fn validate_autoscale(job: &JobConfig, path: &Path) -> Result<(), Con
         ("autoscale.worker_start_s", a.worker_start_s),
         ("autoscale.ps_migration_s", a.ps_migration_s),
         ("autoscale.worker_cpu_max", a.worker_cpu_max),
+        ("autoscale.ps_cpu_max", a.ps_cpu_max),
         ("autoscale.worker_mem_gb_max", a.worker_mem_gb_max),
         ("autoscale.ps_mem_gb_max", a.ps_mem_gb_max),
     ] {

@@ -168,6 +168,35 @@ pub struct EngineConfig {
     pub slurm: SlurmConfig,
     /// Pods: image, namespace, identity (`--backend kubernetes`).
     pub kubernetes: KubernetesConfig,
+    /// How the local backend enforces nodes' limits (`--backend local`).
+    pub local: LocalConfig,
+}
+
+/// How the local backend (`--backend local`) holds nodes to their CPU and memory.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocalConfig {
+    /// Where limits are enforced by the kernel (a control group per node) or by the
+    /// master (compute threads and a resident-memory watchdog).
+    pub cgroups: CgroupMode,
+    /// Hold every node to its role's `[resources]` (cores and memory) even without
+    /// `[autoscale]`; by default a local job without autoscaling uses the machine freely.
+    pub enforce_resources: bool,
+}
+
+/// `engine.local.cgroups`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupMode {
+    /// A control group per node where this host lets the master create them (cgroup v2
+    /// with the memory and cpu controllers delegated, or cgroup v1 hierarchies it may
+    /// write); otherwise threads and the watchdog.
+    #[default]
+    Auto,
+    /// Control groups or no job: the job refuses to start, saying what is missing.
+    On,
+    /// Never: threads and the watchdog.
+    Off,
 }
 
 /// How the Kubernetes backend runs nodes as pods. Every field but `image` has a default

@@ -3,6 +3,7 @@
 //! behaves the same on local processes, Slurm or Kubernetes; only how a process is placed,
 //! watched and stopped differs.
 
+pub mod cgroup;
 pub mod kubernetes;
 mod local;
 mod slurm;
@@ -35,6 +36,23 @@ pub trait ClusterBackend: Send + Sync {
     fn set_worker_threads(&self, threads: usize) {
         let _ = threads;
     }
+    /// Changes a running node's limits in place (`None`: unchanged): vertical scaling
+    /// without a restart. `Ok(false)`: this engine cannot (the caller replaces the node or
+    /// keeps its limits).
+    fn resize(&self, node: &Node, change: Resize) -> anyhow::Result<bool> {
+        let _ = (node, change);
+        Ok(false)
+    }
+    /// [`ClusterBackend::resize`] changes running nodes (a plan may then change a PS's
+    /// cores without a restart).
+    fn resizes_in_place(&self) -> bool {
+        false
+    }
+    /// The engine holds each node to its memory limit itself (a kernel control group, a
+    /// pod's limit): the master's resident-memory watchdog is not needed.
+    fn enforces_memory(&self) -> bool {
+        false
+    }
     /// Releases what the engine holds for the job once none of its nodes runs any more
     /// (the job ended, or an interrupted master stopped every node): Kubernetes deletes
     /// the job's pods and Secret. Backends with nothing to release ignore it.
@@ -45,6 +63,15 @@ pub trait ClusterBackend: Send + Sync {
     fn queued(&self) -> Vec<u32> {
         Vec::new()
     }
+}
+
+/// A change of a running node's limits; `None` leaves one as it is.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Resize {
+    /// Cores.
+    pub cpu: Option<f64>,
+    /// Memory, bytes.
+    pub memory_bytes: Option<u64>,
 }
 
 /// A node process that ended, as the engine reports it.
@@ -104,15 +131,24 @@ impl BackendKind {
 }
 
 /// The backend of `kind` for a job whose nodes start from `template`; `engine` is the
-/// job's `[engine]` section. Engines check here, before any node starts, that they can
-/// run the job.
+/// job's `[engine]` section, `enforce_limits` whether nodes are held to their launch
+/// specs' cores and memory on the local backend. Engines check here, before any node
+/// starts, that they can run the job.
 pub fn open(
     kind: BackendKind,
     template: std::sync::Arc<LaunchTemplate>,
     engine: &elastrec_worker::resources::EngineConfig,
+    enforce_limits: bool,
 ) -> anyhow::Result<std::sync::Arc<dyn ClusterBackend>> {
     match kind {
-        BackendKind::Local => Ok(std::sync::Arc::new(LocalProcesses::new(template))),
+        BackendKind::Local => {
+            let groups = if enforce_limits {
+                local_cgroups(&template, engine.local.cgroups)?
+            } else {
+                None
+            };
+            Ok(std::sync::Arc::new(LocalProcesses::new(template, groups)))
+        }
         BackendKind::Slurm => Ok(std::sync::Arc::new(SlurmSteps::open(
             template,
             &engine.slurm,
@@ -121,5 +157,35 @@ pub fn open(
             template,
             &engine.kubernetes,
         )?)),
+    }
+}
+
+/// The job's control groups on this host per `engine.local.cgroups`: `auto` falls back
+/// to threads and the watchdog (saying why), `on` refuses the job.
+fn local_cgroups(
+    template: &LaunchTemplate,
+    mode: elastrec_worker::resources::CgroupMode,
+) -> anyhow::Result<Option<cgroup::Cgroups>> {
+    use elastrec_worker::resources::CgroupMode;
+    if mode == CgroupMode::Off {
+        return Ok(None);
+    }
+    match cgroup::Cgroups::open(&format!("elastrec-{}", template.job_uid)) {
+        Ok(groups) => {
+            eprintln!(
+                "master: nodes' cores and memory are enforced by the kernel ({})",
+                groups.describe()
+            );
+            Ok(Some(groups))
+        }
+        Err(why) if mode == CgroupMode::On => anyhow::bail!(
+            "engine.local.cgroups = \"on\", but this host gives the master no control groups: {why}; set it to \"auto\" to enforce limits with threads and a memory watchdog"
+        ),
+        Err(why) => {
+            eprintln!(
+                "master: no control groups on this host ({why}); nodes' memory is enforced by the master's watchdog, a worker's cores by its threads"
+            );
+            Ok(None)
+        }
     }
 }

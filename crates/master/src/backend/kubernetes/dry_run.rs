@@ -78,9 +78,7 @@ fn render(cfg: &JobConfig, namespace: &str) -> anyhow::Result<String> {
         "logs".into(),
         cfg.resources.clone(),
     );
-    if cfg.autoscale.enabled {
-        template.set_worker_threads(cfg.autoscale.worker_cpu.round().max(1.0) as usize);
-    }
+    crate::autoscale_loop::size_nodes(&template, cfg);
     let template = Arc::new(template);
     let objects = JobObjects {
         cfg: cfg.engine.kubernetes.clone(),
