@@ -107,6 +107,11 @@ const BRAIN_TOKEN: &str = "autoscale-test-brain-token";
 /// Starts `elastrec brain` on `port` with a SQLite file and waits until it has opened its
 /// database (it prints its metrics address right after).
 fn start_brain(port: u16, db: &Path, log: &Path) -> Child {
+    start_brain_with(port, db, log, &[])
+}
+
+/// [`start_brain`] with more arguments (e.g. the cluster's capacity).
+fn start_brain_with(port: u16, db: &Path, log: &Path, extra: &[&str]) -> Child {
     let f = std::fs::File::create(log).unwrap();
     let child = Command::new(exe())
         .args([
@@ -115,6 +120,7 @@ fn start_brain(port: u16, db: &Path, log: &Path) -> Child {
             &format!("sqlite://{}?mode=rwc", db.display()),
         ])
         .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(extra)
         .env("ELASTREC_BRAIN_TOKEN", BRAIN_TOKEN)
         .stdout(f.try_clone().unwrap())
         .stderr(f)
@@ -187,6 +193,106 @@ fn a_job_keeps_training_while_its_brain_service_is_down_and_reconnects() {
         "the job never reached the restarted brain ({:.1} s after its restart): {}",
         t0.elapsed().as_secs_f64(),
         r["autoscale"]
+    );
+}
+
+/// Two jobs share one `elastrec brain` service whose cluster has 6 cores: the brain plans
+/// them together (weighted greedy over both jobs' fronts, DLRover-RM Eq. 11-14), so the
+/// nodes both run at any moment never take more than the cluster, although each alone
+/// would take up to 8 workers; both finish exactly.
+#[test]
+fn two_jobs_on_one_brain_service_share_its_cluster() {
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let capacity = 6;
+    let mut brain = start_brain_with(
+        port,
+        &tmp.path().join("brain.db"),
+        &tmp.path().join("brain.log"),
+        &[
+            "--cluster-cpu",
+            &capacity.to_string(),
+            "--cluster-mem-gb",
+            "64",
+        ],
+    );
+    let section = autoscale_section(&format!(
+        "workers = [1, 8]\nbrain = \"http://127.0.0.1:{port}\""
+    ));
+    let env = [
+        ("ELASTREC_FAIL_SLOW_WORKER", SLOW),
+        ("ELASTREC_BRAIN_TOKEN", BRAIN_TOKEN),
+    ];
+    let jobs: Vec<(std::path::PathBuf, std::path::PathBuf, Group)> = ["shared-a", "shared-b"]
+        .iter()
+        .map(|name| {
+            let (job, dir) = write_job(name, &section);
+            let log = dir.with_extension("log");
+            let run = run_job(&job, &log, &env);
+            (dir, log, run)
+        })
+        .collect();
+    // Observed, not waited for: every moment both masters answer, the cores their
+    // running nodes hold (one each: 1-core workers and PS).
+    let mut most = 0;
+    let mut jobs = jobs;
+    let t0 = Instant::now();
+    while jobs
+        .iter_mut()
+        .any(|(_, _, run)| run.0.try_wait().unwrap().is_none())
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(300),
+            "the jobs did not finish"
+        );
+        let held: Option<usize> = jobs
+            .iter()
+            .map(|(dir, _, _)| {
+                let s = status_json(dir)?;
+                let running = s["nodes"]
+                    .as_array()?
+                    .iter()
+                    .filter(|n| n["state"] == "running")
+                    .count();
+                Some(running)
+            })
+            .sum();
+        if let Some(held) = held {
+            most = most.max(held);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = brain.kill();
+    let _ = brain.wait();
+    let mut workers = Vec::new();
+    let mut together = false;
+    for (dir, log, run) in &mut jobs {
+        let text = std::fs::read_to_string(&*log).unwrap();
+        assert!(run.0.wait().unwrap().success(), "{text}");
+        check_result(dir, log, 0.005);
+        let r = result(dir);
+        let reasons = r["autoscale"]["last_plan"]["reasons"].to_string();
+        eprintln!("{}: last plan: {reasons}", dir.display());
+        together |= reasons.contains("planned together with 1 other active job(s)");
+        let top = r["autoscale"]["scaling"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|s| s["after"][0].as_u64())
+            .max()
+            .unwrap_or(1);
+        workers.push(top);
+    }
+    eprintln!("most cores held at once: {most} of {capacity}; workers at most: {workers:?}");
+    assert!(
+        most <= capacity,
+        "the jobs held {most} cores of a {capacity}-core cluster"
+    );
+    assert!(together, "no plan was made for both jobs together");
+    assert!(
+        workers.iter().any(|&w| w > 1),
+        "neither job used the cluster's free cores: {workers:?}"
     );
 }
 
