@@ -370,6 +370,84 @@ fn the_ps_count_changes_online_two_four_two_without_losing_anything() {
     eprintln!("PS changes: {}", serde_json::to_string(changes).unwrap());
 }
 
+/// The master dies in the middle of a PS change (the fail point
+/// `ELASTREC_FAIL_HOLD_RESHARD` holds it after the freezing round: old servers frozen,
+/// new ones joined, nothing committed) and is killed there. `run --resume` stops the
+/// new servers, tells the old ones to abort the uncommitted layout, and the job goes on
+/// with the old layout: the ledger is exact, the model as good, no worker restarted.
+#[test]
+fn a_master_killed_mid_reshard_is_resumed_on_the_old_layout() {
+    let _g = serial();
+    let (job, dir) = write_job(
+        "reshard-killed",
+        "[cluster]\nps = 2\nworkers = 2\nwarmup_steps = 20\n[checkpoint]\nenabled = false\n",
+    );
+    let log = dir.with_extension("log");
+    let total = 2 * fixture().train_rows;
+    let mut run = Group::spawn_with_env(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--pause-at-samples",
+            &(total / 3).to_string(),
+        ],
+        &log,
+        &[
+            ("ELASTREC_FAIL_SLOW_WORKER", "*:10"),
+            ("ELASTREC_FAIL_HOLD_RESHARD", "1"),
+        ],
+    );
+    wait_held(&dir);
+    // The scale call waits on the master, which holds before the commit.
+    let dir_s = dir.to_str().unwrap().to_string();
+    let scale = std::thread::spawn(move || elastrec(&["scale", &dir_s, "--ps", "3"]));
+    wait_for(Duration::from_secs(120), || {
+        std::fs::read_to_string(&log)
+            .is_ok_and(|t| t.contains("fail point: holding the re-sharding before its commit"))
+    });
+    // SAFETY: plain kill(2) of the master only; its nodes keep running.
+    unsafe {
+        libc::kill(run.pid(), libc::SIGKILL);
+    }
+    let _ = run.wait(Duration::from_secs(30));
+    assert!(
+        !scale.join().unwrap().status.success(),
+        "the change cannot have completed"
+    );
+    let log2 = dir.with_extension("resume.log");
+    let mut resumed = Group::spawn_with_env(
+        &["run", "--resume", dir.to_str().unwrap()],
+        &log2,
+        &[("ELASTREC_FAIL_SLOW_WORKER", "*:10")],
+    );
+    let s = wait_held(&dir);
+    assert_eq!(s["layout"]["ps"], 2, "{s}");
+    let ps_running = s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["role"] == "ps" && n["state"] == "running")
+        .count();
+    assert_eq!(ps_running, 2, "the joining server was not stopped: {s}");
+    unpause(&dir);
+    let text = resumed.wait_success(&log2);
+    check_result(&dir, &log2, 0.005);
+    let r = result(&dir);
+    assert!(r["reshards"].as_array().unwrap().is_empty(), "{r}");
+    assert_eq!(r["workers_dead"], 0, "{r}");
+    // Every old server was frozen; each says it went back to the old layout.
+    let abandoned = std::fs::read_dir(dir.join("logs"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.unwrap().path()).ok())
+        .filter(|t| t.contains("abandoned; serving layout"))
+        .count();
+    assert_eq!(
+        abandoned, 2,
+        "the old servers did not abandon the layout:\n{text}"
+    );
+    drop(run);
+}
+
 /// A PS whose memory grows towards its limit (the fail point `ELASTREC_FAIL_PS_GROWTH`
 /// makes each pushed row hold 300 more bytes, as growing embedding tables would) is
 /// re-sharded onto more PS before it reaches the limit: the brain's OOM prediction sizes

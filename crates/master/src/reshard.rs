@@ -252,6 +252,7 @@ async fn run_protocol(
         }
         bail!("re-sharding failed: {why}");
     }
+    hold_for_test().await;
     let commit_started = Instant::now();
     let calls = everyone.iter().map(|a| {
         let c = client(a);
@@ -319,5 +320,15 @@ pub async fn abort_uncommitted(core: &MasterCore) {
         if let Err(s) = c.abort_layout(req).await {
             tracing::debug!(addr = %a, error = %s, "abort of an uncommitted layout refused");
         }
+    }
+}
+
+/// Fail point `ELASTREC_FAIL_HOLD_RESHARD`: the master holds the re-sharding after the
+/// freezing round, with every old server frozen and nothing committed, the worst moment
+/// to lose it; a test kills it there and resumes the job.
+async fn hold_for_test() {
+    if std::env::var_os("ELASTREC_FAIL_HOLD_RESHARD").is_some() {
+        eprintln!("fail point: holding the re-sharding before its commit");
+        std::future::pending::<()>().await;
     }
 }
