@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -307,6 +307,40 @@ fn scale_ps(dir: &Path, ps: u32) -> String {
     text
 }
 
+/// Starts a job of 2 PS and 2 workers (10 ms more a batch, plus `env`) held at `pause`
+/// samples, and waits until it is held there. Returns its directory, log and process.
+fn start_two_ps_job(name: &str, pause: u64, env: &[(&str, &str)]) -> (PathBuf, PathBuf, Group) {
+    let (job, dir) = write_job(
+        name,
+        "[cluster]\nps = 2\nworkers = 2\nwarmup_steps = 20\n[checkpoint]\nenabled = false\n",
+    );
+    let log = dir.with_extension("log");
+    let mut env = env.to_vec();
+    env.push(("ELASTREC_FAIL_SLOW_WORKER", "*:10"));
+    let run = Group::spawn_with_env(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--pause-at-samples",
+            &pause.to_string(),
+        ],
+        &log,
+        &env,
+    );
+    wait_held(&dir);
+    (dir, log, run)
+}
+
+/// Parameter servers running in a `status --json`.
+fn running_ps(s: &serde_json::Value) -> usize {
+    s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["role"] == "ps" && n["state"] == "running")
+        .count()
+}
+
 /// The PS count goes 2 -> 4 -> 2 while the job trains: the servers re-shard online (rows
 /// and optimizer state move to their new owners, workers re-route without restarting),
 /// the ledger stays exact and the model as good as single-process; each change reports
@@ -314,35 +348,14 @@ fn scale_ps(dir: &Path, ps: u32) -> String {
 #[test]
 fn the_ps_count_changes_online_two_four_two_without_losing_anything() {
     let _g = serial();
-    let (job, dir) = write_job(
-        "reshard",
-        "[cluster]\nps = 2\nworkers = 2\nwarmup_steps = 20\n[checkpoint]\nenabled = false\n",
-    );
-    let log = dir.with_extension("log");
     let total = 2 * fixture().train_rows;
-    let mut run = Group::spawn_with_env(
-        &[
-            "run",
-            job.to_str().unwrap(),
-            "--pause-at-samples",
-            &(total / 4).to_string(),
-        ],
-        &log,
-        &[("ELASTREC_FAIL_SLOW_WORKER", "*:10")],
-    );
-    wait_held(&dir);
+    let (dir, log, mut run) = start_two_ps_job("reshard", total / 4, &[]);
     // Training goes on towards the next pause point while the servers re-shard.
     pause_at(&dir, total / 2);
     let up = scale_ps(&dir, 4);
     let s = wait_held(&dir);
     assert_eq!(s["layout"]["ps"], 4, "{s}\n{up}");
-    let ps_running = s["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|n| n["role"] == "ps" && n["state"] == "running")
-        .count();
-    assert_eq!(ps_running, 4, "{s}");
+    assert_eq!(running_ps(&s), 4, "{s}");
     pause_at(&dir, 3 * total / 4);
     let down = scale_ps(&dir, 2);
     let s = wait_held(&dir);
@@ -378,26 +391,12 @@ fn the_ps_count_changes_online_two_four_two_without_losing_anything() {
 #[test]
 fn a_master_killed_mid_reshard_is_resumed_on_the_old_layout() {
     let _g = serial();
-    let (job, dir) = write_job(
-        "reshard-killed",
-        "[cluster]\nps = 2\nworkers = 2\nwarmup_steps = 20\n[checkpoint]\nenabled = false\n",
-    );
-    let log = dir.with_extension("log");
     let total = 2 * fixture().train_rows;
-    let mut run = Group::spawn_with_env(
-        &[
-            "run",
-            job.to_str().unwrap(),
-            "--pause-at-samples",
-            &(total / 3).to_string(),
-        ],
-        &log,
-        &[
-            ("ELASTREC_FAIL_SLOW_WORKER", "*:10"),
-            ("ELASTREC_FAIL_HOLD_RESHARD", "1"),
-        ],
+    let (dir, log, mut run) = start_two_ps_job(
+        "reshard-killed",
+        total / 3,
+        &[("ELASTREC_FAIL_HOLD_RESHARD", "1")],
     );
-    wait_held(&dir);
     // The scale call waits on the master, which holds before the commit.
     let dir_s = dir.to_str().unwrap().to_string();
     let scale = std::thread::spawn(move || elastrec(&["scale", &dir_s, "--ps", "3"]));
@@ -422,13 +421,7 @@ fn a_master_killed_mid_reshard_is_resumed_on_the_old_layout() {
     );
     let s = wait_held(&dir);
     assert_eq!(s["layout"]["ps"], 2, "{s}");
-    let ps_running = s["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|n| n["role"] == "ps" && n["state"] == "running")
-        .count();
-    assert_eq!(ps_running, 2, "the joining server was not stopped: {s}");
+    assert_eq!(running_ps(&s), 2, "the joining server was not stopped: {s}");
     unpause(&dir);
     let text = resumed.wait_success(&log2);
     check_result(&dir, &log2, 0.005);
