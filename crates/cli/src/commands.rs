@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use elastrec_data::{GenSpec, OutputFormat};
-use elastrec_worker::config::JobConfig;
+use elastrec_job::config::JobConfig;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// Sizes the global rayon pool (0: all cores).

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use elastrec_brain::planner::BrainConfig;
+use elastrec_job::config::JobConfig;
 use elastrec_proto::brain as pb;
-use elastrec_worker::config::JobConfig;
 
 use crate::autoscale::{Autoscaler, Decision, Round, Settings, View};
 use crate::brain_link::BrainLink;
@@ -53,7 +53,7 @@ pub fn settings(cfg: &JobConfig, brain_job_id: &str) -> Settings {
         ps_migration_s: a.ps_migration_s,
         // Online re-sharding moves the servers' state between layouts; synchronous
         // steps would straddle them, so it is for asynchronous jobs.
-        ps_scaling: cfg.cluster.mode == elastrec_worker::cluster::SyncMode::Async,
+        ps_scaling: cfg.cluster.mode == elastrec_job::distributed::SyncMode::Async,
         hot_ratio: a.hot_ps_ratio,
         send_capacity: a.brain.is_empty(),
     }

@@ -18,10 +18,10 @@ use elastrec_checkpoint::cpr::{decide, CprCosts, PlsTracker, RecoveryDecision, R
 use elastrec_checkpoint::format::{CheckpointKind, Manifest, PartMeta};
 use elastrec_checkpoint::shm::ShmRoot;
 use elastrec_checkpoint::store::{redact_location, CheckpointStore};
+use elastrec_job::config::JobConfig;
+use elastrec_job::distributed::{CheckpointConfig, RecoveryChoice, SavePriority};
 use elastrec_proto::master::{CheckpointStatus, RestorePlan};
 use elastrec_proto::ps::CheckpointRequest;
-use elastrec_worker::cluster::{CheckpointConfig, RecoveryChoice, SavePriority};
-use elastrec_worker::config::JobConfig;
 use elastrec_worker::rpc;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};

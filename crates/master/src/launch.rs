@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use elastrec_worker::resources::{ResourcesConfig, RoleResources};
+use elastrec_job::resources::{ResourcesConfig, RoleResources};
 use elastrec_worker::rpc;
 
 use crate::job::{Node, Role};

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
+use elastrec_job::config::JobConfig;
+use elastrec_job::distributed::SyncMode;
 use elastrec_proto::master::master_server::MasterServer;
-use elastrec_worker::cluster::SyncMode;
-use elastrec_worker::config::JobConfig;
 use elastrec_worker::rpc::{role_token, Caller, ServerAuth};
 use elastrec_worker::tls::TlsMaterial;
 use rand::Rng;
@@ -300,9 +300,9 @@ fn job_tls(
     Ok(Some(material))
 }
 
-/// The address nodes reach the master at (see [`elastrec_worker::resources::master_advertise`]).
+/// The address nodes reach the master at (see [`elastrec_job::resources::master_advertise`]).
 fn advertised(cfg: &JobConfig, bound: SocketAddr) -> anyhow::Result<String> {
-    elastrec_worker::resources::master_advertise(&cfg.engine, bound).map_err(anyhow::Error::msg)
+    elastrec_job::resources::master_advertise(&cfg.engine, bound).map_err(anyhow::Error::msg)
 }
 
 /// The address the master binds: `cluster.bind`.
@@ -1051,7 +1051,7 @@ async fn serve(
         );
     }
     // Readers poll for it: they see the whole file or none (temp + fsync + rename).
-    elastrec_worker::fsio::write_atomic(
+    elastrec_job::fsio::write_atomic(
         &dir.result(),
         serde_json::to_string_pretty(&result)?.as_bytes(),
     )?;

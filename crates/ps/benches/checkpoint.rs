@@ -12,10 +12,10 @@ use std::time::Instant;
 
 use elastrec_checkpoint::format::{CheckpointKind, Manifest, PartMeta};
 use elastrec_checkpoint::store::CheckpointStore;
+use elastrec_job::config::JobConfig;
 use elastrec_proto::master::RestorePlan;
 use elastrec_proto::ps::CheckpointRequest;
 use elastrec_ps::PsShard;
-use elastrec_worker::config::JobConfig;
 use elastrec_worker::rpc;
 
 fn job(rows: u64, priority: &str) -> JobConfig {

@@ -292,8 +292,8 @@ mod tests {
     use std::time::Duration;
 
     use elastrec_checkpoint::format::{CheckpointKind, PartMeta};
+    use elastrec_job::config::JobConfig;
     use elastrec_proto::ps::PullRequest;
-    use elastrec_worker::config::JobConfig;
     use elastrec_worker::rpc;
 
     use super::*;

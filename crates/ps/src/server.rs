@@ -11,6 +11,8 @@ use elastrec_checkpoint::priority::{large_tables, SsuList};
 use elastrec_embedding::{
     EmbeddingConfig, EmbeddingError, EmbeddingStore, ShardSpec, TableScratch,
 };
+use elastrec_job::config::JobConfig;
+use elastrec_job::distributed::{SavePriority, SyncMode};
 use elastrec_model::{DenseOptimizer, DenseOptimizerConfig};
 use elastrec_proto::master::{HeartbeatRequest, NodeAction, Role};
 use elastrec_proto::ps::parameter_server_server::{ParameterServer, ParameterServerServer};
@@ -19,8 +21,6 @@ use elastrec_proto::ps::{
     CommitResponse, ImportRequest, ImportResponse, InfoRequest, InfoResponse, PullRequest,
     PullResponse, PushRequest, PushResponse, ReshardRequest, ReshardResponse,
 };
-use elastrec_worker::cluster::{SavePriority, SyncMode};
-use elastrec_worker::config::JobConfig;
 use elastrec_worker::remote::{dense_model, register, register_node};
 use elastrec_worker::rpc::{self, check_version, dense_slice, is_transient, ServerAuth};
 use parking_lot::{Mutex, RwLock};
@@ -1008,13 +1008,13 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     // Learn the job first (bind address), then register with the real address.
     let reg = register_node(&mut master, Role::Ps, args.node_id, "", "", false).await?;
     let (job, plan) = (reg.job, reg.restore);
-    let ip = elastrec_worker::resources::bind_address(&job).map_err(anyhow::Error::msg)?;
+    let ip = elastrec_job::resources::bind_address(&job).map_err(anyhow::Error::msg)?;
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0))
         .await
         .with_context(|| format!("binding {ip}"))?;
     // What the master and the workers dial: reachable from other hosts when bound to all
     // interfaces.
-    let addr = elastrec_worker::resources::advertise_for(&job.engine, listener.local_addr()?)
+    let addr = elastrec_job::resources::advertise_for(&job.engine, listener.local_addr()?)
         .map_err(anyhow::Error::msg)?;
     // The layout the master places this server in: the job's first one, the current one
     // (a replaced server), or one being formed by a re-sharding (`joining`: the rows come
@@ -1066,7 +1066,7 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
         token.clone(),
         job.cluster.max_message_bytes,
     ));
-    let metrics_addr = elastrec_worker::resources::advertise_for(&job.engine, metrics.addr())
+    let metrics_addr = elastrec_job::resources::advertise_for(&job.engine, metrics.addr())
         .map_err(anyhow::Error::msg)?;
     let (_, _, hb_ms, _) = register(
         &mut master,

@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use elastrec_checkpoint::format::{CheckpointKind, Manifest, PartMeta};
 use elastrec_checkpoint::store::CheckpointStore;
+use elastrec_job::config::JobConfig;
 use elastrec_proto::master::RestorePlan;
 use elastrec_proto::ps::{CheckpointRequest, CheckpointResponse, PullRequest, PushRequest};
 use elastrec_ps::PsShard;
-use elastrec_worker::config::JobConfig;
 use elastrec_worker::rpc;
 
 /// Table 0 has 1000 rows (the only "large" table at 50% coverage); 25 small ones.

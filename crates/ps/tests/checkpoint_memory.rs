@@ -13,9 +13,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use elastrec_job::config::JobConfig;
 use elastrec_proto::ps::CheckpointRequest;
 use elastrec_ps::PsShard;
-use elastrec_worker::config::JobConfig;
 use elastrec_worker::rpc;
 
 /// A field of `/proc/self/status` in bytes (`VmHWM`, `VmRSS`).

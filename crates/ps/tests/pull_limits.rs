@@ -11,9 +11,9 @@ use std::cell::Cell;
 use std::path::Path;
 use std::sync::Arc;
 
+use elastrec_job::config::JobConfig;
 use elastrec_proto::ps::PullRequest;
 use elastrec_ps::{PsError, PsShard};
-use elastrec_worker::config::JobConfig;
 use elastrec_worker::rpc;
 
 struct CountingAllocator;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use elastrec_embedding::{shard_of, EmbeddingConfig, EmbeddingStore, TableScratch};
+use elastrec_job::config::JobConfig;
 use elastrec_model::DenseOptimizer;
 use elastrec_proto::ps::{
     AbortRequest, BatchKey, CommitRequest, ImportRequest, ImportResponse, InfoRequest, LayoutState,
@@ -18,7 +19,6 @@ use elastrec_proto::ps::{
 };
 use elastrec_ps::reshard::{GrpcPeers, Peers};
 use elastrec_ps::{PsError, PsShard};
-use elastrec_worker::config::JobConfig;
 use elastrec_worker::remote::dense_model;
 use elastrec_worker::rpc::{self, dense_slice, is_layout_refusal, Ps};
 use tokio::task::JoinHandle;

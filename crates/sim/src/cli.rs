@@ -94,7 +94,7 @@ impl CprArgs {
     /// The emulation settings these flags describe.
     pub fn to_config(&self) -> anyhow::Result<CprEmulationConfig> {
         let mut job = match &self.job {
-            Some(path) => elastrec_worker::JobConfig::load(path)?,
+            Some(path) => elastrec_job::JobConfig::load(path)?,
             None => CprEmulationConfig::generated_job(
                 self.rows,
                 self.data_dir

@@ -2,8 +2,8 @@
 //! would make on the table.
 
 use elastrec_checkpoint::cpr::RecoveryMode;
+use elastrec_job::config::TableRows;
 use elastrec_sim::cpr::{run_cpr_emulation, CprEmulationConfig, CprReport, Strategy};
-use elastrec_worker::config::TableRows;
 
 fn tiny(dir: &std::path::Path) -> CprEmulationConfig {
     let mut job = CprEmulationConfig::generated_job(6_000, dir.join("data"));

@@ -15,9 +15,9 @@ use std::time::Instant;
 
 use elastrec_data::{Batch, GenSpec, OutputFormat, NUM_SPARSE};
 use elastrec_embedding::{capped_rows, CRITEO_KAGGLE_CARDINALITIES};
+use elastrec_job::config::{JobConfig, TableRows};
 use serde::Serialize;
 
-use crate::config::{JobConfig, TableRows};
 use crate::error::Result;
 use crate::step::{Dlrm, TrainStep};
 use crate::trainer::{load_eval_set, Prefetcher};

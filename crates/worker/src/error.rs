@@ -7,7 +7,10 @@ use std::path::PathBuf;
 pub enum WorkerError {
     /// The job file is wrong (the message names the field).
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] elastrec_job::config::ConfigError),
+    /// Writing a file of the run directory failed (the message names the file).
+    #[error(transparent)]
+    Job(#[from] elastrec_job::JobError),
     /// Reading or generating data failed (bad rows name file, line and field).
     #[error(transparent)]
     Data(#[from] elastrec_data::DataError),

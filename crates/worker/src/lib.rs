@@ -2,22 +2,17 @@
 //!
 //! Owns the training step (embedding lookup → dense DLRM forward/backward → sparse and
 //! dense updates), the single-process trainer behind `elastrec train` (the standalone mode
-//! of the whole system), the job-file format, and saved-model files for `elastrec eval`.
+//! of the whole system), saved-model files for `elastrec eval`, and the distributed worker
+//! process. The job file it trains is `elastrec-job`'s.
 
-pub mod autoscale;
 pub mod bench;
-pub mod cluster;
-pub mod config;
 pub mod error;
-pub mod fsio;
 pub mod layout;
 pub mod model_file;
 pub mod remote;
-pub mod resources;
 pub mod step;
 pub mod trainer;
 
-pub use config::JobConfig;
 /// gRPC plumbing (its own crate, `elastrec-rpc`, which every role uses; re-exported under
 /// the paths the roles have always used).
 pub use elastrec_rpc as rpc;

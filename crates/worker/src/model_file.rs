@@ -17,10 +17,10 @@ use std::path::Path;
 
 use elastrec_embedding::le::{Reader, Truncated};
 use elastrec_embedding::TableSnapshot;
+use elastrec_job::config::{JobConfig, ModelConfig, OptimizerConfig};
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::config::{JobConfig, ModelConfig, OptimizerConfig};
 use crate::error::{Result, WorkerError};
 use crate::step::Dlrm;
 
@@ -52,10 +52,10 @@ impl<W: Write> Write for HashingWriter<W> {
     }
 }
 
-/// Saves `model` to `path` atomically ([`crate::fsio::write_atomic_with`]), so a crash
+/// Saves `model` to `path` atomically ([`elastrec_job::fsio::write_atomic_with`]), so a crash
 /// never leaves a half-written model under the final name.
 pub fn save(model: &Dlrm, job: &JobConfig, path: &Path) -> Result<()> {
-    crate::fsio::write_atomic_with(path, |out| write_model(model, job, path, out))
+    elastrec_job::fsio::write_atomic_with(path, |out| write_model(model, job, path, out))
 }
 
 /// Writes the file's bytes (see the module docs) to `out`; `path` only names errors.

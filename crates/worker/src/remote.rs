@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use elastrec_data::{Batch, BatchReader, NUM_SPARSE};
 use elastrec_embedding::{row_of, shard_of};
+use elastrec_job::distributed::SyncMode;
+use elastrec_job::JobConfig;
 use elastrec_metrics::prometheus_client::metrics::counter::Counter;
 use elastrec_metrics::prometheus_client::metrics::gauge::Gauge;
 use elastrec_metrics::prometheus_client::metrics::histogram::Histogram;
@@ -29,8 +31,6 @@ use elastrec_proto::ps::{BatchKey, DenseSpan, PullRequest, PushRequest};
 use parking_lot::Mutex;
 use tonic::Code;
 
-use crate::cluster::SyncMode;
-use crate::config::JobConfig;
 use crate::layout::{split_parts, PsLayout, PushPart};
 use crate::rpc::{self, dense_slice, is_transient, Master, Ps};
 
@@ -880,14 +880,14 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     // The job says where to bind; registering again with the endpoint's address also
     // waits for the parameter servers.
     let (job, _, _, _) = register(&mut master, Role::Worker, id, "", "", false).await?;
-    let ip = crate::resources::bind_address(&job).map_err(anyhow::Error::msg)?;
+    let ip = elastrec_job::resources::bind_address(&job).map_err(anyhow::Error::msg)?;
     let metrics = Arc::new(WorkerMetrics::new(id));
     let m = metrics.clone();
     let endpoint =
         elastrec_metrics::serve(std::net::SocketAddr::new(ip, 0), &token, move || m.render())
             .await
             .context("binding the metrics endpoint")?;
-    let metrics_addr = crate::resources::advertise_for(&job.engine, endpoint.addr())
+    let metrics_addr = elastrec_job::resources::advertise_for(&job.engine, endpoint.addr())
         .map_err(anyhow::Error::msg)?;
     eprintln!("worker {id}: metrics on http://{metrics_addr}/metrics");
     let reg = register_node(&mut master, Role::Worker, id, "", &metrics_addr, true).await?;

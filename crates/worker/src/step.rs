@@ -3,9 +3,9 @@
 
 use elastrec_data::{Batch, NUM_DENSE, NUM_SPARSE};
 use elastrec_embedding::{EmbeddingConfig, EmbeddingStore, UpdateScratch};
+use elastrec_job::config::{JobConfig, ModelConfig};
 use elastrec_model::{DenseDlrm, DenseOptimizer, DenseOptimizerConfig, DlrmConfig, Workspace};
 
-use crate::config::{JobConfig, ModelConfig};
 use crate::error::Result;
 
 /// The dense DLRM configuration of a job's model section: 13 dense inputs in front of the

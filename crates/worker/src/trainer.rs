@@ -13,11 +13,11 @@ use std::time::Instant;
 
 use elastrec_data::{Batch, BatchReader, GenSpec, OutputFormat, ReadStats, NUM_SPARSE};
 use elastrec_embedding::capped_rows;
+use elastrec_job::config::{JobConfig, TableRows};
 use elastrec_model::EvalAccumulator;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
-use crate::config::{JobConfig, TableRows};
 use crate::error::{Result, WorkerError};
 use crate::model_file;
 use crate::step::{Dlrm, Predictor, TrainStep};
@@ -507,7 +507,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
     let path = job.output.dir.join("summary.json");
     let text = serde_json::to_string_pretty(&summary).expect("summary serializes");
     // Atomic: scripts and dashboards read summary.json as the run's result.
-    crate::fsio::write_atomic(&path, text.as_bytes())?;
+    elastrec_job::fsio::write_atomic(&path, text.as_bytes())?;
     Ok(summary)
 }
 

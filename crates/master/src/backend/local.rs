@@ -207,7 +207,7 @@ impl Drop for LocalProcesses {
 mod tests {
     use super::*;
     use crate::job::Role;
-    use elastrec_worker::resources::{ResourcesConfig, RoleResources};
+    use elastrec_job::resources::{ResourcesConfig, RoleResources};
 
     /// The job's control groups, or `None` (with the reason) where this host gives none;
     /// `ELASTREC_REQUIRE_CGROUPS=1` (CI) makes that a failure.

@@ -137,7 +137,7 @@ impl BackendKind {
 pub fn open(
     kind: BackendKind,
     template: std::sync::Arc<LaunchTemplate>,
-    engine: &elastrec_worker::resources::EngineConfig,
+    engine: &elastrec_job::resources::EngineConfig,
     enforce_limits: bool,
 ) -> anyhow::Result<std::sync::Arc<dyn ClusterBackend>> {
     match kind {
@@ -164,9 +164,9 @@ pub fn open(
 /// to threads and the watchdog (saying why), `on` refuses the job.
 fn local_cgroups(
     template: &LaunchTemplate,
-    mode: elastrec_worker::resources::CgroupMode,
+    mode: elastrec_job::resources::CgroupMode,
 ) -> anyhow::Result<Option<cgroup::Cgroups>> {
-    use elastrec_worker::resources::CgroupMode;
+    use elastrec_job::resources::CgroupMode;
     if mode == CgroupMode::Off {
         return Ok(None);
     }

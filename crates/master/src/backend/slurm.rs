@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use elastrec_worker::resources::SlurmConfig;
+use elastrec_job::resources::SlurmConfig;
 use parking_lot::{Condvar, Mutex};
 
 use self::commands::{is_live, is_transient, SlurmTools};
@@ -541,7 +541,7 @@ impl Drop for SlurmSteps {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use elastrec_worker::resources::ResourcesConfig;
+    use elastrec_job::resources::ResourcesConfig;
 
     fn template() -> LaunchTemplate {
         LaunchTemplate::new(

@@ -23,10 +23,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use elastrec_embedding::{global_row, shard_of, shard_rows};
+use elastrec_job::distributed::SyncMode;
 use elastrec_proto::ps::{
     ImportDone, ImportRequest, ImportResponse, ReshardRequest, ReshardResponse, WorkerBatch,
 };
-use elastrec_worker::cluster::SyncMode;
 use elastrec_worker::rpc::{self, dense_slice, is_transient, Ps};
 use tokio::task::JoinSet;
 

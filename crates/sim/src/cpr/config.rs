@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use elastrec_checkpoint::cpr::CprCosts;
-use elastrec_worker::config::{GenerateConfig, JobConfig};
+use elastrec_job::config::{GenerateConfig, JobConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, SimError};

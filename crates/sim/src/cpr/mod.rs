@@ -37,7 +37,7 @@ use std::time::Instant;
 
 use elastrec_checkpoint::cpr::decide;
 use elastrec_data::{Batch, ReadStats};
-use elastrec_worker::config::JobConfig;
+use elastrec_job::config::JobConfig;
 use elastrec_worker::trainer::{ensure_data, load_eval_set, resolve_table_rows};
 use elastrec_worker::WorkerError;
 use rand::rngs::StdRng;

@@ -2,7 +2,7 @@
 
 use elastrec_data::Batch;
 use elastrec_embedding::{shard_of, shard_residue, EmbeddingStore};
-use elastrec_worker::config::JobConfig;
+use elastrec_job::config::JobConfig;
 use elastrec_worker::step::{Dlrm, TrainStep};
 
 use crate::error::Result;

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use elastrec_worker::config::JobConfig;
+use elastrec_job::config::JobConfig;
 use rand::Rng as _;
 
 use super::manifests::{self, owner_reference, JobObjects};
@@ -32,7 +32,7 @@ pub async fn run(job: Option<&Path>, backend: Option<BackendKind>) -> anyhow::Re
 }
 
 /// The namespace a real run would use, read from the configuration only (no request).
-async fn namespace(cfg: &elastrec_worker::resources::KubernetesConfig) -> String {
+async fn namespace(cfg: &elastrec_job::resources::KubernetesConfig) -> String {
     if !cfg.namespace.is_empty() {
         return cfg.namespace.clone();
     }
@@ -61,9 +61,9 @@ fn render(cfg: &JobConfig, namespace: &str) -> anyhow::Result<String> {
     // What a start draws: a fresh uid, and a token that is never shown.
     let job_uid = random_hex(16);
     let token = random_hex(32);
-    let ip = elastrec_worker::resources::bind_address(cfg).map_err(anyhow::Error::msg)?;
+    let ip = elastrec_job::resources::bind_address(cfg).map_err(anyhow::Error::msg)?;
     let port = cfg.cluster.master_port;
-    let master = elastrec_worker::resources::advertise_for(&cfg.engine, SocketAddr::new(ip, port))
+    let master = elastrec_job::resources::advertise_for(&cfg.engine, SocketAddr::new(ip, port))
         .map_err(anyhow::Error::msg)?;
     let master = match master.strip_suffix(":0") {
         Some(host) => format!("{host}:<port bound at start>"),

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use elastrec_worker::resources::{KubernetesConfig, ADVERTISE_ENV, BIND_ENV};
+use elastrec_job::resources::{KubernetesConfig, ADVERTISE_ENV, BIND_ENV};
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSpec, ResourceRequirements,
     Secret, SecretKeySelector,

@@ -4,7 +4,7 @@
 //! up front with the cause and what to do, and leaves nothing in Slurm.
 
 use anyhow::{bail, Context};
-use elastrec_worker::resources::{RoleResources, SlurmConfig};
+use elastrec_job::resources::{RoleResources, SlurmConfig};
 
 use super::commands::{text, SlurmTools, ToolError, QUERY_LIMIT};
 use super::Allocation;

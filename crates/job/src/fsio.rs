@@ -10,7 +10,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use crate::error::{Result, WorkerError};
+use crate::error::{JobError, Result};
 
 /// The temporary name [`write_atomic_with`] writes to before renaming: `<name>.tmp` in the
 /// same directory.
@@ -23,17 +23,18 @@ pub fn temp_path(path: &Path) -> PathBuf {
 /// Atomically replaces `path` with `bytes`: see the module docs.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     write_atomic_with(path, |w| {
-        w.write_all(bytes).map_err(|e| WorkerError::io(path, e))
+        w.write_all(bytes).map_err(|e| JobError::io(path, e))
     })
 }
 
 /// Atomically replaces `path` with what `fill` writes (for output streamed in pieces).
 ///
 /// If `fill` or any step fails, the temporary file is removed and `path` is untouched.
-pub fn write_atomic_with(
+/// `fill` fails with the caller's error type, which takes in this module's I/O errors.
+pub fn write_atomic_with<E: From<JobError>>(
     path: &Path,
-    fill: impl FnOnce(&mut dyn Write) -> Result<()>,
-) -> Result<()> {
+    fill: impl FnOnce(&mut dyn Write) -> Result<(), E>,
+) -> Result<(), E> {
     let tmp = temp_path(path);
     let result = write_then_rename(path, &tmp, fill);
     if result.is_err() {
@@ -42,12 +43,12 @@ pub fn write_atomic_with(
     result
 }
 
-fn write_then_rename(
+fn write_then_rename<E: From<JobError>>(
     path: &Path,
     tmp: &Path,
-    fill: impl FnOnce(&mut dyn Write) -> Result<()>,
-) -> Result<()> {
-    let io = |e| WorkerError::io(tmp, e);
+    fill: impl FnOnce(&mut dyn Write) -> Result<(), E>,
+) -> Result<(), E> {
+    let io = |e| E::from(JobError::io(tmp, e));
     let mut w = BufWriter::new(File::create(tmp).map_err(io)?);
     fill(&mut w)?;
     let file = w.into_inner().map_err(|e| io(e.into_error()))?;
@@ -55,7 +56,7 @@ fn write_then_rename(
     // at an empty or partial file.
     file.sync_all().map_err(io)?;
     drop(file);
-    std::fs::rename(tmp, path).map_err(|e| WorkerError::io(path, e))?;
+    std::fs::rename(tmp, path).map_err(|e| E::from(JobError::io(path, e)))?;
     sync_dir(path);
     Ok(())
 }
@@ -102,7 +103,7 @@ mod tests {
         std::fs::write(&p, b"old model").unwrap();
         let err = write_atomic_with(&p, |w| {
             w.write_all(b"half of a new mod").unwrap();
-            Err(WorkerError::io(
+            Err(JobError::io(
                 &p,
                 std::io::Error::other("disk full (simulated)"),
             ))

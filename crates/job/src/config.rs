@@ -12,7 +12,7 @@ use elastrec_embedding::SparseOptimizerConfig;
 use elastrec_model::{DenseOptimizerConfig, InteractionKind};
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::{CheckpointConfig, ClusterConfig};
+use crate::distributed::{CheckpointConfig, ClusterConfig};
 
 /// A whole training job: one file for `elastrec train` (single process) and `elastrec run`
 /// (distributed; `[cluster]` and `[checkpoint]` apply there and are ignored by `train`).
@@ -317,9 +317,9 @@ impl JobConfig {
         let mut cfg = Self::from_toml(&text, path)?;
         let base = path.parent().unwrap_or(Path::new("."));
         // Absolute: the distributed job ships this config to processes in other directories.
-        cfg.data.dir = crate::cluster::absolute(&base.join(&cfg.data.dir));
-        cfg.output.dir = crate::cluster::absolute(&base.join(&cfg.output.dir));
-        crate::cluster::resolve_checkpoint_location(&mut cfg, base);
+        cfg.data.dir = crate::distributed::absolute(&base.join(&cfg.data.dir));
+        cfg.output.dir = crate::distributed::absolute(&base.join(&cfg.output.dir));
+        crate::distributed::resolve_checkpoint_location(&mut cfg, base);
         Ok(cfg)
     }
 
@@ -435,7 +435,7 @@ impl JobConfig {
                 ));
             }
         }
-        crate::cluster::validate_distributed(self, path)?;
+        crate::distributed::validate_distributed(self, path)?;
         crate::autoscale::validate_autoscale(self, path)
     }
 

@@ -163,7 +163,7 @@ pub struct EngineConfig {
     /// Where nodes bind and what address they advertise (every backend).
     pub network: NetworkConfig,
     /// Transport security of the job's channels.
-    pub tls: crate::tls::TlsConfig,
+    pub tls: elastrec_rpc::tls::TlsConfig,
     /// How nodes are placed on Slurm (`--backend slurm`).
     pub slurm: SlurmConfig,
     /// Pods: image, namespace, identity (`--backend kubernetes`).

@@ -1,0 +1,18 @@
+//! A training job's file: the format `elastrec train` and `elastrec run` read.
+//!
+//! One TOML file describes a job, from the single-process trainer's `[data]`, `[model]`,
+//! `[train]`, `[optimizer]` and `[output]` (`config`) to the distributed sections:
+//! `[cluster]` and `[checkpoint]` (`distributed`), `[resources]` and `[engine]`
+//! (`resources`), `[autoscale]` (`autoscale`). Every role (trainer, master, parameter
+//! server, worker) reads it through this crate. `fsio` writes the run directory's files
+//! crash-safely.
+
+pub mod autoscale;
+pub mod config;
+pub mod distributed;
+pub mod error;
+pub mod fsio;
+pub mod resources;
+
+pub use config::JobConfig;
+pub use error::{JobError, Result};
