@@ -1,11 +1,15 @@
-//! The job crate's error type (the job file's own errors are
-//! [`ConfigError`](crate::config::ConfigError), which name the field at fault).
+//! The job crate's error type: data that cannot be prepared, a run-directory file that
+//! cannot be written. (The job file's own errors are
+//! [`ConfigError`](crate::config::ConfigError), which name the field at fault.)
 
 use std::path::PathBuf;
 
-/// Errors of the run directory's files.
+/// Errors of a job's data and of the run directory's files.
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
+    /// Reading or generating data failed (bad rows name file, line and field).
+    #[error(transparent)]
+    Data(#[from] elastrec_data::DataError),
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
@@ -13,6 +17,15 @@ pub enum JobError {
         path: PathBuf,
         /// Why.
         source: std::io::Error,
+    },
+    /// The training files hold no sample: training would run no step and still report an
+    /// evaluation of the untrained model as if it were a result.
+    #[error("no training data in {}: {reason}", show_files(files))]
+    NoTrainingData {
+        /// The training files (`data.train`).
+        files: Vec<PathBuf>,
+        /// Why there is nothing to train on.
+        reason: String,
     },
 }
 
@@ -24,6 +37,22 @@ impl JobError {
             source,
         }
     }
+}
+
+/// Files named in an error: all of them up to a handful, then a count (a job may list
+/// hundreds of day files).
+fn show_files(files: &[PathBuf]) -> String {
+    const SHOWN: usize = 5;
+    let mut out = files
+        .iter()
+        .take(SHOWN)
+        .map(|f| f.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if files.len() > SHOWN {
+        out.push_str(&format!(" and {} more", files.len() - SHOWN));
+    }
+    out
 }
 
 /// Result with [`JobError`].

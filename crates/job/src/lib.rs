@@ -4,14 +4,16 @@
 //! `[train]`, `[optimizer]` and `[output]` (`config`) to the distributed sections:
 //! `[cluster]` and `[checkpoint]` (`distributed`), `[resources]` and `[engine]`
 //! (`resources`), `[autoscale]` (`autoscale`). Every role (trainer, master, parameter
-//! server, worker) reads it through this crate. `fsio` writes the run directory's files
-//! crash-safely.
+//! server, worker) reads it through this crate, and resolves it the same way (`prepare`:
+//! the job's data, the rows of its embedding tables, its dense model). `fsio` writes the
+//! run directory's files crash-safely.
 
 pub mod autoscale;
 pub mod config;
 pub mod distributed;
 pub mod error;
 pub mod fsio;
+pub mod prepare;
 pub mod resources;
 
 pub use config::JobConfig;

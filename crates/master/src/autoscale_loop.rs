@@ -90,7 +90,7 @@ fn ps_mem_gb(cfg: &JobConfig) -> f64 {
     if cfg.autoscale.ps_mem_gb > 0.0 {
         return cfg.autoscale.ps_mem_gb;
     }
-    let rows: f64 = elastrec_worker::trainer::resolve_table_rows(cfg)
+    let rows: f64 = elastrec_job::prepare::resolve_table_rows(cfg)
         .iter()
         .map(|&r| r as f64 * cfg.model.embedding_dim as f64)
         .sum();
@@ -100,7 +100,7 @@ fn ps_mem_gb(cfg: &JobConfig) -> f64 {
 }
 
 fn dense_params(cfg: &JobConfig) -> u64 {
-    elastrec_worker::remote::dense_model(cfg)
+    elastrec_job::prepare::dense_model(cfg)
         .map(|d| d.num_params() as u64)
         .unwrap_or(0)
 }
@@ -129,7 +129,7 @@ pub fn job_spec(cfg: &JobConfig, brain_job_id: &str, samples_total: u64) -> pb::
     pb::JobSpec {
         job_id: brain_job_id.to_string(),
         model_type: "dlrm".into(),
-        tables: elastrec_worker::trainer::resolve_table_rows(cfg)
+        tables: elastrec_job::prepare::resolve_table_rows(cfg)
             .into_iter()
             .map(|rows| pb::Table {
                 rows,

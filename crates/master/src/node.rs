@@ -408,7 +408,7 @@ pub async fn start_job(
     kind: BackendKind,
 ) -> anyhow::Result<JobResult> {
     let cfg = validate_job(path)?;
-    elastrec_worker::trainer::ensure_data(&cfg, false)?;
+    elastrec_job::prepare::ensure_data(&cfg, false)?;
     let dir = JobDir(cfg.output.dir.clone());
     if dir.db().exists() {
         bail!(
@@ -418,7 +418,7 @@ pub async fn start_job(
         );
     }
     // Before anything is created: an empty training set is an error naming the files.
-    let files: Vec<FileRows> = elastrec_worker::trainer::count_train_rows(&cfg)?
+    let files: Vec<FileRows> = elastrec_job::prepare::count_train_rows(&cfg)?
         .into_iter()
         .map(|(f, rows)| FileRows {
             path: f.to_string_lossy().into_owned(),

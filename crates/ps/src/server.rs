@@ -13,6 +13,7 @@ use elastrec_embedding::{
 };
 use elastrec_job::config::JobConfig;
 use elastrec_job::distributed::{SavePriority, SyncMode};
+use elastrec_job::prepare::dense_model;
 use elastrec_model::{DenseOptimizer, DenseOptimizerConfig};
 use elastrec_proto::master::{HeartbeatRequest, NodeAction, Role};
 use elastrec_proto::ps::parameter_server_server::{ParameterServer, ParameterServerServer};
@@ -21,7 +22,7 @@ use elastrec_proto::ps::{
     CommitResponse, ImportRequest, ImportResponse, InfoRequest, InfoResponse, PullRequest,
     PullResponse, PushRequest, PushResponse, ReshardRequest, ReshardResponse,
 };
-use elastrec_worker::remote::{dense_model, register, register_node};
+use elastrec_worker::remote::{register, register_node};
 use elastrec_worker::rpc::{self, check_version, dense_slice, is_transient, ServerAuth};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
@@ -308,7 +309,7 @@ impl PsShard {
         layout_version: u64,
         init: Option<&[f32]>,
     ) -> anyhow::Result<Self> {
-        let table_rows = elastrec_worker::trainer::resolve_table_rows(job);
+        let table_rows = elastrec_job::prepare::resolve_table_rows(job);
         let config = ShardConfig::new(job, &table_rows, dense_model(job)?.num_params());
         let parts = config.parts(index, count, layout_version, init)?;
         let layout = parts.layout.clone();

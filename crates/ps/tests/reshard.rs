@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use elastrec_embedding::{shard_of, EmbeddingConfig, EmbeddingStore, TableScratch};
 use elastrec_job::config::JobConfig;
+use elastrec_job::prepare::dense_model;
 use elastrec_model::DenseOptimizer;
 use elastrec_proto::ps::{
     AbortRequest, BatchKey, CommitRequest, ImportRequest, ImportResponse, InfoRequest, LayoutState,
@@ -19,7 +20,6 @@ use elastrec_proto::ps::{
 };
 use elastrec_ps::reshard::{GrpcPeers, Peers};
 use elastrec_ps::{PsError, PsShard};
-use elastrec_worker::remote::dense_model;
 use elastrec_worker::rpc::{self, dense_slice, is_layout_refusal, Ps};
 use tokio::task::JoinHandle;
 

@@ -14,6 +14,9 @@ pub enum SimError {
     /// Training, evaluation or data loading failed.
     #[error(transparent)]
     Worker(#[from] elastrec_worker::WorkerError),
+    /// Generating the job's data failed.
+    #[error(transparent)]
+    Job(#[from] elastrec_job::JobError),
     /// The embedding store rejected a snapshot or shape (likely a bug).
     #[error("embeddings: {0}")]
     Embedding(#[from] elastrec_embedding::EmbeddingError),

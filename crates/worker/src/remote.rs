@@ -17,6 +17,7 @@ use anyhow::{bail, Context as _};
 use elastrec_data::{Batch, BatchReader, NUM_SPARSE};
 use elastrec_embedding::{row_of, shard_of};
 use elastrec_job::distributed::SyncMode;
+use elastrec_job::prepare::{dense_model, resolve_table_rows};
 use elastrec_job::JobConfig;
 use elastrec_metrics::prometheus_client::metrics::counter::Counter;
 use elastrec_metrics::prometheus_client::metrics::gauge::Gauge;
@@ -47,11 +48,6 @@ pub struct WorkerArgs {
     /// processes after a restart (node ids repeat across jobs).
     #[arg(long, default_value = "")]
     pub job: String,
-}
-
-/// Builds the dense DLRM of a job (same shapes and seed as the single-process trainer).
-pub fn dense_model(job: &JobConfig) -> anyhow::Result<DenseDlrm> {
-    Ok(DenseDlrm::new(crate::step::dense_config(&job.model))?)
 }
 
 /// What the master tells a node that registers.
@@ -379,7 +375,7 @@ impl RemoteModel {
         let mut me = Self {
             ws: dense.workspace(batch),
             emb: vec![0.0; batch * NUM_SPARSE * job.model.embedding_dim],
-            table_rows: crate::trainer::resolve_table_rows(job),
+            table_rows: resolve_table_rows(job),
             dim: job.model.embedding_dim,
             slices: Vec::new(),
             versions: Vec::new(),

@@ -1,29 +1,13 @@
 //! One DLRM training step: gather embeddings → dense forward/backward → dense optimizer
 //! step and sparse row updates. Every buffer is allocated once for the maximum batch.
 
-use elastrec_data::{Batch, NUM_DENSE, NUM_SPARSE};
+use elastrec_data::{Batch, NUM_SPARSE};
 use elastrec_embedding::{EmbeddingConfig, EmbeddingStore, UpdateScratch};
-use elastrec_job::config::{JobConfig, ModelConfig};
-use elastrec_model::{DenseDlrm, DenseOptimizer, DenseOptimizerConfig, DlrmConfig, Workspace};
+use elastrec_job::config::JobConfig;
+use elastrec_job::prepare::dense_config;
+use elastrec_model::{DenseDlrm, DenseOptimizer, DenseOptimizerConfig, Workspace};
 
 use crate::error::Result;
-
-/// The dense DLRM configuration of a job's model section: 13 dense inputs in front of the
-/// bottom MLP, one embedding vector per categorical feature. Every process (trainer,
-/// parameter server, worker) builds its dense model from this, so shapes and initial
-/// values agree.
-pub fn dense_config(m: &ModelConfig) -> DlrmConfig {
-    let mut bottom = vec![NUM_DENSE];
-    bottom.extend_from_slice(&m.bottom_mlp);
-    DlrmConfig {
-        bottom,
-        top: m.top_mlp.clone(),
-        num_tables: NUM_SPARSE,
-        embedding_dim: m.embedding_dim,
-        interaction: m.interaction,
-        seed: m.seed,
-    }
-}
 
 /// A complete DLRM: embedding tables plus the dense part.
 pub struct Dlrm {

@@ -11,19 +11,17 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::time::Instant;
 
-use elastrec_data::{Batch, BatchReader, GenSpec, OutputFormat, ReadStats, NUM_SPARSE};
-use elastrec_embedding::capped_rows;
-use elastrec_job::config::{JobConfig, TableRows};
+use elastrec_data::{Batch, BatchReader, ReadStats, NUM_SPARSE};
+use elastrec_job::config::JobConfig;
+use elastrec_job::prepare::{count_train_rows, ensure_data, progress_bar, resolve_table_rows};
+use elastrec_job::JobError;
 use elastrec_model::EvalAccumulator;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::ProgressBar;
 use serde::Serialize;
 
 use crate::error::{Result, WorkerError};
 use crate::model_file;
 use crate::step::{Dlrm, Predictor, TrainStep};
-
-/// Rows per table when neither the job nor a data report says otherwise.
-pub const DEFAULT_TABLE_ROWS: u64 = 100_000;
 
 /// Batches in flight between the reader thread and the trainer.
 const PREFETCH: usize = 4;
@@ -69,88 +67,6 @@ pub struct Summary {
     pub skipped_examples: Vec<String>,
     /// Where the model was saved.
     pub model_path: Option<PathBuf>,
-}
-
-/// Generates the job's data if its directory is missing and the job says how.
-pub fn ensure_data(job: &JobConfig, progress: bool) -> Result<()> {
-    let Some(gen) = &job.data.generate else {
-        return Ok(());
-    };
-    if job.data.dir.exists() {
-        return Ok(());
-    }
-    let spec = GenSpec {
-        out: job.data.dir.clone(),
-        rows: gen.rows,
-        format: OutputFormat::Tsv,
-        seed: gen.seed,
-        days: gen.days,
-        scale: gen.scale,
-    };
-    let pb = progress_bar(progress, gen.rows, "generating");
-    let report = elastrec_data::generate_with_progress(&spec, &|done| pb.set_position(done))?;
-    pb.finish_and_clear();
-    eprintln!(
-        "generated {} rows in {} files under {} ({:.0} rows/s); teacher AUC {:.4}, click rate {:.3}",
-        report.rows,
-        report.files.len(),
-        job.data.dir.display(),
-        report.rows_per_sec,
-        report.teacher_auc,
-        report.click_rate
-    );
-    Ok(())
-}
-
-/// Rows of each training file (TSV: lines, Parquet: the footer's count), in job order.
-///
-/// Fails with [`WorkerError::NoTrainingData`], naming the files, when together they hold
-/// no row: training would otherwise run zero steps and still report the AUC of an
-/// untrained model. The standalone trainer calls this before it creates anything; the
-/// distributed master needs the same per-file counts to cut its shards.
-pub fn count_train_rows(job: &JobConfig) -> Result<Vec<(PathBuf, u64)>> {
-    let files = job.train_files();
-    let counts = files
-        .iter()
-        .map(|f| Ok((f.clone(), elastrec_data::count_rows(f)?)))
-        .collect::<Result<Vec<_>>>()?;
-    if counts.iter().all(|&(_, rows)| rows == 0) {
-        return Err(WorkerError::NoTrainingData {
-            files,
-            reason: "the data.train files hold 0 rows".into(),
-        });
-    }
-    Ok(counts)
-}
-
-/// Hashed rows per distinct value when sizing tables from cardinalities.
-///
-/// At load factor 1 (rows = cardinality) about 63% of values share a row, including the
-/// frequent ones of small tables, and those collisions cost real accuracy (measured on the
-/// quickstart data: 83% of the teacher's AUC lift at factor 1, 95% at factor 4).
-pub const ROWS_PER_VALUE: u64 = 4;
-/// Smallest auto-sized table: tiny vocabularies get room so their values never collide.
-pub const MIN_AUTO_ROWS: u64 = 1024;
-
-/// Per-table row counts for a job: explicit, or sized from the data's `report.json` as
-/// `min(max_table_rows, max(ROWS_PER_VALUE · cardinality, MIN_AUTO_ROWS))`.
-pub fn resolve_table_rows(job: &JobConfig) -> Vec<u64> {
-    let cap = job.model.max_table_rows;
-    match &job.model.table_rows {
-        TableRows::All(n) => vec![(*n).min(cap); NUM_SPARSE],
-        TableRows::PerTable(v) => capped_rows(v, cap),
-        TableRows::Auto => match elastrec_data::gen::read_report(&job.data.dir) {
-            Ok(report) if report.cardinalities.len() == NUM_SPARSE => {
-                let sized: Vec<u64> = report
-                    .cardinalities
-                    .iter()
-                    .map(|&c| (c.saturating_mul(ROWS_PER_VALUE)).max(MIN_AUTO_ROWS))
-                    .collect();
-                capped_rows(&sized, cap)
-            }
-            _ => vec![DEFAULT_TABLE_ROWS.min(cap); NUM_SPARSE],
-        },
-    }
 }
 
 /// Reads every held-out file into memory as batches of `batch_size`.
@@ -271,24 +187,6 @@ impl Prefetcher {
             .map(|h| h.join().unwrap_or_default())
             .unwrap_or_default()
     }
-}
-
-fn progress_bar(enabled: bool, total: u64, what: &str) -> ProgressBar {
-    let pb = ProgressBar::with_draw_target(
-        Some(total),
-        if enabled {
-            ProgressDrawTarget::stderr()
-        } else {
-            ProgressDrawTarget::hidden()
-        },
-    );
-    pb.set_style(
-        ProgressStyle::with_template(&format!(
-            "{what} [{{elapsed_precise}}] {{wide_bar}} {{pos}}/{{len}} ({{per_sec}}, eta {{eta}}) {{msg}}"
-        ))
-        .expect("valid template"),
-    );
-    pb
 }
 
 /// Prints a line above the progress bar, or plainly when the bar is hidden.
@@ -454,14 +352,15 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
         read_stats.merge(&reader.finish());
         if samples == 0 {
             // The files have rows (checked above), but `on_bad_row = "skip"` dropped them all.
-            return Err(WorkerError::NoTrainingData {
+            return Err(JobError::NoTrainingData {
                 files: job.train_files(),
                 reason: format!(
                     "all {} rows were skipped as malformed (on_bad_row = \"skip\"), the first as {}",
                     read_stats.rows_skipped,
                     read_stats.first_errors.first().map_or("?", String::as_str)
                 ),
-            });
+            }
+            .into());
         }
         let at = Position {
             epoch,
@@ -524,6 +423,7 @@ fn truncate(batch: &mut Batch, n: usize) {
 mod tests {
     use super::*;
     use elastrec_data::{BadRowPolicy, RawRow};
+    use elastrec_job::config::TableRows;
 
     /// `rows` rows of Criteo TSV whose label follows the first integer feature.
     fn tsv(rows: usize) -> Vec<u8> {
@@ -567,7 +467,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let job = job(dir.path(), &[("a.tsv", vec![]), ("b.tsv", vec![])]);
         let err = train(&job).unwrap_err();
-        assert!(matches!(err, WorkerError::NoTrainingData { .. }), "{err:?}");
+        assert!(
+            matches!(err, WorkerError::Job(JobError::NoTrainingData { .. })),
+            "{err:?}"
+        );
         let msg = err.to_string();
         let (a, b) = (dir.path().join("a.tsv"), dir.path().join("b.tsv"));
         assert_eq!(
