@@ -5,8 +5,9 @@
 //! `[cluster]` and `[checkpoint]` (`distributed`), `[resources]` and `[engine]`
 //! (`resources`), `[autoscale]` (`autoscale`). Every role (trainer, master, parameter
 //! server, worker) reads it through this crate, and resolves it the same way (`prepare`:
-//! the job's data, the rows of its embedding tables, its dense model). `fsio` writes the
-//! run directory's files crash-safely.
+//! the job's data, the rows of its embedding tables, its dense model). A parameter server
+//! or worker learns its job from the master (`register`). `fsio` writes the run
+//! directory's files crash-safely.
 
 pub mod autoscale;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod distributed;
 pub mod error;
 pub mod fsio;
 pub mod prepare;
+pub mod register;
 pub mod resources;
 
 pub use config::JobConfig;

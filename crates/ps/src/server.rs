@@ -14,6 +14,7 @@ use elastrec_embedding::{
 use elastrec_job::config::JobConfig;
 use elastrec_job::distributed::{SavePriority, SyncMode};
 use elastrec_job::prepare::dense_model;
+use elastrec_job::register::{register, register_node};
 use elastrec_model::{DenseOptimizer, DenseOptimizerConfig};
 use elastrec_proto::master::{HeartbeatRequest, NodeAction, Role};
 use elastrec_proto::ps::parameter_server_server::{ParameterServer, ParameterServerServer};
@@ -22,7 +23,6 @@ use elastrec_proto::ps::{
     CommitResponse, ImportRequest, ImportResponse, InfoRequest, InfoResponse, PullRequest,
     PullResponse, PushRequest, PushResponse, ReshardRequest, ReshardResponse,
 };
-use elastrec_worker::remote::{register, register_node};
 use elastrec_worker::rpc::{self, check_version, dense_slice, is_transient, ServerAuth};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;

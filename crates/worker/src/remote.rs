@@ -8,7 +8,7 @@
 //! worker the master declared dead cannot train samples that were handed to another).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +18,7 @@ use elastrec_data::{Batch, BatchReader, NUM_SPARSE};
 use elastrec_embedding::{row_of, shard_of};
 use elastrec_job::distributed::SyncMode;
 use elastrec_job::prepare::{dense_model, resolve_table_rows};
+use elastrec_job::register::{register, register_node};
 use elastrec_job::JobConfig;
 use elastrec_metrics::prometheus_client::metrics::counter::Counter;
 use elastrec_metrics::prometheus_client::metrics::gauge::Gauge;
@@ -26,7 +27,7 @@ use elastrec_metrics::prometheus_client::registry::Registry;
 use elastrec_model::{DenseDlrm, EvalAccumulator, Workspace};
 use elastrec_proto::master::{
     get_task_response::Reply, GetTaskRequest, HeartbeatRequest, NodeAction, NodeProfile,
-    RegisterRequest, ReportEvalRequest, ReportProgressRequest, RestorePlan, Role,
+    ReportEvalRequest, ReportProgressRequest, Role,
 };
 use elastrec_proto::ps::{BatchKey, DenseSpan, PullRequest, PushRequest};
 use parking_lot::Mutex;
@@ -48,88 +49,6 @@ pub struct WorkerArgs {
     /// processes after a restart (node ids repeat across jobs).
     #[arg(long, default_value = "")]
     pub job: String,
-}
-
-/// What the master tells a node that registers.
-#[derive(Debug)]
-pub struct Registration {
-    /// The job.
-    pub job: JobConfig,
-    /// PS addresses by index (empty until every PS registered, when not waited for).
-    pub ps_addrs: Vec<String>,
-    /// Heartbeat interval, ms.
-    pub heartbeat_ms: u64,
-    /// PS: the checkpoint to load before serving.
-    pub restore: Option<RestorePlan>,
-    /// Version of the PS layout `ps_addrs` belongs to (0: the job's first one).
-    pub layout_version: u64,
-    /// PS count of that layout (0: `cluster.ps` of the job).
-    pub num_ps: u32,
-    /// PS: this server joins a re-sharding in progress (starts empty, receives its rows).
-    pub joining: bool,
-}
-
-/// Registers a node (serving PS RPCs on `addr` and metrics on `metrics_addr`, either
-/// empty when not bound yet) with the master, retrying while it is unreachable. Returns the job,
-/// the PS addresses (waiting until every PS is up when `need_ps`), the heartbeat interval
-/// and, for a parameter server, the checkpoint it must load before serving.
-pub async fn register(
-    master: &mut Master,
-    role: Role,
-    node_id: u32,
-    addr: &str,
-    metrics_addr: &str,
-    need_ps: bool,
-) -> anyhow::Result<(JobConfig, Vec<String>, u64, Option<RestorePlan>)> {
-    let r = register_node(master, role, node_id, addr, metrics_addr, need_ps).await?;
-    Ok((r.job, r.ps_addrs, r.heartbeat_ms, r.restore))
-}
-
-/// [`register`], with everything the master answers (the PS layout included).
-pub async fn register_node(
-    master: &mut Master,
-    role: Role,
-    node_id: u32,
-    addr: &str,
-    metrics_addr: &str,
-    need_ps: bool,
-) -> anyhow::Result<Registration> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let r = master
-            .register(RegisterRequest {
-                version: rpc::version(),
-                role: role as i32,
-                node_id,
-                addr: addr.to_string(),
-                metrics_addr: metrics_addr.to_string(),
-                pid: std::process::id(),
-            })
-            .await;
-        match r {
-            Ok(r) => {
-                let r = r.into_inner();
-                if !need_ps || !r.ps_addrs.is_empty() {
-                    let job = JobConfig::from_toml(&r.job_toml, Path::new("<master>"))?;
-                    return Ok(Registration {
-                        job,
-                        ps_addrs: r.ps_addrs,
-                        heartbeat_ms: r.heartbeat_ms as u64,
-                        restore: r.restore,
-                        layout_version: r.layout_version,
-                        num_ps: r.num_ps,
-                        joining: r.joining,
-                    });
-                }
-            }
-            Err(s) if is_transient(&s) => {}
-            Err(s) => bail!("master refused registration: {s}"),
-        }
-        if Instant::now() > deadline {
-            bail!("could not register with the master in 120 s");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// Prometheus metrics of a worker (prefix `elastrec_worker`, label `node`: its node id).
@@ -1119,6 +1038,8 @@ fn fail_point_slow_batch(node: u32) -> Option<Duration> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
     use elastrec_proto::ps::parameter_server_server::{ParameterServer, ParameterServerServer};
     use elastrec_proto::ps::{
