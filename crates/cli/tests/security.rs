@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::*;
 use elastrec_proto::master::PauseRequest;
 use elastrec_proto::ps::CheckpointRequest;
-use elastrec_worker::rpc::{self, Caller};
+use elastrec_rpc::{self as rpc, Caller};
 
 const CLUSTER: &str = r#"
 [cluster]
@@ -71,10 +71,10 @@ fn tls_job_across_two_addresses_trains_exactly_once_and_roles_are_enforced() {
         m.pause(pause()).await
     });
     assert!(plain.is_err(), "a plain-text call reached a TLS job");
-    let tls = elastrec_worker::tls::TlsMaterial::load(&dir.join("tls"))
+    let tls = elastrec_rpc::tls::TlsMaterial::load(&dir.join("tls"))
         .unwrap()
         .expect("the master issued the job's TLS material");
-    elastrec_worker::tls::install(tls).unwrap();
+    elastrec_rpc::tls::install(tls).unwrap();
     let worker_token = rpc::role_token(secret, Caller::Worker);
     rt.block_on(async {
         let mut m = rpc::master_client_with_timeout(

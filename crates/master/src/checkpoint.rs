@@ -22,7 +22,7 @@ use elastrec_job::config::JobConfig;
 use elastrec_job::distributed::{CheckpointConfig, RecoveryChoice, SavePriority};
 use elastrec_proto::master::{CheckpointStatus, RestorePlan};
 use elastrec_proto::ps::CheckpointRequest;
-use elastrec_worker::rpc;
+use elastrec_rpc as rpc;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 

@@ -10,7 +10,7 @@ use elastrec_proto::master::{
     get_task_response::Reply, GetTaskRequest, HeartbeatRequest, PauseRequest, RegisterRequest,
     ReportProgressRequest, Role as PbRole, ScaleRequest, StatusRequest, TakeCheckpointRequest,
 };
-use elastrec_worker::rpc::{self, Master};
+use elastrec_rpc::{self as rpc, Master};
 
 use crate::node::{resume_job, start_job, JobDir, JobResult};
 
@@ -85,8 +85,8 @@ fn connect_with_timeout(
     let token = std::fs::read_to_string(dir.token())
         .with_context(|| format!("reading the job token {}", dir.token().display()))?;
     // A job whose channels use TLS: this command speaks TLS with the job's certificate.
-    if let Some(m) = elastrec_worker::tls::TlsMaterial::load(&dir.tls())? {
-        elastrec_worker::tls::install(m)?;
+    if let Some(m) = elastrec_rpc::tls::TlsMaterial::load(&dir.tls())? {
+        elastrec_rpc::tls::install(m)?;
     }
     rpc::master_client_with_timeout(addr.trim(), token.trim(), 64 << 20, call_timeout).with_context(
         || {
@@ -591,12 +591,12 @@ async fn start_bench_master(
     let addr = listener.local_addr()?.to_string();
     let svc = elastrec_proto::master::master_server::MasterServer::new(MasterService(core.clone()));
     tokio::spawn(
-        elastrec_worker::rpc::server()?
+        elastrec_rpc::server()?
             .add_service(tonic::service::interceptor::InterceptedService::new(
                 svc,
                 rpc::ServerAuth::new(token),
             ))
-            .serve_with_incoming(elastrec_worker::rpc::incoming(listener)),
+            .serve_with_incoming(elastrec_rpc::incoming(listener)),
     );
     Ok((core, addr))
 }

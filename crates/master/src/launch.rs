@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use elastrec_job::resources::{ResourcesConfig, RoleResources};
-use elastrec_worker::rpc;
+use elastrec_rpc as rpc;
 
 use crate::job::{Node, Role};
 
@@ -28,7 +28,7 @@ pub struct LaunchTemplate {
     /// (`rpc::role_token`), in the environment or an engine secret, never argv.
     pub token: String,
     /// The job's TLS material, when its channels use TLS (an engine secret too).
-    pub tls: Option<elastrec_worker::tls::TlsMaterial>,
+    pub tls: Option<elastrec_rpc::tls::TlsMaterial>,
     /// Directory of the node logs (local and Slurm; Kubernetes keeps logs with the pods).
     pub log_dir: PathBuf,
     /// What each role asks for.

@@ -11,8 +11,8 @@ use anyhow::{bail, Context as _};
 use elastrec_job::config::JobConfig;
 use elastrec_job::distributed::SyncMode;
 use elastrec_proto::master::master_server::MasterServer;
-use elastrec_worker::rpc::{role_token, Caller, ServerAuth};
-use elastrec_worker::tls::TlsMaterial;
+use elastrec_rpc::tls::TlsMaterial;
+use elastrec_rpc::{role_token, Caller, ServerAuth};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use tonic::service::interceptor::InterceptedService;
@@ -296,7 +296,7 @@ fn job_tls(
         None => TlsMaterial::issue(&dir.0.display().to_string())?,
     };
     material.save(&dir.tls())?;
-    elastrec_worker::tls::install(material.clone())?;
+    elastrec_rpc::tls::install(material.clone())?;
     Ok(Some(material))
 }
 
@@ -591,7 +591,7 @@ pub async fn resume_job(
         .with_context(|| format!("reading the job token {}", dir.token().display()))?
         .trim()
         .to_string();
-    elastrec_worker::rpc::check_token(&token)
+    elastrec_rpc::check_token(&token)
         .with_context(|| format!("{} is corrupt", dir.token().display()))?;
     let store = Store::open(&dir.db(), false).await?;
     let snap = store.load().await?;
@@ -672,7 +672,7 @@ pub async fn resume_job(
     let (todo, doing, done) = job.tasks().counts();
     let tls = TlsMaterial::load(&dir.tls())?;
     if let Some(m) = &tls {
-        elastrec_worker::tls::install(m.clone())?;
+        elastrec_rpc::tls::install(m.clone())?;
     }
     let (backend, launch) =
         open_backend(kind, exe, &job_id, &job_uid, &addr, &token, tls, &dir, &cfg)?;
@@ -785,9 +785,9 @@ async fn serve(
         .max_encoding_message_size(max);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(
-        elastrec_worker::rpc::server()?
+        elastrec_rpc::server()?
             .add_service(InterceptedService::new(svc, ServerAuth::for_job(&token)))
-            .serve_with_incoming_shutdown(elastrec_worker::rpc::incoming(listener), async {
+            .serve_with_incoming_shutdown(elastrec_rpc::incoming(listener), async {
                 let _ = stop_rx.await;
             }),
     );

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use elastrec_proto::ps::{AbortRequest, CommitRequest, ReshardRequest, ReshardResponse};
-use elastrec_worker::rpc;
+use elastrec_rpc as rpc;
 use serde::{Deserialize, Serialize};
 
 use crate::job::Role;

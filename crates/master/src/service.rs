@@ -16,7 +16,7 @@ use elastrec_proto::master::{
     ReportProgressResponse, RestorePlan, ScaleRequest, ScaleResponse, StatusRequest,
     StatusResponse, TakeCheckpointRequest, TakeCheckpointResponse,
 };
-use elastrec_worker::rpc::{self, check_version};
+use elastrec_rpc::{self as rpc, check_version};
 use parking_lot::Mutex;
 use tonic::{Request, Response, Status};
 

@@ -16,7 +16,7 @@ use elastrec_job::config::JobConfig;
 use elastrec_proto::master::RestorePlan;
 use elastrec_proto::ps::CheckpointRequest;
 use elastrec_ps::PsShard;
-use elastrec_worker::rpc;
+use elastrec_rpc as rpc;
 
 fn job(rows: u64, priority: &str) -> JobConfig {
     JobConfig::from_toml(

@@ -294,7 +294,7 @@ mod tests {
     use elastrec_checkpoint::format::{CheckpointKind, PartMeta};
     use elastrec_job::config::JobConfig;
     use elastrec_proto::ps::PullRequest;
-    use elastrec_worker::rpc;
+    use elastrec_rpc as rpc;
 
     use super::*;
 

@@ -109,7 +109,7 @@ pub enum PsError {
 
     /// A request routed by a layout this server does not serve (see `ps.proto`): the
     /// client waits for the current layout and routes again. `ABORTED`, with a message
-    /// starting with [`elastrec_worker::rpc::LAYOUT_REFUSAL`].
+    /// starting with [`elastrec_rpc::LAYOUT_REFUSAL`].
     #[error("{detail}")]
     LayoutRefused {
         /// Which layouts.
@@ -174,8 +174,8 @@ impl From<PsError> for Status {
             PsError::LayoutRefused {
                 known: Some((v, addrs)),
                 ..
-            } => elastrec_worker::rpc::layout_refusal_naming(msg, (v, &addrs)),
-            PsError::LayoutRefused { .. } => elastrec_worker::rpc::layout_refusal(msg),
+            } => elastrec_rpc::layout_refusal_naming(msg, (v, &addrs)),
+            PsError::LayoutRefused { .. } => elastrec_rpc::layout_refusal(msg),
             PsError::Reshard(_) => Status::failed_precondition(msg),
             PsError::Peer {
                 transient: true, ..
@@ -227,13 +227,13 @@ mod tests {
             detail: "PS 1 serves layout 2".into(),
             known: None,
         });
-        assert!(elastrec_worker::rpc::is_layout_refusal(&moved), "{moved:?}");
+        assert!(elastrec_rpc::is_layout_refusal(&moved), "{moved:?}");
         let named = Status::from(PsError::LayoutRefused {
             detail: "PS 1 serves layout 2".into(),
             known: Some((2, std::sync::Arc::new(vec!["h:1".into()]))),
         });
         assert_eq!(
-            elastrec_worker::rpc::refusal_layout(&named),
+            elastrec_rpc::refusal_layout(&named),
             Some((2, vec!["h:1".to_string()]))
         );
         let field = Status::from(PsError::BadField {

@@ -23,7 +23,7 @@ use elastrec_proto::ps::{
     CommitResponse, ImportRequest, ImportResponse, InfoRequest, InfoResponse, PullRequest,
     PullResponse, PushRequest, PushResponse, ReshardRequest, ReshardResponse,
 };
-use elastrec_worker::rpc::{self, check_version, dense_slice, is_transient, ServerAuth};
+use elastrec_rpc::{self as rpc, check_version, dense_slice, is_transient, ServerAuth};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
@@ -993,9 +993,9 @@ pub async fn serve(
     // The accept list `elastrec run` gives a PS (its peers, the master, the workers), or
     // only its own token for a PS started by hand.
     let auth = ServerAuth::for_node(&token)?;
-    elastrec_worker::rpc::server()?
+    elastrec_rpc::server()?
         .add_service(InterceptedService::new(svc, auth))
-        .serve_with_incoming(elastrec_worker::rpc::incoming(listener))
+        .serve_with_incoming(elastrec_rpc::incoming(listener))
         .await?;
     Ok(())
 }
@@ -1004,7 +1004,7 @@ pub async fn serve(
 pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     let _ = NODE_ID.set(args.node_id);
     let token = rpc::token_from_env()?;
-    elastrec_worker::tls::install_from_env()?;
+    elastrec_rpc::tls::install_from_env()?;
     let mut master = rpc::master_client(&args.master, &token, 64 << 20)?;
     // Learn the job first (bind address), then register with the real address.
     let reg = register_node(&mut master, Role::Ps, args.node_id, "", "", false).await?;

@@ -12,7 +12,7 @@ use elastrec_job::config::JobConfig;
 use elastrec_proto::master::RestorePlan;
 use elastrec_proto::ps::{CheckpointRequest, CheckpointResponse, PullRequest, PushRequest};
 use elastrec_ps::PsShard;
-use elastrec_worker::rpc;
+use elastrec_rpc as rpc;
 
 /// Table 0 has 1000 rows (the only "large" table at 50% coverage); 25 small ones.
 fn job(priority: &str, ps: u32) -> JobConfig {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use elastrec_job::config::JobConfig;
 use elastrec_proto::ps::CheckpointRequest;
 use elastrec_ps::PsShard;
-use elastrec_worker::rpc;
+use elastrec_rpc as rpc;
 
 /// A field of `/proc/self/status` in bytes (`VmHWM`, `VmRSS`).
 fn status_bytes(field: &str) -> Option<u64> {

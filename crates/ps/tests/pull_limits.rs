@@ -14,7 +14,7 @@ use std::sync::Arc;
 use elastrec_job::config::JobConfig;
 use elastrec_proto::ps::PullRequest;
 use elastrec_ps::{PsError, PsShard};
-use elastrec_worker::rpc;
+use elastrec_rpc as rpc;
 
 struct CountingAllocator;
 

@@ -20,7 +20,7 @@ use elastrec_proto::ps::{
 };
 use elastrec_ps::reshard::{GrpcPeers, Peers};
 use elastrec_ps::{PsError, PsShard};
-use elastrec_worker::rpc::{self, dense_slice, is_layout_refusal, Ps};
+use elastrec_rpc::{self as rpc, dense_slice, is_layout_refusal, Ps};
 use tokio::task::JoinHandle;
 
 const TOKEN: &str = "reshardtoken";

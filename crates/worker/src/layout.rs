@@ -118,7 +118,7 @@ fn merge(mut ranges: Vec<Range<usize>>) -> Vec<Range<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rpc::dense_slice;
+    use elastrec_rpc::dense_slice;
 
     const DIM: usize = 2;
 

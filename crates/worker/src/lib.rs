@@ -13,10 +13,6 @@ pub mod remote;
 pub mod step;
 pub mod trainer;
 
-/// gRPC plumbing (its own crate, `elastrec-rpc`, which every role uses; re-exported under
-/// the paths the roles have always used).
-pub use elastrec_rpc as rpc;
-pub use elastrec_rpc::tls;
 pub use error::{Result, WorkerError};
 pub use step::{Dlrm, Predictor, TrainStep};
 pub use trainer::{evaluate, train, EvalResult, Summary};

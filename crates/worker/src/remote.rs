@@ -30,11 +30,11 @@ use elastrec_proto::master::{
     ReportEvalRequest, ReportProgressRequest, Role,
 };
 use elastrec_proto::ps::{BatchKey, DenseSpan, PullRequest, PushRequest};
+use elastrec_rpc::{self as rpc, dense_slice, is_transient, Master, Ps};
 use parking_lot::Mutex;
 use tonic::Code;
 
 use crate::layout::{split_parts, PsLayout, PushPart};
-use crate::rpc::{self, dense_slice, is_transient, Master, Ps};
 
 /// Arguments of the hidden `elastrec worker` role command.
 #[derive(Debug, Clone, clap::Args)]
@@ -789,7 +789,7 @@ async fn report(
 /// The worker process.
 pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let token = rpc::token_from_env()?;
-    crate::tls::install_from_env()?;
+    elastrec_rpc::tls::install_from_env()?;
     let id = args.node_id;
     let mut master = rpc::master_client(&args.master, &token, 64 << 20)?;
     // The job says where to bind; registering again with the endpoint's address also

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use elastrec_embedding::shard_of;
 use elastrec_proto::ps::{BatchKey, PushRequest, WorkerBatch};
-use elastrec_worker::rpc::dense_slice;
+use elastrec_rpc::dense_slice;
 
 use crate::server::State;
 

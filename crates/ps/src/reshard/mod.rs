@@ -27,7 +27,7 @@ use elastrec_job::distributed::SyncMode;
 use elastrec_proto::ps::{
     ImportDone, ImportRequest, ImportResponse, ReshardRequest, ReshardResponse, WorkerBatch,
 };
-use elastrec_worker::rpc::{self, dense_slice, is_transient, Ps};
+use elastrec_rpc::{self as rpc, dense_slice, is_transient, Ps};
 use tokio::task::JoinSet;
 
 use crate::error::PsError;

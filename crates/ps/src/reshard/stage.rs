@@ -14,7 +14,7 @@ use elastrec_embedding::{shard_of, EmbeddingError, TableSnapshot};
 use elastrec_proto::ps::{
     AbortResponse, CommitResponse, ImportDone, ImportRequest, ImportResponse,
 };
-use elastrec_worker::rpc::dense_slice;
+use elastrec_rpc::dense_slice;
 
 use super::Inherited;
 use crate::error::PsError;
