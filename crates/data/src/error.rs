@@ -93,6 +93,40 @@ pub enum DataError {
     /// Invalid arguments (generator spec, options).
     #[error("invalid specification: {0}")]
     InvalidSpec(String),
+    /// A malformed stream message: `kafka:topic/partition@offset: field N: reason`.
+    ///
+    /// `sample` is the 0-based sample inside a message of the binary batch format (0 for
+    /// one-sample messages). `field` follows [`DataError::Malformed`]'s numbering; the
+    /// batch format's framing errors use field `usize::MAX` and are shown as `frame`.
+    #[error("{partition}@{offset}: sample {sample}: {}: {reason}", field_name(*field))]
+    BadMessage {
+        /// The partition, `kafka:topic/partition`.
+        partition: String,
+        /// Offset of the message in its partition.
+        offset: u64,
+        /// 0-based sample in the message.
+        sample: u32,
+        /// 0-based field index, or `usize::MAX` for the message's framing.
+        field: usize,
+        /// What is wrong.
+        reason: FieldError,
+    },
+    /// The stream could not be read (broker unreachable, topic deleted, data expired).
+    #[error("{partition}: {message}")]
+    Stream {
+        /// The partition, `kafka:topic/partition`.
+        partition: String,
+        /// What went wrong and what to do about it.
+        message: String,
+    },
+}
+
+fn field_name(field: usize) -> String {
+    if field == usize::MAX {
+        "frame".into()
+    } else {
+        format!("field {field}")
+    }
 }
 
 /// Result alias for this crate.
@@ -122,6 +156,7 @@ impl DataError {
             DataError::Malformed { .. }
                 | DataError::LineTooLong { .. }
                 | DataError::BadValue { .. }
+                | DataError::BadMessage { .. }
         )
     }
 }
@@ -146,6 +181,9 @@ pub enum FieldError {
     BadCategory(String),
     /// The field holds non-ASCII bytes (invalid UTF-8 or binary garbage).
     NonAscii(String),
+    /// A binary stream message whose framing is wrong (bad magic, truncated, a count
+    /// larger than the message can hold).
+    BadFrame(String),
 }
 
 impl fmt::Display for FieldError {
@@ -162,6 +200,7 @@ impl fmt::Display for FieldError {
                 crate::tsv::NUM_FIELDS
             ),
             FieldError::EmptyLabel => write!(f, "empty label"),
+            FieldError::BadFrame(why) => write!(f, "malformed batch message: {why}"),
             FieldError::BadLabel(got) => write!(f, "label must be 0 or 1, got {got:?}"),
             FieldError::BadInteger(got) => write!(f, "expected an integer, got {got:?}"),
             FieldError::BadCategory(got) => write!(f, "expected 8 hex digits, got {got:?}"),

@@ -91,6 +91,14 @@ pub trait BatchReader: Send {
 
     /// Counters so far.
     fn stats(&self) -> &ReadStats;
+
+    /// Where the reader stands in its own units when they are not rows: a stream reader
+    /// returns the offset of the first message not wholly delivered (a message may hold
+    /// many samples, and offsets may have gaps). `None` (files): the position is the
+    /// range start plus rows delivered and skipped.
+    fn position(&self) -> Option<u64> {
+        None
+    }
 }
 
 impl<R: BatchReader + ?Sized> BatchReader for Box<R> {
@@ -99,6 +107,9 @@ impl<R: BatchReader + ?Sized> BatchReader for Box<R> {
     }
     fn stats(&self) -> &ReadStats {
         (**self).stats()
+    }
+    fn position(&self) -> Option<u64> {
+        (**self).position()
     }
 }
 

@@ -1,0 +1,23 @@
+//! Kafka input for online training.
+//!
+//! - [`message`]: what a message holds (a Criteo TSV line, or elastrec's binary batch
+//!   format) and its decoding with bad-message positions.
+//! - [`topic`]: the brokers and the job's partitions: watermarks, start offsets, monitoring
+//!   commits. The master watches the stream with it.
+//! - [`reader`]: a worker reads the offset ranges the master deals it.
+//! - [`replay`]: the traffic generator behind `elastrec replay`.
+//!
+//! Stream data is dealt like file rows: a task is an offset range of one partition, the
+//! ledger records offsets, and the checkpoint's data position holds them (`docs/online.md`).
+
+pub mod error;
+pub mod message;
+pub mod reader;
+pub mod replay;
+pub mod topic;
+
+pub use error::{Result, StreamError};
+pub use message::MessageFormat;
+pub use reader::{RangeReader, StreamInput};
+pub use replay::{replay, Partitioner, ReplayReport, ReplaySpec, Trace};
+pub use topic::{Connection, PartitionId, StartAt, TopicWatch};

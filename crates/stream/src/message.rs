@@ -1,0 +1,304 @@
+//! What one Kafka message holds: a Criteo TSV line (one sample), or a batch of samples in
+//! elastrec's binary batch format.
+//!
+//! # Binary batch format (`format = "batch"`)
+//! Little-endian throughout:
+//! ```text
+//! magic    4 bytes  "ERB1"
+//! count    u32      samples in the message (1 ..= 65536)
+//! count times:
+//!   label    u8     0 or 1
+//!   present  u64    bit i (0..13): integer feature I(i+1) is present;
+//!                   bit 13+j (0..26): categorical feature C(j+1) is present; bits 39.. are 0
+//!   ints     i64    one per present integer feature, in order
+//!   cats     u32    one per present categorical feature, in order
+//! ```
+//! An absent feature is what an empty TSV field is. A message is rejected whole when its
+//! framing is wrong (magic, a count the payload cannot hold, trailing bytes); a sample with
+//! a bad label is rejected alone.
+
+use elastrec_data::{FieldError, RawRow, NUM_DENSE, NUM_SPARSE};
+use serde::{Deserialize, Serialize};
+
+/// Magic bytes opening a binary batch message.
+pub const BATCH_MAGIC: &[u8; 4] = b"ERB1";
+/// Most samples one binary message may hold.
+pub const MAX_BATCH_SAMPLES: u32 = 65_536;
+/// Smallest encoded sample: a label and an empty presence mask.
+const MIN_SAMPLE_BYTES: usize = 1 + 8;
+/// Field index used for framing errors (see `DataError::BadMessage`).
+pub const FRAME_FIELD: usize = usize::MAX;
+
+/// How messages of a topic are encoded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MessageFormat {
+    /// One Criteo TSV line per message (a trailing `\n` or `\r\n` is allowed).
+    #[default]
+    Tsv,
+    /// elastrec's binary batch format (module docs).
+    Batch,
+}
+
+/// A sample that could not be decoded: its index in the message, the field, the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadSample {
+    /// 0-based sample in the message.
+    pub sample: u32,
+    /// Field index as in `DataError::Malformed`, or [`FRAME_FIELD`].
+    pub field: usize,
+    /// What is wrong.
+    pub reason: FieldError,
+}
+
+/// Decodes a message into `out` (appended). Samples that decode are appended even when
+/// others in the same message fail; the failures are returned in order. A framing error
+/// returns a single failure and appends nothing.
+pub fn decode(payload: &[u8], format: MessageFormat, out: &mut Vec<RawRow>) -> Vec<BadSample> {
+    match format {
+        MessageFormat::Tsv => {
+            let line = payload
+                .strip_suffix(b"\n")
+                .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+                .unwrap_or(payload);
+            let mut row = RawRow::default();
+            match elastrec_data::tsv::parse_line(line, &mut row) {
+                Ok(()) => {
+                    out.push(row);
+                    Vec::new()
+                }
+                Err((field, reason)) => vec![BadSample {
+                    sample: 0,
+                    field,
+                    reason,
+                }],
+            }
+        }
+        MessageFormat::Batch => decode_batch(payload, out),
+    }
+}
+
+fn frame(why: impl Into<String>) -> Vec<BadSample> {
+    vec![BadSample {
+        sample: 0,
+        field: FRAME_FIELD,
+        reason: FieldError::BadFrame(why.into()),
+    }]
+}
+
+/// A cursor over the payload that never reads past its end.
+struct Cursor<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.rest.len() < n {
+            return None;
+        }
+        let (head, tail) = self.rest.split_at(n);
+        self.rest = tail;
+        Some(head)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take(8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+    }
+}
+
+fn decode_batch(payload: &[u8], out: &mut Vec<RawRow>) -> Vec<BadSample> {
+    let mut c = Cursor { rest: payload };
+    if c.take(4) != Some(BATCH_MAGIC.as_slice()) {
+        return frame("does not start with \"ERB1\" (is the topic's format tsv?)");
+    }
+    let Some(count) = c.u32() else {
+        return frame("truncated before the sample count");
+    };
+    // Never trust a size read from the wire: the count must fit the bytes that follow.
+    if count == 0 || count > MAX_BATCH_SAMPLES || count as usize * MIN_SAMPLE_BYTES > c.rest.len() {
+        return frame(format!(
+            "sample count {count} does not fit {} payload bytes (1..={MAX_BATCH_SAMPLES} allowed)",
+            c.rest.len()
+        ));
+    }
+    let start = out.len();
+    let mut bad = Vec::new();
+    for i in 0..count {
+        let truncated = |out: &mut Vec<RawRow>| {
+            out.truncate(start);
+            frame(format!("truncated in sample {i} of {count}"))
+        };
+        let (Some(label), Some(present)) = (c.u8(), c.u64()) else {
+            return truncated(out);
+        };
+        if present >> (NUM_DENSE + NUM_SPARSE) != 0 {
+            out.truncate(start);
+            return frame(format!(
+                "sample {i}: presence mask {present:#x} has unknown bits"
+            ));
+        }
+        let mut row = RawRow {
+            label,
+            ..RawRow::default()
+        };
+        for (k, slot) in row.ints.iter_mut().enumerate() {
+            if present >> k & 1 == 1 {
+                let Some(v) = c.u64() else {
+                    return truncated(out);
+                };
+                *slot = Some(v as i64);
+            }
+        }
+        for (k, slot) in row.cats.iter_mut().enumerate() {
+            if present >> (NUM_DENSE + k) & 1 == 1 {
+                let Some(v) = c.u32() else {
+                    return truncated(out);
+                };
+                *slot = Some(v);
+            }
+        }
+        if label > 1 {
+            bad.push(BadSample {
+                sample: i,
+                field: 0,
+                reason: FieldError::BadLabel(label.to_string()),
+            });
+        } else {
+            out.push(row);
+        }
+    }
+    if !c.rest.is_empty() {
+        out.truncate(start);
+        return frame(format!("{} bytes after the last sample", c.rest.len()));
+    }
+    bad
+}
+
+/// Appends `rows` to `out` as one message of `format`. A TSV message holds exactly one row
+/// (without a line terminator); a batch message holds 1..=[`MAX_BATCH_SAMPLES`].
+pub fn encode(rows: &[RawRow], format: MessageFormat, out: &mut Vec<u8>) {
+    match format {
+        MessageFormat::Tsv => {
+            assert_eq!(rows.len(), 1, "a TSV message holds one sample");
+            elastrec_data::tsv::write_row(&rows[0], out);
+            if out.last() == Some(&b'\n') {
+                out.pop();
+            }
+        }
+        MessageFormat::Batch => {
+            assert!(!rows.is_empty() && rows.len() <= MAX_BATCH_SAMPLES as usize);
+            out.extend_from_slice(BATCH_MAGIC);
+            out.extend_from_slice(&(rows.len() as u32).to_le_bytes());
+            for r in rows {
+                out.push(r.label);
+                let mut present = 0u64;
+                for (k, v) in r.ints.iter().enumerate() {
+                    present |= u64::from(v.is_some()) << k;
+                }
+                for (k, v) in r.cats.iter().enumerate() {
+                    present |= u64::from(v.is_some()) << (NUM_DENSE + k);
+                }
+                out.extend_from_slice(&present.to_le_bytes());
+                for v in r.ints.iter().flatten() {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+                for v in r.cats.iter().flatten() {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(i: u32) -> RawRow {
+        let mut r = RawRow {
+            label: (i % 2) as u8,
+            ..RawRow::default()
+        };
+        for k in 0..NUM_DENSE {
+            r.ints[k] = (k as u32 != i % 13).then_some(i as i64 * 7 - k as i64);
+        }
+        for k in 0..NUM_SPARSE {
+            r.cats[k] = (k as u32 != i % 26).then_some(i.wrapping_mul(2654435761) ^ k as u32);
+        }
+        r
+    }
+
+    #[test]
+    fn both_formats_round_trip_rows_with_absent_fields() {
+        let rows: Vec<RawRow> = (0..50).map(row).collect();
+        let mut buf = Vec::new();
+        encode(&rows, MessageFormat::Batch, &mut buf);
+        let mut out = Vec::new();
+        assert!(decode(&buf, MessageFormat::Batch, &mut out).is_empty());
+        assert_eq!(out, rows);
+        for r in &rows {
+            let mut buf = Vec::new();
+            encode(std::slice::from_ref(r), MessageFormat::Tsv, &mut buf);
+            buf.extend_from_slice(b"\r\n");
+            let mut out = Vec::new();
+            assert!(decode(&buf, MessageFormat::Tsv, &mut out).is_empty());
+            assert_eq!(out, vec![*r]);
+        }
+    }
+
+    #[test]
+    fn a_malformed_tsv_message_names_its_field() {
+        let mut out = Vec::new();
+        let bad = decode(b"2\t1", MessageFormat::Tsv, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(bad.len(), 1);
+        assert_eq!(bad[0].field, 0);
+    }
+
+    #[test]
+    fn sizes_read_from_a_batch_message_are_checked_against_its_length() {
+        let rows: Vec<RawRow> = (0..3).map(row).collect();
+        let mut buf = Vec::new();
+        encode(&rows, MessageFormat::Batch, &mut buf);
+        // A count claiming more samples than the bytes can hold.
+        let mut huge = buf.clone();
+        huge[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        // Every truncation of a valid message, and trailing garbage.
+        let mut cases = vec![huge, b"ERB0".to_vec()];
+        cases.extend((0..buf.len()).map(|n| buf[..n].to_vec()));
+        let mut trailing = buf.clone();
+        trailing.push(0);
+        cases.push(trailing);
+        for case in cases {
+            let mut out = Vec::new();
+            let bad = decode(&case, MessageFormat::Batch, &mut out);
+            assert!(out.is_empty(), "nothing of a badly framed message is kept");
+            assert_eq!(bad.len(), 1);
+            assert_eq!(bad[0].field, FRAME_FIELD);
+        }
+    }
+
+    #[test]
+    fn a_bad_label_rejects_only_its_sample() {
+        let rows: Vec<RawRow> = (0..3).map(row).collect();
+        let mut buf = Vec::new();
+        encode(&rows, MessageFormat::Batch, &mut buf);
+        // The second sample's label byte: magic, count, then sample 0's bytes.
+        let mut tmp = Vec::new();
+        encode(&rows[..1], MessageFormat::Batch, &mut tmp);
+        let second = 8 + (tmp.len() - 8);
+        buf[second] = 7;
+        let mut out = Vec::new();
+        let bad = decode(&buf, MessageFormat::Batch, &mut out);
+        assert_eq!(out, vec![rows[0], rows[2]]);
+        assert_eq!(bad.len(), 1);
+        assert_eq!((bad[0].sample, bad[0].field), (1, 0));
+    }
+}

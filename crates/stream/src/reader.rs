@@ -1,0 +1,225 @@
+//! Reading one offset range of one partition into training batches.
+//!
+//! The master deals stream data as offset ranges, exactly as it deals file rows: a task
+//! names `kafka:topic/partition` and offsets `[start, end)` that the brokers already hold.
+//! The worker reads them with a consumer it assigns by hand (no group rebalancing: the
+//! master decides who reads what). Progress is reported in offsets: [`RangeReader`]'s
+//! position is the first message not wholly delivered, so a message of many samples is
+//! reported only once all of them trained.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use elastrec_data::{BadRowPolicy, Batch, BatchReader, DataError, RawRow, ReadStats};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::error::{Result, StreamError};
+use crate::message::{decode, MessageFormat};
+use crate::topic::{is_transient, Connection, PartitionId};
+
+/// How long one poll waits before the reader checks how long it has been waiting.
+const POLL: Duration = Duration::from_millis(100);
+/// A reader waiting this long for a message the broker had reports it (then every
+/// further such period).
+const WAIT_WARN: Duration = Duration::from_secs(10);
+
+/// A worker's consumer, shared by the ranges it reads one after another.
+#[derive(Clone)]
+pub struct StreamInput {
+    consumer: Arc<BaseConsumer>,
+    format: MessageFormat,
+}
+
+impl StreamInput {
+    /// A consumer for `conn` in consumer group `group` (offsets are never committed by
+    /// workers; the group only names the client in broker logs).
+    pub fn new(conn: &Connection, group: &str, format: MessageFormat) -> Result<Self> {
+        let consumer: BaseConsumer = conn
+            .client_config()
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            // Never jump to another offset on its own: the range says where to read, and a
+            // range whose data expired must fail loudly, not silently skip.
+            .set("auto.offset.reset", "error")
+            .create()
+            .map_err(|e| StreamError::client(conn, e))?;
+        Ok(Self {
+            consumer: Arc::new(consumer),
+            format,
+        })
+    }
+
+    /// A reader of offsets `[start, end)` of `partition`.
+    pub fn range(
+        &self,
+        partition: &PartitionId,
+        start: u64,
+        end: u64,
+        policy: BadRowPolicy,
+    ) -> Result<RangeReader> {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(
+            &partition.topic,
+            partition.partition,
+            Offset::Offset(start as i64),
+        )
+        .and_then(|()| self.consumer.assign(&tpl))
+        .map_err(|e| StreamError::Broker {
+            brokers: String::new(),
+            message: format!("assigning {partition}@{start}: {e}"),
+        })?;
+        Ok(RangeReader {
+            consumer: self.consumer.clone(),
+            name: partition.to_string(),
+            format: self.format,
+            policy,
+            next: start,
+            end,
+            pending: Vec::new(),
+            pending_at: 0,
+            pending_offset: start,
+            stats: ReadStats::default(),
+        })
+    }
+}
+
+/// Reads offsets `[start, end)` of one partition (see the module docs).
+pub struct RangeReader {
+    consumer: Arc<BaseConsumer>,
+    name: String,
+    format: MessageFormat,
+    policy: BadRowPolicy,
+    /// Offset of the next message to fetch.
+    next: u64,
+    end: u64,
+    /// Decoded samples of the message at `pending_offset` not yet delivered.
+    pending: Vec<RawRow>,
+    pending_at: usize,
+    pending_offset: u64,
+    stats: ReadStats,
+}
+
+impl RangeReader {
+    fn has_pending(&self) -> bool {
+        self.pending_at < self.pending.len()
+    }
+
+    /// Fetches the next message of the range into `pending`. `Ok(false)`: the range is
+    /// done.
+    fn fetch(&mut self) -> elastrec_data::Result<bool> {
+        let waiting_since = Instant::now();
+        let mut warned_at = Duration::ZERO;
+        let mut last_error = String::new();
+        while self.next < self.end {
+            let msg = match self.consumer.poll(POLL) {
+                None => None,
+                Some(Ok(m)) => Some(m),
+                Some(Err(e)) if is_transient(&e) => {
+                    last_error = e.to_string();
+                    None
+                }
+                Some(Err(e)) => {
+                    return Err(DataError::Stream {
+                        partition: self.name.clone(),
+                        message: format!(
+                            "cannot read offset {}: {e} (was the data deleted by retention, or the topic removed?)",
+                            self.next
+                        ),
+                    })
+                }
+            };
+            let Some(msg) = msg else {
+                let waited = waiting_since.elapsed();
+                if waited >= warned_at + WAIT_WARN {
+                    warned_at = waited;
+                    eprintln!(
+                        "{}@{}: no message for {:.0} s{}; waiting for the broker",
+                        self.name,
+                        self.next,
+                        waited.as_secs_f64(),
+                        if last_error.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({last_error})")
+                        }
+                    );
+                }
+                continue;
+            };
+            let offset = msg.offset();
+            if offset < 0 || (offset as u64) < self.next {
+                continue; // left over from a previous assignment
+            }
+            let offset = offset as u64;
+            if offset >= self.end {
+                // The range ended in a gap (transaction markers, compaction).
+                self.next = self.end;
+                return Ok(false);
+            }
+            self.pending.clear();
+            self.pending_at = 0;
+            self.pending_offset = offset;
+            self.next = offset + 1;
+            let bad = decode(
+                msg.payload().unwrap_or_default(),
+                self.format,
+                &mut self.pending,
+            );
+            for b in bad {
+                let err = DataError::BadMessage {
+                    partition: self.name.clone(),
+                    offset,
+                    sample: b.sample,
+                    field: b.field,
+                    reason: b.reason,
+                };
+                match self.policy {
+                    BadRowPolicy::Skip => self.stats.record_skip(&err),
+                    BadRowPolicy::Fail => {
+                        // Stop at this message: it is reported neither trained nor skipped.
+                        self.pending.clear();
+                        self.next = offset;
+                        return Err(err);
+                    }
+                }
+            }
+            if self.has_pending() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
+
+impl BatchReader for RangeReader {
+    fn next_batch(&mut self, batch: &mut Batch, max_rows: usize) -> elastrec_data::Result<usize> {
+        batch.clear();
+        while batch.len() < max_rows {
+            if !self.has_pending() && !self.fetch()? {
+                break;
+            }
+            let take = (self.pending.len() - self.pending_at).min(max_rows - batch.len());
+            for row in &self.pending[self.pending_at..self.pending_at + take] {
+                batch.push_raw(row);
+            }
+            self.pending_at += take;
+        }
+        self.stats.rows_read += batch.len() as u64;
+        Ok(batch.len())
+    }
+
+    fn stats(&self) -> &ReadStats {
+        &self.stats
+    }
+
+    fn position(&self) -> Option<u64> {
+        Some(if self.has_pending() {
+            self.pending_offset
+        } else {
+            self.next
+        })
+    }
+}

@@ -1,0 +1,418 @@
+//! The traffic generator: replays Criteo-layout rows into a topic at the rates of a trace
+//! (`elastrec replay`), so online jobs can be tested and benchmarked on a known load.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use elastrec_data::{BadRowPolicy, RawRow, TsvReader};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+use crate::error::{Result, StreamError};
+use crate::message::{encode, MessageFormat, MAX_BATCH_SAMPLES};
+use crate::topic::{Connection, TopicWatch};
+
+/// Samples per second over time: `(t_s, qps)` points, linear in between, ending at the
+/// last point.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trace {
+    points: Vec<(f64, f64)>,
+}
+
+impl Trace {
+    /// A constant rate for `seconds`.
+    pub fn constant(qps: f64, seconds: f64) -> Self {
+        Self {
+            points: vec![(0.0, qps), (seconds, qps)],
+        }
+    }
+
+    /// Parses a CSV of `t_s,qps` lines (a header line and `#` comments are allowed).
+    /// Times must increase from 0; rates must be finite and non-negative.
+    pub fn parse_csv(text: &str, path: &Path) -> Result<Self> {
+        let bad = |line: usize, why: String| {
+            StreamError::Invalid(format!("{}:{line}: {why}", path.display()))
+        };
+        let mut points: Vec<(f64, f64)> = Vec::new();
+        for (i, raw) in text.lines().enumerate() {
+            let line = raw.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let mut cols = line.split(',').map(str::trim);
+            let (Some(t), Some(q), None) = (cols.next(), cols.next(), cols.next()) else {
+                return Err(bad(i + 1, format!("expected `t_s,qps`, got {line:?}")));
+            };
+            let (Ok(t), Ok(q)) = (t.parse::<f64>(), q.parse::<f64>()) else {
+                if points.is_empty() && i == 0 {
+                    continue; // the header
+                }
+                return Err(bad(i + 1, format!("expected two numbers, got {line:?}")));
+            };
+            if !(t.is_finite() && q.is_finite() && q >= 0.0) {
+                return Err(bad(
+                    i + 1,
+                    format!("time {t} and rate {q} must be finite, rate ≥ 0"),
+                ));
+            }
+            match points.last() {
+                None if t != 0.0 => {
+                    return Err(bad(i + 1, "the first point must be at t_s = 0".into()))
+                }
+                Some(&(prev, _)) if t <= prev => {
+                    return Err(bad(
+                        i + 1,
+                        format!("time {t} does not increase (after {prev})"),
+                    ))
+                }
+                _ => points.push((t, q)),
+            }
+        }
+        if points.len() < 2 {
+            return Err(StreamError::Invalid(format!(
+                "{}: a trace needs at least two points (t_s = 0 and an end)",
+                path.display()
+            )));
+        }
+        Ok(Self { points })
+    }
+
+    /// Seconds the trace lasts.
+    pub fn duration_s(&self) -> f64 {
+        self.points.last().map_or(0.0, |p| p.0)
+    }
+
+    /// The rate at `t` seconds (0 after the end).
+    pub fn rate_at(&self, t: f64) -> f64 {
+        let i = self.points.partition_point(|p| p.0 <= t);
+        if i == 0 || i >= self.points.len() {
+            return if t == self.duration_s() {
+                self.points[self.points.len() - 1].1
+            } else {
+                0.0
+            };
+        }
+        let (t0, q0) = self.points[i - 1];
+        let (t1, q1) = self.points[i];
+        q0 + (q1 - q0) * (t - t0) / (t1 - t0)
+    }
+
+    /// Samples due by `t` seconds: the integral of the rate from 0 to `t`.
+    pub fn due_by(&self, t: f64) -> f64 {
+        let mut total = 0.0;
+        for w in self.points.windows(2) {
+            let ((t0, q0), (t1, q1)) = (w[0], w[1]);
+            if t <= t0 {
+                break;
+            }
+            let end = t.min(t1);
+            let q_end = q0 + (q1 - q0) * (end - t0) / (t1 - t0);
+            total += (q0 + q_end) / 2.0 * (end - t0);
+        }
+        total
+    }
+
+    /// The same trace played `factor` times faster (rates scaled up, times down).
+    pub fn faster(&self, factor: f64) -> Self {
+        Self {
+            points: self
+                .points
+                .iter()
+                .map(|&(t, q)| (t / factor, q * factor))
+                .collect(),
+        }
+    }
+}
+
+/// Where samples go.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Partitioner {
+    /// Message `i` to partition `i mod n`.
+    RoundRobin,
+    /// Round robin, except that each positive sample goes to partition `partition` with
+    /// probability `positive_share`: that partition's click rate differs from the rest
+    /// (the skew KALE's global shuffling is measured against).
+    PositiveSkew {
+        /// The partition that gets the extra positives.
+        partition: i32,
+        /// Probability a positive sample is sent there instead.
+        positive_share: f64,
+    },
+}
+
+/// What to replay, where, and how fast.
+#[derive(Debug, Clone)]
+pub struct ReplaySpec {
+    /// The brokers.
+    pub conn: Connection,
+    /// Destination topic (it must exist).
+    pub topic: String,
+    /// Criteo TSV files (plain or gzip), replayed in order.
+    pub files: Vec<PathBuf>,
+    /// Start over from the first file when the data runs out before the trace.
+    pub repeat: bool,
+    /// Message encoding.
+    pub format: MessageFormat,
+    /// Samples per message with [`MessageFormat::Batch`].
+    pub samples_per_message: u32,
+    /// The rates.
+    pub trace: Trace,
+    /// Where samples go.
+    pub partitioner: Partitioner,
+    /// Seed of the partitioner's coin.
+    pub seed: u64,
+}
+
+/// What a replay did.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct ReplayReport {
+    /// Samples sent.
+    pub samples: u64,
+    /// Messages sent.
+    pub messages: u64,
+    /// Samples per partition.
+    pub per_partition: Vec<u64>,
+    /// Positive samples per partition.
+    pub positives_per_partition: Vec<u64>,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+}
+
+/// Replays `spec`, calling `progress` about once a second. Returns once the trace ends
+/// (or the data, without `repeat`) and every message is acknowledged by the broker.
+pub fn replay(spec: &ReplaySpec, mut progress: impl FnMut(&ReplayReport)) -> Result<ReplayReport> {
+    if spec.files.is_empty() {
+        return Err(StreamError::Invalid("no data files to replay".into()));
+    }
+    let per_msg = match spec.format {
+        MessageFormat::Tsv => 1,
+        MessageFormat::Batch => spec.samples_per_message.clamp(1, MAX_BATCH_SAMPLES) as usize,
+    };
+    let watch = TopicWatch::new(&spec.conn, "elastrec-replay", Duration::from_secs(10))?;
+    let partitions = watch.partitions(std::slice::from_ref(&spec.topic))?;
+    let n = partitions.len();
+    let producer: BaseProducer = spec
+        .conn
+        .client_config()
+        .set("linger.ms", "5")
+        .set("acks", "all")
+        .create()
+        .map_err(|e| StreamError::client(&spec.conn, e))?;
+    let mut rows = RowSource::new(&spec.files, spec.repeat)?;
+    let mut report = ReplayReport {
+        per_partition: vec![0; n],
+        positives_per_partition: vec![0; n],
+        ..ReplayReport::default()
+    };
+    let mut coin = elastrec_common::SplitMix64::new(spec.seed);
+    let mut rr = 0usize;
+    // Samples waiting for their partition's next message (batch format).
+    let mut open: Vec<Vec<RawRow>> = vec![Vec::new(); n];
+    let mut buf = Vec::new();
+    let started = Instant::now();
+    let mut last_progress = Instant::now();
+    let end = spec.trace.duration_s();
+    'outer: loop {
+        let t = started.elapsed().as_secs_f64();
+        let due = spec.trace.due_by(t.min(end)).floor() as u64;
+        while report.samples < due {
+            let Some(row) = rows.next()? else {
+                break 'outer;
+            };
+            let p = match spec.partitioner {
+                Partitioner::RoundRobin => next_rr(&mut rr, n),
+                Partitioner::PositiveSkew {
+                    partition,
+                    positive_share,
+                } => {
+                    let hot = partition as usize % n;
+                    if row.label == 1
+                        && ((coin.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < positive_share
+                    {
+                        hot
+                    } else {
+                        next_rr(&mut rr, n)
+                    }
+                }
+            };
+            report.samples += 1;
+            report.per_partition[p] += 1;
+            report.positives_per_partition[p] += u64::from(row.label);
+            open[p].push(row);
+            if open[p].len() >= per_msg {
+                send(
+                    &producer,
+                    spec,
+                    partitions[p].partition,
+                    &mut open[p],
+                    &mut buf,
+                )?;
+                report.messages += 1;
+            }
+        }
+        producer.poll(Duration::ZERO);
+        if last_progress.elapsed() >= Duration::from_secs(1) {
+            report.seconds = t;
+            progress(&report);
+            last_progress = Instant::now();
+        }
+        if t >= end {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for (p, rows) in open.iter_mut().enumerate() {
+        if !rows.is_empty() {
+            send(&producer, spec, partitions[p].partition, rows, &mut buf)?;
+            report.messages += 1;
+        }
+    }
+    producer
+        .flush(Duration::from_secs(60))
+        .map_err(|e| StreamError::unreachable(&spec.conn, e))?;
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+fn next_rr(rr: &mut usize, n: usize) -> usize {
+    let p = *rr % n;
+    *rr = rr.wrapping_add(1);
+    p
+}
+
+/// Sends `rows` as one message to `partition`, waiting while the local queue is full.
+fn send(
+    producer: &BaseProducer,
+    spec: &ReplaySpec,
+    partition: i32,
+    rows: &mut Vec<RawRow>,
+    buf: &mut Vec<u8>,
+) -> Result<()> {
+    buf.clear();
+    match spec.format {
+        MessageFormat::Tsv => {
+            for r in rows.iter() {
+                buf.clear();
+                encode(std::slice::from_ref(r), MessageFormat::Tsv, buf);
+                produce(producer, spec, partition, buf)?;
+            }
+        }
+        MessageFormat::Batch => {
+            encode(rows, MessageFormat::Batch, buf);
+            produce(producer, spec, partition, buf)?;
+        }
+    }
+    rows.clear();
+    Ok(())
+}
+
+fn produce(
+    producer: &BaseProducer,
+    spec: &ReplaySpec,
+    partition: i32,
+    payload: &[u8],
+) -> Result<()> {
+    let waited = Instant::now();
+    loop {
+        let record: BaseRecord<'_, (), [u8]> = BaseRecord::to(&spec.topic)
+            .partition(partition)
+            .payload(payload);
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                if waited.elapsed() > Duration::from_secs(120) {
+                    return Err(StreamError::Unreachable {
+                        brokers: spec.conn.brokers.clone(),
+                        message: "nothing acknowledged for 120 s (the producer queue is full)"
+                            .into(),
+                    });
+                }
+                producer.poll(Duration::from_millis(10));
+            }
+            Err((e, _)) => return Err(StreamError::unreachable(&spec.conn, e)),
+        }
+    }
+}
+
+/// Rows of the data files in order, optionally starting over.
+struct RowSource {
+    files: Vec<PathBuf>,
+    at: usize,
+    reader: Option<TsvReader>,
+    repeat: bool,
+    rows_this_pass: u64,
+}
+
+impl RowSource {
+    fn new(files: &[PathBuf], repeat: bool) -> Result<Self> {
+        Ok(Self {
+            files: files.to_vec(),
+            at: 0,
+            reader: None,
+            repeat,
+            rows_this_pass: 0,
+        })
+    }
+
+    fn next(&mut self) -> Result<Option<RawRow>> {
+        let mut row = RawRow::default();
+        loop {
+            if self.reader.is_none() {
+                if self.at == self.files.len() {
+                    if !self.repeat || self.rows_this_pass == 0 {
+                        return Ok(None);
+                    }
+                    self.at = 0;
+                    self.rows_this_pass = 0;
+                }
+                let path = &self.files[self.at];
+                self.reader = Some(
+                    TsvReader::open(path, BadRowPolicy::Fail)
+                        .map_err(|e| StreamError::Invalid(e.to_string()))?,
+                );
+            }
+            let r = self.reader.as_mut().expect("opened above");
+            if r.next_raw(&mut row)
+                .map_err(|e| StreamError::Invalid(e.to_string()))?
+            {
+                self.rows_this_pass += 1;
+                return Ok(Some(row));
+            }
+            self.reader = None;
+            self.at += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trace_integrates_its_piecewise_linear_rate() {
+        let t = Trace::parse_csv("t_s,qps\n0,100\n10,300\n20,300\n", Path::new("t.csv")).unwrap();
+        assert_eq!(t.duration_s(), 20.0);
+        assert_eq!(t.rate_at(5.0), 200.0);
+        assert_eq!(t.rate_at(15.0), 300.0);
+        assert_eq!(t.due_by(10.0), 2000.0);
+        assert_eq!(t.due_by(20.0), 5000.0);
+        assert_eq!(t.due_by(99.0), 5000.0);
+        let f = t.faster(10.0);
+        assert_eq!(f.duration_s(), 2.0);
+        assert!((f.due_by(2.0) - 5000.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_bad_trace_names_its_line() {
+        for (text, line) in [
+            ("0,1\n0,2\n", ":2:"),
+            ("1,5\n2,5\n", ":1:"),
+            ("0,1\n5,-1\n", ":2:"),
+            ("0,1\n5,x\n", ":2:"),
+        ] {
+            let e = Trace::parse_csv(text, Path::new("trace.csv")).unwrap_err();
+            assert!(e.to_string().contains(&format!("trace.csv{line}")), "{e}");
+        }
+        assert!(Trace::parse_csv("0,1\n", Path::new("t.csv")).is_err());
+    }
+}

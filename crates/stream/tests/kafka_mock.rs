@@ -1,0 +1,204 @@
+//! The stream crate against librdkafka's mock cluster: a protocol-level Kafka broker on a
+//! loopback port, driven through the same client code a job uses.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use elastrec_data::{BadRowPolicy, Batch, BatchReader, DataError, RawRow, NUM_DENSE, NUM_SPARSE};
+use elastrec_stream::{
+    replay, Connection, MessageFormat, PartitionId, Partitioner, ReplaySpec, StartAt, StreamError,
+    StreamInput, TopicWatch, Trace,
+};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+fn rows(n: u32) -> Vec<RawRow> {
+    (0..n)
+        .map(|i| {
+            let mut r = RawRow {
+                label: u8::from(i % 3 == 0),
+                ..RawRow::default()
+            };
+            for k in 0..NUM_DENSE {
+                r.ints[k] = Some(i as i64 + k as i64);
+            }
+            for k in 0..NUM_SPARSE {
+                r.cats[k] = (k % 5 != 0).then_some(i ^ (k as u32) << 8);
+            }
+            r
+        })
+        .collect()
+}
+
+fn data_file(dir: &tempfile::TempDir, rows: &[RawRow]) -> PathBuf {
+    let mut buf = Vec::new();
+    for r in rows {
+        elastrec_data::tsv::write_row(r, &mut buf);
+    }
+    let path = dir.path().join("day_0.tsv");
+    std::fs::write(&path, buf).unwrap();
+    path
+}
+
+fn spec(conn: &Connection, topic: &str, file: PathBuf, format: MessageFormat) -> ReplaySpec {
+    ReplaySpec {
+        conn: conn.clone(),
+        topic: topic.into(),
+        files: vec![file],
+        repeat: false,
+        format,
+        samples_per_message: 7,
+        // Far faster than the data lasts: the replay ends when the rows do.
+        trace: Trace::constant(1e6, 30.0),
+        partitioner: Partitioner::RoundRobin,
+        seed: 1,
+    }
+}
+
+fn read_all(
+    input: &StreamInput,
+    p: &PartitionId,
+    start: u64,
+    end: u64,
+    batch: usize,
+) -> (Vec<f32>, Vec<u64>) {
+    let mut r = input.range(p, start, end, BadRowPolicy::Fail).unwrap();
+    let mut b = Batch::with_capacity(batch);
+    let mut labels = Vec::new();
+    let mut positions = Vec::new();
+    loop {
+        let n = r.next_batch(&mut b, batch).unwrap();
+        if n == 0 {
+            break;
+        }
+        labels.extend_from_slice(&b.labels);
+        positions.push(r.position().unwrap());
+    }
+    assert_eq!(
+        r.position(),
+        Some(end),
+        "a finished range stands at its end"
+    );
+    (labels, positions)
+}
+
+#[test]
+fn kafka_replayed_rows_are_read_back_by_offset_range_in_both_formats() {
+    let cluster = MockCluster::new(1).unwrap();
+    let conn = Connection::new(cluster.bootstrap_servers());
+    cluster.create_topic("tsv", 2, 1).unwrap();
+    cluster.create_topic("bin", 2, 1).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data = rows(101);
+    let file = data_file(&dir, &data);
+
+    let sent = replay(
+        &spec(&conn, "tsv", file.clone(), MessageFormat::Tsv),
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(sent.samples, 101);
+    assert_eq!(sent.per_partition, vec![51, 50]);
+    let sent = replay(&spec(&conn, "bin", file, MessageFormat::Batch), |_| {}).unwrap();
+    assert_eq!(sent.samples, 101);
+    // 51 samples in partition 0: seven messages of 7 and one of 2.
+    assert_eq!(sent.messages, 8 + 8);
+
+    let watch = TopicWatch::new(&conn, "test", Duration::from_secs(10)).unwrap();
+    let parts = watch
+        .partitions(&["tsv".to_string(), "bin".to_string()])
+        .unwrap();
+    assert_eq!(
+        parts.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["kafka:tsv/0", "kafka:tsv/1", "kafka:bin/0", "kafka:bin/1"]
+    );
+    let marks = watch.watermarks(&parts).unwrap();
+    assert_eq!(marks, vec![(0, 51), (0, 50), (0, 8), (0, 8)]);
+    assert_eq!(
+        watch.start_offsets(&parts, StartAt::Latest).unwrap(),
+        vec![51, 50, 8, 8]
+    );
+    assert_eq!(
+        watch.start_offsets(&parts, StartAt::Earliest).unwrap(),
+        vec![0, 0, 0, 0]
+    );
+
+    // Partition 0 holds samples 0, 2, 4, ...: a range of it, read in batches of 5.
+    let tsv = StreamInput::new(&conn, "test", MessageFormat::Tsv).unwrap();
+    let (labels, positions) = read_all(&tsv, &parts[0], 10, 30, 5);
+    let want: Vec<f32> = (10..30).map(|k| data[2 * k].label as f32).collect();
+    assert_eq!(labels, want);
+    assert_eq!(positions, vec![15, 20, 25, 30]);
+
+    // Binary messages of 7 samples read in batches of 5: the position moves only past
+    // wholly delivered messages.
+    let bin = StreamInput::new(&conn, "test", MessageFormat::Batch).unwrap();
+    let (labels, positions) = read_all(&bin, &parts[2], 0, 8, 5);
+    let want: Vec<f32> = (0..51).map(|k| data[2 * k].label as f32).collect();
+    assert_eq!(labels, want);
+    assert_eq!(
+        &positions[..4],
+        &[0, 1, 2, 2],
+        "5, 10, 15, 20 samples: messages 0, 1 done"
+    );
+    assert_eq!(*positions.last().unwrap(), 8);
+}
+
+#[test]
+fn kafka_bad_messages_are_skipped_and_counted_or_stop_at_their_offset() {
+    let cluster = MockCluster::new(1).unwrap();
+    let conn = Connection::new(cluster.bootstrap_servers());
+    cluster.create_topic("t", 1, 1).unwrap();
+    let producer: BaseProducer = conn.client_config().create().unwrap();
+    let good = {
+        let mut b = Vec::new();
+        elastrec_stream::message::encode(&rows(1), MessageFormat::Tsv, &mut b);
+        b
+    };
+    for payload in [&good[..], b"1\tnot-a-number", &good[..]] {
+        producer
+            .send(
+                BaseRecord::<(), [u8]>::to("t")
+                    .partition(0)
+                    .payload(payload),
+            )
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+    let p = PartitionId::parse("kafka:t/0").unwrap();
+    let input = StreamInput::new(&conn, "test", MessageFormat::Tsv).unwrap();
+
+    let mut r = input.range(&p, 0, 3, BadRowPolicy::Skip).unwrap();
+    let mut b = Batch::with_capacity(8);
+    assert_eq!(r.next_batch(&mut b, 8).unwrap(), 2);
+    assert_eq!(r.stats().rows_skipped, 1);
+    assert!(
+        r.stats().first_errors[0].starts_with("kafka:t/0@1: sample 0: field 1:"),
+        "{}",
+        r.stats().first_errors[0]
+    );
+    assert_eq!(r.position(), Some(3));
+
+    let mut r = input.range(&p, 0, 3, BadRowPolicy::Fail).unwrap();
+    let err = r.next_batch(&mut b, 8).unwrap_err();
+    assert!(
+        matches!(err, DataError::BadMessage { offset: 1, .. }),
+        "{err}"
+    );
+    assert_eq!(
+        b.len(),
+        1,
+        "the sample before the bad message stays delivered"
+    );
+    assert_eq!(r.position(), Some(1), "stopped at the bad message");
+}
+
+#[test]
+fn kafka_a_missing_topic_is_named_with_what_to_do() {
+    let cluster = MockCluster::new(1).unwrap();
+    let conn = Connection::new(cluster.bootstrap_servers());
+    let watch = TopicWatch::new(&conn, "test", Duration::from_secs(5)).unwrap();
+    let err = watch.partitions(&["nope".to_string()]).unwrap_err();
+    assert!(matches!(err, StreamError::NoTopic { .. }), "{err}");
+    assert!(err.to_string().contains("\"nope\" does not exist"), "{err}");
+}
