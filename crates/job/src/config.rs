@@ -39,6 +39,9 @@ pub struct JobConfig {
     pub resources: crate::resources::ResourcesConfig,
     /// Cluster engine settings (`elastrec run --backend`).
     pub engine: crate::resources::EngineConfig,
+    /// Online training from Kafka: when present, the job trains from these topics until
+    /// stopped instead of from `[data] train` files.
+    pub stream: Option<crate::stream::StreamConfig>,
 }
 
 /// Data source: a directory of Criteo-layout day files.
@@ -404,8 +407,14 @@ impl JobConfig {
         if self.train.epochs == 0 {
             return Err(bad("train.epochs", "must be at least 1".into()));
         }
-        if self.data.train.is_empty() {
-            return Err(bad("data.train", "names no training file".into()));
+        if self.data.train.is_empty() && self.stream.is_none() {
+            return Err(bad(
+                "data.train",
+                "names no training file (and there is no [stream] to train from)".into(),
+            ));
+        }
+        if let Some(s) = &self.stream {
+            s.validate().map_err(|(field, reason)| bad(field, reason))?;
         }
         let dense_lr = match self.optimizer.dense {
             DenseOptimizerConfig::Sgd { lr }
@@ -534,6 +543,7 @@ mod tests {
                 generate: Some(GenerateConfig::default()),
                 ..DataConfig::default()
             },
+            stream: Some(crate::stream::StreamConfig::default()),
             ..JobConfig::default()
         })
         .unwrap();

@@ -17,6 +17,7 @@ pub mod fsio;
 pub mod prepare;
 pub mod register;
 pub mod resources;
+pub mod stream;
 
 pub use config::JobConfig;
 pub use error::{JobError, Result};

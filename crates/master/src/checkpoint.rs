@@ -671,7 +671,14 @@ impl Coordinator {
         let latest = self.latest().await?;
         let (ckpt, plan, pos) = match latest {
             Some((m, plan, pos)) => (Some(m.id), Some(plan), pos),
-            None => (None, None, empty_position()),
+            None => {
+                let job = core.job.lock();
+                let starts = job
+                    .tasks()
+                    .is_stream()
+                    .then(|| job.tasks().file_start().to_vec());
+                (None, None, empty_position(starts))
+            }
         };
         core.set_restore_plan(plan);
         let ps: Vec<u32> = failures.iter().map(|f| f.index).collect();
@@ -879,14 +886,16 @@ pub async fn load_foreign(
     plan_from(&store, location, "", fingerprint, m).await
 }
 
-/// The position before any training.
-pub fn empty_position() -> DataPosition {
+/// The position before any training; an online job's (`stream_starts`) begins at its
+/// partitions' start offsets.
+pub fn empty_position(stream_starts: Option<Vec<u64>>) -> DataPosition {
     DataPosition {
         tasks: Vec::new(),
         spans: Vec::new(),
         counts: Vec::new(),
         generated_epochs: 0,
         epochs_closed: Vec::new(),
+        stream_starts,
     }
 }
 

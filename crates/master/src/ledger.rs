@@ -60,6 +60,25 @@ impl IntervalSet {
         total - inside
     }
 
+    /// Rows of `[from, to)` not covered.
+    pub fn missing_between(&self, from: u64, to: u64) -> u64 {
+        let inside: u64 = self
+            .spans
+            .range(..to)
+            .map(|(&s, &e)| e.clamp(from, to) - s.clamp(from, to))
+            .sum();
+        to.saturating_sub(from) - inside
+    }
+
+    /// The end of the covered span that contains `from`, or `from` itself: the first row
+    /// at or after `from` not covered.
+    pub fn covered_from(&self, from: u64) -> u64 {
+        match self.spans.range(..=from).next_back() {
+            Some((_, &e)) if e >= from => e,
+            _ => from,
+        }
+    }
+
     /// The covered intervals in order.
     pub fn spans(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.spans.iter().map(|(&s, &e)| (s, e))
@@ -104,8 +123,11 @@ impl std::fmt::Display for LedgerSummary {
 /// Consumed ranges of every epoch and file.
 #[derive(Debug, Clone, Default)]
 pub struct Ledger {
-    /// Rows of each file (the expected coverage of every epoch).
+    /// Rows of each file (the expected coverage of every epoch): `[start, rows)`.
     file_rows: Vec<u64>,
+    /// First row of each file the job covers (stream partitions' start offsets); empty
+    /// for files (every file from row 0).
+    file_start: Vec<u64>,
     /// (epoch, file) → consumed rows.
     sets: BTreeMap<(u32, u32), IntervalSet>,
     /// epoch → (consumed, duplicated).
@@ -119,6 +141,25 @@ impl Ledger {
             file_rows,
             ..Self::default()
         }
+    }
+
+    /// Sets the first row each file's coverage starts at (stream partitions).
+    pub fn set_starts(&mut self, starts: Vec<u64>) {
+        self.file_start = starts;
+    }
+
+    /// The expected coverage of `file` now ends at `end` (a stream partition grew).
+    pub fn extend_file(&mut self, file: usize, end: u64) {
+        if let Some(rows) = self.file_rows.get_mut(file) {
+            *rows = (*rows).max(end);
+        }
+    }
+
+    /// The first row at or after `from` of `file` in epoch 0 not yet recorded.
+    pub fn covered_from(&self, file: u32, from: u64) -> u64 {
+        self.sets
+            .get(&(0, file))
+            .map_or(from, |s| s.covered_from(from))
     }
 
     /// Records that rows `[start, end)` of `file` were trained in `epoch`; returns the
@@ -148,9 +189,12 @@ impl Ledger {
             .file_rows
             .iter()
             .enumerate()
-            .map(|(f, &rows)| match self.sets.get(&(epoch, f as u32)) {
-                Some(set) => set.missing_below(rows),
-                None => rows,
+            .map(|(f, &rows)| {
+                let start = self.file_start.get(f).copied().unwrap_or(0);
+                match self.sets.get(&(epoch, f as u32)) {
+                    Some(set) => set.missing_between(start, rows),
+                    None => rows.saturating_sub(start),
+                }
             })
             .sum();
         LedgerSummary {

@@ -137,6 +137,10 @@ pub struct DataPosition {
     pub generated_epochs: u32,
     /// Ledger verdicts of the epochs closed so far.
     pub epochs_closed: Vec<(u32, LedgerSummary)>,
+    /// An online job's partitions' start offsets (its files are stream partitions, and
+    /// their tasks are offset ranges); absent for a job over files.
+    #[serde(default)]
+    pub stream_starts: Option<Vec<u64>>,
 }
 
 impl DataPosition {
@@ -182,6 +186,12 @@ pub struct TaskQueue {
     dirty: Vec<u64>,
     /// Ledger ranges added since the last [`TaskQueue::take_dirty`].
     new_ranges: Vec<Range>,
+    /// An online job's queue: files are stream partitions whose rows (offsets) grow as
+    /// messages arrive ([`TaskQueue::extend_stream`]); its single epoch never ends.
+    open_ended: bool,
+    /// First row (offset) of each file that belongs to the job: 0 for files, the start
+    /// offset of each stream partition.
+    file_start: Vec<u64>,
 }
 
 impl TaskQueue {
@@ -189,6 +199,8 @@ impl TaskQueue {
     pub fn new(spec: ShardSpec, file_rows: Vec<u64>) -> Self {
         assert!(spec.rows_per_shard > 0 && spec.min_rows > 0);
         Self {
+            file_start: vec![0; file_rows.len()],
+            open_ended: false,
             ledger: Ledger::new(file_rows.clone()),
             spec,
             file_rows,
@@ -205,6 +217,72 @@ impl TaskQueue {
         }
     }
 
+    /// A queue over stream partitions (an online job) whose data begins at offsets
+    /// `starts`; no task exists until [`TaskQueue::extend_stream`] says messages arrived.
+    /// Its single epoch (0) never ends.
+    pub fn new_stream(spec: ShardSpec, starts: Vec<u64>) -> Self {
+        let mut q = Self::new(
+            ShardSpec {
+                epochs: 1,
+                shuffle: false,
+                ..spec
+            },
+            starts.clone(),
+        );
+        q.open_ended = true;
+        q.generated_epochs = 1;
+        q.ledger.set_starts(starts.clone());
+        q.file_start = starts;
+        q
+    }
+
+    /// True for an online job's queue.
+    pub fn is_stream(&self) -> bool {
+        self.open_ended
+    }
+
+    /// Messages of partition `file` up to offset `high` exist: cuts them into tasks of
+    /// `rows_per_shard` at the back of the queue (oldest data first, across partitions).
+    /// A remainder smaller than a shard is cut only with `flush` (it has waited long
+    /// enough). Returns the rows (offsets) newly dealt into tasks.
+    pub fn extend_stream(&mut self, file: u32, high: u64, flush: bool) -> u64 {
+        let f = file as usize;
+        if !self.open_ended || f >= self.file_rows.len() {
+            return 0;
+        }
+        let from = self.file_rows[f];
+        let mut s = from;
+        while high.saturating_sub(s) >= self.spec.rows_per_shard || (flush && high > s) {
+            let e = (s + self.spec.rows_per_shard).min(high);
+            self.new_task(0, file, s, e, false);
+            s = e;
+        }
+        self.file_rows[f] = s;
+        self.ledger.extend_file(f, s);
+        s - from
+    }
+
+    /// Offsets of partition `file` known to exist but not yet cut into tasks, given its
+    /// high watermark.
+    pub fn undealt(&self, file: u32, high: u64) -> u64 {
+        self.file_rows
+            .get(file as usize)
+            .map_or(0, |&end| high.saturating_sub(end))
+    }
+
+    /// Per file, the first offset not yet trained: everything before it is covered by
+    /// the ledger (what a consumer group's committed offset means).
+    pub fn committed(&self) -> Vec<u64> {
+        (0..self.file_rows.len())
+            .map(|f| self.ledger.covered_from(f as u32, self.file_start[f]))
+            .collect()
+    }
+
+    /// Per file, the first row (offset) that belongs to the job.
+    pub fn file_start(&self) -> &[u64] {
+        &self.file_start
+    }
+
     /// Rebuilds a queue from persisted tasks and ledger ranges.
     pub fn restore(
         spec: ShardSpec,
@@ -215,6 +293,35 @@ impl TaskQueue {
     ) -> Self {
         let mut q = Self::new(spec, file_rows);
         q.generated_epochs = generated_epochs;
+        q.restore_ranges(tasks, ranges);
+        q
+    }
+
+    /// [`TaskQueue::restore`] for an online job whose partitions began at `starts`: how far
+    /// each partition was dealt follows from its tasks.
+    pub fn restore_stream(
+        spec: ShardSpec,
+        starts: Vec<u64>,
+        tasks: Vec<Task>,
+        ranges: &[Range],
+    ) -> Self {
+        let mut q = Self::new_stream(spec, starts);
+        q.restore_ranges(tasks, ranges);
+        q
+    }
+
+    fn restore_ranges(&mut self, tasks: Vec<Task>, ranges: &[Range]) {
+        let q = self;
+        if q.open_ended {
+            for t in &tasks {
+                if let Some(end) = q.file_rows.get_mut(t.file as usize) {
+                    *end = (*end).max(t.end);
+                }
+            }
+            for (f, &end) in q.file_rows.clone().iter().enumerate() {
+                q.ledger.extend_file(f, end);
+            }
+        }
         for &(e, f, s, t) in ranges {
             q.ledger.record(e, f, s, t);
         }
@@ -237,7 +344,6 @@ impl TaskQueue {
         }
         todo.sort();
         q.todo = todo.into_iter().map(|(_, id)| id).collect();
-        q
     }
 
     /// The position to checkpoint (without the closed-epoch verdicts, which the job keeps).
@@ -248,19 +354,25 @@ impl TaskQueue {
             counts: self.ledger.counts(),
             generated_epochs: self.generated_epochs,
             epochs_closed: Vec::new(),
+            stream_starts: self.open_ended.then(|| self.file_start.clone()),
         }
     }
 
     /// Rebuilds the queue at a checkpointed position. No worker holds anything afterwards:
     /// a task that was held goes back to the front of the queue from its reported offset.
     pub fn from_position(spec: ShardSpec, file_rows: Vec<u64>, pos: &DataPosition) -> Self {
-        let mut q = Self::restore(
-            spec,
-            file_rows,
-            pos.tasks.clone(),
-            &pos.spans,
-            pos.generated_epochs,
-        );
+        let mut q = match &pos.stream_starts {
+            Some(starts) => {
+                Self::restore_stream(spec, starts.clone(), pos.tasks.clone(), &pos.spans)
+            }
+            None => Self::restore(
+                spec,
+                file_rows,
+                pos.tasks.clone(),
+                &pos.spans,
+                pos.generated_epochs,
+            ),
+        };
         for (e, c, d) in pos.ledger_adjustments() {
             q.ledger.adjust(e, c, d);
         }
@@ -326,6 +438,15 @@ impl TaskQueue {
 
     /// Rows to train over the whole job.
     pub fn total_rows(&self) -> u64 {
+        if self.open_ended {
+            // Dealt so far: an online job's total grows as messages arrive.
+            return self
+                .file_rows
+                .iter()
+                .zip(&self.file_start)
+                .map(|(e, s)| e - s)
+                .sum();
+        }
         self.file_rows.iter().sum::<u64>() * self.spec.epochs as u64
     }
 
@@ -340,7 +461,10 @@ impl TaskQueue {
 
     /// True once every epoch's tasks exist and all are done.
     pub fn is_finished(&self) -> bool {
-        self.generated_epochs == self.spec.epochs && self.todo.is_empty() && self.doing.is_empty()
+        !self.open_ended
+            && self.generated_epochs == self.spec.epochs
+            && self.todo.is_empty()
+            && self.doing.is_empty()
     }
 
     /// Changed tasks and new ledger ranges since the last call (for persistence).
@@ -422,7 +546,10 @@ impl TaskQueue {
             self.generate_epoch();
         }
         let Some(id) = self.todo.pop_front() else {
-            return if self.doing.is_empty() && self.generated_epochs == self.spec.epochs {
+            return if !self.open_ended
+                && self.doing.is_empty()
+                && self.generated_epochs == self.spec.epochs
+            {
                 Assignment::Finished
             } else {
                 Assignment::Wait
@@ -482,6 +609,9 @@ impl TaskQueue {
     fn close_one(&mut self, epoch: u32) -> Option<(u32, LedgerSummary)> {
         let open = self.open_per_epoch.entry(epoch).or_default();
         *open -= 1;
+        if self.open_ended {
+            return None; // a stream's epoch never ends
+        }
         // Open counts every todo and doing task of the epoch.
         (*open == 0).then(|| (epoch, self.ledger.summary(epoch)))
     }
@@ -744,5 +874,73 @@ mod tests {
                 assert_eq!(s.consumed, files.iter().sum::<u64>());
             }
         }
+    }
+
+    #[test]
+    fn a_stream_queue_deals_arriving_offsets_and_never_finishes() {
+        // Partition 0 starts at offset 100, partition 1 at 0.
+        let mut q = TaskQueue::new_stream(spec(20, 1), vec![100, 0]);
+        assert!(q.is_stream());
+        assert_eq!(q.assign(1, false), Assignment::Wait, "nothing arrived yet");
+        assert_eq!(q.extend_stream(0, 150, false), 40, "two whole shards");
+        assert_eq!(q.undealt(0, 150), 10);
+        assert_eq!(q.extend_stream(1, 5, false), 0);
+        assert_eq!(
+            q.extend_stream(1, 5, true),
+            5,
+            "a lingering remainder is flushed"
+        );
+        let Assignment::Task(t) = q.assign(1, false) else {
+            panic!("a task")
+        };
+        assert_eq!((t.file, t.start, t.end), (0, 100, 120));
+        q.report(1, t.id, 20).unwrap();
+        let Assignment::Task(t) = q.assign(1, false) else {
+            panic!("a task")
+        };
+        assert_eq!((t.file, t.start, t.end), (0, 120, 140));
+        q.report(1, t.id, 8).unwrap();
+        // The worker dies: its unreported remainder comes back first.
+        q.release(1);
+        let Assignment::Task(t) = q.assign(2, false) else {
+            panic!("a task")
+        };
+        assert_eq!((t.file, t.start, t.end), (0, 128, 140));
+        assert_eq!(q.committed(), vec![128, 0]);
+        q.report(2, t.id, 12).unwrap();
+        let Assignment::Task(t) = q.assign(2, false) else {
+            panic!("a task")
+        };
+        assert_eq!((t.file, t.start, t.end), (1, 0, 5));
+        let r = q.report(2, t.id, 5).unwrap();
+        assert!(
+            r.task_done && r.epoch_done.is_none(),
+            "a stream's epoch never closes"
+        );
+        assert_eq!(
+            q.assign(2, false),
+            Assignment::Wait,
+            "online: wait, never finished"
+        );
+        assert!(!q.is_finished());
+        assert_eq!(q.committed(), vec![140, 5]);
+        let s = q.ledger().summary(0);
+        assert_eq!((s.consumed, s.duplicated, s.missing), (45, 0, 0));
+        assert_eq!(q.total_rows(), 45);
+
+        // A checkpointed position restores the partitions' starts and how far they were
+        // dealt; the rest arrives afterwards.
+        let pos = q.position();
+        assert_eq!(pos.stream_starts, Some(vec![100, 0]));
+        let mut r = TaskQueue::from_position(spec(20, 1), vec![0, 0], &pos);
+        assert!(r.is_stream());
+        assert_eq!(r.undealt(0, 150), 10);
+        assert_eq!(r.committed(), vec![140, 5]);
+        assert_eq!(r.extend_stream(0, 160, false), 20);
+        let Assignment::Task(t) = r.assign(3, false) else {
+            panic!("a task")
+        };
+        assert_eq!((t.file, t.start, t.end), (0, 140, 160));
+        assert_eq!(r.ledger().summary(0).missing, 20, "dealt, not yet trained");
     }
 }

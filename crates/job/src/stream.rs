@@ -1,0 +1,134 @@
+//! `[stream]`: online training from Kafka. A job with this section trains from the topics'
+//! partitions until it is stopped, instead of from `[data] train` files.
+
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use elastrec_stream::{Connection, MessageFormat, StartAt};
+use serde::{Deserialize, Serialize};
+
+/// The `[stream]` section.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StreamConfig {
+    /// Bootstrap brokers, `host:port[,host:port...]`.
+    pub brokers: String,
+    /// Topics to train from; every partition of each is read.
+    pub topics: Vec<String>,
+    /// Consumer group the job's progress is committed under, for Kafka's own monitoring
+    /// tools (the checkpoint, not Kafka, decides where a resumed job reads). Empty: `elastrec-`
+    /// and the job's name.
+    pub group: String,
+    /// Where a new job starts reading: `"earliest"` (the oldest message kept),
+    /// `"latest"` (only what arrives after the start), or an RFC 3339 time
+    /// (`"2026-11-23T08:00:00Z"`: the first message at or after it). A resumed job or one
+    /// started from a checkpoint reads from the checkpointed offsets instead.
+    pub start: String,
+    /// How messages are encoded: `"tsv"` (one Criteo line per message) or `"batch"`
+    /// (elastrec's binary batch format, `docs/online.md`).
+    pub format: MessageFormat,
+    /// How often the master reads the partitions' watermarks, ms.
+    pub poll_ms: u64,
+    /// New messages that do not fill a whole shard are dealt once the oldest of them has
+    /// waited this long, ms (freshness against task overhead).
+    pub linger_ms: u64,
+    /// Extra librdkafka client properties (security, timeouts), as they are.
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        Self {
+            brokers: "127.0.0.1:9092".into(),
+            topics: Vec::new(),
+            group: String::new(),
+            start: "earliest".into(),
+            format: MessageFormat::Tsv,
+            poll_ms: 200,
+            linger_ms: 500,
+            properties: BTreeMap::new(),
+        }
+    }
+}
+
+impl StreamConfig {
+    /// How to reach the brokers.
+    pub fn connection(&self) -> Connection {
+        Connection {
+            brokers: self.brokers.clone(),
+            properties: self.properties.clone(),
+        }
+    }
+
+    /// The consumer group for a job named `job`.
+    pub fn group_for(&self, job: &str) -> String {
+        if self.group.is_empty() {
+            format!("elastrec-{job}")
+        } else {
+            self.group.clone()
+        }
+    }
+
+    /// `start`, parsed.
+    pub fn start_at(&self) -> Result<StartAt, String> {
+        match self.start.as_str() {
+            "earliest" => Ok(StartAt::Earliest),
+            "latest" => Ok(StartAt::Latest),
+            t => {
+                let at = humantime::parse_rfc3339_weak(t).map_err(|e| {
+                    format!("{t:?} is not \"earliest\", \"latest\" or an RFC 3339 time ({e})")
+                })?;
+                let ms = at
+                    .duration_since(UNIX_EPOCH)
+                    .map_err(|_| format!("{t:?} is before 1970"))?
+                    .as_millis();
+                if at > SystemTime::now() {
+                    return Err(format!("{t:?} is in the future"));
+                }
+                Ok(StartAt::Timestamp(ms as i64))
+            }
+        }
+    }
+
+    /// Checks the section; `Err((field, reason))`.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self.brokers.trim().is_empty() {
+            return Err(("stream.brokers", "must name at least one broker".into()));
+        }
+        if self.topics.is_empty() || self.topics.iter().any(|t| t.is_empty() || t.contains('/')) {
+            return Err((
+                "stream.topics",
+                "needs at least one topic name, none empty or containing '/'".into(),
+            ));
+        }
+        self.start_at().map_err(|e| ("stream.start", e))?;
+        if self.poll_ms == 0 || self.poll_ms > 60_000 {
+            return Err(("stream.poll_ms", "must be in 1..=60000".into()));
+        }
+        if self.linger_ms > 600_000 {
+            return Err(("stream.linger_ms", "must be at most 600000".into()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_accepts_the_two_words_and_a_time() {
+        let mut s = StreamConfig {
+            topics: vec!["clicks".into()],
+            ..StreamConfig::default()
+        };
+        assert_eq!(s.start_at(), Ok(StartAt::Earliest));
+        s.start = "2024-01-02T03:04:05Z".into();
+        assert_eq!(s.start_at(), Ok(StartAt::Timestamp(1_704_164_645_000)));
+        s.start = "yesterday".into();
+        assert_eq!(s.validate().unwrap_err().0, "stream.start");
+        s.start = "latest".into();
+        s.topics = vec!["a/b".into()];
+        assert_eq!(s.validate().unwrap_err().0, "stream.topics");
+    }
+}
