@@ -115,7 +115,7 @@ pub fn gen_data(a: GenData) -> Result<()> {
 }
 
 /// Expands directories into their `day_*` data files, in name order.
-fn data_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
+pub(crate) fn data_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for p in inputs {
         if p.is_dir() {

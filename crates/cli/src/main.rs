@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
 mod commands;
+mod replay;
 
 /// Elastic, failure-tolerant training of deep learning recommendation models (DLRM).
 #[derive(Parser)]
@@ -36,6 +37,10 @@ enum Command {
     Brain(BrainArgs),
     #[command(flatten)]
     Cluster(elastrec_master::cli::ClusterCommand),
+    /// Replay Criteo-layout rows into a Kafka topic at the rates of a trace (the traffic
+    /// generator for online jobs): `elastrec replay --to kafka://HOST:PORT/TOPIC --data DIR
+    /// --qps-trace trace.csv`.
+    Replay(replay::ReplayArgs),
     /// Simulations over the live policies: `elastrec simulate cpr` emulates parameter-server
     /// failures and compares CPR's recovery strategies (docs/cpr.md).
     #[command(subcommand)]
@@ -226,6 +231,7 @@ fn main() -> anyhow::Result<()> {
         Command::Ps(a) => commands::on_runtime(elastrec_ps::run_ps(a)),
         Command::Worker(a) => commands::on_runtime(elastrec_worker::remote::run_worker(a)),
         Command::Simulate(c) => elastrec_sim::cli::dispatch(c),
+        Command::Replay(a) => replay::run(a),
         Command::Bench(a) => commands::bench(commands::Bench {
             steps: a.steps,
             batch_size: a.batch_size,

@@ -332,10 +332,13 @@ impl JobConfig {
         if self.data.generate.is_some() && !self.data.dir.exists() {
             return Ok(());
         }
-        for (field, files) in [
-            ("data.train", self.train_files()),
-            ("data.eval", self.eval_files()),
-        ] {
+        // An online job trains from its [stream]; `data.train` is not read.
+        let train = if self.stream.is_some() {
+            Vec::new()
+        } else {
+            self.train_files()
+        };
+        for (field, files) in [("data.train", train), ("data.eval", self.eval_files())] {
             for f in files {
                 if !f.is_file() {
                     return Err(ConfigError::Invalid {
@@ -415,6 +418,14 @@ impl JobConfig {
         }
         if let Some(s) = &self.stream {
             s.validate().map_err(|(field, reason)| bad(field, reason))?;
+            if self.autoscale.enabled {
+                return Err(bad(
+                    "autoscale.enabled",
+                    "online jobs ([stream]) cannot autoscale yet: traffic-driven scaling (KALE) \
+                     is still to come; scale them with `elastrec scale`"
+                        .into(),
+                ));
+            }
         }
         let dense_lr = match self.optimizer.dense {
             DenseOptimizerConfig::Sgd { lr }

@@ -337,7 +337,10 @@ impl Coordinator {
         let c = self.costs(&st, now);
         let elapsed = self.elapsed_s(now).max(1.0);
         let rate = samples_done as f64 / elapsed;
-        let t_total = if rate > 0.0 {
+        let t_total = if self.total_samples <= 1 {
+            // An online job has no end: CPR's job length becomes a day of training.
+            ONLINE_HORIZON_S
+        } else if rate > 0.0 {
             self.total_samples as f64 / rate
         } else {
             self.cfg.mtbf_s
@@ -885,6 +888,9 @@ pub async fn load_foreign(
     };
     plan_from(&store, location, "", fingerprint, m).await
 }
+
+/// The job length CPR plans an online job's checkpoints over (it never ends), seconds.
+const ONLINE_HORIZON_S: f64 = 86_400.0;
 
 /// The position before any training; an online job's (`stream_starts`) begins at its
 /// partitions' start offsets.

@@ -474,6 +474,36 @@ pub async fn checkpoint(args: CheckpointArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `elastrec stop`: end a job's training (how an online job finishes).
+#[derive(Debug, Clone, clap::Args)]
+pub struct StopArgs {
+    /// The job directory (the job's `output.dir`).
+    pub job_dir: PathBuf,
+}
+
+/// Asks the master to stop training; with checkpoints on, it takes one first.
+pub async fn stop(args: StopArgs) -> anyhow::Result<()> {
+    let mut client = connect(&args.job_dir)?;
+    let r = client
+        .stop(elastrec_proto::master::StopRequest {
+            version: rpc::version(),
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("stop refused: {}", s.message()))?
+        .into_inner();
+    match r.checkpoint_id {
+        0 => println!(
+            "stopped at {} samples (checkpoints are off)",
+            r.samples_done
+        ),
+        id => println!(
+            "stopped at {} samples; checkpoint {id} holds the model and the stream offsets",
+            r.samples_done
+        ),
+    }
+    Ok(())
+}
+
 /// `elastrec bench-master`: load test of the master's task and heartbeat service.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
@@ -873,6 +903,8 @@ pub enum ClusterCommand {
     Unpause(UnpauseArgs),
     /// Take a checkpoint of a running job now.
     Checkpoint(CheckpointArgs),
+    /// End a job's training (an online job runs until stopped): checkpoint, then stop.
+    Stop(StopArgs),
     /// Load-test the master's task and heartbeat service (requests/s, p99 latency).
     BenchMaster(BenchArgs),
 }
@@ -894,6 +926,7 @@ pub fn dispatch(cmd: ClusterCommand) -> anyhow::Result<()> {
             ClusterCommand::Pause(a) => pause(a).await,
             ClusterCommand::Unpause(a) => unpause(a).await,
             ClusterCommand::Checkpoint(a) => checkpoint(a).await,
+            ClusterCommand::Stop(a) => stop(a).await,
             ClusterCommand::BenchMaster(a) => bench(a).await,
         }
     })

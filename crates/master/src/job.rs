@@ -440,6 +440,37 @@ impl Job {
         ));
     }
 
+    /// An online job's partition `file` holds messages up to offset `high`: deals them
+    /// into tasks (see [`TaskQueue::extend_stream`]). Returns the offsets dealt.
+    pub fn extend_stream(
+        &mut self,
+        file: u32,
+        high: u64,
+        flush: bool,
+        cx: &mut impl Context,
+    ) -> u64 {
+        if self.phase != Phase::Training {
+            return 0;
+        }
+        let dealt = self.tasks.extend_stream(file, high, flush);
+        if dealt > 0 {
+            self.flush_tasks(cx);
+        }
+        dealt
+    }
+
+    /// Ends an online job's training (`elastrec stop`): no new task is handed out; what
+    /// the workers already reported stays in the ledger, and what they hold but did not
+    /// report stays untrained in the checkpointed position. Evaluation follows as for a
+    /// job over files. Returns false when the job was no longer training.
+    pub fn stop_training(&mut self, cx: &mut impl Context) -> bool {
+        if self.phase != Phase::Training {
+            return false;
+        }
+        self.finish_training(cx);
+        true
+    }
+
     fn flush_tasks(&mut self, cx: &mut impl Context) {
         let (tasks, ranges) = self.tasks.take_dirty();
         for t in tasks {

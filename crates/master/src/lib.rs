@@ -21,4 +21,5 @@ pub mod node;
 pub mod reshard;
 pub mod service;
 pub mod store;
+pub mod stream_watch;
 pub mod tasks;

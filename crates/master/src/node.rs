@@ -417,14 +417,42 @@ pub async fn start_job(
             dir.0.display()
         );
     }
-    // Before anything is created: an empty training set is an error naming the files.
-    let files: Vec<FileRows> = elastrec_job::prepare::count_train_rows(&cfg)?
-        .into_iter()
-        .map(|(f, rows)| FileRows {
-            path: f.to_string_lossy().into_owned(),
-            rows,
-        })
-        .collect();
+    // Before anything is created: an empty training set is an error naming the files, and
+    // an online job's brokers and topics must answer.
+    let job_name = dir
+        .0
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "job".into());
+    let stream_starts = match &cfg.stream {
+        Some(s) => {
+            let (s, group) = (s.clone(), s.group_for(&job_name));
+            Some(
+                tokio::task::spawn_blocking(move || crate::stream_watch::resolve(&s, &group))
+                    .await??,
+            )
+        }
+        None => None,
+    };
+    let files: Vec<FileRows> = match &stream_starts {
+        // A partition's "rows" are unknown (it grows); 0 keeps checkpoints of the same
+        // topics compatible whatever offsets the jobs started at.
+        Some((partitions, _)) => partitions
+            .iter()
+            .map(|p| FileRows {
+                path: p.to_string(),
+                rows: 0,
+            })
+            .collect(),
+        None => elastrec_job::prepare::count_train_rows(&cfg)?
+            .into_iter()
+            .map(|(f, rows)| FileRows {
+                path: f.to_string_lossy().into_owned(),
+                rows,
+            })
+            .collect(),
+    };
+    let stream_starts = stream_starts.map(|(_, starts)| starts);
     std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
     // A job started from a checkpoint checks it before anything is created.
     let foreign = match &from {
@@ -468,6 +496,11 @@ pub async fn start_job(
         .await?;
     store.set_meta("job_id", job_id.clone()).await?;
     store.set_meta("job_uid", job_uid.clone()).await?;
+    if let Some(starts) = &stream_starts {
+        store
+            .set_meta("stream_starts", serde_json::to_string(starts)?)
+            .await?;
+    }
     store.set_meta("master_addr", addr.clone()).await?;
     store.set_meta("master_bind", bound.to_string()).await?;
     store.set_meta("backend", kind.name().to_string()).await?;
@@ -487,7 +520,10 @@ pub async fn start_job(
     } else {
         None
     };
-    let mut queue = TaskQueue::new(shard_spec(&cfg), files.iter().map(|f| f.rows).collect());
+    let mut queue = match &stream_starts {
+        Some(starts) => TaskQueue::new_stream(shard_spec(&cfg), starts.clone()),
+        None => TaskQueue::new(shard_spec(&cfg), files.iter().map(|f| f.rows).collect()),
+    };
     let mut initial_plan = None;
     let mut closed = Vec::new();
     if let Some(from) = &from {
@@ -618,13 +654,21 @@ pub async fn resume_job(
         }
     };
     let generated: u32 = meta("generated_epochs")?.parse()?;
-    let mut queue = TaskQueue::restore(
-        shard_spec(&cfg),
-        files.iter().map(|f| f.rows).collect(),
-        snap.tasks,
-        &snap.ranges,
-        generated,
-    );
+    let mut queue = match snap.meta.get("stream_starts") {
+        Some(starts) => TaskQueue::restore_stream(
+            shard_spec(&cfg),
+            serde_json::from_str(starts)?,
+            snap.tasks,
+            &snap.ranges,
+        ),
+        None => TaskQueue::restore(
+            shard_spec(&cfg),
+            files.iter().map(|f| f.rows).collect(),
+            snap.tasks,
+            &snap.ranges,
+            generated,
+        ),
+    };
     if let Some(adj) = snap.meta.get("ledger_adjust") {
         queue.adjust_ledger(&serde_json::from_str::<Vec<(u32, u64, u64)>>(adj)?);
     }
@@ -817,6 +861,15 @@ async fn serve(
         ))
     });
 
+    if let Some(s) = &cfg.stream {
+        let partitions = crate::stream_watch::partitions_of(&core.files)?;
+        tokio::spawn(crate::stream_watch::run(
+            core.clone(),
+            s.clone(),
+            partitions,
+            s.group_for(&core.job_id),
+        ));
+    }
     let t0 = Instant::now();
     let mut last_print = Instant::now();
     let mut used = Resources::default();

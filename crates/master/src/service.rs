@@ -14,7 +14,7 @@ use elastrec_proto::master::{
     HeartbeatResponse, NodeAction, NodeStatus, PauseRequest, PauseResponse, RegisterRequest,
     RegisterResponse, ReportEvalRequest, ReportEvalResponse, ReportProgressRequest,
     ReportProgressResponse, RestorePlan, ScaleRequest, ScaleResponse, StatusRequest,
-    StatusResponse, TakeCheckpointRequest, TakeCheckpointResponse,
+    StatusResponse, StopRequest, StopResponse, TakeCheckpointRequest, TakeCheckpointResponse,
 };
 use elastrec_rpc::{self as rpc, check_version};
 use parking_lot::Mutex;
@@ -529,6 +529,7 @@ impl Master for MasterService {
                 end_row: t.end,
                 epoch: t.epoch,
                 offset: t.offset,
+                file_index: t.file,
             }),
             TaskReply::Wait => Reply::WaitMs(200),
             TaskReply::Finished { evaluate } => Reply::Finished(pb::Finished { evaluate }),
@@ -683,6 +684,44 @@ impl Master for MasterService {
             id: m.id,
             samples: m.samples,
             bytes: m.total_bytes(),
+        }))
+    }
+
+    async fn stop(&self, req: Request<StopRequest>) -> Result<Response<StopResponse>, Status> {
+        rpc::require(&req, &[])?;
+        check_version(&req.into_inner().version)?;
+        self.0.metrics.request("stop");
+        let mut checkpoint_id = 0;
+        if let Some(c) = self.0.checkpoints().cloned() {
+            // Hold new shards first, so the checkpoint is close to where training ends.
+            self.0
+                .run(|job, cx| {
+                    let now = job.samples_done();
+                    job.set_pause(Some(now), cx);
+                })
+                .await?;
+            let m = c
+                .spawn_checkpoint(self.0.clone(), "stop")
+                .await
+                .map_err(|e| Status::internal(format!("checkpoint task: {e}")))?
+                .map_err(|e| Status::unavailable(format!("{e:#}; the job was not stopped")))?;
+            checkpoint_id = m.id;
+        }
+        let samples_done = self
+            .0
+            .run(|job, cx| {
+                if job.stop_training(cx) {
+                    job.set_pause(None, cx);
+                    Ok(job.samples_done())
+                } else {
+                    Err(Status::failed_precondition("the job is no longer training"))
+                }
+            })
+            .await??;
+        eprintln!("master: stopped at {samples_done} samples on request");
+        Ok(Response::new(StopResponse {
+            samples_done,
+            checkpoint_id,
         }))
     }
 }

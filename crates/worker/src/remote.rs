@@ -832,8 +832,9 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     );
     let mut model = RemoteModel::new(&job, layout, token.clone(), shared.clone(), id)?;
     let batch_size = job.train.batch_size;
-    let policy = job.data.on_bad_row;
     let files: Vec<PathBuf> = job.train_files();
+    // An online job's consumer, made on its first task.
+    let mut stream: Option<elastrec_stream::StreamInput> = None;
     let mut batch = Batch::with_capacity(batch_size);
     let mut exit_after_push = fail_point_exit_after_push(id);
     let slow_batch = fail_point_slow_batch(id);
@@ -896,12 +897,6 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         };
         TimeSplit::add(&shared.profile.master_us, t_ask);
         // The master's copy of the task says how far it was reported.
-        // Ids and paths from the wire are checked: only the job's own training files.
-        let file_index = files
-            .iter()
-            .position(|f| f.as_os_str() == task.file.as_str())
-            .with_context(|| format!("task {} names unknown file {}", task.task_id, task.file))?;
-        let file = files[file_index].clone();
         anyhow::ensure!(
             task.start_row <= task.end_row && task.offset <= task.end_row - task.start_row,
             "task {} has an invalid row range",
@@ -909,23 +904,25 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         );
         let held = task.end_row - task.start_row;
         let mut offset = task.offset;
-        let mut reader: Box<dyn BatchReader> =
-            elastrec_data::open_reader_range(&file, task.start_row + offset, task.end_row, policy)?;
+        let (file, file_index, mut reader) =
+            open_task(&job, &files, &mut stream, &task, task.start_row + offset)?;
         shared.task.store(task.task_id, Ordering::Relaxed);
         metrics.task.set(task.task_id as i64);
         shared.offset.store(offset, Ordering::Relaxed);
         let mut skipped_before = reader.stats().rows_skipped;
         while offset < held {
-            let n = reader.next_batch(&mut batch, local_batch_size(&job, &shared))?;
+            // A stream reader may wait on its broker: off the runtime's async threads.
+            let rows = local_batch_size(&job, &shared);
+            let n = tokio::task::block_in_place(|| reader.next_batch(&mut batch, rows))?;
             let skipped = reader.stats().rows_skipped - skipped_before;
             skipped_before = reader.stats().rows_skipped;
-            let physical = n as u64 + skipped;
-            if physical == 0 {
-                bail!(
-                    "file {} ended before row {}",
-                    file.display(),
-                    task.start_row + offset
-                );
+            // Files count rows; a stream counts offsets (whole messages delivered).
+            let physical = match reader.position() {
+                Some(at) => at.saturating_sub(task.start_row + offset),
+                None => n as u64 + skipped,
+            };
+            if n == 0 && physical == 0 {
+                bail!("file {} ended before row {}", file, task.start_row + offset);
             }
             if n > 0 {
                 if let Some(pause) = slow_batch {
@@ -950,7 +947,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                 let contributors = shared.active_workers.load(Ordering::Relaxed).max(1);
                 let key = BatchKey {
                     epoch: task.epoch,
-                    file: file_index as u32,
+                    file: file_index,
                     start_row: task.start_row + offset,
                 };
                 let t0 = Instant::now();
@@ -989,6 +986,46 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         shared.task.store(0, Ordering::Relaxed);
         metrics.task.set(0);
     }
+}
+
+/// Opens the data of `task` from row (or offset) `from`: one of the job's training files,
+/// or an offset range of one of its stream partitions. Names from the wire are checked:
+/// only the job's own files, or partitions of its own topics.
+fn open_task(
+    job: &JobConfig,
+    files: &[PathBuf],
+    stream: &mut Option<elastrec_stream::StreamInput>,
+    task: &elastrec_proto::master::Task,
+    from: u64,
+) -> anyhow::Result<(String, u32, Box<dyn BatchReader>)> {
+    let policy = job.data.on_bad_row;
+    if let Some(cfg) = &job.stream {
+        let partition = elastrec_stream::PartitionId::parse(&task.file)
+            .filter(|p| cfg.topics.contains(&p.topic))
+            .with_context(|| {
+                format!(
+                    "task {} names {:?}, not a partition of the job's topics",
+                    task.task_id, task.file
+                )
+            })?;
+        if stream.is_none() {
+            let group = format!("{}-worker", cfg.group_for("job"));
+            *stream = Some(elastrec_stream::StreamInput::new(
+                &cfg.connection(),
+                &group,
+                cfg.format,
+            )?);
+        }
+        let input = stream.as_ref().expect("made above");
+        let reader = input.range(&partition, from, task.end_row, policy)?;
+        return Ok((task.file.clone(), task.file_index, Box::new(reader)));
+    }
+    let index = files
+        .iter()
+        .position(|f| f.as_os_str() == task.file.as_str())
+        .with_context(|| format!("task {} names unknown file {}", task.task_id, task.file))?;
+    let reader = elastrec_data::open_reader_range(&files[index], from, task.end_row, policy)?;
+    Ok((task.file.clone(), index as u32, reader))
 }
 
 /// Rows of this worker's next batch. Asynchronous: `train.batch_size`. Synchronous: the

@@ -1,0 +1,159 @@
+//! `elastrec replay`: the traffic generator for online jobs.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use elastrec_stream::{replay, Connection, MessageFormat, Partitioner, ReplaySpec, Trace};
+
+/// Replays Criteo-layout rows into a Kafka topic at the rates of a trace.
+#[derive(clap::Args)]
+pub struct ReplayArgs {
+    /// Destination: `kafka://HOST:PORT[,HOST:PORT...]/TOPIC` (the topic must exist).
+    #[arg(long, value_name = "URL")]
+    to: String,
+    /// Criteo TSV files (plain or gzip), or directories whose `day_*` files are all read.
+    #[arg(long, value_name = "PATH", required = true, num_args = 1..)]
+    data: Vec<PathBuf>,
+    /// Rates over time: a CSV of `t_s,qps` points, linear in between (a header line and
+    /// `#` comments are allowed). Without it: `--qps` for `--seconds`.
+    #[arg(long, value_name = "CSV", conflicts_with = "qps")]
+    qps_trace: Option<PathBuf>,
+    /// A constant rate, samples per second.
+    #[arg(long)]
+    qps: Option<f64>,
+    /// How long a constant rate lasts, seconds.
+    #[arg(long, default_value_t = 60.0)]
+    seconds: f64,
+    /// Play the trace this many times faster (rates up, times down).
+    #[arg(long, default_value_t = 1.0)]
+    speedup: f64,
+    /// Message encoding: `tsv` (one sample per message) or `batch` (the binary format).
+    #[arg(long, default_value = "tsv", value_parser = ["tsv", "batch"])]
+    format: String,
+    /// Samples per message with `--format batch`.
+    #[arg(long, default_value_t = 256)]
+    samples_per_message: u32,
+    /// Start over from the first file when the data runs out before the trace.
+    #[arg(long)]
+    repeat: bool,
+    /// Send this share of the positive samples to `--skew-partition` (its click rate then
+    /// differs from the other partitions').
+    #[arg(long, default_value_t = 0.0)]
+    skew_share: f64,
+    /// The partition that gets the extra positives.
+    #[arg(long, default_value_t = 0)]
+    skew_partition: i32,
+    /// Seed of the skew's coin.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Splits `kafka://brokers/topic`.
+fn parse_target(url: &str) -> Result<(String, String)> {
+    let rest = url
+        .strip_prefix("kafka://")
+        .with_context(|| format!("--to {url:?}: expected kafka://HOST:PORT/TOPIC"))?;
+    let (brokers, topic) = rest
+        .split_once('/')
+        .with_context(|| format!("--to {url:?}: no topic after the brokers"))?;
+    if brokers.is_empty() || topic.is_empty() || topic.contains('/') {
+        bail!("--to {url:?}: expected kafka://HOST:PORT/TOPIC");
+    }
+    Ok((brokers.to_string(), topic.to_string()))
+}
+
+/// Runs `elastrec replay`.
+pub fn run(a: ReplayArgs) -> Result<()> {
+    let (brokers, topic) = parse_target(&a.to)?;
+    if !(a.speedup.is_finite() && a.speedup > 0.0) {
+        bail!("--speedup must be a positive number, got {}", a.speedup);
+    }
+    if !(0.0..=1.0).contains(&a.skew_share) {
+        bail!("--skew-share must be in [0, 1], got {}", a.skew_share);
+    }
+    let trace = match (&a.qps_trace, a.qps) {
+        (Some(p), _) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("reading the trace {}", p.display()))?;
+            Trace::parse_csv(&text, p)?
+        }
+        (None, Some(q)) if q.is_finite() && q >= 0.0 && a.seconds > 0.0 => {
+            Trace::constant(q, a.seconds)
+        }
+        (None, Some(_)) => bail!("--qps must be ≥ 0 and --seconds positive"),
+        (None, None) => bail!("give the rates: --qps-trace CSV, or --qps N [--seconds S]"),
+    }
+    .faster(a.speedup);
+    let spec = ReplaySpec {
+        conn: Connection::new(brokers),
+        topic,
+        files: crate::commands::data_files(&a.data)?,
+        repeat: a.repeat,
+        format: if a.format == "batch" {
+            MessageFormat::Batch
+        } else {
+            MessageFormat::Tsv
+        },
+        samples_per_message: a.samples_per_message,
+        trace,
+        partitioner: if a.skew_share > 0.0 {
+            Partitioner::PositiveSkew {
+                partition: a.skew_partition,
+                positive_share: a.skew_share,
+            }
+        } else {
+            Partitioner::RoundRobin
+        },
+        seed: a.seed,
+    };
+    let total = spec.trace.duration_s();
+    let report = replay(&spec, |r| {
+        eprintln!(
+            "[{:>6.1}s/{total:.0}s] {} samples sent ({:.0}/s)",
+            r.seconds,
+            r.samples,
+            r.samples as f64 / r.seconds.max(1e-9)
+        );
+    })?;
+    if a.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!("samples   {}", report.samples);
+        println!("messages  {}", report.messages);
+        println!("seconds   {:.1}", report.seconds);
+        println!("partition  samples  click rate");
+        for (p, (&n, &pos)) in report
+            .per_partition
+            .iter()
+            .zip(&report.positives_per_partition)
+            .enumerate()
+        {
+            println!("{p:>9}  {n:>7}  {:.3}", pos as f64 / n.max(1) as f64);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_target_url_names_brokers_and_topic() {
+        assert_eq!(
+            parse_target("kafka://127.0.0.1:9092,h:1/clicks").unwrap(),
+            ("127.0.0.1:9092,h:1".into(), "clicks".into())
+        );
+        for bad in [
+            "127.0.0.1:9092/t",
+            "kafka://h:1",
+            "kafka:///t",
+            "kafka://h:1/a/b",
+        ] {
+            assert!(parse_target(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! Online jobs end to end: `elastrec replay` feeds a Kafka topic (librdkafka's mock broker,
+//! a real Kafka protocol server on loopback), `elastrec run` trains from it until
+//! `elastrec stop`, and the ledger of offsets proves every message trained exactly once.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use rdkafka::mocking::MockCluster;
+
+/// Replays `files` into `topic` as fast as the broker takes them.
+fn replay(brokers: &str, topic: &str, files: &[PathBuf]) -> serde_json::Value {
+    let mut args = vec![
+        "replay".to_string(),
+        "--to".into(),
+        format!("kafka://{brokers}/{topic}"),
+        "--qps".into(),
+        "1000000".into(),
+        "--seconds".into(),
+        "30".into(),
+        "--json".into(),
+        "--data".into(),
+    ];
+    args.extend(files.iter().map(|f| f.to_string_lossy().into_owned()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = elastrec(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn online_job(name: &str, brokers: &str) -> (PathBuf, PathBuf) {
+    let f = fixture();
+    let text = format!(
+        r#"
+[data]
+dir = "data"
+train = []
+eval = ["day_2.tsv"]
+[model]
+bottom_mlp = [32, 16]
+top_mlp = [32, 1]
+max_table_rows = 4000
+[train]
+batch_size = 256
+progress = false
+[output]
+dir = "{name}"
+[cluster]
+ps = 1
+workers = 2
+batches_per_shard = 4
+heartbeat_ms = 200
+dead_after_ms = 2000
+[stream]
+brokers = "{brokers}"
+topics = ["clicks"]
+start = "earliest"
+poll_ms = 50
+linger_ms = 100
+"#
+    );
+    let job = f.dir.join(format!("{name}.toml"));
+    std::fs::write(&job, text).unwrap();
+    (job, f.dir.join(name))
+}
+
+fn stop(dir: &Path) -> String {
+    let out = elastrec(&["stop", dir.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn kafka_an_online_job_trains_every_message_exactly_once_across_a_worker_kill() {
+    let _g = serial();
+    let f = fixture();
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("clicks", 3, 1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    let day = |d: u32| f.dir.join(format!("data/day_{d}.tsv"));
+
+    let first = replay(&brokers, "clicks", &[day(0)]);
+    let first_n = first["samples"].as_u64().unwrap();
+    assert_eq!(first_n, ROWS / 3);
+
+    let (job, dir) = online_job("online-kill", &brokers);
+    let log = f.dir.join("online-kill.log");
+    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
+    // Part of the first day trained: the job cannot finish on its own, so this holds.
+    wait_for(Duration::from_secs(180), || {
+        samples_done(&dir) >= first_n / 3
+    });
+    let s = status_json(&dir).unwrap();
+    let (victim, pid) = running_workers(&s)[0];
+    // SAFETY: kill(2) on a worker process this test's job started.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+    wait_not_running(&dir, victim);
+    // More traffic arrives while the job runs.
+    let second = replay(&brokers, "clicks", &[day(1)]);
+    let total = first_n + second["samples"].as_u64().unwrap();
+    // Every message trained: nothing more arrives, so the job stays here.
+    wait_for(Duration::from_secs(240), || samples_done(&dir) >= total);
+    let said = stop(&dir);
+    assert!(
+        said.contains(&format!("stopped at {total} samples")),
+        "{said}"
+    );
+    let text = g.wait_success(&log);
+    let r = result(&dir);
+    assert_eq!(r["status"], "finished", "{r}\n{text}");
+    assert_eq!(r["ledger"]["consumed"], total, "{r}");
+    assert_eq!(r["ledger"]["duplicated"], 0, "{r}");
+    assert_eq!(r["ledger"]["missing"], 0, "{r}");
+    let auc = r["eval"]["auc"].as_f64().unwrap();
+    assert!(auc > 0.6, "the online model learned: AUC {auc}\n{text}");
+}
+
+#[test]
+fn kafka_a_job_naming_a_missing_topic_says_so_before_starting() {
+    let _g = serial();
+    let cluster = MockCluster::new(1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    let (job, dir) = online_job("online-no-topic", &brokers);
+    let out = elastrec(&["run", job.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("topic \"clicks\" does not exist"), "{err}");
+    assert!(!dir.join("master.db").exists(), "nothing was started");
+}

@@ -1,0 +1,141 @@
+//! The master's side of an online job: it finds the topics' partitions and where to start,
+//! then watches their watermarks and deals what arrives into tasks (`docs/online.md`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use elastrec_job::stream::StreamConfig;
+use elastrec_stream::{PartitionId, TopicWatch};
+
+use crate::job::Phase;
+use crate::service::MasterCore;
+
+/// How long one metadata or offset query may take.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the trained offsets are committed to the consumer group (monitoring only).
+const COMMIT_EVERY: Duration = Duration::from_secs(5);
+/// An unreachable broker is reported again after this long.
+const REPORT_EVERY: Duration = Duration::from_secs(30);
+
+/// The partitions of the job's topics and the offset each starts at (per `start`).
+pub fn resolve(cfg: &StreamConfig, group: &str) -> anyhow::Result<(Vec<PartitionId>, Vec<u64>)> {
+    let start = cfg
+        .start_at()
+        .map_err(|e| anyhow::anyhow!("stream.start: {e}"))?;
+    let watch = TopicWatch::new(&cfg.connection(), group, QUERY_TIMEOUT)?;
+    let partitions = watch.partitions(&cfg.topics)?;
+    let starts = watch
+        .start_offsets(&partitions, start)
+        .context("reading the partitions' start offsets")?;
+    Ok((partitions, starts))
+}
+
+/// Partitions named as the job's files (`kafka:topic/partition`).
+pub fn partitions_of(files: &[String]) -> anyhow::Result<Vec<PartitionId>> {
+    files
+        .iter()
+        .map(|f| PartitionId::parse(f).with_context(|| format!("{f:?} does not name a partition")))
+        .collect()
+}
+
+/// Watches the partitions until the job leaves training: every `poll_ms` it reads their
+/// high watermarks and deals the new messages (whole shards at once, a remainder once it
+/// has lingered `linger_ms`). Broker outages are reported and waited out: training goes
+/// on with what was dealt, and nothing is skipped when the broker comes back.
+pub async fn run(
+    core: Arc<MasterCore>,
+    cfg: StreamConfig,
+    partitions: Vec<PartitionId>,
+    group: String,
+) {
+    let conn = cfg.connection();
+    let watch =
+        match tokio::task::spawn_blocking(move || TopicWatch::new(&conn, &group, QUERY_TIMEOUT))
+            .await
+        {
+            Ok(Ok(w)) => Arc::new(w),
+            Ok(Err(e)) => {
+                eprintln!("master: cannot watch the stream: {e}");
+                return;
+            }
+            Err(_) => return,
+        };
+    let parts = Arc::new(partitions);
+    let mut waiting_since: Vec<Option<Instant>> = vec![None; parts.len()];
+    let linger = Duration::from_millis(cfg.linger_ms);
+    let mut tick = tokio::time::interval(Duration::from_millis(cfg.poll_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_commit = Instant::now();
+    let mut last_report: Option<Instant> = None;
+    loop {
+        tick.tick().await;
+        if !matches!(core.job.lock().phase(), Phase::Training) {
+            break;
+        }
+        let (w, p) = (watch.clone(), parts.clone());
+        let marks = match tokio::task::spawn_blocking(move || w.watermarks(&p)).await {
+            Ok(Ok(m)) => {
+                if last_report.take().is_some() {
+                    eprintln!("master: the stream's brokers answer again");
+                }
+                m
+            }
+            Ok(Err(e)) => {
+                if last_report.is_none_or(|t| t.elapsed() >= REPORT_EVERY) {
+                    eprintln!("master: {e}; training goes on with what was dealt, and waits");
+                    last_report = Some(Instant::now());
+                }
+                continue;
+            }
+            Err(_) => break,
+        };
+        let now = Instant::now();
+        let plan: Vec<(u32, u64, bool)> = {
+            let job = core.job.lock();
+            marks
+                .iter()
+                .enumerate()
+                .map(|(f, &(_, high))| {
+                    let undealt = job.tasks().undealt(f as u32, high);
+                    let since = &mut waiting_since[f];
+                    if undealt == 0 {
+                        *since = None;
+                    } else if since.is_none() {
+                        *since = Some(now);
+                    }
+                    let flush = since.is_some_and(|t| now.duration_since(t) >= linger);
+                    (f as u32, high, flush)
+                })
+                .collect()
+        };
+        let Ok(left) = core
+            .run(|job, cx| {
+                plan.iter()
+                    .map(|&(f, high, flush)| {
+                        let dealt = job.extend_stream(f, high, flush, cx);
+                        (dealt, job.tasks().undealt(f, high))
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .await
+        else {
+            break;
+        };
+        for (since, (dealt, undealt)) in waiting_since.iter_mut().zip(left) {
+            // What is left after whole shards were cut arrived after them.
+            if undealt == 0 {
+                *since = None;
+            } else if dealt > 0 {
+                *since = Some(now);
+            }
+        }
+        if last_commit.elapsed() >= COMMIT_EVERY {
+            last_commit = Instant::now();
+            let committed = core.job.lock().tasks().committed();
+            let (w, p) = (watch.clone(), parts.clone());
+            // Monitoring only: a failed commit is retried at the next period.
+            let _ = tokio::task::spawn_blocking(move || w.commit(&p, &committed)).await;
+        }
+    }
+}
