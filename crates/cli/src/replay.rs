@@ -46,6 +46,10 @@ pub struct ReplayArgs {
     /// Seed of the skew's coin.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Extra librdkafka producer property, `KEY=VALUE` (repeatable), e.g.
+    /// `--property security.protocol=SSL`.
+    #[arg(long = "property", value_name = "KEY=VALUE")]
+    properties: Vec<String>,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -87,8 +91,16 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         (None, None) => bail!("give the rates: --qps-trace CSV, or --qps N [--seconds S]"),
     }
     .faster(a.speedup);
+    let mut conn = Connection::new(brokers);
+    for p in &a.properties {
+        let (k, v) = p
+            .split_once('=')
+            .with_context(|| format!("--property {p:?}: expected KEY=VALUE"))?;
+        conn.properties
+            .insert(k.trim().to_string(), v.trim().to_string());
+    }
     let spec = ReplaySpec {
-        conn: Connection::new(brokers),
+        conn,
         topic,
         files: crate::commands::data_files(&a.data)?,
         repeat: a.repeat,

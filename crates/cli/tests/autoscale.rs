@@ -94,14 +94,6 @@ fn a_job_that_needs_more_workers_scales_up_by_itself_and_beats_the_pinned_job() 
     );
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 const BRAIN_TOKEN: &str = "autoscale-test-brain-token";
 
 /// Starts `elastrec brain` on `port` with a SQLite file and waits until it has opened its

@@ -5,8 +5,41 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use elastrec_data::{BadRowPolicy, RawRow, TsvReader};
+use rdkafka::client::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::Message;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Counts the broker's acknowledgements: a replay that lost messages must say so.
+#[derive(Default)]
+struct Acks {
+    delivered: AtomicU64,
+    failed: AtomicU64,
+    first_error: Mutex<Option<String>>,
+}
+
+impl ClientContext for Acks {}
+
+impl ProducerContext for Acks {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(_) => {
+                self.delivered.fetch_add(1, Ordering::Relaxed);
+            }
+            Err((e, m)) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                let mut first = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
+                first.get_or_insert_with(|| format!("partition {}: {e}", m.partition()));
+            }
+        }
+    }
+}
+
+type AckedProducer = BaseProducer<Acks>;
 
 use crate::error::{Result, StreamError};
 use crate::message::{encode, MessageFormat, MAX_BATCH_SAMPLES};
@@ -191,12 +224,17 @@ pub fn replay(spec: &ReplaySpec, mut progress: impl FnMut(&ReplayReport)) -> Res
     let watch = TopicWatch::new(&spec.conn, "elastrec-replay", Duration::from_secs(10))?;
     let partitions = watch.partitions(std::slice::from_ref(&spec.topic))?;
     let n = partitions.len();
-    let producer: BaseProducer = spec
+    let producer: AckedProducer = spec
         .conn
         .client_config()
         .set("linger.ms", "5")
         .set("acks", "all")
-        .create()
+        // One request in flight per broker: a retried batch can never overtake a later
+        // one, so each partition keeps the trace's order (and brokers that mishandle
+        // concurrent appends to one partition, as Tansu 0.6's memory engine does, get
+        // them one at a time).
+        .set("max.in.flight.requests.per.connection", "1")
+        .create_with_context(Acks::default())
         .map_err(|e| StreamError::client(&spec.conn, e))?;
     let mut rows = RowSource::new(&spec.files, spec.repeat)?;
     let mut report = ReplayReport {
@@ -271,6 +309,24 @@ pub fn replay(spec: &ReplaySpec, mut progress: impl FnMut(&ReplayReport)) -> Res
         .flush(Duration::from_secs(60))
         .map_err(|e| StreamError::unreachable(&spec.conn, e))?;
     report.seconds = started.elapsed().as_secs_f64();
+    let acks = producer.context();
+    let failed = acks.failed.load(Ordering::Relaxed);
+    let delivered = acks.delivered.load(Ordering::Relaxed);
+    if failed > 0 || delivered != report.messages {
+        return Err(StreamError::Broker {
+            brokers: spec.conn.brokers.clone(),
+            message: format!(
+                "{failed} of {} messages were not acknowledged ({delivered} were){}",
+                report.messages,
+                acks.first_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_deref()
+                    .map(|e| format!("; first error: {e}"))
+                    .unwrap_or_default()
+            ),
+        });
+    }
     Ok(report)
 }
 
@@ -282,7 +338,7 @@ fn next_rr(rr: &mut usize, n: usize) -> usize {
 
 /// Sends `rows` as one message to `partition`, waiting while the local queue is full.
 fn send(
-    producer: &BaseProducer,
+    producer: &AckedProducer,
     spec: &ReplaySpec,
     partition: i32,
     rows: &mut Vec<RawRow>,
@@ -307,7 +363,7 @@ fn send(
 }
 
 fn produce(
-    producer: &BaseProducer,
+    producer: &AckedProducer,
     spec: &ReplaySpec,
     partition: i32,
     payload: &[u8],

@@ -20,6 +20,15 @@ pub fn elastrec(args: &[&str]) -> Output {
         .expect("run elastrec")
 }
 
+/// A loopback port nobody listens on right now (for a server a test starts).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// One distributed job at a time: the machine is small and timings matter.
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());

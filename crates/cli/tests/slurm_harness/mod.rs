@@ -9,6 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::common::free_port;
+
 /// The node's name in Slurm (`slurmd -N`): independent of the host's name.
 pub const NODE: &str = "elastrec-test";
 /// CPUs the node declares: more than this machine's cores (`config_overrides`), so that
@@ -105,14 +107,6 @@ fn install() -> bool {
 }
 
 /// A port nothing listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn short_hostname() -> String {
     let out = Command::new("hostname").arg("-s").output().unwrap();
     String::from_utf8_lossy(&out.stdout).trim().to_string()
