@@ -39,6 +39,11 @@ fn replay(brokers: &str, topic: &str, files: &[PathBuf], producer: &[&str]) -> s
 }
 
 fn online_job(name: &str, brokers: &str) -> (PathBuf, PathBuf) {
+    online_job_with(name, brokers, "", "")
+}
+
+/// An online job; `cluster` and `stream` are extra lines of those sections.
+fn online_job_with(name: &str, brokers: &str, cluster: &str, stream: &str) -> (PathBuf, PathBuf) {
     let f = fixture();
     let text = format!(
         r#"
@@ -61,12 +66,14 @@ workers = 2
 batches_per_shard = 4
 heartbeat_ms = 200
 dead_after_ms = 2000
+{cluster}
 [stream]
 brokers = "{brokers}"
 topics = ["clicks"]
 start = "earliest"
 poll_ms = 50
 linger_ms = 100
+{stream}
 "#
     );
     let job = f.dir.join(format!("{name}.toml"));
@@ -233,4 +240,91 @@ fn kafka_a_job_naming_a_missing_topic_says_so_before_starting() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("topic \"clicks\" does not exist"), "{err}");
     assert!(!dir.join("master.db").exists(), "nothing was started");
+}
+
+#[test]
+#[ignore = "known bug: under this 12k/s peak on the mock broker the workers stall at 0/s \
+            with 4 shards held (first seen 2026-11-23); see docs/online.md, Open"]
+fn kafka_kale_adds_workers_for_a_traffic_peak_and_removes_them_after() {
+    let _g = serial();
+    let f = fixture();
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("clicks", 4, 1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    // Workers made slow (20 ms more per batch of 128: at most ~6,400 samples/s each), so
+    // the peak needs more than one of them on any machine.
+    let (job, dir) = online_job_with(
+        "online-kale",
+        &brokers,
+        "",
+        "autoscale = \"kale\"\nworkers = [1, 4]\ninterval_s = 2.0\nslo_lag_s = 5.0\ntau_s = 6.0\nhorizon_s = 10.0",
+    );
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("batch_size = 256", "batch_size = 128")
+        .replace("workers = 2", "workers = 1");
+    std::fs::write(&job, text).unwrap();
+    let trace = f.dir.join("peak.csv");
+    std::fs::write(
+        &trace,
+        "t_s,qps\n0,1500\n10,1500\n20,12000\n35,12000\n40,300\n80,300\n",
+    )
+    .unwrap();
+    let log = f.dir.join("online-kale.log");
+    let mut g = Group::spawn_with_env(
+        &["run", job.to_str().unwrap()],
+        &log,
+        &[("ELASTREC_FAIL_SLOW_WORKER", "*:20")],
+    );
+    wait_for(Duration::from_secs(120), || status_json(&dir).is_some());
+    let out = elastrec(&[
+        "replay",
+        "--to",
+        &format!("kafka://{brokers}/clicks"),
+        "--data",
+        f.dir.join("data/day_0.tsv").to_str().unwrap(),
+        "--repeat",
+        "--qps-trace",
+        trace.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sent: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let total = sent["samples"].as_u64().unwrap();
+    wait_for(Duration::from_secs(240), || samples_done(&dir) >= total);
+    stop(&dir);
+    let text = g.wait_success(&log);
+    let r = result(&dir);
+    assert_eq!(r["ledger"]["consumed"], total, "{r}");
+    assert_eq!(r["ledger"]["duplicated"], 0, "{r}");
+    assert_eq!(r["ledger"]["missing"], 0, "{r}");
+    let online = &r["online"];
+    let decisions = online["decisions"].as_array().unwrap();
+    let most = decisions
+        .iter()
+        .map(|d| d["target"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    assert!(most > 1, "the peak got more workers: {online}\n{text}");
+    let peak_at = decisions
+        .iter()
+        .position(|d| d["target"].as_u64() == Some(most))
+        .unwrap();
+    assert!(
+        decisions[peak_at..]
+            .iter()
+            .any(|d| d["target"].as_u64().unwrap() < most),
+        "workers were removed after the peak: {online}"
+    );
+    assert!(
+        online["scaling_changes"].as_u64() <= online["raw_plan_changes"].as_u64(),
+        "the stabilized plan changes no more often than the raw one: {online}"
+    );
+    let st = &online["stream"];
+    assert!(st["observed_s"].as_f64().unwrap() > 60.0, "{st}");
+    assert_eq!(st["partitions"].as_array().unwrap().len(), 4);
 }

@@ -421,8 +421,8 @@ impl JobConfig {
             if self.autoscale.enabled {
                 return Err(bad(
                     "autoscale.enabled",
-                    "online jobs ([stream]) cannot autoscale yet: traffic-driven scaling (KALE) \
-                     is still to come; scale them with `elastrec scale`"
+                    "online jobs ([stream]) scale with the traffic through stream.autoscale \
+                     (\"kale\" or \"hpa\"), not [autoscale]"
                         .into(),
                 ));
             }

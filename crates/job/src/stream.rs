@@ -34,6 +34,39 @@ pub struct StreamConfig {
     pub linger_ms: u64,
     /// Extra librdkafka client properties (security, timeouts), as they are.
     pub properties: BTreeMap<String, String>,
+    /// The lag (age of the oldest untrained message) above which the service-level
+    /// objective is violated, seconds.
+    pub slo_lag_s: f64,
+    /// Who sets the worker count from the traffic: `"off"` (`elastrec scale` only),
+    /// `"kale"` (forecast, fewest workers that keep up, stabilized; `docs/online.md`) or
+    /// `"hpa"` (a reactive utilization/lag rule, the baseline KALE is compared with).
+    pub autoscale: StreamScaling,
+    /// Smallest and largest worker count the autoscaler may choose.
+    pub workers: [u32; 2],
+    /// Seconds between scaling decisions.
+    pub interval_s: f64,
+    /// How far ahead the traffic is forecast, seconds.
+    pub horizon_s: f64,
+    /// Length of the traffic's season (a day: 86400) for Holt-Winters; 0: no season,
+    /// a damped trend only.
+    pub season_s: f64,
+    /// Algorithm 1's `rho`: smallest change of the plan examined.
+    pub rho: u32,
+    /// Algorithm 1's `tau`: a planned level lasting less than this is calibrated away, s.
+    pub tau_s: f64,
+}
+
+/// The online autoscaling policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StreamScaling {
+    /// Workers change only on request.
+    #[default]
+    Off,
+    /// KALE: forecast, throughput model, Algorithm 1, threshold fallback.
+    Kale,
+    /// A reactive rule on utilization and lag (Kubernetes HPA-like).
+    Hpa,
 }
 
 impl Default for StreamConfig {
@@ -47,6 +80,14 @@ impl Default for StreamConfig {
             poll_ms: 200,
             linger_ms: 500,
             properties: BTreeMap::new(),
+            slo_lag_s: 10.0,
+            autoscale: StreamScaling::Off,
+            workers: [1, 8],
+            interval_s: 5.0,
+            horizon_s: 30.0,
+            season_s: 0.0,
+            rho: 1,
+            tau_s: 30.0,
         }
     }
 }
@@ -107,6 +148,26 @@ impl StreamConfig {
         }
         if self.linger_ms > 600_000 {
             return Err(("stream.linger_ms", "must be at most 600000".into()));
+        }
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        if !positive(self.slo_lag_s) {
+            return Err(("stream.slo_lag_s", "must be a positive number".into()));
+        }
+        let [lo, hi] = self.workers;
+        if lo == 0 || lo > hi {
+            return Err((
+                "stream.workers",
+                format!("[{lo}, {hi}]: needs 1 <= smallest <= largest"),
+            ));
+        }
+        if !positive(self.interval_s) || !positive(self.horizon_s) || !positive(self.tau_s) {
+            return Err((
+                "stream.interval_s",
+                "interval_s, horizon_s and tau_s must be positive numbers".into(),
+            ));
+        }
+        if !(self.season_s.is_finite() && self.season_s >= 0.0) {
+            return Err(("stream.season_s", "must be 0 or a positive number".into()));
         }
         Ok(())
     }

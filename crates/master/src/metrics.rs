@@ -28,6 +28,11 @@ pub struct Metrics {
     pub requeues: Counter,
     /// The per-method request counters, resolved once (no allocation per request).
     by_method: Vec<(&'static str, Counter)>,
+    /// Online jobs: per partition, the age of the oldest untrained message and backlog.
+    partition_lag: Family<Labels, Gauge<f64, AtomicU64>>,
+    partition_backlog: Family<Labels, Gauge>,
+    /// Online jobs: job-wide stream figures (KALE Table 3), by name.
+    stream: Family<Labels, Gauge<f64, AtomicU64>>,
 }
 
 /// The RPC methods counted by [`Metrics::request`].
@@ -77,6 +82,24 @@ impl Metrics {
             "Unreported remainders requeued",
             requeues.clone(),
         );
+        let partition_lag = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "stream_partition_lag_seconds",
+            "Online jobs: age of the oldest untrained message, by partition",
+            partition_lag.clone(),
+        );
+        let partition_backlog = Family::<Labels, Gauge>::default();
+        registry.register(
+            "stream_partition_backlog",
+            "Online jobs: messages waiting, by partition",
+            partition_backlog.clone(),
+        );
+        let stream = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "stream",
+            "Online jobs: lag_seconds, arrival_rate, slo_violation_rate, accumulated_lag_seconds, downtime_seconds",
+            stream.clone(),
+        );
         let by_method = METHODS
             .iter()
             .map(|&m| (m, requests.get_or_create(&method_label(m)).clone()))
@@ -91,6 +114,31 @@ impl Metrics {
             workers,
             node_deaths,
             requeues,
+            partition_lag,
+            partition_backlog,
+            stream,
+        }
+    }
+
+    /// Updates the online job's gauges.
+    pub fn observe_stream(&self, st: &crate::stream_stats::StreamStats) {
+        for p in &st.partitions {
+            let l = vec![("partition".to_string(), p.partition.clone())];
+            self.partition_lag.get_or_create(&l).set(p.lag_s);
+            self.partition_backlog
+                .get_or_create(&l)
+                .set(p.backlog as i64);
+        }
+        for (name, v) in [
+            ("lag_seconds", st.lag_s),
+            ("arrival_rate", st.arrival_rate),
+            ("slo_violation_rate", st.slo_violation_rate),
+            ("accumulated_lag_seconds", st.accumulated_lag_s),
+            ("downtime_seconds", st.downtime_s),
+        ] {
+            self.stream
+                .get_or_create(&vec![("figure".to_string(), name.to_string())])
+                .set(v);
         }
     }
 

@@ -107,6 +107,10 @@ pub struct JobResult {
     /// Changes of the PS count while the job trained.
     #[serde(default)]
     pub reshards: Vec<crate::reshard::ReshardRecord>,
+    /// An online job's stream: lag per partition, SLO violations, accumulated lag,
+    /// downtime, worker-hours and every scaling decision (KALE Table 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub online: Option<serde_json::Value>,
 }
 
 /// Resources a job used: node-seconds (the time each node process was live, summed; on
@@ -120,6 +124,27 @@ pub struct Resources {
     pub ps_node_s: f64,
     /// CPU seconds (user + system) of every node process, from their last heartbeats.
     pub cpu_s: f64,
+}
+
+/// The `online` part of an online job's result.
+fn online_result(core: &MasterCore, worker_node_s: f64) -> Option<serde_json::Value> {
+    let stats = core.stream_stats.lock().clone()?;
+    let decisions = core.online_scaling.lock().clone();
+    let raw_changes = decisions
+        .windows(2)
+        .filter(|w| w[0].decision.raw != w[1].decision.raw)
+        .count();
+    let changes = decisions
+        .iter()
+        .filter(|d| d.decision.target != d.decision.workers)
+        .count();
+    Some(serde_json::json!({
+        "stream": stats,
+        "worker_hours": worker_node_s / 3600.0,
+        "raw_plan_changes": raw_changes,
+        "scaling_changes": changes,
+        "decisions": decisions,
+    }))
 }
 
 /// What the autoscaling loop of a job starts with.
@@ -869,6 +894,14 @@ async fn serve(
             partitions,
             s.group_for(&core.job_id),
         ));
+        if s.autoscale != elastrec_job::stream::StreamScaling::Off {
+            tokio::spawn(crate::online_scale_loop::run(
+                core.clone(),
+                s.clone(),
+                cfg.train.batch_size as u64,
+                cfg.cluster.mode == elastrec_job::distributed::SyncMode::Sync,
+            ));
+        }
     }
     let t0 = Instant::now();
     let mut last_print = Instant::now();
@@ -1077,6 +1110,7 @@ async fn serve(
                 ..used
             },
             reshards: core.reshards.lock().clone(),
+            online: online_result(&core, used.worker_node_s),
         }
     };
     if let Some(c) = core.checkpoints() {

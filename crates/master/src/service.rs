@@ -124,6 +124,10 @@ pub struct MasterCore {
     pub launch: std::sync::OnceLock<Arc<crate::launch::LaunchTemplate>>,
     /// Changes of the PS count so far.
     pub reshards: Mutex<Vec<crate::reshard::ReshardRecord>>,
+    /// An online job's stream statistics (lag, SLO), refreshed by its watcher.
+    pub stream_stats: Mutex<Option<crate::stream_stats::StreamStats>>,
+    /// An online job's scaling decisions so far.
+    pub online_scaling: Mutex<Vec<crate::online_scale_loop::ScalingEvent>>,
 }
 
 impl MasterCore {
@@ -152,6 +156,8 @@ impl MasterCore {
             done: tokio::sync::Notify::new(),
             restore_plan: Mutex::new(None),
             checkpoints: std::sync::OnceLock::new(),
+            stream_stats: Mutex::new(None),
+            online_scaling: Mutex::new(Vec::new()),
             profiles: Mutex::new(Default::default()),
             autoscale_status: Mutex::new(None),
             ps_access: std::sync::OnceLock::new(),

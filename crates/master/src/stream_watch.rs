@@ -10,6 +10,7 @@ use elastrec_stream::{PartitionId, TopicWatch};
 
 use crate::job::Phase;
 use crate::service::MasterCore;
+use crate::stream_stats::StreamStats;
 
 /// How long one metadata or offset query may take.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -68,6 +69,12 @@ pub async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_commit = Instant::now();
     let mut last_report: Option<Instant> = None;
+    let started = Instant::now();
+    let mut consumed_before = core.job.lock().tasks().ledger().consumed();
+    *core.stream_stats.lock() = Some(StreamStats::new(
+        parts.iter().map(ToString::to_string).collect(),
+        cfg.slo_lag_s,
+    ));
     loop {
         tick.tick().await;
         if !matches!(core.job.lock().phase(), Phase::Training) {
@@ -122,6 +129,19 @@ pub async fn run(
         else {
             break;
         };
+        {
+            let (trained, consumed) = {
+                let job = core.job.lock();
+                (job.tasks().committed(), job.tasks().ledger().consumed())
+            };
+            let highs: Vec<u64> = marks.iter().map(|m| m.1).collect();
+            let at_ms = now.duration_since(started).as_millis() as u64;
+            if let Some(st) = core.stream_stats.lock().as_mut() {
+                st.observe(at_ms, &highs, &trained, consumed > consumed_before);
+                core.metrics.observe_stream(st);
+            }
+            consumed_before = consumed;
+        }
         for (since, (dealt, undealt)) in waiting_since.iter_mut().zip(left) {
             // What is left after whole shards were cut arrived after them.
             if undealt == 0 {

@@ -926,8 +926,11 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             }
             if n > 0 {
                 if let Some(pause) = slow_batch {
-                    // A slow machine: every batch takes this much longer.
+                    // A slow machine: every batch takes this much longer, counted as
+                    // compute (the master measures capacity from busy time).
+                    let t0 = Instant::now();
                     tokio::time::sleep(pause).await;
+                    TimeSplit::add(&shared.profile.compute_us, t0);
                 }
                 let routing = model.route(&batch);
                 let t0 = Instant::now();

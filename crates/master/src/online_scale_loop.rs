@@ -1,0 +1,111 @@
+//! The loop that scales an online job's workers with its traffic: every `interval_s` it
+//! measures (arrival rate and lag from the stream watcher, the workers' busy time from
+//! their heartbeats), asks [`OnlineScaler`] and applies the count.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use elastrec_job::stream::StreamConfig;
+use serde::Serialize;
+
+use crate::job::{NodeState, Phase, Role};
+use crate::online_scale::{Decision, Observation, OnlineScaler};
+use crate::service::MasterCore;
+
+/// One decision, with when it was taken.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScalingEvent {
+    /// Seconds since the loop started.
+    pub at_s: f64,
+    /// The decision.
+    #[serde(flatten)]
+    pub decision: Decision,
+}
+
+/// Runs until the job leaves training. `batch_size` converts the workers' batches into
+/// samples; `sync` picks KALE's synchronous model.
+pub async fn run(core: Arc<MasterCore>, cfg: StreamConfig, batch_size: u64, sync: bool) {
+    let mut scaler = OnlineScaler::new(&cfg, sync);
+    let every = Duration::from_secs_f64(cfg.interval_s);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    let started = Instant::now();
+    // Per worker: (batches, busy seconds) at the previous tick.
+    let mut before: BTreeMap<u32, (u64, f64)> = BTreeMap::new();
+    let mut last_change: Option<Instant> = None;
+    loop {
+        tick.tick().await;
+        let (target, running) = {
+            let job = core.job.lock();
+            if !matches!(job.phase(), Phase::Training) {
+                break;
+            }
+            let running: Vec<u32> = job
+                .nodes()
+                .filter(|n| n.role == Role::Worker && n.state == NodeState::Running)
+                .map(|n| n.id)
+                .collect();
+            (job.target_workers(), running)
+        };
+        let Some(stats) = core.stream_stats.lock().clone() else {
+            continue;
+        };
+        let profiles = core.profiles.lock().clone();
+        let interval = every.as_secs_f64();
+        let (mut util, mut measured_util, mut capacity, mut measured) = (0.0, 0, 0.0, 0);
+        let mut now_seen = BTreeMap::new();
+        for id in &running {
+            let Some(p) = profiles.get(id) else { continue };
+            let busy = p.compute_s + p.pull_s + p.push_s;
+            now_seen.insert(*id, (p.batches, busy));
+            let Some(&(b0, s0)) = before.get(id) else {
+                continue;
+            };
+            let (db, ds) = (p.batches.saturating_sub(b0), (busy - s0).max(0.0));
+            util += (ds / interval).min(1.0);
+            measured_util += 1;
+            if ds > 0.05 * interval && db > 0 {
+                capacity += (db * batch_size) as f64 / ds;
+                measured += 1;
+            }
+        }
+        before = now_seen;
+        // A throughput sample only from a settled job: every worker measured, none
+        // starting or leaving since the last change.
+        let settled = last_change.is_none_or(|t| t.elapsed() >= 2 * every);
+        let obs = Observation {
+            workers: target,
+            arrival_rate: stats.arrival_rate,
+            backlog: stats.partitions.iter().map(|p| p.backlog as f64).sum(),
+            lag_s: stats.lag_s,
+            utilization: if measured_util > 0 {
+                util / measured_util as f64
+            } else {
+                0.0
+            },
+            capacity: (settled
+                && measured > 0
+                && measured == running.len()
+                && measured as u32 == target)
+                .then_some((target, capacity)),
+        };
+        let d = scaler.decide(&obs);
+        if d.target != target {
+            let to = d.target;
+            if core.run(|job, cx| job.scale(to, cx)).await.is_err() {
+                break;
+            }
+            last_change = Some(Instant::now());
+            eprintln!(
+                "master: online autoscale: {target} -> {to} workers ({})",
+                d.reason
+            );
+        }
+        core.online_scaling.lock().push(ScalingEvent {
+            at_s: started.elapsed().as_secs_f64(),
+            decision: d,
+        });
+    }
+}
