@@ -444,14 +444,14 @@ pub async fn start_job(
     }
     // Before anything is created: an empty training set is an error naming the files, and
     // an online job's brokers and topics must answer.
-    let job_name = dir
+    let job_id = dir
         .0
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "job".into());
     let stream_starts = match &cfg.stream {
         Some(s) => {
-            let (s, group) = (s.clone(), s.group_for(&job_name));
+            let (s, group) = (s.clone(), s.group_for(&job_id));
             Some(
                 tokio::task::spawn_blocking(move || crate::stream_watch::resolve(&s, &group))
                     .await??,
@@ -503,11 +503,6 @@ pub async fn start_job(
     let bound = listener.local_addr()?;
     let addr = advertised(&cfg, bound)?;
     std::fs::write(dir.addr(), &addr)?;
-    let job_id = dir
-        .0
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "job".into());
     // Before the state database: a backend that refuses the job (no permission on the
     // cluster) leaves no half-started job behind; the same file runs again once fixed.
     let (backend, launch) =

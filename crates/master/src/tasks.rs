@@ -318,7 +318,7 @@ impl TaskQueue {
                     *end = (*end).max(t.end);
                 }
             }
-            for (f, &end) in q.file_rows.clone().iter().enumerate() {
+            for (f, &end) in q.file_rows.iter().enumerate() {
                 q.ledger.extend_file(f, end);
             }
         }
