@@ -93,14 +93,14 @@ fn stop(dir: &Path) -> String {
 
 /// Replays day 0, starts an online job, kills a worker mid-stream, replays day 1, waits
 /// until every message trained, stops the job and checks the ledger of offsets.
-fn exactly_once_across_a_worker_kill(name: &str, brokers: &str, producer: &[&str]) {
+fn exactly_once_across_a_worker_kill(name: &str, brokers: &str, producer: &[&str], stream: &str) {
     let f = fixture();
     let day = |d: u32| f.dir.join(format!("data/day_{d}.tsv"));
     let first = replay(brokers, "clicks", &[day(0)], producer);
     let first_n = first["samples"].as_u64().unwrap();
     assert_eq!(first_n, ROWS / 3);
 
-    let (job, dir) = online_job(name, brokers);
+    let (job, dir) = online_job_with(name, brokers, "", stream);
     let log = f.dir.join(format!("{name}.log"));
     let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
     // Part of the first day trained: the job cannot finish on its own, so this holds.
@@ -132,6 +132,24 @@ fn exactly_once_across_a_worker_kill(name: &str, brokers: &str, producer: &[&str
     assert_eq!(r["ledger"]["missing"], 0, "{r}");
     let auc = r["eval"]["auc"].as_f64().unwrap();
     assert!(auc > 0.6, "the online model learned: AUC {auc}\n{text}");
+    assert_progressive(&r, total);
+}
+
+/// Progressive validation saw every trained sample once (its predictions travel with the
+/// progress reports the ledger counts), and the window's figures show a learning model.
+fn assert_progressive(r: &serde_json::Value, total: u64) {
+    let p = &r["online"]["progressive"];
+    assert_eq!(p["predictions"], total, "{p}");
+    let window = p["window"].as_u64().unwrap();
+    let latest = &p["latest"];
+    assert_eq!(latest["samples"], total.min(window), "{latest}");
+    let auc = latest["auc"].as_f64().unwrap();
+    assert!(auc > 0.6 && auc < 1.0, "window AUC {auc}: {latest}");
+    let logloss = latest["logloss"].as_f64().unwrap();
+    assert!(
+        logloss > 0.0 && logloss < 0.69,
+        "better than a coin: {latest}"
+    );
 }
 
 #[test]
@@ -139,7 +157,7 @@ fn kafka_an_online_job_trains_every_message_exactly_once_across_a_worker_kill() 
     let _g = serial();
     let cluster = MockCluster::new(1).unwrap();
     cluster.create_topic("clicks", 3, 1).unwrap();
-    exactly_once_across_a_worker_kill("online-kill", &cluster.bootstrap_servers(), &[]);
+    exactly_once_across_a_worker_kill("online-kill", &cluster.bootstrap_servers(), &[], "");
 }
 
 /// A Tansu broker (a Kafka-compatible server, `../shared/INFRA.md`) on a loopback port,
@@ -226,6 +244,9 @@ fn kafka_against_a_real_broker_every_message_trains_exactly_once() {
         "online-tansu",
         &format!("127.0.0.1:{}", broker.port),
         &["batch.num.messages=1"],
+        // Workers' 10 ms empty fetches (the default, see the stream reader) slow Tansu's
+        // produce path about fivefold: the second replay's flush gave up after a minute.
+        r#"properties = { "fetch.wait.max.ms" = "100" }"#,
     );
 }
 
@@ -243,16 +264,16 @@ fn kafka_a_job_naming_a_missing_topic_says_so_before_starting() {
 }
 
 #[test]
-#[ignore = "known bug: under this 12k/s peak on the mock broker the workers stall at 0/s \
-            with 4 shards held (first seen 2026-11-23); see docs/online.md, Open"]
 fn kafka_kale_adds_workers_for_a_traffic_peak_and_removes_them_after() {
     let _g = serial();
     let f = fixture();
     let cluster = MockCluster::new(1).unwrap();
     cluster.create_topic("clicks", 4, 1).unwrap();
     let brokers = cluster.bootstrap_servers();
-    // Workers made slow (20 ms more per batch of 128: at most ~6,400 samples/s each), so
-    // the peak needs more than one of them on any machine.
+    // Workers made slow (100 ms more per batch of 128: at most ~1,280 samples/s each), so
+    // that workers, not this machine's two cores, set the capacity, and the 3,000/s peak
+    // needs three of them. The backlog stays well inside what the mock broker keeps (5 MB
+    // per partition; a range it deleted would fail the job, see the stream crate's tests).
     let (job, dir) = online_job_with(
         "online-kale",
         &brokers,
@@ -267,14 +288,14 @@ fn kafka_kale_adds_workers_for_a_traffic_peak_and_removes_them_after() {
     let trace = f.dir.join("peak.csv");
     std::fs::write(
         &trace,
-        "t_s,qps\n0,1500\n10,1500\n20,12000\n35,12000\n40,300\n80,300\n",
+        "t_s,qps\n0,500\n10,500\n20,3000\n35,3000\n40,200\n80,200\n",
     )
     .unwrap();
     let log = f.dir.join("online-kale.log");
     let mut g = Group::spawn_with_env(
         &["run", job.to_str().unwrap()],
         &log,
-        &[("ELASTREC_FAIL_SLOW_WORKER", "*:20")],
+        &[("ELASTREC_FAIL_SLOW_WORKER", "*:100")],
     );
     wait_for(Duration::from_secs(120), || status_json(&dir).is_some());
     let out = elastrec(&[
@@ -302,6 +323,7 @@ fn kafka_kale_adds_workers_for_a_traffic_peak_and_removes_them_after() {
     assert_eq!(r["ledger"]["consumed"], total, "{r}");
     assert_eq!(r["ledger"]["duplicated"], 0, "{r}");
     assert_eq!(r["ledger"]["missing"], 0, "{r}");
+    assert_progressive(&r, total);
     let online = &r["online"];
     let decisions = online["decisions"].as_array().unwrap();
     let most = decisions
@@ -326,5 +348,9 @@ fn kafka_kale_adds_workers_for_a_traffic_peak_and_removes_them_after() {
     );
     let st = &online["stream"];
     assert!(st["observed_s"].as_f64().unwrap() > 60.0, "{st}");
+    assert!(
+        st["slo_violation_rate"].as_f64().unwrap() <= 0.05,
+        "the lag stayed under the SLO at least 95% of the time: {st}"
+    );
     assert_eq!(st["partitions"].as_array().unwrap().len(), 4);
 }

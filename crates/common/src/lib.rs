@@ -9,9 +9,13 @@
 //!   generated data depend on them).
 //! * [`auc`]: exact, sort-based ROC AUC, used for evaluation and for the generator's
 //!   teacher AUC.
+//! * [`logloss`]: the clamped log-loss term, for evaluation and the master's
+//!   progressive validation of online jobs.
 
 pub mod auc;
+pub mod logloss;
 pub mod splitmix;
 
 pub use auc::exact_auc;
+pub use logloss::{logloss_term, LOGLOSS_EPS};
 pub use splitmix::{mix64, splitmix64, SplitMix64};

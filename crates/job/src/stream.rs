@@ -54,7 +54,16 @@ pub struct StreamConfig {
     pub rho: u32,
     /// Algorithm 1's `tau`: a planned level lasting less than this is calibrated away, s.
     pub tau_s: f64,
+    /// Progressive validation: AUC and logloss of the predictions made just before
+    /// training, over this many most recent samples; 0 turns it off.
+    pub eval_window: u64,
+    /// How often the progressive-validation figures are recorded, seconds.
+    pub eval_every_s: f64,
 }
+
+/// Largest progressive-validation window: 5 bytes per sample kept by the master, and an
+/// exact AUC sorts the window every `eval_every_s`.
+pub const MAX_EVAL_WINDOW: u64 = 10_000_000;
 
 /// The online autoscaling policy.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,6 +97,8 @@ impl Default for StreamConfig {
             season_s: 0.0,
             rho: 1,
             tau_s: 30.0,
+            eval_window: 100_000,
+            eval_every_s: 10.0,
         }
     }
 }
@@ -168,6 +179,17 @@ impl StreamConfig {
         }
         if !(self.season_s.is_finite() && self.season_s >= 0.0) {
             return Err(("stream.season_s", "must be 0 or a positive number".into()));
+        }
+        if self.eval_window > MAX_EVAL_WINDOW {
+            return Err((
+                "stream.eval_window",
+                format!(
+                    "must be at most {MAX_EVAL_WINDOW} samples (the master keeps them in memory)"
+                ),
+            ));
+        }
+        if !positive(self.eval_every_s) {
+            return Err(("stream.eval_every_s", "must be a positive number".into()));
         }
         Ok(())
     }

@@ -175,8 +175,8 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
                     "restarts": n.restarts, "task": n.task_id,
                     "profile": n.profile.map(|p| serde_json::json!({
                         "cpu_s": p.cpu_s, "rss_bytes": p.rss_bytes, "threads": p.threads,
-                        "batches": p.batches, "compute_s": p.compute_s, "pull_s": p.pull_s,
-                        "push_s": p.push_s, "master_s": p.master_s,
+                        "batches": p.batches, "samples": p.samples, "compute_s": p.compute_s, "pull_s": p.pull_s,
+                        "push_s": p.push_s, "master_s": p.master_s, "read_s": p.read_s,
                     })),
                 })
             })
@@ -217,7 +217,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         s.target_workers
     );
     println!(
-        "{:>5}  {:<6}  {:<8}  {:>7}  {:<21}  {:<21}  {:>12}  {:>9}  {:>8}  {:>6}  {:>8}  {:>7}  time split (compute/pull/push/master)",
+        "{:>5}  {:<6}  {:<8}  {:>7}  {:<21}  {:<21}  {:>12}  {:>9}  {:>8}  {:>6}  {:>8}  {:>7}  time split (read/compute/pull/push/master)",
         "node",
         "role",
         "state",
@@ -233,10 +233,11 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
     );
     for n in &s.nodes {
         let p = n.profile.unwrap_or_default();
-        let busy = p.compute_s + p.pull_s + p.push_s + p.master_s;
+        let busy = p.read_s + p.compute_s + p.pull_s + p.push_s + p.master_s;
         let split = if busy > 0.0 {
             format!(
-                "{:.0}/{:.0}/{:.0}/{:.0}%",
+                "{:.0}/{:.0}/{:.0}/{:.0}/{:.0}%",
+                100.0 * p.read_s / busy,
                 100.0 * p.compute_s / busy,
                 100.0 * p.pull_s / busy,
                 100.0 * p.push_s / busy,
@@ -698,6 +699,7 @@ async fn simulated_worker(
                     node_id: id,
                     task_id: tid,
                     offset: next,
+                    ..ReportProgressRequest::default()
                 })
                 .await?;
                 acked += next - off;

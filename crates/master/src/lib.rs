@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod node;
 pub mod online_scale;
 pub mod online_scale_loop;
+pub mod progressive;
 pub mod reshard;
 pub mod service;
 pub mod store;

@@ -142,6 +142,19 @@ impl Metrics {
         }
     }
 
+    /// Sets the progressive-validation gauges (`elastrec_master_stream{figure=window_*}`).
+    pub fn observe_progressive(&self, f: &crate::progressive::WindowFigures) {
+        for (name, v) in [
+            ("window_auc", f.auc.unwrap_or(f64::NAN)),
+            ("window_logloss", f.logloss),
+            ("window_samples", f.samples as f64),
+        ] {
+            self.stream
+                .get_or_create(&vec![("figure".to_string(), name.to_string())])
+                .set(v);
+        }
+    }
+
     /// Counts one request.
     pub fn request(&self, method: &str) {
         if let Some((_, c)) = self.by_method.iter().find(|(m, _)| *m == method) {

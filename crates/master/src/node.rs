@@ -138,8 +138,14 @@ fn online_result(core: &MasterCore, worker_node_s: f64) -> Option<serde_json::Va
         .iter()
         .filter(|d| d.decision.target != d.decision.workers)
         .count();
+    // The figures as the job ends, after the last periodic record.
+    let progressive = core.progressive.lock().as_mut().map(|p| {
+        p.record(stats.observed_s);
+        p.summary()
+    });
     Some(serde_json::json!({
         "stream": stats,
+        "progressive": progressive,
         "worker_hours": worker_node_s / 3600.0,
         "raw_plan_changes": raw_changes,
         "scaling_changes": changes,
@@ -882,6 +888,11 @@ async fn serve(
     });
 
     if let Some(s) = &cfg.stream {
+        if s.eval_window > 0 {
+            *core.progressive.lock() = Some(crate::progressive::ProgressiveEval::new(
+                s.eval_window as usize,
+            ));
+        }
         let partitions = crate::stream_watch::partitions_of(&core.files)?;
         tokio::spawn(crate::stream_watch::run(
             core.clone(),
@@ -893,7 +904,6 @@ async fn serve(
             tokio::spawn(crate::online_scale_loop::run(
                 core.clone(),
                 s.clone(),
-                cfg.train.batch_size as u64,
                 cfg.cluster.mode == elastrec_job::distributed::SyncMode::Sync,
             ));
         }

@@ -23,16 +23,15 @@ pub struct ScalingEvent {
     pub decision: Decision,
 }
 
-/// Runs until the job leaves training. `batch_size` converts the workers' batches into
-/// samples; `sync` picks KALE's synchronous model.
-pub async fn run(core: Arc<MasterCore>, cfg: StreamConfig, batch_size: u64, sync: bool) {
+/// Runs until the job leaves training. `sync` picks KALE's synchronous model.
+pub async fn run(core: Arc<MasterCore>, cfg: StreamConfig, sync: bool) {
     let mut scaler = OnlineScaler::new(&cfg, sync);
     let every = Duration::from_secs_f64(cfg.interval_s);
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     let started = Instant::now();
-    // Per worker: (batches, busy seconds) at the previous tick.
+    // Per worker: (samples trained, busy seconds) at the previous tick.
     let mut before: BTreeMap<u32, (u64, f64)> = BTreeMap::new();
     let mut last_change: Option<Instant> = None;
     loop {
@@ -58,16 +57,18 @@ pub async fn run(core: Arc<MasterCore>, cfg: StreamConfig, batch_size: u64, sync
         let mut now_seen = BTreeMap::new();
         for id in &running {
             let Some(p) = profiles.get(id) else { continue };
-            let busy = p.compute_s + p.pull_s + p.push_s;
-            now_seen.insert(*id, (p.batches, busy));
+            // Reading counts: a task holds only messages the brokers already have, so a
+            // worker waiting on its reader is busy fetching them, not idle.
+            let busy = p.read_s + p.compute_s + p.pull_s + p.push_s;
+            now_seen.insert(*id, (p.samples, busy));
             let Some(&(b0, s0)) = before.get(id) else {
                 continue;
             };
-            let (db, ds) = (p.batches.saturating_sub(b0), (busy - s0).max(0.0));
+            let (dn, ds) = (p.samples.saturating_sub(b0), (busy - s0).max(0.0));
             util += (ds / interval).min(1.0);
             measured_util += 1;
-            if ds > 0.05 * interval && db > 0 {
-                capacity += (db * batch_size) as f64 / ds;
+            if ds > 0.05 * interval && dn > 0 {
+                capacity += dn as f64 / ds;
                 measured += 1;
             }
         }

@@ -128,6 +128,9 @@ pub struct MasterCore {
     pub stream_stats: Mutex<Option<crate::stream_stats::StreamStats>>,
     /// An online job's scaling decisions so far.
     pub online_scaling: Mutex<Vec<crate::online_scale_loop::ScalingEvent>>,
+    /// An online job's progressive validation (predictions the workers made before
+    /// training), when `stream.eval_window` is not 0.
+    pub progressive: Mutex<Option<crate::progressive::ProgressiveEval>>,
 }
 
 impl MasterCore {
@@ -158,6 +161,7 @@ impl MasterCore {
             checkpoints: std::sync::OnceLock::new(),
             stream_stats: Mutex::new(None),
             online_scaling: Mutex::new(Vec::new()),
+            progressive: Mutex::new(None),
             profiles: Mutex::new(Default::default()),
             autoscale_status: Mutex::new(None),
             ps_access: std::sync::OnceLock::new(),
@@ -552,11 +556,19 @@ impl Master for MasterService {
         let req = req.into_inner();
         check_version(&req.version)?;
         self.0.metrics.request("report_progress");
+        crate::progressive::check(&req.predicted, &req.labels)
+            .map_err(|e| Status::invalid_argument(format!("progress report: {e}")))?;
         let (task_done, stop) = self
             .0
             .run(|job, cx| job.report(req.node_id, req.task_id, req.offset, cx))
             .await?
             .map_err(status_of)?;
+        if !req.predicted.is_empty() {
+            if let Some(p) = self.0.progressive.lock().as_mut() {
+                p.push(&req.predicted, &req.labels)
+                    .map_err(Status::invalid_argument)?;
+            }
+        }
         Ok(Response::new(ReportProgressResponse { task_done, stop }))
     }
 

@@ -95,7 +95,8 @@ pub struct StreamStats {
     pub slo_violation_rate: f64,
     /// The job's lag integrated over time (the sum of the lag sampled every second), s.
     pub accumulated_lag_s: f64,
-    /// Seconds messages were waiting while no worker trained (scaling, failures).
+    /// Seconds messages were waiting while no worker trained (scaling, failures), in
+    /// stretches of at least [`STALL_MIN_S`].
     pub downtime_s: f64,
     /// Worker-seconds spent (the master adds them).
     pub worker_s: f64,
@@ -103,7 +104,14 @@ pub struct StreamStats {
     arrivals: Vec<Arrivals>,
     #[serde(skip)]
     last_ms: Option<u64>,
+    /// Length of the current stretch with waiting messages and no progress, seconds.
+    #[serde(skip)]
+    stall_s: f64,
 }
+
+/// A stretch without progress shorter than this is the normal gap between a message's
+/// arrival and its task's first report (lingering, dealing, a batch), not downtime.
+pub const STALL_MIN_S: f64 = 1.0;
 
 impl StreamStats {
     /// Statistics for `partitions` with SLO `slo_lag_s`.
@@ -156,7 +164,17 @@ impl StreamStats {
             }
             self.accumulated_lag_s += lag * dt;
             if lag > 0.0 && !progressed {
-                self.downtime_s += dt;
+                self.stall_s += dt;
+                if self.stall_s >= STALL_MIN_S {
+                    // The whole stretch counts once it is long enough to be a stall.
+                    self.downtime_s += if self.stall_s - dt < STALL_MIN_S {
+                        self.stall_s
+                    } else {
+                        dt
+                    };
+                }
+            } else {
+                self.stall_s = 0.0;
             }
             self.slo_violation_rate = if self.observed_s > 0.0 {
                 self.violation_s / self.observed_s
@@ -196,5 +214,25 @@ mod tests {
         // Caught up: no lag.
         s.observe(5000, &[500, 5], &[500, 5], true);
         assert_eq!(s.lag_s, 0.0);
+    }
+
+    #[test]
+    fn only_stretches_without_progress_of_a_second_or_more_are_downtime() {
+        let mut s = StreamStats::new(vec!["kafka:t/0".into()], 10.0);
+        s.observe(0, &[0], &[0], true);
+        // Short gaps between reports (messages waiting 0.5 s): normal, not downtime.
+        for k in 1..=8u64 {
+            let high = 10 * k;
+            s.observe(k * 500, &[high], &[high - 5], k % 2 == 0);
+        }
+        assert_eq!(s.downtime_s, 0.0);
+        // 1.5 s without progress: all of it counts.
+        for k in 9..=11u64 {
+            s.observe(k * 500, &[10 * k], &[35], false);
+        }
+        assert_eq!(s.downtime_s, 1.5);
+        s.observe(6000, &[120], &[120], true);
+        s.observe(6500, &[125], &[120], false);
+        assert_eq!(s.downtime_s, 1.5, "a new stretch starts from zero");
     }
 }

@@ -68,6 +68,8 @@ pub async fn run(
     let mut tick = tokio::time::interval(Duration::from_millis(cfg.poll_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_commit = Instant::now();
+    let eval_every = Duration::from_secs_f64(cfg.eval_every_s);
+    let mut last_eval = Instant::now();
     let mut last_report: Option<Instant> = None;
     let started = Instant::now();
     let mut consumed_before = core.job.lock().tasks().ledger().consumed();
@@ -150,6 +152,10 @@ pub async fn run(
                 *since = Some(now);
             }
         }
+        if last_eval.elapsed() >= eval_every {
+            last_eval = Instant::now();
+            record_progressive(&core, started.elapsed().as_secs_f64());
+        }
         if last_commit.elapsed() >= COMMIT_EVERY {
             last_commit = Instant::now();
             let committed = core.job.lock().tasks().committed();
@@ -158,4 +164,22 @@ pub async fn run(
             let _ = tokio::task::spawn_blocking(move || w.commit(&p, &committed)).await;
         }
     }
+}
+
+/// Records the progressive-validation figures (log line, `/metrics`, history).
+fn record_progressive(core: &MasterCore, at_s: f64) {
+    let figures = core
+        .progressive
+        .lock()
+        .as_mut()
+        .and_then(|p| p.record(at_s));
+    let Some(f) = figures else { return };
+    core.metrics.observe_progressive(&f);
+    eprintln!(
+        "master: progressive validation over the last {} samples: AUC {}, logloss {:.4}",
+        f.samples,
+        f.auc
+            .map_or("- (one class)".to_string(), |a| format!("{a:.4}")),
+        f.logloss
+    );
 }

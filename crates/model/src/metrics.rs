@@ -7,15 +7,7 @@ pub fn auc(scores: &[f32], labels: &[f32]) -> Option<f64> {
     elastrec_common::exact_auc(scores, labels, |y| y > 0.5)
 }
 
-/// Probabilities are clamped to `[LOGLOSS_EPS, 1 - LOGLOSS_EPS]` in [`logloss`].
-pub const LOGLOSS_EPS: f64 = 1e-7;
-
-#[inline]
-fn logloss_term(p: f32, y: f32) -> f64 {
-    let p = (p as f64).clamp(LOGLOSS_EPS, 1.0 - LOGLOSS_EPS);
-    let y = y as f64;
-    -(y * p.ln() + (1.0 - y) * (1.0 - p).ln())
-}
+pub use elastrec_common::{logloss_term, LOGLOSS_EPS};
 
 /// Mean binary log-loss of probabilities `probs` against `labels` (clamped, see
 /// [`LOGLOSS_EPS`]). 0 for empty input.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use elastrec_data::{BadRowPolicy, RawRow, TsvReader};
 use rdkafka::client::ClientContext;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::Message;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -305,9 +305,7 @@ pub fn replay(spec: &ReplaySpec, mut progress: impl FnMut(&ReplayReport)) -> Res
             report.messages += 1;
         }
     }
-    producer
-        .flush(Duration::from_secs(60))
-        .map_err(|e| StreamError::unreachable(&spec.conn, e))?;
+    flush(&producer).map_err(|e| StreamError::unreachable(&spec.conn, e))?;
     report.seconds = started.elapsed().as_secs_f64();
     let acks = producer.context();
     let failed = acks.failed.load(Ordering::Relaxed);
@@ -436,6 +434,36 @@ impl RowSource {
             }
             self.reader = None;
             self.at += 1;
+        }
+    }
+}
+
+/// How long a flush may see no acknowledgement at all before the brokers count as gone.
+const FLUSH_STALL: Duration = Duration::from_secs(60);
+
+/// Waits until every queued message is acknowledged (or failed). A slow broker is given
+/// as long as acknowledgements keep coming: a fixed deadline would fail a large backlog
+/// that is draining, only a stall of [`FLUSH_STALL`] fails it.
+fn flush(producer: &BaseProducer<Acks>) -> KafkaResult<()> {
+    let acked = |p: &BaseProducer<Acks>| {
+        let a = p.context();
+        a.delivered.load(Ordering::Relaxed) + a.failed.load(Ordering::Relaxed)
+    };
+    let mut last = acked(producer);
+    let mut last_change = Instant::now();
+    loop {
+        match producer.flush(Duration::from_secs(5)) {
+            Ok(()) => return Ok(()),
+            Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)) => {
+                let now = acked(producer);
+                if now != last {
+                    last = now;
+                    last_change = Instant::now();
+                } else if last_change.elapsed() >= FLUSH_STALL {
+                    return Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut));
+                }
+            }
+            Err(e) => return Err(e),
         }
     }
 }

@@ -233,6 +233,9 @@ pub fn is_transient(e: &KafkaError) -> bool {
                 | C::UnknownTopic
                 | C::TopicAuthorizationFailed
                 | C::OffsetOutOfRange
+                // What librdkafka reports for an out-of-range offset when
+                // `auto.offset.reset = error`: the data is gone, waiting cannot help.
+                | C::AutoOffsetReset
         )
     )
 }

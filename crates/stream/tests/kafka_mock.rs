@@ -202,3 +202,46 @@ fn kafka_a_missing_topic_is_named_with_what_to_do() {
     assert!(matches!(err, StreamError::NoTopic { .. }), "{err}");
     assert!(err.to_string().contains("\"nope\" does not exist"), "{err}");
 }
+
+#[test]
+fn kafka_a_range_deleted_by_retention_fails_saying_what_the_broker_still_holds() {
+    // The mock broker keeps 5 MB per partition: 700 messages of 10 kB push the first ones
+    // out, as retention does to a job that fell behind.
+    let cluster = MockCluster::new(1).unwrap();
+    let conn = Connection::new(cluster.bootstrap_servers());
+    cluster.create_topic("t", 1, 1).unwrap();
+    let producer: BaseProducer = conn.client_config().create().unwrap();
+    let payload = vec![b'x'; 10_000];
+    for _ in 0..700 {
+        loop {
+            match producer.send(
+                BaseRecord::<(), [u8]>::to("t")
+                    .partition(0)
+                    .payload(&payload[..]),
+            ) {
+                Ok(()) => break,
+                Err(_) => producer.poll(Duration::from_millis(10)),
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+    let p = PartitionId::parse("kafka:t/0").unwrap();
+    let watch = TopicWatch::new(&conn, "test", Duration::from_secs(5)).unwrap();
+    let (low, high) = watch.watermarks(std::slice::from_ref(&p)).unwrap()[0];
+    assert_eq!(high, 700);
+    assert!(low > 0, "the broker deleted the oldest messages");
+
+    let input = StreamInput::new(&conn, "test", MessageFormat::Tsv).unwrap();
+    let mut r = input.range(&p, 0, 10, BadRowPolicy::Skip).unwrap();
+    let mut b = Batch::with_capacity(8);
+    let err = r.next_batch(&mut b, 8).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, DataError::Stream { .. }), "{text}");
+    assert!(
+        text.contains(&format!(
+            "offsets 0..{low} were deleted by the broker's retention"
+        )),
+        "{text}"
+    );
+    assert_eq!(r.position(), Some(0), "nothing of the range counts as read");
+}

@@ -24,7 +24,7 @@ use elastrec_metrics::prometheus_client::metrics::counter::Counter;
 use elastrec_metrics::prometheus_client::metrics::gauge::Gauge;
 use elastrec_metrics::prometheus_client::metrics::histogram::Histogram;
 use elastrec_metrics::prometheus_client::registry::Registry;
-use elastrec_model::{DenseDlrm, EvalAccumulator, Workspace};
+use elastrec_model::{sigmoid, DenseDlrm, EvalAccumulator, Workspace};
 use elastrec_proto::master::{
     get_task_response::Reply, GetTaskRequest, HeartbeatRequest, NodeAction, NodeProfile,
     ReportEvalRequest, ReportProgressRequest, Role,
@@ -133,10 +133,12 @@ struct Shared {
 #[derive(Default)]
 struct TimeSplit {
     batches: AtomicU64,
+    samples: AtomicU64,
     compute_us: AtomicU64,
     pull_us: AtomicU64,
     push_us: AtomicU64,
     master_us: AtomicU64,
+    read_us: AtomicU64,
 }
 
 impl TimeSplit {
@@ -150,10 +152,12 @@ impl TimeSplit {
         let usage = elastrec_metrics::process::usage();
         NodeProfile {
             batches: self.batches.load(Ordering::Relaxed),
+            samples: self.samples.load(Ordering::Relaxed),
             compute_s: s(&self.compute_us),
             pull_s: s(&self.pull_us),
             push_s: s(&self.push_us),
             master_s: s(&self.master_us),
+            read_s: s(&self.read_us),
             cpu_s: usage.cpu_s,
             rss_bytes: usage.rss_bytes,
             threads: rayon::current_num_threads() as u32,
@@ -589,6 +593,15 @@ impl RemoteModel {
             .forward_backward(&batch.dense, emb, &batch.labels, &mut self.ws)?)
     }
 
+    /// The probabilities of the last [`Self::compute`], made with the parameters pulled
+    /// before its update: what the model predicted for `batch` before training on it.
+    fn predictions(&self, batch: &Batch) -> Predictions {
+        Predictions {
+            probs: self.ws.logits().iter().map(|&l| sigmoid(l)).collect(),
+            labels: batch.labels.iter().map(|&y| u8::from(y > 0.5)).collect(),
+        }
+    }
+
     /// The push of `part` to PS `j` of the current layout: the whole dense slice in the
     /// plain form (one optimizer step), other ranges as spans. A part re-split after a
     /// re-sharding (`resplit`) is always sent as spans: the rest of a step the new server
@@ -754,6 +767,14 @@ impl RemoteModel {
     }
 }
 
+/// What the model predicted for a batch before training on it (progressive validation of
+/// online jobs; empty for other jobs).
+#[derive(Default)]
+struct Predictions {
+    probs: Vec<f32>,
+    labels: Vec<u8>,
+}
+
 /// Reports progress, retrying while the master is unreachable (e.g. restarting).
 /// Returns `(task_done, stop)`.
 async fn report(
@@ -761,15 +782,18 @@ async fn report(
     id: u32,
     task: u64,
     offset: u64,
+    predicted: Predictions,
 ) -> anyhow::Result<(bool, bool)> {
     let req = ReportProgressRequest {
         version: rpc::version(),
         node_id: id,
         task_id: task,
         offset,
+        predicted: predicted.probs,
+        labels: predicted.labels,
     };
     let r = rpc::retry_transient(Some(Duration::from_secs(300)), || {
-        let mut m = master.clone();
+        let (mut m, req) = (master.clone(), req.clone());
         async move { m.report_progress(req).await }
     })
     .await;
@@ -838,6 +862,8 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let mut batch = Batch::with_capacity(batch_size);
     let mut exit_after_push = fail_point_exit_after_push(id);
     let slow_batch = fail_point_slow_batch(id);
+    let progressive = job.stream.as_ref().is_some_and(|s| s.eval_window > 0);
+    let mut predicted = Predictions::default();
     shared
         .active_workers
         .store(job.cluster.workers, Ordering::Relaxed);
@@ -913,7 +939,9 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         while offset < held {
             // A stream reader may wait on its broker: off the runtime's async threads.
             let rows = local_batch_size(&job, &shared);
+            let t0 = Instant::now();
             let n = tokio::task::block_in_place(|| reader.next_batch(&mut batch, rows))?;
+            TimeSplit::add(&shared.profile.read_us, t0);
             let skipped = reader.stats().rows_skipped - skipped_before;
             skipped_before = reader.stats().rows_skipped;
             // Files count rows; a stream counts offsets (whole messages delivered).
@@ -926,10 +954,12 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             }
             if n > 0 {
                 if let Some(pause) = slow_batch {
-                    // A slow machine: every batch takes this much longer, counted as
-                    // compute (the master measures capacity from busy time).
+                    // A slow machine: every sample takes longer, counted as compute
+                    // (the master measures capacity from busy time). Per sample, so that
+                    // the small tasks of a quiet stream are not charged a whole batch.
                     let t0 = Instant::now();
-                    tokio::time::sleep(pause).await;
+                    let full = job.train.batch_size.max(1) as f64;
+                    tokio::time::sleep(pause.mul_f64(n as f64 / full)).await;
                     TimeSplit::add(&shared.profile.compute_us, t0);
                 }
                 let routing = model.route(&batch);
@@ -939,6 +969,9 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                 TimeSplit::add(&shared.profile.pull_us, t0);
                 let t0 = Instant::now();
                 let loss = tokio::task::block_in_place(|| model.compute(&batch))?;
+                if progressive {
+                    predicted = model.predictions(&batch);
+                }
                 TimeSplit::add(&shared.profile.compute_us, t0);
                 if !loss.is_finite() {
                     bail!("training diverged (loss {loss})");
@@ -969,10 +1002,15 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             }
             offset += physical;
             let t0 = Instant::now();
-            let (_, stop) = report(&mut master, id, task.task_id, offset).await?;
+            let predictions = std::mem::take(&mut predicted);
+            let (_, stop) = report(&mut master, id, task.task_id, offset, predictions).await?;
             TimeSplit::add(&shared.profile.master_us, t0);
             if n > 0 {
                 shared.profile.batches.fetch_add(1, Ordering::Relaxed);
+                shared
+                    .profile
+                    .samples
+                    .fetch_add(n as u64, Ordering::Relaxed);
             }
             shared.offset.store(offset, Ordering::Relaxed);
             shared.samples.fetch_add(n as u64, Ordering::Relaxed);
@@ -1069,8 +1107,9 @@ fn fail_point_exit_after_push(node: u32) -> Option<u64> {
 }
 
 /// Test fail point `ELASTREC_FAIL_SLOW_WORKER=NODE:MS`: worker `NODE` (`*`: every worker)
-/// spends `MS` more milliseconds on every batch, as a worker on a slow or overloaded
-/// machine would (or, for every worker, a job whose workers are the bottleneck).
+/// spends `MS` more milliseconds per `train.batch_size` samples trained (a batch of
+/// another size in proportion), as a worker on a slow or overloaded machine would (or,
+/// for every worker, a job whose workers are the bottleneck).
 /// `5:250,*:20` slows worker 5 by 250 ms and every other worker by 20 ms.
 fn fail_point_slow_batch(node: u32) -> Option<Duration> {
     fail_point("ELASTREC_FAIL_SLOW_WORKER", node).map(Duration::from_millis)
