@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod bench_online;
 mod commands;
 mod replay;
 
@@ -110,7 +111,10 @@ struct EvalArgs {
 }
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 struct BenchArgs {
+    #[command(subcommand)]
+    command: Option<BenchCommand>,
     /// Steps to time (after warm-up).
     #[arg(long, default_value_t = 30)]
     steps: usize,
@@ -137,6 +141,14 @@ struct BenchArgs {
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Online scaling policies side by side on one replayed traffic trace (KALE, the
+    /// HPA-like rule, fixed counts): SLO violation, accumulated lag, downtime,
+    /// worker-hours (docs/online.md).
+    Online(bench_online::BenchOnlineArgs),
 }
 
 #[derive(clap::Args)]
@@ -232,6 +244,10 @@ fn main() -> anyhow::Result<()> {
         Command::Worker(a) => commands::on_runtime(elastrec_worker::remote::run_worker(a)),
         Command::Simulate(c) => elastrec_sim::cli::dispatch(c),
         Command::Replay(a) => replay::run(a),
+        Command::Bench(BenchArgs {
+            command: Some(BenchCommand::Online(o)),
+            ..
+        }) => bench_online::run(o),
         Command::Bench(a) => commands::bench(commands::Bench {
             steps: a.steps,
             batch_size: a.batch_size,

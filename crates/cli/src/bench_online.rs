@@ -1,0 +1,442 @@
+//! `elastrec bench online`: the same replayed traffic trace trained by one online job per
+//! scaling policy (KALE, the reactive HPA-like rule, a fixed count), one after another on
+//! this machine, and their KALE Table 3 figures side by side.
+//!
+//! The broker is librdkafka's mock cluster in this process (a real Kafka protocol server
+//! on a loopback port); each policy gets its own topic, so every run reads exactly the
+//! traffic it was sent. Workers are slowed by the `ELASTREC_FAIL_SLOW_WORKER` fail point
+//! (`--slow-ms` per batch) so that the worker count, not this machine's cores, sets the
+//! capacity: on a 2-core machine four real workers cannot train four times faster.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use elastrec_stream::{replay, Connection, MessageFormat, Partitioner, ReplaySpec, Trace};
+use rdkafka::mocking::MockCluster;
+use serde::Serialize;
+
+/// A day of traffic compressed into two minutes: night, morning ramp, a midday peak that
+/// one worker cannot carry, an evening shoulder, night again.
+const DIURNAL: &str =
+    "t_s,qps\n0,300\n15,400\n30,1500\n45,3000\n60,3000\n75,1500\n90,2200\n100,800\n120,200\n";
+
+/// Arguments of `elastrec bench online`.
+#[derive(clap::Args)]
+pub struct BenchOnlineArgs {
+    /// Criteo TSV files (or directories of `day_*` files) to replay, e.g. from
+    /// `elastrec gen-data --out data/bench-online --rows 200000`.
+    #[arg(long, value_name = "PATH", required = true, num_args = 1..)]
+    data: Vec<PathBuf>,
+    /// Rates over time (`t_s,qps` CSV). Default: a compressed day, 120 s, peak 3,000/s.
+    #[arg(long, value_name = "CSV")]
+    qps_trace: Option<PathBuf>,
+    /// Policies to compare, in order: `kale`, `hpa`, or `fixed:N` (N workers throughout).
+    #[arg(long, value_delimiter = ',', default_value = "kale,hpa")]
+    policies: Vec<String>,
+    /// Partitions of each run's topic.
+    #[arg(long, default_value_t = 4)]
+    partitions: i32,
+    /// Smallest and largest worker count the autoscalers may choose.
+    #[arg(long, num_args = 2, value_names = ["MIN", "MAX"], default_values_t = [1, 4])]
+    workers: Vec<u32>,
+    /// Extra milliseconds per batch of `--batch-size` samples on every worker (the
+    /// emulated per-worker capacity; 0 leaves the machine's own speed).
+    #[arg(long, default_value_t = 100)]
+    slow_ms: u64,
+    /// Training batch size.
+    #[arg(long, default_value_t = 128)]
+    batch_size: u32,
+    /// The lag SLO, seconds.
+    #[arg(long, default_value_t = 5.0)]
+    slo_lag_s: f64,
+    /// Seconds between scaling decisions.
+    #[arg(long, default_value_t = 2.0)]
+    interval_s: f64,
+    /// KALE's forecast horizon, seconds (scaled down with the compressed trace).
+    #[arg(long, default_value_t = 10.0)]
+    horizon_s: f64,
+    /// KALE's `tau`: a planned level shorter than this is calibrated away, seconds.
+    #[arg(long, default_value_t = 6.0)]
+    tau_s: f64,
+    /// Where the runs' job directories go.
+    #[arg(long, default_value = "bench-online")]
+    out: PathBuf,
+    /// Longest a run may take to train everything it was sent after the trace ends, s.
+    #[arg(long, default_value_t = 300)]
+    drain_timeout_s: u64,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One policy's figures.
+#[derive(Debug, Serialize)]
+struct PolicyResult {
+    policy: String,
+    samples: u64,
+    slo_violation_rate: f64,
+    accumulated_lag_s: f64,
+    downtime_s: f64,
+    worker_hours: f64,
+    scaling_changes: u64,
+    max_workers: u64,
+    window_auc: Option<f64>,
+    /// Share of the machine's CPU busy just before the run (other processes included).
+    machine_busy_before: f64,
+    wall_s: f64,
+}
+
+/// Runs `elastrec bench online`.
+pub fn run(a: BenchOnlineArgs) -> Result<()> {
+    let [lo, hi] = a.workers[..] else {
+        bail!("--workers takes two numbers: MIN MAX");
+    };
+    if lo == 0 || lo > hi {
+        bail!("--workers {lo} {hi}: needs 1 <= MIN <= MAX");
+    }
+    let trace = match &a.qps_trace {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("reading the trace {}", p.display()))?;
+            Trace::parse_csv(&text, p)?
+        }
+        None => Trace::parse_csv(DIURNAL, Path::new("(built-in diurnal trace)"))?,
+    };
+    let files = crate::commands::data_files(&a.data)?;
+    let policies = a
+        .policies
+        .iter()
+        .map(|p| Policy::parse(p))
+        .collect::<Result<Vec<_>>>()?;
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let out = std::fs::canonicalize(&a.out)?;
+    let cluster = MockCluster::new(1).context("starting the mock Kafka broker")?;
+    let brokers = cluster.bootstrap_servers();
+    let exe = std::env::current_exe()?;
+    let mut results = Vec::new();
+    for (i, policy) in policies.iter().enumerate() {
+        let topic = format!("bench-{i}");
+        cluster
+            .create_topic(&topic, a.partitions, 1)
+            .with_context(|| format!("creating topic {topic}"))?;
+        eprintln!(
+            "bench online: {} ({}/{}), trace {:.0} s",
+            policy.name,
+            i + 1,
+            policies.len(),
+            trace.duration_s()
+        );
+        let r = run_policy(&a, &exe, &out, &brokers, &topic, policy, &files, &trace)?;
+        results.push(r);
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    } else {
+        print_table(&results);
+    }
+    Ok(())
+}
+
+/// A scaling policy as the job file spells it.
+struct Policy {
+    name: String,
+    autoscale: &'static str,
+    workers: u32,
+}
+
+impl Policy {
+    fn parse(text: &str) -> Result<Self> {
+        Ok(match text {
+            "kale" => Self {
+                name: "kale".into(),
+                autoscale: "kale",
+                workers: 1,
+            },
+            "hpa" => Self {
+                name: "hpa".into(),
+                autoscale: "hpa",
+                workers: 1,
+            },
+            _ => {
+                let n: u32 = text
+                    .strip_prefix("fixed:")
+                    .and_then(|n| n.parse().ok())
+                    .filter(|&n| n > 0)
+                    .with_context(|| {
+                        format!("--policies: {text:?} is not kale, hpa or fixed:N (N > 0)")
+                    })?;
+                Self {
+                    name: format!("fixed:{n}"),
+                    autoscale: "off",
+                    workers: n,
+                }
+            }
+        })
+    }
+}
+
+/// The job file of one run.
+fn job_toml(a: &BenchOnlineArgs, dir: &Path, brokers: &str, topic: &str, p: &Policy) -> String {
+    let [lo, hi] = [a.workers[0], a.workers[1]];
+    format!(
+        r#"# Written by `elastrec bench online`.
+[data]
+train = []
+eval = []
+[model]
+bottom_mlp = [32, 16]
+top_mlp = [32, 1]
+max_table_rows = 100000
+[train]
+batch_size = {batch}
+progress = false
+[output]
+dir = "{dir}"
+[cluster]
+ps = 1
+workers = {workers}
+batches_per_shard = 4
+[stream]
+brokers = "{brokers}"
+topics = ["{topic}"]
+start = "earliest"
+poll_ms = 50
+linger_ms = 100
+slo_lag_s = {slo}
+autoscale = "{autoscale}"
+workers = [{lo}, {hi}]
+interval_s = {interval}
+horizon_s = {horizon}
+tau_s = {tau}
+"#,
+        batch = a.batch_size,
+        dir = dir.display(),
+        workers = p.workers,
+        slo = a.slo_lag_s,
+        autoscale = p.autoscale,
+        interval = a.interval_s,
+        horizon = a.horizon_s,
+        tau = a.tau_s,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_policy(
+    a: &BenchOnlineArgs,
+    exe: &Path,
+    out: &Path,
+    brokers: &str,
+    topic: &str,
+    policy: &Policy,
+    files: &[PathBuf],
+    trace: &Trace,
+) -> Result<PolicyResult> {
+    let safe = policy.name.replace(':', "-");
+    let dir = out.join(&safe);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)
+            .with_context(|| format!("removing the previous run {}", dir.display()))?;
+    }
+    let job = out.join(format!("{safe}.toml"));
+    std::fs::write(&job, job_toml(a, &dir, brokers, topic, policy))?;
+    let busy = machine_busy(Duration::from_secs(1));
+    let log = std::fs::File::create(out.join(format!("{safe}.log")))?;
+    let child = Command::new(exe)
+        .args(["run", job.to_str().context("job path is not UTF-8")?])
+        .env("ELASTREC_FAIL_SLOW_WORKER", format!("*:{}", a.slow_ms))
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .stdin(Stdio::null())
+        .spawn()
+        .context("starting the job")?;
+    let mut job_proc = KillOnDrop(child);
+    let started = Instant::now();
+    let log_path = out.join(format!("{safe}.log"));
+    wait_until(Duration::from_secs(120), || {
+        if let Some(status) = job_proc.0.try_wait()? {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            bail!(
+                "the job exited ({status}) before it started: {}",
+                log.lines().next().unwrap_or("(empty log)")
+            );
+        }
+        Ok(samples_done(exe, &dir)?.is_some())
+    })
+    .with_context(|| {
+        format!(
+            "{}: the job did not start; its log: {}",
+            policy.name,
+            log_path.display()
+        )
+    })?;
+    let spec = ReplaySpec {
+        conn: Connection::new(brokers),
+        topic: topic.to_string(),
+        files: files.to_vec(),
+        repeat: true,
+        format: MessageFormat::Tsv,
+        samples_per_message: 1,
+        trace: trace.clone(),
+        partitioner: Partitioner::RoundRobin,
+        seed: 1,
+    };
+    let sent = replay(&spec, |r| {
+        eprintln!(
+            "  [{:>5.0}s] {} samples sent, trained {}",
+            r.seconds,
+            r.samples,
+            samples_done(exe, &dir).ok().flatten().unwrap_or(0)
+        );
+    })?
+    .samples;
+    wait_until(Duration::from_secs(a.drain_timeout_s), || {
+        Ok(samples_done(exe, &dir)?.is_some_and(|n| n >= sent))
+    })
+    .with_context(|| format!("{}: the job did not train all {sent} samples", policy.name))?;
+    let stop = Command::new(exe)
+        .args(["stop", dir.to_str().context("job dir is not UTF-8")?])
+        .output()?;
+    if !stop.status.success() {
+        bail!(
+            "stopping the job: {}",
+            String::from_utf8_lossy(&stop.stderr)
+        );
+    }
+    let status = job_proc.0.wait()?;
+    if !status.success() {
+        bail!(
+            "{}: the job failed ({status}); see its log in {}",
+            policy.name,
+            out.display()
+        );
+    }
+    let wall_s = started.elapsed().as_secs_f64();
+    let text = std::fs::read_to_string(dir.join("result.json"))?;
+    let r: serde_json::Value = serde_json::from_str(&text)?;
+    let online = &r["online"];
+    let st = &online["stream"];
+    let max_workers = online["decisions"]
+        .as_array()
+        .and_then(|d| d.iter().filter_map(|d| d["target"].as_u64()).max())
+        .unwrap_or(u64::from(policy.workers));
+    Ok(PolicyResult {
+        policy: policy.name.clone(),
+        samples: r["ledger"]["consumed"].as_u64().unwrap_or(0),
+        slo_violation_rate: st["slo_violation_rate"].as_f64().unwrap_or(f64::NAN),
+        accumulated_lag_s: st["accumulated_lag_s"].as_f64().unwrap_or(f64::NAN),
+        downtime_s: st["downtime_s"].as_f64().unwrap_or(f64::NAN),
+        worker_hours: online["worker_hours"].as_f64().unwrap_or(f64::NAN),
+        scaling_changes: online["scaling_changes"].as_u64().unwrap_or(0),
+        max_workers,
+        window_auc: online["progressive"]["latest"]["auc"].as_f64(),
+        machine_busy_before: busy,
+        wall_s,
+    })
+}
+
+/// Samples the job has trained, from `elastrec status --json`; `None` before it answers.
+fn samples_done(exe: &Path, dir: &Path) -> Result<Option<u64>> {
+    let out = Command::new(exe)
+        .args([
+            "status",
+            dir.to_str().context("job dir is not UTF-8")?,
+            "--json",
+        ])
+        .output()?;
+    if !out.status.success() {
+        return Ok(None);
+    }
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    Ok(s["samples_done"].as_u64())
+}
+
+/// Polls `done` every 200 ms until it holds or `limit` passes.
+fn wait_until(limit: Duration, mut done: impl FnMut() -> Result<bool>) -> Result<()> {
+    let t0 = Instant::now();
+    while !done()? {
+        if t0.elapsed() > limit {
+            bail!("not reached within {} s", limit.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
+/// Share of all CPUs busy over `over` (from /proc/stat; NaN where it cannot be read).
+fn machine_busy(over: Duration) -> f64 {
+    fn read() -> Option<(u64, u64)> {
+        let text = std::fs::read_to_string("/proc/stat").ok()?;
+        let cpu = text.lines().next()?;
+        let v: Vec<u64> = cpu
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
+        Some((v.iter().sum(), idle))
+    }
+    let Some((t0, i0)) = read() else {
+        return f64::NAN;
+    };
+    std::thread::sleep(over);
+    let Some((t1, i1)) = read() else {
+        return f64::NAN;
+    };
+    let total = t1.saturating_sub(t0).max(1) as f64;
+    1.0 - i1.saturating_sub(i0) as f64 / total
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn print_table(rows: &[PolicyResult]) {
+    println!(
+        "{:<9} {:>8} {:>14} {:>12} {:>10} {:>12} {:>8} {:>8} {:>10} {:>10}",
+        "policy",
+        "samples",
+        "SLO violation",
+        "acc. lag s",
+        "downtime s",
+        "worker-hours",
+        "changes",
+        "max w",
+        "window AUC",
+        "busy before"
+    );
+    for r in rows {
+        println!(
+            "{:<9} {:>8} {:>13.1}% {:>12.1} {:>10.1} {:>12.4} {:>8} {:>8} {:>10} {:>9.0}%",
+            r.policy,
+            r.samples,
+            100.0 * r.slo_violation_rate,
+            r.accumulated_lag_s,
+            r.downtime_s,
+            r.worker_hours,
+            r.scaling_changes,
+            r.max_workers,
+            r.window_auc.map_or("-".into(), |a| format!("{a:.4}")),
+            100.0 * r.machine_busy_before
+        );
+    }
+    if let [first, rest @ ..] = rows {
+        for r in rest {
+            println!(
+                "{} / {}: accumulated lag {:.2}x, worker-hours {:.2}x",
+                first.policy,
+                r.policy,
+                first.accumulated_lag_s / r.accumulated_lag_s.max(1e-9),
+                first.worker_hours / r.worker_hours.max(1e-9)
+            );
+        }
+    }
+}
