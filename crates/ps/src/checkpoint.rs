@@ -27,7 +27,7 @@ use parking_lot::Mutex;
 
 use crate::error::PsError;
 use crate::image::{apply_parts, decode, part_name, PartHeader, ShardImage, TableCopy};
-use crate::server::{PsShard, State};
+use crate::shard::{PsShard, State};
 
 /// Open checkpoint stores by location (opening an S3 client is not free).
 #[derive(Default)]

@@ -8,11 +8,15 @@
 
 pub mod checkpoint;
 pub mod error;
+mod fail_points;
 pub mod image;
 pub mod layout;
 pub mod metrics;
+pub mod process;
 pub mod reshard;
-pub mod server;
+pub mod service;
+pub mod shard;
 
 pub use error::PsError;
-pub use server::{run_ps, PsArgs, PsShard};
+pub use process::{run_ps, PsArgs};
+pub use shard::PsShard;

@@ -120,7 +120,7 @@ async fn the_refusal_reaches_the_client_as_resource_exhausted() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let token = "pulltoken";
-    let server = tokio::spawn(elastrec_ps::server::serve(
+    let server = tokio::spawn(elastrec_ps::service::serve(
         ps,
         listener,
         token.into(),

@@ -66,7 +66,7 @@ impl Server {
         let shard = Arc::new(shard);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let task = tokio::spawn(elastrec_ps::server::serve(
+        let task = tokio::spawn(elastrec_ps::service::serve(
             shard.clone(),
             listener,
             TOKEN.into(),

@@ -14,7 +14,7 @@ use elastrec_embedding::shard_of;
 use elastrec_proto::ps::{BatchKey, PushRequest, WorkerBatch};
 use elastrec_rpc::dense_slice;
 
-use crate::server::State;
+use crate::shard::State;
 
 /// The last batches one server of the previous layout applied.
 #[derive(Debug, Clone)]

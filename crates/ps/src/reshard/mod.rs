@@ -32,7 +32,7 @@ use tokio::task::JoinSet;
 
 use crate::error::PsError;
 use crate::layout::{Bitset, Layout, Phase, Target};
-use crate::server::{PsShard, State};
+use crate::shard::{PsShard, State};
 
 /// Bytes of a message beyond its payload (field tags and lengths, the scalar fields), with
 /// room to spare.

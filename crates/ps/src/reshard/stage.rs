@@ -19,7 +19,7 @@ use elastrec_rpc::dense_slice;
 use super::Inherited;
 use crate::error::PsError;
 use crate::layout::{Bitset, Phase};
-use crate::server::{PsShard, ShardConfig, ShardParts, State};
+use crate::shard::{PsShard, ShardConfig, ShardParts, State};
 
 /// The shard of the next layout while it is being received.
 pub(crate) struct Staged {

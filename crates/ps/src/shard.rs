@@ -1,12 +1,11 @@
-//! The PS state ([`PsShard`]), its gRPC service and the process entry point.
+//! The PS state ([`PsShard`]): its embedding shard, dense slice and optimizers, pulls,
+//! pushes (asynchronous or one synchronous step at a time) and layout checks.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::Context as _;
 use elastrec_checkpoint::priority::{large_tables, SsuList};
 use elastrec_embedding::{
     EmbeddingConfig, EmbeddingError, EmbeddingStore, ShardSpec, TableScratch,
@@ -14,41 +13,15 @@ use elastrec_embedding::{
 use elastrec_job::config::JobConfig;
 use elastrec_job::distributed::{SavePriority, SyncMode};
 use elastrec_job::prepare::dense_model;
-use elastrec_job::register::{register, register_node};
 use elastrec_model::{DenseOptimizer, DenseOptimizerConfig};
-use elastrec_proto::master::{HeartbeatRequest, NodeAction, Role};
-use elastrec_proto::ps::parameter_server_server::{ParameterServer, ParameterServerServer};
-use elastrec_proto::ps::{
-    AbortRequest, AbortResponse, BatchKey, CheckpointRequest, CheckpointResponse, CommitRequest,
-    CommitResponse, ImportRequest, ImportResponse, InfoRequest, InfoResponse, PullRequest,
-    PullResponse, PushRequest, PushResponse, ReshardRequest, ReshardResponse,
-};
-use elastrec_rpc::{self as rpc, check_version, dense_slice, is_transient, ServerAuth};
+use elastrec_proto::ps::{BatchKey, PullRequest, PullResponse, PushRequest, PushResponse};
+use elastrec_rpc::dense_slice;
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
-use tonic::service::interceptor::InterceptedService;
-use tonic::{Request, Response, Status};
 
 use crate::error::PsError;
+use crate::fail_points::fail_point_grow;
 use crate::layout::{Bitset, Layout, LayoutView, Phase};
-
-/// Arguments of the hidden `elastrec ps` role command.
-#[derive(Debug, Clone, clap::Args)]
-pub struct PsArgs {
-    /// Address of the job master.
-    #[arg(long)]
-    pub master: String,
-    /// Node id the master assigned to this process.
-    #[arg(long)]
-    pub node_id: u32,
-    /// Shard index of this PS.
-    #[arg(long)]
-    pub index: u32,
-    /// Unique id of the job: on the command line so that the master recognizes its own
-    /// processes after a restart (node ids repeat across jobs).
-    #[arg(long, default_value = "")]
-    pub job: String,
-}
 
 /// Gradients of one synchronous step collected so far, each contribution multiplied by
 /// its sample count (`weight` sums those counts; the flush divides by it).
@@ -222,7 +195,7 @@ pub struct PsShard {
     pub(crate) max_message_bytes: usize,
     /// Deadline of a call to another server (re-sharding).
     pub(crate) call_timeout: Duration,
-    /// The job token, for calls to other servers (set by [`serve`]).
+    /// The job token, for calls to other servers (set by [`crate::service::serve`]).
     pub(crate) peer_token: OnceLock<String>,
     /// Served on `/metrics`.
     pub metrics: crate::metrics::PsMetrics,
@@ -836,380 +809,12 @@ impl State {
     }
 }
 
-struct Service(Arc<PsShard>);
-
-#[tonic::async_trait]
-impl ParameterServer for Service {
-    async fn pull(&self, req: Request<PullRequest>) -> Result<Response<PullResponse>, Status> {
-        rpc::require(
-            &req,
-            &[rpc::Caller::Worker, rpc::Caller::Master, rpc::Caller::Ps],
-        )?;
-        let t0 = Instant::now();
-        let req = req.into_inner();
-        check_version(&req.version)?;
-        let rows = req.rows.len() as u64;
-        let shard = self.0.clone();
-        let out = tokio::task::spawn_blocking(move || shard.pull(&req))
-            .await
-            .map_err(PsError::from)??;
-        fail_point_slow_rows(rows).await;
-        // Served pulls only: a refused one moved no rows.
-        let m = &self.0.metrics;
-        m.pulls.inc();
-        m.rows_pulled.inc_by(rows);
-        m.pull_latency.observe(t0.elapsed().as_secs_f64());
-        SERVED.add(t0);
-        Ok(Response::new(out))
-    }
-
-    async fn push(&self, req: Request<PushRequest>) -> Result<Response<PushResponse>, Status> {
-        rpc::require(&req, &[rpc::Caller::Worker])?;
-        let t0 = Instant::now();
-        let req = req.into_inner();
-        check_version(&req.version)?;
-        let rows = req.rows.len() as u64;
-        let out = self.0.push(req).await?;
-        fail_point_slow_rows(rows).await;
-        let m = &self.0.metrics;
-        m.pushes.inc();
-        m.rows_pushed.inc_by(rows);
-        m.push_latency.observe(t0.elapsed().as_secs_f64());
-        SERVED.add(t0);
-        Ok(Response::new(out))
-    }
-
-    async fn checkpoint(
-        &self,
-        req: Request<CheckpointRequest>,
-    ) -> Result<Response<CheckpointResponse>, Status> {
-        rpc::require(&req, &[rpc::Caller::Master])?;
-        let req = req.into_inner();
-        check_version(&req.version)?;
-        if fail_point_hang_checkpoint(self.0.index()) {
-            eprintln!(
-                "PS {}: fail point: never answering this checkpoint",
-                self.0.index()
-            );
-            std::future::pending::<()>().await;
-        }
-        let out = self.0.checkpoint(req).await?;
-        self.0
-            .metrics
-            .checkpoint(Duration::from_micros(out.stall_us));
-        Ok(Response::new(out))
-    }
-
-    async fn info(&self, req: Request<InfoRequest>) -> Result<Response<InfoResponse>, Status> {
-        rpc::require(
-            &req,
-            &[rpc::Caller::Worker, rpc::Caller::Master, rpc::Caller::Ps],
-        )?;
-        check_version(&req.into_inner().version)?;
-        // Neither the view nor the version waits for the state lock, which a checkpoint may
-        // hold for seconds.
-        let view = self.0.layout();
-        let l = &view.layout;
-        Ok(Response::new(InfoResponse {
-            index: l.index,
-            num_servers: l.count,
-            dense_start: l.range.start as u64,
-            dense_end: l.range.end as u64,
-            dense_version: self.0.version(),
-            rows_held: l.rows_held,
-            layout_version: l.version,
-            state: view.phase.state() as i32,
-            next_layout_version: view.next_version(),
-        }))
-    }
-
-    async fn reshard(
-        &self,
-        req: Request<ReshardRequest>,
-    ) -> Result<Response<ReshardResponse>, Status> {
-        rpc::require(&req, &[rpc::Caller::Master])?;
-        let req = req.into_inner();
-        check_version(&req.version)?;
-        let peers = crate::reshard::GrpcPeers::new(&self.0, &req.addrs)?;
-        Ok(Response::new(self.0.reshard(req, Arc::new(peers)).await?))
-    }
-
-    async fn import_shard(
-        &self,
-        req: Request<ImportRequest>,
-    ) -> Result<Response<ImportResponse>, Status> {
-        rpc::require(&req, &[rpc::Caller::Master, rpc::Caller::Ps])?;
-        let req = req.into_inner();
-        check_version(&req.version)?;
-        let shard = self.0.clone();
-        let out = tokio::task::spawn_blocking(move || shard.import(req))
-            .await
-            .map_err(PsError::from)??;
-        Ok(Response::new(out))
-    }
-
-    async fn commit_layout(
-        &self,
-        req: Request<CommitRequest>,
-    ) -> Result<Response<CommitResponse>, Status> {
-        rpc::require(&req, &[rpc::Caller::Master])?;
-        let req = req.into_inner();
-        check_version(&req.version)?;
-        let shard = self.0.clone();
-        let out =
-            tokio::task::spawn_blocking(move || shard.commit_layout(req.layout_version, req.addrs))
-                .await
-                .map_err(PsError::from)??;
-        Ok(Response::new(out))
-    }
-
-    async fn abort_layout(
-        &self,
-        req: Request<AbortRequest>,
-    ) -> Result<Response<AbortResponse>, Status> {
-        rpc::require(&req, &[rpc::Caller::Master])?;
-        let req = req.into_inner();
-        check_version(&req.version)?;
-        let shard = self.0.clone();
-        let out = tokio::task::spawn_blocking(move || shard.abort_layout(req.layout_version))
-            .await
-            .map_err(PsError::from)??;
-        Ok(Response::new(out))
-    }
-}
-
-/// Serves `shard` on `listener` with token checks and message limits.
-pub async fn serve(
-    shard: Arc<PsShard>,
-    listener: tokio::net::TcpListener,
-    token: String,
-    max_bytes: usize,
-) -> anyhow::Result<()> {
-    // Calls to the other servers (re-sharding) carry the same token.
-    let _ = shard.peer_token.set(token.clone());
-    let svc = ParameterServerServer::new(Service(shard))
-        .max_decoding_message_size(max_bytes)
-        .max_encoding_message_size(max_bytes);
-    // The accept list `elastrec run` gives a PS (its peers, the master, the workers), or
-    // only its own token for a PS started by hand.
-    let auth = ServerAuth::for_node(&token)?;
-    elastrec_rpc::server()?
-        .add_service(InterceptedService::new(svc, auth))
-        .serve_with_incoming(elastrec_rpc::incoming(listener))
-        .await?;
-    Ok(())
-}
-
-/// The PS process: bind, register with the master, serve, heartbeat until told to stop.
-pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
-    let _ = NODE_ID.set(args.node_id);
-    let token = rpc::token_from_env()?;
-    elastrec_rpc::tls::install_from_env()?;
-    let mut master = rpc::master_client(&args.master, &token, 64 << 20)?;
-    // Learn the job first (bind address), then register with the real address.
-    let reg = register_node(&mut master, Role::Ps, args.node_id, "", "", false).await?;
-    let (job, plan) = (reg.job, reg.restore);
-    let ip = elastrec_job::resources::bind_address(&job).map_err(anyhow::Error::msg)?;
-    let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0))
-        .await
-        .with_context(|| format!("binding {ip}"))?;
-    // What the master and the workers dial: reachable from other hosts when bound to all
-    // interfaces.
-    let addr = elastrec_job::resources::advertise_for(&job.engine, listener.local_addr()?)
-        .map_err(anyhow::Error::msg)?;
-    // The layout the master places this server in: the job's first one, the current one
-    // (a replaced server), or one being formed by a re-sharding (`joining`: the rows come
-    // from the servers of the previous layout).
-    let num_ps = if reg.num_ps > 0 {
-        reg.num_ps
-    } else {
-        job.cluster.ps
-    };
-    let shard = Arc::new(if reg.joining {
-        eprintln!(
-            "PS {}: joining layout {} as server {} of {num_ps}",
-            args.index, reg.layout_version, args.index
-        );
-        PsShard::joining(&job, args.index, num_ps, reg.layout_version)?
-    } else {
-        PsShard::in_layout(&job, args.index, num_ps, reg.layout_version)?
-    });
-    let mshard = shard.clone();
-    let metrics = elastrec_metrics::serve(SocketAddr::new(ip, 0), &token, move || {
-        mshard.metrics.render(mshard.version())
-    })
-    .await
-    .context("binding the metrics endpoint")?;
-    eprintln!(
-        "PS {}: metrics on http://{}/metrics",
-        args.index,
-        metrics.addr()
-    );
-    if let Some(plan) = plan.filter(|p| !p.chain.is_empty() && !reg.joining) {
-        let t0 = std::time::Instant::now();
-        let (version, shm, storage) = shard.restore(&plan).await.with_context(|| {
-            format!(
-                "PS {}: restoring checkpoint {:?} from {}",
-                args.index, plan.chain, plan.location
-            )
-        })?;
-        eprintln!(
-            "PS {}: restored checkpoint {:?} (written by {} PS) in {:.3} s: {shm} parts from shared memory, {storage} from storage; dense version {version}",
-            args.index,
-            plan.chain,
-            plan.num_ps,
-            t0.elapsed().as_secs_f64()
-        );
-    }
-    let server = tokio::spawn(serve(
-        shard.clone(),
-        listener,
-        token.clone(),
-        job.cluster.max_message_bytes,
-    ));
-    let metrics_addr = elastrec_job::resources::advertise_for(&job.engine, metrics.addr())
-        .map_err(anyhow::Error::msg)?;
-    let (_, _, hb_ms, _) = register(
-        &mut master,
-        Role::Ps,
-        args.node_id,
-        &addr,
-        &metrics_addr,
-        false,
-    )
-    .await?;
-    // A heartbeat every `hb_ms` whether or not the previous one was answered: the master
-    // counts a node alive when a heartbeat arrives, and a reply may wait for the master's
-    // disk; waiting for it before the next beat let a slow master disk kill a live PS.
-    let (replies_tx, mut replies) = tokio::sync::mpsc::unbounded_channel();
-    let mut tick = tokio::time::interval(Duration::from_millis(hb_ms.max(1)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                let req = HeartbeatRequest {
-                    version: rpc::version(),
-                    node_id: args.node_id,
-                    task_id: 0,
-                    offset: 0,
-                    samples: 0,
-                    // Read without the state lock: a heartbeat must not wait for a checkpoint.
-                    step: shard.version(),
-                    profile: Some(ps_profile()),
-                };
-                let (mut m, tx) = (master.clone(), replies_tx.clone());
-                tokio::spawn(async move {
-                    let _ = tx.send(m.heartbeat(req).await);
-                });
-            }
-            Some(r) = replies.recv() => match r {
-                Ok(r) => match r.into_inner().action() {
-                    NodeAction::Stop | NodeAction::Unknown => break,
-                    _ => {}
-                },
-                Err(s) if is_transient(&s) => {}
-                Err(s) => anyhow::bail!("heartbeat refused: {s}"),
-            },
-        }
-        if server.is_finished() {
-            anyhow::bail!("PS server stopped");
-        }
-    }
-    server.abort();
-    drop(metrics);
-    eprintln!("{}", shard.summary());
-    Ok(())
-}
-
-/// Test fail point `ELASTREC_FAIL_PS_GROWTH=BYTES`: every pushed row makes this server
-/// hold `BYTES` more memory, as a server whose embedding tables grow with new ids does
-/// (its memory grows with the rows routed to it, so adding servers slows each one's
-/// growth).
-fn fail_point_grow(rows: usize) {
-    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    static HELD: parking_lot::Mutex<Vec<Vec<u8>>> = parking_lot::Mutex::new(Vec::new());
-    let per_row = *BYTES.get_or_init(|| {
-        std::env::var("ELASTREC_FAIL_PS_GROWTH")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    });
-    if per_row > 0 && rows > 0 {
-        // Written, so the pages are resident.
-        HELD.lock().push(vec![1u8; rows * per_row]);
-    }
-}
-
-/// Pulls and pushes this process served and the time it spent on them: the master tells a
-/// hot server (slower than its peers) from them.
-struct Served {
-    requests: std::sync::atomic::AtomicU64,
-    micros: std::sync::atomic::AtomicU64,
-}
-
-static SERVED: Served = Served {
-    requests: std::sync::atomic::AtomicU64::new(0),
-    micros: std::sync::atomic::AtomicU64::new(0),
-};
-
-impl Served {
-    fn add(&self, since: Instant) {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.requests.fetch_add(1, Relaxed);
-        self.micros
-            .fetch_add(since.elapsed().as_micros() as u64, Relaxed);
-    }
-}
-
-/// The PS's heartbeat profile: CPU time, resident memory, requests served and the time
-/// they took (the master predicts memory growth and spots a hot server from them).
-fn ps_profile() -> elastrec_proto::master::NodeProfile {
-    use std::sync::atomic::Ordering::Relaxed;
-    let usage = elastrec_metrics::process::usage();
-    elastrec_proto::master::NodeProfile {
-        cpu_s: usage.cpu_s,
-        rss_bytes: usage.rss_bytes,
-        requests: SERVED.requests.load(Relaxed),
-        serve_s: SERVED.micros.load(Relaxed) as f64 / 1e6,
-        ..Default::default()
-    }
-}
-
-/// Node id of this PS process, for fail points that name one process (set at start).
-static NODE_ID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-
-/// Test fail point `ELASTREC_FAIL_SLOW_PS=NODE:US`: PS process `NODE` spends `US`
-/// microseconds more per row on every pull and push, as an overloaded or throttled server
-/// would (a server started later, even for the same index, is another node).
-async fn fail_point_slow_rows(rows: u64) {
-    static US: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    let us = *US.get_or_init(|| {
-        let v = std::env::var("ELASTREC_FAIL_SLOW_PS").ok()?;
-        let (who, us) = v.split_once(':')?;
-        (Some(&who.parse::<u32>().ok()?) == NODE_ID.get())
-            .then(|| us.parse().ok())
-            .flatten()
-    });
-    if let Some(us) = us.filter(|_| rows > 0) {
-        tokio::time::sleep(Duration::from_micros(us * rows)).await;
-    }
-}
-
-/// Test fail point `ELASTREC_FAIL_HANG_CHECKPOINT=INDEX`: PS `INDEX` never answers its
-/// first checkpoint request (a hung server), and answers later ones normally.
-fn fail_point_hang_checkpoint(index: u32) -> bool {
-    static USED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    std::env::var("ELASTREC_FAIL_HANG_CHECKPOINT")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        == Some(index)
-        && !USED.swap(true, std::sync::atomic::Ordering::AcqRel)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use elastrec_rpc as rpc;
     use std::path::Path;
+    use tonic::Status;
 
     fn job(mode: &str) -> JobConfig {
         JobConfig::from_toml(

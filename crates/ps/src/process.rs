@@ -1,0 +1,154 @@
+//! The PS process (`elastrec ps`): bind, register with the master, serve, heartbeat
+//! until told to stop.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use elastrec_job::register::{register, register_node};
+use elastrec_proto::master::{HeartbeatRequest, NodeAction, Role};
+use elastrec_rpc::{self as rpc, is_transient};
+
+use crate::fail_points::NODE_ID;
+use crate::service::{ps_profile, serve};
+use crate::shard::PsShard;
+
+/// Arguments of the hidden `elastrec ps` role command.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PsArgs {
+    /// Address of the job master.
+    #[arg(long)]
+    pub master: String,
+    /// Node id the master assigned to this process.
+    #[arg(long)]
+    pub node_id: u32,
+    /// Shard index of this PS.
+    #[arg(long)]
+    pub index: u32,
+    /// Unique id of the job: on the command line so that the master recognizes its own
+    /// processes after a restart (node ids repeat across jobs).
+    #[arg(long, default_value = "")]
+    pub job: String,
+}
+
+/// The PS process: bind, register with the master, serve, heartbeat until told to stop.
+pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
+    let _ = NODE_ID.set(args.node_id);
+    let token = rpc::token_from_env()?;
+    elastrec_rpc::tls::install_from_env()?;
+    let mut master = rpc::master_client(&args.master, &token, 64 << 20)?;
+    // Learn the job first (bind address), then register with the real address.
+    let reg = register_node(&mut master, Role::Ps, args.node_id, "", "", false).await?;
+    let (job, plan) = (reg.job, reg.restore);
+    let ip = elastrec_job::resources::bind_address(&job).map_err(anyhow::Error::msg)?;
+    let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0))
+        .await
+        .with_context(|| format!("binding {ip}"))?;
+    // What the master and the workers dial: reachable from other hosts when bound to all
+    // interfaces.
+    let addr = elastrec_job::resources::advertise_for(&job.engine, listener.local_addr()?)
+        .map_err(anyhow::Error::msg)?;
+    // The layout the master places this server in: the job's first one, the current one
+    // (a replaced server), or one being formed by a re-sharding (`joining`: the rows come
+    // from the servers of the previous layout).
+    let num_ps = if reg.num_ps > 0 {
+        reg.num_ps
+    } else {
+        job.cluster.ps
+    };
+    let shard = Arc::new(if reg.joining {
+        eprintln!(
+            "PS {}: joining layout {} as server {} of {num_ps}",
+            args.index, reg.layout_version, args.index
+        );
+        PsShard::joining(&job, args.index, num_ps, reg.layout_version)?
+    } else {
+        PsShard::in_layout(&job, args.index, num_ps, reg.layout_version)?
+    });
+    let mshard = shard.clone();
+    let metrics = elastrec_metrics::serve(SocketAddr::new(ip, 0), &token, move || {
+        mshard.metrics.render(mshard.version())
+    })
+    .await
+    .context("binding the metrics endpoint")?;
+    eprintln!(
+        "PS {}: metrics on http://{}/metrics",
+        args.index,
+        metrics.addr()
+    );
+    if let Some(plan) = plan.filter(|p| !p.chain.is_empty() && !reg.joining) {
+        let t0 = std::time::Instant::now();
+        let (version, shm, storage) = shard.restore(&plan).await.with_context(|| {
+            format!(
+                "PS {}: restoring checkpoint {:?} from {}",
+                args.index, plan.chain, plan.location
+            )
+        })?;
+        eprintln!(
+            "PS {}: restored checkpoint {:?} (written by {} PS) in {:.3} s: {shm} parts from shared memory, {storage} from storage; dense version {version}",
+            args.index,
+            plan.chain,
+            plan.num_ps,
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    let server = tokio::spawn(serve(
+        shard.clone(),
+        listener,
+        token.clone(),
+        job.cluster.max_message_bytes,
+    ));
+    let metrics_addr = elastrec_job::resources::advertise_for(&job.engine, metrics.addr())
+        .map_err(anyhow::Error::msg)?;
+    let (_, _, hb_ms, _) = register(
+        &mut master,
+        Role::Ps,
+        args.node_id,
+        &addr,
+        &metrics_addr,
+        false,
+    )
+    .await?;
+    // A heartbeat every `hb_ms` whether or not the previous one was answered: the master
+    // counts a node alive when a heartbeat arrives, and a reply may wait for the master's
+    // disk; waiting for it before the next beat let a slow master disk kill a live PS.
+    let (replies_tx, mut replies) = tokio::sync::mpsc::unbounded_channel();
+    let mut tick = tokio::time::interval(Duration::from_millis(hb_ms.max(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let req = HeartbeatRequest {
+                    version: rpc::version(),
+                    node_id: args.node_id,
+                    task_id: 0,
+                    offset: 0,
+                    samples: 0,
+                    // Read without the state lock: a heartbeat must not wait for a checkpoint.
+                    step: shard.version(),
+                    profile: Some(ps_profile()),
+                };
+                let (mut m, tx) = (master.clone(), replies_tx.clone());
+                tokio::spawn(async move {
+                    let _ = tx.send(m.heartbeat(req).await);
+                });
+            }
+            Some(r) = replies.recv() => match r {
+                Ok(r) => match r.into_inner().action() {
+                    NodeAction::Stop | NodeAction::Unknown => break,
+                    _ => {}
+                },
+                Err(s) if is_transient(&s) => {}
+                Err(s) => anyhow::bail!("heartbeat refused: {s}"),
+            },
+        }
+        if server.is_finished() {
+            anyhow::bail!("PS server stopped");
+        }
+    }
+    server.abort();
+    drop(metrics);
+    eprintln!("{}", shard.summary());
+    Ok(())
+}
