@@ -913,6 +913,12 @@ impl Job {
         ));
     }
 
+    /// The pause point a restored master read from its database: in force again, and not
+    /// written back (it is already stored).
+    pub fn restore_pause(&mut self, at: Option<u64>) {
+        self.pause_at = at;
+    }
+
     /// True while training and held at the pause point: no task is handed out.
     pub fn held(&self) -> bool {
         self.phase == Phase::Training && self.pause_at.is_some_and(|p| self.samples_done() >= p)
@@ -1417,6 +1423,22 @@ mod tests {
             j.get_task(4, &mut cx).unwrap(),
             TaskReply::Task(_)
         ));
+    }
+
+    #[test]
+    fn a_restored_pause_point_holds_the_job_without_being_written_again() {
+        let mut cx = Rec::default();
+        let mut j = job(&mut cx, 2);
+        cx.changes.clear();
+        j.restore_pause(Some(0));
+        assert!(j.held(), "a pause point of 0 samples holds at once");
+        assert_eq!(j.get_task(3, &mut cx).unwrap(), TaskReply::Wait);
+        assert!(
+            !cx.changes
+                .iter()
+                .any(|c| matches!(c, Change::Meta("pause_at", _))),
+            "restoring re-wrote the stored pause point"
+        );
     }
 
     #[test]

@@ -716,7 +716,7 @@ pub async fn resume_job(
         &mut cx,
     );
     if let Some(p) = snap.meta.get("pause_at") {
-        job.set_pause(serde_json::from_str(p)?, &mut cx);
+        job.restore_pause(serde_json::from_str(p)?);
     }
     // The PS layout in force when the previous master stopped (after online re-sharding);
     // servers it had started for a layout it never committed are stopped.
