@@ -11,9 +11,30 @@ use serde::Serialize;
 /// Most predictions one progress report may carry (a batch; batches are far smaller).
 pub const MAX_PER_REPORT: usize = 1 << 20;
 
+/// One report's predictions that passed [`check`]: the only thing
+/// [`ProgressiveEval::push`] takes, so a report is checked once, before the master accepts
+/// its progress, and never added unchecked.
+#[derive(Debug, Clone, Copy)]
+pub struct Checked<'a> {
+    probs: &'a [f32],
+    labels: &'a [u8],
+}
+
+impl Checked<'_> {
+    /// Predictions in the report.
+    pub fn len(&self) -> usize {
+        self.probs.len()
+    }
+
+    /// True for a report without predictions (not an online job, or nothing trained).
+    pub fn is_empty(&self) -> bool {
+        self.probs.is_empty()
+    }
+}
+
 /// Checks one report's predictions as read from the wire: lists of equal length, at most
 /// [`MAX_PER_REPORT`], labels 0 or 1, probabilities in [0, 1].
-pub fn check(probs: &[f32], labels: &[u8]) -> Result<(), String> {
+pub fn check<'a>(probs: &'a [f32], labels: &'a [u8]) -> Result<Checked<'a>, String> {
     if probs.len() != labels.len() {
         return Err(format!(
             "{} predictions but {} labels",
@@ -33,7 +54,7 @@ pub fn check(probs: &[f32], labels: &[u8]) -> Result<(), String> {
     if let Some(p) = probs.iter().find(|p| !(0.0..=1.0).contains(*p)) {
         return Err(format!("probability {p} outside [0, 1]"));
     }
-    Ok(())
+    Ok(Checked { probs, labels })
 }
 
 /// The figures over the window at one time.
@@ -82,11 +103,9 @@ impl ProgressiveEval {
         }
     }
 
-    /// Adds one report's predictions; refuses (and adds nothing of) a report that
-    /// [`check`] refuses.
-    pub fn push(&mut self, probs: &[f32], labels: &[u8]) -> Result<(), String> {
-        check(probs, labels)?;
-        for (&p, &y) in probs.iter().zip(labels) {
+    /// Adds one checked report's predictions.
+    pub fn push(&mut self, report: Checked<'_>) {
+        for (&p, &y) in report.probs.iter().zip(report.labels) {
             if self.probs.len() == self.window {
                 let (old_p, old_y) = (
                     self.probs.pop_front().expect("full"),
@@ -100,8 +119,7 @@ impl ProgressiveEval {
             self.loss_sum += logloss_term(p, f32::from(y));
             self.positives += u64::from(y);
         }
-        self.seen += probs.len() as u64;
-        Ok(())
+        self.seen += report.len() as u64;
     }
 
     /// The figures over the window now (`None` while it is empty).
@@ -156,13 +174,17 @@ impl ProgressiveEval {
 mod tests {
     use super::*;
 
+    fn push(e: &mut ProgressiveEval, probs: &[f32], labels: &[u8]) {
+        e.push(check(probs, labels).unwrap());
+    }
+
     #[test]
     fn the_window_keeps_only_the_most_recent_samples() {
         let mut e = ProgressiveEval::new(4);
         // Old samples ranked backwards (AUC 0), then four ranked perfectly.
-        e.push(&[0.9, 0.1], &[0, 1]).unwrap();
+        push(&mut e, &[0.9, 0.1], &[0, 1]);
         assert_eq!(e.figures(0.0).unwrap().auc, Some(0.0));
-        e.push(&[0.2, 0.8, 0.3, 0.7], &[0, 1, 0, 1]).unwrap();
+        push(&mut e, &[0.2, 0.8, 0.3, 0.7], &[0, 1, 0, 1]);
         let f = e.figures(1.0).unwrap();
         assert_eq!(f.samples, 4);
         assert_eq!(f.auc, Some(1.0));
@@ -183,20 +205,21 @@ mod tests {
 
     #[test]
     fn malformed_reports_are_refused_whole() {
-        let mut e = ProgressiveEval::new(10);
-        assert!(e.push(&[0.5, 0.5], &[1]).is_err());
-        assert!(e.push(&[0.5], &[2]).is_err());
-        assert!(e.push(&[1.5], &[1]).is_err());
-        assert!(e.push(&[f32::NAN], &[1]).is_err());
-        assert!(e.figures(0.0).is_none(), "nothing was added");
-        assert_eq!(e.seen(), 0);
+        // Only a checked report can be pushed, so a refused one adds nothing.
+        assert!(check(&[0.5, 0.5], &[1]).is_err());
+        assert!(check(&[0.5], &[2]).is_err());
+        assert!(check(&[1.5], &[1]).is_err());
+        assert!(check(&[f32::NAN], &[1]).is_err());
+        let n = MAX_PER_REPORT + 1;
+        assert!(check(&vec![0.5; n], &vec![0; n]).is_err());
+        assert_eq!(check(&[0.5, 1.0], &[0, 1]).unwrap().len(), 2);
     }
 
     #[test]
     fn one_class_has_no_auc_and_the_history_is_recorded() {
         let mut e = ProgressiveEval::new(10);
         assert!(e.record(0.0).is_none());
-        e.push(&[0.3, 0.4], &[0, 0]).unwrap();
+        push(&mut e, &[0.3, 0.4], &[0, 0]);
         let f = e.record(5.0).unwrap();
         assert_eq!(f.auc, None);
         assert_eq!(e.summary()["history"].as_array().unwrap().len(), 1);

@@ -556,17 +556,17 @@ impl Master for MasterService {
         let req = req.into_inner();
         check_version(&req.version)?;
         self.0.metrics.request("report_progress");
-        crate::progressive::check(&req.predicted, &req.labels)
+        // Checked before the progress is accepted: a refused report changes nothing.
+        let predicted = crate::progressive::check(&req.predicted, &req.labels)
             .map_err(|e| Status::invalid_argument(format!("progress report: {e}")))?;
         let (task_done, stop) = self
             .0
             .run(|job, cx| job.report(req.node_id, req.task_id, req.offset, cx))
             .await?
             .map_err(status_of)?;
-        if !req.predicted.is_empty() {
+        if !predicted.is_empty() {
             if let Some(p) = self.0.progressive.lock().as_mut() {
-                p.push(&req.predicted, &req.labels)
-                    .map_err(Status::invalid_argument)?;
+                p.push(predicted);
             }
         }
         Ok(Response::new(ReportProgressResponse { task_done, stop }))
