@@ -242,7 +242,8 @@ fn run_policy(
     let job = out.join(format!("{safe}.toml"));
     std::fs::write(&job, job_toml(a, &dir, brokers, topic, policy))?;
     let busy = machine_busy(Duration::from_secs(1));
-    let log = std::fs::File::create(out.join(format!("{safe}.log")))?;
+    let log_path = out.join(format!("{safe}.log"));
+    let log = std::fs::File::create(&log_path)?;
     let child = Command::new(exe)
         .args(["run", job.to_str().context("job path is not UTF-8")?])
         .env("ELASTREC_FAIL_SLOW_WORKER", format!("*:{}", a.slow_ms))
@@ -253,7 +254,6 @@ fn run_policy(
         .context("starting the job")?;
     let mut job_proc = KillOnDrop(child);
     let started = Instant::now();
-    let log_path = out.join(format!("{safe}.log"));
     wait_until(Duration::from_secs(120), || {
         if let Some(status) = job_proc.0.try_wait()? {
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();

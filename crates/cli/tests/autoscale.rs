@@ -1,8 +1,8 @@
 //! End-to-end tests of the closed loop (`[autoscale]`): real master, PS and worker
 //! processes, the in-process brain or a real `elastrec brain` service. Workers are made
 //! the bottleneck with the fail point `ELASTREC_FAIL_SLOW_WORKER=*:MS` (a batch of
-//! `train.batch_size` samples takes MS longer), which also bounds how fast a run can be, so the states waited for below
-//! cannot be skipped.
+//! `train.batch_size` samples takes MS longer), which also bounds how fast a run can be,
+//! so the states waited for below cannot be skipped.
 
 mod common;
 

@@ -88,7 +88,6 @@ impl StreamInput {
         })?;
         Ok(RangeReader {
             consumer: self.consumer.clone(),
-            name: partition.to_string(),
             partition: partition.clone(),
             format: self.format,
             policy,
@@ -105,7 +104,6 @@ impl StreamInput {
 /// Reads offsets `[start, end)` of one partition (see the module docs).
 pub struct RangeReader {
     consumer: Arc<BaseConsumer>,
-    name: String,
     partition: PartitionId,
     format: MessageFormat,
     policy: BadRowPolicy,
@@ -145,7 +143,7 @@ impl RangeReader {
             ),
         };
         DataError::Stream {
-            partition: self.name.clone(),
+            partition: self.partition.to_string(),
             message,
         }
     }
@@ -176,7 +174,7 @@ impl RangeReader {
                     warned_at = waited;
                     eprintln!(
                         "{}@{}: no message for {:.0} s{}; waiting for the broker",
-                        self.name,
+                        self.partition,
                         self.next,
                         waited.as_secs_f64(),
                         if last_error.is_empty() {
@@ -212,7 +210,7 @@ impl RangeReader {
             );
             for b in bad {
                 let err = DataError::BadMessage {
-                    partition: self.name.clone(),
+                    partition: self.partition.to_string(),
                     offset,
                     sample: b.sample,
                     field: b.field,
