@@ -190,6 +190,11 @@ impl CheckpointStore {
         &self.store
     }
 
+    /// The prefix every path of this store lies under (empty for a local directory).
+    pub fn prefix(&self) -> &Path {
+        &self.prefix
+    }
+
     /// Object path of part `name` of checkpoint `id`.
     pub fn part_path(&self, id: CheckpointId, name: &str) -> Path {
         self.dir_path(id).join(name)

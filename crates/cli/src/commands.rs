@@ -72,12 +72,20 @@ pub struct GenData {
     pub seed: u64,
     pub days: u32,
     pub scale: f64,
+    pub hourly_from: Option<String>,
 }
 
 pub fn gen_data(a: GenData) -> Result<()> {
     if a.rows == 0 {
         bail!("--rows must be at least 1");
     }
+    let first_day = a
+        .hourly_from
+        .as_deref()
+        .map(|d| {
+            elastrec_orchestrate::parse_time(d).map_err(|e| anyhow::anyhow!("--hourly-from: {e}"))
+        })
+        .transpose()?;
     let spec = GenSpec {
         out: a.out.clone(),
         rows: a.rows,
@@ -110,6 +118,31 @@ pub fn gen_data(a: GenData) -> Result<()> {
         "click rate {:.4}, teacher AUC {:.4} (the ceiling a model can approach)",
         r.click_rate, r.teacher_auc
     );
+    if let Some(first) = first_day {
+        let days: Vec<_> = r
+            .files
+            .iter()
+            .enumerate()
+            .map(|(d, f)| elastrec_data::gen::partition::DaySplit {
+                file: a.out.join(&f.name),
+                rows: f.rows,
+                date: (first + chrono::Duration::days(d as i64))
+                    .format("%Y%m%d")
+                    .to_string(),
+            })
+            .collect();
+        let dirs = elastrec_data::gen::partition::split_hourly(&a.out, &days)?;
+        println!(
+            "split into {} hourly partitions {} ... {} (each with a _SUCCESS marker)",
+            dirs.len(),
+            dirs.first()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default(),
+            dirs.last()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default()
+        );
+    }
     println!("report: {}", a.out.join("report.json").display());
     Ok(())
 }

@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
 mod bench_online;
+mod bench_tasks;
 mod commands;
 mod replay;
 
@@ -92,6 +93,11 @@ struct GenDataArgs {
     /// Factor applied to the published Criteo Kaggle per-feature cardinalities.
     #[arg(long, default_value_t = 0.01)]
     scale: f64,
+    /// Write hourly partitions `dt=YYYYMMDD/hour=HH/part-00000.*` (with `_SUCCESS`
+    /// markers) instead of day files, the first day being this UTC date (`2026-11-01`);
+    /// for `[[data.dataset]]` jobs (docs/data.md).
+    #[arg(long, value_name = "DATE")]
+    hourly_from: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -149,6 +155,9 @@ enum BenchCommand {
     /// HPA-like rule, fixed counts): SLO violation, accumulated lag, downtime,
     /// worker-hours (docs/online.md).
     Online(bench_online::BenchOnlineArgs),
+    /// Data task graph generation at Primus scale: tasks, files, seconds, tasks/s and
+    /// memory for a generated listing (docs/data.md).
+    Tasks(bench_tasks::BenchTasksArgs),
 }
 
 #[derive(clap::Args)]
@@ -223,6 +232,7 @@ fn main() -> anyhow::Result<()> {
             seed: a.seed,
             days: a.days,
             scale: a.scale,
+            hourly_from: a.hourly_from,
         }),
         Command::Eval(a) => commands::eval(&a.model, &a.data, &a.on_bad_row, a.json),
         Command::Brain(a) => match a.command {
@@ -248,6 +258,10 @@ fn main() -> anyhow::Result<()> {
             command: Some(BenchCommand::Online(o)),
             ..
         }) => bench_online::run(o),
+        Command::Bench(BenchArgs {
+            command: Some(BenchCommand::Tasks(t)),
+            ..
+        }) => bench_tasks::run(t),
         Command::Bench(a) => commands::bench(commands::Bench {
             steps: a.steps,
             batch_size: a.batch_size,

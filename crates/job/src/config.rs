@@ -59,6 +59,13 @@ pub struct DataConfig {
     pub on_bad_row: BadRowPolicy,
     /// When set and `dir` does not exist, the data is generated there first.
     pub generate: Option<GenerateConfig>,
+    /// Time-partitioned datasets (`[[data.dataset]]`, see `docs/data.md`), resolved into
+    /// `train` / `eval` files when the job starts. A job with a training dataset names no
+    /// `train` files.
+    pub dataset: Vec<elastrec_orchestrate::DatasetConfig>,
+    /// The job's "now" for dataset windows, a UTC time like `2026-11-04T00`; default: the
+    /// wall clock at start. Set in the resolved job file the master ships.
+    pub now: Option<String>,
 }
 
 impl Default for DataConfig {
@@ -69,6 +76,8 @@ impl Default for DataConfig {
             eval: vec!["day_6.tsv".into()],
             on_bad_row: BadRowPolicy::Fail,
             generate: None,
+            dataset: Vec::new(),
+            now: None,
         }
     }
 }
@@ -306,8 +315,34 @@ impl JobConfig {
             message: e.to_string(),
         })?;
         crate::resources::resolve_resources(&mut cfg, text, path)?;
+        cfg.check_dataset_fields(text, path)?;
         cfg.validate(path)?;
         Ok(cfg)
+    }
+
+    /// A job names its training (evaluation) data either as files or as datasets: both
+    /// would leave one of them silently unused.
+    fn check_dataset_fields(&self, text: &str, path: &Path) -> Result<(), ConfigError> {
+        let raw: toml::Table = toml::from_str(text).unwrap_or_default();
+        let data = raw.get("data").and_then(|d| d.as_table());
+        for (role, field) in [
+            (elastrec_orchestrate::DatasetRole::Train, "data.train"),
+            (elastrec_orchestrate::DatasetRole::Eval, "data.eval"),
+        ] {
+            let key = field.trim_start_matches("data.");
+            if self.data.dataset.iter().any(|d| d.role == role)
+                && data.is_some_and(|d| d.contains_key(key))
+            {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    field,
+                    reason: format!(
+                        "both `{field}` and a [[data.dataset]] with role = \"{key}\" name the job's {key} data; keep one"
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Reads and validates a job file; relative data and output paths are resolved
@@ -321,6 +356,10 @@ impl JobConfig {
         let base = path.parent().unwrap_or(Path::new("."));
         // Absolute: the distributed job ships this config to processes in other directories.
         cfg.data.dir = crate::distributed::absolute(&base.join(&cfg.data.dir));
+        let job_dir = crate::distributed::absolute(base);
+        for d in &mut cfg.data.dataset {
+            d.resolve_root(&job_dir);
+        }
         cfg.output.dir = crate::distributed::absolute(&base.join(&cfg.output.dir));
         crate::distributed::resolve_checkpoint_location(&mut cfg, base);
         Ok(cfg)
@@ -333,12 +372,22 @@ impl JobConfig {
             return Ok(());
         }
         // An online job trains from its [stream]; `data.train` is not read.
-        let train = if self.stream.is_some() {
+        let train = if self.stream.is_some() || !self.data.dataset.is_empty() {
             Vec::new()
         } else {
             self.train_files()
         };
-        for (field, files) in [("data.train", train), ("data.eval", self.eval_files())] {
+        let eval_datasets = self
+            .data
+            .dataset
+            .iter()
+            .any(|d| d.role == elastrec_orchestrate::DatasetRole::Eval);
+        let eval = if eval_datasets {
+            Vec::new()
+        } else {
+            self.eval_files()
+        };
+        for (field, files) in [("data.train", train), ("data.eval", eval)] {
             for f in files {
                 if !f.is_file() {
                     return Err(ConfigError::Invalid {
@@ -363,6 +412,27 @@ impl JobConfig {
             field,
             reason,
         };
+        let mut names = std::collections::HashSet::new();
+        for (i, d) in self.data.dataset.iter().enumerate() {
+            d.check(i).map_err(|e| bad("data.dataset", e.to_string()))?;
+            if !names.insert(d.display_name(i)) {
+                return Err(bad(
+                    "data.dataset",
+                    format!("two datasets are named `{}`; names must be unique", d.name),
+                ));
+            }
+        }
+        if self.stream.is_some() && !self.data.dataset.is_empty() {
+            return Err(bad(
+                "data.dataset",
+                "an online job ([stream]) with datasets would mix batch and stream data, which is not built yet; \
+                 train on the datasets first, then start the online job from its checkpoint"
+                    .into(),
+            ));
+        }
+        if let Some(now) = &self.data.now {
+            elastrec_orchestrate::parse_time(now).map_err(|e| bad("data.now", e))?;
+        }
         let m = &self.model;
         if m.embedding_dim == 0 {
             return Err(bad("model.embedding_dim", "must be at least 1".into()));

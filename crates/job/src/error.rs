@@ -10,6 +10,9 @@ pub enum JobError {
     /// Reading or generating data failed (bad rows name file, line and field).
     #[error(transparent)]
     Data(#[from] elastrec_data::DataError),
+    /// The job's `[[data.dataset]]` definitions could not be resolved into files.
+    #[error(transparent)]
+    Datasets(#[from] elastrec_orchestrate::OrchestrateError),
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {

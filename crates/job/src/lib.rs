@@ -11,6 +11,7 @@
 
 pub mod autoscale;
 pub mod config;
+pub mod datasets;
 pub mod distributed;
 pub mod error;
 pub mod fsio;

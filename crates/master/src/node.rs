@@ -438,8 +438,18 @@ pub async fn start_job(
     pause_at: Option<u64>,
     kind: BackendKind,
 ) -> anyhow::Result<JobResult> {
-    let cfg = validate_job(path)?;
+    let mut cfg = validate_job(path)?;
     elastrec_job::prepare::ensure_data(&cfg, false)?;
+    // Datasets become files once, here: the job file stored and shipped to every process
+    // is the resolved one. Listing blocks (and may wait for partitions): off the runtime.
+    let (cfg, resolved) = tokio::task::spawn_blocking(move || {
+        let r = elastrec_job::datasets::resolve_datasets(&mut cfg);
+        (cfg, r)
+    })
+    .await?;
+    for line in elastrec_job::datasets::describe(&resolved?) {
+        eprintln!("master: {line}");
+    }
     let dir = JobDir(cfg.output.dir.clone());
     if dir.db().exists() {
         bail!(

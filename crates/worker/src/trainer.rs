@@ -127,6 +127,9 @@ impl Prefetcher {
             .name("elastrec-reader".into())
             .spawn(move || {
                 let mut stats = ReadStats::default();
+                // The buffer that found a file's end goes on to the next file: dropping it
+                // would shrink the pool by one per file until reader and trainer both wait.
+                let mut spare: Option<Batch> = None;
                 for f in files {
                     let mut reader = match elastrec_data::open_reader(&f, policy) {
                         Ok(r) => r,
@@ -136,11 +139,18 @@ impl Prefetcher {
                         }
                     };
                     loop {
-                        let Ok(mut b) = empty_rx.recv() else {
-                            return stats;
+                        let mut b = match spare.take() {
+                            Some(b) => b,
+                            None => match empty_rx.recv() {
+                                Ok(b) => b,
+                                Err(_) => return stats,
+                            },
                         };
                         match reader.next_batch(&mut b, batch_size) {
-                            Ok(0) => break,
+                            Ok(0) => {
+                                spare = Some(b);
+                                break;
+                            }
                             Ok(_) => {
                                 if full_tx.send(Ok(b)).is_err() {
                                     return stats;
@@ -262,6 +272,13 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
     let started = Instant::now();
     let progress = job.train.progress;
     ensure_data(job, progress)?;
+    let mut job = job.clone();
+    for line in
+        elastrec_job::datasets::describe(&elastrec_job::datasets::resolve_datasets(&mut job)?)
+    {
+        eprintln!("data: {line}");
+    }
+    let job = &job;
     for f in job.train_files().iter().chain(job.eval_files().iter()) {
         if !f.exists() {
             return Err(WorkerError::io(
@@ -458,6 +475,27 @@ mod tests {
         job.train.progress = false;
         job.output.dir = dir.join("run");
         job
+    }
+
+    /// More files than prefetch buffers: every file's end hands its buffer on, so a job
+    /// over many small files (hourly partitions) reads them all instead of stalling.
+    #[test]
+    fn the_prefetcher_reads_many_more_files_than_it_has_buffers() {
+        let dir = tempfile::tempdir().unwrap();
+        let files: Vec<(String, Vec<u8>)> = (0..3 * (PREFETCH + 2))
+            .map(|i| (format!("f{i}.tsv"), tsv(5)))
+            .collect();
+        let named: Vec<(&str, Vec<u8>)> =
+            files.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
+        let job = job(dir.path(), &named);
+        let reader = Prefetcher::start(job.train_files(), &job);
+        let mut rows = 0;
+        while let Some(batch) = reader.next() {
+            let batch = batch.unwrap();
+            rows += batch.len();
+            reader.recycle(batch);
+        }
+        assert_eq!(rows, 5 * files.len());
     }
 
     /// Training files with no row are an error naming them, raised before the run

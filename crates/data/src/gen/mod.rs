@@ -22,6 +22,7 @@
 //! with rayon (in the current pool) and written in order by a writer thread.
 
 mod model;
+pub mod partition;
 mod rng;
 
 pub use model::CRITEO_KAGGLE_CARDINALITIES;

@@ -1,0 +1,198 @@
+//! Jobs over time-partitioned datasets (`[[data.dataset]]`): hourly partitions written by
+//! `gen-data --hourly-from`, windows chosen by date or sliding from `data.now`, trained by
+//! `elastrec train` and by a distributed `elastrec run` with an exact ledger.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn elastrec(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_elastrec"))
+        .args(args)
+        .output()
+        .expect("run elastrec")
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "elastrec failed: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+const ROWS_PER_DAY: u64 = 10_000;
+
+/// Four days of hourly partitions, 2026-11-01 to 2026-11-04, under `dir/data`.
+fn hourly_data(dir: &Path) {
+    let out = elastrec(&[
+        "gen-data",
+        "--out",
+        dir.join("data").to_str().unwrap(),
+        "--rows",
+        &(4 * ROWS_PER_DAY).to_string(),
+        "--days",
+        "4",
+        "--scale",
+        "0.001",
+        "--seed",
+        "9",
+        "--hourly-from",
+        "2026-11-01",
+    ]);
+    ok(&out);
+    assert!(dir.join("data/dt=20261104/hour=23/_SUCCESS").exists());
+    assert!(!dir.join("data/day_0.tsv").exists());
+}
+
+fn job(dir: &Path, name: &str, data: &str, extra: &str) -> std::path::PathBuf {
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[data]
+{data}
+[model]
+bottom_mlp = [32, 16]
+top_mlp = [32, 1]
+table_rows = 4000
+[train]
+batch_size = 256
+progress = false
+[output]
+dir = "{name}"
+{extra}
+"#
+        ),
+    )
+    .unwrap();
+    path
+}
+
+const WINDOW: &str = r#"
+[[data.dataset]]
+name = "clicks"
+path = "data/dt={date}/hour={hour}"
+files = "part-*.tsv"
+from = "2026-11-01"
+to = "2026-11-04"
+
+[[data.dataset]]
+name = "holdout"
+path = "data/dt={date}/hour={hour}"
+from = "2026-11-04"
+to = "2026-11-05"
+role = "eval"
+"#;
+
+#[test]
+fn train_reads_exactly_the_window_of_hourly_partitions() {
+    let tmp = tempfile::tempdir().unwrap();
+    hourly_data(tmp.path());
+    let path = job(tmp.path(), "fixed", WINDOW, "");
+    let log = ok(&elastrec(&["train", path.to_str().unwrap()]));
+    assert!(
+        log.contains("dataset `clicks` (train): 72 partitions, 72 files"),
+        "{log}"
+    );
+    assert!(
+        log.contains("dataset `holdout` (eval): 24 partitions"),
+        "{log}"
+    );
+    let s: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(tmp.path().join("fixed/summary.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(s["samples"].as_u64().unwrap(), 3 * ROWS_PER_DAY, "{s}");
+    assert_eq!(s["eval"]["samples"].as_u64().unwrap(), ROWS_PER_DAY, "{s}");
+    let auc = s["eval"]["auc"].as_f64().unwrap();
+    assert!(auc > 0.6, "AUC {auc}");
+
+    // A sliding window: the two days before the job's `now`.
+    let sliding = r#"
+now = "2026-11-03T00"
+eval = ["dt=20261104/hour=00/part-00000.tsv"]
+dir = "data"
+[[data.dataset]]
+name = "recent"
+path = "data/dt={date}/hour={hour}"
+last = "2d"
+"#;
+    let path = job(tmp.path(), "sliding", sliding, "");
+    let log = ok(&elastrec(&["train", path.to_str().unwrap()]));
+    assert!(
+        log.contains("dataset `recent` (train): 48 partitions"),
+        "{log}"
+    );
+    let s: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(tmp.path().join("sliding/summary.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(s["samples"].as_u64().unwrap(), 2 * ROWS_PER_DAY, "{s}");
+}
+
+#[test]
+fn a_distributed_run_over_datasets_keeps_the_ledger_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    hourly_data(tmp.path());
+    let path = job(
+        tmp.path(),
+        "dist",
+        WINDOW,
+        "[cluster]\nps = 1\nworkers = 2\n[checkpoint]\nenabled = false\n",
+    );
+    let log = ok(&elastrec(&["run", path.to_str().unwrap()]));
+    assert!(
+        log.contains("dataset `clicks` (train): 72 partitions, 72 files"),
+        "{log}"
+    );
+    let r: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(tmp.path().join("dist/result.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(r["status"], "finished", "{r}");
+    let e = &r["epochs"][0];
+    assert_eq!(e["consumed"].as_u64().unwrap(), 3 * ROWS_PER_DAY, "{r}");
+    assert_eq!(
+        (e["duplicated"].as_u64(), e["missing"].as_u64()),
+        (Some(0), Some(0)),
+        "{r}"
+    );
+}
+
+#[test]
+fn bad_dataset_definitions_fail_naming_the_dataset_and_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    hourly_data(tmp.path());
+    let cases = [
+        (
+            "reversed",
+            "[[data.dataset]]\nname = \"clicks\"\npath = \"data/dt={date}/hour={hour}\"\nfrom = \"2026-11-04\"\nto = \"2026-11-01\"\n",
+            "dataset `clicks`, field `to`",
+        ),
+        (
+            "nothing",
+            "[[data.dataset]]\nname = \"clicks\"\npath = \"data/date={date}/hour={hour}\"\nfrom = \"2026-11-01\"\nto = \"2026-11-02\"\n",
+            "matches nothing",
+        ),
+        (
+            "both",
+            "train = [\"x.tsv\"]\n[[data.dataset]]\nname = \"clicks\"\npath = \"data/dt={date}\"\nlast = \"1d\"\n",
+            "field `data.train`",
+        ),
+        (
+            "late",
+            "now = \"2026-11-07\"\n[[data.dataset]]\nname = \"clicks\"\npath = \"data/dt={date}/hour={hour}\"\nfrom = \"2026-11-04\"\nto = \"2026-11-06\"\nready_timeout = \"0s\"\n",
+            "partition",
+        ),
+    ];
+    for (name, data, says) in cases {
+        let path = job(tmp.path(), name, data, "");
+        let out = elastrec(&["train", path.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}: {err}");
+        assert!(err.contains(says), "{name}: {err}");
+    }
+}

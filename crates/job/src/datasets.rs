@@ -1,0 +1,149 @@
+//! A job's `[[data.dataset]]` definitions resolved into the files it reads.
+//!
+//! The trainer and the master resolve them once, at start, through the data task graph
+//! (`elastrec_orchestrate`): each window is listed, partitions the job needs are waited for,
+//! and the tasks' files become `data.train` / `data.eval` in chronological order. The
+//! resolved job file (definitions replaced by files, `data.now` fixed) is what the master
+//! stores and ships to its workers, so every process and a resumed master read the same
+//! files.
+
+use std::time::Duration;
+
+use elastrec_orchestrate::{Dataset, DatasetRole, TaskGraph, TaskLimits};
+
+use crate::config::JobConfig;
+use crate::error::{JobError, Result};
+
+/// How often a start waits between listings of a partition it needs.
+const READY_POLL: Duration = Duration::from_secs(1);
+
+/// What resolving found, per dataset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedDataset {
+    /// The dataset's name.
+    pub name: String,
+    /// Its role.
+    pub role: DatasetRole,
+    /// Partitions whose files the job reads.
+    pub partitions: usize,
+    /// Files the job reads.
+    pub files: usize,
+    /// Data tasks the graph generated.
+    pub tasks: usize,
+    /// Newest partitions of a growing window that were not ready at start (not read).
+    pub pending: Vec<String>,
+}
+
+/// Resolves the job's datasets (a no-op without any): fills `data.train` (and `data.eval`
+/// when an `eval` dataset is given), fixes `data.now`, and removes the definitions.
+/// Blocks while it waits for needed partitions (up to each dataset's `ready_timeout`).
+pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
+    if job.data.dataset.is_empty() {
+        return Ok(Vec::new());
+    }
+    let now = match &job.data.now {
+        Some(text) => elastrec_orchestrate::parse_time(text).map_err(|reason| {
+            JobError::Datasets(elastrec_orchestrate::OrchestrateError::Definition {
+                dataset: "(all)".into(),
+                field: "data.now",
+                reason,
+            })
+        })?,
+        None => elastrec_orchestrate::window::now_utc(),
+    };
+    let mut report = Vec::new();
+    for role in [DatasetRole::Train, DatasetRole::Eval] {
+        let mut datasets = Vec::new();
+        for (i, cfg) in job.data.dataset.iter().enumerate() {
+            if cfg.role == role {
+                // Local roots were made absolute when the job file was loaded.
+                datasets.push(Dataset::compile(cfg, i, std::path::Path::new("."))?);
+            }
+        }
+        if datasets.is_empty() {
+            continue;
+        }
+        let mut graph = TaskGraph::new(datasets, TaskLimits::default());
+        let (tasks, pending) = graph.plan_for_start(now, READY_POLL)?;
+        let mut files = Vec::new();
+        for t in &tasks {
+            for path in graph.task_paths(t) {
+                if path.contains("://") {
+                    return Err(JobError::Datasets(
+                        elastrec_orchestrate::OrchestrateError::Definition {
+                            dataset: graph.datasets()[graph.partition(t.partition).dataset]
+                                .name
+                                .clone(),
+                            field: "path",
+                            reason: format!(
+                                "`{path}`: training from object storage is planned (listed) but not read yet; \
+                                 copy the partitions to a local or mounted directory"
+                            ),
+                        },
+                    ));
+                }
+                files.push(path);
+            }
+        }
+        for (d, ds) in graph.datasets().iter().enumerate() {
+            let mine = |p: u32| graph.partition(p).dataset == d;
+            let mut parts: Vec<u32> = tasks
+                .iter()
+                .map(|t| t.partition)
+                .filter(|&p| mine(p))
+                .collect();
+            parts.dedup();
+            report.push(ResolvedDataset {
+                name: ds.name.clone(),
+                role,
+                partitions: parts.len(),
+                files: tasks
+                    .iter()
+                    .filter(|t| mine(t.partition))
+                    .map(|t| (t.end - t.first) as usize)
+                    .sum(),
+                tasks: tasks.iter().filter(|t| mine(t.partition)).count(),
+                pending: pending
+                    .iter()
+                    .filter(|p| p.dataset == d)
+                    .map(|p| p.dir.clone())
+                    .collect(),
+            });
+        }
+        match role {
+            DatasetRole::Train => job.data.train = files,
+            DatasetRole::Eval => job.data.eval = files,
+        }
+    }
+    job.data.dataset.clear();
+    job.data.now = Some(now.format("%Y-%m-%dT%H:%M:%S").to_string());
+    Ok(report)
+}
+
+/// One line per dataset for the log: what the job reads and what it left for later.
+pub fn describe(resolved: &[ResolvedDataset]) -> Vec<String> {
+    resolved
+        .iter()
+        .map(|r| {
+            let mut line = format!(
+                "dataset `{}` ({}): {} partitions, {} files in {} tasks",
+                r.name,
+                match r.role {
+                    DatasetRole::Train => "train",
+                    DatasetRole::Eval => "eval",
+                },
+                r.partitions,
+                r.files,
+                r.tasks
+            );
+            if !r.pending.is_empty() {
+                line.push_str(&format!(
+                    "; {} newest partition(s) not ready at start and not read ({})",
+                    r.pending.len(),
+                    r.pending.join(", ")
+                ));
+            }
+            line
+        })
+        .collect()
+}
