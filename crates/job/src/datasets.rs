@@ -14,6 +14,9 @@ use elastrec_orchestrate::{Dataset, DatasetRole, TaskGraph, TaskLimits};
 use crate::config::JobConfig;
 use crate::error::{JobError, Result};
 
+/// Where object-store partitions are copied, under `output.dir`.
+pub const STAGING_DIR: &str = "data-cache";
+
 /// How often a start waits between listings of a partition it needs.
 const READY_POLL: Duration = Duration::from_secs(1);
 
@@ -65,25 +68,17 @@ pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
         }
         let mut graph = TaskGraph::new(datasets, TaskLimits::default());
         let (tasks, pending) = graph.plan_for_start(now, READY_POLL)?;
+        // Object-store partitions are copied under the run directory, which the job's
+        // workers share; local ones are read in place.
         let mut files = Vec::new();
         for t in &tasks {
-            for path in graph.task_paths(t) {
-                if path.contains("://") {
-                    return Err(JobError::Datasets(
-                        elastrec_orchestrate::OrchestrateError::Definition {
-                            dataset: graph.datasets()[graph.partition(t.partition).dataset]
-                                .name
-                                .clone(),
-                            field: "path",
-                            reason: format!(
-                                "`{path}`: training from object storage is planned (listed) but not read yet; \
-                                 copy the partitions to a local or mounted directory"
-                            ),
-                        },
-                    ));
-                }
-                files.push(path);
-            }
+            let p = graph.partition(t.partition);
+            let cache = job
+                .output
+                .dir
+                .join(STAGING_DIR)
+                .join(&graph.datasets()[p.dataset].name);
+            files.extend(graph.stage_task(t, &cache)?);
         }
         for (d, ds) in graph.datasets().iter().enumerate() {
             let mine = |p: u32| graph.partition(p).dataset == d;

@@ -187,6 +187,34 @@ impl TaskGraph {
             .collect()
     }
 
+    /// Local paths of a task's files: the files themselves on local storage; on an object
+    /// store, copies under `cache/<dir>/` (fetched once; a copy of the listed size is
+    /// reused, since a ready partition never changes).
+    pub fn stage_task(&self, t: &DataTask, cache: &std::path::Path) -> Result<Vec<String>> {
+        let p = self.partition(t.partition);
+        let ds = &self.datasets[p.dataset];
+        if ds.lister.is_local() {
+            return Ok(self.task_paths(t));
+        }
+        (t.first..t.end)
+            .map(|i| {
+                let name = p.files.name(i as usize);
+                let dest = cache.join(&p.dir).join(name);
+                let whole =
+                    std::fs::metadata(&dest).is_ok_and(|m| m.len() == p.files.size(i as usize));
+                if !whole {
+                    ds.lister.fetch(&p.dir, name, &dest).map_err(|source| {
+                        OrchestrateError::Listing {
+                            dataset: ds.name.clone(),
+                            source,
+                        }
+                    })?;
+                }
+                Ok(dest.display().to_string())
+            })
+            .collect()
+    }
+
     /// Bytes held by the listing cache.
     pub fn listing_bytes(&self) -> usize {
         self.partitions

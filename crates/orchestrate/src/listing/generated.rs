@@ -57,6 +57,10 @@ impl Lister for GeneratedLister {
     fn root(&self) -> String {
         "generated://".into()
     }
+
+    fn is_local(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

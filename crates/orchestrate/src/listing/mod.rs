@@ -171,6 +171,22 @@ pub trait Lister: Send + Sync {
     fn file_path(&self, dir: &str, file: &str) -> String {
         format!("{}/{dir}/{file}", self.root().trim_end_matches('/'))
     }
+
+    /// True when readers open [`Lister::file_path`] directly; false when a file must be
+    /// fetched first ([`Lister::fetch`]).
+    fn is_local(&self) -> bool {
+        true
+    }
+
+    /// Copies `file` of partition `dir` to `dest` (written to a temporary name, then
+    /// renamed, so `dest` is either whole or absent) and returns its size.
+    fn fetch(&self, dir: &str, file: &str, dest: &std::path::Path) -> Result<u64, ListError> {
+        let _ = dest;
+        Err(ListError {
+            dir: format!("{}/{dir}", self.root()),
+            reason: format!("{file}: this storage is read in place, not fetched"),
+        })
+    }
 }
 
 /// Applies the readiness rule of [`Lister::list`] once a listing is known.

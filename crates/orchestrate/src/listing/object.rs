@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use elastrec_checkpoint::store::{redact_location, CheckpointStore};
 use object_store::path::Path;
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::{readiness, FileList, ListError, Lister, Listing, NameFilter};
 
@@ -80,5 +80,49 @@ impl Lister for ObjectStoreLister {
 
     fn root(&self) -> String {
         self.location.clone()
+    }
+
+    fn is_local(&self) -> bool {
+        false
+    }
+
+    fn fetch(&self, dir: &str, file: &str, dest: &std::path::Path) -> Result<u64, ListError> {
+        use futures::StreamExt;
+        use std::io::Write;
+        let fail = |reason: String| ListError {
+            dir: format!("{}/{dir}", self.location),
+            reason: format!("{file}: {reason}"),
+        };
+        let path: Path = self
+            .prefix
+            .parts()
+            .chain(Path::from(dir).parts())
+            .chain(Path::from(file).parts())
+            .collect();
+        let parent = dest.parent().unwrap_or(std::path::Path::new("."));
+        std::fs::create_dir_all(parent).map_err(|e| fail(format!("{}: {e}", parent.display())))?;
+        let tmp = dest.with_extension("part-download");
+        let mut out =
+            std::fs::File::create(&tmp).map_err(|e| fail(format!("{}: {e}", tmp.display())))?;
+        let bytes = self.runtime.handle().block_on(async {
+            let mut stream = self
+                .store
+                .get(&path)
+                .await
+                .map_err(|e| fail(e.to_string()))?
+                .into_stream();
+            let mut n = 0u64;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| fail(e.to_string()))?;
+                out.write_all(&chunk)
+                    .map_err(|e| fail(format!("{}: {e}", tmp.display())))?;
+                n += chunk.len() as u64;
+            }
+            Ok::<u64, ListError>(n)
+        })?;
+        out.sync_all()
+            .map_err(|e| fail(format!("{}: {e}", tmp.display())))?;
+        std::fs::rename(&tmp, dest).map_err(|e| fail(format!("{}: {e}", dest.display())))?;
+        Ok(bytes)
     }
 }
