@@ -192,6 +192,32 @@ fn bad_dataset_definitions_fail_naming_the_dataset_and_field() {
             "partition",
         ),
     ];
+    // Hour 01 of a second data set drops a column: its TSV rows have 39 fields.
+    let good = tmp.path().join("data/dt=20261101/hour=00");
+    let narrow = tmp.path().join("narrow/dt=20261101");
+    std::fs::create_dir_all(narrow.join("hour=00")).unwrap();
+    std::fs::create_dir_all(narrow.join("hour=01")).unwrap();
+    for name in ["part-00000.tsv", "_SUCCESS"] {
+        std::fs::copy(good.join(name), narrow.join("hour=00").join(name)).unwrap();
+    }
+    let rows = std::fs::read_to_string(good.join("part-00000.tsv")).unwrap();
+    let dropped: String = rows
+        .lines()
+        .map(|l| l.rsplit_once('\t').unwrap().0.to_string() + "\n")
+        .collect();
+    std::fs::write(narrow.join("hour=01/part-00000.tsv"), dropped).unwrap();
+    std::fs::write(narrow.join("hour=01/_SUCCESS"), b"").unwrap();
+    let cases = [
+        cases[0],
+        cases[1],
+        cases[2],
+        cases[3],
+        (
+            "schema",
+            "[[data.dataset]]\nname = \"clicks\"\npath = \"narrow/dt={date}/hour={hour}\"\nfrom = \"2026-11-01T00\"\nto = \"2026-11-01T02\"\n",
+            "dataset `clicks`, partition `dt=20261101/hour=01`: its schema differs",
+        ),
+    ];
     for (name, data, says) in cases {
         let path = job(tmp.path(), name, data, "");
         let out = elastrec(&["train", path.to_str().unwrap()]);
@@ -266,4 +292,55 @@ to = "2026-11-03"
         .exists());
     // The location names no key: the secret never reaches the log.
     assert!(!log.contains("testing"), "{log}");
+}
+
+/// Parquet partitions (gen-data --format parquet --hourly-from) train like TSV ones.
+#[test]
+fn train_reads_parquet_partitions() {
+    let tmp = tempfile::tempdir().unwrap();
+    ok(&elastrec(&[
+        "gen-data",
+        "--out",
+        tmp.path().join("pq").to_str().unwrap(),
+        "--rows",
+        &(2 * ROWS_PER_DAY).to_string(),
+        "--days",
+        "2",
+        "--scale",
+        "0.001",
+        "--format",
+        "parquet",
+        "--hourly-from",
+        "2026-11-01",
+    ]));
+    assert!(tmp
+        .path()
+        .join("pq/dt=20261102/hour=23/part-00000.parquet")
+        .exists());
+    let data = r#"
+[[data.dataset]]
+name = "clicks"
+path = "pq/dt={date}/hour={hour}"
+files = "*.parquet"
+from = "2026-11-01"
+to = "2026-11-02"
+[[data.dataset]]
+name = "holdout"
+path = "pq/dt={date}/hour={hour}"
+from = "2026-11-02"
+to = "2026-11-03"
+role = "eval"
+"#;
+    let path = job(tmp.path(), "parquet", data, "");
+    let log = ok(&elastrec(&["train", path.to_str().unwrap()]));
+    assert!(
+        log.contains("dataset `clicks` (train): 24 partitions, 24 files"),
+        "{log}"
+    );
+    let s: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(tmp.path().join("parquet/summary.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(s["samples"].as_u64().unwrap(), ROWS_PER_DAY, "{s}");
+    assert_eq!(s["eval"]["samples"].as_u64().unwrap(), ROWS_PER_DAY, "{s}");
 }

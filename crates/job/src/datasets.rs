@@ -71,14 +71,24 @@ pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
         // Object-store partitions are copied under the run directory, which the job's
         // workers share; local ones are read in place.
         let mut files = Vec::new();
+        let mut checked = std::collections::HashSet::new();
         for t in &tasks {
             let p = graph.partition(t.partition);
-            let cache = job
-                .output
-                .dir
-                .join(STAGING_DIR)
-                .join(&graph.datasets()[p.dataset].name);
-            files.extend(graph.stage_task(t, &cache)?);
+            let dataset = &graph.datasets()[p.dataset].name;
+            let cache = job.output.dir.join(STAGING_DIR).join(dataset);
+            let staged = graph.stage_task(t, &cache)?;
+            if checked.insert(t.partition) {
+                if let Some(first) = staged.first() {
+                    check_schema(first, job.data.on_bad_row).map_err(|source| {
+                        JobError::PartitionSchema {
+                            dataset: dataset.clone(),
+                            partition: p.dir.clone(),
+                            source,
+                        }
+                    })?;
+                }
+            }
+            files.extend(staged);
         }
         for (d, ds) in graph.datasets().iter().enumerate() {
             let mine = |p: u32| graph.partition(p).dataset == d;
@@ -113,6 +123,19 @@ pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
     job.data.dataset.clear();
     job.data.now = Some(now.format("%Y-%m-%dT%H:%M:%S").to_string());
     Ok(report)
+}
+
+/// Opens `file` and reads its first row: a partition written with another schema (a
+/// Parquet column missing, TSV rows of another width) fails the start, naming the dataset
+/// and partition, instead of a worker once it reaches that hour.
+fn check_schema(
+    file: &str,
+    policy: elastrec_data::BadRowPolicy,
+) -> std::result::Result<(), elastrec_data::DataError> {
+    let mut reader = elastrec_data::open_reader(std::path::Path::new(file), policy)?;
+    let mut batch = elastrec_data::Batch::with_capacity(1);
+    reader.next_batch(&mut batch, 1)?;
+    Ok(())
 }
 
 /// One line per dataset for the log: what the job reads and what it left for later.

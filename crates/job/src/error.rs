@@ -13,6 +13,16 @@ pub enum JobError {
     /// The job's `[[data.dataset]]` definitions could not be resolved into files.
     #[error(transparent)]
     Datasets(#[from] elastrec_orchestrate::OrchestrateError),
+    /// A partition's first file cannot be read as the job's samples.
+    #[error("dataset `{dataset}`, partition `{partition}`: its schema differs from the job's samples: {source}")]
+    PartitionSchema {
+        /// The dataset.
+        dataset: String,
+        /// The partition directory.
+        partition: String,
+        /// The reader's error (file, line or row, field).
+        source: elastrec_data::DataError,
+    },
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
