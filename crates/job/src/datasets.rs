@@ -83,7 +83,7 @@ pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
                         JobError::PartitionSchema {
                             dataset: dataset.clone(),
                             partition: p.dir.clone(),
-                            source,
+                            source: Box::new(source),
                         }
                     })?;
                 }

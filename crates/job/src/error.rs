@@ -21,7 +21,7 @@ pub enum JobError {
         /// The partition directory.
         partition: String,
         /// The reader's error (file, line or row, field).
-        source: elastrec_data::DataError,
+        source: Box<elastrec_data::DataError>,
     },
     /// A file could not be read or written.
     #[error("{path}: {source}")]
