@@ -9,13 +9,11 @@ mod moto;
 use std::path::Path;
 use std::process::{Command, Output};
 
-fn elastrec(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_elastrec"))
-        .args(args)
-        .output()
-        .expect("run elastrec")
-}
+mod common;
 
+use common::elastrec;
+
+/// The log (stderr) of a run that must have succeeded.
 fn ok(out: &Output) -> String {
     assert!(
         out.status.success(),
@@ -27,6 +25,12 @@ fn ok(out: &Output) -> String {
 }
 
 const ROWS_PER_DAY: u64 = 10_000;
+
+/// `summary.json` of the single-process job `name`.
+fn summary(dir: &Path, name: &str) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join(name).join("summary.json")).unwrap())
+        .unwrap()
+}
 
 /// Four days of hourly partitions, 2026-11-01 to 2026-11-04, under `dir/data`.
 fn hourly_data(dir: &Path) {
@@ -105,10 +109,7 @@ fn train_reads_exactly_the_window_of_hourly_partitions() {
         log.contains("dataset `holdout` (eval): 24 partitions"),
         "{log}"
     );
-    let s: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(tmp.path().join("fixed/summary.json")).unwrap(),
-    )
-    .unwrap();
+    let s = summary(tmp.path(), "fixed");
     assert_eq!(s["samples"].as_u64().unwrap(), 3 * ROWS_PER_DAY, "{s}");
     assert_eq!(s["eval"]["samples"].as_u64().unwrap(), ROWS_PER_DAY, "{s}");
     let auc = s["eval"]["auc"].as_f64().unwrap();
@@ -130,10 +131,7 @@ last = "2d"
         log.contains("dataset `recent` (train): 48 partitions"),
         "{log}"
     );
-    let s: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(tmp.path().join("sliding/summary.json")).unwrap(),
-    )
-    .unwrap();
+    let s = summary(tmp.path(), "sliding");
     assert_eq!(s["samples"].as_u64().unwrap(), 2 * ROWS_PER_DAY, "{s}");
 }
 
@@ -282,9 +280,7 @@ to = "2026-11-03"
         log.contains("dataset `clicks` (train): 24 partitions, 24 files"),
         "{log}"
     );
-    let s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(tmp.path().join("s3/summary.json")).unwrap())
-            .unwrap();
+    let s = summary(tmp.path(), "s3");
     assert_eq!(s["samples"].as_u64().unwrap(), ROWS_PER_DAY, "{s}");
     assert!(tmp
         .path()
@@ -337,10 +333,7 @@ role = "eval"
         log.contains("dataset `clicks` (train): 24 partitions, 24 files"),
         "{log}"
     );
-    let s: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(tmp.path().join("parquet/summary.json")).unwrap(),
-    )
-    .unwrap();
+    let s = summary(tmp.path(), "parquet");
     assert_eq!(s["samples"].as_u64().unwrap(), ROWS_PER_DAY, "{s}");
     assert_eq!(s["eval"]["samples"].as_u64().unwrap(), ROWS_PER_DAY, "{s}");
 }
