@@ -68,6 +68,23 @@ pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
         }
         let mut graph = TaskGraph::new(datasets, TaskLimits::default());
         let (tasks, pending) = graph.plan_for_start(now, READY_POLL)?;
+        let mut found: Vec<ResolvedDataset> = graph
+            .datasets()
+            .iter()
+            .enumerate()
+            .map(|(d, ds)| ResolvedDataset {
+                name: ds.name.clone(),
+                role,
+                partitions: 0,
+                files: 0,
+                tasks: 0,
+                pending: pending
+                    .iter()
+                    .filter(|p| p.dataset == d)
+                    .map(|p| p.dir.clone())
+                    .collect(),
+            })
+            .collect();
         // Object-store partitions are copied under the run directory, which the job's
         // workers share; local ones are read in place.
         let mut files = Vec::new();
@@ -77,7 +94,11 @@ pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
             let dataset = &graph.datasets()[p.dataset].name;
             let cache = job.output.dir.join(STAGING_DIR).join(dataset);
             let staged = graph.stage_task(t, &cache)?;
+            let counts = &mut found[p.dataset];
+            counts.tasks += 1;
+            counts.files += staged.len();
             if checked.insert(t.partition) {
+                counts.partitions += 1;
                 if let Some(first) = staged.first() {
                     check_schema(first, job.data.on_bad_row).map_err(|source| {
                         JobError::PartitionSchema {
@@ -90,31 +111,7 @@ pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
             }
             files.extend(staged);
         }
-        for (d, ds) in graph.datasets().iter().enumerate() {
-            let mine = |p: u32| graph.partition(p).dataset == d;
-            let mut parts: Vec<u32> = tasks
-                .iter()
-                .map(|t| t.partition)
-                .filter(|&p| mine(p))
-                .collect();
-            parts.dedup();
-            report.push(ResolvedDataset {
-                name: ds.name.clone(),
-                role,
-                partitions: parts.len(),
-                files: tasks
-                    .iter()
-                    .filter(|t| mine(t.partition))
-                    .map(|t| (t.end - t.first) as usize)
-                    .sum(),
-                tasks: tasks.iter().filter(|t| mine(t.partition)).count(),
-                pending: pending
-                    .iter()
-                    .filter(|p| p.dataset == d)
-                    .map(|p| p.dir.clone())
-                    .collect(),
-            });
-        }
+        report.extend(found);
         match role {
             DatasetRole::Train => job.data.train = files,
             DatasetRole::Eval => job.data.eval = files,

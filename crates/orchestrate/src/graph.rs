@@ -5,9 +5,10 @@
 //! * **timer**: one per partition start time in each dataset's window that has not been
 //!   sunk yet (a sliding window adds new timers as the clock moves);
 //! * **source**: lists the partition directory (or takes it from the listing cache) and
-//!   cuts its files into tasks. Sources run in parallel (rayon); sources of the same
-//!   partition directory are one listing (the cache is keyed by dataset and time, and a
-//!   ready partition is immutable, so it is listed once per job);
+//!   cuts its files into tasks. Sources run in parallel (rayon). A ready partition is
+//!   immutable, so it is listed once per job (the cache is keyed by dataset and time); two
+//!   datasets over the same directory are still listed separately (Primus's fusion of
+//!   sources is not built);
 //! * **joiner**: a time is complete when every dataset's partition at that time is ready;
 //! * **sink**: appends the tasks of complete times, oldest first, and stops at the first
 //!   incomplete time, so tasks always leave in chronological order whatever finished first.
@@ -129,10 +130,26 @@ struct Cut {
     bytes: u64,
 }
 
+/// One timer: the partition of dataset `dataset` starting at `start`, in directory `dir`.
+struct Timer {
+    start: NaiveDateTime,
+    dataset: usize,
+    dir: String,
+}
+
 /// One source operator's outcome.
 enum Source {
     Cached(u32),
     Listed(Listing),
+}
+
+impl Source {
+    fn is_ready(&self) -> bool {
+        match self {
+            Source::Cached(_) => true,
+            Source::Listed(l) => l.ready,
+        }
+    }
 }
 
 /// The task generator of a job's datasets.
@@ -227,7 +244,7 @@ impl TaskGraph {
     pub fn plan(&mut self, now: NaiveDateTime) -> Result<Round> {
         // Timers: every partition time of every window not sunk yet.
         let mut round = Round::default();
-        let mut units: Vec<(NaiveDateTime, usize)> = Vec::new();
+        let mut timers: Vec<Timer> = Vec::new();
         for (d, ds) in self.datasets.iter().enumerate() {
             let g = ds.template.granularity();
             let window = ds.window.at(now, g);
@@ -243,25 +260,29 @@ impl TaskGraph {
                     continue;
                 }
                 seen.partitions += 1;
-                units.push((t, d));
+                timers.push(Timer {
+                    start: t,
+                    dataset: d,
+                    dir: ds.template.render(t),
+                });
             }
             round.datasets.push(seen);
         }
-        units.sort_unstable();
+        timers.sort_unstable_by_key(|u| (u.start, u.dataset));
 
         // Sources, in parallel: a cached partition is not listed again.
         let this = &*self;
-        let outcomes: Vec<(Source, Vec<Cut>)> = units
+        let outcomes: Vec<(Source, Vec<Cut>)> = timers
             .par_iter()
-            .map(|&(t, d)| {
-                if let Some(&i) = this.cache.get(&(d, t)) {
+            .map(|u| {
+                if let Some(&i) = this.cache.get(&(u.dataset, u.start)) {
                     let cuts = cut(&this.partitions[i as usize].files, this.limits);
                     return Ok((Source::Cached(i), cuts));
                 }
-                let ds = &this.datasets[d];
+                let ds = &this.datasets[u.dataset];
                 let listing = ds
                     .lister
-                    .list(&ds.template.render(t), &ds.filter, &ds.marker)
+                    .list(&u.dir, &ds.filter, &ds.marker)
                     .map_err(|source| OrchestrateError::Listing {
                         dataset: ds.name.clone(),
                         source,
@@ -275,10 +296,9 @@ impl TaskGraph {
             })
             .collect::<Result<_>>()?;
 
-        // Joiners and the sink, in time order.
-        let mut ready = Vec::with_capacity(units.len());
-        for (&(t, d), (source, _)) in units.iter().zip(&outcomes) {
-            let stats = &mut round.datasets[d];
+        // Joiners, in time order: the oldest time with a pending partition blocks the sink.
+        for (u, (source, _)) in timers.iter().zip(&outcomes) {
+            let stats = &mut round.datasets[u.dataset];
             let (exists, is_ready, files) = match source {
                 Source::Cached(i) => {
                     round.cached += 1;
@@ -295,18 +315,21 @@ impl TaskGraph {
                 stats.files += files as u64;
             } else {
                 round.pending.push(PendingPartition {
-                    dataset: d,
-                    start: t,
-                    dir: self.datasets[d].template.render(t),
+                    dataset: u.dataset,
+                    start: u.start,
+                    dir: u.dir.clone(),
                     exists,
                 });
-                round.blocked_at = Some(round.blocked_at.map_or(t, |b| b.min(t)));
+                // Timers are sorted: the first pending one is the oldest.
+                round.blocked_at.get_or_insert(u.start);
             }
-            ready.push(is_ready);
         }
-        for ((&(t, d), (source, cuts)), _) in
-            units.iter().zip(outcomes).zip(&ready).filter(|(_, &r)| r)
-        {
+        // The sink: ready partitions are cached; those before the blocked time leave.
+        for (u, (source, cuts)) in timers.into_iter().zip(outcomes) {
+            if !source.is_ready() {
+                continue;
+            }
+            let (t, d) = (u.start, u.dataset);
             let index = match source {
                 Source::Cached(i) => i,
                 Source::Listed(listing) => {
@@ -314,7 +337,7 @@ impl TaskGraph {
                     self.partitions.push(Partition {
                         dataset: d,
                         start: t,
-                        dir: self.datasets[d].template.render(t),
+                        dir: u.dir,
                         files: listing.files,
                     });
                     self.cache.insert((d, t), i);

@@ -964,15 +964,17 @@ mod tests {
     async fn async_push_applies_at_once_and_checks_lengths() {
         let ps = PsShard::new(&job("async"), 1, 2).unwrap();
         let row = owned_row(0, 1);
-        let before = ps
-            .pull(&PullRequest {
+        let pull = || {
+            ps.pull(&PullRequest {
                 version: rpc::version(),
                 tables: vec![0],
                 rows: vec![row],
                 want_dense: true,
                 layout_version: 0,
             })
-            .unwrap();
+            .unwrap()
+        };
+        let before = pull();
         let req = |grads: Vec<f32>, dense: Vec<f32>| PushRequest {
             version: rpc::version(),
             worker_id: 1,
@@ -1037,27 +1039,11 @@ mod tests {
         ));
         // A refused push changed nothing.
         assert_eq!(ps.version(), 0);
-        let unchanged = ps
-            .pull(&PullRequest {
-                version: rpc::version(),
-                tables: vec![0],
-                rows: vec![row],
-                want_dense: true,
-                layout_version: 0,
-            })
-            .unwrap();
+        let unchanged = pull();
         assert_eq!(unchanged.values, before.values);
         let r = ps.push(req(vec![1.0; 4], vec![0.5; n])).await.unwrap();
         assert_eq!(r.dense_version, 1);
-        let after = ps
-            .pull(&PullRequest {
-                version: rpc::version(),
-                tables: vec![0],
-                rows: vec![row],
-                want_dense: true,
-                layout_version: 0,
-            })
-            .unwrap();
+        let after = pull();
         assert!(after.values.iter().zip(&before.values).all(|(a, b)| a < b));
         assert!(after.dense.iter().zip(&before.dense).all(|(a, b)| a < b));
     }
