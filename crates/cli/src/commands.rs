@@ -24,6 +24,14 @@ pub fn train(config: &Path, print_config: bool) -> Result<()> {
         print!("{}", toml::to_string_pretty(&job)?);
         return Ok(());
     }
+    // Following needs a master that outlives one pass over what is ready.
+    anyhow::ensure!(
+        !job.data.follow,
+        "{}: data.follow: a following job runs under a master; start it with `elastrec run {}`, \
+         or set data.follow = false to train once on what is ready",
+        config.display(),
+        config.display()
+    );
     init_threads(job.train.threads)?;
     let s =
         elastrec_worker::train(&job).with_context(|| format!("training {}", config.display()))?;

@@ -125,8 +125,13 @@ name = "recent"
 path = "data/dt={date}/hour={hour}"
 last = "2d"
 "#;
-    let path = job(tmp.path(), "sliding", sliding, "");
-    let log = ok(&elastrec(&["train", path.to_str().unwrap()]));
+    job(tmp.path(), "sliding", sliding, "");
+    // Named relative to the working directory, as a user types it.
+    let log = ok(&Command::new(common::exe())
+        .current_dir(tmp.path())
+        .args(["train", "sliding.toml"])
+        .output()
+        .unwrap());
     assert!(
         log.contains("dataset `recent` (train): 48 partitions"),
         "{log}"
@@ -216,8 +221,24 @@ fn bad_dataset_definitions_fail_naming_the_dataset_and_field() {
             "dataset `clicks`, partition `dt=20261101/hour=01`: its schema differs",
         ),
     ];
-    for (name, data, says) in cases {
+    let follow = "follow = true\n[[data.dataset]]\nname = \"clicks\"\npath = \"data/dt={date}/hour={hour}\"\nlast = \"1d\"\n";
+    let cases = cases.map(|(name, data, says)| (name, data, "", says));
+    let follow_cases = [
+        // Following trains each partition once, as it lands.
+        ("follow_epochs", follow, "epochs = 2\n", "train.epochs"),
+        // ... under a master.
+        ("follow_train", follow, "", "start it with `elastrec run"),
+    ];
+    for (name, data, train, says) in cases.into_iter().chain(follow_cases) {
         let path = job(tmp.path(), name, data, "");
+        if !train.is_empty() {
+            let text = std::fs::read_to_string(&path).unwrap();
+            std::fs::write(
+                &path,
+                text.replace("[train]\n", &format!("[train]\n{train}")),
+            )
+            .unwrap();
+        }
         let out = elastrec(&["train", path.to_str().unwrap()]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{name}: {err}");
@@ -336,4 +357,171 @@ role = "eval"
     let s = summary(tmp.path(), "parquet");
     assert_eq!(s["samples"].as_u64().unwrap(), ROWS_PER_DAY, "{s}");
     assert_eq!(s["eval"]["samples"].as_u64().unwrap(), ROWS_PER_DAY, "{s}");
+}
+
+/// Rows of the hourly partitions `hours` of 2026-11-01 (one TSV line per row).
+fn rows_of_hours(dir: &Path, hours: std::ops::Range<u32>) -> u64 {
+    hours
+        .map(|h| {
+            let p = dir.join(format!("data/dt=20261101/hour={h:02}"));
+            std::fs::read_dir(&p)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|f| f.extension().is_some_and(|x| x == "tsv"))
+                .map(|f| std::fs::read_to_string(f).unwrap().lines().count() as u64)
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// A following job (`data.follow`) starts on the hours that are ready, waits for the two
+/// that are not (status names them), trains each once its marker lands, and ends with its
+/// window: the ledger covers all twelve hours exactly once, through a worker killed
+/// mid-task and a master killed and resumed between the two late hours.
+#[test]
+fn a_following_run_trains_the_hours_that_land_during_the_run() {
+    let _serial = common::serial();
+    let tmp = tempfile::tempdir().unwrap();
+    hourly_data(tmp.path());
+    for h in [10, 11] {
+        std::fs::remove_file(
+            tmp.path()
+                .join(format!("data/dt=20261101/hour={h}/_SUCCESS")),
+        )
+        .unwrap();
+    }
+    let data = r#"
+now = "2026-11-03"
+follow = true
+follow_every = "100ms"
+[[data.dataset]]
+name = "clicks"
+path = "data/dt={date}/hour={hour}"
+from = "2026-11-01T00"
+to = "2026-11-01T12"
+
+[[data.dataset]]
+name = "holdout"
+path = "data/dt={date}/hour={hour}"
+from = "2026-11-01T12"
+to = "2026-11-01T15"
+role = "eval"
+"#;
+    let path = job(
+        tmp.path(),
+        "follow",
+        data,
+        "[cluster]\nps = 1\nworkers = 2\nbatches_per_shard = 1\n[checkpoint]\nenabled = false\n",
+    );
+    let dir = tmp.path().join("follow");
+    let log = tmp.path().join("follow.log");
+    // Node ids: the PS is 1, the workers 2 and 3. A worker leaves after its second push,
+    // before reporting it (at least one of the two gets that far on the ready hours).
+    let mut run = common::Group::spawn_with_env(
+        &["run", path.to_str().unwrap()],
+        &log,
+        &[("ELASTREC_FAIL_EXIT_AFTER_PUSH", "2:2,3:2")],
+    );
+    let ready = rows_of_hours(tmp.path(), 0..10);
+    let all = rows_of_hours(tmp.path(), 0..12);
+
+    // Everything that is ready gets trained; the job cannot end before hour 10 lands.
+    let s = wait_followed(&dir, &log, &mut run, ready, 2);
+    assert_eq!(s["phase"], "training", "{s}");
+    assert_eq!(s["datasets"]["growing"], true, "{s}");
+    assert_eq!(
+        s["datasets"]["pending"][0]["dir"], "dt=20261101/hour=10",
+        "{s}"
+    );
+    assert_eq!(s["datasets"]["pending"][0]["exists"], true, "{s}");
+    let status = common::elastrec(&["status", dir.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.contains("waiting for clicks/dt=20261101/hour=10 (no marker yet"),
+        "{text}"
+    );
+
+    let land = |h: u32| {
+        std::fs::write(
+            tmp.path()
+                .join(format!("data/dt=20261101/hour={h}/_SUCCESS")),
+            b"",
+        )
+        .unwrap();
+    };
+    // Hour 10 lands; the job trains it and waits for hour 11.
+    land(10);
+    wait_followed(&dir, &log, &mut run, rows_of_hours(tmp.path(), 0..11), 1);
+    // The master dies and comes back: it knows hour 10 from its database (not queued
+    // again), and goes on following.
+    // SAFETY: plain kill(2) of the master only; its nodes keep running.
+    unsafe {
+        libc::kill(run.pid(), libc::SIGKILL);
+    }
+    let _ = run.wait(std::time::Duration::from_secs(30));
+    let log2 = tmp.path().join("follow.resume.log");
+    let mut resumed = common::Group::spawn(&["run", "--resume", dir.to_str().unwrap()], &log2);
+    wait_followed(
+        &dir,
+        &log2,
+        &mut resumed,
+        rows_of_hours(tmp.path(), 0..11),
+        1,
+    );
+    land(11);
+    let text = resumed.wait_success(&log2);
+    let first = std::fs::read_to_string(&log).unwrap();
+    for (h, text) in [(10, &first), (11, &text)] {
+        let hour = format!("clicks/dt=20261101/hour={h}");
+        assert!(
+            text.lines()
+                .any(|l| l.contains("landed") && l.contains(&hour)),
+            "{text}"
+        );
+    }
+    let killed = (2..=3).any(|w| {
+        std::fs::read_to_string(dir.join(format!("logs/worker-{w}.log")))
+            .unwrap_or_default()
+            .contains("fail point: exiting after a push")
+    });
+    assert!(killed, "no worker stopped at the fail point: {first}");
+    let r = common::result(&dir);
+    assert_eq!(r["status"], "finished", "{r}");
+    let e = &r["epochs"][0];
+    assert_eq!(e["consumed"].as_u64(), Some(all), "{r}");
+    assert_eq!(
+        (e["duplicated"].as_u64(), e["missing"].as_u64()),
+        (Some(0), Some(0)),
+        "{r}"
+    );
+    drop(run);
+}
+
+/// Waits until a following job has trained `samples` and waits for `pending` partitions:
+/// a state it holds until more data lands, so no fast run skips it.
+fn wait_followed(
+    dir: &Path,
+    log: &Path,
+    run: &mut common::Group,
+    samples: u64,
+    pending: usize,
+) -> serde_json::Value {
+    let t0 = std::time::Instant::now();
+    loop {
+        let s = common::status_json(dir).unwrap_or_default();
+        if s["samples_done"].as_u64() == Some(samples)
+            && s["datasets"]["pending"]
+                .as_array()
+                .is_some_and(|p| p.len() == pending)
+        {
+            return s;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(180)
+                && run.0.try_wait().unwrap().is_none(),
+            "the job did not reach {samples} samples with {pending} partitions pending: {s}\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }

@@ -66,6 +66,13 @@ pub struct DataConfig {
     /// The job's "now" for dataset windows, a UTC time like `2026-11-04T00`; default: the
     /// wall clock at start. Set in the resolved job file the master ships.
     pub now: Option<String>,
+    /// Keep following the training datasets after start (`elastrec run` only): the master
+    /// lists their windows again every `follow_every` and trains the partitions that
+    /// landed since. The job ends once every window is bounded (`to`), closed and
+    /// trained; otherwise it runs until `elastrec stop`. Needs `train.epochs = 1`.
+    pub follow: bool,
+    /// How often a following job lists its datasets (a duration like `"1m"` or `"30s"`).
+    pub follow_every: String,
 }
 
 impl Default for DataConfig {
@@ -78,6 +85,8 @@ impl Default for DataConfig {
             generate: None,
             dataset: Vec::new(),
             now: None,
+            follow: false,
+            follow_every: "1m".into(),
         }
     }
 }
@@ -330,9 +339,12 @@ impl JobConfig {
             (elastrec_orchestrate::DatasetRole::Eval, "data.eval"),
         ] {
             let key = field.trim_start_matches("data.");
-            if self.data.dataset.iter().any(|d| d.role == role)
-                && data.is_some_and(|d| d.contains_key(key))
-            {
+            // An empty list names nothing (a following job's resolved file keeps its
+            // training datasets and an empty `train`).
+            let named = data
+                .and_then(|d| d.get(key))
+                .is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty()));
+            if self.data.dataset.iter().any(|d| d.role == role) && named {
                 return Err(ConfigError::Invalid {
                     path: path.to_path_buf(),
                     field,
@@ -353,7 +365,11 @@ impl JobConfig {
             source,
         })?;
         let mut cfg = Self::from_toml(&text, path)?;
-        let base = path.parent().unwrap_or(Path::new("."));
+        // `job.toml` has the parent "", which `std::path::absolute` refuses.
+        let base = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         // Absolute: the distributed job ships this config to processes in other directories.
         cfg.data.dir = crate::distributed::absolute(&base.join(&cfg.data.dir));
         let job_dir = crate::distributed::absolute(base);
@@ -405,6 +421,52 @@ impl JobConfig {
         Ok(())
     }
 
+    /// A following job reads growing training datasets, once each, in time order.
+    fn check_follow(&self) -> Result<(), (&'static str, String)> {
+        let every = humantime::parse_duration(&self.data.follow_every).map_err(|e| {
+            (
+                "data.follow_every",
+                format!(
+                    "`{}` is not a duration like \"1m\": {e}",
+                    self.data.follow_every
+                ),
+            )
+        })?;
+        if every < std::time::Duration::from_millis(10) {
+            return Err(("data.follow_every", "must be at least 10ms".into()));
+        }
+        if !self.data.follow {
+            return Ok(());
+        }
+        let trains = self
+            .data
+            .dataset
+            .iter()
+            .any(|d| d.role == elastrec_orchestrate::DatasetRole::Train);
+        if !trains {
+            return Err((
+                "data.follow",
+                "follows the training datasets, and the job has no [[data.dataset]] with role = \"train\"".into(),
+            ));
+        }
+        if self.train.epochs != 1 {
+            return Err((
+                "train.epochs",
+                format!(
+                    "a following job (data.follow) trains each partition once as it lands; set train.epochs = 1 (it is {})",
+                    self.train.epochs
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// How often a following job lists its datasets.
+    pub fn follow_every(&self) -> std::time::Duration {
+        humantime::parse_duration(&self.data.follow_every)
+            .unwrap_or(std::time::Duration::from_secs(60))
+    }
+
     /// Range checks that serde's types cannot express.
     pub fn validate(&self, path: &Path) -> Result<(), ConfigError> {
         let bad = |field: &'static str, reason: String| ConfigError::Invalid {
@@ -433,6 +495,8 @@ impl JobConfig {
         if let Some(now) = &self.data.now {
             elastrec_orchestrate::parse_time(now).map_err(|e| bad("data.now", e))?;
         }
+        self.check_follow()
+            .map_err(|(field, reason)| bad(field, reason))?;
         let m = &self.model;
         if m.embedding_dim == 0 {
             return Err(bad("model.embedding_dim", "must be at least 1".into()));
@@ -480,7 +544,12 @@ impl JobConfig {
         if self.train.epochs == 0 {
             return Err(bad("train.epochs", "must be at least 1".into()));
         }
-        if self.data.train.is_empty() && self.stream.is_none() {
+        let train_datasets = self
+            .data
+            .dataset
+            .iter()
+            .any(|d| d.role == elastrec_orchestrate::DatasetRole::Train);
+        if self.data.train.is_empty() && self.stream.is_none() && !train_datasets {
             return Err(bad(
                 "data.train",
                 "names no training file (and there is no [stream] to train from)".into(),

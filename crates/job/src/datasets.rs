@@ -7,9 +7,12 @@
 //! stores and ships to its workers, so every process and a resumed master read the same
 //! files.
 
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use elastrec_orchestrate::{Dataset, DatasetRole, TaskGraph, TaskLimits};
+use chrono::NaiveDateTime;
+use elastrec_orchestrate::{Dataset, DatasetRole, PendingPartition, TaskGraph, TaskLimits};
 
 use crate::config::JobConfig;
 use crate::error::{JobError, Result};
@@ -40,6 +43,10 @@ pub struct ResolvedDataset {
 /// Resolves the job's datasets (a no-op without any): fills `data.train` (and `data.eval`
 /// when an `eval` dataset is given), fixes `data.now`, and removes the definitions.
 /// Blocks while it waits for needed partitions (up to each dataset's `ready_timeout`).
+///
+/// A following job (`data.follow`) keeps its training definitions and its clock (unless
+/// `data.now` was given): its master lists them again while it runs. At start it needs
+/// only its oldest partition; what is not ready yet is trained when it lands.
 pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
     if job.data.dataset.is_empty() {
         return Ok(Vec::new());
@@ -67,7 +74,8 @@ pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
             continue;
         }
         let mut graph = TaskGraph::new(datasets, TaskLimits::default());
-        let (tasks, pending) = graph.plan_for_start(now, READY_POLL)?;
+        let follow = job.data.follow && role == DatasetRole::Train;
+        let (tasks, pending) = graph.plan_for_start(now, READY_POLL, follow)?;
         let mut found: Vec<ResolvedDataset> = graph
             .datasets()
             .iter()
@@ -117,9 +125,149 @@ pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
             DatasetRole::Eval => job.data.eval = files,
         }
     }
-    job.data.dataset.clear();
-    job.data.now = Some(now.format("%Y-%m-%dT%H:%M:%S").to_string());
+    if job.data.follow {
+        job.data.dataset.retain(|d| d.role == DatasetRole::Train);
+    } else {
+        job.data.dataset.clear();
+        job.data.now = Some(now.format("%Y-%m-%dT%H:%M:%S").to_string());
+    }
     Ok(report)
+}
+
+/// The training datasets of a following job (`data.follow`), compiled.
+fn train_datasets(job: &JobConfig) -> Result<Vec<Dataset>> {
+    let mut out = Vec::new();
+    for (i, cfg) in job.data.dataset.iter().enumerate() {
+        if cfg.role == DatasetRole::Train {
+            // Local roots were made absolute when the job file was loaded.
+            out.push(Dataset::compile(cfg, i, Path::new("."))?);
+        }
+    }
+    Ok(out)
+}
+
+/// Directories a following job's workers may read data files from: each training
+/// dataset's root on local storage, its copy under `output.dir` on an object store. A
+/// worker refuses a task naming a file elsewhere.
+pub fn follow_roots(job: &JobConfig) -> Result<Vec<PathBuf>> {
+    Ok(train_datasets(job)?
+        .into_iter()
+        .map(|ds| {
+            if ds.lister.is_local() {
+                PathBuf::from(ds.lister.root())
+            } else {
+                job.output.dir.join(STAGING_DIR).join(&ds.name)
+            }
+        })
+        .collect())
+}
+
+/// What one look at a following job's datasets found.
+#[derive(Debug, Default)]
+pub struct Landed {
+    /// New files and their rows, in time order.
+    pub files: Vec<(String, u64)>,
+    /// The partitions those files came from, as `dataset/dir`.
+    pub partitions: Vec<String>,
+    /// Partitions of the windows not ready yet, oldest first.
+    pub pending: Vec<PendingPartition>,
+    /// No later look can find anything: every window is bounded, closed and read.
+    pub exhausted: bool,
+}
+
+/// The master's view of a following job's datasets: lists their windows again on each
+/// [`Follower::poll`] and returns the files of the partitions that landed since. Files
+/// the job already has (given at start, or found before a master restart) are skipped.
+pub struct Follower {
+    job: JobConfig,
+    graph: TaskGraph,
+    known: HashSet<String>,
+    now: Option<NaiveDateTime>,
+}
+
+impl Follower {
+    /// A follower of `job`'s training datasets that already has `known` files.
+    pub fn new(job: &JobConfig, known: impl IntoIterator<Item = String>) -> Result<Self> {
+        let now = job
+            .data
+            .now
+            .as_deref()
+            .map(elastrec_orchestrate::parse_time)
+            .transpose()
+            .map_err(|reason| {
+                JobError::Datasets(elastrec_orchestrate::OrchestrateError::Definition {
+                    dataset: "(all)".into(),
+                    field: "data.now",
+                    reason,
+                })
+            })?;
+        Ok(Self {
+            graph: TaskGraph::new(train_datasets(job)?, TaskLimits::default()),
+            job: job.clone(),
+            known: known.into_iter().collect(),
+            now,
+        })
+    }
+
+    /// The name of dataset `d` (graph order, as in [`PendingPartition::dataset`]).
+    pub fn dataset_name(&self, d: usize) -> &str {
+        &self.graph.datasets()[d].name
+    }
+
+    /// How long dataset `d` lets a partition stay unready before it is reported.
+    pub fn ready_timeout(&self, d: usize) -> Duration {
+        self.graph.datasets()[d].ready_timeout
+    }
+
+    /// Lists the windows (at `data.now`, or the wall clock) and returns what landed.
+    /// On an error (storage unreachable, a new file unreadable) nothing is taken and the
+    /// next poll starts over, so a partition is never skipped.
+    pub fn poll(&mut self) -> Result<Landed> {
+        let result = self.poll_once();
+        if result.is_err() {
+            self.graph = TaskGraph::new(train_datasets(&self.job)?, TaskLimits::default());
+        }
+        result
+    }
+
+    fn poll_once(&mut self) -> Result<Landed> {
+        let now = self
+            .now
+            .unwrap_or_else(elastrec_orchestrate::window::now_utc);
+        let round = self.graph.plan(now)?;
+        let mut landed = Landed {
+            pending: round.pending,
+            ..Landed::default()
+        };
+        let mut seen_partitions = HashSet::new();
+        for t in &round.tasks {
+            let p = self.graph.partition(t.partition);
+            let dataset = &self.graph.datasets()[p.dataset].name;
+            let cache = self.job.output.dir.join(STAGING_DIR).join(dataset);
+            let mut first_of_partition = seen_partitions.insert(t.partition);
+            for path in self.graph.stage_task(t, &cache)? {
+                if self.known.contains(&path) {
+                    continue;
+                }
+                let file = Path::new(&path);
+                let schema = |source| JobError::PartitionSchema {
+                    dataset: dataset.clone(),
+                    partition: p.dir.clone(),
+                    source: Box::new(source),
+                };
+                if std::mem::take(&mut first_of_partition) {
+                    check_schema(&path, self.job.data.on_bad_row).map_err(schema)?;
+                    landed.partitions.push(format!("{dataset}/{}", p.dir));
+                }
+                let rows = elastrec_data::count_rows(file).map_err(schema)?;
+                landed.files.push((path, rows));
+            }
+        }
+        self.known
+            .extend(landed.files.iter().map(|(f, _)| f.clone()));
+        landed.exhausted = self.graph.is_exhausted(now);
+        Ok(landed)
+    }
 }
 
 /// Opens `file` and reads its first row: a partition written with another schema (a

@@ -53,6 +53,10 @@ pub struct Fingerprint {
     pub optimizer: serde_json::Value,
     /// Training files (names) and their rows: the data position refers to them.
     pub files: Vec<(String, u64)>,
+    /// A following job's files grow: a checkpoint of it restores into the same job with
+    /// more files (its own are a prefix of the job's).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub following: bool,
 }
 
 impl Fingerprint {
@@ -71,6 +75,7 @@ impl Fingerprint {
                     (name, *r)
                 })
                 .collect(),
+            following: job.data.follow,
         }
     }
 
@@ -95,7 +100,8 @@ impl Fingerprint {
                 other.optimizer, self.optimizer
             ));
         }
-        if self.files != other.files {
+        let grown = self.following && self.files.starts_with(&other.files);
+        if self.files != other.files && !grown {
             return Some(format!(
                 "training files differ: checkpoint {:?} vs job {:?}",
                 other.files, self.files
@@ -216,7 +222,8 @@ pub struct Coordinator {
     shm_ns: String,
     token: String,
     max_bytes: usize,
-    fingerprint: Fingerprint,
+    /// What the job's checkpoints belong to (its files grow in a following job).
+    fingerprint: Mutex<Fingerprint>,
     /// PS count of the layout in force (changes with online re-sharding).
     num_ps: std::sync::atomic::AtomicU32,
     /// The next checkpoint must be full (the PS layout changed: a delta's base was written
@@ -257,7 +264,7 @@ impl Coordinator {
             shm_ns,
             token: token.to_string(),
             max_bytes: job.cluster.max_message_bytes,
-            fingerprint,
+            fingerprint: Mutex::new(fingerprint),
             num_ps: std::sync::atomic::AtomicU32::new(job.cluster.ps),
             force_full: AtomicBool::new(false),
             total_samples: total_samples.max(1),
@@ -545,12 +552,12 @@ impl Coordinator {
         info.insert("persist_s".into(), (persist as f64 / 1e6).into());
         info.insert(
             "fingerprint_parts".into(),
-            serde_json::to_value(&self.fingerprint)?,
+            serde_json::to_value(&*self.fingerprint.lock())?,
         );
         let manifest = Manifest {
             id,
             created_ms: now_ms(),
-            fingerprint: self.fingerprint.digest(),
+            fingerprint: self.fingerprint.lock().digest(),
             kind: if delta {
                 CheckpointKind::Delta { base: last_id }
             } else {
@@ -629,7 +636,14 @@ impl Coordinator {
         } else {
             ""
         };
-        plan_from(&self.store, &self.cfg.location, shm, &self.fingerprint, m).await
+        let fingerprint = self.fingerprint.lock().clone();
+        plan_from(&self.store, &self.cfg.location, shm, &fingerprint, m).await
+    }
+
+    /// A following job's new files: later checkpoints name them.
+    pub fn add_files(&self, job: &JobConfig, files: &[(String, u64)]) {
+        let more = Fingerprint::of(job, files).files;
+        self.fingerprint.lock().files.extend(more);
     }
 
     /// Recovers failed parameter servers: partial (relaunch them on their last part) or
@@ -710,11 +724,16 @@ impl Coordinator {
                 .map_err(|s| anyhow::anyhow!("master state: {}", s.message()))?;
             }
             RecoveryMode::Full => {
-                let (spec, rows) = {
+                let (spec, rows, following) = {
                     let job = core.job.lock();
-                    (job.tasks().spec().clone(), job.tasks().file_rows().to_vec())
+                    let q = job.tasks();
+                    (q.spec().clone(), q.file_rows().to_vec(), q.is_following())
                 };
-                let queue = TaskQueue::from_position(spec, rows, &pos);
+                let mut queue = TaskQueue::from_position(spec, rows, &pos);
+                if following {
+                    // Files that landed after the checkpoint get their tasks back.
+                    queue.follow();
+                }
                 let closed = pos.epochs_closed.clone();
                 core.run(|job, cx| job.full_restore(queue, closed, cx))
                     .await

@@ -162,6 +162,14 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
                 .context("the master sent an unreadable autoscale state")?,
         )
     };
+    let datasets: Option<serde_json::Value> = if s.datasets_json.is_empty() {
+        None
+    } else {
+        Some(
+            serde_json::from_str(&s.datasets_json)
+                .context("the master sent an unreadable datasets state")?,
+        )
+    };
     if args.json {
         let nodes: Vec<serde_json::Value> = s
             .nodes
@@ -199,6 +207,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
                 "autoscale": autoscale,
                 "layout": {"version": s.layout_version, "ps": s.num_ps},
                 "reshards": serde_json::from_str::<serde_json::Value>(&s.reshards_json).unwrap_or_default(),
+                "datasets": datasets,
             })
         );
         return Ok(());
@@ -289,7 +298,37 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
     if let Some(a) = &autoscale {
         print_autoscale(a);
     }
+    if let Some(d) = &datasets {
+        print_datasets(d);
+    }
     Ok(())
+}
+
+/// A following job's part of `elastrec status`.
+fn print_datasets(d: &serde_json::Value) {
+    println!(
+        "following datasets: {} files, {} partitions landed since the master started; {}",
+        d["files"],
+        d["landed"],
+        if d["growing"].as_bool() == Some(false) {
+            "every window is closed and read"
+        } else {
+            "more may land"
+        }
+    );
+    for p in d["pending"].as_array().into_iter().flatten() {
+        println!(
+            "  waiting for {}/{} ({}, {:.0} s)",
+            p["dataset"].as_str().unwrap_or("?"),
+            p["dir"].as_str().unwrap_or("?"),
+            if p["exists"].as_bool() == Some(true) {
+                "no marker yet"
+            } else {
+                "not there yet"
+            },
+            p["waiting_s"].as_f64().unwrap_or(0.0)
+        );
+    }
 }
 
 /// The autoscaler's part of `elastrec status`.

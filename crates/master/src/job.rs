@@ -459,6 +459,33 @@ impl Job {
         dealt
     }
 
+    /// A following job's new files (rows of each): appended to the queue and cut into
+    /// tasks. Returns the index of the first, or `None` once the job left training.
+    pub fn append_files(&mut self, rows: &[u64], cx: &mut impl Context) -> Option<u32> {
+        if self.phase != Phase::Training {
+            return None;
+        }
+        let first = self.tasks.append_files(rows);
+        self.flush_tasks(cx);
+        Some(first)
+    }
+
+    /// A following job's datasets can bring nothing more: training ends once the queue
+    /// is done (at once when it already is).
+    pub fn stop_growing(&mut self, cx: &mut impl Context) {
+        if self.phase != Phase::Training {
+            return;
+        }
+        if let Some(done) = self.tasks.stop_growing() {
+            self.epochs_closed.push(done);
+            cx.event(Event::EpochDone(done.0, done.1));
+            self.persist_meta(cx);
+        }
+        if self.tasks.is_finished() {
+            self.finish_training(cx);
+        }
+    }
+
     /// Ends an online job's training (`elastrec stop`): no new task is handed out; what
     /// the workers already reported stays in the ledger, and what they hold but did not
     /// report stays untrained in the checkpointed position. Evaluation follows as for a

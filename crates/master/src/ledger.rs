@@ -148,6 +148,14 @@ impl Ledger {
         self.file_start = starts;
     }
 
+    /// A file of `rows` rows joins the data set (a following job's new partition).
+    pub fn add_file(&mut self, rows: u64) {
+        self.file_rows.push(rows);
+        if !self.file_start.is_empty() {
+            self.file_start.push(0);
+        }
+    }
+
     /// The expected coverage of `file` now ends at `end` (a stream partition grew).
     pub fn extend_file(&mut self, file: usize, end: u64) {
         if let Some(rows) = self.file_rows.get_mut(file) {

@@ -12,6 +12,7 @@ pub mod backend;
 pub mod brain_link;
 pub mod checkpoint;
 pub mod cli;
+pub mod dataset_watch;
 pub mod job;
 pub mod launch;
 pub mod ledger;

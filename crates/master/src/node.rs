@@ -229,7 +229,8 @@ fn shard_spec(cfg: &JobConfig) -> ShardSpec {
         min_rows: b,
         epochs: cfg.train.epochs,
         seed: cfg.cluster.seed,
-        shuffle: cfg.cluster.shuffle,
+        // A following job trains its partitions in the order they landed.
+        shuffle: cfg.cluster.shuffle && !cfg.data.follow,
     }
 }
 
@@ -524,7 +525,7 @@ pub async fn start_job(
     let (backend, launch) =
         open_backend(kind, exe, &job_id, &job_uid, &addr, &token, tls, &dir, &cfg)?;
     let master_token = role_token(&token, Caller::Master);
-    let job_toml = toml::to_string(&cfg)?;
+    let job_toml = toml::to_string(&shipped(&cfg))?;
     let store = Store::open(&dir.db(), true).await?;
     store.set_meta("job_toml", job_toml.clone()).await?;
     store
@@ -560,6 +561,9 @@ pub async fn start_job(
         Some(starts) => TaskQueue::new_stream(shard_spec(&cfg), starts.clone()),
         None => TaskQueue::new(shard_spec(&cfg), files.iter().map(|f| f.rows).collect()),
     };
+    if cfg.data.follow {
+        queue.follow();
+    }
     let mut initial_plan = None;
     let mut closed = Vec::new();
     if let Some(from) = &from {
@@ -576,6 +580,9 @@ pub async fn start_job(
             files.iter().map(|f| f.rows).collect(),
             &pos,
         );
+        if cfg.data.follow {
+            queue.follow();
+        }
         store
             .set_meta(
                 "ledger_adjust",
@@ -707,6 +714,10 @@ pub async fn resume_job(
     };
     if let Some(adj) = snap.meta.get("ledger_adjust") {
         queue.adjust_ledger(&serde_json::from_str::<Vec<(u32, u64, u64)>>(adj)?);
+    }
+    if cfg.data.follow {
+        // Files stored just before the previous master stopped get their tasks.
+        queue.follow();
     }
     let stats: Option<CheckpointStats> = snap
         .meta
@@ -842,13 +853,24 @@ pub async fn resume_job(
     serve(core, listener, token, &cfg, &dir, autoscale).await
 }
 
+/// The job file every process of the job reads. A following job's training files are
+/// the master's to hand out (they grow): its workers get the dataset definitions, which
+/// say where data files may come from, and no file list.
+fn shipped(cfg: &JobConfig) -> JobConfig {
+    let mut out = cfg.clone();
+    if cfg.data.follow {
+        out.data.train.clear();
+    }
+    out
+}
+
 fn files_rows_total(core: &MasterCore) -> u64 {
     core.job.lock().tasks().file_rows().iter().sum()
 }
 
 fn core_file_pairs(core: &MasterCore) -> Vec<(String, u64)> {
     let rows = core.job.lock().tasks().file_rows().to_vec();
-    core.files.iter().cloned().zip(rows).collect()
+    core.files.read().iter().cloned().zip(rows).collect()
 }
 
 async fn serve(
@@ -897,13 +919,16 @@ async fn serve(
         ))
     });
 
+    if cfg.data.follow {
+        tokio::spawn(crate::dataset_watch::run(core.clone(), cfg.clone()));
+    }
     if let Some(s) = &cfg.stream {
         if s.eval_window > 0 {
             *core.progressive.lock() = Some(crate::progressive::ProgressiveEval::new(
                 s.eval_window as usize,
             ));
         }
-        let partitions = crate::stream_watch::partitions_of(&core.files)?;
+        let partitions = crate::stream_watch::partitions_of(&core.files.read())?;
         tokio::spawn(crate::stream_watch::run(
             core.clone(),
             s.clone(),

@@ -97,8 +97,8 @@ pub struct MasterCore {
     backend: Arc<dyn ClusterBackend>,
     /// Job file every node trains with.
     pub job_toml: String,
-    /// Training file paths by index.
-    pub files: Vec<String>,
+    /// Training file paths by index (a following job's list grows as partitions land).
+    pub files: parking_lot::RwLock<Vec<String>>,
     heartbeat_ms: u32,
     /// Prometheus metrics.
     pub metrics: Metrics,
@@ -126,6 +126,8 @@ pub struct MasterCore {
     pub reshards: Mutex<Vec<crate::reshard::ReshardRecord>>,
     /// An online job's stream statistics (lag, SLO), refreshed by its watcher.
     pub stream_stats: Mutex<Option<crate::stream_stats::StreamStats>>,
+    /// A following job's view of its datasets as JSON, refreshed by its watcher.
+    pub follow_status: Mutex<Option<serde_json::Value>>,
     /// An online job's scaling decisions so far.
     pub online_scaling: Mutex<Vec<crate::online_scale_loop::ScalingEvent>>,
     /// An online job's progressive validation (predictions the workers made before
@@ -150,7 +152,7 @@ impl MasterCore {
             writer,
             backend,
             job_toml,
-            files,
+            files: parking_lot::RwLock::new(files),
             heartbeat_ms,
             metrics: Metrics::new(),
             job_id,
@@ -160,6 +162,7 @@ impl MasterCore {
             restore_plan: Mutex::new(None),
             checkpoints: std::sync::OnceLock::new(),
             stream_stats: Mutex::new(None),
+            follow_status: Mutex::new(None),
             online_scaling: Mutex::new(Vec::new()),
             progressive: Mutex::new(None),
             profiles: Mutex::new(Default::default()),
@@ -381,6 +384,12 @@ impl MasterCore {
                 .as_ref()
                 .map(|v| v.to_string())
                 .unwrap_or_default(),
+            datasets_json: self
+                .follow_status
+                .lock()
+                .as_ref()
+                .map(|v| v.to_string())
+                .unwrap_or_default(),
         };
         drop(job);
         let mut reply = reply;
@@ -534,7 +543,7 @@ impl Master for MasterService {
         let reply = match reply {
             TaskReply::Task(t) => Reply::Task(pb::Task {
                 task_id: t.id,
-                file: self.0.files[t.file as usize].clone(),
+                file: self.0.files.read()[t.file as usize].clone(),
                 start_row: t.start,
                 end_row: t.end,
                 epoch: t.epoch,

@@ -192,6 +192,11 @@ pub struct TaskQueue {
     /// First row (offset) of each file that belongs to the job: 0 for files, the start
     /// offset of each stream partition.
     file_start: Vec<u64>,
+    /// A following job's queue (`data.follow`): files are appended as their partitions
+    /// land ([`TaskQueue::append_files`]); its single epoch stays open while `growing`.
+    follow: bool,
+    /// More files may still be appended (cleared by [`TaskQueue::stop_growing`]).
+    growing: bool,
 }
 
 impl TaskQueue {
@@ -201,6 +206,8 @@ impl TaskQueue {
         Self {
             file_start: vec![0; file_rows.len()],
             open_ended: false,
+            follow: false,
+            growing: false,
             ledger: Ledger::new(file_rows.clone()),
             spec,
             file_rows,
@@ -234,6 +241,80 @@ impl TaskQueue {
         q.ledger.set_starts(starts.clone());
         q.file_start = starts;
         q
+    }
+
+    /// Makes this the queue of a following job: its one epoch exists at once, stays open
+    /// until [`TaskQueue::stop_growing`], and takes appended files. A file without any task
+    /// (appended after the checkpointed position this queue was rebuilt from, or persisted
+    /// just before a master stopped) is cut into tasks now.
+    pub fn follow(&mut self) {
+        debug_assert_eq!(self.spec.epochs, 1, "a following job has one epoch");
+        self.follow = true;
+        self.growing = true;
+        if self.generated_epochs == 0 {
+            self.generate_epoch();
+            return;
+        }
+        let mut tasked = vec![false; self.file_rows.len()];
+        for t in self.tasks.values() {
+            if let Some(f) = tasked.get_mut(t.file as usize) {
+                *f = true;
+            }
+        }
+        for (f, tasked) in tasked.into_iter().enumerate() {
+            if !tasked {
+                self.cut_file(f as u32);
+            }
+        }
+    }
+
+    /// True for a following job's queue.
+    pub fn is_following(&self) -> bool {
+        self.follow
+    }
+
+    /// True while a following job's queue may still take files.
+    pub fn is_growing(&self) -> bool {
+        self.growing
+    }
+
+    /// Appends files of the given rows to a following job's queue and cuts them into
+    /// tasks at the back of the queue (after every task already there: data is trained in
+    /// the order it landed). Returns the index of the first new file.
+    pub fn append_files(&mut self, rows: &[u64]) -> u32 {
+        let first = self.file_rows.len() as u32;
+        if !self.follow {
+            return first;
+        }
+        for (i, &r) in rows.iter().enumerate() {
+            self.file_rows.push(r);
+            self.file_start.push(0);
+            self.ledger.add_file(r);
+            self.cut_file(first + i as u32);
+        }
+        self.growing = true;
+        first
+    }
+
+    /// No more files will come: the epoch closes once its tasks are done. Returns the
+    /// epoch's verdict when that is already the case.
+    pub fn stop_growing(&mut self) -> Option<(u32, LedgerSummary)> {
+        if !std::mem::take(&mut self.growing) {
+            return None;
+        }
+        let open = self.open_per_epoch.get(&0).copied().unwrap_or(0);
+        (self.follow && open == 0).then(|| (0, self.ledger.summary(0)))
+    }
+
+    /// Cuts file `f` of epoch 0 into shards at the back of the queue.
+    fn cut_file(&mut self, f: u32) {
+        let rows = self.file_rows[f as usize];
+        let mut s = 0;
+        while s < rows {
+            let e = (s + self.spec.rows_per_shard).min(rows);
+            self.new_task(0, f, s, e, false);
+            s = e;
+        }
     }
 
     /// True for an online job's queue.
@@ -462,6 +543,7 @@ impl TaskQueue {
     /// True once every epoch's tasks exist and all are done.
     pub fn is_finished(&self) -> bool {
         !self.open_ended
+            && !self.growing
             && self.generated_epochs == self.spec.epochs
             && self.todo.is_empty()
             && self.doing.is_empty()
@@ -547,6 +629,7 @@ impl TaskQueue {
         }
         let Some(id) = self.todo.pop_front() else {
             return if !self.open_ended
+                && !self.growing
                 && self.doing.is_empty()
                 && self.generated_epochs == self.spec.epochs
             {
@@ -609,8 +692,8 @@ impl TaskQueue {
     fn close_one(&mut self, epoch: u32) -> Option<(u32, LedgerSummary)> {
         let open = self.open_per_epoch.entry(epoch).or_default();
         *open -= 1;
-        if self.open_ended {
-            return None; // a stream's epoch never ends
+        if self.open_ended || self.growing {
+            return None; // a stream's epoch never ends; a following job's waits for data
         }
         // Open counts every todo and doing task of the epoch.
         (*open == 0).then(|| (epoch, self.ledger.summary(epoch)))
@@ -667,6 +750,78 @@ mod tests {
                 Assignment::Finished => return epochs,
             }
         }
+    }
+
+    /// Trains every task handed out until the queue makes the worker wait.
+    fn train_until_wait(q: &mut TaskQueue, worker: u32) -> Vec<(u32, LedgerSummary)> {
+        let mut epochs = Vec::new();
+        while let Assignment::Task(t) = q.assign(worker, false) {
+            epochs.extend(q.report(worker, t.id, t.len()).unwrap().epoch_done);
+        }
+        epochs
+    }
+
+    /// A following job's queue waits for more files while it grows, trains appended files
+    /// after the ones before them, and closes its one epoch exactly once, with the ledger
+    /// exact over every file, when growth stops.
+    #[test]
+    fn a_following_queue_trains_appended_files_and_ends_when_growth_stops() {
+        let mut q = TaskQueue::new(spec(100, 1), vec![250, 50]);
+        q.follow();
+        assert!(
+            train_until_wait(&mut q, 1).is_empty(),
+            "no verdict while growing"
+        );
+        assert_eq!(q.assign(1, false), Assignment::Wait);
+        assert!(!q.is_finished());
+        let first = q.append_files(&[120, 0, 30]);
+        assert_eq!(first, 2);
+        // Appended tasks come in file order (never shuffled in before older data).
+        let mut files = Vec::new();
+        while let Assignment::Task(t) = q.assign(1, false) {
+            files.push(t.file);
+            q.report(1, t.id, t.len()).unwrap();
+        }
+        assert_eq!(files, vec![2, 2, 4]);
+        let (epoch, verdict) = q.stop_growing().expect("everything was trained");
+        assert_eq!(epoch, 0);
+        assert_eq!((verdict.consumed, verdict.missing), (450, 0));
+        assert!(verdict.exactly_once());
+        assert!(q.is_finished());
+        assert_eq!(q.stop_growing(), None, "closed once");
+    }
+
+    /// Growth that stops while tasks are open closes the epoch with the last report.
+    #[test]
+    fn a_following_queue_closes_with_its_last_task_after_growth_stops() {
+        let mut q = TaskQueue::new(spec(100, 1), vec![100]);
+        q.follow();
+        let Assignment::Task(t) = q.assign(1, false) else {
+            panic!()
+        };
+        assert_eq!(q.stop_growing(), None, "a task is still open");
+        let r = q.report(1, t.id, t.len()).unwrap();
+        assert_eq!(r.epoch_done.map(|e| e.1.missing), Some(0));
+        assert_eq!(q.assign(1, false), Assignment::Finished);
+    }
+
+    /// Files appended after a checkpointed position (or stored just before a master
+    /// stopped) have no task in the rebuilt queue: following again cuts them, once.
+    #[test]
+    fn following_again_cuts_the_files_a_rebuilt_queue_has_no_task_for() {
+        let mut q = TaskQueue::new(spec(100, 1), vec![100]);
+        q.follow();
+        let pos = q.position();
+        q.append_files(&[200]);
+        let mut r = TaskQueue::from_position(spec(100, 1), vec![100, 200], &pos);
+        r.follow();
+        r.follow();
+        let tasks: Vec<_> = r.tasks.values().map(|t| (t.file, t.start, t.end)).collect();
+        assert_eq!(tasks, vec![(0, 0, 100), (1, 0, 100), (1, 100, 200)]);
+        r.stop_growing();
+        let verdicts = drain(&mut r, 1);
+        assert_eq!(verdicts.len(), 1);
+        assert_eq!((verdicts[0].1.consumed, verdicts[0].1.missing), (300, 0));
     }
 
     /// A queue rebuilt from a mid-epoch position (one task held) finishes the job with the

@@ -240,6 +240,21 @@ impl TaskGraph {
             .sum()
     }
 
+    /// True when no round at `now` or later can add a task: every window is bounded and
+    /// closed at `now`, and its last partition has been sunk.
+    pub fn is_exhausted(&self, now: NaiveDateTime) -> bool {
+        self.datasets.iter().enumerate().all(|(d, ds)| {
+            let g = ds.template.granularity();
+            ds.window.is_closed_at(now, g)
+                && ds
+                    .window
+                    .at(now, g)
+                    .partitions(g)
+                    .last()
+                    .is_none_or(|last| self.sunk[d].is_some_and(|s| s >= last))
+        })
+    }
+
     /// Runs one round at time `now` (UTC). Sources run on the current rayon pool.
     pub fn plan(&mut self, now: NaiveDateTime) -> Result<Round> {
         // Timers: every partition time of every window not sunk yet.
@@ -369,10 +384,14 @@ impl TaskGraph {
     /// definitions match nothing. Needed are the partitions of a bounded window (`to` set)
     /// and any partition older than a ready one; the newest partitions of a growing window
     /// that are not ready yet are left for later rounds and returned as pending.
+    ///
+    /// A job that `follow`s its datasets (lists them again while it runs) needs only a
+    /// first task: it waits for its oldest partition when nothing could leave.
     pub fn plan_for_start(
         &mut self,
         now: NaiveDateTime,
         poll: Duration,
+        follow: bool,
     ) -> Result<(Vec<DataTask>, Vec<PendingPartition>)> {
         let started = std::time::Instant::now();
         let mut tasks = Vec::new();
@@ -416,6 +435,9 @@ impl TaskGraph {
                 .pending
                 .iter()
                 .filter(|p| {
+                    if follow {
+                        return tasks.is_empty();
+                    }
                     self.datasets[p.dataset].window.is_bounded()
                         || newest_ready.is_some_and(|n| p.start < n)
                         || self.cache.keys().any(|&(_, t)| p.start < t)
@@ -438,7 +460,9 @@ impl TaskGraph {
                     } else {
                         format!("no `{}` marker", ds.marker)
                     },
-                    because: if ds.window.is_bounded() {
+                    because: if follow {
+                        "a following job starts once its oldest partition is ready".into()
+                    } else if ds.window.is_bounded() {
                         "it lies in the dataset's fixed window".into()
                     } else {
                         "newer partitions are ready and tasks are served in time order".into()

@@ -124,6 +124,15 @@ impl WindowSpec {
     pub fn is_bounded(self) -> bool {
         matches!(self, WindowSpec::Range { to: Some(_), .. })
     }
+
+    /// True when, at `now`, the window has reached its final extent: it is bounded and
+    /// every partition before its `to` has a whole period in the past.
+    pub fn is_closed_at(self, now: NaiveDateTime, g: Granularity) -> bool {
+        match self {
+            WindowSpec::Range { to: Some(to), .. } => g.floor(now) >= to,
+            _ => false,
+        }
+    }
 }
 
 /// The wall clock, in UTC.

@@ -117,7 +117,7 @@ fn a_sliding_window_picks_up_the_hour_that_lands_later() {
     let mut g = TaskGraph::new(vec![dataset(dir.path(), cfg)], TaskLimits::default());
     // At 04:30 the window is hours 01-03; hour 04 is not complete yet.
     let (tasks, pending) = g
-        .plan_for_start(t("2026-11-01T04:30"), Duration::from_millis(1))
+        .plan_for_start(t("2026-11-01T04:30"), Duration::from_millis(1), false)
         .unwrap();
     assert_eq!(tasks.len(), 3);
     assert!(pending.is_empty());
@@ -128,7 +128,7 @@ fn a_sliding_window_picks_up_the_hour_that_lands_later() {
     assert_eq!(g.partition(r.tasks[0].partition).start, t("2026-11-01T04"));
     // The newest hour of a growing window may be late: it is pending, not an error.
     let (tasks, pending) = g
-        .plan_for_start(t("2026-11-01T06:10"), Duration::from_millis(1))
+        .plan_for_start(t("2026-11-01T06:10"), Duration::from_millis(1), false)
         .unwrap();
     assert!(tasks.is_empty());
     assert_eq!(pending[0].dir, "dt=20261101/hour=05");
@@ -145,7 +145,7 @@ fn a_needed_partition_that_never_lands_fails_naming_it() {
     };
     let mut g = TaskGraph::new(vec![dataset(dir.path(), cfg)], TaskLimits::default());
     let e = g
-        .plan_for_start(t("2026-11-02"), Duration::from_millis(1))
+        .plan_for_start(t("2026-11-02"), Duration::from_millis(1), false)
         .unwrap_err();
     let text = e.to_string();
     assert!(matches!(e, OrchestrateError::NotReady { .. }), "{text}");
@@ -165,7 +165,7 @@ fn definitions_that_match_nothing_say_so() {
     };
     let mut g = TaskGraph::new(vec![dataset(dir.path(), wrong_path)], TaskLimits::default());
     let text = g
-        .plan_for_start(t("2026-11-02"), Duration::from_millis(1))
+        .plan_for_start(t("2026-11-02"), Duration::from_millis(1), false)
         .unwrap_err()
         .to_string();
     assert!(text.contains("matches nothing"), "{text}");
@@ -180,7 +180,7 @@ fn definitions_that_match_nothing_say_so() {
         TaskLimits::default(),
     );
     let text = g
-        .plan_for_start(t("2026-11-02"), Duration::from_millis(1))
+        .plan_for_start(t("2026-11-02"), Duration::from_millis(1), false)
         .unwrap_err()
         .to_string();
     assert!(
@@ -217,4 +217,55 @@ fn two_datasets_are_joined_by_time() {
     assert_eq!(order[0], (t("2026-11-01T00"), 0));
     assert_eq!(order[1], (t("2026-11-01T00"), 1));
     assert_eq!(order.len(), 25);
+}
+
+#[test]
+fn a_bounded_window_is_exhausted_only_once_its_last_hour_is_sunk() {
+    let dir = tempfile::tempdir().unwrap();
+    hourly(dir.path(), "clicks", 0..2, 1);
+    let ds = dataset(dir.path(), clicks(("2026-11-01T00", Some("2026-11-01T03"))));
+    let mut g = TaskGraph::new(vec![ds], TaskLimits::default());
+    // At 02:30 hour 02 is not over: the window has not reached its `to`.
+    assert_eq!(g.plan(t("2026-11-01T02:30")).unwrap().tasks.len(), 2);
+    assert!(!g.is_exhausted(t("2026-11-01T02:30")));
+    // At 04:00 it is, but hour 02 has not landed.
+    let r = g.plan(t("2026-11-01T04")).unwrap();
+    assert_eq!((r.tasks.len(), r.pending.len()), (0, 1));
+    assert!(!g.is_exhausted(t("2026-11-01T04")));
+    hourly(dir.path(), "clicks", 2..3, 1);
+    assert_eq!(g.plan(t("2026-11-01T04")).unwrap().tasks.len(), 1);
+    assert!(g.is_exhausted(t("2026-11-01T04")));
+    // A window without `to` never is.
+    let open = dataset(dir.path(), clicks(("2026-11-01T00", None)));
+    let mut g = TaskGraph::new(vec![open], TaskLimits::default());
+    g.plan(t("2026-11-01T03")).unwrap();
+    assert!(!g.is_exhausted(t("2026-11-01T03")));
+}
+
+#[test]
+fn a_following_start_needs_only_its_oldest_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    hourly(dir.path(), "clicks", 0..2, 1);
+    partition(dir.path(), "clicks/dt=20261101/hour=02", 1, false);
+    let window = ("2026-11-01T00", Some("2026-11-01T03"));
+    // A fixed window waits for its last hour (and gives up here, at once).
+    let strict = DatasetConfig {
+        ready_timeout: "0s".into(),
+        ..clicks(window)
+    };
+    let mut g = TaskGraph::new(
+        vec![dataset(dir.path(), strict.clone())],
+        TaskLimits::default(),
+    );
+    let err = g
+        .plan_for_start(t("2026-11-02"), Duration::from_millis(1), false)
+        .unwrap_err();
+    assert!(matches!(err, OrchestrateError::NotReady { .. }), "{err}");
+    // A following job starts with hours 0-1 and leaves hour 2 for later.
+    let mut g = TaskGraph::new(vec![dataset(dir.path(), strict)], TaskLimits::default());
+    let (tasks, pending) = g
+        .plan_for_start(t("2026-11-02"), Duration::from_millis(1), true)
+        .unwrap();
+    assert_eq!((tasks.len(), pending.len()), (2, 1));
+    assert_eq!(pending[0].dir, "dt=20261101/hour=02");
 }

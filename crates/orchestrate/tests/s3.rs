@@ -57,7 +57,11 @@ fn partitions_on_s3_are_listed_in_time_order_with_their_markers() {
     let ds = Dataset::compile(&cfg, 0, std::path::Path::new(".")).unwrap();
     let mut graph = TaskGraph::new(vec![ds], TaskLimits::default());
     let (tasks, pending) = graph
-        .plan_for_start(parse_time("2026-11-04").unwrap(), Duration::from_millis(1))
+        .plan_for_start(
+            parse_time("2026-11-04").unwrap(),
+            Duration::from_millis(1),
+            false,
+        )
         .unwrap();
     let paths: Vec<String> = tasks.iter().flat_map(|t| graph.task_paths(t)).collect();
     assert_eq!(paths.len(), 4, "{paths:?}");

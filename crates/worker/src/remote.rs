@@ -856,7 +856,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     );
     let mut model = RemoteModel::new(&job, layout, token.clone(), shared.clone(), id)?;
     let batch_size = job.train.batch_size;
-    let files: Vec<PathBuf> = job.train_files();
+    let files = TaskFiles::of(&job)?;
     // An online job's consumer, made on its first task.
     let mut stream: Option<elastrec_stream::StreamInput> = None;
     let mut batch = Batch::with_capacity(batch_size);
@@ -1029,12 +1029,58 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     }
 }
 
+/// The data files a worker may open: the job's list or, in a following job (whose master
+/// appends files as partitions land), any file under its datasets' roots.
+struct TaskFiles {
+    listed: Vec<PathBuf>,
+    roots: Vec<PathBuf>,
+}
+
+impl TaskFiles {
+    fn of(job: &JobConfig) -> anyhow::Result<Self> {
+        Ok(Self {
+            listed: job.train_files(),
+            roots: if job.data.follow {
+                elastrec_job::datasets::follow_roots(job)?
+            } else {
+                Vec::new()
+            },
+        })
+    }
+
+    /// The file a task names and its index in the job's files. A name from the wire is
+    /// trusted only inside the job's data: listed, or (following) an absolute path under
+    /// a dataset root without `..`, past the listed files' indices.
+    fn resolve(&self, task: &elastrec_proto::master::Task) -> anyhow::Result<(PathBuf, u32)> {
+        if let Some(i) = self
+            .listed
+            .iter()
+            .position(|f| f.as_os_str() == task.file.as_str())
+        {
+            return Ok((self.listed[i].clone(), i as u32));
+        }
+        let path = PathBuf::from(&task.file);
+        let inside = path.is_absolute()
+            && !path
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+            && self.roots.iter().any(|r| path.starts_with(r));
+        anyhow::ensure!(
+            inside && task.file_index as usize >= self.listed.len(),
+            "task {} names unknown file {}",
+            task.task_id,
+            task.file
+        );
+        Ok((path, task.file_index))
+    }
+}
+
 /// Opens the data of `task` from row (or offset) `from`: one of the job's training files,
 /// or an offset range of one of its stream partitions. Names from the wire are checked:
 /// only the job's own files, or partitions of its own topics.
 fn open_task(
     job: &JobConfig,
-    files: &[PathBuf],
+    files: &TaskFiles,
     stream: &mut Option<elastrec_stream::StreamInput>,
     task: &elastrec_proto::master::Task,
     from: u64,
@@ -1061,12 +1107,9 @@ fn open_task(
         let reader = input.range(&partition, from, task.end_row, policy)?;
         return Ok((task.file.clone(), task.file_index, Box::new(reader)));
     }
-    let index = files
-        .iter()
-        .position(|f| f.as_os_str() == task.file.as_str())
-        .with_context(|| format!("task {} names unknown file {}", task.task_id, task.file))?;
-    let reader = elastrec_data::open_reader_range(&files[index], from, task.end_row, policy)?;
-    Ok((task.file.clone(), index as u32, reader))
+    let (path, index) = files.resolve(task)?;
+    let reader = elastrec_data::open_reader_range(&path, from, task.end_row, policy)?;
+    Ok((task.file.clone(), index, reader))
 }
 
 /// Rows of this worker's next batch. Asynchronous: `train.batch_size`. Synchronous: the
