@@ -79,6 +79,7 @@ pub struct GenData {
     pub parquet: bool,
     pub seed: u64,
     pub days: u32,
+    pub drift: f64,
     pub scale: f64,
     pub hourly_from: Option<String>,
 }
@@ -105,6 +106,7 @@ pub fn gen_data(a: GenData) -> Result<()> {
         seed: a.seed,
         days: a.days,
         scale: a.scale,
+        drift: a.drift,
     };
     let pb = ProgressBar::with_draw_target(Some(a.rows), ProgressDrawTarget::stderr());
     pb.set_style(ProgressStyle::with_template(
@@ -126,6 +128,13 @@ pub fn gen_data(a: GenData) -> Result<()> {
         "click rate {:.4}, teacher AUC {:.4} (the ceiling a model can approach)",
         r.click_rate, r.teacher_auc
     );
+    if r.drift > 0.0 {
+        println!(
+            "click behaviour drifts {} of a quarter turn per day: day {}'s click model has nothing of day 0's",
+            r.drift,
+            (1.0 / r.drift).ceil()
+        );
+    }
     if let Some(first) = first_day {
         let days: Vec<_> = r
             .files

@@ -93,6 +93,10 @@ struct GenDataArgs {
     /// Factor applied to the published Criteo Kaggle per-feature cardinalities.
     #[arg(long, default_value_t = 0.01)]
     scale: f64,
+    /// Click behaviour drifts: each day the click model turns this share of a quarter
+    /// turn away from day 0's (0: none; 0.25: day 4 shares nothing with day 0).
+    #[arg(long, default_value_t = 0.0)]
+    drift: f64,
     /// Write hourly partitions `dt=YYYYMMDD/hour=HH/part-00000.*` (with `_SUCCESS`
     /// markers) instead of day files, the first day being this UTC date (`2026-11-01`);
     /// for `[[data.dataset]]` jobs (docs/data.md).
@@ -232,6 +236,7 @@ fn main() -> anyhow::Result<()> {
             seed: a.seed,
             days: a.days,
             scale: a.scale,
+            drift: a.drift,
             hourly_from: a.hourly_from,
         }),
         Command::Eval(a) => commands::eval(&a.model, &a.data, &a.on_bad_row, a.json),

@@ -34,6 +34,7 @@ fn spec(out: &Path, format: OutputFormat) -> GenSpec {
         seed: 1,
         days: 1,
         scale: 0.01,
+        drift: 0.0,
     }
 }
 

@@ -103,6 +103,8 @@ pub struct GenerateConfig {
     pub seed: u64,
     /// Factor applied to the published Criteo Kaggle per-feature cardinalities.
     pub scale: f64,
+    /// Drift of the click behaviour per day (`gen-data --drift`; 0: none).
+    pub drift: f64,
 }
 
 impl Default for GenerateConfig {
@@ -112,6 +114,7 @@ impl Default for GenerateConfig {
             days: 7,
             seed: 42,
             scale: 0.01,
+            drift: 0.0,
         }
     }
 }

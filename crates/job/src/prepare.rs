@@ -31,6 +31,7 @@ pub fn ensure_data(job: &JobConfig, progress: bool) -> Result<()> {
         seed: gen.seed,
         days: gen.days,
         scale: gen.scale,
+        drift: gen.drift,
     };
     let pb = progress_bar(progress, gen.rows, "generating");
     let report = elastrec_data::generate_with_progress(&spec, &|done| pb.set_position(done))?;

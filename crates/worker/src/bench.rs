@@ -113,6 +113,7 @@ pub fn ensure_bench_data(opts: &BenchOptions) -> Result<Vec<PathBuf>> {
             seed: 7,
             days: 2,
             scale: 1.0,
+            drift: 0.0,
         })?;
     }
     Ok(files)

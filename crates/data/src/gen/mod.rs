@@ -21,6 +21,7 @@
 //! [`CHUNK_ROWS`] rows of a day has its own seeded RNG; chunks are generated in parallel
 //! with rayon (in the current pool) and written in order by a writer thread.
 
+mod drift;
 mod model;
 pub mod partition;
 mod rng;
@@ -110,6 +111,11 @@ pub struct GenSpec {
     /// Multiplier of the Criteo Kaggle cardinalities (each at least 2).
     #[serde(default = "default_scale")]
     pub scale: f64,
+    /// How fast click behaviour drifts: each day the click model turns `drift` of a
+    /// quarter turn away from day 0's, towards another one (0: no drift; 0.25: day 4
+    /// shares nothing with day 0). See `gen/drift.rs`.
+    #[serde(default)]
+    pub drift: f64,
 }
 
 fn default_days() -> u32 {
@@ -129,6 +135,7 @@ impl GenSpec {
             seed: 0,
             days: 1,
             scale: 1.0,
+            drift: 0.0,
         }
     }
 
@@ -140,6 +147,12 @@ impl GenSpec {
             return Err(DataError::InvalidSpec(format!(
                 "scale must be > 0, got {}",
                 self.scale
+            )));
+        }
+        if !(self.drift.is_finite() && (0.0..=1.0).contains(&self.drift)) {
+            return Err(DataError::InvalidSpec(format!(
+                "drift must be in [0, 1] (a share of a quarter turn per day), got {}",
+                self.drift
             )));
         }
         let max = CRITEO_KAGGLE_CARDINALITIES
@@ -187,6 +200,9 @@ pub struct GenReport {
     pub scale: f64,
     /// Output format.
     pub format: OutputFormat,
+    /// Drift of the click model per day (0: none).
+    #[serde(default)]
+    pub drift: f64,
     /// Fraction of rows with label 1.
     pub click_rate: f64,
     /// Exact AUC of the teacher probabilities against the sampled labels.
@@ -235,6 +251,8 @@ struct ChunkOut {
 struct World {
     features: Features,
     teacher: Teacher,
+    /// Per-day click models when the behaviour drifts.
+    drift: Option<drift::Drift>,
     seed: u64,
     format: OutputFormat,
     auc_stride: u64,
@@ -257,7 +275,11 @@ impl World {
         let mut auc_labels = Vec::with_capacity(keep);
         for i in 0..job.rows {
             self.features.sample(&mut rng, &mut row, &mut ranks);
-            let p = sigmoid(self.teacher.logit(&row, &ranks));
+            let logit = match &self.drift {
+                Some(d) => d.logit(&self.teacher, job.day, &row, &ranks),
+                None => self.teacher.logit(&row, &ranks),
+            };
+            let p = sigmoid(logit);
             row.label = u8::from(rng.f64() < p);
             clicks += row.label as u64;
             if i as u64 % self.auc_stride == 0 {
@@ -366,9 +388,20 @@ pub fn generate_with_progress(spec: &GenSpec, progress: &dyn Fn(u64)) -> Result<
         TARGET_LOGIT_STD,
         TARGET_CTR,
     );
+    let drift = (spec.drift > 0.0).then(|| {
+        drift::Drift::new(
+            &teacher,
+            &features,
+            spec.seed,
+            spec.days,
+            spec.drift,
+            (CALIBRATION_ROWS, TARGET_LOGIT_STD, TARGET_CTR),
+        )
+    });
     let world = World {
         features,
         teacher,
+        drift,
         seed: spec.seed,
         format: spec.format,
         auc_stride: spec.rows.div_ceil(AUC_MAX_ROWS).max(1),
@@ -458,6 +491,7 @@ pub fn generate_with_progress(spec: &GenSpec, progress: &dyn Fn(u64)) -> Result<
         seed: spec.seed,
         scale: spec.scale,
         format: spec.format,
+        drift: spec.drift,
         click_rate: if spec.rows > 0 {
             clicks as f64 / spec.rows as f64
         } else {

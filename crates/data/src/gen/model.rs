@@ -267,8 +267,14 @@ impl Teacher {
     /// The teacher's logit for a row.
     #[inline]
     pub(crate) fn logit(&self, row: &RawRow, ranks: &[u32; NUM_SPARSE]) -> f64 {
+        self.bias + self.signal(row, ranks)
+    }
+
+    /// The logit without the bias: the scaled components.
+    #[inline]
+    pub(crate) fn signal(&self, row: &RawRow, ranks: &[u32; NUM_SPARSE]) -> f64 {
         let c = self.components(row, ranks);
-        self.bias + c.iter().zip(&self.scales).map(|(c, s)| c * s).sum::<f64>()
+        c.iter().zip(&self.scales).map(|(c, s)| c * s).sum::<f64>()
     }
 
     /// Fits normalization, component scales (total logit std `target_std`, split by
@@ -281,14 +287,7 @@ impl Teacher {
         target_std: f64,
         ctr: f64,
     ) {
-        let mut rng = Rng::new(seed ^ 0xCA11_B8A7E);
-        let mut rows = Vec::with_capacity(n);
-        for _ in 0..n {
-            let mut row = RawRow::default();
-            let mut ranks = [0u32; NUM_SPARSE];
-            features.sample(&mut rng, &mut row, &mut ranks);
-            rows.push((row, ranks));
-        }
+        let rows = calibration_rows(features, seed, n);
         for f in 0..NUM_DENSE {
             let g: Vec<f64> = rows
                 .iter()
@@ -309,22 +308,46 @@ impl Teacher {
                 0.0
             };
         }
-        let logits: Vec<f64> = comps
+        let signals: Vec<f64> = comps
             .iter()
             .map(|x| x.iter().zip(&self.scales).map(|(c, s)| c * s).sum())
             .collect();
-        let (mut lo, mut hi) = (-30.0f64, 30.0f64);
-        for _ in 0..60 {
-            let mid = 0.5 * (lo + hi);
-            let mean = logits.iter().map(|l| sigmoid(l + mid)).sum::<f64>() / n as f64;
-            if mean < ctr {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        self.bias = 0.5 * (lo + hi);
+        self.bias = bias_for_ctr(&signals, ctr);
     }
+}
+
+/// The calibration sample: `n` rows drawn from `features` with a seed of its own.
+pub(crate) fn calibration_rows(
+    features: &Features,
+    seed: u64,
+    n: usize,
+) -> Vec<(RawRow, [u32; NUM_SPARSE])> {
+    let mut rng = Rng::new(seed ^ 0xCA11_B8A7E);
+    (0..n)
+        .map(|_| {
+            let mut row = RawRow::default();
+            let mut ranks = [0u32; NUM_SPARSE];
+            features.sample(&mut rng, &mut row, &mut ranks);
+            (row, ranks)
+        })
+        .collect()
+}
+
+/// The bias that gives logits `signals + bias` a mean click probability of `ctr`
+/// (bisection).
+pub(crate) fn bias_for_ctr(signals: &[f64], ctr: f64) -> f64 {
+    let n = signals.len().max(1) as f64;
+    let (mut lo, mut hi) = (-30.0f64, 30.0f64);
+    for _ in 0..60 {
+        let mid = 0.5 * (lo + hi);
+        let mean = signals.iter().map(|l| sigmoid(l + mid)).sum::<f64>() / n;
+        if mean < ctr {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    0.5 * (lo + hi)
 }
 
 fn mean_std(v: &[f64]) -> (f64, f64) {

@@ -18,6 +18,7 @@ fn spec(out: &Path, rows: u64, seed: u64) -> GenSpec {
         seed,
         days: 3,
         scale: 0.001,
+        drift: 0.0,
     }
 }
 
@@ -249,6 +250,14 @@ fn progress_reaches_total_and_edge_specs() {
         },
         GenSpec {
             scale: 0.0,
+            ..s.clone()
+        },
+        GenSpec {
+            drift: 1.5,
+            ..s.clone()
+        },
+        GenSpec {
+            drift: f64::NAN,
             ..s.clone()
         },
         GenSpec { scale: 1e4, ..s },
