@@ -154,22 +154,8 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
             return Ok(());
         }
     };
-    let autoscale: Option<serde_json::Value> = if s.autoscale_json.is_empty() {
-        None
-    } else {
-        Some(
-            serde_json::from_str(&s.autoscale_json)
-                .context("the master sent an unreadable autoscale state")?,
-        )
-    };
-    let datasets: Option<serde_json::Value> = if s.datasets_json.is_empty() {
-        None
-    } else {
-        Some(
-            serde_json::from_str(&s.datasets_json)
-                .context("the master sent an unreadable datasets state")?,
-        )
-    };
+    let autoscale = json_state(&s.autoscale_json, "autoscale")?;
+    let datasets = json_state(&s.datasets_json, "datasets")?;
     if args.json {
         let nodes: Vec<serde_json::Value> = s
             .nodes
@@ -302,6 +288,16 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         print_datasets(d);
     }
     Ok(())
+}
+
+/// A JSON part of the status reply (empty: the job has none).
+fn json_state(text: &str, what: &str) -> anyhow::Result<Option<serde_json::Value>> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    serde_json::from_str(text)
+        .map(Some)
+        .with_context(|| format!("the master sent an unreadable {what} state"))
 }
 
 /// A following job's part of `elastrec status`.
