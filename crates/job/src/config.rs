@@ -75,6 +75,13 @@ pub struct DataConfig {
     pub follow_every: String,
 }
 
+impl DataConfig {
+    /// True when a `[[data.dataset]]` has this role.
+    pub fn has_dataset(&self, role: elastrec_orchestrate::DatasetRole) -> bool {
+        self.dataset.iter().any(|d| d.role == role)
+    }
+}
+
 impl Default for DataConfig {
     fn default() -> Self {
         Self {
@@ -347,7 +354,7 @@ impl JobConfig {
             let named = data
                 .and_then(|d| d.get(key))
                 .is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty()));
-            if self.data.dataset.iter().any(|d| d.role == role) && named {
+            if self.data.has_dataset(role) && named {
                 return Err(ConfigError::Invalid {
                     path: path.to_path_buf(),
                     field,
@@ -396,12 +403,10 @@ impl JobConfig {
         } else {
             self.train_files()
         };
-        let eval_datasets = self
+        let eval = if self
             .data
-            .dataset
-            .iter()
-            .any(|d| d.role == elastrec_orchestrate::DatasetRole::Eval);
-        let eval = if eval_datasets {
+            .has_dataset(elastrec_orchestrate::DatasetRole::Eval)
+        {
             Vec::new()
         } else {
             self.eval_files()
@@ -441,12 +446,10 @@ impl JobConfig {
         if !self.data.follow {
             return Ok(());
         }
-        let trains = self
+        if !self
             .data
-            .dataset
-            .iter()
-            .any(|d| d.role == elastrec_orchestrate::DatasetRole::Train);
-        if !trains {
+            .has_dataset(elastrec_orchestrate::DatasetRole::Train)
+        {
             return Err((
                 "data.follow",
                 "follows the training datasets, and the job has no [[data.dataset]] with role = \"train\"".into(),
@@ -549,9 +552,7 @@ impl JobConfig {
         }
         let train_datasets = self
             .data
-            .dataset
-            .iter()
-            .any(|d| d.role == elastrec_orchestrate::DatasetRole::Train);
+            .has_dataset(elastrec_orchestrate::DatasetRole::Train);
         if self.data.train.is_empty() && self.stream.is_none() && !train_datasets {
             return Err(bad(
                 "data.train",

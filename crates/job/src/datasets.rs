@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use chrono::NaiveDateTime;
-use elastrec_orchestrate::{Dataset, DatasetRole, PendingPartition, TaskGraph, TaskLimits};
+use elastrec_orchestrate::{
+    DataTask, Dataset, DatasetRole, PendingPartition, TaskGraph, TaskLimits,
+};
 
 use crate::config::JobConfig;
 use crate::error::{JobError, Result};
@@ -51,25 +53,10 @@ pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
     if job.data.dataset.is_empty() {
         return Ok(Vec::new());
     }
-    let now = match &job.data.now {
-        Some(text) => elastrec_orchestrate::parse_time(text).map_err(|reason| {
-            JobError::Datasets(elastrec_orchestrate::OrchestrateError::Definition {
-                dataset: "(all)".into(),
-                field: "data.now",
-                reason,
-            })
-        })?,
-        None => elastrec_orchestrate::window::now_utc(),
-    };
+    let now = fixed_now(job)?.unwrap_or_else(elastrec_orchestrate::window::now_utc);
     let mut report = Vec::new();
     for role in [DatasetRole::Train, DatasetRole::Eval] {
-        let mut datasets = Vec::new();
-        for (i, cfg) in job.data.dataset.iter().enumerate() {
-            if cfg.role == role {
-                // Local roots were made absolute when the job file was loaded.
-                datasets.push(Dataset::compile(cfg, i, std::path::Path::new("."))?);
-            }
-        }
+        let datasets = datasets_of(job, role)?;
         if datasets.is_empty() {
             continue;
         }
@@ -93,28 +80,17 @@ pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
                     .collect(),
             })
             .collect();
-        // Object-store partitions are copied under the run directory, which the job's
-        // workers share; local ones are read in place.
         let mut files = Vec::new();
         let mut checked = std::collections::HashSet::new();
         for t in &tasks {
-            let p = graph.partition(t.partition);
-            let dataset = &graph.datasets()[p.dataset].name;
-            let cache = job.output.dir.join(STAGING_DIR).join(dataset);
-            let staged = graph.stage_task(t, &cache)?;
-            let counts = &mut found[p.dataset];
+            let staged = stage(job, &graph, t)?;
+            let counts = &mut found[graph.partition(t.partition).dataset];
             counts.tasks += 1;
             counts.files += staged.len();
             if checked.insert(t.partition) {
                 counts.partitions += 1;
                 if let Some(first) = staged.first() {
-                    check_schema(first, job.data.on_bad_row).map_err(|source| {
-                        JobError::PartitionSchema {
-                            dataset: dataset.clone(),
-                            partition: p.dir.clone(),
-                            source: Box::new(source),
-                        }
-                    })?;
+                    check_partition(job, &graph, t, first)?;
                 }
             }
             files.extend(staged);
@@ -134,11 +110,27 @@ pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
     Ok(report)
 }
 
-/// The training datasets of a following job (`data.follow`), compiled.
-fn train_datasets(job: &JobConfig) -> Result<Vec<Dataset>> {
+/// `data.now`, when the job fixes its clock.
+fn fixed_now(job: &JobConfig) -> Result<Option<NaiveDateTime>> {
+    job.data
+        .now
+        .as_deref()
+        .map(elastrec_orchestrate::parse_time)
+        .transpose()
+        .map_err(|reason| {
+            JobError::Datasets(elastrec_orchestrate::OrchestrateError::Definition {
+                dataset: "(all)".into(),
+                field: "data.now",
+                reason,
+            })
+        })
+}
+
+/// The job's datasets of `role`, compiled, in job order.
+fn datasets_of(job: &JobConfig, role: DatasetRole) -> Result<Vec<Dataset>> {
     let mut out = Vec::new();
     for (i, cfg) in job.data.dataset.iter().enumerate() {
-        if cfg.role == DatasetRole::Train {
+        if cfg.role == role {
             // Local roots were made absolute when the job file was loaded.
             out.push(Dataset::compile(cfg, i, Path::new("."))?);
         }
@@ -146,11 +138,30 @@ fn train_datasets(job: &JobConfig) -> Result<Vec<Dataset>> {
     Ok(out)
 }
 
+/// Local paths of task `t`'s files: object-store partitions are copied under the run
+/// directory, which the job's workers share; local ones are read in place.
+fn stage(job: &JobConfig, graph: &TaskGraph, t: &DataTask) -> Result<Vec<String>> {
+    let dataset = &graph.datasets()[graph.partition(t.partition).dataset].name;
+    let cache = job.output.dir.join(STAGING_DIR).join(dataset);
+    Ok(graph.stage_task(t, &cache)?)
+}
+
+/// Checks that `file`, of task `t`'s partition, holds the job's samples; the error names
+/// the dataset and partition.
+fn check_partition(job: &JobConfig, graph: &TaskGraph, t: &DataTask, file: &str) -> Result<()> {
+    let p = graph.partition(t.partition);
+    check_schema(file, job.data.on_bad_row).map_err(|source| JobError::PartitionSchema {
+        dataset: graph.datasets()[p.dataset].name.clone(),
+        partition: p.dir.clone(),
+        source: Box::new(source),
+    })
+}
+
 /// Directories a following job's workers may read data files from: each training
 /// dataset's root on local storage, its copy under `output.dir` on an object store. A
 /// worker refuses a task naming a file elsewhere.
 pub fn follow_roots(job: &JobConfig) -> Result<Vec<PathBuf>> {
-    Ok(train_datasets(job)?
+    Ok(datasets_of(job, DatasetRole::Train)?
         .into_iter()
         .map(|ds| {
             if ds.lister.is_local() {
@@ -188,24 +199,11 @@ pub struct Follower {
 impl Follower {
     /// A follower of `job`'s training datasets that already has `known` files.
     pub fn new(job: &JobConfig, known: impl IntoIterator<Item = String>) -> Result<Self> {
-        let now = job
-            .data
-            .now
-            .as_deref()
-            .map(elastrec_orchestrate::parse_time)
-            .transpose()
-            .map_err(|reason| {
-                JobError::Datasets(elastrec_orchestrate::OrchestrateError::Definition {
-                    dataset: "(all)".into(),
-                    field: "data.now",
-                    reason,
-                })
-            })?;
         Ok(Self {
-            graph: TaskGraph::new(train_datasets(job)?, TaskLimits::default()),
+            graph: TaskGraph::new(datasets_of(job, DatasetRole::Train)?, TaskLimits::default()),
             job: job.clone(),
             known: known.into_iter().collect(),
-            now,
+            now: fixed_now(job)?,
         })
     }
 
@@ -225,7 +223,10 @@ impl Follower {
     pub fn poll(&mut self) -> Result<Landed> {
         let result = self.poll_once();
         if result.is_err() {
-            self.graph = TaskGraph::new(train_datasets(&self.job)?, TaskLimits::default());
+            self.graph = TaskGraph::new(
+                datasets_of(&self.job, DatasetRole::Train)?,
+                TaskLimits::default(),
+            );
         }
         result
     }
@@ -239,27 +240,21 @@ impl Follower {
             pending: round.pending,
             ..Landed::default()
         };
-        let mut seen_partitions = HashSet::new();
+        // A partition is checked, and named, at its first file the job does not have.
+        let mut new_partitions = HashSet::new();
         for t in &round.tasks {
-            let p = self.graph.partition(t.partition);
-            let dataset = &self.graph.datasets()[p.dataset].name;
-            let cache = self.job.output.dir.join(STAGING_DIR).join(dataset);
-            let mut first_of_partition = seen_partitions.insert(t.partition);
-            for path in self.graph.stage_task(t, &cache)? {
+            for path in stage(&self.job, &self.graph, t)? {
                 if self.known.contains(&path) {
                     continue;
                 }
-                let file = Path::new(&path);
-                let schema = |source| JobError::PartitionSchema {
-                    dataset: dataset.clone(),
-                    partition: p.dir.clone(),
-                    source: Box::new(source),
-                };
-                if std::mem::take(&mut first_of_partition) {
-                    check_schema(&path, self.job.data.on_bad_row).map_err(schema)?;
-                    landed.partitions.push(format!("{dataset}/{}", p.dir));
+                if new_partitions.insert(t.partition) {
+                    check_partition(&self.job, &self.graph, t, &path)?;
+                    let p = self.graph.partition(t.partition);
+                    landed
+                        .partitions
+                        .push(format!("{}/{}", self.dataset_name(p.dataset), p.dir));
                 }
-                let rows = elastrec_data::count_rows(file).map_err(schema)?;
+                let rows = elastrec_data::count_rows(Path::new(&path))?;
                 landed.files.push((path, rows));
             }
         }

@@ -65,16 +65,7 @@ impl Fingerprint {
         Self {
             model: serde_json::to_value(&job.model).expect("model serializes"),
             optimizer: serde_json::to_value(&job.optimizer).expect("optimizer serializes"),
-            files: files
-                .iter()
-                .map(|(p, r)| {
-                    let name = std::path::Path::new(p)
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_else(|| p.clone());
-                    (name, *r)
-                })
-                .collect(),
+            files: file_names(files),
             following: job.data.follow,
         }
     }
@@ -109,6 +100,20 @@ impl Fingerprint {
         }
         None
     }
+}
+
+/// Files as a fingerprint names them: by file name (the job directory may move), with rows.
+fn file_names(files: &[(String, u64)]) -> Vec<(String, u64)> {
+    files
+        .iter()
+        .map(|(p, r)| {
+            let name = std::path::Path::new(p)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| p.clone());
+            (name, *r)
+        })
+        .collect()
 }
 
 /// One PS failure and what was done about it.
@@ -641,9 +646,8 @@ impl Coordinator {
     }
 
     /// A following job's new files: later checkpoints name them.
-    pub fn add_files(&self, job: &JobConfig, files: &[(String, u64)]) {
-        let more = Fingerprint::of(job, files).files;
-        self.fingerprint.lock().files.extend(more);
+    pub fn add_files(&self, files: &[(String, u64)]) {
+        self.fingerprint.lock().files.extend(file_names(files));
     }
 
     /// Recovers failed parameter servers: partial (relaunch them on their last part) or

@@ -67,7 +67,7 @@ pub async fn run(core: Arc<MasterCore>, cfg: JobConfig) {
                 continue;
             }
         };
-        if !landed.files.is_empty() && queue_files(&core, &cfg, &landed).await.is_err() {
+        if !landed.files.is_empty() && queue_files(&core, &landed).await.is_err() {
             break;
         }
         total_landed += landed.partitions.len();
@@ -96,18 +96,12 @@ pub async fn run(core: Arc<MasterCore>, cfg: JobConfig) {
 
 /// Makes the new files durable, then queues their tasks. Errs when the master's state
 /// cannot be written.
-async fn queue_files(core: &MasterCore, cfg: &JobConfig, landed: &Landed) -> Result<(), ()> {
-    let all: Vec<FileRows> = {
-        let files = core.files.read();
-        let job = core.job.lock();
-        files
-            .iter()
-            .zip(job.tasks().file_rows())
-            .map(|(path, &rows)| (path.clone(), rows))
-            .chain(landed.files.iter().cloned())
-            .map(|(path, rows)| FileRows { path, rows })
-            .collect()
-    };
+async fn queue_files(core: &MasterCore, landed: &Landed) -> Result<(), ()> {
+    let all: Vec<FileRows> = crate::node::core_file_pairs(core)
+        .into_iter()
+        .chain(landed.files.iter().cloned())
+        .map(|(path, rows)| FileRows { path, rows })
+        .collect();
     let text = serde_json::to_string(&all).expect("file rows serialize");
     if let Err(e) = core.persist(vec![Change::Meta("files", text)]).await {
         eprintln!("master: cannot record new files: {}", e.message());
@@ -126,7 +120,7 @@ async fn queue_files(core: &MasterCore, cfg: &JobConfig, landed: &Landed) -> Res
         return Err(());
     }
     if let Some(c) = core.checkpoints() {
-        c.add_files(cfg, &landed.files);
+        c.add_files(&landed.files);
     }
     eprintln!(
         "master: {} partition(s) landed ({}): {} files, {} rows queued",

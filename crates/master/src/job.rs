@@ -476,7 +476,13 @@ impl Job {
         if self.phase != Phase::Training {
             return;
         }
-        if let Some(done) = self.tasks.stop_growing() {
+        let done = self.tasks.stop_growing();
+        self.after_progress(done, cx);
+    }
+
+    /// Records an epoch the queue just closed, and ends training once the queue is done.
+    fn after_progress(&mut self, epoch_done: Option<(u32, LedgerSummary)>, cx: &mut impl Context) {
+        if let Some(done) = epoch_done {
             self.epochs_closed.push(done);
             cx.event(Event::EpochDone(done.0, done.1));
             self.persist_meta(cx);
@@ -996,14 +1002,7 @@ impl Job {
             self.leave(id, cx);
         }
         self.flush_tasks(cx);
-        if let Some(done) = r.epoch_done {
-            self.epochs_closed.push(done);
-            cx.event(Event::EpochDone(done.0, done.1));
-            self.persist_meta(cx);
-        }
-        if self.tasks.is_finished() {
-            self.finish_training(cx);
-        }
+        self.after_progress(r.epoch_done, cx);
         Ok((r.task_done, stop))
     }
 

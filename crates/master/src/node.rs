@@ -868,7 +868,8 @@ fn files_rows_total(core: &MasterCore) -> u64 {
     core.job.lock().tasks().file_rows().iter().sum()
 }
 
-fn core_file_pairs(core: &MasterCore) -> Vec<(String, u64)> {
+/// The job's files with their rows, by index.
+pub(crate) fn core_file_pairs(core: &MasterCore) -> Vec<(String, u64)> {
     let rows = core.job.lock().tasks().file_rows().to_vec();
     core.files.read().iter().cloned().zip(rows).collect()
 }

@@ -308,12 +308,8 @@ impl TaskQueue {
 
     /// Cuts file `f` of epoch 0 into shards at the back of the queue.
     fn cut_file(&mut self, f: u32) {
-        let rows = self.file_rows[f as usize];
-        let mut s = 0;
-        while s < rows {
-            let e = (s + self.spec.rows_per_shard).min(rows);
+        for (s, e) in shards(self.file_rows[f as usize], self.spec.rows_per_shard) {
             self.new_task(0, f, s, e, false);
-            s = e;
         }
     }
 
@@ -599,12 +595,7 @@ impl TaskQueue {
         let epoch = self.generated_epochs;
         let mut ranges = Vec::new();
         for (f, &rows) in self.file_rows.iter().enumerate() {
-            let mut s = 0;
-            while s < rows {
-                let e = (s + self.spec.rows_per_shard).min(rows);
-                ranges.push((f as u32, s, e));
-                s = e;
-            }
+            ranges.extend(shards(rows, self.spec.rows_per_shard).map(|(s, e)| (f as u32, s, e)));
         }
         if self.spec.shuffle {
             let mut rng = rand::rngs::StdRng::seed_from_u64(
@@ -628,11 +619,7 @@ impl TaskQueue {
             self.generate_epoch();
         }
         let Some(id) = self.todo.pop_front() else {
-            return if !self.open_ended
-                && !self.growing
-                && self.doing.is_empty()
-                && self.generated_epochs == self.spec.epochs
-            {
+            return if self.is_finished() {
                 Assignment::Finished
             } else {
                 Assignment::Wait
@@ -721,6 +708,13 @@ impl TaskQueue {
         *self.open_per_epoch.entry(epoch).or_default() -= 1;
         Some(self.new_task(epoch, file, cut, end, true))
     }
+}
+
+/// Row ranges `[s, e)` of a file of `rows` rows, `per_shard` rows each (the last shorter).
+fn shards(rows: u64, per_shard: u64) -> impl Iterator<Item = (u64, u64)> {
+    (0..rows)
+        .step_by(per_shard as usize)
+        .map(move |s| (s, (s + per_shard).min(rows)))
 }
 
 #[cfg(test)]
