@@ -14,7 +14,7 @@ use pb::brain_server::{Brain, BrainServer};
 use tonic::{Request, Response, Status};
 
 use crate::alloc::{Allocation, Bounds, Range, Resources};
-use crate::db::Store;
+use crate::db::ConfigDb;
 use crate::error::{BrainError, Result};
 use crate::job::{JobSpec, TableSpec};
 use crate::oom::MemorySample;
@@ -173,7 +173,7 @@ pub async fn serve_with_listeners(
             "a non-empty shared token is required ({TOKEN_ENV} or --token-file)"
         )));
     }
-    let store = Store::connect(&opts.db_url).await?;
+    let store = ConfigDb::connect(&opts.db_url).await?;
     let counters = Arc::new(BrainMetrics::new());
     let io = |source| BrainError::Io {
         path: "the metrics listener".into(),
@@ -256,7 +256,7 @@ impl BrainMetrics {
 /// The service state: the store, the policy settings, the counters and the jobs that share
 /// the cluster (in memory: a restarted brain relearns them as they re-plan).
 pub struct BrainService {
-    store: Store,
+    store: ConfigDb,
     cfg: BrainConfig,
     metrics: Arc<BrainMetrics>,
     shared: Mutex<ActiveJobs>,
@@ -426,12 +426,12 @@ impl BrainService {
         cfg: BrainConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Self> {
-        let store = Store::connect(db_url).await?;
+        let store = ConfigDb::connect(db_url).await?;
         Self::new(store, cfg, Arc::new(BrainMetrics::new()), clock)
     }
 
     fn new(
-        store: Store,
+        store: ConfigDb,
         cfg: BrainConfig,
         metrics: Arc<BrainMetrics>,
         clock: Arc<dyn Clock>,

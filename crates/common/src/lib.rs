@@ -11,11 +11,14 @@
 //!   teacher AUC.
 //! * [`logloss`]: the clamped log-loss term, for evaluation and the master's
 //!   progressive validation of online jobs.
+//! * [`eval`]: the evaluation result workers report and the master records.
 
 pub mod auc;
+pub mod eval;
 pub mod logloss;
 pub mod splitmix;
 
 pub use auc::exact_auc;
+pub use eval::EvalResult;
 pub use logloss::{logloss_term, LOGLOSS_EPS};
 pub use splitmix::{mix64, splitmix64, SplitMix64};

@@ -12,7 +12,7 @@ use elastrec_proto::master::{
 };
 use elastrec_rpc::{self as rpc, Master};
 
-use crate::node::{resume_job, start_job, JobDir, JobResult};
+use crate::run::{resume_job, start_job, JobDir, JobResult};
 
 /// `elastrec run`: start a distributed job (master + PS + workers as local processes).
 #[derive(Debug, Clone, clap::Args)]
@@ -53,7 +53,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<JobResult> {
         (None, Some(job)) => {
             let from = args
                 .from_checkpoint
-                .map(|location| crate::node::FromCheckpoint {
+                .map(|location| crate::run::FromCheckpoint {
                     location,
                     id: args.checkpoint_id,
                 });
@@ -126,7 +126,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
                 println!("master is not running; result of the job:\n{text}");
                 return Ok(());
             }
-            let store = crate::store::Store::open_read_only(&dir.db()).await?;
+            let store = crate::store::MasterDb::open_read_only(&dir.db()).await?;
             let snap = store.load().await?;
             println!(
                 "master is not reachable; state from {}:",
@@ -606,8 +606,8 @@ async fn start_bench_master(
     use crate::backend::ClusterBackend;
     use crate::job::{Job, Node, Policy};
     use crate::service::{LiveCtx, MasterCore, MasterService};
-    use crate::store::{Store, Writer};
-    use crate::tasks::{ShardSpec, TaskQueue};
+    use crate::store::{MasterDb, Writer};
+    use crate::tasks::{DataSharding, TaskQueue};
 
     struct NoProcesses;
     impl ClusterBackend for NoProcesses {
@@ -620,9 +620,9 @@ async fn start_bench_master(
         }
     }
 
-    let store = Store::open_with(&db, true, durability).await?;
+    let store = MasterDb::open_with(&db, true, durability).await?;
     let queue = TaskQueue::new(
-        ShardSpec {
+        DataSharding {
             rows_per_shard: 64 * 256,
             min_rows: 256,
             epochs: 1,
@@ -652,7 +652,7 @@ async fn start_bench_master(
         1000,
         "bench".into(),
     ));
-    // Served as `elastrec run` serves it (`node.rs`).
+    // Served as `elastrec run` serves it (`run/serve.rs`).
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?.to_string();
     let svc = elastrec_proto::master::master_server::MasterServer::new(MasterService(core.clone()));
@@ -908,8 +908,11 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let ledger = core.job.lock().tasks().ledger().summary(0);
     let on_disk: u64 = master
         .spawn(async move {
-            let snap = crate::store::Store::open(&db, false).await?.load().await?;
-            Ok::<_, anyhow::Error>(snap.ranges.iter().map(|r| r.3 - r.2).sum())
+            let snap = crate::store::MasterDb::open(&db, false)
+                .await?
+                .load()
+                .await?;
+            Ok::<_, anyhow::Error>(snap.ranges.iter().map(|r| r.rows()).sum())
         })
         .await??;
     println!(

@@ -15,7 +15,7 @@ use elastrec_job::config::JobConfig;
 use elastrec_job::datasets::{Follower, Landed};
 
 use crate::job::{Change, Phase};
-use crate::node::FileRows;
+use crate::run::FileRows;
 use crate::service::MasterCore;
 
 /// A failing listing is reported again after this long.
@@ -97,7 +97,7 @@ pub async fn run(core: Arc<MasterCore>, cfg: JobConfig) {
 /// Makes the new files durable, then queues their tasks. Errs when the master's state
 /// cannot be written.
 async fn queue_files(core: &MasterCore, landed: &Landed) -> Result<(), ()> {
-    let all: Vec<FileRows> = crate::node::core_file_pairs(core)
+    let all: Vec<FileRows> = crate::run::core_file_pairs(core)
         .into_iter()
         .chain(landed.files.iter().cloned())
         .map(|(path, rows)| FileRows { path, rows })

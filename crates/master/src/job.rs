@@ -6,8 +6,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ledger::LedgerSummary;
-use crate::tasks::{Assignment, DataPosition, Range, ReportError, Reported, Task, TaskQueue};
+pub use elastrec_common::EvalResult;
+
+use crate::ledger::{ConsumedRange, LedgerSummary};
+use crate::tasks::{Assignment, DataPosition, ReportError, Reported, Task, TaskQueue};
 
 /// Parameter-server failures recovered over a job before it gives up (a PS that keeps
 /// dying is not a transient failure).
@@ -142,17 +144,6 @@ pub enum Phase {
     Failed(String),
 }
 
-/// Final evaluation numbers.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct EvalResult {
-    /// Area under the ROC curve.
-    pub auc: f64,
-    /// Mean log loss.
-    pub logloss: f64,
-    /// Evaluated samples.
-    pub samples: u64,
-}
-
 /// Something worth a log line (and a metric).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
@@ -192,14 +183,14 @@ pub enum Event {
 pub enum Change {
     /// Insert or update a task row.
     Task(Task),
-    /// Append a consumed range `(epoch, file, start, end)`.
-    Range(u32, u32, u64, u64),
+    /// Append a consumed range.
+    Range(ConsumedRange),
     /// Insert or update a node row.
     Node(Node),
     /// Set a scalar (JSON text).
     Meta(&'static str, String),
     /// Replace every task and ledger range (a full recovery rewound the data position).
-    ResetData(Vec<Task>, Vec<Range>),
+    ResetData(Vec<Task>, Vec<ConsumedRange>),
 }
 
 /// Side effects of the state machine.
@@ -509,8 +500,8 @@ impl Job {
         for t in tasks {
             cx.persist(Change::Task(t));
         }
-        for (e, f, s, t) in ranges {
-            cx.persist(Change::Range(e, f, s, t));
+        for r in ranges {
+            cx.persist(Change::Range(r));
         }
     }
 
@@ -1229,7 +1220,7 @@ impl Job {
     }
 
     /// Tasks changed since the last flush (for a caller that rewrites the task table).
-    pub fn take_dirty_tasks(&mut self) -> (Vec<Task>, Vec<Range>) {
+    pub fn take_dirty_tasks(&mut self) -> (Vec<Task>, Vec<ConsumedRange>) {
         self.tasks.take_dirty()
     }
 
@@ -1329,7 +1320,7 @@ impl Job {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tasks::ShardSpec;
+    use crate::tasks::DataSharding;
 
     /// A recording context with a hand-driven clock.
     #[derive(Default)]
@@ -1374,7 +1365,7 @@ mod tests {
     /// One file of 1000 rows in shards of 100, one epoch.
     fn queue() -> TaskQueue {
         TaskQueue::new(
-            ShardSpec {
+            DataSharding {
                 rows_per_shard: 100,
                 min_rows: 10,
                 epochs: 1,
@@ -1554,7 +1545,7 @@ mod tests {
                 ..policy()
             },
             TaskQueue::new(
-                ShardSpec {
+                DataSharding {
                     rows_per_shard: 100,
                     min_rows: 10,
                     epochs: 1,

@@ -5,6 +5,47 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+/// Rows `[start, end)` of file `file`, trained in epoch `epoch`: the ledger's unit.
+///
+/// Stored (checkpoints, `master.db`) as the tuple `(epoch, file, start, end)`, the form
+/// earlier versions wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "(u32, u32, u64, u64)", into = "(u32, u32, u64, u64)")]
+pub struct ConsumedRange {
+    /// Epoch the rows were trained for.
+    pub epoch: u32,
+    /// Index of the file (or stream partition) in the data set.
+    pub file: u32,
+    /// First row.
+    pub start: u64,
+    /// One past the last row.
+    pub end: u64,
+}
+
+impl ConsumedRange {
+    /// Rows in the range.
+    pub fn rows(&self) -> u64 {
+        self.end.saturating_sub(self.start)
+    }
+}
+
+impl From<(u32, u32, u64, u64)> for ConsumedRange {
+    fn from((epoch, file, start, end): (u32, u32, u64, u64)) -> Self {
+        Self {
+            epoch,
+            file,
+            start,
+            end,
+        }
+    }
+}
+
+impl From<ConsumedRange> for (u32, u32, u64, u64) {
+    fn from(r: ConsumedRange) -> Self {
+        (r.epoch, r.file, r.start, r.end)
+    }
+}
+
 /// A set of disjoint half-open row intervals `[start, end)`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct IntervalSet {
@@ -170,16 +211,16 @@ impl Ledger {
             .map_or(from, |s| s.covered_from(from))
     }
 
-    /// Records that rows `[start, end)` of `file` were trained in `epoch`; returns the
-    /// number of those rows that had been recorded before (duplicates).
-    pub fn record(&mut self, epoch: u32, file: u32, start: u64, end: u64) -> u64 {
+    /// Records that range `r` was trained; returns the number of its rows that had been
+    /// recorded before (duplicates).
+    pub fn record(&mut self, r: ConsumedRange) -> u64 {
         let dup = self
             .sets
-            .entry((epoch, file))
+            .entry((r.epoch, r.file))
             .or_default()
-            .insert(start, end);
-        let c = self.counts.entry(epoch).or_default();
-        c.0 += end.saturating_sub(start);
+            .insert(r.start, r.end);
+        let c = self.counts.entry(r.epoch).or_default();
+        c.0 += r.rows();
         c.1 += dup;
         dup
     }
@@ -212,11 +253,18 @@ impl Ledger {
         }
     }
 
-    /// The covered ranges `(epoch, file, start, end)`, merged, in order.
-    pub fn spans(&self) -> Vec<(u32, u32, u64, u64)> {
+    /// The covered ranges, merged, in order.
+    pub fn spans(&self) -> Vec<ConsumedRange> {
         self.sets
             .iter()
-            .flat_map(|(&(e, f), set)| set.spans().map(move |(s, t)| (e, f, s, t)))
+            .flat_map(|(&(epoch, file), set)| {
+                set.spans().map(move |(start, end)| ConsumedRange {
+                    epoch,
+                    file,
+                    start,
+                    end,
+                })
+            })
             .collect()
     }
 
@@ -283,9 +331,9 @@ mod tests {
     #[test]
     fn ledger_summary_per_epoch() {
         let mut l = Ledger::new(vec![100, 50]);
-        l.record(0, 0, 0, 60);
-        l.record(0, 0, 50, 100);
-        l.record(0, 1, 0, 50);
+        l.record((0, 0, 0, 60).into());
+        l.record((0, 0, 50, 100).into());
+        l.record((0, 1, 0, 50).into());
         let s = l.summary(0);
         assert_eq!(
             s,

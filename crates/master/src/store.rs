@@ -16,7 +16,8 @@ use sqlx::Row;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::job::{Change, Node, NodeState, Role};
-use crate::tasks::{Range, Task, TaskState};
+use crate::ledger::ConsumedRange;
+use crate::tasks::{Task, TaskState};
 
 /// A persistence failure.
 #[derive(Debug, thiserror::Error)]
@@ -53,14 +54,14 @@ pub struct Snapshot {
     /// Every task.
     pub tasks: Vec<Task>,
     /// Every consumed range, in report order.
-    pub ranges: Vec<Range>,
+    pub ranges: Vec<ConsumedRange>,
     /// The node table.
     pub nodes: Vec<Node>,
 }
 
 /// Handle on the master database.
 #[derive(Clone, Debug)]
-pub struct Store {
+pub struct MasterDb {
     pool: SqlitePool,
 }
 
@@ -132,7 +133,7 @@ struct Batch<'a> {
     reset: bool,
     tasks: Vec<&'a Task>,
     task_pos: HashMap<u64, usize>,
-    ranges: Vec<Range>,
+    ranges: Vec<ConsumedRange>,
     nodes: Vec<&'a Node>,
     node_pos: HashMap<u32, usize>,
     meta: Vec<(&'static str, &'a str)>,
@@ -152,7 +153,7 @@ impl<'a> Batch<'a> {
                     b.ranges.extend_from_slice(ranges);
                 }
                 Change::Task(t) => b.task(t),
-                Change::Range(e, f, s, t) => b.ranges.push((*e, *f, *s, *t)),
+                Change::Range(r) => b.ranges.push(*r),
                 Change::Node(n) => match b.node_pos.get(&n.id) {
                     Some(&i) => b.nodes[i] = n,
                     None => {
@@ -199,14 +200,14 @@ pub enum Durability {
     Process,
 }
 
-impl Store {
+impl MasterDb {
     /// Opens (creating when `create`) the database at `path` with [`Durability::Full`] and
     /// applies migrations.
     pub async fn open(path: &Path, create: bool) -> Result<Self> {
         Self::open_with(path, create, Durability::Full).await
     }
 
-    /// [`Store::open`] with the given durability.
+    /// [`MasterDb::open`] with the given durability.
     pub async fn open_with(path: &Path, create: bool, durability: Durability) -> Result<Self> {
         let opts = SqliteConnectOptions::from_str("sqlite://")?
             .filename(path)
@@ -296,12 +297,12 @@ impl Store {
             .fetch_all(&self.pool)
             .await?
         {
-            snap.ranges.push((
-                r.try_get::<i64, _>(0)? as u32,
-                r.try_get::<i64, _>(1)? as u32,
-                r.try_get::<i64, _>(2)? as u64,
-                r.try_get::<i64, _>(3)? as u64,
-            ));
+            snap.ranges.push(ConsumedRange {
+                epoch: r.try_get::<i64, _>(0)? as u32,
+                file: r.try_get::<i64, _>(1)? as u32,
+                start: r.try_get::<i64, _>(2)? as u64,
+                end: r.try_get::<i64, _>(3)? as u64,
+            });
         }
         for r in sqlx::query(
             "SELECT id, role, idx, state, pid, addr, last_seen_ms, started_ms, samples, step, restarts, metrics_addr FROM nodes ORDER BY id",
@@ -537,10 +538,15 @@ impl RawWriter {
                 ],
             )?;
         }
-        for &(e, f, s, t) in &b.ranges {
+        for r in &b.ranges {
             self.run(
                 self.ledger,
-                &[Int(e as i64), Int(f as i64), Int(s as i64), Int(t as i64)],
+                &[
+                    Int(r.epoch as i64),
+                    Int(r.file as i64),
+                    Int(r.start as i64),
+                    Int(r.end as i64),
+                ],
             )?;
         }
         for n in &b.nodes {
@@ -593,7 +599,7 @@ enum Value<'a> {
 }
 
 /// Opens the writer's connection (taken out of the pool) and locks it for [`RawWriter`].
-async fn open_writer(store: &Store) -> Result<SqliteConnection> {
+async fn open_writer(store: &MasterDb) -> Result<SqliteConnection> {
     Ok(store.pool.acquire().await?.detach())
 }
 
@@ -617,7 +623,7 @@ impl Checkpointer {
     }
 
     /// Called after each commit: starts a passive checkpoint when one is due.
-    fn after_commit(&mut self, store: &Store) {
+    fn after_commit(&mut self, store: &MasterDb) {
         use std::sync::atomic::Ordering;
         if self.last.elapsed() < Self::EVERY || self.running.swap(true, Ordering::AcqRel) {
             return;
@@ -711,7 +717,7 @@ pub struct WriterStats {
 
 impl Writer {
     /// Starts the writer task on the current runtime.
-    pub fn spawn(store: Store) -> Self {
+    pub fn spawn(store: MasterDb) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<Pending>();
         let written = Arc::new(watch::Sender::new(Written::default()));
         let progress = written.clone();
@@ -862,7 +868,12 @@ impl Writer {
 mod tests {
     use super::*;
     use crate::job::{Context, Event, Job, Policy, TaskReply};
-    use crate::tasks::{ShardSpec, TaskQueue};
+    use crate::tasks::{DataSharding, TaskQueue};
+
+    /// Ranges as `(epoch, file, start, end)`, for short assertions.
+    fn tuples(ranges: &[ConsumedRange]) -> Vec<(u32, u32, u64, u64)> {
+        ranges.iter().map(|&r| r.into()).collect()
+    }
 
     #[derive(Default)]
     struct Cx {
@@ -884,8 +895,8 @@ mod tests {
         fn event(&mut self, _: Event) {}
     }
 
-    fn spec() -> ShardSpec {
-        ShardSpec {
+    fn spec() -> DataSharding {
+        DataSharding {
             rows_per_shard: 50,
             min_rows: 10,
             epochs: 2,
@@ -941,7 +952,7 @@ mod tests {
     #[tokio::test]
     async fn group_writes_equal_one_by_one_writes() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("master.db"), true)
+        let store = MasterDb::open(&dir.path().join("master.db"), true)
             .await
             .unwrap();
         let odd = "host\"'\\ \u{e9}\n:1";
@@ -953,7 +964,10 @@ mod tests {
             tasks,
             vec![task(1, 50, TaskState::Done), task(2, 0, TaskState::Todo)]
         );
-        assert_eq!(snap.ranges, vec![(0, 1, 100, 110), (0, 1, 110, 150)]);
+        assert_eq!(
+            tuples(&snap.ranges),
+            vec![(0, 1, 100, 110), (0, 1, 110, 150)]
+        );
         assert_eq!(snap.nodes, vec![node(4, odd, 2)]);
         assert_eq!(snap.meta["phase"], "\"finished\"");
 
@@ -961,9 +975,12 @@ mod tests {
         store
             .apply(&[
                 Change::Task(task(3, 0, TaskState::Todo)),
-                Change::Range(0, 1, 150, 160),
-                Change::ResetData(vec![task(5, 0, TaskState::Todo)], vec![(0, 1, 0, 20)]),
-                Change::Range(0, 1, 20, 30),
+                Change::Range((0, 1, 150, 160).into()),
+                Change::ResetData(
+                    vec![task(5, 0, TaskState::Todo)],
+                    vec![(0, 1, 0, 20).into()],
+                ),
+                Change::Range((0, 1, 20, 30).into()),
                 Change::Task(task(6, 0, TaskState::Todo)),
             ])
             .await
@@ -975,7 +992,7 @@ mod tests {
             tasks,
             vec![task(5, 0, TaskState::Todo), task(6, 0, TaskState::Todo)]
         );
-        assert_eq!(snap.ranges, vec![(0, 1, 0, 20), (0, 1, 20, 30)]);
+        assert_eq!(tuples(&snap.ranges), vec![(0, 1, 0, 20), (0, 1, 20, 30)]);
         assert_eq!(snap.nodes.len(), 1);
     }
 
@@ -984,12 +1001,12 @@ mod tests {
     fn updates_of_one_job(odd: &str) -> Vec<Change> {
         vec![
             Change::Task(task(1, 0, TaskState::Doing(4))),
-            Change::Range(0, 1, 100, 110),
+            Change::Range((0, 1, 100, 110).into()),
             Change::Node(node(4, "a", 1)),
             Change::Task(task(1, 10, TaskState::Doing(4))),
             Change::Task(task(2, 0, TaskState::Todo)),
             Change::Meta("phase", "\"training\"".into()),
-            Change::Range(0, 1, 110, 150),
+            Change::Range((0, 1, 110, 150).into()),
             Change::Meta("phase", "\"finished\"".into()),
             Change::Node(node(4, odd, 2)),
             Change::Task(task(1, 50, TaskState::Done)),
@@ -1004,18 +1021,28 @@ mod tests {
         let odd = "host\"'\\ \u{e9}\n:1";
         let groups = vec![
             updates_of_one_job(odd),
-            vec![Change::Node(node(5, "", 0)), Change::Range(0, 1, 150, 151)],
+            vec![
+                Change::Node(node(5, "", 0)),
+                Change::Range((0, 1, 150, 151).into()),
+            ],
             vec![
                 Change::Task(task(3, 0, TaskState::Todo)),
-                Change::Range(0, 1, 150, 160),
-                Change::ResetData(vec![task(5, 0, TaskState::Todo)], vec![(0, 1, 0, 20)]),
-                Change::Range(0, 1, 20, 30),
+                Change::Range((0, 1, 150, 160).into()),
+                Change::ResetData(
+                    vec![task(5, 0, TaskState::Todo)],
+                    vec![(0, 1, 0, 20).into()],
+                ),
+                Change::Range((0, 1, 20, 30).into()),
                 Change::Task(task(6, 0, TaskState::Doing(5))),
             ],
         ];
         let dir = tempfile::tempdir().unwrap();
-        let by_apply = Store::open(&dir.path().join("a.db"), true).await.unwrap();
-        let by_writer = Store::open(&dir.path().join("w.db"), true).await.unwrap();
+        let by_apply = MasterDb::open(&dir.path().join("a.db"), true)
+            .await
+            .unwrap();
+        let by_writer = MasterDb::open(&dir.path().join("w.db"), true)
+            .await
+            .unwrap();
         let writer = Writer::spawn(by_writer.clone());
         for g in groups {
             by_apply.apply(&g).await.unwrap();
@@ -1033,7 +1060,7 @@ mod tests {
         assert_eq!(w.ranges, a.ranges);
         assert_eq!(w.nodes, a.nodes);
         assert_eq!(w.meta, a.meta);
-        assert_eq!(w.ranges, vec![(0, 1, 0, 20), (0, 1, 20, 30)]);
+        assert_eq!(tuples(&w.ranges), vec![(0, 1, 0, 20), (0, 1, 20, 30)]);
         assert_eq!(writer.stats().transactions, 3);
     }
 
@@ -1041,11 +1068,13 @@ mod tests {
     #[tokio::test]
     async fn large_groups_are_written_whole() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("master.db"), true)
+        let store = MasterDb::open(&dir.path().join("master.db"), true)
             .await
             .unwrap();
         let tasks: Vec<Task> = (0..2500).map(|i| task(i, 0, TaskState::Todo)).collect();
-        let ranges: Vec<Range> = (0..2100).map(|i| (0, 1, 10 * i, 10 * i + 5)).collect();
+        let ranges: Vec<ConsumedRange> = (0..2100)
+            .map(|i| (0, 1, 10 * i, 10 * i + 5).into())
+            .collect();
         store
             .apply(&[Change::ResetData(tasks.clone(), ranges.clone())])
             .await
@@ -1062,7 +1091,7 @@ mod tests {
     #[tokio::test]
     async fn reads_wait_for_what_they_depend_on_and_failures_stop_the_writer() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("master.db"), true)
+        let store = MasterDb::open(&dir.path().join("master.db"), true)
             .await
             .unwrap();
         let writer = Writer::spawn(store.clone());
@@ -1078,13 +1107,16 @@ mod tests {
         // Queued task and ledger rows hold back a task reply, not a heartbeat.
         let pending = writer.submit(vec![
             Change::Task(task(1, 5, TaskState::Doing(2))),
-            Change::Range(0, 1, 100, 105),
+            Change::Range((0, 1, 100, 105).into()),
         ]);
         assert!(ready(writer.barrier(Depends::Nodes)));
         let all = writer.barrier(Depends::All);
         assert!(!ready(all));
         writer.wait(all).await.unwrap();
-        assert_eq!(store.load().await.unwrap().ranges, vec![(0, 1, 100, 105)]);
+        assert_eq!(
+            tuples(&store.load().await.unwrap().ranges),
+            vec![(0, 1, 100, 105)]
+        );
         pending.await.unwrap();
 
         // A queued node row holds back heartbeats too.
@@ -1099,7 +1131,7 @@ mod tests {
             .execute(&store.pool)
             .await
             .unwrap();
-        let failed = writer.submit(vec![Change::Range(0, 1, 200, 210)]);
+        let failed = writer.submit(vec![Change::Range((0, 1, 200, 210).into())]);
         let later = writer.submit(vec![Change::Node(node(3, "y", 1))]);
         assert!(matches!(failed.await, Err(StoreError::Write(_))));
         assert!(matches!(later.await, Err(StoreError::Write(_))));
@@ -1121,7 +1153,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("master.db");
         let files = vec![333u64, 120];
-        let store = Store::open(&path, true).await.unwrap();
+        let store = MasterDb::open(&path, true).await.unwrap();
         let mut cx = Cx::default();
         let mut job = Job::start(policy(), TaskQueue::new(spec(), files.clone()), 2, &mut cx);
         for n in cx.launched.clone() {
@@ -1132,7 +1164,7 @@ mod tests {
         drop(store);
         let mut round = 0;
         loop {
-            let store = Store::open(&path, false).await.unwrap();
+            let store = MasterDb::open(&path, false).await.unwrap();
             let snap = store.load().await.unwrap();
             let gen: u32 = snap.meta["generated_epochs"].parse().unwrap();
             let q = TaskQueue::restore(spec(), files.clone(), snap.tasks, &snap.ranges, gen);

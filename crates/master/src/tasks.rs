@@ -12,14 +12,11 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
-use crate::ledger::{Ledger, LedgerSummary};
-
-/// A consumed range: `(epoch, file, start_row, end_row)`.
-pub type Range = (u32, u32, u64, u64);
+use crate::ledger::{ConsumedRange, Ledger, LedgerSummary};
 
 /// How the data set is cut into tasks.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShardSpec {
+pub struct DataSharding {
     /// Rows of a normal task (batches per shard × batch size).
     pub rows_per_shard: u64,
     /// Smallest task a straggler is cut down to (one batch).
@@ -115,8 +112,8 @@ pub enum ReportError {
 /// Effect of an accepted report.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Reported {
-    /// Newly covered range, `(epoch, file, start, end)`; `None` for a repeated report.
-    pub range: Option<Range>,
+    /// Newly covered range; `None` for a repeated report.
+    pub range: Option<ConsumedRange>,
     /// The task is complete.
     pub task_done: bool,
     /// The epoch this completed, with its ledger verdict.
@@ -130,7 +127,7 @@ pub struct DataPosition {
     /// Every task (held ones are handed out again from their reported offset).
     pub tasks: Vec<Task>,
     /// Covered ledger ranges, merged.
-    pub spans: Vec<Range>,
+    pub spans: Vec<ConsumedRange>,
     /// Per epoch `(epoch, consumed, duplicated)` as the ledger counted them.
     pub counts: Vec<(u32, u64, u64)>,
     /// Epochs whose tasks exist.
@@ -158,8 +155,8 @@ impl DataPosition {
                 let covered: u64 = self
                     .spans
                     .iter()
-                    .filter(|r| r.0 == e)
-                    .map(|r| r.3 - r.2)
+                    .filter(|r| r.epoch == e)
+                    .map(ConsumedRange::rows)
                     .sum();
                 (e, c.saturating_sub(covered), d)
             })
@@ -171,7 +168,7 @@ impl DataPosition {
 /// The task table and the ledger.
 #[derive(Debug, Clone)]
 pub struct TaskQueue {
-    spec: ShardSpec,
+    spec: DataSharding,
     file_rows: Vec<u64>,
     tasks: BTreeMap<u64, Task>,
     todo: VecDeque<u64>,
@@ -185,7 +182,7 @@ pub struct TaskQueue {
     /// Tasks created or changed since the last [`TaskQueue::take_dirty`].
     dirty: Vec<u64>,
     /// Ledger ranges added since the last [`TaskQueue::take_dirty`].
-    new_ranges: Vec<Range>,
+    new_ranges: Vec<ConsumedRange>,
     /// An online job's queue: files are stream partitions whose rows (offsets) grow as
     /// messages arrive ([`TaskQueue::extend_stream`]); its single epoch never ends.
     open_ended: bool,
@@ -201,7 +198,7 @@ pub struct TaskQueue {
 
 impl TaskQueue {
     /// A fresh queue over files with the given row counts; no task exists until asked.
-    pub fn new(spec: ShardSpec, file_rows: Vec<u64>) -> Self {
+    pub fn new(spec: DataSharding, file_rows: Vec<u64>) -> Self {
         assert!(spec.rows_per_shard > 0 && spec.min_rows > 0);
         Self {
             file_start: vec![0; file_rows.len()],
@@ -227,9 +224,9 @@ impl TaskQueue {
     /// A queue over stream partitions (an online job) whose data begins at offsets
     /// `starts`; no task exists until [`TaskQueue::extend_stream`] says messages arrived.
     /// Its single epoch (0) never ends.
-    pub fn new_stream(spec: ShardSpec, starts: Vec<u64>) -> Self {
+    pub fn new_stream(spec: DataSharding, starts: Vec<u64>) -> Self {
         let mut q = Self::new(
-            ShardSpec {
+            DataSharding {
                 epochs: 1,
                 shuffle: false,
                 ..spec
@@ -362,10 +359,10 @@ impl TaskQueue {
 
     /// Rebuilds a queue from persisted tasks and ledger ranges.
     pub fn restore(
-        spec: ShardSpec,
+        spec: DataSharding,
         file_rows: Vec<u64>,
         tasks: Vec<Task>,
-        ranges: &[Range],
+        ranges: &[ConsumedRange],
         generated_epochs: u32,
     ) -> Self {
         let mut q = Self::new(spec, file_rows);
@@ -377,17 +374,17 @@ impl TaskQueue {
     /// [`TaskQueue::restore`] for an online job whose partitions began at `starts`: how far
     /// each partition was dealt follows from its tasks.
     pub fn restore_stream(
-        spec: ShardSpec,
+        spec: DataSharding,
         starts: Vec<u64>,
         tasks: Vec<Task>,
-        ranges: &[Range],
+        ranges: &[ConsumedRange],
     ) -> Self {
         let mut q = Self::new_stream(spec, starts);
         q.restore_ranges(tasks, ranges);
         q
     }
 
-    fn restore_ranges(&mut self, tasks: Vec<Task>, ranges: &[Range]) {
+    fn restore_ranges(&mut self, tasks: Vec<Task>, ranges: &[ConsumedRange]) {
         let q = self;
         if q.open_ended {
             for t in &tasks {
@@ -399,8 +396,8 @@ impl TaskQueue {
                 q.ledger.extend_file(f, end);
             }
         }
-        for &(e, f, s, t) in ranges {
-            q.ledger.record(e, f, s, t);
+        for &r in ranges {
+            q.ledger.record(r);
         }
         let mut todo: Vec<(i64, u64)> = Vec::new();
         for t in tasks {
@@ -437,7 +434,7 @@ impl TaskQueue {
 
     /// Rebuilds the queue at a checkpointed position. No worker holds anything afterwards:
     /// a task that was held goes back to the front of the queue from its reported offset.
-    pub fn from_position(spec: ShardSpec, file_rows: Vec<u64>, pos: &DataPosition) -> Self {
+    pub fn from_position(spec: DataSharding, file_rows: Vec<u64>, pos: &DataPosition) -> Self {
         let mut q = match &pos.stream_starts {
             Some(starts) => {
                 Self::restore_stream(spec, starts.clone(), pos.tasks.clone(), &pos.spans)
@@ -471,7 +468,7 @@ impl TaskQueue {
     }
 
     /// The shard specification.
-    pub fn spec(&self) -> &ShardSpec {
+    pub fn spec(&self) -> &DataSharding {
         &self.spec
     }
 
@@ -546,7 +543,7 @@ impl TaskQueue {
     }
 
     /// Changed tasks and new ledger ranges since the last call (for persistence).
-    pub fn take_dirty(&mut self) -> (Vec<Task>, Vec<Range>) {
+    pub fn take_dirty(&mut self) -> (Vec<Task>, Vec<ConsumedRange>) {
         let mut ids = std::mem::take(&mut self.dirty);
         ids.sort_unstable();
         ids.dedup();
@@ -659,9 +656,14 @@ impl TaskQueue {
         }
         let mut out = Reported::default();
         if offset > t.offset {
-            let range = (t.epoch, t.file, t.start + t.offset, t.start + offset);
+            let range = ConsumedRange {
+                epoch: t.epoch,
+                file: t.file,
+                start: t.start + t.offset,
+                end: t.start + offset,
+            };
             t.offset = offset;
-            self.ledger.record(range.0, range.1, range.2, range.3);
+            self.ledger.record(range);
             self.new_ranges.push(range);
             out.range = Some(range);
             self.dirty.push(task);
@@ -722,8 +724,8 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
-    fn spec(rows: u64, epochs: u32) -> ShardSpec {
-        ShardSpec {
+    fn spec(rows: u64, epochs: u32) -> DataSharding {
+        DataSharding {
             rows_per_shard: rows,
             min_rows: 10,
             epochs,
@@ -932,7 +934,7 @@ mod tests {
     #[test]
     fn straggler_gets_a_smaller_task_and_the_tail_stays_first() {
         let mut q = TaskQueue::new(
-            ShardSpec {
+            DataSharding {
                 shuffle: false,
                 ..spec(100, 1)
             },

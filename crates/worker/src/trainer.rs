@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::time::Instant;
 
+pub use elastrec_common::EvalResult;
 use elastrec_data::{Batch, BatchReader, ReadStats, NUM_SPARSE};
 use elastrec_job::config::JobConfig;
 use elastrec_job::prepare::{count_train_rows, ensure_data, progress_bar, resolve_table_rows};
@@ -25,17 +26,6 @@ use crate::step::{Dlrm, Predictor, TrainStep};
 
 /// Batches in flight between the reader thread and the trainer.
 const PREFETCH: usize = 4;
-
-/// Held-out evaluation result.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
-pub struct EvalResult {
-    /// Exact ROC AUC over the whole held-out set.
-    pub auc: f64,
-    /// Mean log loss.
-    pub logloss: f64,
-    /// Samples evaluated.
-    pub samples: u64,
-}
 
 /// Final figures of a training run, also written to `summary.json`.
 #[derive(Debug, Clone, Serialize)]

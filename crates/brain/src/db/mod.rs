@@ -18,7 +18,7 @@ use crate::warm_start::{HistoricalJob, JobFeatures};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
-/// Which database a [`Store`] talks to.
+/// Which database a [`ConfigDb`] talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     /// SQLite file.
@@ -49,7 +49,7 @@ enum SeqTable {
 
 /// Handle on the config database.
 #[derive(Debug, Clone)]
-pub struct Store {
+pub struct ConfigDb {
     pool: AnyPool,
     backend: Backend,
 }
@@ -119,7 +119,7 @@ pub fn redact_url(url: &str) -> String {
     parsed.to_string()
 }
 
-impl Store {
+impl ConfigDb {
     /// Opens the database at `url` and applies pending migrations.
     pub async fn connect(url: &str) -> Result<Self> {
         let backend = if url.starts_with("sqlite:") {
@@ -202,7 +202,7 @@ impl Store {
         .transpose()
     }
 
-    /// Like [`Store::job`] but fails with [`BrainError::UnknownJob`].
+    /// Like [`ConfigDb::job`] but fails with [`BrainError::UnknownJob`].
     pub async fn require_job(&self, job_id: &str) -> Result<JobSpec> {
         self.job(job_id)
             .await?

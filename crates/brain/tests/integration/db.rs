@@ -1,6 +1,6 @@
 //! The same database suite against SQLite and PostgreSQL.
 
-use elastrec_brain::db::{Outcome, Store};
+use elastrec_brain::db::{ConfigDb, Outcome};
 use elastrec_brain::planner::{warm_plan, BrainConfig};
 use elastrec_brain::throughput::ProfileSample;
 use elastrec_brain::{oom::MemorySample, Allocation, Bounds, JobSpec, TableSpec};
@@ -33,7 +33,7 @@ pub fn alloc(workers: u32) -> Allocation {
     }
 }
 
-async fn suite(store: &Store) {
+async fn suite(store: &ConfigDb) {
     // Empty database: warm start falls back to the documented default.
     let cfg = BrainConfig::default();
     let history = store.history().await.unwrap();
@@ -149,22 +149,22 @@ async fn sqlite_suite() {
         "sqlite://{}?mode=rwc",
         dir.path().join("brain.db").display()
     );
-    let store = Store::connect(&url).await.unwrap();
+    let store = ConfigDb::connect(&url).await.unwrap();
     suite(&store).await;
     // Reopening applies no migration twice and keeps the data.
     drop(store);
-    let store = Store::connect(&url).await.unwrap();
+    let store = ConfigDb::connect(&url).await.unwrap();
     assert_eq!(store.history().await.unwrap().len(), 3);
 }
 
 #[tokio::test]
 async fn postgres_suite() {
     let pg = super::pg::Postgres::start();
-    let store = Store::connect(&pg.url).await.unwrap();
+    let store = ConfigDb::connect(&pg.url).await.unwrap();
     assert_eq!(store.backend(), elastrec_brain::db::Backend::Postgres);
     suite(&store).await;
     drop(store);
-    let store = Store::connect(&pg.url).await.unwrap();
+    let store = ConfigDb::connect(&pg.url).await.unwrap();
     assert_eq!(store.history().await.unwrap().len(), 3);
     // A server-side failure (no such database) does not echo the password either.
     let server = &pg.url[..pg.url.rfind('/').unwrap()];
@@ -172,7 +172,7 @@ async fn postgres_suite() {
         "{}/no_such_db",
         server.replace("postgres@", "postgres:s3cret@")
     );
-    let e = Store::connect(&with_password)
+    let e = ConfigDb::connect(&with_password)
         .await
         .unwrap_err()
         .to_string();
@@ -183,7 +183,7 @@ async fn postgres_suite() {
 async fn sqlite_url_without_mode_creates_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fresh.db");
-    let store = Store::connect(&format!("sqlite://{}", path.display()))
+    let store = ConfigDb::connect(&format!("sqlite://{}", path.display()))
         .await
         .unwrap();
     assert!(store.history().await.unwrap().is_empty());
@@ -192,7 +192,7 @@ async fn sqlite_url_without_mode_creates_the_file() {
 
 #[tokio::test]
 async fn bad_url_is_a_configuration_error() {
-    let e = Store::connect("mysql://x").await.unwrap_err();
+    let e = ConfigDb::connect("mysql://x").await.unwrap_err();
     assert!(matches!(e, elastrec_brain::BrainError::Config(_)), "{e}");
 }
 
@@ -205,10 +205,12 @@ async fn connection_errors_hide_the_password() {
         "postgres://u:s3cret@h:99999/db",
         "postgres://u@h:99999/db?password=s3cret",
     ] {
-        let e = Store::connect(url).await.unwrap_err().to_string();
+        let e = ConfigDb::connect(url).await.unwrap_err().to_string();
         assert!(!e.contains("s3cret"), "{url}: {e}");
     }
-    let e = Store::connect("mysql://u:s3cret@h/db").await.unwrap_err();
+    let e = ConfigDb::connect("mysql://u:s3cret@h/db")
+        .await
+        .unwrap_err();
     assert_eq!(
         e.to_string(),
         "configuration: database URL must start with sqlite: or postgres://, got `mysql://u:***@h/db`"

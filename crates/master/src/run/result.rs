@@ -1,0 +1,177 @@
+//! The job's result (`result.json`) and the summary printed as the job ends.
+
+use serde::{Deserialize, Serialize};
+
+use super::job_dir::JobDir;
+use crate::checkpoint::CheckpointReport;
+use crate::job::{EvalResult, NodeState, Phase, Role};
+use crate::ledger::LedgerSummary;
+use crate::service::{now_ms, MasterCore};
+
+/// The job's result JSON.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobResult {
+    /// Job id.
+    pub job_id: String,
+    /// `finished` or `failed`.
+    pub status: String,
+    /// Failure message.
+    pub error: Option<String>,
+    /// Ledger verdict per epoch.
+    pub epochs: Vec<EpochLedger>,
+    /// Ledger verdict over the job.
+    pub ledger: LedgerSummary,
+    /// Final evaluation.
+    pub eval: Option<EvalResult>,
+    /// Samples trained per second of wall time since the job started.
+    pub samples_per_s: f64,
+    /// Wall time from job start (including master downtime), seconds.
+    pub wall_s: f64,
+    /// Worker processes launched over the job.
+    pub workers_launched: u32,
+    /// Workers declared dead.
+    pub workers_dead: u32,
+    /// Parameter-server processes launched over the job (a recovery or a re-sharding
+    /// launches more).
+    #[serde(default)]
+    pub ps_launched: u32,
+    /// Checkpoints, recoveries and the portion of lost samples (when enabled).
+    pub checkpoint: Option<CheckpointReport>,
+    /// The autoscaler: bounds, last plan and every scaling action (when enabled).
+    #[serde(default)]
+    pub autoscale: Option<serde_json::Value>,
+    /// What the job used (this master's lifetime).
+    #[serde(default)]
+    pub resources: Resources,
+    /// Changes of the PS count while the job trained.
+    #[serde(default)]
+    pub reshards: Vec<crate::reshard::ReshardRecord>,
+    /// An online job's stream: lag per partition, SLO violations, accumulated lag,
+    /// downtime, worker-hours and every scaling decision (KALE Table 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub online: Option<serde_json::Value>,
+}
+
+/// Resources a job used: node-seconds (the time each node process was live, summed; on
+/// the local backend every node is allotted one core, so these are the allotted
+/// core-seconds) and the CPU time the processes reported.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct Resources {
+    /// Worker processes' live seconds, summed.
+    pub worker_node_s: f64,
+    /// Parameter servers' live seconds, summed.
+    pub ps_node_s: f64,
+    /// CPU seconds (user + system) of every node process, from their last heartbeats.
+    pub cpu_s: f64,
+}
+
+/// The `online` part of an online job's result.
+pub(super) fn online_result(core: &MasterCore, worker_node_s: f64) -> Option<serde_json::Value> {
+    let stats = core.stream_stats.lock().clone()?;
+    let decisions = core.online_scaling.lock().clone();
+    let raw_changes = decisions
+        .windows(2)
+        .filter(|w| w[0].decision.raw != w[1].decision.raw)
+        .count();
+    let changes = decisions
+        .iter()
+        .filter(|d| d.decision.target != d.decision.workers)
+        .count();
+    // The figures as the job ends, after the last periodic record.
+    let progressive = core.progressive.lock().as_mut().map(|p| {
+        p.record(stats.observed_s);
+        p.summary()
+    });
+    Some(serde_json::json!({
+        "stream": stats,
+        "progressive": progressive,
+        "worker_hours": worker_node_s / 3600.0,
+        "raw_plan_changes": raw_changes,
+        "scaling_changes": changes,
+        "decisions": decisions,
+    }))
+}
+
+/// One epoch's ledger line.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EpochLedger {
+    /// Epoch.
+    pub epoch: u32,
+    /// Verdict.
+    #[serde(flatten)]
+    pub summary: LedgerSummary,
+}
+
+/// The result of a job that ended in `phase`, having used `used` in this master's lifetime.
+pub(super) fn job_result(
+    core: &MasterCore,
+    dir: &JobDir,
+    phase: &Phase,
+    used: Resources,
+) -> JobResult {
+    let job = core.job.lock();
+    let epochs = job.tasks().spec().epochs;
+    let per_epoch: Vec<EpochLedger> = (0..epochs)
+        .map(|e| EpochLedger {
+            epoch: e,
+            summary: job.tasks().ledger().summary(e),
+        })
+        .collect();
+    let total = job.tasks().ledger().total(epochs);
+    let started: u64 = dir.started_ms().unwrap_or(now_ms());
+    let wall_s = now_ms().saturating_sub(started) as f64 / 1000.0;
+    let workers: Vec<_> = job.nodes().filter(|n| n.role == Role::Worker).collect();
+    JobResult {
+        job_id: core.job_id.clone(),
+        status: match phase {
+            Phase::Finished => "finished".into(),
+            _ => "failed".into(),
+        },
+        error: match phase {
+            Phase::Failed(m) => Some(m.clone()),
+            _ => None,
+        },
+        epochs: per_epoch,
+        ledger: total,
+        eval: job.eval(),
+        samples_per_s: total.consumed as f64 / wall_s.max(1e-9),
+        wall_s,
+        workers_launched: workers.len() as u32,
+        workers_dead: workers
+            .iter()
+            .filter(|n| n.state == NodeState::Dead)
+            .count() as u32,
+        ps_launched: job.nodes().filter(|n| n.role == Role::Ps).count() as u32,
+        checkpoint: core.checkpoints().map(|c| c.report(total.consumed)),
+        autoscale: core.autoscale_status.lock().clone(),
+        resources: Resources {
+            cpu_s: core.profiles.lock().values().map(|p| p.cpu_s).sum(),
+            ..used
+        },
+        reshards: core.reshards.lock().clone(),
+        online: online_result(core, used.worker_node_s),
+    }
+}
+
+/// Prints the closing lines: checkpoints, the ledger verdict, the final evaluation.
+pub(super) fn announce(result: &JobResult) {
+    if let Some(r) = &result.checkpoint {
+        eprintln!(
+            "job {}: {} checkpoints (mean stall {:.2} ms vs memory copy {:.2} ms, persisted at {:.0} MB/s), {} PS recoveries, PLS {:.4}",
+            result.job_id,
+            r.stats.count,
+            r.stall_ms,
+            r.memcpy_ms,
+            r.persist_mb_s,
+            r.stats.recoveries.len(),
+            r.pls
+        );
+    }
+    eprintln!("job {}: {}", result.job_id, result.ledger);
+    if let Some(e) = result.eval {
+        eprintln!(
+            "job {}: final eval AUC {:.4} logloss {:.4} on {} samples",
+            result.job_id, e.auc, e.logloss, e.samples
+        );
+    }
+}

@@ -1,0 +1,406 @@
+//! A running job: the gRPC and metrics endpoints, the background loops, the control loop
+//! (node exits, the state machine's tick, PS recovery, checkpoints, progress) and the
+//! wind-down that writes the result.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use elastrec_job::config::JobConfig;
+use elastrec_proto::master::master_server::MasterServer;
+use elastrec_rpc::ServerAuth;
+use tonic::service::interceptor::InterceptedService;
+
+use super::job_dir::JobDir;
+use super::result::{announce, job_result, JobResult, Resources};
+use super::setup::AutoscaleStart;
+use crate::checkpoint::Coordinator;
+use crate::job::{Job, Phase, Role};
+use crate::service::{MasterCore, MasterService};
+
+/// How often the control loop runs.
+const TICK: Duration = Duration::from_millis(100);
+
+/// How often the progress line is printed.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+
+/// Serves the job until it finishes, fails or is stopped by a signal; writes
+/// `result.json` (unless stopped) and returns the result.
+pub(super) async fn serve(
+    core: Arc<MasterCore>,
+    listener: tokio::net::TcpListener,
+    token: String,
+    cfg: &JobConfig,
+    dir: &JobDir,
+    autoscale: Option<AutoscaleStart>,
+) -> anyhow::Result<JobResult> {
+    let endpoints = Endpoints::start(&core, listener, &token, cfg, dir).await?;
+    let autoscaler = spawn_loops(&core, cfg, autoscale)?;
+    let mut used = Resources::default();
+    let phase = control_loop(&core, cfg, dir, &mut used).await?;
+    wind_down(&core, cfg).await;
+    if let Some(h) = autoscaler {
+        // It stops once the job leaves training, with its final state written.
+        let _ = tokio::time::timeout(Duration::from_secs(2), h).await;
+    }
+    let result = job_result(&core, dir, &phase, used);
+    announce(&result);
+    if let (Some(c), Phase::Finished) = (core.checkpoints(), &phase) {
+        c.remove_shm();
+    }
+    // Readers poll for it: they see the whole file or none (temp + fsync + rename).
+    elastrec_job::fsio::write_atomic(
+        &dir.result(),
+        serde_json::to_string_pretty(&result)?.as_bytes(),
+    )?;
+    endpoints.stop().await;
+    if let Phase::Failed(m) = phase {
+        bail!("job failed: {m}");
+    }
+    Ok(result)
+}
+
+/// The job's gRPC server and its Prometheus endpoint.
+struct Endpoints {
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    metrics: elastrec_metrics::Endpoint,
+}
+
+impl Endpoints {
+    /// Serves the master service on `listener` (token-authenticated) and `/metrics` (open
+    /// on loopback, the job token elsewhere); the metrics address goes to the job dir.
+    async fn start(
+        core: &Arc<MasterCore>,
+        listener: tokio::net::TcpListener,
+        token: &str,
+        cfg: &JobConfig,
+        dir: &JobDir,
+    ) -> anyhow::Result<Self> {
+        let max = cfg.cluster.max_message_bytes;
+        let svc = MasterServer::new(MasterService(core.clone()))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max);
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(
+            elastrec_rpc::server()?
+                .add_service(InterceptedService::new(svc, ServerAuth::for_job(token)))
+                .serve_with_incoming_shutdown(elastrec_rpc::incoming(listener), async {
+                    let _ = stop_rx.await;
+                }),
+        );
+        let ip: std::net::IpAddr = cfg.cluster.bind.parse()?;
+        let mcore = core.clone();
+        let metrics = elastrec_metrics::serve(
+            SocketAddr::new(ip, cfg.cluster.metrics_port),
+            token,
+            move || {
+                // Refreshes the gauges the status snapshot feeds.
+                mcore.status();
+                mcore.metrics.render()
+            },
+        )
+        .await
+        .context("binding the metrics endpoint")?;
+        std::fs::write(dir.metrics_addr(), metrics.addr().to_string())?;
+        Ok(Self {
+            stop,
+            server,
+            metrics,
+        })
+    }
+
+    /// Stops both, letting calls in flight finish (up to 2 s).
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.server).await;
+        drop(self.metrics);
+    }
+}
+
+/// Starts the loops a job's configuration asks for beside the control loop: the
+/// autoscaler (returned, to be awaited at the end), the dataset watcher of a following
+/// job, and an online job's stream watcher and traffic-driven scaler.
+fn spawn_loops(
+    core: &Arc<MasterCore>,
+    cfg: &JobConfig,
+    autoscale: Option<AutoscaleStart>,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    let autoscaler = autoscale.map(|a| {
+        tokio::spawn(crate::autoscale_loop::run(
+            core.clone(),
+            a.brain,
+            cfg.clone(),
+            a.brain_job_id,
+            a.samples_total,
+            a.registered,
+        ))
+    });
+    if cfg.data.follow {
+        tokio::spawn(crate::dataset_watch::run(core.clone(), cfg.clone()));
+    }
+    if let Some(s) = &cfg.stream {
+        if s.eval_window > 0 {
+            *core.progressive.lock() = Some(crate::progressive::ProgressiveEval::new(
+                s.eval_window as usize,
+            ));
+        }
+        let partitions = crate::stream_watch::partitions_of(&core.files.read())?;
+        tokio::spawn(crate::stream_watch::run(
+            core.clone(),
+            s.clone(),
+            partitions,
+            s.group_for(&core.job_id),
+        ));
+        if s.autoscale != elastrec_job::stream::StreamScaling::Off {
+            tokio::spawn(crate::online_scale_loop::run(
+                core.clone(),
+                s.clone(),
+                cfg.cluster.mode == elastrec_job::distributed::SyncMode::Sync,
+            ));
+        }
+    }
+    Ok(autoscaler)
+}
+
+/// Runs the job until it finishes or fails (returns its phase), or until SIGINT/SIGTERM
+/// (an error, after an optional checkpoint and stopping every node).
+async fn control_loop(
+    core: &Arc<MasterCore>,
+    cfg: &JobConfig,
+    dir: &JobDir,
+    used: &mut Resources,
+) -> anyhow::Result<Phase> {
+    let mut progress = Progress::new();
+    let mut last_tick = Instant::now();
+    let mut tick = tokio::time::interval(TICK);
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    loop {
+        let interrupted = tokio::select! {
+            _ = tick.tick() => None,
+            _ = tokio::signal::ctrl_c() => Some("interrupted"),
+            _ = sigterm.recv() => Some("terminated"),
+        };
+        if let Some(how) = interrupted {
+            stop_on_signal(core, cfg, dir, how).await;
+            bail!("{how}");
+        }
+        account_live_nodes(&core.job.lock(), last_tick.elapsed(), used);
+        last_tick = Instant::now();
+        let phase = advance(core).await?;
+        if matches!(phase, Phase::Finished | Phase::Failed(_)) {
+            return Ok(phase);
+        }
+        if let Some(c) = core.checkpoints().cloned() {
+            if !drive_checkpoints(core, &c).await? {
+                continue;
+            }
+        }
+        progress.maybe_print(core);
+    }
+}
+
+/// A signal stops the job: a checkpoint first when `checkpoint.on_sigterm` (and no
+/// recovery runs), then every node; the job can be resumed later.
+async fn stop_on_signal(core: &Arc<MasterCore>, cfg: &JobConfig, dir: &JobDir, how: &str) {
+    let ckpt = match core.checkpoints() {
+        Some(c) if cfg.checkpoint.on_sigterm && !core.job.lock().recovering() => {
+            match tokio::time::timeout(Duration::from_secs(120), c.checkpoint(core, how)).await {
+                Ok(Ok(m)) => format!("checkpoint {} written; ", m.id),
+                Ok(Err(e)) => format!("no checkpoint ({e:#}); "),
+                Err(_) => "no checkpoint (timed out); ".to_string(),
+            }
+        }
+        _ => String::new(),
+    };
+    eprintln!(
+        "master: {how}; {ckpt}stopping every node (resume later with `elastrec run --resume {}`)",
+        dir.0.display()
+    );
+    let nodes = core.job.lock().leftover_nodes();
+    for n in nodes {
+        core.backend().stop(&n);
+    }
+    core.backend().finish();
+}
+
+/// Adds `dt` of live time for every live node to the job's resource use.
+fn account_live_nodes(job: &Job, dt: Duration, used: &mut Resources) {
+    let dt = dt.as_secs_f64();
+    for n in job.nodes().filter(|n| n.state.is_live()) {
+        match n.role {
+            Role::Worker => used.worker_node_s += dt,
+            Role::Ps => used.ps_node_s += dt,
+        }
+    }
+}
+
+/// Feeds the backend's news (queued nodes, ended processes, failed launches) to the state
+/// machine, ticks it and returns its phase.
+async fn advance(core: &Arc<MasterCore>) -> anyhow::Result<Phase> {
+    let exited: Vec<(u32, String)> = core
+        .backend()
+        .exited()
+        .into_iter()
+        .map(|e| {
+            tracing::info!(node = e.id, reason = %e.reason, oom = e.oom, "node process ended");
+            if e.oom {
+                out_of_memory(core, e.id, &e.reason);
+            }
+            (e.id, e.reason)
+        })
+        .collect();
+    let failed = core.take_failed_launches();
+    let queued = core.backend().queued();
+    core.run(|job, cx| {
+        for id in queued {
+            job.queued(id, cx);
+        }
+        for (id, reason) in exited {
+            let reason = if reason.is_empty() {
+                "process exited".to_string()
+            } else {
+                format!("process exited: {reason}")
+            };
+            job.process_ended(id, &reason, cx);
+        }
+        for id in failed {
+            job.process_exited(id, cx);
+        }
+        job.tick(cx);
+        job.phase().clone()
+    })
+    .await
+    .map_err(|s| anyhow::anyhow!("master state: {}", s.message()))
+}
+
+/// Recovers failed parameter servers, closes a finished recovery and starts a checkpoint
+/// when one is due. Returns false when a recovery failed (the job is failed: the loop
+/// goes straight to its next tick, which ends it).
+async fn drive_checkpoints(core: &Arc<MasterCore>, c: &Arc<Coordinator>) -> anyhow::Result<bool> {
+    let failures = core.job.lock().take_ps_failures();
+    if !failures.is_empty() {
+        if let Err(e) = c.recover(core, failures).await {
+            let msg = format!("recovering a parameter server failed: {e:#}");
+            core.run(|job, cx| job.fail(msg, cx))
+                .await
+                .map_err(|s| anyhow::anyhow!("master state: {}", s.message()))?;
+            return Ok(false);
+        }
+    }
+    c.observe(core).await;
+    let (training, recovering, samples) = {
+        let job = core.job.lock();
+        (
+            *job.phase() == Phase::Training,
+            job.recovering(),
+            job.samples_done(),
+        )
+    };
+    if training && !recovering && c.due(samples) {
+        let task = c.spawn_checkpoint(core.clone(), "interval");
+        tokio::spawn(async move {
+            if let Ok(Err(e)) = task.await {
+                eprintln!("master: checkpoint failed (training goes on): {e:#}");
+            }
+        });
+    }
+    Ok(true)
+}
+
+/// The progress line, printed every [`PROGRESS_EVERY`].
+struct Progress {
+    started: Instant,
+    last: Instant,
+}
+
+impl Progress {
+    fn new() -> Self {
+        let now = Instant::now();
+        Self {
+            started: now,
+            last: now,
+        }
+    }
+
+    fn maybe_print(&mut self, core: &MasterCore) {
+        if self.last.elapsed() <= PROGRESS_EVERY {
+            return;
+        }
+        self.last = Instant::now();
+        let s = core.status();
+        let workers = s
+            .nodes
+            .iter()
+            .filter(|n| {
+                n.role == elastrec_proto::master::Role::Worker as i32 && n.state == "running"
+            })
+            .count();
+        eprintln!(
+            "[{:>6.1}s] epoch {}/{} samples {}/{} ({:.0}/s) shards todo {} doing {} done {} workers {} ({})",
+            self.started.elapsed().as_secs_f64(),
+            s.epoch + 1,
+            s.epochs,
+            s.samples_done,
+            s.samples_total,
+            s.samples_per_sec,
+            s.shards_todo,
+            s.shards_doing,
+            s.shards_done,
+            workers,
+            s.phase
+        );
+    }
+}
+
+/// After the job ended: workers leave by themselves (they poll the master) within 3 s;
+/// then every node left is stopped.
+async fn wind_down(core: &MasterCore, cfg: &JobConfig) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        let left = core
+            .job
+            .lock()
+            .leftover_nodes()
+            .iter()
+            .filter(|n| n.role == Role::Worker)
+            .count();
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2 * cfg.cluster.heartbeat_ms)).await;
+    let leftovers = core.job.lock().leftover_nodes();
+    for n in &leftovers {
+        core.backend().stop(n);
+    }
+    core.backend().finish();
+}
+
+/// The engine killed node `id` for exceeding its memory: its role's next nodes (the
+/// relaunch included) ask for more, up to the role's `memory_gb_max`.
+fn out_of_memory(core: &MasterCore, id: u32, reason: &str) {
+    let Some(role) = core.job.lock().node(id).map(|n| n.role) else {
+        return;
+    };
+    let Some(launch) = core.launch.get() else {
+        return;
+    };
+    let (before, after) = launch.grow_memory(role);
+    let role = crate::launch::role_name(role);
+    if after > before {
+        eprintln!(
+            "master: {role} node {id} was killed for its memory ({reason}); {role}s start with {:.2} GiB instead of {:.2} GiB from now on",
+            after as f64 / 1024.0,
+            before as f64 / 1024.0
+        );
+    } else {
+        eprintln!(
+            "master: {role} node {id} was killed for its memory ({reason}) at its role's maximum of {:.2} GiB; raise resources.{role}.memory_gb_max (autoscale.{role}_mem_gb_max in an autoscaled job)",
+            before as f64 / 1024.0
+        );
+    }
+}

@@ -1,0 +1,465 @@
+//! Starting a new job, and resuming one whose master died, from its database.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use elastrec_job::config::JobConfig;
+use elastrec_rpc::tls::TlsMaterial;
+use elastrec_rpc::{role_token, Caller};
+
+use super::job_dir::{write_private, FileRows, JobDir};
+use super::result::JobResult;
+use super::serve::serve;
+use super::setup::*;
+use crate::backend::BackendKind;
+use crate::checkpoint::{CheckpointStats, Coordinator, Fingerprint};
+use crate::job::{Context as _, Job, Phase, Role};
+use crate::service::{now_ms, LiveCtx, MasterCore};
+use crate::store::{MasterDb, Writer};
+use crate::tasks::TaskQueue;
+
+/// Where a new job's model and data position come from (`--from-checkpoint`).
+#[derive(Debug, Clone)]
+pub struct FromCheckpoint {
+    /// Checkpoint storage location (directory or s3://...).
+    pub location: String,
+    /// A specific checkpoint id (default: the newest intact one).
+    pub id: Option<u64>,
+}
+
+/// Validates a job file completely (fields, ranges, data paths) without starting anything.
+pub fn validate_job(path: &Path) -> anyhow::Result<JobConfig> {
+    let cfg = JobConfig::load(path)?;
+    cfg.check_data(path)?;
+    if cfg.checkpoint.enabled {
+        crate::checkpoint::open_store(&cfg.checkpoint.location)
+            .with_context(|| format!("{}: checkpoint.location", path.display()))?;
+    }
+    Ok(cfg)
+}
+
+/// Starts a new job from its file (optionally from another job's checkpoint) and runs it
+/// to the end.
+pub async fn start_job(
+    path: &Path,
+    exe: PathBuf,
+    from: Option<FromCheckpoint>,
+    pause_at: Option<u64>,
+    kind: BackendKind,
+) -> anyhow::Result<JobResult> {
+    let mut cfg = validate_job(path)?;
+    elastrec_job::prepare::ensure_data(&cfg, false)?;
+    // Datasets become files once, here: the job file stored and shipped to every process
+    // is the resolved one. Listing blocks (and may wait for partitions): off the runtime.
+    let (cfg, resolved) = tokio::task::spawn_blocking(move || {
+        let r = elastrec_job::datasets::resolve_datasets(&mut cfg);
+        (cfg, r)
+    })
+    .await?;
+    for line in elastrec_job::datasets::describe(&resolved?) {
+        eprintln!("master: {line}");
+    }
+    let dir = JobDir(cfg.output.dir.clone());
+    if dir.db().exists() {
+        bail!(
+            "{} already holds a job; resume it with `elastrec run --resume {}` or set another output.dir",
+            dir.0.display(),
+            dir.0.display()
+        );
+    }
+    // Before anything is created: an empty training set is an error naming the files, and
+    // an online job's brokers and topics must answer.
+    let job_id = dir
+        .0
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "job".into());
+    let stream_starts = match &cfg.stream {
+        Some(s) => {
+            let (s, group) = (s.clone(), s.group_for(&job_id));
+            Some(
+                tokio::task::spawn_blocking(move || crate::stream_watch::resolve(&s, &group))
+                    .await??,
+            )
+        }
+        None => None,
+    };
+    let files: Vec<FileRows> = match &stream_starts {
+        // A partition's "rows" are unknown (it grows); 0 keeps checkpoints of the same
+        // topics compatible whatever offsets the jobs started at.
+        Some((partitions, _)) => partitions
+            .iter()
+            .map(|p| FileRows {
+                path: p.to_string(),
+                rows: 0,
+            })
+            .collect(),
+        None => elastrec_job::prepare::count_train_rows(&cfg)?
+            .into_iter()
+            .map(|(f, rows)| FileRows {
+                path: f.to_string_lossy().into_owned(),
+                rows,
+            })
+            .collect(),
+    };
+    let stream_starts = stream_starts.map(|(_, starts)| starts);
+    std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
+    // A job started from a checkpoint checks it before anything is created.
+    let foreign = match &from {
+        Some(f) => Some(
+            crate::checkpoint::load_foreign(
+                &f.location,
+                f.id,
+                &Fingerprint::of(&cfg, &file_pairs(&files)),
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    let token = random_hex(32);
+    // Tells this job's processes and shared memory from another job's of the same name.
+    let job_uid = random_hex(16);
+    write_private(&dir.token(), &token)?;
+    let tls = job_tls(&cfg, kind, path, &dir)?;
+    let ip = bind_ip(&cfg)?;
+    let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, cfg.cluster.master_port))
+        .await
+        .context("binding the master port")?;
+    let bound = listener.local_addr()?;
+    let addr = advertised(&cfg, bound)?;
+    std::fs::write(dir.addr(), &addr)?;
+    // Before the state database: a backend that refuses the job (no permission on the
+    // cluster) leaves no half-started job behind; the same file runs again once fixed.
+    let (backend, launch) =
+        open_backend(kind, exe, &job_id, &job_uid, &addr, &token, tls, &dir, &cfg)?;
+    let master_token = role_token(&token, Caller::Master);
+    let job_toml = toml::to_string(&shipped(&cfg))?;
+    let store = MasterDb::open(&dir.db(), true).await?;
+    store.set_meta("job_toml", job_toml.clone()).await?;
+    store
+        .set_meta("files", serde_json::to_string(&files)?)
+        .await?;
+    store.set_meta("job_id", job_id.clone()).await?;
+    store.set_meta("job_uid", job_uid.clone()).await?;
+    if let Some(starts) = &stream_starts {
+        store
+            .set_meta("stream_starts", serde_json::to_string(starts)?)
+            .await?;
+    }
+    store.set_meta("master_addr", addr.clone()).await?;
+    store.set_meta("master_bind", bound.to_string()).await?;
+    store.set_meta("backend", kind.name().to_string()).await?;
+    std::fs::write(dir.started_ms_file(), now_ms().to_string())?;
+    let shm_ns = shm_namespace(&job_id, &job_uid);
+    let fingerprint = Fingerprint::of(&cfg, &file_pairs(&files));
+    let total_samples = files.iter().map(|f| f.rows).sum::<u64>() * cfg.train.epochs as u64;
+    let coordinator = if cfg.checkpoint.enabled {
+        Some(Arc::new(Coordinator::new(
+            &cfg,
+            fingerprint.clone(),
+            total_samples,
+            &master_token,
+            shm_ns.clone(),
+            None,
+        )?))
+    } else {
+        None
+    };
+    let mut queue = match &stream_starts {
+        Some(starts) => TaskQueue::new_stream(data_sharding(&cfg), starts.clone()),
+        None => TaskQueue::new(data_sharding(&cfg), files.iter().map(|f| f.rows).collect()),
+    };
+    if cfg.data.follow {
+        queue.follow();
+    }
+    let mut initial_plan = None;
+    let mut closed = Vec::new();
+    if let Some(from) = &from {
+        let (m, plan, pos) = foreign.clone().expect("loaded with --from-checkpoint");
+        eprintln!(
+            "job {job_id}: starting from checkpoint {} of {} ({} PS, {} samples trained)",
+            m.id,
+            elastrec_checkpoint::store::redact_location(&from.location),
+            m.num_ps,
+            m.samples
+        );
+        queue = TaskQueue::from_position(
+            data_sharding(&cfg),
+            files.iter().map(|f| f.rows).collect(),
+            &pos,
+        );
+        if cfg.data.follow {
+            queue.follow();
+        }
+        store
+            .set_meta(
+                "ledger_adjust",
+                serde_json::to_string(&pos.ledger_adjustments())?,
+            )
+            .await?;
+        closed = pos.epochs_closed.clone();
+        initial_plan = Some(plan.clone());
+        if let Some(c) = &coordinator {
+            c.set_origin((m, plan, pos));
+        }
+    }
+    let mut workers = cfg.cluster.workers;
+    let autoscale = if cfg.autoscale.enabled {
+        let (start, warm) = connect_brain(
+            &cfg,
+            &dir,
+            format!("{job_id}-{job_uid}"),
+            total_samples,
+            cfg.autoscale.warm_start,
+        )
+        .await?;
+        workers = warm.unwrap_or(workers);
+        Some(start)
+    } else {
+        None
+    };
+    let mut cx = LiveCtx::now();
+    let mut job = Job::start(policy(&cfg), queue, workers, &mut cx);
+    if from.is_some() {
+        job.set_epochs_closed(closed, &mut cx);
+        let (tasks, _) = job.take_dirty_tasks();
+        let spans = job.tasks().ledger().spans();
+        cx.persist(crate::job::Change::ResetData(tasks, spans));
+    }
+    if pause_at.is_some() {
+        job.set_pause(pause_at, &mut cx);
+    }
+    store.apply(&cx.take_changes()).await?;
+    eprintln!(
+        "job {job_id}: master on {addr}, {} PS, {} workers, {} rows x {} epochs, {} rows per shard; state in {}",
+        cfg.cluster.ps,
+        workers,
+        files.iter().map(|f| f.rows).sum::<u64>(),
+        cfg.train.epochs,
+        job.tasks().spec().rows_per_shard,
+        dir.db().display()
+    );
+    let core = Arc::new(MasterCore::new(
+        job,
+        Writer::spawn(store),
+        backend,
+        job_toml,
+        files.into_iter().map(|f| f.path).collect(),
+        cfg.cluster.heartbeat_ms as u32,
+        job_id,
+    ));
+    core.set_restore_plan(initial_plan);
+    let _ = core.launch.set(launch.clone());
+    let _ = core.ps_access.set(crate::reshard::PsAccess {
+        token: master_token.clone(),
+        max_bytes: cfg.cluster.max_message_bytes,
+    });
+    if let Some(c) = coordinator {
+        core.set_checkpoints(c);
+    }
+    core.effects(cx);
+    serve(core, listener, token, &cfg, &dir, autoscale).await
+}
+
+/// Restarts the master of a job whose master died, from its database. Live nodes
+/// re-register; training continues where the ledger says it stopped.
+pub async fn resume_job(
+    dir: &Path,
+    exe: PathBuf,
+    backend: Option<BackendKind>,
+) -> anyhow::Result<JobResult> {
+    let dir = JobDir(dir.to_path_buf());
+    anyhow::ensure!(
+        dir.db().exists(),
+        "{} holds no job (no master.db)",
+        dir.0.display()
+    );
+    let token = std::fs::read_to_string(dir.token())
+        .with_context(|| format!("reading the job token {}", dir.token().display()))?
+        .trim()
+        .to_string();
+    elastrec_rpc::check_token(&token)
+        .with_context(|| format!("{} is corrupt", dir.token().display()))?;
+    let store = MasterDb::open(&dir.db(), false).await?;
+    let snap = store.load().await?;
+    let meta = |k: &str| {
+        snap.meta
+            .get(k)
+            .cloned()
+            .with_context(|| format!("master.db lacks `{k}`"))
+    };
+    let job_toml = meta("job_toml")?;
+    let cfg = JobConfig::from_toml(&job_toml, &dir.db())?;
+    let files: Vec<FileRows> = serde_json::from_str(&meta("files")?)?;
+    let addr = meta("master_addr")?;
+    let job_id = meta("job_id")?;
+    let kind = resumed_backend(snap.meta.get("backend"), backend)?;
+    let job_uid = match snap.meta.get("job_uid") {
+        Some(u) => u.clone(),
+        // A job started before job uids existed: its old nodes cannot be recognized
+        // by uid (they are treated as gone); new ones get one.
+        None => {
+            let u = random_hex(16);
+            store.set_meta("job_uid", u.clone()).await?;
+            u
+        }
+    };
+    let generated: u32 = meta("generated_epochs")?.parse()?;
+    let mut queue = match snap.meta.get("stream_starts") {
+        Some(starts) => TaskQueue::restore_stream(
+            data_sharding(&cfg),
+            serde_json::from_str(starts)?,
+            snap.tasks,
+            &snap.ranges,
+        ),
+        None => TaskQueue::restore(
+            data_sharding(&cfg),
+            files.iter().map(|f| f.rows).collect(),
+            snap.tasks,
+            &snap.ranges,
+            generated,
+        ),
+    };
+    if let Some(adj) = snap.meta.get("ledger_adjust") {
+        queue.adjust_ledger(&serde_json::from_str::<Vec<(u32, u64, u64)>>(adj)?);
+    }
+    if cfg.data.follow {
+        // Files stored just before the previous master stopped get their tasks.
+        queue.follow();
+    }
+    let stats: Option<CheckpointStats> = snap
+        .meta
+        .get("checkpoint_stats")
+        .map(|t| serde_json::from_str(t))
+        .transpose()?;
+    let mut cx = LiveCtx::now();
+    let mut job = Job::restore(
+        policy(&cfg),
+        queue,
+        snap.nodes,
+        meta("target_workers")?.parse()?,
+        meta("restarts_used")?.parse()?,
+        serde_json::from_str(&meta("phase")?)?,
+        serde_json::from_str(&meta("eval")?)?,
+        serde_json::from_str(&meta("epochs_closed")?)?,
+        &mut cx,
+    );
+    if let Some(p) = snap.meta.get("pause_at") {
+        job.restore_pause(serde_json::from_str(p)?);
+    }
+    // The PS layout in force when the previous master stopped (after online re-sharding);
+    // servers it had started for a layout it never committed are stopped.
+    if let Some(l) = snap.meta.get("ps_layout") {
+        let (version, num_ps): (u64, u32) = serde_json::from_str(l)?;
+        job.set_layout(version, num_ps);
+    }
+    job.drop_uncommitted_servers(&mut cx);
+    store.apply(&cx.take_changes()).await?;
+    // The same address, so live nodes find the new master.
+    let sock: SocketAddr = snap.meta.get("master_bind").unwrap_or(&addr).parse()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let listener = loop {
+        match tokio::net::TcpListener::bind(sock).await {
+            Ok(l) => break l,
+            Err(e) if Instant::now() < deadline => {
+                tracing::warn!(error = %e, "master address busy; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e).context("rebinding the master address"),
+        }
+    };
+    let (todo, doing, done) = job.tasks().counts();
+    let tls = TlsMaterial::load(&dir.tls())?;
+    if let Some(m) = &tls {
+        elastrec_rpc::tls::install(m.clone())?;
+    }
+    let (backend, launch) =
+        open_backend(kind, exe, &job_id, &job_uid, &addr, &token, tls, &dir, &cfg)?;
+    let master_token = role_token(&token, Caller::Master);
+    // After a crash of the whole job (not only the master) the parameter servers are gone:
+    // their state can only come back from a checkpoint, with the data position it holds.
+    let ps_gone: Vec<u32> = job
+        .nodes()
+        .filter(|n| n.role == Role::Ps && n.state.is_live() && !backend.is_alive(n))
+        .map(|n| n.index)
+        .collect();
+    let training = matches!(job.phase(), Phase::Training | Phase::Evaluating);
+    if !ps_gone.is_empty() && training && !cfg.checkpoint.enabled {
+        bail!(
+            "parameter servers {ps_gone:?} of {} are gone and checkpoints are disabled; the model cannot be recovered",
+            dir.0.display()
+        );
+    }
+    eprintln!(
+        "job {job_id}: master resumed on {addr}: shards todo {todo}, doing {doing}, done {done}; {}",
+        if ps_gone.is_empty() || !training {
+            "waiting for nodes to re-register".to_string()
+        } else {
+            format!("parameter servers {ps_gone:?} are gone: restoring the last checkpoint")
+        }
+    );
+    let num_ps = job.policy().num_ps;
+    let core = Arc::new(MasterCore::new(
+        job,
+        Writer::spawn(store),
+        backend,
+        job_toml,
+        files.into_iter().map(|f| f.path).collect(),
+        cfg.cluster.heartbeat_ms as u32,
+        job_id.clone(),
+    ));
+    let _ = core.launch.set(launch.clone());
+    let _ = core.ps_access.set(crate::reshard::PsAccess {
+        token: master_token.clone(),
+        max_bytes: cfg.cluster.max_message_bytes,
+    });
+    // The previous master may have died in the middle of a PS change: servers it froze
+    // for the next layout go back to the one in force.
+    crate::reshard::abort_uncommitted(&core).await;
+    if cfg.checkpoint.enabled {
+        let total_samples = files_rows_total(&core) * cfg.train.epochs as u64;
+        let c = Arc::new(Coordinator::new(
+            &cfg,
+            Fingerprint::of(&cfg, &core_file_pairs(&core)),
+            total_samples,
+            &master_token,
+            shm_namespace(&job_id, &job_uid),
+            stats,
+        )?);
+        if num_ps != cfg.cluster.ps {
+            c.layout_changed(num_ps);
+        }
+        core.set_checkpoints(c.clone());
+        core.effects(cx);
+        if !ps_gone.is_empty() && training {
+            let failures = ps_gone
+                .iter()
+                .map(|&index| crate::job::PsFailure {
+                    index,
+                    node: 0,
+                    reason: "gone after a restart of the whole job".into(),
+                    samples: 0,
+                })
+                .collect();
+            c.recover_full(&core, failures).await?;
+        }
+    } else {
+        core.effects(cx);
+    }
+    // The autoscaler starts afresh: the profile of the previous master's allocation is in
+    // the brain's database already, and its windows are re-measured here.
+    let autoscale = if cfg.autoscale.enabled {
+        let total = files_rows_total(&core) * cfg.train.epochs as u64;
+        Some(
+            connect_brain(&cfg, &dir, format!("{job_id}-{job_uid}"), total, false)
+                .await?
+                .0,
+        )
+    } else {
+        None
+    };
+    serve(core, listener, token, &cfg, &dir, autoscale).await
+}
