@@ -12,9 +12,9 @@ use elastrec_proto::brain as pb;
 
 use crate::autoscale::{Autoscaler, Decision, Round, Settings, View};
 use crate::brain_link::BrainLink;
+use crate::core::{monotonic_ms, MasterCore};
 use crate::job::{Phase, Role};
 use crate::memory_limits::MemoryLimits;
-use crate::service::{monotonic_ms, MasterCore};
 
 /// Observations per second: windows close within 100 ms of their length.
 const TICK: Duration = Duration::from_millis(100);
@@ -386,7 +386,7 @@ async fn enforce_memory_limits(core: &MasterCore, limits: &MemoryLimits) {
         core.profiles.lock().remove(&n.id);
         let reason = format!("stopped by the memory watchdog: {why}");
         if let Err(s) = core.run(|job, cx| job.node_stopped(n.id, reason, cx)).await {
-            eprintln!("autoscale: master state: {}", s.message());
+            eprintln!("autoscale: master state: {s}");
         }
     }
 }
@@ -552,7 +552,7 @@ async fn execute(core: &MasterCore, auto: &mut Autoscaler, d: &Decision, v: &Vie
                     auto.applied(d, v, source);
                 }
                 Ok(Err(why)) => eprintln!("autoscale: not scaling: {why}"),
-                Err(s) => eprintln!("autoscale: not scaling: master state: {}", s.message()),
+                Err(s) => eprintln!("autoscale: not scaling: master state: {s}"),
             }
         }
         Decision::Keep(why) => tracing::debug!(%why, "autoscale: keep"),

@@ -26,8 +26,8 @@ use elastrec_rpc as rpc;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
+use crate::core::{now_ms, MasterCore};
 use crate::job::{Change, PsFailure};
-use crate::service::{now_ms, MasterCore};
 use crate::tasks::{DataPosition, TaskQueue};
 
 /// Name of the master's part (the data position) in every checkpoint.
@@ -618,7 +618,7 @@ impl Coordinator {
             .persist(vec![Change::Meta("checkpoint_stats", text)])
             .await
         {
-            tracing::warn!(error = %e.message(), "could not persist checkpoint statistics");
+            tracing::warn!(error = %e, "could not persist checkpoint statistics");
         }
     }
 
@@ -725,7 +725,7 @@ impl Coordinator {
                     }
                 })
                 .await
-                .map_err(|s| anyhow::anyhow!("master state: {}", s.message()))?;
+                .context("master state")?;
             }
             RecoveryMode::Full => {
                 let (spec, rows, following) = {
@@ -741,7 +741,7 @@ impl Coordinator {
                 let closed = pos.epochs_closed.clone();
                 core.run(|job, cx| job.full_restore(queue, closed, cx))
                     .await
-                    .map_err(|s| anyhow::anyhow!("master state: {}", s.message()))?;
+                    .context("master state")?;
                 self.stats.lock().retrained_samples += samples_now.saturating_sub(pos.samples());
             }
         }

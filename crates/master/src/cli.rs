@@ -602,10 +602,11 @@ async fn start_bench_master(
     durability: crate::store::Durability,
     workers: u32,
     token: &'static str,
-) -> anyhow::Result<(Arc<crate::service::MasterCore>, String)> {
+) -> anyhow::Result<(Arc<crate::core::MasterCore>, String)> {
     use crate::backend::ClusterBackend;
+    use crate::core::{LiveCtx, MasterCore};
     use crate::job::{Job, Node, Policy};
-    use crate::service::{LiveCtx, MasterCore, MasterService};
+    use crate::service::MasterService;
     use crate::store::{MasterDb, Writer};
     use crate::tasks::{DataSharding, TaskQueue};
 

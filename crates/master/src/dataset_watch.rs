@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use elastrec_job::config::JobConfig;
 use elastrec_job::datasets::{Follower, Landed};
 
+use crate::core::MasterCore;
 use crate::job::{Change, Phase};
 use crate::run::FileRows;
-use crate::service::MasterCore;
 
 /// A failing listing is reported again after this long.
 const REPORT_EVERY: Duration = Duration::from_secs(30);
@@ -104,7 +104,7 @@ async fn queue_files(core: &MasterCore, landed: &Landed) -> Result<(), ()> {
         .collect();
     let text = serde_json::to_string(&all).expect("file rows serialize");
     if let Err(e) = core.persist(vec![Change::Meta("files", text)]).await {
-        eprintln!("master: cannot record new files: {}", e.message());
+        eprintln!("master: cannot record new files: {e}");
         return Err(());
     }
     // Paths first: a task handed out names a file the service can resolve.

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use elastrec_job::stream::StreamConfig;
 use serde::Serialize;
 
+use crate::core::MasterCore;
 use crate::job::{NodeState, Phase, Role};
 use crate::online_scale::{Decision, Observation, OnlineScaler};
-use crate::service::MasterCore;
 
 /// One decision, with when it was taken.
 #[derive(Debug, Clone, Serialize)]

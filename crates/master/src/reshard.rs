@@ -22,8 +22,8 @@ use elastrec_proto::ps::{AbortRequest, CommitRequest, ReshardRequest, ReshardRes
 use elastrec_rpc as rpc;
 use serde::{Deserialize, Serialize};
 
+use crate::core::MasterCore;
 use crate::job::Role;
-use crate::service::MasterCore;
 
 /// How the master reaches the parameter servers.
 #[derive(Debug, Clone)]
@@ -88,7 +88,7 @@ pub async fn change_ps(
             job.begin_reshard(num_ps, cx).map(|v| (v, from))
         })
         .await
-        .map_err(|s| anyhow::anyhow!("master state: {}", s.message()))?
+        .context("master state")?
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     eprintln!("master: changing the PS count {from} -> {num_ps} (layout {version}): {reason}");
     match run_protocol(core, &access, version, from, num_ps).await {
@@ -100,7 +100,7 @@ pub async fn change_ps(
                     job.samples_done()
                 })
                 .await
-                .map_err(|s| anyhow::anyhow!("master state: {}", s.message()))?;
+                .context("master state")?;
             if let Some(c) = core.checkpoints() {
                 c.layout_changed(num_ps);
             }

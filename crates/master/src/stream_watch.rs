@@ -8,8 +8,8 @@ use anyhow::Context as _;
 use elastrec_job::stream::StreamConfig;
 use elastrec_stream::{PartitionId, TopicWatch};
 
+use crate::core::MasterCore;
 use crate::job::Phase;
-use crate::service::MasterCore;
 use crate::stream_stats::StreamStats;
 
 /// How long one metadata or offset query may take.

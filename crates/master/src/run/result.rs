@@ -4,9 +4,9 @@ use serde::{Deserialize, Serialize};
 
 use super::job_dir::JobDir;
 use crate::checkpoint::CheckpointReport;
+use crate::core::{now_ms, MasterCore};
 use crate::job::{EvalResult, NodeState, Phase, Role};
 use crate::ledger::LedgerSummary;
-use crate::service::{now_ms, MasterCore};
 
 /// The job's result JSON.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -16,8 +16,9 @@ use super::job_dir::JobDir;
 use super::result::{announce, job_result, JobResult, Resources};
 use super::setup::AutoscaleStart;
 use crate::checkpoint::Coordinator;
+use crate::core::MasterCore;
 use crate::job::{Job, Phase, Role};
-use crate::service::{MasterCore, MasterService};
+use crate::service::MasterService;
 
 /// How often the control loop runs.
 const TICK: Duration = Duration::from_millis(100);
@@ -273,7 +274,7 @@ async fn advance(core: &Arc<MasterCore>) -> anyhow::Result<Phase> {
         job.phase().clone()
     })
     .await
-    .map_err(|s| anyhow::anyhow!("master state: {}", s.message()))
+    .context("master state")
 }
 
 /// Recovers failed parameter servers, closes a finished recovery and starts a checkpoint
@@ -286,7 +287,7 @@ async fn drive_checkpoints(core: &Arc<MasterCore>, c: &Arc<Coordinator>) -> anyh
             let msg = format!("recovering a parameter server failed: {e:#}");
             core.run(|job, cx| job.fail(msg, cx))
                 .await
-                .map_err(|s| anyhow::anyhow!("master state: {}", s.message()))?;
+                .context("master state")?;
             return Ok(false);
         }
     }

@@ -14,9 +14,9 @@ use rand::Rng;
 
 use super::job_dir::{FileRows, JobDir};
 use crate::backend::{BackendKind, ClusterBackend};
+use crate::core::MasterCore;
 use crate::job::Policy;
 use crate::launch::LaunchTemplate;
-use crate::service::MasterCore;
 use crate::tasks::DataSharding;
 
 /// How the job's data is cut into tasks and ordered.

@@ -16,8 +16,8 @@ use super::serve::serve;
 use super::setup::*;
 use crate::backend::BackendKind;
 use crate::checkpoint::{CheckpointStats, Coordinator, Fingerprint};
+use crate::core::{now_ms, LiveCtx, MasterCore};
 use crate::job::{Context as _, Job, Phase, Role};
-use crate::service::{now_ms, LiveCtx, MasterCore};
 use crate::store::{MasterDb, Writer};
 use crate::tasks::TaskQueue;
 

@@ -1,0 +1,393 @@
+//! What the gRPC handlers and the master's loops share: the [`Job`] state machine under
+//! one lock, the group-commit writer, the backend, and the job's live figures.
+//!
+//! Every mutation goes through [`MasterCore::run`]: it changes the state under the lock,
+//! queues the resulting changes to the writer (in mutation order), and returns only once
+//! they are durable; then it performs the side effects (launches, kills, events). A call
+//! that changed nothing still returns only once the queued changes its result rests on are
+//! durable (for a heartbeat: node rows and the phase, rarely pending).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use elastrec_proto::master::{self as pb, NodeStatus, RestorePlan, StatusResponse};
+use parking_lot::Mutex;
+
+use crate::backend::ClusterBackend;
+use crate::error::MasterError;
+use crate::job::{Change, Context, Event, Job, Node, Phase, Role};
+use crate::metrics::Metrics;
+use crate::store::{Barrier, Depends, Writer};
+
+/// Wall-clock milliseconds since the Unix epoch: only for times shown to people or
+/// compared across processes (checkpoint manifests, recovery records), never for timeouts.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Milliseconds on this master process's monotonic clock: liveness and rates are measured
+/// on it, so a step of the wall clock (NTP, a VM resume, an operator) cannot declare every
+/// node dead at once. Its origin is the first call, so values do not survive a restart:
+/// [`Job::restore`] resets the node times it loads.
+pub fn monotonic_ms() -> u64 {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    // Offset by one so that 0 keeps meaning "never".
+    ORIGIN.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
+}
+
+/// Side effects collected while the state lock is held, executed after it is released.
+#[derive(Default)]
+pub struct LiveCtx {
+    now: u64,
+    changes: Vec<Change>,
+    launches: Vec<Node>,
+    kills: Vec<Node>,
+    events: Vec<Event>,
+}
+
+impl LiveCtx {
+    /// A context at the current time.
+    pub fn now() -> Self {
+        Self {
+            now: monotonic_ms(),
+            ..Self::default()
+        }
+    }
+
+    /// Takes the changes to persist.
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        std::mem::take(&mut self.changes)
+    }
+}
+
+impl Context for LiveCtx {
+    fn now_ms(&self) -> u64 {
+        self.now
+    }
+    fn persist(&mut self, change: Change) {
+        self.changes.push(change);
+    }
+    fn launch(&mut self, node: &Node) {
+        self.launches.push(node.clone());
+    }
+    fn kill(&mut self, node: &Node) {
+        self.kills.push(node.clone());
+    }
+    fn event(&mut self, event: Event) {
+        self.events.push(event);
+    }
+}
+
+/// Everything the handlers and the control loop share.
+pub struct MasterCore {
+    /// The state machine.
+    pub job: Mutex<Job>,
+    writer: Writer,
+    backend: Arc<dyn ClusterBackend>,
+    /// Job file every node trains with.
+    pub job_toml: String,
+    /// Training file paths by index (a following job's list grows as partitions land).
+    pub files: parking_lot::RwLock<Vec<String>>,
+    pub(crate) heartbeat_ms: u32,
+    /// Prometheus metrics.
+    pub metrics: Metrics,
+    /// Job id.
+    pub job_id: String,
+    /// Nodes whose launch failed (fed back as exits by the control loop).
+    failed_launches: Mutex<Vec<u32>>,
+    /// (time, samples done) samples for the recent rate.
+    rate: Mutex<VecDeque<(Instant, u64)>>,
+    /// Set when the job reached a terminal phase.
+    pub done: tokio::sync::Notify,
+    /// What a (re)started PS loads (the last checkpoint at the time of the recovery).
+    pub(crate) restore_plan: Mutex<Option<RestorePlan>>,
+    /// The checkpoint coordinator, when checkpoints are enabled.
+    checkpoints: std::sync::OnceLock<Arc<crate::checkpoint::Coordinator>>,
+    /// The latest heartbeat profile of every node (CPU, memory, time split).
+    pub profiles: Mutex<std::collections::BTreeMap<u32, elastrec_proto::master::NodeProfile>>,
+    /// The autoscaler's state as JSON, refreshed by its loop (absent: autoscaling off).
+    pub autoscale_status: Mutex<Option<serde_json::Value>>,
+    /// How the master calls parameter servers (re-sharding).
+    pub ps_access: std::sync::OnceLock<crate::reshard::PsAccess>,
+    /// How the backend starts nodes (its sizes grow after an out-of-memory kill).
+    pub launch: std::sync::OnceLock<Arc<crate::launch::LaunchTemplate>>,
+    /// Changes of the PS count so far.
+    pub reshards: Mutex<Vec<crate::reshard::ReshardRecord>>,
+    /// An online job's stream statistics (lag, SLO), refreshed by its watcher.
+    pub stream_stats: Mutex<Option<crate::stream_stats::StreamStats>>,
+    /// A following job's view of its datasets as JSON, refreshed by its watcher.
+    pub follow_status: Mutex<Option<serde_json::Value>>,
+    /// An online job's scaling decisions so far.
+    pub online_scaling: Mutex<Vec<crate::online_scale_loop::ScalingEvent>>,
+    /// An online job's progressive validation (predictions the workers made before
+    /// training), when `stream.eval_window` is not 0.
+    pub progressive: Mutex<Option<crate::progressive::ProgressiveEval>>,
+}
+
+impl MasterCore {
+    /// Wires the state machine to its writer and backend.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        job: Job,
+        writer: Writer,
+        backend: Arc<dyn ClusterBackend>,
+        job_toml: String,
+        files: Vec<String>,
+        heartbeat_ms: u32,
+        job_id: String,
+    ) -> Self {
+        Self {
+            job: Mutex::new(job),
+            writer,
+            backend,
+            job_toml,
+            files: parking_lot::RwLock::new(files),
+            heartbeat_ms,
+            metrics: Metrics::new(),
+            job_id,
+            failed_launches: Mutex::new(Vec::new()),
+            rate: Mutex::new(VecDeque::new()),
+            done: tokio::sync::Notify::new(),
+            restore_plan: Mutex::new(None),
+            checkpoints: std::sync::OnceLock::new(),
+            stream_stats: Mutex::new(None),
+            follow_status: Mutex::new(None),
+            online_scaling: Mutex::new(Vec::new()),
+            progressive: Mutex::new(None),
+            profiles: Mutex::new(Default::default()),
+            autoscale_status: Mutex::new(None),
+            ps_access: std::sync::OnceLock::new(),
+            launch: std::sync::OnceLock::new(),
+            reshards: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Makes changes that do not touch the state machine durable (e.g. statistics).
+    pub async fn persist(&self, changes: Vec<Change>) -> Result<(), MasterError> {
+        Ok(self.writer.submit(changes).await?)
+    }
+
+    /// What the group-commit writer did so far.
+    pub fn writer_stats(&self) -> crate::store::WriterStats {
+        self.writer.stats()
+    }
+
+    /// Sets what PS processes started from now on load.
+    pub fn set_restore_plan(&self, plan: Option<RestorePlan>) {
+        *self.restore_plan.lock() = plan;
+    }
+
+    /// Attaches the checkpoint coordinator (once).
+    pub fn set_checkpoints(&self, c: Arc<crate::checkpoint::Coordinator>) {
+        let _ = self.checkpoints.set(c);
+    }
+
+    /// The checkpoint coordinator, when checkpoints are enabled.
+    pub fn checkpoints(&self) -> Option<&Arc<crate::checkpoint::Coordinator>> {
+        self.checkpoints.get()
+    }
+
+    /// Runs `f` on the state, makes its changes durable, then performs its side effects.
+    ///
+    /// When `f` changed nothing, its result may still rest on changes of other requests
+    /// that are queued but not yet durable; it is returned only once they are.
+    pub async fn run<R>(
+        &self,
+        f: impl FnOnce(&mut Job, &mut LiveCtx) -> R,
+    ) -> Result<R, MasterError> {
+        self.run_depending(Depends::All, f).await
+    }
+
+    /// [`MasterCore::run`] for a read whose result depends only on what `depends` names.
+    pub(crate) async fn run_depending<R>(
+        &self,
+        depends: Depends,
+        f: impl FnOnce(&mut Job, &mut LiveCtx) -> R,
+    ) -> Result<R, MasterError> {
+        let mut cx = LiveCtx {
+            now: monotonic_ms(),
+            ..LiveCtx::default()
+        };
+        /// What the reply waits for.
+        enum Durable<W> {
+            /// Its own changes (queued after everything it saw).
+            Written(W),
+            /// The queued changes it saw.
+            Seen(Barrier),
+        }
+        // Queued or taken under the lock: exactly what `f` saw was queued before.
+        let (r, durable) = {
+            let mut job = self.job.lock();
+            let r = f(&mut job, &mut cx);
+            let durable = if cx.changes.is_empty() {
+                Durable::Seen(self.writer.barrier(depends))
+            } else {
+                Durable::Written(self.writer.submit(std::mem::take(&mut cx.changes)))
+            };
+            (r, durable)
+        };
+        match durable {
+            Durable::Written(w) => w.await,
+            Durable::Seen(b) => self.writer.wait(b).await,
+        }?;
+        self.effects(cx);
+        Ok(r)
+    }
+
+    /// Runs the state machine with a context whose effects are executed immediately (used
+    /// once, before serving, to launch the initial nodes).
+    pub fn effects(&self, cx: LiveCtx) {
+        for n in &cx.kills {
+            self.backend.stop(n);
+        }
+        for n in &cx.launches {
+            match self.backend.start(n) {
+                Ok(pid) => tracing::info!(node = n.id, role = ?n.role, pid, "launched"),
+                Err(e) => {
+                    eprintln!(
+                        "master: could not start node {} ({:?}): {e:#}",
+                        n.id, n.role
+                    );
+                    self.failed_launches.lock().push(n.id);
+                }
+            }
+        }
+        for e in cx.events {
+            match &e {
+                Event::EpochDone(epoch, s) => {
+                    eprintln!("epoch {epoch}: {s}");
+                }
+                Event::NodeDead { id, role, reason } => {
+                    eprintln!("master: node {id} ({role:?}) declared dead: {reason}");
+                    self.metrics.node_deaths.inc();
+                }
+                Event::Requeued { worker, task } => {
+                    tracing::info!(worker, task, "unreported remainder requeued");
+                    self.metrics.requeues.inc();
+                }
+                Event::PsFailed(f) => {
+                    eprintln!(
+                        "master: parameter server {} (node {}) failed ({}) at {} samples; recovering",
+                        f.index, f.node, f.reason, f.samples
+                    );
+                }
+                Event::Straggler { id, slow } => {
+                    if *slow {
+                        eprintln!(
+                            "master: worker {id} is a straggler (below the straggler ratio of its peers' median rate): half-size shards"
+                        );
+                    } else {
+                        eprintln!("master: worker {id} caught up: full-size shards again");
+                    }
+                }
+                Event::JobEnded(_) => self.done.notify_one(),
+            }
+        }
+    }
+
+    /// Launch failures since the last call.
+    pub fn take_failed_launches(&self) -> Vec<u32> {
+        std::mem::take(&mut *self.failed_launches.lock())
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn ClusterBackend> {
+        &self.backend
+    }
+
+    /// Samples per second over roughly the last ten seconds.
+    pub fn recent_rate(&self, samples_done: u64) -> f64 {
+        let now = Instant::now();
+        let mut q = self.rate.lock();
+        q.push_back((now, samples_done));
+        while q.len() > 2 && now.duration_since(q[0].0).as_secs_f64() > 10.0 {
+            q.pop_front();
+        }
+        let (t0, s0) = q[0];
+        let dt = now.duration_since(t0).as_secs_f64();
+        if dt <= 0.0 {
+            0.0
+        } else {
+            samples_done.saturating_sub(s0) as f64 / dt
+        }
+    }
+
+    /// The status reply (also used by the progress display).
+    pub fn status(&self) -> StatusResponse {
+        let now = monotonic_ms();
+        let job = self.job.lock();
+        let q = job.tasks();
+        let (todo, doing, done) = q.counts();
+        let samples_done: u64 = (0..q.spec().epochs)
+            .map(|e| q.ledger().summary(e).consumed)
+            .sum();
+        let profiles = self.profiles.lock().clone();
+        let nodes = job
+            .nodes()
+            .map(|n| NodeStatus {
+                node_id: n.id,
+                role: match n.role {
+                    Role::Ps => pb::Role::Ps as i32,
+                    Role::Worker => pb::Role::Worker as i32,
+                },
+                state: crate::store::state_str(n.state).to_string(),
+                pid: n.pid,
+                addr: n.addr.clone(),
+                metrics_addr: n.metrics_addr.clone(),
+                last_heartbeat_ms_ago: now.saturating_sub(n.last_seen_ms),
+                samples: n.samples,
+                restarts: n.restarts,
+                task_id: q.held_by(n.id).map(|t| t.id).unwrap_or(0),
+                profile: profiles.get(&n.id).copied(),
+            })
+            .collect();
+        let phase = match job.phase() {
+            Phase::Training => "training".to_string(),
+            Phase::Evaluating => "evaluating".to_string(),
+            Phase::Finished => "finished".to_string(),
+            Phase::Failed(m) => format!("failed: {m}"),
+        };
+        let reply = StatusResponse {
+            job_id: self.job_id.clone(),
+            phase,
+            epoch: q.current_epoch(),
+            epochs: q.spec().epochs,
+            shards_todo: todo,
+            shards_doing: doing,
+            shards_done: done,
+            samples_done,
+            samples_total: q.total_rows(),
+            samples_per_sec: 0.0,
+            target_workers: job.target_workers(),
+            nodes,
+            checkpoint: None,
+            paused_at: job.pause_at(),
+            held: job.held(),
+            layout_version: job.layout_version(),
+            num_ps: job.policy().num_ps,
+            reshards_json: serde_json::to_string(&*self.reshards.lock()).unwrap_or_default(),
+            autoscale_json: self
+                .autoscale_status
+                .lock()
+                .as_ref()
+                .map(|v| v.to_string())
+                .unwrap_or_default(),
+            datasets_json: self
+                .follow_status
+                .lock()
+                .as_ref()
+                .map(|v| v.to_string())
+                .unwrap_or_default(),
+        };
+        drop(job);
+        let mut reply = reply;
+        reply.checkpoint = self.checkpoints().map(|c| c.status(samples_done));
+        reply.samples_per_sec = self.recent_rate(samples_done);
+        self.metrics.observe(&reply);
+        reply
+    }
+}
