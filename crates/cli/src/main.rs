@@ -219,14 +219,31 @@ enum BrainCommand {
     },
 }
 
+/// The log (`--log` filter, on stderr) and the master's job events, which are printed
+/// whatever the filter and recorded in the job's `events.jsonl`
+/// (`elastrec_master::events`).
+fn init_logging(filter: &str) -> anyhow::Result<()> {
+    use tracing_subscriber::filter::{filter_fn, EnvFilter, Targets};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let events = elastrec_master::events::TARGET;
+    let log = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(EnvFilter::try_new(filter).context("invalid --log filter")?)
+        .with_filter(filter_fn(move |m| m.target() != events));
+    let job_events = elastrec_master::events::EventLog
+        .with_filter(Targets::new().with_target(events, tracing::Level::INFO));
+    tracing_subscriber::registry()
+        .with(log)
+        .with(job_events)
+        .init();
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_new(&cli.log).context("invalid --log filter")?,
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging(&cli.log)?;
     match cli.command {
         Command::Train(a) => commands::train(&a.config, a.print_config),
         Command::GenData(a) => commands::gen_data(commands::GenData {

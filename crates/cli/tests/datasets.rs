@@ -151,9 +151,13 @@ fn a_distributed_run_over_datasets_keeps_the_ledger_exact() {
         "[cluster]\nps = 1\nworkers = 2\n[checkpoint]\nenabled = false\n",
     );
     let log = ok(&elastrec(&["run", path.to_str().unwrap()]));
+    let datasets = common::events(&tmp.path().join("dist"), "dataset");
     assert!(
-        log.contains("dataset `clicks` (train): 72 partitions, 72 files"),
-        "{log}"
+        datasets.iter().any(|e| e["name"] == "clicks"
+            && e["role"] == "Train"
+            && e["partitions"] == 72
+            && e["files"] == 72),
+        "{datasets:?}\n{log}"
     );
     let r: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(tmp.path().join("dist/result.json")).unwrap(),
@@ -471,14 +475,17 @@ role = "eval"
     land(11);
     let text = resumed.wait_success(&log2);
     let first = std::fs::read_to_string(&log).unwrap();
-    for (h, text) in [(10, &first), (11, &text)] {
-        let hour = format!("clicks/dt=20261101/hour={h}");
-        assert!(
-            text.lines()
-                .any(|l| l.contains("landed") && l.contains(&hour)),
-            "{text}"
-        );
-    }
+    // Each late hour landed once, in order: hour 10 before the master was killed, hour
+    // 11 after the resume.
+    let landed: Vec<String> = common::events(&dir, "partitions_landed")
+        .iter()
+        .map(|e| e["names"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        landed,
+        ["clicks/dt=20261101/hour=10", "clicks/dt=20261101/hour=11"],
+        "{first}\n{text}"
+    );
     let killed = (2..=3).any(|w| {
         std::fs::read_to_string(dir.join(format!("logs/worker-{w}.log")))
             .unwrap_or_default()

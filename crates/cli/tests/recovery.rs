@@ -107,9 +107,12 @@ fn run_with_a_ps_killed(
     assert_eq!(rec[0]["mode"], mode, "{r}");
     assert_eq!(rec[0]["ps"], serde_json::json!([1]), "{r}");
     assert!(rec[0]["seconds"].as_f64().is_some(), "{r}");
+    let recovering = events(&dir, "ps_recovery");
     assert!(
-        text.contains(&format!("recovering PS [1] ({mode})")),
-        "{text}"
+        recovering
+            .iter()
+            .any(|e| e["ps"] == "[1]" && e["mode"] == mode),
+        "{recovering:?}\n{text}"
     );
     (r, rec[0].clone(), text)
 }

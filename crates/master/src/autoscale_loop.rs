@@ -13,6 +13,7 @@ use elastrec_proto::brain as pb;
 use crate::autoscale::{Autoscaler, Decision, Round, Settings, View};
 use crate::brain_link::BrainLink;
 use crate::core::{monotonic_ms, MasterCore};
+use crate::events::event;
 use crate::job::{Phase, Role};
 use crate::memory_limits::MemoryLimits;
 
@@ -218,7 +219,7 @@ pub async fn run(
 ) {
     let mut settings = settings(&cfg, &brain_job_id);
     if settings.ps_cpu_max > settings.ps_cpu && !core.backend().resizes_in_place() {
-        eprintln!(
+        event!(warn, "ps_cores_fixed", ps_cpu = settings.ps_cpu,
             "autoscale: a PS keeps {} cores: this backend cannot change a running node's cores (autoscale.ps_cpu_max needs the local backend with control groups)",
             settings.ps_cpu
         );
@@ -235,7 +236,10 @@ pub async fn run(
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let workers = core.job.lock().target_workers();
-    eprintln!(
+    event!(
+        "autoscale_started",
+        workers,
+        ps = cfg.cluster.ps,
         "autoscale: {} workers in [{}, {}], {} PS in [{}, {}], planning every {:.1} s with the {}",
         workers,
         cfg.autoscale.workers[0],
@@ -341,7 +345,7 @@ pub async fn run(
                 }
                 Err(s) => {
                     let msg = format!("{}: {}", brain.describe(), s.message());
-                    eprintln!(
+                    event!(warn, "no_plan", error = %msg, workers = view.workers,
                         "autoscale: no plan this round ({msg}); keeping {} workers",
                         view.workers
                     );
@@ -378,7 +382,7 @@ async fn enforce_memory_limits(core: &MasterCore, limits: &MemoryLimits) {
             .collect()
     };
     for (n, why) in over {
-        eprintln!(
+        event!(warn, "memory_watchdog_stop", node = n.id, role = ?n.role, reason = %why,
             "autoscale: stopping node {} ({:?} {}): {why}",
             n.id, n.role, n.index
         );
@@ -386,7 +390,7 @@ async fn enforce_memory_limits(core: &MasterCore, limits: &MemoryLimits) {
         core.profiles.lock().remove(&n.id);
         let reason = format!("stopped by the memory watchdog: {why}");
         if let Err(s) = core.run(|job, cx| job.node_stopped(n.id, reason, cx)).await {
-            eprintln!("autoscale: master state: {s}");
+            event!(warn, "state_failed", error = %s, "autoscale: master state: {s}");
         }
     }
 }
@@ -434,14 +438,14 @@ fn follow_memory_use(
             memory_bytes: Some((c.to_gb * (1u64 << 30) as f64) as u64),
         };
         if let Err(e) = backend.resize(&n, change) {
-            eprintln!(
+            event!(warn, "memory_limit_unchanged", node = c.node, gb = c.from_gb, error = %format!("{e:#}"),
                 "autoscale: memory limit of node {} stays {:.3} GiB: {e:#}",
                 c.node, c.from_gb
             );
             limits.undo(&c);
             continue;
         }
-        eprintln!(
+        event!("memory_limit", node = c.node, from_gb = c.from_gb, to_gb = c.to_gb, reason = %c.reason,
             "autoscale: memory limit of node {} ({} {}) {:.3} -> {:.3} GiB: {}",
             c.node, c.role, c.index, c.from_gb, c.to_gb, c.reason
         );
@@ -478,7 +482,7 @@ async fn report_profile(
                 *registered = false;
             }
             let msg = format!("{}: {}", brain.describe(), s.message());
-            eprintln!("autoscale: profile not reported ({msg}); kept for the next round");
+            event!(warn, "profile_unreported", error = %msg, "autoscale: profile not reported ({msg}); kept for the next round");
             auto.brain_failed(msg);
             auto.requeue(report);
         }
@@ -498,7 +502,7 @@ async fn execute(core: &MasterCore, auto: &mut Autoscaler, d: &Decision, v: &Vie
         } => {
             if (*ps_cpu - auto.settings().ps_cpu).abs() > 1e-9 {
                 if let Err(e) = resize_ps(core, *ps_cpu) {
-                    eprintln!("autoscale: not scaling: {e:#}");
+                    event!(warn, "not_scaling", reason = %format!("{e:#}"), "autoscale: not scaling: {e:#}");
                     return;
                 }
             }
@@ -507,7 +511,7 @@ async fn execute(core: &MasterCore, auto: &mut Autoscaler, d: &Decision, v: &Vie
                 if let Err(e) =
                     crate::reshard::change_ps(core, *ps, &format!("{source}: {why}")).await
                 {
-                    eprintln!("autoscale: {e:#}");
+                    event!(warn, "reshard_failed", error = %format!("{e:#}"), "autoscale: {e:#}");
                     return;
                 }
             }
@@ -540,7 +544,7 @@ async fn execute(core: &MasterCore, auto: &mut Autoscaler, d: &Decision, v: &Vie
             }
             match r {
                 Ok(Ok(previous)) => {
-                    eprintln!(
+                    event!("autoscaled", from = previous, to = target, worker_cpu = *worker_cpu, ps = *ps, ps_cpu = *ps_cpu, source,
                         "autoscale: workers {previous} -> {target} x {worker_cpu} cores (was {cpu_before}), PS {} x {ps_cpu} cores ({source}{}): {}",
                         ps,
                         predicted.map_or(String::new(), |t| format!(
@@ -551,12 +555,18 @@ async fn execute(core: &MasterCore, auto: &mut Autoscaler, d: &Decision, v: &Vie
                     );
                     auto.applied(d, v, source);
                 }
-                Ok(Err(why)) => eprintln!("autoscale: not scaling: {why}"),
-                Err(s) => eprintln!("autoscale: not scaling: master state: {s}"),
+                Ok(Err(why)) => {
+                    event!(warn, "not_scaling", reason = %why, "autoscale: not scaling: {why}")
+                }
+                Err(s) => {
+                    event!(warn, "not_scaling", reason = %s, "autoscale: not scaling: master state: {s}")
+                }
             }
         }
         Decision::Keep(why) => tracing::debug!(%why, "autoscale: keep"),
-        Decision::Refuse(why) => eprintln!("autoscale: plan refused: {why}"),
+        Decision::Refuse(why) => {
+            event!("plan_refused", reason = %why, "autoscale: plan refused: {why}")
+        }
     }
 }
 

@@ -27,6 +27,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::core::{now_ms, MasterCore};
+use crate::events::event;
 use crate::job::{Change, PsFailure};
 use crate::tasks::{DataPosition, TaskQueue};
 
@@ -594,7 +595,7 @@ impl Coordinator {
             st.clone()
         };
         self.persist(core, &snapshot).await;
-        eprintln!(
+        event!("checkpoint", id, delta, reason, bytes, samples = manifest.samples, stall_ms = stall as f64 / 1e3, memcpy_ms = memcpy as f64 / 1e3, persist_s = persist as f64 / 1e6,
             "checkpoint {id} ({}, {reason}): {:.1} MB from {} PS at {} samples; stall {:.2} ms (memory copy {:.2} ms), persisted in {:.2} s{}",
             if delta { "delta" } else { "full" },
             bytes as f64 / 1e6,
@@ -761,7 +762,7 @@ impl Coordinator {
             seconds: None,
             decision: decision.reason.clone(),
         };
-        eprintln!(
+        event!("ps_recovery", ps = ?ps, mode = %decision.mode, checkpoint = ?ckpt, reason = %decision.reason,
             "master: recovering PS {ps:?} ({}) from {}: {}",
             decision.mode,
             ckpt.map_or("initialization".to_string(), |c| format!("checkpoint {c}")),
@@ -801,7 +802,11 @@ impl Coordinator {
             st.o_load_s = Some(secs);
             st.clone()
         };
-        eprintln!("master: every PS serves again {secs:.2} s after the failure");
+        event!(
+            "ps_recovered",
+            seconds = secs,
+            "master: every PS serves again {secs:.2} s after the failure"
+        );
         self.persist(core, &snapshot).await;
     }
 

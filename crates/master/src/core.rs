@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 
 use crate::backend::ClusterBackend;
 use crate::error::MasterError;
+use crate::events::event;
 use crate::job::{Change, Context, Event, Job, Node, Phase, Role};
 use crate::metrics::Metrics;
 use crate::store::{Barrier, Depends, Writer};
@@ -248,7 +249,7 @@ impl MasterCore {
             match self.backend.start(n) {
                 Ok(pid) => tracing::info!(node = n.id, role = ?n.role, pid, "launched"),
                 Err(e) => {
-                    eprintln!(
+                    event!(warn, "launch_failed", node = n.id, role = ?n.role, error = %format!("{e:#}"),
                         "master: could not start node {} ({:?}): {e:#}",
                         n.id, n.role
                     );
@@ -259,10 +260,17 @@ impl MasterCore {
         for e in cx.events {
             match &e {
                 Event::EpochDone(epoch, s) => {
-                    eprintln!("epoch {epoch}: {s}");
+                    event!(
+                        "epoch_closed",
+                        epoch = *epoch,
+                        consumed = s.consumed,
+                        duplicated = s.duplicated,
+                        missing = s.missing,
+                        "epoch {epoch}: {s}"
+                    );
                 }
                 Event::NodeDead { id, role, reason } => {
-                    eprintln!("master: node {id} ({role:?}) declared dead: {reason}");
+                    event!(warn, "node_dead", node = *id, role = ?role, reason = %reason, "master: node {id} ({role:?}) declared dead: {reason}");
                     self.metrics.node_deaths.inc();
                 }
                 Event::Requeued { worker, task } => {
@@ -270,18 +278,23 @@ impl MasterCore {
                     self.metrics.requeues.inc();
                 }
                 Event::PsFailed(f) => {
-                    eprintln!(
+                    event!(warn, "ps_failed", ps = f.index, node = f.node, reason = %f.reason, samples = f.samples,
                         "master: parameter server {} (node {}) failed ({}) at {} samples; recovering",
                         f.index, f.node, f.reason, f.samples
                     );
                 }
                 Event::Straggler { id, slow } => {
                     if *slow {
-                        eprintln!(
+                        event!("straggler", worker = *id, slow = true,
                             "master: worker {id} is a straggler (below the straggler ratio of its peers' median rate): half-size shards"
                         );
                     } else {
-                        eprintln!("master: worker {id} caught up: full-size shards again");
+                        event!(
+                            "straggler",
+                            worker = *id,
+                            slow = false,
+                            "master: worker {id} caught up: full-size shards again"
+                        );
                     }
                 }
                 Event::JobEnded(_) => self.done.notify_one(),

@@ -15,6 +15,7 @@ use elastrec_job::config::JobConfig;
 use elastrec_job::datasets::{Follower, Landed};
 
 use crate::core::MasterCore;
+use crate::events::event;
 use crate::job::{Change, Phase};
 use crate::run::FileRows;
 
@@ -28,7 +29,7 @@ pub async fn run(core: Arc<MasterCore>, cfg: JobConfig) {
     let mut follower = match tokio::task::spawn_blocking(move || Follower::new(&job, known)).await {
         Ok(Ok(f)) => f,
         Ok(Err(e)) => {
-            eprintln!("master: cannot follow the datasets: {e}");
+            event!(warn, "follow_failed", error = %e, "master: cannot follow the datasets: {e}");
             return;
         }
         Err(_) => return,
@@ -55,13 +56,13 @@ pub async fn run(core: Arc<MasterCore>, cfg: JobConfig) {
         let landed = match result {
             Ok(l) => {
                 if last_report.take().is_some() {
-                    eprintln!("master: the datasets list again");
+                    event!("datasets_listed_again", "master: the datasets list again");
                 }
                 l
             }
             Err(e) => {
                 if last_report.is_none_or(|t| t.elapsed() >= REPORT_EVERY) {
-                    eprintln!("master: following the datasets: {e}; training goes on with what was queued, and the next look retries");
+                    event!(warn, "datasets_unlisted", error = %e, "master: following the datasets: {e}; training goes on with what was queued, and the next look retries");
                     last_report = Some(Instant::now());
                 }
                 continue;
@@ -72,7 +73,7 @@ pub async fn run(core: Arc<MasterCore>, cfg: JobConfig) {
         }
         total_landed += landed.partitions.len();
         for line in late.check(&landed, &follower, &cfg) {
-            eprintln!("master: {line}");
+            event!("dataset_late", %line, "master: {line}");
         }
         if landed.exhausted {
             // Idempotent: a full recovery may have reopened the queue.
@@ -80,7 +81,8 @@ pub async fn run(core: Arc<MasterCore>, cfg: JobConfig) {
                 break;
             }
             if !std::mem::replace(&mut announced_end, true) {
-                eprintln!(
+                event!(
+                    "datasets_closed",
                     "master: every dataset window is closed and read; training ends with the queue"
                 );
             }
@@ -104,7 +106,7 @@ async fn queue_files(core: &MasterCore, landed: &Landed) -> Result<(), ()> {
         .collect();
     let text = serde_json::to_string(&all).expect("file rows serialize");
     if let Err(e) = core.persist(vec![Change::Meta("files", text)]).await {
-        eprintln!("master: cannot record new files: {e}");
+        event!(warn, "files_unrecorded", error = %e, "master: cannot record new files: {e}");
         return Err(());
     }
     // Paths first: a task handed out names a file the service can resolve.
@@ -122,7 +124,7 @@ async fn queue_files(core: &MasterCore, landed: &Landed) -> Result<(), ()> {
     if let Some(c) = core.checkpoints() {
         c.add_files(&landed.files);
     }
-    eprintln!(
+    event!("partitions_landed", partitions = landed.partitions.len(), names = %landed.partitions.join(","), files = landed.files.len(), rows = rows.iter().sum::<u64>(),
         "master: {} partition(s) landed ({}): {} files, {} rows queued",
         landed.partitions.len(),
         landed.partitions.join(", "),

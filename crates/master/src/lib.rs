@@ -15,6 +15,7 @@ pub mod cli;
 pub mod core;
 pub mod dataset_watch;
 pub mod error;
+pub mod events;
 pub mod job;
 pub mod launch;
 pub mod ledger;

@@ -10,6 +10,7 @@ use elastrec_job::stream::StreamConfig;
 use serde::Serialize;
 
 use crate::core::MasterCore;
+use crate::events::event;
 use crate::job::{NodeState, Phase, Role};
 use crate::online_scale::{Decision, Observation, OnlineScaler};
 
@@ -99,7 +100,7 @@ pub async fn run(core: Arc<MasterCore>, cfg: StreamConfig, sync: bool) {
                 break;
             }
             last_change = Some(Instant::now());
-            eprintln!(
+            event!("online_scaling", from = target, to, reason = %d.reason,
                 "master: online autoscale: {target} -> {to} workers ({})",
                 d.reason
             );

@@ -23,6 +23,7 @@ use elastrec_rpc as rpc;
 use serde::{Deserialize, Serialize};
 
 use crate::core::MasterCore;
+use crate::events::event;
 use crate::job::Role;
 
 /// How the master reaches the parameter servers.
@@ -90,7 +91,7 @@ pub async fn change_ps(
         .await
         .context("master state")?
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    eprintln!("master: changing the PS count {from} -> {num_ps} (layout {version}): {reason}");
+    event!("reshard_started", from, to = num_ps, version, reason = %reason, "master: changing the PS count {from} -> {num_ps} (layout {version}): {reason}");
     match run_protocol(core, &access, version, from, num_ps).await {
         Ok((responses, pause)) => {
             let pause_ms = pause.as_secs_f64() * 1e3;
@@ -121,7 +122,7 @@ pub async fn change_ps(
                 precopy_rows: sum(|r| r.precopy_rows),
                 pause_ms_per_gb: if gb > 0.0 { pause_ms / gb } else { 0.0 },
             };
-            eprintln!(
+            event!("reshard_done", from, to = num_ps, version, seconds = record.total_s, pause_ms = record.pause_ms,
                 "master: PS count {from} -> {num_ps} in force (layout {version}) after {:.2} s; training paused {:.1} ms; moved {:.1} MB frozen + {:.1} MB pre-copied ({:.0} ms per GB)",
                 record.total_s,
                 record.pause_ms,
@@ -247,7 +248,7 @@ async fn run_protocol(
         });
         for (a, r) in everyone.iter().zip(rpc::join_all(calls).await) {
             if let Err(e) = r {
-                eprintln!("master: aborting layout {version} on {a}: {e:#}");
+                event!(warn, "reshard_abort_failed", version, ps = %a, error = %format!("{e:#}"), "master: aborting layout {version} on {a}: {e:#}");
             }
         }
         bail!("re-sharding failed: {why}");
@@ -328,7 +329,11 @@ pub async fn abort_uncommitted(core: &MasterCore) {
 /// to lose it; a test kills it there and resumes the job.
 async fn hold_for_test() {
     if std::env::var_os("ELASTREC_FAIL_HOLD_RESHARD").is_some() {
-        eprintln!("fail point: holding the re-sharding before its commit");
+        event!(
+            "fail_point",
+            name = "reshard_before_commit",
+            "fail point: holding the re-sharding before its commit"
+        );
         std::future::pending::<()>().await;
     }
 }

@@ -17,6 +17,7 @@ use tonic::{Request, Response, Status};
 
 use crate::core::MasterCore;
 use crate::error::MasterError;
+use crate::events::event;
 use crate::job::{Directive, EvalResult, JobError, Phase, Role, TaskReply};
 use crate::store::Depends;
 
@@ -247,7 +248,13 @@ impl Master for MasterService {
                 }
             })
             .await??;
-        eprintln!("master: scaling workers {previous} -> {}", req.workers);
+        event!(
+            "workers_scaled",
+            previous,
+            target = req.workers,
+            "master: scaling workers {previous} -> {}",
+            req.workers
+        );
         Ok(Response::new(ScaleResponse {
             previous,
             target: req.workers,
@@ -286,8 +293,17 @@ impl Master for MasterService {
             })
             .await??;
         match at {
-            Some(at) => eprintln!("master: pausing at {at} samples ({done} trained)"),
-            None => eprintln!("master: pause lifted at {done} samples"),
+            Some(at) => event!(
+                "paused",
+                at_samples = at,
+                samples_done = done,
+                "master: pausing at {at} samples ({done} trained)"
+            ),
+            None => event!(
+                "pause_lifted",
+                samples_done = done,
+                "master: pause lifted at {done} samples"
+            ),
         }
         Ok(Response::new(PauseResponse {
             at_samples: at,
@@ -350,7 +366,11 @@ impl Master for MasterService {
                 }
             })
             .await??;
-        eprintln!("master: stopped at {samples_done} samples on request");
+        event!(
+            "stopped",
+            samples_done,
+            "master: stopped at {samples_done} samples on request"
+        );
         Ok(Response::new(StopResponse {
             samples_done,
             checkpoint_id,

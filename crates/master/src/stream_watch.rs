@@ -9,6 +9,7 @@ use elastrec_job::stream::StreamConfig;
 use elastrec_stream::{PartitionId, TopicWatch};
 
 use crate::core::MasterCore;
+use crate::events::event;
 use crate::job::Phase;
 use crate::stream_stats::StreamStats;
 
@@ -51,17 +52,18 @@ pub async fn run(
     group: String,
 ) {
     let conn = cfg.connection();
-    let watch =
-        match tokio::task::spawn_blocking(move || TopicWatch::new(&conn, &group, QUERY_TIMEOUT))
-            .await
-        {
-            Ok(Ok(w)) => Arc::new(w),
-            Ok(Err(e)) => {
-                eprintln!("master: cannot watch the stream: {e}");
-                return;
-            }
-            Err(_) => return,
-        };
+    let watch = match tokio::task::spawn_blocking(move || {
+        TopicWatch::new(&conn, &group, QUERY_TIMEOUT)
+    })
+    .await
+    {
+        Ok(Ok(w)) => Arc::new(w),
+        Ok(Err(e)) => {
+            event!(warn, "stream_unwatched", error = %e, "master: cannot watch the stream: {e}");
+            return;
+        }
+        Err(_) => return,
+    };
     let parts = Arc::new(partitions);
     let mut waiting_since: Vec<Option<Instant>> = vec![None; parts.len()];
     let linger = Duration::from_millis(cfg.linger_ms);
@@ -86,13 +88,13 @@ pub async fn run(
         let marks = match tokio::task::spawn_blocking(move || w.watermarks(&p)).await {
             Ok(Ok(m)) => {
                 if last_report.take().is_some() {
-                    eprintln!("master: the stream's brokers answer again");
+                    event!("brokers_back", "master: the stream's brokers answer again");
                 }
                 m
             }
             Ok(Err(e)) => {
                 if last_report.is_none_or(|t| t.elapsed() >= REPORT_EVERY) {
-                    eprintln!("master: {e}; training goes on with what was dealt, and waits");
+                    event!(warn, "brokers_unreachable", error = %e, "master: {e}; training goes on with what was dealt, and waits");
                     last_report = Some(Instant::now());
                 }
                 continue;
@@ -175,7 +177,7 @@ fn record_progressive(core: &MasterCore, at_s: f64) {
         .and_then(|p| p.record(at_s));
     let Some(f) = figures else { return };
     core.metrics.observe_progressive(&f);
-    eprintln!(
+    event!("progressive_eval", samples = f.samples, auc = ?f.auc, logloss = f.logloss,
         "master: progressive validation over the last {} samples: AUC {}, logloss {:.4}",
         f.samples,
         f.auc

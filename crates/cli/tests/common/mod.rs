@@ -174,6 +174,14 @@ pub fn write_job(name: &str, cluster: &str) -> (PathBuf, PathBuf) {
     (job, f.dir.join(name))
 }
 
+/// The job's events of `kind` (`<dir>/events.jsonl`, written by the master).
+pub fn events(dir: &Path, kind: &str) -> Vec<serde_json::Value> {
+    elastrec_master::events::read(&dir.join("events.jsonl"))
+        .into_iter()
+        .filter(|e| e["kind"] == kind)
+        .collect()
+}
+
 pub fn result(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("result.json")).unwrap()).unwrap()
 }

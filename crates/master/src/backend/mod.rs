@@ -12,6 +12,7 @@ pub use kubernetes::KubernetesPods;
 pub use local::{runs_node, LocalProcesses};
 pub use slurm::SlurmSteps;
 
+use crate::events::event;
 use crate::job::Node;
 use crate::launch::LaunchTemplate;
 
@@ -172,7 +173,7 @@ fn local_cgroups(
     }
     match cgroup::Cgroups::open(&format!("elastrec-{}", template.job_uid)) {
         Ok(groups) => {
-            eprintln!(
+            event!("cgroups", enforced = true,
                 "master: nodes' cores and memory are enforced by the kernel ({})",
                 groups.describe()
             );
@@ -182,7 +183,7 @@ fn local_cgroups(
             "engine.local.cgroups = \"on\", but this host gives the master no control groups: {why}; set it to \"auto\" to enforce limits with threads and a memory watchdog"
         ),
         Err(why) => {
-            eprintln!(
+            event!("cgroups", enforced = false, why = %why,
                 "master: no control groups on this host ({why}); nodes' memory is enforced by the master's watchdog, a worker's cores by its threads"
             );
             Ok(None)

@@ -23,6 +23,7 @@ use parking_lot::{Condvar, Mutex};
 
 use self::commands::{is_live, is_transient, SlurmTools};
 use super::{ClusterBackend, NodeExit};
+use crate::events::event;
 use crate::job::{Node, Role};
 use crate::launch::{role_name, LaunchSpec, LaunchTemplate};
 
@@ -376,7 +377,7 @@ impl Shared {
             }
             for (id, step, status) in self.ended_steps() {
                 let (reason, oom) = self.verdict(&step.name, status);
-                eprintln!(
+                event!("node_ended", node = id, role = role_name(step.role), step = %step.name, reason = %reason, oom,
                     "master: slurm: {} {id} ({}) ended: {reason}",
                     role_name(step.role),
                     step.name

@@ -29,6 +29,10 @@ impl JobDir {
     pub fn result(&self) -> PathBuf {
         self.0.join("result.json")
     }
+    /// The job's events, one JSON object per line (`crate::events`).
+    pub fn events(&self) -> PathBuf {
+        self.0.join("events.jsonl")
+    }
     /// Node logs.
     pub fn logs(&self) -> PathBuf {
         self.0.join("logs")

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::job_dir::JobDir;
 use crate::checkpoint::CheckpointReport;
 use crate::core::{now_ms, MasterCore};
+use crate::events::event;
 use crate::job::{EvalResult, NodeState, Phase, Role};
 use crate::ledger::LedgerSummary;
 
@@ -156,7 +157,7 @@ pub(super) fn job_result(
 /// Prints the closing lines: checkpoints, the ledger verdict, the final evaluation.
 pub(super) fn announce(result: &JobResult) {
     if let Some(r) = &result.checkpoint {
-        eprintln!(
+        event!("checkpoints_summary", count = r.stats.count, recoveries = r.stats.recoveries.len(), pls = r.pls,
             "job {}: {} checkpoints (mean stall {:.2} ms vs memory copy {:.2} ms, persisted at {:.0} MB/s), {} PS recoveries, PLS {:.4}",
             result.job_id,
             r.stats.count,
@@ -167,11 +168,18 @@ pub(super) fn announce(result: &JobResult) {
             r.pls
         );
     }
-    eprintln!("job {}: {}", result.job_id, result.ledger);
+    event!("job_ledger", job = %result.job_id, consumed = result.ledger.consumed, duplicated = result.ledger.duplicated, missing = result.ledger.missing, "job {}: {}", result.job_id, result.ledger);
     if let Some(e) = result.eval {
-        eprintln!(
+        event!(
+            "job_eval",
+            auc = e.auc,
+            logloss = e.logloss,
+            samples = e.samples,
             "job {}: final eval AUC {:.4} logloss {:.4} on {} samples",
-            result.job_id, e.auc, e.logloss, e.samples
+            result.job_id,
+            e.auc,
+            e.logloss,
+            e.samples
         );
     }
 }

@@ -17,6 +17,7 @@ use super::result::{announce, job_result, JobResult, Resources};
 use super::setup::AutoscaleStart;
 use crate::checkpoint::Coordinator;
 use crate::core::MasterCore;
+use crate::events::event;
 use crate::job::{Job, Phase, Role};
 use crate::service::MasterService;
 
@@ -216,7 +217,9 @@ async fn stop_on_signal(core: &Arc<MasterCore>, cfg: &JobConfig, dir: &JobDir, h
         }
         _ => String::new(),
     };
-    eprintln!(
+    event!(
+        "stopped_by_signal",
+        signal = how,
         "master: {how}; {ckpt}stopping every node (resume later with `elastrec run --resume {}`)",
         dir.0.display()
     );
@@ -304,7 +307,7 @@ async fn drive_checkpoints(core: &Arc<MasterCore>, c: &Arc<Coordinator>) -> anyh
         let task = c.spawn_checkpoint(core.clone(), "interval");
         tokio::spawn(async move {
             if let Ok(Err(e)) = task.await {
-                eprintln!("master: checkpoint failed (training goes on): {e:#}");
+                event!(warn, "checkpoint_failed", error = %format!("{e:#}"), "master: checkpoint failed (training goes on): {e:#}");
             }
         });
     }
@@ -393,13 +396,13 @@ fn out_of_memory(core: &MasterCore, id: u32, reason: &str) {
     let (before, after) = launch.grow_memory(role);
     let role = crate::launch::role_name(role);
     if after > before {
-        eprintln!(
+        event!("out_of_memory", node = id, role, reason, mem_gb = after as f64 / 1024.0,
             "master: {role} node {id} was killed for its memory ({reason}); {role}s start with {:.2} GiB instead of {:.2} GiB from now on",
             after as f64 / 1024.0,
             before as f64 / 1024.0
         );
     } else {
-        eprintln!(
+        event!(warn, "out_of_memory", node = id, role, reason, mem_gb = before as f64 / 1024.0, at_max = true,
             "master: {role} node {id} was killed for its memory ({reason}) at its role's maximum of {:.2} GiB; raise resources.{role}.memory_gb_max (autoscale.{role}_mem_gb_max in an autoscaled job)",
             before as f64 / 1024.0
         );

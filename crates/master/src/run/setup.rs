@@ -15,6 +15,7 @@ use rand::Rng;
 use super::job_dir::{FileRows, JobDir};
 use crate::backend::{BackendKind, ClusterBackend};
 use crate::core::MasterCore;
+use crate::events::event;
 use crate::job::Policy;
 use crate::launch::LaunchTemplate;
 use crate::tasks::DataSharding;
@@ -202,7 +203,9 @@ pub(super) async fn connect_brain(
             Ok(plan) => {
                 let w = plan.allocation.map(|a| a.workers);
                 if warm {
-                    eprintln!(
+                    event!(
+                        "warm_start",
+                        workers = w.unwrap_or(cfg.cluster.workers),
                         "autoscale: warm start from the {}: {} workers ({})",
                         brain.describe(),
                         w.unwrap_or(cfg.cluster.workers),
@@ -212,7 +215,7 @@ pub(super) async fn connect_brain(
                 (true, w.filter(|_| warm))
             }
             Err(e) => {
-                eprintln!(
+                event!(warn, "brain_unreachable", error = %e,
                     "autoscale: {e}; starting with cluster.workers = {} and registering later",
                     cfg.cluster.workers
                 );

@@ -17,6 +17,7 @@ use super::setup::*;
 use crate::backend::BackendKind;
 use crate::checkpoint::{CheckpointStats, Coordinator, Fingerprint};
 use crate::core::{now_ms, LiveCtx, MasterCore};
+use crate::events::event;
 use crate::job::{Context as _, Job, Phase, Role};
 use crate::store::{MasterDb, Writer};
 use crate::tasks::TaskQueue;
@@ -59,8 +60,21 @@ pub async fn start_job(
         (cfg, r)
     })
     .await?;
-    for line in elastrec_job::datasets::describe(&resolved?) {
-        eprintln!("master: {line}");
+    let resolved = resolved?;
+    for (r, line) in resolved
+        .iter()
+        .zip(elastrec_job::datasets::describe(&resolved))
+    {
+        event!(
+            "dataset",
+            name = %r.name,
+            role = ?r.role,
+            partitions = r.partitions,
+            files = r.files,
+            tasks = r.tasks,
+            pending = r.pending.len(),
+            "master: {line}"
+        );
     }
     let dir = JobDir(cfg.output.dir.clone());
     if dir.db().exists() {
@@ -107,6 +121,8 @@ pub async fn start_job(
     };
     let stream_starts = stream_starts.map(|(_, starts)| starts);
     std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
+    crate::events::attach(&dir.events())
+        .with_context(|| format!("opening {}", dir.events().display()))?;
     // A job started from a checkpoint checks it before anything is created.
     let foreign = match &from {
         Some(f) => Some(
@@ -179,7 +195,11 @@ pub async fn start_job(
     let mut closed = Vec::new();
     if let Some(from) = &from {
         let (m, plan, pos) = foreign.clone().expect("loaded with --from-checkpoint");
-        eprintln!(
+        event!(
+            "from_checkpoint",
+            checkpoint = m.id,
+            num_ps = m.num_ps,
+            samples = m.samples,
             "job {job_id}: starting from checkpoint {} of {} ({} PS, {} samples trained)",
             m.id,
             elastrec_checkpoint::store::redact_location(&from.location),
@@ -233,7 +253,7 @@ pub async fn start_job(
         job.set_pause(pause_at, &mut cx);
     }
     store.apply(&cx.take_changes()).await?;
-    eprintln!(
+    event!("job_started", job = %job_id, addr = %addr, ps = cfg.cluster.ps, workers,
         "job {job_id}: master on {addr}, {} PS, {} workers, {} rows x {} epochs, {} rows per shard; state in {}",
         cfg.cluster.ps,
         workers,
@@ -284,6 +304,8 @@ pub async fn resume_job(
     elastrec_rpc::check_token(&token)
         .with_context(|| format!("{} is corrupt", dir.token().display()))?;
     let store = MasterDb::open(&dir.db(), false).await?;
+    crate::events::attach(&dir.events())
+        .with_context(|| format!("opening {}", dir.events().display()))?;
     let snap = store.load().await?;
     let meta = |k: &str| {
         snap.meta
@@ -393,7 +415,7 @@ pub async fn resume_job(
             dir.0.display()
         );
     }
-    eprintln!(
+    event!("job_resumed", job = %job_id, addr = %addr, todo, doing, done, ps_gone = ?ps_gone,
         "job {job_id}: master resumed on {addr}: shards todo {todo}, doing {doing}, done {done}; {}",
         if ps_gone.is_empty() || !training {
             "waiting for nodes to re-register".to_string()

@@ -33,6 +33,7 @@ use self::api::{explain, is_conflict, is_not_found, ApiThread, Credentials};
 use self::manifests::{job_selector, owner_reference, JobObjects, JOB_UID_LABEL};
 use self::watch::PodTable;
 use super::{ClusterBackend, NodeExit};
+use crate::events::event;
 use crate::job::{Node, Role};
 use crate::launch::LaunchTemplate;
 
@@ -123,7 +124,7 @@ impl KubernetesPods {
         backend
             .api
             .spawn(move |client| watch::run(client, client_ns, selector, table))?;
-        eprintln!(
+        event!("kubernetes_pods", namespace = %namespace, server = %server,
             "kubernetes: job pods in namespace {namespace} of {server} (select them with -l {})",
             job_selector(&backend.objects.job_uid)
         );
@@ -197,7 +198,7 @@ impl KubernetesPods {
             }
         });
         if let Err(e) = r {
-            eprintln!(
+            event!(warn, "cleanup_failed", error = %format!("{e:#}"),
                 "kubernetes: cleaning up the job failed: {e:#}; remove what is left with \
                  `kubectl delete pods,secrets -n {ns2} -l {selector2}`"
             );
@@ -308,7 +309,7 @@ impl ClusterBackend for KubernetesPods {
             }
         });
         if let Err(e) = r {
-            eprintln!("kubernetes: stopping node {}: {e:#}", node.id);
+            event!(warn, "stop_failed", node = node.id, error = %format!("{e:#}"), "kubernetes: stopping node {}: {e:#}", node.id);
         }
     }
 

@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 use super::manifests::node_of;
 use super::outcome::{self, Ended};
 use crate::backend::NodeExit;
+use crate::events::event;
 
 /// What the watch knows of the job's pods, shared with the backend's methods.
 #[derive(Default)]
@@ -104,7 +105,7 @@ impl PodTable {
         } else {
             // The master's log keeps the engine's reason (the node table only says that
             // the process exited).
-            eprintln!("kubernetes: pod {pod} (node {id}) ended: {}", end.reason);
+            event!("node_ended", node = id, pod = %pod, reason = %end.reason, oom = end.oom, "kubernetes: pod {pod} (node {id}) ended: {}", end.reason);
         }
         self.exits.push(NodeExit {
             id,
@@ -132,7 +133,7 @@ pub async fn run(client: Client, namespace: String, selector: String, table: Arc
             Err(e) => {
                 failures += 1;
                 if failures == 1 || failures.is_multiple_of(50) {
-                    eprintln!("kubernetes: listing the job's pods failed (retrying): {e}");
+                    event!(warn, "pods_unlisted", error = %e, "kubernetes: listing the job's pods failed (retrying): {e}");
                 }
                 continue;
             }
