@@ -438,14 +438,25 @@ fn follow_memory_use(
             memory_bytes: Some((c.to_gb * (1u64 << 30) as f64) as u64),
         };
         if let Err(e) = backend.resize(&n, change) {
-            event!(warn, "memory_limit_unchanged", node = c.node, gb = c.from_gb, error = %format!("{e:#}"),
+            event!(
+                warn,
+                "memory_limit_unchanged",
+                node = c.node,
+                gb = c.from_gb,
+                error = %format!("{e:#}",
+            ),
                 "autoscale: memory limit of node {} stays {:.3} GiB: {e:#}",
                 c.node, c.from_gb
             );
             limits.undo(&c);
             continue;
         }
-        event!("memory_limit", node = c.node, from_gb = c.from_gb, to_gb = c.to_gb, reason = %c.reason,
+        event!(
+            "memory_limit",
+            node = c.node,
+            from_gb = c.from_gb,
+            to_gb = c.to_gb,
+            reason = %c.reason,
             "autoscale: memory limit of node {} ({} {}) {:.3} -> {:.3} GiB: {}",
             c.node, c.role, c.index, c.from_gb, c.to_gb, c.reason
         );
@@ -482,7 +493,12 @@ async fn report_profile(
                 *registered = false;
             }
             let msg = format!("{}: {}", brain.describe(), s.message());
-            event!(warn, "profile_unreported", error = %msg, "autoscale: profile not reported ({msg}); kept for the next round");
+            event!(
+                warn,
+                "profile_unreported",
+                error = %msg,
+                "autoscale: profile not reported ({msg}); kept for the next round",
+            );
             auto.brain_failed(msg);
             auto.requeue(report);
         }
@@ -502,7 +518,12 @@ async fn execute(core: &MasterCore, auto: &mut Autoscaler, d: &Decision, v: &Vie
         } => {
             if (*ps_cpu - auto.settings().ps_cpu).abs() > 1e-9 {
                 if let Err(e) = resize_ps(core, *ps_cpu) {
-                    event!(warn, "not_scaling", reason = %format!("{e:#}"), "autoscale: not scaling: {e:#}");
+                    event!(
+                        warn,
+                        "not_scaling",
+                        reason = %format!("{e:#}"),
+                        "autoscale: not scaling: {e:#}",
+                    );
                     return;
                 }
             }
@@ -544,7 +565,14 @@ async fn execute(core: &MasterCore, auto: &mut Autoscaler, d: &Decision, v: &Vie
             }
             match r {
                 Ok(Ok(previous)) => {
-                    event!("autoscaled", from = previous, to = target, worker_cpu = *worker_cpu, ps = *ps, ps_cpu = *ps_cpu, source,
+                    event!(
+                        "autoscaled",
+                        from = previous,
+                        to = target,
+                        worker_cpu = *worker_cpu,
+                        ps = *ps,
+                        ps_cpu = *ps_cpu,
+                        source,
                         "autoscale: workers {previous} -> {target} x {worker_cpu} cores (was {cpu_before}), PS {} x {ps_cpu} cores ({source}{}): {}",
                         ps,
                         predicted.map_or(String::new(), |t| format!(
@@ -559,7 +587,12 @@ async fn execute(core: &MasterCore, auto: &mut Autoscaler, d: &Decision, v: &Vie
                     event!(warn, "not_scaling", reason = %why, "autoscale: not scaling: {why}")
                 }
                 Err(s) => {
-                    event!(warn, "not_scaling", reason = %s, "autoscale: not scaling: master state: {s}")
+                    event!(
+                        warn,
+                        "not_scaling",
+                        reason = %s,
+                        "autoscale: not scaling: master state: {s}",
+                    )
                 }
             }
         }

@@ -249,7 +249,13 @@ impl MasterCore {
             match self.backend.start(n) {
                 Ok(pid) => tracing::info!(node = n.id, role = ?n.role, pid, "launched"),
                 Err(e) => {
-                    event!(warn, "launch_failed", node = n.id, role = ?n.role, error = %format!("{e:#}"),
+                    event!(
+                        warn,
+                        "launch_failed",
+                        node = n.id,
+                        role = ?n.role,
+                        error = %format!("{e:#}",
+                    ),
                         "master: could not start node {} ({:?}): {e:#}",
                         n.id, n.role
                     );
@@ -270,7 +276,14 @@ impl MasterCore {
                     );
                 }
                 Event::NodeDead { id, role, reason } => {
-                    event!(warn, "node_dead", node = *id, role = ?role, reason = %reason, "master: node {id} ({role:?}) declared dead: {reason}");
+                    event!(
+                        warn,
+                        "node_dead",
+                        node = *id,
+                        role = ?role,
+                        reason = %reason,
+                        "master: node {id} ({role:?}) declared dead: {reason}",
+                    );
                     self.metrics.node_deaths.inc();
                 }
                 Event::Requeued { worker, task } => {
@@ -278,7 +291,13 @@ impl MasterCore {
                     self.metrics.requeues.inc();
                 }
                 Event::PsFailed(f) => {
-                    event!(warn, "ps_failed", ps = f.index, node = f.node, reason = %f.reason, samples = f.samples,
+                    event!(
+                        warn,
+                        "ps_failed",
+                        ps = f.index,
+                        node = f.node,
+                        reason = %f.reason,
+                        samples = f.samples,
                         "master: parameter server {} (node {}) failed ({}) at {} samples; recovering",
                         f.index, f.node, f.reason, f.samples
                     );

@@ -62,7 +62,12 @@ pub async fn run(core: Arc<MasterCore>, cfg: JobConfig) {
             }
             Err(e) => {
                 if last_report.is_none_or(|t| t.elapsed() >= REPORT_EVERY) {
-                    event!(warn, "datasets_unlisted", error = %e, "master: following the datasets: {e}; training goes on with what was queued, and the next look retries");
+                    event!(
+                        warn,
+                        "datasets_unlisted",
+                        error = %e,
+                        "master: following the datasets: {e}; training goes on with what was queued, and the next look retries",
+                    );
                     last_report = Some(Instant::now());
                 }
                 continue;
@@ -124,7 +129,12 @@ async fn queue_files(core: &MasterCore, landed: &Landed) -> Result<(), ()> {
     if let Some(c) = core.checkpoints() {
         c.add_files(&landed.files);
     }
-    event!("partitions_landed", partitions = landed.partitions.len(), names = %landed.partitions.join(","), files = landed.files.len(), rows = rows.iter().sum::<u64>(),
+    event!(
+        "partitions_landed",
+        partitions = landed.partitions.len(),
+        names = %landed.partitions.join(","),
+        files = landed.files.len(),
+        rows = rows.iter().sum::<u64>(),
         "master: {} partition(s) landed ({}): {} files, {} rows queued",
         landed.partitions.len(),
         landed.partitions.join(", "),

@@ -91,7 +91,14 @@ pub async fn change_ps(
         .await
         .context("master state")?
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    event!("reshard_started", from, to = num_ps, version, reason = %reason, "master: changing the PS count {from} -> {num_ps} (layout {version}): {reason}");
+    event!(
+        "reshard_started",
+        from,
+        to = num_ps,
+        version,
+        reason = %reason,
+        "master: changing the PS count {from} -> {num_ps} (layout {version}): {reason}",
+    );
     match run_protocol(core, &access, version, from, num_ps).await {
         Ok((responses, pause)) => {
             let pause_ms = pause.as_secs_f64() * 1e3;
@@ -122,7 +129,13 @@ pub async fn change_ps(
                 precopy_rows: sum(|r| r.precopy_rows),
                 pause_ms_per_gb: if gb > 0.0 { pause_ms / gb } else { 0.0 },
             };
-            event!("reshard_done", from, to = num_ps, version, seconds = record.total_s, pause_ms = record.pause_ms,
+            event!(
+                "reshard_done",
+                from,
+                to = num_ps,
+                version,
+                seconds = record.total_s,
+                pause_ms = record.pause_ms,
                 "master: PS count {from} -> {num_ps} in force (layout {version}) after {:.2} s; training paused {:.1} ms; moved {:.1} MB frozen + {:.1} MB pre-copied ({:.0} ms per GB)",
                 record.total_s,
                 record.pause_ms,
@@ -248,7 +261,14 @@ async fn run_protocol(
         });
         for (a, r) in everyone.iter().zip(rpc::join_all(calls).await) {
             if let Err(e) = r {
-                event!(warn, "reshard_abort_failed", version, ps = %a, error = %format!("{e:#}"), "master: aborting layout {version} on {a}: {e:#}");
+                event!(
+                    warn,
+                    "reshard_abort_failed",
+                    version,
+                    ps = %a,
+                    error = %format!("{e:#}"),
+                    "master: aborting layout {version} on {a}: {e:#}",
+                );
             }
         }
         bail!("re-sharding failed: {why}");

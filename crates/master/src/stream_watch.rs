@@ -94,7 +94,12 @@ pub async fn run(
             }
             Ok(Err(e)) => {
                 if last_report.is_none_or(|t| t.elapsed() >= REPORT_EVERY) {
-                    event!(warn, "brokers_unreachable", error = %e, "master: {e}; training goes on with what was dealt, and waits");
+                    event!(
+                        warn,
+                        "brokers_unreachable",
+                        error = %e,
+                        "master: {e}; training goes on with what was dealt, and waits",
+                    );
                     last_report = Some(Instant::now());
                 }
                 continue;

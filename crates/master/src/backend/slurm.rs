@@ -377,7 +377,13 @@ impl Shared {
             }
             for (id, step, status) in self.ended_steps() {
                 let (reason, oom) = self.verdict(&step.name, status);
-                event!("node_ended", node = id, role = role_name(step.role), step = %step.name, reason = %reason, oom,
+                event!(
+                    "node_ended",
+                    node = id,
+                    role = role_name(step.role),
+                    step = %step.name,
+                    reason = %reason,
+                    oom,
                     "master: slurm: {} {id} ({}) ended: {reason}",
                     role_name(step.role),
                     step.name

@@ -157,7 +157,11 @@ pub(super) fn job_result(
 /// Prints the closing lines: checkpoints, the ledger verdict, the final evaluation.
 pub(super) fn announce(result: &JobResult) {
     if let Some(r) = &result.checkpoint {
-        event!("checkpoints_summary", count = r.stats.count, recoveries = r.stats.recoveries.len(), pls = r.pls,
+        event!(
+            "checkpoints_summary",
+            count = r.stats.count,
+            recoveries = r.stats.recoveries.len(),
+            pls = r.pls,
             "job {}: {} checkpoints (mean stall {:.2} ms vs memory copy {:.2} ms, persisted at {:.0} MB/s), {} PS recoveries, PLS {:.4}",
             result.job_id,
             r.stats.count,
@@ -168,7 +172,16 @@ pub(super) fn announce(result: &JobResult) {
             r.pls
         );
     }
-    event!("job_ledger", job = %result.job_id, consumed = result.ledger.consumed, duplicated = result.ledger.duplicated, missing = result.ledger.missing, "job {}: {}", result.job_id, result.ledger);
+    event!(
+        "job_ledger",
+        job = %result.job_id,
+        consumed = result.ledger.consumed,
+        duplicated = result.ledger.duplicated,
+        missing = result.ledger.missing,
+        "job {}: {}",
+        result.job_id,
+        result.ledger,
+    );
     if let Some(e) = result.eval {
         event!(
             "job_eval",

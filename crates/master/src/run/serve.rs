@@ -307,7 +307,12 @@ async fn drive_checkpoints(core: &Arc<MasterCore>, c: &Arc<Coordinator>) -> anyh
         let task = c.spawn_checkpoint(core.clone(), "interval");
         tokio::spawn(async move {
             if let Ok(Err(e)) = task.await {
-                event!(warn, "checkpoint_failed", error = %format!("{e:#}"), "master: checkpoint failed (training goes on): {e:#}");
+                event!(
+                    warn,
+                    "checkpoint_failed",
+                    error = %format!("{e:#}"),
+                    "master: checkpoint failed (training goes on): {e:#}",
+                );
             }
         });
     }
@@ -402,7 +407,14 @@ fn out_of_memory(core: &MasterCore, id: u32, reason: &str) {
             before as f64 / 1024.0
         );
     } else {
-        event!(warn, "out_of_memory", node = id, role, reason, mem_gb = before as f64 / 1024.0, at_max = true,
+        event!(
+            warn,
+            "out_of_memory",
+            node = id,
+            role,
+            reason,
+            mem_gb = before as f64 / 1024.0,
+            at_max = true,
             "master: {role} node {id} was killed for its memory ({reason}) at its role's maximum of {:.2} GiB; raise resources.{role}.memory_gb_max (autoscale.{role}_mem_gb_max in an autoscaled job)",
             before as f64 / 1024.0
         );

@@ -309,7 +309,14 @@ impl ClusterBackend for KubernetesPods {
             }
         });
         if let Err(e) = r {
-            event!(warn, "stop_failed", node = node.id, error = %format!("{e:#}"), "kubernetes: stopping node {}: {e:#}", node.id);
+            event!(
+                warn,
+                "stop_failed",
+                node = node.id,
+                error = %format!("{e:#}"),
+                "kubernetes: stopping node {}: {e:#}",
+                node.id,
+            );
         }
     }
 

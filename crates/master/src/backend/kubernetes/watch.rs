@@ -105,7 +105,15 @@ impl PodTable {
         } else {
             // The master's log keeps the engine's reason (the node table only says that
             // the process exited).
-            event!("node_ended", node = id, pod = %pod, reason = %end.reason, oom = end.oom, "kubernetes: pod {pod} (node {id}) ended: {}", end.reason);
+            event!(
+                "node_ended",
+                node = id,
+                pod = %pod,
+                reason = %end.reason,
+                oom = end.oom,
+                "kubernetes: pod {pod} (node {id}) ended: {}",
+                end.reason,
+            );
         }
         self.exits.push(NodeExit {
             id,
@@ -133,7 +141,12 @@ pub async fn run(client: Client, namespace: String, selector: String, table: Arc
             Err(e) => {
                 failures += 1;
                 if failures == 1 || failures.is_multiple_of(50) {
-                    event!(warn, "pods_unlisted", error = %e, "kubernetes: listing the job's pods failed (retrying): {e}");
+                    event!(
+                        warn,
+                        "pods_unlisted",
+                        error = %e,
+                        "kubernetes: listing the job's pods failed (retrying): {e}",
+                    );
                 }
                 continue;
             }

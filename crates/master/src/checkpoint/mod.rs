@@ -8,18 +8,25 @@
 //! in the position and is trained again after a full restore (at most one batch per worker,
 //! the same window as a worker death; see docs/checkpoints.md).
 
+mod fingerprint;
+mod policy;
+
+use fingerprint::file_names;
+pub use fingerprint::Fingerprint;
+pub use policy::{CheckpointPolicy, CheckpointStats, Commit, RecoveryRecord};
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context as _};
-use elastrec_checkpoint::cpr::{decide, CprCosts, PlsTracker, RecoveryDecision, RecoveryMode};
+use elastrec_checkpoint::cpr::{PlsTracker, RecoveryDecision, RecoveryMode};
 use elastrec_checkpoint::format::{CheckpointKind, Manifest, PartMeta};
 use elastrec_checkpoint::shm::ShmRoot;
 use elastrec_checkpoint::store::{redact_location, CheckpointStore};
 use elastrec_job::config::JobConfig;
-use elastrec_job::distributed::{CheckpointConfig, RecoveryChoice, SavePriority};
+use elastrec_job::distributed::CheckpointConfig;
 use elastrec_proto::master::{CheckpointStatus, RestorePlan};
 use elastrec_proto::ps::CheckpointRequest;
 use elastrec_rpc as rpc;
@@ -33,173 +40,6 @@ use crate::tasks::{DataPosition, TaskQueue};
 
 /// Name of the master's part (the data position) in every checkpoint.
 pub const MASTER_PART: &str = "master.json";
-
-/// Until one checkpoint measured it, the training stall of a checkpoint is assumed to be
-/// this long (s) when choosing the interval.
-const ASSUMED_SAVE_S: f64 = 0.05;
-/// Rescheduling cost (s) assumed until a recovery measured it.
-const ASSUMED_RESCHEDULE_S: f64 = 1.0;
-/// The first checkpoint comes this soon (s) when the interval is chosen by the policy: it
-/// measures the save cost the policy needs.
-const FIRST_CHECKPOINT_S: f64 = 10.0;
-/// Bounds of a policy-chosen interval (s).
-const INTERVAL_BOUNDS_S: (f64, f64) = (2.0, 6.0 * 3600.0);
-
-/// What must match between a checkpoint and the job restoring it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Fingerprint {
-    /// Model shape (tables, dimensions, MLPs, seed).
-    pub model: serde_json::Value,
-    /// Dense and sparse optimizers (their state layout is in the checkpoint).
-    pub optimizer: serde_json::Value,
-    /// Training files (names) and their rows: the data position refers to them.
-    pub files: Vec<(String, u64)>,
-    /// A following job's files grow: a checkpoint of it restores into the same job with
-    /// more files (its own are a prefix of the job's).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub following: bool,
-}
-
-impl Fingerprint {
-    /// The fingerprint of `job` over training files with the given rows.
-    pub fn of(job: &JobConfig, files: &[(String, u64)]) -> Self {
-        Self {
-            model: serde_json::to_value(&job.model).expect("model serializes"),
-            optimizer: serde_json::to_value(&job.optimizer).expect("optimizer serializes"),
-            files: file_names(files),
-            following: job.data.follow,
-        }
-    }
-
-    /// A short stable digest (the manifest's `fingerprint`).
-    pub fn digest(&self) -> String {
-        let text = serde_json::to_string(self).expect("serializes");
-        format!("{:016x}", xxhash_rust::xxh3::xxh3_64(text.as_bytes()))
-    }
-
-    /// Why a checkpoint with fingerprint `other` cannot be restored into this job, naming
-    /// the section that differs.
-    pub fn mismatch(&self, other: &Fingerprint) -> Option<String> {
-        if self.model != other.model {
-            return Some(format!(
-                "[model] differs: checkpoint {} vs job {}",
-                other.model, self.model
-            ));
-        }
-        if self.optimizer != other.optimizer {
-            return Some(format!(
-                "[optimizer] differs: checkpoint {} vs job {}",
-                other.optimizer, self.optimizer
-            ));
-        }
-        let grown = self.following && self.files.starts_with(&other.files);
-        if self.files != other.files && !grown {
-            return Some(format!(
-                "training files differ: checkpoint {:?} vs job {:?}",
-                other.files, self.files
-            ));
-        }
-        None
-    }
-}
-
-/// Files as a fingerprint names them: by file name (the job directory may move), with rows.
-fn file_names(files: &[(String, u64)]) -> Vec<(String, u64)> {
-    files
-        .iter()
-        .map(|(p, r)| {
-            let name = std::path::Path::new(p)
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| p.clone());
-            (name, *r)
-        })
-        .collect()
-}
-
-/// One PS failure and what was done about it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RecoveryRecord {
-    /// When it was detected (ms since the Unix epoch).
-    pub at_ms: u64,
-    /// Failed PS indices.
-    pub ps: Vec<u32>,
-    /// Why they were declared dead.
-    pub reason: String,
-    /// Full or partial.
-    pub mode: RecoveryMode,
-    /// Checkpoint restored (none: state at initialization).
-    pub checkpoint: Option<u64>,
-    /// Samples trained when the failure was detected.
-    pub samples_at_failure: u64,
-    /// Samples of the restored checkpoint's data position.
-    pub samples_at_checkpoint: u64,
-    /// PLS added (partial recovery, Eq. 3).
-    pub pls_added: f64,
-    /// Seconds from detection until every PS served again.
-    pub seconds: Option<f64>,
-    /// The decision with both overhead estimates.
-    pub decision: String,
-}
-
-/// Aggregates over the job, persisted in the master database.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct CheckpointStats {
-    /// Checkpoints committed.
-    pub count: u64,
-    /// Newest committed id.
-    pub last_id: u64,
-    /// When it was committed (ms since the Unix epoch).
-    pub last_ms: u64,
-    /// Delta checkpoints since the last full one.
-    pub deltas_since_full: u32,
-    /// Sum over checkpoints of the longest PS stall (ms).
-    pub stall_ms_sum: f64,
-    /// Sum of the matching plain memory-copy times (ms).
-    pub memcpy_ms_sum: f64,
-    /// Sum of background persistence times (s) and bytes.
-    pub persist_s_sum: f64,
-    /// Bytes persisted.
-    pub bytes_sum: u64,
-    /// PS load time of the last recovery (s), when measured.
-    pub o_load_s: Option<f64>,
-    /// Rescheduling time of the last recovery (s), when measured.
-    pub o_res_s: Option<f64>,
-    /// Portion of lost samples.
-    pub pls: Option<PlsTracker>,
-    /// Every recovery.
-    pub recoveries: Vec<RecoveryRecord>,
-    /// Samples trained again after full recoveries.
-    pub retrained_samples: u64,
-    /// The decision in force.
-    pub decision: Option<RecoveryDecision>,
-}
-
-impl CheckpointStats {
-    fn mean(sum: f64, n: u64) -> f64 {
-        if n == 0 {
-            0.0
-        } else {
-            sum / n as f64
-        }
-    }
-    /// Mean stall per checkpoint (ms).
-    pub fn stall_ms(&self) -> f64 {
-        Self::mean(self.stall_ms_sum, self.count)
-    }
-    /// Mean memory-copy time of the same bytes (ms).
-    pub fn memcpy_ms(&self) -> f64 {
-        Self::mean(self.memcpy_ms_sum, self.count)
-    }
-    /// Background persistence rate (MB/s).
-    pub fn persist_mb_s(&self) -> f64 {
-        if self.persist_s_sum > 0.0 {
-            self.bytes_sum as f64 / 1e6 / self.persist_s_sum
-        } else {
-            0.0
-        }
-    }
-}
 
 /// The job's checkpoint summary in `result.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -221,7 +61,8 @@ pub struct CheckpointReport {
     pub interval_s: f64,
 }
 
-/// The coordinator.
+/// The coordinator: executes what its [`CheckpointPolicy`] decides (flash checkpoints
+/// on every PS, recoveries through the state machine) and feeds it what they measured.
 pub struct Coordinator {
     cfg: CheckpointConfig,
     store: Arc<CheckpointStore>,
@@ -230,27 +71,14 @@ pub struct Coordinator {
     max_bytes: usize,
     /// What the job's checkpoints belong to (its files grow in a following job).
     fingerprint: Mutex<Fingerprint>,
-    /// PS count of the layout in force (changes with online re-sharding).
-    num_ps: std::sync::atomic::AtomicU32,
-    /// The next checkpoint must be full (the PS layout changed: a delta's base was written
-    /// by other servers).
-    force_full: AtomicBool,
-    total_samples: u64,
-    started: Instant,
-    stats: Mutex<CheckpointStats>,
+    policy: Mutex<CheckpointPolicy>,
     busy: AtomicBool,
-    /// When this master last committed a checkpoint (monotonic: the interval must not
-    /// depend on wall-clock steps).
-    last_commit: Mutex<Option<Instant>>,
-    /// A recovery in progress: (record index, when it started).
-    pending: Mutex<Option<(usize, Instant)>>,
     /// The checkpoint a job started from (`--from-checkpoint`), used until it has its own.
     origin: Mutex<Option<(Manifest, RestorePlan, DataPosition)>>,
 }
 
 impl Coordinator {
     /// A coordinator for `job`; `stats` come from the master database after a restart.
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         job: &JobConfig,
         fingerprint: Fingerprint,
@@ -260,10 +88,6 @@ impl Coordinator {
         stats: Option<CheckpointStats>,
     ) -> anyhow::Result<Self> {
         let store = open_store(&job.checkpoint.location)?;
-        let mut stats = stats.unwrap_or_default();
-        if stats.pls.is_none() {
-            stats.pls = Some(PlsTracker::new(total_samples.max(1), job.cluster.ps));
-        }
         Ok(Self {
             cfg: job.checkpoint.clone(),
             store: Arc::new(store),
@@ -271,14 +95,14 @@ impl Coordinator {
             token: token.to_string(),
             max_bytes: job.cluster.max_message_bytes,
             fingerprint: Mutex::new(fingerprint),
-            num_ps: std::sync::atomic::AtomicU32::new(job.cluster.ps),
-            force_full: AtomicBool::new(false),
-            total_samples: total_samples.max(1),
-            started: Instant::now(),
-            stats: Mutex::new(stats),
+            policy: Mutex::new(CheckpointPolicy::new(
+                job.checkpoint.clone(),
+                job.cluster.ps,
+                total_samples,
+                stats,
+                Instant::now(),
+            )),
             busy: AtomicBool::new(false),
-            last_commit: Mutex::new(None),
-            pending: Mutex::new(None),
             origin: Mutex::new(None),
         })
     }
@@ -301,133 +125,28 @@ impl Coordinator {
 
     /// A copy of the statistics.
     pub fn stats(&self) -> CheckpointStats {
-        self.stats.lock().clone()
+        self.policy.lock().stats().clone()
     }
 
-    /// Seconds since this coordinator started, on the clock reading `now`.
-    fn elapsed_s(&self, now: Instant) -> f64 {
-        now.saturating_duration_since(self.started).as_secs_f64()
-    }
-
-    fn costs(&self, st: &CheckpointStats, now: Instant) -> CprCosts {
-        let o_save_s = if st.count > 0 {
-            st.stall_ms() / 1e3
-        } else {
-            ASSUMED_SAVE_S
-        };
-        // Loading reads what saving wrote: until a recovery measured it, the persistence
-        // time of a checkpoint stands in for it.
-        let o_load_s = st.o_load_s.unwrap_or(if st.count > 0 {
-            st.persist_s_sum / st.count as f64
-        } else {
-            ASSUMED_SAVE_S
-        });
-        let failures = st.recoveries.len() as f64;
-        let elapsed = self.elapsed_s(now);
-        let t_fail_s = if failures > 0.0 {
-            // Observed rate, never more optimistic than the configured one.
-            (elapsed / failures).min(self.cfg.mtbf_s)
-        } else {
-            self.cfg.mtbf_s
-        };
-        CprCosts {
-            o_save_s,
-            o_load_s,
-            o_res_s: st.o_res_s.unwrap_or(ASSUMED_RESCHEDULE_S),
-            t_fail_s,
-        }
-    }
-
-    /// CPR's decision from the current measurements (`samples_done` estimates the job
-    /// length), with the configured mode forced unless `recovery = "auto"`.
+    /// CPR's decision now (`samples_done` estimates the job length).
     pub fn decision(&self, samples_done: u64) -> RecoveryDecision {
-        self.decision_at(Instant::now(), samples_done)
-    }
-
-    /// [`Coordinator::decision`] at clock reading `now` (the policy reads no clock itself).
-    pub fn decision_at(&self, now: Instant, samples_done: u64) -> RecoveryDecision {
-        let st = self.stats.lock();
-        let c = self.costs(&st, now);
-        let elapsed = self.elapsed_s(now).max(1.0);
-        let rate = samples_done as f64 / elapsed;
-        let t_total = if self.total_samples <= 1 {
-            // An online job has no end: CPR's job length becomes a day of training.
-            ONLINE_HORIZON_S
-        } else if rate > 0.0 {
-            self.total_samples as f64 / rate
-        } else {
-            self.cfg.mtbf_s
-        };
-        let mut d = decide(
-            &c,
-            t_total,
-            self.num_ps(),
-            self.cfg.target_pls,
-            self.cfg.min_benefit,
-        );
-        let forced = match self.cfg.recovery {
-            RecoveryChoice::Auto => None,
-            RecoveryChoice::Full => Some(RecoveryMode::Full),
-            RecoveryChoice::Partial => Some(RecoveryMode::Partial),
-        };
-        if let Some(m) = forced {
-            if m != d.mode {
-                d.reason = format!("{m} recovery (configured); CPR would choose {}", d.reason);
-                d.mode = m;
-            } else {
-                d.reason = format!("{m} recovery (configured, CPR agrees); {}", d.reason);
-            }
-        }
-        d
+        self.policy.lock().decision(Instant::now(), samples_done)
     }
 
     /// Seconds between full checkpoints now.
     pub fn interval_s(&self, samples_done: u64) -> f64 {
-        self.interval_s_at(Instant::now(), samples_done)
-    }
-
-    /// [`Coordinator::interval_s`] at clock reading `now`.
-    pub fn interval_s_at(&self, now: Instant, samples_done: u64) -> f64 {
-        if self.cfg.interval_s > 0.0 {
-            return self.cfg.interval_s;
-        }
-        let (count, persist_s) = {
-            let st = self.stats.lock();
-            (st.count, st.persist_s_sum / st.count.max(1) as f64)
-        };
-        if count == 0 {
-            return FIRST_CHECKPOINT_S;
-        }
-        // A flash checkpoint barely stalls training, so CPR's optimum can be very short;
-        // background persistence still costs CPU and I/O: keep it under half the time.
-        let floor = INTERVAL_BOUNDS_S.0.max(2.0 * persist_s);
-        self.decision_at(now, samples_done)
-            .t_save_s()
-            .clamp(floor, INTERVAL_BOUNDS_S.1.max(floor))
-    }
-
-    /// Seconds between checkpoints of any kind (deltas come `1/ratio` times as often).
-    fn period_s(&self, now: Instant, samples_done: u64) -> f64 {
-        let full = self.interval_s_at(now, samples_done);
-        match self.cfg.priority {
-            SavePriority::None => full,
-            _ => full * self.cfg.ratio,
-        }
+        self.policy.lock().interval_s(Instant::now(), samples_done)
     }
 
     /// PS count of the layout in force.
     pub fn num_ps(&self) -> u32 {
-        self.num_ps.load(Ordering::Acquire)
+        self.policy.lock().num_ps()
     }
 
     /// The PS layout changed to `num_ps` servers: checkpoints are written by them from now
     /// on, and the next one is full.
     pub fn layout_changed(&self, num_ps: u32) {
-        self.num_ps.store(num_ps, Ordering::Release);
-        self.force_full.store(true, Ordering::Release);
-        if let Some(p) = self.stats.lock().pls.as_mut() {
-            p.n_emb = num_ps;
-        }
+        self.policy.lock().layout_changed(num_ps);
     }
 
     /// True while a checkpoint is being taken.
@@ -441,13 +160,8 @@ impl Coordinator {
     }
 
     /// [`Coordinator::due`] at clock reading `now`.
-    pub fn due_at(&self, now: Instant, samples_done: u64) -> bool {
-        if !self.cfg.enabled || self.busy.load(Ordering::Relaxed) {
-            return false;
-        }
-        let last = self.last_commit.lock().unwrap_or(self.started);
-        let since = now.saturating_duration_since(last).as_secs_f64();
-        since >= self.period_s(now, samples_done)
+    fn due_at(&self, now: Instant, samples_done: u64) -> bool {
+        !self.busy.load(Ordering::Relaxed) && self.policy.lock().due(now, samples_done)
     }
 
     /// Takes a checkpoint now: data position, flash copy on every PS, master part,
@@ -497,15 +211,7 @@ impl Coordinator {
         let addrs = addrs.context("not every parameter server is up")?;
         let id = self.store.next_id().await?;
         let ratio = self.cfg.ratio;
-        let forced_full = self.force_full.swap(false, Ordering::AcqRel);
-        let delta = {
-            let st = self.stats.lock();
-            let per_full = (1.0 / ratio).round().max(1.0) as u32;
-            self.cfg.priority != SavePriority::None
-                && st.count > 0
-                && st.deltas_since_full + 1 < per_full
-                && !forced_full
-        };
+        let delta = self.policy.lock().next_is_delta();
         let shm_namespace = if self.cfg.shm {
             self.shm_ns.clone()
         } else {
@@ -550,7 +256,7 @@ impl Coordinator {
                 .put_part(id, MASTER_PART, bytes::Bytes::from(master))
                 .await?,
         );
-        let last_id = self.stats.lock().last_id;
+        let last_id = self.policy.lock().stats().last_id;
         let mut info = BTreeMap::new();
         info.insert("reason".into(), reason.into());
         info.insert("stall_ms".into(), (stall as f64 / 1e3).into());
@@ -579,23 +285,33 @@ impl Coordinator {
         let deleted = self.store.retain(self.cfg.keep).await?;
         let bytes = manifest.total_bytes();
         let snapshot = {
-            let mut st = self.stats.lock();
-            st.count += 1;
-            st.last_id = id;
-            st.last_ms = manifest.created_ms;
-            *self.last_commit.lock() = Some(Instant::now());
-            st.deltas_since_full = if delta { st.deltas_since_full + 1 } else { 0 };
-            st.stall_ms_sum += stall as f64 / 1e3;
-            st.memcpy_ms_sum += memcpy as f64 / 1e3;
-            st.persist_s_sum += persist as f64 / 1e6;
-            st.bytes_sum += bytes;
-            if let Some(p) = st.pls.as_mut() {
-                p.on_checkpoint(manifest.samples);
-            }
-            st.clone()
+            let mut p = self.policy.lock();
+            p.committed(
+                Instant::now(),
+                &Commit {
+                    id,
+                    created_ms: manifest.created_ms,
+                    delta,
+                    samples: manifest.samples,
+                    stall_us: stall,
+                    memcpy_us: memcpy,
+                    persist_us: persist,
+                    bytes,
+                },
+            );
+            p.stats().clone()
         };
         self.persist(core, &snapshot).await;
-        event!("checkpoint", id, delta, reason, bytes, samples = manifest.samples, stall_ms = stall as f64 / 1e3, memcpy_ms = memcpy as f64 / 1e3, persist_s = persist as f64 / 1e6,
+        event!(
+            "checkpoint",
+            id,
+            delta,
+            reason,
+            bytes,
+            samples = manifest.samples,
+            stall_ms = stall as f64 / 1e3,
+            memcpy_ms = memcpy as f64 / 1e3,
+            persist_s = persist as f64 / 1e6,
             "checkpoint {id} ({}, {reason}): {:.1} MB from {} PS at {} samples; stall {:.2} ms (memory copy {:.2} ms), persisted in {:.2} s{}",
             if delta { "delta" } else { "full" },
             bytes as f64 / 1e6,
@@ -680,16 +396,10 @@ impl Coordinator {
             .max()
             .unwrap_or(0)
             .max(core.job.lock().samples_done());
-        let mut decision = self.decision(samples_now);
-        if let Some(m) = force {
-            if m != decision.mode {
-                decision.reason = format!(
-                    "{m} recovery (the whole job restarted); {}",
-                    decision.reason
-                );
-                decision.mode = m;
-            }
-        }
+        let decision = self
+            .policy
+            .lock()
+            .recovery_decision(Instant::now(), samples_now, force);
         let latest = self.latest().await?;
         let (ckpt, plan, pos) = match latest {
             Some((m, plan, pos)) => (Some(m.id), Some(plan), pos),
@@ -707,12 +417,10 @@ impl Coordinator {
         let mut pls_added = 0.0;
         match decision.mode {
             RecoveryMode::Partial => {
-                {
-                    let mut st = self.stats.lock();
-                    if let Some(p) = st.pls.as_mut() {
-                        pls_added = p.on_failure(samples_now, ps.len() as u32);
-                    }
-                }
+                pls_added = self
+                    .policy
+                    .lock()
+                    .partial_loss(samples_now, ps.len() as u32);
                 let restarts: Vec<(u32, u32)> = {
                     let job = core.job.lock();
                     failures
@@ -743,7 +451,9 @@ impl Coordinator {
                 core.run(|job, cx| job.full_restore(queue, closed, cx))
                     .await
                     .context("master state")?;
-                self.stats.lock().retrained_samples += samples_now.saturating_sub(pos.samples());
+                self.policy
+                    .lock()
+                    .retrained(samples_now.saturating_sub(pos.samples()));
             }
         }
         let record = RecoveryRecord {
@@ -762,18 +472,21 @@ impl Coordinator {
             seconds: None,
             decision: decision.reason.clone(),
         };
-        event!("ps_recovery", ps = ?ps, mode = %decision.mode, checkpoint = ?ckpt, reason = %decision.reason,
+        event!(
+            "ps_recovery",
+            ps = ?ps,
+            mode = %decision.mode,
+            checkpoint = ?ckpt,
+            reason = %decision.reason,
             "master: recovering PS {ps:?} ({}) from {}: {}",
             decision.mode,
             ckpt.map_or("initialization".to_string(), |c| format!("checkpoint {c}")),
             decision.reason
         );
         let snapshot = {
-            let mut st = self.stats.lock();
-            st.recoveries.push(record);
-            st.decision = Some(decision);
-            *self.pending.lock() = Some((st.recoveries.len() - 1, Instant::now()));
-            st.clone()
+            let mut p = self.policy.lock();
+            p.recovery_started(Instant::now(), record, decision);
+            p.stats().clone()
         };
         self.persist(core, &snapshot).await;
         Ok(())
@@ -781,26 +494,14 @@ impl Coordinator {
 
     /// Called every control-loop tick: closes a recovery once every PS serves again.
     pub async fn observe(&self, core: &MasterCore) {
-        let done = {
-            let p = self.pending.lock();
-            match *p {
-                Some((i, t0)) if core.job.lock().ps_addrs().is_some() => Some((i, t0)),
-                _ => None,
-            }
-        };
-        let Some((i, t0)) = done else { return };
-        *self.pending.lock() = None;
-        let secs = t0.elapsed().as_secs_f64();
-        let snapshot = {
-            let mut st = self.stats.lock();
-            if let Some(r) = st.recoveries.get_mut(i) {
-                r.seconds = Some(secs);
-            }
-            // Load and rescheduling are not separated from outside the PS; the whole
-            // time bounds both (an overestimate, which only favours full recovery).
-            st.o_res_s = Some(secs);
-            st.o_load_s = Some(secs);
-            st.clone()
+        if !self.policy.lock().recovering() || core.job.lock().ps_addrs().is_none() {
+            return;
+        }
+        let Some((secs, snapshot)) = ({
+            let mut p = self.policy.lock();
+            p.recovered(Instant::now()).map(|s| (s, p.stats().clone()))
+        }) else {
+            return;
         };
         event!(
             "ps_recovered",
@@ -812,7 +513,7 @@ impl Coordinator {
 
     /// The status block.
     pub fn status(&self, samples_done: u64) -> CheckpointStatus {
-        let st = self.stats.lock().clone();
+        let st = self.stats();
         let decision = self.decision(samples_done);
         CheckpointStatus {
             count: st.count,
@@ -917,9 +618,6 @@ pub async fn load_foreign(
     plan_from(&store, location, "", fingerprint, m).await
 }
 
-/// The job length CPR plans an online job's checkpoints over (it never ends), seconds.
-const ONLINE_HORIZON_S: f64 = 86_400.0;
-
 /// The position before any training; an online job's (`stream_starts`) begins at its
 /// partitions' start offsets.
 pub fn empty_position(stream_starts: Option<Vec<u64>>) -> DataPosition {
@@ -934,61 +632,4 @@ pub fn empty_position(stream_starts: Option<Vec<u64>>) -> DataPosition {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    fn coordinator(interval_s: f64) -> (Coordinator, tempfile::TempDir) {
-        let dir = tempfile::tempdir().unwrap();
-        let mut job = JobConfig::default();
-        job.checkpoint.location = dir.path().to_string_lossy().into_owned();
-        job.checkpoint.interval_s = interval_s;
-        let c = Coordinator::new(
-            &job,
-            Fingerprint::of(&job, &[]),
-            1000,
-            "t",
-            "ns".into(),
-            None,
-        )
-        .unwrap();
-        (c, dir)
-    }
-
-    /// The schedule reads no clock of its own: checkpoints fall due on the clock reading
-    /// it is given, from the start, then from the last commit; never while one runs.
-    #[test]
-    fn checkpoints_fall_due_on_the_injected_clock() {
-        let s = Duration::from_secs_f64;
-        let (c, _d) = coordinator(10.0);
-        let t0 = c.started;
-        assert!(!c.due_at(t0 + s(9.9), 0));
-        assert!(c.due_at(t0 + s(10.0), 0));
-        *c.last_commit.lock() = Some(t0 + s(10.0));
-        assert!(!c.due_at(t0 + s(19.9), 0));
-        assert!(c.due_at(t0 + s(20.0), 0));
-        c.busy.store(true, Ordering::Relaxed);
-        assert!(!c.due_at(t0 + s(30.0), 0), "one checkpoint at a time");
-        // Chosen by the policy: the first one comes early, to measure the save cost.
-        let (p, _d) = coordinator(0.0);
-        assert_eq!(p.interval_s_at(p.started, 0), FIRST_CHECKPOINT_S);
-        assert!(!p.due_at(p.started + s(FIRST_CHECKPOINT_S - 0.1), 0));
-        assert!(p.due_at(p.started + s(FIRST_CHECKPOINT_S), 0));
-    }
-
-    #[test]
-    fn fingerprint_names_the_section_that_differs() {
-        let job = JobConfig::default();
-        let files = vec![("/d/day_0.tsv".to_string(), 100)];
-        let a = Fingerprint::of(&job, &files);
-        assert_eq!(a.files[0].0, "day_0.tsv");
-        assert!(a.mismatch(&a.clone()).is_none());
-        let mut other = job.clone();
-        other.model.embedding_dim += 1;
-        let b = Fingerprint::of(&other, &files);
-        assert_ne!(a.digest(), b.digest());
-        assert!(a.mismatch(&b).unwrap().contains("[model]"));
-        let c = Fingerprint::of(&job, &[("/d/day_0.tsv".to_string(), 99)]);
-        assert!(a.mismatch(&c).unwrap().contains("training files"));
-    }
-}
+mod tests;
