@@ -491,6 +491,17 @@ impl BrainService {
             .collect();
         let n = self.store.add_samples(&r.job_id, &samples).await?;
         let m = self.store.add_memory(&r.job_id, &memory).await?;
+        // A job's configuration is where it runs. A probe, or a scale no plan of this
+        // brain made, becomes what later jobs warm-start from (Algorithm 1 reads each past
+        // job's latest configuration).
+        if let Some(last) = samples.last() {
+            let latest = self.store.configs(&r.job_id).await?.pop().map(|c| c.0);
+            if latest != Some(last.alloc) {
+                self.store
+                    .record_config(&r.job_id, &last.alloc, "observed")
+                    .await?;
+            }
+        }
         {
             let now = self.clock.now();
             self.active_jobs()?.touch(&r.job_id, now);

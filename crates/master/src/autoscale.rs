@@ -66,7 +66,21 @@ pub struct Settings {
     /// alone). A shared brain service knows the cluster's capacity and plans every job that
     /// shares it together, so none is sent to it.
     pub send_capacity: bool,
+    /// The job starts without a plan (no warm start from the brain's history): its probes
+    /// double the workers while throughput rises nearly in proportion
+    /// ([`EXPLORE_EFFICIENCY`]; quadruple while it is linear, [`EXPLORE_LINEAR`]), so that a
+    /// cold job reaches its scale in a few windows and its profile spans the curve the fit
+    /// needs.
+    pub explore: bool,
 }
+
+/// While exploring, the workers grow again only if the last growth raised throughput by
+/// at least this share of proportional (0.75: 2x workers gave 1.5x samples/s or more).
+pub const EXPLORE_EFFICIENCY: f64 = 0.75;
+
+/// At or above this share of proportional, exploring quadruples the workers instead of
+/// doubling them: scaling that is still linear is far from its knee.
+pub const EXPLORE_LINEAR: f64 = 0.9;
 
 impl Settings {
     /// The allocation of `workers` workers and `ps` PS with this job's node sizes.
@@ -200,6 +214,11 @@ pub struct Autoscaler {
     last_plan_ms: u64,
     /// Last measured throughput and the allocation it was measured at.
     measured: Option<(f64, u32, u32)>,
+    /// The latest throughput measured at each allocation (workers, PS, cores per worker,
+    /// thousandths of cores per PS).
+    throughput_at: std::collections::BTreeMap<(u32, u32, u64, u64), f64>,
+    /// Still doubling the workers (see [`Settings::explore`]).
+    exploring: bool,
     /// Samples trained at each allocation's last window (for the measured column).
     history: Vec<ScalingRecord>,
     last_plan: Option<pb::PlanResponse>,
@@ -250,6 +269,7 @@ pub fn hot_ps(loads: &[PsLoad], ratio: f64) -> Option<(u32, f64, f64)> {
 impl Autoscaler {
     /// A new autoscaler for a job that started at `now_ms`.
     pub fn new(settings: Settings, now_ms: u64) -> Self {
+        let exploring = settings.explore;
         Self {
             settings,
             started_ms: now_ms,
@@ -263,6 +283,8 @@ impl Autoscaler {
             samples_at_last_plan: 0,
             last_plan_ms: now_ms,
             measured: None,
+            throughput_at: Default::default(),
+            exploring,
             history: Vec::new(),
             last_plan: None,
             last_verdict: None,
@@ -378,6 +400,8 @@ impl Autoscaler {
         self.seen_ps_cpu.insert(w.ps_cpu);
         self.samples_taken += 1;
         self.measured = Some((throughput, w.workers, w.ps));
+        self.throughput_at
+            .insert((w.workers, w.ps, w.cpu, w.ps_cpu), throughput);
         if let Some(last) = self.history.last_mut() {
             if last.after == (w.workers, w.ps)
                 && last.worker_cpu.1 as u64 == w.cpu
@@ -407,8 +431,15 @@ impl Autoscaler {
 
     /// What to do now: nothing, a plan round, or a probe.
     pub fn next_round(&mut self, v: &View) -> Round {
-        let due = v.now_ms.saturating_sub(self.last_plan_ms) >= self.settings.interval_ms
-            && self.samples_taken > self.samples_at_last_plan;
+        let fresh = self.samples_taken > self.samples_at_last_plan;
+        // Exploring, a probe needs one window at the allocation in force, not a whole
+        // planning interval: a cold job reaches its scale in a few windows.
+        let measured_here = self
+            .measured
+            .is_some_and(|(_, w, p)| (w, p) == (v.workers, v.ps));
+        let due = fresh
+            && (v.now_ms.saturating_sub(self.last_plan_ms) >= self.settings.interval_ms
+                || (self.exploring && measured_here));
         if !due || !v.steady {
             return Round::Idle;
         }
@@ -426,18 +457,23 @@ impl Autoscaler {
         let room = self.settings.allocation(v.workers + 1, v.ps).total_cpu()
             <= self.settings.cluster_cpu + 1e-9;
         if self.settings.send_capacity && room && self.seen_workers.len() < 2 && v.workers < wmax {
-            let d = Decision::Apply {
-                workers: v.workers + 1,
-                worker_cpu: self.settings.worker_cpu,
-                ps: v.ps,
-                ps_cpu: self.settings.ps_cpu,
-                predicted: None,
-                reasons: vec![format!(
-                    "probe: the profile holds only {} worker(s); one more measures how throughput scales (the fit needs two allocations)",
-                    v.workers
-                )],
+            let to = if self.exploring {
+                self.grown(v, 2)
+            } else {
+                v.workers + 1
             };
+            let d = self.worker_probe(v, to, format!(
+                "probe: the profile holds only {} worker(s); {to} workers measure how throughput scales (the fit needs two allocations)",
+                v.workers
+            ));
             return Round::Probe(report, d);
+        }
+        if self.exploring {
+            match self.keep_growing(v) {
+                Some((to, why)) => return Round::Probe(report, self.worker_probe(v, to, why)),
+                // Scaling flattened (or a bound was reached): the brain plans from here.
+                None => self.exploring = false,
+            }
         }
         // Vertical: the cores of a worker (Eq. 2's `l_w`) are identified only once the profile
         // holds two values; probe one core more when the bounds allow it.
@@ -518,6 +554,64 @@ impl Autoscaler {
                 .then(|| (self.settings.cluster_mem_gb - current.total_mem_gb()).max(0.0)),
         };
         Round::Plan(report, plan)
+    }
+
+    /// `factor` times the workers of `v`, within the worker bound and the capacity (at
+    /// least one more).
+    fn grown(&self, v: &View, factor: u32) -> u32 {
+        let [_, wmax] = self.settings.workers;
+        let fits = |n: u32| {
+            self.settings.allocation(n, v.ps).total_cpu() <= self.settings.cluster_cpu + 1e-9
+        };
+        let mut to = (factor * v.workers).min(wmax).max(v.workers + 1);
+        while to > v.workers + 1 && !fits(to) {
+            to -= 1;
+        }
+        to
+    }
+
+    /// While exploring: the next growth, if the last one paid (throughput at the current
+    /// workers against the largest smaller count measured at the same PS and cores is at
+    /// least [`EXPLORE_EFFICIENCY`] of proportional; four times the workers at
+    /// [`EXPLORE_LINEAR`], else twice) and the bounds and capacity leave room.
+    fn keep_growing(&self, v: &View) -> Option<(u32, String)> {
+        let (now, w, p) = self.measured?;
+        if (w, p) != (v.workers, v.ps) {
+            return None;
+        }
+        let cpu = self.settings.worker_cpu as u64;
+        let ps_cpu = (self.settings.ps_cpu * 1000.0).round() as u64;
+        let (&(w0, ..), &before) = self
+            .throughput_at
+            .range(..(w, p, cpu, ps_cpu))
+            .rev()
+            .find(|((w0, p0, c0, s0), _)| *w0 < w && (*p0, *c0, *s0) == (p, cpu, ps_cpu))?;
+        let efficiency = (now / before) / (f64::from(w) / f64::from(w0));
+        let to = self.grown(v, if efficiency >= EXPLORE_LINEAR { 4 } else { 2 });
+        let room = self.settings.allocation(to, p).total_cpu() <= self.settings.cluster_cpu + 1e-9;
+        let [_, wmax] = self.settings.workers;
+        (efficiency >= EXPLORE_EFFICIENCY && w < wmax && room).then(|| {
+            (
+                to,
+                format!(
+                    "probe: {w0} -> {w} workers raised throughput {:.2}x ({:.0}% of proportional); {to} while it scales (a cold start explores before the fit)",
+                    now / before,
+                    100.0 * efficiency
+                ),
+            )
+        })
+    }
+
+    /// A probe to `workers` workers at the current cores and PS.
+    fn worker_probe(&self, v: &View, workers: u32, why: String) -> Decision {
+        Decision::Apply {
+            workers,
+            worker_cpu: self.settings.worker_cpu,
+            ps: v.ps,
+            ps_cpu: self.settings.ps_cpu,
+            predicted: None,
+            reasons: vec![why],
+        }
     }
 
     /// Samples a failed report must not lose: they go back in front of newer ones.
@@ -767,6 +861,7 @@ mod tests {
             ps_scaling: false,
             hot_ratio: 3.0,
             send_capacity: true,
+            explore: false,
         }
     }
 
@@ -824,6 +919,70 @@ mod tests {
         v.steady = false;
         a.observe(&v);
         assert!(a.window.is_none());
+    }
+
+    /// A cold job (no warm start) grows its workers while each growth pays, four times
+    /// while throughput keeps proportional, twice while it nearly does, and stops when a
+    /// growth no longer pays: the brain then plans from a profile that spans the curve. A
+    /// job that scales badly from the start stops after its first probe.
+    #[test]
+    fn a_cold_job_doubles_its_workers_while_throughput_keeps_up() {
+        let cold = Settings {
+            workers: [1, 32],
+            explore: true,
+            cluster_cpu: 64.0,
+            ..settings()
+        };
+        let rate = |w: u32| match w {
+            8 => 7_000,
+            16 => 8_400,
+            w => 1_000 * u64::from(w),
+        };
+        let mut a = Autoscaler::new(cold.clone(), 0);
+        let (mut t, mut s) = (0, 0);
+        let mut workers = 1;
+        let mut path = vec![workers];
+        loop {
+            // Two 1-s windows, within the 3-s planning interval: exploring does not wait
+            // for it.
+            run(&mut a, &mut t, &mut s, workers, rate(workers), 2);
+            match a.next_round(&view(t, workers, s)) {
+                Round::Probe(_, d) => {
+                    let Decision::Apply { workers: to, .. } = d else {
+                        panic!("{d:?}")
+                    };
+                    a.applied(&d, &view(t, workers, s), "probe");
+                    workers = to;
+                    path.push(workers);
+                }
+                Round::Plan(..) => break,
+                Round::Report(_) | Round::Idle => {}
+            }
+            assert!(path.len() < 8, "{path:?}");
+        }
+        // 1 -> 2 is proportional: four times the workers; 2 -> 8 gives 3.5x (88%): twice;
+        // 8 -> 16 gives 1.2x (60%): the brain plans from here.
+        assert_eq!(path, [1, 2, 8, 16]);
+        let probes: Vec<&str> = a.history().iter().map(|h| h.reasons[0].as_str()).collect();
+        assert!(
+            probes[2].contains("2 -> 8 workers raised throughput 3.50x"),
+            "{probes:?}"
+        );
+
+        // Compute-bound: 2 workers are barely faster than 1; no second doubling.
+        let mut a = Autoscaler::new(cold, 0);
+        let (mut t, mut s) = (0, 0);
+        run(&mut a, &mut t, &mut s, 1, 1000, 4);
+        let v = view(t, 1, s);
+        let Round::Probe(_, d) = a.next_round(&v) else {
+            panic!("expected the first probe")
+        };
+        a.applied(&d, &v, "probe");
+        run(&mut a, &mut t, &mut s, 2, 1100, 12);
+        assert!(
+            matches!(a.next_round(&view(t, 2, s)), Round::Plan(..)),
+            "the brain plans once doubling stops paying"
+        );
     }
 
     #[test]

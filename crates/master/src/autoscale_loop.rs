@@ -57,6 +57,8 @@ pub fn settings(cfg: &JobConfig, brain_job_id: &str) -> Settings {
         ps_scaling: cfg.cluster.mode == elastrec_job::distributed::SyncMode::Async,
         hot_ratio: a.hot_ps_ratio,
         send_capacity: a.brain.is_empty(),
+        // Set by the loop: only a new job without a warm start explores.
+        explore: false,
     }
 }
 
@@ -216,8 +218,10 @@ pub async fn run(
     brain_job_id: String,
     samples_total: u64,
     mut registered: bool,
+    explore: bool,
 ) {
     let mut settings = settings(&cfg, &brain_job_id);
+    settings.explore = explore;
     if settings.ps_cpu_max > settings.ps_cpu && !core.backend().resizes_in_place() {
         event!(warn, "ps_cores_fixed", ps_cpu = settings.ps_cpu,
             "autoscale: a PS keeps {} cores: this backend cannot change a running node's cores (autoscale.ps_cpu_max needs the local backend with control groups)",

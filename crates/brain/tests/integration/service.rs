@@ -140,6 +140,59 @@ async fn start_with(
     )
 }
 
+/// A job that ran at an allocation no plan gave it (its probes, a scale by hand) leaves
+/// that allocation as its configuration: the next similar job warm-starts from where the
+/// first one actually ran, not from the start-up plan it registered with.
+#[tokio::test]
+async fn a_later_job_warm_starts_from_where_the_first_one_ran() {
+    let (mut c, stop, handle, _dir, _metrics) = start().await;
+    let first = c
+        .warm_start(req(
+            pb::WarmStartRequest {
+                job: Some(job("j1")),
+            },
+            TOKEN,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .allocation
+        .unwrap();
+    let ran = pb::Allocation {
+        workers: first.workers + 5,
+        ..first
+    };
+    c.report_profile(req(
+        pb::ReportProfileRequest {
+            job_id: "j1".into(),
+            samples: vec![pb::ProfileSample {
+                allocation: Some(ran),
+                batch_size: 256,
+                iter_time_s: 0.05,
+            }],
+            memory: vec![],
+        },
+        TOKEN,
+    ))
+    .await
+    .unwrap();
+    let second = c
+        .warm_start(req(
+            pb::WarmStartRequest {
+                job: Some(job("j2")),
+            },
+            TOKEN,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .allocation
+        .unwrap();
+    assert_eq!(second.workers, ran.workers, "{second:?}");
+    let _ = stop.send(());
+    handle.await.unwrap();
+}
+
 #[tokio::test]
 async fn report_warm_start_plan_and_stream_over_grpc() {
     let (mut c, stop, handle, _dir, metrics) = start().await;

@@ -137,6 +137,7 @@ fn spawn_loops(
             a.brain_job_id,
             a.samples_total,
             a.registered,
+            a.explore,
         ))
     });
     if cfg.data.follow {

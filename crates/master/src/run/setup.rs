@@ -178,17 +178,21 @@ pub struct AutoscaleStart {
     pub(super) brain_job_id: String,
     pub(super) samples_total: u64,
     pub(super) registered: bool,
+    /// The job starts without a plan: a new job without a warm start (see
+    /// `autoscale::Settings::explore`). A resumed job keeps the scale it had.
+    pub(super) explore: bool,
 }
 
-/// Connects the job's brain and registers the job with it. Returns the loop's start and,
-/// when `warm_start` is set and the brain answered, the start-up worker count. A brain that
-/// cannot be reached does not stop the job: it starts with `cluster.workers` and the loop
-/// registers it later.
+/// Connects the job's brain and registers the job with it (`start`: a new job, else a
+/// resumed one). Returns the loop's start and, when `warm` is set and the brain answered,
+/// the start-up worker count. A brain that cannot be reached does not stop the job: it
+/// starts with `cluster.workers` and the loop registers it later.
 pub(super) async fn connect_brain(
     cfg: &JobConfig,
     dir: &JobDir,
     brain_job_id: String,
     samples_total: u64,
+    start: bool,
     warm: bool,
 ) -> anyhow::Result<(AutoscaleStart, Option<u32>)> {
     let brain = crate::brain_link::connect(
@@ -228,6 +232,7 @@ pub(super) async fn connect_brain(
             brain_job_id,
             samples_total,
             registered,
+            explore: start && workers.is_none(),
         },
         workers,
     ))

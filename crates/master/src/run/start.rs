@@ -233,6 +233,7 @@ pub async fn start_job(
             &dir,
             format!("{job_id}-{job_uid}"),
             total_samples,
+            true,
             cfg.autoscale.warm_start,
         )
         .await?;
@@ -476,9 +477,16 @@ pub async fn resume_job(
     let autoscale = if cfg.autoscale.enabled {
         let total = files_rows_total(&core) * cfg.train.epochs as u64;
         Some(
-            connect_brain(&cfg, &dir, format!("{job_id}-{job_uid}"), total, false)
-                .await?
-                .0,
+            connect_brain(
+                &cfg,
+                &dir,
+                format!("{job_id}-{job_uid}"),
+                total,
+                false,
+                false,
+            )
+            .await?
+            .0,
         )
     } else {
         None
