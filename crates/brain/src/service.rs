@@ -495,8 +495,7 @@ impl BrainService {
         // brain made, becomes what later jobs warm-start from (Algorithm 1 reads each past
         // job's latest configuration).
         if let Some(last) = samples.last() {
-            let latest = self.store.configs(&r.job_id).await?.pop().map(|c| c.0);
-            if latest != Some(last.alloc) {
+            if self.store.latest_config(&r.job_id).await? != Some(last.alloc) {
                 self.store
                     .record_config(&r.job_id, &last.alloc, "observed")
                     .await?;

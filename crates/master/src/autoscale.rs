@@ -83,6 +83,15 @@ pub const EXPLORE_EFFICIENCY: f64 = 0.75;
 pub const EXPLORE_LINEAR: f64 = 0.9;
 
 impl Settings {
+    /// Cores per worker and thousandths of cores per PS now: what, beside the node
+    /// counts, tells one profiled allocation from another.
+    fn cores_key(&self) -> (u64, u64) {
+        (
+            self.worker_cpu as u64,
+            (self.ps_cpu * 1000.0).round() as u64,
+        )
+    }
+
     /// The allocation of `workers` workers and `ps` PS with this job's node sizes.
     pub fn allocation(&self, workers: u32, ps: u32) -> Allocation {
         Allocation {
@@ -214,9 +223,10 @@ pub struct Autoscaler {
     last_plan_ms: u64,
     /// Last measured throughput and the allocation it was measured at.
     measured: Option<(f64, u32, u32)>,
-    /// The latest throughput measured at each allocation (workers, PS, cores per worker,
-    /// thousandths of cores per PS).
-    throughput_at: std::collections::BTreeMap<(u32, u32, u64, u64), f64>,
+    /// The latest throughput measured at each allocation (PS, cores per worker,
+    /// thousandths of cores per PS, workers: the worker counts of one PS and core setting
+    /// are adjacent).
+    throughput_at: std::collections::BTreeMap<(u32, u64, u64, u32), f64>,
     /// Still doubling the workers (see [`Settings::explore`]).
     exploring: bool,
     /// Samples trained at each allocation's last window (for the measured column).
@@ -354,8 +364,7 @@ impl Autoscaler {
             self.window = None;
             return;
         }
-        let cpu = self.settings.worker_cpu as u64;
-        let ps_cpu = (self.settings.ps_cpu * 1000.0).round() as u64;
+        let (cpu, ps_cpu) = self.settings.cores_key();
         let w = match self.window {
             Some(w)
                 if w.workers == v.workers && w.ps == v.ps && w.cpu == cpu && w.ps_cpu == ps_cpu =>
@@ -401,7 +410,7 @@ impl Autoscaler {
         self.samples_taken += 1;
         self.measured = Some((throughput, w.workers, w.ps));
         self.throughput_at
-            .insert((w.workers, w.ps, w.cpu, w.ps_cpu), throughput);
+            .insert((w.ps, w.cpu, w.ps_cpu, w.workers), throughput);
         if let Some(last) = self.history.last_mut() {
             if last.after == (w.workers, w.ps)
                 && last.worker_cpu.1 as u64 == w.cpu
@@ -579,13 +588,11 @@ impl Autoscaler {
         if (w, p) != (v.workers, v.ps) {
             return None;
         }
-        let cpu = self.settings.worker_cpu as u64;
-        let ps_cpu = (self.settings.ps_cpu * 1000.0).round() as u64;
-        let (&(w0, ..), &before) = self
+        let (cpu, ps_cpu) = self.settings.cores_key();
+        let (&(.., w0), &before) = self
             .throughput_at
-            .range(..(w, p, cpu, ps_cpu))
-            .rev()
-            .find(|((w0, p0, c0, s0), _)| *w0 < w && (*p0, *c0, *s0) == (p, cpu, ps_cpu))?;
+            .range((p, cpu, ps_cpu, 0)..(p, cpu, ps_cpu, w))
+            .next_back()?;
         let efficiency = (now / before) / (f64::from(w) / f64::from(w0));
         let to = self.grown(v, if efficiency >= EXPLORE_LINEAR { 4 } else { 2 });
         let room = self.settings.allocation(to, p).total_cpu() <= self.settings.cluster_cpu + 1e-9;

@@ -72,10 +72,8 @@ pub fn attach(path: &Path) -> std::io::Result<()> {
 pub struct EventLog;
 
 impl<S: tracing::Subscriber> Layer<S> for EventLog {
-    fn enabled(&self, meta: &tracing::Metadata<'_>, _: Context<'_, S>) -> bool {
-        meta.target() == TARGET
-    }
-
+    // No `enabled`: a layer's `enabled` filters for the whole subscriber, which would hide
+    // every other event from the log formatter. Other targets are skipped here.
     fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
         if event.metadata().target() != TARGET {
             return;

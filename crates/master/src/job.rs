@@ -1219,9 +1219,13 @@ impl Job {
         self.persist_meta(cx);
     }
 
-    /// Tasks changed since the last flush (for a caller that rewrites the task table).
-    pub fn take_dirty_tasks(&mut self) -> (Vec<Task>, Vec<ConsumedRange>) {
-        self.tasks.take_dirty()
+    /// Persists the data position as a whole: the changed tasks and every ledger span
+    /// replace what the database holds (a job put at another position: a full
+    /// recovery, a start from a checkpoint).
+    pub fn persist_data_reset(&mut self, cx: &mut impl Context) {
+        let (tasks, _) = self.tasks.take_dirty();
+        let spans = self.tasks.ledger().spans();
+        cx.persist(Change::ResetData(tasks, spans));
     }
 
     /// PS failures waiting for recovery (taken once).
@@ -1271,9 +1275,7 @@ impl Job {
             cx.persist(Change::Node(n));
         }
         self.tasks = queue;
-        let (tasks, _) = self.tasks.take_dirty();
-        let spans = self.tasks.ledger().spans();
-        cx.persist(Change::ResetData(tasks, spans));
+        self.persist_data_reset(cx);
         cx.persist(Change::Meta(
             "ledger_adjust",
             serde_json::to_string(&self.tasks.position().ledger_adjustments()).expect("serializes"),

@@ -266,6 +266,17 @@ impl ConfigDb {
             .collect()
     }
 
+    /// A job's latest configuration, if any.
+    pub async fn latest_config(&self, job_id: &str) -> Result<Option<Allocation>> {
+        let row = sqlx::query(
+            "SELECT * FROM brain_job_configs WHERE job_id = $1 ORDER BY seq DESC LIMIT 1",
+        )
+        .bind(job_id.to_string())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(alloc_of).transpose()
+    }
+
     /// Appends runtime profile samples (validated first); returns how many were stored.
     pub async fn add_samples(&self, job_id: &str, samples: &[ProfileSample]) -> Result<u64> {
         for (i, s) in samples.iter().enumerate() {

@@ -33,6 +33,11 @@ impl JobDir {
     pub fn events(&self) -> PathBuf {
         self.0.join("events.jsonl")
     }
+    /// Sends this process's job events (those emitted so far first) to [`JobDir::events`].
+    pub fn attach_events(&self) -> anyhow::Result<()> {
+        crate::events::attach(&self.events())
+            .with_context(|| format!("opening {}", self.events().display()))
+    }
     /// Node logs.
     pub fn logs(&self) -> PathBuf {
         self.0.join("logs")

@@ -18,7 +18,7 @@ use crate::backend::BackendKind;
 use crate::checkpoint::{CheckpointStats, Coordinator, Fingerprint};
 use crate::core::{now_ms, LiveCtx, MasterCore};
 use crate::events::event;
-use crate::job::{Context as _, Job, Phase, Role};
+use crate::job::{Job, Phase, Role};
 use crate::store::{MasterDb, Writer};
 use crate::tasks::TaskQueue;
 
@@ -121,8 +121,7 @@ pub async fn start_job(
     };
     let stream_starts = stream_starts.map(|(_, starts)| starts);
     std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
-    crate::events::attach(&dir.events())
-        .with_context(|| format!("opening {}", dir.events().display()))?;
+    dir.attach_events()?;
     // A job started from a checkpoint checks it before anything is created.
     let foreign = match &from {
         Some(f) => Some(
@@ -246,9 +245,7 @@ pub async fn start_job(
     let mut job = Job::start(policy(&cfg), queue, workers, &mut cx);
     if from.is_some() {
         job.set_epochs_closed(closed, &mut cx);
-        let (tasks, _) = job.take_dirty_tasks();
-        let spans = job.tasks().ledger().spans();
-        cx.persist(crate::job::Change::ResetData(tasks, spans));
+        job.persist_data_reset(&mut cx);
     }
     if pause_at.is_some() {
         job.set_pause(pause_at, &mut cx);
@@ -305,8 +302,7 @@ pub async fn resume_job(
     elastrec_rpc::check_token(&token)
         .with_context(|| format!("{} is corrupt", dir.token().display()))?;
     let store = MasterDb::open(&dir.db(), false).await?;
-    crate::events::attach(&dir.events())
-        .with_context(|| format!("opening {}", dir.events().display()))?;
+    dir.attach_events()?;
     let snap = store.load().await?;
     let meta = |k: &str| {
         snap.meta
