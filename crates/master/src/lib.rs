@@ -1,10 +1,13 @@
 //! The job master: node table (membership, heartbeats), dynamic data sharding (task queue
 //! and sample ledger), elastic scaling and failure policy, persisted in SQLite.
 //!
-//! Layout follows logic / service / node: [`ledger`], [`tasks`] and [`job`] are pure state
-//! machines (side effects reach them through [`job::Context`]); [`store`] persists their
-//! changes; [`service`] holds the thin gRPC handlers; [`node`] wires the process
-//! (`elastrec run`), [`backend`] starts role processes, [`cli`] backs the subcommands.
+//! Layout follows logic / service / process: [`ledger`], [`tasks`] and [`job`] are pure
+//! state machines (side effects reach them through [`job::Context`]), as are the
+//! autoscaler's ([`autoscale`]) and checkpoints' ([`checkpoint::CheckpointPolicy`])
+//! decisions; [`store`] persists the state machine's changes; [`core`] is what handlers and
+//! loops share; [`service`] holds the thin gRPC handlers, [`error`] what they refuse with;
+//! [`events`] records the job's events; [`run`] wires the process (`elastrec run`),
+//! [`backend`] starts role processes, [`cli`] backs the subcommands.
 
 pub mod autoscale;
 pub mod autoscale_loop;

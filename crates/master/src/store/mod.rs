@@ -151,7 +151,7 @@ impl MasterDb {
     }
 
     /// Writes `changes` in one transaction, with the same code as the group-commit writer
-    /// ([`RawWriter`]) on a connection of its own (closed afterwards, so a failed
+    /// (`raw::RawWriter`) on a connection of its own (closed afterwards, so a failed
     /// transaction can never be left open in the pool). For the few writes made before
     /// the writer runs (job start, resume) and for tests.
     pub async fn apply(&self, changes: &[Change]) -> Result<()> {
