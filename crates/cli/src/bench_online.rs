@@ -32,9 +32,22 @@ pub struct BenchOnlineArgs {
     /// Rates over time (`t_s,qps` CSV). Default: a compressed day, 120 s, peak 3,000/s.
     #[arg(long, value_name = "CSV")]
     qps_trace: Option<PathBuf>,
-    /// Policies to compare, in order: `kale`, `hpa`, or `fixed:N` (N workers throughout).
+    /// Policies to compare, in order: `kale`, `hpa`, or `fixed:N` (N workers throughout),
+    /// each optionally followed by `/pinned` (partition `p` only to worker `p mod w`,
+    /// `stream.assignment = "pinned"`) or `/shared` (the default: one queue).
     #[arg(long, value_delimiter = ',', default_value = "kale,hpa")]
     policies: Vec<String>,
+    /// Send this share of all samples to `--skew-partition`: a hot partition (see
+    /// `elastrec replay --hot-share`).
+    #[arg(long, default_value_t = 0.0)]
+    hot_share: f64,
+    /// Send this share of the positive samples to `--skew-partition`: its click rate
+    /// differs from the others'.
+    #[arg(long, default_value_t = 0.0)]
+    skew_share: f64,
+    /// The partition the skews go to.
+    #[arg(long, default_value_t = 0)]
+    skew_partition: i32,
     /// Partitions of each run's topic.
     #[arg(long, default_value_t = 4)]
     partitions: i32,
@@ -83,6 +96,10 @@ struct PolicyResult {
     scaling_changes: u64,
     max_workers: u64,
     window_auc: Option<f64>,
+    /// The largest lag any one partition reached, seconds.
+    peak_partition_lag_s: f64,
+    /// Each partition's lag integrated over the run, seconds.
+    partition_accumulated_lag_s: Vec<f64>,
     /// Share of the machine's CPU busy just before the run (other processes included).
     machine_busy_before: f64,
     wall_s: f64,
@@ -95,6 +112,11 @@ pub fn run(a: BenchOnlineArgs) -> Result<()> {
     };
     if lo == 0 || lo > hi {
         bail!("--workers {lo} {hi}: needs 1 <= MIN <= MAX");
+    }
+    for (flag, share) in [("--skew-share", a.skew_share), ("--hot-share", a.hot_share)] {
+        if !(0.0..=1.0).contains(&share) {
+            bail!("{flag} must be in [0, 1], got {share}");
+        }
     }
     let trace = match &a.qps_trace {
         Some(p) => {
@@ -139,25 +161,45 @@ pub fn run(a: BenchOnlineArgs) -> Result<()> {
     Ok(())
 }
 
-/// A scaling policy as the job file spells it.
+/// A scaling policy as the job file spells it, with its partition assignment.
 struct Policy {
     name: String,
     autoscale: &'static str,
     workers: u32,
+    assignment: &'static str,
 }
 
 impl Policy {
     fn parse(text: &str) -> Result<Self> {
+        let (scaling, assignment) = match text.split_once('/') {
+            None => (text, "shared"),
+            Some((s, "pinned")) => (s, "pinned"),
+            Some((s, "shared")) => (s, "shared"),
+            Some((_, other)) => bail!(
+                "--policies: {text:?}: the assignment after / is pinned or shared, not {other:?}"
+            ),
+        };
+        let mut p = Self::parse_scaling(scaling)?;
+        p.assignment = assignment;
+        if text.contains('/') {
+            p.name = format!("{}/{assignment}", p.name);
+        }
+        Ok(p)
+    }
+
+    fn parse_scaling(text: &str) -> Result<Self> {
         Ok(match text {
             "kale" => Self {
                 name: "kale".into(),
                 autoscale: "kale",
                 workers: 1,
+                assignment: "shared",
             },
             "hpa" => Self {
                 name: "hpa".into(),
                 autoscale: "hpa",
                 workers: 1,
+                assignment: "shared",
             },
             _ => {
                 let n: u32 = text
@@ -171,6 +213,7 @@ impl Policy {
                     name: format!("fixed:{n}"),
                     autoscale: "off",
                     workers: n,
+                    assignment: "shared",
                 }
             }
         })
@@ -210,6 +253,7 @@ workers = [{lo}, {hi}]
 interval_s = {interval}
 horizon_s = {horizon}
 tau_s = {tau}
+assignment = "{assignment}"
 "#,
         batch = a.batch_size,
         dir = dir.display(),
@@ -219,6 +263,7 @@ tau_s = {tau}
         interval = a.interval_s,
         horizon = a.horizon_s,
         tau = a.tau_s,
+        assignment = p.assignment,
     )
 }
 
@@ -233,7 +278,7 @@ fn run_policy(
     files: &[PathBuf],
     trace: &Trace,
 ) -> Result<PolicyResult> {
-    let safe = policy.name.replace(':', "-");
+    let safe = policy.name.replace([':', '/'], "-");
     let dir = out.join(&safe);
     if dir.exists() {
         std::fs::remove_dir_all(&dir)
@@ -279,7 +324,15 @@ fn run_policy(
         format: MessageFormat::Tsv,
         samples_per_message: 1,
         trace: trace.clone(),
-        partitioner: Partitioner::RoundRobin,
+        partitioner: if a.skew_share > 0.0 || a.hot_share > 0.0 {
+            Partitioner::Skewed {
+                partition: a.skew_partition,
+                traffic_share: a.hot_share,
+                positive_share: a.skew_share,
+            }
+        } else {
+            Partitioner::RoundRobin
+        },
         seed: 1,
     };
     let sent = replay(&spec, |r| {
@@ -317,6 +370,7 @@ fn run_policy(
     let r: serde_json::Value = serde_json::from_str(&text)?;
     let online = &r["online"];
     let st = &online["stream"];
+    let partitions = st["partitions"].as_array().cloned().unwrap_or_default();
     let max_workers = online["decisions"]
         .as_array()
         .and_then(|d| d.iter().filter_map(|d| d["target"].as_u64()).max())
@@ -331,6 +385,14 @@ fn run_policy(
         scaling_changes: online["scaling_changes"].as_u64().unwrap_or(0),
         max_workers,
         window_auc: online["progressive"]["latest"]["auc"].as_f64(),
+        peak_partition_lag_s: partitions
+            .iter()
+            .filter_map(|p| p["peak_lag_s"].as_f64())
+            .fold(0.0, f64::max),
+        partition_accumulated_lag_s: partitions
+            .iter()
+            .map(|p| p["accumulated_lag_s"].as_f64().unwrap_or(f64::NAN))
+            .collect(),
         machine_busy_before: busy,
         wall_s,
     })
@@ -401,7 +463,7 @@ impl Drop for KillOnDrop {
 
 fn print_table(rows: &[PolicyResult]) {
     println!(
-        "{:<9} {:>8} {:>14} {:>12} {:>10} {:>12} {:>8} {:>8} {:>10} {:>10}",
+        "{:<16} {:>8} {:>14} {:>12} {:>10} {:>12} {:>8} {:>6} {:>10} {:>12} {:>10}",
         "policy",
         "samples",
         "SLO violation",
@@ -411,11 +473,12 @@ fn print_table(rows: &[PolicyResult]) {
         "changes",
         "max w",
         "window AUC",
+        "peak p-lag s",
         "busy before"
     );
     for r in rows {
         println!(
-            "{:<9} {:>8} {:>13.1}% {:>12.1} {:>10.1} {:>12.4} {:>8} {:>8} {:>10} {:>9.0}%",
+            "{:<16} {:>8} {:>13.1}% {:>12.1} {:>10.1} {:>12.4} {:>8} {:>6} {:>10} {:>12.1} {:>9.0}%",
             r.policy,
             r.samples,
             100.0 * r.slo_violation_rate,
@@ -425,8 +488,18 @@ fn print_table(rows: &[PolicyResult]) {
             r.scaling_changes,
             r.max_workers,
             r.window_auc.map_or("-".into(), |a| format!("{a:.4}")),
+            r.peak_partition_lag_s,
             100.0 * r.machine_busy_before
         );
+    }
+    println!("accumulated lag per partition, s:");
+    for r in rows {
+        let lags: Vec<String> = r
+            .partition_accumulated_lag_s
+            .iter()
+            .map(|l| format!("{l:.1}"))
+            .collect();
+        println!("  {:<16} {}", r.policy, lags.join(" / "));
     }
     if let [first, rest @ ..] = rows {
         for r in rest {

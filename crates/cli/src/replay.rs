@@ -40,7 +40,11 @@ pub struct ReplayArgs {
     /// differs from the other partitions').
     #[arg(long, default_value_t = 0.0)]
     skew_share: f64,
-    /// The partition that gets the extra positives.
+    /// Send this share of all samples to `--skew-partition` (a hot partition, with more
+    /// traffic than the others).
+    #[arg(long, default_value_t = 0.0)]
+    hot_share: f64,
+    /// The partition that gets the extra positives and the extra traffic.
     #[arg(long, default_value_t = 0)]
     skew_partition: i32,
     /// Seed of the skew's coin.
@@ -75,8 +79,10 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     if !(a.speedup.is_finite() && a.speedup > 0.0) {
         bail!("--speedup must be a positive number, got {}", a.speedup);
     }
-    if !(0.0..=1.0).contains(&a.skew_share) {
-        bail!("--skew-share must be in [0, 1], got {}", a.skew_share);
+    for (flag, share) in [("--skew-share", a.skew_share), ("--hot-share", a.hot_share)] {
+        if !(0.0..=1.0).contains(&share) {
+            bail!("{flag} must be in [0, 1], got {share}");
+        }
     }
     let trace = match (&a.qps_trace, a.qps) {
         (Some(p), _) => {
@@ -111,9 +117,10 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         },
         samples_per_message: a.samples_per_message,
         trace,
-        partitioner: if a.skew_share > 0.0 {
-            Partitioner::PositiveSkew {
+        partitioner: if a.skew_share > 0.0 || a.hot_share > 0.0 {
+            Partitioner::Skewed {
                 partition: a.skew_partition,
+                traffic_share: a.hot_share,
                 positive_share: a.skew_share,
             }
         } else {

@@ -42,9 +42,15 @@ fn online_job(name: &str, brokers: &str) -> (PathBuf, PathBuf) {
     online_job_with(name, brokers, "", "")
 }
 
-/// An online job; `cluster` and `stream` are extra lines of those sections.
+/// An online job; `cluster` and `stream` are extra lines of those sections (a `ps = N`
+/// line in `cluster` replaces the default of 1 PS).
 fn online_job_with(name: &str, brokers: &str, cluster: &str, stream: &str) -> (PathBuf, PathBuf) {
     let f = fixture();
+    let ps = if cluster.lines().any(|l| l.starts_with("ps =")) {
+        ""
+    } else {
+        "ps = 1"
+    };
     let text = format!(
         r#"
 [data]
@@ -61,7 +67,7 @@ progress = false
 [output]
 dir = "{name}"
 [cluster]
-ps = 1
+{ps}
 workers = 2
 batches_per_shard = 4
 heartbeat_ms = 200
@@ -108,6 +114,13 @@ fn exactly_once_across_a_worker_kill(name: &str, brokers: &str, producer: &[&str
         samples_done(&dir) >= first_n / 3
     });
     let s = status_json(&dir).unwrap();
+    // `elastrec status` shows the stream: every partition with its watermark and lag.
+    let parts = s["stream"]["partitions"].as_array().expect("a stream view");
+    assert_eq!(parts.len(), 3, "{s}");
+    assert!(parts.iter().all(|p| p["high"].as_u64().is_some()), "{s}");
+    let table = elastrec(&["status", dir.to_str().unwrap()]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("kafka:clicks/2"), "{table}");
     let (victim, pid) = running_workers(&s)[0];
     // SAFETY: kill(2) on a worker process this test's job started.
     unsafe {
@@ -353,4 +366,102 @@ fn kafka_kale_adds_workers_for_a_traffic_peak_and_removes_them_after() {
         "the lag stayed under the SLO at least 95% of the time: {st}"
     );
     assert_eq!(st["partitions"].as_array().unwrap().len(), 4);
+}
+
+/// The online job of `name`, held at a third of day 0 (replayed first), with `cluster`
+/// lines; returns its job dir, its process group, its log and day 0's sample count.
+fn held_online_job(name: &str, brokers: &str, cluster: &str) -> (PathBuf, Group, PathBuf, u64) {
+    let f = fixture();
+    let first = replay(brokers, "clicks", &[f.dir.join("data/day_0.tsv")], &[]);
+    let first_n = first["samples"].as_u64().unwrap();
+    let (job, dir) = online_job_with(name, brokers, cluster, "");
+    let log = f.dir.join(format!("{name}.log"));
+    let at = (first_n / 3).to_string();
+    let g = Group::spawn(
+        &["run", job.to_str().unwrap(), "--pause-at-samples", &at],
+        &log,
+    );
+    wait_held(&dir);
+    (dir, g, log, first_n)
+}
+
+/// Replays day 1, waits until everything sent trained, stops the job and checks an exact
+/// ledger of offsets and a learning model. Returns the result.
+fn day_one_then_stop(
+    brokers: &str,
+    dir: &Path,
+    mut g: Group,
+    log: &Path,
+    first_n: u64,
+) -> serde_json::Value {
+    let f = fixture();
+    let second = replay(brokers, "clicks", &[f.dir.join("data/day_1.tsv")], &[]);
+    let total = first_n + second["samples"].as_u64().unwrap();
+    wait_for(Duration::from_secs(240), || samples_done(dir) >= total);
+    stop(dir);
+    let text = g.wait_success(log);
+    let r = result(dir);
+    assert_eq!(r["status"], "finished", "{r}\n{text}");
+    assert_eq!(r["ledger"]["consumed"], total, "{r}");
+    assert_eq!(r["ledger"]["duplicated"], 0, "{r}");
+    assert_eq!(r["ledger"]["missing"], 0, "{r}");
+    assert_progressive(&r, total);
+    r
+}
+
+/// A parameter server SIGKILLed while the stream trains: CPR's partial recovery reloads
+/// only its shard from the checkpoint taken before; the workers go on and every offset
+/// still trains exactly once.
+#[test]
+fn kafka_a_ps_killed_mid_stream_is_recovered_and_every_message_trains_once() {
+    let _g = serial();
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("clicks", 3, 1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    let cluster_lines = "ps = 2\n[checkpoint]\ninterval_s = 3600.0\nrecovery = \"partial\"";
+    let (dir, g, log, first_n) = held_online_job("online-ps-kill", &brokers, cluster_lines);
+    take_checkpoint(&dir);
+    pause_at(&dir, 2 * first_n / 3);
+    let s = wait_held(&dir);
+    let ps: Vec<i32> = s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["role"] == "ps" && n["state"] == "running")
+        .map(|n| n["pid"].as_i64().unwrap() as i32)
+        .collect();
+    assert_eq!(ps.len(), 2, "{s}");
+    // SAFETY: kill(2) on a PS process this test's job started.
+    unsafe {
+        libc::kill(ps[1], libc::SIGKILL);
+    }
+    unpause(&dir);
+    let r = day_one_then_stop(&brokers, &dir, g, &log, first_n);
+    let rec = r["checkpoint"]["recoveries"].as_array().unwrap();
+    assert_eq!(rec.len(), 1, "{r}");
+    assert_eq!(rec[0]["mode"], "partial", "{r}");
+    assert_eq!(rec[0]["ps"], serde_json::json!([1]), "{r}");
+    assert_eq!(r["workers_launched"], 2, "no worker was replaced: {r}");
+}
+
+/// The broker goes away while the job trains and comes back: the master says so, the
+/// workers wait in their ranges, and after the broker returns every offset trains once.
+#[test]
+fn kafka_a_broker_outage_is_waited_out_and_nothing_is_lost() {
+    let _g = serial();
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("clicks", 3, 1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    let (dir, g, log, first_n) = held_online_job("online-outage", &brokers, "");
+    cluster.broker_down(1).unwrap();
+    // The broker stays down until the master has noticed.
+    wait_for(Duration::from_secs(120), || {
+        !events(&dir, "brokers_unreachable").is_empty()
+    });
+    unpause(&dir);
+    cluster.broker_up(1).unwrap();
+    wait_for(Duration::from_secs(120), || {
+        !events(&dir, "brokers_back").is_empty()
+    });
+    day_one_then_stop(&brokers, &dir, g, &log, first_n);
 }

@@ -59,11 +59,28 @@ pub struct StreamConfig {
     pub eval_window: u64,
     /// How often the progressive-validation figures are recorded, seconds.
     pub eval_every_s: f64,
+    /// How partitions' data is dealt to workers: `"shared"` (one queue, oldest data first
+    /// whatever its partition; every worker trains every partition, the effect of KALE's
+    /// global shuffling) or `"pinned"` (partition `p` only to the worker ranked
+    /// `p mod w` among the `w` running ones, as a Kafka consumer group would; the
+    /// baseline that shuffling is measured against, `docs/online.md`).
+    pub assignment: PartitionAssignment,
 }
 
 /// Largest progressive-validation window: 5 bytes per sample kept by the master, and an
 /// exact AUC sorts the window every `eval_every_s`.
 pub const MAX_EVAL_WINDOW: u64 = 10_000_000;
+
+/// How stream partitions are dealt to workers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PartitionAssignment {
+    /// One queue for all partitions.
+    #[default]
+    Shared,
+    /// Each partition to one worker.
+    Pinned,
+}
 
 /// The online autoscaling policy.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,6 +116,7 @@ impl Default for StreamConfig {
             tau_s: 30.0,
             eval_window: 100_000,
             eval_every_s: 10.0,
+            assignment: PartitionAssignment::Shared,
         }
     }
 }

@@ -156,6 +156,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
     };
     let autoscale = json_state(&s.autoscale_json, "autoscale")?;
     let datasets = json_state(&s.datasets_json, "datasets")?;
+    let stream = json_state(&s.stream_json, "stream")?;
     if args.json {
         let nodes: Vec<serde_json::Value> = s
             .nodes
@@ -194,6 +195,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
                 "layout": {"version": s.layout_version, "ps": s.num_ps},
                 "reshards": serde_json::from_str::<serde_json::Value>(&s.reshards_json).unwrap_or_default(),
                 "datasets": datasets,
+                "stream": stream,
             })
         );
         return Ok(());
@@ -287,7 +289,61 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
     if let Some(d) = &datasets {
         print_datasets(d);
     }
+    if let Some(st) = &stream {
+        print_stream(st);
+    }
     Ok(())
+}
+
+/// An online job's part of `elastrec status`.
+fn print_stream(st: &serde_json::Value) {
+    let num = |x: &serde_json::Value| x.as_f64().unwrap_or(f64::NAN);
+    println!(
+        "stream: {:.0} messages/s arriving, lag {:.1} s (SLO {:.1} s, violated {:.1}% of {:.0} s), accumulated lag {:.1} s, downtime {:.1} s",
+        num(&st["arrival_rate"]),
+        num(&st["lag_s"]),
+        num(&st["slo_lag_s"]),
+        100.0 * num(&st["slo_violation_rate"]),
+        num(&st["observed_s"]),
+        num(&st["accumulated_lag_s"]),
+        num(&st["downtime_s"])
+    );
+    println!(
+        "  {:<28}  {:>12}  {:>12}  {:>9}  {:>7}  {:>9}  {:>9}",
+        "partition", "high", "trained", "backlog", "lag s", "peak lag", "msg/s"
+    );
+    for p in st["partitions"].as_array().into_iter().flatten() {
+        println!(
+            "  {:<28}  {:>12}  {:>12}  {:>9}  {:>7.1}  {:>9.1}  {:>9.0}",
+            p["partition"].as_str().unwrap_or("?"),
+            p["high"],
+            p["trained"],
+            p["backlog"],
+            num(&p["lag_s"]),
+            num(&p["peak_lag_s"]),
+            num(&p["rate"])
+        );
+    }
+    let w = &st["progressive"];
+    if w.is_object() {
+        println!(
+            "  progressive validation at {:.0} s: AUC {} logloss {:.4} over the last {} samples",
+            num(&w["at_s"]),
+            w["auc"].as_f64().map_or("-".into(), |a| format!("{a:.4}")),
+            num(&w["logloss"]),
+            w["samples"]
+        );
+    }
+    let d = &st["last_decision"];
+    if d.is_object() {
+        println!(
+            "  scaling at {:.0} s: {} -> {} workers ({})",
+            num(&d["at_s"]),
+            d["workers"],
+            d["target"],
+            d["reason"].as_str().unwrap_or("")
+        );
+    }
 }
 
 /// A JSON part of the status reply (empty: the job has none).
@@ -640,6 +696,7 @@ async fn start_bench_master(
         evaluate: false,
         recover_ps: false,
         warmup_samples: 0,
+        pin_partitions: false,
     };
     let mut cx = LiveCtx::now();
     let job = Job::start(policy, queue, workers, &mut cx);

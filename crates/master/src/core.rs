@@ -348,9 +348,25 @@ impl MasterCore {
         }
     }
 
+    /// An online job's part of the status: its stream statistics, the latest
+    /// progressive-validation window and the last scaling decision.
+    fn stream_status(&self) -> Option<serde_json::Value> {
+        let mut v = serde_json::to_value(self.stream_stats.lock().as_ref()?).ok()?;
+        let latest = self.progressive.lock().as_ref().and_then(|p| p.latest());
+        let decision = self.online_scaling.lock().last().cloned();
+        v["progressive"] = serde_json::json!(latest);
+        v["last_decision"] = serde_json::json!(decision);
+        Some(v)
+    }
+
     /// The status reply (also used by the progress display).
     pub fn status(&self) -> StatusResponse {
         let now = monotonic_ms();
+        // Before the job's lock: the stream's own locks are never taken inside it here.
+        let stream_json = self
+            .stream_status()
+            .map(|v| v.to_string())
+            .unwrap_or_default();
         let job = self.job.lock();
         let q = job.tasks();
         let (todo, doing, done) = q.counts();
@@ -414,6 +430,7 @@ impl MasterCore {
                 .as_ref()
                 .map(|v| v.to_string())
                 .unwrap_or_default(),
+            stream_json,
         };
         drop(job);
         let mut reply = reply;

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 pub use elastrec_common::EvalResult;
 
 use crate::ledger::{ConsumedRange, LedgerSummary};
-use crate::tasks::{Assignment, DataPosition, ReportError, Reported, Task, TaskQueue};
+use crate::tasks::{Assignment, DataPosition, Pin, ReportError, Reported, Task, TaskQueue};
 
 /// Parameter-server failures recovered over a job before it gives up (a PS that keeps
 /// dying is not a transient failure).
@@ -116,6 +116,25 @@ pub struct Policy {
     pub recover_ps: bool,
     /// Until this many samples are reported, one worker trains alone (async warm-up).
     pub warmup_samples: u64,
+    /// Each file (stream partition) goes only to one worker: the one ranked
+    /// `file mod w` among the `w` running workers (`stream.assignment = "pinned"`).
+    pub pin_partitions: bool,
+}
+
+/// An online job's queue is compacted once it holds this many done tasks (a day at
+/// 20 tasks/s would otherwise keep 1.7 million of them in memory and in `master.db`).
+pub const COMPACT_DONE_TASKS: u64 = 10_000;
+
+/// The answer to a progress report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProgressAck {
+    /// The report finished the worker's task.
+    pub task_done: bool,
+    /// The worker is to stop (scaled away).
+    pub stop: bool,
+    /// Rows the report added to the ledger: 0 for a report already received (a retry
+    /// after a lost reply), whose predictions must not be counted again either.
+    pub new_rows: u64,
 }
 
 /// A parameter server that died and awaits recovery.
@@ -590,6 +609,28 @@ impl Job {
         })
     }
 
+    /// Worker `id`'s rank among the running workers (by id), for pinned partitions. A
+    /// worker not (yet) running takes the rank after them.
+    fn pin_of(&self, id: u32) -> Pin {
+        let running: Vec<u32> = self
+            .nodes
+            .values()
+            .filter(|n| n.role == Role::Worker && n.state == NodeState::Running)
+            .map(|n| n.id)
+            .collect();
+        let slots = running.len() as u32;
+        match running.iter().position(|&w| w == id) {
+            Some(slot) => Pin {
+                slot: slot as u32,
+                slots,
+            },
+            None => Pin {
+                slot: slots,
+                slots: slots + 1,
+            },
+        }
+    }
+
     /// Workers registered and training (not pending, not stopping).
     pub fn running_workers(&self) -> u32 {
         self.nodes
@@ -907,7 +948,10 @@ impl Job {
             cx.event(Event::Straggler { id, slow: small });
         }
         let gen_before = self.tasks.generated_epochs();
-        let reply = match self.tasks.assign(id, small) {
+        // During the async warm-up one worker trains alone: it owns every partition.
+        let alone = self.samples_done() < self.policy.warmup_samples;
+        let pin = (self.policy.pin_partitions && !alone).then(|| self.pin_of(id));
+        let reply = match self.tasks.assign_pinned(id, small, pin) {
             Assignment::Task(t) => TaskReply::Task(t),
             Assignment::Wait => TaskReply::Wait,
             Assignment::Finished => {
@@ -978,14 +1022,14 @@ impl Job {
         self.persist_meta(cx);
     }
 
-    /// A worker reports rows trained. Returns `(task_done, stop)`.
+    /// A worker reports rows trained.
     pub fn report(
         &mut self,
         id: u32,
         task: u64,
         offset: u64,
         cx: &mut impl Context,
-    ) -> Result<(bool, bool), JobError> {
+    ) -> Result<ProgressAck, JobError> {
         let state = self.live_node(id, cx)?.state;
         let r: Reported = self.tasks.report(id, task, offset)?;
         let stop = state == NodeState::Stopping;
@@ -993,8 +1037,16 @@ impl Job {
             self.leave(id, cx);
         }
         self.flush_tasks(cx);
+        let (_, _, done) = self.tasks.counts();
+        if done - self.tasks.compacted() >= COMPACT_DONE_TASKS {
+            self.compact_tasks(cx);
+        }
         self.after_progress(r.epoch_done, cx);
-        Ok((r.task_done, stop))
+        Ok(ProgressAck {
+            task_done: r.task_done,
+            stop,
+            new_rows: r.range.map_or(0, |range| range.rows()),
+        })
     }
 
     /// The evaluating worker reports the final metrics.
@@ -1228,6 +1280,21 @@ impl Job {
         cx.persist(Change::ResetData(tasks, spans));
     }
 
+    /// Drops an online job's done tasks ([`TaskQueue::compact`]) and rewrites the
+    /// database's tasks and ledger as what remains: the tasks not done and the ledger's
+    /// merged spans, with the counters' adjustments (duplicates) beside them.
+    pub fn compact_tasks(&mut self, cx: &mut impl Context) {
+        if self.tasks.compact() == 0 {
+            return;
+        }
+        let pos = self.tasks.position();
+        cx.persist(Change::Meta(
+            "ledger_adjust",
+            serde_json::to_string(&pos.ledger_adjustments()).expect("serializes"),
+        ));
+        cx.persist(Change::ResetData(pos.tasks, pos.spans));
+    }
+
     /// PS failures waiting for recovery (taken once).
     pub fn take_ps_failures(&mut self) -> Vec<PsFailure> {
         std::mem::take(&mut self.ps_failures)
@@ -1361,6 +1428,7 @@ mod tests {
             evaluate: true,
             recover_ps: false,
             warmup_samples: 0,
+            pin_partitions: false,
         }
     }
 
@@ -1494,6 +1562,73 @@ mod tests {
     }
 
     #[test]
+    fn pinned_partitions_go_to_the_worker_of_their_rank_and_move_when_one_leaves() {
+        let mut cx = Rec::default();
+        let files = DataSharding {
+            rows_per_shard: 100,
+            min_rows: 10,
+            epochs: 1,
+            seed: 1,
+            shuffle: false,
+        };
+        let mut j = Job::start(
+            Policy {
+                pin_partitions: true,
+                ..policy()
+            },
+            TaskQueue::new(files, vec![200, 300, 200]),
+            2,
+            &mut cx,
+        );
+        for n in cx.launched.clone() {
+            let addr = format!("127.0.0.1:{}", 9000 + n.index);
+            j.register(n.id, n.role, &addr, "", 100 + n.id, &mut cx)
+                .unwrap();
+        }
+        // Workers 3 and 4 rank 0 and 1: files 0 and 2 are worker 3's, file 1 worker 4's.
+        let files_of = |j: &mut Job, w: u32, cx: &mut Rec| {
+            let mut seen = Vec::new();
+            while let TaskReply::Task(t) = j.get_task(w, cx).unwrap() {
+                seen.push(t.file);
+                j.report(w, t.id, t.len(), cx).unwrap();
+                if seen.len() == 2 {
+                    break;
+                }
+            }
+            seen
+        };
+        assert_eq!(files_of(&mut j, 4, &mut cx), vec![1, 1]);
+        assert_eq!(files_of(&mut j, 3, &mut cx), vec![0, 0]);
+        // File 1's last task comes first in the queue, but it is worker 4's.
+        let TaskReply::Task(t) = j.get_task(3, &mut cx).unwrap() else {
+            panic!("file 2 is worker 3's")
+        };
+        assert_eq!(t.file, 2);
+        j.report(3, t.id, t.len(), &mut cx).unwrap();
+        // Worker 4 is scaled away: worker 3 is alone and owns every file, file 1's last
+        // task (first in queue order) included.
+        j.scale(1, &mut cx);
+        assert_eq!(j.get_task(4, &mut cx).unwrap(), TaskReply::Stop);
+        assert_eq!(files_of(&mut j, 3, &mut cx), vec![1, 2]);
+    }
+
+    #[test]
+    fn a_retried_report_adds_no_rows_so_its_predictions_are_not_counted_twice() {
+        let mut cx = Rec::default();
+        let mut j = job(&mut cx, 2);
+        let TaskReply::Task(t) = j.get_task(3, &mut cx).unwrap() else {
+            panic!()
+        };
+        let first = j.report(3, t.id, 40, &mut cx).unwrap();
+        assert_eq!(first.new_rows, 40);
+        // The reply was lost; the worker sends the same report again.
+        let again = j.report(3, t.id, 40, &mut cx).unwrap();
+        assert_eq!(again.new_rows, 0);
+        assert_eq!(j.samples_done(), 40);
+        assert_eq!(j.report(3, t.id, 70, &mut cx).unwrap().new_rows, 30);
+    }
+
+    #[test]
     fn silent_worker_is_replaced_and_its_remainder_requeued() {
         let mut cx = Rec::default();
         let mut j = job(&mut cx, 2);
@@ -1601,8 +1736,8 @@ mod tests {
         assert_eq!(j.scale(1, &mut cx), 3);
         assert_eq!(j.heartbeat(5, 0, 0, &mut cx), Directive::Stop);
         assert_eq!(j.node(3).unwrap().state, NodeState::Running);
-        let (_, stop) = j.report(5, t.id, 20, &mut cx).unwrap();
-        assert!(stop);
+        let ack = j.report(5, t.id, 20, &mut cx).unwrap();
+        assert!(ack.stop);
         assert_eq!(j.node(5).unwrap().state, NodeState::Exited);
         assert_eq!(j.get_task(4, &mut cx).unwrap(), TaskReply::Stop);
         assert_eq!(j.active_workers(), 1);

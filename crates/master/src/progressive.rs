@@ -154,6 +154,11 @@ impl ProgressiveEval {
         Some(f)
     }
 
+    /// The figures recorded last.
+    pub fn latest(&self) -> Option<WindowFigures> {
+        self.history.last().copied()
+    }
+
     /// Predictions received so far.
     pub fn seen(&self) -> u64 {
         self.seen
@@ -164,7 +169,7 @@ impl ProgressiveEval {
         serde_json::json!({
             "window": self.window,
             "predictions": self.seen,
-            "latest": self.history.last(),
+            "latest": self.latest(),
             "history": self.history,
         })
     }

@@ -177,16 +177,21 @@ impl Master for MasterService {
         // Checked before the progress is accepted: a refused report changes nothing.
         let predicted = crate::progressive::check(&req.predicted, &req.labels)
             .map_err(|e| MasterError::invalid(format!("progress report: {e}")))?;
-        let (task_done, stop) = self
+        let ack = self
             .0
             .run(|job, cx| job.report(req.node_id, req.task_id, req.offset, cx))
             .await??;
-        if !predicted.is_empty() {
+        // A retried report (its reply was lost) records nothing new; its predictions
+        // were counted the first time.
+        if ack.new_rows > 0 && !predicted.is_empty() {
             if let Some(p) = self.0.progressive.lock().as_mut() {
                 p.push(predicted);
             }
         }
-        Ok(Response::new(ReportProgressResponse { task_done, stop }))
+        Ok(Response::new(ReportProgressResponse {
+            task_done: ack.task_done,
+            stop: ack.stop,
+        }))
     }
 
     async fn report_eval(

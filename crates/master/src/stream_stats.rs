@@ -74,6 +74,10 @@ pub struct PartitionLag {
     pub lag_s: f64,
     /// Messages per second arriving.
     pub rate: f64,
+    /// The largest `lag_s` seen.
+    pub peak_lag_s: f64,
+    /// `lag_s` integrated over time, seconds (KALE Fig. 8 per partition).
+    pub accumulated_lag_s: f64,
 }
 
 /// The job's stream statistics.
@@ -135,6 +139,9 @@ impl StreamStats {
     pub fn observe(&mut self, now_ms: u64, highs: &[u64], trained: &[u64], progressed: bool) {
         let mut lag: f64 = 0.0;
         let mut rate = 0.0;
+        let dt = self
+            .last_ms
+            .map_or(0.0, |last| now_ms.saturating_sub(last) as f64 / 1000.0);
         for (i, p) in self.partitions.iter_mut().enumerate() {
             let (Some(&high), Some(&done)) = (highs.get(i), trained.get(i)) else {
                 continue;
@@ -151,13 +158,14 @@ impl StreamStats {
                 a.arrived_ms(done)
                     .map_or(0.0, |t| now_ms.saturating_sub(t) as f64 / 1000.0)
             };
+            p.peak_lag_s = p.peak_lag_s.max(p.lag_s);
+            p.accumulated_lag_s += p.lag_s * dt;
             lag = lag.max(p.lag_s);
             rate += p.rate;
         }
         self.lag_s = lag;
         self.arrival_rate = rate;
-        if let Some(last) = self.last_ms {
-            let dt = now_ms.saturating_sub(last) as f64 / 1000.0;
+        if self.last_ms.is_some() {
             self.observed_s += dt;
             if lag > self.slo_lag_s {
                 self.violation_s += dt;
@@ -211,9 +219,15 @@ mod tests {
         assert_eq!(s.slo_violation_rate, 0.25);
         assert_eq!(s.downtime_s, 2.0);
         assert_eq!(s.accumulated_lag_s, 0.0 + 1.0 + 2.0 + 3.0);
-        // Caught up: no lag.
+        assert_eq!(
+            s.partitions[0].accumulated_lag_s, 6.0,
+            "partition 0 is the job's lag"
+        );
+        assert_eq!(s.partitions[1].accumulated_lag_s, 0.0);
+        // Caught up: no lag, and the peak stays.
         s.observe(5000, &[500, 5], &[500, 5], true);
         assert_eq!(s.lag_s, 0.0);
+        assert_eq!(s.partitions[0].peak_lag_s, 3.0);
     }
 
     #[test]

@@ -29,6 +29,23 @@ pub struct DataSharding {
     pub shuffle: bool,
 }
 
+/// A worker's place among `slots` workers when partitions are pinned: it owns the
+/// files `f` with `f mod slots == slot`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pin {
+    /// The worker's rank among the running workers.
+    pub slot: u32,
+    /// How many workers run.
+    pub slots: u32,
+}
+
+impl Pin {
+    /// Whether file (partition) `file` is this worker's.
+    pub fn owns(self, file: u32) -> bool {
+        self.slots > 0 && file % self.slots == self.slot
+    }
+}
+
 /// Where a task is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TaskState {
@@ -194,6 +211,8 @@ pub struct TaskQueue {
     follow: bool,
     /// More files may still be appended (cleared by [`TaskQueue::stop_growing`]).
     growing: bool,
+    /// Done tasks dropped by [`TaskQueue::compact`] since this queue was built.
+    compacted: u64,
 }
 
 impl TaskQueue {
@@ -218,6 +237,7 @@ impl TaskQueue {
             open_per_epoch: BTreeMap::new(),
             dirty: Vec::new(),
             new_ranges: Vec::new(),
+            compacted: 0,
         }
     }
 
@@ -334,6 +354,36 @@ impl TaskQueue {
         self.file_rows[f] = s;
         self.ledger.extend_file(f, s);
         s - from
+    }
+
+    /// Done tasks an online job's queue has dropped ([`TaskQueue::compact`]).
+    pub fn compacted(&self) -> u64 {
+        self.compacted
+    }
+
+    /// Drops an online job's done tasks, which would otherwise grow without end: the
+    /// ledger's merged spans already say what they trained. Per partition the task that
+    /// reaches furthest stays, because how far a partition was dealt is restored from its
+    /// tasks. Returns how many were dropped. Other queues keep their tasks (a following
+    /// job cuts a file without tasks again).
+    pub fn compact(&mut self) -> u64 {
+        if !self.open_ended {
+            return 0;
+        }
+        let mut furthest: HashMap<u32, (u64, u64)> = HashMap::new();
+        for t in self.tasks.values() {
+            let best = furthest.entry(t.file).or_insert((t.end, t.id));
+            if t.end > best.0 {
+                *best = (t.end, t.id);
+            }
+        }
+        let keep: std::collections::HashSet<u64> = furthest.values().map(|&(_, id)| id).collect();
+        let before = self.tasks.len();
+        self.tasks
+            .retain(|id, t| t.state != TaskState::Done || keep.contains(id));
+        let dropped = (before - self.tasks.len()) as u64;
+        self.compacted += dropped;
+        dropped
     }
 
     /// Offsets of partition `file` known to exist but not yet cut into tasks, given its
@@ -507,7 +557,11 @@ impl TaskQueue {
     pub fn counts(&self) -> (u64, u64, u64) {
         let todo = self.todo.len() as u64;
         let doing = self.doing.len() as u64;
-        (todo, doing, self.tasks.len() as u64 - todo - doing)
+        (
+            todo,
+            doing,
+            self.tasks.len() as u64 - todo - doing + self.compacted,
+        )
     }
 
     /// Rows to train over the whole job.
@@ -609,13 +663,30 @@ impl TaskQueue {
     /// Hands `worker` a task. A worker that already holds one gets the same one back (a
     /// lost reply is harmless). `small` cuts the task down for a straggler.
     pub fn assign(&mut self, worker: u32, small: bool) -> Assignment {
+        self.assign_pinned(worker, small, None)
+    }
+
+    /// [`TaskQueue::assign`], where a `pin` restricts `worker` to the tasks of its own
+    /// files (stream partitions): the first one in queue order whose file is
+    /// `pin.slot` modulo `pin.slots`. Without one the worker takes the queue's head.
+    pub fn assign_pinned(&mut self, worker: u32, small: bool, pin: Option<Pin>) -> Assignment {
         if let Some(t) = self.held_by(worker) {
             return Assignment::Task(t.clone());
         }
         if self.todo.is_empty() && self.generated_epochs < self.spec.epochs {
             self.generate_epoch();
         }
-        let Some(id) = self.todo.pop_front() else {
+        let next = match pin {
+            None => self.todo.pop_front(),
+            Some(pin) => {
+                let at = self
+                    .todo
+                    .iter()
+                    .position(|id| pin.owns(self.tasks[id].file));
+                at.and_then(|i| self.todo.remove(i))
+            }
+        };
+        let Some(id) = next else {
             return if self.is_finished() {
                 Assignment::Finished
             } else {
@@ -1025,6 +1096,83 @@ mod tests {
                 assert_eq!(s.consumed, files.iter().sum::<u64>());
             }
         }
+    }
+
+    #[test]
+    fn compacting_a_stream_queue_keeps_its_position_exactly() {
+        let mut q = TaskQueue::new_stream(spec(10, 1), vec![5, 0]);
+        q.extend_stream(0, 105, false);
+        q.extend_stream(1, 47, true);
+        // Train most of it, leave one task held half-way and some untouched.
+        for _ in 0..12 {
+            let Assignment::Task(t) = q.assign(1, false) else {
+                panic!("a task")
+            };
+            q.report(1, t.id, t.len()).unwrap();
+        }
+        let Assignment::Task(held) = q.assign(2, false) else {
+            panic!("a task")
+        };
+        q.report(2, held.id, 4).unwrap();
+        let (todo, doing, done) = q.counts();
+        let before = (q.position(), q.committed(), q.ledger().summary(0));
+        let dropped = q.compact();
+        assert_eq!(
+            dropped, 11,
+            "partition 0's furthest task stays (1's is not done)"
+        );
+        assert_eq!(q.counts(), (todo, doing, done), "status still counts them");
+        assert_eq!(q.committed(), before.1);
+        assert_eq!(q.ledger().summary(0), before.2);
+        // A queue rebuilt from the compacted position is where the full one was.
+        let pos = q.position();
+        assert!(pos.tasks.len() < before.0.tasks.len());
+        let r = TaskQueue::from_position(spec(10, 1), vec![0, 0], &pos);
+        let full = TaskQueue::from_position(spec(10, 1), vec![0, 0], &before.0);
+        assert_eq!(r.committed(), full.committed());
+        assert_eq!(r.ledger().summary(0), full.ledger().summary(0));
+        for p in 0..2 {
+            assert_eq!(r.undealt(p, 200), full.undealt(p, 200), "partition {p}");
+        }
+        // A file queue keeps its tasks.
+        let mut files = TaskQueue::new(spec(10, 1), vec![30]);
+        drain(&mut files, 1);
+        assert_eq!(files.compact(), 0);
+    }
+
+    #[test]
+    fn a_pinned_worker_takes_only_its_own_partitions_in_queue_order() {
+        // Three partitions, two workers: slot 0 owns partitions 0 and 2, slot 1 owns 1.
+        let mut q = TaskQueue::new_stream(spec(10, 1), vec![0, 0, 0]);
+        for p in 0..3 {
+            q.extend_stream(p, 20, false);
+        }
+        let first = Pin { slot: 0, slots: 2 };
+        let second = Pin { slot: 1, slots: 2 };
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let Assignment::Task(t) = q.assign_pinned(1, false, Some(first)) else {
+                panic!("slot 0 has tasks")
+            };
+            seen.push((t.file, t.start));
+            q.report(1, t.id, t.len()).unwrap();
+        }
+        assert_eq!(seen, vec![(0, 0), (0, 10), (2, 0), (2, 10)]);
+        assert_eq!(
+            q.assign_pinned(1, false, Some(first)),
+            Assignment::Wait,
+            "partition 1's data is not slot 0's, however long it waits"
+        );
+        let Assignment::Task(t) = q.assign_pinned(2, false, Some(second)) else {
+            panic!("slot 1 has tasks")
+        };
+        assert_eq!(t.file, 1);
+        // With one worker left, it owns every partition.
+        q.release(2);
+        let Assignment::Task(t) = q.assign_pinned(1, false, Some(Pin { slot: 0, slots: 1 })) else {
+            panic!("the released task")
+        };
+        assert_eq!((t.file, t.start), (1, 0));
     }
 
     #[test]

@@ -162,13 +162,16 @@ impl Trace {
 pub enum Partitioner {
     /// Message `i` to partition `i mod n`.
     RoundRobin,
-    /// Round robin, except that each positive sample goes to partition `partition` with
-    /// probability `positive_share`: that partition's click rate differs from the rest
-    /// (the skew KALE's global shuffling is measured against).
-    PositiveSkew {
-        /// The partition that gets the extra positives.
+    /// Round robin, except for one partition `partition` that is hot and whose click rate
+    /// differs (the skews KALE's global shuffling is measured against): every sample goes
+    /// there with probability `traffic_share`, and a positive one not sent there by that
+    /// coin with probability `positive_share`.
+    Skewed {
+        /// The skewed partition.
         partition: i32,
-        /// Probability a positive sample is sent there instead.
+        /// Probability any sample is sent there (more traffic than its peers).
+        traffic_share: f64,
+        /// Probability a positive sample is sent there (a higher click rate).
         positive_share: f64,
     },
 }
@@ -242,8 +245,7 @@ pub fn replay(spec: &ReplaySpec, mut progress: impl FnMut(&ReplayReport)) -> Res
         positives_per_partition: vec![0; n],
         ..ReplayReport::default()
     };
-    let mut coin = elastrec_common::SplitMix64::new(spec.seed);
-    let mut rr = 0usize;
+    let mut dealer = Dealer::new(spec.partitioner, spec.seed, n);
     // Samples waiting for their partition's next message (batch format).
     let mut open: Vec<Vec<RawRow>> = vec![Vec::new(); n];
     let mut buf = Vec::new();
@@ -257,22 +259,7 @@ pub fn replay(spec: &ReplaySpec, mut progress: impl FnMut(&ReplayReport)) -> Res
             let Some(row) = rows.next()? else {
                 break 'outer;
             };
-            let p = match spec.partitioner {
-                Partitioner::RoundRobin => next_rr(&mut rr, n),
-                Partitioner::PositiveSkew {
-                    partition,
-                    positive_share,
-                } => {
-                    let hot = partition as usize % n;
-                    if row.label == 1
-                        && ((coin.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < positive_share
-                    {
-                        hot
-                    } else {
-                        next_rr(&mut rr, n)
-                    }
-                }
-            };
+            let p = dealer.partition(row.label == 1);
             report.samples += 1;
             report.per_partition[p] += 1;
             report.positives_per_partition[p] += u64::from(row.label);
@@ -328,10 +315,44 @@ pub fn replay(spec: &ReplaySpec, mut progress: impl FnMut(&ReplayReport)) -> Res
     Ok(report)
 }
 
-fn next_rr(rr: &mut usize, n: usize) -> usize {
-    let p = *rr % n;
-    *rr = rr.wrapping_add(1);
-    p
+/// Picks each sample's partition by a [`Partitioner`].
+struct Dealer {
+    partitioner: Partitioner,
+    coin: elastrec_common::SplitMix64,
+    next: usize,
+    partitions: usize,
+}
+
+impl Dealer {
+    fn new(partitioner: Partitioner, seed: u64, partitions: usize) -> Self {
+        Self {
+            partitioner,
+            coin: elastrec_common::SplitMix64::new(seed),
+            next: 0,
+            partitions,
+        }
+    }
+
+    /// The partition (index into the topic's partitions) of the next sample.
+    fn partition(&mut self, positive: bool) -> usize {
+        if let Partitioner::Skewed {
+            partition,
+            traffic_share,
+            positive_share,
+        } = self.partitioner
+        {
+            if self.flip(traffic_share) || (positive && self.flip(positive_share)) {
+                return partition as usize % self.partitions;
+            }
+        }
+        let p = self.next % self.partitions;
+        self.next = self.next.wrapping_add(1);
+        p
+    }
+
+    fn flip(&mut self, share: f64) -> bool {
+        share > 0.0 && ((self.coin.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < share
+    }
 }
 
 /// Sends `rows` as one message to `partition`, waiting while the local queue is full.
@@ -484,6 +505,37 @@ mod tests {
         let f = t.faster(10.0);
         assert_eq!(f.duration_s(), 2.0);
         assert!((f.due_by(2.0) - 5000.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_skewed_dealer_sends_the_hot_partition_its_shares() {
+        let skewed = Partitioner::Skewed {
+            partition: 1,
+            traffic_share: 0.4,
+            positive_share: 0.5,
+        };
+        let mut d = Dealer::new(skewed, 7, 4);
+        let (mut all, mut pos) = ([0u32; 4], [0u32; 4]);
+        for i in 0..100_000 {
+            let positive = i % 5 == 0;
+            let p = d.partition(positive);
+            all[p] += 1;
+            pos[p] += u32::from(positive);
+        }
+        // Partition 1: 40% of everything, half of the other positives (0.6 x 0.2 x 0.5),
+        // and a quarter of what is left by round robin.
+        let rest = 0.6 - 0.06;
+        let share = f64::from(all[1]) / 100_000.0;
+        assert!((share - (0.4 + 0.06 + rest / 4.0)).abs() < 0.01, "{all:?}");
+        // Its click rate is far above the others'.
+        let ctr = |p: usize| f64::from(pos[p]) / f64::from(all[p]);
+        assert!(
+            ctr(1) > 1.4 * ctr(0) && ctr(1) > 1.4 * ctr(2),
+            "{pos:?} of {all:?}"
+        );
+        let mut rr = Dealer::new(Partitioner::RoundRobin, 7, 3);
+        let seq: Vec<usize> = (0..6).map(|_| rr.partition(true)).collect();
+        assert_eq!(seq, vec![0, 1, 2, 0, 1, 2]);
     }
 
     #[test]

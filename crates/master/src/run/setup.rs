@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context as _};
 use elastrec_job::config::JobConfig;
 use elastrec_job::distributed::SyncMode;
+use elastrec_job::stream::PartitionAssignment;
 use elastrec_rpc::tls::TlsMaterial;
 use rand::Rng;
 
@@ -46,6 +47,10 @@ pub(super) fn policy(cfg: &JobConfig) -> Policy {
             SyncMode::Async => u64::from(cfg.cluster.warmup_steps) * cfg.train.batch_size as u64,
             SyncMode::Sync => 0,
         },
+        pin_partitions: cfg
+            .stream
+            .as_ref()
+            .is_some_and(|s| s.assignment == PartitionAssignment::Pinned),
     }
 }
 

@@ -48,6 +48,7 @@ fn policy() -> Policy {
         evaluate: false,
         recover_ps: false,
         warmup_samples: 0,
+        pin_partitions: false,
     }
 }
 
