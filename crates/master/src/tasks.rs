@@ -213,6 +213,9 @@ pub struct TaskQueue {
     growing: bool,
     /// Done tasks dropped by [`TaskQueue::compact`] since this queue was built.
     compacted: u64,
+    /// Online queues: per worker, the partition and end offset of its last finished task
+    /// (see [`TaskQueue::continuation`]).
+    last_end: HashMap<u32, (u32, u64)>,
 }
 
 impl TaskQueue {
@@ -238,6 +241,7 @@ impl TaskQueue {
             dirty: Vec::new(),
             new_ranges: Vec::new(),
             compacted: 0,
+            last_end: HashMap::new(),
         }
     }
 
@@ -677,7 +681,10 @@ impl TaskQueue {
             self.generate_epoch();
         }
         let next = match pin {
-            None => self.todo.pop_front(),
+            None => match self.continuation(worker) {
+                Some(i) => self.todo.remove(i),
+                None => self.todo.pop_front(),
+            },
             Some(pin) => {
                 let at = self
                     .todo
@@ -742,11 +749,30 @@ impl TaskQueue {
         if offset == t.len() {
             t.state = TaskState::Done;
             let epoch = t.epoch;
+            if self.open_ended {
+                self.last_end.insert(worker, (t.file, t.end));
+            }
             self.doing.remove(&worker);
             out.task_done = true;
             out.epoch_done = self.close_one(epoch);
         }
         Ok(out)
+    }
+
+    /// In an online job's queue, the place of the task that starts where `worker`'s last
+    /// finished task ended, if it is among the first two tasks per partition: the worker's
+    /// consumer then reads on without a new assignment (`elastrec_stream::StreamInput`),
+    /// and the oldest-first order bends by at most about one watermark poll.
+    fn continuation(&self, worker: u32) -> Option<usize> {
+        if !self.open_ended {
+            return None;
+        }
+        let &(file, end) = self.last_end.get(&worker)?;
+        let window = 2 * self.file_rows.len().max(1);
+        self.todo.iter().take(window).position(|id| {
+            let t = &self.tasks[id];
+            t.file == file && t.start == end && t.offset == 0
+        })
     }
 
     fn close_one(&mut self, epoch: u32) -> Option<(u32, LedgerSummary)> {
@@ -763,6 +789,7 @@ impl TaskQueue {
     /// done and exactly the unreported remainder returns to the front of the queue.
     /// Returns the id of the requeued task.
     pub fn release(&mut self, worker: u32) -> Option<u64> {
+        self.last_end.remove(&worker);
         let id = self.doing.remove(&worker)?;
         let t = self.tasks.get_mut(&id).expect("held task exists");
         if t.offset == 0 {
@@ -1096,6 +1123,48 @@ mod tests {
                 assert_eq!(s.consumed, files.iter().sum::<u64>());
             }
         }
+    }
+
+    #[test]
+    fn a_stream_worker_continues_its_partition_when_the_next_range_is_near_the_head() {
+        let mut q = TaskQueue::new_stream(spec(10, 1), vec![0, 0]);
+        // Two polls: tasks alternate between the partitions, oldest first.
+        for high in [10, 20] {
+            q.extend_stream(0, high, false);
+            q.extend_stream(1, high, false);
+        }
+        let Assignment::Task(a) = q.assign(1, false) else {
+            panic!("a task")
+        };
+        assert_eq!((a.file, a.start), (0, 0));
+        let Assignment::Task(b) = q.assign(2, false) else {
+            panic!("a task")
+        };
+        assert_eq!((b.file, b.start), (1, 0));
+        q.report(1, a.id, a.len()).unwrap();
+        // The head is partition 0's next range anyway; worker 2 then skips past
+        // it to continue partition 1.
+        q.report(2, b.id, b.len()).unwrap();
+        let Assignment::Task(c) = q.assign(2, false) else {
+            panic!("a task")
+        };
+        assert_eq!(
+            (c.file, c.start),
+            (1, 10),
+            "worker 2 reads on in partition 1"
+        );
+        let Assignment::Task(d) = q.assign(1, false) else {
+            panic!("a task")
+        };
+        assert_eq!((d.file, d.start), (0, 10));
+        // A worker whose partition has nothing near the head takes the head.
+        q.report(1, d.id, d.len()).unwrap();
+        q.extend_stream(1, 30, false);
+        let Assignment::Task(e) = q.assign(1, false) else {
+            panic!("a task")
+        };
+        assert_eq!((e.file, e.start), (1, 20));
+        assert_eq!(q.ledger().summary(0).duplicated, 0);
     }
 
     #[test]

@@ -7,10 +7,12 @@
 //! position is the first message not wholly delivered, so a message of many samples is
 //! reported only once all of them trained.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use elastrec_data::{BadRowPolicy, Batch, BatchReader, DataError, RawRow, ReadStats};
+use parking_lot::Mutex;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
@@ -38,10 +40,21 @@ const FETCH_WAIT: &str = "fetch.wait.max.ms";
 const FETCH_WAIT_MS: &str = "10";
 
 /// A worker's consumer, shared by the ranges it reads one after another.
+///
+/// A range that continues where the previous one ended, on the same partition, reuses the
+/// consumer's assignment: its messages may already be prefetched, and a new assignment
+/// would drop them and queue its first fetch behind the one in flight (see
+/// [`FETCH_WAIT`]).
 #[derive(Clone)]
 pub struct StreamInput {
     consumer: Arc<BaseConsumer>,
     format: MessageFormat,
+    /// Where the consumer stands after a range that ended cleanly: its partition and the
+    /// next offset it delivers. `None` while a range reads, and after one that stopped
+    /// early or read past its end.
+    positioned: Arc<Mutex<Option<(PartitionId, u64)>>>,
+    /// Assignments made so far (ranges that could not continue the previous one).
+    assignments: Arc<AtomicU64>,
 }
 
 impl StreamInput {
@@ -64,7 +77,14 @@ impl StreamInput {
         Ok(Self {
             consumer: Arc::new(consumer),
             format,
+            positioned: Arc::new(Mutex::new(None)),
+            assignments: Arc::new(AtomicU64::new(0)),
         })
+    }
+
+    /// How many ranges needed a new assignment of the consumer.
+    pub fn assignments(&self) -> u64 {
+        self.assignments.load(Ordering::Relaxed)
     }
 
     /// A reader of offsets `[start, end)` of `partition`.
@@ -75,18 +95,23 @@ impl StreamInput {
         end: u64,
         policy: BadRowPolicy,
     ) -> Result<RangeReader> {
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(
-            &partition.topic,
-            partition.partition,
-            Offset::Offset(start as i64),
-        )
-        .and_then(|()| self.consumer.assign(&tpl))
-        .map_err(|e| StreamError::Broker {
-            brokers: String::new(),
-            message: format!("assigning {partition}@{start}: {e}"),
-        })?;
+        let stands = self.positioned.lock().take();
+        if stands.as_ref() != Some(&(partition.clone(), start)) {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(
+                &partition.topic,
+                partition.partition,
+                Offset::Offset(start as i64),
+            )
+            .and_then(|()| self.consumer.assign(&tpl))
+            .map_err(|e| StreamError::Broker {
+                brokers: String::new(),
+                message: format!("assigning {partition}@{start}: {e}"),
+            })?;
+            self.assignments.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(RangeReader {
+            positioned: self.positioned.clone(),
             consumer: self.consumer.clone(),
             partition: partition.clone(),
             format: self.format,
@@ -104,6 +129,8 @@ impl StreamInput {
 /// Reads offsets `[start, end)` of one partition (see the module docs).
 pub struct RangeReader {
     consumer: Arc<BaseConsumer>,
+    /// The input's [`StreamInput::positioned`], set when this range's last message is read.
+    positioned: Arc<Mutex<Option<(PartitionId, u64)>>>,
     partition: PartitionId,
     format: MessageFormat,
     policy: BadRowPolicy,
@@ -203,6 +230,10 @@ impl RangeReader {
             self.pending_at = 0;
             self.pending_offset = offset;
             self.next = offset + 1;
+            if self.next == self.end {
+                // The consumer's next message is the next range's first.
+                *self.positioned.lock() = Some((self.partition.clone(), self.end));
+            }
             let bad = decode(
                 msg.payload().unwrap_or_default(),
                 self.format,
@@ -222,6 +253,7 @@ impl RangeReader {
                         // Stop at this message: it is reported neither trained nor skipped.
                         self.pending.clear();
                         self.next = offset;
+                        *self.positioned.lock() = None;
                         return Err(err);
                     }
                 }

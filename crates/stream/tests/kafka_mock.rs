@@ -245,3 +245,44 @@ fn kafka_a_range_deleted_by_retention_fails_saying_what_the_broker_still_holds()
     );
     assert_eq!(r.position(), Some(0), "nothing of the range counts as read");
 }
+
+/// A range that starts where the previous one ended, on the same partition, reads on with
+/// the consumer's assignment (its prefetched messages kept); any other range assigns anew.
+#[test]
+fn kafka_consecutive_ranges_of_a_partition_share_one_assignment() {
+    let cluster = MockCluster::new(1).unwrap();
+    let conn = Connection::new(cluster.bootstrap_servers());
+    cluster.create_topic("seq", 1, 1).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data = rows(100);
+    let sent = replay(
+        &spec(&conn, "seq", data_file(&dir, &data), MessageFormat::Tsv),
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(sent.samples, 100);
+    let watch = TopicWatch::new(&conn, "test", Duration::from_secs(10)).unwrap();
+    let p = watch.partitions(&["seq".to_string()]).unwrap().remove(0);
+    let input = StreamInput::new(&conn, "test", MessageFormat::Tsv).unwrap();
+    let label = |k: usize| data[k].label as f32;
+    let mut got = Vec::new();
+    for (start, end) in [(0, 30), (30, 60), (60, 61)] {
+        got.extend(read_all(&input, &p, start, end, 8).0);
+    }
+    assert_eq!(got, (0..61).map(label).collect::<Vec<_>>());
+    assert_eq!(input.assignments(), 1, "three ranges, one assignment");
+    // A gap: assigned anew, and read from exactly there.
+    let (labels, _) = read_all(&input, &p, 70, 80, 8);
+    assert_eq!(labels, (70..80).map(label).collect::<Vec<_>>());
+    assert_eq!(input.assignments(), 2);
+    // 80.. continues 70..80; left half-read, it leaves the consumer somewhere past its
+    // position, so the range after it assigns anew.
+    let mut r = input.range(&p, 80, 100, BadRowPolicy::Fail).unwrap();
+    let mut b = Batch::with_capacity(5);
+    assert_eq!(r.next_batch(&mut b, 5).unwrap(), 5);
+    drop(r);
+    assert_eq!(input.assignments(), 2);
+    let (labels, _) = read_all(&input, &p, 85, 100, 8);
+    assert_eq!(labels, (85..100).map(label).collect::<Vec<_>>());
+    assert_eq!(input.assignments(), 3);
+}
