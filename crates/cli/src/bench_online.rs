@@ -113,11 +113,8 @@ pub fn run(a: BenchOnlineArgs) -> Result<()> {
     if lo == 0 || lo > hi {
         bail!("--workers {lo} {hi}: needs 1 <= MIN <= MAX");
     }
-    for (flag, share) in [("--skew-share", a.skew_share), ("--hot-share", a.hot_share)] {
-        if !(0.0..=1.0).contains(&share) {
-            bail!("{flag} must be in [0, 1], got {share}");
-        }
-    }
+    // Checked before any run starts.
+    Partitioner::skewed(a.skew_partition, a.hot_share, a.skew_share)?;
     let trace = match &a.qps_trace {
         Some(p) => {
             let text = std::fs::read_to_string(p)
@@ -324,15 +321,7 @@ fn run_policy(
         format: MessageFormat::Tsv,
         samples_per_message: 1,
         trace: trace.clone(),
-        partitioner: if a.skew_share > 0.0 || a.hot_share > 0.0 {
-            Partitioner::Skewed {
-                partition: a.skew_partition,
-                traffic_share: a.hot_share,
-                positive_share: a.skew_share,
-            }
-        } else {
-            Partitioner::RoundRobin
-        },
+        partitioner: Partitioner::skewed(a.skew_partition, a.hot_share, a.skew_share)?,
         seed: 1,
     };
     let sent = replay(&spec, |r| {

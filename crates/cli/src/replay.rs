@@ -79,11 +79,6 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     if !(a.speedup.is_finite() && a.speedup > 0.0) {
         bail!("--speedup must be a positive number, got {}", a.speedup);
     }
-    for (flag, share) in [("--skew-share", a.skew_share), ("--hot-share", a.hot_share)] {
-        if !(0.0..=1.0).contains(&share) {
-            bail!("{flag} must be in [0, 1], got {share}");
-        }
-    }
     let trace = match (&a.qps_trace, a.qps) {
         (Some(p), _) => {
             let text = std::fs::read_to_string(p)
@@ -117,15 +112,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         },
         samples_per_message: a.samples_per_message,
         trace,
-        partitioner: if a.skew_share > 0.0 || a.hot_share > 0.0 {
-            Partitioner::Skewed {
-                partition: a.skew_partition,
-                traffic_share: a.hot_share,
-                positive_share: a.skew_share,
-            }
-        } else {
-            Partitioner::RoundRobin
-        },
+        partitioner: Partitioner::skewed(a.skew_partition, a.hot_share, a.skew_share)?,
         seed: a.seed,
     };
     let total = spec.trace.duration_s();

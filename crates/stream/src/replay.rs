@@ -176,6 +176,33 @@ pub enum Partitioner {
     },
 }
 
+impl Partitioner {
+    /// Round robin with `partition` skewed by `traffic_share` and `positive_share` (see
+    /// [`Partitioner::Skewed`]); plain round robin when both are 0. Shares outside [0, 1]
+    /// are refused, naming `--hot-share` / `--skew-share`.
+    pub fn skewed(partition: i32, traffic_share: f64, positive_share: f64) -> Result<Self> {
+        for (flag, share) in [
+            ("--hot-share", traffic_share),
+            ("--skew-share", positive_share),
+        ] {
+            if !(0.0..=1.0).contains(&share) {
+                return Err(StreamError::Invalid(format!(
+                    "{flag} must be in [0, 1], got {share}"
+                )));
+            }
+        }
+        Ok(if traffic_share > 0.0 || positive_share > 0.0 {
+            Self::Skewed {
+                partition,
+                traffic_share,
+                positive_share,
+            }
+        } else {
+            Self::RoundRobin
+        })
+    }
+}
+
 /// What to replay, where, and how fast.
 #[derive(Debug, Clone)]
 pub struct ReplaySpec {
