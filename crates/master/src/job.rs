@@ -612,12 +612,7 @@ impl Job {
     /// Worker `id`'s rank among the running workers (by id), for pinned partitions. A
     /// worker not (yet) running takes the rank after them.
     fn pin_of(&self, id: u32) -> Pin {
-        let running: Vec<u32> = self
-            .nodes
-            .values()
-            .filter(|n| n.role == Role::Worker && n.state == NodeState::Running)
-            .map(|n| n.id)
-            .collect();
+        let running: Vec<u32> = self.running_worker_nodes().map(|n| n.id).collect();
         let slots = running.len() as u32;
         match running.iter().position(|&w| w == id) {
             Some(slot) => Pin {
@@ -633,10 +628,14 @@ impl Job {
 
     /// Workers registered and training (not pending, not stopping).
     pub fn running_workers(&self) -> u32 {
+        self.running_worker_nodes().count() as u32
+    }
+
+    /// The running workers (see [`Job::running_workers`]), by id.
+    pub fn running_worker_nodes(&self) -> impl Iterator<Item = &Node> {
         self.nodes
             .values()
             .filter(|n| n.role == Role::Worker && n.state == NodeState::Running)
-            .count() as u32
     }
 
     /// True when the job trains at its planned allocation with nothing in flux: every
@@ -889,9 +888,8 @@ impl Job {
             return false;
         };
         let mut peers: Vec<f64> = self
-            .nodes
-            .values()
-            .filter(|n| n.role == Role::Worker && n.state == NodeState::Running && n.id != id)
+            .running_worker_nodes()
+            .filter(|n| n.id != id)
             .filter_map(|n| self.recent_rate(n.id))
             .collect();
         if peers.len() < 2 {

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::core::MasterCore;
 use crate::events::event;
-use crate::job::{NodeState, Phase, Role};
+use crate::job::Phase;
 use crate::online_scale::{Decision, Observation, OnlineScaler};
 
 /// One decision, with when it was taken.
@@ -42,11 +42,7 @@ pub async fn run(core: Arc<MasterCore>, cfg: StreamConfig, sync: bool) {
             if !matches!(job.phase(), Phase::Training) {
                 break;
             }
-            let running: Vec<u32> = job
-                .nodes()
-                .filter(|n| n.role == Role::Worker && n.state == NodeState::Running)
-                .map(|n| n.id)
-                .collect();
+            let running: Vec<u32> = job.running_worker_nodes().map(|n| n.id).collect();
             (job.target_workers(), running)
         };
         let Some(stats) = core.stream_stats.lock().clone() else {
