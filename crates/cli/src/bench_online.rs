@@ -176,43 +176,33 @@ impl Policy {
                 "--policies: {text:?}: the assignment after / is pinned or shared, not {other:?}"
             ),
         };
-        let mut p = Self::parse_scaling(scaling)?;
-        p.assignment = assignment;
-        if text.contains('/') {
-            p.name = format!("{}/{assignment}", p.name);
-        }
-        Ok(p)
-    }
-
-    fn parse_scaling(text: &str) -> Result<Self> {
-        Ok(match text {
-            "kale" => Self {
-                name: "kale".into(),
-                autoscale: "kale",
-                workers: 1,
-                assignment: "shared",
-            },
-            "hpa" => Self {
-                name: "hpa".into(),
-                autoscale: "hpa",
-                workers: 1,
-                assignment: "shared",
-            },
+        let (autoscale, workers) = match scaling {
+            "kale" => ("kale", 1),
+            "hpa" => ("hpa", 1),
             _ => {
-                let n: u32 = text
+                let n: u32 = scaling
                     .strip_prefix("fixed:")
                     .and_then(|n| n.parse().ok())
                     .filter(|&n| n > 0)
                     .with_context(|| {
-                        format!("--policies: {text:?} is not kale, hpa or fixed:N (N > 0)")
+                        format!("--policies: {scaling:?} is not kale, hpa or fixed:N (N > 0)")
                     })?;
-                Self {
-                    name: format!("fixed:{n}"),
-                    autoscale: "off",
-                    workers: n,
-                    assignment: "shared",
-                }
+                ("off", n)
             }
+        };
+        let base = match autoscale {
+            "off" => format!("fixed:{workers}"),
+            _ => autoscale.to_string(),
+        };
+        Ok(Self {
+            name: if text.contains('/') {
+                format!("{base}/{assignment}")
+            } else {
+                base
+            },
+            autoscale,
+            workers,
+            assignment,
         })
     }
 }
@@ -500,5 +490,27 @@ fn print_table(rows: &[PolicyResult]) {
                 first.worker_hours / r.worker_hours.max(1e-9)
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_policy_names_its_scaling_and_assignment() {
+        let p = Policy::parse("fixed:4/pinned").unwrap();
+        assert_eq!(
+            (p.name.as_str(), p.autoscale, p.workers, p.assignment),
+            ("fixed:4/pinned", "off", 4, "pinned")
+        );
+        let p = Policy::parse("kale").unwrap();
+        assert_eq!(
+            (p.name.as_str(), p.autoscale, p.workers, p.assignment),
+            ("kale", "kale", 1, "shared")
+        );
+        assert_eq!(Policy::parse("hpa/shared").unwrap().name, "hpa/shared");
+        assert!(Policy::parse("fixed:0").is_err());
+        assert!(Policy::parse("kale/odd").is_err());
     }
 }
