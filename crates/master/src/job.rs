@@ -1385,18 +1385,20 @@ impl Job {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::tasks::DataSharding;
 
     /// A recording context with a hand-driven clock.
+    /// A [`Context`] that records what the state machine asked for (also used by the
+    /// store's tests).
     #[derive(Default)]
-    struct Rec {
-        now: u64,
-        changes: Vec<Change>,
-        launched: Vec<Node>,
-        killed: Vec<u32>,
-        events: Vec<Event>,
+    pub(crate) struct Rec {
+        pub(crate) now: u64,
+        pub(crate) changes: Vec<Change>,
+        pub(crate) launched: Vec<Node>,
+        pub(crate) killed: Vec<u32>,
+        pub(crate) events: Vec<Event>,
     }
 
     impl Context for Rec {

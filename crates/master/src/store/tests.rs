@@ -1,32 +1,13 @@
 //! The database and the group-commit writer against each other and against a restart.
 
 use super::*;
-use crate::job::{Context, Event, Job, Policy, TaskReply};
+use crate::job::tests::Rec;
+use crate::job::{Job, Policy, TaskReply};
 use crate::tasks::{DataSharding, TaskQueue};
 
 /// Ranges as `(epoch, file, start, end)`, for short assertions.
 fn tuples(ranges: &[ConsumedRange]) -> Vec<(u32, u32, u64, u64)> {
     ranges.iter().map(|&r| r.into()).collect()
-}
-
-#[derive(Default)]
-struct Cx {
-    now: u64,
-    changes: Vec<Change>,
-    launched: Vec<Node>,
-}
-impl Context for Cx {
-    fn now_ms(&self) -> u64 {
-        self.now
-    }
-    fn persist(&mut self, c: Change) {
-        self.changes.push(c);
-    }
-    fn launch(&mut self, n: &Node) {
-        self.launched.push(n.clone());
-    }
-    fn kill(&mut self, _: &Node) {}
-    fn event(&mut self, _: Event) {}
 }
 
 fn spec() -> DataSharding {
@@ -108,16 +89,7 @@ async fn group_writes_equal_one_by_one_writes() {
 
     // Rows written before a reset in the same group are gone; rows after it stay.
     store
-        .apply(&[
-            Change::Task(task(3, 0, TaskState::Todo)),
-            Change::Range((0, 1, 150, 160).into()),
-            Change::ResetData(
-                vec![task(5, 0, TaskState::Todo)],
-                vec![(0, 1, 0, 20).into()],
-            ),
-            Change::Range((0, 1, 20, 30).into()),
-            Change::Task(task(6, 0, TaskState::Todo)),
-        ])
+        .apply(&reset_between_writes(TaskState::Todo))
         .await
         .unwrap();
     let snap = store.load().await.unwrap();
@@ -148,6 +120,21 @@ fn updates_of_one_job(odd: &str) -> Vec<Change> {
     ]
 }
 
+/// A group with a data reset between writes: a task and a range before it (which the
+/// reset deletes), then a range and task 6 (in `last`) after it (which stay).
+fn reset_between_writes(last: TaskState) -> Vec<Change> {
+    vec![
+        Change::Task(task(3, 0, TaskState::Todo)),
+        Change::Range((0, 1, 150, 160).into()),
+        Change::ResetData(
+            vec![task(5, 0, TaskState::Todo)],
+            vec![(0, 1, 0, 20).into()],
+        ),
+        Change::Range((0, 1, 20, 30).into()),
+        Change::Task(task(6, 0, last)),
+    ]
+}
+
 /// Groups submitted to the group-commit writer (folded together when they queue up)
 /// leave exactly the state that applying them one by one leaves, resets and odd
 /// strings included.
@@ -160,16 +147,7 @@ async fn writer_groups_equal_apply() {
             Change::Node(node(5, "", 0)),
             Change::Range((0, 1, 150, 151).into()),
         ],
-        vec![
-            Change::Task(task(3, 0, TaskState::Todo)),
-            Change::Range((0, 1, 150, 160).into()),
-            Change::ResetData(
-                vec![task(5, 0, TaskState::Todo)],
-                vec![(0, 1, 0, 20).into()],
-            ),
-            Change::Range((0, 1, 20, 30).into()),
-            Change::Task(task(6, 0, TaskState::Doing(5))),
-        ],
+        reset_between_writes(TaskState::Doing(5)),
     ];
     let dir = tempfile::tempdir().unwrap();
     let by_apply = MasterDb::open(&dir.path().join("a.db"), true)
@@ -289,7 +267,7 @@ async fn master_restart_from_sqlite_loses_nothing() {
     let path = dir.path().join("master.db");
     let files = vec![333u64, 120];
     let store = MasterDb::open(&path, true).await.unwrap();
-    let mut cx = Cx::default();
+    let mut cx = Rec::default();
     let mut job = Job::start(policy(), TaskQueue::new(spec(), files.clone()), 2, &mut cx);
     for n in cx.launched.clone() {
         job.register(n.id, n.role, "127.0.0.1:1", "", 1, &mut cx)
