@@ -85,6 +85,14 @@ fn profile_of(seed: u64, slowdown: f64) -> Vec<pb::ProfileSample> {
         .collect()
 }
 
+/// The brain's warm-start plan for `spec`, asked with the right token.
+async fn warm_start(c: &mut BrainClient<Channel>, spec: pb::JobSpec) -> pb::PlanResponse {
+    c.warm_start(req(pb::WarmStartRequest { job: Some(spec) }, TOKEN))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 async fn start() -> (
     BrainClient<Channel>,
     tokio::sync::oneshot::Sender<()>,
@@ -146,18 +154,7 @@ async fn start_with(
 #[tokio::test]
 async fn a_later_job_warm_starts_from_where_the_first_one_ran() {
     let (mut c, stop, handle, _dir, _metrics) = start().await;
-    let first = c
-        .warm_start(req(
-            pb::WarmStartRequest {
-                job: Some(job("j1")),
-            },
-            TOKEN,
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .allocation
-        .unwrap();
+    let first = warm_start(&mut c, job("j1")).await.allocation.unwrap();
     let ran = pb::Allocation {
         workers: first.workers + 5,
         ..first
@@ -176,18 +173,7 @@ async fn a_later_job_warm_starts_from_where_the_first_one_ran() {
     ))
     .await
     .unwrap();
-    let second = c
-        .warm_start(req(
-            pb::WarmStartRequest {
-                job: Some(job("j2")),
-            },
-            TOKEN,
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .allocation
-        .unwrap();
+    let second = warm_start(&mut c, job("j2")).await.allocation.unwrap();
     assert_eq!(second.workers, ran.workers, "{second:?}");
     let _ = stop.send(());
     handle.await.unwrap();
@@ -217,32 +203,14 @@ async fn report_warm_start_plan_and_stream_over_grpc() {
     assert_eq!(e.code(), Code::Unauthenticated);
 
     // Warm start at submission (empty database: the default).
-    let p = c
-        .warm_start(req(
-            pb::WarmStartRequest {
-                job: Some(job("j1")),
-            },
-            TOKEN,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let p = warm_start(&mut c, job("j1")).await;
     assert_eq!(p.kind, "warm-start");
     assert!(!p.reasons.is_empty());
     let a = p.allocation.unwrap();
     assert!((1..=32).contains(&a.workers) && (1..=8).contains(&a.ps));
 
     // A second, similar job warm-starts from the first one's configuration.
-    let p2 = c
-        .warm_start(req(
-            pb::WarmStartRequest {
-                job: Some(job("j2")),
-            },
-            TOKEN,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let p2 = warm_start(&mut c, job("j2")).await;
     assert!(
         p2.reasons.iter().any(|r| r.contains("similar job j1")),
         "{:?}",
@@ -482,16 +450,7 @@ async fn jobs_sharing_the_brain_are_planned_together() {
         );
     };
     for (id, seed, slowdown) in [("fast", 3, 1.0), ("slow", 4, 3.0)] {
-        let p = c
-            .warm_start(req(
-                pb::WarmStartRequest {
-                    job: Some(small_job(id)),
-                },
-                TOKEN,
-            ))
-            .await
-            .unwrap()
-            .into_inner();
+        let p = warm_start(&mut c, small_job(id)).await;
         latest.insert(id.to_string(), p.allocation.unwrap());
         c.report_profile(req(
             pb::ReportProfileRequest {
