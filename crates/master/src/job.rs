@@ -650,7 +650,7 @@ impl Job {
             && !in_flux
             && !self.held()
             && !self.recovering()
-            && self.samples_done() >= self.policy.warmup_samples
+            && !self.in_warmup()
             && self.running_workers() == self.target_workers
     }
 
@@ -947,8 +947,7 @@ impl Job {
         }
         let gen_before = self.tasks.generated_epochs();
         // During the async warm-up one worker trains alone: it owns every partition.
-        let alone = self.samples_done() < self.policy.warmup_samples;
-        let pin = (self.policy.pin_partitions && !alone).then(|| self.pin_of(id));
+        let pin = (self.policy.pin_partitions && !self.in_warmup()).then(|| self.pin_of(id));
         let reply = match self.tasks.assign_pinned(id, small, pin) {
             Assignment::Task(t) => TaskReply::Task(t),
             Assignment::Wait => TaskReply::Wait,
@@ -990,10 +989,15 @@ impl Job {
         self.phase == Phase::Training && self.pause_at.is_some_and(|p| self.samples_done() >= p)
     }
 
+    /// True until `warmup_samples` are reported (the async warm-up; never without one).
+    fn in_warmup(&self) -> bool {
+        self.samples_done() < self.policy.warmup_samples
+    }
+
     /// Async warm-up: until `warmup_samples` are reported, only one worker (the first to
     /// ask, or the next one if it dies) gets tasks; the others wait.
     fn warming_up(&mut self, id: u32) -> bool {
-        if self.policy.warmup_samples == 0 || self.samples_done() >= self.policy.warmup_samples {
+        if !self.in_warmup() {
             return false;
         }
         match self.warmup_worker {
