@@ -4,8 +4,10 @@
 //!   format) and its decoding with bad-message positions.
 //! - [`topic`]: the brokers and the job's partitions: watermarks, start offsets, monitoring
 //!   commits. The master watches the stream with it.
-//! - [`reader`]: a worker reads the offset ranges the master deals it.
-//! - [`replay`]: the traffic generator behind `elastrec replay`.
+//! - [`reader`]: a worker reads the offset ranges the master deals it; a range that
+//!   continues the previous one keeps the consumer's assignment.
+//! - [`replay`]: the traffic generator behind `elastrec replay` (round robin, or with one
+//!   hot partition whose click rate differs).
 //!
 //! Stream data is dealt like file rows: a task is an offset range of one partition, the
 //! ledger records offsets, and the checkpoint's data position holds them (`docs/online.md`).
