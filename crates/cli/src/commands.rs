@@ -447,7 +447,7 @@ pub fn brain_serve(
 
 /// Runs a role process (`ps`, `worker`, started by the master) on a multi-threaded
 /// runtime: they serve gRPC and train at once.
-pub fn on_runtime(role: impl std::future::Future<Output = Result<()>>) -> Result<()> {
+pub fn on_runtime<T>(role: impl std::future::Future<Output = Result<T>>) -> Result<T> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

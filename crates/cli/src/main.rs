@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 mod bench_online;
 mod bench_tasks;
 mod commands;
+mod export;
 mod replay;
 
 /// Elastic, failure-tolerant training of deep learning recommendation models (DLRM).
@@ -32,6 +33,9 @@ enum Command {
     GenData(GenDataArgs),
     /// Evaluate a saved model on Criteo-layout files: AUC and logloss.
     Eval(EvalArgs),
+    /// Write a servable model file (`model.bin`, read by `elastrec eval`) from a checkpoint
+    /// of a `run` job: every parameter server's part and the delta chain, merged.
+    Export(export::ExportArgs),
     /// Measure training throughput of the Criteo-Kaggle-shaped model.
     Bench(BenchArgs),
     /// Cluster brain: serve plans over gRPC (`elastrec brain --db URL`) or print a plan
@@ -276,6 +280,7 @@ fn main() -> anyhow::Result<()> {
         Command::Worker(a) => commands::on_runtime(elastrec_worker::remote::run_worker(a)),
         Command::Simulate(c) => elastrec_sim::cli::dispatch(c),
         Command::Replay(a) => replay::run(a),
+        Command::Export(a) => export::run(a),
         Command::Bench(BenchArgs {
             command: Some(BenchCommand::Online(o)),
             ..

@@ -39,12 +39,18 @@ fn replay(brokers: &str, topic: &str, files: &[PathBuf], producer: &[&str]) -> s
 }
 
 fn online_job(name: &str, brokers: &str) -> (PathBuf, PathBuf) {
-    online_job_with(name, brokers, "", "")
+    online_job_with(name, brokers, "", "", "")
 }
 
 /// An online job; `cluster` and `stream` are extra lines of those sections (a `ps = N`
 /// line in `cluster` replaces the default of 1 PS).
-fn online_job_with(name: &str, brokers: &str, cluster: &str, stream: &str) -> (PathBuf, PathBuf) {
+fn online_job_with(
+    name: &str,
+    brokers: &str,
+    output: &str,
+    cluster: &str,
+    stream: &str,
+) -> (PathBuf, PathBuf) {
     let f = fixture();
     let ps = if cluster.lines().any(|l| l.starts_with("ps =")) {
         ""
@@ -66,6 +72,7 @@ batch_size = 256
 progress = false
 [output]
 dir = "{name}"
+{output}
 [cluster]
 {ps}
 workers = 2
@@ -106,7 +113,7 @@ fn exactly_once_across_a_worker_kill(name: &str, brokers: &str, producer: &[&str
     let first_n = first["samples"].as_u64().unwrap();
     assert_eq!(first_n, ROWS / 3);
 
-    let (job, dir) = online_job_with(name, brokers, "", stream);
+    let (job, dir) = online_job_with(name, brokers, "", "", stream);
     let log = f.dir.join(format!("{name}.log"));
     let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
     // Part of the first day trained: the job cannot finish on its own, so this holds.
@@ -291,6 +298,7 @@ fn kafka_kale_adds_workers_for_a_traffic_peak_and_removes_them_after() {
         "online-kale",
         &brokers,
         "",
+        "",
         "autoscale = \"kale\"\nworkers = [1, 4]\ninterval_s = 2.0\nslo_lag_s = 5.0\ntau_s = 6.0\nhorizon_s = 10.0",
     );
     let text = std::fs::read_to_string(&job)
@@ -370,11 +378,16 @@ fn kafka_kale_adds_workers_for_a_traffic_peak_and_removes_them_after() {
 
 /// The online job of `name`, held at a third of day 0 (replayed first), with `cluster`
 /// lines; returns its job dir, its process group, its log and day 0's sample count.
-fn held_online_job(name: &str, brokers: &str, cluster: &str) -> (PathBuf, Group, PathBuf, u64) {
+fn held_online_job(
+    name: &str,
+    brokers: &str,
+    output: &str,
+    cluster: &str,
+) -> (PathBuf, Group, PathBuf, u64) {
     let f = fixture();
     let first = replay(brokers, "clicks", &[f.dir.join("data/day_0.tsv")], &[]);
     let first_n = first["samples"].as_u64().unwrap();
-    let (job, dir) = online_job_with(name, brokers, cluster, "");
+    let (job, dir) = online_job_with(name, brokers, output, cluster, "");
     let log = f.dir.join(format!("{name}.log"));
     let at = (first_n / 3).to_string();
     let g = Group::spawn(
@@ -406,6 +419,8 @@ fn day_one_then_stop(
     assert_eq!(r["ledger"]["duplicated"], 0, "{r}");
     assert_eq!(r["ledger"]["missing"], 0, "{r}");
     assert_progressive(&r, total);
+    // `elastrec stop` ends the job with a final checkpoint, exported for serving.
+    assert_eq!(r["export"]["model"]["samples"], total, "{r}");
     r
 }
 
@@ -419,7 +434,7 @@ fn kafka_a_ps_killed_mid_stream_is_recovered_and_every_message_trains_once() {
     cluster.create_topic("clicks", 3, 1).unwrap();
     let brokers = cluster.bootstrap_servers();
     let cluster_lines = "ps = 2\n[checkpoint]\ninterval_s = 3600.0\nrecovery = \"partial\"";
-    let (dir, g, log, first_n) = held_online_job("online-ps-kill", &brokers, cluster_lines);
+    let (dir, g, log, first_n) = held_online_job("online-ps-kill", &brokers, "", cluster_lines);
     take_checkpoint(&dir);
     pause_at(&dir, 2 * first_n / 3);
     let s = wait_held(&dir);
@@ -452,7 +467,7 @@ fn kafka_a_broker_outage_is_waited_out_and_nothing_is_lost() {
     let cluster = MockCluster::new(1).unwrap();
     cluster.create_topic("clicks", 3, 1).unwrap();
     let brokers = cluster.bootstrap_servers();
-    let (dir, g, log, first_n) = held_online_job("online-outage", &brokers, "");
+    let (dir, g, log, first_n) = held_online_job("online-outage", &brokers, "", "");
     cluster.broker_down(1).unwrap();
     // The broker stays down until the master has noticed.
     wait_for(Duration::from_secs(120), || {
@@ -464,4 +479,57 @@ fn kafka_a_broker_outage_is_waited_out_and_nothing_is_lost() {
         !events(&dir, "brokers_back").is_empty()
     });
     day_one_then_stop(&brokers, &dir, g, &log, first_n);
+}
+
+/// An online job never ends, so it exports for serving as it trains: every
+/// `output.export_every_s` the newest checkpoint becomes `export/model-<id>.bin`, named by
+/// `export/latest.json`, the older ones beyond `export_keep` removed.
+#[test]
+fn kafka_an_online_job_exports_its_newest_checkpoint_for_serving() {
+    let _g = serial();
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("clicks", 3, 1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    let output = "export_every_s = 0.001\nexport_keep = 2";
+    let cluster_lines = "ps = 2\n[checkpoint]\ninterval_s = 3600.0";
+    let (dir, g, log, first_n) = held_online_job("online-export", &brokers, output, cluster_lines);
+    // Held at its pause point, the job trains nothing more: this checkpoint is the newest
+    // for as long as the test waits, so the exporter must get to it.
+    let held = status_json(&dir).unwrap()["samples_done"].as_u64().unwrap();
+    take_checkpoint(&dir);
+    let latest = dir.join("export/latest.json");
+    let mut record = serde_json::Value::Null;
+    wait_for(Duration::from_secs(120), || {
+        record = std::fs::read(&latest)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        record["samples"] == held
+    });
+    let model = PathBuf::from(record["path"].as_str().unwrap());
+    assert_eq!(model.parent().unwrap(), dir.join("export"), "{record}");
+    let e = eval_model(&model);
+    let auc = e["auc"].as_f64().unwrap();
+    assert!(
+        auc > 0.6,
+        "the exported model learned from {held} samples: {e}"
+    );
+    unpause(&dir);
+    let r = day_one_then_stop(&brokers, &dir, g, &log, first_n);
+    let x = &r["export"];
+    assert_eq!(x["failures"], 0, "{r}");
+    assert!(x["exports"].as_u64().unwrap() >= 1, "{r}");
+    let kept = std::fs::read_dir(dir.join("export"))
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            name.to_string_lossy().starts_with("model-")
+        })
+        .count();
+    assert!(
+        (1..=2).contains(&kept),
+        "{kept} exports kept, at most 2 wanted"
+    );
+    let last = eval_model(&dir.join("model.bin"));
+    assert!(last["auc"].as_f64().unwrap() > 0.6, "{last}");
 }

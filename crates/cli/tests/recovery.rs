@@ -292,7 +292,14 @@ fn a_hung_checkpoint_is_abandoned_and_the_next_one_commits() {
     unpause(&dir);
     let text = g.wait_success(&log);
     check_result(&dir, &log, 0.005);
-    assert_eq!(result(&dir)["checkpoint"]["count"], 1, "{text}");
+    // Committed: the requested one after the abandoned one, and the final one that
+    // `model.bin` is exported from; never the hung one.
+    let reasons: Vec<_> = events(&dir, "checkpoint")
+        .iter()
+        .map(|e| e["reason"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(reasons, ["requested", "final"], "{text}");
+    assert_eq!(result(&dir)["checkpoint"]["count"], 2, "{text}");
     let ps1 = std::fs::read_to_string(dir.join("logs/ps-2.log")).unwrap();
     assert!(ps1.contains("never answering this checkpoint"), "{ps1}");
 }

@@ -282,8 +282,15 @@ pub struct OutputConfig {
     /// Run directory: `metrics.jsonl`, `summary.json` and `model.bin` go here (relative
     /// paths are relative to the job file).
     pub dir: PathBuf,
-    /// Save the trained model to `<dir>/model.bin` for `elastrec eval`.
+    /// Save the trained model to `<dir>/model.bin` for `elastrec eval` (`elastrec run`:
+    /// from a final checkpoint, so it needs `checkpoint.enabled`).
     pub save_model: bool,
+    /// `elastrec run`: every this many seconds, write the newest checkpoint as a servable
+    /// model under `<dir>/export/` (with `latest.json` naming it); 0 turns it off. Meant
+    /// for online jobs, which never end.
+    pub export_every_s: f64,
+    /// Exported models kept (older ones are deleted).
+    pub export_keep: usize,
 }
 
 impl Default for OutputConfig {
@@ -291,6 +298,8 @@ impl Default for OutputConfig {
         Self {
             dir: PathBuf::from("runs/quickstart"),
             save_model: true,
+            export_every_s: 0.0,
+            export_keep: 3,
         }
     }
 }
@@ -546,6 +555,22 @@ impl JobConfig {
         }
         if self.train.batch_size == 0 {
             return Err(bad("train.batch_size", "must be at least 1".into()));
+        }
+        let o = &self.output;
+        if !(o.export_every_s.is_finite() && o.export_every_s >= 0.0) {
+            return Err(bad(
+                "output.export_every_s",
+                format!(
+                    "must be ≥ 0 seconds (0: no periodic export), got {}",
+                    o.export_every_s
+                ),
+            ));
+        }
+        if o.export_keep == 0 {
+            return Err(bad(
+                "output.export_keep",
+                "must be at least 1 (the newest export is what serving reads)".into(),
+            ));
         }
         if self.train.epochs == 0 {
             return Err(bad("train.epochs", "must be at least 1".into()));

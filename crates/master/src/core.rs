@@ -127,6 +127,9 @@ pub struct MasterCore {
     /// An online job's progressive validation (predictions the workers made before
     /// training), when `stream.eval_window` is not 0.
     pub progressive: Mutex<Option<crate::progressive::ProgressiveEval>>,
+    /// While set, parameter servers stay up after the job finished: its final model is
+    /// checkpointed from them before they are told to stop.
+    pub keep_ps: std::sync::atomic::AtomicBool,
 }
 
 impl MasterCore {
@@ -164,6 +167,7 @@ impl MasterCore {
             ps_access: std::sync::OnceLock::new(),
             launch: std::sync::OnceLock::new(),
             reshards: Mutex::new(Vec::new()),
+            keep_ps: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

@@ -106,14 +106,18 @@ impl Master for MasterService {
         if let Some(p) = req.profile {
             self.0.profiles.lock().insert(req.node_id, p);
         }
+        let keep_ps = self.0.keep_ps.load(std::sync::atomic::Ordering::Acquire);
         let (d, ps_addrs, active, layout_version) = self
             .0
             .run_depending(Depends::Nodes, |job, cx| {
                 let mut d = job.heartbeat(req.node_id, req.samples, req.step, cx);
-                // Parameter servers stop with the job.
-                if job.node(req.node_id).is_some_and(|n| n.role == Role::Ps)
-                    && matches!(job.phase(), Phase::Finished | Phase::Failed(_))
-                {
+                // Parameter servers stop with the job (after its final model is saved).
+                let ended = match job.phase() {
+                    Phase::Finished => !keep_ps,
+                    Phase::Failed(_) => true,
+                    _ => false,
+                };
+                if ended && job.node(req.node_id).is_some_and(|n| n.role == Role::Ps) {
                     d = Directive::Stop;
                 }
                 (

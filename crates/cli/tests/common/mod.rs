@@ -205,6 +205,46 @@ pub fn check_result(dir: &Path, log: &Path, auc_tolerance: f64) {
         "distributed AUC {auc:.4} vs single-process {:.4}",
         f.baseline_auc
     );
+    if !r["checkpoint"].is_null() {
+        check_saved_model(dir, &r);
+    }
+}
+
+/// AUC and logloss of a model file on the fixture's evaluation day (`elastrec eval`).
+pub fn eval_model(model: &Path) -> serde_json::Value {
+    let data = fixture().dir.join("data/day_2.tsv");
+    let out = elastrec(&[
+        "eval",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A finished job left `model.bin`, exported from a final checkpoint of everything it
+/// trained: evaluated on its own, it scores what the job's final evaluation scored.
+pub fn check_saved_model(dir: &Path, r: &serde_json::Value) {
+    let saved = &r["export"]["model"];
+    assert_eq!(saved["samples"], r["ledger"]["consumed"], "{r}");
+    let model = dir.join("model.bin");
+    assert_eq!(saved["path"], model.to_str().unwrap(), "{r}");
+    let e = eval_model(&model);
+    let (mine, job) = (
+        e["auc"].as_f64().unwrap(),
+        r["eval"]["auc"].as_f64().unwrap(),
+    );
+    assert!(
+        (mine - job).abs() <= 0.002,
+        "model.bin scores AUC {mine:.4}, the job's final evaluation {job:.4}: {r}"
+    );
 }
 
 pub fn status_json(dir: &Path) -> Option<serde_json::Value> {

@@ -118,6 +118,16 @@ impl Coordinator {
         &self.store
     }
 
+    /// Where checkpoints go (as configured).
+    pub fn location(&self) -> &str {
+        &self.cfg.location
+    }
+
+    /// Id of the newest committed checkpoint (0: none yet).
+    pub fn last_id(&self) -> u64 {
+        self.policy.lock().stats().last_id
+    }
+
     /// Shared-memory namespace of this job's PS images.
     pub fn shm_namespace(&self) -> &str {
         &self.shm_ns
@@ -604,18 +614,27 @@ pub async fn load_foreign(
     fingerprint: &Fingerprint,
 ) -> anyhow::Result<(Manifest, RestorePlan, DataPosition)> {
     let store = open_store(location)?;
-    let m = match id {
+    let m = pick(&store, location, id).await?;
+    plan_from(&store, location, "", fingerprint, m).await
+}
+
+/// Checkpoint `id` of `store` after verifying it, or (no id) the newest intact one.
+pub async fn pick(
+    store: &CheckpointStore,
+    location: &str,
+    id: Option<u64>,
+) -> anyhow::Result<Manifest> {
+    match id {
         Some(id) => {
             let m = store.manifest(id).await?;
             store.verify(&m).await?;
-            m
+            Ok(m)
         }
         None => store
             .latest_valid()
             .await?
-            .with_context(|| format!("{} holds no intact checkpoint", redact_location(location)))?,
-    };
-    plan_from(&store, location, "", fingerprint, m).await
+            .with_context(|| format!("{} holds no intact checkpoint", redact_location(location))),
+    }
 }
 
 /// The position before any training; an online job's (`stream_starts`) begins at its

@@ -6,6 +6,7 @@ use super::job_dir::JobDir;
 use crate::checkpoint::CheckpointReport;
 use crate::core::{now_ms, MasterCore};
 use crate::events::event;
+use crate::export::ExportReport;
 use crate::job::{EvalResult, NodeState, Phase, Role};
 use crate::ledger::LedgerSummary;
 
@@ -51,6 +52,9 @@ pub struct JobResult {
     /// downtime, worker-hours and every scaling decision (KALE Table 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub online: Option<serde_json::Value>,
+    /// Servable models written: the final `model.bin` and the periodic exports.
+    #[serde(default)]
+    pub export: ExportReport,
 }
 
 /// Resources a job used: node-seconds (the time each node process was live, summed; on
@@ -109,6 +113,7 @@ pub(super) fn job_result(
     dir: &JobDir,
     phase: &Phase,
     used: Resources,
+    export: ExportReport,
 ) -> JobResult {
     let job = core.job.lock();
     let epochs = job.tasks().spec().epochs;
@@ -151,6 +156,7 @@ pub(super) fn job_result(
         },
         reshards: core.reshards.lock().clone(),
         online: online_result(core, used.worker_node_s),
+        export,
     }
 }
 

@@ -3,6 +3,7 @@
 //! wind-down that writes the result.
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,7 @@ use super::setup::AutoscaleStart;
 use crate::checkpoint::Coordinator;
 use crate::core::MasterCore;
 use crate::events::event;
+use crate::export::{ExportCommand, ExportRecord, ExportReport, Exporter};
 use crate::job::{Job, Phase, Role};
 use crate::service::MasterService;
 
@@ -40,13 +42,26 @@ pub(super) async fn serve(
     let endpoints = Endpoints::start(&core, listener, &token, cfg, dir).await?;
     let autoscaler = spawn_loops(&core, cfg, autoscale)?;
     let mut used = Resources::default();
-    let phase = control_loop(&core, cfg, dir, &mut used).await?;
+    let command = export_command(&core);
+    let exporter = periodic_exporter(command.clone(), cfg);
+    let saves_model = cfg.output.save_model && command.is_some();
+    core.keep_ps.store(saves_model, Ordering::Release);
+    let phase = control_loop(&core, cfg, dir, &mut used, exporter.as_ref()).await?;
+    let model = match phase {
+        Phase::Finished => final_model(&core, cfg, command.as_ref()).await,
+        _ => None,
+    };
+    core.keep_ps.store(false, Ordering::Release);
     wind_down(&core, cfg).await;
     if let Some(h) = autoscaler {
         // It stops once the job leaves training, with its final state written.
         let _ = tokio::time::timeout(Duration::from_secs(2), h).await;
     }
-    let result = job_result(&core, dir, &phase, used);
+    let export = ExportReport {
+        model,
+        ..exporter.map(|x| x.report()).unwrap_or_default()
+    };
+    let result = job_result(&core, dir, &phase, used, export);
     announce(&result);
     if let (Some(c), Phase::Finished) = (core.checkpoints(), &phase) {
         c.remove_shm();
@@ -167,6 +182,72 @@ fn spawn_loops(
     Ok(autoscaler)
 }
 
+/// How this job runs `elastrec export`: with checkpoints only (an export converts one).
+fn export_command(core: &MasterCore) -> Option<ExportCommand> {
+    Some(ExportCommand {
+        program: core.launch.get()?.program.clone(),
+        location: core.checkpoints()?.location().to_string(),
+    })
+}
+
+/// The periodic exporter, when `output.export_every_s` asks for one.
+fn periodic_exporter(command: Option<ExportCommand>, cfg: &JobConfig) -> Option<Arc<Exporter>> {
+    let every = cfg.output.export_every_s;
+    if every <= 0.0 {
+        return None;
+    }
+    let Some(command) = command else {
+        event!(warn, "export_off", "master: output.export_every_s = {every} needs checkpoints (an export converts one); set checkpoint.enabled = true");
+        return None;
+    };
+    Some(Arc::new(Exporter::new(
+        command,
+        &cfg.output.dir,
+        Duration::from_secs_f64(every),
+        cfg.output.export_keep,
+    )))
+}
+
+/// A finished job's model: a final checkpoint of the trained parameters, exported to
+/// `<output.dir>/model.bin` (`output.save_model`). Failing to write it is reported, not
+/// fatal: the job's training is done and its checkpoints remain.
+async fn final_model(
+    core: &Arc<MasterCore>,
+    cfg: &JobConfig,
+    command: Option<&ExportCommand>,
+) -> Option<ExportRecord> {
+    if !cfg.output.save_model {
+        return None;
+    }
+    let (Some(c), Some(command)) = (core.checkpoints(), command) else {
+        event!(warn, "model_not_saved", "master: no model.bin: it is exported from a final checkpoint and checkpoint.enabled = false (or set output.save_model = false)");
+        return None;
+    };
+    let out = cfg.output.dir.join("model.bin");
+    let saved = async {
+        let m = tokio::time::timeout(cfg.checkpoint.timeout(), c.checkpoint(core, "final"))
+            .await
+            .context("the final checkpoint timed out")??;
+        std::fs::create_dir_all(&cfg.output.dir)
+            .with_context(|| format!("creating {}", cfg.output.dir.display()))?;
+        command.run(m.id, &out).await
+    };
+    match saved.await {
+        Ok(rec) => {
+            event!("model_saved", checkpoint = rec.checkpoint, samples = rec.samples, bytes = rec.bytes,
+                "master: model saved to {} (checkpoint {}, {} samples, {:.1} MB, {:.2} s); evaluate it with `elastrec eval --model {} --data FILES`",
+                out.display(), rec.checkpoint, rec.samples, rec.bytes as f64 / 1e6, rec.seconds, out.display());
+            Some(rec)
+        }
+        Err(e) => {
+            event!(warn, "model_not_saved", error = %format!("{e:#}"),
+                "master: the model was not saved to {} ({e:#}); its checkpoints remain: `elastrec export --checkpoint {} --out FILE`",
+                out.display(), command.location);
+            None
+        }
+    }
+}
+
 /// Runs the job until it finishes or fails (returns its phase), or until SIGINT/SIGTERM
 /// (an error, after an optional checkpoint and stopping every node).
 async fn control_loop(
@@ -174,6 +255,7 @@ async fn control_loop(
     cfg: &JobConfig,
     dir: &JobDir,
     used: &mut Resources,
+    exporter: Option<&Arc<Exporter>>,
 ) -> anyhow::Result<Phase> {
     let mut progress = Progress::new();
     let mut last_tick = Instant::now();
@@ -199,6 +281,9 @@ async fn control_loop(
         if let Some(c) = core.checkpoints().cloned() {
             if !drive_checkpoints(core, &c).await? {
                 continue;
+            }
+            if let Some(x) = exporter {
+                x.poll(c.last_id());
             }
         }
         progress.maybe_print(core);

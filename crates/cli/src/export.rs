@@ -1,0 +1,178 @@
+//! `elastrec export`: one servable `model.bin` from a checkpoint of a `run` job.
+//!
+//! A distributed job's model lives in pieces: every parameter server's part of a
+//! checkpoint holds its rows of every table and its slice of the dense parameters, and a
+//! delta checkpoint holds only some rows on top of its base. Export applies the whole
+//! chain (full checkpoint first, then its deltas) onto one unsharded model, exactly as a
+//! single parameter server would restore it, and writes the file `elastrec eval` reads.
+//! The checkpoint describes itself (its manifest carries the model and optimizer
+//! settings), so no job file is needed.
+//!
+//! The master runs this as a child process (periodic export of online jobs, the final
+//! model of a batch job): a large model's conversion then never competes for the master's
+//! memory, and a crash in it never takes the job down.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context as _};
+use elastrec_checkpoint::format::Manifest;
+use elastrec_checkpoint::store::{redact_location, CheckpointStore};
+use elastrec_job::config::{JobConfig, ModelConfig, OptimizerConfig};
+use elastrec_master::export::ExportRecord;
+use elastrec_ps::image::{apply_parts, decode, part_name, DecodedPart};
+use elastrec_worker::step::Dlrm;
+use serde::Deserialize;
+
+/// `elastrec export` flags.
+#[derive(clap::Args)]
+pub struct ExportArgs {
+    /// Checkpoint storage of the job: a directory (`<output.dir>/checkpoints` by default)
+    /// or `s3://bucket/prefix` (credentials from the environment).
+    #[arg(long)]
+    pub checkpoint: String,
+    /// Checkpoint id to export (default: the newest intact one).
+    #[arg(long)]
+    pub id: Option<u64>,
+    /// Model file to write (replaced atomically).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Print what was exported as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The model and optimizer settings a checkpoint's manifest records.
+#[derive(Deserialize)]
+struct Described {
+    model: ModelConfig,
+    optimizer: OptimizerConfig,
+}
+
+/// Runs `elastrec export`.
+pub fn run(args: ExportArgs) -> anyhow::Result<()> {
+    let e = crate::commands::on_runtime(export(&args.checkpoint, args.id, &args.out))?;
+    if args.json {
+        println!("{}", serde_json::to_string(&e)?);
+    } else {
+        println!(
+            "exported checkpoint {} (chain {:?}, {} samples) to {}: {} embedding rows, {} dense parameters, {:.1} MB in {:.2} s",
+            e.checkpoint,
+            e.chain,
+            e.samples,
+            e.path.display(),
+            e.rows,
+            e.dense_params,
+            e.bytes as f64 / 1e6,
+            e.seconds
+        );
+    }
+    Ok(())
+}
+
+/// Writes checkpoint `id` (default: the newest intact one) of the storage at `location`
+/// to the model file `out`.
+pub async fn export(location: &str, id: Option<u64>, out: &Path) -> anyhow::Result<ExportRecord> {
+    let started = Instant::now();
+    let store = elastrec_master::checkpoint::open_store(location)?;
+    let m = match id {
+        // Every part read below is checked against the manifest's checksum, so a named
+        // checkpoint needs no separate verification pass.
+        Some(id) => store.manifest(id).await?,
+        None => elastrec_master::checkpoint::pick(&store, location, None).await?,
+    };
+    let where_ = || format!("checkpoint {} in {}", m.id, redact_location(location));
+    let described: Described = match m.info.get("fingerprint_parts") {
+        Some(v) => serde_json::from_value(v.clone())
+            .with_context(|| format!("{}: its model description", where_()))?,
+        None => bail!(
+            "{} does not describe its model (written by an older elastrec); export a newer checkpoint",
+            where_()
+        ),
+    };
+    let job = JobConfig {
+        model: described.model,
+        optimizer: described.optimizer,
+        ..JobConfig::default()
+    };
+    let chain = store.chain(&m).await.with_context(where_)?;
+    let mut model: Option<Dlrm> = None;
+    for link in &chain {
+        let parts = read_parts(&store, link)
+            .await
+            .with_context(|| format!("{}: checkpoint {} of its chain", where_(), link.id))?;
+        let dlrm = match &mut model {
+            Some(d) => d,
+            None => model.insert(model_for(&job, &parts).with_context(where_)?),
+        };
+        let total = dlrm.dense.num_params();
+        if let Some(p) = parts.iter().find(|p| p.header.dense_total != total) {
+            bail!(
+                "{}: checkpoint {} holds {} dense parameters, its model has {total}",
+                where_(),
+                link.id,
+                p.header.dense_total
+            );
+        }
+        let mut opt = job.optimizer.dense.build(total);
+        apply_parts(
+            &parts,
+            &mut dlrm.embeddings,
+            dlrm.dense.params_mut(),
+            opt.as_mut(),
+            &(0..total),
+        )
+        .with_context(|| format!("{}: applying checkpoint {}", where_(), link.id))?;
+    }
+    let model = model.context("a checkpoint chain is never empty")?;
+    elastrec_worker::model_file::save(&model, &job, out)?;
+    let bytes = std::fs::metadata(out)
+        .with_context(|| format!("{}", out.display()))?
+        .len();
+    Ok(ExportRecord {
+        path: out.to_path_buf(),
+        checkpoint: m.id,
+        chain: chain.iter().map(|c| c.id).collect(),
+        samples: m.samples,
+        checkpoint_ms: m.created_ms,
+        rows: model.embeddings.config().rows.iter().sum(),
+        dense_params: model.dense.num_params(),
+        bytes,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Every parameter server's part of checkpoint `m`, decoded.
+async fn read_parts(store: &CheckpointStore, m: &Manifest) -> anyhow::Result<Vec<DecodedPart>> {
+    let servers = m.num_ps.max(1);
+    let mut parts = Vec::with_capacity(servers as usize);
+    for j in 0..servers {
+        let name = part_name(j, servers);
+        if m.part(&name).is_none() {
+            bail!("no part {name} (the manifest lists {} servers)", servers);
+        }
+        let bytes = store.read_part(m, &name).await?;
+        let part = tokio::task::spawn_blocking(move || decode(&bytes))
+            .await
+            .context("decoding task")?
+            .with_context(|| format!("part {name}"))?;
+        parts.push(part);
+    }
+    Ok(parts)
+}
+
+/// A fresh unsharded model shaped like the tables of a full checkpoint's parts.
+fn model_for(job: &JobConfig, parts: &[DecodedPart]) -> anyhow::Result<Dlrm> {
+    let first = parts.first().context("the checkpoint has no parts")?;
+    if first.header.delta {
+        bail!("its chain does not start with a full checkpoint");
+    }
+    let tables = first.tables.len();
+    let mut rows = vec![0; tables];
+    for t in &first.tables {
+        *rows
+            .get_mut(t.table)
+            .with_context(|| format!("table index {} of {tables} tables", t.table))? = t.table_rows;
+    }
+    Ok(Dlrm::new(job, rows)?)
+}

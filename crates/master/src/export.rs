@@ -1,0 +1,258 @@
+//! Servable models from a running job: a batch job's final model (`<output.dir>/model.bin`)
+//! and an online job's periodic exports (`<output.dir>/export/model-<checkpoint>.bin`,
+//! named by `export/latest.json`).
+//!
+//! An export converts a committed checkpoint (every PS part and its delta chain) with
+//! `elastrec export`, run as a child process of the master: the conversion holds the whole
+//! model in memory, which should not be the master's memory, and it may take a while on a
+//! large model, which must not hold the control loop. Training never waits for an export;
+//! it only reads checkpoints that are already committed.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::events::event;
+
+/// Name of the file naming the newest periodic export (written last, atomically).
+pub const LATEST_FILE: &str = "latest.json";
+
+/// What one export wrote: printed as JSON by `elastrec export --json`, kept in
+/// `export/latest.json` and in the job's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExportRecord {
+    /// The model file.
+    pub path: PathBuf,
+    /// The checkpoint it came from.
+    pub checkpoint: u64,
+    /// Checkpoints applied (the full one and its deltas).
+    pub chain: Vec<u64>,
+    /// Samples the model had trained on.
+    pub samples: u64,
+    /// When the checkpoint was taken (ms since the Unix epoch).
+    pub checkpoint_ms: u64,
+    /// Embedding rows in the file.
+    pub rows: u64,
+    /// Dense parameters in the file.
+    pub dense_params: usize,
+    /// Size of the file in bytes.
+    pub bytes: u64,
+    /// Seconds the export took.
+    pub seconds: f64,
+}
+
+/// The exports of a job, for `result.json`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ExportReport {
+    /// The final model of a finished job.
+    pub model: Option<ExportRecord>,
+    /// Periodic exports written.
+    pub exports: u64,
+    /// Periodic exports that failed (the job trains on; the next one is tried later).
+    pub failures: u64,
+    /// The newest periodic export.
+    pub last: Option<ExportRecord>,
+}
+
+/// How the master runs `elastrec export`.
+#[derive(Debug, Clone)]
+pub struct ExportCommand {
+    /// The `elastrec` executable.
+    pub program: PathBuf,
+    /// The job's checkpoint storage.
+    pub location: String,
+}
+
+impl ExportCommand {
+    /// Exports checkpoint `id` to `out` and returns what was written; an error carries the
+    /// child's last output lines.
+    pub async fn run(&self, id: u64, out: &Path) -> anyhow::Result<ExportRecord> {
+        let output = tokio::process::Command::new(&self.program)
+            .arg("export")
+            .arg("--checkpoint")
+            .arg(&self.location)
+            .arg("--id")
+            .arg(id.to_string())
+            .arg("--out")
+            .arg(out)
+            .arg("--json")
+            .kill_on_drop(true)
+            .output()
+            .await
+            .with_context(|| format!("starting {} export", self.program.display()))?;
+        if !output.status.success() {
+            let err = String::from_utf8_lossy(&output.stderr);
+            let tail: Vec<&str> = err.lines().rev().take(5).collect();
+            anyhow::bail!(
+                "`elastrec export` of checkpoint {id} failed ({}): {}",
+                output.status,
+                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+            );
+        }
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let line = stdout.lines().last().unwrap_or_default();
+        serde_json::from_str(line)
+            .with_context(|| format!("`elastrec export` printed `{line}`, not its JSON record"))
+    }
+}
+
+/// Periodic exports of the newest checkpoint.
+pub struct Exporter {
+    command: ExportCommand,
+    dir: PathBuf,
+    every: Duration,
+    keep: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    running: bool,
+    last_at: Option<Instant>,
+    last_checkpoint: u64,
+    report: ExportReport,
+}
+
+impl Exporter {
+    /// Exports into `<output_dir>/export` every `every`, keeping the newest `keep` files.
+    pub fn new(command: ExportCommand, output_dir: &Path, every: Duration, keep: usize) -> Self {
+        Self {
+            command,
+            dir: output_dir.join("export"),
+            every,
+            keep: keep.max(1),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// The directory of the exports.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Starts an export of checkpoint `newest` when the interval has passed since the last
+    /// one, no export runs, and the checkpoint is newer than the last exported one.
+    pub fn poll(self: &Arc<Self>, newest: u64) {
+        {
+            let mut st = self.state.lock();
+            let waited = st.last_at.is_none_or(|t| t.elapsed() >= self.every);
+            if st.running || !waited || newest == 0 || newest <= st.last_checkpoint {
+                return;
+            }
+            st.running = true;
+            st.last_at = Some(Instant::now());
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            let r = me.export(newest).await;
+            let mut st = me.state.lock();
+            st.running = false;
+            match r {
+                Ok(rec) => {
+                    st.last_checkpoint = rec.checkpoint;
+                    st.report.exports += 1;
+                    st.report.last = Some(rec);
+                }
+                Err(e) => {
+                    st.report.failures += 1;
+                    event!(warn, "export_failed", checkpoint = newest, error = %format!("{e:#}"),
+                        "master: exporting checkpoint {newest} failed (training goes on; the next export is tried in {:.0} s): {e:#}",
+                        me.every.as_secs_f64());
+                }
+            }
+        });
+    }
+
+    /// One export: the model file, then `latest.json`, then the retention.
+    async fn export(&self, id: u64) -> anyhow::Result<ExportRecord> {
+        std::fs::create_dir_all(&self.dir)
+            .with_context(|| format!("creating {}", self.dir.display()))?;
+        let out = self.dir.join(format!("model-{id}.bin"));
+        let rec = self.command.run(id, &out).await?;
+        let json = serde_json::to_vec_pretty(&rec)?;
+        elastrec_job::fsio::write_atomic(&self.dir.join(LATEST_FILE), &json)?;
+        let removed = retain(&self.dir, self.keep)?;
+        event!(
+            "export",
+            checkpoint = id,
+            samples = rec.samples,
+            bytes = rec.bytes,
+            seconds = rec.seconds,
+            "master: exported checkpoint {id} ({} samples, {:.1} MB) to {} in {:.2} s{}",
+            rec.samples,
+            rec.bytes as f64 / 1e6,
+            out.display(),
+            rec.seconds,
+            if removed.is_empty() {
+                String::new()
+            } else {
+                format!("; removed {removed:?}")
+            }
+        );
+        Ok(rec)
+    }
+
+    /// What was exported so far.
+    pub fn report(&self) -> ExportReport {
+        self.state.lock().report.clone()
+    }
+}
+
+/// Keeps the `keep` exports of the newest checkpoints in `dir`; returns the checkpoint
+/// ids of the files removed.
+fn retain(dir: &Path, keep: usize) -> anyhow::Result<Vec<u64>> {
+    let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+        .with_context(|| format!("listing {}", dir.display()))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let id = name
+                .strip_prefix("model-")?
+                .strip_suffix(".bin")?
+                .parse()
+                .ok()?;
+            Some((id, e.path()))
+        })
+        .collect();
+    found.sort();
+    let excess = found.len().saturating_sub(keep);
+    let mut removed = Vec::with_capacity(excess);
+    for (id, path) in found.into_iter().take(excess) {
+        std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        removed.push(id);
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retention_keeps_the_newest_checkpoints_and_ignores_other_files() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in [
+            "model-3.bin",
+            "model-12.bin",
+            "model-7.bin",
+            "latest.json",
+            "model-x.bin",
+        ] {
+            std::fs::write(dir.path().join(name), b"m").unwrap();
+        }
+        assert_eq!(retain(dir.path(), 2).unwrap(), vec![3]);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            ["latest.json", "model-12.bin", "model-7.bin", "model-x.bin"]
+        );
+    }
+}
