@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::time::Duration;
 
 use common::*;
@@ -66,6 +67,55 @@ fn two_ps_three_workers_exactly_once() {
     // The status command reads the result once the master is gone.
     let out = elastrec(&["status", dir.to_str().unwrap()]);
     assert!(out.status.success());
+    export_refuses_damage(&dir);
+}
+
+/// `elastrec export` of the job's newest checkpoint gives the model `run` saved; a
+/// damaged part is refused with an error naming it, and nothing is written.
+fn export_refuses_damage(dir: &Path) {
+    let ckpts = dir.join("checkpoints");
+    let out = dir.join("exported.bin");
+    let run = |to: &Path, more: &[&str]| {
+        let mut args = vec![
+            "export",
+            "--checkpoint",
+            ckpts.to_str().unwrap(),
+            "--out",
+            to.to_str().unwrap(),
+            "--json",
+        ];
+        args.extend_from_slice(more);
+        elastrec(&args)
+    };
+    let ok = run(&out, &[]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let rec: serde_json::Value = serde_json::from_slice(&ok.stdout).unwrap();
+    let saved = &result(dir)["export"]["model"];
+    assert_eq!(rec["checkpoint"], saved["checkpoint"], "{rec}");
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        std::fs::read(dir.join("model.bin")).unwrap(),
+        "the same checkpoint exports to the same bytes"
+    );
+    let id = rec["checkpoint"].as_u64().unwrap();
+    let part = ckpts.join(format!("ckpt-{id:012}/ps-1-of-2.bin"));
+    let mut bytes = std::fs::read(&part).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&part, bytes).unwrap();
+    let damaged = dir.join("damaged.bin");
+    let bad = run(&damaged, &["--id", &id.to_string()]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success(), "a damaged part was exported");
+    assert!(err.contains("ps-1-of-2.bin"), "{err}");
+    assert!(
+        !damaged.exists(),
+        "nothing written for a damaged checkpoint"
+    );
 }
 
 /// The value of the sample `series` (name and labels) in an exposition.
