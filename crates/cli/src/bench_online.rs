@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use elastrec_common::quiet::LoadProbe;
 use elastrec_stream::{replay, Connection, MessageFormat, Partitioner, ReplaySpec, Trace};
 use rdkafka::mocking::MockCluster;
 use serde::Serialize;
@@ -100,8 +101,9 @@ struct PolicyResult {
     peak_partition_lag_s: f64,
     /// Each partition's lag integrated over the run, seconds.
     partition_accumulated_lag_s: Vec<f64>,
-    /// Share of the machine's CPU busy just before the run (other processes included).
-    machine_busy_before: f64,
+    /// Share of the machine's CPU that processes outside the benchmark used during the
+    /// run (`elastrec_common::quiet`); above a few percent, the run is not comparable.
+    foreign_load: Option<f64>,
     wall_s: f64,
 }
 
@@ -273,7 +275,7 @@ fn run_policy(
     }
     let job = out.join(format!("{safe}.toml"));
     std::fs::write(&job, job_toml(a, &dir, brokers, topic, policy))?;
-    let busy = machine_busy(Duration::from_secs(1));
+    let probe = LoadProbe::start();
     let log_path = out.join(format!("{safe}.log"));
     let log = std::fs::File::create(&log_path)?;
     let child = Command::new(exe)
@@ -337,6 +339,8 @@ fn run_policy(
         );
     }
     let status = job_proc.0.wait()?;
+    // The job and its nodes have been waited for: their CPU is the benchmark's own.
+    let load = probe.and_then(|p| p.stop());
     if !status.success() {
         bail!(
             "{}: the job failed ({status}); see its log in {}",
@@ -372,7 +376,7 @@ fn run_policy(
             .iter()
             .map(|p| p["accumulated_lag_s"].as_f64().unwrap_or(f64::NAN))
             .collect(),
-        machine_busy_before: busy,
+        foreign_load: load.map(|l| l.foreign_share()),
         wall_s,
     })
 }
@@ -405,30 +409,6 @@ fn wait_until(limit: Duration, mut done: impl FnMut() -> Result<bool>) -> Result
     Ok(())
 }
 
-/// Share of all CPUs busy over `over` (from /proc/stat; NaN where it cannot be read).
-fn machine_busy(over: Duration) -> f64 {
-    fn read() -> Option<(u64, u64)> {
-        let text = std::fs::read_to_string("/proc/stat").ok()?;
-        let cpu = text.lines().next()?;
-        let v: Vec<u64> = cpu
-            .split_whitespace()
-            .skip(1)
-            .filter_map(|x| x.parse().ok())
-            .collect();
-        let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
-        Some((v.iter().sum(), idle))
-    }
-    let Some((t0, i0)) = read() else {
-        return f64::NAN;
-    };
-    std::thread::sleep(over);
-    let Some((t1, i1)) = read() else {
-        return f64::NAN;
-    };
-    let total = t1.saturating_sub(t0).max(1) as f64;
-    1.0 - i1.saturating_sub(i0) as f64 / total
-}
-
 struct KillOnDrop(Child);
 
 impl Drop for KillOnDrop {
@@ -453,11 +433,11 @@ fn print_table(rows: &[PolicyResult]) {
         "max w",
         "window AUC",
         "peak p-lag s",
-        "busy before"
+        "foreign CPU"
     );
     for r in rows {
         println!(
-            "{:<16} {:>8} {:>13.1}% {:>12.1} {:>10.1} {:>12.4} {:>8} {:>6} {:>10} {:>12.1} {:>9.0}%",
+            "{:<16} {:>8} {:>13.1}% {:>12.1} {:>10.1} {:>12.4} {:>8} {:>6} {:>10} {:>12.1} {:>10}",
             r.policy,
             r.samples,
             100.0 * r.slo_violation_rate,
@@ -468,7 +448,8 @@ fn print_table(rows: &[PolicyResult]) {
             r.max_workers,
             r.window_auc.map_or("-".into(), |a| format!("{a:.4}")),
             r.peak_partition_lag_s,
-            100.0 * r.machine_busy_before
+            r.foreign_load
+                .map_or("-".into(), |f| format!("{:.1}%", 100.0 * f))
         );
     }
     println!("accumulated lag per partition, s:");

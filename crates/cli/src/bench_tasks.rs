@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
+use elastrec_common::quiet::LoadProbe;
 use elastrec_orchestrate::{
     parse_time, Dataset, GeneratedLister, TaskGraph, TaskLimits, WindowSpec,
 };
@@ -54,6 +55,9 @@ struct Report {
     replan_tasks: usize,
     listing_cache_mb: f64,
     peak_rss_mb: Option<f64>,
+    /// Share of the machine's CPU that other processes used while it planned
+    /// (`elastrec_common::quiet`): above a few percent the seconds are not comparable.
+    foreign_load: Option<f64>,
 }
 
 /// Runs the benchmark and prints its report.
@@ -99,9 +103,11 @@ pub fn run(a: BenchTasksArgs) -> Result<()> {
         "planning {} sources x {} days x 24 hours = {partitions} partitions of {files_per_partition} files on {threads} thread(s)...",
         a.sources, a.days
     );
+    let probe = LoadProbe::start();
     let started = Instant::now();
     let round = pool.install(|| graph.plan(end))?;
     let seconds = started.elapsed().as_secs_f64();
+    let load = probe.and_then(|p| p.stop());
     let replan_started = Instant::now();
     let replan = pool.install(|| graph.plan(end + chrono::Duration::hours(1)))?;
     let replan_ms = replan_started.elapsed().as_secs_f64() * 1e3;
@@ -118,6 +124,7 @@ pub fn run(a: BenchTasksArgs) -> Result<()> {
         replan_tasks: replan.tasks.len(),
         listing_cache_mb: graph.listing_bytes() as f64 / 1e6,
         peak_rss_mb: peak_rss_mb(),
+        foreign_load: load.map(|l| l.foreign_share()),
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -138,6 +145,13 @@ pub fn run(a: BenchTasksArgs) -> Result<()> {
     match report.peak_rss_mb {
         Some(mb) => println!("  peak RSS         {mb:>11.0} MB"),
         None => println!("  peak RSS         (unknown: no /proc/self/status)"),
+    }
+    match report.foreign_load {
+        Some(f) => println!(
+            "  foreign CPU      {:>13.1}% of the machine while planning",
+            100.0 * f
+        ),
+        None => println!("  foreign CPU      (unknown: no /proc/stat)"),
     }
     println!("  (Primus, Fig. 9: ~4M tasks over 56M files in 149 s on 1 thread, 42 s on 4)");
     Ok(())

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use elastrec_common::quiet::{Load, LoadProbe};
 use elastrec_data::{GenSpec, OutputFormat};
 use elastrec_job::config::JobConfig;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -232,7 +233,21 @@ pub struct Bench {
     pub data_dir: PathBuf,
     pub pytorch: Option<PathBuf>,
     pub rounds: usize,
+    pub max_foreign_load: f64,
+    pub max_repeats: usize,
     pub json: bool,
+}
+
+/// A round's load as the bench reports it: the foreign share, and whether it was quiet
+/// (`None`: not measurable here, e.g. without `/proc`).
+fn judge(load: Option<Load>, max_share: f64) -> (serde_json::Value, Option<bool>) {
+    match load {
+        Some(l) => (
+            serde_json::json!(l.foreign_share()),
+            Some(l.is_quiet(max_share)),
+        ),
+        None => (serde_json::Value::Null, None),
+    }
 }
 
 /// Runs `bench/pytorch_dlrm.py` on the same file, model, batch size and thread count.
@@ -287,46 +302,89 @@ pub fn bench(a: Bench) -> Result<()> {
         rayon::current_num_threads()
     );
     let data = elastrec_worker::bench::prepare(&opts)?;
+    let probe = LoadProbe::start();
     let r = elastrec_worker::bench::run(&opts, &data)?;
+    let first_load = probe.and_then(|p| p.stop());
     let mut out = serde_json::to_value(&r)?;
+    let mut disturbed = None;
     if let Some(py) = &a.pytorch {
         let sps = |v: &serde_json::Value| v["samples_per_s"].as_f64().unwrap_or(f64::NAN);
         // The machine's speed drifts (other tenants, clocks): each round times elastrec
-        // and PyTorch back to back and the ratio is taken within the round.
+        // and PyTorch back to back and the ratio is taken within the round. A round that
+        // other processes disturbed is repeated, and its ratio is not used.
         let rounds = a.rounds.max(1);
         let mut per_round = Vec::with_capacity(rounds);
         let mut full = serde_json::Value::Null;
-        for round in 0..rounds {
-            let ours = if round == 0 {
-                r.in_memory_samples_per_s
-            } else {
-                elastrec_worker::bench::in_memory_samples_per_s(&opts, &data)?
-            };
+        let (mut quiet, mut repeats) = (0, 0);
+        while quiet < rounds {
+            let round = per_round.len();
             eprintln!(
-                "round {}/{rounds}: running the PyTorch reference ({})",
+                "round {}: elastrec, then the PyTorch reference ({})",
                 round + 1,
                 py.display()
             );
+            let probe = LoadProbe::start();
+            let ours = elastrec_worker::bench::in_memory_samples_per_s(&opts, &data)?;
             full = pytorch_reference(py, "full", &opts, r.threads)?;
+            let (foreign, ok) = judge(probe.and_then(|p| p.stop()), a.max_foreign_load);
             per_round.push(serde_json::json!({
-                "elastrec": ours, "pytorch": sps(&full), "ratio": ours / sps(&full)
+                "elastrec": ours, "pytorch": sps(&full), "ratio": ours / sps(&full),
+                "foreign_load": foreign, "quiet": ok,
             }));
+            if ok == Some(false) {
+                eprintln!(
+                    "round {}: other processes used {:.1}% of the CPU (limit {:.1}%): disturbed",
+                    round + 1,
+                    100.0 * foreign.as_f64().unwrap_or(0.0),
+                    100.0 * a.max_foreign_load
+                );
+                repeats += 1;
+                if repeats > a.max_repeats {
+                    break;
+                }
+                continue;
+            }
+            quiet += 1;
         }
         let mut ratios: Vec<f64> = per_round
             .iter()
+            .filter(|v| v["quiet"] != false)
             .filter_map(|v| v["ratio"].as_f64())
             .collect();
         ratios.sort_by(f64::total_cmp);
+        let probe = LoadProbe::start();
         let dense = pytorch_reference(py, "dense", &opts, r.threads)?;
+        let (dense_foreign, dense_ok) = judge(probe.and_then(|p| p.stop()), a.max_foreign_load);
+        let (first_foreign, first_ok) = judge(first_load, a.max_foreign_load);
+        let dense_quiet = dense_ok != Some(false) && first_ok != Some(false);
         out["pytorch_full"] = full;
         out["pytorch_dense"] = dense.clone();
         out["full_step_rounds"] = per_round.into();
-        out["ratio_full_vs_pytorch"] = ratios[ratios.len() / 2].into();
-        out["ratio_dense_vs_pytorch"] = (r.dense_samples_per_s / sps(&dense)).into();
+        out["max_foreign_load"] = a.max_foreign_load.into();
+        out["ratio_full_vs_pytorch"] = ratios.get(ratios.len() / 2).copied().into();
+        out["dense_foreign_load"] = serde_json::json!([first_foreign, dense_foreign]);
+        out["ratio_dense_vs_pytorch"] = dense_quiet
+            .then(|| r.dense_samples_per_s / sps(&dense))
+            .into();
+        if ratios.is_empty() || !dense_quiet {
+            disturbed = Some(format!(
+                "other processes used more than {:.1}% of the CPU during {}; \
+                 that ratio is not reported (null). Stop other work and run the bench again",
+                100.0 * a.max_foreign_load,
+                if ratios.is_empty() {
+                    format!("every full-step round ({} tried)", repeats)
+                } else {
+                    "the dense-part measurement".to_string()
+                }
+            ));
+        }
     }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
+        return match disturbed {
+            Some(why) => bail!("{why}"),
+            None => Ok(()),
+        };
     }
     println!("| measurement | value |");
     println!("|---|---|");
@@ -366,29 +424,44 @@ pub fn bench(a: Bench) -> Result<()> {
             .unwrap_or_default();
         for (i, rd) in rounds.iter().enumerate() {
             let g = |k: &str| rd[k].as_f64().unwrap_or(f64::NAN);
+            let load = match rd["quiet"].as_bool() {
+                Some(true) => format!("quiet, {:.1}% foreign CPU", 100.0 * g("foreign_load")),
+                Some(false) => format!(
+                    "**disturbed**, {:.1}% foreign CPU, not used",
+                    100.0 * g("foreign_load")
+                ),
+                None => "load not measurable".to_string(),
+            };
             println!(
-                "| round {}: full step samples/s, elastrec / PyTorch | {:.0} / {:.0} = {:.2}x |",
+                "| round {}: full step samples/s, elastrec / PyTorch | {:.0} / {:.0} = {:.2}x ({load}) |",
                 i + 1,
                 g("elastrec"),
                 g("pytorch"),
                 g("ratio")
             );
         }
+        let quiet_rounds = rounds.iter().filter(|r| r["quiet"] != false).count();
         println!(
             "| PyTorch dense part samples/s | {:.0} |",
             f("pytorch_dense")
         );
+        let ratio = |k: &str| match out[k].as_f64() {
+            Some(v) => format!("{v:.2}x"),
+            None => "not reported (disturbed)".to_string(),
+        };
         println!(
-            "| **elastrec / PyTorch, full step (median of {} rounds)** | **{:.2}x** |",
-            rounds.len(),
-            out["ratio_full_vs_pytorch"].as_f64().unwrap_or(f64::NAN)
+            "| **elastrec / PyTorch, full step (median of {quiet_rounds} quiet rounds)** | **{}** |",
+            ratio("ratio_full_vs_pytorch")
         );
         println!(
-            "| elastrec / PyTorch, dense part | {:.2}x |",
-            out["ratio_dense_vs_pytorch"].as_f64().unwrap_or(f64::NAN)
+            "| elastrec / PyTorch, dense part | {} |",
+            ratio("ratio_dense_vs_pytorch")
         );
     }
-    Ok(())
+    match disturbed {
+        Some(why) => bail!("{why}"),
+        None => Ok(()),
+    }
 }
 
 pub fn brain_plan(job: &Path, json: bool) -> Result<()> {

@@ -152,6 +152,14 @@ struct BenchArgs {
     /// both see the same machine speed; the ratio reported is the median round's.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// With `--pytorch`: a round in which other processes used more than this share of the
+    /// machine's CPU (`/proc/stat` against this process tree) is disturbed: it is repeated,
+    /// and its ratio is not used.
+    #[arg(long, default_value_t = 0.05)]
+    max_foreign_load: f64,
+    /// With `--pytorch`: disturbed rounds repeated at most this many times in all.
+    #[arg(long, default_value_t = 3)]
+    max_repeats: usize,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -297,6 +305,8 @@ fn main() -> anyhow::Result<()> {
             data_dir: a.data_dir,
             pytorch: a.pytorch,
             rounds: a.rounds,
+            max_foreign_load: a.max_foreign_load,
+            max_repeats: a.max_repeats,
             json: a.json,
         }),
     }

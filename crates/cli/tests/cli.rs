@@ -185,7 +185,7 @@ fn bad_job_files_are_rejected_naming_the_field() {
 
 #[test]
 fn every_subcommand_has_help() {
-    for sub in ["train", "gen-data", "eval", "bench"] {
+    for sub in ["train", "gen-data", "eval", "bench", "export"] {
         let out = ok(&elastrec(&[sub, "--help"]));
         assert!(out.contains("Usage"), "{sub}: {out}");
     }
@@ -396,4 +396,90 @@ fn manifest_dir() -> std::path::PathBuf {
     std::env::var_os("CARGO_MANIFEST_DIR")
         .expect("run the tests with cargo test")
         .into()
+}
+
+/// A stand-in for the PyTorch reference's interpreter. With `SPIN_PIDFILE` set it starts a
+/// CPU spinner it never waits for (load that is not the bench's own) and lets it burn
+/// inside the round; it always reports 1,000 samples/s.
+const FAKE_PYTHON: &str = r#"#!/bin/sh
+if [ -n "$SPIN_PIDFILE" ]; then
+  nohup sh -c 'while :; do :; done' >/dev/null 2>&1 &
+  echo $! >> "$SPIN_PIDFILE"
+  i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done
+fi
+echo '{"samples_per_s": 1000.0}'
+"#;
+
+/// Kills the spinners a fake reference started, even when an assertion fails.
+struct Spinners(PathBuf);
+
+impl Drop for Spinners {
+    fn drop(&mut self) {
+        for pid in std::fs::read_to_string(&self.0).unwrap_or_default().lines() {
+            if let Ok(pid) = pid.trim().parse::<i32>() {
+                // SAFETY: kill(2) of a spinner this test started.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+        }
+    }
+}
+
+/// `elastrec bench --pytorch` judges every round by the CPU other processes used: a ratio
+/// comes only from quiet rounds, and a run whose rounds were all disturbed reports none
+/// and fails, saying why.
+#[test]
+fn bench_reports_a_ratio_only_from_rounds_nothing_else_disturbed() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let python = tmp.path().join("python");
+    std::fs::write(&python, FAKE_PYTHON).unwrap();
+    std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let data = tmp.path().join("data");
+    let bench = |max_load: &str, env: &[(&str, &Path)]| {
+        Command::new(env!("CARGO_BIN_EXE_elastrec"))
+            .args(["bench", "--steps", "3", "--batch-size", "64"])
+            .args([
+                "--max-table-rows",
+                "1000",
+                "--rounds",
+                "2",
+                "--max-repeats",
+                "1",
+            ])
+            .args(["--max-foreign-load", max_load, "--json", "--data-dir"])
+            .arg(&data)
+            .arg("--pytorch")
+            .arg(&python)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap()
+    };
+    // Every round counts as quiet: the ratio is ours over the stand-in's 1,000/s.
+    let r: serde_json::Value = serde_json::from_str(&ok(&bench("1.0", &[]))).unwrap();
+    let rounds = r["full_step_rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), 2, "{r}");
+    assert!(rounds.iter().all(|x| x["quiet"] == true), "{r}");
+    let ratio = r["ratio_full_vs_pytorch"].as_f64().unwrap();
+    assert!(rounds.iter().any(|x| x["ratio"] == ratio), "{r}");
+
+    // A spinner outside the bench's process tree burns a core in every round.
+    let pids = tmp.path().join("spinners");
+    let _spinners = Spinners(pids.clone());
+    let out = bench("0.05", &[("SPIN_PIDFILE", &pids)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a disturbed run reported success: {err}"
+    );
+    assert!(err.contains("not reported"), "{err}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rounds = r["full_step_rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), 2, "one round and one repeat: {r}");
+    for x in rounds {
+        assert_eq!(x["quiet"], false, "{r}");
+        assert!(x["foreign_load"].as_f64().unwrap() > 0.05, "{r}");
+    }
+    assert!(r["ratio_full_vs_pytorch"].is_null(), "{r}");
 }

@@ -12,10 +12,13 @@
 //! * [`logloss`]: the clamped log-loss term, for evaluation and the master's
 //!   progressive validation of online jobs.
 //! * [`eval`]: the evaluation result workers report and the master records.
+//! * [`quiet`]: the foreign CPU load while a benchmark round ran, so that no benchmark
+//!   reports a ratio measured on a busy machine.
 
 pub mod auc;
 pub mod eval;
 pub mod logloss;
+pub mod quiet;
 pub mod splitmix;
 
 pub use auc::exact_auc;
