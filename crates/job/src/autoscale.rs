@@ -72,6 +72,16 @@ pub struct AutoscaleConfig {
     /// A PS whose mean time per pull/push is above this multiple of its peers' median, in
     /// two checks in a row, is hot: one more PS (within `ps`) takes rows off it.
     pub hot_ps_ratio: f64,
+    /// A job that starts without a plan (no warm start, or none found) explores: it grows
+    /// its workers again after each profile window while the last growth raised
+    /// throughput by at least this share of proportional (0.75: twice the workers gave
+    /// 1.5 times the samples/s or more). `0` turns exploration off: the brain plans from
+    /// the first profile on.
+    pub explore_efficiency: f64,
+    /// While the last growth reached this share of proportional, exploring quadruples the
+    /// workers instead of doubling them (scaling that is still linear is far from its
+    /// knee); above 1, it only doubles.
+    pub explore_linear: f64,
 }
 
 impl Default for AutoscaleConfig {
@@ -99,6 +109,8 @@ impl Default for AutoscaleConfig {
             worker_start_s: 2.0,
             ps_migration_s: 1.0,
             hot_ps_ratio: 3.0,
+            explore_efficiency: 0.75,
+            explore_linear: 0.9,
         }
     }
 }
@@ -184,6 +196,24 @@ pub(crate) fn validate_autoscale(job: &JobConfig, path: &Path) -> Result<(), Con
             return Err(bad(field, format!("must be a number >= 0, got {v}")));
         }
     }
+    if !(0.0..=1.0).contains(&a.explore_efficiency) {
+        return Err(bad(
+            "autoscale.explore_efficiency",
+            format!(
+                "must be in [0, 1] (a share of proportional speed-up; 0: no exploration), got {}",
+                a.explore_efficiency
+            ),
+        ));
+    }
+    if !(a.explore_linear.is_finite() && a.explore_linear >= a.explore_efficiency) {
+        return Err(bad(
+            "autoscale.explore_linear",
+            format!(
+                "must be at least autoscale.explore_efficiency ({}), got {}",
+                a.explore_efficiency, a.explore_linear
+            ),
+        ));
+    }
     if a.sample_s > a.interval_s {
         return Err(bad(
             "autoscale.sample_s",
@@ -241,5 +271,21 @@ mod tests {
         assert!(e.contains("autoscale.interval_s"), "{e}");
         let e = job("[autoscale]\nbounds = 1\n").unwrap_err().to_string();
         assert!(e.contains("bounds"), "{e}");
+        let e = job("[autoscale]\nexplore_efficiency = 1.5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("autoscale.explore_efficiency"), "{e}");
+        let e = job("[autoscale]\nexplore_efficiency = 0.8\nexplore_linear = 0.7\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("autoscale.explore_linear") && e.contains("0.8"),
+            "{e}"
+        );
+        let j = job("[autoscale]\nexplore_efficiency = 0.0\n").unwrap();
+        assert_eq!(
+            j.autoscale.explore_efficiency, 0.0,
+            "0 turns exploration off"
+        );
     }
 }

@@ -68,19 +68,18 @@ pub struct Settings {
     pub send_capacity: bool,
     /// The job starts without a plan (no warm start from the brain's history): its probes
     /// double the workers while throughput rises nearly in proportion
-    /// ([`EXPLORE_EFFICIENCY`]; quadruple while it is linear, [`EXPLORE_LINEAR`]), so that a
+    /// (`explore_efficiency`; quadruple while it is linear, `explore_linear`), so that a
     /// cold job reaches its scale in a few windows and its profile spans the curve the fit
     /// needs.
     pub explore: bool,
+    /// While exploring, the workers grow again only if the last growth raised throughput
+    /// by at least this share of proportional (`autoscale.explore_efficiency`, 0.75: 2x
+    /// workers gave 1.5x samples/s or more).
+    pub explore_efficiency: f64,
+    /// At or above this share of proportional, exploring quadruples the workers instead of
+    /// doubling them (`autoscale.explore_linear`, 0.9).
+    pub explore_linear: f64,
 }
-
-/// While exploring, the workers grow again only if the last growth raised throughput by
-/// at least this share of proportional (0.75: 2x workers gave 1.5x samples/s or more).
-pub const EXPLORE_EFFICIENCY: f64 = 0.75;
-
-/// At or above this share of proportional, exploring quadruples the workers instead of
-/// doubling them: scaling that is still linear is far from its knee.
-pub const EXPLORE_LINEAR: f64 = 0.9;
 
 impl Settings {
     /// Cores per worker and thousandths of cores per PS now: what, beside the node
@@ -279,7 +278,8 @@ pub fn hot_ps(loads: &[PsLoad], ratio: f64) -> Option<(u32, f64, f64)> {
 impl Autoscaler {
     /// A new autoscaler for a job that started at `now_ms`.
     pub fn new(settings: Settings, now_ms: u64) -> Self {
-        let exploring = settings.explore;
+        // An efficiency of 0 turns exploration off (`autoscale.explore_efficiency`).
+        let exploring = settings.explore && settings.explore_efficiency > 0.0;
         Self {
             settings,
             started_ms: now_ms,
@@ -581,8 +581,8 @@ impl Autoscaler {
 
     /// While exploring: the next growth, if the last one paid (throughput at the current
     /// workers against the largest smaller count measured at the same PS and cores is at
-    /// least [`EXPLORE_EFFICIENCY`] of proportional; four times the workers at
-    /// [`EXPLORE_LINEAR`], else twice) and the bounds and capacity leave room.
+    /// least `explore_efficiency` of proportional; four times the workers at
+    /// `explore_linear`, else twice) and the bounds and capacity leave room.
     fn keep_growing(&self, v: &View) -> Option<(u32, String)> {
         let (now, w, p) = self.measured?;
         if (w, p) != (v.workers, v.ps) {
@@ -594,10 +594,11 @@ impl Autoscaler {
             .range((p, cpu, ps_cpu, 0)..(p, cpu, ps_cpu, w))
             .next_back()?;
         let efficiency = (now / before) / (f64::from(w) / f64::from(w0));
-        let to = self.grown(v, if efficiency >= EXPLORE_LINEAR { 4 } else { 2 });
+        let linear = efficiency >= self.settings.explore_linear;
+        let to = self.grown(v, if linear { 4 } else { 2 });
         let room = self.settings.allocation(to, p).total_cpu() <= self.settings.cluster_cpu + 1e-9;
         let [_, wmax] = self.settings.workers;
-        (efficiency >= EXPLORE_EFFICIENCY && w < wmax && room).then(|| {
+        (efficiency >= self.settings.explore_efficiency && w < wmax && room).then(|| {
             (
                 to,
                 format!(
@@ -869,6 +870,8 @@ mod tests {
             hot_ratio: 3.0,
             send_capacity: true,
             explore: false,
+            explore_efficiency: 0.75,
+            explore_linear: 0.9,
         }
     }
 
@@ -932,19 +935,9 @@ mod tests {
     /// while throughput keeps proportional, twice while it nearly does, and stops when a
     /// growth no longer pays: the brain then plans from a profile that spans the curve. A
     /// job that scales badly from the start stops after its first probe.
-    #[test]
-    fn a_cold_job_doubles_its_workers_while_throughput_keeps_up() {
-        let cold = Settings {
-            workers: [1, 32],
-            explore: true,
-            cluster_cpu: 64.0,
-            ..settings()
-        };
-        let rate = |w: u32| match w {
-            8 => 7_000,
-            16 => 8_400,
-            w => 1_000 * u64::from(w),
-        };
+    /// The worker counts a cold job explores through, window after window, until the
+    /// brain plans, when `w` workers train `rate(w)` samples/s.
+    fn explored(cold: &Settings, rate: impl Fn(u32) -> u64) -> (Vec<u32>, Autoscaler) {
         let mut a = Autoscaler::new(cold.clone(), 0);
         let (mut t, mut s) = (0, 0);
         let mut workers = 1;
@@ -967,6 +960,25 @@ mod tests {
             }
             assert!(path.len() < 8, "{path:?}");
         }
+        (path, a)
+    }
+
+    #[test]
+    fn a_cold_job_doubles_its_workers_while_throughput_keeps_up() {
+        let cold = Settings {
+            workers: [1, 32],
+            explore: true,
+            explore_efficiency: 0.75,
+            explore_linear: 0.9,
+            cluster_cpu: 64.0,
+            ..settings()
+        };
+        let rate = |w: u32| match w {
+            8 => 7_000,
+            16 => 8_400,
+            w => 1_000 * u64::from(w),
+        };
+        let (path, a) = explored(&cold, rate);
         // 1 -> 2 is proportional: four times the workers; 2 -> 8 gives 3.5x (88%): twice;
         // 8 -> 16 gives 1.2x (60%): the brain plans from here.
         assert_eq!(path, [1, 2, 8, 16]);
@@ -975,6 +987,26 @@ mod tests {
             probes[2].contains("2 -> 8 workers raised throughput 3.50x"),
             "{probes:?}"
         );
+
+        // The thresholds are the job's (`autoscale.explore_linear`, `explore_efficiency`):
+        // never quadrupling, the same curve is walked in doublings; a stricter efficiency
+        // stops where 2 -> 8 gave 88% of proportional.
+        let doubling = Settings {
+            explore_linear: 2.0,
+            ..cold.clone()
+        };
+        assert_eq!(explored(&doubling, rate).0, [1, 2, 4, 8, 16]);
+        let strict = Settings {
+            explore_efficiency: 0.9,
+            ..cold.clone()
+        };
+        assert_eq!(explored(&strict, rate).0, [1, 2, 8]);
+        let off = Settings {
+            explore_efficiency: 0.0,
+            ..cold.clone()
+        };
+        // Off: only the one probe a fit needs (a second allocation), then the brain.
+        assert_eq!(explored(&off, rate).0, [1, 2]);
 
         // Compute-bound: 2 workers are barely faster than 1; no second doubling.
         let mut a = Autoscaler::new(cold, 0);

@@ -59,6 +59,8 @@ pub fn settings(cfg: &JobConfig, brain_job_id: &str) -> Settings {
         send_capacity: a.brain.is_empty(),
         // Set by the loop: only a new job without a warm start explores.
         explore: false,
+        explore_efficiency: a.explore_efficiency,
+        explore_linear: a.explore_linear,
     }
 }
 
