@@ -54,7 +54,7 @@ pub struct TableShard {
 impl TableShard {
     /// Builds shard `shard` of table `table` (a `rows`-row table) and initializes every row
     /// deterministically from `seed` (see [`crate::init_row`]; the optimizer state starts at
-    /// [`SparseOptimizerConfig::initial_state`]).
+    /// [`SparseOptimizerConfig::init_state`]).
     pub fn new(
         table: usize,
         rows: u64,
@@ -96,7 +96,7 @@ impl TableShard {
             });
         }
         let local_rows = local as usize;
-        let stride = dim + optimizer.state_len();
+        let stride = dim + optimizer.state_len(dim);
         Ok(Self {
             table,
             rows,
@@ -114,11 +114,7 @@ impl TableShard {
     /// Resets every row to its seeded initial value and state.
     pub fn reinitialize(&mut self, seed: u64) {
         let (table, dim, stride) = (self.table, self.dim, self.stride);
-        let (shard, bound, state0) = (
-            self.shard,
-            init_bound(self.rows),
-            self.optimizer.initial_state(),
-        );
+        let (shard, bound, optimizer) = (self.shard, init_bound(self.rows), self.optimizer);
         self.data
             .par_chunks_mut(stride * INIT_CHUNK_ROWS)
             .enumerate()
@@ -128,7 +124,7 @@ impl TableShard {
                     let global = global_row(table, local, shard.index, shard.count);
                     let (w, state) = row.split_at_mut(dim);
                     init_row(seed, table, global, bound, w);
-                    state.fill(state0);
+                    optimizer.init_state(state);
                 }
             });
     }

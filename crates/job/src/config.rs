@@ -697,6 +697,24 @@ mod tests {
             matches!(cfg.optimizer.dense, DenseOptimizerConfig::Adam { lr, .. } if lr == 0.001)
         );
         assert_eq!(cfg.optimizer.sparse, SparseOptimizerConfig::Sgd { lr: 0.1 });
+        let cfg = parse("[optimizer.sparse]\ntype = \"ftrl\"\nl1 = 0.01\n").unwrap();
+        assert_eq!(
+            cfg.optimizer.sparse,
+            SparseOptimizerConfig::Ftrl {
+                lr: 0.05,
+                beta: 1.0,
+                l1: 0.01,
+                l2: 0.0,
+                initial_accumulator: 0.1
+            }
+        );
+        let err = parse("[optimizer.sparse]\ntype = \"adam\"\nbeta2 = 1.0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("optimizer.sparse") && err.contains("beta2"),
+            "{err}"
+        );
         let err = parse("[optimizer.dense]\ntype = \"adagrad\"\nlr = -1.0\n")
             .unwrap_err()
             .to_string();

@@ -105,6 +105,53 @@ impl Reference {
                             v[j] -= lr / denom * g[j];
                         }
                     }
+                    SparseOptimizerConfig::Adagrad { lr, eps, .. } => {
+                        for j in 0..d {
+                            v[d + j] += g[j] * g[j];
+                            v[j] -= lr * g[j] / (v[d + j].sqrt() + eps);
+                        }
+                    }
+                    SparseOptimizerConfig::Adam {
+                        lr,
+                        beta1,
+                        beta2,
+                        eps,
+                    } => {
+                        // Layout [w | m | v | t], in f64 here.
+                        v[3 * d] += 1.0;
+                        let t = v[3 * d] as i32;
+                        for j in 0..d {
+                            let gj = f64::from(g[j]);
+                            let m = f64::from(beta1) * f64::from(v[d + j])
+                                + (1.0 - f64::from(beta1)) * gj;
+                            let s = f64::from(beta2) * f64::from(v[2 * d + j])
+                                + (1.0 - f64::from(beta2)) * gj * gj;
+                            let m_hat = m / (1.0 - f64::from(beta1).powi(t));
+                            let s_hat = s / (1.0 - f64::from(beta2).powi(t));
+                            v[j] -=
+                                (f64::from(lr) * m_hat / (s_hat.sqrt() + f64::from(eps))) as f32;
+                            v[d + j] = m as f32;
+                            v[2 * d + j] = s as f32;
+                        }
+                    }
+                    SparseOptimizerConfig::Ftrl {
+                        lr, beta, l1, l2, ..
+                    } => {
+                        // Layout [w | z | n].
+                        for j in 0..d {
+                            let (w, z, n) = (v[j], v[d + j], v[2 * d + j]);
+                            let n2 = n + g[j] * g[j];
+                            let z2 = z + g[j] - (n2.sqrt() - n.sqrt()) / lr * w;
+                            v[d + j] = z2;
+                            v[2 * d + j] = n2;
+                            v[j] = if z2.abs() <= l1 {
+                                0.0
+                            } else {
+                                let shrunk = if z2 > 0.0 { z2 - l1 } else { z2 + l1 };
+                                -shrunk / ((beta + n2.sqrt()) / lr + l2)
+                            };
+                        }
+                    }
                 }
             }
         }

@@ -12,7 +12,7 @@ fn overhead_beyond_raw_rows_is_at_most_ten_percent() {
         (4, SparseOptimizerConfig::Sgd { lr: 0.1 }),
     ] {
         let store = EmbeddingStore::new(config(rows.clone(), d, opt)).unwrap();
-        let stride = d + opt.state_len();
+        let stride = d + opt.state_len(d);
         let raw: u64 = rows.iter().map(|r| r * stride as u64 * 4).sum();
         assert_eq!(store.raw_bytes() as u64, raw);
         let ratio = store.memory_bytes() as f64 / store.raw_bytes() as f64;
