@@ -459,23 +459,34 @@ impl Autoscaler {
             samples: std::mem::take(&mut self.unreported),
             memory: std::mem::take(&mut self.memory),
         };
-        let [_, wmax] = self.settings.workers;
+        let [wmin, wmax] = self.settings.workers;
         // A probe takes a worker without asking: only where the job plans its own
         // capacity, and only when the capacity has room for it. On a shared brain service
         // every worker comes from the cluster's plan.
         let room = self.settings.allocation(v.workers + 1, v.ps).total_cpu()
             <= self.settings.cluster_cpu + 1e-9;
-        if self.settings.send_capacity && room && self.seen_workers.len() < 2 && v.workers < wmax {
-            let to = if self.exploring {
-                self.grown(v, 2)
+        if self.settings.send_capacity && self.seen_workers.len() < 2 {
+            // Up when there is room; otherwise (a warm start that filled the capacity) down
+            // by a quarter. A fit from one allocation predicted 1 worker as fast as 15 and
+            // the job dropped to 1: the second allocation must be measured, not guessed.
+            let to = if room && v.workers < wmax {
+                Some(if self.exploring {
+                    self.grown(v, 2)
+                } else {
+                    v.workers + 1
+                })
+            } else if v.workers > wmin {
+                Some((v.workers * 3 / 4).clamp(wmin, v.workers - 1))
             } else {
-                v.workers + 1
+                None
             };
-            let d = self.worker_probe(v, to, format!(
-                "probe: the profile holds only {} worker(s); {to} workers measure how throughput scales (the fit needs two allocations)",
-                v.workers
-            ));
-            return Round::Probe(report, d);
+            if let Some(to) = to {
+                let d = self.worker_probe(v, to, format!(
+                    "probe: the profile holds only {} worker(s); {to} workers measure how throughput scales (the fit needs two allocations)",
+                    v.workers
+                ));
+                return Round::Probe(report, d);
+            }
         }
         if self.exploring {
             match self.keep_growing(v) {
@@ -1101,6 +1112,27 @@ mod tests {
             matches!(d, Decision::Refuse(ref w) if w.contains("worker_cpu_max")),
             "{d:?}"
         );
+    }
+
+    /// A warm start that fills the capacity cannot probe upwards; it probes a quarter
+    /// down instead of planning from one allocation.
+    #[test]
+    fn a_full_single_allocation_is_probed_downwards() {
+        let mut a = Autoscaler::new(
+            Settings {
+                workers: [1, 16],
+                cluster_cpu: 16.0,
+                ..settings()
+            },
+            0,
+        );
+        let (mut t, mut s) = (0, 0);
+        run(&mut a, &mut t, &mut s, 15, 60_000, 4);
+        let v = view(t, 15, s);
+        let Round::Probe(_, d) = a.next_round(&v) else {
+            panic!("expected a probe, not a plan from one allocation")
+        };
+        assert!(matches!(d, Decision::Apply { workers: 11, .. }), "{d:?}");
     }
 
     #[test]
