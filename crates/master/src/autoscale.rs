@@ -725,6 +725,7 @@ impl Autoscaler {
                 "a parameter server is being recovered; scaling waits until it runs".into(),
             );
         }
+        let (workers, guessed) = self.trusted_workers(a.workers);
         // A PS change for memory (a server would reach its limit before the job ends) is
         // always made. One for speed only once the profile spans two PS counts: from one,
         // the fit cannot tell what the PS terms of Eq. 2-5 are worth, and a re-sharding
@@ -761,7 +762,7 @@ impl Autoscaler {
             } else {
                 a.ps_cpu
             };
-        if (a.workers, ps) == (v.workers, v.ps) && cpu == now_cpu && ps_cpu == now_ps_cpu {
+        if (workers, ps) == (v.workers, v.ps) && cpu == now_cpu && ps_cpu == now_ps_cpu {
             return Decision::Keep(match ps_note {
                 Some(why) => format!("the plan's PS change ({} -> {}) {why}", v.ps, a.ps),
                 None => format!("the plan keeps {} workers and {} PS", v.workers, v.ps),
@@ -771,7 +772,7 @@ impl Autoscaler {
             let change = (tp - now) / now;
             // Fewer nodes for the same speed is a saving; more nodes must be faster.
             let cheaper =
-                a.workers <= v.workers && ps <= v.ps && cpu <= now_cpu && ps_cpu <= now_ps_cpu;
+                workers <= v.workers && ps <= v.ps && cpu <= now_cpu && ps_cpu <= now_ps_cpu;
             if !cheaper && !for_memory && change < self.settings.min_gain {
                 return Decision::Keep(format!(
                     "predicted {tp:.0} samples/s is {:+.1}% of the measured {now:.0}, below autoscale.min_gain ({:.0}%)",
@@ -779,15 +780,49 @@ impl Autoscaler {
                     self.settings.min_gain * 100.0
                 ));
             }
+            // A job that plans its own capacity saves nodes only at about the same speed:
+            // a plan 10% slower for fewer workers made a warm job lose what it saved.
+            // (A shared brain service shrinks a job for the others: its plan stands.)
+            if cheaper && self.settings.send_capacity && change < -self.settings.min_gain {
+                return Decision::Keep(format!(
+                    "predicted {tp:.0} samples/s is {:+.1}% of the measured {now:.0}: fewer nodes only within autoscale.min_gain ({:.0}%) of the measured speed",
+                    change * 100.0,
+                    self.settings.min_gain * 100.0
+                ));
+            }
         }
+        let mut reasons = plan.reasons.clone();
+        reasons.extend(guessed.clone());
         Decision::Apply {
-            workers: a.workers,
+            workers,
             worker_cpu: cpu,
             ps,
             ps_cpu,
-            predicted: Some(tp),
-            reasons: plan.reasons.clone(),
+            // The prediction was for the plan's count, not the trusted step towards it.
+            predicted: guessed.is_none().then_some(tp),
+            reasons,
         }
+    }
+
+    /// The plan's worker count, or the nearest one the fit can be trusted with: within
+    /// half the fewest and twice the most workers the profile measured (with a note why).
+    /// A fit of throughput against workers extrapolates badly: one over 11 and 15 workers,
+    /// where the job was bound by its PS, predicted 1 worker as fast, and a warm job went
+    /// from 11 workers to 1 and back. Clamped, such a plan becomes a step that measures.
+    fn trusted_workers(&self, planned: u32) -> (u32, Option<String>) {
+        let (Some(&lo), Some(&hi)) = (self.seen_workers.first(), self.seen_workers.last()) else {
+            return (planned, None);
+        };
+        let trusted = planned.clamp((lo / 2).max(1), hi.saturating_mul(2));
+        if trusted == planned {
+            return (planned, None);
+        }
+        (
+            trusted,
+            Some(format!(
+                "{planned} workers is outside what the fit can be trusted with (the profile measured {lo} to {hi}; half to twice that): {trusted} workers first, measured before going further"
+            )),
+        )
     }
 
     /// Records an executed decision.
@@ -1079,6 +1114,12 @@ mod tests {
         // Fewer workers for about the same speed is a saving: applied.
         let d = a.review(&plan(1, 1, 1790.0), &v);
         assert!(matches!(d, Decision::Apply { workers: 1, .. }), "{d:?}");
+        // Fewer workers at a sixth less speed is not "about the same": kept.
+        let d = a.review(&plan(1, 1, 1500.0), &v);
+        assert!(
+            matches!(d, Decision::Keep(ref w) if w.contains("-16.7%") && w.contains("fewer nodes")),
+            "{d:?}"
+        );
     }
 
     #[test]
@@ -1133,6 +1174,29 @@ mod tests {
             panic!("expected a probe, not a plan from one allocation")
         };
         assert!(matches!(d, Decision::Apply { workers: 11, .. }), "{d:?}");
+        a.applied(&d, &v, "probe");
+        run(&mut a, &mut t, &mut s, 11, 57_000, 4);
+        let v = view(t, 11, s);
+        // A fit over 11 and 15 workers that calls 1 worker as fast is not trusted that far:
+        // the plan becomes a step to half the fewest workers measured.
+        let d = a.review(&plan(1, 1, 63_000.0), &v);
+        assert!(
+            matches!(d, Decision::Apply { workers: 5, predicted: None, ref reasons, .. }
+                if reasons.iter().any(|r| r.contains("1 workers is outside"))),
+            "{d:?}"
+        );
+        let d = a.review(&plan(16, 1, 70_000.0), &v);
+        assert!(
+            matches!(
+                d,
+                Decision::Apply {
+                    workers: 16,
+                    predicted: Some(_),
+                    ..
+                }
+            ),
+            "within twice the most measured: as planned: {d:?}"
+        );
     }
 
     #[test]
