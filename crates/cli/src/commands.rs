@@ -381,11 +381,22 @@ pub fn bench(a: Bench) -> Result<()> {
     }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&out)?);
-        return match disturbed {
-            Some(why) => bail!("{why}"),
-            None => Ok(()),
-        };
+    } else {
+        print_bench_table(&r, &out, a.pytorch.is_some());
     }
+    match disturbed {
+        Some(why) => bail!("{why}"),
+        None => Ok(()),
+    }
+}
+
+/// `elastrec bench`'s report as a Markdown table (`out`: the JSON report, for the PyTorch
+/// rounds and ratios).
+fn print_bench_table(
+    r: &elastrec_worker::bench::BenchReport,
+    out: &serde_json::Value,
+    pytorch: bool,
+) {
     println!("| measurement | value |");
     println!("|---|---|");
     println!("| threads | {} |", r.threads);
@@ -416,7 +427,7 @@ pub fn bench(a: Bench) -> Result<()> {
             rss as f64 / (1 << 20) as f64
         );
     }
-    if a.pytorch.is_some() {
+    if pytorch {
         let f = |k: &str| out[k]["samples_per_s"].as_f64().unwrap_or(f64::NAN);
         let rounds = out["full_step_rounds"]
             .as_array()
@@ -457,10 +468,6 @@ pub fn bench(a: Bench) -> Result<()> {
             "| elastrec / PyTorch, dense part | {} |",
             ratio("ratio_dense_vs_pytorch")
         );
-    }
-    match disturbed {
-        Some(why) => bail!("{why}"),
-        None => Ok(()),
     }
 }
 

@@ -129,11 +129,6 @@ impl Exporter {
         }
     }
 
-    /// The directory of the exports.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// Starts an export of checkpoint `newest` when the interval has passed since the last
     /// one, no export runs, and the checkpoint is newer than the last exported one.
     pub fn poll(self: &Arc<Self>, newest: u64) {
