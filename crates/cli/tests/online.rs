@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
 
 /// Replays `files` into `topic` as fast as the broker takes them; `producer` adds
 /// librdkafka producer properties (`KEY=VALUE`).
@@ -44,6 +45,14 @@ fn online_job(name: &str, brokers: &str) -> (PathBuf, PathBuf) {
 
 /// An online job; `cluster` and `stream` are extra lines of those sections (a `ps = N`
 /// line in `cluster` replaces the default of 1 PS).
+/// A mock broker holding the tests' topic `clicks` (3 partitions), and its address.
+fn mock_clicks() -> (MockCluster<'static, DefaultProducerContext>, String) {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("clicks", 3, 1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    (cluster, brokers)
+}
+
 fn online_job_with(
     name: &str,
     brokers: &str,
@@ -175,9 +184,8 @@ fn assert_progressive(r: &serde_json::Value, total: u64) {
 #[test]
 fn kafka_an_online_job_trains_every_message_exactly_once_across_a_worker_kill() {
     let _g = serial();
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic("clicks", 3, 1).unwrap();
-    exactly_once_across_a_worker_kill("online-kill", &cluster.bootstrap_servers(), &[], "");
+    let (_cluster, brokers) = mock_clicks();
+    exactly_once_across_a_worker_kill("online-kill", &brokers, &[], "");
 }
 
 /// A Tansu broker (a Kafka-compatible server, `../shared/INFRA.md`) on a loopback port,
@@ -430,9 +438,7 @@ fn day_one_then_stop(
 #[test]
 fn kafka_a_ps_killed_mid_stream_is_recovered_and_every_message_trains_once() {
     let _g = serial();
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic("clicks", 3, 1).unwrap();
-    let brokers = cluster.bootstrap_servers();
+    let (_cluster, brokers) = mock_clicks();
     let cluster_lines = "ps = 2\n[checkpoint]\ninterval_s = 3600.0\nrecovery = \"partial\"";
     let (dir, g, log, first_n) = held_online_job("online-ps-kill", &brokers, "", cluster_lines);
     take_checkpoint(&dir);
@@ -464,9 +470,7 @@ fn kafka_a_ps_killed_mid_stream_is_recovered_and_every_message_trains_once() {
 #[test]
 fn kafka_a_broker_outage_is_waited_out_and_nothing_is_lost() {
     let _g = serial();
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic("clicks", 3, 1).unwrap();
-    let brokers = cluster.bootstrap_servers();
+    let (cluster, brokers) = mock_clicks();
     let (dir, g, log, first_n) = held_online_job("online-outage", &brokers, "", "");
     cluster.broker_down(1).unwrap();
     // The broker stays down until the master has noticed.
@@ -487,9 +491,7 @@ fn kafka_a_broker_outage_is_waited_out_and_nothing_is_lost() {
 #[test]
 fn kafka_an_online_job_exports_its_newest_checkpoint_for_serving() {
     let _g = serial();
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic("clicks", 3, 1).unwrap();
-    let brokers = cluster.bootstrap_servers();
+    let (_cluster, brokers) = mock_clicks();
     let output = "export_every_s = 0.001\nexport_keep = 2";
     let cluster_lines = "ps = 2\n[checkpoint]\ninterval_s = 3600.0";
     let (dir, g, log, first_n) = held_online_job("online-export", &brokers, output, cluster_lines);
