@@ -24,7 +24,8 @@
 //! # Storage
 //! One [`TableShard`] per table holds a single `Vec<f32>` arena; row `l` occupies
 //! `[l * stride, (l + 1) * stride)` with `stride = dim + state_len`: the weights followed by
-//! the optimizer state (row-wise Adagrad: one accumulator, SGD: none). Overhead beyond the raw
+//! the optimizer state (SGD: none; row-wise Adagrad: one accumulator; Adagrad: `dim`;
+//! lazy Adam: `2·dim + 1`; FTRL: `2·dim`). Overhead beyond the raw
 //! row bytes is a few hundred bytes per table ([`EmbeddingStore::memory_bytes`] vs
 //! [`EmbeddingStore::raw_bytes`]); optional 4-byte-per-row access counters (for CPR-style MFU
 //! checkpointing) are off by default.
