@@ -535,3 +535,126 @@ fn kafka_an_online_job_exports_its_newest_checkpoint_for_serving() {
     let last = eval_model(&dir.join("model.bin"));
     assert!(last["auc"].as_f64().unwrap() > 0.6, "{last}");
 }
+
+/// A batch + stream mixture job: `online_job_with`'s job plus day 0 as its history and a
+/// `[data.mix]` section of `mix` lines.
+fn mixture_job(name: &str, brokers: &str, mix: &str) -> (PathBuf, PathBuf) {
+    let (job, dir) = online_job_with(name, brokers, "", "", "");
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("train = []\n", "train = [\"day_0.tsv\"]\n")
+        .replace("[model]", &format!("[data.mix]\n{mix}\n[model]"));
+    std::fs::write(&job, text).unwrap();
+    (job, dir)
+}
+
+/// Stops a mixture job once `total` samples (history and stream) trained, and checks an
+/// exact ledger over both sources. Returns the result.
+fn stop_mixture(dir: &Path, g: &mut Group, log: &Path, total: u64) -> serde_json::Value {
+    wait_for(Duration::from_secs(240), || samples_done(dir) >= total);
+    stop(dir);
+    let text = g.wait_success(log);
+    let r = result(dir);
+    assert_eq!(r["status"], "finished", "{r}\n{text}");
+    assert_eq!(r["ledger"]["consumed"], total, "{r}");
+    assert_eq!(r["ledger"]["duplicated"], 0, "{r}");
+    assert_eq!(r["ledger"]["missing"], 0, "{r}");
+    assert!(r["online"]["mix"].is_object(), "{r}");
+    let auc = r["eval"]["auc"].as_f64().unwrap();
+    assert!(auc > 0.6, "the mixed model learned: AUC {auc}\n{text}");
+    r
+}
+
+/// Primus's prioritized serving (Eq. 4) in one job: day 0 as history, the stream's
+/// messages as they arrive. A worker killed mid-run loses nothing; every history row and
+/// every offset trains exactly once; progressive validation judges the stream only.
+#[test]
+fn kafka_a_mixture_job_trains_its_history_and_its_stream_exactly_once() {
+    let _g = serial();
+    let (_cluster, brokers) = mock_clicks();
+    let f = fixture();
+    let day = |d: u32| f.dir.join(format!("data/day_{d}.tsv"));
+    let history = ROWS / 3;
+    let first = replay(&brokers, "clicks", &[day(1)], &[])["samples"]
+        .as_u64()
+        .unwrap();
+    let name = "mix-priority";
+    let mix = "mode = \"priority\"\nhistory_weight = 1.0\nstream_weight = 4.0";
+    let (job, dir) = mixture_job(name, &brokers, mix);
+    let log = f.dir.join(format!("{name}.log"));
+    let at = ((history + first) / 3).to_string();
+    let mut g = Group::spawn(
+        &["run", job.to_str().unwrap(), "--pause-at-samples", &at],
+        &log,
+    );
+    let s = wait_held(&dir);
+    let m = &s["stream"]["mix"];
+    assert!(
+        m["serving"].as_str().unwrap().starts_with("priority"),
+        "{s}"
+    );
+    let table = elastrec(&["status", dir.to_str().unwrap()]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("mixture (priority"), "{table}");
+    let (victim, pid) = running_workers(&s)[0];
+    // SAFETY: kill(2) on a worker process this test's job started.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+    wait_not_running(&dir, victim);
+    unpause(&dir);
+    // More traffic arrives while the history is still being trained.
+    let second = replay(&brokers, "clicks", &[day(1)], &[])["samples"]
+        .as_u64()
+        .unwrap();
+    let stream = first + second;
+    let r = stop_mixture(&dir, &mut g, &log, history + stream);
+    let served = &r["online"]["mix"]["served"];
+    assert!(
+        served["history"]["rows"].as_u64().unwrap() >= history,
+        "{r}"
+    );
+    assert!(served["stream"]["rows"].as_u64().unwrap() >= stream, "{r}");
+    // The history is trained, but not predicted: the window holds stream samples only.
+    assert_progressive(&r, stream);
+    assert_eq!(r["export"]["model"]["samples"], history + stream, "{r}");
+}
+
+/// `mode = "sequential"`: the whole history before any stream data. Held half-way through
+/// the history, nothing of the stream has been served; the master is killed there and
+/// resumed from its database with both sources where they were.
+#[test]
+fn kafka_a_sequential_mixture_trains_the_history_first_and_resumes_after_a_master_kill() {
+    let _g = serial();
+    let (_cluster, brokers) = mock_clicks();
+    let f = fixture();
+    let history = ROWS / 3;
+    let stream = replay(&brokers, "clicks", &[f.dir.join("data/day_1.tsv")], &[])["samples"]
+        .as_u64()
+        .unwrap();
+    let name = "mix-sequential";
+    let (job, dir) = mixture_job(name, &brokers, "mode = \"sequential\"");
+    let log = f.dir.join(format!("{name}.log"));
+    let at = (history / 2).to_string();
+    let mut g = Group::spawn(
+        &["run", job.to_str().unwrap(), "--pause-at-samples", &at],
+        &log,
+    );
+    let s = wait_held(&dir);
+    let m = &s["stream"]["mix"];
+    assert_eq!(m["served"]["stream"]["rows"], 0, "{s}");
+    assert!(m["queued"]["history"].as_u64().unwrap() > 0, "{s}");
+    assert!(m["queued"]["stream"].as_u64().unwrap() > 0, "{s}");
+    // SAFETY: plain kill(2) of the master only; its nodes keep running.
+    unsafe {
+        libc::kill(g.pid(), libc::SIGKILL);
+    }
+    let _ = g.wait(Duration::from_secs(30));
+    let log2 = f.dir.join(format!("{name}.resume.log"));
+    let mut g = Group::spawn(&["run", "--resume", dir.to_str().unwrap()], &log2);
+    let s = wait_held(&dir);
+    let m = &s["stream"]["mix"];
+    assert!(m["queued"]["history"].as_u64().unwrap() > 0, "{s}");
+    unpause(&dir);
+    stop_mixture(&dir, &mut g, &log2, history + stream);
+}

@@ -73,6 +73,11 @@ pub struct DataConfig {
     pub follow: bool,
     /// How often a following job lists its datasets (a duration like `"1m"` or `"30s"`).
     pub follow_every: String,
+    /// Batch + stream mixture (`[data.mix]`, `elastrec run` with a `[stream]`): the job
+    /// trains its history (`train` files or training datasets) and its stream together,
+    /// served as `mode` says (`docs/data.md`). Absent: an online job trains its stream
+    /// only.
+    pub mix: Option<crate::mix::MixConfig>,
 }
 
 impl DataConfig {
@@ -94,6 +99,7 @@ impl Default for DataConfig {
             now: None,
             follow: false,
             follow_every: "1m".into(),
+            mix: None,
         }
     }
 }
@@ -406,8 +412,11 @@ impl JobConfig {
         if self.data.generate.is_some() && !self.data.dir.exists() {
             return Ok(());
         }
-        // An online job trains from its [stream]; `data.train` is not read.
-        let train = if self.stream.is_some() || !self.data.dataset.is_empty() {
+        // An online job trains from its [stream]; `data.train` is not read (unless it is a
+        // mixture's history).
+        let train = if (self.stream.is_some() && self.data.mix.is_none())
+            || !self.data.dataset.is_empty()
+        {
             Vec::new()
         } else {
             self.train_files()
@@ -476,6 +485,64 @@ impl JobConfig {
         Ok(())
     }
 
+    /// A mixture job (`[data.mix]`) needs a stream and a history, each trained once.
+    fn check_mix(&self) -> Result<(), (&'static str, String)> {
+        let train_datasets = self
+            .data
+            .has_dataset(elastrec_orchestrate::DatasetRole::Train);
+        let Some(mix) = &self.data.mix else {
+            if self.stream.is_some() && train_datasets {
+                return Err((
+                    "data.mix",
+                    "an online job ([stream]) with training datasets mixes batch and stream data: \
+                     add a [data.mix] section to say how (mode = \"sequential\", \"weighted\" or \"priority\"; docs/data.md)"
+                        .into(),
+                ));
+            }
+            return Ok(());
+        };
+        mix.validate()?;
+        let Some(stream) = &self.stream else {
+            return Err((
+                "data.mix",
+                "mixes the history with a stream, and the job has no [stream] section".into(),
+            ));
+        };
+        if self.data.follow {
+            return Err((
+                "data.follow",
+                "a mixture job ([data.mix]) trains a fixed history, then its stream; following datasets is not built for it".into(),
+            ));
+        }
+        if self.train.epochs != 1 {
+            return Err((
+                "train.epochs",
+                format!(
+                    "a mixture job ([data.mix]) trains each history row once before or beside its stream; set train.epochs = 1 (it is {})",
+                    self.train.epochs
+                ),
+            ));
+        }
+        if stream.assignment == crate::stream::PartitionAssignment::Pinned {
+            return Err((
+                "stream.assignment",
+                "\"pinned\" deals partitions to fixed workers, which a mixture's history tasks have no place in; use \"shared\"".into(),
+            ));
+        }
+        if self.data.train.is_empty() && !train_datasets {
+            return Err((
+                "data.train",
+                "a mixture job ([data.mix]) needs a history: name data.train files or a [[data.dataset]] with role = \"train\"".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// True for a batch + stream mixture job.
+    pub fn is_mixture(&self) -> bool {
+        self.stream.is_some() && self.data.mix.is_some()
+    }
+
     /// How often a following job lists its datasets.
     pub fn follow_every(&self) -> std::time::Duration {
         humantime::parse_duration(&self.data.follow_every)
@@ -499,14 +566,8 @@ impl JobConfig {
                 ));
             }
         }
-        if self.stream.is_some() && !self.data.dataset.is_empty() {
-            return Err(bad(
-                "data.dataset",
-                "an online job ([stream]) with datasets would mix batch and stream data, which is not built yet; \
-                 train on the datasets first, then start the online job from its checkpoint"
-                    .into(),
-            ));
-        }
+        self.check_mix()
+            .map_err(|(field, reason)| bad(field, reason))?;
         if let Some(now) = &self.data.now {
             elastrec_orchestrate::parse_time(now).map_err(|e| bad("data.now", e))?;
         }
@@ -732,12 +793,54 @@ mod tests {
     }
 
     /// The config reference must document every field the structs accept.
+    /// A mixture needs its stream and a history, each trained once; a stream with
+    /// training datasets must say how to mix them. Each refusal names its field.
+    #[test]
+    fn mixture_jobs_are_checked_field_by_field() {
+        let stream = "[stream]\ntopics = [\"clicks\"]\n";
+        let field_of = |text: &str| match parse(text).unwrap_err() {
+            ConfigError::Invalid { field, reason, .. } => (field, reason),
+            e => panic!("{e}"),
+        };
+        let ok = format!("[data]\ntrain = [\"day_0.tsv\"]\n[data.mix]\n{stream}");
+        let cfg = parse(&ok).unwrap();
+        assert!(cfg.is_mixture());
+        assert_eq!(cfg.data.mix.unwrap().mode, crate::mix::MixMode::Priority);
+        assert_eq!(field_of("[data.mix]\n").0, "data.mix", "no stream");
+        assert_eq!(
+            field_of(&format!("{ok}[train]\nepochs = 2\n")).0,
+            "train.epochs"
+        );
+        assert_eq!(
+            field_of(&format!("{ok}assignment = \"pinned\"\n")).0,
+            "stream.assignment"
+        );
+        assert_eq!(
+            field_of(&format!("[data]\ntrain = []\n[data.mix]\n{stream}")).0,
+            "data.train"
+        );
+        assert_eq!(
+            field_of(&format!(
+                "[data]\ntrain = [\"a\"]\n[data.mix]\nstream_weight = 0\n{stream}"
+            ))
+            .0,
+            "data.mix.stream_weight"
+        );
+        let datasets = format!(
+            "[data]\ntrain = []\n[[data.dataset]]\npath = \"logs/dt={{date}}\"\nlast = \"1d\"\n{stream}"
+        );
+        let (field, reason) = field_of(&datasets);
+        assert_eq!(field, "data.mix");
+        assert!(reason.contains("add a [data.mix]"), "{reason}");
+    }
+
     #[test]
     fn config_reference_documents_every_field() {
         let doc = include_str!("../../../docs/config.md");
         let defaults = toml::to_string(&JobConfig {
             data: DataConfig {
                 generate: Some(GenerateConfig::default()),
+                mix: Some(crate::mix::MixConfig::default()),
                 ..DataConfig::default()
             },
             stream: Some(crate::stream::StreamConfig::default()),

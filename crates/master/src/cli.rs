@@ -324,6 +324,21 @@ fn print_stream(st: &serde_json::Value) {
             num(&p["rate"])
         );
     }
+    let mix = &st["mix"];
+    if mix.is_object() {
+        let side = |k: &str| {
+            format!(
+                "{} tasks queued, {} rows served",
+                mix["queued"][k], mix["served"][k]["rows"]
+            )
+        };
+        println!(
+            "  mixture ({}): history {}; stream {}",
+            mix["serving"].as_str().unwrap_or("?"),
+            side("history"),
+            side("stream")
+        );
+    }
     let w = &st["progressive"];
     if w.is_object() {
         println!(

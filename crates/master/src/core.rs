@@ -367,12 +367,13 @@ impl MasterCore {
     pub fn status(&self) -> StatusResponse {
         let now = monotonic_ms();
         // Before the job's lock: the stream's own locks are never taken inside it here.
-        let stream_json = self
-            .stream_status()
-            .map(|v| v.to_string())
-            .unwrap_or_default();
+        let mut stream = self.stream_status();
         let job = self.job.lock();
         let q = job.tasks();
+        if let Some(v) = stream.as_mut().filter(|_| q.is_mixture()) {
+            v["mix"] = mix_status(q);
+        }
+        let stream_json = stream.map(|v| v.to_string()).unwrap_or_default();
         let (todo, doing, done) = q.counts();
         let samples_done: u64 = (0..q.spec().epochs)
             .map(|e| q.ledger().summary(e).consumed)
@@ -443,4 +444,16 @@ impl MasterCore {
         self.metrics.observe(&reply);
         reply
     }
+}
+
+/// A mixture job's serving buffers: what waits in each, what each has handed out, and
+/// how they are served.
+pub(crate) fn mix_status(q: &crate::tasks::TaskQueue) -> serde_json::Value {
+    let [history, stream] = q.queued();
+    let served = q.served();
+    serde_json::json!({
+        "serving": q.serving().to_string(),
+        "queued": {"history": history, "stream": stream},
+        "served": {"history": served[0], "stream": served[1]},
+    })
 }

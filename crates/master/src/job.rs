@@ -1343,6 +1343,8 @@ impl Job {
             cx.kill(&n);
             cx.persist(Change::Node(n));
         }
+        let mut queue = queue;
+        queue.set_serving(self.tasks.serving());
         self.tasks = queue;
         self.persist_data_reset(cx);
         cx.persist(Change::Meta(

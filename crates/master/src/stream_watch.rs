@@ -75,6 +75,12 @@ pub async fn run(
     let mut last_report: Option<Instant> = None;
     let started = Instant::now();
     let mut consumed_before = core.job.lock().tasks().ledger().consumed();
+    // A mixture job's partitions follow its history files in the queue.
+    let base = core.job.lock().tasks().stream_from();
+    let trained_of = |core: &MasterCore| -> Vec<u64> {
+        let committed = core.job.lock().tasks().committed();
+        committed.get(base as usize..).unwrap_or_default().to_vec()
+    };
     *core.stream_stats.lock() = Some(StreamStats::new(
         parts.iter().map(ToString::to_string).collect(),
         cfg.slo_lag_s,
@@ -112,16 +118,17 @@ pub async fn run(
             marks
                 .iter()
                 .enumerate()
-                .map(|(f, &(_, high))| {
-                    let undealt = job.tasks().undealt(f as u32, high);
-                    let since = &mut waiting_since[f];
+                .map(|(p, &(_, high))| {
+                    let f = base + p as u32;
+                    let undealt = job.tasks().undealt(f, high);
+                    let since = &mut waiting_since[p];
                     if undealt == 0 {
                         *since = None;
                     } else if since.is_none() {
                         *since = Some(now);
                     }
                     let flush = since.is_some_and(|t| now.duration_since(t) >= linger);
-                    (f as u32, high, flush)
+                    (f, high, flush)
                 })
                 .collect()
         };
@@ -139,10 +146,8 @@ pub async fn run(
             break;
         };
         {
-            let (trained, consumed) = {
-                let job = core.job.lock();
-                (job.tasks().committed(), job.tasks().ledger().consumed())
-            };
+            let trained = trained_of(&core);
+            let consumed = core.job.lock().tasks().ledger().consumed();
             let highs: Vec<u64> = marks.iter().map(|m| m.1).collect();
             let at_ms = now.duration_since(started).as_millis() as u64;
             if let Some(st) = core.stream_stats.lock().as_mut() {
@@ -165,7 +170,7 @@ pub async fn run(
         }
         if last_commit.elapsed() >= COMMIT_EVERY {
             last_commit = Instant::now();
-            let committed = core.job.lock().tasks().committed();
+            let committed = trained_of(&core);
             let (w, p) = (watch.clone(), parts.clone());
             // Monitoring only: a failed commit is retried at the next period.
             let _ = tokio::task::spawn_blocking(move || w.commit(&p, &committed)).await;

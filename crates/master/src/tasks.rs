@@ -6,13 +6,14 @@
 //! reported part is done, exactly the unreported remainder goes back to the front of the
 //! queue. Everything here is pure: no clock, no I/O.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::{ConsumedRange, Ledger, LedgerSummary};
+use crate::serving::{Buffers, Served, Serving, HISTORY, STREAM};
 
 /// How the data set is cut into tasks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,9 +153,14 @@ pub struct DataPosition {
     /// Ledger verdicts of the epochs closed so far.
     pub epochs_closed: Vec<(u32, LedgerSummary)>,
     /// An online job's partitions' start offsets (its files are stream partitions, and
-    /// their tasks are offset ranges); absent for a job over files.
+    /// their tasks are offset ranges); absent for a job over files. In a mixture job
+    /// it covers every file: 0 for the history's files, then the partitions' starts.
     #[serde(default)]
     pub stream_starts: Option<Vec<u64>>,
+    /// Index of the first stream partition among the files (the history's files come
+    /// before it); 0 for an online job without history.
+    #[serde(default)]
+    pub stream_from: u32,
 }
 
 impl DataPosition {
@@ -188,7 +194,9 @@ pub struct TaskQueue {
     spec: DataSharding,
     file_rows: Vec<u64>,
     tasks: BTreeMap<u64, Task>,
-    todo: VecDeque<u64>,
+    /// Queued task ids: one buffer for the history's files, one for the stream's
+    /// partitions, served by a policy (`crate::serving`).
+    todo: Buffers,
     doing: HashMap<u32, u64>,
     next_id: u64,
     next_front: i64,
@@ -200,9 +208,13 @@ pub struct TaskQueue {
     dirty: Vec<u64>,
     /// Ledger ranges added since the last [`TaskQueue::take_dirty`].
     new_ranges: Vec<ConsumedRange>,
-    /// An online job's queue: files are stream partitions whose rows (offsets) grow as
-    /// messages arrive ([`TaskQueue::extend_stream`]); its single epoch never ends.
+    /// An online job's queue: files from `stream_from` on are stream partitions whose
+    /// rows (offsets) grow as messages arrive ([`TaskQueue::extend_stream`]); its single
+    /// epoch never ends.
     open_ended: bool,
+    /// Index of the first stream partition; the files before it are the history (all of
+    /// them in a job without a stream).
+    stream_from: u32,
     /// First row (offset) of each file that belongs to the job: 0 for files, the start
     /// offset of each stream partition.
     file_start: Vec<u64>,
@@ -224,6 +236,7 @@ impl TaskQueue {
         assert!(spec.rows_per_shard > 0 && spec.min_rows > 0);
         Self {
             file_start: vec![0; file_rows.len()],
+            stream_from: file_rows.len() as u32,
             open_ended: false,
             follow: false,
             growing: false,
@@ -231,7 +244,7 @@ impl TaskQueue {
             spec,
             file_rows,
             tasks: BTreeMap::new(),
-            todo: VecDeque::new(),
+            todo: Buffers::default(),
             doing: HashMap::new(),
             next_id: 1,
             next_front: -1,
@@ -249,19 +262,82 @@ impl TaskQueue {
     /// `starts`; no task exists until [`TaskQueue::extend_stream`] says messages arrived.
     /// Its single epoch (0) never ends.
     pub fn new_stream(spec: DataSharding, starts: Vec<u64>) -> Self {
-        let mut q = Self::new(
-            DataSharding {
-                epochs: 1,
-                shuffle: false,
-                ..spec
-            },
-            starts.clone(),
-        );
-        q.open_ended = true;
-        q.generated_epochs = 1;
-        q.ledger.set_starts(starts.clone());
-        q.file_start = starts;
+        Self::new_mixed(spec, Vec::new(), starts)
+    }
+
+    /// A mixture job's queue: the history's files (of `history_rows` rows), cut into
+    /// tasks now (shuffled per `spec`), then stream partitions beginning at offsets
+    /// `starts`, dealt as messages arrive. Each source has its own buffer; which one
+    /// serves a request is [`TaskQueue::set_serving`]'s policy. Its single epoch (0)
+    /// never ends.
+    pub fn new_mixed(spec: DataSharding, history_rows: Vec<u64>, starts: Vec<u64>) -> Self {
+        let mut q = Self::bare_mixed(spec, history_rows, starts);
+        q.generate_epoch();
         q
+    }
+
+    /// [`TaskQueue::new_mixed`] without any task yet.
+    fn bare_mixed(spec: DataSharding, history_rows: Vec<u64>, starts: Vec<u64>) -> Self {
+        let stream_from = history_rows.len();
+        let mut file_start = vec![0; stream_from];
+        file_start.extend(&starts);
+        let mut file_rows = history_rows;
+        file_rows.extend(&starts);
+        let mut q = Self::new(DataSharding { epochs: 1, ..spec }, file_rows);
+        q.open_ended = true;
+        q.stream_from = stream_from as u32;
+        q.ledger.set_starts(file_start.clone());
+        q.file_start = file_start;
+        q
+    }
+
+    /// How the history's and the stream's buffers are served (a mixture job's
+    /// `data.mix`); a queue with one source serves it whatever the policy.
+    pub fn set_serving(&mut self, serving: Serving) {
+        self.todo.set_serving(serving);
+    }
+
+    /// The serving policy in force.
+    pub fn serving(&self) -> Serving {
+        self.todo.serving()
+    }
+
+    /// Tasks and rows handed out from the history and from the stream, since this queue
+    /// was built.
+    pub fn served(&self) -> [Served; 2] {
+        self.todo.served()
+    }
+
+    /// Queued tasks of the history and of the stream.
+    pub fn queued(&self) -> [usize; 2] {
+        [
+            self.todo.queue(HISTORY).len(),
+            self.todo.queue(STREAM).len(),
+        ]
+    }
+
+    /// Index of the first stream partition among the files (the file count for a job
+    /// without a stream).
+    pub fn stream_from(&self) -> u32 {
+        if self.open_ended {
+            self.stream_from
+        } else {
+            self.file_rows.len() as u32
+        }
+    }
+
+    /// True for a mixture job's queue: a stream after history files.
+    pub fn is_mixture(&self) -> bool {
+        self.open_ended && self.stream_from > 0
+    }
+
+    /// The buffer file `file`'s tasks wait in.
+    fn source(&self, file: u32) -> usize {
+        if self.open_ended && file >= self.stream_from {
+            STREAM
+        } else {
+            HISTORY
+        }
     }
 
     /// Makes this the queue of a following job: its one epoch exists at once, stays open
@@ -345,7 +421,7 @@ impl TaskQueue {
     /// enough). Returns the rows (offsets) newly dealt into tasks.
     pub fn extend_stream(&mut self, file: u32, high: u64, flush: bool) -> u64 {
         let f = file as usize;
-        if !self.open_ended || f >= self.file_rows.len() {
+        if !self.open_ended || file < self.stream_from || f >= self.file_rows.len() {
             return 0;
         }
         let from = self.file_rows[f];
@@ -433,7 +509,25 @@ impl TaskQueue {
         tasks: Vec<Task>,
         ranges: &[ConsumedRange],
     ) -> Self {
-        let mut q = Self::new_stream(spec, starts);
+        Self::restore_mixed(spec, Vec::new(), starts, tasks, ranges, 1)
+    }
+
+    /// [`TaskQueue::restore`] for a mixture job (see [`TaskQueue::new_mixed`]). A position
+    /// from before the history was cut (`generated_epochs` 0) cuts it now.
+    pub fn restore_mixed(
+        spec: DataSharding,
+        history_rows: Vec<u64>,
+        starts: Vec<u64>,
+        tasks: Vec<Task>,
+        ranges: &[ConsumedRange],
+        generated_epochs: u32,
+    ) -> Self {
+        let mut q = Self::bare_mixed(spec, history_rows, starts);
+        if generated_epochs == 0 && tasks.is_empty() {
+            q.generate_epoch();
+        } else {
+            q.generated_epochs = 1;
+        }
         q.restore_ranges(tasks, ranges);
         q
     }
@@ -471,7 +565,10 @@ impl TaskQueue {
             q.tasks.insert(t.id, t);
         }
         todo.sort();
-        q.todo = todo.into_iter().map(|(_, id)| id).collect();
+        for (_, id) in todo {
+            let b = q.source(q.tasks[&id].file);
+            q.todo.push_back(b, id);
+        }
     }
 
     /// The position to checkpoint (without the closed-epoch verdicts, which the job keeps).
@@ -483,6 +580,20 @@ impl TaskQueue {
             generated_epochs: self.generated_epochs,
             epochs_closed: Vec::new(),
             stream_starts: self.open_ended.then(|| self.file_start.clone()),
+            stream_from: if self.open_ended { self.stream_from } else { 0 },
+        }
+    }
+
+    /// The position before any training: what a recovery with no checkpoint yet restores.
+    pub fn start_position(&self) -> DataPosition {
+        DataPosition {
+            tasks: Vec::new(),
+            spans: Vec::new(),
+            counts: Vec::new(),
+            generated_epochs: 0,
+            epochs_closed: Vec::new(),
+            stream_starts: self.open_ended.then(|| self.file_start.clone()),
+            stream_from: if self.open_ended { self.stream_from } else { 0 },
         }
     }
 
@@ -491,7 +602,18 @@ impl TaskQueue {
     pub fn from_position(spec: DataSharding, file_rows: Vec<u64>, pos: &DataPosition) -> Self {
         let mut q = match &pos.stream_starts {
             Some(starts) => {
-                Self::restore_stream(spec, starts.clone(), pos.tasks.clone(), &pos.spans)
+                let from = (pos.stream_from as usize).min(starts.len());
+                let mut history = file_rows;
+                history.truncate(from);
+                history.resize(from, 0);
+                Self::restore_mixed(
+                    spec,
+                    history,
+                    starts[from..].to_vec(),
+                    pos.tasks.clone(),
+                    &pos.spans,
+                    pos.generated_epochs,
+                )
             }
             None => Self::restore(
                 spec,
@@ -636,10 +758,11 @@ impl TaskQueue {
             },
         );
         *self.open_per_epoch.entry(epoch).or_default() += 1;
+        let b = self.source(file);
         if front {
-            self.todo.push_front(id);
+            self.todo.push_front(b, id);
         } else {
-            self.todo.push_back(id);
+            self.todo.push_back(b, id);
         }
         self.dirty.push(id);
         id
@@ -649,7 +772,9 @@ impl TaskQueue {
     fn generate_epoch(&mut self) {
         let epoch = self.generated_epochs;
         let mut ranges = Vec::new();
-        for (f, &rows) in self.file_rows.iter().enumerate() {
+        // A mixture job's stream partitions are dealt as messages arrive, not here.
+        let history = &self.file_rows[..self.stream_from() as usize];
+        for (f, &rows) in history.iter().enumerate() {
             ranges.extend(shards(rows, self.spec.rows_per_shard).map(|(s, e)| (f as u32, s, e)));
         }
         if self.spec.shuffle {
@@ -682,18 +807,22 @@ impl TaskQueue {
         }
         let next = match pin {
             None => match self.continuation(worker) {
-                Some(i) => self.todo.remove(i),
-                None => self.todo.pop_front(),
+                Some(i) => self.todo.remove(STREAM, i).map(|id| (STREAM, id)),
+                None => self
+                    .todo
+                    .pick()
+                    .and_then(|b| self.todo.remove(b, 0).map(|id| (b, id))),
             },
-            Some(pin) => {
+            Some(pin) => [STREAM, HISTORY].into_iter().find_map(|b| {
                 let at = self
                     .todo
+                    .queue(b)
                     .iter()
-                    .position(|id| pin.owns(self.tasks[id].file));
-                at.and_then(|i| self.todo.remove(i))
-            }
+                    .position(|id| pin.owns(self.tasks[id].file))?;
+                self.todo.remove(b, at).map(|id| (b, id))
+            }),
         };
-        let Some(id) = next else {
+        let Some((buffer, id)) = next else {
             return if self.is_finished() {
                 Assignment::Finished
             } else {
@@ -712,6 +841,7 @@ impl TaskQueue {
             self.new_task(epoch, file, cut, end, true);
         }
         let t = self.tasks.get_mut(&id).expect("task");
+        self.todo.record_served(buffer, t.end - t.start - t.offset);
         t.state = TaskState::Doing(worker);
         self.doing.insert(worker, id);
         self.dirty.push(id);
@@ -769,7 +899,7 @@ impl TaskQueue {
         }
         let &(file, end) = self.last_end.get(&worker)?;
         let window = 2 * self.file_rows.len().max(1);
-        self.todo.iter().take(window).position(|id| {
+        self.todo.queue(STREAM).iter().take(window).position(|id| {
             let t = &self.tasks[id];
             t.file == file && t.start == end && t.offset == 0
         })
@@ -791,12 +921,13 @@ impl TaskQueue {
     pub fn release(&mut self, worker: u32) -> Option<u64> {
         self.last_end.remove(&worker);
         let id = self.doing.remove(&worker)?;
+        let b = self.source(self.tasks[&id].file);
         let t = self.tasks.get_mut(&id).expect("held task exists");
         if t.offset == 0 {
             t.state = TaskState::Todo;
             self.next_front -= 1;
             t.order = self.next_front + 1;
-            self.todo.push_front(id);
+            self.todo.push_front(b, id);
             self.dirty.push(id);
             return Some(id);
         }
@@ -1310,5 +1441,106 @@ mod tests {
         };
         assert_eq!((t.file, t.start, t.end), (0, 140, 160));
         assert_eq!(r.ledger().summary(0).missing, 20, "dealt, not yet trained");
+    }
+
+    /// A mixture queue: the history's files first (sequential serving), then the stream;
+    /// a checkpointed position taken mid-history, with stream data waiting, rebuilds both
+    /// sources exactly, and the ledger counts each row once across them.
+    #[test]
+    fn a_mixture_queue_trains_the_history_then_the_stream_and_restores_both() {
+        // Two history files (250 and 50 rows), two partitions starting at 100 and 0.
+        let mut q = TaskQueue::new_mixed(spec(100, 1), vec![250, 50], vec![100, 0]);
+        assert!(q.is_stream());
+        assert_eq!(q.stream_from(), 2);
+        assert_eq!(q.queued(), [4, 0], "history cut at once");
+        assert_eq!(
+            q.extend_stream(0, 5, false),
+            0,
+            "a history file is no partition"
+        );
+        assert_eq!(q.extend_stream(2, 300, false), 200);
+        assert_eq!(q.extend_stream(3, 50, true), 50);
+        assert_eq!(q.queued(), [4, 3]);
+        let Assignment::Task(a) = q.assign(1, false) else {
+            panic!("a task")
+        };
+        assert!(a.file < 2, "sequential: history first");
+        q.report(1, a.id, a.len()).unwrap();
+        let Assignment::Task(b) = q.assign(1, false) else {
+            panic!("a task")
+        };
+        q.report(1, b.id, 7).unwrap();
+        let pos = q.position();
+        assert_eq!(pos.stream_from, 2);
+        assert_eq!(pos.stream_starts, Some(vec![0, 0, 100, 0]));
+        let json = serde_json::to_string(&pos).unwrap();
+        let pos: DataPosition = serde_json::from_str(&json).unwrap();
+        let mut r = TaskQueue::from_position(spec(100, 1), vec![250, 50, 0, 0], &pos);
+        assert_eq!(r.stream_from(), 2);
+        assert_eq!(r.undealt(2, 300), 0, "dealt offsets are restored");
+        let mut order = Vec::new();
+        while let Assignment::Task(t) = r.assign(2, false) {
+            order.push(t.file);
+            r.report(2, t.id, t.len()).unwrap();
+        }
+        let split = order.iter().position(|&f| f >= 2).expect("stream tasks");
+        assert!(order[..split].iter().all(|&f| f < 2), "{order:?}");
+        assert!(order[split..].iter().all(|&f| f >= 2), "{order:?}");
+        assert_eq!(
+            r.assign(2, false),
+            Assignment::Wait,
+            "the stream never ends"
+        );
+        let s = r.ledger().summary(0);
+        assert_eq!((s.consumed, s.duplicated, s.missing), (300 + 250, 0, 0));
+        assert_eq!(r.committed(), vec![250, 50, 300, 50]);
+        // Before any checkpoint, a full recovery restores the start: the history again.
+        let mut fresh =
+            TaskQueue::from_position(spec(100, 1), vec![250, 50, 0, 0], &r.start_position());
+        assert_eq!(fresh.queued(), [4, 0]);
+        assert_eq!(
+            fresh.extend_stream(2, 300, false),
+            200,
+            "from the start offset"
+        );
+    }
+
+    /// Under a long history backlog, Eq. 4 serves stream data as it arrives (its weight
+    /// dominates once a few tasks wait), and the history fills the gaps.
+    #[test]
+    fn priority_serving_keeps_the_stream_fresh_behind_a_history_backlog() {
+        let mut q = TaskQueue::new_mixed(spec(10, 1), vec![1000], vec![0]);
+        q.set_serving(Serving::Priority {
+            weights: [1.0, 4.0],
+            target: 1.0,
+        });
+        let mut high = 0;
+        let mut stream_waits = Vec::new();
+        for _ in 0..50 {
+            // Two stream tasks arrive per history task trained.
+            high += 20;
+            q.extend_stream(1, high, false);
+            for _ in 0..3 {
+                let Assignment::Task(t) = q.assign(1, false) else {
+                    panic!("a task")
+                };
+                q.report(1, t.id, t.len()).unwrap();
+            }
+            stream_waits.push(q.queued()[STREAM]);
+        }
+        assert!(
+            stream_waits.iter().all(|&w| w == 0),
+            "never a stream task left behind: {stream_waits:?}"
+        );
+        let served = q.served();
+        assert_eq!(served[STREAM].rows, 1000);
+        assert_eq!(served[HISTORY].rows, 500);
+        // Sequential serving would have trained the whole history first.
+        let mut seq = TaskQueue::new_mixed(spec(10, 1), vec![1000], vec![0]);
+        seq.extend_stream(1, 100, false);
+        let Assignment::Task(t) = seq.assign(1, false) else {
+            panic!("a task")
+        };
+        assert_eq!(t.file, 0);
     }
 }

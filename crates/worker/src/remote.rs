@@ -932,6 +932,9 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         let mut offset = task.offset;
         let (file, file_index, mut reader) =
             open_task(&job, &files, &mut stream, &task, task.start_row + offset)?;
+        // Progressive validation judges the model on the stream only, not on the history
+        // a mixture job also trains.
+        let validate = progressive && elastrec_stream::PartitionId::parse(&file).is_some();
         shared.task.store(task.task_id, Ordering::Relaxed);
         metrics.task.set(task.task_id as i64);
         shared.offset.store(offset, Ordering::Relaxed);
@@ -969,7 +972,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                 TimeSplit::add(&shared.profile.pull_us, t0);
                 let t0 = Instant::now();
                 let loss = tokio::task::block_in_place(|| model.compute(&batch))?;
-                if progressive {
+                if validate {
                     predicted = model.predictions(&batch);
                 }
                 TimeSplit::add(&shared.profile.compute_us, t0);
@@ -1086,15 +1089,21 @@ fn open_task(
     from: u64,
 ) -> anyhow::Result<(String, u32, Box<dyn BatchReader>)> {
     let policy = job.data.on_bad_row;
-    if let Some(cfg) = &job.stream {
-        let partition = elastrec_stream::PartitionId::parse(&task.file)
-            .filter(|p| cfg.topics.contains(&p.topic))
-            .with_context(|| {
-                format!(
-                    "task {} names {:?}, not a partition of the job's topics",
-                    task.task_id, task.file
-                )
-            })?;
+    // A mixture job's tasks name either a partition or one of its history files.
+    let partition = job.stream.as_ref().and_then(|cfg| {
+        elastrec_stream::PartitionId::parse(&task.file).filter(|p| cfg.topics.contains(&p.topic))
+    });
+    if let Some(cfg) = job
+        .stream
+        .as_ref()
+        .filter(|_| !job.is_mixture() || partition.is_some())
+    {
+        let partition = partition.with_context(|| {
+            format!(
+                "task {} names {:?}, not a partition of the job's topics",
+                task.task_id, task.file
+            )
+        })?;
         if stream.is_none() {
             let group = format!("{}-worker", cfg.group_for("job"));
             *stream = Some(elastrec_stream::StreamInput::new(

@@ -413,14 +413,7 @@ impl Coordinator {
         let latest = self.latest().await?;
         let (ckpt, plan, pos) = match latest {
             Some((m, plan, pos)) => (Some(m.id), Some(plan), pos),
-            None => {
-                let job = core.job.lock();
-                let starts = job
-                    .tasks()
-                    .is_stream()
-                    .then(|| job.tasks().file_start().to_vec());
-                (None, None, empty_position(starts))
-            }
+            None => (None, None, core.job.lock().tasks().start_position()),
         };
         core.set_restore_plan(plan);
         let ps: Vec<u32> = failures.iter().map(|f| f.index).collect();
@@ -634,19 +627,6 @@ pub async fn pick(
             .latest_valid()
             .await?
             .with_context(|| format!("{} holds no intact checkpoint", redact_location(location))),
-    }
-}
-
-/// The position before any training; an online job's (`stream_starts`) begins at its
-/// partitions' start offsets.
-pub fn empty_position(stream_starts: Option<Vec<u64>>) -> DataPosition {
-    DataPosition {
-        tasks: Vec::new(),
-        spans: Vec::new(),
-        counts: Vec::new(),
-        generated_epochs: 0,
-        epochs_closed: Vec::new(),
-        stream_starts,
     }
 }
 

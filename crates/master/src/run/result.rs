@@ -71,7 +71,12 @@ pub struct Resources {
 }
 
 /// The `online` part of an online job's result.
-pub(super) fn online_result(core: &MasterCore, worker_node_s: f64) -> Option<serde_json::Value> {
+/// `mix`: a mixture job's serving buffers (the caller holds the job's lock).
+pub(super) fn online_result(
+    core: &MasterCore,
+    worker_node_s: f64,
+    mix: Option<serde_json::Value>,
+) -> Option<serde_json::Value> {
     let stats = core.stream_stats.lock().clone()?;
     let decisions = core.online_scaling.lock().clone();
     let raw_changes = decisions
@@ -89,6 +94,7 @@ pub(super) fn online_result(core: &MasterCore, worker_node_s: f64) -> Option<ser
     });
     Some(serde_json::json!({
         "stream": stats,
+        "mix": mix,
         "progressive": progressive,
         "worker_hours": worker_node_s / 3600.0,
         "raw_plan_changes": raw_changes,
@@ -155,7 +161,13 @@ pub(super) fn job_result(
             ..used
         },
         reshards: core.reshards.lock().clone(),
-        online: online_result(core, used.worker_node_s),
+        online: online_result(
+            core,
+            used.worker_node_s,
+            job.tasks()
+                .is_mixture()
+                .then(|| crate::core::mix_status(job.tasks())),
+        ),
         export,
     }
 }

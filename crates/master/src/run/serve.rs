@@ -164,7 +164,8 @@ fn spawn_loops(
                 s.eval_window as usize,
             ));
         }
-        let partitions = crate::stream_watch::partitions_of(&core.files.read())?;
+        let base = core.job.lock().tasks().stream_from() as usize;
+        let partitions = crate::stream_watch::partitions_of(&core.files.read()[base..])?;
         tokio::spawn(crate::stream_watch::run(
             core.clone(),
             s.clone(),

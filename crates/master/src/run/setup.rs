@@ -254,6 +254,25 @@ pub(super) fn shipped(cfg: &JobConfig) -> JobConfig {
     out
 }
 
+/// How a mixture job's history and stream are served (`data.mix`); sequential (one
+/// source at a time) for every other job.
+pub(super) fn serving(cfg: &JobConfig) -> crate::serving::Serving {
+    use crate::serving::Serving;
+    use elastrec_job::mix::MixMode;
+    let Some(mix) = cfg.data.mix.as_ref().filter(|_| cfg.is_mixture()) else {
+        return Serving::Sequential;
+    };
+    let weights = [mix.history_weight, mix.stream_weight];
+    match mix.mode {
+        MixMode::Sequential => Serving::Sequential,
+        MixMode::Weighted => Serving::Weighted { weights },
+        MixMode::Priority => Serving::Priority {
+            weights,
+            target: mix.target_tasks,
+        },
+    }
+}
+
 pub(super) fn files_rows_total(core: &MasterCore) -> u64 {
     core.job.lock().tasks().file_rows().iter().sum()
 }

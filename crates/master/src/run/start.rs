@@ -101,24 +101,28 @@ pub async fn start_job(
         }
         None => None,
     };
-    let files: Vec<FileRows> = match &stream_starts {
-        // A partition's "rows" are unknown (it grows); 0 keeps checkpoints of the same
-        // topics compatible whatever offsets the jobs started at.
-        Some((partitions, _)) => partitions
-            .iter()
-            .map(|p| FileRows {
-                path: p.to_string(),
-                rows: 0,
-            })
-            .collect(),
-        None => elastrec_job::prepare::count_train_rows(&cfg)?
+    // A mixture's history files come first, then the stream's partitions.
+    let history: Vec<FileRows> = if stream_starts.is_none() || cfg.is_mixture() {
+        elastrec_job::prepare::count_train_rows(&cfg)?
             .into_iter()
             .map(|(f, rows)| FileRows {
                 path: f.to_string_lossy().into_owned(),
                 rows,
             })
-            .collect(),
+            .collect()
+    } else {
+        Vec::new()
     };
+    let stream_from = history.len();
+    let mut files = history;
+    // A partition's "rows" are unknown (it grows); 0 keeps checkpoints of the same
+    // topics compatible whatever offsets the jobs started at.
+    if let Some((partitions, _)) = &stream_starts {
+        files.extend(partitions.iter().map(|p| FileRows {
+            path: p.to_string(),
+            rows: 0,
+        }));
+    }
     let stream_starts = stream_starts.map(|(_, starts)| starts);
     std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
     dir.attach_events()?;
@@ -163,6 +167,9 @@ pub async fn start_job(
         store
             .set_meta("stream_starts", serde_json::to_string(starts)?)
             .await?;
+        store
+            .set_meta("stream_from", stream_from.to_string())
+            .await?;
     }
     store.set_meta("master_addr", addr.clone()).await?;
     store.set_meta("master_bind", bound.to_string()).await?;
@@ -184,9 +191,14 @@ pub async fn start_job(
         None
     };
     let mut queue = match &stream_starts {
-        Some(starts) => TaskQueue::new_stream(data_sharding(&cfg), starts.clone()),
+        Some(starts) => TaskQueue::new_mixed(
+            data_sharding(&cfg),
+            files[..stream_from].iter().map(|f| f.rows).collect(),
+            starts.clone(),
+        ),
         None => TaskQueue::new(data_sharding(&cfg), files.iter().map(|f| f.rows).collect()),
     };
+    queue.set_serving(serving(&cfg));
     if cfg.data.follow {
         queue.follow();
     }
@@ -210,6 +222,7 @@ pub async fn start_job(
             files.iter().map(|f| f.rows).collect(),
             &pos,
         );
+        queue.set_serving(serving(&cfg));
         if cfg.data.follow {
             queue.follow();
         }
@@ -328,12 +341,28 @@ pub async fn resume_job(
     };
     let generated: u32 = meta("generated_epochs")?.parse()?;
     let mut queue = match snap.meta.get("stream_starts") {
-        Some(starts) => TaskQueue::restore_stream(
-            data_sharding(&cfg),
-            serde_json::from_str(starts)?,
-            snap.tasks,
-            &snap.ranges,
-        ),
+        Some(starts) => {
+            // A job from before mixtures existed has only partitions.
+            let from: usize = match snap.meta.get("stream_from") {
+                Some(f) => f.parse()?,
+                None => 0,
+            };
+            let starts: Vec<u64> = serde_json::from_str(starts)?;
+            anyhow::ensure!(
+                from + starts.len() == files.len(),
+                "master.db is corrupt: {from} history files and {} partitions are not its {} files",
+                starts.len(),
+                files.len()
+            );
+            TaskQueue::restore_mixed(
+                data_sharding(&cfg),
+                files[..from].iter().map(|f| f.rows).collect(),
+                starts,
+                snap.tasks,
+                &snap.ranges,
+                generated,
+            )
+        }
         None => TaskQueue::restore(
             data_sharding(&cfg),
             files.iter().map(|f| f.rows).collect(),
@@ -345,6 +374,7 @@ pub async fn resume_job(
     if let Some(adj) = snap.meta.get("ledger_adjust") {
         queue.adjust_ledger(&serde_json::from_str::<Vec<(u32, u64, u64)>>(adj)?);
     }
+    queue.set_serving(serving(&cfg));
     if cfg.data.follow {
         // Files stored just before the previous master stopped get their tasks.
         queue.follow();
