@@ -269,42 +269,8 @@ fn run_policy(
 ) -> Result<PolicyResult> {
     let safe = policy.name.replace([':', '/'], "-");
     let dir = out.join(&safe);
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir)
-            .with_context(|| format!("removing the previous run {}", dir.display()))?;
-    }
     let job = out.join(format!("{safe}.toml"));
     std::fs::write(&job, job_toml(a, &dir, brokers, topic, policy))?;
-    let probe = LoadProbe::start();
-    let log_path = out.join(format!("{safe}.log"));
-    let log = std::fs::File::create(&log_path)?;
-    let child = Command::new(exe)
-        .args(["run", job.to_str().context("job path is not UTF-8")?])
-        .env("ELASTREC_FAIL_SLOW_WORKER", format!("*:{}", a.slow_ms))
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .stdin(Stdio::null())
-        .spawn()
-        .context("starting the job")?;
-    let mut job_proc = KillOnDrop(child);
-    let started = Instant::now();
-    wait_until(Duration::from_secs(120), || {
-        if let Some(status) = job_proc.0.try_wait()? {
-            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            bail!(
-                "the job exited ({status}) before it started: {}",
-                log.lines().next().unwrap_or("(empty log)")
-            );
-        }
-        Ok(samples_done(exe, &dir)?.is_some())
-    })
-    .with_context(|| {
-        format!(
-            "{}: the job did not start; its log: {}",
-            policy.name,
-            log_path.display()
-        )
-    })?;
     let spec = ReplaySpec {
         conn: Connection::new(brokers),
         topic: topic.to_string(),
@@ -316,41 +282,16 @@ fn run_policy(
         partitioner: Partitioner::skewed(a.skew_partition, a.hot_share, a.skew_share)?,
         seed: 1,
     };
-    let sent = replay(&spec, |r| {
-        eprintln!(
-            "  [{:>5.0}s] {} samples sent, trained {}",
-            r.seconds,
-            r.samples,
-            samples_done(exe, &dir).ok().flatten().unwrap_or(0)
-        );
-    })?
-    .samples;
-    wait_until(Duration::from_secs(a.drain_timeout_s), || {
-        Ok(samples_done(exe, &dir)?.is_some_and(|n| n >= sent))
-    })
-    .with_context(|| format!("{}: the job did not train all {sent} samples", policy.name))?;
-    let stop = Command::new(exe)
-        .args(["stop", dir.to_str().context("job dir is not UTF-8")?])
-        .output()?;
-    if !stop.status.success() {
-        bail!(
-            "stopping the job: {}",
-            String::from_utf8_lossy(&stop.stderr)
-        );
-    }
-    let status = job_proc.0.wait()?;
-    // The job and its nodes have been waited for: their CPU is the benchmark's own.
-    let load = probe.and_then(|p| p.stop());
-    if !status.success() {
-        bail!(
-            "{}: the job failed ({status}); see its log in {}",
-            policy.name,
-            out.display()
-        );
-    }
-    let wall_s = started.elapsed().as_secs_f64();
-    let text = std::fs::read_to_string(dir.join("result.json"))?;
-    let r: serde_json::Value = serde_json::from_str(&text)?;
+    let run = run_job(&JobRun {
+        exe,
+        name: &policy.name,
+        job: &job,
+        dir: &dir,
+        env: &[("ELASTREC_FAIL_SLOW_WORKER", format!("*:{}", a.slow_ms))],
+        replay: Some(&spec),
+        drain_timeout: Duration::from_secs(a.drain_timeout_s),
+    })?;
+    let r = run.result;
     let online = &r["online"];
     let st = &online["stream"];
     let partitions = st["partitions"].as_array().cloned().unwrap_or_default();
@@ -376,8 +317,113 @@ fn run_policy(
             .iter()
             .map(|p| p["accumulated_lag_s"].as_f64().unwrap_or(f64::NAN))
             .collect(),
-        foreign_load: load.map(|l| l.foreign_share()),
+        foreign_load: run.foreign_load,
+        wall_s: run.wall_s,
+    })
+}
+
+/// One benchmark job: its file (already written), where it runs, and what feeds it.
+pub(crate) struct JobRun<'a> {
+    pub exe: &'a Path,
+    /// Name in messages.
+    pub name: &'a str,
+    pub job: &'a Path,
+    /// The job's `output.dir` (a previous run's is removed first).
+    pub dir: &'a Path,
+    /// Environment of the job (fail points).
+    pub env: &'a [(&'a str, String)],
+    /// Traffic to send once the job answers; the job is stopped once it trained all of
+    /// it. Without one the job ends by itself.
+    pub replay: Option<&'a ReplaySpec>,
+    /// Longest the job may take to train what it was sent after the replay ends.
+    pub drain_timeout: Duration,
+}
+
+/// What a benchmark job left.
+pub(crate) struct JobOutcome {
+    /// Its `result.json`.
+    pub result: serde_json::Value,
+    pub wall_s: f64,
+    /// Share of the machine other processes used meanwhile (`elastrec_common::quiet`).
+    pub foreign_load: Option<f64>,
+}
+
+/// Runs one benchmark job to its end: starts `elastrec run`, replays the traffic once
+/// the job answers, waits until every sample sent trained, stops it, and reads its result.
+pub(crate) fn run_job(r: &JobRun) -> Result<JobOutcome> {
+    let (exe, dir, name) = (r.exe, r.dir, r.name);
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)
+            .with_context(|| format!("removing the previous run {}", dir.display()))?;
+    }
+    let probe = LoadProbe::start();
+    let log_path = r.job.with_extension("log");
+    let log = std::fs::File::create(&log_path)?;
+    let child = Command::new(exe)
+        .args(["run", r.job.to_str().context("job path is not UTF-8")?])
+        .envs(r.env.iter().map(|(k, v)| (k, v)))
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .stdin(Stdio::null())
+        .spawn()
+        .context("starting the job")?;
+    let mut job_proc = KillOnDrop(child);
+    let started = Instant::now();
+    if let Some(spec) = r.replay {
+        wait_until(Duration::from_secs(120), || {
+            if let Some(status) = job_proc.0.try_wait()? {
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                bail!(
+                    "the job exited ({status}) before it started: {}",
+                    log.lines().next().unwrap_or("(empty log)")
+                );
+            }
+            Ok(samples_done(exe, dir)?.is_some())
+        })
+        .with_context(|| {
+            format!(
+                "{name}: the job did not start; its log: {}",
+                log_path.display()
+            )
+        })?;
+        let sent = replay(spec, |p| {
+            eprintln!(
+                "  [{:>5.0}s] {} samples sent, trained {}",
+                p.seconds,
+                p.samples,
+                samples_done(exe, dir).ok().flatten().unwrap_or(0)
+            );
+        })?
+        .samples;
+        wait_until(r.drain_timeout, || {
+            Ok(samples_done(exe, dir)?.is_some_and(|n| n >= sent))
+        })
+        .with_context(|| format!("{name}: the job did not train all {sent} samples"))?;
+        let stop = Command::new(exe)
+            .args(["stop", dir.to_str().context("job dir is not UTF-8")?])
+            .output()?;
+        if !stop.status.success() {
+            bail!(
+                "stopping the job: {}",
+                String::from_utf8_lossy(&stop.stderr)
+            );
+        }
+    }
+    let status = job_proc.0.wait()?;
+    // The job and its nodes have been waited for: their CPU is the benchmark's own.
+    let load = probe.and_then(|p| p.stop());
+    if !status.success() {
+        bail!(
+            "{name}: the job failed ({status}); see its log {}",
+            log_path.display()
+        );
+    }
+    let wall_s = started.elapsed().as_secs_f64();
+    let text = std::fs::read_to_string(dir.join("result.json"))?;
+    Ok(JobOutcome {
+        result: serde_json::from_str(&text)?,
         wall_s,
+        foreign_load: load.map(|l| l.foreign_share()),
     })
 }
 

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod bench_mixture;
 mod bench_online;
 mod bench_tasks;
 mod commands;
@@ -171,6 +172,10 @@ enum BenchCommand {
     /// HPA-like rule, fixed counts): SLO violation, accumulated lag, downtime,
     /// worker-hours (docs/online.md).
     Online(bench_online::BenchOnlineArgs),
+    /// Batch + stream mixture on drifting data: history only, stream only and the
+    /// mixture's serving modes side by side: held-out AUC and the stream's lag
+    /// (docs/data.md).
+    Mixture(bench_mixture::BenchMixtureArgs),
     /// Data task graph generation at Primus scale: tasks, files, seconds, tasks/s and
     /// memory for a generated listing (docs/data.md).
     Tasks(bench_tasks::BenchTasksArgs),
@@ -293,6 +298,10 @@ fn main() -> anyhow::Result<()> {
             command: Some(BenchCommand::Online(o)),
             ..
         }) => bench_online::run(o),
+        Command::Bench(BenchArgs {
+            command: Some(BenchCommand::Mixture(m)),
+            ..
+        }) => bench_mixture::run(m),
         Command::Bench(BenchArgs {
             command: Some(BenchCommand::Tasks(t)),
             ..
