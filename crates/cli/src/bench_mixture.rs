@@ -2,9 +2,10 @@
 //! click behaviour drifts (`gen-data --drift`). The first days are the history (files),
 //! the next-to-last day is the stream (replayed into Kafka at a fixed rate while the job
 //! runs), the last day is held out. One job per arm, one after another on this machine:
-//! history only, stream only, and the mixture served sequentially, by weight and by
-//! Primus Eq. 4 priority. The table shows what each arm's model scores on the held-out
-//! day and how long the stream's messages waited (lag) behind the history.
+//! history only, stream only, the mixture served sequentially, by weight and by Primus
+//! Eq. 4 priority, and the MTRM model (priority serving). The table shows what each arm's
+//! model scores on the held-out day and how long the stream's messages waited (lag)
+//! behind the history.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -25,13 +26,17 @@ pub struct BenchMixtureArgs {
     #[arg(long, value_name = "DIR")]
     data: PathBuf,
     /// Arms to run, in order: `history` (the history's files only), `stream` (the stream
-    /// only), `sequential`, `weighted`, `priority` (the mixture's serving modes).
+    /// only), `sequential`, `weighted`, `priority` (the mixture's serving modes), `mtrm`
+    /// (priority serving, MTRM's memory and adapt towers).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "history,stream,sequential,weighted,priority"
+        default_value = "history,stream,sequential,weighted,priority,mtrm"
     )]
     arms: Vec<String>,
+    /// The adapt tower of the `mtrm` arm (`model.adapt_mlp`).
+    #[arg(long, value_delimiter = ',', default_value = "32,1")]
+    adapt_mlp: Vec<usize>,
     /// Rate the stream day is replayed at, samples/s.
     #[arg(long, default_value_t = 4000.0)]
     qps: f64,
@@ -73,6 +78,7 @@ enum Arm {
     History,
     Stream,
     Mixture(&'static str),
+    Mtrm,
 }
 
 impl Arm {
@@ -83,8 +89,9 @@ impl Arm {
             "sequential" => Arm::Mixture("sequential"),
             "weighted" => Arm::Mixture("weighted"),
             "priority" => Arm::Mixture("priority"),
+            "mtrm" => Arm::Mtrm,
             other => bail!(
-                "--arms: unknown arm {other:?} (history, stream, sequential, weighted, priority)"
+                "--arms: unknown arm {other:?} (history, stream, sequential, weighted, priority, mtrm)"
             ),
         })
     }
@@ -94,6 +101,7 @@ impl Arm {
             Arm::History => "history",
             Arm::Stream => "stream",
             Arm::Mixture(mode) => mode,
+            Arm::Mtrm => "mtrm",
         }
     }
 }
@@ -253,7 +261,19 @@ batches_per_shard = 4
         dir = quoted(dir)?,
         workers = a.workers,
     );
-    if let Arm::Mixture(mode) = arm {
+    let mode = match arm {
+        Arm::Mixture(mode) => Some(mode),
+        Arm::Mtrm => {
+            let sizes: Vec<String> = a.adapt_mlp.iter().map(ToString::to_string).collect();
+            text = text.replace(
+                "[model]\n",
+                &format!("[model]\nadapt_mlp = [{}]\n", sizes.join(", ")),
+            );
+            Some("priority")
+        }
+        _ => None,
+    };
+    if let Some(mode) = mode {
         text += &format!(
             "[data.mix]\nmode = \"{mode}\"\nhistory_weight = {}\nstream_weight = {}\ntarget_tasks = {}\n",
             a.history_weight, a.stream_weight, a.target_tasks
@@ -331,7 +351,8 @@ mod tests {
     fn arms_parse_and_unknown_ones_are_named() {
         assert_eq!(Arm::parse("priority").unwrap(), Arm::Mixture("priority"));
         assert_eq!(Arm::parse("history").unwrap().name(), "history");
-        let e = Arm::parse("mtrm").unwrap_err().to_string();
-        assert!(e.contains("\"mtrm\""), "{e}");
+        assert_eq!(Arm::parse("mtrm").unwrap().name(), "mtrm");
+        let e = Arm::parse("mix").unwrap_err().to_string();
+        assert!(e.contains("\"mix\""), "{e}");
     }
 }

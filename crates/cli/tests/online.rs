@@ -536,14 +536,14 @@ fn kafka_an_online_job_exports_its_newest_checkpoint_for_serving() {
     assert!(last["auc"].as_f64().unwrap() > 0.6, "{last}");
 }
 
-/// A batch + stream mixture job: `online_job_with`'s job plus day 0 as its history and a
-/// `[data.mix]` section of `mix` lines.
-fn mixture_job(name: &str, brokers: &str, mix: &str) -> (PathBuf, PathBuf) {
+/// A batch + stream mixture job: `online_job_with`'s job plus day 0 as its history, a
+/// `[data.mix]` section of `mix` lines and `model` lines in `[model]`.
+fn mixture_job(name: &str, brokers: &str, mix: &str, model: &str) -> (PathBuf, PathBuf) {
     let (job, dir) = online_job_with(name, brokers, "", "", "");
     let text = std::fs::read_to_string(&job)
         .unwrap()
         .replace("train = []\n", "train = [\"day_0.tsv\"]\n")
-        .replace("[model]", &format!("[data.mix]\n{mix}\n[model]"));
+        .replace("[model]", &format!("[data.mix]\n{mix}\n[model]\n{model}"));
     std::fs::write(&job, text).unwrap();
     (job, dir)
 }
@@ -565,9 +565,11 @@ fn stop_mixture(dir: &Path, g: &mut Group, log: &Path, total: u64) -> serde_json
     r
 }
 
-/// Primus's prioritized serving (Eq. 4) in one job: day 0 as history, the stream's
-/// messages as they arrive. A worker killed mid-run loses nothing; every history row and
-/// every offset trains exactly once; progressive validation judges the stream only.
+/// Primus's prioritized serving (Eq. 4) and its MTRM model in one job: day 0 as history
+/// (the memory tower's), the stream's messages as they arrive (the adapt tower's). A
+/// worker killed mid-run loses nothing; every history row and every offset trains exactly
+/// once; progressive validation judges the stream only, with the adapt tower's
+/// predictions, and so do the final evaluation and the exported model.
 #[test]
 fn kafka_a_mixture_job_trains_its_history_and_its_stream_exactly_once() {
     let _g = serial();
@@ -580,7 +582,7 @@ fn kafka_a_mixture_job_trains_its_history_and_its_stream_exactly_once() {
         .unwrap();
     let name = "mix-priority";
     let mix = "mode = \"priority\"\nhistory_weight = 1.0\nstream_weight = 4.0";
-    let (job, dir) = mixture_job(name, &brokers, mix);
+    let (job, dir) = mixture_job(name, &brokers, mix, "adapt_mlp = [16, 1]");
     let log = f.dir.join(format!("{name}.log"));
     let at = ((history + first) / 3).to_string();
     let mut g = Group::spawn(
@@ -618,6 +620,13 @@ fn kafka_a_mixture_job_trains_its_history_and_its_stream_exactly_once() {
     // The history is trained, but not predicted: the window holds stream samples only.
     assert_progressive(&r, stream);
     assert_eq!(r["export"]["model"]["samples"], history + stream, "{r}");
+    // The saved MTRM predicts with its adapt tower, as the job's own evaluation did.
+    let saved = eval_model(&dir.join("model.bin"));
+    let (job_auc, saved_auc) = (r["eval"]["auc"].as_f64(), saved["auc"].as_f64());
+    assert!(
+        (job_auc.unwrap() - saved_auc.unwrap()).abs() < 0.002,
+        "{r}\n{saved}"
+    );
 }
 
 /// `mode = "sequential"`: the whole history before any stream data. Held half-way through
@@ -633,7 +642,7 @@ fn kafka_a_sequential_mixture_trains_the_history_first_and_resumes_after_a_maste
         .as_u64()
         .unwrap();
     let name = "mix-sequential";
-    let (job, dir) = mixture_job(name, &brokers, "mode = \"sequential\"");
+    let (job, dir) = mixture_job(name, &brokers, "mode = \"sequential\"", "");
     let log = f.dir.join(format!("{name}.log"));
     let at = (history / 2).to_string();
     let mut g = Group::spawn(

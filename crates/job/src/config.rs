@@ -151,6 +151,14 @@ pub struct ModelConfig {
     pub max_table_rows: u64,
     /// Seed of the parameter initialization.
     pub seed: u64,
+    /// MTRM (Primus §5.1, mixture jobs only): hidden and output sizes of the adapt tower
+    /// (the last must be 1). The top MLP becomes the memory tower, trained on the
+    /// history; the adapt tower reads the interaction output and the memory tower's
+    /// logit and is trained on the stream, and predictions come from it. Empty: a plain
+    /// DLRM. (Not written when empty, so plain models serialize, and fingerprint, as
+    /// before MTRM existed.)
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub adapt_mlp: Vec<usize>,
 }
 
 impl Default for ModelConfig {
@@ -163,6 +171,7 @@ impl Default for ModelConfig {
             table_rows: TableRows::Auto,
             max_table_rows: 1_000_000,
             seed: 1,
+            adapt_mlp: Vec::new(),
         }
     }
 }
@@ -598,6 +607,20 @@ impl JobConfig {
                 "model.top_mlp",
                 "sizes must be ≥ 1 and the last must be 1 (the click logit)".into(),
             ));
+        }
+        if !m.adapt_mlp.is_empty() {
+            if m.adapt_mlp.last() != Some(&1) || m.adapt_mlp.contains(&0) {
+                return Err(bad(
+                    "model.adapt_mlp",
+                    "sizes must be ≥ 1 and the last must be 1 (the adapt tower's logit)".into(),
+                ));
+            }
+            if !self.is_mixture() {
+                return Err(bad(
+                    "model.adapt_mlp",
+                    "an MTRM trains its memory tower on a history and its adapt tower on a stream: it needs a mixture job ([stream] and [data.mix])".into(),
+                ));
+            }
         }
         if let TableRows::PerTable(v) = &m.table_rows {
             if v.len() != elastrec_data::NUM_SPARSE {

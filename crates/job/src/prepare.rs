@@ -113,6 +113,7 @@ pub fn dense_config(m: &ModelConfig) -> DlrmConfig {
         embedding_dim: m.embedding_dim,
         interaction: m.interaction,
         seed: m.seed,
+        adapt: m.adapt_mlp.clone(),
     }
 }
 

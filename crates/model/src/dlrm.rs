@@ -26,6 +26,25 @@ pub struct DlrmConfig {
     /// Seed of the deterministic initialization.
     #[serde(default)]
     pub seed: u64,
+    /// MTRM (Primus §5.1): sizes of the adapt tower excluding its input, ending with 1;
+    /// empty for a plain DLRM. The top MLP is then the memory tower; the adapt tower reads
+    /// the interaction output and the memory tower's logit (see [`Tower`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adapt: Vec<usize>,
+}
+
+/// Which tower a step trains and which logit it returns. A plain DLRM has only the top
+/// MLP ([`Tower::Memory`]). An MTRM trains its memory tower (the top MLP) on history
+/// batches and its adapt tower on stream batches: the adapt tower reads the interaction
+/// output and the memory tower's logit `h_M`, and no gradient flows into the memory tower
+/// through `h_M` (Algorithm 1). Predictions of an MTRM come from the adapt tower.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tower {
+    /// The top MLP (the memory tower of an MTRM).
+    Memory,
+    /// The adapt tower of an MTRM.
+    Adapt,
 }
 
 fn default_interaction() -> InteractionKind {
@@ -43,6 +62,7 @@ impl DlrmConfig {
             embedding_dim: 16,
             interaction: InteractionKind::Dot,
             seed: 0,
+            adapt: Vec::new(),
         }
     }
 
@@ -70,6 +90,17 @@ impl DlrmConfig {
         }
         if let Some(index) = self.top.iter().position(|&s| s == 0) {
             return Err(ModelError::ZeroWidth { mlp: "top", index });
+        }
+        if let Some(index) = self.adapt.iter().position(|&s| s == 0) {
+            return Err(ModelError::ZeroWidth {
+                mlp: "adapt",
+                index,
+            });
+        }
+        if let Some(&last) = self.adapt.last() {
+            if last != 1 {
+                return Err(ModelError::TopOutputNotOne { got: last });
+            }
         }
         if self.num_tables == 0 {
             return Err(ModelError::ZeroEmbedding { what: "num_tables" });
@@ -128,6 +159,8 @@ pub struct DenseDlrm {
     config: DlrmConfig,
     bottom: Mlp,
     top: Mlp,
+    /// MTRM's adapt tower (its parameters follow the top MLP's); `None` for a plain DLRM.
+    adapt: Option<Mlp>,
     interaction: Interaction,
     params: Vec<f32>,
 }
@@ -153,17 +186,69 @@ impl DenseDlrm {
             Activation::Relu,
             Activation::None,
         );
-        let mut params = vec![0.0; bottom.num_params() + top.num_params()];
-        for (i, l) in bottom.layers.iter().chain(&top.layers).enumerate() {
+        let adapt = (!config.adapt.is_empty()).then(|| {
+            let mut sizes = vec![interaction.out_dim() + 1];
+            sizes.extend_from_slice(&config.adapt);
+            Mlp::new(
+                &sizes,
+                bottom.num_params() + top.num_params(),
+                Activation::Relu,
+                Activation::None,
+            )
+        });
+        let adapt_params = adapt.as_ref().map_or(0, Mlp::num_params);
+        let mut params = vec![0.0; bottom.num_params() + top.num_params() + adapt_params];
+        let layers = bottom
+            .layers
+            .iter()
+            .chain(&top.layers)
+            .chain(adapt.iter().flat_map(|a| &a.layers));
+        for (i, l) in layers.enumerate() {
             l.init(&mut params, config.seed, i as u64);
         }
         Ok(Self {
             config,
             bottom,
             top,
+            adapt,
             interaction,
             params,
         })
+    }
+
+    /// MTRM's adapt tower, if this is one.
+    pub fn adapt(&self) -> Option<&Mlp> {
+        self.adapt.as_ref()
+    }
+
+    /// The tower predictions come from: the adapt tower of an MTRM, else the top MLP.
+    pub fn serving_tower(&self) -> Tower {
+        if self.adapt.is_some() {
+            Tower::Adapt
+        } else {
+            Tower::Memory
+        }
+    }
+
+    /// The tower that trains on history batches (the top MLP) or on stream batches (the
+    /// adapt tower of an MTRM; the top MLP of a plain DLRM).
+    pub fn tower_for(&self, stream: bool) -> Tower {
+        if stream {
+            self.serving_tower()
+        } else {
+            Tower::Memory
+        }
+    }
+
+    /// Parameter range of a tower's layers in the flat buffer.
+    fn tower_range(&self, tower: Tower) -> std::ops::Range<usize> {
+        let mlp = match tower {
+            Tower::Memory => &self.top,
+            Tower::Adapt => self.adapt.as_ref().expect("an MTRM"),
+        };
+        let first = mlp.layers.first().expect("nonempty");
+        let last = mlp.layers.last().expect("nonempty");
+        first.w_offset..last.end_offset()
     }
 
     /// The configuration.
@@ -204,6 +289,7 @@ impl DenseDlrm {
     /// Analytic FLOPs per sample of one `forward_backward`.
     pub fn flops_per_sample(&self) -> FlopCount {
         let fwd = self.bottom.forward_flops() + self.top.forward_flops();
+        // An MTRM's history step runs only the memory tower; the figure is its cost.
         let first = self.bottom.layers[0].forward_flops();
         FlopCount {
             forward_gemm: fwd,
@@ -221,6 +307,7 @@ impl DenseDlrm {
         let shape_differs = ws.blocks.first().is_some_and(|b| {
             b.bottom_acts.len() != self.bottom.layers.len()
                 || b.top_acts.len() != self.top.layers.len()
+                || b.adapt_acts.len() != self.adapt.as_ref().map_or(0, |a| a.layers.len())
         });
         if ws.num_params != self.params.len() || shape_differs {
             return Err(ModelError::WorkspaceMismatch);
@@ -260,6 +347,7 @@ impl DenseDlrm {
         ws: &mut Workspace,
         f: impl Fn(&Self, &mut Block, BlockInputs<'_>, &mut [f32]) + Sync,
     ) {
+        ws.tower = inputs.tower;
         let n = inputs.n;
         let (nd, te) = (self.config.num_dense(), self.emb_width());
         let used = n.div_ceil(BLOCK_ROWS);
@@ -277,6 +365,7 @@ impl DenseDlrm {
                     emb: &inputs.emb[r0 * te..r1 * te],
                     labels: inputs.labels.get(r0..r1).unwrap_or(&[]),
                     grad_scale: inputs.grad_scale,
+                    tower: inputs.tower,
                 };
                 f(self, block, part, d_emb)
             });
@@ -287,28 +376,51 @@ impl DenseDlrm {
         self.config.num_tables * self.config.embedding_dim
     }
 
-    fn forward_inner(&self, dense_x: &[f32], emb: &[f32], n: usize, ws: &mut Workspace) {
+    fn forward_inner(
+        &self,
+        dense_x: &[f32],
+        emb: &[f32],
+        n: usize,
+        tower: Tower,
+        ws: &mut Workspace,
+    ) {
         let inputs = BlockInputs {
             n,
             dense_x,
             emb,
             labels: &[],
             grad_scale: 0.0,
+            tower,
         };
         self.for_blocks(inputs, ws, |m, block, part, _| block.forward(m, part));
         ws.gather_logits(n);
     }
 
     /// Forward pass for `n = dense_x.len() / num_dense` samples: `dense_x [n, num_dense]`,
-    /// `emb [n, T, d]`. Returns the logits `[n]` (stored in the workspace).
+    /// `emb [n, T, d]`. Returns the logits `[n]` (stored in the workspace) of the serving
+    /// tower ([`DenseDlrm::serving_tower`]).
     pub fn forward<'w>(
         &self,
         dense_x: &[f32],
         emb: &[f32],
         ws: &'w mut Workspace,
     ) -> Result<&'w [f32]> {
+        self.forward_tower(dense_x, emb, self.serving_tower(), ws)
+    }
+
+    /// [`DenseDlrm::forward`] to the logits of `tower`.
+    pub fn forward_tower<'w>(
+        &self,
+        dense_x: &[f32],
+        emb: &[f32],
+        tower: Tower,
+        ws: &'w mut Workspace,
+    ) -> Result<&'w [f32]> {
+        if tower == Tower::Adapt && self.adapt.is_none() {
+            return Err(ModelError::NoAdaptTower);
+        }
         let n = self.check(dense_x, emb, ws)?;
-        self.forward_inner(dense_x, emb, n, ws);
+        self.forward_inner(dense_x, emb, n, tower, ws);
         Ok(ws.logits())
     }
 
@@ -345,6 +457,24 @@ impl DenseDlrm {
         labels: &[f32],
         ws: &mut Workspace,
     ) -> Result<f32> {
+        self.forward_backward_tower(dense_x, emb, labels, Tower::Memory, ws)
+    }
+
+    /// [`DenseDlrm::forward_backward`] of one tower: `Tower::Memory` trains the top MLP,
+    /// `Tower::Adapt` an MTRM's adapt tower (see [`Tower`]). The other tower's gradient
+    /// is zero, and so is, in an adapt step, everything that reaches the memory tower only
+    /// through `h_M`.
+    pub fn forward_backward_tower(
+        &self,
+        dense_x: &[f32],
+        emb: &[f32],
+        labels: &[f32],
+        tower: Tower,
+        ws: &mut Workspace,
+    ) -> Result<f32> {
+        if tower == Tower::Adapt && self.adapt.is_none() {
+            return Err(ModelError::NoAdaptTower);
+        }
         let n = self.check(dense_x, emb, ws)?;
         if labels.len() != n {
             return Err(ModelError::Shape {
@@ -359,6 +489,7 @@ impl DenseDlrm {
             emb,
             labels,
             grad_scale: 1.0 / n.max(1) as f32,
+            tower,
         };
         self.for_blocks(inputs, ws, |m, block, part, d_emb| {
             block.forward(m, part);
@@ -392,6 +523,8 @@ struct BlockInputs<'a> {
     labels: &'a [f32],
     /// Factor of `dlogits` (`1 / batch`, so the blocks' gradients add up to the mean's).
     grad_scale: f32,
+    /// The tower whose logit is computed (and trained).
+    tower: Tower,
 }
 
 /// Activations, temporaries and the partial dense gradient of one row block.
@@ -400,6 +533,11 @@ struct Block {
     bottom_acts: Vec<Vec<f32>>,
     inter: Vec<f32>,
     top_acts: Vec<Vec<f32>>,
+    /// MTRM: the adapt tower's input `[inter, h_M]`, its activations, and the gradient
+    /// w.r.t. its input.
+    adapt_in: Vec<f32>,
+    adapt_acts: Vec<Vec<f32>>,
+    d_adapt_in: Vec<f32>,
     dlogits: Vec<f32>,
     d_inter: Vec<f32>,
     d_bottom: Vec<f32>,
@@ -418,11 +556,20 @@ impl Block {
                 .map(|l| vec![0.0; rows * l.out_dim])
                 .collect()
         };
-        let max_w = model.bottom.max_width().max(model.top.max_width());
+        let adapt_w = model.adapt.as_ref().map_or(0, Mlp::max_width);
+        let max_w = model
+            .bottom
+            .max_width()
+            .max(model.top.max_width())
+            .max(adapt_w);
+        let adapt_in = model.adapt.as_ref().map_or(0, |a| rows * a.in_dim());
         Self {
             bottom_acts: acts(&model.bottom),
             inter: vec![0.0; rows * model.interaction.out_dim()],
             top_acts: acts(&model.top),
+            adapt_in: vec![0.0; adapt_in],
+            adapt_acts: model.adapt.as_ref().map_or_else(Vec::new, acts),
+            d_adapt_in: vec![0.0; adapt_in],
             dlogits: vec![0.0; rows],
             d_inter: vec![0.0; rows * model.interaction.out_dim()],
             d_bottom: vec![0.0; rows * model.bottom.out_dim()],
@@ -439,6 +586,27 @@ impl Block {
         let z = self.bottom_acts.last().expect("nonempty");
         m.interaction.forward(z, x.emb, x.n, &mut self.inter);
         m.top.forward(p, &self.inter, x.n, &mut self.top_acts);
+        if let (Tower::Adapt, Some(adapt)) = (x.tower, &m.adapt) {
+            // [inter, h_M] per row: the interaction output and the memory tower's logit.
+            let w = m.interaction.out_dim();
+            let h_m = self.top_acts.last().expect("nonempty");
+            for (r, row) in self.adapt_in[..x.n * (w + 1)]
+                .chunks_exact_mut(w + 1)
+                .enumerate()
+            {
+                row[..w].copy_from_slice(&self.inter[r * w..(r + 1) * w]);
+                row[w] = h_m[r];
+            }
+            adapt.forward(p, &self.adapt_in, x.n, &mut self.adapt_acts);
+        }
+    }
+
+    /// The logits of the tower the last forward ran for.
+    fn logits(&self, tower: Tower) -> &[f32] {
+        match tower {
+            Tower::Memory => self.top_acts.last().expect("nonempty"),
+            Tower::Adapt => self.adapt_acts.last().expect("an MTRM"),
+        }
     }
 
     /// Backward of the block's share of the mean loss, after [`Block::forward`]: the
@@ -446,19 +614,52 @@ impl Block {
     /// `d_emb`, its summed loss into `self.loss_sum`.
     fn backward(&mut self, m: &DenseDlrm, x: BlockInputs<'_>, d_emb: &mut [f32]) {
         let (p, n) = (&m.params, x.n);
-        let logits = &self.top_acts.last().expect("nonempty")[..n];
-        self.loss_sum = bce_sum_with_logits(logits, x.labels, x.grad_scale, &mut self.dlogits[..n]);
-        m.top.backward(
-            p,
-            &mut self.grads,
-            &self.inter,
-            &self.top_acts,
-            &mut self.dlogits,
-            &mut self.ga,
-            &mut self.gb,
-            Some(&mut self.d_inter),
-            n,
-        );
+        let logits = match x.tower {
+            Tower::Memory => self.top_acts.last().expect("nonempty"),
+            Tower::Adapt => self.adapt_acts.last().expect("an MTRM"),
+        };
+        self.loss_sum =
+            bce_sum_with_logits(&logits[..n], x.labels, x.grad_scale, &mut self.dlogits[..n]);
+        match (x.tower, &m.adapt) {
+            (Tower::Adapt, Some(adapt)) => {
+                adapt.backward(
+                    p,
+                    &mut self.grads,
+                    &self.adapt_in,
+                    &self.adapt_acts,
+                    &mut self.dlogits,
+                    &mut self.ga,
+                    &mut self.gb,
+                    Some(&mut self.d_adapt_in),
+                    n,
+                );
+                // h_M's column is dropped: no gradient reaches the memory tower.
+                let w = m.interaction.out_dim();
+                for (d, g) in self.d_inter[..n * w]
+                    .chunks_exact_mut(w)
+                    .zip(self.d_adapt_in.chunks_exact(w + 1))
+                {
+                    d.copy_from_slice(&g[..w]);
+                }
+                self.grads[m.tower_range(Tower::Memory)].fill(0.0);
+            }
+            _ => {
+                m.top.backward(
+                    p,
+                    &mut self.grads,
+                    &self.inter,
+                    &self.top_acts,
+                    &mut self.dlogits,
+                    &mut self.ga,
+                    &mut self.gb,
+                    Some(&mut self.d_inter),
+                    n,
+                );
+                if m.adapt.is_some() {
+                    self.grads[m.tower_range(Tower::Adapt)].fill(0.0);
+                }
+            }
+        }
         let z = self.bottom_acts.last().expect("nonempty");
         m.interaction
             .backward(z, x.emb, &self.d_inter, n, &mut self.d_bottom, d_emb);
@@ -489,6 +690,8 @@ impl Block {
 pub struct Workspace {
     capacity: usize,
     n: usize,
+    /// The tower of the last forward.
+    tower: Tower,
     num_params: usize,
     blocks: Vec<Block>,
     logits: Vec<f32>,
@@ -505,6 +708,7 @@ impl Workspace {
         Self {
             capacity,
             n: 0,
+            tower: Tower::Memory,
             num_params: model.num_params(),
             blocks,
             logits: vec![0.0; capacity],
@@ -517,7 +721,7 @@ impl Workspace {
     fn gather_logits(&mut self, n: usize) {
         self.n = n;
         for (i, chunk) in self.logits[..n].chunks_mut(BLOCK_ROWS).enumerate() {
-            let last = self.blocks[i].top_acts.last().expect("nonempty");
+            let last = self.blocks[i].logits(self.tower);
             chunk.copy_from_slice(&last[..chunk.len()]);
         }
     }
@@ -602,6 +806,12 @@ impl Workspace {
     /// Output of top-MLP layer `i` for the last forward (`[n, width]`, copied).
     pub fn top_activation(&self, i: usize) -> Vec<f32> {
         self.concat(|b| &b.top_acts[i])
+    }
+
+    /// Output of adapt-tower layer `i` (an MTRM's) for the last forward (`[n, width]`,
+    /// copied).
+    pub fn adapt_activation(&self, i: usize) -> Vec<f32> {
+        self.concat(|b| &b.adapt_acts[i])
     }
 
     /// Interaction output of the last forward (`[n, width]`, copied).

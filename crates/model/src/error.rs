@@ -23,8 +23,8 @@ pub enum ModelError {
         /// Position in the size list.
         index: usize,
     },
-    /// The top MLP must end in a single logit.
-    #[error("top MLP must end with 1 output (the logit), got {got}")]
+    /// The top MLP (or MTRM's adapt tower) must end in a single logit.
+    #[error("top MLP and adapt tower must end with 1 output (the logit), got {got}")]
     TopOutputNotOne {
         /// The last top size given.
         got: usize,
@@ -66,6 +66,9 @@ pub enum ModelError {
     /// A workspace built for a different model was passed.
     #[error("workspace was built for a different model layout")]
     WorkspaceMismatch,
+    /// An adapt-tower step on a model without one (not an MTRM).
+    #[error("the model has no adapt tower (model.adapt_mlp is empty): it is not an MTRM")]
+    NoAdaptTower,
 }
 
 /// Result alias for this crate.

@@ -45,7 +45,7 @@ pub mod loss;
 pub mod metrics;
 pub mod optim;
 
-pub use dlrm::{DenseDlrm, DlrmConfig, FlopCount, Workspace};
+pub use dlrm::{DenseDlrm, DlrmConfig, FlopCount, Tower, Workspace};
 pub use error::{ModelError, Result};
 pub use interaction::{Interaction, InteractionKind};
 pub use layers::{sigmoid, Activation, Linear, Mlp};

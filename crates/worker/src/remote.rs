@@ -585,12 +585,19 @@ impl RemoteModel {
     }
 
     /// Forward/backward on the pulled parameters; returns the loss.
-    fn compute(&mut self, batch: &Batch) -> anyhow::Result<f32> {
+    /// Forward and backward of one batch; `stream` says it came from a stream partition
+    /// (an MTRM trains its adapt tower on those, its memory tower on history files).
+    fn compute(&mut self, batch: &Batch, stream: bool) -> anyhow::Result<f32> {
         let n = batch.len();
         let emb = &self.emb[..n * NUM_SPARSE * self.dim];
-        Ok(self
-            .dense
-            .forward_backward(&batch.dense, emb, &batch.labels, &mut self.ws)?)
+        let tower = self.dense.tower_for(stream);
+        Ok(self.dense.forward_backward_tower(
+            &batch.dense,
+            emb,
+            &batch.labels,
+            tower,
+            &mut self.ws,
+        )?)
     }
 
     /// The probabilities of the last [`Self::compute`], made with the parameters pulled
@@ -934,7 +941,8 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             open_task(&job, &files, &mut stream, &task, task.start_row + offset)?;
         // Progressive validation judges the model on the stream only, not on the history
         // a mixture job also trains.
-        let validate = progressive && elastrec_stream::PartitionId::parse(&file).is_some();
+        let from_stream = elastrec_stream::PartitionId::parse(&file).is_some();
+        let validate = progressive && from_stream;
         shared.task.store(task.task_id, Ordering::Relaxed);
         metrics.task.set(task.task_id as i64);
         shared.offset.store(offset, Ordering::Relaxed);
@@ -971,7 +979,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                 metrics.pull_latency.observe(t0.elapsed().as_secs_f64());
                 TimeSplit::add(&shared.profile.pull_us, t0);
                 let t0 = Instant::now();
-                let loss = tokio::task::block_in_place(|| model.compute(&batch))?;
+                let loss = tokio::task::block_in_place(|| model.compute(&batch, from_stream))?;
                 if validate {
                     predicted = model.predictions(&batch);
                 }

@@ -1,4 +1,4 @@
-use elastrec_model::{DenseDlrm, DlrmConfig, InteractionKind, ModelError};
+use elastrec_model::{DenseDlrm, DlrmConfig, InteractionKind, ModelError, Tower};
 
 use crate::common::{check_fd, randv, rng};
 
@@ -10,6 +10,7 @@ fn small(kind: InteractionKind) -> DlrmConfig {
         embedding_dim: 4,
         interaction: kind,
         seed: 42,
+        adapt: Vec::new(),
     }
 }
 
@@ -299,4 +300,131 @@ fn row_blocks_add_up_to_the_whole_batch_on_any_thread_count() {
             "param {i}: {got} vs {want}"
         );
     }
+}
+
+/// Sum BCE of `tower`'s logits in f64, plus the ReLU pattern of every hidden activation
+/// the tower's forward computed.
+fn tower_loss(
+    m: &DenseDlrm,
+    ws: &mut elastrec_model::Workspace,
+    x: &[f32],
+    e: &[f32],
+    y: &[f32],
+    tower: Tower,
+) -> (f64, Vec<bool>) {
+    let logits = m.forward_tower(x, e, tower, ws).unwrap().to_vec();
+    let loss: f64 = logits
+        .iter()
+        .zip(y)
+        .map(|(&l, &t)| {
+            let l = l as f64;
+            l.max(0.0) - l * t as f64 + (-l.abs()).exp().ln_1p()
+        })
+        .sum();
+    let mut pat = Vec::new();
+    for i in 0..m.bottom().layers.len() {
+        pat.extend(ws.bottom_activation(i).iter().map(|&v| v > 0.0));
+    }
+    for i in 0..m.top().layers.len() - 1 {
+        pat.extend(ws.top_activation(i).iter().map(|&v| v > 0.0));
+    }
+    if tower == Tower::Adapt {
+        for i in 0..m.adapt().unwrap().layers.len() - 1 {
+            pat.extend(ws.adapt_activation(i).iter().map(|&v| v > 0.0));
+        }
+    }
+    (loss, pat)
+}
+
+/// MTRM (Primus Algorithm 1): a memory step's gradient is exactly the finite-difference
+/// gradient of the memory tower's loss and leaves the adapt tower alone; an adapt step's
+/// reaches the adapt tower, the bottom MLP and the embeddings but never the memory tower
+/// (h_M is an input, not a path for gradients). With h_M's weights at zero the adapt loss
+/// does not depend on the memory tower, so the adapt step's gradient is then exactly the
+/// finite-difference one for every parameter.
+#[test]
+fn mtrm_towers_gradcheck_and_stop_the_gradient_at_h_m() {
+    let cfg = DlrmConfig {
+        adapt: vec![5, 1],
+        ..small(InteractionKind::Dot)
+    };
+    let mut m = DenseDlrm::new(cfg).unwrap();
+    let adapt = m.adapt().unwrap().clone();
+    let memory = {
+        let t = m.top();
+        t.layers[0].w_offset..t.layers.last().unwrap().end_offset()
+    };
+    let adapt_range = adapt.layers[0].w_offset..adapt.layers.last().unwrap().end_offset();
+    assert_eq!(
+        adapt_range.end,
+        m.num_params(),
+        "the adapt tower comes last"
+    );
+    let n = 6;
+    let mut ws = m.workspace(8);
+    let mut ws2 = m.workspace(8);
+    let mut g = rng(5);
+    let x = randv(&mut g, n * 5, 1.0);
+    let e = randv(&mut g, n * 3 * 4, 1.0);
+    let y: Vec<f32> = (0..n).map(|i| (i % 2) as f32).collect();
+    assert_eq!(m.serving_tower(), Tower::Adapt);
+    assert_eq!(m.tower_for(false), Tower::Memory);
+
+    // Memory step.
+    m.forward_backward_tower(&x, &e, &y, Tower::Memory, &mut ws)
+        .unwrap();
+    let gp: Vec<f32> = ws.grads().iter().map(|v| v * n as f32).collect();
+    assert!(gp[adapt_range.clone()].iter().all(|&v| v == 0.0));
+    assert!(gp[memory.clone()].iter().any(|&v| v != 0.0));
+    let p0 = m.params().to_vec();
+    check_fd("mtrm memory params", &p0, &gp, 2e-3, 1e-3, 2e-2, |p| {
+        m.params_mut().copy_from_slice(p);
+        tower_loss(&m, &mut ws2, &x, &e, &y, Tower::Memory)
+    });
+    m.params_mut().copy_from_slice(&p0);
+
+    // Adapt step: the memory tower gets nothing, whatever h_M's weights.
+    m.forward_backward_tower(&x, &e, &y, Tower::Adapt, &mut ws)
+        .unwrap();
+    assert!(ws.grads()[memory.clone()].iter().all(|&v| v == 0.0));
+    assert!(ws.grads()[adapt_range.clone()].iter().any(|&v| v != 0.0));
+    // h_M is used: the adapt logits move with the memory tower.
+    let before = m
+        .forward_tower(&x, &e, Tower::Adapt, &mut ws2)
+        .unwrap()
+        .to_vec();
+    let last = m.top().layers.last().unwrap().b_offset;
+    m.params_mut()[last] += 0.5;
+    let after = m
+        .forward_tower(&x, &e, Tower::Adapt, &mut ws2)
+        .unwrap()
+        .to_vec();
+    assert_ne!(before, after);
+    m.params_mut()[last] -= 0.5;
+
+    // With h_M's input weights at zero, the finite differences agree everywhere.
+    let l0 = &adapt.layers[0];
+    for o in 0..l0.out_dim {
+        m.params_mut()[l0.w_offset + o * l0.in_dim + l0.in_dim - 1] = 0.0;
+    }
+    m.forward_backward_tower(&x, &e, &y, Tower::Adapt, &mut ws)
+        .unwrap();
+    let gp: Vec<f32> = ws.grads().iter().map(|v| v * n as f32).collect();
+    let ge: Vec<f32> = ws.d_emb().iter().map(|v| v * n as f32).collect();
+    let p1 = m.params().to_vec();
+    check_fd("mtrm adapt params", &p1, &gp, 2e-3, 1e-3, 2e-2, |p| {
+        m.params_mut().copy_from_slice(p);
+        tower_loss(&m, &mut ws2, &x, &e, &y, Tower::Adapt)
+    });
+    m.params_mut().copy_from_slice(&p1);
+    check_fd("mtrm adapt emb", &e, &ge, 2e-3, 1e-3, 2e-2, |ee| {
+        tower_loss(&m, &mut ws2, &x, ee, &y, Tower::Adapt)
+    });
+    // A plain DLRM has no adapt tower to train.
+    let plain = DenseDlrm::new(small(InteractionKind::Dot)).unwrap();
+    let mut ws3 = plain.workspace(8);
+    assert_eq!(
+        plain.forward_backward_tower(&x, &e, &y, Tower::Adapt, &mut ws3),
+        Err(ModelError::NoAdaptTower)
+    );
 }
