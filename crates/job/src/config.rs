@@ -855,6 +855,17 @@ mod tests {
         let (field, reason) = field_of(&datasets);
         assert_eq!(field, "data.mix");
         assert!(reason.contains("add a [data.mix]"), "{reason}");
+        // MTRM needs a mixture, and its adapt tower ends in one logit.
+        assert_eq!(
+            field_of("[model]\nadapt_mlp = [8, 1]\n").0,
+            "model.adapt_mlp"
+        );
+        assert_eq!(
+            field_of(&format!("{ok}[model]\nadapt_mlp = [8, 2]\n")).0,
+            "model.adapt_mlp"
+        );
+        let mtrm = parse(&format!("{ok}[model]\nadapt_mlp = [8, 1]\n")).unwrap();
+        assert_eq!(crate::prepare::dense_config(&mtrm.model).adapt, vec![8, 1]);
     }
 
     #[test]
