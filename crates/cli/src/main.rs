@@ -58,6 +58,9 @@ enum Command {
     /// (internal) A worker process, started by the master.
     #[command(hide = true)]
     Worker(elastrec_worker::remote::WorkerArgs),
+    /// (internal) A data executor process, started by the master (`cluster.executors`).
+    #[command(hide = true)]
+    Executor(elastrec_worker::remote::WorkerArgs),
 }
 
 #[derive(clap::Args)]
@@ -291,6 +294,7 @@ fn main() -> anyhow::Result<()> {
         Command::Cluster(c) => elastrec_master::cli::dispatch(c),
         Command::Ps(a) => commands::on_runtime(elastrec_ps::run_ps(a)),
         Command::Worker(a) => commands::on_runtime(elastrec_worker::remote::run_worker(a)),
+        Command::Executor(a) => commands::on_runtime(elastrec_worker::executor::run_executor(a)),
         Command::Simulate(c) => elastrec_sim::cli::dispatch(c),
         Command::Replay(a) => replay::run(a),
         Command::Export(a) => export::run(a),

@@ -432,3 +432,77 @@ fn bad_job_files_are_rejected_naming_the_field() {
     assert!(err.contains("empty.tsv") && err.contains("0 rows"), "{err}");
     assert!(!f.dir.join("bad5/master.db").exists());
 }
+
+/// The job's nodes of `role` in `elastrec status --json`, running, as (id, pid, samples).
+fn running(s: &serde_json::Value, role: &str) -> Vec<(u64, i32, u64)> {
+    s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["role"] == role && n["state"] == "running" && n["pid"].as_u64() > Some(0))
+        .map(|n| {
+            (
+                n["id"].as_u64().unwrap(),
+                n["pid"].as_u64().unwrap() as i32,
+                n["samples"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// Data executors (`cluster.executors`, Primus's data workers) read and parse the
+/// workers' file tasks. Held at a quarter of the job, an executor and a worker are
+/// SIGKILLed: the workers read on from another executor (or themselves) from the same
+/// row, the master replaces the executor, and every row still trains exactly once.
+#[test]
+fn data_executors_serve_the_workers_and_one_killed_loses_nothing() {
+    let _g = serial();
+    let (job, dir) = write_job("executors", &format!("{CLUSTER}executors = 2\n"));
+    let log = dir.with_extension("log");
+    let total = 2 * fixture().train_rows;
+    let quarter = (total / 4).to_string();
+    let mut g = Group::spawn(
+        &["run", job.to_str().unwrap(), "--pause-at-samples", &quarter],
+        &log,
+    );
+    // Held, nothing moves: once both executors' served counts are in status, they stay.
+    let mut s = wait_held(&dir);
+    wait_for(Duration::from_secs(60), || {
+        s = status_json(&dir).unwrap();
+        let ex = running(&s, "executor");
+        ex.len() == 2 && ex.iter().map(|e| e.2).sum::<u64>() > 0
+    });
+    let table = elastrec(&["status", dir.to_str().unwrap()]);
+    assert!(
+        String::from_utf8_lossy(&table.stdout).contains("executor"),
+        "status names the executors"
+    );
+    let (ex_id, ex_pid, _) = running(&s, "executor")[0];
+    let (w_id, w_pid) = running_workers(&s)[0];
+    // SAFETY: plain kill(2) of processes this job started.
+    unsafe {
+        libc::kill(ex_pid, libc::SIGKILL);
+        libc::kill(w_pid, libc::SIGKILL);
+    }
+    wait_not_running(&dir, ex_id);
+    wait_not_running(&dir, w_id);
+    // The master replaces the executor.
+    wait_for(Duration::from_secs(60), || {
+        status_json(&dir).is_some_and(|s| running(&s, "executor").len() == 2)
+    });
+    unpause(&dir);
+    g.wait_success(&log);
+    check_result(&dir, &log, MULTI_WORKER_AUC_TOLERANCE);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.matches("declared dead").count() >= 2, "{text}");
+    let served: Vec<String> = std::fs::read_dir(dir.join("logs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("executor-"))
+        .collect();
+    assert_eq!(
+        served.len(),
+        3,
+        "two executors and a replacement: {served:?}"
+    );
+}

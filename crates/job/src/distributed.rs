@@ -29,6 +29,10 @@ pub struct ClusterConfig {
     pub ps: u32,
     /// Number of workers at start (change at runtime with `elastrec scale`).
     pub workers: u32,
+    /// Data executors (Primus's data workers): processes that read and parse the
+    /// workers' file tasks and serve them ready batches (`docs/data.md`). 0: every worker
+    /// reads its own tasks.
+    pub executors: u32,
     /// `"async"` (bounded staleness) or `"sync"`.
     pub mode: SyncMode,
     /// Async mode: dense-parameter updates a worker may lag behind before it re-pulls.
@@ -86,6 +90,7 @@ impl Default for ClusterConfig {
         Self {
             ps: 1,
             workers: 2,
+            executors: 0,
             mode: SyncMode::Async,
             staleness: 0,
             warmup_steps: 100,

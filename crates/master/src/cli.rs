@@ -163,7 +163,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
             .iter()
             .map(|n| {
                 serde_json::json!({
-                    "id": n.node_id, "role": if n.role == PbRole::Ps as i32 { "ps" } else { "worker" },
+                    "id": n.node_id, "role": role_name(n.role),
                     "state": n.state, "pid": n.pid, "addr": n.addr,
                     "metrics_addr": n.metrics_addr,
                     "last_heartbeat_ms_ago": n.last_heartbeat_ms_ago, "samples": n.samples,
@@ -246,11 +246,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         print!(
             "{:>5}  {:<6}  {:<8}  {:>7}  {:<21}  {:<21}  {:>9} ms  {:>9}  {:>8}  {:>6}",
             n.node_id,
-            if n.role == PbRole::Ps as i32 {
-                "ps"
-            } else {
-                "worker"
-            },
+            role_name(n.role),
             n.state,
             n.pid,
             n.addr,
@@ -293,6 +289,15 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         print_stream(st);
     }
     Ok(())
+}
+
+/// A node's role as `elastrec status` names it.
+fn role_name(role: i32) -> &'static str {
+    match PbRole::try_from(role) {
+        Ok(PbRole::Ps) => "ps",
+        Ok(PbRole::Executor) => "executor",
+        _ => "worker",
+    }
 }
 
 /// An online job's part of `elastrec status`.
@@ -712,6 +717,7 @@ async fn start_bench_master(
         recover_ps: false,
         warmup_samples: 0,
         pin_partitions: false,
+        executors: 0,
     };
     let mut cx = LiveCtx::now();
     let job = Job::start(policy, queue, workers, &mut cx);

@@ -386,6 +386,7 @@ impl MasterCore {
                 role: match n.role {
                     Role::Ps => pb::Role::Ps as i32,
                     Role::Worker => pb::Role::Worker as i32,
+                    Role::Executor => pb::Role::Executor as i32,
                 },
                 state: crate::store::state_str(n.state).to_string(),
                 pid: n.pid,

@@ -22,6 +22,8 @@ pub enum Role {
     Ps,
     /// Training worker.
     Worker,
+    /// Data executor (`cluster.executors`): reads and parses file tasks for the workers.
+    Executor,
 }
 
 /// Life of a node as the master sees it.
@@ -119,6 +121,8 @@ pub struct Policy {
     /// Each file (stream partition) goes only to one worker: the one ranked
     /// `file mod w` among the `w` running workers (`stream.assignment = "pinned"`).
     pub pin_partitions: bool,
+    /// Data executors to keep running (`cluster.executors`).
+    pub executors: u32,
 }
 
 /// An online job's queue is compacted once it holds this many done tasks (a day at
@@ -372,6 +376,9 @@ impl Job {
         }
         for _ in 0..workers {
             job.launch_worker(0, cx);
+        }
+        for i in 0..job.policy.executors {
+            job.launch(Role::Executor, i, 0, cx);
         }
         job.persist_meta(cx);
         job
@@ -1259,7 +1266,30 @@ impl Job {
                 }
                 self.persist_meta(cx);
             }
+            // A data executor holds nothing: the workers it served read on from another
+            // one (or themselves). It is replaced while the restart budget lasts.
+            Role::Executor => {
+                let training = matches!(self.phase, Phase::Training);
+                if !was_stopping && training {
+                    if self.restarts_used < self.policy.max_worker_restarts {
+                        self.restarts_used += 1;
+                        self.launch(Role::Executor, node.index, node.restarts + 1, cx);
+                    }
+                    self.persist_meta(cx);
+                }
+            }
         }
+    }
+
+    /// Addresses of the running data executors, in node order.
+    pub fn executor_addrs(&self) -> Vec<String> {
+        self.nodes
+            .values()
+            .filter(|n| {
+                n.role == Role::Executor && n.state == NodeState::Running && !n.addr.is_empty()
+            })
+            .map(|n| n.addr.clone())
+            .collect()
     }
 
     /// Samples reported trained so far (all epochs).
@@ -1435,6 +1465,7 @@ pub(crate) mod tests {
             recover_ps: false,
             warmup_samples: 0,
             pin_partitions: false,
+            executors: 0,
         }
     }
 
@@ -1580,6 +1611,7 @@ pub(crate) mod tests {
         let mut j = Job::start(
             Policy {
                 pin_partitions: true,
+                executors: 0,
                 ..policy()
             },
             TaskQueue::new(files, vec![200, 300, 200]),

@@ -163,7 +163,8 @@ impl LaunchTemplate {
     pub fn role_resources(&self, role: Role) -> &RoleResources {
         match role {
             Role::Ps => &self.resources.ps,
-            Role::Worker => &self.resources.worker,
+            // A data executor reads and parses what a worker would: it asks as much.
+            Role::Worker | Role::Executor => &self.resources.worker,
         }
     }
 
@@ -210,9 +211,11 @@ impl LaunchTemplate {
             cpu = threads as f64;
         }
         let name = self.node_name(node.role, node.id);
+        // A data executor serves workers and is served the job's data like them: it
+        // holds a worker's credentials.
         let caller = match node.role {
             Role::Ps => rpc::Caller::Ps,
-            Role::Worker => rpc::Caller::Worker,
+            Role::Worker | Role::Executor => rpc::Caller::Worker,
         };
         let mut secret_env = vec![(
             rpc::TOKEN_ENV.to_string(),
@@ -244,7 +247,7 @@ impl LaunchTemplate {
 fn role_slot(role: Role) -> usize {
     match role {
         Role::Ps => 0,
-        Role::Worker => 1,
+        Role::Worker | Role::Executor => 1,
     }
 }
 
@@ -267,6 +270,7 @@ pub fn role_name(role: Role) -> &'static str {
     match role {
         Role::Ps => "ps",
         Role::Worker => "worker",
+        Role::Executor => "executor",
     }
 }
 

@@ -37,12 +37,13 @@ impl Master for MasterService {
         let role = match pb::Role::try_from(req.role) {
             Ok(pb::Role::Ps) => Role::Ps,
             Ok(pb::Role::Worker) => Role::Worker,
-            _ => return Err(MasterError::invalid("role must be ps or worker").into()),
+            Ok(pb::Role::Executor) => Role::Executor,
+            _ => return Err(MasterError::invalid("role must be ps, worker or executor").into()),
         };
         // A worker's token cannot register a parameter server (and the reverse).
         let claimed = match role {
             Role::Ps => rpc::Caller::Ps,
-            Role::Worker => rpc::Caller::Worker,
+            Role::Worker | Role::Executor => rpc::Caller::Worker,
         };
         if caller != rpc::Caller::Admin && caller != claimed {
             return Err(MasterError::PermissionDenied(format!(
@@ -55,7 +56,7 @@ impl Master for MasterService {
         if req.addr.len() > 256 || req.metrics_addr.len() > 256 {
             return Err(MasterError::invalid("address too long").into());
         }
-        if role == Role::Ps
+        if role != Role::Worker
             && !req.addr.is_empty()
             && req.addr.parse::<std::net::SocketAddr>().is_err()
         {
@@ -107,7 +108,7 @@ impl Master for MasterService {
             self.0.profiles.lock().insert(req.node_id, p);
         }
         let keep_ps = self.0.keep_ps.load(std::sync::atomic::Ordering::Acquire);
-        let (d, ps_addrs, active, layout_version) = self
+        let (d, ps_addrs, active, layout_version, executor_addrs) = self
             .0
             .run_depending(Depends::Nodes, |job, cx| {
                 let mut d = job.heartbeat(req.node_id, req.samples, req.step, cx);
@@ -120,11 +121,21 @@ impl Master for MasterService {
                 if ended && job.node(req.node_id).is_some_and(|n| n.role == Role::Ps) {
                     d = Directive::Stop;
                 }
+                // Data executors serve training reads only.
+                let training = matches!(job.phase(), Phase::Training);
+                if !training
+                    && job
+                        .node(req.node_id)
+                        .is_some_and(|n| n.role == Role::Executor)
+                {
+                    d = Directive::Stop;
+                }
                 (
                     d,
                     job.ps_addrs().unwrap_or_default(),
                     job.training_workers(),
                     job.layout_version(),
+                    job.executor_addrs(),
                 )
             })
             .await?;
@@ -138,6 +149,7 @@ impl Master for MasterService {
             ps_addrs,
             active_workers: active,
             layout_version,
+            executor_addrs,
         }))
     }
 

@@ -30,8 +30,15 @@ mod wire {
             tonic::include_proto!("elastrec.ps.v1");
         }
     }
+    pub mod executor {
+        pub mod v1 {
+            tonic::include_proto!("elastrec.executor.v1");
+        }
+    }
 }
 
+/// A data executor's service (`elastrec.executor.v1`): parsed batches of file rows.
+pub use wire::executor::v1 as executor;
 /// The job master's service (`elastrec.master.v1`): membership, data tasks, scaling, status.
 pub use wire::master::v1 as master;
 /// The parameter server's service (`elastrec.ps.v1`): embedding rows and dense slices.

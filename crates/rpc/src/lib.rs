@@ -8,6 +8,7 @@ pub mod tls;
 use std::time::Duration;
 
 use elastrec_proto::common::ProtocolVersion;
+use elastrec_proto::executor::data_executor_client::DataExecutorClient;
 use elastrec_proto::master::master_client::MasterClient;
 use elastrec_proto::ps::parameter_server_client::ParameterServerClient;
 use elastrec_proto::PROTOCOL_MAJOR;
@@ -252,6 +253,8 @@ pub fn require<T>(req: &Request<T>, allowed: &[Caller]) -> Result<Caller, Status
 pub type Master = MasterClient<InterceptedService<Channel, ClientAuth>>;
 /// PS client with the token attached.
 pub type Ps = ParameterServerClient<InterceptedService<Channel, ClientAuth>>;
+/// Authenticated data-executor client.
+pub type Executor = DataExecutorClient<InterceptedService<Channel, ClientAuth>>;
 
 /// The accepted connections of a server's `listener`, with Nagle's algorithm off.
 ///
@@ -338,6 +341,21 @@ pub fn ps_client(
     let auth = ClientAuth::new(token)?;
     Ok(
         ParameterServerClient::with_interceptor(channel(addr, call_timeout)?, auth)
+            .max_decoding_message_size(max_bytes)
+            .max_encoding_message_size(max_bytes),
+    )
+}
+
+/// Data-executor client for `addr` whose calls time out after `call_timeout`.
+pub fn executor_client(
+    addr: &str,
+    token: &str,
+    max_bytes: usize,
+    call_timeout: Duration,
+) -> anyhow::Result<Executor> {
+    let auth = ClientAuth::new(token)?;
+    Ok(
+        DataExecutorClient::with_interceptor(channel(addr, call_timeout)?, auth)
             .max_decoding_message_size(max_bytes)
             .max_encoding_message_size(max_bytes),
     )

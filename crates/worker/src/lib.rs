@@ -7,6 +7,8 @@
 
 pub mod bench;
 pub mod error;
+pub mod executor;
+mod executor_reader;
 pub mod layout;
 pub mod model_file;
 pub mod remote;

@@ -127,6 +127,8 @@ struct Shared {
     ps_layout: Mutex<PsLayout>,
     /// Where the training loop's time goes (the master's profile), microseconds.
     profile: TimeSplit,
+    /// The job's data executors, as the master last said (`cluster.executors`).
+    executors: crate::executor_reader::Executors,
 }
 
 /// Cumulative time of each part of a training iteration, microseconds.
@@ -225,6 +227,7 @@ fn apply_heartbeat_reply(
                 .ps_layout
                 .lock()
                 .update(r.layout_version, &r.ps_addrs);
+            shared.executors.set(r.executor_addrs.clone());
             if r.action() == NodeAction::Stop {
                 shared.stop.store(true, Ordering::Relaxed);
             }
@@ -845,6 +848,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let max = job.cluster.max_message_bytes;
     let mut master = rpc::master_client(&args.master, &token, max)?;
     let shared = Arc::new(Shared::default());
+    shared.executors.set_credentials(&token, max);
     *shared.ps_layout.lock() = layout.clone();
     *shared.last_ack.lock() = Some(Instant::now());
     tokio::spawn(heartbeat_loop(
@@ -937,8 +941,15 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         );
         let held = task.end_row - task.start_row;
         let mut offset = task.offset;
-        let (file, file_index, mut reader) =
-            open_task(&job, &files, &mut stream, &task, task.start_row + offset)?;
+        let (file, file_index, mut reader) = open_task(
+            &job,
+            &files,
+            &shared.executors,
+            &mut stream,
+            &task,
+            task.start_row + offset,
+            id,
+        )?;
         // Progressive validation judges the model on the stream only, not on the history
         // a mixture job also trains.
         let from_stream = elastrec_stream::PartitionId::parse(&file).is_some();
@@ -1042,13 +1053,13 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
 
 /// The data files a worker may open: the job's list or, in a following job (whose master
 /// appends files as partitions land), any file under its datasets' roots.
-struct TaskFiles {
+pub(crate) struct TaskFiles {
     listed: Vec<PathBuf>,
     roots: Vec<PathBuf>,
 }
 
 impl TaskFiles {
-    fn of(job: &JobConfig) -> anyhow::Result<Self> {
+    pub(crate) fn of(job: &JobConfig) -> anyhow::Result<Self> {
         Ok(Self {
             listed: job.train_files(),
             roots: if job.data.follow {
@@ -1062,7 +1073,10 @@ impl TaskFiles {
     /// The file a task names and its index in the job's files. A name from the wire is
     /// trusted only inside the job's data: listed, or (following) an absolute path under
     /// a dataset root without `..`, past the listed files' indices.
-    fn resolve(&self, task: &elastrec_proto::master::Task) -> anyhow::Result<(PathBuf, u32)> {
+    pub(crate) fn resolve(
+        &self,
+        task: &elastrec_proto::master::Task,
+    ) -> anyhow::Result<(PathBuf, u32)> {
         if let Some(i) = self
             .listed
             .iter()
@@ -1092,9 +1106,11 @@ impl TaskFiles {
 fn open_task(
     job: &JobConfig,
     files: &TaskFiles,
+    executors: &crate::executor_reader::Executors,
     stream: &mut Option<elastrec_stream::StreamInput>,
     task: &elastrec_proto::master::Task,
     from: u64,
+    worker: u32,
 ) -> anyhow::Result<(String, u32, Box<dyn BatchReader>)> {
     let policy = job.data.on_bad_row;
     // A mixture job's tasks name either a partition or one of its history files.
@@ -1125,6 +1141,20 @@ fn open_task(
         return Ok((task.file.clone(), task.file_index, Box::new(reader)));
     }
     let (path, index) = files.resolve(task)?;
+    if executors.any() {
+        // The job's data executors read and parse it (`cluster.executors`).
+        let reader = crate::executor_reader::ExecutorReader::new(
+            executors.clone(),
+            task.file.clone(),
+            index,
+            path,
+            from,
+            task.end_row,
+            policy,
+            worker,
+        );
+        return Ok((task.file.clone(), index, Box::new(reader)));
+    }
     let reader = elastrec_data::open_reader_range(&path, from, task.end_row, policy)?;
     Ok((task.file.clone(), index, reader))
 }

@@ -321,7 +321,7 @@ fn account_live_nodes(job: &Job, dt: Duration, used: &mut Resources) {
     let dt = dt.as_secs_f64();
     for n in job.nodes().filter(|n| n.state.is_live()) {
         match n.role {
-            Role::Worker => used.worker_node_s += dt,
+            Role::Worker | Role::Executor => used.worker_node_s += dt,
             Role::Ps => used.ps_node_s += dt,
         }
     }

@@ -51,6 +51,7 @@ pub(super) fn policy(cfg: &JobConfig) -> Policy {
             .stream
             .as_ref()
             .is_some_and(|s| s.assignment == PartitionAssignment::Pinned),
+        executors: cfg.cluster.executors,
     }
 }
 

@@ -79,6 +79,7 @@ fn role_str(r: Role) -> &'static str {
     match r {
         Role::Ps => "ps",
         Role::Worker => "worker",
+        Role::Executor => "executor",
     }
 }
 
@@ -228,6 +229,7 @@ impl MasterDb {
                 role: match role.as_str() {
                     "ps" => Role::Ps,
                     "worker" => Role::Worker,
+                    "executor" => Role::Executor,
                     _ => return Err(corrupt("nodes.role", &role)),
                 },
                 index: r.try_get::<i64, _>(2)? as u32,

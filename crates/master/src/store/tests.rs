@@ -30,6 +30,7 @@ fn policy() -> Policy {
         recover_ps: false,
         warmup_samples: 0,
         pin_partitions: false,
+        executors: 0,
     }
 }
 

@@ -1,0 +1,298 @@
+//! A data executor (`elastrec executor`, started by the master for `cluster.executors`):
+//! it reads and parses rows of the job's data files and serves them to workers as ready
+//! batches (Primus's data workers).
+//!
+//! Reads are stateless for the worker: each one names the file and the row it starts at,
+//! so a worker whose executor dies asks another from the same row (see
+//! [`crate::executor_reader`]). The executor keeps the readers it opened, keyed by the
+//! position they stand at, and after answering a read it parses the next chunk of the same
+//! range ahead (its serving buffer), so the worker's next read is usually answered from
+//! memory.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use elastrec_data::{Batch, BatchReader, NUM_DENSE, NUM_SPARSE};
+use elastrec_job::config::JobConfig;
+use elastrec_job::register::register_node;
+use elastrec_proto::executor::data_executor_server::{DataExecutor, DataExecutorServer};
+use elastrec_proto::executor::{ReadRequest, ReadResponse};
+use elastrec_proto::master::{HeartbeatRequest, NodeAction, NodeProfile, Role};
+use elastrec_rpc::{self as rpc, check_version, is_transient, ServerAuth};
+use parking_lot::Mutex;
+use tonic::service::interceptor::InterceptedService;
+use tonic::{Request, Response, Status};
+
+use crate::remote::{TaskFiles, WorkerArgs};
+
+/// Largest read a worker may ask for, samples (a batch is far smaller).
+const MAX_READ_ROWS: u32 = 1 << 20;
+/// Readers kept open, at most (one per range a worker is reading, plus strays).
+const MAX_CURSORS: usize = 256;
+
+/// An open reader of rows `[.., end)` of one file, standing at `at`, with the chunk it
+/// parsed ahead (samples, physical rows consumed, rows skipped).
+struct Cursor {
+    reader: Box<dyn BatchReader>,
+    end: u64,
+    ahead: Option<(Batch, u64, u64, u32)>,
+    used: Instant,
+}
+
+/// What the executor served, for its heartbeat profile.
+#[derive(Default)]
+struct Counters {
+    reads: AtomicU64,
+    hits: AtomicU64,
+    samples: AtomicU64,
+    read_us: AtomicU64,
+}
+
+struct Executor {
+    job: JobConfig,
+    files: TaskFiles,
+    /// Open readers by (file index, position).
+    cursors: Mutex<HashMap<(u32, u64), Cursor>>,
+    counters: Counters,
+}
+
+/// Reads up to `rows` samples from `reader`; returns the chunk, the physical rows it
+/// consumed and the rows skipped.
+fn read_chunk(reader: &mut dyn BatchReader, rows: usize) -> anyhow::Result<(Batch, u64, u64)> {
+    let mut batch = Batch::with_capacity(rows);
+    let skipped_before = reader.stats().rows_skipped;
+    let n = reader.next_batch(&mut batch, rows)?;
+    let skipped = reader.stats().rows_skipped - skipped_before;
+    Ok((batch, n as u64 + skipped, skipped))
+}
+
+impl Executor {
+    /// Answers one read, then parses the next chunk of the range ahead.
+    fn read(self: &Arc<Self>, req: &ReadRequest) -> anyhow::Result<ReadResponse> {
+        anyhow::ensure!(
+            req.start_row <= req.end_row && req.max_rows > 0 && req.max_rows <= MAX_READ_ROWS,
+            "rows [{}, {}) by {} are not a valid read",
+            req.start_row,
+            req.end_row,
+            req.max_rows
+        );
+        let t0 = Instant::now();
+        let key = (req.file_index, req.start_row);
+        let cursor = self
+            .cursors
+            .lock()
+            .remove(&key)
+            .filter(|c| c.end == req.end_row);
+        let (mut cursor, prefetched) = match cursor {
+            Some(c) => (c, true),
+            None => {
+                let task = elastrec_proto::master::Task {
+                    file: req.file.clone(),
+                    file_index: req.file_index,
+                    start_row: req.start_row,
+                    end_row: req.end_row,
+                    ..Default::default()
+                };
+                let (path, _) = self.files.resolve(&task)?;
+                let reader = elastrec_data::open_reader_range(
+                    &path,
+                    req.start_row,
+                    req.end_row,
+                    self.job.data.on_bad_row,
+                )?;
+                let cursor = Cursor {
+                    reader,
+                    end: req.end_row,
+                    ahead: None,
+                    used: Instant::now(),
+                };
+                (cursor, false)
+            }
+        };
+        let rows = req.max_rows as usize;
+        let (batch, consumed, skipped, hit) = match cursor.ahead.take() {
+            Some((b, c, s, r)) if r == req.max_rows => (b, c, s, prefetched),
+            Some((b, c, s, _)) => {
+                // Parsed ahead for another batch size: serve what fits, keep nothing.
+                let _ = (b, c, s);
+                let (b, c, s) = read_chunk(cursor.reader.as_mut(), rows)?;
+                (b, c, s, false)
+            }
+            None => {
+                let (b, c, s) = read_chunk(cursor.reader.as_mut(), rows)?;
+                (b, c, s, false)
+            }
+        };
+        let c = &self.counters;
+        c.reads.fetch_add(1, Ordering::Relaxed);
+        c.hits.fetch_add(u64::from(hit), Ordering::Relaxed);
+        c.samples.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        c.read_us
+            .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+        let next = req.start_row + consumed;
+        if consumed > 0 && next < req.end_row {
+            // The serving buffer: parse the next chunk while the worker trains this one.
+            let me = self.clone();
+            let max_rows = req.max_rows;
+            let file = req.file_index;
+            tokio::task::spawn_blocking(move || {
+                if let Ok((b, c, s)) = read_chunk(cursor.reader.as_mut(), max_rows as usize) {
+                    cursor.ahead = Some((b, c, s, max_rows));
+                    cursor.used = Instant::now();
+                    me.keep(file, next, cursor);
+                }
+            });
+        }
+        Ok(ReadResponse {
+            labels: batch.labels,
+            dense: batch.dense,
+            sparse: batch.sparse,
+            rows_consumed: consumed,
+            rows_skipped: skipped,
+            prefetched: hit,
+        })
+    }
+
+    /// Keeps `cursor` for the read at `(file, at)`, dropping the least recently used
+    /// readers beyond [`MAX_CURSORS`].
+    fn keep(&self, file: u32, at: u64, cursor: Cursor) {
+        let mut cursors = self.cursors.lock();
+        cursors.insert((file, at), cursor);
+        while cursors.len() > MAX_CURSORS {
+            let oldest = cursors
+                .iter()
+                .min_by_key(|(_, c)| c.used)
+                .map(|(k, _)| *k)
+                .expect("not empty");
+            cursors.remove(&oldest);
+        }
+    }
+
+    fn profile(&self) -> NodeProfile {
+        let usage = elastrec_metrics::process::usage();
+        let c = &self.counters;
+        NodeProfile {
+            cpu_s: usage.cpu_s,
+            rss_bytes: usage.rss_bytes,
+            requests: c.reads.load(Ordering::Relaxed),
+            prefetch_hits: c.hits.load(Ordering::Relaxed),
+            samples: c.samples.load(Ordering::Relaxed),
+            read_s: c.read_us.load(Ordering::Relaxed) as f64 / 1e6,
+            ..Default::default()
+        }
+    }
+}
+
+/// The gRPC face of an [`Executor`].
+struct Service(Arc<Executor>);
+
+#[tonic::async_trait]
+impl DataExecutor for Service {
+    async fn read(&self, req: Request<ReadRequest>) -> Result<Response<ReadResponse>, Status> {
+        rpc::require(&req, &[rpc::Caller::Worker])?;
+        let req = req.into_inner();
+        check_version(&req.version)?;
+        let ex = self.0.clone();
+        let r = tokio::task::spawn_blocking(move || ex.read(&req))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        r.map(Response::new)
+            .map_err(|e| Status::failed_precondition(format!("{e:#}")))
+    }
+}
+
+/// Runs a data executor until the master stops it (or forgets it).
+pub async fn run_executor(args: WorkerArgs) -> anyhow::Result<()> {
+    let token = rpc::token_from_env()?;
+    elastrec_rpc::tls::install_from_env()?;
+    let id = args.node_id;
+    let mut master = rpc::master_client(&args.master, &token, 64 << 20)?;
+    // The job says where to bind.
+    let first = register_node(&mut master, Role::Executor, id, "", "", false).await?;
+    let job = first.job;
+    let ip = elastrec_job::resources::bind_address(&job).map_err(anyhow::Error::msg)?;
+    let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0))
+        .await
+        .context("binding the executor's port")?;
+    let addr = elastrec_job::resources::advertise_for(&job.engine, listener.local_addr()?)
+        .map_err(anyhow::Error::msg)?;
+    let executor = Arc::new(Executor {
+        files: TaskFiles::of(&job)?,
+        job: job.clone(),
+        cursors: Mutex::new(HashMap::new()),
+        counters: Counters::default(),
+    });
+    let max = job.cluster.max_message_bytes;
+    let svc = DataExecutorServer::new(Service(executor.clone()))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+    // Workers hold the same (worker) token as this executor.
+    let auth = ServerAuth::new(&token);
+    let server = elastrec_rpc::server()?
+        .add_service(InterceptedService::new(svc, auth))
+        .serve_with_incoming(elastrec_rpc::incoming(listener));
+    let server = tokio::spawn(server);
+    let reg = register_node(&mut master, Role::Executor, id, &addr, "", false).await?;
+    eprintln!("executor {id}: serving file reads on {addr}");
+    let every = Duration::from_millis(reg.heartbeat_ms.max(1));
+    let lease = Duration::from_millis(job.cluster.dead_after_ms);
+    let mut last_ack = Instant::now();
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        if server.is_finished() {
+            anyhow::bail!("executor {id}: the read service stopped");
+        }
+        let req = HeartbeatRequest {
+            version: rpc::version(),
+            node_id: id,
+            samples: executor.counters.samples.load(Ordering::Relaxed),
+            profile: Some(executor.profile()),
+            ..Default::default()
+        };
+        match master.heartbeat(req).await {
+            Ok(r) => {
+                last_ack = Instant::now();
+                match r.into_inner().action() {
+                    NodeAction::Stop => {
+                        eprintln!("executor {id}: stopped by the master");
+                        return Ok(());
+                    }
+                    NodeAction::Unknown => {
+                        eprintln!("executor {id}: the master no longer knows this node; exiting");
+                        return Ok(());
+                    }
+                    _ => {}
+                }
+            }
+            Err(s) if is_transient(&s) && last_ack.elapsed() < lease => {}
+            Err(s) => {
+                eprintln!("executor {id}: the master is gone ({s}); exiting");
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Checks a read's answer before a worker trains on it: sizes from the wire are never
+/// trusted.
+pub(crate) fn check_response(r: &ReadResponse, max_rows: u32, left: u64) -> anyhow::Result<()> {
+    let n = r.labels.len();
+    anyhow::ensure!(
+        n <= max_rows as usize
+            && r.dense.len() == n * NUM_DENSE
+            && r.sparse.len() == n * NUM_SPARSE
+            && r.rows_consumed >= n as u64 + r.rows_skipped
+            && r.rows_consumed <= left
+            && (n == 0 || r.rows_consumed > 0),
+        "the executor answered a malformed read ({n} samples, {} dense, {} sparse, {} rows consumed of {left})",
+        r.dense.len(),
+        r.sparse.len(),
+        r.rows_consumed
+    );
+    Ok(())
+}

@@ -1,0 +1,198 @@
+//! A worker's reader of a file task through the job's data executors
+//! ([`crate::executor`]): the same rows, in the same order, as reading the file itself.
+//!
+//! Every read names the row it starts at, so failing over is exact: when an executor does
+//! not answer, the next one is asked from the same row. When none answers, the worker
+//! reads the rest of its task itself (and says so once): an executor never holds data a
+//! worker depends on, so losing all of them costs speed, never samples.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use elastrec_data::{BadRowPolicy, Batch, BatchReader, ReadStats};
+use elastrec_proto::executor::ReadRequest;
+use elastrec_rpc as rpc;
+use parking_lot::Mutex;
+
+use crate::executor::check_response;
+
+/// How long one read may take before the executor is taken for gone.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a worker knows of the data executors: their addresses (from the master's
+/// heartbeat replies) and the credentials to call them.
+#[derive(Clone, Default)]
+pub(crate) struct Executors {
+    addrs: Arc<Mutex<Vec<String>>>,
+    /// The worker's token and its largest message size.
+    credentials: Arc<Mutex<(String, usize)>>,
+    /// Samples this worker was served by executors.
+    pub(crate) served: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Executors {
+    /// How to call the executors: the worker's own token and message limit.
+    pub(crate) fn set_credentials(&self, token: &str, max_bytes: usize) {
+        *self.credentials.lock() = (token.to_string(), max_bytes);
+    }
+
+    /// The running executors, as the master last said.
+    pub(crate) fn set(&self, addrs: Vec<String>) {
+        *self.addrs.lock() = addrs;
+    }
+
+    pub(crate) fn any(&self) -> bool {
+        !self.addrs.lock().is_empty()
+    }
+
+    fn list(&self) -> Vec<String> {
+        self.addrs.lock().clone()
+    }
+}
+
+/// Rows `[at, end)` of one file, read through the executors.
+pub(crate) struct ExecutorReader {
+    executors: Executors,
+    file: String,
+    file_index: u32,
+    path: PathBuf,
+    at: u64,
+    end: u64,
+    policy: BadRowPolicy,
+    /// Which executor to ask first (spreads workers over them).
+    first: usize,
+    /// Connections by address.
+    clients: Vec<(String, rpc::Executor)>,
+    /// Reading the file itself: no executor answered.
+    local: Option<Box<dyn BatchReader>>,
+    stats: ReadStats,
+    worker: u32,
+}
+
+impl ExecutorReader {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        executors: Executors,
+        file: String,
+        file_index: u32,
+        path: PathBuf,
+        from: u64,
+        end: u64,
+        policy: BadRowPolicy,
+        worker: u32,
+    ) -> Self {
+        Self {
+            executors,
+            file,
+            file_index,
+            path,
+            at: from,
+            end,
+            policy,
+            first: worker as usize,
+            clients: Vec::new(),
+            local: None,
+            stats: ReadStats::default(),
+            worker,
+        }
+    }
+
+    fn client(&mut self, addr: &str) -> anyhow::Result<rpc::Executor> {
+        if let Some((_, c)) = self.clients.iter().find(|(a, _)| a == addr) {
+            return Ok(c.clone());
+        }
+        let (token, max_bytes) = self.executors.credentials.lock().clone();
+        let c = rpc::executor_client(addr, &token, max_bytes, READ_TIMEOUT)?;
+        self.clients.push((addr.to_string(), c.clone()));
+        Ok(c)
+    }
+
+    /// One read from the executor at `addr`, checked.
+    fn read_from(
+        &mut self,
+        addr: &str,
+        max_rows: u32,
+    ) -> anyhow::Result<elastrec_proto::executor::ReadResponse> {
+        let mut client = self.client(addr)?;
+        let req = ReadRequest {
+            version: rpc::version(),
+            file: self.file.clone(),
+            file_index: self.file_index,
+            start_row: self.at,
+            end_row: self.end,
+            max_rows,
+        };
+        // The worker calls readers inside `block_in_place`: waiting here is allowed.
+        let r = tokio::runtime::Handle::current()
+            .block_on(async move { client.read(req).await })
+            .map_err(|s| anyhow::anyhow!("executor {addr}: {}", s.message()))?
+            .into_inner();
+        check_response(&r, max_rows, self.end - self.at)?;
+        Ok(r)
+    }
+}
+
+impl BatchReader for ExecutorReader {
+    fn next_batch(&mut self, batch: &mut Batch, max_rows: usize) -> elastrec_data::Result<usize> {
+        if let Some(local) = self.local.as_mut() {
+            return read_counted(local.as_mut(), batch, max_rows, &mut self.stats);
+        }
+        batch.clear();
+        if self.at >= self.end {
+            return Ok(0);
+        }
+        let max = max_rows.clamp(1, u32::MAX as usize) as u32;
+        let addrs = self.executors.list();
+        let mut last_err = None;
+        for k in 0..addrs.len() {
+            let addr = addrs[(self.first + k) % addrs.len()].clone();
+            match self.read_from(&addr, max) {
+                Ok(r) => {
+                    // Stay with the one that answered.
+                    self.first = (self.first + k) % addrs.len();
+                    let n = r.labels.len();
+                    batch.labels.extend_from_slice(&r.labels);
+                    batch.dense.extend_from_slice(&r.dense);
+                    batch.sparse.extend_from_slice(&r.sparse);
+                    self.at += r.rows_consumed;
+                    self.stats.rows_read += n as u64;
+                    self.stats.rows_skipped += r.rows_skipped;
+                    self.executors
+                        .served
+                        .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                    return Ok(n);
+                }
+                Err(e) => last_err = Some(e),
+            }
+        }
+        // No executor answered: read on from the same row ourselves.
+        let why = last_err.map_or("no executor is running".to_string(), |e| format!("{e:#}"));
+        eprintln!(
+            "worker {}: no data executor answered ({why}); reading {} from row {} itself",
+            self.worker, self.file, self.at
+        );
+        let reader = elastrec_data::open_reader_range(&self.path, self.at, self.end, self.policy)?;
+        let local = self.local.insert(reader);
+        read_counted(local.as_mut(), batch, max_rows, &mut self.stats)
+    }
+
+    fn stats(&self) -> &ReadStats {
+        &self.stats
+    }
+}
+
+/// Reads from `reader`, adding what it read and skipped to `stats` (which count the
+/// executors' reads too: the worker takes differences of them).
+fn read_counted(
+    reader: &mut dyn BatchReader,
+    batch: &mut Batch,
+    max_rows: usize,
+    stats: &mut ReadStats,
+) -> elastrec_data::Result<usize> {
+    let skipped = reader.stats().rows_skipped;
+    let n = reader.next_batch(batch, max_rows)?;
+    stats.rows_read += n as u64;
+    stats.rows_skipped += reader.stats().rows_skipped - skipped;
+    Ok(n)
+}
