@@ -205,6 +205,23 @@ impl DataExecutor for Service {
     }
 }
 
+/// The executor's read service on `listener`, accepting `token` (the workers hold the
+/// same worker token as the executor).
+fn serve(
+    executor: Arc<Executor>,
+    listener: tokio::net::TcpListener,
+    token: String,
+) -> anyhow::Result<impl std::future::Future<Output = Result<(), tonic::transport::Error>>> {
+    let max = executor.job.cluster.max_message_bytes;
+    let svc = DataExecutorServer::new(Service(executor))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+    let auth = ServerAuth::new(&token);
+    Ok(elastrec_rpc::server()?
+        .add_service(InterceptedService::new(svc, auth))
+        .serve_with_incoming(elastrec_rpc::incoming(listener)))
+}
+
 /// Runs a data executor until the master stops it (or forgets it).
 pub async fn run_executor(args: WorkerArgs) -> anyhow::Result<()> {
     let token = rpc::token_from_env()?;
@@ -226,16 +243,7 @@ pub async fn run_executor(args: WorkerArgs) -> anyhow::Result<()> {
         cursors: Mutex::new(HashMap::new()),
         counters: Counters::default(),
     });
-    let max = job.cluster.max_message_bytes;
-    let svc = DataExecutorServer::new(Service(executor.clone()))
-        .max_decoding_message_size(max)
-        .max_encoding_message_size(max);
-    // Workers hold the same (worker) token as this executor.
-    let auth = ServerAuth::new(&token);
-    let server = elastrec_rpc::server()?
-        .add_service(InterceptedService::new(svc, auth))
-        .serve_with_incoming(elastrec_rpc::incoming(listener));
-    let server = tokio::spawn(server);
+    let server = tokio::spawn(serve(executor.clone(), listener, token.clone())?);
     let reg = register_node(&mut master, Role::Executor, id, &addr, "", false).await?;
     eprintln!("executor {id}: serving file reads on {addr}");
     let every = Duration::from_millis(reg.heartbeat_ms.max(1));
@@ -295,4 +303,169 @@ pub(crate) fn check_response(r: &ReadResponse, max_rows: u32, left: u64) -> anyh
         r.rows_consumed
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::executor_reader::{ExecutorReader, Executors};
+    use elastrec_data::BadRowPolicy;
+
+    const TOKEN: &str = "executortesttoken";
+
+    /// `rows` Criteo lines, the 7th malformed (a letter in an integer field).
+    fn write_data(dir: &std::path::Path, rows: usize) -> std::path::PathBuf {
+        let mut text = String::new();
+        for r in 0..rows {
+            text += &format!("{}", r % 2);
+            for i in 0..NUM_DENSE {
+                if r == 6 && i == 3 {
+                    text += "\tx";
+                } else {
+                    text += &format!("\t{}", (r * 7 + i) % 50);
+                }
+            }
+            for i in 0..NUM_SPARSE {
+                text += &format!("\t{:08x}", (r * 31 + i * 7) % 997);
+            }
+            text += "\n";
+        }
+        let path = dir.join("day_0.tsv");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn job(dir: &std::path::Path) -> JobConfig {
+        let mut job = JobConfig::default();
+        job.data.dir = dir.to_path_buf();
+        job.data.train = vec!["day_0.tsv".into()];
+        job.data.on_bad_row = BadRowPolicy::Skip;
+        job
+    }
+
+    /// An executor on its own runtime (so that stopping it drops its open connections
+    /// too, as a killed process would): its address, and what stops it (returning once
+    /// it is gone).
+    fn start(job: &JobConfig) -> (String, impl Fn()) {
+        let executor = Arc::new(Executor {
+            files: TaskFiles::of(job).unwrap(),
+            job: job.clone(),
+            cursors: Mutex::new(HashMap::new()),
+            counters: Counters::default(),
+        });
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let (gone_tx, gone_rx) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.spawn(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                addr_tx
+                    .send(listener.local_addr().unwrap().to_string())
+                    .unwrap();
+                let _ = serve(executor, listener, TOKEN.into()).unwrap().await;
+            });
+            let _ = stop_rx.recv();
+            // Every task is dropped with the runtime, its connections with them.
+            drop(rt);
+            let _ = gone_tx.send(());
+        });
+        let stop = move || {
+            stop_tx.send(()).unwrap();
+            gone_rx.recv().unwrap();
+        };
+        (addr_rx.recv().unwrap(), stop)
+    }
+
+    /// Reads the whole reader in batches of `rows`, after each batch calling `between`.
+    fn drain(r: &mut dyn BatchReader, rows: usize, mut between: impl FnMut(usize)) -> Batch {
+        let mut all = Batch::default();
+        let mut b = Batch::default();
+        for k in 0.. {
+            let n = r.next_batch(&mut b, rows).unwrap();
+            if n == 0 {
+                break;
+            }
+            all.labels.extend_from_slice(&b.labels);
+            all.dense.extend_from_slice(&b.dense);
+            all.sparse.extend_from_slice(&b.sparse);
+            between(k);
+        }
+        all
+    }
+
+    /// The executors' rows are the file's rows, in order, malformed ones skipped alike;
+    /// the first executor dying mid-range hands the read to the second from the same row,
+    /// and the second dying hands it to the worker itself, with nothing lost or repeated.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_fail_over_between_executors_and_to_the_file_without_losing_a_row() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = write_data(tmp.path(), 500);
+        let job = job(tmp.path());
+        let (a, stop_a) = start(&job);
+        let (b, stop_b) = start(&job);
+        let (from, end) = (3u64, 480u64);
+        let mut local =
+            elastrec_data::open_reader_range(&path, from, end, BadRowPolicy::Skip).unwrap();
+        let want = tokio::task::block_in_place(|| drain(local.as_mut(), 64, |_| {}));
+        assert_eq!(
+            want.len(),
+            (end - from - 1) as usize,
+            "one row is malformed"
+        );
+
+        let executors = Executors::default();
+        executors.set_credentials(TOKEN, 64 << 20);
+        executors.set(vec![a.clone(), b.clone()]);
+        let mut reader = ExecutorReader::new(
+            executors.clone(),
+            path.to_string_lossy().into_owned(),
+            0,
+            path.clone(),
+            from,
+            end,
+            BadRowPolicy::Skip,
+            0,
+        );
+        let got = tokio::task::block_in_place(|| {
+            drain(&mut reader, 64, |k| match k {
+                1 => stop_a(),
+                4 => stop_b(),
+                _ => {}
+            })
+        });
+        assert_eq!(got, want);
+        assert_eq!(reader.stats().rows_skipped, 1);
+        let served = executors.served.load(Ordering::Relaxed);
+        assert_eq!(
+            served,
+            5 * 64,
+            "the executors served the first five batches, the file the rest"
+        );
+    }
+
+    /// An answer whose sizes do not match its sample count is refused before a worker
+    /// trains on it.
+    #[test]
+    fn malformed_answers_are_refused() {
+        let ok = ReadResponse {
+            labels: vec![1.0; 2],
+            dense: vec![0.0; 2 * NUM_DENSE],
+            sparse: vec![0; 2 * NUM_SPARSE],
+            rows_consumed: 3,
+            rows_skipped: 1,
+            prefetched: false,
+        };
+        assert!(check_response(&ok, 2, 10).is_ok());
+        assert!(
+            check_response(&ok, 1, 10).is_err(),
+            "more samples than asked"
+        );
+        assert!(check_response(&ok, 2, 2).is_err(), "past the range");
+        let short = ReadResponse {
+            dense: vec![0.0; NUM_DENSE],
+            ..ok.clone()
+        };
+        assert!(check_response(&short, 2, 10).is_err());
+    }
 }
