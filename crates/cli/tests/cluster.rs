@@ -506,3 +506,41 @@ fn data_executors_serve_the_workers_and_one_killed_loses_nothing() {
         "two executors and a replacement: {served:?}"
     );
 }
+
+/// Primus Eq. 1: slow data executors (a fail point makes each parsed chunk take 100 ms)
+/// answer the workers' reads before their serving buffer is ready, the buffer term of
+/// `L_u` stays low, and the master adds executors up to `max_executors`. Every row still
+/// trains exactly once.
+#[test]
+fn slow_data_executors_are_scaled_out_by_their_load() {
+    let _g = serial();
+    let cluster = format!(
+        "{CLUSTER}executors = 1\nmax_executors = 3\nexecutor_interval_s = 0.5\nexecutor_band = 0.2\n"
+    );
+    let (job, dir) = write_job("executors-scale", &cluster);
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("epochs = 2", "epochs = 1");
+    std::fs::write(&job, text).unwrap();
+    let log = dir.with_extension("log");
+    let mut g = Group::spawn_with_env(
+        &["run", job.to_str().unwrap()],
+        &log,
+        &[("ELASTREC_FAIL_SLOW_EXECUTOR", "100")],
+    );
+    let text = g.wait_success(&log);
+    let scaled = events(&dir, "executors_scaled");
+    assert!(!scaled.is_empty(), "no scaling decision: {text}");
+    assert_eq!(scaled[0]["from"], 1, "{scaled:?}");
+    assert_eq!(scaled[0]["to"], 2, "{scaled:?}");
+    assert!(scaled[0]["buffer"].as_f64().unwrap() < 0.3, "{scaled:?}");
+    assert!(
+        scaled.iter().all(|e| e["to"].as_u64().unwrap() <= 3),
+        "{scaled:?}"
+    );
+    let r = result(&dir);
+    assert_eq!(r["status"], "finished", "{r}");
+    assert_eq!(r["ledger"]["consumed"], fixture().train_rows, "{r}");
+    assert_eq!(r["ledger"]["duplicated"], 0, "{r}");
+    assert_eq!(r["ledger"]["missing"], 0, "{r}");
+}

@@ -33,6 +33,19 @@ pub struct ClusterConfig {
     /// workers' file tasks and serve them ready batches (`docs/data.md`). 0: every worker
     /// reads its own tasks.
     pub executors: u32,
+    /// Scale the data executors between 1 and this many by Primus Eq. 1
+    /// (`docs/data.md`, "Data executors"); 0: keep `executors` fixed.
+    pub max_executors: u32,
+    /// Eq. 1's weights `w` of the executors' utilization `u = [serving-buffer hit rate,
+    /// CPU utilization, memory utilization]`: `L_u = w · u`.
+    pub executor_weights: [f64; 3],
+    /// Eq. 1's `L_θ`: below `threshold − band` an executor is added (the workers wait for
+    /// parsing), above `threshold + band` one is removed (data waits for the workers).
+    pub executor_threshold: f64,
+    /// Half-width of the band around `executor_threshold` where the count stays.
+    pub executor_band: f64,
+    /// Seconds between two executor scaling decisions.
+    pub executor_interval_s: f64,
     /// `"async"` (bounded staleness) or `"sync"`.
     pub mode: SyncMode,
     /// Async mode: dense-parameter updates a worker may lag behind before it re-pulls.
@@ -91,6 +104,11 @@ impl Default for ClusterConfig {
             ps: 1,
             workers: 2,
             executors: 0,
+            max_executors: 0,
+            executor_weights: [1.0, 0.0, 0.0],
+            executor_threshold: 0.5,
+            executor_band: 0.25,
+            executor_interval_s: 5.0,
             mode: SyncMode::Async,
             staleness: 0,
             warmup_steps: 100,
@@ -222,6 +240,38 @@ pub(crate) fn validate_distributed(job: &JobConfig, path: &Path) -> Result<(), C
     }
     if c.batches_per_shard == 0 {
         return Err(bad("cluster.batches_per_shard", "must be at least 1"));
+    }
+    if c.executors > 256 || c.max_executors > 256 {
+        return Err(bad(
+            "cluster.executors",
+            "executors and max_executors must be at most 256",
+        ));
+    }
+    if c.max_executors > 0 && (c.executors == 0 || c.max_executors < c.executors) {
+        return Err(bad(
+            "cluster.max_executors",
+            "scaling starts from cluster.executors: needs 1 <= executors <= max_executors",
+        ));
+    }
+    let w = c.executor_weights;
+    if w.iter().any(|x| !(x.is_finite() && *x >= 0.0)) || w.iter().sum::<f64>() <= 0.0 {
+        return Err(bad(
+            "cluster.executor_weights",
+            "three weights >= 0, not all zero (buffer hit rate, CPU, memory)",
+        ));
+    }
+    let (t, b) = (c.executor_threshold, c.executor_band);
+    if !(t.is_finite() && b.is_finite() && b >= 0.0 && t - b >= 0.0 && t > 0.0) {
+        return Err(bad(
+            "cluster.executor_threshold",
+            "threshold and band must be finite, with 0 <= threshold - band and threshold > 0",
+        ));
+    }
+    if !(c.executor_interval_s.is_finite() && c.executor_interval_s > 0.0) {
+        return Err(bad(
+            "cluster.executor_interval_s",
+            "must be a positive number of seconds",
+        ));
     }
     if c.heartbeat_ms == 0 {
         return Err(bad("cluster.heartbeat_ms", "must be at least 1"));

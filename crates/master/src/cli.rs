@@ -172,6 +172,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
                         "cpu_s": p.cpu_s, "rss_bytes": p.rss_bytes, "threads": p.threads,
                         "batches": p.batches, "samples": p.samples, "compute_s": p.compute_s, "pull_s": p.pull_s,
                         "push_s": p.push_s, "master_s": p.master_s, "read_s": p.read_s,
+                        "requests": p.requests, "prefetch_hits": p.prefetch_hits,
                     })),
                 })
             })

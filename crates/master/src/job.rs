@@ -1020,6 +1020,8 @@ impl Job {
         if self.phase != Phase::Training {
             return;
         }
+        // Data executors serve training reads only: they stop now.
+        self.set_executors(0, cx);
         self.phase = if self.policy.evaluate {
             Phase::Evaluating
         } else {
@@ -1279,6 +1281,52 @@ impl Job {
                 }
             }
         }
+    }
+
+    /// Data executors launched and not stopping.
+    pub fn executors(&self) -> u32 {
+        self.executor_nodes().count() as u32
+    }
+
+    fn executor_nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.values().filter(|n| {
+            n.role == Role::Executor && matches!(n.state, NodeState::Pending | NodeState::Running)
+        })
+    }
+
+    /// Sets the number of data executors (Primus Eq. 1's horizontal scaling, or the end
+    /// of training): launches new ones, or stops the newest. Returns the previous count.
+    pub fn set_executors(&mut self, count: u32, cx: &mut impl Context) -> u32 {
+        let current = self.executors();
+        if count > current {
+            let next_index = self
+                .nodes
+                .values()
+                .filter(|n| n.role == Role::Executor)
+                .map(|n| n.index + 1)
+                .max()
+                .unwrap_or(0);
+            for i in 0..count - current {
+                self.launch(Role::Executor, next_index + i, 0, cx);
+            }
+        } else if count < current {
+            let mut live: Vec<u32> = self.executor_nodes().map(|n| n.id).collect();
+            live.sort_unstable_by(|a, b| b.cmp(a));
+            for id in live.into_iter().take((current - count) as usize) {
+                let n = self.nodes.get_mut(&id).expect("node");
+                n.state = NodeState::Stopping;
+                cx.persist(Change::Node(n.clone()));
+            }
+        }
+        current
+    }
+
+    /// Node ids of the running data executors.
+    pub fn running_executor_ids(&self) -> Vec<u32> {
+        self.executor_nodes()
+            .filter(|n| n.state == NodeState::Running)
+            .map(|n| n.id)
+            .collect()
     }
 
     /// Addresses of the running data executors, in node order.

@@ -19,6 +19,7 @@ pub mod core;
 pub mod dataset_watch;
 pub mod error;
 pub mod events;
+pub mod executor_scale;
 pub mod export;
 pub mod job;
 pub mod launch;

@@ -121,15 +121,6 @@ impl Master for MasterService {
                 if ended && job.node(req.node_id).is_some_and(|n| n.role == Role::Ps) {
                     d = Directive::Stop;
                 }
-                // Data executors serve training reads only.
-                let training = matches!(job.phase(), Phase::Training);
-                if !training
-                    && job
-                        .node(req.node_id)
-                        .is_some_and(|n| n.role == Role::Executor)
-                {
-                    d = Directive::Stop;
-                }
                 (
                     d,
                     job.ps_addrs().unwrap_or_default(),

@@ -60,9 +60,24 @@ struct Executor {
     counters: Counters,
 }
 
+/// Fail point `ELASTREC_FAIL_SLOW_EXECUTOR=ms`: every chunk takes that much longer to
+/// parse (a slow or overloaded executor; the scaling test's bottleneck).
+fn slow_parse() -> Option<Duration> {
+    static SLOW: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *SLOW.get_or_init(|| {
+        std::env::var("ELASTREC_FAIL_SLOW_EXECUTOR")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_millis)
+    })
+}
+
 /// Reads up to `rows` samples from `reader`; returns the chunk, the physical rows it
 /// consumed and the rows skipped.
 fn read_chunk(reader: &mut dyn BatchReader, rows: usize) -> anyhow::Result<(Batch, u64, u64)> {
+    if let Some(pause) = slow_parse() {
+        std::thread::sleep(pause);
+    }
     let mut batch = Batch::with_capacity(rows);
     let skipped_before = reader.stats().rows_skipped;
     let n = reader.next_batch(&mut batch, rows)?;

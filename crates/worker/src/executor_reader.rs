@@ -163,7 +163,13 @@ impl BatchReader for ExecutorReader {
                         .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
                     return Ok(n);
                 }
-                Err(e) => last_err = Some(e),
+                Err(e) => {
+                    eprintln!(
+                        "worker {}: executor {addr} did not answer ({e:#}); asking the next one",
+                        self.worker
+                    );
+                    last_err = Some(e);
+                }
             }
         }
         // No executor answered: read on from the same row ourselves.

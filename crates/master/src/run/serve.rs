@@ -158,6 +158,9 @@ fn spawn_loops(
     if cfg.data.follow {
         tokio::spawn(crate::dataset_watch::run(core.clone(), cfg.clone()));
     }
+    if cfg.cluster.max_executors > 0 {
+        tokio::spawn(scale_executors(core.clone(), cfg.cluster.clone()));
+    }
     if let Some(s) = &cfg.stream {
         if s.eval_window > 0 {
             *core.progressive.lock() = Some(crate::progressive::ProgressiveEval::new(
@@ -181,6 +184,96 @@ fn spawn_loops(
         }
     }
     Ok(autoscaler)
+}
+
+/// Scales the data executors by Primus Eq. 1 (`crate::executor_scale`) every
+/// `executor_interval_s` while the job trains.
+async fn scale_executors(core: Arc<MasterCore>, c: elastrec_job::distributed::ClusterConfig) {
+    use crate::executor_scale::{ExecutorPolicy, ExecutorSample, ExecutorScaler};
+    let (cores, memory_bytes) = core.launch.get().map_or((1.0, 0.0), |t| {
+        (
+            t.cpu(Role::Executor),
+            t.memory_mib(Role::Executor) as f64 * 1048576.0,
+        )
+    });
+    let policy = ExecutorPolicy {
+        weights: c.executor_weights,
+        threshold: c.executor_threshold,
+        band: c.executor_band,
+        min: 1,
+        max: c.max_executors,
+        cores: if cores > 0.0 { cores } else { 1.0 },
+        // No memory allotment known: the memory term reads as a full one.
+        memory_bytes: if memory_bytes > 0.0 {
+            memory_bytes
+        } else {
+            1.0
+        },
+    };
+    let mut scaler = ExecutorScaler::default();
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(c.executor_interval_s));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    let mut last = std::time::Instant::now();
+    loop {
+        tick.tick().await;
+        let (training, current, ids) = {
+            let job = core.job.lock();
+            (
+                matches!(job.phase(), Phase::Training),
+                job.executors(),
+                job.running_executor_ids(),
+            )
+        };
+        if !training {
+            break;
+        }
+        let samples: Vec<(u32, ExecutorSample)> = {
+            let profiles = core.profiles.lock();
+            ids.iter()
+                .filter_map(|id| {
+                    let p = profiles.get(id)?;
+                    Some((
+                        *id,
+                        ExecutorSample {
+                            reads: p.requests,
+                            hits: p.prefetch_hits,
+                            cpu_s: p.cpu_s,
+                            rss_bytes: p.rss_bytes,
+                        },
+                    ))
+                })
+                .collect()
+        };
+        let dt = last.elapsed().as_secs_f64();
+        last = std::time::Instant::now();
+        let Some(d) = scaler.decide(&policy, current, &samples, dt) else {
+            continue;
+        };
+        if d.to == d.from {
+            continue;
+        }
+        event!(
+            "executors_scaled",
+            from = d.from,
+            to = d.to,
+            load = d.load,
+            buffer = d.utilization[0],
+            cpu = d.utilization[1],
+            memory = d.utilization[2],
+            "master: data executors {} -> {} ({})",
+            d.from,
+            d.to,
+            d.reason
+        );
+        if core
+            .run(|job, cx| job.set_executors(d.to, cx))
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
 }
 
 /// How this job runs `elastrec export`: with checkpoints only (an export converts one).
