@@ -381,7 +381,8 @@ fn rows_of_hours(dir: &Path, hours: std::ops::Range<u32>) -> u64 {
 /// A following job (`data.follow`) starts on the hours that are ready, waits for the two
 /// that are not (status names them), trains each once its marker lands, and ends with its
 /// window: the ledger covers all twelve hours exactly once, through a worker killed
-/// mid-task and a master killed and resumed between the two late hours.
+/// mid-task, a data executor killed (its replacement reads the hours that land later) and
+/// a master killed and resumed between the two late hours.
 #[test]
 fn a_following_run_trains_the_hours_that_land_during_the_run() {
     let _serial = common::serial();
@@ -415,11 +416,12 @@ role = "eval"
         tmp.path(),
         "follow",
         data,
-        "[cluster]\nps = 1\nworkers = 2\nbatches_per_shard = 1\n[checkpoint]\nenabled = false\n",
+        "[cluster]\nps = 1\nworkers = 2\nexecutors = 2\nbatches_per_shard = 1\n[checkpoint]\nenabled = false\n",
     );
     let dir = tmp.path().join("follow");
     let log = tmp.path().join("follow.log");
-    // Node ids: the PS is 1, the workers 2 and 3. A worker leaves after its second push,
+    // Node ids: the PS is 1, the workers 2 and 3, the executors 4 and 5. A worker leaves
+    // after its second push,
     // before reporting it (at least one of the two gets that far on the ready hours).
     let mut run = common::Group::spawn_with_env(
         &["run", path.to_str().unwrap()],
@@ -444,6 +446,46 @@ role = "eval"
         text.contains("waiting for clicks/dt=20261101/hour=10 (no marker yet"),
         "{text}"
     );
+
+    // A data executor dies while the job waits: the master replaces it.
+    let executors: Vec<(u64, i32)> = s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["role"] == "executor" && n["state"] == "running")
+        .map(|n| (n["id"].as_u64().unwrap(), n["pid"].as_i64().unwrap() as i32))
+        .collect();
+    assert_eq!(executors.len(), 2, "{s}");
+    // The executors served the ready hours (their counts arrive with their heartbeats;
+    // the job holds here until hour 10 lands).
+    common::wait_for(std::time::Duration::from_secs(60), || {
+        common::status_json(&dir).is_some_and(|s| {
+            s["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|n| n["role"] == "executor")
+                .map(|n| n["samples"].as_u64().unwrap_or(0))
+                .sum::<u64>()
+                > 0
+        })
+    });
+    // SAFETY: plain kill(2) of a process this job started.
+    unsafe {
+        libc::kill(executors[0].1, libc::SIGKILL);
+    }
+    common::wait_not_running(&dir, executors[0].0);
+    common::wait_for(std::time::Duration::from_secs(60), || {
+        common::status_json(&dir).is_some_and(|s| {
+            s["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|n| n["role"] == "executor" && n["state"] == "running")
+                .count()
+                == 2
+        })
+    });
 
     let land = |h: u32| {
         std::fs::write(
@@ -492,6 +534,17 @@ role = "eval"
             .contains("fail point: exiting after a push")
     });
     assert!(killed, "no worker stopped at the fail point: {first}");
+    let executor_logs = std::fs::read_dir(dir.join("logs"))
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            name.to_string_lossy().starts_with("executor-")
+        })
+        .count();
+    assert!(
+        executor_logs >= 3,
+        "two executors and a replacement: {first}"
+    );
     let r = common::result(&dir);
     assert_eq!(r["status"], "finished", "{r}");
     let e = &r["epochs"][0];
