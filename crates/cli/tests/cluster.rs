@@ -433,23 +433,6 @@ fn bad_job_files_are_rejected_naming_the_field() {
     assert!(!f.dir.join("bad5/master.db").exists());
 }
 
-/// The job's nodes of `role` in `elastrec status --json`, running, as (id, pid, samples).
-fn running(s: &serde_json::Value, role: &str) -> Vec<(u64, i32, u64)> {
-    s["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|n| n["role"] == role && n["state"] == "running" && n["pid"].as_u64() > Some(0))
-        .map(|n| {
-            (
-                n["id"].as_u64().unwrap(),
-                n["pid"].as_u64().unwrap() as i32,
-                n["samples"].as_u64().unwrap_or(0),
-            )
-        })
-        .collect()
-}
-
 /// Data executors (`cluster.executors`, Primus's data workers) read and parse the
 /// workers' file tasks. Held at a quarter of the job, an executor and a worker are
 /// SIGKILLed: the workers read on from another executor (or themselves) from the same
@@ -469,7 +452,7 @@ fn data_executors_serve_the_workers_and_one_killed_loses_nothing() {
     let mut s = wait_held(&dir);
     wait_for(Duration::from_secs(60), || {
         s = status_json(&dir).unwrap();
-        let ex = running(&s, "executor");
+        let ex = running_nodes(&s, "executor");
         ex.len() == 2 && ex.iter().map(|e| e.2).sum::<u64>() > 0
     });
     let table = elastrec(&["status", dir.to_str().unwrap()]);
@@ -477,18 +460,13 @@ fn data_executors_serve_the_workers_and_one_killed_loses_nothing() {
         String::from_utf8_lossy(&table.stdout).contains("executor"),
         "status names the executors"
     );
-    let (ex_id, ex_pid, _) = running(&s, "executor")[0];
+    let (ex_id, ex_pid, _) = running_nodes(&s, "executor")[0];
     let (w_id, w_pid) = running_workers(&s)[0];
-    // SAFETY: plain kill(2) of processes this job started.
-    unsafe {
-        libc::kill(ex_pid, libc::SIGKILL);
-        libc::kill(w_pid, libc::SIGKILL);
-    }
-    wait_not_running(&dir, ex_id);
-    wait_not_running(&dir, w_id);
+    kill_node(&dir, ex_id, ex_pid);
+    kill_node(&dir, w_id, w_pid);
     // The master replaces the executor.
     wait_for(Duration::from_secs(60), || {
-        status_json(&dir).is_some_and(|s| running(&s, "executor").len() == 2)
+        status_json(&dir).is_some_and(|s| running_nodes(&s, "executor").len() == 2)
     });
     unpause(&dir);
     g.wait_success(&log);

@@ -447,44 +447,23 @@ role = "eval"
         "{text}"
     );
 
-    // A data executor dies while the job waits: the master replaces it.
-    let executors: Vec<(u64, i32)> = s["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|n| n["role"] == "executor" && n["state"] == "running")
-        .map(|n| (n["id"].as_u64().unwrap(), n["pid"].as_i64().unwrap() as i32))
-        .collect();
+    let executors = common::running_nodes(&s, "executor");
     assert_eq!(executors.len(), 2, "{s}");
     // The executors served the ready hours (their counts arrive with their heartbeats;
     // the job holds here until hour 10 lands).
     common::wait_for(std::time::Duration::from_secs(60), || {
         common::status_json(&dir).is_some_and(|s| {
-            s["nodes"]
-                .as_array()
-                .unwrap()
+            common::running_nodes(&s, "executor")
                 .iter()
-                .filter(|n| n["role"] == "executor")
-                .map(|n| n["samples"].as_u64().unwrap_or(0))
+                .map(|e| e.2)
                 .sum::<u64>()
                 > 0
         })
     });
-    // SAFETY: plain kill(2) of a process this job started.
-    unsafe {
-        libc::kill(executors[0].1, libc::SIGKILL);
-    }
-    common::wait_not_running(&dir, executors[0].0);
+    // A data executor dies while the job waits: the master replaces it.
+    common::kill_node(&dir, executors[0].0, executors[0].1);
     common::wait_for(std::time::Duration::from_secs(60), || {
-        common::status_json(&dir).is_some_and(|s| {
-            s["nodes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|n| n["role"] == "executor" && n["state"] == "running")
-                .count()
-                == 2
-        })
+        common::status_json(&dir).is_some_and(|s| common::running_nodes(&s, "executor").len() == 2)
     });
 
     let land = |h: u32| {

@@ -138,11 +138,7 @@ fn exactly_once_across_a_worker_kill(name: &str, brokers: &str, producer: &[&str
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(table.contains("kafka:clicks/2"), "{table}");
     let (victim, pid) = running_workers(&s)[0];
-    // SAFETY: kill(2) on a worker process this test's job started.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-    }
-    wait_not_running(&dir, victim);
+    kill_node(&dir, victim, pid);
     // More traffic arrives while the job runs.
     let second = replay(brokers, "clicks", &[day(1)], producer);
     let total = first_n + second["samples"].as_u64().unwrap();
@@ -599,11 +595,7 @@ fn kafka_a_mixture_job_trains_its_history_and_its_stream_exactly_once() {
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(table.contains("mixture (priority"), "{table}");
     let (victim, pid) = running_workers(&s)[0];
-    // SAFETY: kill(2) on a worker process this test's job started.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-    }
-    wait_not_running(&dir, victim);
+    kill_node(&dir, victim, pid);
     unpause(&dir);
     // More traffic arrives while the history is still being trained.
     let second = replay(&brokers, "clicks", &[day(1)], &[])["samples"]

@@ -320,6 +320,34 @@ pub fn wait_held(dir: &Path) -> serde_json::Value {
     last.unwrap()
 }
 
+/// The running nodes of `role` (`"ps"`, `"worker"`, `"executor"`) in a status, as
+/// (id, pid, samples).
+pub fn running_nodes(s: &serde_json::Value, role: &str) -> Vec<(u64, i32, u64)> {
+    s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["role"] == role && n["state"] == "running" && n["pid"].as_u64() > Some(0))
+        .map(|n| {
+            (
+                n["id"].as_u64().unwrap(),
+                n["pid"].as_u64().unwrap() as i32,
+                n["samples"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// SIGKILLs node `id` (process `pid`, started by this test's job) and waits until the
+/// master no longer counts it running.
+pub fn kill_node(dir: &Path, id: u64, pid: i32) {
+    // SAFETY: plain kill(2) of a process this test's job started.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+    wait_not_running(dir, id);
+}
+
 /// Waits until node `id` is no longer running (declared dead or exited).
 pub fn wait_not_running(dir: &Path, id: u64) {
     wait_for(Duration::from_secs(60), || {

@@ -14,8 +14,8 @@ fn small(kind: InteractionKind) -> DlrmConfig {
     }
 }
 
-/// Sum (not mean) BCE in f64 from the f32 logits, plus the ReLU pattern of every hidden
-/// activation.
+/// Sum (not mean) BCE in f64 from the f32 logits of the model's serving tower, plus the
+/// ReLU pattern of every hidden activation.
 fn loss_and_pattern(
     m: &DenseDlrm,
     ws: &mut elastrec_model::Workspace,
@@ -23,23 +23,7 @@ fn loss_and_pattern(
     e: &[f32],
     y: &[f32],
 ) -> (f64, Vec<bool>) {
-    let logits = m.forward(x, e, ws).unwrap().to_vec();
-    let loss: f64 = logits
-        .iter()
-        .zip(y)
-        .map(|(&l, &t)| {
-            let l = l as f64;
-            l.max(0.0) - l * t as f64 + (-l.abs()).exp().ln_1p()
-        })
-        .sum();
-    let mut pat = Vec::new();
-    for i in 0..m.bottom().layers.len() {
-        pat.extend(ws.bottom_activation(i).iter().map(|&v| v > 0.0));
-    }
-    for i in 0..m.top().layers.len() - 1 {
-        pat.extend(ws.top_activation(i).iter().map(|&v| v > 0.0));
-    }
-    (loss, pat)
+    tower_loss(m, ws, x, e, y, m.serving_tower())
 }
 
 fn gradcheck_model(kind: InteractionKind) {
