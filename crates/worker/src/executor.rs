@@ -253,7 +253,7 @@ pub async fn run_executor(args: WorkerArgs) -> anyhow::Result<()> {
     let addr = elastrec_job::resources::advertise_for(&job.engine, listener.local_addr()?)
         .map_err(anyhow::Error::msg)?;
     let executor = Arc::new(Executor {
-        files: TaskFiles::of(&job)?,
+        files: TaskFiles::of_blocking(&job).await?,
         job: job.clone(),
         cursors: Mutex::new(HashMap::new()),
         counters: Counters::default(),

@@ -867,7 +867,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     );
     let mut model = RemoteModel::new(&job, layout, token.clone(), shared.clone(), id)?;
     let batch_size = job.train.batch_size;
-    let files = TaskFiles::of(&job)?;
+    let files = TaskFiles::of_blocking(&job).await?;
     // An online job's consumer, made on its first task.
     let mut stream: Option<elastrec_stream::StreamInput> = None;
     let mut batch = Batch::with_capacity(batch_size);
@@ -1059,6 +1059,13 @@ pub(crate) struct TaskFiles {
 }
 
 impl TaskFiles {
+    /// [`TaskFiles::of`] off the runtime's async threads: an object-store dataset's
+    /// lister owns a runtime of its own, which may not be dropped inside async code.
+    pub(crate) async fn of_blocking(job: &JobConfig) -> anyhow::Result<Self> {
+        let job = job.clone();
+        tokio::task::spawn_blocking(move || Self::of(&job)).await?
+    }
+
     pub(crate) fn of(job: &JobConfig) -> anyhow::Result<Self> {
         Ok(Self {
             listed: job.train_files(),
