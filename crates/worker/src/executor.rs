@@ -34,12 +34,13 @@ const MAX_READ_ROWS: u32 = 1 << 20;
 /// Readers kept open, at most (one per range a worker is reading, plus strays).
 const MAX_CURSORS: usize = 256;
 
-/// An open reader of rows `[.., end)` of one file, standing at `at`, with the chunk it
-/// parsed ahead (samples, physical rows consumed, rows skipped).
+/// An open reader of rows `[.., end)` of one file, with the chunk it parsed ahead
+/// (samples, physical rows consumed, rows skipped); it is kept under the row that chunk
+/// starts at.
 struct Cursor {
     reader: Box<dyn BatchReader>,
     end: u64,
-    ahead: Option<(Batch, u64, u64, u32)>,
+    ahead: Option<(Batch, u64, u64)>,
     used: Instant,
 }
 
@@ -97,13 +98,18 @@ impl Executor {
         );
         let t0 = Instant::now();
         let key = (req.file_index, req.start_row);
-        let cursor = self
-            .cursors
-            .lock()
-            .remove(&key)
-            .filter(|c| c.end == req.end_row);
-        let (mut cursor, prefetched) = match cursor {
-            Some(c) => (c, true),
+        // A cursor stands at the read's row with the chunk it parsed ahead. A chunk with
+        // more samples than this read may take cannot be split (its skipped rows have no
+        // position of their own): that cursor is dropped and the range opened again at
+        // the row, so nothing it parsed ahead is skipped.
+        let cursor = self.cursors.lock().remove(&key).filter(|c| {
+            c.end == req.end_row
+                && c.ahead
+                    .as_ref()
+                    .is_none_or(|a| a.0.len() <= req.max_rows as usize)
+        });
+        let mut cursor = match cursor {
+            Some(c) => c,
             None => {
                 let task = elastrec_proto::master::Task {
                     file: req.file.clone(),
@@ -119,24 +125,17 @@ impl Executor {
                     req.end_row,
                     self.job.data.on_bad_row,
                 )?;
-                let cursor = Cursor {
+                Cursor {
                     reader,
                     end: req.end_row,
                     ahead: None,
                     used: Instant::now(),
-                };
-                (cursor, false)
+                }
             }
         };
         let rows = req.max_rows as usize;
         let (batch, consumed, skipped, hit) = match cursor.ahead.take() {
-            Some((b, c, s, r)) if r == req.max_rows => (b, c, s, prefetched),
-            Some((b, c, s, _)) => {
-                // Parsed ahead for another batch size: serve what fits, keep nothing.
-                let _ = (b, c, s);
-                let (b, c, s) = read_chunk(cursor.reader.as_mut(), rows)?;
-                (b, c, s, false)
-            }
+            Some((b, c, s)) => (b, c, s, true),
             None => {
                 let (b, c, s) = read_chunk(cursor.reader.as_mut(), rows)?;
                 (b, c, s, false)
@@ -156,7 +155,7 @@ impl Executor {
             let file = req.file_index;
             tokio::task::spawn_blocking(move || {
                 if let Ok((b, c, s)) = read_chunk(cursor.reader.as_mut(), max_rows as usize) {
-                    cursor.ahead = Some((b, c, s, max_rows));
+                    cursor.ahead = Some((b, c, s));
                     cursor.used = Instant::now();
                     me.keep(file, next, cursor);
                 }
@@ -457,6 +456,51 @@ mod tests {
             5 * 64,
             "the executors served the first five batches, the file the rest"
         );
+    }
+
+    /// Reads of changing sizes (a synchronous job's batch follows its worker count) get
+    /// the file's rows in order: a chunk parsed ahead for a larger read is never skipped.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_of_changing_sizes_get_every_row_in_order() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = write_data(tmp.path(), 300);
+        let job = job(tmp.path());
+        let (addr, _stop) = start(&job);
+        let mut local =
+            elastrec_data::open_reader_range(&path, 0, 300, BadRowPolicy::Skip).unwrap();
+        let want = tokio::task::block_in_place(|| drain(local.as_mut(), 1000, |_| {}));
+        let executors = Executors::default();
+        executors.set_credentials(TOKEN, 64 << 20);
+        executors.set(vec![addr]);
+        let mut reader = ExecutorReader::new(
+            executors,
+            path.to_string_lossy().into_owned(),
+            0,
+            path.clone(),
+            0,
+            300,
+            BadRowPolicy::Skip,
+            0,
+        );
+        let mut got = Batch::default();
+        let mut b = Batch::default();
+        tokio::task::block_in_place(|| {
+            for k in 0.. {
+                // 64, then 16, then 64, ... and let the executor parse ahead in between.
+                let rows = if k % 2 == 0 { 64 } else { 16 };
+                let n = reader.next_batch(&mut b, rows).unwrap();
+                if n == 0 {
+                    break;
+                }
+                got.labels.extend_from_slice(&b.labels);
+                got.dense.extend_from_slice(&b.dense);
+                got.sparse.extend_from_slice(&b.sparse);
+                // Room for the executor to parse ahead, so that the next read of the
+                // other size meets a parsed chunk (the rows must match either way).
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        });
+        assert_eq!(got, want);
     }
 
     /// An answer whose sizes do not match its sample count is refused before a worker
