@@ -532,10 +532,16 @@ fn kafka_an_online_job_exports_its_newest_checkpoint_for_serving() {
     assert!(last["auc"].as_f64().unwrap() > 0.6, "{last}");
 }
 
-/// A batch + stream mixture job: `online_job_with`'s job plus day 0 as its history, a
-/// `[data.mix]` section of `mix` lines and `model` lines in `[model]`.
-fn mixture_job(name: &str, brokers: &str, mix: &str, model: &str) -> (PathBuf, PathBuf) {
-    let (job, dir) = online_job_with(name, brokers, "", "", "");
+/// A batch + stream mixture job: `online_job_with`'s job (with `cluster` lines) plus day 0
+/// as its history, a `[data.mix]` section of `mix` lines and `model` lines in `[model]`.
+fn mixture_job(
+    name: &str,
+    brokers: &str,
+    mix: &str,
+    model: &str,
+    cluster: &str,
+) -> (PathBuf, PathBuf) {
+    let (job, dir) = online_job_with(name, brokers, "", cluster, "");
     let text = std::fs::read_to_string(&job)
         .unwrap()
         .replace("train = []\n", "train = [\"day_0.tsv\"]\n")
@@ -578,7 +584,7 @@ fn kafka_a_mixture_job_trains_its_history_and_its_stream_exactly_once() {
         .unwrap();
     let name = "mix-priority";
     let mix = "mode = \"priority\"\nhistory_weight = 1.0\nstream_weight = 4.0";
-    let (job, dir) = mixture_job(name, &brokers, mix, "adapt_mlp = [16, 1]");
+    let (job, dir) = mixture_job(name, &brokers, mix, "adapt_mlp = [16, 1]", "");
     let log = f.dir.join(format!("{name}.log"));
     let at = ((history + first) / 3).to_string();
     let mut g = Group::spawn(
@@ -634,7 +640,7 @@ fn kafka_a_sequential_mixture_trains_the_history_first_and_resumes_after_a_maste
         .as_u64()
         .unwrap();
     let name = "mix-sequential";
-    let (job, dir) = mixture_job(name, &brokers, "mode = \"sequential\"", "");
+    let (job, dir) = mixture_job(name, &brokers, "mode = \"sequential\"", "", "");
     let log = f.dir.join(format!("{name}.log"));
     let at = (history / 2).to_string();
     let mut g = Group::spawn(
@@ -658,4 +664,39 @@ fn kafka_a_sequential_mixture_trains_the_history_first_and_resumes_after_a_maste
     assert!(m["queued"]["history"].as_u64().unwrap() > 0, "{s}");
     unpause(&dir);
     stop_mixture(&dir, &mut g, &log2, history + stream);
+}
+
+/// A parameter server of a mixture job killed after a checkpoint, with full recovery:
+/// every node is replaced and the job returns to the checkpoint's position in both
+/// sources (history tasks and stream offsets), then trains on; the ledger ends exact.
+#[test]
+fn kafka_a_mixture_job_restores_both_sources_from_its_checkpoint_after_a_ps_dies() {
+    let _g = serial();
+    let (_cluster, brokers) = mock_clicks();
+    let f = fixture();
+    let history = ROWS / 3;
+    let stream = replay(&brokers, "clicks", &[f.dir.join("data/day_1.tsv")], &[])["samples"]
+        .as_u64()
+        .unwrap();
+    let total = history + stream;
+    let name = "mix-full-recovery";
+    let cluster = "ps = 2\n[checkpoint]\ninterval_s = 3600.0\nrecovery = \"full\"";
+    let (job, dir) = mixture_job(name, &brokers, "mode = \"weighted\"", "", cluster);
+    let log = f.dir.join(format!("{name}.log"));
+    let at = (total / 3).to_string();
+    let mut g = Group::spawn(
+        &["run", job.to_str().unwrap(), "--pause-at-samples", &at],
+        &log,
+    );
+    wait_held(&dir);
+    take_checkpoint(&dir);
+    pause_at(&dir, 2 * total / 3);
+    let s = wait_held(&dir);
+    let (ps, pid, _) = running_nodes(&s, "ps")[1];
+    kill_node(&dir, ps, pid);
+    unpause(&dir);
+    let r = stop_mixture(&dir, &mut g, &log, total);
+    let rec = r["checkpoint"]["recoveries"].as_array().unwrap();
+    assert_eq!(rec.len(), 1, "{r}");
+    assert_eq!(rec[0]["mode"], "full", "{r}");
 }
