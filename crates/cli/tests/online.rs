@@ -39,6 +39,14 @@ fn replay(brokers: &str, topic: &str, files: &[PathBuf], producer: &[&str]) -> s
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// Replays day `d` of the fixture into `clicks`; returns the samples sent.
+fn replay_day(brokers: &str, d: u32) -> u64 {
+    let day = fixture().dir.join(format!("data/day_{d}.tsv"));
+    replay(brokers, "clicks", &[day], &[])["samples"]
+        .as_u64()
+        .unwrap()
+}
+
 fn online_job(name: &str, brokers: &str) -> (PathBuf, PathBuf) {
     online_job_with(name, brokers, "", "", "")
 }
@@ -577,11 +585,8 @@ fn kafka_a_mixture_job_trains_its_history_and_its_stream_exactly_once() {
     let _g = serial();
     let (_cluster, brokers) = mock_clicks();
     let f = fixture();
-    let day = |d: u32| f.dir.join(format!("data/day_{d}.tsv"));
     let history = ROWS / 3;
-    let first = replay(&brokers, "clicks", &[day(1)], &[])["samples"]
-        .as_u64()
-        .unwrap();
+    let first = replay_day(&brokers, 1);
     let name = "mix-priority";
     let mix = "mode = \"priority\"\nhistory_weight = 1.0\nstream_weight = 4.0";
     let (job, dir) = mixture_job(name, &brokers, mix, "adapt_mlp = [16, 1]", "");
@@ -604,9 +609,7 @@ fn kafka_a_mixture_job_trains_its_history_and_its_stream_exactly_once() {
     kill_node(&dir, victim, pid);
     unpause(&dir);
     // More traffic arrives while the history is still being trained.
-    let second = replay(&brokers, "clicks", &[day(1)], &[])["samples"]
-        .as_u64()
-        .unwrap();
+    let second = replay_day(&brokers, 1);
     let stream = first + second;
     let r = stop_mixture(&dir, &mut g, &log, history + stream);
     let served = &r["online"]["mix"]["served"];
@@ -636,9 +639,7 @@ fn kafka_a_sequential_mixture_trains_the_history_first_and_resumes_after_a_maste
     let (_cluster, brokers) = mock_clicks();
     let f = fixture();
     let history = ROWS / 3;
-    let stream = replay(&brokers, "clicks", &[f.dir.join("data/day_1.tsv")], &[])["samples"]
-        .as_u64()
-        .unwrap();
+    let stream = replay_day(&brokers, 1);
     let name = "mix-sequential";
     let (job, dir) = mixture_job(name, &brokers, "mode = \"sequential\"", "", "");
     let log = f.dir.join(format!("{name}.log"));
@@ -675,9 +676,7 @@ fn kafka_a_mixture_job_restores_both_sources_from_its_checkpoint_after_a_ps_dies
     let (_cluster, brokers) = mock_clicks();
     let f = fixture();
     let history = ROWS / 3;
-    let stream = replay(&brokers, "clicks", &[f.dir.join("data/day_1.tsv")], &[])["samples"]
-        .as_u64()
-        .unwrap();
+    let stream = replay_day(&brokers, 1);
     let total = history + stream;
     let name = "mix-full-recovery";
     let cluster = "ps = 2\n[checkpoint]\ninterval_s = 3600.0\nrecovery = \"full\"";
