@@ -86,7 +86,7 @@ fn render(cfg: &JobConfig, namespace: &str) -> anyhow::Result<String> {
         job_uid: job_uid.clone(),
         secret_name: manifests::secret_name(&template.node_name(Role::Ps, 0)),
     };
-    let nodes = initial_nodes(cfg.cluster.ps, cfg.cluster.workers);
+    let nodes = initial_nodes(cfg.cluster.ps, cfg.cluster.workers, cfg.cluster.executors);
     let entries = manifests::secret_entries(&template);
     let secret = objects.secret(&entries, super::master_pod(namespace), true);
     let owner = owner_reference(
@@ -95,10 +95,10 @@ fn render(cfg: &JobConfig, namespace: &str) -> anyhow::Result<String> {
         "<uid the API server gives the Secret>",
     );
     let mut out = format!(
-        "# elastrec run --dry-run: the Kubernetes objects of job `{job_id}` ({} PS, {} workers \
-         at start); nothing was created.\n# A real start draws a new job uid (here {job_uid}) \
-         and a token that no manifest contains.\n",
-        cfg.cluster.ps, cfg.cluster.workers
+        "# elastrec run --dry-run: the Kubernetes objects of job `{job_id}` ({} PS, {} workers, \
+         {} data executors at start); nothing was created.\n# A real start draws a new job uid \
+         (here {job_uid}) and a token that no manifest contains.\n",
+        cfg.cluster.ps, cfg.cluster.workers, cfg.cluster.executors
     );
     out.push_str("---\n");
     out.push_str(&serde_saphyr::to_string(&secret).context("writing the Secret as YAML")?);
@@ -113,11 +113,12 @@ fn render(cfg: &JobConfig, namespace: &str) -> anyhow::Result<String> {
 }
 
 /// The nodes a job starts with, numbered as the master numbers them: the PS first, then
-/// the workers, from 1.
-fn initial_nodes(ps: u32, workers: u32) -> Vec<Node> {
+/// the workers, then the data executors, from 1.
+fn initial_nodes(ps: u32, workers: u32, executors: u32) -> Vec<Node> {
     let roles = (0..ps)
         .map(|i| (Role::Ps, i))
-        .chain((0..workers).map(|i| (Role::Worker, i)));
+        .chain((0..workers).map(|i| (Role::Worker, i)))
+        .chain((0..executors).map(|i| (Role::Executor, i)));
     roles
         .enumerate()
         .map(|(k, (role, index))| Node::pending(k as u32 + 1, role, index))
@@ -137,7 +138,7 @@ mod tests {
 
     #[test]
     fn nodes_are_numbered_as_the_master_numbers_them() {
-        let n = initial_nodes(2, 3);
+        let n = initial_nodes(2, 3, 1);
         let ids: Vec<(u32, Role, u32)> = n.iter().map(|n| (n.id, n.role, n.index)).collect();
         assert_eq!(
             ids,
@@ -146,7 +147,8 @@ mod tests {
                 (2, Role::Ps, 1),
                 (3, Role::Worker, 0),
                 (4, Role::Worker, 1),
-                (5, Role::Worker, 2)
+                (5, Role::Worker, 2),
+                (6, Role::Executor, 0)
             ]
         );
     }
@@ -156,10 +158,13 @@ mod tests {
         let mut cfg = JobConfig::default();
         cfg.cluster.ps = 1;
         cfg.cluster.workers = 2;
+        cfg.cluster.executors = 1;
         cfg.cluster.master_port = 0;
         cfg.engine.kubernetes.image = "elastrec:test".into();
         let yaml = render(&cfg, "ml").unwrap();
-        assert_eq!(yaml.matches("\nkind: Pod\n").count(), 3, "{yaml}");
+        assert_eq!(yaml.matches("\nkind: Pod\n").count(), 4, "{yaml}");
+        // A data executor's pod reads its own role's token from the Secret.
+        assert!(yaml.contains("key: executor.ELASTREC_TOKEN"), "{yaml}");
         assert_eq!(yaml.matches("\nkind: Secret\n").count(), 1, "{yaml}");
         assert!(yaml.contains("secretKeyRef"), "{yaml}");
         assert!(yaml.contains(manifests::REDACTED), "{yaml}");

@@ -251,14 +251,15 @@ fn non_empty(s: &str) -> Option<String> {
 
 /// The name of the job's Secret: the node names' job part (`elastrec-<job>-<uid8>`).
 /// The Secret's key of a node's secret variable `env`: per role, since each role has its
-/// own token (`ps.ELASTREC_TOKEN`, `worker.ELASTREC_TOKEN`).
+/// own token (`ps.ELASTREC_TOKEN`, `worker.ELASTREC_TOKEN`; a data executor holds a
+/// worker's token under `executor.ELASTREC_TOKEN`).
 pub fn secret_key(role: Role, env: &str) -> String {
     format!("{}.{env}", crate::launch::role_name(role))
 }
 
 /// The secret entries of every role, keyed by [`secret_key`]: what the job's Secret holds.
 pub fn secret_entries(template: &crate::launch::LaunchTemplate) -> Vec<(String, String)> {
-    [Role::Ps, Role::Worker]
+    [Role::Ps, Role::Worker, Role::Executor]
         .into_iter()
         .flat_map(|role| {
             template
