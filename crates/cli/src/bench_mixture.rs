@@ -12,10 +12,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use elastrec_stream::{Connection, MessageFormat, Partitioner, ReplaySpec, Trace};
-use rdkafka::mocking::MockCluster;
 use serde::Serialize;
 
-use crate::bench_online::{run_job, JobRun};
+use crate::bench_online::{run_job, BenchPlace, JobRun};
 
 /// Arguments of `elastrec bench mixture`.
 #[derive(clap::Args)]
@@ -149,17 +148,11 @@ pub fn run(a: BenchMixtureArgs) -> Result<()> {
     let (history, rest) = days.split_at(days.len() - 2);
     let (stream_day, eval_day) = (&rest[0], &rest[1]);
     let stream_rows = elastrec_data::count_rows(stream_day)?;
-    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    let out = std::fs::canonicalize(&a.out)?;
-    let cluster = MockCluster::new(1).context("starting the mock Kafka broker")?;
-    let brokers = cluster.bootstrap_servers();
-    let exe = std::env::current_exe()?;
+    let place = BenchPlace::new(&a.out)?;
+    let (out, brokers, exe) = (&place.out, &place.brokers, &place.exe);
     let mut results = Vec::new();
     for (i, &arm) in arms.iter().enumerate() {
-        let topic = format!("mix-{i}");
-        cluster
-            .create_topic(&topic, a.partitions, 1)
-            .with_context(|| format!("creating topic {topic}"))?;
+        let topic = place.topic(&format!("mix-{i}"), a.partitions)?;
         eprintln!(
             "bench mixture: {} ({}/{}): history {} file(s), stream {} rows at {:.0}/s",
             arm.name(),
@@ -175,9 +168,9 @@ pub fn run(a: BenchMixtureArgs) -> Result<()> {
             history,
             eval: eval_day,
         };
-        std::fs::write(&job, job_toml(&a, arm, &dir, &brokers, &topic, &files)?)?;
+        std::fs::write(&job, job_toml(&a, arm, &dir, brokers, &topic, &files)?)?;
         let spec = ReplaySpec {
-            conn: Connection::new(&brokers),
+            conn: Connection::new(brokers.as_str()),
             topic: topic.clone(),
             files: vec![stream_day.clone()],
             repeat: false,
@@ -189,7 +182,7 @@ pub fn run(a: BenchMixtureArgs) -> Result<()> {
             seed: 1,
         };
         let run = run_job(&JobRun {
-            exe: &exe,
+            exe,
             name: arm.name(),
             job: &job,
             dir: &dir,

@@ -131,17 +131,11 @@ pub fn run(a: BenchOnlineArgs) -> Result<()> {
         .iter()
         .map(|p| Policy::parse(p))
         .collect::<Result<Vec<_>>>()?;
-    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    let out = std::fs::canonicalize(&a.out)?;
-    let cluster = MockCluster::new(1).context("starting the mock Kafka broker")?;
-    let brokers = cluster.bootstrap_servers();
-    let exe = std::env::current_exe()?;
+    let place = BenchPlace::new(&a.out)?;
+    let (out, brokers, exe) = (&place.out, &place.brokers, &place.exe);
     let mut results = Vec::new();
     for (i, policy) in policies.iter().enumerate() {
-        let topic = format!("bench-{i}");
-        cluster
-            .create_topic(&topic, a.partitions, 1)
-            .with_context(|| format!("creating topic {topic}"))?;
+        let topic = place.topic(&format!("bench-{i}"), a.partitions)?;
         eprintln!(
             "bench online: {} ({}/{}), trace {:.0} s",
             policy.name,
@@ -149,7 +143,7 @@ pub fn run(a: BenchOnlineArgs) -> Result<()> {
             policies.len(),
             trace.duration_s()
         );
-        let r = run_policy(&a, &exe, &out, &brokers, &topic, policy, &files, &trace)?;
+        let r = run_policy(&a, exe, out, brokers, &topic, policy, &files, &trace)?;
         results.push(r);
     }
     if a.json {
@@ -320,6 +314,37 @@ fn run_policy(
         foreign_load: run.foreign_load,
         wall_s: run.wall_s,
     })
+}
+
+/// Where a benchmark's jobs run: its output directory (absolute), a mock Kafka broker in
+/// this process, and the `elastrec` binary the jobs start.
+pub(crate) struct BenchPlace {
+    pub out: PathBuf,
+    cluster: MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    pub brokers: String,
+    pub exe: PathBuf,
+}
+
+impl BenchPlace {
+    pub fn new(out: &Path) -> Result<Self> {
+        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+        let cluster = MockCluster::new(1).context("starting the mock Kafka broker")?;
+        Ok(Self {
+            out: std::fs::canonicalize(out)?,
+            brokers: cluster.bootstrap_servers(),
+            cluster,
+            exe: std::env::current_exe()?,
+        })
+    }
+
+    /// Creates topic `name` with `partitions` partitions (one per run, so that every run
+    /// reads exactly the traffic it was sent); returns its name.
+    pub fn topic(&self, name: &str, partitions: i32) -> Result<String> {
+        self.cluster
+            .create_topic(name, partitions, 1)
+            .with_context(|| format!("creating topic {name}"))?;
+        Ok(name.to_string())
+    }
 }
 
 /// One benchmark job: its file (already written), where it runs, and what feeds it.

@@ -150,22 +150,34 @@ fn exactly_once_across_a_worker_kill(name: &str, brokers: &str, producer: &[&str
     // More traffic arrives while the job runs.
     let second = replay(brokers, "clicks", &[day(1)], producer);
     let total = first_n + second["samples"].as_u64().unwrap();
-    // Every message trained: nothing more arrives, so the job stays here.
-    wait_for(Duration::from_secs(240), || samples_done(&dir) >= total);
-    let said = stop(&dir);
+    let (r, text, said) = stop_when_trained(&dir, &mut g, &log, total);
     assert!(
         said.contains(&format!("stopped at {total} samples")),
         "{said}"
     );
-    let text = g.wait_success(&log);
-    let r = result(&dir);
+    let auc = r["eval"]["auc"].as_f64().unwrap();
+    assert!(auc > 0.6, "the online model learned: AUC {auc}\n{text}");
+    assert_progressive(&r, total);
+}
+
+/// Waits until `total` samples trained (nothing more arrives, so the job holds there),
+/// stops the job and checks that it finished with an exact ledger of `total` rows and
+/// offsets. Returns the result, the job's log and what `elastrec stop` said.
+fn stop_when_trained(
+    dir: &Path,
+    g: &mut Group,
+    log: &Path,
+    total: u64,
+) -> (serde_json::Value, String, String) {
+    wait_for(Duration::from_secs(240), || samples_done(dir) >= total);
+    let said = stop(dir);
+    let text = g.wait_success(log);
+    let r = result(dir);
     assert_eq!(r["status"], "finished", "{r}\n{text}");
     assert_eq!(r["ledger"]["consumed"], total, "{r}");
     assert_eq!(r["ledger"]["duplicated"], 0, "{r}");
     assert_eq!(r["ledger"]["missing"], 0, "{r}");
-    let auc = r["eval"]["auc"].as_f64().unwrap();
-    assert!(auc > 0.6, "the online model learned: AUC {auc}\n{text}");
-    assert_progressive(&r, total);
+    (r, text, said)
 }
 
 /// Progressive validation saw every trained sample once (its predictions travel with the
@@ -349,13 +361,7 @@ fn kafka_kale_adds_workers_for_a_traffic_peak_and_removes_them_after() {
     );
     let sent: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let total = sent["samples"].as_u64().unwrap();
-    wait_for(Duration::from_secs(240), || samples_done(&dir) >= total);
-    stop(&dir);
-    let text = g.wait_success(&log);
-    let r = result(&dir);
-    assert_eq!(r["ledger"]["consumed"], total, "{r}");
-    assert_eq!(r["ledger"]["duplicated"], 0, "{r}");
-    assert_eq!(r["ledger"]["missing"], 0, "{r}");
+    let (r, text, _) = stop_when_trained(&dir, &mut g, &log, total);
     assert_progressive(&r, total);
     let online = &r["online"];
     let decisions = online["decisions"].as_array().unwrap();
@@ -422,14 +428,7 @@ fn day_one_then_stop(
     let f = fixture();
     let second = replay(brokers, "clicks", &[f.dir.join("data/day_1.tsv")], &[]);
     let total = first_n + second["samples"].as_u64().unwrap();
-    wait_for(Duration::from_secs(240), || samples_done(dir) >= total);
-    stop(dir);
-    let text = g.wait_success(log);
-    let r = result(dir);
-    assert_eq!(r["status"], "finished", "{r}\n{text}");
-    assert_eq!(r["ledger"]["consumed"], total, "{r}");
-    assert_eq!(r["ledger"]["duplicated"], 0, "{r}");
-    assert_eq!(r["ledger"]["missing"], 0, "{r}");
+    let (r, _, _) = stop_when_trained(dir, &mut g, log, total);
     assert_progressive(&r, total);
     // `elastrec stop` ends the job with a final checkpoint, exported for serving.
     assert_eq!(r["export"]["model"]["samples"], total, "{r}");
@@ -561,14 +560,7 @@ fn mixture_job(
 /// Stops a mixture job once `total` samples (history and stream) trained, and checks an
 /// exact ledger over both sources. Returns the result.
 fn stop_mixture(dir: &Path, g: &mut Group, log: &Path, total: u64) -> serde_json::Value {
-    wait_for(Duration::from_secs(240), || samples_done(dir) >= total);
-    stop(dir);
-    let text = g.wait_success(log);
-    let r = result(dir);
-    assert_eq!(r["status"], "finished", "{r}\n{text}");
-    assert_eq!(r["ledger"]["consumed"], total, "{r}");
-    assert_eq!(r["ledger"]["duplicated"], 0, "{r}");
-    assert_eq!(r["ledger"]["missing"], 0, "{r}");
+    let (r, text, _) = stop_when_trained(dir, g, log, total);
     assert!(r["online"]["mix"].is_object(), "{r}");
     let auc = r["eval"]["auc"].as_f64().unwrap();
     assert!(auc > 0.6, "the mixed model learned: AUC {auc}\n{text}");

@@ -423,13 +423,12 @@ impl JobConfig {
         }
         // An online job trains from its [stream]; `data.train` is not read (unless it is a
         // mixture's history).
-        let train = if (self.stream.is_some() && self.data.mix.is_none())
-            || !self.data.dataset.is_empty()
-        {
-            Vec::new()
-        } else {
-            self.train_files()
-        };
+        let train =
+            if (self.stream.is_some() && !self.is_mixture()) || !self.data.dataset.is_empty() {
+                Vec::new()
+            } else {
+                self.train_files()
+            };
         let eval = if self
             .data
             .has_dataset(elastrec_orchestrate::DatasetRole::Eval)

@@ -791,15 +791,16 @@ impl Autoscaler {
                 ));
             }
         }
+        // The prediction was for the plan's count, not the trusted step towards it.
+        let predicted = guessed.is_none().then_some(tp);
         let mut reasons = plan.reasons.clone();
-        reasons.extend(guessed.clone());
+        reasons.extend(guessed);
         Decision::Apply {
             workers,
             worker_cpu: cpu,
             ps,
             ps_cpu,
-            // The prediction was for the plan's count, not the trusted step towards it.
-            predicted: guessed.is_none().then_some(tp),
+            predicted,
             reasons,
         }
     }

@@ -1331,11 +1331,8 @@ impl Job {
 
     /// Addresses of the running data executors, in node order.
     pub fn executor_addrs(&self) -> Vec<String> {
-        self.nodes
-            .values()
-            .filter(|n| {
-                n.role == Role::Executor && n.state == NodeState::Running && !n.addr.is_empty()
-            })
+        self.executor_nodes()
+            .filter(|n| n.state == NodeState::Running && !n.addr.is_empty())
             .map(|n| n.addr.clone())
             .collect()
     }
@@ -1404,7 +1401,7 @@ impl Job {
     /// `queue` (the checkpoint's); the ledger forgets everything reported after it.
     pub fn full_restore(
         &mut self,
-        queue: TaskQueue,
+        mut queue: TaskQueue,
         epochs_closed: Vec<(u32, LedgerSummary)>,
         cx: &mut impl Context,
     ) {
@@ -1421,7 +1418,7 @@ impl Job {
             cx.kill(&n);
             cx.persist(Change::Node(n));
         }
-        let mut queue = queue;
+        // The serving policy is the job's configuration, not part of the position.
         queue.set_serving(self.tasks.serving());
         self.tasks = queue;
         self.persist_data_reset(cx);

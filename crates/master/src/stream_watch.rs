@@ -77,10 +77,6 @@ pub async fn run(
     let mut consumed_before = core.job.lock().tasks().ledger().consumed();
     // A mixture job's partitions follow its history files in the queue.
     let base = core.job.lock().tasks().stream_from();
-    let trained_of = |core: &MasterCore| -> Vec<u64> {
-        let committed = core.job.lock().tasks().committed();
-        committed.get(base as usize..).unwrap_or_default().to_vec()
-    };
     *core.stream_stats.lock() = Some(StreamStats::new(
         parts.iter().map(ToString::to_string).collect(),
         cfg.slo_lag_s,
@@ -146,8 +142,13 @@ pub async fn run(
             break;
         };
         {
-            let trained = trained_of(&core);
-            let consumed = core.job.lock().tasks().ledger().consumed();
+            let (trained, consumed) = {
+                let job = core.job.lock();
+                (
+                    job.tasks().partitions_committed(),
+                    job.tasks().ledger().consumed(),
+                )
+            };
             let highs: Vec<u64> = marks.iter().map(|m| m.1).collect();
             let at_ms = now.duration_since(started).as_millis() as u64;
             if let Some(st) = core.stream_stats.lock().as_mut() {
@@ -170,7 +171,7 @@ pub async fn run(
         }
         if last_commit.elapsed() >= COMMIT_EVERY {
             last_commit = Instant::now();
-            let committed = trained_of(&core);
+            let committed = core.job.lock().tasks().partitions_committed();
             let (w, p) = (watch.clone(), parts.clone());
             // Monitoring only: a failed commit is retried at the next period.
             let _ = tokio::task::spawn_blocking(move || w.commit(&p, &committed)).await;

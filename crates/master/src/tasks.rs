@@ -477,7 +477,17 @@ impl TaskQueue {
     /// Per file, the first offset not yet trained: everything before it is covered by
     /// the ledger (what a consumer group's committed offset means).
     pub fn committed(&self) -> Vec<u64> {
-        (0..self.file_rows.len())
+        self.committed_from(0)
+    }
+
+    /// [`TaskQueue::committed`] of the stream partitions only (what the stream watcher
+    /// reports and commits; a mixture job's history files come before them).
+    pub fn partitions_committed(&self) -> Vec<u64> {
+        self.committed_from(self.stream_from())
+    }
+
+    fn committed_from(&self, first: u32) -> Vec<u64> {
+        (first as usize..self.file_rows.len())
             .map(|f| self.ledger.covered_from(f as u32, self.file_start[f]))
             .collect()
     }
@@ -501,19 +511,9 @@ impl TaskQueue {
         q
     }
 
-    /// [`TaskQueue::restore`] for an online job whose partitions began at `starts`: how far
-    /// each partition was dealt follows from its tasks.
-    pub fn restore_stream(
-        spec: DataSharding,
-        starts: Vec<u64>,
-        tasks: Vec<Task>,
-        ranges: &[ConsumedRange],
-    ) -> Self {
-        Self::restore_mixed(spec, Vec::new(), starts, tasks, ranges, 1)
-    }
-
-    /// [`TaskQueue::restore`] for a mixture job (see [`TaskQueue::new_mixed`]). A position
-    /// from before the history was cut (`generated_epochs` 0) cuts it now.
+    /// [`TaskQueue::restore`] for an online or mixture job (see [`TaskQueue::new_mixed`]):
+    /// how far each partition was dealt follows from its tasks. A position from before the
+    /// history was cut (`generated_epochs` 0) cuts it now.
     pub fn restore_mixed(
         spec: DataSharding,
         history_rows: Vec<u64>,
@@ -578,9 +578,7 @@ impl TaskQueue {
             spans: self.ledger.spans(),
             counts: self.ledger.counts(),
             generated_epochs: self.generated_epochs,
-            epochs_closed: Vec::new(),
-            stream_starts: self.open_ended.then(|| self.file_start.clone()),
-            stream_from: if self.open_ended { self.stream_from } else { 0 },
+            ..self.start_position()
         }
     }
 
@@ -1494,6 +1492,7 @@ mod tests {
         let s = r.ledger().summary(0);
         assert_eq!((s.consumed, s.duplicated, s.missing), (300 + 250, 0, 0));
         assert_eq!(r.committed(), vec![250, 50, 300, 50]);
+        assert_eq!(r.partitions_committed(), vec![300, 50]);
         // Before any checkpoint, a full recovery restores the start: the history again.
         let mut fresh =
             TaskQueue::from_position(spec(100, 1), vec![250, 50, 0, 0], &r.start_position());

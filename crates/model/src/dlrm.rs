@@ -603,10 +603,7 @@ impl Block {
 
     /// The logits of the tower the last forward ran for.
     fn logits(&self, tower: Tower) -> &[f32] {
-        match tower {
-            Tower::Memory => self.top_acts.last().expect("nonempty"),
-            Tower::Adapt => self.adapt_acts.last().expect("an MTRM"),
-        }
+        tower_logits(&self.top_acts, &self.adapt_acts, tower)
     }
 
     /// Backward of the block's share of the mean loss, after [`Block::forward`]: the
@@ -614,10 +611,8 @@ impl Block {
     /// `d_emb`, its summed loss into `self.loss_sum`.
     fn backward(&mut self, m: &DenseDlrm, x: BlockInputs<'_>, d_emb: &mut [f32]) {
         let (p, n) = (&m.params, x.n);
-        let logits = match x.tower {
-            Tower::Memory => self.top_acts.last().expect("nonempty"),
-            Tower::Adapt => self.adapt_acts.last().expect("an MTRM"),
-        };
+        // Not `self.logits`: `dlogits` is borrowed mutably beside it.
+        let logits = tower_logits(&self.top_acts, &self.adapt_acts, x.tower);
         self.loss_sum =
             bce_sum_with_logits(&logits[..n], x.labels, x.grad_scale, &mut self.dlogits[..n]);
         match (x.tower, &m.adapt) {
@@ -679,6 +674,14 @@ impl Block {
     /// Rows this block holds activations for.
     fn rows(&self) -> usize {
         self.dlogits.len()
+    }
+}
+
+/// The last layer's output (the logits) of `tower`, from a block's activations.
+fn tower_logits<'a>(top: &'a [Vec<f32>], adapt: &'a [Vec<f32>], tower: Tower) -> &'a [f32] {
+    match tower {
+        Tower::Memory => top.last().expect("nonempty"),
+        Tower::Adapt => adapt.last().expect("an MTRM"),
     }
 }
 

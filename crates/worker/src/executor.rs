@@ -80,10 +80,9 @@ fn read_chunk(reader: &mut dyn BatchReader, rows: usize) -> anyhow::Result<(Batc
         std::thread::sleep(pause);
     }
     let mut batch = Batch::with_capacity(rows);
-    let skipped_before = reader.stats().rows_skipped;
-    let n = reader.next_batch(&mut batch, rows)?;
-    let skipped = reader.stats().rows_skipped - skipped_before;
-    Ok((batch, n as u64 + skipped, skipped))
+    let mut stats = elastrec_data::ReadStats::default();
+    let n = crate::executor_reader::read_counted(reader, &mut batch, rows, &mut stats)?;
+    Ok((batch, n as u64 + stats.rows_skipped, stats.rows_skipped))
 }
 
 impl Executor {

@@ -188,9 +188,10 @@ impl BatchReader for ExecutorReader {
     }
 }
 
-/// Reads from `reader`, adding what it read and skipped to `stats` (which count the
-/// executors' reads too: the worker takes differences of them).
-fn read_counted(
+/// Reads from `reader`, adding what it read and skipped to `stats` (the reader's own
+/// counters are cumulative; callers keep their own: the worker takes differences of them,
+/// an executor reports each chunk's).
+pub(crate) fn read_counted(
     reader: &mut dyn BatchReader,
     batch: &mut Batch,
     max_rows: usize,

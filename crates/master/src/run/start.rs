@@ -198,10 +198,6 @@ pub async fn start_job(
         ),
         None => TaskQueue::new(data_sharding(&cfg), files.iter().map(|f| f.rows).collect()),
     };
-    queue.set_serving(serving(&cfg));
-    if cfg.data.follow {
-        queue.follow();
-    }
     let mut initial_plan = None;
     let mut closed = Vec::new();
     if let Some(from) = &from {
@@ -222,10 +218,6 @@ pub async fn start_job(
             files.iter().map(|f| f.rows).collect(),
             &pos,
         );
-        queue.set_serving(serving(&cfg));
-        if cfg.data.follow {
-            queue.follow();
-        }
         store
             .set_meta(
                 "ledger_adjust",
@@ -237,6 +229,11 @@ pub async fn start_job(
         if let Some(c) = &coordinator {
             c.set_origin((m, plan, pos));
         }
+    }
+    // The queue the job starts with (fresh, or at the checkpoint's position).
+    queue.set_serving(serving(&cfg));
+    if cfg.data.follow {
+        queue.follow();
     }
     let mut workers = cfg.cluster.workers;
     let autoscale = if cfg.autoscale.enabled {
