@@ -11,8 +11,9 @@ pub const MISSING_CATEGORY: u64 = 1 << 32;
 /// A batch of Criteo-layout samples in structure-of-arrays form.
 ///
 /// Buffers are reused across batches (`clear` keeps capacity), so readers fill them without
-/// per-row allocation.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// per-row allocation. A reader fills the Criteo layout ([`NUM_DENSE`] and [`NUM_SPARSE`]
+/// features per row); a preprocessing plan (`elastrec-preprocess`) fills its own widths.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
     /// Click label per sample, 0.0 or 1.0.
     pub labels: Vec<f32>,
@@ -22,15 +23,33 @@ pub struct Batch {
     /// `len * NUM_SPARSE` raw categorical values, row-major (the 8-hex-digit value parsed
     /// as an integer), `MISSING_CATEGORY` for an empty field.
     pub sparse: Vec<u64>,
+    /// Dense features per row.
+    pub dense_width: usize,
+    /// Categorical features (embedding tables) per row.
+    pub sparse_width: usize,
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Self::with_capacity(0)
+    }
 }
 
 impl Batch {
-    /// An empty batch with room for `rows` samples.
+    /// An empty Criteo-layout batch with room for `rows` samples.
     pub fn with_capacity(rows: usize) -> Self {
+        Self::with_widths(rows, NUM_DENSE, NUM_SPARSE)
+    }
+
+    /// An empty batch of `dense_width` dense and `sparse_width` categorical features per
+    /// row, with room for `rows` samples.
+    pub fn with_widths(rows: usize, dense_width: usize, sparse_width: usize) -> Self {
         Self {
             labels: Vec::with_capacity(rows),
-            dense: Vec::with_capacity(rows * NUM_DENSE),
-            sparse: Vec::with_capacity(rows * NUM_SPARSE),
+            dense: Vec::with_capacity(rows * dense_width),
+            sparse: Vec::with_capacity(rows * sparse_width),
+            dense_width,
+            sparse_width,
         }
     }
 
@@ -54,8 +73,11 @@ impl Batch {
     /// Appends one raw row (label, raw integers, raw categorical values), applying
     /// [`Batch::transform_dense`] to the integers and [`MISSING_CATEGORY`] to empty
     /// categorical fields. Does not allocate once the buffers have grown.
+    ///
+    /// This is the default preprocessing; the batch must have the Criteo layout.
     #[inline]
     pub fn push_raw(&mut self, row: &crate::raw::RawRow) {
+        debug_assert!(self.dense_width == NUM_DENSE && self.sparse_width == NUM_SPARSE);
         self.labels.push(row.label as f32);
         let table = crate::raw::dense_table();
         self.dense.extend(
@@ -72,21 +94,32 @@ impl Batch {
 
     /// Appends the rows `range` of `other` to this batch.
     pub fn extend_from(&mut self, other: &Batch, range: std::ops::Range<usize>) {
+        debug_assert!(
+            self.dense_width == other.dense_width && self.sparse_width == other.sparse_width
+        );
+        let (d, s) = (other.dense_width, other.sparse_width);
         self.labels.extend_from_slice(&other.labels[range.clone()]);
         self.dense
-            .extend_from_slice(&other.dense[range.start * NUM_DENSE..range.end * NUM_DENSE]);
+            .extend_from_slice(&other.dense[range.start * d..range.end * d]);
         self.sparse
-            .extend_from_slice(&other.sparse[range.start * NUM_SPARSE..range.end * NUM_SPARSE]);
+            .extend_from_slice(&other.sparse[range.start * s..range.end * s]);
+    }
+
+    /// Keeps the first `rows` samples.
+    pub fn truncate(&mut self, rows: usize) {
+        self.labels.truncate(rows);
+        self.dense.truncate(rows * self.dense_width);
+        self.sparse.truncate(rows * self.sparse_width);
     }
 
     /// The dense features of row `i`.
     pub fn dense_row(&self, i: usize) -> &[f32] {
-        &self.dense[i * NUM_DENSE..(i + 1) * NUM_DENSE]
+        &self.dense[i * self.dense_width..(i + 1) * self.dense_width]
     }
 
     /// The categorical features of row `i`.
     pub fn sparse_row(&self, i: usize) -> &[u64] {
-        &self.sparse[i * NUM_SPARSE..(i + 1) * NUM_SPARSE]
+        &self.sparse[i * self.sparse_width..(i + 1) * self.sparse_width]
     }
 
     /// Transform applied to a raw integer feature before it enters the model.

@@ -11,9 +11,10 @@
 //! - the synthetic Criteo-shaped generator with a hidden teacher model ([`gen`]);
 //! - one error type, [`DataError`], whose bad-data variants read `file:line: field N: reason`.
 //!
-//! Later: dataset/stream/source definitions, preprocessing plans, data-task generation.
+//! - [`RawColumns`], rows in column form for a preprocessing plan (`elastrec-preprocess`).
 
 pub mod batch;
+pub mod columns;
 pub mod error;
 pub mod gen;
 pub mod index;
@@ -23,6 +24,7 @@ pub mod reader;
 pub mod tsv;
 
 pub use batch::{Batch, MISSING_CATEGORY, NUM_DENSE, NUM_SPARSE};
+pub use columns::{RawColumns, NULL_ID, NULL_INT};
 pub use error::{DataError, FieldError, Result};
 pub use gen::{generate, generate_with_progress, GenFile, GenReport, GenSpec, OutputFormat};
 pub use parquet_io::{ParquetOptions, ParquetReader, ParquetWriter};

@@ -1,0 +1,23 @@
+//! Input preprocessing (RAP, `../shared/papers/004`): per-feature operator chains from the
+//! raw Criteo columns to the model's dense and sparse features.
+//!
+//! - [`spec`]: the `[[preprocess]]` entries of a job file and the default graph;
+//! - [`ops`]: the operators of RAP's Table 1 (and what Criteo pipelines use), their
+//!   arguments and typing rules; [`syntax`] reads their text form;
+//! - [`plan`]: a graph compiled into a fused, cache-blocked [`Plan`];
+//! - [`kernels`]: the per-column passes the plan runs;
+//! - [`types`]: value types and how a null is held.
+
+pub mod error;
+pub mod kernels;
+pub mod ops;
+pub mod plan;
+pub mod spec;
+pub mod syntax;
+pub mod types;
+
+pub use error::{PreprocessError, Result};
+pub use ops::Op;
+pub use plan::{Feature, FeatureKind, Plan, Scratch, BLOCK_ROWS};
+pub use spec::{default_graph, FeatureSpec, Input};
+pub use types::{ValueType, NULL_ID, NULL_INT};
