@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 mod bench_mixture;
 mod bench_online;
+mod bench_preprocess;
 mod bench_tasks;
 mod commands;
 mod export;
@@ -182,6 +183,10 @@ enum BenchCommand {
     /// Data task graph generation at Primus scale: tasks, files, seconds, tasks/s and
     /// memory for a generated listing (docs/data.md).
     Tasks(bench_tasks::BenchTasksArgs),
+    /// Input preprocessing: a Criteo-style graph over generated rows through elastrec's
+    /// fused plan, and with `--polars PYTHON` the same graph in polars, side by side
+    /// (docs/preprocess.md).
+    Preprocess(bench_preprocess::BenchPreprocessArgs),
 }
 
 #[derive(clap::Args)]
@@ -310,6 +315,10 @@ fn main() -> anyhow::Result<()> {
             command: Some(BenchCommand::Tasks(t)),
             ..
         }) => bench_tasks::run(t),
+        Command::Bench(BenchArgs {
+            command: Some(BenchCommand::Preprocess(p)),
+            ..
+        }) => bench_preprocess::run(p),
         Command::Bench(a) => commands::bench(commands::Bench {
             steps: a.steps,
             batch_size: a.batch_size,

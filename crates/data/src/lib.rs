@@ -31,6 +31,6 @@ pub use parquet_io::{ParquetOptions, ParquetReader, ParquetWriter};
 pub use raw::{RawBatch, RawRow};
 pub use reader::{
     count_rows, detect_format, open_reader, open_reader_range, read_all, BadRowPolicy, BatchReader,
-    FileFormat, ReadStats,
+    FileFormat, ReadStats, RowSink,
 };
 pub use tsv::TsvReader;

@@ -16,9 +16,10 @@
 //! so a range read decodes at most one row group of rows it does not deliver.
 
 use crate::batch::{Batch, NUM_DENSE, NUM_SPARSE};
+use crate::columns::RawColumns;
 use crate::error::{show_bytes, DataError, FieldError, Result};
 use crate::raw::{RawBatch, RawRow};
-use crate::reader::{BadRowPolicy, BatchReader, ReadStats};
+use crate::reader::{BadRowPolicy, BatchReader, ReadStats, RowSink};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
     Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt32Type, UInt8Type,
@@ -534,14 +535,24 @@ fn hex8(s: &[u8]) -> Result<Option<u32>, FieldError> {
     Err(FieldError::BadCategory(show_bytes(s)))
 }
 
-impl BatchReader for ParquetReader {
-    fn next_batch(&mut self, batch: &mut Batch, max_rows: usize) -> Result<usize> {
+impl ParquetReader {
+    fn fill<S: RowSink>(&mut self, batch: &mut S, max_rows: usize) -> Result<usize> {
         batch.clear();
         let mut row = RawRow::default();
         while batch.len() < max_rows && self.next_raw(&mut row)? {
-            batch.push_raw(&row);
+            batch.push_row(&row);
         }
         Ok(batch.len())
+    }
+}
+
+impl BatchReader for ParquetReader {
+    fn next_batch(&mut self, batch: &mut Batch, max_rows: usize) -> Result<usize> {
+        self.fill(batch, max_rows)
+    }
+
+    fn next_raw(&mut self, raw: &mut RawColumns, max_rows: usize) -> Result<usize> {
+        self.fill(raw, max_rows)
     }
 
     fn stats(&self) -> &ReadStats {

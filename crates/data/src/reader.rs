@@ -2,7 +2,9 @@
 //! dispatch (`open_reader`, `open_reader_range`, `count_rows`).
 
 use crate::batch::Batch;
+use crate::columns::RawColumns;
 use crate::error::{DataError, Result};
+use crate::raw::RawRow;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::io::Read;
@@ -89,6 +91,16 @@ pub trait BatchReader: Send {
     /// range of physical rows/lines).
     fn next_batch(&mut self, batch: &mut Batch, max_rows: usize) -> Result<usize>;
 
+    /// Like [`BatchReader::next_batch`], but delivers the raw rows, untransformed, for a
+    /// preprocessing plan (`elastrec-preprocess`). Readers of already preprocessed
+    /// batches (a data executor's) do not have them and say so.
+    fn next_raw(&mut self, raw: &mut RawColumns, max_rows: usize) -> Result<usize> {
+        let _ = (raw, max_rows);
+        Err(DataError::InvalidSpec(
+            "this reader delivers preprocessed batches, not raw rows".into(),
+        ))
+    }
+
     /// Counters so far.
     fn stats(&self) -> &ReadStats;
 
@@ -105,11 +117,55 @@ impl<R: BatchReader + ?Sized> BatchReader for Box<R> {
     fn next_batch(&mut self, batch: &mut Batch, max_rows: usize) -> Result<usize> {
         (**self).next_batch(batch, max_rows)
     }
+    fn next_raw(&mut self, raw: &mut RawColumns, max_rows: usize) -> Result<usize> {
+        (**self).next_raw(raw, max_rows)
+    }
     fn stats(&self) -> &ReadStats {
         (**self).stats()
     }
     fn position(&self) -> Option<u64> {
         (**self).position()
+    }
+}
+
+/// Where a reader puts the rows it parses: a [`Batch`] (the default transform) or
+/// [`RawColumns`] (for a preprocessing plan). Readers fill either through one loop.
+pub trait RowSink {
+    /// Drops every row.
+    fn clear(&mut self);
+    /// Rows held.
+    fn len(&self) -> usize;
+    /// True when no row is held.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Appends one row.
+    fn push_row(&mut self, row: &RawRow);
+}
+
+impl RowSink for Batch {
+    fn clear(&mut self) {
+        Batch::clear(self)
+    }
+    fn len(&self) -> usize {
+        Batch::len(self)
+    }
+    #[inline]
+    fn push_row(&mut self, row: &RawRow) {
+        self.push_raw(row)
+    }
+}
+
+impl RowSink for RawColumns {
+    fn clear(&mut self) {
+        RawColumns::clear(self)
+    }
+    fn len(&self) -> usize {
+        RawColumns::len(self)
+    }
+    #[inline]
+    fn push_row(&mut self, row: &RawRow) {
+        self.push(row)
     }
 }
 

@@ -9,10 +9,11 @@
 //! never buffered whole.
 
 use crate::batch::{Batch, NUM_DENSE, NUM_SPARSE};
+use crate::columns::RawColumns;
 use crate::error::{show_bytes, show_escaped, DataError, FieldError, Result};
 use crate::index::LineIndex;
 use crate::raw::RawRow;
-use crate::reader::{BadRowPolicy, BatchReader, FileFormat, ReadStats};
+use crate::reader::{BadRowPolicy, BatchReader, FileFormat, ReadStats, RowSink};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -558,13 +559,13 @@ impl TsvReader {
     }
 }
 
-impl BatchReader for TsvReader {
-    fn next_batch(&mut self, batch: &mut Batch, max_rows: usize) -> Result<usize> {
+impl TsvReader {
+    fn fill<S: RowSink>(&mut self, batch: &mut S, max_rows: usize) -> Result<usize> {
         batch.clear();
         let mut row = self.row;
         while batch.len() < max_rows {
             match self.next_raw(&mut row) {
-                Ok(true) => batch.push_raw(&row),
+                Ok(true) => batch.push_row(&row),
                 Ok(false) => break,
                 Err(e) => {
                     self.row = row;
@@ -574,6 +575,16 @@ impl BatchReader for TsvReader {
         }
         self.row = row;
         Ok(batch.len())
+    }
+}
+
+impl BatchReader for TsvReader {
+    fn next_batch(&mut self, batch: &mut Batch, max_rows: usize) -> Result<usize> {
+        self.fill(batch, max_rows)
+    }
+
+    fn next_raw(&mut self, raw: &mut RawColumns, max_rows: usize) -> Result<usize> {
+        self.fill(raw, max_rows)
     }
 
     fn stats(&self) -> &ReadStats {

@@ -6,12 +6,14 @@
 //!   arguments and typing rules; [`syntax`] reads their text form;
 //! - [`plan`]: a graph compiled into a fused, cache-blocked [`Plan`];
 //! - [`kernels`]: the per-column passes the plan runs;
+//! - [`reader`]: any reader of raw rows through a plan;
 //! - [`types`]: value types and how a null is held.
 
 pub mod error;
 pub mod kernels;
 pub mod ops;
 pub mod plan;
+pub mod reader;
 pub mod spec;
 pub mod syntax;
 pub mod types;
@@ -19,5 +21,6 @@ pub mod types;
 pub use error::{PreprocessError, Result};
 pub use ops::Op;
 pub use plan::{Feature, FeatureKind, Plan, Scratch, BLOCK_ROWS};
+pub use reader::PreprocessedReader;
 pub use spec::{default_graph, FeatureSpec, Input};
 pub use types::{ValueType, NULL_ID, NULL_INT};

@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use elastrec_data::{BadRowPolicy, Batch, BatchReader, DataError, RawRow, ReadStats};
+use elastrec_data::{
+    BadRowPolicy, Batch, BatchReader, DataError, RawColumns, RawRow, ReadStats, RowSink,
+};
 use parking_lot::Mutex;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
@@ -266,8 +268,8 @@ impl RangeReader {
     }
 }
 
-impl BatchReader for RangeReader {
-    fn next_batch(&mut self, batch: &mut Batch, max_rows: usize) -> elastrec_data::Result<usize> {
+impl RangeReader {
+    fn fill<S: RowSink>(&mut self, batch: &mut S, max_rows: usize) -> elastrec_data::Result<usize> {
         batch.clear();
         while batch.len() < max_rows {
             if !self.has_pending() && !self.fetch()? {
@@ -275,12 +277,22 @@ impl BatchReader for RangeReader {
             }
             let take = (self.pending.len() - self.pending_at).min(max_rows - batch.len());
             for row in &self.pending[self.pending_at..self.pending_at + take] {
-                batch.push_raw(row);
+                batch.push_row(row);
             }
             self.pending_at += take;
         }
         self.stats.rows_read += batch.len() as u64;
         Ok(batch.len())
+    }
+}
+
+impl BatchReader for RangeReader {
+    fn next_batch(&mut self, batch: &mut Batch, max_rows: usize) -> elastrec_data::Result<usize> {
+        self.fill(batch, max_rows)
+    }
+
+    fn next_raw(&mut self, raw: &mut RawColumns, max_rows: usize) -> elastrec_data::Result<usize> {
+        self.fill(raw, max_rows)
     }
 
     fn stats(&self) -> &ReadStats {
