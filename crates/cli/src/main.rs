@@ -14,6 +14,7 @@ mod bench_preprocess;
 mod bench_tasks;
 mod commands;
 mod export;
+mod preprocess;
 mod replay;
 
 /// Elastic, failure-tolerant training of deep learning recommendation models (DLRM).
@@ -38,6 +39,10 @@ enum Command {
     /// Write a servable model file (`model.bin`, read by `elastrec eval`) from a checkpoint
     /// of a `run` job: every parameter server's part and the delta chain, merged.
     Export(export::ExportArgs),
+    /// Apply a job's `[[preprocess]]` graph (or the default one) to its data files and
+    /// write the features as Parquet; `--explain` prints the compiled graph
+    /// (docs/preprocess.md).
+    Preprocess(preprocess::PreprocessArgs),
     /// Measure training throughput of the Criteo-Kaggle-shaped model.
     Bench(BenchArgs),
     /// Cluster brain: serve plans over gRPC (`elastrec brain --db URL`) or print a plan
@@ -303,6 +308,7 @@ fn main() -> anyhow::Result<()> {
         Command::Simulate(c) => elastrec_sim::cli::dispatch(c),
         Command::Replay(a) => replay::run(a),
         Command::Export(a) => export::run(a),
+        Command::Preprocess(a) => preprocess::run(a),
         Command::Bench(BenchArgs {
             command: Some(BenchCommand::Online(o)),
             ..

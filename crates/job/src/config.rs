@@ -42,6 +42,11 @@ pub struct JobConfig {
     /// Online training from Kafka: when present, the job trains from these topics until
     /// stopped instead of from `[data] train` files.
     pub stream: Option<crate::stream::StreamConfig>,
+    /// `[[preprocess]]`: the model's features, one chain of operators per entry
+    /// (`docs/preprocess.md`). Empty: the default Criteo graph (`ln(1 + max(x, 0))` for
+    /// `I1..I13`, `C1..C26` as they are).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub preprocess: Vec<elastrec_preprocess::FeatureSpec>,
 }
 
 /// Data source: a directory of Criteo-layout day files.
@@ -621,13 +626,25 @@ impl JobConfig {
                 ));
             }
         }
+        let (dense_width, sparse_width) = match crate::prepare::feature_plan(self) {
+            Ok(Some(plan)) => (plan.dense_width(), plan.sparse_width()),
+            Ok(None) => (elastrec_data::NUM_DENSE, elastrec_data::NUM_SPARSE),
+            Err(e) => return Err(bad("preprocess", e.to_string())),
+        };
+        if dense_width == 0 {
+            return Err(bad(
+                "preprocess",
+                "no entry produces a dense feature, and the bottom MLP needs at least one: \
+                 end a chain with floats (log1p, cast(float), onehot, ...)"
+                    .into(),
+            ));
+        }
         if let TableRows::PerTable(v) = &m.table_rows {
-            if v.len() != elastrec_data::NUM_SPARSE {
+            if v.len() != sparse_width {
                 return Err(bad(
                     "model.table_rows",
                     format!(
-                        "a list needs {} entries (one per categorical feature), got {}",
-                        elastrec_data::NUM_SPARSE,
+                        "a list needs {sparse_width} entries (one per sparse feature column), got {}",
                         v.len()
                     ),
                 ));
@@ -864,7 +881,7 @@ mod tests {
             "model.adapt_mlp"
         );
         let mtrm = parse(&format!("{ok}[model]\nadapt_mlp = [8, 1]\n")).unwrap();
-        assert_eq!(crate::prepare::dense_config(&mtrm.model).adapt, vec![8, 1]);
+        assert_eq!(crate::prepare::dense_config(&mtrm).adapt, vec![8, 1]);
     }
 
     #[test]

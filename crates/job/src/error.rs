@@ -7,6 +7,9 @@ use std::path::PathBuf;
 /// Errors of a job's data and of the run directory's files.
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
+    /// The job's `[[preprocess]]` graph does not compile.
+    #[error(transparent)]
+    Preprocess(#[from] elastrec_preprocess::PreprocessError),
     /// Reading or generating data failed (bad rows name file, line and field).
     #[error(transparent)]
     Data(#[from] elastrec_data::DataError),

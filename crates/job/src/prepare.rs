@@ -4,13 +4,15 @@
 //! embedding tables and its dense model.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use elastrec_data::{GenSpec, OutputFormat, NUM_DENSE, NUM_SPARSE};
+use elastrec_data::{BatchReader, GenSpec, OutputFormat, NUM_DENSE, NUM_SPARSE};
 use elastrec_embedding::capped_rows;
 use elastrec_model::{DenseDlrm, DlrmConfig};
+use elastrec_preprocess::{Plan, PreprocessedReader};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::config::{JobConfig, ModelConfig, TableRows};
+use crate::config::{JobConfig, TableRows};
 use crate::error::{JobError, Result};
 
 /// Rows per table when neither the job nor a data report says otherwise.
@@ -78,13 +80,81 @@ pub const ROWS_PER_VALUE: u64 = 4;
 /// Smallest auto-sized table: tiny vocabularies get room so their values never collide.
 pub const MIN_AUTO_ROWS: u64 = 1024;
 
+/// The job's compiled `[[preprocess]]` graph; `None` for the default Criteo graph, which
+/// the readers apply themselves (bit for bit the same, without a second pass).
+pub fn feature_plan(job: &JobConfig) -> Result<Option<Arc<Plan>>> {
+    if job.preprocess.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Arc::new(Plan::compile(&job.preprocess)?)))
+}
+
+/// Dense and sparse columns per row of the job's batches.
+pub fn feature_widths(job: &JobConfig) -> (usize, usize) {
+    match feature_plan(job) {
+        Ok(Some(plan)) => (plan.dense_width(), plan.sparse_width()),
+        // A graph that does not compile was refused when the job file was loaded.
+        _ => (NUM_DENSE, NUM_SPARSE),
+    }
+}
+
+/// Opens `path` (rows `start..end`) through the job's `[[preprocess]]` plan, when it has
+/// one ([`feature_plan`]).
+pub fn open_job_reader(
+    plan: Option<&Arc<Plan>>,
+    path: &std::path::Path,
+    start: u64,
+    end: u64,
+    policy: elastrec_data::BadRowPolicy,
+) -> elastrec_data::Result<Box<dyn BatchReader>> {
+    let reader = elastrec_data::open_reader_range(path, start, end, policy)?;
+    Ok(preprocessed(reader, plan))
+}
+
+/// `reader` through `plan` when there is one.
+pub fn preprocessed(
+    reader: Box<dyn BatchReader>,
+    plan: Option<&Arc<Plan>>,
+) -> Box<dyn BatchReader> {
+    match plan {
+        Some(plan) => Box::new(PreprocessedReader::new(reader, Arc::clone(plan))),
+        None => reader,
+    }
+}
+
 /// Per-table row counts for a job: explicit, or sized from the data's `report.json` as
 /// `min(max_table_rows, max(ROWS_PER_VALUE · cardinality, MIN_AUTO_ROWS))`.
+///
+/// With a `[[preprocess]]` graph, `auto` sizes each sparse column from its entry: its
+/// `rows` when given, else the ids its chain can produce (a `sigrid_hash` mod, a bucket
+/// count) as a cardinality, else the report's cardinality of the raw `C` column it
+/// keeps, else the default size.
 pub fn resolve_table_rows(job: &JobConfig) -> Vec<u64> {
     let cap = job.model.max_table_rows;
+    let sparse = feature_widths(job).1;
     match &job.model.table_rows {
-        TableRows::All(n) => vec![(*n).min(cap); NUM_SPARSE],
+        TableRows::All(n) => vec![(*n).min(cap); sparse],
         TableRows::PerTable(v) => capped_rows(v, cap),
+        TableRows::Auto if !job.preprocess.is_empty() => {
+            let Ok(Some(plan)) = feature_plan(job) else {
+                return vec![DEFAULT_TABLE_ROWS.min(cap); sparse];
+            };
+            let report = elastrec_data::gen::read_report(&job.data.dir).ok();
+            let sized = |c: u64| c.saturating_mul(ROWS_PER_VALUE).max(MIN_AUTO_ROWS).min(cap);
+            plan.table_sizes()
+                .into_iter()
+                .map(|t| {
+                    let from_data = t
+                        .raw_column
+                        .and_then(|c| report.as_ref()?.cardinalities.get(c).copied());
+                    match (t.rows, t.cardinality.or(from_data)) {
+                        (Some(rows), _) => rows.min(cap),
+                        (None, Some(c)) => sized(c),
+                        (None, None) => DEFAULT_TABLE_ROWS.min(cap),
+                    }
+                })
+                .collect()
+        }
         TableRows::Auto => match elastrec_data::gen::read_report(&job.data.dir) {
             Ok(report) if report.cardinalities.len() == NUM_SPARSE => {
                 let sized: Vec<u64> = report
@@ -99,17 +169,19 @@ pub fn resolve_table_rows(job: &JobConfig) -> Vec<u64> {
     }
 }
 
-/// The dense DLRM configuration of a job's model section: 13 dense inputs in front of the
-/// bottom MLP, one embedding vector per categorical feature. Every process (trainer,
-/// parameter server, worker) builds its dense model from this, so shapes and initial
-/// values agree.
-pub fn dense_config(m: &ModelConfig) -> DlrmConfig {
-    let mut bottom = vec![NUM_DENSE];
+/// The dense DLRM configuration of a job: its dense features (13 by default) in front of
+/// the bottom MLP, one embedding vector per sparse feature column (26 by default). Every
+/// process (trainer, parameter server, worker) builds its dense model from this, so
+/// shapes and initial values agree.
+pub fn dense_config(job: &JobConfig) -> DlrmConfig {
+    let m = &job.model;
+    let (dense, sparse) = feature_widths(job);
+    let mut bottom = vec![dense];
     bottom.extend_from_slice(&m.bottom_mlp);
     DlrmConfig {
         bottom,
         top: m.top_mlp.clone(),
-        num_tables: NUM_SPARSE,
+        num_tables: sparse,
         embedding_dim: m.embedding_dim,
         interaction: m.interaction,
         seed: m.seed,
@@ -119,7 +191,7 @@ pub fn dense_config(m: &ModelConfig) -> DlrmConfig {
 
 /// Builds the dense DLRM of a job (same shapes and seed as the single-process trainer).
 pub fn dense_model(job: &JobConfig) -> anyhow::Result<DenseDlrm> {
-    Ok(DenseDlrm::new(dense_config(&job.model))?)
+    Ok(DenseDlrm::new(dense_config(job))?)
 }
 
 /// The progress bar of a long step of a job (`what` names it), drawn on stderr when

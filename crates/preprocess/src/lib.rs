@@ -7,10 +7,12 @@
 //! - [`plan`]: a graph compiled into a fused, cache-blocked [`Plan`];
 //! - [`kernels`]: the per-column passes the plan runs;
 //! - [`reader`]: any reader of raw rows through a plan;
+//! - [`materialize`]: preprocessed features written to Parquet (`elastrec preprocess`);
 //! - [`types`]: value types and how a null is held.
 
 pub mod error;
 pub mod kernels;
+pub mod materialize;
 pub mod ops;
 pub mod plan;
 pub mod reader;
@@ -20,7 +22,7 @@ pub mod types;
 
 pub use error::{PreprocessError, Result};
 pub use ops::Op;
-pub use plan::{Feature, FeatureKind, Plan, Scratch, BLOCK_ROWS};
+pub use plan::{Feature, FeatureKind, Plan, Scratch, TableSize, BLOCK_ROWS};
 pub use reader::PreprocessedReader;
 pub use spec::{default_graph, FeatureSpec, Input};
 pub use types::{ValueType, NULL_ID, NULL_INT};

@@ -49,10 +49,28 @@ pub struct Feature {
     pub kind: FeatureKind,
     /// Model inputs it occupies: dense columns, or embedding tables.
     pub width: usize,
-    /// Sparse: table rows, from the entry's `rows` or what the chain bounds the ids to.
+    /// Sparse: the entry's `rows`.
     pub rows: Option<u64>,
+    /// Sparse: how many distinct ids the chain can produce (a `sigrid_hash` mod, a
+    /// bucket count), when it bounds them.
+    pub cardinality: Option<u64>,
+    /// Sparse: the raw categorical column (0-based) whose ids the feature keeps
+    /// unchanged, if it is one.
+    #[serde(skip)]
+    pub raw_column: Option<usize>,
     /// Its type at the end of the chain.
     pub output: String,
+}
+
+/// What sizes one sparse column's embedding table, most binding first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableSize {
+    /// The entry's `rows`.
+    pub rows: Option<u64>,
+    /// The ids the chain can produce.
+    pub cardinality: Option<u64>,
+    /// The raw `C` column (0-based) whose ids it keeps.
+    pub raw_column: Option<usize>,
 }
 
 /// An input column of the Criteo layout.
@@ -211,15 +229,23 @@ impl Plan {
         let mut features = Vec::new();
         let (mut dense_out, mut sparse_out) = (Vec::new(), Vec::new());
         let mut names = HashMap::new();
-        for (i, spec) in specs.iter().enumerate() {
+        let expanded =
+            crate::spec::expand(specs).map_err(|(entry, reason)| PreprocessError::Entry {
+                entry,
+                name: specs[entry - 1].display_name(),
+                op: None,
+                reason,
+            })?;
+        for (entry, spec) in &expanded {
+            let (entry, spec) = (*entry, spec);
             let name = spec.display_name();
             let entry_err = |op: Option<(usize, &str)>, reason: String| PreprocessError::Entry {
-                entry: i + 1,
+                entry,
                 name: name.clone(),
                 op: op.map(|(j, t)| format!("op {} `{t}`", j + 1)),
                 reason,
             };
-            if let Some(first) = names.insert(name.clone(), i + 1) {
+            if let Some(first) = names.insert(name.clone(), entry) {
                 return Err(entry_err(
                     None,
                     format!("entry {first} has the same name; give one of them a `name`"),
@@ -257,11 +283,20 @@ impl Plan {
                 slots.push(slot);
             }
             let mut rows: Option<u64> = None;
+            // A raw categorical column whose ids no op changes: its table can be sized
+            // from the data's cardinality of that column.
+            let mut raw_column = match (&spec.input, cols[0]) {
+                (crate::spec::Input::One(_), Column::Cat(c)) => Some(c),
+                _ => None,
+            };
             let mut chain = Vec::new();
             for (j, text) in spec.ops.iter().enumerate() {
                 let op = Op::parse(text).map_err(|e| entry_err(Some((j, text)), e))?;
                 let out = op.output(ty).map_err(|e| entry_err(Some((j, text)), e))?;
                 rows = op.cardinality(rows);
+                if !matches!(op, Op::FillNull(_) | Op::FirstX(_)) {
+                    raw_column = None;
+                }
                 let (kernel, new_slots) = lower(&op, ty, out, &slots, &mut b);
                 if let Some(kernel) = kernel {
                     chain.push(Member {
@@ -306,10 +341,12 @@ impl Plan {
                 name,
                 kind,
                 width: ty.width(),
-                rows: match kind {
-                    FeatureKind::Sparse => spec.rows.or(rows),
+                rows: spec.rows,
+                cardinality: match kind {
+                    FeatureKind::Sparse => rows,
                     FeatureKind::Dense => None,
                 },
+                raw_column,
                 output: ty.to_string(),
             });
             chains.push(chain);
@@ -342,12 +379,19 @@ impl Plan {
         self.sparse_out.len()
     }
 
-    /// Table rows per sparse column, where the chain or the entry bounds them.
-    pub fn table_rows(&self) -> Vec<Option<u64>> {
+    /// Per sparse column: what sizes its embedding table.
+    pub fn table_sizes(&self) -> Vec<TableSize> {
         self.features
             .iter()
             .filter(|f| f.kind == FeatureKind::Sparse)
-            .flat_map(|f| std::iter::repeat_n(f.rows, f.width))
+            .flat_map(|f| {
+                let size = TableSize {
+                    rows: f.rows,
+                    cardinality: f.cardinality,
+                    raw_column: f.raw_column,
+                };
+                std::iter::repeat_n(size, f.width)
+            })
             .collect()
     }
 
@@ -770,12 +814,49 @@ mod tests {
         .unwrap();
         assert_eq!(plan.dense_width(), 3);
         assert_eq!(plan.sparse_width(), 4);
+        let sizes: Vec<_> = plan
+            .table_sizes()
+            .iter()
+            .map(|t| (t.rows, t.cardinality, t.raw_column))
+            .collect();
         assert_eq!(
-            plan.table_rows(),
-            vec![Some(4), Some(1000), Some(1000), Some(77)]
+            sizes,
+            vec![
+                (None, Some(4), None),
+                (None, Some(1000), None),
+                (None, Some(1000), None),
+                (Some(77), None, Some(3))
+            ]
         );
         assert_eq!(plan.features()[2].name, "cross");
         assert_eq!(plan.features()[2].output, "ids(2)");
+    }
+
+    #[test]
+    fn a_column_range_makes_one_feature_per_column() {
+        let plan = Plan::compile(&[
+            spec("I2..I4", &["fill_null(0)", "log1p"]),
+            spec("C1..C2", &[]),
+        ])
+        .unwrap();
+        let names: Vec<&str> = plan.features().iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, vec!["I2", "I3", "I4", "C1", "C2"]);
+        assert_eq!((plan.dense_width(), plan.sparse_width()), (3, 2));
+        let e = Plan::compile(&[spec("C1", &[]), spec("I4..I2", &["log1p"])])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("[[preprocess]] entry 2 (I4..I2): `I4..I2` is not a column range"),
+            "{e}"
+        );
+        // Entry numbers stay those of the job file after a range is expanded.
+        let e = Plan::compile(&[spec("C1..C3", &[]), spec("I1", &["frob"])])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("[[preprocess]] entry 2 (I1), op 1 `frob`"),
+            "{e}"
+        );
     }
 
     #[test]

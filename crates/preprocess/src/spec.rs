@@ -28,7 +28,8 @@ pub struct FeatureSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Input {
-    /// One column.
+    /// One column, or a range of columns (`"I1..I13"`): one feature per column, each
+    /// through the same chain and named by its column.
     One(String),
     /// Several columns, read as a list of ids.
     Many(Vec<String>),
@@ -51,6 +52,58 @@ impl FeatureSpec {
             .clone()
             .unwrap_or_else(|| self.input.columns().join("_"))
     }
+}
+
+/// A range `"I1..I13"`: the prefix and the first and last numbers.
+fn range_of(input: &str) -> Option<Result<(char, usize, usize), String>> {
+    let (a, b) = input.split_once("..")?;
+    let parse = |t: &str| {
+        let mut chars = t.chars();
+        let prefix = chars.next()?;
+        chars.as_str().parse::<usize>().ok().map(|n| (prefix, n))
+    };
+    Some(match (parse(a), parse(b)) {
+        (Some((p, lo)), Some((q, hi))) if p == q && lo <= hi => Ok((p, lo, hi)),
+        _ => Err(format!(
+            "`{input}` is not a column range; write it like \"I1..I13\" (same letter, \
+             first <= last)"
+        )),
+    })
+}
+
+/// The entries with every column range expanded: `(entry number (1-based), entry)`.
+pub fn expand(specs: &[FeatureSpec]) -> Result<Vec<(usize, FeatureSpec)>, (usize, String)> {
+    let mut out = Vec::new();
+    for (i, spec) in specs.iter().enumerate() {
+        let range = match &spec.input {
+            Input::One(c) => range_of(c),
+            Input::Many(_) => None,
+        };
+        match range {
+            None => out.push((i + 1, spec.clone())),
+            Some(Err(e)) => return Err((i + 1, e)),
+            Some(Ok((prefix, lo, hi))) => {
+                if spec.name.is_some() || spec.rows.is_some() {
+                    return Err((
+                        i + 1,
+                        "a column range makes one feature per column, named by its column: \
+                         it takes no `name` or `rows`"
+                            .into(),
+                    ));
+                }
+                out.extend((lo..=hi).map(|n| {
+                    (
+                        i + 1,
+                        FeatureSpec {
+                            input: Input::One(format!("{prefix}{n}")),
+                            ..spec.clone()
+                        },
+                    )
+                }));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The default graph: `I1..I13` through `fill_null(0) → clamp(min=0) → log1p` (the

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use elastrec_data::{Batch, BatchReader, NUM_DENSE, NUM_SPARSE};
+use elastrec_data::{Batch, BatchReader};
 use elastrec_job::config::JobConfig;
 use elastrec_job::register::register_node;
 use elastrec_proto::executor::data_executor_server::{DataExecutor, DataExecutorServer};
@@ -55,6 +55,8 @@ struct Counters {
 
 struct Executor {
     job: JobConfig,
+    /// The job's `[[preprocess]]` plan: executors serve preprocessed batches.
+    plan: Option<Arc<elastrec_preprocess::Plan>>,
     files: TaskFiles,
     /// Open readers by (file index, position).
     cursors: Mutex<HashMap<(u32, u64), Cursor>>,
@@ -118,7 +120,8 @@ impl Executor {
                     ..Default::default()
                 };
                 let (path, _) = self.files.resolve(&task)?;
-                let reader = elastrec_data::open_reader_range(
+                let reader = elastrec_job::prepare::open_job_reader(
+                    self.plan.as_ref(),
                     &path,
                     req.start_row,
                     req.end_row,
@@ -252,6 +255,7 @@ pub async fn run_executor(args: WorkerArgs) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
     let executor = Arc::new(Executor {
         files: TaskFiles::of_blocking(&job).await?,
+        plan: elastrec_job::prepare::feature_plan(&job)?,
         job: job.clone(),
         cursors: Mutex::new(HashMap::new()),
         counters: Counters::default(),
@@ -301,12 +305,17 @@ pub async fn run_executor(args: WorkerArgs) -> anyhow::Result<()> {
 
 /// Checks a read's answer before a worker trains on it: sizes from the wire are never
 /// trusted.
-pub(crate) fn check_response(r: &ReadResponse, max_rows: u32, left: u64) -> anyhow::Result<()> {
+pub(crate) fn check_response(
+    r: &ReadResponse,
+    max_rows: u32,
+    left: u64,
+    (dense_width, sparse_width): (usize, usize),
+) -> anyhow::Result<()> {
     let n = r.labels.len();
     anyhow::ensure!(
         n <= max_rows as usize
-            && r.dense.len() == n * NUM_DENSE
-            && r.sparse.len() == n * NUM_SPARSE
+            && r.dense.len() == n * dense_width
+            && r.sparse.len() == n * sparse_width
             && r.rows_consumed >= n as u64 + r.rows_skipped
             && r.rows_consumed <= left
             && (n == 0 || r.rows_consumed > 0),
@@ -322,9 +331,10 @@ pub(crate) fn check_response(r: &ReadResponse, max_rows: u32, left: u64) -> anyh
 mod tests {
     use super::*;
     use crate::executor_reader::{ExecutorReader, Executors};
-    use elastrec_data::BadRowPolicy;
+    use elastrec_data::{BadRowPolicy, NUM_DENSE, NUM_SPARSE};
 
     const TOKEN: &str = "executortesttoken";
+    const CRITEO: (usize, usize) = (NUM_DENSE, NUM_SPARSE);
 
     /// `rows` Criteo lines, the 7th malformed (a letter in an integer field).
     fn write_data(dir: &std::path::Path, rows: usize) -> std::path::PathBuf {
@@ -362,6 +372,7 @@ mod tests {
     fn start(job: &JobConfig) -> (String, impl Fn()) {
         let executor = Arc::new(Executor {
             files: TaskFiles::of(job).unwrap(),
+            plan: elastrec_job::prepare::feature_plan(job).unwrap(),
             job: job.clone(),
             cursors: Mutex::new(HashMap::new()),
             counters: Counters::default(),
@@ -438,6 +449,7 @@ mod tests {
             from,
             end,
             BadRowPolicy::Skip,
+            None,
             0,
         );
         let got = tokio::task::block_in_place(|| {
@@ -479,6 +491,7 @@ mod tests {
             0,
             300,
             BadRowPolicy::Skip,
+            None,
             0,
         );
         let mut got = Batch::default();
@@ -514,16 +527,16 @@ mod tests {
             rows_skipped: 1,
             prefetched: false,
         };
-        assert!(check_response(&ok, 2, 10).is_ok());
+        assert!(check_response(&ok, 2, 10, CRITEO).is_ok());
         assert!(
-            check_response(&ok, 1, 10).is_err(),
+            check_response(&ok, 1, 10, CRITEO).is_err(),
             "more samples than asked"
         );
-        assert!(check_response(&ok, 2, 2).is_err(), "past the range");
+        assert!(check_response(&ok, 2, 2, CRITEO).is_err(), "past the range");
         let short = ReadResponse {
             dense: vec![0.0; NUM_DENSE],
             ..ok.clone()
         };
-        assert!(check_response(&short, 2, 10).is_err());
+        assert!(check_response(&short, 2, 10, CRITEO).is_err());
     }
 }

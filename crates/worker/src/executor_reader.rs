@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use elastrec_data::{BadRowPolicy, Batch, BatchReader, ReadStats};
+use elastrec_data::{BadRowPolicy, Batch, BatchReader, ReadStats, NUM_DENSE, NUM_SPARSE};
 use elastrec_proto::executor::ReadRequest;
 use elastrec_rpc as rpc;
 use parking_lot::Mutex;
@@ -60,6 +60,11 @@ pub(crate) struct ExecutorReader {
     at: u64,
     end: u64,
     policy: BadRowPolicy,
+    /// The job's `[[preprocess]]` plan: the executors apply it, and so does this reader
+    /// when it reads the file itself.
+    plan: Option<Arc<elastrec_preprocess::Plan>>,
+    /// Dense and sparse columns per sample of the job's batches.
+    widths: (usize, usize),
     /// Which executor to ask first (spreads workers over them).
     first: usize,
     /// Connections by address.
@@ -80,9 +85,15 @@ impl ExecutorReader {
         from: u64,
         end: u64,
         policy: BadRowPolicy,
+        plan: Option<Arc<elastrec_preprocess::Plan>>,
         worker: u32,
     ) -> Self {
+        let widths = plan.as_ref().map_or((NUM_DENSE, NUM_SPARSE), |p| {
+            (p.dense_width(), p.sparse_width())
+        });
         Self {
+            plan,
+            widths,
             executors,
             file,
             file_index,
@@ -128,7 +139,7 @@ impl ExecutorReader {
             .block_on(async move { client.read(req).await })
             .map_err(|s| anyhow::anyhow!("executor {addr}: {}", s.message()))?
             .into_inner();
-        check_response(&r, max_rows, self.end - self.at)?;
+        check_response(&r, max_rows, self.end - self.at, self.widths)?;
         Ok(r)
     }
 }
@@ -139,6 +150,7 @@ impl BatchReader for ExecutorReader {
             return read_counted(local.as_mut(), batch, max_rows, &mut self.stats);
         }
         batch.clear();
+        (batch.dense_width, batch.sparse_width) = self.widths;
         if self.at >= self.end {
             return Ok(0);
         }
@@ -178,7 +190,13 @@ impl BatchReader for ExecutorReader {
             "worker {}: no data executor answered ({why}); reading {} from row {} itself",
             self.worker, self.file, self.at
         );
-        let reader = elastrec_data::open_reader_range(&self.path, self.at, self.end, self.policy)?;
+        let reader = elastrec_job::prepare::open_job_reader(
+            self.plan.as_ref(),
+            &self.path,
+            self.at,
+            self.end,
+            self.policy,
+        )?;
         let local = self.local.insert(reader);
         read_counted(local.as_mut(), batch, max_rows, &mut self.stats)
     }

@@ -4,7 +4,8 @@
 //! ```text
 //! "ELASTREC-MODEL\0\0"         16-byte magic
 //! u32 format version (1)
-//! u64 header length, header    JSON: the job's model/optimizer config and table rows
+//! u64 header length, header    JSON: the job's model/optimizer config, table rows and
+//!                              [[preprocess]] graph (absent: the default graph)
 //! u64 dense length, f32 × len  the dense parameters (flat, DenseDlrm layout)
 //! u32 tables, then per table: u64 length, TableSnapshot bytes (rows, weights, state)
 //! u64 xxh3-64 of every byte before it
@@ -33,6 +34,10 @@ struct Header {
     optimizer: OptimizerConfig,
     table_rows: Vec<u64>,
     dense_params: usize,
+    /// The job's `[[preprocess]]` graph, which a reader of the model applies to raw rows;
+    /// absent for the default graph (files written before it existed read the same).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    preprocess: Vec<elastrec_preprocess::FeatureSpec>,
 }
 
 /// Writes through a hasher so the trailing checksum needs no second pass.
@@ -70,6 +75,7 @@ fn write_model(model: &Dlrm, job: &JobConfig, path: &Path, out: &mut dyn Write) 
         optimizer: job.optimizer.clone(),
         table_rows: model.embeddings.config().rows.clone(),
         dense_params: model.dense.num_params(),
+        preprocess: job.preprocess.clone(),
     };
     let header = serde_json::to_vec(&header).expect("header serializes");
     w.write_all(MAGIC).map_err(io)?;
@@ -125,8 +131,12 @@ pub fn load(path: &Path) -> Result<(Dlrm, JobConfig)> {
     let job = JobConfig {
         model: header.model,
         optimizer: header.optimizer,
+        preprocess: header.preprocess,
         ..JobConfig::default()
     };
+    if let Err(e) = elastrec_job::prepare::feature_plan(&job) {
+        return Err(bad(format!("header: its [[preprocess]] graph: {e}")));
+    }
     let mut model = Dlrm::new(&job, header.table_rows)?;
     let n = read_len(&mut r, "dense parameters").map_err(bad)?;
     if n != model.dense.num_params() || n != header.dense_params {

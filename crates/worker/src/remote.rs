@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use elastrec_data::{Batch, BatchReader, NUM_SPARSE};
+use elastrec_data::{Batch, BatchReader};
 use elastrec_embedding::{row_of, shard_of};
 use elastrec_job::distributed::SyncMode;
 use elastrec_job::prepare::{dense_model, resolve_table_rows};
@@ -300,7 +300,7 @@ impl RemoteModel {
         let batch = job.train.batch_size;
         let mut me = Self {
             ws: dense.workspace(batch),
-            emb: vec![0.0; batch * NUM_SPARSE * job.model.embedding_dim],
+            emb: vec![0.0; batch * dense.config().num_tables * job.model.embedding_dim],
             table_rows: resolve_table_rows(job),
             dim: job.model.embedding_dim,
             slices: Vec::new(),
@@ -452,8 +452,9 @@ impl RemoteModel {
         let mut per_ps: Vec<(Vec<u32>, Vec<u64>)> = vec![(Vec::new(), Vec::new()); p];
         let mut index: Vec<HashMap<(u32, u64), u32>> = vec![HashMap::new(); p];
         let mut slot = Vec::with_capacity(batch.sparse.len());
+        let tables = self.dense.config().num_tables;
         for (i, &id) in batch.sparse.iter().enumerate() {
-            let t = i % NUM_SPARSE;
+            let t = i % tables;
             let row = row_of(t, id, self.table_rows[t]);
             let s = shard_of(t, row, p as u32) as usize;
             let k = *index[s].entry((t as u32, row)).or_insert_with(|| {
@@ -592,7 +593,7 @@ impl RemoteModel {
     /// (an MTRM trains its adapt tower on those, its memory tower on history files).
     fn compute(&mut self, batch: &Batch, stream: bool) -> anyhow::Result<f32> {
         let n = batch.len();
-        let emb = &self.emb[..n * NUM_SPARSE * self.dim];
+        let emb = &self.emb[..n * self.dense.config().num_tables * self.dim];
         let tower = self.dense.tower_for(stream);
         Ok(self.dense.forward_backward_tower(
             &batch.dense,
@@ -768,7 +769,7 @@ impl RemoteModel {
             self.pull(&routing).await?;
             let n = b.len();
             probs.resize(n, 0.0);
-            let emb = &self.emb[..n * NUM_SPARSE * self.dim];
+            let emb = &self.emb[..n * self.dense.config().num_tables * self.dim];
             self.dense
                 .predict(&b.dense, emb, &mut self.ws, &mut probs)?;
             acc.push(&probs, &b.labels);
@@ -1120,6 +1121,7 @@ fn open_task(
     worker: u32,
 ) -> anyhow::Result<(String, u32, Box<dyn BatchReader>)> {
     let policy = job.data.on_bad_row;
+    let plan = elastrec_job::prepare::feature_plan(job)?;
     // A mixture job's tasks name either a partition or one of its history files.
     let partition = job.stream.as_ref().and_then(|cfg| {
         elastrec_stream::PartitionId::parse(&task.file).filter(|p| cfg.topics.contains(&p.topic))
@@ -1145,7 +1147,8 @@ fn open_task(
         }
         let input = stream.as_ref().expect("made above");
         let reader = input.range(&partition, from, task.end_row, policy)?;
-        return Ok((task.file.clone(), task.file_index, Box::new(reader)));
+        let reader = elastrec_job::prepare::preprocessed(Box::new(reader), plan.as_ref());
+        return Ok((task.file.clone(), task.file_index, reader));
     }
     let (path, index) = files.resolve(task)?;
     if executors.any() {
@@ -1158,11 +1161,13 @@ fn open_task(
             from,
             task.end_row,
             policy,
+            plan,
             worker,
         );
         return Ok((task.file.clone(), index, Box::new(reader)));
     }
-    let reader = elastrec_data::open_reader_range(&path, from, task.end_row, policy)?;
+    let reader =
+        elastrec_job::prepare::open_job_reader(plan.as_ref(), &path, from, task.end_row, policy)?;
     Ok((task.file.clone(), index, reader))
 }
 

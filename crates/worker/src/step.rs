@@ -1,7 +1,7 @@
 //! One DLRM training step: gather embeddings → dense forward/backward → dense optimizer
 //! step and sparse row updates. Every buffer is allocated once for the maximum batch.
 
-use elastrec_data::{Batch, NUM_SPARSE};
+use elastrec_data::Batch;
 use elastrec_embedding::{EmbeddingConfig, EmbeddingStore, UpdateScratch};
 use elastrec_job::config::JobConfig;
 use elastrec_job::prepare::dense_config;
@@ -22,7 +22,7 @@ impl Dlrm {
     /// given per-table row counts.
     pub fn new(job: &JobConfig, table_rows: Vec<u64>) -> Result<Self> {
         let m = &job.model;
-        let dense = DenseDlrm::new(dense_config(m))?;
+        let dense = DenseDlrm::new(dense_config(job))?;
         let embeddings = EmbeddingStore::new(EmbeddingConfig {
             dim: m.embedding_dim,
             rows: table_rows,
@@ -35,6 +35,11 @@ impl Dlrm {
     /// Embedding dimension.
     pub fn dim(&self) -> usize {
         self.embeddings.dim()
+    }
+
+    /// Embedding vectors per sample: one per sparse feature column.
+    pub fn tables(&self) -> usize {
+        self.dense.config().num_tables
     }
 }
 
@@ -49,14 +54,14 @@ impl Predictor {
     pub fn new(model: &Dlrm, max_batch: usize) -> Self {
         Self {
             ws: model.dense.workspace(max_batch),
-            emb: vec![0.0; max_batch * NUM_SPARSE * model.dim()],
+            emb: vec![0.0; max_batch * model.tables() * model.dim()],
         }
     }
 
     /// Writes click probabilities of `batch` into `probs` (resized to the batch length).
     pub fn predict(&mut self, model: &Dlrm, batch: &Batch, probs: &mut Vec<f32>) -> Result<()> {
         let n = batch.len();
-        let emb = &mut self.emb[..n * NUM_SPARSE * model.dim()];
+        let emb = &mut self.emb[..n * model.tables() * model.dim()];
         model.embeddings.gather(&batch.sparse, emb)?;
         probs.resize(n, 0.0);
         model
@@ -82,7 +87,7 @@ impl TrainStep {
     pub fn new(model: Dlrm, dense_opt: &DenseOptimizerConfig, max_batch: usize) -> Self {
         let dense_opt = dense_opt.build(model.dense.num_params());
         let ws = model.dense.workspace(max_batch);
-        let emb = vec![0.0; max_batch * NUM_SPARSE * model.dim()];
+        let emb = vec![0.0; max_batch * model.tables() * model.dim()];
         Self {
             model,
             dense_opt,
@@ -111,7 +116,7 @@ impl TrainStep {
     /// Trains on one batch; returns its mean log loss (before the update).
     pub fn train_batch(&mut self, batch: &Batch) -> Result<f32> {
         let n = batch.len();
-        let emb = &mut self.emb[..n * NUM_SPARSE * self.model.dim()];
+        let emb = &mut self.emb[..n * self.model.tables() * self.model.dim()];
         self.model.embeddings.gather(&batch.sparse, emb)?;
         let loss =
             self.model

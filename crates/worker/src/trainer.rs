@@ -12,7 +12,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::time::Instant;
 
 pub use elastrec_common::EvalResult;
-use elastrec_data::{Batch, BatchReader, ReadStats, NUM_SPARSE};
+use elastrec_data::{Batch, BatchReader, ReadStats};
 use elastrec_job::config::JobConfig;
 use elastrec_job::prepare::{count_train_rows, ensure_data, progress_bar, resolve_table_rows};
 use elastrec_job::JobError;
@@ -66,8 +66,10 @@ pub fn load_eval_set(
     stats: &mut ReadStats,
 ) -> Result<Vec<Batch>> {
     let mut batches = Vec::new();
+    let plan = elastrec_job::prepare::feature_plan(job)?;
     for f in files {
-        let mut reader = elastrec_data::open_reader(f, job.data.on_bad_row)?;
+        let reader = elastrec_data::open_reader(f, job.data.on_bad_row)?;
+        let mut reader = elastrec_job::prepare::preprocessed(reader, plan.as_ref());
         loop {
             let mut b = Batch::with_capacity(job.train.batch_size);
             if reader.next_batch(&mut b, job.train.batch_size)? == 0 {
@@ -113,6 +115,8 @@ impl Prefetcher {
                 .expect("receiver alive");
         }
         let policy = job.data.on_bad_row;
+        // Validated when the job file was loaded.
+        let plan = elastrec_job::prepare::feature_plan(job).unwrap_or(None);
         let handle = std::thread::Builder::new()
             .name("elastrec-reader".into())
             .spawn(move || {
@@ -122,7 +126,9 @@ impl Prefetcher {
                 let mut spare: Option<Batch> = None;
                 for f in files {
                     let mut reader = match elastrec_data::open_reader(&f, policy) {
-                        Ok(r) => r,
+                        // Preprocessing runs here, on the reader thread, while the
+                        // trainer's threads compute the previous batch.
+                        Ok(r) => elastrec_job::prepare::preprocessed(r, plan.as_ref()),
                         Err(e) => {
                             let _ = full_tx.send(Err(e.into()));
                             return stats;
@@ -420,9 +426,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
 /// Keeps the first `n` samples of `batch`.
 fn truncate(batch: &mut Batch, n: usize) {
     if batch.len() > n {
-        batch.labels.truncate(n);
-        batch.dense.truncate(n * elastrec_data::NUM_DENSE);
-        batch.sparse.truncate(n * NUM_SPARSE);
+        batch.truncate(n);
     }
 }
 
