@@ -47,6 +47,9 @@ pub struct ExportArgs {
 struct Described {
     model: ModelConfig,
     optimizer: OptimizerConfig,
+    /// Absent for the default graph.
+    #[serde(default)]
+    preprocess: Vec<elastrec_preprocess::FeatureSpec>,
 }
 
 /// Runs `elastrec export`.
@@ -93,6 +96,7 @@ pub async fn export(location: &str, id: Option<u64>, out: &Path) -> anyhow::Resu
     let job = JobConfig {
         model: described.model,
         optimizer: described.optimizer,
+        preprocess: described.preprocess,
         ..JobConfig::default()
     };
     let chain = store.chain(&m).await.with_context(where_)?;

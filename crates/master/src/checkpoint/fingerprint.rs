@@ -16,6 +16,10 @@ pub struct Fingerprint {
     /// more files (its own are a prefix of the job's).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub following: bool,
+    /// The `[[preprocess]]` graph: it decides the model's inputs (and what a row means to
+    /// it). Null for the default graph, so earlier checkpoints keep their digest.
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub preprocess: serde_json::Value,
 }
 
 impl Fingerprint {
@@ -26,6 +30,11 @@ impl Fingerprint {
             optimizer: serde_json::to_value(&job.optimizer).expect("optimizer serializes"),
             files: file_names(files),
             following: job.data.follow,
+            preprocess: if job.preprocess.is_empty() {
+                serde_json::Value::Null
+            } else {
+                serde_json::to_value(&job.preprocess).expect("graph serializes")
+            },
         }
     }
 
@@ -48,6 +57,12 @@ impl Fingerprint {
             return Some(format!(
                 "[optimizer] differs: checkpoint {} vs job {}",
                 other.optimizer, self.optimizer
+            ));
+        }
+        if self.preprocess != other.preprocess {
+            return Some(format!(
+                "[[preprocess]] differs: checkpoint {} vs job {}",
+                other.preprocess, self.preprocess
             ));
         }
         let grown = self.following && self.files.starts_with(&other.files);

@@ -199,4 +199,11 @@ fn fingerprint_names_the_section_that_differs() {
     assert!(a.mismatch(&b).unwrap().contains("[model]"));
     let c = Fingerprint::of(&job, &[("/d/day_0.tsv".to_string(), 99)]);
     assert!(a.mismatch(&c).unwrap().contains("training files"));
+    // The default graph leaves the digest as it was before [[preprocess]] existed; a
+    // graph is part of what a checkpoint belongs to.
+    assert!(!serde_json::to_string(&a).unwrap().contains("preprocess"));
+    let mut graph = job.clone();
+    graph.preprocess = elastrec_preprocess::default_graph();
+    let d = Fingerprint::of(&graph, &files);
+    assert!(a.mismatch(&d).unwrap().contains("[[preprocess]] differs"));
 }
