@@ -36,6 +36,16 @@ pub struct BenchPreprocessArgs {
     /// Where the generated Parquet file is written (default: a temporary directory).
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// Also measure the training step with and without preprocessing on the same
+    /// cores (batches of `--batch-size`; the default model), per placement.
+    #[arg(long)]
+    train: bool,
+    /// `--train`: rows per batch.
+    #[arg(long, default_value_t = 2048)]
+    batch_size: usize,
+    /// `--train`: batches per round.
+    #[arg(long, default_value_t = 60)]
+    batches: usize,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -137,6 +147,10 @@ struct Report {
     polars_version: Option<String>,
     /// elastrec's rows/s over polars' (best rounds).
     ratio: Option<f64>,
+    /// `--train`: the step with and without preprocessing.
+    train: Option<train_overhead::Overhead>,
+    /// `--train`: foreign load while it was measured.
+    train_foreign_load: Option<f64>,
 }
 
 /// Runs the benchmark and prints its report.
@@ -198,7 +212,23 @@ pub fn run(a: BenchPreprocessArgs) -> Result<()> {
         }
         None => (None, None),
     };
+    let (train, train_foreign_load) = if a.train {
+        eprintln!(
+            "training: {} batches of {} rows per round, {} round(s), 3 placements",
+            a.batches, a.batch_size, a.rounds
+        );
+        let probe = LoadProbe::start();
+        let o = train_overhead::measure(&input, a.batch_size, a.batches, a.rounds, a.threads)?;
+        (
+            Some(o),
+            probe.and_then(|p| p.stop()).map(|l| l.foreign_share()),
+        )
+    } else {
+        (None, None)
+    };
     let report = Report {
+        train,
+        train_foreign_load,
         ratio: polars.as_ref().map(|p| p.best_s / ours.best_s),
         elastrec: ours,
         steps: plan
@@ -322,5 +352,240 @@ fn print_report(r: &Report, json: bool) -> Result<()> {
     }
     let steps: Vec<String> = r.steps.iter().map(|(k, n)| format!("{k}×{n}")).collect();
     println!("fused steps: {}", steps.join(", "));
+    if let Some(t) = &r.train {
+        println!(
+            "\ntraining step, {} rows per batch, {} thread(s) (median of rounds; foreign load {}):",
+            t.batch_size,
+            t.threads,
+            load(r.train_foreign_load)
+        );
+        println!(
+            "  {:<44} {:>9.2} ms",
+            "batches preprocessed in advance",
+            t.step_s * 1e3
+        );
+        println!(
+            "  {:<44} {:>9.2} ms  {:>+6.1}%",
+            "plan on the reader thread (overlapped)",
+            t.reader_thread_s * 1e3,
+            t.reader_thread_overhead * 100.0
+        );
+        println!(
+            "  {:<44} {:>9.2} ms  {:>+6.1}%",
+            "plan between steps, on the training threads",
+            t.between_steps_s * 1e3,
+            t.between_steps_overhead * 100.0
+        );
+        println!(
+            "  {:<44} {:>9.2} ms",
+            "one batch through the plan, 1 thread",
+            t.plan_s * 1e3
+        );
+        let costs: Vec<String> = t
+            .costs
+            .iter()
+            .map(|(k, s)| format!("{k} {:.3}", s * 1e3))
+            .collect();
+        println!("  cost model, ms per batch: {}", costs.join(", "));
+    }
     Ok(())
+}
+
+/// `--train`: the training step with and without preprocessing on the same cores.
+mod train_overhead {
+    use std::sync::mpsc::sync_channel;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use anyhow::Result;
+    use elastrec_data::{Batch, RawColumns};
+    use elastrec_job::config::JobConfig;
+    use elastrec_preprocess::{FeatureSpec, Input, Plan};
+    use elastrec_worker::{Dlrm, TrainStep};
+    use serde::Serialize;
+
+    /// Seconds per training step, median of the rounds, per placement.
+    #[derive(Serialize)]
+    pub struct Overhead {
+        pub batch_size: usize,
+        pub batches: usize,
+        pub threads: usize,
+        /// Batches preprocessed in advance: the training step alone.
+        pub step_s: f64,
+        /// The plan on the reader thread, overlapping the step (what `train` does).
+        pub reader_thread_s: f64,
+        /// The plan between steps, on the training threads (no overlap).
+        pub between_steps_s: f64,
+        /// One batch through the plan on one thread.
+        pub plan_s: f64,
+        pub reader_thread_overhead: f64,
+        pub between_steps_overhead: f64,
+        /// The cost model: seconds per batch of each part of the plan (one thread).
+        pub costs: Vec<(String, f64)>,
+    }
+
+    /// The training graph: the graph with the integers as dense inputs
+    /// (`fill_null → clamp → log1p`), as a DLRM needs some.
+    pub fn graph() -> Vec<FeatureSpec> {
+        let mut specs: Vec<FeatureSpec> = (1..=13)
+            .map(|i| FeatureSpec {
+                name: None,
+                input: Input::One(format!("I{i}")),
+                ops: vec![
+                    "fill_null(0)".into(),
+                    "clamp(0, 1e6)".into(),
+                    "log1p".into(),
+                ],
+                rows: None,
+            })
+            .collect();
+        specs.extend((1..=26).map(|j| FeatureSpec {
+            name: None,
+            input: Input::One(format!("C{j}")),
+            ops: vec![format!("sigrid_hash(salt={j}, mod=100000)")],
+            rows: None,
+        }));
+        specs.extend(
+            [("C1", "C2"), ("C3", "C4"), ("C5", "C6")]
+                .iter()
+                .enumerate()
+                .map(|(i, (a, b))| FeatureSpec {
+                    name: None,
+                    input: Input::Many(vec![a.to_string(), b.to_string()]),
+                    ops: vec![
+                        "ngram(2)".into(),
+                        format!("sigrid_hash(salt={}, mod=100000)", 100 + i),
+                    ],
+                    rows: None,
+                }),
+        );
+        specs
+    }
+
+    fn slice(input: &RawColumns, rows: std::ops::Range<usize>) -> RawColumns {
+        RawColumns {
+            labels: input.labels[rows.clone()].to_vec(),
+            ints: input
+                .ints
+                .iter()
+                .map(|c| c[rows.clone()].to_vec())
+                .collect(),
+            cats: input
+                .cats
+                .iter()
+                .map(|c| c[rows.clone()].to_vec())
+                .collect(),
+        }
+    }
+
+    fn median(mut v: Vec<f64>) -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }
+
+    pub fn measure(
+        input: &RawColumns,
+        batch_size: usize,
+        batches: usize,
+        rounds: usize,
+        threads: usize,
+    ) -> Result<Overhead> {
+        let job = JobConfig {
+            preprocess: graph(),
+            ..JobConfig::default()
+        };
+        let plan = Arc::new(Plan::compile(&job.preprocess)?);
+        let batches = batches.min(input.len() / batch_size).max(1);
+        let raws: Vec<RawColumns> = (0..batches)
+            .map(|b| {
+                slice(
+                    input,
+                    b * batch_size..((b + 1) * batch_size).min(input.len()),
+                )
+            })
+            .collect();
+        let ready: Vec<Batch> = raws
+            .iter()
+            .map(|r| {
+                let mut b = Batch::default();
+                plan.run(r, &mut b, &mut plan.scratch());
+                b
+            })
+            .collect();
+        let model = Dlrm::new(&job, elastrec_job::prepare::resolve_table_rows(&job))?;
+        let mut step = TrainStep::new(model, &job.optimizer.dense, batch_size);
+        for b in ready.iter().take(3) {
+            step.train_batch(b)?; // warm up: touch the tables' pages
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()?;
+        let (mut alone, mut reader, mut between) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            // The three placements alternate, so a drift of the machine hits them alike.
+            let t = Instant::now();
+            pool.install(|| {
+                ready
+                    .iter()
+                    .try_for_each(|b| step.train_batch(b).map(|_| ()))
+            })?;
+            alone.push(t.elapsed().as_secs_f64() / batches as f64);
+
+            let t = Instant::now();
+            std::thread::scope(|scope| -> Result<()> {
+                let (tx, rx) = sync_channel::<Batch>(2);
+                let plan = plan.clone();
+                let raws = &raws;
+                scope.spawn(move || {
+                    let mut scratch = plan.scratch();
+                    for r in raws {
+                        let mut b = Batch::default();
+                        plan.run(r, &mut b, &mut scratch);
+                        if tx.send(b).is_err() {
+                            return;
+                        }
+                    }
+                });
+                let step = &mut step;
+                pool.install(move || rx.iter().try_for_each(|b| step.train_batch(&b).map(|_| ())))?;
+                Ok(())
+            })?;
+            reader.push(t.elapsed().as_secs_f64() / batches as f64);
+
+            let t = Instant::now();
+            let mut b = Batch::default();
+            for r in &raws {
+                plan.run_parallel(r, &mut b, threads);
+                pool.install(|| step.train_batch(&b))?;
+            }
+            between.push(t.elapsed().as_secs_f64() / batches as f64);
+        }
+        let t = Instant::now();
+        let mut b = Batch::default();
+        let mut scratch = plan.scratch();
+        for r in &raws {
+            plan.run(r, &mut b, &mut scratch);
+        }
+        let plan_s = t.elapsed().as_secs_f64() / batches as f64;
+        let whole = slice(input, 0..batches * batch_size.min(input.len()));
+        let costs = plan
+            .profile(&whole)
+            .into_iter()
+            .map(|(k, s)| (k, s / batches as f64))
+            .collect();
+        let (step_s, reader_thread_s, between_steps_s) =
+            (median(alone), median(reader), median(between));
+        Ok(Overhead {
+            batch_size,
+            batches,
+            threads,
+            step_s,
+            reader_thread_s,
+            between_steps_s,
+            plan_s,
+            reader_thread_overhead: reader_thread_s / step_s - 1.0,
+            between_steps_overhead: between_steps_s / step_s - 1.0,
+            costs,
+        })
+    }
 }

@@ -452,6 +452,52 @@ impl Plan {
         });
     }
 
+    /// The cost model's measurements (RAP §5): seconds each part of the plan takes over
+    /// all of `input` on this thread, in plan order: `load` (columns into scratch), each
+    /// fused step, `scatter` (scratch into the batch's rows).
+    pub fn profile(&self, input: &RawColumns) -> Vec<(String, f64)> {
+        use std::time::Instant;
+        let mut s = self.scratch();
+        let mut out = Batch::default();
+        self.prepare(input, &mut out);
+        let mut load = 0.0;
+        let mut steps = vec![0.0; self.steps.len()];
+        let mut scatter = 0.0;
+        let (dw, sw) = (self.dense_width(), self.sparse_width());
+        let n_all = input.len();
+        let mut at = 0;
+        while at < n_all {
+            let n = (n_all - at).min(BLOCK_ROWS);
+            let t = Instant::now();
+            self.load_block(input, at, n, &mut s);
+            load += t.elapsed().as_secs_f64();
+            for (step, cost) in self.steps.iter().zip(steps.iter_mut()) {
+                let t = Instant::now();
+                for m in &step.members {
+                    apply(m, &mut s, n);
+                }
+                *cost += t.elapsed().as_secs_f64();
+            }
+            let t = Instant::now();
+            let (d, sp) = (
+                &mut out.dense[at * dw..(at + n) * dw],
+                &mut out.sparse[at * sw..(at + n) * sw],
+            );
+            self.scatter_block(&s, n, d, sp);
+            scatter += t.elapsed().as_secs_f64();
+            at += n;
+        }
+        let mut costs = vec![("load".to_string(), load)];
+        costs.extend(
+            self.steps
+                .iter()
+                .zip(steps)
+                .map(|(st, c)| (format!("{}×{}", st.kind, st.members.len()), c)),
+        );
+        costs.push(("scatter".to_string(), scatter));
+        costs
+    }
+
     fn prepare(&self, input: &RawColumns, out: &mut Batch) {
         let n = input.len();
         out.dense_width = self.dense_width();
@@ -471,47 +517,62 @@ impl Plan {
         sparse: &mut [u64],
         s: &mut Scratch,
     ) {
-        let (dw, sw) = (self.dense_width(), self.sparse_width());
         let mut at = rows.start;
         while at < rows.end {
             let n = (rows.end - at).min(BLOCK_ROWS);
-            let block = at..at + n;
-            for load in &self.loads {
-                match (load.column, load.element) {
-                    (Column::Int(c), Element::Int) => {
-                        s.ints[load.slot][..n].copy_from_slice(&input.ints[c][block.clone()])
-                    }
-                    (Column::Int(c), _) => {
-                        k::int_to_id(&input.ints[c][block.clone()], &mut s.ids[load.slot][..n])
-                    }
-                    (Column::Cat(c), _) => {
-                        s.ids[load.slot][..n].copy_from_slice(&input.cats[c][block.clone()])
-                    }
-                }
-            }
+            self.load_block(input, at, n, s);
             for step in &self.steps {
                 for m in &step.members {
                     apply(m, s, n);
                 }
             }
             let base = at - rows.start;
-            for (c, &slot) in self.dense_out.iter().enumerate() {
-                let col = &s.floats[slot][..n];
-                for (r, &v) in col.iter().enumerate() {
-                    dense[(base + r) * dw + c] = if v.is_nan() { 0.0 } else { v as f32 };
-                }
-            }
-            for (c, &slot) in self.sparse_out.iter().enumerate() {
-                let col = &s.ids[slot][..n];
-                for (r, &v) in col.iter().enumerate() {
-                    sparse[(base + r) * sw + c] = if v == crate::types::NULL_ID {
-                        MISSING_CATEGORY
-                    } else {
-                        v
-                    };
-                }
-            }
+            let (dw, sw) = (self.dense_width(), self.sparse_width());
+            self.scatter_block(
+                s,
+                n,
+                &mut dense[base * dw..(base + n) * dw],
+                &mut sparse[base * sw..(base + n) * sw],
+            );
             at += n;
+        }
+    }
+
+    /// Rows `at..at + n` of the input columns into their scratch columns.
+    fn load_block(&self, input: &RawColumns, at: usize, n: usize, s: &mut Scratch) {
+        let block = at..at + n;
+        for load in &self.loads {
+            match (load.column, load.element) {
+                (Column::Int(c), Element::Int) => {
+                    s.ints[load.slot][..n].copy_from_slice(&input.ints[c][block.clone()])
+                }
+                (Column::Int(c), _) => {
+                    k::int_to_id(&input.ints[c][block.clone()], &mut s.ids[load.slot][..n])
+                }
+                (Column::Cat(c), _) => {
+                    s.ids[load.slot][..n].copy_from_slice(&input.cats[c][block.clone()])
+                }
+            }
+        }
+    }
+
+    /// The block's outputs into its rows of the batch (`dense` and `sparse` hold exactly
+    /// those `n` rows).
+    fn scatter_block(&self, s: &Scratch, n: usize, dense: &mut [f32], sparse: &mut [u64]) {
+        let (dw, sw) = (self.dense_width(), self.sparse_width());
+        for (c, &slot) in self.dense_out.iter().enumerate() {
+            for (r, &v) in s.floats[slot][..n].iter().enumerate() {
+                dense[r * dw + c] = if v.is_nan() { 0.0 } else { v as f32 };
+            }
+        }
+        for (c, &slot) in self.sparse_out.iter().enumerate() {
+            for (r, &v) in s.ids[slot][..n].iter().enumerate() {
+                sparse[r * sw + c] = if v == crate::types::NULL_ID {
+                    MISSING_CATEGORY
+                } else {
+                    v
+                };
+            }
         }
     }
 }
@@ -793,6 +854,24 @@ mod tests {
             plan.steps(),
             vec![("fill_null/int", 2), ("log1p/int", 3), ("sigrid_hash", 2)]
         );
+    }
+
+    #[test]
+    fn the_profile_names_every_part_of_the_plan() {
+        let plan = Plan::compile(&default_graph()).unwrap();
+        let costs = plan.profile(&criteo_rows(2 * BLOCK_ROWS));
+        let names: Vec<&str> = costs.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            vec![
+                "load",
+                "fill_null/int×13",
+                "clamp/int×13",
+                "log1p/int×13",
+                "scatter"
+            ]
+        );
+        assert!(costs.iter().all(|(_, s)| *s >= 0.0 && s.is_finite()));
     }
 
     #[test]
