@@ -240,11 +240,16 @@ pub fn id_to_float(src: &[u64], dst: &mut [f64]) {
     }
 }
 
+/// 2^63 and 2^64, exact in `f64`.
+const TWO_63: f64 = (1u64 << 63) as f64;
+const TWO_64: f64 = 2.0 * TWO_63;
+
 /// `cast(int)` of floats: toward zero; null, NaN and values out of range give null.
 pub fn float_to_int(src: &[f64], dst: &mut [i64]) {
     for (d, &x) in dst.iter_mut().zip(src) {
         let t = x.trunc();
-        *d = if t > -9.223_372_036_854_775_8e18 && t < 9.223_372_036_854_775_8e18 {
+        // Both bounds are exact in f64 (±2^63); -2^63 itself is the null sentinel.
+        *d = if t > -TWO_63 && t < TWO_63 {
             t as i64
         } else {
             NULL_INT
@@ -270,7 +275,7 @@ pub fn int_to_id(src: &[i64], dst: &mut [u64]) {
 pub fn float_to_id(src: &[f64], dst: &mut [u64]) {
     for (d, &x) in dst.iter_mut().zip(src) {
         let t = x.trunc();
-        *d = if (0.0..1.844_674_407_370_955e19).contains(&t) {
+        *d = if (0.0..TWO_64).contains(&t) {
             t as u64
         } else {
             NULL_ID
