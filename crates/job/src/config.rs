@@ -252,6 +252,24 @@ pub struct TrainConfig {
     pub max_samples: u64,
     /// Show a progress bar (off automatically when stderr is not a terminal).
     pub progress: bool,
+    /// `elastrec train` with a `[[preprocess]]` graph: where the plan runs. `"auto"`
+    /// chooses from measured costs and moves it when the other place is predicted
+    /// faster; `"reader"`: on the reader thread, overlapped with the step; `"trainer"`:
+    /// on the training threads between steps (`docs/preprocess.md`).
+    pub preprocess_on: PreprocessOn,
+}
+
+/// Where `elastrec train` runs a `[[preprocess]]` plan.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PreprocessOn {
+    /// From the cost model.
+    #[default]
+    Auto,
+    /// The reader thread.
+    Reader,
+    /// The training threads.
+    Trainer,
 }
 
 impl Default for TrainConfig {
@@ -263,6 +281,7 @@ impl Default for TrainConfig {
             threads: 0,
             max_samples: 0,
             progress: true,
+            preprocess_on: PreprocessOn::Auto,
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod executor;
 mod executor_reader;
 pub mod layout;
 pub mod model_file;
+pub mod placement;
 pub mod remote;
 pub mod step;
 pub mod trainer;

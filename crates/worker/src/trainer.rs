@@ -8,12 +8,14 @@
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
 use std::time::Instant;
 
 pub use elastrec_common::EvalResult;
-use elastrec_data::{Batch, BatchReader, ReadStats};
-use elastrec_job::config::JobConfig;
+use elastrec_data::{Batch, BatchReader, RawColumns, ReadStats};
+use elastrec_job::config::{JobConfig, PreprocessOn};
 use elastrec_job::prepare::{count_train_rows, ensure_data, progress_bar, resolve_table_rows};
 use elastrec_job::JobError;
 use elastrec_model::EvalAccumulator;
@@ -22,7 +24,10 @@ use serde::Serialize;
 
 use crate::error::{Result, WorkerError};
 use crate::model_file;
+use crate::placement::{Costs, Ewma, Placement};
 use crate::step::{Dlrm, Predictor, TrainStep};
+use elastrec_preprocess::Plan;
+use parking_lot::Mutex;
 
 /// Batches in flight between the reader thread and the trainer.
 const PREFETCH: usize = 4;
@@ -57,6 +62,9 @@ pub struct Summary {
     pub skipped_examples: Vec<String>,
     /// Where the model was saved.
     pub model_path: Option<PathBuf>,
+    /// With a `[[preprocess]]` graph: where the plan ran and what it cost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preprocess: Option<PreprocessReport>,
 }
 
 /// Reads every held-out file into memory as batches of `batch_size`.
@@ -97,38 +105,167 @@ pub fn evaluate(model: &Dlrm, batches: &[Batch], predictor: &mut Predictor) -> R
     })
 }
 
-/// Streams the training files in order on a background thread.
+/// A batch in flight between the reader thread and the trainer: with a `[[preprocess]]`
+/// plan, its raw rows too, preprocessed by whichever side the placement says.
+struct Fetched {
+    batch: Batch,
+    raw: RawColumns,
+    /// `batch` holds the rows (else `raw` does, for the trainer to preprocess).
+    ready: bool,
+}
+
+/// The reader thread's and the trainer's shared view of the plan's placement.
+#[derive(Default)]
+struct PlacementState {
+    /// The plan runs on the training threads.
+    on_trainer: AtomicBool,
+    /// The reader's parse and plan time per batch, nanoseconds (its averages).
+    read_ns: AtomicU64,
+    plan_ns: AtomicU64,
+}
+
+/// What the trainer knows about the plan's placement (`[[preprocess]]` jobs only).
+struct Placer {
+    plan: Arc<Plan>,
+    state: Arc<PlacementState>,
+    mode: PreprocessOn,
+    threads: usize,
+    /// The training step, as the trainer times it.
+    step: Ewma,
+    /// The plan on the training threads, as one thread's time.
+    plan_inline: Ewma,
+    batches: u64,
+    switches: u32,
+}
+
+/// Batches between placement decisions.
+const DECIDE_EVERY: u64 = 16;
+
+impl Placer {
+    fn placement(&self) -> Placement {
+        if self.state.on_trainer.load(Ordering::Relaxed) {
+            Placement::TrainingThreads
+        } else {
+            Placement::ReaderThread
+        }
+    }
+
+    fn costs(&self) -> Costs {
+        let reader_plan = self.state.plan_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        Costs {
+            read_s: self.state.read_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            // The newest measurement of the plan, wherever it ran.
+            plan_s: match self.placement() {
+                Placement::TrainingThreads if self.plan_inline.is_set() => self.plan_inline.get(),
+                _ => reader_plan,
+            },
+            step_s: self.step.get(),
+        }
+    }
+
+    /// A batch is wanted: every [`DECIDE_EVERY`] batches, the placement is reconsidered.
+    fn requested(&mut self) {
+        self.batches += 1;
+        if self.mode == PreprocessOn::Auto && self.batches.is_multiple_of(DECIDE_EVERY) {
+            let now = self.placement();
+            let next = self.costs().choose(now, self.threads);
+            if next != now {
+                self.switches += 1;
+                self.state
+                    .on_trainer
+                    .store(next == Placement::TrainingThreads, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Preprocesses `f` here, on the training threads.
+    fn run_inline(&mut self, f: &mut Fetched) {
+        let t = Instant::now();
+        self.plan.run_parallel(&f.raw, &mut f.batch, self.threads);
+        self.plan_inline
+            .add(t.elapsed().as_secs_f64() * self.threads as f64);
+        f.ready = true;
+    }
+
+    fn report(&self) -> PreprocessReport {
+        PreprocessReport {
+            placement: self.placement(),
+            mode: self.mode,
+            switches: self.switches,
+            costs: self.costs(),
+        }
+    }
+}
+
+/// Where `train` ran the `[[preprocess]]` plan, and the costs it measured (`summary.json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct PreprocessReport {
+    /// Where the plan ran last.
+    pub placement: Placement,
+    /// `train.preprocess_on`.
+    pub mode: PreprocessOn,
+    /// Times the placement moved.
+    pub switches: u32,
+    /// Per batch: parse, plan (one thread) and step, seconds.
+    pub costs: Costs,
+}
+
+/// Streams the training files in order on a background thread; with a `[[preprocess]]`
+/// plan, runs it where [`crate::placement`] says.
 pub(crate) struct Prefetcher {
-    full: Receiver<Result<Batch>>,
-    empty: SyncSender<Batch>,
+    full: Receiver<Result<Fetched>>,
+    empty: SyncSender<Fetched>,
+    /// Raw buffers of batches handed out, until they are recycled with them.
+    raws: Mutex<Vec<RawColumns>>,
+    placer: Option<Mutex<Placer>>,
     handle: Option<std::thread::JoinHandle<ReadStats>>,
 }
 
 impl Prefetcher {
     pub(crate) fn start(files: Vec<PathBuf>, job: &JobConfig) -> Self {
-        let (full_tx, full) = sync_channel::<Result<Batch>>(PREFETCH);
-        let (empty, empty_rx) = sync_channel::<Batch>(PREFETCH + 2);
+        let (full_tx, full) = sync_channel::<Result<Fetched>>(PREFETCH);
+        let (empty, empty_rx) = sync_channel::<Fetched>(PREFETCH + 2);
         let batch_size = job.train.batch_size;
         for _ in 0..PREFETCH + 2 {
-            empty
-                .send(Batch::with_capacity(batch_size))
-                .expect("receiver alive");
+            let f = Fetched {
+                batch: Batch::with_capacity(batch_size),
+                raw: RawColumns::default(),
+                ready: false,
+            };
+            empty.send(f).expect("receiver alive");
         }
         let policy = job.data.on_bad_row;
         // Validated when the job file was loaded.
         let plan = elastrec_job::prepare::feature_plan(job).unwrap_or(None);
+        let state = Arc::new(PlacementState::default());
+        state.on_trainer.store(
+            job.train.preprocess_on == PreprocessOn::Trainer,
+            Ordering::Relaxed,
+        );
+        let placer = plan.clone().map(|plan| {
+            Mutex::new(Placer {
+                plan,
+                state: state.clone(),
+                mode: job.train.preprocess_on,
+                threads: rayon::current_num_threads(),
+                step: Ewma::default(),
+                plan_inline: Ewma::default(),
+                batches: 0,
+                switches: 0,
+            })
+        });
         let handle = std::thread::Builder::new()
             .name("elastrec-reader".into())
             .spawn(move || {
                 let mut stats = ReadStats::default();
+                let mut scratch = plan.as_ref().map(|p| p.scratch());
+                let (mut read_avg, mut plan_avg) = (Ewma::default(), Ewma::default());
                 // The buffer that found a file's end goes on to the next file: dropping it
                 // would shrink the pool by one per file until reader and trainer both wait.
-                let mut spare: Option<Batch> = None;
+                let mut spare: Option<Fetched> = None;
                 for f in files {
                     let mut reader = match elastrec_data::open_reader(&f, policy) {
-                        // Preprocessing runs here, on the reader thread, while the
-                        // trainer's threads compute the previous batch.
-                        Ok(r) => elastrec_job::prepare::preprocessed(r, plan.as_ref()),
+                        Ok(r) => r,
                         Err(e) => {
                             let _ = full_tx.send(Err(e.into()));
                             return stats;
@@ -142,12 +279,37 @@ impl Prefetcher {
                                 Err(_) => return stats,
                             },
                         };
-                        match reader.next_batch(&mut b, batch_size) {
+                        let t = Instant::now();
+                        let read = match &plan {
+                            None => reader.next_batch(&mut b.batch, batch_size),
+                            Some(_) => reader.next_raw(&mut b.raw, batch_size),
+                        };
+                        match read {
                             Ok(0) => {
                                 spare = Some(b);
                                 break;
                             }
                             Ok(_) => {
+                                b.ready = true;
+                                if let (Some(plan), Some(scratch)) = (&plan, scratch.as_mut()) {
+                                    read_avg.add(t.elapsed().as_secs_f64());
+                                    state
+                                        .read_ns
+                                        .store((read_avg.get() * 1e9) as u64, Ordering::Relaxed);
+                                    if state.on_trainer.load(Ordering::Relaxed) {
+                                        b.ready = false;
+                                    } else {
+                                        // Preprocessing here, while the training threads
+                                        // compute the previous batch.
+                                        let t = Instant::now();
+                                        plan.run(&b.raw, &mut b.batch, scratch);
+                                        plan_avg.add(t.elapsed().as_secs_f64());
+                                        state.plan_ns.store(
+                                            (plan_avg.get() * 1e9) as u64,
+                                            Ordering::Relaxed,
+                                        );
+                                    }
+                                }
                                 if full_tx.send(Ok(b)).is_err() {
                                     return stats;
                                 }
@@ -166,18 +328,51 @@ impl Prefetcher {
         Self {
             full,
             empty,
+            raws: Mutex::new(Vec::new()),
+            placer,
             handle: Some(handle),
         }
     }
 
     /// The next batch, `None` at the end of the files.
     pub(crate) fn next(&self) -> Option<Result<Batch>> {
-        self.full.recv().ok()
+        if let Some(p) = &self.placer {
+            p.lock().requested();
+        }
+        let mut f = match self.full.recv().ok()? {
+            Ok(f) => f,
+            Err(e) => return Some(Err(e)),
+        };
+        if let Some(p) = &self.placer {
+            if !f.ready {
+                p.lock().run_inline(&mut f);
+            }
+        }
+        self.raws.lock().push(f.raw);
+        Some(Ok(f.batch))
+    }
+
+    /// The trainer's time for one step (evaluations and checkpoints excluded), for the
+    /// placement's cost model.
+    pub(crate) fn record_step(&self, seconds: f64) {
+        if let Some(p) = &self.placer {
+            p.lock().step.add(seconds);
+        }
     }
 
     /// Returns a consumed batch's buffers to the reader.
-    pub(crate) fn recycle(&self, b: Batch) {
-        let _ = self.empty.send(b);
+    pub(crate) fn recycle(&self, batch: Batch) {
+        let raw = self.raws.lock().pop().unwrap_or_default();
+        let _ = self.empty.send(Fetched {
+            batch,
+            raw,
+            ready: false,
+        });
+    }
+
+    /// Where the plan ran and what it cost, for a `[[preprocess]]` job.
+    pub(crate) fn preprocess_report(&self) -> Option<PreprocessReport> {
+        self.placer.as_ref().map(|p| p.lock().report())
     }
 
     /// Stops the reader (it may be blocked on either channel) and returns its counters.
@@ -186,6 +381,7 @@ impl Prefetcher {
             full,
             empty,
             handle,
+            ..
         } = self;
         drop(full);
         drop(empty);
@@ -316,6 +512,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
     let mut read_stats = ReadStats::default();
     let mut epoch_loss = (0.0f64, 0u64);
     let mut epochs_run = 0;
+    let mut preprocess = None;
     'epochs: for epoch in 0..job.train.epochs {
         epochs_run = epoch + 1;
         epoch_loss = (0.0, 0);
@@ -326,12 +523,16 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
             if job.train.max_samples > 0 {
                 let left = job.train.max_samples - samples;
                 if left == 0 {
+                    preprocess = reader.preprocess_report().or(preprocess);
+                    preprocess = reader.preprocess_report().or(preprocess);
                     read_stats.merge(&reader.finish());
                     break 'epochs;
                 }
                 truncate(&mut batch, left as usize);
             }
+            let t_step = Instant::now();
             let loss = step.train_batch(&batch)?;
+            reader.record_step(t_step.elapsed().as_secs_f64());
             if !loss.is_finite() {
                 return Err(WorkerError::Diverged { step: steps, loss });
             }
@@ -362,6 +563,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
             }
         }
         train_time += t0.elapsed().as_secs_f64();
+        preprocess = reader.preprocess_report().or(preprocess);
         read_stats.merge(&reader.finish());
         if samples == 0 {
             // The files have rows (checked above), but `on_bad_row = "skip"` dropped them all.
@@ -415,6 +617,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
         rows_skipped: read_stats.rows_skipped,
         skipped_examples: read_stats.first_errors.clone(),
         model_path,
+        preprocess,
     };
     let path = job.output.dir.join("summary.json");
     let text = serde_json::to_string_pretty(&summary).expect("summary serializes");
@@ -490,6 +693,73 @@ mod tests {
             reader.recycle(batch);
         }
         assert_eq!(rows, 5 * files.len());
+    }
+
+    /// A `[[preprocess]]` plan computes the same batches wherever it runs, so a job trains
+    /// to the same bits with the plan on the reader thread, on the training threads, or
+    /// moved between them; and the summary says where it ran.
+    #[test]
+    fn a_graph_job_trains_the_same_wherever_its_plan_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let files: Vec<(String, Vec<u8>)> =
+            (0..4).map(|i| (format!("f{i}.tsv"), tsv(400))).collect();
+        let named: Vec<(&str, Vec<u8>)> =
+            files.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
+        let mut base = job(dir.path(), &named);
+        base.preprocess = vec![
+            elastrec_preprocess::FeatureSpec {
+                name: None,
+                input: elastrec_preprocess::Input::One("I1..I13".into()),
+                ops: vec!["fill_null(0)".into(), "log1p".into()],
+                rows: None,
+            },
+            elastrec_preprocess::FeatureSpec {
+                name: Some("I1_bucket".into()),
+                input: elastrec_preprocess::Input::One("I1".into()),
+                ops: vec!["fill_null(0)".into(), "bucketize([1, 5, 20])".into()],
+                rows: None,
+            },
+            elastrec_preprocess::FeatureSpec {
+                name: None,
+                input: elastrec_preprocess::Input::One("C1..C26".into()),
+                ops: vec![],
+                rows: None,
+            },
+        ];
+        base.model.table_rows = TableRows::All(64);
+        let mut results = Vec::new();
+        for (i, on) in [
+            PreprocessOn::Reader,
+            PreprocessOn::Trainer,
+            PreprocessOn::Auto,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut job = base.clone();
+            job.train.preprocess_on = on;
+            job.output.dir = dir.path().join(format!("run{i}"));
+            let s = train(&job).unwrap();
+            let p = s
+                .preprocess
+                .clone()
+                .expect("a graph job reports its placement");
+            assert_eq!(p.mode, on);
+            match on {
+                PreprocessOn::Reader => assert_eq!(p.placement, Placement::ReaderThread),
+                PreprocessOn::Trainer => assert_eq!(p.placement, Placement::TrainingThreads),
+                PreprocessOn::Auto => {}
+            }
+            assert!(p.costs.step_s > 0.0 && p.costs.read_s > 0.0, "{p:?}");
+            results.push((
+                s.train_loss.to_bits(),
+                s.eval.unwrap().auc.to_bits(),
+                s.samples,
+            ));
+        }
+        assert_eq!(results[0], results[1]);
+        assert_eq!(results[0], results[2]);
+        assert_eq!(results[0].2, 1600);
     }
 
     /// Training files with no row are an error naming them, raised before the run
