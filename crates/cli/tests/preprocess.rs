@@ -172,6 +172,24 @@ fn elastrec_preprocess_writes_the_features_as_parquet() {
     assert_eq!(features["dense_width"], 17);
     assert_eq!(features["sparse_width"], 28);
     assert!(out_dir.join("day_2.parquet").exists(), "the eval day too");
+
+    // --explain: the compiled graph, nothing written.
+    let out = elastrec(&["preprocess", "--job", job.to_str().unwrap(), "--explain"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("42 features: 17 dense columns, 28 sparse columns"),
+        "{text}"
+    );
+    assert!(
+        text.contains("I11_onehot") && text.contains("floats(4)"),
+        "{text}"
+    );
+    assert!(text.contains("fused steps"), "{text}");
 }
 
 #[test]

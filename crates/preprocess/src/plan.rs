@@ -680,6 +680,26 @@ fn schedule(chains: Vec<Vec<Member>>) -> Vec<Step> {
     }
 }
 
+/// Runs `f` over the float columns `outputs` (their first `n` rows), taken out of the
+/// scratch meanwhile so that `f` may read its other columns; then puts them back.
+fn with_float_outputs(
+    s: &mut Scratch,
+    outputs: &[usize],
+    n: usize,
+    f: impl FnOnce(&Scratch, &mut [&mut [f64]]),
+) {
+    let mut cols: Vec<Vec<f64>> = outputs
+        .iter()
+        .map(|&c| std::mem::take(&mut s.floats[c]))
+        .collect();
+    let mut views: Vec<&mut [f64]> = cols.iter_mut().map(|c| &mut c[..n]).collect();
+    f(s, &mut views);
+    drop(views);
+    for (&c, col) in outputs.iter().zip(cols) {
+        s.floats[c] = col;
+    }
+}
+
 /// Runs one chain's op over the first `n` rows of its scratch columns.
 fn apply(m: &Member, s: &mut Scratch, n: usize) {
     let (i, o) = (&m.input, &m.output);
@@ -734,29 +754,11 @@ fn apply(m: &Member, s: &mut Scratch, n: usize) {
                 s.ids[out] = col;
             }
         }
-        Kernel::OneHot => {
-            let mut cols: Vec<Vec<f64>> = o
-                .iter()
-                .map(|&c| std::mem::take(&mut s.floats[c]))
-                .collect();
-            let mut views: Vec<&mut [f64]> = cols.iter_mut().map(|c| &mut c[..n]).collect();
-            k::onehot(&s.ids[i[0]][..n], &mut views);
-            for (&c, col) in o.iter().zip(cols) {
-                s.floats[c] = col;
-            }
-        }
-        Kernel::MultiHot => {
-            let mut cols: Vec<Vec<f64>> = o
-                .iter()
-                .map(|&c| std::mem::take(&mut s.floats[c]))
-                .collect();
-            let mut views: Vec<&mut [f64]> = cols.iter_mut().map(|c| &mut c[..n]).collect();
+        Kernel::OneHot => with_float_outputs(s, o, n, |s, out| k::onehot(&s.ids[i[0]][..n], out)),
+        Kernel::MultiHot => with_float_outputs(s, o, n, |s, out| {
             let srcs: Vec<&[u64]> = i.iter().map(|&c| &s.ids[c][..n]).collect();
-            k::multihot(&srcs, &mut views);
-            for (&c, col) in o.iter().zip(cols) {
-                s.floats[c] = col;
-            }
-        }
+            k::multihot(&srcs, out)
+        }),
         Kernel::IntToFloat => k::int_to_float(&s.ints[i[0]][..n], &mut s.floats[o[0]][..n]),
         Kernel::IdToFloat => k::id_to_float(&s.ids[i[0]][..n], &mut s.floats[o[0]][..n]),
         Kernel::FloatToInt => k::float_to_int(&s.floats[i[0]][..n], &mut s.ints[o[0]][..n]),
