@@ -257,6 +257,15 @@ pub struct TrainConfig {
     /// faster; `"reader"`: on the reader thread, overlapped with the step; `"trainer"`:
     /// on the training threads between steps (`docs/preprocess.md`).
     pub preprocess_on: PreprocessOn,
+    /// `elastrec train`: the share of the training rows held out as a validation slice,
+    /// taken from the end of the training files (the most recent rows of time-ordered
+    /// data); model selection and early stopping judge it instead of the eval files.
+    /// 0: no slice.
+    pub validation: f64,
+    /// `elastrec train`: stop after this many evaluations in a row without a better AUC
+    /// (on the validation slice, else on the eval files); `model.bin` is then the best
+    /// model seen. 0: never stop early.
+    pub early_stopping: u32,
 }
 
 /// Where `elastrec train` runs a `[[preprocess]]` plan.
@@ -282,6 +291,8 @@ impl Default for TrainConfig {
             max_samples: 0,
             progress: true,
             preprocess_on: PreprocessOn::Auto,
+            validation: 0.0,
+            early_stopping: 0,
         }
     }
 }
@@ -674,6 +685,13 @@ impl JobConfig {
         }
         if self.train.batch_size == 0 {
             return Err(bad("train.batch_size", "must be at least 1".into()));
+        }
+        let v = self.train.validation;
+        if !(v.is_finite() && (0.0..0.5).contains(&v)) {
+            return Err(bad(
+                "train.validation",
+                format!("a share of the training rows in [0, 0.5), got {v}"),
+            ));
         }
         let o = &self.output;
         if !(o.export_every_s.is_finite() && o.export_every_s >= 0.0) {

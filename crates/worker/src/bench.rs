@@ -133,7 +133,8 @@ pub fn run(opts: &BenchOptions, data: &BenchData) -> Result<BenchReport> {
         &job.optimizer.dense,
         opts.batch_size,
     );
-    let reader = Prefetcher::start(data.files.clone(), job);
+    let files = data.files.iter().map(|f| (f.clone(), u64::MAX)).collect();
+    let reader = Prefetcher::start(files, job);
     let mut done = 0;
     let mut t0 = Instant::now();
     while done < total {

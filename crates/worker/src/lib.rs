@@ -13,6 +13,7 @@ pub mod layout;
 pub mod model_file;
 pub mod placement;
 pub mod remote;
+pub mod selection;
 pub mod step;
 pub mod trainer;
 

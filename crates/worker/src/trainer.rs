@@ -25,6 +25,7 @@ use serde::Serialize;
 use crate::error::{Result, WorkerError};
 use crate::model_file;
 use crate::placement::{Costs, Ewma, Placement};
+use crate::selection::{Best, Selection, Verdict};
 use crate::step::{Dlrm, Predictor, TrainStep};
 use elastrec_preprocess::Plan;
 use parking_lot::Mutex;
@@ -65,6 +66,15 @@ pub struct Summary {
     /// With a `[[preprocess]]` graph: where the plan ran and what it cost.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preprocess: Option<PreprocessReport>,
+    /// With `train.validation` or `train.early_stopping`: the evaluation that selected the
+    /// kept model (`eval` and `model.bin` are that model's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best: Option<Best>,
+    /// With `train.validation`: the kept model on the validation slice.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub validation: Option<EvalResult>,
+    /// Training stopped early (`train.early_stopping`).
+    pub early_stopped: bool,
 }
 
 /// Reads every held-out file into memory as batches of `batch_size`.
@@ -222,7 +232,8 @@ pub(crate) struct Prefetcher {
 }
 
 impl Prefetcher {
-    pub(crate) fn start(files: Vec<PathBuf>, job: &JobConfig) -> Self {
+    /// Reads `files`, each up to its end row (`u64::MAX`: the whole file).
+    pub(crate) fn start(files: Vec<(PathBuf, u64)>, job: &JobConfig) -> Self {
         let (full_tx, full) = sync_channel::<Result<Fetched>>(PREFETCH);
         let (empty, empty_rx) = sync_channel::<Fetched>(PREFETCH + 2);
         let batch_size = job.train.batch_size;
@@ -263,8 +274,13 @@ impl Prefetcher {
                 // The buffer that found a file's end goes on to the next file: dropping it
                 // would shrink the pool by one per file until reader and trainer both wait.
                 let mut spare: Option<Fetched> = None;
-                for f in files {
-                    let mut reader = match elastrec_data::open_reader(&f, policy) {
+                for (f, end) in files {
+                    let opened = if end == u64::MAX {
+                        elastrec_data::open_reader(&f, policy)
+                    } else {
+                        elastrec_data::open_reader_range(&f, 0, end, policy)
+                    };
+                    let mut reader = match opened {
                         Ok(r) => r,
                         Err(e) => {
                             let _ = full_tx.send(Err(e.into()));
@@ -391,6 +407,100 @@ impl Prefetcher {
     }
 }
 
+/// Model selection and early stopping over the run's evaluations
+/// (`train.validation`, `train.early_stopping`; [`crate::selection`]).
+struct Selector {
+    active: bool,
+    selection: Selection,
+    /// The validation slice, in memory; empty without one.
+    validation: Vec<Batch>,
+    /// Where the best model is written when it is seen.
+    save: Option<PathBuf>,
+    best_eval: Option<EvalResult>,
+    best_validation: Option<EvalResult>,
+}
+
+impl Selector {
+    /// Judges the model just evaluated (`eval` on the eval files); true: stop training.
+    #[allow(clippy::too_many_arguments)]
+    fn judge(
+        &mut self,
+        model: &Dlrm,
+        job: &JobConfig,
+        predictor: &mut Predictor,
+        eval: &EvalResult,
+        at: &Position,
+        pb: &ProgressBar,
+        metrics: &mut MetricsLog,
+        started: Instant,
+    ) -> Result<bool> {
+        if !self.active {
+            return Ok(false);
+        }
+        let validation = if self.validation.is_empty() {
+            None
+        } else {
+            let v = evaluate(model, &self.validation, predictor)?;
+            report_eval(pb, metrics, "validation", at, &v, started)?;
+            Some(v)
+        };
+        let auc = validation.map_or(eval.auc, |v| v.auc);
+        match self.selection.observe(auc, at.samples, at.epoch) {
+            Verdict::Better => {
+                self.best_eval = Some(*eval);
+                self.best_validation = validation;
+                if let Some(p) = &self.save {
+                    model_file::save(model, job, p)?;
+                }
+                Ok(false)
+            }
+            Verdict::NotBetter => Ok(false),
+            Verdict::Stop => {
+                let b = self.selection.best().expect("a best before a stop");
+                say(
+                    pb,
+                    format!(
+                        "early stopping: no better {} AUC in {} evaluations; keeping the model of {} samples (AUC {:.4})",
+                        if validation.is_some() { "validation" } else { "eval" },
+                        job.train.early_stopping,
+                        b.samples,
+                        b.auc
+                    ),
+                );
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// The validation slice's rows (`(file, start, end)` ranges) through the job's graph.
+fn load_slice(
+    slice: &[(PathBuf, u64, u64)],
+    job: &JobConfig,
+    stats: &mut ReadStats,
+) -> Result<Vec<Batch>> {
+    let plan = elastrec_job::prepare::feature_plan(job)?;
+    let mut batches = Vec::new();
+    for (f, start, end) in slice {
+        let mut reader = elastrec_job::prepare::open_job_reader(
+            plan.as_ref(),
+            f,
+            *start,
+            *end,
+            job.data.on_bad_row,
+        )?;
+        loop {
+            let mut b = Batch::with_capacity(job.train.batch_size);
+            if reader.next_batch(&mut b, job.train.batch_size)? == 0 {
+                break;
+            }
+            batches.push(b);
+        }
+        stats.merge(reader.stats());
+    }
+    Ok(batches)
+}
+
 /// Prints a line above the progress bar, or plainly when the bar is hidden.
 fn say(pb: &ProgressBar, line: String) {
     if pb.is_hidden() {
@@ -445,7 +555,7 @@ fn report_eval(
     say(
         pb,
         format!(
-            "epoch {} {event} at {} samples: eval AUC {:.4} logloss {:.4}",
+            "epoch {} {event} at {} samples: AUC {:.4} logloss {:.4}",
             at.epoch, at.samples, r.auc, r.logloss
         ),
     );
@@ -482,7 +592,17 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
             ));
         }
     }
-    let train_rows: u64 = count_train_rows(job)?.iter().map(|&(_, rows)| rows).sum();
+    let counts = count_train_rows(job)?;
+    let (train_files, slice) = crate::selection::split_validation(&counts, job.train.validation);
+    // Whole files are read as they are; a file cut short by the slice, by row range.
+    let train_files: Vec<(PathBuf, u64)> = train_files
+        .into_iter()
+        .zip(&counts)
+        .filter(|((_, end), _)| *end > 0)
+        .map(|((f, end), (_, rows))| (f, if end == *rows { u64::MAX } else { end }))
+        .collect();
+    let train_rows: u64 = counts.iter().map(|&(_, rows)| rows).sum::<u64>()
+        - slice.iter().map(|(_, a, b)| b - a).sum::<u64>();
     std::fs::create_dir_all(&job.output.dir).map_err(|e| WorkerError::io(&job.output.dir, e))?;
     let mut metrics = MetricsLog::open(&job.output.dir)?;
 
@@ -494,6 +614,18 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
 
     let mut eval_stats = ReadStats::default();
     let eval_set = load_eval_set(&job.eval_files(), job, &mut eval_stats)?;
+    let mut selector = Selector {
+        active: job.train.validation > 0.0 || job.train.early_stopping > 0,
+        selection: Selection::new(job.train.early_stopping),
+        validation: load_slice(&slice, job, &mut eval_stats)?,
+        save: job
+            .output
+            .save_model
+            .then(|| job.output.dir.join("model.bin")),
+        best_eval: None,
+        best_validation: None,
+    };
+    let mut early_stopped = false;
     let mut budget = train_rows * job.train.epochs as u64;
     if job.train.max_samples > 0 {
         budget = budget.min(job.train.max_samples);
@@ -516,7 +648,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
     'epochs: for epoch in 0..job.train.epochs {
         epochs_run = epoch + 1;
         epoch_loss = (0.0, 0);
-        let reader = Prefetcher::start(job.train_files(), job);
+        let reader = Prefetcher::start(train_files.clone(), job);
         let mut t0 = Instant::now();
         while let Some(batch) = reader.next() {
             let mut batch = batch?;
@@ -559,6 +691,21 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
                 report_eval(&pb, &mut metrics, "eval", &at, &r, started)?;
                 last_eval = Some(r);
                 next_eval += job.train.eval_every;
+                if selector.judge(
+                    &step.model,
+                    job,
+                    &mut predictor,
+                    &r,
+                    &at,
+                    &pb,
+                    &mut metrics,
+                    started,
+                )? {
+                    early_stopped = true;
+                    preprocess = reader.preprocess_report().or(preprocess);
+                    read_stats.merge(&reader.finish());
+                    break 'epochs;
+                }
                 t0 = Instant::now();
             }
         }
@@ -587,19 +734,40 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
         let r = evaluate(&step.model, &eval_set, &mut predictor)?;
         report_eval(&pb, &mut metrics, "epoch", &at, &r, started)?;
         last_eval = Some(r);
+        if selector.judge(
+            &step.model,
+            job,
+            &mut predictor,
+            &r,
+            &at,
+            &pb,
+            &mut metrics,
+            started,
+        )? {
+            early_stopped = true;
+            break;
+        }
     }
     pb.finish_and_clear();
     if last_eval.is_none_or(|e| e.samples == 0) && !eval_set.is_empty() {
         last_eval = Some(evaluate(&step.model, &eval_set, &mut predictor)?);
     }
 
+    let best = selector.active.then(|| selector.selection.best()).flatten();
     let model_path = if job.output.save_model {
         let p = job.output.dir.join("model.bin");
-        model_file::save(&step.model, job, &p)?;
+        // With model selection, model.bin was written when the best model was seen.
+        if best.is_none() {
+            model_file::save(&step.model, job, &p)?;
+        }
         Some(p)
     } else {
         None
     };
+    if best.is_some() {
+        // The summary describes the model that is kept.
+        last_eval = selector.best_eval.or(last_eval);
+    }
     read_stats.merge(&eval_stats);
     let summary = Summary {
         samples,
@@ -618,6 +786,9 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
         skipped_examples: read_stats.first_errors.clone(),
         model_path,
         preprocess,
+        best,
+        validation: selector.best_validation,
+        early_stopped,
     };
     let path = job.output.dir.join("summary.json");
     let text = serde_json::to_string_pretty(&summary).expect("summary serializes");
@@ -685,7 +856,12 @@ mod tests {
         let named: Vec<(&str, Vec<u8>)> =
             files.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
         let job = job(dir.path(), &named);
-        let reader = Prefetcher::start(job.train_files(), &job);
+        let whole = job
+            .train_files()
+            .into_iter()
+            .map(|f| (f, u64::MAX))
+            .collect();
+        let reader = Prefetcher::start(whole, &job);
         let mut rows = 0;
         while let Some(batch) = reader.next() {
             let batch = batch.unwrap();
@@ -760,6 +936,89 @@ mod tests {
         assert_eq!(results[0], results[1]);
         assert_eq!(results[0], results[2]);
         assert_eq!(results[0].2, 1600);
+    }
+
+    /// Four files of 400 rows, evaluated every 10 batches of 32.
+    fn selection_job(dir: &Path) -> JobConfig {
+        let files: Vec<(String, Vec<u8>)> =
+            (0..4).map(|i| (format!("s{i}.tsv"), tsv(400))).collect();
+        let named: Vec<(&str, Vec<u8>)> =
+            files.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
+        let mut job = job(dir, &named);
+        job.train.eval_every = 320;
+        job
+    }
+
+    /// A model that cannot improve (learning rates 0) is evaluated three times: the first
+    /// is the best, the next two are not better, and training stops there, keeping the
+    /// first. The validation slice (the last quarter of the rows) is never trained.
+    #[test]
+    fn early_stopping_stops_after_its_patience_and_keeps_the_best() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut job = selection_job(dir.path());
+        job.optimizer.dense = elastrec_model::DenseOptimizerConfig::Sgd { lr: 0.0 };
+        job.optimizer.sparse = elastrec_embedding::SparseOptimizerConfig::Sgd { lr: 0.0 };
+        job.train.epochs = 5;
+        job.train.validation = 0.25;
+        job.train.early_stopping = 2;
+        let s = train(&job).unwrap();
+        assert!(s.early_stopped);
+        assert_eq!(s.samples, 3 * 320, "stopped at the third evaluation");
+        let best = s.best.unwrap();
+        assert_eq!((best.samples, best.epoch), (320, 0));
+        let v = s.validation.unwrap();
+        assert_eq!(v.samples, 400, "the last quarter of 1,600 rows");
+        let lines = std::fs::read_to_string(job.output.dir.join("metrics.jsonl")).unwrap();
+        assert_eq!(lines.matches("\"event\":\"validation\"").count(), 3);
+    }
+
+    /// With a validation slice, `model.bin` and the summary's `eval` are the model the
+    /// slice selected, not the last one; without selection nothing changes.
+    #[test]
+    fn the_kept_model_is_the_one_the_validation_slice_selected() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut job = selection_job(dir.path());
+        job.train.epochs = 3;
+        job.train.eval_every = 0;
+        job.train.validation = 0.25;
+        let s = train(&job).unwrap();
+        assert!(!s.early_stopped);
+        assert_eq!(
+            s.samples,
+            3 * 1200,
+            "three epochs of the three quarters trained"
+        );
+        let best = s.best.unwrap();
+        // This data separates perfectly: every epoch's AUC is 1, so the first epoch's
+        // model stays the best while later epochs lower the log loss.
+        assert_eq!((best.epoch, best.samples), (0, 1200));
+        let (model, _) = model_file::load(&job.output.dir.join("model.bin")).unwrap();
+        let mut eval_stats = ReadStats::default();
+        let eval_set = load_eval_set(&job.eval_files(), &job, &mut eval_stats).unwrap();
+        let mut predictor = Predictor::new(&model, job.train.batch_size);
+        let again = evaluate(&model, &eval_set, &mut predictor).unwrap();
+        let kept = s.eval.unwrap();
+        assert_eq!(
+            again.logloss.to_bits(),
+            kept.logloss.to_bits(),
+            "model.bin is the selected model"
+        );
+        let last: serde_json::Value = std::fs::read_to_string(job.output.dir.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .rfind(|l| l.contains("\"event\":\"epoch\""))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .unwrap();
+        assert!(
+            last["logloss"].as_f64().unwrap() < kept.logloss,
+            "the last epoch's model differs from the kept one: {last}"
+        );
+        // Without selection: no best, and the summary is the last model's.
+        let mut plain = selection_job(dir.path());
+        plain.output.dir = dir.path().join("plain");
+        let s = train(&plain).unwrap();
+        assert!(s.best.is_none() && s.validation.is_none() && !s.early_stopped);
+        assert_eq!(s.samples, 1600);
     }
 
     /// Training files with no row are an error naming them, raised before the run
