@@ -266,6 +266,9 @@ pub struct TrainConfig {
     /// (on the validation slice, else on the eval files); `model.bin` is then the best
     /// model seen. 0: never stop early.
     pub early_stopping: u32,
+    /// `elastrec train`: rows held in a shuffle buffer; each batch is drawn from it at
+    /// random (seeded by `model.seed` and the epoch). 0: batches in file order.
+    pub shuffle_buffer: usize,
 }
 
 /// Where `elastrec train` runs a `[[preprocess]]` plan.
@@ -293,6 +296,7 @@ impl Default for TrainConfig {
             preprocess_on: PreprocessOn::Auto,
             validation: 0.0,
             early_stopping: 0,
+            shuffle_buffer: 0,
         }
     }
 }

@@ -14,6 +14,7 @@ pub mod model_file;
 pub mod placement;
 pub mod remote;
 pub mod selection;
+pub mod shuffle;
 pub mod step;
 pub mod trainer;
 

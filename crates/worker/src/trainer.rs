@@ -26,7 +26,9 @@ use crate::error::{Result, WorkerError};
 use crate::model_file;
 use crate::placement::{Costs, Ewma, Placement};
 use crate::selection::{Best, Selection, Verdict};
+use crate::shuffle::Shuffler;
 use crate::step::{Dlrm, Predictor, TrainStep};
+use elastrec_common::splitmix::GOLDEN_GAMMA;
 use elastrec_preprocess::Plan;
 use parking_lot::Mutex;
 
@@ -532,6 +534,64 @@ impl MetricsLog {
     }
 }
 
+/// The batches one epoch trains: the reader's, or drawn from a shuffle buffer
+/// (`train.shuffle_buffer`) that the reader's batches fill.
+struct Feed {
+    reader: Prefetcher,
+    shuffler: Option<Shuffler>,
+    /// The files are read: the buffer hands out what it holds.
+    draining: bool,
+    /// A shuffled batch's buffer, back from the trainer.
+    spare: Option<Batch>,
+    rows: usize,
+}
+
+impl Feed {
+    fn new(reader: Prefetcher, job: &JobConfig, epoch: u32) -> Self {
+        // A different order each epoch, the same for every run of the job.
+        let seed = job.model.seed ^ (u64::from(epoch) + 1).wrapping_mul(GOLDEN_GAMMA);
+        Self {
+            reader,
+            shuffler: (job.train.shuffle_buffer > 0)
+                .then(|| Shuffler::new(job.train.shuffle_buffer, seed)),
+            draining: false,
+            spare: None,
+            rows: job.train.batch_size,
+        }
+    }
+
+    fn next(&mut self) -> Option<Result<Batch>> {
+        let Some(shuffler) = self.shuffler.as_mut() else {
+            return self.reader.next();
+        };
+        let mut out = self.spare.take().unwrap_or_default();
+        loop {
+            if shuffler.pop(self.rows, &mut out, self.draining).is_some() {
+                return Some(Ok(out));
+            }
+            if self.draining {
+                return None;
+            }
+            match self.reader.next() {
+                Some(Ok(b)) => {
+                    shuffler.push(&b);
+                    self.reader.recycle(b);
+                }
+                Some(Err(e)) => return Some(Err(e)),
+                None => self.draining = true,
+            }
+        }
+    }
+
+    fn recycle(&mut self, batch: Batch) {
+        if self.shuffler.is_some() {
+            self.spare = Some(batch);
+        } else {
+            self.reader.recycle(batch);
+        }
+    }
+}
+
 /// Where the loop stands when it evaluates.
 struct Position {
     epoch: u32,
@@ -648,23 +708,22 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
     'epochs: for epoch in 0..job.train.epochs {
         epochs_run = epoch + 1;
         epoch_loss = (0.0, 0);
-        let reader = Prefetcher::start(train_files.clone(), job);
+        let mut reader = Feed::new(Prefetcher::start(train_files.clone(), job), job, epoch);
         let mut t0 = Instant::now();
         while let Some(batch) = reader.next() {
             let mut batch = batch?;
             if job.train.max_samples > 0 {
                 let left = job.train.max_samples - samples;
                 if left == 0 {
-                    preprocess = reader.preprocess_report().or(preprocess);
-                    preprocess = reader.preprocess_report().or(preprocess);
-                    read_stats.merge(&reader.finish());
+                    preprocess = reader.reader.preprocess_report().or(preprocess);
+                    read_stats.merge(&reader.reader.finish());
                     break 'epochs;
                 }
                 truncate(&mut batch, left as usize);
             }
             let t_step = Instant::now();
             let loss = step.train_batch(&batch)?;
-            reader.record_step(t_step.elapsed().as_secs_f64());
+            reader.reader.record_step(t_step.elapsed().as_secs_f64());
             if !loss.is_finite() {
                 return Err(WorkerError::Diverged { step: steps, loss });
             }
@@ -702,16 +761,16 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
                     started,
                 )? {
                     early_stopped = true;
-                    preprocess = reader.preprocess_report().or(preprocess);
-                    read_stats.merge(&reader.finish());
+                    preprocess = reader.reader.preprocess_report().or(preprocess);
+                    read_stats.merge(&reader.reader.finish());
                     break 'epochs;
                 }
                 t0 = Instant::now();
             }
         }
         train_time += t0.elapsed().as_secs_f64();
-        preprocess = reader.preprocess_report().or(preprocess);
-        read_stats.merge(&reader.finish());
+        preprocess = reader.reader.preprocess_report().or(preprocess);
+        read_stats.merge(&reader.reader.finish());
         if samples == 0 {
             // The files have rows (checked above), but `on_bad_row = "skip"` dropped them all.
             return Err(JobError::NoTrainingData {
@@ -1019,6 +1078,30 @@ mod tests {
         let s = train(&plain).unwrap();
         assert!(s.best.is_none() && s.validation.is_none() && !s.early_stopped);
         assert_eq!(s.samples, 1600);
+    }
+
+    /// A shuffle buffer trains every row once per epoch in another order: the same
+    /// samples, a different loss than file order, and the same bits on a second run.
+    #[test]
+    fn a_shuffle_buffer_trains_every_row_once_in_a_seeded_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = |shuffle: usize, name: &str| {
+            let mut job = selection_job(dir.path());
+            job.train.eval_every = 0;
+            job.train.epochs = 2;
+            job.train.shuffle_buffer = shuffle;
+            job.output.dir = dir.path().join(name);
+            train(&job).unwrap()
+        };
+        let plain = run(0, "plain");
+        let a = run(500, "a");
+        let b = run(500, "b");
+        assert_eq!((plain.samples, a.samples), (3200, 3200));
+        assert_ne!(a.train_loss.to_bits(), plain.train_loss.to_bits());
+        assert_eq!(a.train_loss.to_bits(), b.train_loss.to_bits());
+        // File order: a file's last batch is short (13 batches of 400 rows); drawn from
+        // the buffer, batches are full across file ends (50 of 1,600 rows).
+        assert_eq!((plain.steps, a.steps), (2 * 4 * 13, 2 * 50));
     }
 
     /// Training files with no row are an error naming them, raised before the run

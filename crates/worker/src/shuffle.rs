@@ -1,0 +1,147 @@
+//! The shuffle buffer of `elastrec train` (`train.shuffle_buffer`): rows from the reader
+//! wait in a pool, and each batch is drawn from it at random, so a batch mixes rows from
+//! far apart in the files (files are often sorted by time or by user). Every row is
+//! delivered exactly once; the order is a function of the seed.
+
+use elastrec_common::splitmix::SplitMix64;
+use elastrec_data::Batch;
+
+/// A pool of rows and the generator that draws from it.
+pub struct Shuffler {
+    pool: Batch,
+    capacity: usize,
+    rng: SplitMix64,
+}
+
+impl Shuffler {
+    /// A pool that holds `capacity` rows before it starts to hand batches out.
+    pub fn new(capacity: usize, seed: u64) -> Self {
+        Self {
+            pool: Batch::default(),
+            capacity,
+            rng: SplitMix64::new(seed),
+        }
+    }
+
+    /// Adds the rows of `batch` (its widths become the pool's).
+    pub fn push(&mut self, batch: &Batch) {
+        if self.pool.is_empty() {
+            self.pool.dense_width = batch.dense_width;
+            self.pool.sparse_width = batch.sparse_width;
+        }
+        self.pool.extend_from(batch, 0..batch.len());
+    }
+
+    /// Rows waiting.
+    pub fn len(&self) -> usize {
+        self.pool.len()
+    }
+
+    /// True when no row waits.
+    pub fn is_empty(&self) -> bool {
+        self.pool.is_empty()
+    }
+
+    /// A batch of `rows` rows drawn at random, once the pool holds more than its capacity
+    /// (or, with `drain`, whatever is left); `None` otherwise.
+    pub fn pop(&mut self, rows: usize, out: &mut Batch, drain: bool) -> Option<usize> {
+        let ready = if drain {
+            !self.pool.is_empty()
+        } else {
+            self.pool.len() >= self.capacity + rows
+        };
+        if !ready {
+            return None;
+        }
+        let n = rows.min(self.pool.len());
+        out.clear();
+        out.dense_width = self.pool.dense_width;
+        out.sparse_width = self.pool.sparse_width;
+        for _ in 0..n {
+            let len = self.pool.len();
+            let i = (self.rng.next_u64() % len as u64) as usize;
+            take_row(&mut self.pool, i, out);
+        }
+        Some(n)
+    }
+}
+
+/// Moves row `i` of `pool` to the end of `out`; the pool's last row takes its place.
+fn take_row(pool: &mut Batch, i: usize, out: &mut Batch) {
+    let (d, s) = (pool.dense_width, pool.sparse_width);
+    let last = pool.len() - 1;
+    out.labels.push(pool.labels[i]);
+    out.dense.extend_from_slice(&pool.dense[i * d..(i + 1) * d]);
+    out.sparse
+        .extend_from_slice(&pool.sparse[i * s..(i + 1) * s]);
+    pool.labels.swap_remove(i);
+    if i != last {
+        pool.dense.copy_within(last * d..(last + 1) * d, i * d);
+        pool.sparse.copy_within(last * s..(last + 1) * s, i * s);
+    }
+    pool.dense.truncate(last * d);
+    pool.sparse.truncate(last * s);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows whose every value names the row.
+    fn numbered(from: usize, n: usize) -> Batch {
+        let mut b = Batch::with_widths(n, 2, 3);
+        for r in from..from + n {
+            b.labels.push((r % 2) as f32);
+            b.dense.extend([r as f32, r as f32 + 0.5]);
+            b.sparse.extend([r as u64, r as u64 + 1, r as u64 + 2]);
+        }
+        b
+    }
+
+    fn shuffled(seed: u64) -> Vec<u64> {
+        let mut s = Shuffler::new(100, seed);
+        let mut out = Batch::default();
+        let mut rows = Vec::new();
+        for k in 0..10 {
+            s.push(&numbered(k * 32, 32));
+            while s.pop(32, &mut out, false).is_some() {
+                rows.extend(check(&out));
+            }
+        }
+        while s.pop(32, &mut out, true).is_some() {
+            rows.extend(check(&out));
+        }
+        assert!(s.is_empty());
+        rows
+    }
+
+    /// The row ids of `b`, after checking each row kept its values together.
+    fn check(b: &Batch) -> Vec<u64> {
+        (0..b.len())
+            .map(|i| {
+                let id = b.sparse_row(i)[0];
+                assert_eq!(b.sparse_row(i), &[id, id + 1, id + 2]);
+                assert_eq!(b.dense_row(i), &[id as f32, id as f32 + 0.5]);
+                assert_eq!(b.labels[i], (id % 2) as f32);
+                id
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_row_comes_out_once_mixed_and_the_seed_decides_the_order() {
+        let a = shuffled(1);
+        let mut sorted = a.clone();
+        sorted.sort_unstable();
+        assert_eq!(
+            sorted,
+            (0..320).collect::<Vec<u64>>(),
+            "each row exactly once"
+        );
+        assert_ne!(a, sorted, "mixed");
+        // Rows travel up to the pool's size: the first batch holds rows past the first 32.
+        assert!(a[..32].iter().any(|&r| r >= 32));
+        assert_eq!(a, shuffled(1));
+        assert_ne!(a, shuffled(2));
+    }
+}
