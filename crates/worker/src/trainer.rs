@@ -90,16 +90,21 @@ pub fn load_eval_set(
     for f in files {
         let reader = elastrec_data::open_reader(f, job.data.on_bad_row)?;
         let mut reader = elastrec_job::prepare::preprocessed(reader, plan.as_ref());
-        loop {
-            let mut b = Batch::with_capacity(job.train.batch_size);
-            if reader.next_batch(&mut b, job.train.batch_size)? == 0 {
-                break;
-            }
-            batches.push(b);
-        }
+        read_batches(reader.as_mut(), job.train.batch_size, &mut batches)?;
         stats.merge(reader.stats());
     }
     Ok(batches)
+}
+
+/// Every batch of `rows` rows `reader` has left, appended to `out`.
+fn read_batches(reader: &mut dyn BatchReader, rows: usize, out: &mut Vec<Batch>) -> Result<()> {
+    loop {
+        let mut b = Batch::with_capacity(rows);
+        if reader.next_batch(&mut b, rows)? == 0 {
+            return Ok(());
+        }
+        out.push(b);
+    }
 }
 
 /// Exact AUC and log loss of `model` over `batches`.
@@ -409,9 +414,13 @@ impl Prefetcher {
     }
 }
 
-/// Model selection and early stopping over the run's evaluations
-/// (`train.validation`, `train.early_stopping`; [`crate::selection`]).
-struct Selector {
+/// The run's evaluations: the eval files, the metrics log and, with `train.validation`
+/// or `train.early_stopping`, model selection and early stopping ([`crate::selection`]).
+struct Evaluations {
+    eval_set: Vec<Batch>,
+    predictor: Predictor,
+    metrics: MetricsLog,
+    started: Instant,
     active: bool,
     selection: Selection,
     /// The validation slice, in memory; empty without one.
@@ -422,19 +431,31 @@ struct Selector {
     best_validation: Option<EvalResult>,
 }
 
-impl Selector {
+impl Evaluations {
+    /// Evaluates `model` on the eval files at `at` (logged as `event`) and judges it;
+    /// true: stop training.
+    fn at(
+        &mut self,
+        model: &Dlrm,
+        job: &JobConfig,
+        pb: &ProgressBar,
+        event: &str,
+        at: &Position,
+    ) -> Result<(EvalResult, bool)> {
+        let r = evaluate(model, &self.eval_set, &mut self.predictor)?;
+        report_eval(pb, &mut self.metrics, event, at, &r, self.started)?;
+        let stop = self.judge(model, job, &r, at, pb)?;
+        Ok((r, stop))
+    }
+
     /// Judges the model just evaluated (`eval` on the eval files); true: stop training.
-    #[allow(clippy::too_many_arguments)]
     fn judge(
         &mut self,
         model: &Dlrm,
         job: &JobConfig,
-        predictor: &mut Predictor,
         eval: &EvalResult,
         at: &Position,
         pb: &ProgressBar,
-        metrics: &mut MetricsLog,
-        started: Instant,
     ) -> Result<bool> {
         if !self.active {
             return Ok(false);
@@ -442,8 +463,8 @@ impl Selector {
         let validation = if self.validation.is_empty() {
             None
         } else {
-            let v = evaluate(model, &self.validation, predictor)?;
-            report_eval(pb, metrics, "validation", at, &v, started)?;
+            let v = evaluate(model, &self.validation, &mut self.predictor)?;
+            report_eval(pb, &mut self.metrics, "validation", at, &v, self.started)?;
             Some(v)
         };
         let auc = validation.map_or(eval.auc, |v| v.auc);
@@ -491,13 +512,7 @@ fn load_slice(
             *end,
             job.data.on_bad_row,
         )?;
-        loop {
-            let mut b = Batch::with_capacity(job.train.batch_size);
-            if reader.next_batch(&mut b, job.train.batch_size)? == 0 {
-                break;
-            }
-            batches.push(b);
-        }
+        read_batches(reader.as_mut(), job.train.batch_size, &mut batches)?;
         stats.merge(reader.stats());
     }
     Ok(batches)
@@ -664,17 +679,19 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
     let train_rows: u64 = counts.iter().map(|&(_, rows)| rows).sum::<u64>()
         - slice.iter().map(|(_, a, b)| b - a).sum::<u64>();
     std::fs::create_dir_all(&job.output.dir).map_err(|e| WorkerError::io(&job.output.dir, e))?;
-    let mut metrics = MetricsLog::open(&job.output.dir)?;
+    let metrics = MetricsLog::open(&job.output.dir)?;
 
     let table_rows = resolve_table_rows(job);
     let model = Dlrm::new(job, table_rows.clone())?;
     let batch_size = job.train.batch_size;
     let mut step = TrainStep::new(model, &job.optimizer.dense, batch_size);
-    let mut predictor = Predictor::new(&step.model, batch_size);
 
     let mut eval_stats = ReadStats::default();
-    let eval_set = load_eval_set(&job.eval_files(), job, &mut eval_stats)?;
-    let mut selector = Selector {
+    let mut evals = Evaluations {
+        eval_set: load_eval_set(&job.eval_files(), job, &mut eval_stats)?,
+        predictor: Predictor::new(&step.model, batch_size),
+        metrics,
+        started,
         active: job.train.validation > 0.0 || job.train.early_stopping > 0,
         selection: Selection::new(job.train.early_stopping),
         validation: load_slice(&slice, job, &mut eval_stats)?,
@@ -746,20 +763,10 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
                     loss: epoch_loss,
                     train_time,
                 };
-                let r = evaluate(&step.model, &eval_set, &mut predictor)?;
-                report_eval(&pb, &mut metrics, "eval", &at, &r, started)?;
+                let (r, stop) = evals.at(&step.model, job, &pb, "eval", &at)?;
                 last_eval = Some(r);
                 next_eval += job.train.eval_every;
-                if selector.judge(
-                    &step.model,
-                    job,
-                    &mut predictor,
-                    &r,
-                    &at,
-                    &pb,
-                    &mut metrics,
-                    started,
-                )? {
+                if stop {
                     early_stopped = true;
                     preprocess = reader.reader.preprocess_report().or(preprocess);
                     read_stats.merge(&reader.reader.finish());
@@ -790,29 +797,23 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
             loss: epoch_loss,
             train_time,
         };
-        let r = evaluate(&step.model, &eval_set, &mut predictor)?;
-        report_eval(&pb, &mut metrics, "epoch", &at, &r, started)?;
+        let (r, stop) = evals.at(&step.model, job, &pb, "epoch", &at)?;
         last_eval = Some(r);
-        if selector.judge(
-            &step.model,
-            job,
-            &mut predictor,
-            &r,
-            &at,
-            &pb,
-            &mut metrics,
-            started,
-        )? {
+        if stop {
             early_stopped = true;
             break;
         }
     }
     pb.finish_and_clear();
-    if last_eval.is_none_or(|e| e.samples == 0) && !eval_set.is_empty() {
-        last_eval = Some(evaluate(&step.model, &eval_set, &mut predictor)?);
+    if last_eval.is_none_or(|e| e.samples == 0) && !evals.eval_set.is_empty() {
+        last_eval = Some(evaluate(
+            &step.model,
+            &evals.eval_set,
+            &mut evals.predictor,
+        )?);
     }
 
-    let best = selector.active.then(|| selector.selection.best()).flatten();
+    let best = evals.active.then(|| evals.selection.best()).flatten();
     let model_path = if job.output.save_model {
         let p = job.output.dir.join("model.bin");
         // With model selection, model.bin was written when the best model was seen.
@@ -825,7 +826,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
     };
     if best.is_some() {
         // The summary describes the model that is kept.
-        last_eval = selector.best_eval.or(last_eval);
+        last_eval = evals.best_eval.or(last_eval);
     }
     read_stats.merge(&eval_stats);
     let summary = Summary {
@@ -846,7 +847,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
         model_path,
         preprocess,
         best,
-        validation: selector.best_validation,
+        validation: evals.best_validation,
         early_stopped,
     };
     let path = job.output.dir.join("summary.json");
