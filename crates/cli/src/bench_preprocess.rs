@@ -81,18 +81,25 @@ impl GraphSpec {
         }
     }
 
-    fn features(&self) -> Vec<FeatureSpec> {
+    /// The graph's entries; with `bucketize_ints` false the integers stop at `log1p`
+    /// and are dense inputs (the training measurement's model needs some).
+    fn features(&self, bucketize_ints: bool) -> Vec<FeatureSpec> {
         let borders: Vec<String> = self.borders.iter().map(f64::to_string).collect();
-        let ints = self.ints.iter().map(|c| FeatureSpec {
-            name: None,
-            input: Input::One(c.clone()),
-            ops: vec![
+        let ints = self.ints.iter().map(|c| {
+            let mut ops = vec![
                 "fill_null(0)".into(),
                 format!("clamp({}, {})", self.clamp.0, self.clamp.1),
                 "log1p".into(),
-                format!("bucketize([{}])", borders.join(", ")),
-            ],
-            rows: None,
+            ];
+            if bucketize_ints {
+                ops.push(format!("bucketize([{}])", borders.join(", ")));
+            }
+            FeatureSpec {
+                name: None,
+                input: Input::One(c.clone()),
+                ops,
+                rows: None,
+            }
         });
         let cats = self.cats.iter().enumerate().map(|(i, c)| FeatureSpec {
             name: None,
@@ -173,7 +180,7 @@ pub fn run(a: BenchPreprocessArgs) -> Result<()> {
     let input = read_columns(&file)?;
 
     let graph = GraphSpec::criteo();
-    let plan = Arc::new(Plan::compile(&graph.features())?);
+    let plan = Arc::new(Plan::compile(&graph.features(true))?);
     eprintln!(
         "elastrec: {} features, {} dense and {} sparse columns, {} fused steps, {} round(s) on {} thread(s)",
         plan.features().len(),
@@ -254,16 +261,7 @@ fn generate(dir: &Path, rows: u64) -> Result<PathBuf> {
 fn read_columns(file: &Path) -> Result<RawColumns> {
     let mut reader = elastrec_data::open_reader(file, elastrec_data::BadRowPolicy::Fail)?;
     let mut all = RawColumns::default();
-    let mut chunk = RawColumns::default();
-    while reader.next_raw(&mut chunk, 1 << 16)? > 0 {
-        all.labels.extend_from_slice(&chunk.labels);
-        for (a, c) in all.ints.iter_mut().zip(&chunk.ints) {
-            a.extend_from_slice(c);
-        }
-        for (a, c) in all.cats.iter_mut().zip(&chunk.cats) {
-            a.extend_from_slice(c);
-        }
-    }
+    reader.next_raw(&mut all, usize::MAX)?;
     Ok(all)
 }
 
@@ -400,8 +398,10 @@ mod train_overhead {
     use anyhow::Result;
     use elastrec_data::{Batch, RawColumns};
     use elastrec_job::config::JobConfig;
-    use elastrec_preprocess::{FeatureSpec, Input, Plan};
+    use elastrec_preprocess::{FeatureSpec, Plan};
     use elastrec_worker::{Dlrm, TrainStep};
+
+    use super::median;
     use serde::Serialize;
 
     /// Seconds per training step, median of the rounds, per placement.
@@ -424,42 +424,16 @@ mod train_overhead {
         pub costs: Vec<(String, f64)>,
     }
 
-    /// The training graph: the graph with the integers as dense inputs
-    /// (`fill_null → clamp → log1p`), as a DLRM needs some.
+    /// The training graph: the benchmark's, with the integers as dense inputs
+    /// (`fill_null → clamp → log1p`, as a DLRM needs some) and every hash reduced to
+    /// 100,000 ids, so that the model's tables stay a few hundred MB.
     pub fn graph() -> Vec<FeatureSpec> {
-        let mut specs: Vec<FeatureSpec> = (1..=13)
-            .map(|i| FeatureSpec {
-                name: None,
-                input: Input::One(format!("I{i}")),
-                ops: vec![
-                    "fill_null(0)".into(),
-                    "clamp(0, 1e6)".into(),
-                    "log1p".into(),
-                ],
-                rows: None,
-            })
-            .collect();
-        specs.extend((1..=26).map(|j| FeatureSpec {
-            name: None,
-            input: Input::One(format!("C{j}")),
-            ops: vec![format!("sigrid_hash(salt={j}, mod=100000)")],
-            rows: None,
-        }));
-        specs.extend(
-            [("C1", "C2"), ("C3", "C4"), ("C5", "C6")]
-                .iter()
-                .enumerate()
-                .map(|(i, (a, b))| FeatureSpec {
-                    name: None,
-                    input: Input::Many(vec![a.to_string(), b.to_string()]),
-                    ops: vec![
-                        "ngram(2)".into(),
-                        format!("sigrid_hash(salt={}, mod=100000)", 100 + i),
-                    ],
-                    rows: None,
-                }),
-        );
-        specs
+        super::GraphSpec {
+            modulus: 100_000,
+            cross_mod: 100_000,
+            ..super::GraphSpec::criteo()
+        }
+        .features(false)
     }
 
     fn slice(input: &RawColumns, rows: std::ops::Range<usize>) -> RawColumns {
@@ -476,11 +450,6 @@ mod train_overhead {
                 .map(|c| c[rows.clone()].to_vec())
                 .collect(),
         }
-    }
-
-    fn median(mut v: Vec<f64>) -> f64 {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
     }
 
     pub fn measure(
@@ -573,8 +542,11 @@ mod train_overhead {
             .into_iter()
             .map(|(k, s)| (k, s / batches as f64))
             .collect();
-        let (step_s, reader_thread_s, between_steps_s) =
-            (median(alone), median(reader), median(between));
+        let (step_s, reader_thread_s, between_steps_s) = (
+            median(&mut alone),
+            median(&mut reader),
+            median(&mut between),
+        );
         Ok(Overhead {
             batch_size,
             batches,

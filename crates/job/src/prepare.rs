@@ -131,14 +131,13 @@ pub fn preprocessed(
 /// keeps, else the default size.
 pub fn resolve_table_rows(job: &JobConfig) -> Vec<u64> {
     let cap = job.model.max_table_rows;
-    let sparse = feature_widths(job).1;
-    match &job.model.table_rows {
-        TableRows::All(n) => vec![(*n).min(cap); sparse],
-        TableRows::PerTable(v) => capped_rows(v, cap),
-        TableRows::Auto if !job.preprocess.is_empty() => {
-            let Ok(Some(plan)) = feature_plan(job) else {
-                return vec![DEFAULT_TABLE_ROWS.min(cap); sparse];
-            };
+    // A graph that does not compile was refused when the job file was loaded.
+    let plan = feature_plan(job).ok().flatten();
+    let sparse = plan.as_ref().map_or(NUM_SPARSE, |p| p.sparse_width());
+    match (&job.model.table_rows, plan) {
+        (TableRows::All(n), _) => vec![(*n).min(cap); sparse],
+        (TableRows::PerTable(v), _) => capped_rows(v, cap),
+        (TableRows::Auto, Some(plan)) => {
             let report = elastrec_data::gen::read_report(&job.data.dir).ok();
             let sized = |c: u64| c.saturating_mul(ROWS_PER_VALUE).max(MIN_AUTO_ROWS).min(cap);
             plan.table_sizes()
@@ -155,7 +154,7 @@ pub fn resolve_table_rows(job: &JobConfig) -> Vec<u64> {
                 })
                 .collect()
         }
-        TableRows::Auto => match elastrec_data::gen::read_report(&job.data.dir) {
+        (TableRows::Auto, None) => match elastrec_data::gen::read_report(&job.data.dir) {
             Ok(report) if report.cardinalities.len() == NUM_SPARSE => {
                 let sized: Vec<u64> = report
                     .cardinalities

@@ -63,8 +63,6 @@ pub(crate) struct ExecutorReader {
     /// The job's `[[preprocess]]` plan: the executors apply it, and so does this reader
     /// when it reads the file itself.
     plan: Option<Arc<elastrec_preprocess::Plan>>,
-    /// Dense and sparse columns per sample of the job's batches.
-    widths: (usize, usize),
     /// Which executor to ask first (spreads workers over them).
     first: usize,
     /// Connections by address.
@@ -88,12 +86,8 @@ impl ExecutorReader {
         plan: Option<Arc<elastrec_preprocess::Plan>>,
         worker: u32,
     ) -> Self {
-        let widths = plan.as_ref().map_or((NUM_DENSE, NUM_SPARSE), |p| {
-            (p.dense_width(), p.sparse_width())
-        });
         Self {
             plan,
-            widths,
             executors,
             file,
             file_index,
@@ -107,6 +101,13 @@ impl ExecutorReader {
             stats: ReadStats::default(),
             worker,
         }
+    }
+
+    /// Dense and sparse columns per sample of the job's batches.
+    fn widths(&self) -> (usize, usize) {
+        self.plan.as_ref().map_or((NUM_DENSE, NUM_SPARSE), |p| {
+            (p.dense_width(), p.sparse_width())
+        })
     }
 
     fn client(&mut self, addr: &str) -> anyhow::Result<rpc::Executor> {
@@ -139,7 +140,7 @@ impl ExecutorReader {
             .block_on(async move { client.read(req).await })
             .map_err(|s| anyhow::anyhow!("executor {addr}: {}", s.message()))?
             .into_inner();
-        check_response(&r, max_rows, self.end - self.at, self.widths)?;
+        check_response(&r, max_rows, self.end - self.at, self.widths())?;
         Ok(r)
     }
 }
@@ -150,7 +151,7 @@ impl BatchReader for ExecutorReader {
             return read_counted(local.as_mut(), batch, max_rows, &mut self.stats);
         }
         batch.clear();
-        (batch.dense_width, batch.sparse_width) = self.widths;
+        (batch.dense_width, batch.sparse_width) = self.widths();
         if self.at >= self.end {
             return Ok(0);
         }

@@ -869,6 +869,8 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let mut model = RemoteModel::new(&job, layout, token.clone(), shared.clone(), id)?;
     let batch_size = job.train.batch_size;
     let files = TaskFiles::of_blocking(&job).await?;
+    // Compiled once: every task's reader runs it.
+    let plan = elastrec_job::prepare::feature_plan(&job)?;
     // An online job's consumer, made on its first task.
     let mut stream: Option<elastrec_stream::StreamInput> = None;
     let mut batch = Batch::with_capacity(batch_size);
@@ -945,6 +947,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         let (file, file_index, mut reader) = open_task(
             &job,
             &files,
+            plan.as_ref(),
             &shared.executors,
             &mut stream,
             &task,
@@ -1110,10 +1113,13 @@ impl TaskFiles {
 
 /// Opens the data of `task` from row (or offset) `from`: one of the job's training files,
 /// or an offset range of one of its stream partitions. Names from the wire are checked:
-/// only the job's own files, or partitions of its own topics.
+/// only the job's own files, or partitions of its own topics. The rows go through the job's
+/// `[[preprocess]]` plan, when it has one.
+#[allow(clippy::too_many_arguments)]
 fn open_task(
     job: &JobConfig,
     files: &TaskFiles,
+    plan: Option<&Arc<elastrec_preprocess::Plan>>,
     executors: &crate::executor_reader::Executors,
     stream: &mut Option<elastrec_stream::StreamInput>,
     task: &elastrec_proto::master::Task,
@@ -1121,7 +1127,6 @@ fn open_task(
     worker: u32,
 ) -> anyhow::Result<(String, u32, Box<dyn BatchReader>)> {
     let policy = job.data.on_bad_row;
-    let plan = elastrec_job::prepare::feature_plan(job)?;
     // A mixture job's tasks name either a partition or one of its history files.
     let partition = job.stream.as_ref().and_then(|cfg| {
         elastrec_stream::PartitionId::parse(&task.file).filter(|p| cfg.topics.contains(&p.topic))
@@ -1147,7 +1152,7 @@ fn open_task(
         }
         let input = stream.as_ref().expect("made above");
         let reader = input.range(&partition, from, task.end_row, policy)?;
-        let reader = elastrec_job::prepare::preprocessed(Box::new(reader), plan.as_ref());
+        let reader = elastrec_job::prepare::preprocessed(Box::new(reader), plan);
         return Ok((task.file.clone(), task.file_index, reader));
     }
     let (path, index) = files.resolve(task)?;
@@ -1161,13 +1166,12 @@ fn open_task(
             from,
             task.end_row,
             policy,
-            plan,
+            plan.cloned(),
             worker,
         );
         return Ok((task.file.clone(), index, Box::new(reader)));
     }
-    let reader =
-        elastrec_job::prepare::open_job_reader(plan.as_ref(), &path, from, task.end_row, policy)?;
+    let reader = elastrec_job::prepare::open_job_reader(plan, &path, from, task.end_row, policy)?;
     Ok((task.file.clone(), index, reader))
 }
 
