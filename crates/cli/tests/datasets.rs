@@ -651,3 +651,131 @@ fn wait_followed(
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// `[[data.source]]` over two datasets of the hourly data: `recent` (the third day,
+/// weight 3) and `old` (the first two, weight 1), served by weight.
+const SOURCES: &str = r#"
+[[data.dataset]]
+name = "old"
+path = "data/dt={date}/hour={hour}"
+from = "2026-11-01"
+to = "2026-11-03"
+
+[[data.dataset]]
+name = "recent"
+path = "data/dt={date}/hour={hour}"
+from = "2026-11-03"
+to = "2026-11-04"
+
+[[data.dataset]]
+name = "holdout"
+path = "data/dt={date}/hour={hour}"
+from = "2026-11-04"
+to = "2026-11-05"
+role = "eval"
+
+[[data.source]]
+name = "recent"
+datasets = ["recent"]
+weight = 3
+
+[[data.source]]
+name = "old"
+datasets = ["old"]
+"#;
+
+/// Weighted sources in both modes. `train` reads every row of each source once and
+/// reports what each gave. A distributed `run`, held part-way, has served the sources
+/// 3 : 1 (in time order it would have served only `old` so far); its master is SIGKILLed
+/// there and resumed with the same buffers, and the job ends with an exact ledger and
+/// every row of each source served.
+#[test]
+fn weighted_sources_are_mixed_by_train_and_by_run_and_survive_a_master_restart() {
+    let _g = common::serial();
+    let tmp = tempfile::tempdir().unwrap();
+    hourly_data(tmp.path());
+    let path = job(tmp.path(), "sources-train", SOURCES, "");
+    ok(&elastrec(&["train", path.to_str().unwrap()]));
+    let s = summary(tmp.path(), "sources-train");
+    assert_eq!(s["samples"].as_u64().unwrap(), 3 * ROWS_PER_DAY, "{s}");
+    let mix = &s["mix"];
+    assert!(
+        mix["serving"]
+            .as_str()
+            .unwrap()
+            .starts_with("weighted 3 : 1"),
+        "{s}"
+    );
+    assert_eq!(
+        mix["served_per_epoch"]["recent"]["rows"], ROWS_PER_DAY,
+        "{s}"
+    );
+    assert_eq!(
+        mix["served_per_epoch"]["old"]["rows"],
+        2 * ROWS_PER_DAY,
+        "{s}"
+    );
+    assert!(s["eval"]["auc"].as_f64().unwrap() > 0.6, "{s}");
+
+    let path = job(
+        tmp.path(),
+        "sources-run",
+        SOURCES,
+        "[cluster]\nps = 1\nworkers = 2\n[checkpoint]\nenabled = false\n",
+    );
+    let dir = tmp.path().join("sources-run");
+    let log = tmp.path().join("sources-run.log");
+    let at = 12_000u64;
+    let mut run = common::Group::spawn(
+        &[
+            "run",
+            path.to_str().unwrap(),
+            "--pause-at-samples",
+            &at.to_string(),
+        ],
+        &log,
+    );
+    let s = common::wait_held(&dir);
+    let mix = &s["mix"];
+    assert_eq!(mix["sources"], serde_json::json!(["recent", "old"]), "{s}");
+    let rows = |k: &str| mix["served"][k]["rows"].as_u64().unwrap();
+    let (recent, old) = (rows("recent"), rows("old"));
+    assert!(recent + old >= at, "{s}");
+    // Stride scheduling keeps each source within about one task (an hour, ~417 rows) of
+    // its share.
+    assert!(
+        recent.abs_diff(3 * old) <= 2_000,
+        "served recent {recent} and old {old} rows, not 3 : 1: {s}"
+    );
+    let queued = mix["queued"].clone();
+    // SAFETY: plain kill(2) of the master only; its nodes keep running.
+    unsafe {
+        libc::kill(run.pid(), libc::SIGKILL);
+    }
+    let _ = run.wait(std::time::Duration::from_secs(30));
+    let log2 = tmp.path().join("sources-run.resume.log");
+    let mut run = common::Group::spawn(&["run", "--resume", dir.to_str().unwrap()], &log2);
+    let s = common::wait_held(&dir);
+    assert_eq!(
+        s["mix"]["queued"], queued,
+        "the resumed master's buffers: {s}"
+    );
+    common::unpause(&dir);
+    run.wait_success(&log2);
+    let r = common::result(&dir);
+    assert_eq!(r["status"], "finished", "{r}");
+    let e = &r["epochs"][0];
+    assert_eq!(e["consumed"].as_u64().unwrap(), 3 * ROWS_PER_DAY, "{r}");
+    assert_eq!(
+        (e["duplicated"].as_u64(), e["missing"].as_u64()),
+        (Some(0), Some(0)),
+        "{r}"
+    );
+    // Served since the resumed master started: what was still queued at the kill.
+    let queued_rows = r["mix"]["served"]["recent"]["rows"].as_u64().unwrap()
+        + r["mix"]["served"]["old"]["rows"].as_u64().unwrap();
+    assert!(
+        queued_rows > 0 && queued_rows <= 3 * ROWS_PER_DAY - at,
+        "{r}"
+    );
+}

@@ -561,7 +561,7 @@ fn mixture_job(
 /// exact ledger over both sources. Returns the result.
 fn stop_mixture(dir: &Path, g: &mut Group, log: &Path, total: u64) -> serde_json::Value {
     let (r, text, _) = stop_when_trained(dir, g, log, total);
-    assert!(r["online"]["mix"].is_object(), "{r}");
+    assert!(r["mix"].is_object(), "{r}");
     let auc = r["eval"]["auc"].as_f64().unwrap();
     assert!(auc > 0.6, "the mixed model learned: AUC {auc}\n{text}");
     r
@@ -589,14 +589,14 @@ fn kafka_a_mixture_job_trains_its_history_and_its_stream_exactly_once() {
         &log,
     );
     let s = wait_held(&dir);
-    let m = &s["stream"]["mix"];
+    let m = &s["mix"];
     assert!(
         m["serving"].as_str().unwrap().starts_with("priority"),
         "{s}"
     );
     let table = elastrec(&["status", dir.to_str().unwrap()]);
     let table = String::from_utf8_lossy(&table.stdout);
-    assert!(table.contains("mixture (priority"), "{table}");
+    assert!(table.contains("sources (priority"), "{table}");
     let (victim, pid) = running_workers(&s)[0];
     kill_node(&dir, victim, pid);
     unpause(&dir);
@@ -604,7 +604,7 @@ fn kafka_a_mixture_job_trains_its_history_and_its_stream_exactly_once() {
     let second = replay_day(&brokers, 1);
     let stream = first + second;
     let r = stop_mixture(&dir, &mut g, &log, history + stream);
-    let served = &r["online"]["mix"]["served"];
+    let served = &r["mix"]["served"];
     assert!(
         served["history"]["rows"].as_u64().unwrap() >= history,
         "{r}"
@@ -641,7 +641,7 @@ fn kafka_a_sequential_mixture_trains_the_history_first_and_resumes_after_a_maste
         &log,
     );
     let s = wait_held(&dir);
-    let m = &s["stream"]["mix"];
+    let m = &s["mix"];
     assert_eq!(m["served"]["stream"]["rows"], 0, "{s}");
     assert!(m["queued"]["history"].as_u64().unwrap() > 0, "{s}");
     assert!(m["queued"]["stream"].as_u64().unwrap() > 0, "{s}");
@@ -653,7 +653,7 @@ fn kafka_a_sequential_mixture_trains_the_history_first_and_resumes_after_a_maste
     let log2 = f.dir.join(format!("{name}.resume.log"));
     let mut g = Group::spawn(&["run", "--resume", dir.to_str().unwrap()], &log2);
     let s = wait_held(&dir);
-    let m = &s["stream"]["mix"];
+    let m = &s["mix"];
     assert!(m["queued"]["history"].as_u64().unwrap() > 0, "{s}");
     unpause(&dir);
     stop_mixture(&dir, &mut g, &log2, history + stream);

@@ -83,6 +83,10 @@ pub struct DataConfig {
     /// served as `mode` says (`docs/data.md`). Absent: an online job trains its stream
     /// only.
     pub mix: Option<crate::mix::MixConfig>,
+    /// The training data split into weighted sources (`[[data.source]]`, see
+    /// `docs/data.md`); empty: one source. With sources, every training dataset and file
+    /// is in exactly one, and `[data.mix]` (default `weighted`) says how they are served.
+    pub source: Vec<crate::mix::SourceConfig>,
 }
 
 impl DataConfig {
@@ -105,6 +109,7 @@ impl Default for DataConfig {
             follow: false,
             follow_every: "1m".into(),
             mix: None,
+            source: Vec::new(),
         }
     }
 }
@@ -550,9 +555,12 @@ impl JobConfig {
         };
         mix.validate()?;
         let Some(stream) = &self.stream else {
+            if !self.data.source.is_empty() {
+                return Ok(()); // it mixes the [[data.source]] buffers only
+            }
             return Err((
                 "data.mix",
-                "mixes the history with a stream, and the job has no [stream] section".into(),
+                "mixes the history with a stream or several [[data.source]]s, and the job has neither".into(),
             ));
         };
         if self.data.follow {
@@ -615,6 +623,7 @@ impl JobConfig {
         }
         self.check_mix()
             .map_err(|(field, reason)| bad(field, reason))?;
+        crate::mix::check_sources(self).map_err(|(field, reason)| bad(field, reason))?;
         if let Some(now) = &self.data.now {
             elastrec_orchestrate::parse_time(now).map_err(|e| bad("data.now", e))?;
         }
@@ -870,6 +879,74 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("26 entries"), "{err}");
+    }
+
+    /// `[[data.source]]`: every training file in exactly one named, weighted source; a
+    /// job with sources serves them by weight unless `[data.mix]` says otherwise, and
+    /// `[data.mix]` needs no stream then. Each refusal names the source or the file.
+    #[test]
+    fn sources_are_checked_against_the_training_data() {
+        let head = "[data]\ntrain = [\"day_0.tsv\", \"day_1.tsv\", \"day_2.tsv\"]\n";
+        let recent = "[[data.source]]\nname = \"recent\"\nfiles = [\"day_2.tsv\"]\nweight = 3\n";
+        let old = "[[data.source]]\nname = \"old\"\nfiles = [\"day_0.tsv\", \"day_1.tsv\"]\n";
+        let cfg = parse(&format!("{head}{recent}{old}")).unwrap();
+        assert_eq!(crate::mix::train_file_sources(&cfg), vec![1, 1, 0]);
+        assert_eq!(
+            crate::mix::serving(&cfg),
+            elastrec_orchestrate::serving::Serving::Weighted {
+                weights: vec![3.0, 1.0, 4.0]
+            }
+        );
+        assert_eq!(crate::mix::source_names(&cfg), ["recent", "old", "stream"]);
+        let cfg = parse(&format!(
+            "{head}{recent}{old}[data.mix]\nmode = \"sequential\"\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            crate::mix::serving(&cfg),
+            elastrec_orchestrate::serving::Serving::Sequential
+        );
+        let reason_of = |text: String| match parse(&text).unwrap_err() {
+            ConfigError::Invalid { field, reason, .. } => {
+                assert_eq!(field, "data.source", "{reason}");
+                reason
+            }
+            e => panic!("{e}"),
+        };
+        let r = reason_of(format!("{head}{recent}"));
+        assert!(
+            r.contains("`day_0.tsv` is training data in no [[data.source]]"),
+            "{r}"
+        );
+        let r = reason_of(format!("{head}{recent}{old}{recent}"));
+        assert!(r.contains("the name `recent` is taken"), "{r}");
+        let r = reason_of(format!(
+            "{head}{recent}{old}[[data.source]]\nname = \"x\"\nfiles = [\"day_2.tsv\"]\n"
+        ));
+        assert!(
+            r.contains("`day_2.tsv` is in two sources (`recent` and `x`)"),
+            "{r}"
+        );
+        let r = reason_of(format!(
+            "{head}{old}[[data.source]]\nname = \"recent\"\nfiles = [\"day_9.tsv\"]\n"
+        ));
+        assert!(r.contains("`day_9.tsv`, which is not in data.train"), "{r}");
+        let r = reason_of(format!(
+            "{head}{old}[[data.source]]\nname = \"stream\"\nfiles = [\"day_2.tsv\"]\n"
+        ));
+        assert!(r.contains("`stream` is the stream's"), "{r}");
+        let r = reason_of(format!(
+            "{head}{old}[[data.source]]\nname = \"r\"\nfiles = [\"day_2.tsv\"]\nweight = 0\n"
+        ));
+        assert!(
+            r.contains("source `r`: weight must be a positive number"),
+            "{r}"
+        );
+        let r = reason_of(format!("{head}{old}[[data.source]]\nname = \"r\"\ndatasets = [\"clicks\"]\nfiles = [\"day_2.tsv\"]\n"));
+        assert!(
+            r.contains("dataset `clicks`, which is not a [[data.dataset]]"),
+            "{r}"
+        );
     }
 
     /// The config reference must document every field the structs accept.

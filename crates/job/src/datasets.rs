@@ -84,6 +84,13 @@ pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
         let mut checked = std::collections::HashSet::new();
         for t in &tasks {
             let staged = stage(job, &graph, t)?;
+            if role == DatasetRole::Train {
+                add_to_source(
+                    job,
+                    &graph.datasets()[graph.partition(t.partition).dataset].name,
+                    &staged,
+                );
+            }
             let counts = &mut found[graph.partition(t.partition).dataset];
             counts.tasks += 1;
             counts.files += staged.len();
@@ -105,9 +112,25 @@ pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
         job.data.dataset.retain(|d| d.role == DatasetRole::Train);
     } else {
         job.data.dataset.clear();
+        for s in &mut job.data.source {
+            s.datasets.clear();
+        }
         job.data.now = Some(now.format("%Y-%m-%dT%H:%M:%S").to_string());
     }
     Ok(report)
+}
+
+/// Adds dataset `name`'s resolved `files` to the `[[data.source]]` that serves it, so
+/// the resolved job names each training file's source.
+fn add_to_source(job: &mut JobConfig, name: &str, files: &[String]) {
+    if let Some(s) = job
+        .data
+        .source
+        .iter_mut()
+        .find(|s| s.datasets.iter().any(|d| d == name))
+    {
+        s.files.extend_from_slice(files);
+    }
 }
 
 /// `data.now`, when the job fixes its clock.
@@ -178,6 +201,8 @@ pub fn follow_roots(job: &JobConfig) -> Result<Vec<PathBuf>> {
 pub struct Landed {
     /// New files and their rows, in time order.
     pub files: Vec<(String, u64)>,
+    /// The `[[data.source]]` of each new file (all 0 without sources).
+    pub sources: Vec<u32>,
     /// The partitions those files came from, as `dataset/dir`.
     pub partitions: Vec<String>,
     /// Partitions of the windows not ready yet, oldest first.
@@ -255,6 +280,10 @@ impl Follower {
                         .push(format!("{}/{}", self.dataset_name(p.dataset), p.dir));
                 }
                 let rows = elastrec_data::count_rows(Path::new(&path))?;
+                let dataset = self.dataset_name(self.graph.partition(t.partition).dataset);
+                landed
+                    .sources
+                    .push(crate::mix::source_of_dataset(&self.job, dataset));
                 landed.files.push((path, rows));
             }
         }

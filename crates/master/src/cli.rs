@@ -157,6 +157,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let autoscale = json_state(&s.autoscale_json, "autoscale")?;
     let datasets = json_state(&s.datasets_json, "datasets")?;
     let stream = json_state(&s.stream_json, "stream")?;
+    let mix = json_state(&s.mix_json, "mix")?;
     if args.json {
         let nodes: Vec<serde_json::Value> = s
             .nodes
@@ -197,6 +198,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
                 "reshards": serde_json::from_str::<serde_json::Value>(&s.reshards_json).unwrap_or_default(),
                 "datasets": datasets,
                 "stream": stream,
+                "mix": mix,
             })
         );
         return Ok(());
@@ -289,6 +291,9 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
     if let Some(st) = &stream {
         print_stream(st);
     }
+    if let Some(m) = &mix {
+        print_mix(m);
+    }
     Ok(())
 }
 
@@ -298,6 +303,18 @@ fn role_name(role: i32) -> &'static str {
         Ok(PbRole::Ps) => "ps",
         Ok(PbRole::Executor) => "executor",
         _ => "worker",
+    }
+}
+
+/// The serving buffers of a job with several sources: one line each.
+fn print_mix(mix: &serde_json::Value) {
+    println!("sources ({}):", mix["serving"].as_str().unwrap_or("?"));
+    for name in mix["sources"].as_array().into_iter().flatten() {
+        let k = name.as_str().unwrap_or("?");
+        println!(
+            "  {k:<20}  {:>8} tasks queued  {:>12} rows served",
+            mix["queued"][k], mix["served"][k]["rows"]
+        );
     }
 }
 
@@ -328,21 +345,6 @@ fn print_stream(st: &serde_json::Value) {
             num(&p["lag_s"]),
             num(&p["peak_lag_s"]),
             num(&p["rate"])
-        );
-    }
-    let mix = &st["mix"];
-    if mix.is_object() {
-        let side = |k: &str| {
-            format!(
-                "{} tasks queued, {} rows served",
-                mix["queued"][k], mix["served"][k]["rows"]
-            )
-        };
-        println!(
-            "  mixture ({}): history {}; stream {}",
-            mix["serving"].as_str().unwrap_or("?"),
-            side("history"),
-            side("stream")
         );
     }
     let w = &st["progressive"];

@@ -122,6 +122,9 @@ pub struct MasterCore {
     pub stream_stats: Mutex<Option<crate::stream_stats::StreamStats>>,
     /// A following job's view of its datasets as JSON, refreshed by its watcher.
     pub follow_status: Mutex<Option<serde_json::Value>>,
+    /// The serving buffers' names: the history's sources, then the stream
+    /// (`elastrec_job::mix::source_names`); set at start and resume.
+    pub source_names: std::sync::OnceLock<Vec<String>>,
     /// An online job's scaling decisions so far.
     pub online_scaling: Mutex<Vec<crate::online_scale_loop::ScalingEvent>>,
     /// An online job's progressive validation (predictions the workers made before
@@ -160,6 +163,7 @@ impl MasterCore {
             checkpoints: std::sync::OnceLock::new(),
             stream_stats: Mutex::new(None),
             follow_status: Mutex::new(None),
+            source_names: std::sync::OnceLock::new(),
             online_scaling: Mutex::new(Vec::new()),
             progressive: Mutex::new(None),
             profiles: Mutex::new(Default::default()),
@@ -367,12 +371,13 @@ impl MasterCore {
     pub fn status(&self) -> StatusResponse {
         let now = monotonic_ms();
         // Before the job's lock: the stream's own locks are never taken inside it here.
-        let mut stream = self.stream_status();
+        let stream = self.stream_status();
         let job = self.job.lock();
         let q = job.tasks();
-        if let Some(v) = stream.as_mut().filter(|_| q.is_mixture()) {
-            v["mix"] = mix_status(q);
-        }
+        let mix_json = self
+            .mix_status(q)
+            .map(|v| v.to_string())
+            .unwrap_or_default();
         let stream_json = stream.map(|v| v.to_string()).unwrap_or_default();
         let (todo, doing, done) = q.counts();
         let samples_done: u64 = (0..q.spec().epochs)
@@ -437,6 +442,7 @@ impl MasterCore {
                 .map(|v| v.to_string())
                 .unwrap_or_default(),
             stream_json,
+            mix_json,
         };
         drop(job);
         let mut reply = reply;
@@ -447,14 +453,37 @@ impl MasterCore {
     }
 }
 
-/// A mixture job's serving buffers: what waits in each, what each has handed out, and
-/// how they are served.
-pub(crate) fn mix_status(q: &crate::tasks::TaskQueue) -> serde_json::Value {
-    let [history, stream] = q.queued();
-    let served = q.served();
-    serde_json::json!({
-        "serving": q.serving().to_string(),
-        "queued": {"history": history, "stream": stream},
-        "served": {"history": served[0], "stream": served[1]},
-    })
+impl MasterCore {
+    /// The serving buffers of a job with several (a mixture, or `[[data.source]]`): how
+    /// they are served, and per source (by name) what waits and what was handed out.
+    /// `None` for a job with one source.
+    pub(crate) fn mix_status(&self, q: &crate::tasks::TaskQueue) -> Option<serde_json::Value> {
+        if !q.is_mixture() && q.source_count() < 2 {
+            return None;
+        }
+        let names = self.source_names.get()?;
+        let queued = q.queued();
+        let served = q.served();
+        // The stream's buffer is last; a job without a stream does not show it.
+        let shown = if q.is_stream() {
+            names.len()
+        } else {
+            names.len() - 1
+        };
+        let mut queued_by = serde_json::Map::new();
+        let mut served_by = serde_json::Map::new();
+        for (b, name) in names.iter().enumerate().take(shown) {
+            queued_by.insert(name.clone(), queued.get(b).copied().unwrap_or(0).into());
+            served_by.insert(
+                name.clone(),
+                serde_json::json!(served.get(b).copied().unwrap_or_default()),
+            );
+        }
+        Some(serde_json::json!({
+            "serving": q.serving().to_string(),
+            "sources": names[..shown],
+            "queued": queued_by,
+            "served": served_by,
+        }))
+    }
 }

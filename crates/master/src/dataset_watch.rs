@@ -104,10 +104,31 @@ pub async fn run(core: Arc<MasterCore>, cfg: JobConfig) {
 /// Makes the new files durable, then queues their tasks. Errs when the master's state
 /// cannot be written.
 async fn queue_files(core: &MasterCore, landed: &Landed) -> Result<(), ()> {
-    let all: Vec<FileRows> = crate::run::core_file_pairs(core)
+    let known: Vec<FileRows> = {
+        let sources = core.job.lock().tasks().file_sources().to_vec();
+        crate::run::core_file_pairs(core)
+            .into_iter()
+            .enumerate()
+            .map(|(i, (path, rows))| FileRows {
+                path,
+                rows,
+                source: sources.get(i).copied().unwrap_or(0),
+            })
+            .collect()
+    };
+    let all: Vec<FileRows> = known
         .into_iter()
-        .chain(landed.files.iter().cloned())
-        .map(|(path, rows)| FileRows { path, rows })
+        .chain(
+            landed
+                .files
+                .iter()
+                .zip(&landed.sources)
+                .map(|((path, rows), &source)| FileRows {
+                    path: path.clone(),
+                    rows: *rows,
+                    source,
+                }),
+        )
         .collect();
     let text = serde_json::to_string(&all).expect("file rows serialize");
     if let Err(e) = core.persist(vec![Change::Meta("files", text)]).await {
@@ -120,7 +141,7 @@ async fn queue_files(core: &MasterCore, landed: &Landed) -> Result<(), ()> {
         .extend(landed.files.iter().map(|(p, _)| p.clone()));
     let rows: Vec<u64> = landed.files.iter().map(|f| f.1).collect();
     if core
-        .run(|job, cx| job.append_files(&rows, cx))
+        .run(|job, cx| job.append_files(&rows, &landed.sources, cx))
         .await
         .is_err()
     {

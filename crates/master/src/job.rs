@@ -476,13 +476,18 @@ impl Job {
         dealt
     }
 
-    /// A following job's new files (rows of each): appended to the queue and cut into
-    /// tasks. Returns the index of the first, or `None` once the job left training.
-    pub fn append_files(&mut self, rows: &[u64], cx: &mut impl Context) -> Option<u32> {
+    /// A following job's new files (rows and `[[data.source]]` of each): appended to the
+    /// queue and cut into tasks. Returns the index of the first, or `None` once the job left training.
+    pub fn append_files(
+        &mut self,
+        rows: &[u64],
+        sources: &[u32],
+        cx: &mut impl Context,
+    ) -> Option<u32> {
         if self.phase != Phase::Training {
             return None;
         }
-        let first = self.tasks.append_files(rows);
+        let first = self.tasks.append_files(rows, sources);
         self.flush_tasks(cx);
         Some(first)
     }
@@ -1419,7 +1424,11 @@ impl Job {
             cx.persist(Change::Node(n));
         }
         // The serving policy is the job's configuration, not part of the position.
-        queue.set_serving(self.tasks.serving());
+        queue.set_sources(
+            self.tasks.source_count(),
+            self.tasks.file_sources().to_vec(),
+        );
+        queue.set_serving(self.tasks.serving().clone());
         self.tasks = queue;
         self.persist_data_reset(cx);
         cx.persist(Change::Meta(

@@ -32,8 +32,9 @@ pub mod progressive;
 pub mod reshard;
 pub mod run;
 pub mod service;
-pub mod serving;
 pub mod store;
 pub mod stream_stats;
 pub mod stream_watch;
 pub mod tasks;
+
+pub use elastrec_orchestrate::serving;

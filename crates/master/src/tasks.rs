@@ -13,7 +13,7 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::{ConsumedRange, Ledger, LedgerSummary};
-use crate::serving::{Buffers, Served, Serving, HISTORY, STREAM};
+use crate::serving::{Buffers, Served, Serving, HISTORY};
 
 /// How the data set is cut into tasks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -194,9 +194,12 @@ pub struct TaskQueue {
     spec: DataSharding,
     file_rows: Vec<u64>,
     tasks: BTreeMap<u64, Task>,
-    /// Queued task ids: one buffer for the history's files, one for the stream's
-    /// partitions, served by a policy (`crate::serving`).
+    /// Queued task ids: one buffer per history source (`[[data.source]]`, one without),
+    /// then one for the stream's partitions, served by a policy (`crate::serving`).
     todo: Buffers,
+    /// The history source of each file (empty: every file is source 0); a stream
+    /// partition's tasks wait in the last buffer whatever this says.
+    file_source: Vec<u32>,
     doing: HashMap<u32, u64>,
     next_id: u64,
     next_front: i64,
@@ -244,7 +247,8 @@ impl TaskQueue {
             spec,
             file_rows,
             tasks: BTreeMap::new(),
-            todo: Buffers::default(),
+            todo: Buffers::new(2),
+            file_source: Vec::new(),
             doing: HashMap::new(),
             next_id: 1,
             next_front: -1,
@@ -291,29 +295,61 @@ impl TaskQueue {
         q
     }
 
-    /// How the history's and the stream's buffers are served (a mixture job's
-    /// `data.mix`); a queue with one source serves it whatever the policy.
+    /// How the buffers are served (`data.mix`, `[[data.source]]` weights): one weight per
+    /// history source, then the stream's. A queue with one source serves it whatever the
+    /// policy.
     pub fn set_serving(&mut self, serving: Serving) {
         self.todo.set_serving(serving);
     }
 
     /// The serving policy in force.
-    pub fn serving(&self) -> Serving {
+    pub fn serving(&self) -> &Serving {
         self.todo.serving()
     }
 
-    /// Tasks and rows handed out from the history and from the stream, since this queue
-    /// was built.
-    pub fn served(&self) -> [Served; 2] {
+    /// Splits the history into `count` sources (`[[data.source]]`): file `f`'s tasks wait
+    /// in buffer `per_file[f]` (0 past its end). Queued tasks are dealt again in their
+    /// order, so a restored queue serves exactly what it held.
+    pub fn set_sources(&mut self, count: usize, per_file: Vec<u32>) {
+        let count = count.max(1);
+        debug_assert!(per_file.iter().all(|&s| (s as usize) < count));
+        let serving = self.todo.serving().clone();
+        let queued = self.todo.drain();
+        self.todo = Buffers::new(count + 1);
+        self.todo.set_serving(serving);
+        self.file_source = per_file;
+        for (_, id) in queued {
+            let b = self.source(self.tasks[&id].file);
+            self.todo.push_back(b, id);
+        }
+    }
+
+    /// Number of history sources.
+    pub fn source_count(&self) -> usize {
+        self.todo.count() - 1
+    }
+
+    /// The history source of each file (empty when the job has one).
+    pub fn file_sources(&self) -> &[u32] {
+        &self.file_source
+    }
+
+    /// Tasks and rows handed out per buffer (the history's sources, then the stream),
+    /// since this queue was built.
+    pub fn served(&self) -> &[Served] {
         self.todo.served()
     }
 
-    /// Queued tasks of the history and of the stream.
-    pub fn queued(&self) -> [usize; 2] {
-        [
-            self.todo.queue(HISTORY).len(),
-            self.todo.queue(STREAM).len(),
-        ]
+    /// Queued tasks per buffer (the history's sources, then the stream).
+    pub fn queued(&self) -> Vec<usize> {
+        (0..self.todo.count())
+            .map(|b| self.todo.queue(b).len())
+            .collect()
+    }
+
+    /// The buffer of stream partitions' tasks (after the history's).
+    fn stream_buffer(&self) -> usize {
+        self.todo.count() - 1
     }
 
     /// Index of the first stream partition among the files (the file count for a job
@@ -334,9 +370,11 @@ impl TaskQueue {
     /// The buffer file `file`'s tasks wait in.
     fn source(&self, file: u32) -> usize {
         if self.open_ended && file >= self.stream_from {
-            STREAM
+            self.stream_buffer()
         } else {
-            HISTORY
+            self.file_source
+                .get(file as usize)
+                .map_or(HISTORY, |&s| s as usize)
         }
     }
 
@@ -375,15 +413,21 @@ impl TaskQueue {
         self.growing
     }
 
-    /// Appends files of the given rows to a following job's queue and cuts them into
-    /// tasks at the back of the queue (after every task already there: data is trained in
-    /// the order it landed). Returns the index of the first new file.
-    pub fn append_files(&mut self, rows: &[u64]) -> u32 {
+    /// Appends files of the given rows, of the given history sources, to a following
+    /// job's queue and cuts them into tasks at the back of their buffers (after every task
+    /// already there: data is trained in the order it landed). Returns the index of the
+    /// first new file.
+    pub fn append_files(&mut self, rows: &[u64], sources: &[u32]) -> u32 {
         let first = self.file_rows.len() as u32;
         if !self.follow {
             return first;
         }
         for (i, &r) in rows.iter().enumerate() {
+            if self.source_count() > 1 {
+                self.file_source.resize(first as usize + i, 0);
+                let s = sources.get(i).copied().unwrap_or(0);
+                self.file_source.push(s.min(self.source_count() as u32 - 1));
+            }
             self.file_rows.push(r);
             self.file_start.push(0);
             self.ledger.add_file(r);
@@ -805,20 +849,26 @@ impl TaskQueue {
         }
         let next = match pin {
             None => match self.continuation(worker) {
-                Some(i) => self.todo.remove(STREAM, i).map(|id| (STREAM, id)),
+                Some(i) => {
+                    let b = self.stream_buffer();
+                    self.todo.remove(b, i).map(|id| (b, id))
+                }
                 None => self
                     .todo
                     .pick()
                     .and_then(|b| self.todo.remove(b, 0).map(|id| (b, id))),
             },
-            Some(pin) => [STREAM, HISTORY].into_iter().find_map(|b| {
-                let at = self
-                    .todo
-                    .queue(b)
-                    .iter()
-                    .position(|id| pin.owns(self.tasks[id].file))?;
-                self.todo.remove(b, at).map(|id| (b, id))
-            }),
+            Some(pin) => {
+                let stream = self.stream_buffer();
+                std::iter::once(stream).chain(0..stream).find_map(|b| {
+                    let at = self
+                        .todo
+                        .queue(b)
+                        .iter()
+                        .position(|id| pin.owns(self.tasks[id].file))?;
+                    self.todo.remove(b, at).map(|id| (b, id))
+                })
+            }
         };
         let Some((buffer, id)) = next else {
             return if self.is_finished() {
@@ -897,7 +947,8 @@ impl TaskQueue {
         }
         let &(file, end) = self.last_end.get(&worker)?;
         let window = 2 * self.file_rows.len().max(1);
-        self.todo.queue(STREAM).iter().take(window).position(|id| {
+        let stream = self.stream_buffer();
+        self.todo.queue(stream).iter().take(window).position(|id| {
             let t = &self.tasks[id];
             t.file == file && t.start == end && t.offset == 0
         })
@@ -997,7 +1048,7 @@ mod tests {
         );
         assert_eq!(q.assign(1, false), Assignment::Wait);
         assert!(!q.is_finished());
-        let first = q.append_files(&[120, 0, 30]);
+        let first = q.append_files(&[120, 0, 30], &[]);
         assert_eq!(first, 2);
         // Appended tasks come in file order (never shuffled in before older data).
         let mut files = Vec::new();
@@ -1035,7 +1086,7 @@ mod tests {
         let mut q = TaskQueue::new(spec(100, 1), vec![100]);
         q.follow();
         let pos = q.position();
-        q.append_files(&[200]);
+        q.append_files(&[200], &[]);
         let mut r = TaskQueue::from_position(spec(100, 1), vec![100, 200], &pos);
         r.follow();
         r.follow();
@@ -1450,7 +1501,7 @@ mod tests {
         let mut q = TaskQueue::new_mixed(spec(100, 1), vec![250, 50], vec![100, 0]);
         assert!(q.is_stream());
         assert_eq!(q.stream_from(), 2);
-        assert_eq!(q.queued(), [4, 0], "history cut at once");
+        assert_eq!(q.queued(), vec![4, 0], "history cut at once");
         assert_eq!(
             q.extend_stream(0, 5, false),
             0,
@@ -1458,7 +1509,7 @@ mod tests {
         );
         assert_eq!(q.extend_stream(2, 300, false), 200);
         assert_eq!(q.extend_stream(3, 50, true), 50);
-        assert_eq!(q.queued(), [4, 3]);
+        assert_eq!(q.queued(), vec![4, 3]);
         let Assignment::Task(a) = q.assign(1, false) else {
             panic!("a task")
         };
@@ -1496,7 +1547,7 @@ mod tests {
         // Before any checkpoint, a full recovery restores the start: the history again.
         let mut fresh =
             TaskQueue::from_position(spec(100, 1), vec![250, 50, 0, 0], &r.start_position());
-        assert_eq!(fresh.queued(), [4, 0]);
+        assert_eq!(fresh.queued(), vec![4, 0]);
         assert_eq!(
             fresh.extend_stream(2, 300, false),
             200,
@@ -1510,7 +1561,7 @@ mod tests {
     fn priority_serving_keeps_the_stream_fresh_behind_a_history_backlog() {
         let mut q = TaskQueue::new_mixed(spec(10, 1), vec![1000], vec![0]);
         q.set_serving(Serving::Priority {
-            weights: [1.0, 4.0],
+            weights: vec![1.0, 4.0],
             target: 1.0,
         });
         let mut high = 0;
@@ -1525,14 +1576,14 @@ mod tests {
                 };
                 q.report(1, t.id, t.len()).unwrap();
             }
-            stream_waits.push(q.queued()[STREAM]);
+            stream_waits.push(q.queued()[1]);
         }
         assert!(
             stream_waits.iter().all(|&w| w == 0),
             "never a stream task left behind: {stream_waits:?}"
         );
         let served = q.served();
-        assert_eq!(served[STREAM].rows, 1000);
+        assert_eq!(served[1].rows, 1000);
         assert_eq!(served[HISTORY].rows, 500);
         // Sequential serving would have trained the whole history first.
         let mut seq = TaskQueue::new_mixed(spec(10, 1), vec![1000], vec![0]);
@@ -1541,5 +1592,48 @@ mod tests {
             panic!("a task")
         };
         assert_eq!(t.file, 0);
+    }
+
+    /// `[[data.source]]`: files 0 and 2 are source 0 (weight 3), file 1 source 1
+    /// (weight 1). Rows are served 3 : 1 while both have data; a queue restored at a
+    /// position mid-way, dealt into the same sources, serves the rest in the same order as
+    /// the original; every row trains once.
+    #[test]
+    fn sources_are_served_by_weight_and_survive_a_restore() {
+        let mut q = TaskQueue::new(spec(10, 1), vec![100, 200, 100]);
+        q.set_sources(2, vec![0, 1, 0]);
+        q.set_serving(Serving::Weighted {
+            weights: vec![3.0, 1.0, 1.0],
+        });
+        let mut files = Vec::new();
+        let take = |q: &mut TaskQueue, n: usize, files: &mut Vec<u32>| {
+            for _ in 0..n {
+                let Assignment::Task(t) = q.assign(1, false) else {
+                    return;
+                };
+                files.push(t.file);
+                q.report(1, t.id, t.len()).unwrap();
+            }
+        };
+        take(&mut q, 16, &mut files);
+        let source1 = files.iter().filter(|&&f| f == 1).count();
+        assert_eq!(source1, 4, "3 : 1 by rows: {files:?}");
+        assert_eq!(q.queued(), vec![8, 16, 0]);
+        let pos = q.position();
+        let mut restored = TaskQueue::from_position(spec(10, 1), vec![100, 200, 100], &pos);
+        restored.set_sources(2, vec![0, 1, 0]);
+        restored.set_serving(q.serving().clone());
+        assert_eq!(restored.queued(), q.queued());
+        let (mut rest, mut rest_restored) = (Vec::new(), Vec::new());
+        take(&mut q, 100, &mut rest);
+        take(&mut restored, 100, &mut rest_restored);
+        assert_eq!(rest.len(), 24);
+        assert_eq!(rest_restored, rest);
+        // Source 0 runs dry first, then source 1 alone.
+        assert_eq!(rest.iter().filter(|&&f| f == 1).count(), 16);
+        assert_eq!(*rest.last().unwrap(), 1);
+        let summary = restored.ledger().summary(0);
+        assert_eq!((summary.consumed, summary.duplicated), (400, 0));
+        assert_eq!(q.served()[0].rows + q.served()[1].rows, 400);
     }
 }

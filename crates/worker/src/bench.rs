@@ -133,7 +133,11 @@ pub fn run(opts: &BenchOptions, data: &BenchData) -> Result<BenchReport> {
         &job.optimizer.dense,
         opts.batch_size,
     );
-    let files = data.files.iter().map(|f| (f.clone(), u64::MAX)).collect();
+    let files = data
+        .files
+        .iter()
+        .map(|f| crate::mixing::Segment::whole(f.clone()))
+        .collect();
     let reader = Prefetcher::start(files, job);
     let mut done = 0;
     let mut t0 = Instant::now();

@@ -10,6 +10,7 @@ pub mod error;
 pub mod executor;
 mod executor_reader;
 pub mod layout;
+pub mod mixing;
 pub mod model_file;
 pub mod placement;
 pub mod remote;

@@ -23,6 +23,7 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 use crate::error::{Result, WorkerError};
+use crate::mixing::{Segment, SourceFile};
 use crate::model_file;
 use crate::placement::{Costs, Ewma, Placement};
 use crate::selection::{Best, Selection, Verdict};
@@ -77,6 +78,10 @@ pub struct Summary {
     pub validation: Option<EvalResult>,
     /// Training stopped early (`train.early_stopping`).
     pub early_stopped: bool,
+    /// With several `[[data.source]]`s: how they were served, and the rows each gave
+    /// per epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mix: Option<serde_json::Value>,
 }
 
 /// Reads every held-out file into memory as batches of `batch_size`.
@@ -239,8 +244,8 @@ pub(crate) struct Prefetcher {
 }
 
 impl Prefetcher {
-    /// Reads `files`, each up to its end row (`u64::MAX`: the whole file).
-    pub(crate) fn start(files: Vec<(PathBuf, u64)>, job: &JobConfig) -> Self {
+    /// Reads `segments` in order.
+    pub(crate) fn start(segments: Vec<Segment>, job: &JobConfig) -> Self {
         let (full_tx, full) = sync_channel::<Result<Fetched>>(PREFETCH);
         let (empty, empty_rx) = sync_channel::<Fetched>(PREFETCH + 2);
         let batch_size = job.train.batch_size;
@@ -281,11 +286,11 @@ impl Prefetcher {
                 // The buffer that found a file's end goes on to the next file: dropping it
                 // would shrink the pool by one per file until reader and trainer both wait.
                 let mut spare: Option<Fetched> = None;
-                for (f, end) in files {
-                    let opened = if end == u64::MAX {
-                        elastrec_data::open_reader(&f, policy)
+                for Segment { path, start, end } in segments {
+                    let opened = if start == 0 && end == u64::MAX {
+                        elastrec_data::open_reader(&path, policy)
                     } else {
-                        elastrec_data::open_reader_range(&f, 0, end, policy)
+                        elastrec_data::open_reader_range(&path, start, end, policy)
                     };
                     let mut reader = match opened {
                         Ok(r) => r,
@@ -549,6 +554,54 @@ impl MetricsLog {
     }
 }
 
+/// The segments one epoch reads, from the training files cut by the validation slice
+/// (`(file, rows read)`, beside `counts`, each file's rows): the files in order, whole
+/// files as they are and a file cut short by row range; with several `[[data.source]]`s,
+/// chunks dealt by the job's serving policy ([`crate::mixing`]), and what each source
+/// gave, for the summary.
+fn read_order(
+    job: &JobConfig,
+    train_files: Vec<(PathBuf, u64)>,
+    counts: &[(PathBuf, u64)],
+) -> (Vec<Segment>, Option<serde_json::Value>) {
+    if job.data.source.len() < 2 {
+        let segments = train_files
+            .into_iter()
+            .zip(counts)
+            .filter(|((_, end), _)| *end > 0)
+            .map(|((path, end), (_, rows))| Segment {
+                path,
+                start: 0,
+                end: if end == *rows { u64::MAX } else { end },
+            })
+            .collect();
+        return (segments, None);
+    }
+    let files: Vec<SourceFile> = train_files
+        .into_iter()
+        .zip(elastrec_job::mix::train_file_sources(job))
+        .map(|((path, rows), source)| SourceFile { path, rows, source })
+        .collect();
+    let serving = elastrec_job::mix::serving(job);
+    let chunk = job.train.batch_size as u64 * job.cluster.batches_per_shard as u64;
+    let (segments, served) =
+        crate::mixing::interleave(&files, job.data.source.len(), serving.clone(), chunk);
+    let served: serde_json::Map<String, serde_json::Value> = job
+        .data
+        .source
+        .iter()
+        .zip(&served)
+        .map(|(s, served)| (s.name.clone(), serde_json::json!(served)))
+        .collect();
+    let mix = serde_json::json!({
+        "serving": serving.to_string(),
+        "sources": job.data.source.iter().map(|s| &s.name).collect::<Vec<_>>(),
+        "served_per_epoch": served,
+        "chunk_rows": chunk,
+    });
+    (segments, Some(mix))
+}
+
 /// The batches one epoch trains: the reader's, or drawn from a shuffle buffer
 /// (`train.shuffle_buffer`) that the reader's batches fill.
 struct Feed {
@@ -669,13 +722,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
     }
     let counts = count_train_rows(job)?;
     let (train_files, slice) = crate::selection::split_validation(&counts, job.train.validation);
-    // Whole files are read as they are; a file cut short by the slice, by row range.
-    let train_files: Vec<(PathBuf, u64)> = train_files
-        .into_iter()
-        .zip(&counts)
-        .filter(|((_, end), _)| *end > 0)
-        .map(|((f, end), (_, rows))| (f, if end == *rows { u64::MAX } else { end }))
-        .collect();
+    let (train_segments, mix) = read_order(job, train_files, &counts);
     let train_rows: u64 = counts.iter().map(|&(_, rows)| rows).sum::<u64>()
         - slice.iter().map(|(_, a, b)| b - a).sum::<u64>();
     std::fs::create_dir_all(&job.output.dir).map_err(|e| WorkerError::io(&job.output.dir, e))?;
@@ -725,7 +772,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
     'epochs: for epoch in 0..job.train.epochs {
         epochs_run = epoch + 1;
         epoch_loss = (0.0, 0);
-        let mut reader = Feed::new(Prefetcher::start(train_files.clone(), job), job, epoch);
+        let mut reader = Feed::new(Prefetcher::start(train_segments.clone(), job), job, epoch);
         let mut t0 = Instant::now();
         while let Some(batch) = reader.next() {
             let mut batch = batch?;
@@ -849,6 +896,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
         best,
         validation: evals.best_validation,
         early_stopped,
+        mix,
     };
     let path = job.output.dir.join("summary.json");
     let text = serde_json::to_string_pretty(&summary).expect("summary serializes");
@@ -916,11 +964,7 @@ mod tests {
         let named: Vec<(&str, Vec<u8>)> =
             files.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
         let job = job(dir.path(), &named);
-        let whole = job
-            .train_files()
-            .into_iter()
-            .map(|f| (f, u64::MAX))
-            .collect();
+        let whole = job.train_files().into_iter().map(Segment::whole).collect();
         let reader = Prefetcher::start(whole, &job);
         let mut rows = 0;
         while let Some(batch) = reader.next() {

@@ -67,6 +67,13 @@ pub struct FileRows {
     pub path: String,
     /// Rows.
     pub rows: u64,
+    /// Its `[[data.source]]` (by position; 0 without sources or for a stream partition).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub source: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 /// Writes `text` to a file only its owner can read or write (mode 0600): tokens.
 pub(super) fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {

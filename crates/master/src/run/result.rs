@@ -52,6 +52,10 @@ pub struct JobResult {
     /// downtime, worker-hours and every scaling decision (KALE Table 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub online: Option<serde_json::Value>,
+    /// The serving buffers of a job with several sources (`[[data.source]]`, or a batch +
+    /// stream mixture): the policy, and per source the tasks and rows handed out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mix: Option<serde_json::Value>,
     /// Servable models written: the final `model.bin` and the periodic exports.
     #[serde(default)]
     pub export: ExportReport,
@@ -71,12 +75,7 @@ pub struct Resources {
 }
 
 /// The `online` part of an online job's result.
-/// `mix`: a mixture job's serving buffers (the caller holds the job's lock).
-pub(super) fn online_result(
-    core: &MasterCore,
-    worker_node_s: f64,
-    mix: Option<serde_json::Value>,
-) -> Option<serde_json::Value> {
+pub(super) fn online_result(core: &MasterCore, worker_node_s: f64) -> Option<serde_json::Value> {
     let stats = core.stream_stats.lock().clone()?;
     let decisions = core.online_scaling.lock().clone();
     let raw_changes = decisions
@@ -94,7 +93,6 @@ pub(super) fn online_result(
     });
     Some(serde_json::json!({
         "stream": stats,
-        "mix": mix,
         "progressive": progressive,
         "worker_hours": worker_node_s / 3600.0,
         "raw_plan_changes": raw_changes,
@@ -161,13 +159,8 @@ pub(super) fn job_result(
             ..used
         },
         reshards: core.reshards.lock().clone(),
-        online: online_result(
-            core,
-            used.worker_node_s,
-            job.tasks()
-                .is_mixture()
-                .then(|| crate::core::mix_status(job.tasks())),
-        ),
+        online: online_result(core, used.worker_node_s),
+        mix: core.mix_status(job.tasks()),
         export,
     }
 }

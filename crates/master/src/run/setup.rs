@@ -250,28 +250,19 @@ pub(super) async fn connect_brain(
 pub(super) fn shipped(cfg: &JobConfig) -> JobConfig {
     let mut out = cfg.clone();
     if cfg.data.follow {
+        // The master hands out its files (and their sources) itself; workers read what
+        // their tasks name.
         out.data.train.clear();
+        for s in &mut out.data.source {
+            s.files.clear();
+        }
     }
     out
 }
 
-/// How a mixture job's history and stream are served (`data.mix`); sequential (one
-/// source at a time) for every other job.
+/// How the job's buffers are served (`elastrec_job::mix::serving`).
 pub(super) fn serving(cfg: &JobConfig) -> crate::serving::Serving {
-    use crate::serving::Serving;
-    use elastrec_job::mix::MixMode;
-    let Some(mix) = cfg.data.mix.as_ref().filter(|_| cfg.is_mixture()) else {
-        return Serving::Sequential;
-    };
-    let weights = [mix.history_weight, mix.stream_weight];
-    match mix.mode {
-        MixMode::Sequential => Serving::Sequential,
-        MixMode::Weighted => Serving::Weighted { weights },
-        MixMode::Priority => Serving::Priority {
-            weights,
-            target: mix.target_tasks,
-        },
-    }
+    elastrec_job::mix::serving(cfg)
 }
 
 pub(super) fn files_rows_total(core: &MasterCore) -> u64 {

@@ -105,9 +105,11 @@ pub async fn start_job(
     let history: Vec<FileRows> = if stream_starts.is_none() || cfg.is_mixture() {
         elastrec_job::prepare::count_train_rows(&cfg)?
             .into_iter()
-            .map(|(f, rows)| FileRows {
+            .zip(elastrec_job::mix::train_file_sources(&cfg))
+            .map(|((f, rows), source)| FileRows {
                 path: f.to_string_lossy().into_owned(),
                 rows,
+                source,
             })
             .collect()
     } else {
@@ -121,6 +123,7 @@ pub async fn start_job(
         files.extend(partitions.iter().map(|p| FileRows {
             path: p.to_string(),
             rows: 0,
+            source: 0,
         }));
     }
     let stream_starts = stream_starts.map(|(_, starts)| starts);
@@ -231,6 +234,7 @@ pub async fn start_job(
         }
     }
     // The queue the job starts with (fresh, or at the checkpoint's position).
+    set_sources(&mut queue, &cfg, &files);
     queue.set_serving(serving(&cfg));
     if cfg.data.follow {
         queue.follow();
@@ -281,6 +285,7 @@ pub async fn start_job(
     ));
     core.set_restore_plan(initial_plan);
     let _ = core.launch.set(launch.clone());
+    let _ = core.source_names.set(elastrec_job::mix::source_names(&cfg));
     let _ = core.ps_access.set(crate::reshard::PsAccess {
         token: master_token.clone(),
         max_bytes: cfg.cluster.max_message_bytes,
@@ -371,6 +376,7 @@ pub async fn resume_job(
     if let Some(adj) = snap.meta.get("ledger_adjust") {
         queue.adjust_ledger(&serde_json::from_str::<Vec<(u32, u64, u64)>>(adj)?);
     }
+    set_sources(&mut queue, &cfg, &files);
     queue.set_serving(serving(&cfg));
     if cfg.data.follow {
         // Files stored just before the previous master stopped get their tasks.
@@ -458,6 +464,7 @@ pub async fn resume_job(
         job_id.clone(),
     ));
     let _ = core.launch.set(launch.clone());
+    let _ = core.source_names.set(elastrec_job::mix::source_names(&cfg));
     let _ = core.ps_access.set(crate::reshard::PsAccess {
         token: master_token.clone(),
         max_bytes: cfg.cluster.max_message_bytes,
@@ -515,4 +522,15 @@ pub async fn resume_job(
         None
     };
     serve(core, listener, token, &cfg, &dir, autoscale).await
+}
+
+/// Deals the queue's history into the job's `[[data.source]]` buffers by each file's
+/// recorded source (a job without sources keeps one).
+fn set_sources(queue: &mut TaskQueue, cfg: &JobConfig, files: &[FileRows]) {
+    if cfg.data.source.len() > 1 {
+        queue.set_sources(
+            cfg.data.source.len(),
+            files.iter().map(|f| f.source).collect(),
+        );
+    }
 }
