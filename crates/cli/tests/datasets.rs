@@ -779,3 +779,135 @@ fn weighted_sources_are_mixed_by_train_and_by_run_and_survive_a_master_restart()
         "{r}"
     );
 }
+
+/// Impressions for `[data.source.join]`: hours 0-2 of 2026-11-01, 300 rows each, row `n`
+/// keyed `n + 1` (8 hex digits) in C3 and labelled 0. Events, hours 0-3: row `n % 3 == 0`
+/// clicked 50 minutes into its hour (joined), `n % 3 == 1` clicked 1 h 45 min after
+/// its hour began (past a 30-minute window), the rest never.
+fn impressions_and_clicks(dir: &Path) {
+    let ints = vec!["3"; 13].join("\t");
+    let hour0 = 1_793_491_200i64; // 2026-11-01T00:00:00Z
+    let mut events: Vec<Vec<String>> = vec![Vec::new(); 4];
+    for hour in 0..3u32 {
+        let part = dir.join(format!("imp/dt=20261101/hour={hour:02}"));
+        std::fs::create_dir_all(&part).unwrap();
+        let mut rows = String::new();
+        for i in 0..300u32 {
+            let n = hour * 300 + i;
+            let mut cats = vec![format!("{:08x}", i % 7 + 1); 26];
+            cats[2] = format!("{:08x}", n + 1);
+            rows.push_str(&format!("0\t{ints}\t{}\n", cats.join("\t")));
+            let at = match n % 3 {
+                0 => 50 * 60,
+                1 => 105 * 60,
+                _ => continue,
+            };
+            let t = hour0 + i64::from(hour) * 3600 + at;
+            let h = ((t - hour0) / 3600) as usize;
+            events[h].push(format!("{:08x}\t{t}", n + 1));
+        }
+        std::fs::write(part.join("part-0.tsv"), rows).unwrap();
+        std::fs::write(part.join("_SUCCESS"), "").unwrap();
+    }
+    for (hour, lines) in events.iter().enumerate() {
+        let part = dir.join(format!("clicks/dt=20261101/hour={hour:02}"));
+        std::fs::create_dir_all(&part).unwrap();
+        std::fs::write(part.join("events.tsv"), lines.join("\n") + "\n").unwrap();
+        std::fs::write(part.join("_SUCCESS"), "").unwrap();
+    }
+}
+
+const JOINED: &str = r#"
+eval = []
+[[data.dataset]]
+name = "impressions"
+path = "imp/dt={date}/hour={hour}"
+from = "2026-11-01T00"
+to = "2026-11-01T03"
+
+[[data.source]]
+name = "labelled"
+datasets = ["impressions"]
+
+[data.source.join]
+events = "clicks/dt={date}/hour={hour}"
+key = "C3"
+within = "30m"
+"#;
+
+/// A source joined with click events by key and time: exactly the impressions clicked
+/// within the window are positive, in `train` and in a distributed `run` (whose ledger
+/// stays exact over the joined files); an event partition the window needs that is not
+/// ready stops the start naming it.
+#[test]
+fn a_joined_source_labels_impressions_by_their_clicks_within_the_window() {
+    let tmp = tempfile::tempdir().unwrap();
+    impressions_and_clicks(tmp.path());
+    let path = job(tmp.path(), "joined", JOINED, "");
+    let log = ok(&elastrec(&["train", path.to_str().unwrap()]));
+    assert!(
+        log.contains("joined with events: 900 rows, 300 positive (33.3%)"),
+        "{log}"
+    );
+    let s = summary(tmp.path(), "joined");
+    assert_eq!(s["samples"], 900, "{s}");
+    // The joined rows: positive exactly when n % 3 == 0, the rest of each row unchanged.
+    let mut seen = 0;
+    for hour in 0..3 {
+        let f = tmp.path().join(format!(
+            "joined/data-cache/join-labelled/dt=20261101/hour={hour:02}/part-0.tsv"
+        ));
+        for (i, line) in std::fs::read_to_string(&f).unwrap().lines().enumerate() {
+            let n = hour * 300 + i;
+            let want = if n % 3 == 0 { "1" } else { "0" };
+            assert_eq!(&line[..1], want, "{}:{}", f.display(), i + 1);
+            assert_eq!(
+                line.split('\t').nth(16),
+                Some(format!("{:08x}", n + 1).as_str())
+            );
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 900);
+
+    let path = job(
+        tmp.path(),
+        "joined-run",
+        JOINED,
+        "[cluster]\nps = 1\nworkers = 2\n[checkpoint]\nenabled = false\n",
+    );
+    ok(&elastrec(&["run", path.to_str().unwrap()]));
+    let dir = tmp.path().join("joined-run");
+    let ds = common::events(&dir, "dataset");
+    assert!(
+        ds.iter()
+            .any(|e| e["joined_rows"] == 900 && e["joined_positives"] == 300),
+        "{ds:?}"
+    );
+    let r = common::result(&dir);
+    assert_eq!(r["status"], "finished", "{r}");
+    let e = &r["epochs"][0];
+    assert_eq!(e["consumed"], 900, "{r}");
+    assert_eq!(
+        (e["duplicated"].as_u64(), e["missing"].as_u64()),
+        (Some(0), Some(0)),
+        "{r}"
+    );
+
+    // The clicks of hour 3 are not ready: hour 2's impressions cannot be labelled yet.
+    std::fs::remove_file(tmp.path().join("clicks/dt=20261101/hour=03/_SUCCESS")).unwrap();
+    let late = JOINED.replace(
+        "within = \"30m\"",
+        "within = \"30m\"\nready_timeout = \"0s\"",
+    );
+    let path = job(tmp.path(), "joined-late", &late, "");
+    let out = elastrec(&["train", path.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("labelled (join events)")
+            && err.contains("hour=03")
+            && err.contains("not ready"),
+        "{err}"
+    );
+}

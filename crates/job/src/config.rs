@@ -454,6 +454,9 @@ impl JobConfig {
         for d in &mut cfg.data.dataset {
             d.resolve_root(&job_dir);
         }
+        for j in cfg.data.source.iter_mut().filter_map(|s| s.join.as_mut()) {
+            j.resolve_root(&job_dir);
+        }
         cfg.output.dir = crate::distributed::absolute(&base.join(&cfg.output.dir));
         crate::distributed::resolve_checkpoint_location(&mut cfg, base);
         Ok(cfg)

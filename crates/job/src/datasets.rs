@@ -40,6 +40,8 @@ pub struct ResolvedDataset {
     pub tasks: usize,
     /// Newest partitions of a growing window that were not ready at start (not read).
     pub pending: Vec<String>,
+    /// What its source's joiner did to its rows (`[data.source.join]`).
+    pub join: Option<crate::join::JoinStats>,
 }
 
 /// Resolves the job's datasets (a no-op without any): fills `data.train` (and `data.eval`
@@ -78,18 +80,30 @@ pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
                     .filter(|p| p.dataset == d)
                     .map(|p| p.dir.clone())
                     .collect(),
+                join: None,
             })
             .collect();
+        let mut joiners = joiners_of(job)?;
         let mut files = Vec::new();
         let mut checked = std::collections::HashSet::new();
         for t in &tasks {
-            let staged = stage(job, &graph, t)?;
+            let mut staged = stage(job, &graph, t)?;
+            let p = graph.partition(t.partition);
+            let name = &graph.datasets()[p.dataset].name;
             if role == DatasetRole::Train {
-                add_to_source(
-                    job,
-                    &graph.datasets()[graph.partition(t.partition).dataset].name,
-                    &staged,
-                );
+                let source = crate::mix::source_of_dataset(job, name) as usize;
+                if let Some(Some(joiner)) = joiners.get_mut(source) {
+                    let before = joiner.stats();
+                    let period = graph.datasets()[p.dataset].template.granularity().step();
+                    let cache = job.output.dir.join(STAGING_DIR);
+                    staged = joiner.join(&p.dir, p.start, period, &staged, &cache)?;
+                    let after = joiner.stats();
+                    let j = found[p.dataset].join.get_or_insert_default();
+                    j.rows += after.rows - before.rows;
+                    j.positives += after.positives - before.positives;
+                    j.events += after.events - before.events;
+                }
+                add_to_source(job, name, &staged);
             }
             let counts = &mut found[graph.partition(t.partition).dataset];
             counts.tasks += 1;
@@ -113,7 +127,9 @@ pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
     } else {
         job.data.dataset.clear();
         for s in &mut job.data.source {
+            // The files are resolved (and joined): the shipped job names them only.
             s.datasets.clear();
+            s.join = None;
         }
         job.data.now = Some(now.format("%Y-%m-%dT%H:%M:%S").to_string());
     }
@@ -131,6 +147,21 @@ fn add_to_source(job: &mut JobConfig, name: &str, files: &[String]) {
     {
         s.files.extend_from_slice(files);
     }
+}
+
+/// A joiner per `[[data.source]]` (by position), for those with a `join`.
+fn joiners_of(job: &JobConfig) -> Result<Vec<Option<crate::join::Joiner>>> {
+    let cache = job.output.dir.join(STAGING_DIR);
+    job.data
+        .source
+        .iter()
+        .map(|s| {
+            s.join
+                .as_ref()
+                .map(|j| crate::join::Joiner::new(&s.name, j, &cache))
+                .transpose()
+        })
+        .collect()
 }
 
 /// `data.now`, when the job fixes its clock.
@@ -323,6 +354,15 @@ pub fn describe(resolved: &[ResolvedDataset]) -> Vec<String> {
                 r.files,
                 r.tasks
             );
+            if let Some(j) = r.join {
+                line.push_str(&format!(
+                    "; joined with events: {} rows, {} positive ({:.1}%), {} events read",
+                    j.rows,
+                    j.positives,
+                    100.0 * j.positives as f64 / j.rows.max(1) as f64,
+                    j.events
+                ));
+            }
             if !r.pending.is_empty() {
                 line.push_str(&format!(
                     "; {} newest partition(s) not ready at start and not read ({})",

@@ -34,6 +34,16 @@ pub enum JobError {
         /// Why.
         source: std::io::Error,
     },
+    /// A joined source's events or impressions cannot be read (line 0: the whole file).
+    #[error("{}: {reason}", if *line == 0 { file.display().to_string() } else { format!("{}:{line}", file.display()) })]
+    Join {
+        /// The event or impression file.
+        file: PathBuf,
+        /// Its line (1-based), 0 for the file as a whole.
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
     /// The training files hold no sample: training would run no step and still report an
     /// evaluation of the untrained model as if it were a result.
     #[error("no training data in {}: {reason}", show_files(files))]

@@ -15,6 +15,7 @@ pub mod datasets;
 pub mod distributed;
 pub mod error;
 pub mod fsio;
+pub mod join;
 pub mod mix;
 pub mod prepare;
 pub mod register;

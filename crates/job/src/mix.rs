@@ -37,6 +37,10 @@ pub struct SourceConfig {
     /// Share of the rows served while every source has data (`weighted`), or Primus's
     /// `w` (`priority`). Positive.
     pub weight: f64,
+    /// Label the source's impressions by events of the same key within a window after
+    /// their partition (`[data.source.join]`, [`crate::join`]); done when the job starts,
+    /// and dropped from the job file the master ships, which names the joined files.
+    pub join: Option<crate::join::JoinConfig>,
 }
 
 impl Default for SourceConfig {
@@ -46,6 +50,7 @@ impl Default for SourceConfig {
             datasets: Vec::new(),
             files: Vec::new(),
             weight: 1.0,
+            join: None,
         }
     }
 }
@@ -156,6 +161,27 @@ pub fn check_sources(job: &JobConfig) -> Result<(), (&'static str, String)> {
                 "data.source",
                 format!("source `{}` names no datasets and no files", s.name),
             ));
+        }
+        if let Some(join) = &s.join {
+            join.check(&s.name).map_err(|r| ("data.source", r))?;
+            if !s.files.is_empty() || s.datasets.is_empty() {
+                return Err((
+                    "data.source",
+                    format!(
+                        "source `{}` joins events by time, and only datasets have a time: name its impressions in `datasets`, not `files`",
+                        s.name
+                    ),
+                ));
+            }
+            if job.data.follow {
+                return Err((
+                    "data.follow",
+                    format!(
+                        "source `{}` joins events when the job starts; joining the partitions a following job finds later is not built",
+                        s.name
+                    ),
+                ));
+            }
         }
         for d in &s.datasets {
             let known = job.data.dataset.iter().enumerate().any(|(i, ds)| {

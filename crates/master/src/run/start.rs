@@ -73,6 +73,8 @@ pub async fn start_job(
             files = r.files,
             tasks = r.tasks,
             pending = r.pending.len(),
+            joined_rows = r.join.map(|j| j.rows),
+            joined_positives = r.join.map(|j| j.positives),
             "master: {line}"
         );
     }
