@@ -181,6 +181,22 @@ fn bad_job_files_are_rejected_naming_the_field() {
     let out = elastrec(&["train", job.to_str().unwrap()]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("data file not found"));
+    // Training hygiene that only `train` carries out: `run` refuses it instead of
+    // ignoring it, before it starts anything.
+    gen(&tmp.path().join("data"), 3_000, 3);
+    let job = write_job(tmp.path(), "[optimizer.schedule]\nwarmup_samples = 100\n");
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("batch_size = 256", "batch_size = 256\nvalidation = 0.1");
+    std::fs::write(&job, text).unwrap();
+    let out = elastrec(&["run", job.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("train.validation, optimizer.schedule apply to `elastrec train` only"),
+        "{err}"
+    );
+    assert!(!tmp.path().join("run/master.db").exists());
 }
 
 #[test]

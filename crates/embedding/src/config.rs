@@ -202,6 +202,19 @@ impl SparseOptimizerConfig {
     /// Default Adagrad epsilon.
     pub const DEFAULT_EPS: f32 = 1e-8;
 
+    /// The same optimizer with its learning rate multiplied by `scale` (a schedule's
+    /// warm-up or decay).
+    pub fn with_lr_scale(mut self, scale: f32) -> Self {
+        match &mut self {
+            Self::Sgd { lr }
+            | Self::RowWiseAdagrad { lr, .. }
+            | Self::Adagrad { lr, .. }
+            | Self::Adam { lr, .. }
+            | Self::Ftrl { lr, .. } => *lr *= scale,
+        }
+        self
+    }
+
     /// Floats of optimizer state stored after the `dim` weights of each row.
     pub fn state_len(&self, dim: usize) -> usize {
         match self {

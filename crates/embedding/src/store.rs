@@ -239,6 +239,13 @@ impl EmbeddingStore {
         Ok(())
     }
 
+    /// Multiplies every table's learning rate by `scale` from the next update on.
+    pub fn set_lr_scale(&mut self, scale: f32) {
+        for t in &mut self.tables {
+            t.set_lr_scale(scale);
+        }
+    }
+
     /// Turns on per-row access counters in every table (see
     /// [`TableShard::enable_access_counters`]).
     pub fn enable_access_counters(&mut self) {

@@ -46,6 +46,9 @@ pub struct TableShard {
     dim: usize,
     stride: usize,
     optimizer: SparseOptimizerConfig,
+    /// Multiplier of the optimizer's learning rate (a schedule's); not part of the
+    /// table's state.
+    lr_scale: f32,
     data: Vec<f32>,
     /// Optional per-row access counters (MFU statistics), indexed by local row.
     counters: Option<Vec<u32>>,
@@ -106,6 +109,7 @@ impl TableShard {
             dim,
             stride,
             optimizer,
+            lr_scale: 1.0,
             data: vec![0.0; local_rows * stride],
             counters: None,
         })
@@ -275,7 +279,11 @@ impl TableShard {
         grad_at: impl Fn(usize) -> &'g [f32],
         scratch: &mut TableScratch,
     ) {
-        let opt = self.optimizer;
+        let opt = if self.lr_scale == 1.0 {
+            self.optimizer
+        } else {
+            self.optimizer.with_lr_scale(self.lr_scale)
+        };
         dispatch_update!(opt, |u| self.apply_prepared_with(u, grad_at, scratch))
     }
 
@@ -313,6 +321,11 @@ impl TableShard {
             }
             i = j;
         }
+    }
+
+    /// Multiplies the optimizer's learning rate by `scale` from the next update on.
+    pub fn set_lr_scale(&mut self, scale: f32) {
+        self.lr_scale = scale;
     }
 
     /// Turns on per-row access counters (4 bytes per row, for MFU checkpointing): every

@@ -315,6 +315,9 @@ pub struct OptimizerConfig {
     pub dense: DenseOptimizerConfig,
     /// Optimizer of the embedding rows.
     pub sparse: SparseOptimizerConfig,
+    /// Learning-rate warm-up and decay (`[optimizer.schedule]`), a multiplier of both
+    /// rates; default: constant. `elastrec train` only.
+    pub schedule: elastrec_model::LrSchedule,
 }
 
 impl Default for OptimizerConfig {
@@ -330,6 +333,7 @@ impl Default for OptimizerConfig {
                 eps: 1e-8,
                 initial_accumulator: 0.0,
             },
+            schedule: elastrec_model::LrSchedule::default(),
         }
     }
 }
@@ -596,6 +600,26 @@ impl JobConfig {
         Ok(())
     }
 
+    /// Fields set in this job that only `elastrec train` carries out (training hygiene the
+    /// distributed workers and parameter servers do not apply yet); `elastrec run`
+    /// refuses a job that sets any, rather than ignore it.
+    pub fn train_only_settings(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if self.train.validation > 0.0 {
+            out.push("train.validation");
+        }
+        if self.train.early_stopping > 0 {
+            out.push("train.early_stopping");
+        }
+        if self.train.shuffle_buffer > 0 {
+            out.push("train.shuffle_buffer");
+        }
+        if !self.optimizer.schedule.is_constant() {
+            out.push("optimizer.schedule");
+        }
+        out
+    }
+
     /// True for a batch + stream mixture job.
     pub fn is_mixture(&self) -> bool {
         self.stream.is_some() && self.data.mix.is_some()
@@ -748,6 +772,10 @@ impl JobConfig {
                 ));
             }
         }
+        self.optimizer
+            .schedule
+            .validate()
+            .map_err(|(field, reason)| bad(field, reason))?;
         let dense_lr = match self.optimizer.dense {
             DenseOptimizerConfig::Sgd { lr }
             | DenseOptimizerConfig::Adagrad { lr, .. }
@@ -882,6 +910,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("26 entries"), "{err}");
+    }
+
+    /// A schedule parses with its defaults, and the hygiene settings `run` does not carry
+    /// out are listed so that it can refuse them.
+    #[test]
+    fn train_only_settings_are_listed() {
+        let cfg =
+            parse("[optimizer.schedule]\nwarmup_samples = 1000\ndecay = \"cosine\"\n").unwrap();
+        assert_eq!(cfg.optimizer.schedule.decay, elastrec_model::Decay::Cosine);
+        assert_eq!(cfg.optimizer.schedule.final_scale, 0.1);
+        assert_eq!(cfg.train_only_settings(), ["optimizer.schedule"]);
+        let cfg = parse("[train]\nvalidation = 0.1\nshuffle_buffer = 10\n").unwrap();
+        assert_eq!(
+            cfg.train_only_settings(),
+            ["train.validation", "train.shuffle_buffer"]
+        );
+        assert!(parse("").unwrap().train_only_settings().is_empty());
+        let err = parse("[optimizer.schedule]\nfinal_scale = 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("optimizer.schedule.final_scale"), "{err}");
     }
 
     /// `[[data.source]]`: every training file in exactly one named, weighted source; a

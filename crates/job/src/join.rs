@@ -201,11 +201,7 @@ impl Joiner {
 
     /// The keys of every event in `range`, read from the event partitions that cover it
     /// (waiting for them to be ready).
-    fn events_in(
-        &mut self,
-        (from, to): Range,
-        staging: &Path,
-    ) -> Result<HashSet<Vec<u8>>> {
+    fn events_in(&mut self, (from, to): Range, staging: &Path) -> Result<HashSet<Vec<u8>>> {
         // Every event partition that overlaps the range: `to` up to a partition boundary.
         let step = self.granularity;
         let to_partition = step.floor(to - chrono::Duration::seconds(1)) + step.step();

@@ -44,6 +44,7 @@ pub mod layers;
 pub mod loss;
 pub mod metrics;
 pub mod optim;
+pub mod schedule;
 
 pub use dlrm::{DenseDlrm, DlrmConfig, FlopCount, Tower, Workspace};
 pub use error::{ModelError, Result};
@@ -52,3 +53,4 @@ pub use layers::{sigmoid, Activation, Linear, Mlp};
 pub use loss::{bce_with_logits, bce_with_logits_loss};
 pub use metrics::{auc, logloss, EvalAccumulator};
 pub use optim::{Adagrad, Adam, DenseOptimizer, DenseOptimizerConfig, Sgd};
+pub use schedule::{Decay, LrSchedule};

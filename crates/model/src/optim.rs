@@ -41,6 +41,9 @@ pub trait DenseOptimizer: Send {
 
     /// Restores the step count saved by [`DenseOptimizer::steps`].
     fn set_steps(&mut self, _steps: u64) {}
+
+    /// Sets the learning rate of the next steps (a schedule's warm-up or decay).
+    fn set_lr(&mut self, lr: f32);
 }
 
 /// Serializable choice of dense optimizer with its hyper-parameters.
@@ -93,6 +96,13 @@ fn default_adam_eps() -> f32 {
 }
 
 impl DenseOptimizerConfig {
+    /// The configured learning rate.
+    pub fn lr(&self) -> f32 {
+        match *self {
+            Self::Sgd { lr } | Self::Adagrad { lr, .. } | Self::Adam { lr, .. } => lr,
+        }
+    }
+
     /// Builds the optimizer for `num_params` parameters.
     pub fn build(&self, num_params: usize) -> Box<dyn DenseOptimizer> {
         match *self {
@@ -157,6 +167,10 @@ impl DenseOptimizer for Sgd {
     fn state_mut(&mut self) -> Vec<&mut [f32]> {
         Vec::new()
     }
+
+    fn set_lr(&mut self, lr: f32) {
+        self.lr = lr;
+    }
 }
 
 /// Adagrad: `acc += g^2; p -= lr * g / (sqrt(acc) + eps)`.
@@ -216,6 +230,10 @@ impl DenseOptimizer for Adagrad {
 
     fn state_mut(&mut self) -> Vec<&mut [f32]> {
         vec![&mut self.accum]
+    }
+
+    fn set_lr(&mut self, lr: f32) {
+        self.lr = lr;
     }
 }
 
@@ -306,6 +324,10 @@ impl DenseOptimizer for Adam {
 
     fn set_steps(&mut self, steps: u64) {
         self.t = steps;
+    }
+
+    fn set_lr(&mut self, lr: f32) {
+        self.lr = lr;
     }
 }
 

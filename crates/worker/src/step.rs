@@ -113,6 +113,13 @@ impl TrainStep {
         self.dense_opt.as_mut()
     }
 
+    /// Multiplies the dense and sparse learning rates by `scale` (of `dense_lr`, the
+    /// configured dense rate) from the next batch on.
+    pub fn set_lr_scale(&mut self, dense_lr: f32, scale: f32) {
+        self.dense_opt.set_lr(dense_lr * scale);
+        self.model.embeddings.set_lr_scale(scale);
+    }
+
     /// Trains on one batch; returns its mean log loss (before the update).
     pub fn train_batch(&mut self, batch: &Batch) -> Result<f32> {
         let n = batch.len();

@@ -755,6 +755,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
         budget = budget.min(job.train.max_samples);
     }
 
+    let (schedule, dense_lr) = (job.optimizer.schedule, job.optimizer.dense.lr());
     let pb = progress_bar(progress, budget, "training");
     let mut samples = 0u64;
     let mut steps = 0u64;
@@ -784,6 +785,9 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
                     break 'epochs;
                 }
                 truncate(&mut batch, left as usize);
+            }
+            if !schedule.is_constant() {
+                step.set_lr_scale(dense_lr, schedule.scale(samples, budget));
             }
             let t_step = Instant::now();
             let loss = step.train_batch(&batch)?;

@@ -52,6 +52,14 @@ pub async fn start_job(
     kind: BackendKind,
 ) -> anyhow::Result<JobResult> {
     let mut cfg = validate_job(path)?;
+    let train_only = cfg.train_only_settings();
+    anyhow::ensure!(
+        train_only.is_empty(),
+        "{}: {} apply to `elastrec train` only; `elastrec run` does not carry them out yet. \
+         Train this job with `elastrec train`, or remove them",
+        path.display(),
+        train_only.join(", ")
+    );
     elastrec_job::prepare::ensure_data(&cfg, false)?;
     // Datasets become files once, here: the job file stored and shipped to every process
     // is the resolved one. Listing blocks (and may wait for partitions): off the runtime.
