@@ -522,3 +522,58 @@ fn slow_data_executors_are_scaled_out_by_their_load() {
     assert_eq!(r["ledger"]["duplicated"], 0, "{r}");
     assert_eq!(r["ledger"]["missing"], 0, "{r}");
 }
+
+/// DCN-v2 (`model.type = "dcn_v2"`) trains in both modes: `elastrec train` and one worker
+/// on two parameter servers (which hold its cross layers with the rest of the dense
+/// vector) reach the same AUC within 0.005, the ledger is exact, and the `model.bin` each
+/// leaves scores what its job reported.
+#[test]
+fn dcn_v2_trains_in_train_and_in_run() {
+    let _g = serial();
+    let f = fixture();
+    let dcn = |name: &str, cluster: &str| {
+        let text = job_text(name, cluster).replace(
+            "[model]\n",
+            "[model]\ntype = \"dcn_v2\"\ncross_layers = 2\ninteraction = \"concat\"\n",
+        );
+        let job = f.dir.join(format!("{name}.toml"));
+        std::fs::write(&job, text).unwrap();
+        (job, f.dir.join(name))
+    };
+    let (job, dir) = dcn("dcn-single", "");
+    let out = elastrec(&["train", job.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let single = s["eval"]["auc"].as_f64().unwrap();
+    let e = eval_model(&dir.join("model.bin"));
+    assert!(
+        (e["auc"].as_f64().unwrap() - single).abs() < 1e-9,
+        "{e} vs {s}"
+    );
+
+    let cluster = CLUSTER.replace("workers = 3", "workers = 1");
+    let (job, dir) = dcn("dcn-run", &cluster);
+    let log = dir.with_extension("log");
+    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
+    g.wait_success(&log);
+    let r = result(&dir);
+    assert_eq!(r["status"], "finished", "{r}");
+    for e in r["epochs"].as_array().unwrap() {
+        assert_eq!(
+            (e["duplicated"].as_u64(), e["missing"].as_u64()),
+            (Some(0), Some(0)),
+            "{r}"
+        );
+    }
+    let run = r["eval"]["auc"].as_f64().unwrap();
+    assert!(
+        (run - single).abs() <= 0.005,
+        "DCN-v2: run AUC {run:.4} vs train {single:.4}"
+    );
+    check_saved_model(&dir, &r);
+}

@@ -169,6 +169,48 @@ pub struct ModelConfig {
     /// before MTRM existed.)
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub adapt_mlp: Vec<usize>,
+    /// The model family: `"dlrm"` (bottom MLP, interaction, top MLP) or `"dcn_v2"` (the
+    /// same, with `cross_layers` DCN-v2 cross layers between the interaction and the top
+    /// MLP; `docs/models.md`). Not written when `dlrm`, so existing jobs fingerprint as
+    /// before.
+    #[serde(rename = "type", skip_serializing_if = "ModelType::is_dlrm")]
+    pub model_type: ModelType,
+    /// `dcn_v2`: cross layers (each adds one degree of explicit feature crosses).
+    #[serde(skip_serializing_if = "is_default_cross_layers")]
+    pub cross_layers: usize,
+}
+
+/// The model family (`model.type`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelType {
+    /// DLRM (Naumov et al. 2019).
+    #[default]
+    Dlrm,
+    /// DCN-v2 (Wang et al. 2021): cross layers on the interaction output.
+    DcnV2,
+}
+
+impl ModelType {
+    fn is_dlrm(&self) -> bool {
+        *self == ModelType::Dlrm
+    }
+}
+
+const DEFAULT_CROSS_LAYERS: usize = 3;
+
+fn is_default_cross_layers(n: &usize) -> bool {
+    *n == DEFAULT_CROSS_LAYERS
+}
+
+impl ModelConfig {
+    /// Cross layers the model has (0 unless `dcn_v2`).
+    pub fn cross_layers(&self) -> usize {
+        match self.model_type {
+            ModelType::Dlrm => 0,
+            ModelType::DcnV2 => self.cross_layers,
+        }
+    }
 }
 
 impl Default for ModelConfig {
@@ -182,6 +224,8 @@ impl Default for ModelConfig {
             max_table_rows: 1_000_000,
             seed: 1,
             adapt_mlp: Vec::new(),
+            model_type: ModelType::Dlrm,
+            cross_layers: DEFAULT_CROSS_LAYERS,
         }
     }
 }
@@ -681,6 +725,20 @@ impl JobConfig {
                 "model.top_mlp",
                 "sizes must be ≥ 1 and the last must be 1 (the click logit)".into(),
             ));
+        }
+        if m.model_type == ModelType::DcnV2 {
+            if m.cross_layers == 0 {
+                return Err(bad(
+                    "model.cross_layers",
+                    "a dcn_v2 model needs at least 1 cross layer (or use type = \"dlrm\")".into(),
+                ));
+            }
+            if !m.adapt_mlp.is_empty() {
+                return Err(bad(
+                    "model.type",
+                    "dcn_v2 and an MTRM adapt tower (model.adapt_mlp) cannot be combined; choose one".into(),
+                ));
+            }
         }
         if !m.adapt_mlp.is_empty() {
             if m.adapt_mlp.last() != Some(&1) || m.adapt_mlp.contains(&0) {

@@ -185,6 +185,7 @@ pub fn dense_config(job: &JobConfig) -> DlrmConfig {
         interaction: m.interaction,
         seed: m.seed,
         adapt: m.adapt_mlp.clone(),
+        cross_layers: m.cross_layers(),
     }
 }
 

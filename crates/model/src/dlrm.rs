@@ -1,5 +1,6 @@
 //! The dense part of DLRM: bottom MLP, interaction, top MLP, BCE loss.
 
+use crate::cross::{CrossActs, CrossNet};
 use crate::error::{ModelError, Result};
 use crate::interaction::{Interaction, InteractionKind};
 use rayon::prelude::*;
@@ -31,6 +32,14 @@ pub struct DlrmConfig {
     /// the interaction output and the memory tower's logit (see [`Tower`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub adapt: Vec<usize>,
+    /// DCN-v2 cross layers between the interaction and the top MLP ([`crate::CrossNet`]);
+    /// 0 for a plain DLRM. Their parameters follow every other layer's.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cross_layers: usize,
+}
+
+fn is_zero(v: &usize) -> bool {
+    *v == 0
 }
 
 /// Which tower a step trains and which logit it returns. A plain DLRM has only the top
@@ -63,6 +72,7 @@ impl DlrmConfig {
             interaction: InteractionKind::Dot,
             seed: 0,
             adapt: Vec::new(),
+            cross_layers: 0,
         }
     }
 
@@ -101,6 +111,9 @@ impl DlrmConfig {
             if last != 1 {
                 return Err(ModelError::TopOutputNotOne { got: last });
             }
+        }
+        if self.cross_layers > 0 && !self.adapt.is_empty() {
+            return Err(ModelError::CrossWithAdapt);
         }
         if self.num_tables == 0 {
             return Err(ModelError::ZeroEmbedding { what: "num_tables" });
@@ -161,6 +174,9 @@ pub struct DenseDlrm {
     top: Mlp,
     /// MTRM's adapt tower (its parameters follow the top MLP's); `None` for a plain DLRM.
     adapt: Option<Mlp>,
+    /// DCN-v2 cross layers on the interaction output (none for a plain DLRM); their
+    /// parameters come last.
+    cross: CrossNet,
     interaction: Interaction,
     params: Vec<f32>,
 }
@@ -197,12 +213,15 @@ impl DenseDlrm {
             )
         });
         let adapt_params = adapt.as_ref().map_or(0, Mlp::num_params);
-        let mut params = vec![0.0; bottom.num_params() + top.num_params() + adapt_params];
+        let before_cross = bottom.num_params() + top.num_params() + adapt_params;
+        let cross = CrossNet::new(interaction.out_dim(), config.cross_layers, before_cross);
+        let mut params = vec![0.0; before_cross + cross.num_params()];
         let layers = bottom
             .layers
             .iter()
             .chain(&top.layers)
-            .chain(adapt.iter().flat_map(|a| &a.layers));
+            .chain(adapt.iter().flat_map(|a| &a.layers))
+            .chain(&cross.layers);
         for (i, l) in layers.enumerate() {
             l.init(&mut params, config.seed, i as u64);
         }
@@ -211,6 +230,7 @@ impl DenseDlrm {
             bottom,
             top,
             adapt,
+            cross,
             interaction,
             params,
         })
@@ -266,6 +286,11 @@ impl DenseDlrm {
         &self.top
     }
 
+    /// The DCN-v2 cross layers (empty for a plain DLRM).
+    pub fn cross(&self) -> &CrossNet {
+        &self.cross
+    }
+
     /// The interaction.
     pub fn interaction(&self) -> &Interaction {
         &self.interaction
@@ -288,7 +313,8 @@ impl DenseDlrm {
 
     /// Analytic FLOPs per sample of one `forward_backward`.
     pub fn flops_per_sample(&self) -> FlopCount {
-        let fwd = self.bottom.forward_flops() + self.top.forward_flops();
+        let fwd =
+            self.bottom.forward_flops() + self.top.forward_flops() + self.cross.forward_flops();
         // An MTRM's history step runs only the memory tower; the figure is its cost.
         let first = self.bottom.layers[0].forward_flops();
         FlopCount {
@@ -532,6 +558,9 @@ struct BlockInputs<'a> {
 struct Block {
     bottom_acts: Vec<Vec<f32>>,
     inter: Vec<f32>,
+    /// DCN-v2: the cross layers' activations and the gradient w.r.t. their output.
+    cross: CrossActs,
+    d_cross: Vec<f32>,
     top_acts: Vec<Vec<f32>>,
     /// MTRM: the adapt tower's input `[inter, h_M]`, its activations, and the gradient
     /// w.r.t. its input.
@@ -566,6 +595,12 @@ impl Block {
         Self {
             bottom_acts: acts(&model.bottom),
             inter: vec![0.0; rows * model.interaction.out_dim()],
+            cross: model.cross.acts(rows),
+            d_cross: if model.cross.layers.is_empty() {
+                Vec::new()
+            } else {
+                vec![0.0; rows * model.interaction.out_dim()]
+            },
             top_acts: acts(&model.top),
             adapt_in: vec![0.0; adapt_in],
             adapt_acts: model.adapt.as_ref().map_or_else(Vec::new, acts),
@@ -585,7 +620,9 @@ impl Block {
         m.bottom.forward(p, x.dense_x, x.n, &mut self.bottom_acts);
         let z = self.bottom_acts.last().expect("nonempty");
         m.interaction.forward(z, x.emb, x.n, &mut self.inter);
-        m.top.forward(p, &self.inter, x.n, &mut self.top_acts);
+        m.cross.forward(p, &self.inter, x.n, &mut self.cross);
+        let top_in = m.cross.output(&self.cross, &self.inter);
+        m.top.forward(p, top_in, x.n, &mut self.top_acts);
         if let (Tower::Adapt, Some(adapt)) = (x.tower, &m.adapt) {
             // [inter, h_M] per row: the interaction output and the memory tower's logit.
             let w = m.interaction.out_dim();
@@ -639,17 +676,33 @@ impl Block {
                 self.grads[m.tower_range(Tower::Memory)].fill(0.0);
             }
             _ => {
+                let crossed = !m.cross.layers.is_empty();
                 m.top.backward(
                     p,
                     &mut self.grads,
-                    &self.inter,
+                    m.cross.output(&self.cross, &self.inter),
                     &self.top_acts,
                     &mut self.dlogits,
                     &mut self.ga,
                     &mut self.gb,
-                    Some(&mut self.d_inter),
+                    Some(if crossed {
+                        &mut self.d_cross
+                    } else {
+                        &mut self.d_inter
+                    }),
                     n,
                 );
+                if crossed {
+                    m.cross.backward(
+                        p,
+                        &mut self.grads,
+                        &self.inter,
+                        &mut self.cross,
+                        &self.d_cross,
+                        &mut self.d_inter,
+                        n,
+                    );
+                }
                 if m.adapt.is_some() {
                     self.grads[m.tower_range(Tower::Adapt)].fill(0.0);
                 }

@@ -35,6 +35,7 @@
 //! opt.step(model.params_mut(), ws.grads());
 //! ```
 
+pub mod cross;
 pub mod dlrm;
 pub mod error;
 pub mod gemm;
@@ -46,6 +47,7 @@ pub mod metrics;
 pub mod optim;
 pub mod schedule;
 
+pub use cross::CrossNet;
 pub use dlrm::{DenseDlrm, DlrmConfig, FlopCount, Tower, Workspace};
 pub use error::{ModelError, Result};
 pub use interaction::{Interaction, InteractionKind};

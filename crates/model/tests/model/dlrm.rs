@@ -11,6 +11,7 @@ fn small(kind: InteractionKind) -> DlrmConfig {
         interaction: kind,
         seed: 42,
         adapt: Vec::new(),
+        cross_layers: 0,
     }
 }
 
@@ -27,7 +28,11 @@ fn loss_and_pattern(
 }
 
 fn gradcheck_model(kind: InteractionKind) {
-    let mut m = DenseDlrm::new(small(kind)).unwrap();
+    gradcheck_config(small(kind));
+}
+
+fn gradcheck_config(config: DlrmConfig) {
+    let mut m = DenseDlrm::new(config).unwrap();
     let n = 6;
     let mut ws = m.workspace(8);
     let mut g = rng(3);
@@ -59,6 +64,44 @@ fn dlrm_dot_gradcheck() {
 #[test]
 fn dlrm_concat_gradcheck() {
     gradcheck_model(InteractionKind::Concat);
+}
+
+/// DCN-v2: two cross layers on either interaction; finite differences agree with every
+/// parameter's gradient (the cross layers' `W`, `b` included) and the embeddings'.
+#[test]
+fn dcn_v2_gradcheck() {
+    for kind in [InteractionKind::Concat, InteractionKind::Dot] {
+        gradcheck_config(DlrmConfig {
+            cross_layers: 2,
+            ..small(kind)
+        });
+    }
+}
+
+/// Cross layers add their parameters after every other layer's and change nothing
+/// before them; a zeroed cross layer (`W = 0`, `b = 0`) passes its input through, so
+/// the model then equals the DLRM with the same other parameters.
+#[test]
+fn cross_layers_follow_the_other_parameters_and_a_zeroed_one_is_the_identity() {
+    let plain = DenseDlrm::new(small(InteractionKind::Concat)).unwrap();
+    let mut dcn = DenseDlrm::new(DlrmConfig {
+        cross_layers: 1,
+        ..small(InteractionKind::Concat)
+    })
+    .unwrap();
+    let k = plain.num_params();
+    let d = plain.interaction().out_dim();
+    assert_eq!(dcn.num_params(), k + d * d + d);
+    assert_eq!(&dcn.params()[..k], plain.params());
+    dcn.params_mut()[k..].fill(0.0);
+    let mut g = rng(9);
+    let n = 5;
+    let x = randv(&mut g, n * 5, 1.0);
+    let e = randv(&mut g, n * 3 * 4, 1.0);
+    let (mut w1, mut w2) = (plain.workspace(8), dcn.workspace(8));
+    let a = plain.forward(&x, &e, &mut w1).unwrap().to_vec();
+    let b = dcn.forward(&x, &e, &mut w2).unwrap().to_vec();
+    assert_eq!(a, b);
 }
 
 #[test]
