@@ -523,24 +523,34 @@ fn slow_data_executors_are_scaled_out_by_their_load() {
     assert_eq!(r["ledger"]["missing"], 0, "{r}");
 }
 
-/// DCN-v2 (`model.type = "dcn_v2"`) trains in both modes: `elastrec train` and one worker
-/// on two parameter servers (which hold its cross layers with the rest of the dense
-/// vector) reach the same AUC within 0.005, the ledger is exact, and the `model.bin` each
-/// leaves scores what its job reported.
+/// DCN-v2 and DeepFM (`model.type`) train in both modes: `elastrec train` and one worker
+/// on two parameter servers (which hold DCN-v2's cross layers with the rest of the dense
+/// vector; DeepFM's FM term has no parameters and reaches the embeddings through their
+/// gradient) reach the same AUC within 0.005, the ledger is exact, and the `model.bin`
+/// each leaves scores what its job reported.
 #[test]
-fn dcn_v2_trains_in_train_and_in_run() {
+fn dcn_v2_and_deepfm_train_in_train_and_in_run() {
     let _g = serial();
+    for (family, model) in [
+        (
+            "dcn",
+            "type = \"dcn_v2\"\ncross_layers = 2\ninteraction = \"concat\"\n",
+        ),
+        ("deepfm", "type = \"deepfm\"\ninteraction = \"concat\"\n"),
+    ] {
+        family_trains_in_both_modes(family, model);
+    }
+}
+
+fn family_trains_in_both_modes(family: &str, model: &str) {
     let f = fixture();
-    let dcn = |name: &str, cluster: &str| {
-        let text = job_text(name, cluster).replace(
-            "[model]\n",
-            "[model]\ntype = \"dcn_v2\"\ncross_layers = 2\ninteraction = \"concat\"\n",
-        );
+    let write = |name: &str, cluster: &str| {
+        let text = job_text(name, cluster).replace("[model]\n", &format!("[model]\n{model}"));
         let job = f.dir.join(format!("{name}.toml"));
         std::fs::write(&job, text).unwrap();
         (job, f.dir.join(name))
     };
-    let (job, dir) = dcn("dcn-single", "");
+    let (job, dir) = write(&format!("{family}-single"), "");
     let out = elastrec(&["train", job.to_str().unwrap()]);
     assert!(
         out.status.success(),
@@ -553,11 +563,11 @@ fn dcn_v2_trains_in_train_and_in_run() {
     let e = eval_model(&dir.join("model.bin"));
     assert!(
         (e["auc"].as_f64().unwrap() - single).abs() < 1e-9,
-        "{e} vs {s}"
+        "{family}: {e} vs {s}"
     );
 
     let cluster = CLUSTER.replace("workers = 3", "workers = 1");
-    let (job, dir) = dcn("dcn-run", &cluster);
+    let (job, dir) = write(&format!("{family}-run"), &cluster);
     let log = dir.with_extension("log");
     let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
     g.wait_success(&log);
@@ -573,7 +583,7 @@ fn dcn_v2_trains_in_train_and_in_run() {
     let run = r["eval"]["auc"].as_f64().unwrap();
     assert!(
         (run - single).abs() <= 0.005,
-        "DCN-v2: run AUC {run:.4} vs train {single:.4}"
+        "{family}: run AUC {run:.4} vs train {single:.4}"
     );
     check_saved_model(&dir, &r);
 }

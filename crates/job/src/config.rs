@@ -169,10 +169,11 @@ pub struct ModelConfig {
     /// before MTRM existed.)
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub adapt_mlp: Vec<usize>,
-    /// The model family: `"dlrm"` (bottom MLP, interaction, top MLP) or `"dcn_v2"` (the
+    /// The model family: `"dlrm"` (bottom MLP, interaction, top MLP), `"dcn_v2"` (the
     /// same, with `cross_layers` DCN-v2 cross layers between the interaction and the top
-    /// MLP; `docs/models.md`). Not written when `dlrm`, so existing jobs fingerprint as
-    /// before.
+    /// MLP) or `"deepfm"` (the embeddings' factorization-machine term added to the top
+    /// MLP's logit); `docs/models.md`. Not written when `dlrm`, so existing jobs
+    /// fingerprint as before.
     #[serde(rename = "type", skip_serializing_if = "ModelType::is_dlrm")]
     pub model_type: ModelType,
     /// `dcn_v2`: cross layers (each adds one degree of explicit feature crosses).
@@ -189,6 +190,9 @@ pub enum ModelType {
     Dlrm,
     /// DCN-v2 (Wang et al. 2021): cross layers on the interaction output.
     DcnV2,
+    /// DeepFM (Guo et al. 2017): the embeddings' FM term added to the top MLP's logit.
+    #[serde(rename = "deepfm")]
+    DeepFm,
 }
 
 impl ModelType {
@@ -207,7 +211,7 @@ impl ModelConfig {
     /// Cross layers the model has (0 unless `dcn_v2`).
     pub fn cross_layers(&self) -> usize {
         match self.model_type {
-            ModelType::Dlrm => 0,
+            ModelType::Dlrm | ModelType::DeepFm => 0,
             ModelType::DcnV2 => self.cross_layers,
         }
     }
@@ -726,19 +730,17 @@ impl JobConfig {
                 "sizes must be ≥ 1 and the last must be 1 (the click logit)".into(),
             ));
         }
-        if m.model_type == ModelType::DcnV2 {
-            if m.cross_layers == 0 {
-                return Err(bad(
-                    "model.cross_layers",
-                    "a dcn_v2 model needs at least 1 cross layer (or use type = \"dlrm\")".into(),
-                ));
-            }
-            if !m.adapt_mlp.is_empty() {
-                return Err(bad(
-                    "model.type",
-                    "dcn_v2 and an MTRM adapt tower (model.adapt_mlp) cannot be combined; choose one".into(),
-                ));
-            }
+        if m.model_type == ModelType::DcnV2 && m.cross_layers == 0 {
+            return Err(bad(
+                "model.cross_layers",
+                "a dcn_v2 model needs at least 1 cross layer (or use type = \"dlrm\")".into(),
+            ));
+        }
+        if m.model_type != ModelType::Dlrm && !m.adapt_mlp.is_empty() {
+            return Err(bad(
+                "model.type",
+                "dcn_v2 or deepfm and an MTRM adapt tower (model.adapt_mlp) cannot be combined; choose one".into(),
+            ));
         }
         if !m.adapt_mlp.is_empty() {
             if m.adapt_mlp.last() != Some(&1) || m.adapt_mlp.contains(&0) {
@@ -968,6 +970,37 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("26 entries"), "{err}");
+    }
+
+    /// `model.type` selects the family; a plain DLRM writes neither `type` nor
+    /// `cross_layers` (its fingerprint is unchanged); what cannot combine is refused.
+    #[test]
+    fn model_families_parse_and_refuse_what_cannot_combine() {
+        let cfg = parse("[model]\ntype = \"dcn_v2\"\n").unwrap();
+        assert_eq!(cfg.model.cross_layers(), 3);
+        let d = crate::prepare::dense_config(&cfg);
+        assert_eq!((d.cross_layers, d.fm), (3, false));
+        let cfg = parse("[model]\ntype = \"deepfm\"\ncross_layers = 5\n").unwrap();
+        let d = crate::prepare::dense_config(&cfg);
+        assert_eq!((d.cross_layers, d.fm), (0, true));
+        let plain = toml::to_string(&parse("").unwrap().model).unwrap();
+        assert!(
+            !plain.contains("type") && !plain.contains("cross_layers"),
+            "{plain}"
+        );
+        let field = |text: &str| match parse(text).unwrap_err() {
+            ConfigError::Invalid { field, .. } => field,
+            e => panic!("{e}"),
+        };
+        assert_eq!(
+            field("[model]\ntype = \"dcn_v2\"\ncross_layers = 0\n"),
+            "model.cross_layers"
+        );
+        assert_eq!(
+            field("[model]\ntype = \"deepfm\"\nadapt_mlp = [4, 1]\n"),
+            "model.type"
+        );
+        assert!(parse("[model]\ntype = \"wide\"\n").is_err());
     }
 
     /// A schedule parses with its defaults, and the hygiene settings `run` does not carry

@@ -186,6 +186,7 @@ pub fn dense_config(job: &JobConfig) -> DlrmConfig {
         seed: m.seed,
         adapt: m.adapt_mlp.clone(),
         cross_layers: m.cross_layers(),
+        fm: m.model_type == crate::config::ModelType::DeepFm,
     }
 }
 

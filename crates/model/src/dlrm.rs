@@ -36,6 +36,14 @@ pub struct DlrmConfig {
     /// 0 for a plain DLRM. Their parameters follow every other layer's.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cross_layers: usize,
+    /// DeepFM: the embeddings' factorization-machine term ([`crate::fm`]) is added to the
+    /// logit of the top MLP (the deep part). No parameters of its own.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub fm: bool,
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 fn is_zero(v: &usize) -> bool {
@@ -73,6 +81,7 @@ impl DlrmConfig {
             seed: 0,
             adapt: Vec::new(),
             cross_layers: 0,
+            fm: false,
         }
     }
 
@@ -112,7 +121,7 @@ impl DlrmConfig {
                 return Err(ModelError::TopOutputNotOne { got: last });
             }
         }
-        if self.cross_layers > 0 && !self.adapt.is_empty() {
+        if (self.cross_layers > 0 || self.fm) && !self.adapt.is_empty() {
             return Err(ModelError::CrossWithAdapt);
         }
         if self.num_tables == 0 {
@@ -320,7 +329,13 @@ impl DenseDlrm {
         FlopCount {
             forward_gemm: fwd,
             backward_gemm: 2 * fwd - first,
-            interaction: self.interaction.forward_flops() + self.interaction.backward_flops(),
+            interaction: self.interaction.forward_flops()
+                + self.interaction.backward_flops()
+                + if self.config.fm {
+                    crate::fm::flops(self.config.num_tables, self.config.embedding_dim)
+                } else {
+                    0
+                },
         }
     }
 
@@ -623,6 +638,11 @@ impl Block {
         m.cross.forward(p, &self.inter, x.n, &mut self.cross);
         let top_in = m.cross.output(&self.cross, &self.inter);
         m.top.forward(p, top_in, x.n, &mut self.top_acts);
+        if m.config.fm {
+            let logits = self.top_acts.last_mut().expect("nonempty");
+            let (t, d) = (m.config.num_tables, m.config.embedding_dim);
+            crate::fm::forward(x.emb, x.n, t, d, &mut logits[..x.n]);
+        }
         if let (Tower::Adapt, Some(adapt)) = (x.tower, &m.adapt) {
             // [inter, h_M] per row: the interaction output and the memory tower's logit.
             let w = m.interaction.out_dim();
@@ -711,6 +731,11 @@ impl Block {
         let z = self.bottom_acts.last().expect("nonempty");
         m.interaction
             .backward(z, x.emb, &self.d_inter, n, &mut self.d_bottom, d_emb);
+        if m.config.fm {
+            // The FM term reads the embeddings directly: its gradient joins theirs.
+            let (t, d) = (m.config.num_tables, m.config.embedding_dim);
+            crate::fm::backward(x.emb, &self.dlogits[..n], n, t, d, d_emb);
+        }
         m.bottom.backward(
             p,
             &mut self.grads,

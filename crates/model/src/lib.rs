@@ -38,6 +38,7 @@
 pub mod cross;
 pub mod dlrm;
 pub mod error;
+pub mod fm;
 pub mod gemm;
 pub mod init;
 pub mod interaction;
