@@ -1037,7 +1037,7 @@ mod tests {
         assert_eq!(
             crate::mix::serving(&cfg),
             elastrec_orchestrate::serving::Serving::Weighted {
-                weights: vec![3.0, 1.0, 4.0]
+                weights: vec![3.0, 1.0]
             }
         );
         assert_eq!(crate::mix::source_names(&cfg), ["recent", "old", "stream"]);

@@ -309,7 +309,11 @@ pub fn serving(job: &JobConfig) -> Serving {
     } else {
         job.data.source.iter().map(|s| s.weight).collect()
     };
-    weights.push(mix.stream_weight);
+    // A job without a stream has no stream buffer to weigh (its empty buffer is never
+    // picked, and status shows the sources' weights only).
+    if job.stream.is_some() {
+        weights.push(mix.stream_weight);
+    }
     match mix.mode {
         MixMode::Sequential => Serving::Sequential,
         MixMode::Weighted => Serving::Weighted { weights },
