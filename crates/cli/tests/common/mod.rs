@@ -102,10 +102,26 @@ pub struct Fixture {
 
 pub const ROWS: u64 = 90_000;
 
+/// The shared data set's directory, for [`remove_fixture_at_exit`].
+static FIXTURE_DIR: OnceLock<PathBuf> = OnceLock::new();
+
+extern "C" fn remove_fixture_at_exit() {
+    if let Some(dir) = FIXTURE_DIR.get() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 pub fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap().keep();
+        // Kept for every test of this binary, removed when it exits: each run leaves
+        // tens of megabytes of data and job outputs otherwise.
+        let _ = FIXTURE_DIR.set(dir.clone());
+        // SAFETY: `remove_fixture_at_exit` is an `extern "C" fn()` that never unwinds.
+        unsafe {
+            libc::atexit(remove_fixture_at_exit);
+        }
         let out = elastrec(&[
             "gen-data",
             "--out",
