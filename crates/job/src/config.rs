@@ -364,7 +364,9 @@ pub struct OptimizerConfig {
     /// Optimizer of the embedding rows.
     pub sparse: SparseOptimizerConfig,
     /// Learning-rate warm-up and decay (`[optimizer.schedule]`), a multiplier of both
-    /// rates; default: constant. `elastrec train` only.
+    /// rates; default: constant. `elastrec train` only. Not written when constant, so the
+    /// checkpoint fingerprints of jobs without one stay as they were.
+    #[serde(skip_serializing_if = "elastrec_model::LrSchedule::is_constant")]
     pub schedule: elastrec_model::LrSchedule,
 }
 
@@ -983,6 +985,8 @@ mod tests {
         let cfg = parse("[model]\ntype = \"deepfm\"\ncross_layers = 5\n").unwrap();
         let d = crate::prepare::dense_config(&cfg);
         assert_eq!((d.cross_layers, d.fm), (0, true));
+        let optimizer = toml::to_string(&parse("").unwrap().optimizer).unwrap();
+        assert!(!optimizer.contains("schedule"), "{optimizer}");
         let plain = toml::to_string(&parse("").unwrap().model).unwrap();
         assert!(
             !plain.contains("type") && !plain.contains("cross_layers"),
