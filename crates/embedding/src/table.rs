@@ -279,11 +279,8 @@ impl TableShard {
         grad_at: impl Fn(usize) -> &'g [f32],
         scratch: &mut TableScratch,
     ) {
-        let opt = if self.lr_scale == 1.0 {
-            self.optimizer
-        } else {
-            self.optimizer.with_lr_scale(self.lr_scale)
-        };
+        // A scale of 1 leaves the rate's bits as they are.
+        let opt = self.optimizer.with_lr_scale(self.lr_scale);
         dispatch_update!(opt, |u| self.apply_prepared_with(u, grad_at, scratch))
     }
 

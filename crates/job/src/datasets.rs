@@ -57,6 +57,7 @@ pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
     }
     let now = fixed_now(job)?.unwrap_or_else(elastrec_orchestrate::window::now_utc);
     let mut report = Vec::new();
+    let mut joiners = joiners_of(job)?;
     for role in [DatasetRole::Train, DatasetRole::Eval] {
         let datasets = datasets_of(job, role)?;
         if datasets.is_empty() {
@@ -83,29 +84,24 @@ pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
                 join: None,
             })
             .collect();
-        let mut joiners = joiners_of(job)?;
         let mut files = Vec::new();
         let mut checked = std::collections::HashSet::new();
         for t in &tasks {
             let mut staged = stage(job, &graph, t)?;
             let p = graph.partition(t.partition);
-            let name = &graph.datasets()[p.dataset].name;
-            if role == DatasetRole::Train {
-                let source = crate::mix::source_of_dataset(job, name) as usize;
-                if let Some(Some(joiner)) = joiners.get_mut(source) {
-                    let before = joiner.stats();
-                    let period = graph.datasets()[p.dataset].template.granularity().step();
-                    let cache = job.output.dir.join(STAGING_DIR);
-                    staged = joiner.join(&p.dir, p.start, period, &staged, &cache)?;
-                    let after = joiner.stats();
-                    let j = found[p.dataset].join.get_or_insert_default();
-                    j.rows += after.rows - before.rows;
-                    j.positives += after.positives - before.positives;
-                    j.events += after.events - before.events;
+            let dataset = &graph.datasets()[p.dataset];
+            let source = crate::mix::dataset_source(job, &dataset.name);
+            if let (DatasetRole::Train, Some(source)) = (role, source) {
+                if let Some(joiner) = joiners[source].as_mut() {
+                    let period = dataset.template.granularity().step();
+                    let (joined, stats) = joiner.join(&p.dir, p.start, period, &staged)?;
+                    staged = joined;
+                    *found[p.dataset].join.get_or_insert_default() += stats;
                 }
-                add_to_source(job, name, &staged);
+                // The resolved job names each training file's source.
+                job.data.source[source].files.extend_from_slice(&staged);
             }
-            let counts = &mut found[graph.partition(t.partition).dataset];
+            let counts = &mut found[p.dataset];
             counts.tasks += 1;
             counts.files += staged.len();
             if checked.insert(t.partition) {
@@ -134,19 +130,6 @@ pub fn resolve_datasets(job: &mut JobConfig) -> Result<Vec<ResolvedDataset>> {
         job.data.now = Some(now.format("%Y-%m-%dT%H:%M:%S").to_string());
     }
     Ok(report)
-}
-
-/// Adds dataset `name`'s resolved `files` to the `[[data.source]]` that serves it, so
-/// the resolved job names each training file's source.
-fn add_to_source(job: &mut JobConfig, name: &str, files: &[String]) {
-    if let Some(s) = job
-        .data
-        .source
-        .iter_mut()
-        .find(|s| s.datasets.iter().any(|d| d == name))
-    {
-        s.files.extend_from_slice(files);
-    }
 }
 
 /// A joiner per `[[data.source]]` (by position), for those with a `join`.
@@ -312,9 +295,8 @@ impl Follower {
                 }
                 let rows = elastrec_data::count_rows(Path::new(&path))?;
                 let dataset = self.dataset_name(self.graph.partition(t.partition).dataset);
-                landed
-                    .sources
-                    .push(crate::mix::source_of_dataset(&self.job, dataset));
+                let source = crate::mix::dataset_source(&self.job, dataset).unwrap_or(0);
+                landed.sources.push(source as u32);
                 landed.files.push((path, rows));
             }
         }

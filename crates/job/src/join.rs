@@ -121,6 +121,14 @@ pub struct JoinStats {
     pub events: u64,
 }
 
+impl std::ops::AddAssign for JoinStats {
+    fn add_assign(&mut self, other: Self) {
+        self.rows += other.rows;
+        self.positives += other.positives;
+        self.events += other.events;
+    }
+}
+
 /// A time range `[from, to)`.
 type Range = (NaiveDateTime, NaiveDateTime);
 
@@ -130,17 +138,18 @@ pub struct Joiner {
     cfg: JoinConfig,
     key_field: usize,
     within: chrono::Duration,
-    out: PathBuf,
+    /// `output.dir/data-cache`: joined files go under `join-<source>`, event files
+    /// copied from an object store under `join-<source>-events`.
+    root: PathBuf,
     /// The event partitions' period.
     granularity: elastrec_orchestrate::Granularity,
     /// The keys of the last event range read, to reuse across a partition's tasks.
     last: Option<(Range, HashSet<Vec<u8>>)>,
-    stats: JoinStats,
 }
 
 impl Joiner {
-    /// A joiner for source `source`, writing under `out_root` (`output.dir/data-cache`).
-    pub fn new(source: &str, cfg: &JoinConfig, out_root: &Path) -> Result<Self> {
+    /// A joiner for source `source`, writing under `root` (`output.dir/data-cache`).
+    pub fn new(source: &str, cfg: &JoinConfig, root: &Path) -> Result<Self> {
         cfg.check(source)
             .map_err(|reason| definition(source, reason))?;
         let within = humantime::parse_duration(&cfg.within).expect("checked");
@@ -156,35 +165,31 @@ impl Joiner {
             key_field: key_field(&cfg.key).expect("checked"),
             within: chrono::Duration::from_std(within)
                 .map_err(|e| definition(source, format!("join.within: {e}")))?,
-            out: out_root.join(format!("join-{source}")),
+            root: root.to_path_buf(),
             last: None,
-            stats: JoinStats::default(),
         })
     }
 
-    /// What the joiner did so far.
-    pub fn stats(&self) -> JoinStats {
-        self.stats
-    }
-
     /// Labels `files` (impressions of the partition `dir` starting at `start`, one
-    /// `period` long) by the events in `[start, start + period + within)`, and returns
-    /// the joined files.
+    /// `period` long) by the events in `[start, start + period + within)`; returns the
+    /// joined files and what this call did (events are read once per range, so a
+    /// partition's later tasks read none).
     pub fn join(
         &mut self,
         dir: &str,
         start: NaiveDateTime,
         period: chrono::Duration,
         files: &[String],
-        staging: &Path,
-    ) -> Result<Vec<String>> {
+    ) -> Result<(Vec<String>, JoinStats)> {
+        let mut stats = JoinStats::default();
         let range = (start, start + period + self.within);
         if self.last.as_ref().is_none_or(|(r, _)| *r != range) {
-            let keys = self.events_in(range, staging)?;
+            let (keys, events) = self.events_in(range)?;
+            stats.events = events;
             self.last = Some((range, keys));
         }
         let keys = &self.last.as_ref().expect("just read").1;
-        let out_dir = self.out.join(dir);
+        let out_dir = self.root.join(format!("join-{}", self.source)).join(dir);
         std::fs::create_dir_all(&out_dir).map_err(|e| io(&out_dir, e))?;
         let mut joined = Vec::with_capacity(files.len());
         for f in files {
@@ -192,16 +197,16 @@ impl Joiner {
             let name = src.file_name().unwrap_or_default();
             let dest = out_dir.join(name).with_extension("tsv");
             let (rows, positives) = label_file(src, &dest, self.key_field, keys)?;
-            self.stats.rows += rows;
-            self.stats.positives += positives;
+            stats.rows += rows;
+            stats.positives += positives;
             joined.push(dest.display().to_string());
         }
-        Ok(joined)
+        Ok((joined, stats))
     }
 
     /// The keys of every event in `range`, read from the event partitions that cover it
-    /// (waiting for them to be ready).
-    fn events_in(&mut self, (from, to): Range, staging: &Path) -> Result<HashSet<Vec<u8>>> {
+    /// (waiting for them to be ready), and the event rows read.
+    fn events_in(&self, (from, to): Range) -> Result<(HashSet<Vec<u8>>, u64)> {
         // Every event partition that overlaps the range: `to` up to a partition boundary.
         let step = self.granularity;
         let to_partition = step.floor(to - chrono::Duration::seconds(1)) + step.step();
@@ -212,15 +217,14 @@ impl Joiner {
         let mut graph = TaskGraph::new(vec![dataset], TaskLimits::default());
         let (tasks, _) = graph.plan_for_start(to_partition, READY_POLL, false)?;
         let (from_s, to_s) = (from.and_utc().timestamp(), to.and_utc().timestamp());
-        let mut keys = HashSet::new();
+        let staging = self.root.join(format!("join-{}-events", self.source));
+        let (mut keys, mut events) = (HashSet::new(), 0);
         for t in &tasks {
-            for path in
-                graph.stage_task(t, &staging.join(format!("join-{}-events", self.source)))?
-            {
-                self.stats.events += read_events(Path::new(&path), from_s, to_s, &mut keys)?;
+            for path in graph.stage_task(t, &staging)? {
+                events += read_events(Path::new(&path), from_s, to_s, &mut keys)?;
             }
         }
-        Ok(keys)
+        Ok((keys, events))
     }
 }
 
@@ -413,13 +417,12 @@ mod tests {
         let start = chrono::DateTime::from_timestamp(t10, 0)
             .unwrap()
             .naive_utc();
-        let out = j
+        let (out, stats) = j
             .join(
                 "dt=20261101/hour=10",
                 start,
                 chrono::Duration::hours(1),
                 &[imp.join("part-0.tsv").display().to_string()],
-                &tmp.path().join("cache"),
             )
             .unwrap();
         let text = std::fs::read_to_string(&out[0]).unwrap();
@@ -427,7 +430,7 @@ mod tests {
         // 1 and 2 in hour 10, 3 at 29:59 past the hour's end; 4 before it and at 30:00.
         assert_eq!(labels, ["1", "1", "1", "0", "0"]);
         assert_eq!(
-            j.stats(),
+            stats,
             JoinStats {
                 rows: 5,
                 positives: 3,
@@ -446,7 +449,6 @@ mod tests {
                 start,
                 chrono::Duration::hours(1),
                 &[imp.join("part-0.tsv").display().to_string()],
-                &tmp.path().join("cache"),
             )
             .unwrap_err()
             .to_string();

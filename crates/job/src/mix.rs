@@ -265,26 +265,22 @@ pub fn train_file_sources(job: &JobConfig) -> Vec<u32> {
     job.data
         .train
         .iter()
-        .map(|f| source_of_file(job, f))
+        .map(|f| {
+            job.data
+                .source
+                .iter()
+                .position(|s| s.files.contains(f))
+                .unwrap_or(0) as u32
+        })
         .collect()
 }
 
-/// The history source that serves `file` (as `data.train` spells it); 0 when none does.
-pub fn source_of_file(job: &JobConfig, file: &str) -> u32 {
-    job.data
-        .source
-        .iter()
-        .position(|s| s.files.iter().any(|x| x == file))
-        .unwrap_or(0) as u32
-}
-
-/// The history source that serves dataset `name`; 0 when none does.
-pub fn source_of_dataset(job: &JobConfig, name: &str) -> u32 {
+/// The position of the `[[data.source]]` that serves dataset `name`, if one does.
+pub fn dataset_source(job: &JobConfig, name: &str) -> Option<usize> {
     job.data
         .source
         .iter()
         .position(|s| s.datasets.iter().any(|d| d == name))
-        .unwrap_or(0) as u32
 }
 
 /// True when the job serves more than one buffer: a batch + stream mixture, or more than

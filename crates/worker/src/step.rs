@@ -76,6 +76,8 @@ pub struct TrainStep {
     /// The model being trained.
     pub model: Dlrm,
     dense_opt: Box<dyn DenseOptimizer>,
+    /// The configured dense rate, which a schedule scales.
+    dense_lr: f32,
     ws: Workspace,
     emb: Vec<f32>,
     scratch: UpdateScratch,
@@ -85,12 +87,14 @@ pub struct TrainStep {
 impl TrainStep {
     /// Training state for batches of up to `max_batch` samples.
     pub fn new(model: Dlrm, dense_opt: &DenseOptimizerConfig, max_batch: usize) -> Self {
+        let dense_lr = dense_opt.lr();
         let dense_opt = dense_opt.build(model.dense.num_params());
         let ws = model.dense.workspace(max_batch);
         let emb = vec![0.0; max_batch * model.tables() * model.dim()];
         Self {
             model,
             dense_opt,
+            dense_lr,
             ws,
             emb,
             scratch: UpdateScratch::new(),
@@ -113,10 +117,10 @@ impl TrainStep {
         self.dense_opt.as_mut()
     }
 
-    /// Multiplies the dense and sparse learning rates by `scale` (of `dense_lr`, the
-    /// configured dense rate) from the next batch on.
-    pub fn set_lr_scale(&mut self, dense_lr: f32, scale: f32) {
-        self.dense_opt.set_lr(dense_lr * scale);
+    /// Multiplies the configured dense and sparse learning rates by `scale` from the
+    /// next batch on.
+    pub fn set_lr_scale(&mut self, scale: f32) {
+        self.dense_opt.set_lr(self.dense_lr * scale);
         self.model.embeddings.set_lr_scale(scale);
     }
 

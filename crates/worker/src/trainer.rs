@@ -651,6 +651,13 @@ impl Feed {
         }
     }
 
+    /// Stops the reader: its preprocessing placement report (when it has one) and its
+    /// read statistics join the run's.
+    fn finish(self, preprocess: &mut Option<PreprocessReport>, stats: &mut ReadStats) {
+        *preprocess = self.reader.preprocess_report().or(preprocess.take());
+        stats.merge(&self.reader.finish());
+    }
+
     fn recycle(&mut self, batch: Batch) {
         if self.shuffler.is_some() {
             self.spare = Some(batch);
@@ -755,7 +762,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
         budget = budget.min(job.train.max_samples);
     }
 
-    let (schedule, dense_lr) = (job.optimizer.schedule, job.optimizer.dense.lr());
+    let schedule = job.optimizer.schedule;
     let pb = progress_bar(progress, budget, "training");
     let mut samples = 0u64;
     let mut steps = 0u64;
@@ -780,14 +787,13 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
             if job.train.max_samples > 0 {
                 let left = job.train.max_samples - samples;
                 if left == 0 {
-                    preprocess = reader.reader.preprocess_report().or(preprocess);
-                    read_stats.merge(&reader.reader.finish());
+                    reader.finish(&mut preprocess, &mut read_stats);
                     break 'epochs;
                 }
                 truncate(&mut batch, left as usize);
             }
             if !schedule.is_constant() {
-                step.set_lr_scale(dense_lr, schedule.scale(samples, budget));
+                step.set_lr_scale(schedule.scale(samples, budget));
             }
             let t_step = Instant::now();
             let loss = step.train_batch(&batch)?;
@@ -819,16 +825,14 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
                 next_eval += job.train.eval_every;
                 if stop {
                     early_stopped = true;
-                    preprocess = reader.reader.preprocess_report().or(preprocess);
-                    read_stats.merge(&reader.reader.finish());
+                    reader.finish(&mut preprocess, &mut read_stats);
                     break 'epochs;
                 }
                 t0 = Instant::now();
             }
         }
         train_time += t0.elapsed().as_secs_f64();
-        preprocess = reader.reader.preprocess_report().or(preprocess);
-        read_stats.merge(&reader.reader.finish());
+        reader.finish(&mut preprocess, &mut read_stats);
         if samples == 0 {
             // The files have rows (checked above), but `on_bad_row = "skip"` dropped them all.
             return Err(JobError::NoTrainingData {

@@ -260,11 +260,6 @@ pub(super) fn shipped(cfg: &JobConfig) -> JobConfig {
     out
 }
 
-/// How the job's buffers are served (`elastrec_job::mix::serving`).
-pub(super) fn serving(cfg: &JobConfig) -> crate::serving::Serving {
-    elastrec_job::mix::serving(cfg)
-}
-
 pub(super) fn files_rows_total(core: &MasterCore) -> u64 {
     core.job.lock().tasks().file_rows().iter().sum()
 }

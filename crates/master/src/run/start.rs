@@ -244,8 +244,7 @@ pub async fn start_job(
         }
     }
     // The queue the job starts with (fresh, or at the checkpoint's position).
-    set_sources(&mut queue, &cfg, &files);
-    queue.set_serving(serving(&cfg));
+    set_buffers(&mut queue, &cfg, &files);
     if cfg.data.follow {
         queue.follow();
     }
@@ -386,8 +385,7 @@ pub async fn resume_job(
     if let Some(adj) = snap.meta.get("ledger_adjust") {
         queue.adjust_ledger(&serde_json::from_str::<Vec<(u32, u64, u64)>>(adj)?);
     }
-    set_sources(&mut queue, &cfg, &files);
-    queue.set_serving(serving(&cfg));
+    set_buffers(&mut queue, &cfg, &files);
     if cfg.data.follow {
         // Files stored just before the previous master stopped get their tasks.
         queue.follow();
@@ -534,13 +532,15 @@ pub async fn resume_job(
     serve(core, listener, token, &cfg, &dir, autoscale).await
 }
 
-/// Deals the queue's history into the job's `[[data.source]]` buffers by each file's
-/// recorded source (a job without sources keeps one).
-fn set_sources(queue: &mut TaskQueue, cfg: &JobConfig, files: &[FileRows]) {
+/// The queue's serving buffers as the job configures them: its history dealt into the
+/// `[[data.source]]` buffers by each file's recorded source (a job without sources keeps
+/// one), served by the job's policy (`elastrec_job::mix::serving`).
+fn set_buffers(queue: &mut TaskQueue, cfg: &JobConfig, files: &[FileRows]) {
     if cfg.data.source.len() > 1 {
         queue.set_sources(
             cfg.data.source.len(),
             files.iter().map(|f| f.source).collect(),
         );
     }
+    queue.set_serving(elastrec_job::mix::serving(cfg));
 }
