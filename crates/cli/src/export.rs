@@ -19,8 +19,9 @@ use anyhow::{bail, Context as _};
 use elastrec_checkpoint::format::Manifest;
 use elastrec_checkpoint::store::{redact_location, CheckpointStore};
 use elastrec_job::config::{JobConfig, ModelConfig, OptimizerConfig};
-use elastrec_master::export::ExportRecord;
+use elastrec_master::export::{DeltaRecord, ExportRecord};
 use elastrec_ps::image::{apply_parts, decode, part_name, DecodedPart};
+use elastrec_worker::model_file::ModelDelta;
 use elastrec_worker::step::Dlrm;
 use serde::Deserialize;
 
@@ -37,6 +38,14 @@ pub struct ExportArgs {
     /// Model file to write (replaced atomically).
     #[arg(long)]
     pub out: PathBuf,
+    /// Also write a model delta to `--delta-out`: every dense parameter and the embedding
+    /// rows that differ from this earlier export of the same job, which a running
+    /// `elastrec serve` serving that export applies without restarting.
+    #[arg(long, value_name = "MODEL", requires = "delta_out")]
+    pub delta_from: Option<PathBuf>,
+    /// Where the delta of `--delta-from` goes (replaced atomically).
+    #[arg(long, requires = "delta_from")]
+    pub delta_out: Option<PathBuf>,
     /// Print what was exported as JSON.
     #[arg(long)]
     pub json: bool,
@@ -54,12 +63,27 @@ struct Described {
 
 /// Runs `elastrec export`.
 pub fn run(args: ExportArgs) -> anyhow::Result<()> {
-    let e = crate::commands::on_runtime(export(&args.checkpoint, args.id, &args.out))?;
+    let e = crate::commands::on_runtime(export(
+        &args.checkpoint,
+        args.id,
+        args.delta_from.as_deref().zip(args.delta_out.as_deref()),
+        &args.out,
+    ))?;
     if args.json {
         println!("{}", serde_json::to_string(&e)?);
     } else {
+        let delta = match &e.delta {
+            Some(d) => format!(
+                "; the delta from checkpoint {} to {}: {} rows, {:.1} MB",
+                d.from,
+                d.path.display(),
+                d.rows,
+                d.bytes as f64 / 1e6
+            ),
+            None => String::new(),
+        };
         println!(
-            "exported checkpoint {} (chain {:?}, {} samples) to {}: {} embedding rows, {} dense parameters, {:.1} MB in {:.2} s",
+            "exported checkpoint {} (chain {:?}, {} samples) to {}: {} embedding rows, {} dense parameters, {:.1} MB in {:.2} s{delta}",
             e.checkpoint,
             e.chain,
             e.samples,
@@ -74,8 +98,14 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
 }
 
 /// Writes checkpoint `id` (default: the newest intact one) of the storage at `location`
-/// to the model file `out`.
-pub async fn export(location: &str, id: Option<u64>, out: &Path) -> anyhow::Result<ExportRecord> {
+/// to the model file `out`, and with `delta` = `(earlier, path)` the delta from the
+/// earlier export `earlier` to `path`.
+pub async fn export(
+    location: &str,
+    id: Option<u64>,
+    delta: Option<(&Path, &Path)>,
+    out: &Path,
+) -> anyhow::Result<ExportRecord> {
     let started = Instant::now();
     let store = elastrec_master::checkpoint::open_store(location)?;
     let m = match id {
@@ -129,7 +159,26 @@ pub async fn export(location: &str, id: Option<u64>, out: &Path) -> anyhow::Resu
         .with_context(|| format!("{}: applying checkpoint {}", where_(), link.id))?;
     }
     let model = model.context("a checkpoint chain is never empty")?;
-    elastrec_worker::model_file::save(&model, &job, out)?;
+    elastrec_worker::model_file::save_exported(&model, &job, Some(m.id), out)?;
+    let delta = match delta {
+        None => None,
+        Some((earlier, path)) => {
+            let prev = elastrec_worker::model_file::load_model(earlier)
+                .with_context(|| format!("reading the earlier export {}", earlier.display()))?;
+            let delta = ModelDelta::between(&prev, &model, m.id, m.samples).map_err(|e| {
+                anyhow::anyhow!("{} cannot be the base of a delta: {e}", earlier.display())
+            })?;
+            elastrec_worker::model_file::save_delta(&delta, path)?;
+            Some(DeltaRecord {
+                path: path.to_path_buf(),
+                from: delta.header.from,
+                rows: delta.rows(),
+                bytes: std::fs::metadata(path)
+                    .with_context(|| format!("{}", path.display()))?
+                    .len(),
+            })
+        }
+    };
     let bytes = std::fs::metadata(out)
         .with_context(|| format!("{}", out.display()))?
         .len();
@@ -140,6 +189,7 @@ pub async fn export(location: &str, id: Option<u64>, out: &Path) -> anyhow::Resu
         samples: m.samples,
         checkpoint_ms: m.created_ms,
         rows: model.embeddings.config().rows.iter().sum(),
+        delta,
         dense_params: model.dense.num_params(),
         bytes,
         seconds: started.elapsed().as_secs_f64(),

@@ -16,6 +16,7 @@ mod commands;
 mod export;
 mod preprocess;
 mod replay;
+mod serve;
 
 /// Elastic, failure-tolerant training of deep learning recommendation models (DLRM).
 #[derive(Parser)]
@@ -39,6 +40,9 @@ enum Command {
     /// Write a servable model file (`model.bin`, read by `elastrec eval`) from a checkpoint
     /// of a `run` job: every parameter server's part and the delta chain, merged.
     Export(export::ExportArgs),
+    /// Serve a model file: click probabilities over HTTP/JSON and gRPC, with deltas and
+    /// new models pushed while serving (docs/serving.md).
+    Serve(serve::ServeArgs),
     /// Apply a job's `[[preprocess]]` graph (or the default one) to its data files and
     /// write the features as Parquet; `--explain` prints the compiled graph
     /// (docs/preprocess.md).
@@ -308,6 +312,7 @@ fn main() -> anyhow::Result<()> {
         Command::Simulate(c) => elastrec_sim::cli::dispatch(c),
         Command::Replay(a) => replay::run(a),
         Command::Export(a) => export::run(a),
+        Command::Serve(a) => serve::run(a),
         Command::Preprocess(a) => preprocess::run(a),
         Command::Bench(BenchArgs {
             command: Some(BenchCommand::Online(o)),

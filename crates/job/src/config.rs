@@ -404,6 +404,11 @@ pub struct OutputConfig {
     pub export_every_s: f64,
     /// Exported models kept (older ones are deleted).
     pub export_keep: usize,
+    /// `elastrec run`: model servers (`elastrec serve`, base URLs such as
+    /// `http://127.0.0.1:8500`) each periodic export is pushed to, as a delta when the
+    /// server holds the previous export. The token is read from `ELASTREC_SERVE_TOKEN`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub push: Vec<String>,
 }
 
 impl Default for OutputConfig {
@@ -413,6 +418,7 @@ impl Default for OutputConfig {
             save_model: true,
             export_every_s: 0.0,
             export_keep: 3,
+            push: Vec::new(),
         }
     }
 }
@@ -803,6 +809,20 @@ impl JobConfig {
                     "must be ≥ 0 seconds (0: no periodic export), got {}",
                     o.export_every_s
                 ),
+            ));
+        }
+        for url in &o.push {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(bad(
+                    "output.push",
+                    format!("`{url}` is not an http:// or https:// URL of an `elastrec serve`"),
+                ));
+            }
+        }
+        if !o.push.is_empty() && o.export_every_s <= 0.0 {
+            return Err(bad(
+                "output.push",
+                "pushes the periodic exports, so it needs output.export_every_s > 0".into(),
             ));
         }
         if o.export_keep == 0 {

@@ -37,12 +37,28 @@ pub struct ExportRecord {
     pub checkpoint_ms: u64,
     /// Embedding rows in the file.
     pub rows: u64,
+    /// The delta written beside the model, when one was asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<DeltaRecord>,
     /// Dense parameters in the file.
     pub dense_params: usize,
     /// Size of the file in bytes.
     pub bytes: u64,
     /// Seconds the export took.
     pub seconds: f64,
+}
+
+/// A model delta (`elastrec export --delta-from`): what changed between two exports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeltaRecord {
+    /// The delta file.
+    pub path: PathBuf,
+    /// The checkpoint it applies to.
+    pub from: u64,
+    /// Embedding rows it changes.
+    pub rows: u64,
+    /// Size of the file in bytes.
+    pub bytes: u64,
 }
 
 /// The exports of a job, for `result.json`.
@@ -56,6 +72,9 @@ pub struct ExportReport {
     pub failures: u64,
     /// The newest periodic export.
     pub last: Option<ExportRecord>,
+    /// Pushes to model servers (`output.push`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub push: Option<crate::push::PushReport>,
 }
 
 /// How the master runs `elastrec export`.
@@ -71,15 +90,32 @@ impl ExportCommand {
     /// Exports checkpoint `id` to `out` and returns what was written; an error carries the
     /// child's last output lines.
     pub async fn run(&self, id: u64, out: &Path) -> anyhow::Result<ExportRecord> {
-        let output = tokio::process::Command::new(&self.program)
-            .arg("export")
+        self.run_with_delta(id, out, None).await
+    }
+
+    /// [`Self::run`], also writing the delta from the earlier export `delta.0` to `delta.1`.
+    pub async fn run_with_delta(
+        &self,
+        id: u64,
+        out: &Path,
+        delta: Option<(&Path, &Path)>,
+    ) -> anyhow::Result<ExportRecord> {
+        let mut cmd = tokio::process::Command::new(&self.program);
+        cmd.arg("export")
             .arg("--checkpoint")
             .arg(&self.location)
             .arg("--id")
             .arg(id.to_string())
             .arg("--out")
             .arg(out)
-            .arg("--json")
+            .arg("--json");
+        if let Some((earlier, path)) = delta {
+            cmd.arg("--delta-from")
+                .arg(earlier)
+                .arg("--delta-out")
+                .arg(path);
+        }
+        let output = cmd
             .kill_on_drop(true)
             .output()
             .await
@@ -106,6 +142,7 @@ pub struct Exporter {
     dir: PathBuf,
     every: Duration,
     keep: usize,
+    push: Option<crate::push::Pusher>,
     state: Mutex<State>,
 }
 
@@ -118,13 +155,21 @@ struct State {
 }
 
 impl Exporter {
-    /// Exports into `<output_dir>/export` every `every`, keeping the newest `keep` files.
-    pub fn new(command: ExportCommand, output_dir: &Path, every: Duration, keep: usize) -> Self {
+    /// Exports into `<output_dir>/export` every `every`, keeping the newest `keep` files,
+    /// and pushes each export through `push` when given.
+    pub fn new(
+        command: ExportCommand,
+        output_dir: &Path,
+        every: Duration,
+        keep: usize,
+        push: Option<crate::push::Pusher>,
+    ) -> Self {
         Self {
             command,
             dir: output_dir.join("export"),
             every,
             keep: keep.max(1),
+            push,
             state: Mutex::new(State::default()),
         }
     }
@@ -162,14 +207,40 @@ impl Exporter {
         });
     }
 
-    /// One export: the model file, then `latest.json`, then the retention.
+    /// One export: the model file (with a delta for the model servers), then
+    /// `latest.json`, then the pushes, then the retention.
     async fn export(&self, id: u64) -> anyhow::Result<ExportRecord> {
         std::fs::create_dir_all(&self.dir)
             .with_context(|| format!("creating {}", self.dir.display()))?;
         let out = self.dir.join(format!("model-{id}.bin"));
-        let rec = self.command.run(id, &out).await?;
+        let previous = self.state.lock().last_checkpoint;
+        let base = self.push.as_ref().and_then(|p| p.delta_base(previous));
+        let rec = match base {
+            None => self.command.run(id, &out).await?,
+            Some(since) => {
+                let earlier = self.dir.join(format!("model-{since}.bin"));
+                let delta = self.dir.join(format!("delta-{since}-{id}.bin"));
+                match self
+                    .command
+                    .run_with_delta(id, &out, Some((&earlier, &delta)))
+                    .await
+                {
+                    Ok(rec) => rec,
+                    // E.g. the earlier export was removed by hand: the servers get the
+                    // whole model.
+                    Err(e) => {
+                        event!("export_no_delta", checkpoint = id, error = %format!("{e:#}"),
+                            "master: no delta from checkpoint {since} to {id} ({e:#}); the whole model is pushed");
+                        self.command.run(id, &out).await?
+                    }
+                }
+            }
+        };
         let json = serde_json::to_vec_pretty(&rec)?;
         elastrec_job::fsio::write_atomic(&self.dir.join(LATEST_FILE), &json)?;
+        if let Some(p) = &self.push {
+            p.push(&rec).await;
+        }
         let removed = retain(&self.dir, self.keep)?;
         event!(
             "export",
@@ -191,34 +262,53 @@ impl Exporter {
         Ok(rec)
     }
 
-    /// What was exported so far.
+    /// What was exported and pushed so far.
     pub fn report(&self) -> ExportReport {
-        self.state.lock().report.clone()
+        ExportReport {
+            push: self.push.as_ref().map(|p| p.report()),
+            ..self.state.lock().report.clone()
+        }
     }
 }
 
-/// Keeps the `keep` exports of the newest checkpoints in `dir`; returns the checkpoint
-/// ids of the files removed.
+/// Keeps the `keep` exports of the newest checkpoints in `dir`, and the deltas to them;
+/// returns the checkpoint ids of the models removed.
 fn retain(dir: &Path, keep: usize) -> anyhow::Result<Vec<u64>> {
-    let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+    let mut models: Vec<(u64, PathBuf)> = Vec::new();
+    let mut deltas: Vec<(u64, PathBuf)> = Vec::new();
+    for e in std::fs::read_dir(dir)
         .with_context(|| format!("listing {}", dir.display()))?
         .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let id = name
-                .strip_prefix("model-")?
-                .strip_suffix(".bin")?
-                .parse()
-                .ok()?;
-            Some((id, e.path()))
-        })
-        .collect();
-    found.sort();
-    let excess = found.len().saturating_sub(keep);
+    {
+        let Ok(name) = e.file_name().into_string() else {
+            continue;
+        };
+        let Some(stem) = name.strip_suffix(".bin") else {
+            continue;
+        };
+        if let Some(id) = stem.strip_prefix("model-").and_then(|n| n.parse().ok()) {
+            models.push((id, e.path()));
+        } else if let Some(to) = stem
+            .strip_prefix("delta-")
+            .and_then(|n| n.split_once('-'))
+            .and_then(|(_, to)| to.parse().ok())
+        {
+            deltas.push((to, e.path()));
+        }
+    }
+    models.sort();
+    let excess = models.len().saturating_sub(keep);
+    let oldest_kept = models.get(excess).map_or(0, |m| m.0);
     let mut removed = Vec::with_capacity(excess);
-    for (id, path) in found.into_iter().take(excess) {
+    for (id, path) in models.into_iter().take(excess) {
         std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
         removed.push(id);
+    }
+    // A delta is only of use beside the model it leads to.
+    for (to, path) in deltas {
+        if to < oldest_kept {
+            std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        }
     }
     Ok(removed)
 }
@@ -236,6 +326,8 @@ mod tests {
             "model-7.bin",
             "latest.json",
             "model-x.bin",
+            "delta-2-3.bin",
+            "delta-3-7.bin",
         ] {
             std::fs::write(dir.path().join(name), b"m").unwrap();
         }
@@ -247,7 +339,13 @@ mod tests {
         left.sort();
         assert_eq!(
             left,
-            ["latest.json", "model-12.bin", "model-7.bin", "model-x.bin"]
+            [
+                "delta-3-7.bin",
+                "latest.json",
+                "model-12.bin",
+                "model-7.bin",
+                "model-x.bin"
+            ]
         );
     }
 }

@@ -48,7 +48,8 @@ impl Access {
         }
     }
 
-    fn allows(&self, headers: &HeaderMap) -> bool {
+    /// Whether a request with `headers` may read the endpoint.
+    pub fn allows(&self, headers: &HeaderMap) -> bool {
         match self {
             Self::Open => true,
             Self::Bearer(want) => {

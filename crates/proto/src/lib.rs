@@ -44,6 +44,11 @@ pub use wire::master::v1 as master;
 /// The parameter server's service (`elastrec.ps.v1`): embedding rows and dense slices.
 pub use wire::ps::v1 as ps;
 
+/// A model server's service (`elastrec.serve.v1`): predictions for raw rows.
+pub mod serve {
+    tonic::include_proto!("elastrec.serve.v1");
+}
+
 /// The cluster brain's service: profiles in, resource plans out.
 pub mod brain {
     tonic::include_proto!("elastrec.brain.v1");

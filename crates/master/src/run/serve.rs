@@ -43,7 +43,7 @@ pub(super) async fn serve(
     let autoscaler = spawn_loops(&core, cfg, autoscale)?;
     let mut used = Resources::default();
     let command = export_command(&core);
-    let exporter = periodic_exporter(command.clone(), cfg);
+    let exporter = periodic_exporter(command.clone(), cfg)?;
     let saves_model = cfg.output.save_model && command.is_some();
     core.keep_ps.store(saves_model, Ordering::Release);
     let phase = control_loop(&core, cfg, dir, &mut used, exporter.as_ref()).await?;
@@ -285,21 +285,30 @@ fn export_command(core: &MasterCore) -> Option<ExportCommand> {
 }
 
 /// The periodic exporter, when `output.export_every_s` asks for one.
-fn periodic_exporter(command: Option<ExportCommand>, cfg: &JobConfig) -> Option<Arc<Exporter>> {
+/// Refuses `output.push` without the token of the servers.
+fn periodic_exporter(
+    command: Option<ExportCommand>,
+    cfg: &JobConfig,
+) -> anyhow::Result<Option<Arc<Exporter>>> {
     let every = cfg.output.export_every_s;
     if every <= 0.0 {
-        return None;
+        return Ok(None);
     }
     let Some(command) = command else {
         event!(warn, "export_off", "master: output.export_every_s = {every} needs checkpoints (an export converts one); set checkpoint.enabled = true");
-        return None;
+        return Ok(None);
     };
-    Some(Arc::new(Exporter::new(
+    let push = match cfg.output.push.is_empty() {
+        true => None,
+        false => Some(crate::push::Pusher::new(&cfg.output.push)?),
+    };
+    Ok(Some(Arc::new(Exporter::new(
         command,
         &cfg.output.dir,
         Duration::from_secs_f64(every),
         cfg.output.export_keep,
-    )))
+        push,
+    ))))
 }
 
 /// A finished job's model: a final checkpoint of the trained parameters, exported to

@@ -1,0 +1,468 @@
+//! The served model and what happens to it: predictions under a read lock, deltas and new
+//! models under the write lock.
+//!
+//! A delta changes only the rows it carries, in place: it holds the write lock for the
+//! time those rows take to copy (milliseconds for an online job's push), and a request
+//! waits for it rather than failing, so none is dropped. A request sees either the model
+//! before a delta or after it, never a mix. A whole new model is parsed and built before
+//! the lock is taken; the swap itself is a pointer move.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use elastrec_data::{Batch, RawColumns, RawRow};
+use elastrec_preprocess::Plan;
+use elastrec_worker::model_file::{LoadedModel, ModelDelta};
+use elastrec_worker::{Dlrm, Predictor};
+use parking_lot::{Mutex, RwLock};
+use serde::Serialize;
+
+/// Why an update was refused.
+#[derive(Debug)]
+pub enum UpdateError {
+    /// The bytes are not a valid model or delta file.
+    Invalid(String),
+    /// A valid delta that does not start from the served checkpoint.
+    Conflict {
+        /// What went wrong.
+        reason: String,
+        /// The served checkpoint.
+        served: Option<u64>,
+    },
+}
+
+impl std::fmt::Display for UpdateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Invalid(r) | Self::Conflict { reason: r, .. } => f.write_str(r),
+        }
+    }
+}
+
+/// Why a prediction was not made.
+#[derive(Debug)]
+pub enum PredictError {
+    /// The server was started without a model and none was pushed yet.
+    NoModel,
+    /// The model failed (a bug: the request was checked).
+    Failed(String),
+}
+
+impl std::fmt::Display for PredictError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NoModel => f.write_str(
+                "no model is served yet: push one (PUT /v1/model, or a job's output.push) or start the server with a model file",
+            ),
+            Self::Failed(r) => f.write_str(r),
+        }
+    }
+}
+
+/// One model with the buffers its predictions use.
+struct Current {
+    model: Dlrm,
+    /// The model's `[[preprocess]]` graph; `None`: the default Criteo transform.
+    plan: Option<Arc<Plan>>,
+    checkpoint: Option<u64>,
+    samples: Option<u64>,
+    source: String,
+    model_type: String,
+    loaded_ms: u64,
+    /// Idle prediction buffers; a request takes one and puts it back. Kept with the model
+    /// because their sizes follow its shape.
+    predictors: Mutex<Vec<Predictor>>,
+}
+
+/// Counters shown by `GET /v1/model`.
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    rows: AtomicU64,
+    refused: AtomicU64,
+    deltas: AtomicU64,
+    delta_rows: AtomicU64,
+    models: AtomicU64,
+}
+
+/// What is served, as `GET /v1/model` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Info {
+    /// Where the model came from (a file, or `push`); `None`: no model yet.
+    pub source: Option<String>,
+    /// The checkpoint it is at (`None`: a model written by `elastrec train`).
+    pub checkpoint: Option<u64>,
+    /// Samples it had trained on, when a delta said so.
+    pub samples: Option<u64>,
+    /// `model.type`.
+    pub model_type: Option<String>,
+    /// Rows of every embedding table.
+    pub table_rows: Vec<u64>,
+    /// Dense parameters.
+    pub dense_params: usize,
+    /// When the served model (or its last delta) was loaded, ms since the Unix epoch.
+    pub loaded_ms: Option<u64>,
+    /// Prediction requests answered.
+    pub requests: u64,
+    /// Rows predicted.
+    pub rows: u64,
+    /// Requests refused as malformed.
+    pub refused: u64,
+    /// Deltas applied.
+    pub deltas: u64,
+    /// Embedding rows changed by deltas.
+    pub delta_rows: u64,
+    /// Whole models loaded after the first.
+    pub models: u64,
+    /// Largest number of rows in one request.
+    pub max_batch: usize,
+}
+
+/// The served model.
+pub struct Served {
+    current: RwLock<Option<Current>>,
+    counters: Counters,
+    max_batch: usize,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn current(loaded: LoadedModel, source: String) -> Result<Current, String> {
+    let plan = elastrec_job::prepare::feature_plan(&loaded.job).map_err(|e| e.to_string())?;
+    let model_type = serde_json::to_value(loaded.job.model.model_type)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default();
+    Ok(Current {
+        model_type,
+        model: loaded.model,
+        plan,
+        checkpoint: loaded.checkpoint,
+        samples: None,
+        source,
+        loaded_ms: now_ms(),
+        predictors: Mutex::new(Vec::new()),
+    })
+}
+
+impl Served {
+    /// Serves `loaded` (read from `source`; `None`: nothing until a model is pushed),
+    /// answering requests of up to `max_batch` rows.
+    pub fn new(loaded: Option<(LoadedModel, &Path)>, max_batch: usize) -> anyhow::Result<Self> {
+        let current = match loaded {
+            Some((m, source)) => {
+                Some(current(m, source.display().to_string()).map_err(anyhow::Error::msg)?)
+            }
+            None => None,
+        };
+        Ok(Self {
+            current: RwLock::new(current),
+            counters: Counters::default(),
+            max_batch: max_batch.max(1),
+        })
+    }
+
+    /// Largest number of rows in one request.
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// Counts a request refused as malformed.
+    pub fn refused(&self) {
+        self.counters.refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Click probabilities of `rows` (at most [`Self::max_batch`]), and the checkpoint of
+    /// the model that computed them.
+    pub fn predict(&self, rows: &[RawRow]) -> Result<(Vec<f32>, Option<u64>), PredictError> {
+        if rows.len() > self.max_batch {
+            return Err(PredictError::Failed("too many rows".into()));
+        }
+        let guard = self.current.read();
+        let cur = guard.as_ref().ok_or(PredictError::NoModel)?;
+        let batch = match &cur.plan {
+            None => {
+                let mut b = Batch::with_capacity(rows.len());
+                for r in rows {
+                    b.push_raw(r);
+                }
+                b
+            }
+            Some(plan) => {
+                let mut cols = RawColumns::with_capacity(rows.len());
+                for r in rows {
+                    cols.push(r);
+                }
+                let mut b = Batch::with_widths(rows.len(), plan.dense_width(), plan.sparse_width());
+                plan.run(&cols, &mut b, &mut plan.scratch());
+                b
+            }
+        };
+        let pooled = cur.predictors.lock().pop();
+        let mut predictor = pooled.unwrap_or_else(|| Predictor::new(&cur.model, self.max_batch));
+        let mut probs = Vec::with_capacity(rows.len());
+        let result = predictor.predict(&cur.model, &batch, &mut probs);
+        cur.predictors.lock().push(predictor);
+        result.map_err(|e| PredictError::Failed(e.to_string()))?;
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .rows
+            .fetch_add(rows.len() as u64, Ordering::Relaxed);
+        Ok((probs, cur.checkpoint))
+    }
+
+    /// Applies a delta file's bytes; returns the checkpoint now served and the rows changed.
+    pub fn apply_delta(&self, bytes: &[u8]) -> Result<(u64, u64), UpdateError> {
+        let delta =
+            elastrec_worker::model_file::delta_from_bytes(bytes, Path::new("the pushed delta"))
+                .map_err(|e| UpdateError::Invalid(e.to_string()))?;
+        self.apply(&delta)
+    }
+
+    /// Applies `delta` to the served model when it starts from the served checkpoint.
+    pub fn apply(&self, delta: &ModelDelta) -> Result<(u64, u64), UpdateError> {
+        let h = &delta.header;
+        let mut guard = self.current.write();
+        let served = guard.as_ref().and_then(|c| c.checkpoint);
+        let Some(cur) = guard.as_mut().filter(|c| c.checkpoint == Some(h.from)) else {
+            return Err(UpdateError::Conflict {
+                reason: format!(
+                    "the delta goes from checkpoint {} to {}, but the served model is at {}; push the full model of checkpoint {}",
+                    h.from,
+                    h.to,
+                    match (&*guard, served) {
+                        (None, _) => "no model is served yet".to_string(),
+                        (Some(_), None) => "a model from `elastrec train`, of no checkpoint".to_string(),
+                        (Some(_), Some(c)) => format!("checkpoint {c}"),
+                    },
+                    h.to
+                ),
+                served,
+            });
+        };
+        delta.apply(&mut cur.model).map_err(|e| {
+            UpdateError::Invalid(format!("the delta does not fit the served model: {e}"))
+        })?;
+        cur.checkpoint = Some(h.to);
+        cur.samples = Some(h.samples);
+        cur.loaded_ms = now_ms();
+        let rows = delta.rows();
+        self.counters.deltas.fetch_add(1, Ordering::Relaxed);
+        self.counters.delta_rows.fetch_add(rows, Ordering::Relaxed);
+        Ok((h.to, rows))
+    }
+
+    /// Replaces the served model by a model file's bytes; returns its checkpoint.
+    pub fn replace(&self, bytes: &[u8]) -> Result<Option<u64>, UpdateError> {
+        let loaded =
+            elastrec_worker::model_file::model_from_bytes(bytes, Path::new("the pushed model"))
+                .map_err(|e| UpdateError::Invalid(e.to_string()))?;
+        let next = current(loaded, "push".into()).map_err(UpdateError::Invalid)?;
+        let checkpoint = next.checkpoint;
+        // Built outside the lock; the old model is dropped after it is released.
+        let old = self.current.write().replace(next);
+        drop(old);
+        self.counters.models.fetch_add(1, Ordering::Relaxed);
+        Ok(checkpoint)
+    }
+
+    /// What is served now.
+    pub fn info(&self) -> Info {
+        let guard = self.current.read();
+        let cur = guard.as_ref();
+        let c = &self.counters;
+        Info {
+            source: cur.map(|c| c.source.clone()),
+            checkpoint: cur.and_then(|c| c.checkpoint),
+            samples: cur.and_then(|c| c.samples),
+            model_type: cur.map(|c| c.model_type.clone()),
+            table_rows: cur.map_or_else(Vec::new, |c| c.model.embeddings.config().rows.clone()),
+            dense_params: cur.map_or(0, |c| c.model.dense.num_params()),
+            loaded_ms: cur.map(|c| c.loaded_ms),
+            requests: c.requests.load(Ordering::Relaxed),
+            rows: c.rows.load(Ordering::Relaxed),
+            refused: c.refused.load(Ordering::Relaxed),
+            deltas: c.deltas.load(Ordering::Relaxed),
+            delta_rows: c.delta_rows.load(Ordering::Relaxed),
+            models: c.models.load(Ordering::Relaxed),
+            max_batch: self.max_batch,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use elastrec_data::{NUM_DENSE, NUM_SPARSE};
+    use elastrec_job::config::JobConfig;
+    use elastrec_worker::model_file::{self, ModelDelta};
+
+    const ROWS: u64 = 64;
+
+    fn model(seed: u64) -> (Dlrm, JobConfig) {
+        let mut job = JobConfig::default();
+        job.model.seed = seed;
+        let m = Dlrm::new(&job, vec![ROWS; NUM_SPARSE]).unwrap();
+        (m, job)
+    }
+
+    /// `model` saved as the export of `checkpoint`, and its bytes.
+    fn exported(m: &Dlrm, job: &JobConfig, checkpoint: u64, dir: &Path) -> Vec<u8> {
+        let path = dir.join(format!("model-{checkpoint}.bin"));
+        model_file::save_exported(m, job, Some(checkpoint), &path).unwrap();
+        std::fs::read(path).unwrap()
+    }
+
+    fn rows() -> Vec<RawRow> {
+        (0..5)
+            .map(|i| {
+                let mut r = RawRow::default();
+                for (k, v) in r.ints.iter_mut().enumerate().take(NUM_DENSE) {
+                    *v = (k % 3 != 0).then_some((i * 7 + k) as i64);
+                }
+                for (k, c) in r.cats.iter_mut().enumerate() {
+                    *c = Some((i * 31 + k * 5) as u32);
+                }
+                r
+            })
+            .collect()
+    }
+
+    /// What `m` predicts for `rows`, computed as `elastrec eval` does.
+    fn expected(m: &Dlrm, rows: &[RawRow]) -> Vec<f32> {
+        let mut b = Batch::with_capacity(rows.len());
+        rows.iter().for_each(|r| b.push_raw(r));
+        let mut p = Vec::new();
+        Predictor::new(m, rows.len())
+            .predict(m, &b, &mut p)
+            .unwrap();
+        p
+    }
+
+    fn served_from(bytes: &[u8]) -> Served {
+        let loaded = model_file::model_from_bytes(bytes, Path::new("m")).unwrap();
+        Served::new(Some((loaded, Path::new("m"))), 16).unwrap()
+    }
+
+    #[test]
+    fn a_delta_changes_exactly_the_changed_rows_and_wrong_ones_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (old, job) = model(1);
+        let old_bytes = exported(&old, &job, 3, dir.path());
+        let served = served_from(&old_bytes);
+        let rows = rows();
+        assert_eq!(
+            served.predict(&rows).unwrap(),
+            (expected(&old, &rows), Some(3))
+        );
+
+        // Checkpoint 5: three rows of table 0 moved, and every dense parameter.
+        let (mut new, _) = model(1);
+        let mut snap = new
+            .embeddings
+            .table(0)
+            .unwrap()
+            .export_rows(&[0, 5, 31])
+            .unwrap();
+        snap.values.iter_mut().for_each(|v| *v += 0.5);
+        new.embeddings.import_table(&snap).unwrap();
+        new.dense.params_mut().iter_mut().for_each(|p| *p *= 0.9);
+        let prev = model_file::model_from_bytes(&old_bytes, Path::new("m")).unwrap();
+        let delta = ModelDelta::between(&prev, &new, 5, 1000).unwrap();
+        assert_eq!(delta.rows(), 3);
+        let path = dir.path().join("delta-3-5.bin");
+        model_file::save_delta(&delta, &path).unwrap();
+        let delta_bytes = std::fs::read(&path).unwrap();
+
+        // A cut or foreign file is refused and the served model is unchanged.
+        let cut = &delta_bytes[..delta_bytes.len() - 9];
+        assert!(
+            matches!(served.apply_delta(cut), Err(UpdateError::Invalid(r)) if r.contains("checksum"))
+        );
+        assert!(
+            matches!(served.apply_delta(&old_bytes), Err(UpdateError::Invalid(r)) if r.contains("a model file where a model delta file was expected"))
+        );
+        assert!(matches!(
+            served.replace(&delta_bytes),
+            Err(UpdateError::Invalid(_))
+        ));
+        assert_eq!(served.predict(&rows).unwrap().0, expected(&old, &rows));
+
+        assert_eq!(served.apply_delta(&delta_bytes).unwrap(), (5, 3));
+        let after = served.predict(&rows).unwrap();
+        assert_eq!(after, (expected(&new, &rows), Some(5)));
+        assert_ne!(after.0, expected(&old, &rows));
+        let info = served.info();
+        assert_eq!(
+            (info.checkpoint, info.samples, info.deltas, info.delta_rows),
+            (Some(5), Some(1000), 1, 3)
+        );
+
+        // The same delta again no longer starts from the served checkpoint.
+        match served.apply_delta(&delta_bytes) {
+            Err(UpdateError::Conflict { served, reason }) => {
+                assert_eq!(served, Some(5));
+                assert!(
+                    reason.contains(
+                        "goes from checkpoint 3 to 5, but the served model is at checkpoint 5"
+                    ),
+                    "{reason}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // A whole model replaces it.
+        assert_eq!(served.replace(&old_bytes).unwrap(), Some(3));
+        assert_eq!(
+            served.predict(&rows).unwrap(),
+            (expected(&old, &rows), Some(3))
+        );
+    }
+
+    #[test]
+    fn deltas_need_a_base_of_the_same_shape_from_a_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let (m, job) = model(1);
+        let bytes = exported(&m, &job, 3, dir.path());
+        let prev = model_file::model_from_bytes(&bytes, Path::new("m")).unwrap();
+        assert!(ModelDelta::between(&prev, &m, 3, 0)
+            .unwrap_err()
+            .contains("not older than 3"));
+        let other = Dlrm::new(&job, vec![ROWS + 1; NUM_SPARSE]).unwrap();
+        assert_eq!(
+            ModelDelta::between(&prev, &other, 4, 0).unwrap_err(),
+            "its model has another shape"
+        );
+        let trained = model_file::LoadedModel {
+            checkpoint: None,
+            ..prev
+        };
+        assert!(ModelDelta::between(&trained, &m, 4, 0)
+            .unwrap_err()
+            .contains("not exported from a checkpoint"));
+    }
+
+    #[test]
+    fn a_server_without_a_model_waits_for_a_push() {
+        let dir = tempfile::tempdir().unwrap();
+        let served = Served::new(None, 16).unwrap();
+        assert!(matches!(
+            served.predict(&rows()),
+            Err(PredictError::NoModel)
+        ));
+        assert!(served.info().source.is_none());
+        let (m, job) = model(2);
+        assert_eq!(
+            served.replace(&exported(&m, &job, 7, dir.path())).unwrap(),
+            Some(7)
+        );
+        assert_eq!(served.predict(&rows()).unwrap().0, expected(&m, &rows()));
+        assert_eq!(served.info().source.as_deref(), Some("push"));
+    }
+}
