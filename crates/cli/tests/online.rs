@@ -697,3 +697,113 @@ fn kafka_a_mixture_job_restores_both_sources_from_its_checkpoint_after_a_ps_dies
     assert_eq!(rec.len(), 1, "{r}");
     assert_eq!(rec[0]["mode"], "full", "{r}");
 }
+
+/// An online job pushes its exports to a running `elastrec serve` (`output.push`): the
+/// first as the whole model, the next as a delta of the rows changed since, which the
+/// server applies in place. A client predicting all the while gets every answer, first
+/// from the old checkpoint and then from the new one, each time what that export file
+/// predicts.
+#[test]
+fn kafka_an_online_job_pushes_its_exports_to_a_running_server_as_deltas() {
+    let _g = serial();
+    let (_cluster, brokers) = mock_clicks();
+    let f = fixture();
+    let token = "pushtoken7";
+    let server = start_server(&[], Some(token), &f.dir.join("serve-push.log"));
+    // No model yet: the server says so until the job pushes one.
+    let (rows, body) = request_rows(&f.dir.join("data/day_2.tsv"), 32);
+    let (code, reply) = http(&server.http, "POST", "/v1/predict", None, &body);
+    assert_eq!(code, 503, "{reply}");
+
+    let first = replay(&brokers, "clicks", &[f.dir.join("data/day_0.tsv")], &[]);
+    let first_n = first["samples"].as_u64().unwrap();
+    let output = format!(
+        "export_every_s = 0.001\nexport_keep = 10\npush = [\"http://{}\"]",
+        server.http
+    );
+    let cluster_lines = "ps = 2\n[checkpoint]\ninterval_s = 3600.0";
+    let name = "online-push";
+    let (job, dir) = online_job_with(name, &brokers, &output, cluster_lines, "");
+    let log = f.dir.join(format!("{name}.log"));
+    let g = Group::spawn_with_env(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--pause-at-samples",
+            &(first_n / 3).to_string(),
+        ],
+        &log,
+        &[("ELASTREC_SERVE_TOKEN", token)],
+    );
+    wait_held(&dir);
+    let info = |key: &str| {
+        let (_, text) = http(&server.http, "GET", "/v1/model", None, b"");
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()[key].clone()
+    };
+    // Held, the job takes one checkpoint, which is exported and pushed whole.
+    take_checkpoint(&dir);
+    wait_for(Duration::from_secs(120), || info("models") == 1);
+    let a = info("checkpoint").as_u64().unwrap();
+    let (code, reply) = http(&server.http, "POST", "/v1/predict", None, &body);
+    assert_eq!(code, 200, "{reply}");
+    let (before, at) = predictions(&reply);
+    assert_eq!(at, a);
+    let model_a = dir.join(format!("export/model-{a}.bin"));
+    assert_eq!(before, file_predictions(&model_a, &rows));
+
+    // It trains on to a second hold; a client predicts while the next export is pushed.
+    pause_at(&dir, 2 * first_n / 3);
+    wait_held(&dir);
+    let client = {
+        let (addr, body) = (server.http.clone(), body.clone());
+        std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            loop {
+                let (code, reply) = http(&addr, "POST", "/v1/predict", None, &body);
+                assert_eq!(
+                    code, 200,
+                    "a request failed while the delta was applied: {reply}"
+                );
+                let (p, at) = predictions(&reply);
+                let at = at.as_u64().unwrap();
+                if seen.last().is_none_or(|(c, _)| *c != at) {
+                    seen.push((at, p));
+                }
+                if at != a {
+                    return seen;
+                }
+            }
+        })
+    };
+    take_checkpoint(&dir);
+    let seen = client.join().unwrap();
+    assert_eq!(
+        seen.len(),
+        2,
+        "the client saw checkpoint {a}, then the next one"
+    );
+    let b = seen[1].0;
+    assert!(b > a);
+    assert_eq!(info("deltas"), 1);
+    assert_eq!(
+        info("models"),
+        1,
+        "the second export came as a delta, not a model"
+    );
+    let model_b = dir.join(format!("export/model-{b}.bin"));
+    assert_eq!(seen[1].1, file_predictions(&model_b, &rows));
+    assert_ne!(seen[1].1, before, "the delta changed the predictions");
+    let delta = dir.join(format!("export/delta-{a}-{b}.bin"));
+    let full = std::fs::metadata(&model_b).unwrap().len();
+    assert!(
+        std::fs::metadata(&delta).unwrap().len() < full,
+        "a delta carries the changed rows only"
+    );
+
+    unpause(&dir);
+    let r = day_one_then_stop(&brokers, &dir, g, &log, first_n);
+    let push = &r["export"]["push"];
+    assert_eq!(push["failures"], 0, "{r}");
+    assert!(push["deltas"].as_u64().unwrap() >= 1, "{r}");
+    drop(server);
+}

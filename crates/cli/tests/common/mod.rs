@@ -376,3 +376,132 @@ pub fn wait_not_running(dir: &Path, id: u64) {
         })
     });
 }
+
+/// A running `elastrec serve` (killed when dropped) and its bound addresses.
+pub struct ModelServer {
+    pub group: Group,
+    pub http: String,
+    pub grpc: String,
+}
+
+/// Starts `elastrec serve` with `args` on free loopback ports, with the token `token`
+/// (when given); returns once it listens.
+pub fn start_server(args: &[&str], token: Option<&str>, log: &Path) -> ModelServer {
+    let mut all = vec![
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--grpc-listen",
+        "127.0.0.1:0",
+    ];
+    all.extend_from_slice(args);
+    let env: Vec<(&str, &str)> = token.map(|t| ("ELASTREC_TOKEN", t)).into_iter().collect();
+    let group = Group::spawn_with_env(&all, log, &env);
+    let mut line = String::new();
+    // The server prints its addresses once it listens, and then keeps running.
+    wait_for(Duration::from_secs(60), || {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        match text.lines().find(|l| l.starts_with("serving ")) {
+            Some(l) => {
+                line = l.to_string();
+                true
+            }
+            None => false,
+        }
+    });
+    let after = |marker: &str| {
+        let rest = &line[line.find(marker).unwrap_or_else(|| panic!("{line}")) + marker.len()..];
+        rest.split([',', ' ']).next().unwrap().to_string()
+    };
+    ModelServer {
+        http: after("http://"),
+        grpc: after("gRPC on "),
+        group,
+    }
+}
+
+/// One HTTP/1.0 request; returns the status code and the body.
+pub fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &[u8],
+) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{auth}Content-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    s.write_all(body).unwrap();
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply).unwrap();
+    let reply = String::from_utf8_lossy(&reply).into_owned();
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (code, body.to_string())
+}
+
+/// The first `n` rows of a Criteo TSV file: as raw rows, and as the JSON body of a
+/// prediction request.
+pub fn request_rows(file: &Path, n: usize) -> (Vec<elastrec_data::RawRow>, Vec<u8>) {
+    let text = std::fs::read_to_string(file).unwrap();
+    let mut raw = Vec::new();
+    let mut json = Vec::new();
+    for line in text.lines().take(n) {
+        let f: Vec<&str> = line.split('\t').collect();
+        let mut r = elastrec_data::RawRow::default();
+        let mut m = serde_json::Map::new();
+        for i in 0..13 {
+            let v = f[1 + i];
+            r.ints[i] = (!v.is_empty()).then(|| v.parse().unwrap());
+            m.insert(format!("I{}", i + 1), serde_json::json!(r.ints[i]));
+        }
+        for j in 0..26 {
+            let v = f[14 + j];
+            r.cats[j] = (!v.is_empty()).then(|| u32::from_str_radix(v, 16).unwrap());
+            let value = if v.is_empty() {
+                serde_json::Value::Null
+            } else {
+                serde_json::json!(v)
+            };
+            m.insert(format!("C{}", j + 1), value);
+        }
+        raw.push(r);
+        json.push(serde_json::Value::Object(m));
+    }
+    (
+        raw,
+        serde_json::to_vec(&serde_json::json!({ "rows": json })).unwrap(),
+    )
+}
+
+/// What the model file at `model` predicts for `rows`, computed in this process.
+pub fn file_predictions(model: &Path, rows: &[elastrec_data::RawRow]) -> Vec<f32> {
+    let (m, _) = elastrec_worker::model_file::load(model).unwrap();
+    let mut b = elastrec_data::Batch::with_capacity(rows.len());
+    rows.iter().for_each(|r| b.push_raw(r));
+    let mut p = Vec::new();
+    elastrec_worker::Predictor::new(&m, rows.len())
+        .predict(&m, &b, &mut p)
+        .unwrap();
+    p
+}
+
+/// The predictions and checkpoint of a `POST /v1/predict` reply.
+pub fn predictions(reply: &str) -> (Vec<f32>, serde_json::Value) {
+    let v: serde_json::Value =
+        serde_json::from_str(reply).unwrap_or_else(|e| panic!("{e}: {reply}"));
+    let p = v["predictions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{reply}"))
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    (p, v["checkpoint"].clone())
+}
