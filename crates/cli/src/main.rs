@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 mod bench_mixture;
 mod bench_online;
 mod bench_preprocess;
+mod bench_serve;
 mod bench_tasks;
 mod commands;
 mod export;
@@ -196,6 +197,9 @@ enum BenchCommand {
     /// fused plan, and with `--polars PYTHON` the same graph in polars, side by side
     /// (docs/preprocess.md).
     Preprocess(bench_preprocess::BenchPreprocessArgs),
+    /// The model server: queries per second and p50/p99 latency over HTTP/JSON and gRPC,
+    /// for requests of 1 and 64 rows (docs/serving.md).
+    Serve(bench_serve::BenchServeArgs),
 }
 
 #[derive(clap::Args)]
@@ -330,6 +334,10 @@ fn main() -> anyhow::Result<()> {
             command: Some(BenchCommand::Preprocess(p)),
             ..
         }) => bench_preprocess::run(p),
+        Command::Bench(BenchArgs {
+            command: Some(BenchCommand::Serve(s)),
+            ..
+        }) => bench_serve::run(s),
         Command::Bench(a) => commands::bench(commands::Bench {
             steps: a.steps,
             batch_size: a.batch_size,
