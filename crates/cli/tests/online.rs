@@ -805,5 +805,14 @@ fn kafka_an_online_job_pushes_its_exports_to_a_running_server_as_deltas() {
     let push = &r["export"]["push"];
     assert_eq!(push["failures"], 0, "{r}");
     assert!(push["deltas"].as_u64().unwrap() >= 1, "{r}");
+    let pushed: Vec<String> = events(&dir, "pushed")
+        .iter()
+        .map(|e| format!("{} {}", e["what"].as_str().unwrap(), e["checkpoint"]))
+        .collect();
+    assert_eq!(
+        pushed[..2],
+        [format!("model {a}"), format!("delta {b}")],
+        "{pushed:?}"
+    );
     drop(server);
 }

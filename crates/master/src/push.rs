@@ -90,7 +90,7 @@ impl Pusher {
                     .await
                     .map(|()| "delta");
                 if let Err(e) = &outcome {
-                    event!(warn, "push_delta_refused", target = %target, error = %format!("{e:#}"),
+                    event!(warn, "push_delta_refused", server = %target, error = %format!("{e:#}"),
                         "master: {target} did not apply the delta {from} → {} ({e:#}); pushing the whole model", rec.checkpoint);
                 }
             }
@@ -115,13 +115,13 @@ impl Pusher {
                     } else {
                         report.models += 1;
                     }
-                    event!("pushed", target = %target, checkpoint = rec.checkpoint, kind = kind,
+                    event!("pushed", server = %target, checkpoint = rec.checkpoint, what = kind,
                         "master: pushed the {kind} of checkpoint {} to {target}", rec.checkpoint);
                 }
                 Err(e) => {
                     self.held.lock()[i] = None;
                     report.failures += 1;
-                    event!(warn, "push_failed", target = %target, error = %format!("{e:#}"),
+                    event!(warn, "push_failed", server = %target, error = %format!("{e:#}"),
                         "master: pushing checkpoint {} to {target} failed (tried again at the next export): {e:#}", rec.checkpoint);
                 }
             }
