@@ -70,41 +70,15 @@ struct Request {
 
 /// Requests of `batch` rows each, cut from the rows of `data`.
 fn requests(data: &std::path::Path, batch: usize) -> Result<Vec<Arc<Request>>> {
-    use elastrec_proto::serve::feature::Value;
+    use elastrec_serve::features::{json_row, proto_row};
     let text = std::fs::read_to_string(data).with_context(|| format!("{}", data.display()))?;
     let mut rows: Vec<(serde_json::Value, elastrec_proto::serve::Row)> = Vec::new();
     for (n, line) in text.lines().take(4096).enumerate() {
-        let f: Vec<&str> = line.split('\t').collect();
-        anyhow::ensure!(
-            f.len() == 40,
-            "{}:{}: {} fields, a Criteo row has 40",
-            data.display(),
-            n + 1,
-            f.len()
-        );
-        let mut json = serde_json::Map::new();
-        let mut proto = elastrec_proto::serve::Row::default();
-        for (k, v) in f[1..].iter().enumerate() {
-            let (name, jv, pv) = if k < 13 {
-                let name = format!("I{}", k + 1);
-                match v.parse::<i64>() {
-                    Ok(x) => (name, serde_json::json!(x), Value::Int(x)),
-                    Err(_) => (name, serde_json::Value::Null, Value::Empty(true)),
-                }
-            } else {
-                let name = format!("C{}", k - 12);
-                if v.is_empty() {
-                    (name, serde_json::Value::Null, Value::Empty(true))
-                } else {
-                    (name, serde_json::json!(v), Value::Category(v.to_string()))
-                }
-            };
-            json.insert(name.clone(), jv);
-            proto
-                .features
-                .insert(name, elastrec_proto::serve::Feature { value: Some(pv) });
-        }
-        rows.push((serde_json::Value::Object(json), proto));
+        let mut row = elastrec_data::RawRow::default();
+        elastrec_data::tsv::parse_line(line.as_bytes(), &mut row).map_err(|(field, e)| {
+            anyhow::anyhow!("{}:{}: field {}: {e}", data.display(), n + 1, field + 1)
+        })?;
+        rows.push((json_row(&row), proto_row(&row)));
     }
     anyhow::ensure!(!rows.is_empty(), "{} holds no rows", data.display());
     let count = (rows.len() / batch).clamp(1, 64);

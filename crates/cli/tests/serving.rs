@@ -11,26 +11,8 @@ use common::*;
 const TOKEN: &str = "servetoken1";
 
 fn proto_rows(rows: &[elastrec_data::RawRow]) -> Vec<elastrec_proto::serve::Row> {
-    use elastrec_proto::serve::feature::Value;
     rows.iter()
-        .map(|r| {
-            let mut features = std::collections::HashMap::new();
-            for (i, v) in r.ints.iter().enumerate() {
-                let v = v.map_or(Value::Empty(true), Value::Int);
-                features.insert(
-                    format!("I{}", i + 1),
-                    elastrec_proto::serve::Feature { value: Some(v) },
-                );
-            }
-            for (j, c) in r.cats.iter().enumerate() {
-                let v = c.map_or(Value::Empty(true), |c| Value::Category(format!("{c:08x}")));
-                features.insert(
-                    format!("C{}", j + 1),
-                    elastrec_proto::serve::Feature { value: Some(v) },
-                );
-            }
-            elastrec_proto::serve::Row { features }
-        })
+        .map(elastrec_serve::features::proto_row)
         .collect()
 }
 

@@ -173,6 +173,38 @@ pub fn rows_from_proto(
         .collect()
 }
 
+/// `row` as a JSON request row: what a client sends, the inverse of [`rows_from_json`].
+pub fn json_row(row: &RawRow) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    for (i, v) in row.ints.iter().enumerate() {
+        m.insert(format!("I{}", i + 1), serde_json::json!(v));
+    }
+    for (j, c) in row.cats.iter().enumerate() {
+        m.insert(
+            format!("C{}", j + 1),
+            serde_json::json!(c.map(|c| format!("{c:08x}"))),
+        );
+    }
+    serde_json::Value::Object(m)
+}
+
+/// `row` as a gRPC request row, the inverse of [`rows_from_proto`].
+pub fn proto_row(row: &RawRow) -> elastrec_proto::serve::Row {
+    use elastrec_proto::serve::feature::Value as F;
+    use elastrec_proto::serve::Feature;
+    let ints = row.ints.iter().enumerate().map(|(i, v)| {
+        let v = v.map_or(F::Empty(true), F::Int);
+        (format!("I{}", i + 1), Feature { value: Some(v) })
+    });
+    let cats = row.cats.iter().enumerate().map(|(j, c)| {
+        let v = c.map_or(F::Empty(true), |c| F::Category(format!("{c:08x}")));
+        (format!("C{}", j + 1), Feature { value: Some(v) })
+    });
+    elastrec_proto::serve::Row {
+        features: ints.chain(cats).collect(),
+    }
+}
+
 fn check_count(rows: usize, max_rows: usize) -> Result<(), String> {
     if rows == 0 {
         return Err("the request has no rows".into());
@@ -269,6 +301,17 @@ mod tests {
             }),
             "row 1: feature C2: must be a string of 8 hex digits or null, got a number"
         );
+    }
+
+    #[test]
+    fn rows_sent_as_json_or_protobuf_come_back_unchanged() {
+        let rows = rows_from_json(&request(vec![full_row()]), 8).unwrap();
+        let mut row = rows[0];
+        row.ints[2] = None;
+        row.cats[4] = None;
+        let body = serde_json::to_vec(&serde_json::json!({ "rows": [json_row(&row)] })).unwrap();
+        assert_eq!(rows_from_json(&body, 8).unwrap(), vec![row]);
+        assert_eq!(rows_from_proto(&[proto_row(&row)], 8).unwrap(), vec![row]);
     }
 
     #[test]

@@ -451,30 +451,16 @@ pub fn http(
 /// prediction request.
 pub fn request_rows(file: &Path, n: usize) -> (Vec<elastrec_data::RawRow>, Vec<u8>) {
     let text = std::fs::read_to_string(file).unwrap();
-    let mut raw = Vec::new();
-    let mut json = Vec::new();
-    for line in text.lines().take(n) {
-        let f: Vec<&str> = line.split('\t').collect();
-        let mut r = elastrec_data::RawRow::default();
-        let mut m = serde_json::Map::new();
-        for i in 0..13 {
-            let v = f[1 + i];
-            r.ints[i] = (!v.is_empty()).then(|| v.parse().unwrap());
-            m.insert(format!("I{}", i + 1), serde_json::json!(r.ints[i]));
-        }
-        for j in 0..26 {
-            let v = f[14 + j];
-            r.cats[j] = (!v.is_empty()).then(|| u32::from_str_radix(v, 16).unwrap());
-            let value = if v.is_empty() {
-                serde_json::Value::Null
-            } else {
-                serde_json::json!(v)
-            };
-            m.insert(format!("C{}", j + 1), value);
-        }
-        raw.push(r);
-        json.push(serde_json::Value::Object(m));
-    }
+    let raw: Vec<elastrec_data::RawRow> = text
+        .lines()
+        .take(n)
+        .map(|line| {
+            let mut r = elastrec_data::RawRow::default();
+            elastrec_data::tsv::parse_line(line.as_bytes(), &mut r).unwrap();
+            r
+        })
+        .collect();
+    let json: Vec<serde_json::Value> = raw.iter().map(elastrec_serve::features::json_row).collect();
     (
         raw,
         serde_json::to_vec(&serde_json::json!({ "rows": json })).unwrap(),
