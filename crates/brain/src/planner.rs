@@ -403,6 +403,36 @@ pub fn finish_plan(
     })
 }
 
+/// A re-plan of a job on a brain shared by several jobs ([`crate::shared`]): records the
+/// job's front, allocation and remaining samples at `now`, runs the weighted greedy over
+/// every active job under the cluster capacity `cfg.capacity`, finishes the job's plan
+/// ([`finish_plan`]) and records it as granted. The service and the cluster simulator
+/// both call this.
+pub fn replan_shared(
+    cfg: &BrainConfig,
+    jobs: &mut crate::shared::ActiveJobs,
+    input: &ReplanInput<'_>,
+    fit: JobFront,
+    now: std::time::Instant,
+) -> Result<Plan> {
+    let id = &input.spec.job_id;
+    jobs.update(
+        id,
+        fit.front.clone(),
+        input.current,
+        input.remaining_samples,
+        now,
+    );
+    let capacity = Resources {
+        cpu: cfg.capacity.cpu,
+        mem_gb: cfg.capacity.mem_gb,
+    };
+    let joint = jobs.plan(id, capacity, cfg.greedy)?;
+    let plan = finish_plan(cfg, input, fit, joint.pick)?;
+    jobs.grant(id, plan.allocation);
+    Ok(plan)
+}
+
 /// Training mode of a streaming job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Mode {

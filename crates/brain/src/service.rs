@@ -13,7 +13,7 @@ use elastrec_proto::brain as pb;
 use pb::brain_server::{Brain, BrainServer};
 use tonic::{Request, Response, Status};
 
-use crate::alloc::{Allocation, Bounds, Range, Resources};
+use crate::alloc::{Allocation, Bounds, Range};
 use crate::db::ConfigDb;
 use crate::error::{BrainError, Result};
 use crate::job::{JobSpec, TableSpec};
@@ -374,7 +374,78 @@ fn fit_to(f: &FitReport) -> pb::FitError {
     }
 }
 
-fn plan_to(p: &Plan) -> pb::PlanResponse {
+/// The profile samples and memory readings of a report, each sample checked (its index
+/// named in the error).
+pub fn profile_from(
+    r: &pb::ReportProfileRequest,
+) -> Result<(Vec<ProfileSample>, Vec<MemorySample>)> {
+    let mut samples = Vec::with_capacity(r.samples.len());
+    for (i, s) in r.samples.iter().enumerate() {
+        let alloc = alloc_from(&format!("samples[{i}].allocation"), s.allocation)?
+            .ok_or_else(|| BrainError::invalid(format!("samples[{i}].allocation"), "missing"))?;
+        let p = ProfileSample {
+            alloc,
+            batch_size: s.batch_size,
+            iter_time_s: s.iter_time_s,
+        };
+        p.validate(i)?;
+        samples.push(p);
+    }
+    let memory: Vec<MemorySample> = r
+        .memory
+        .iter()
+        .map(|m| MemorySample {
+            ps_index: m.ps_index,
+            step: m.step,
+            mem_gb: m.mem_gb,
+        })
+        .collect();
+    Ok((samples, memory))
+}
+
+/// The settings one `Plan` request runs with: the service's, with the request's measured
+/// scaling overheads and horizon, and its free capacity when it sends one. The flag is
+/// whether the job shares the cluster (it sent no capacity of its own).
+pub fn plan_settings(base: &BrainConfig, r: &pb::PlanRequest) -> Result<(BrainConfig, bool)> {
+    let mut cfg = *base;
+    // A job that knows its own free capacity plans alone; the others share the cluster.
+    let shared = r.free_cpu.is_none() && r.free_mem_gb.is_none();
+    for (field, v, slot) in [
+        (
+            "worker_start_s",
+            r.worker_start_s,
+            &mut cfg.overhead.worker_start_s,
+        ),
+        (
+            "ps_migration_s",
+            r.ps_migration_s,
+            &mut cfg.overhead.ps_migration_s,
+        ),
+        ("horizon_s", r.horizon_s, &mut cfg.overhead.horizon_s),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(BrainError::invalid(field, format!("must be >= 0, got {v}")));
+        }
+        if v > 0.0 {
+            *slot = v;
+        }
+    }
+    for (field, v, slot) in [
+        ("free_cpu", r.free_cpu, &mut cfg.capacity.cpu),
+        ("free_mem_gb", r.free_mem_gb, &mut cfg.capacity.mem_gb),
+    ] {
+        if let Some(v) = v {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(BrainError::invalid(field, format!("must be >= 0, got {v}")));
+            }
+            *slot = v;
+        }
+    }
+    Ok((cfg, shared))
+}
+
+/// The wire form of a plan.
+pub fn plan_to(p: &Plan) -> pb::PlanResponse {
     pb::PlanResponse {
         job_id: p.job_id.clone(),
         kind: p.kind.as_str().into(),
@@ -467,28 +538,7 @@ impl BrainService {
             ));
         }
         self.store.require_job(&r.job_id).await?;
-        let mut samples = Vec::with_capacity(r.samples.len());
-        for (i, s) in r.samples.into_iter().enumerate() {
-            let alloc = alloc_from(&format!("samples[{i}].allocation"), s.allocation)?.ok_or_else(
-                || BrainError::invalid(format!("samples[{i}].allocation"), "missing"),
-            )?;
-            let p = ProfileSample {
-                alloc,
-                batch_size: s.batch_size,
-                iter_time_s: s.iter_time_s,
-            };
-            p.validate(i)?;
-            samples.push(p);
-        }
-        let memory: Vec<MemorySample> = r
-            .memory
-            .iter()
-            .map(|m| MemorySample {
-                ps_index: m.ps_index,
-                step: m.step,
-                mem_gb: m.mem_gb,
-            })
-            .collect();
+        let (samples, memory) = profile_from(&r)?;
         let n = self.store.add_samples(&r.job_id, &samples).await?;
         let m = self.store.add_memory(&r.job_id, &memory).await?;
         // A job's configuration is where it runs. A probe, or a scale no plan of this
@@ -542,40 +592,7 @@ impl BrainService {
         if r.total_steps < r.current_step {
             return Err(BrainError::invalid("total_steps", "is before current_step"));
         }
-        let mut cfg = self.cfg;
-        // A job that knows its own free capacity plans alone; the others share the cluster.
-        let shared = r.free_cpu.is_none() && r.free_mem_gb.is_none();
-        for (field, v, slot) in [
-            (
-                "worker_start_s",
-                r.worker_start_s,
-                &mut cfg.overhead.worker_start_s,
-            ),
-            (
-                "ps_migration_s",
-                r.ps_migration_s,
-                &mut cfg.overhead.ps_migration_s,
-            ),
-            ("horizon_s", r.horizon_s, &mut cfg.overhead.horizon_s),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(BrainError::invalid(field, format!("must be >= 0, got {v}")));
-            }
-            if v > 0.0 {
-                *slot = v;
-            }
-        }
-        for (field, v, slot) in [
-            ("free_cpu", r.free_cpu, &mut cfg.capacity.cpu),
-            ("free_mem_gb", r.free_mem_gb, &mut cfg.capacity.mem_gb),
-        ] {
-            if let Some(v) = v {
-                if !(v.is_finite() && v >= 0.0) {
-                    return Err(BrainError::invalid(field, format!("must be >= 0, got {v}")));
-                }
-                *slot = v;
-            }
-        }
+        let (cfg, shared) = plan_settings(&self.cfg, &r)?;
         let samples = self.store.samples(&r.job_id, FIT_WINDOW).await?;
         let memory = self.store.memory(&r.job_id).await?;
         let remaining = if r.remaining_samples == 0 {
@@ -600,21 +617,7 @@ impl BrainService {
         let plan = if shared {
             let mut jobs = self.active_jobs()?;
             let now = self.clock.now();
-            jobs.update(
-                &r.job_id,
-                fit.front.clone(),
-                current,
-                input.remaining_samples,
-                now,
-            );
-            let capacity = Resources {
-                cpu: cfg.capacity.cpu,
-                mem_gb: cfg.capacity.mem_gb,
-            };
-            let joint = jobs.plan(&r.job_id, capacity, cfg.greedy)?;
-            let plan = planner::finish_plan(&cfg, &input, fit, joint.pick)?;
-            jobs.grant(&r.job_id, plan.allocation);
-            plan
+            planner::replan_shared(&cfg, &mut jobs, &input, fit, now)?
         } else {
             if self.active_jobs()?.remove(&r.job_id) {
                 tracing::info!(job = %r.job_id, "job plans on its own machine: left the shared plan");

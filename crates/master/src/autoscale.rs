@@ -738,26 +738,35 @@ impl Autoscaler {
                 v.ps,
                 Some("needs online re-sharding, which this job cannot do (synchronous mode)"),
             )
-        } else if !for_memory && a.ps > v.ps && self.seen_ps.len() < 2 {
+        } else if !for_memory && self.seen_ps.len() < 2 {
             (
                 v.ps,
                 Some("is for speed, and the profile holds one PS count: the fit cannot predict it"),
             )
+        } else if a.ps < v.ps && a.ps_mem_gb > self.settings.ps_mem_gb + 1e-9 {
+            // Fewer PS hold more rows each: the plan sized them with more memory than
+            // this job's PS have (memory is not changed in place), so they would run out.
+            (
+                v.ps,
+                Some("needs more memory per PS than the job's PS have (the model state would not fit on fewer)"),
+            )
         } else {
             (a.ps, None)
         };
-        // Cores per worker for speed only once the profile holds two values (as PS counts).
+        // Cores per worker change only once the profile holds two values (as PS counts):
+        // from one, the fit cannot tell what a core is worth, up or down (the cluster
+        // simulator showed shared-brain plans cutting workers to one core on such a fit).
         let now_cpu = self.settings.worker_cpu;
-        let cpu = if cpu > now_cpu && self.seen_cpu.len() < 2 {
+        let cpu = if cpu != now_cpu && self.seen_cpu.len() < 2 {
             now_cpu
         } else {
             cpu
         };
-        // Cores per PS for speed once the fit can tell what they are worth: two values
-        // of them, or two PS counts (the term is `w / (p * ps_cpu)`).
+        // Cores per PS once the fit can tell what they are worth: two values of them, or
+        // two PS counts (the term is `w / (p * ps_cpu)`).
         let now_ps_cpu = self.settings.ps_cpu;
         let ps_cpu =
-            if a.ps_cpu > now_ps_cpu && self.seen_ps_cpu.len() < 2 && self.seen_ps.len() < 2 {
+            if a.ps_cpu != now_ps_cpu && self.seen_ps_cpu.len() < 2 && self.seen_ps.len() < 2 {
                 now_ps_cpu
             } else {
                 a.ps_cpu
@@ -953,6 +962,58 @@ mod tests {
             *s += rate / 10;
             a.observe(&view(*t, workers, *s));
         }
+    }
+
+    /// On a shared brain nothing probes, so the profile holds one core count and one PS
+    /// count: a plan that cuts cores per worker, or PS for speed, is a guess of the fit
+    /// and is not made; fewer PS for a plan that sized them with more memory than the
+    /// job's PS have would run them out of memory.
+    #[test]
+    fn a_profile_of_one_core_and_ps_count_changes_neither() {
+        let shared = Settings {
+            workers: [1, 8],
+            ps: [1, 4],
+            worker_cpu: 4.0,
+            worker_cpu_max: 8.0,
+            ps_mem_gb: 8.0,
+            ps_scaling: true,
+            send_capacity: false,
+            ..settings()
+        };
+        let mut a = Autoscaler::new(shared.clone(), 0);
+        let (mut t, mut s) = (0, 0);
+        run(&mut a, &mut t, &mut s, 2, 1000, 3);
+        let mut v = view(t, 2, s);
+        v.ps = 2;
+        let mut p = plan(3, 2, 2000.0);
+        let mut fewer_cores = shared.allocation(3, 2);
+        fewer_cores.worker_cpu = 1.0;
+        p.allocation = Some(alloc_to_pb(&fewer_cores));
+        match a.review(&p, &v) {
+            Decision::Apply {
+                workers,
+                worker_cpu,
+                ..
+            } => assert_eq!((workers, worker_cpu), (3, 4.0)),
+            d => panic!("{d:?}"),
+        }
+        let mut fewer_ps = shared.allocation(2, 1);
+        fewer_ps.ps_mem_gb = 16.0;
+        p.allocation = Some(alloc_to_pb(&fewer_ps));
+        match a.review(&p, &v) {
+            Decision::Keep(why) => assert!(why.contains("one PS count"), "{why}"),
+            d => panic!("{d:?}"),
+        }
+        // With two PS counts measured, a cut for speed is made, unless the fewer PS need
+        // more memory than the job's have.
+        a.seen_ps.insert(2);
+        match a.review(&p, &v) {
+            Decision::Keep(why) => assert!(why.contains("more memory per PS"), "{why}"),
+            d => panic!("{d:?}"),
+        }
+        fewer_ps.ps_mem_gb = 8.0;
+        p.allocation = Some(alloc_to_pb(&fewer_ps));
+        assert!(matches!(a.review(&p, &v), Decision::Apply { ps: 1, .. }));
     }
 
     #[test]

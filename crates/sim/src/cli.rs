@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 
+use crate::cluster::trace::{self, TraceSpec};
+use crate::cluster::{run_cluster, BatchPolicy, OnlinePolicy, SimSettings};
 use crate::cpr::{run_cpr_emulation, CprEmulationConfig, Strategy};
 
 /// `elastrec simulate …`.
@@ -14,6 +16,109 @@ pub enum SimulateCommand {
     /// and compare full recovery, partial recovery, CPR-vanilla, CPR-MFU and CPR-SSU
     /// (emulated checkpoint overhead, PLS, final AUC) against a failure-free run.
     Cpr(CprArgs),
+    /// Cluster simulation: many batch and online jobs on simulated nodes, scheduled by
+    /// elastrec's live policies (brain and master) and by the papers' baselines on the same
+    /// trace; prints JCT, utilization and KALE's Table 3 metrics (docs/simulator.md).
+    Cluster(ClusterArgs),
+}
+
+/// Flags of `elastrec simulate cluster`; defaults are [`SimSettings::default`]'s.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClusterArgs {
+    /// Job trace CSV (columns in docs/simulator.md); without it a trace is generated.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Generated trace: batch jobs.
+    #[arg(long, default_value_t = 300)]
+    pub jobs: usize,
+    /// Generated trace: online jobs (streams).
+    #[arg(long, default_value_t = 8)]
+    pub online_jobs: usize,
+    /// Generated trace: batch jobs arrive over this many hours.
+    #[arg(long, default_value_t = 24.0)]
+    pub span_h: f64,
+    /// Generated trace: streams run this many hours.
+    #[arg(long, default_value_t = 72.0)]
+    pub online_h: f64,
+    /// Write the (generated or read) trace here as CSV.
+    #[arg(long)]
+    pub write_trace: Option<PathBuf>,
+    /// Nodes in the cluster.
+    #[arg(long, default_value_t = SimSettings::default().nodes)]
+    pub nodes: u32,
+    /// Cores per node.
+    #[arg(long, default_value_t = SimSettings::default().node_cpu)]
+    pub node_cpu: f64,
+    /// Memory per node, GiB.
+    #[arg(long, default_value_t = SimSettings::default().node_mem_gb)]
+    pub node_mem_gb: f64,
+    /// Batch policies, comma-separated (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub policies: Vec<BatchPolicy>,
+    /// Online policies, comma-separated (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub online_policies: Vec<OnlinePolicy>,
+    /// Seconds between control cycles.
+    #[arg(long, default_value_t = SimSettings::default().control_s)]
+    pub control_s: f64,
+    /// Seconds between two plans of a job.
+    #[arg(long, default_value_t = SimSettings::default().plan_interval_s)]
+    pub plan_interval_s: f64,
+    /// Node failures per pod-hour (0: none).
+    #[arg(long, default_value_t = SimSettings::default().failures_per_pod_hour)]
+    pub failures_per_pod_hour: f64,
+    /// Share of jobs with one slow worker (0: none).
+    #[arg(long, default_value_t = SimSettings::default().straggler_prob)]
+    pub straggler_prob: f64,
+    /// Speed of the slow worker relative to the others.
+    #[arg(long, default_value_t = SimSettings::default().straggler_factor)]
+    pub straggler_factor: f64,
+    /// Seconds a checkpoint-restart takes.
+    #[arg(long, default_value_t = SimSettings::default().restart_s)]
+    pub restart_s: f64,
+    /// Seconds one scaling of an online job stops it.
+    #[arg(long, default_value_t = SimSettings::default().rescale_s)]
+    pub rescale_s: f64,
+    /// Lag SLO of online jobs, seconds.
+    #[arg(long, default_value_t = SimSettings::default().slo_lag_s)]
+    pub slo_lag_s: f64,
+    /// Stop simulating after this many hours.
+    #[arg(long, default_value_t = SimSettings::default().max_hours)]
+    pub max_hours: f64,
+    /// Seed: the same seed and flags give the same tables.
+    #[arg(long, default_value_t = SimSettings::default().seed)]
+    pub seed: u64,
+    /// Write summary.json, jobs.csv and streams.csv here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print the report as JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+impl ClusterArgs {
+    /// The settings these flags describe.
+    pub fn settings(&self) -> SimSettings {
+        SimSettings {
+            nodes: self.nodes,
+            node_cpu: self.node_cpu,
+            node_mem_gb: self.node_mem_gb,
+            control_s: self.control_s,
+            plan_interval_s: self.plan_interval_s,
+            failures_per_pod_hour: self.failures_per_pod_hour,
+            straggler_prob: self.straggler_prob,
+            straggler_factor: self.straggler_factor,
+            restart_s: self.restart_s,
+            rescale_s: self.rescale_s,
+            slo_lag_s: self.slo_lag_s,
+            max_hours: self.max_hours,
+            seed: self.seed,
+            ..SimSettings::default()
+        }
+    }
 }
 
 /// Flags of `elastrec simulate cpr`; defaults are [`CprEmulationConfig::default`]'s.
@@ -157,7 +262,88 @@ pub fn dispatch(cmd: SimulateCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        SimulateCommand::Cluster(args) => simulate_cluster(&args),
     }
+}
+
+fn simulate_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
+    let settings = args.settings();
+    settings.validate()?;
+    let jobs = match &args.trace {
+        Some(path) => trace::read_csv(path)?,
+        None => {
+            if args.jobs + args.online_jobs == 0 {
+                anyhow::bail!("`--jobs` and `--online-jobs` are both 0: nothing to simulate");
+            }
+            if !(args.span_h.is_finite()
+                && args.span_h > 0.0
+                && args.online_h.is_finite()
+                && args.online_h > 0.0)
+            {
+                anyhow::bail!("`--span-h` and `--online-h` must be finite and > 0");
+            }
+            trace::generate(&TraceSpec {
+                jobs: args.jobs,
+                online_jobs: args.online_jobs,
+                span_h: args.span_h,
+                online_h: args.online_h,
+                seed: args.seed,
+            })
+        }
+    };
+    if let Some(path) = &args.write_trace {
+        trace::write_csv(path, &jobs).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let batch = if args.policies.is_empty() {
+        <BatchPolicy as clap::ValueEnum>::value_variants().to_vec()
+    } else {
+        args.policies.clone()
+    };
+    let online = if args.online_policies.is_empty() {
+        <OnlinePolicy as clap::ValueEnum>::value_variants().to_vec()
+    } else {
+        args.online_policies.clone()
+    };
+    let bar = (!args.no_progress && !args.json).then(|| {
+        let b = indicatif::ProgressBar::new(1000);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{msg:>14} [{bar:40}] {percent:>3}% {elapsed}")
+                .expect("a valid template")
+                .progress_chars("=> "),
+        );
+        b
+    });
+    let report = run_cluster(&jobs, &batch, &online, &settings, &|policy, f| {
+        if let Some(b) = &bar {
+            b.set_message(policy.to_string());
+            b.set_position((f * 1000.0) as u64);
+        }
+    });
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    if let Some(dir) = &args.out {
+        report
+            .write(dir)
+            .with_context(|| format!("writing the report into {}", dir.display()))?;
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({"report": &report, "claims": report.claims()})
+            )?
+        );
+    } else {
+        print!("{}", report.render());
+        if let Some(dir) = &args.out {
+            println!(
+                "summary.json, jobs.csv and streams.csv in {}",
+                dir.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Sizes the global rayon pool.

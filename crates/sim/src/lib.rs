@@ -6,9 +6,13 @@
 //!   positions, and compares full recovery, partial recovery, CPR-vanilla, CPR-MFU and
 //!   CPR-SSU on emulated overhead and final AUC ([`cpr::run_cpr_emulation`]). The
 //!   policies come from `elastrec_checkpoint::{cpr, priority}`.
+//! * [`cluster`]: the cluster simulation (`elastrec simulate cluster`): batch and online
+//!   jobs on simulated nodes, scheduled by the brain's and master's policy code and by the
+//!   papers' baselines on one trace ([`cluster::run_cluster`]).
 //! * [`cli`]: the library side of `elastrec simulate`.
 
 pub mod cli;
+pub mod cluster;
 pub mod cpr;
 pub mod error;
 
