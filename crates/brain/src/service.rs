@@ -271,7 +271,9 @@ fn check_job_id(id: &str) -> Result<()> {
     Ok(())
 }
 
-fn alloc_from(field: &str, a: Option<pb::Allocation>) -> Result<Option<Allocation>> {
+/// An allocation from the wire, checked (`field` names it in the error); `None` stays
+/// `None`.
+pub fn alloc_from(field: &str, a: Option<pb::Allocation>) -> Result<Option<Allocation>> {
     let Some(a) = a else { return Ok(None) };
     let out = Allocation {
         workers: a.workers,

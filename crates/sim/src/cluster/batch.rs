@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use elastrec_brain::oom::MemorySample;
 use elastrec_brain::planner::{self, BrainConfig, ReplanInput};
-use elastrec_brain::service::{plan_settings, plan_to, profile_from};
+use elastrec_brain::service::{alloc_from, plan_settings, plan_to, profile_from};
 use elastrec_brain::shared::ActiveJobs;
 use elastrec_brain::throughput::ProfileSample;
 use elastrec_brain::warm_start::{HistoricalJob, JobFeatures};
@@ -836,15 +836,25 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn fail(&mut self, i: usize, v: u64, t: f64) {
+    /// Whether an event of job `i` scheduled at allocation version `v` still applies at
+    /// `t`: the job runs, has not changed since, and has not ended on the way (it is
+    /// trained up to `t`, and finished if it reached its samples).
+    fn still_running(&mut self, i: usize, v: u64, t: f64) -> bool {
         let Some(j) = self.jobs[i].as_ref() else {
-            return;
+            return false;
         };
         if j.version != v || !self.running.contains(&i) {
-            return;
+            return false;
         }
         if let Some(end) = self.advance(i, t) {
             self.finish(i, end);
+            return false;
+        }
+        true
+    }
+
+    fn fail(&mut self, i: usize, v: u64, t: f64) {
+        if !self.still_running(i, v, t) {
             return;
         }
         let costs = self.costs(self.jobs[i].as_ref().expect("running"));
@@ -926,14 +936,7 @@ impl<'a> Sim<'a> {
     }
 
     fn checkpoint(&mut self, i: usize, v: u64, t: f64) {
-        let Some(j) = self.jobs[i].as_ref() else {
-            return;
-        };
-        if j.version != v || !self.running.contains(&i) {
-            return;
-        }
-        if let Some(end) = self.advance(i, t) {
-            self.finish(i, end);
+        if !self.still_running(i, v, t) {
             return;
         }
         let save = self.costs(self.jobs[i].as_ref().expect("running")).o_save_s;
@@ -963,14 +966,8 @@ fn replan_input<'b>(
     memory: &'b [MemorySample],
     r: &elastrec_proto::brain::PlanRequest,
 ) -> ReplanInput<'b> {
-    let current = r.current.map(|a| Allocation {
-        workers: a.workers,
-        ps: a.ps,
-        worker_cpu: a.worker_cpu,
-        ps_cpu: a.ps_cpu,
-        worker_mem_gb: a.worker_mem_gb,
-        ps_mem_gb: a.ps_mem_gb,
-    });
+    // The master's own allocation: always valid, so a refusal would be a bug here.
+    let current = alloc_from("current", r.current).expect("the master's allocation is valid");
     ReplanInput {
         spec,
         samples,
