@@ -244,16 +244,15 @@ pub fn run(
             progress(frac.min(1.0));
         }
     }
-    // Jobs still running at the end keep what they had.
-    for i in sim.running.clone() {
-        if let Some(j) = sim.jobs[i].take() {
-            sim.outcomes[i].last = Some(j.alloc);
-            sim.outcomes[i].scalings = j.out.scalings;
-            sim.outcomes[i].failures = j.out.failures;
-            sim.outcomes[i].ooms = j.out.ooms;
-            sim.outcomes[i].retrained = j.out.retrained;
-            sim.outcomes[i].start_s = j.out.start_s;
-            sim.outcomes[i].core_hours = j.out.core_hours;
+    // Jobs not finished at the end (running, or queued again after an OOM) keep what
+    // they went through; those that never started keep no allocation.
+    for (i, slot) in sim.jobs.iter_mut().enumerate() {
+        if let Some(j) = slot.take() {
+            let mut out = j.out;
+            if out.start_s.is_some() {
+                out.last = Some(j.alloc);
+            }
+            sim.outcomes[i] = out;
         }
     }
     (sim.outcomes, sim.totals)
