@@ -54,6 +54,13 @@ pub struct StreamConfig {
     pub rho: u32,
     /// Algorithm 1's `tau`: a planned level lasting less than this is calibrated away, s.
     pub tau_s: f64,
+    /// Training time one change of the worker count costs, seconds: a new worker's start
+    /// and the first shards it pulls (elastrec adds and removes workers without stopping
+    /// the others), or a whole restart where scaling stops the world. KALE weighs it
+    /// against the lag a change removes: a change that would add SLO violation is not
+    /// made, and a job behind its SLO jumps to the count that catches up soonest instead
+    /// of one worker at a time.
+    pub rescale_s: f64,
     /// Progressive validation: AUC and logloss of the predictions made just before
     /// training, over this many most recent samples; 0 turns it off.
     pub eval_window: u64,
@@ -114,6 +121,7 @@ impl Default for StreamConfig {
             season_s: 0.0,
             rho: 1,
             tau_s: 30.0,
+            rescale_s: 5.0,
             eval_window: 100_000,
             eval_every_s: 10.0,
             assignment: PartitionAssignment::Shared,
@@ -194,6 +202,9 @@ impl StreamConfig {
                 "stream.interval_s",
                 "interval_s, horizon_s and tau_s must be positive numbers".into(),
             ));
+        }
+        if !(self.rescale_s.is_finite() && self.rescale_s >= 0.0) {
+            return Err(("stream.rescale_s", "must be 0 or a positive number".into()));
         }
         if !(self.season_s.is_finite() && self.season_s >= 0.0) {
             return Err(("stream.season_s", "must be 0 or a positive number".into()));

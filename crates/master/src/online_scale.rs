@@ -13,9 +13,14 @@
 //! 4. the plan is the fewest workers with `F(w)` above each forecast value (Eq. 10), and
 //!    Algorithm 1 stabilizes it (with the current count in front, so a short dip or peak
 //!    does not move the job);
-//! 5. the fallback (§3.4.3) adds a worker when the lag stays above the SLO for two checks
-//!    however the forecast looks, never shrinks a job above its SLO, and refuses to grow
-//!    an idle one.
+//! 5. a change costs `rescale_s` of training (a whole restart where scaling stops the
+//!    world): the plan's count is taken only when a fluid replay of the forecast (backlog
+//!    in, `F(w)` out, nothing out while the change settles) shows it adds no SLO
+//!    violation over staying;
+//! 6. the fallback (§3.4.3): when the lag stays above the SLO for two checks however the
+//!    forecast looks, the job jumps to the count the replay says catches up soonest (at
+//!    least one more worker when the backlog did not fall, the model being refuted);
+//!    it never shrinks a job above its SLO and refuses to grow an idle one.
 
 use elastrec_brain::alloc::Range;
 use elastrec_brain::forecast::{Forecaster, HoltWinters};
@@ -32,6 +37,8 @@ const MAX_HISTORY: usize = 4096;
 const UTIL_LOW: f64 = 0.3;
 /// Utilization above which the HPA rule adds a worker.
 const UTIL_HIGH: f64 = 0.8;
+/// Fraction of the SLO above which a job is still catching up (no shrinking).
+const CATCHING_UP: f64 = 0.1;
 /// Checks in a row a condition must hold before a fallback step or an HPA scale-down.
 const PERSIST: u32 = 2;
 
@@ -51,6 +58,25 @@ pub struct Observation {
     /// `(workers, samples/s they can train)`: present when every worker was measured
     /// over the whole interval.
     pub capacity: Option<(u32, f64)>,
+}
+
+/// What a fluid replay of the forecast expects of a worker count.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Expected {
+    /// Seconds with the lag above the SLO.
+    violation_s: f64,
+    /// The lag integrated over time, s² (KALE's accumulated lag).
+    lag_s2: f64,
+    /// The lag at the end, s.
+    end_lag_s: f64,
+}
+
+impl Expected {
+    /// Less violation, or as little and less lag (by more than rounding).
+    fn better_than(&self, o: &Expected) -> bool {
+        self.violation_s < o.violation_s
+            || (self.violation_s == o.violation_s && self.lag_s2 < o.lag_s2 * (1.0 - 1e-9))
+    }
 }
 
 /// One decision.
@@ -78,11 +104,13 @@ pub struct OnlineScaler {
     horizon: usize,
     season: usize,
     stab: Stabilization,
+    rescale_s: f64,
     sync: bool,
     history: Vec<f64>,
     samples: Vec<KaleSample>,
     over_slo: u32,
     idle: u32,
+    last_backlog: Option<f64>,
     last_raw: Option<u32>,
     /// Changes of the raw plan between decisions.
     pub raw_changes: u32,
@@ -112,11 +140,13 @@ impl OnlineScaler {
                 rho: cfg.rho,
                 tau_s: cfg.tau_s,
             },
+            rescale_s: cfg.rescale_s,
             sync,
             history: Vec::new(),
             samples: Vec::new(),
             over_slo: 0,
             idle: 0,
+            last_backlog: None,
             last_raw: None,
             raw_changes: 0,
             changes: 0,
@@ -139,7 +169,18 @@ impl OnlineScaler {
         if distinct >= 2 && self.samples.len() >= variant.len() + 3 {
             if let Ok((m, _)) = KaleModel::fit(variant, 1.0, &self.samples) {
                 let m: KaleModel = m;
-                return Some(Box::new(move |w| m.throughput(w, 1)));
+                // Beyond the largest count measured, the fit's curvature comes from noise
+                // over a narrow range (a spurious peak would cap every plan there): scale
+                // its last trusted value linearly instead, and let the fallback correct.
+                let top = self.samples.iter().map(|s| s.workers).max().unwrap_or(1);
+                let at_top = m.throughput(top, 1);
+                return Some(Box::new(move |w| {
+                    if w <= top {
+                        m.throughput(w, 1)
+                    } else {
+                        at_top * f64::from(w) / f64::from(top)
+                    }
+                }));
             }
         }
         let mut per: Vec<f64> = self
@@ -155,11 +196,11 @@ impl OnlineScaler {
         Some(Box::new(move |w| c * f64::from(w)))
     }
 
-    /// The traffic over the next `horizon` intervals.
-    fn forecast(&self) -> Vec<f64> {
+    /// The traffic over the next `n` intervals.
+    fn forecast(&self, n: usize) -> Vec<f64> {
         let last = self.history.last().copied().unwrap_or(0.0);
         if self.history.len() < 4 {
-            return vec![last; self.horizon];
+            return vec![last; n];
         }
         let period = if self.history.len() >= 2 * self.season {
             self.season
@@ -170,10 +211,74 @@ impl OnlineScaler {
             multiplicative: false,
             ..HoltWinters::new(period)
         };
-        match hw.forecast(&self.history, self.horizon) {
+        match hw.forecast(&self.history, n) {
             Ok(f) if f.iter().all(|v| v.is_finite()) => f.into_iter().map(|v| v.max(0.0)).collect(),
-            _ => vec![last; self.horizon],
+            _ => vec![last; n],
         }
+    }
+
+    /// Intervals a change is judged over: the plan's horizon, and at least long enough
+    /// for a change to settle and a full SLO's backlog to drain after it.
+    fn judged_steps(&self) -> usize {
+        let need = (self.rescale_s + 2.0 * self.slo_lag_s) / self.interval_s;
+        self.horizon.max(need.ceil() as usize)
+    }
+
+    /// What a job with `backlog` waiting that runs `to` workers from now on (stopped for
+    /// `rescale_s` first when `to` differs from `from`) is expected to see over `traffic`
+    /// (messages/s, one value per interval). A fluid replay: each interval the backlog
+    /// gains the arrivals and loses what `F` trains while up; the lag is the backlog over
+    /// the arrival rate (FIFO).
+    fn replay(
+        &self,
+        f: &dyn Fn(u32) -> f64,
+        traffic: &[f64],
+        backlog: f64,
+        from: u32,
+        to: u32,
+    ) -> Expected {
+        let dt = self.interval_s;
+        let mut down = if to == from { 0.0 } else { self.rescale_s };
+        let capacity = f(to);
+        let mut b = backlog;
+        let mut e = Expected::default();
+        for &rate in traffic {
+            let up = (dt - down).max(0.0);
+            down = (down - dt).max(0.0);
+            b = (b + rate * dt - capacity * up).max(0.0);
+            let lag = b / rate.max(1e-9);
+            e.lag_s2 += lag * dt;
+            e.end_lag_s = lag;
+            if lag > self.slo_lag_s {
+                e.violation_s += dt;
+            }
+        }
+        e
+    }
+
+    /// The fewest workers in `(w, max]` whose expected violation is within one change's
+    /// stop (or one interval) of the least the replay finds: the SLO is the objective, and
+    /// workers that only shave the last seconds off a catch-up would be shed again at the
+    /// next check. With what they expect.
+    fn catch_up(
+        &self,
+        f: &dyn Fn(u32) -> f64,
+        traffic: &[f64],
+        backlog: f64,
+        w: u32,
+    ) -> (u32, Expected) {
+        let candidates: Vec<(u32, Expected)> = (w.saturating_add(1)..=self.bounds.max)
+            .map(|to| (to, self.replay(f, traffic, backlog, w, to)))
+            .collect();
+        let least = candidates
+            .iter()
+            .map(|(_, e)| e.violation_s)
+            .fold(f64::INFINITY, f64::min);
+        let tolerance = self.rescale_s.max(self.interval_s);
+        candidates
+            .into_iter()
+            .find(|(_, e)| e.violation_s <= least + tolerance)
+            .unwrap_or((w, self.replay(f, traffic, backlog, w, w)))
     }
 
     /// Decides the worker count for the next interval.
@@ -204,6 +309,9 @@ impl OnlineScaler {
         } else {
             0
         };
+        // Whether the backlog fell since the last check (a job catching up on its own).
+        let draining = self.last_backlog.is_some_and(|b| obs.backlog < b);
+        self.last_backlog = Some(obs.backlog);
         let d = match self.kind {
             StreamScaling::Off => Decision {
                 workers: obs.workers,
@@ -213,7 +321,7 @@ impl OnlineScaler {
                 reason: "autoscaling off".into(),
             },
             StreamScaling::Hpa => self.hpa(obs),
-            StreamScaling::Kale => self.kale(obs),
+            StreamScaling::Kale => self.kale(obs, draining),
         };
         if self.last_raw.is_some_and(|r| r != d.raw) {
             self.raw_changes += 1;
@@ -221,6 +329,10 @@ impl OnlineScaler {
         self.last_raw = Some(d.raw);
         if d.target != obs.workers {
             self.changes += 1;
+            // The new count is judged on its own checks: the backlog its stop adds and the
+            // lag before it says nothing about whether it keeps up.
+            self.over_slo = 0;
+            self.last_backlog = None;
         }
         d
     }
@@ -257,7 +369,7 @@ impl OnlineScaler {
         }
     }
 
-    fn kale(&mut self, obs: &Observation) -> Decision {
+    fn kale(&mut self, obs: &Observation, draining: bool) -> Decision {
         let w = obs.workers;
         let Some(f) = self.capacity_model() else {
             return Decision {
@@ -269,15 +381,9 @@ impl OnlineScaler {
             };
         };
         // Drain the backlog within the SLO, on top of the forecast traffic.
-        let drain = obs.backlog / self.slo_lag_s;
-        let drain_steps = (self.slo_lag_s / self.interval_s).ceil().max(1.0) as usize;
-        let loads: Vec<f64> = self
-            .forecast()
-            .into_iter()
-            .enumerate()
-            .map(|(i, l)| if i < drain_steps { l + drain } else { l })
-            .collect();
-        let (plan, short) = match plan_series(&f, &loads, self.bounds) {
+        let traffic = self.forecast(self.judged_steps());
+        let loads = &traffic[..self.horizon];
+        let (plan, short) = match plan_series(&f, loads, self.bounds) {
             Ok(p) => p,
             Err(e) => {
                 return Decision {
@@ -294,11 +400,20 @@ impl OnlineScaler {
         with_now.push(w);
         with_now.extend_from_slice(&plan);
         let stable = stabilize(&with_now, self.interval_s, self.stab).unwrap_or(with_now);
-        let mut target = stable[1];
+        // The backlog is drained within half the SLO (so that the stop this change may
+        // cause, or the next burst, still finds the job inside it). It is work to do, not
+        // a short peak: it bypasses the stabilization, which would calibrate it away.
+        let drain_s = self.slo_lag_s / 2.0;
+        let drain = obs.backlog / drain_s;
+        let drain_steps = ((drain_s / self.interval_s).ceil() as usize).clamp(1, loads.len());
+        let peak = loads[..drain_steps].iter().copied().fold(0.0, f64::max);
+        let drain_need = plan_series(&f, &[peak + drain], self.bounds)
+            .map(|(p, _)| p[0])
+            .unwrap_or(w);
+        let mut target = stable[1].max(drain_need);
         let mut reason = format!(
-            "forecast {:.0}/s + backlog {:.0}/s: F({target}) = {:.0}/s",
-            loads[0] - drain,
-            drain,
+            "forecast {:.0}/s + backlog {drain:.0}/s: F({target}) = {:.0}/s",
+            loads[0],
             f(target)
         );
         if !short.is_empty() {
@@ -309,17 +424,47 @@ impl OnlineScaler {
                 self.bounds.max
             ));
         }
+        let stay = self.replay(&f, &traffic, obs.backlog, w, w);
         if self.over_slo >= PERSIST && target <= w {
-            target = self.bounds.clamp(w + 1);
-            reason = format!(
-                "fallback: lag {:.1} s above the SLO ({} s) for {} checks",
-                obs.lag_s, self.slo_lag_s, self.over_slo
-            );
+            let (to, expected) = self.catch_up(&f, &traffic, obs.backlog, w);
+            if !draining || expected.better_than(&stay) {
+                // A backlog that did not fall refutes the model: at least one more.
+                target = if draining {
+                    to
+                } else {
+                    to.max(self.bounds.clamp(w + 1))
+                };
+                reason = format!(
+                    "fallback: lag {:.1} s above the SLO ({} s) for {} checks; {target} \
+                     workers expect {:.0} s over it against {:.0} s staying",
+                    obs.lag_s,
+                    self.slo_lag_s,
+                    self.over_slo,
+                    expected.violation_s,
+                    stay.violation_s
+                );
+            } else {
+                target = w;
+                reason = format!(
+                    "lag {:.1} s above the SLO ({} s) and falling: staying expects {:.0} s \
+                     over it, a change no less",
+                    obs.lag_s, self.slo_lag_s, stay.violation_s
+                );
+            }
         } else if obs.lag_s > self.slo_lag_s && target < w {
             target = w;
             reason = format!(
                 "fallback: lag {:.1} s above the SLO ({} s), not shrinking",
                 obs.lag_s, self.slo_lag_s
+            );
+        } else if obs.lag_s > CATCHING_UP * self.slo_lag_s && target < w {
+            // Shrinking while a backlog drains trades a worker for a stop and a slower
+            // drain, and the next check grows the job again: the flapping KALE's
+            // stabilization is meant to prevent.
+            target = w;
+            reason = format!(
+                "lag {:.1} s still draining (above {CATCHING_UP} of the SLO), not shrinking",
+                obs.lag_s
             );
         } else if self.idle >= PERSIST && target > w {
             target = w;
@@ -327,6 +472,26 @@ impl OnlineScaler {
                 "fallback: utilization {:.2} with no lag, not growing",
                 obs.utilization
             );
+        } else if target != w {
+            // Growing must pay for its stop (less violation, or less lag). Shrinking saves
+            // workers and may cost lag, never violation, and the smaller count must have
+            // drained its own stop's backlog by the end (else the next check grows it back).
+            let moved = self.replay(&f, &traffic, obs.backlog, w, target);
+            let pays = if target > w {
+                moved.better_than(&stay)
+            } else {
+                moved.violation_s <= stay.violation_s
+                    && moved.end_lag_s <= stay.end_lag_s.max(CATCHING_UP * self.slo_lag_s)
+            };
+            if !pays {
+                reason = format!(
+                    "{reason}; kept {w}: with the change's {:.0} s stop the replay expects \
+                     {:.0} s over the SLO and {:.0} s² of lag against {:.0} s and {:.0} s² \
+                     staying",
+                    self.rescale_s, moved.violation_s, moved.lag_s2, stay.violation_s, stay.lag_s2
+                );
+                target = w;
+            }
         }
         Decision {
             workers: w,
@@ -425,6 +590,53 @@ mod tests {
         assert_eq!(first.target, 2);
         assert_eq!(second.target, 3, "{}", second.reason);
         assert!(second.reason.starts_with("fallback"), "{}", second.reason);
+    }
+
+    fn with_stop(rescale_s: f64) -> StreamConfig {
+        StreamConfig {
+            rescale_s,
+            ..cfg(StreamScaling::Kale)
+        }
+    }
+
+    #[test]
+    fn a_backlog_is_drained_by_one_jump_not_one_worker_per_check() {
+        let mut s = OnlineScaler::new(&with_stop(10.0), false);
+        // 2500/s arriving on one worker (1000/s), 20 s behind: draining 50,000 within
+        // half the 10 s SLO needs every worker allowed.
+        let d = s.decide(&obs(1, 2500.0, 50_000.0));
+        assert_eq!(d.target, 6, "{}", d.reason);
+    }
+
+    #[test]
+    fn a_shrink_that_leaves_its_own_stop_undrained_is_not_made() {
+        // Three workers carry 1900/s; two (2000/s) would too, but a 30 s stop leaves
+        // 57,000 messages that a 100/s surplus cannot drain within the window judged.
+        let decide = |rescale_s: f64| {
+            let mut s = OnlineScaler::new(&with_stop(rescale_s), false);
+            let mut d = s.decide(&obs(3, 1900.0, 0.0));
+            for _ in 0..3 {
+                d = s.decide(&obs(3, 1900.0, 0.0));
+            }
+            d
+        };
+        let costly = decide(30.0);
+        assert_eq!(costly.target, 3, "{}", costly.reason);
+        assert!(costly.reason.contains("kept 3"), "{}", costly.reason);
+        assert_eq!(decide(0.0).target, 2, "a free change is worth a worker");
+    }
+
+    #[test]
+    fn growth_whose_stop_costs_more_lag_than_it_removes_is_not_made() {
+        // Two workers (2000/s) for 1900/s, 3 s behind the 10 s SLO: the backlog drain
+        // asks for four, but a 30 s stop would put the job 30 s behind.
+        let decide = |rescale_s: f64| {
+            let mut s = OnlineScaler::new(&with_stop(rescale_s), false);
+            s.decide(&obs(2, 1900.0, 5700.0))
+        };
+        let costly = decide(30.0);
+        assert_eq!(costly.target, 2, "{}", costly.reason);
+        assert!(decide(0.0).target > 2);
     }
 
     #[test]

@@ -98,6 +98,7 @@ pub fn stream_config(kind: StreamScaling, s: &SimSettings) -> StreamConfig {
         season_s: 86_400.0,
         rho: 2,
         tau_s: 1800.0,
+        rescale_s: s.rescale_s,
         ..StreamConfig::default()
     }
 }
