@@ -488,6 +488,11 @@ impl Autoscaler {
                 return Round::Probe(report, d);
             }
         }
+        if !self.settings.send_capacity {
+            if let Some(d) = self.shared_probe(v) {
+                return Round::Probe(report, d);
+            }
+        }
         if self.exploring {
             match self.keep_growing(v) {
                 Some((to, why)) => return Round::Probe(report, self.worker_probe(v, to, why)),
@@ -574,6 +579,54 @@ impl Autoscaler {
                 .then(|| (self.settings.cluster_mem_gb - current.total_mem_gb()).max(0.0)),
         };
         Round::Plan(report, plan)
+    }
+
+    /// On a shared brain service a job measures by giving back, never by taking (every
+    /// core it takes comes from the cluster's plan): a quarter fewer workers, then cores
+    /// per worker, then cores per PS (in place; the PS term of Eq. 2 is `w / (p ps_cpu)`,
+    /// so this also tells what a PS is worth), each while the profile holds one value of
+    /// it. Without them a fit over one allocation can say nothing about a dimension, the
+    /// plans' changes in it are refused, and a job that started with one PS stayed
+    /// PS-bound (the cluster simulator: 4x the JCT of the users' own configurations).
+    fn shared_probe(&self, v: &View) -> Option<Decision> {
+        let [wmin, _] = self.settings.workers;
+        let quarter_off = |x: f64| x - (x / 4.0).floor().max(1.0);
+        if self.seen_workers.len() < 2 && v.workers > wmin {
+            let to = (v.workers * 3 / 4).clamp(wmin, v.workers - 1);
+            return Some(self.worker_probe(v, to, format!(
+                "probe: the profile holds only {} worker(s); {to} workers measure how throughput scales (on a shared brain a probe gives back, never takes)",
+                v.workers
+            )));
+        }
+        let cpu = self.settings.worker_cpu;
+        if self.seen_cpu.len() < 2 && cpu >= 2.0 {
+            let to = quarter_off(cpu);
+            return Some(Decision::Apply {
+                workers: v.workers,
+                worker_cpu: to,
+                ps: v.ps,
+                ps_cpu: self.settings.ps_cpu,
+                predicted: None,
+                reasons: vec![format!(
+                    "probe: the profile holds only {cpu} core(s) per worker; {to} measure what a worker's cores are worth (Eq. 2; on a shared brain a probe gives back)"
+                )],
+            });
+        }
+        let ps_cpu = self.settings.ps_cpu;
+        if self.seen_ps_cpu.len() < 2 && self.seen_ps.len() < 2 && ps_cpu >= 2.0 {
+            let to = quarter_off(ps_cpu);
+            return Some(Decision::Apply {
+                workers: v.workers,
+                worker_cpu: cpu,
+                ps: v.ps,
+                ps_cpu: to,
+                predicted: None,
+                reasons: vec![format!(
+                    "probe: the profile holds only {ps_cpu} core(s) per PS and one PS count; {to} measure what a server is worth (Eq. 2's w / (p ps_cpu), changed in place)"
+                )],
+            });
+        }
+        None
     }
 
     /// `factor` times the workers of `v`, within the worker bound and the capacity (at
@@ -727,23 +780,29 @@ impl Autoscaler {
         }
         let (workers, guessed) = self.trusted_workers(a.workers);
         // A PS change for memory (a server would reach its limit before the job ends) is
-        // always made. One for speed only once the profile spans two PS counts: from one,
-        // the fit cannot tell what the PS terms of Eq. 2-5 are worth, and a re-sharding
-        // bought on a guess costs a pause.
+        // always made. One for speed only once the profile spans two PS counts or two
+        // values of a PS's cores (the PS term of Eq. 2 is `w / (p ps_cpu)`): from neither,
+        // the fit cannot tell what a server is worth, and a re-sharding bought on a guess
+        // costs a pause. At most twice (half) the counts measured, as for workers.
         let for_memory = plan.memory.iter().any(|m| m.step_at_limit > 0);
-        let (ps, ps_note) = if a.ps == v.ps {
+        let (planned_ps, ps_step) = if for_memory {
+            (a.ps, None)
+        } else {
+            trusted(&self.seen_ps, a.ps, "PS")
+        };
+        let (ps, ps_note) = if planned_ps == v.ps {
             (a.ps, None)
         } else if !self.settings.ps_scaling {
             (
                 v.ps,
                 Some("needs online re-sharding, which this job cannot do (synchronous mode)"),
             )
-        } else if !for_memory && self.seen_ps.len() < 2 {
+        } else if !for_memory && self.seen_ps.len() < 2 && self.seen_ps_cpu.len() < 2 {
             (
                 v.ps,
-                Some("is for speed, and the profile holds one PS count: the fit cannot predict it"),
+                Some("is for speed, and the profile holds one PS count and one value of a PS's cores: the fit cannot predict it"),
             )
-        } else if a.ps < v.ps && a.ps_mem_gb > self.settings.ps_mem_gb + 1e-9 {
+        } else if planned_ps < v.ps && a.ps_mem_gb > self.settings.ps_mem_gb + 1e-9 {
             // Fewer PS hold more rows each: the plan sized them with more memory than
             // this job's PS have (memory is not changed in place), so they would run out.
             (
@@ -751,7 +810,7 @@ impl Autoscaler {
                 Some("needs more memory per PS than the job's PS have (the model state would not fit on fewer)"),
             )
         } else {
-            (a.ps, None)
+            (planned_ps, None)
         };
         // Cores per worker change only once the profile holds two values (as PS counts):
         // from one, the fit cannot tell what a core is worth, up or down (the cluster
@@ -801,9 +860,11 @@ impl Autoscaler {
             }
         }
         // The prediction was for the plan's count, not the trusted step towards it.
-        let predicted = guessed.is_none().then_some(tp);
+        let ps_step = ps_step.filter(|_| ps != v.ps);
+        let predicted = (guessed.is_none() && ps_step.is_none()).then_some(tp);
         let mut reasons = plan.reasons.clone();
         reasons.extend(guessed);
+        reasons.extend(ps_step);
         Decision::Apply {
             workers,
             worker_cpu: cpu,
@@ -820,19 +881,7 @@ impl Autoscaler {
     /// where the job was bound by its PS, predicted 1 worker as fast, and a warm job went
     /// from 11 workers to 1 and back. Clamped, such a plan becomes a step that measures.
     fn trusted_workers(&self, planned: u32) -> (u32, Option<String>) {
-        let (Some(&lo), Some(&hi)) = (self.seen_workers.first(), self.seen_workers.last()) else {
-            return (planned, None);
-        };
-        let trusted = planned.clamp((lo / 2).max(1), hi.saturating_mul(2));
-        if trusted == planned {
-            return (planned, None);
-        }
-        (
-            trusted,
-            Some(format!(
-                "{planned} workers is outside what the fit can be trusted with (the profile measured {lo} to {hi}; half to twice that): {trusted} workers first, measured before going further"
-            )),
-        )
+        trusted(&self.seen_workers, planned, "workers")
     }
 
     /// Records an executed decision.
@@ -884,6 +933,28 @@ impl Autoscaler {
             "scaling": self.history,
         })
     }
+}
+
+/// `planned`, or the nearest count a fit over the `seen` ones can be trusted with: half
+/// the fewest to twice the most (with a note why).
+fn trusted(
+    seen: &std::collections::BTreeSet<u32>,
+    planned: u32,
+    what: &str,
+) -> (u32, Option<String>) {
+    let (Some(&lo), Some(&hi)) = (seen.first(), seen.last()) else {
+        return (planned, None);
+    };
+    let trusted = planned.clamp((lo / 2).max(1), hi.saturating_mul(2));
+    if trusted == planned {
+        return (planned, None);
+    }
+    (
+        trusted,
+        Some(format!(
+            "{planned} {what} is outside what the fit can be trusted with (the profile measured {lo} to {hi}; half to twice that): {trusted} {what} first, measured before going further"
+        )),
+    )
 }
 
 /// The memory watchdog's verdict on one node: `Some(reason)` when its resident memory is
@@ -1219,6 +1290,61 @@ mod tests {
 
     /// A warm start that fills the capacity cannot probe upwards; it probes a quarter
     /// down instead of planning from one allocation.
+    /// On a shared brain service a job gives back to measure: fewer workers, then fewer
+    /// cores per worker, then per PS; the PS term so identified lets a plan add PS for
+    /// speed, one doubling at a time.
+    #[test]
+    fn on_a_shared_brain_probes_give_back_and_then_the_ps_count_can_grow() {
+        let shared = Settings {
+            workers: [1, 16],
+            ps: [1, 8],
+            ps_scaling: true,
+            worker_cpu: 4.0,
+            worker_cpu_max: 16.0,
+            ps_cpu: 4.0,
+            ps_cpu_max: 16.0,
+            send_capacity: false,
+            ..settings()
+        };
+        let mut a = Autoscaler::new(shared, 0);
+        let (mut t, mut s) = (0, 0);
+        let mut probes = Vec::new();
+        let mut workers = 8;
+        for _ in 0..3 {
+            run(&mut a, &mut t, &mut s, workers, 40_000, 4);
+            let v = view(t, workers, s);
+            let Round::Probe(_, d) = a.next_round(&v) else {
+                panic!("expected a probe after {probes:?}")
+            };
+            let Decision::Apply {
+                workers: w,
+                worker_cpu,
+                ps_cpu,
+                ..
+            } = d
+            else {
+                unreachable!()
+            };
+            probes.push((w, worker_cpu, ps_cpu));
+            a.applied(&d, &v, "probe");
+            workers = w;
+        }
+        assert_eq!(probes, vec![(6, 4.0, 4.0), (6, 3.0, 4.0), (6, 3.0, 3.0)]);
+        run(&mut a, &mut t, &mut s, workers, 30_000, 4);
+        let v = view(t, workers, s);
+        let mut p = plan(6, 6, 60_000.0);
+        if let Some(al) = p.allocation.as_mut() {
+            al.worker_cpu = 3.0;
+            al.ps_cpu = 3.0;
+        }
+        let d = a.review(&p, &v);
+        assert!(
+            matches!(d, Decision::Apply { ps: 2, predicted: None, ref reasons, .. }
+                if reasons.iter().any(|r| r.contains("6 PS is outside"))),
+            "{d:?}"
+        );
+    }
+
     #[test]
     fn a_full_single_allocation_is_probed_downwards() {
         let mut a = Autoscaler::new(

@@ -13,6 +13,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 
+use elastrec_brain::alloc::Range;
 use elastrec_brain::oom::MemorySample;
 use elastrec_brain::planner::{self, BrainConfig, ReplanInput};
 use elastrec_brain::service::{alloc_from, plan_settings, plan_to, profile_from};
@@ -134,6 +135,9 @@ fn ms(s: f64) -> u64 {
 }
 
 /// The brain's description of a job.
+/// Most cores a plan may give one worker or PS.
+const MAX_NODE_CPU: f64 = 16.0;
+
 pub fn spec_of(rec: &JobRecord) -> JobSpec {
     JobSpec {
         job_id: rec.job_id.clone(),
@@ -150,7 +154,12 @@ pub fn spec_of(rec: &JobRecord) -> JobSpec {
         batch_size: rec.batch_size,
         scenario: String::new(),
         user: rec.user.clone(),
-        bounds: Bounds::default(),
+        // The master's own limits (`autoscale_settings`), as a live master registers them.
+        bounds: Bounds {
+            worker_cpu: Range::new(1.0, MAX_NODE_CPU),
+            ps_cpu: Range::new(1.0, MAX_NODE_CPU),
+            ..Bounds::default()
+        },
     }
 }
 
@@ -370,9 +379,9 @@ impl<'a> Sim<'a> {
             min_gain: 0.05,
             batch_size: spec.batch_size,
             worker_cpu: a.worker_cpu,
-            worker_cpu_max: 16.0,
+            worker_cpu_max: spec.bounds.worker_cpu.max,
             ps_cpu: a.ps_cpu,
-            ps_cpu_max: 16.0,
+            ps_cpu_max: spec.bounds.ps_cpu.max,
             worker_mem_gb: a.worker_mem_gb,
             ps_mem_gb: a.ps_mem_gb,
             cluster_cpu: self.brain.capacity.cpu,
