@@ -63,6 +63,9 @@ enum Command {
     /// failures and compares CPR's recovery strategies (docs/cpr.md).
     #[command(subcommand)]
     Simulate(elastrec_sim::cli::SimulateCommand),
+    /// Write PNG and SVG charts of a simulation's results (`simulate cluster --out DIR`)
+    /// or of a finished job's `result.json`: `elastrec plot DIR --out charts/`.
+    Plot(elastrec_viz::plot::PlotArgs),
     /// (internal) A parameter-server process, started by the master.
     #[command(hide = true)]
     Ps(elastrec_ps::PsArgs),
@@ -315,6 +318,7 @@ fn main() -> anyhow::Result<()> {
         Command::Executor(a) => commands::on_runtime(elastrec_worker::executor::run_executor(a)),
         Command::Simulate(c) => elastrec_sim::cli::dispatch(c),
         Command::Replay(a) => replay::run(a),
+        Command::Plot(a) => elastrec_viz::plot::run(&a).map(|_| ()),
         Command::Export(a) => export::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Preprocess(a) => preprocess::run(a),

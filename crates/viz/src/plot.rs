@@ -1,0 +1,397 @@
+//! `elastrec plot`: charts of a simulation's results (`elastrec simulate cluster --out`)
+//! or of a finished job (its `result.json`): what `docs/` shows as images.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use crate::chart::{save, BarChart, Chart, Format, LineChart, Series};
+
+/// Flags of `elastrec plot`.
+#[derive(Debug, Args)]
+pub struct PlotArgs {
+    /// A simulation's output directory (`jobs.csv`, `streams.csv`) or a job directory with
+    /// its `result.json`.
+    pub source: PathBuf,
+    /// Where the charts go (created if absent).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Formats to write, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "png,svg")]
+    pub format: Vec<Format>,
+}
+
+/// Writes the charts of `args.source`; prints and returns their paths.
+pub fn run(args: &PlotArgs) -> Result<Vec<PathBuf>> {
+    let charts = charts_of(&args.source)?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating the output directory {}", args.out.display()))?;
+    let mut written = Vec::new();
+    for (name, chart) in &charts {
+        written.extend(save(chart, &args.out, name, &args.format)?);
+    }
+    for p in &written {
+        println!("{}", p.display());
+    }
+    Ok(written)
+}
+
+/// The charts a directory's results make, by file name.
+pub fn charts_of(dir: &Path) -> Result<Vec<(String, Chart)>> {
+    if !dir.is_dir() {
+        bail!(
+            "{} is not a directory: give a simulation's --out directory or a job directory",
+            dir.display()
+        );
+    }
+    let mut charts = Vec::new();
+    let jobs = dir.join("jobs.csv");
+    if jobs.exists() {
+        charts.extend(simulation_batch(&Table::read(&jobs)?)?);
+    }
+    let streams = dir.join("streams.csv");
+    if streams.exists() {
+        charts.extend(simulation_streams(&Table::read(&streams)?)?);
+    }
+    let result = dir.join("result.json");
+    if result.exists() {
+        let text = std::fs::read_to_string(&result)
+            .with_context(|| format!("reading {}", result.display()))?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not JSON", result.display()))?;
+        charts.extend(job_charts(&v));
+    }
+    if charts.is_empty() {
+        bail!(
+            "{} has nothing to plot: expected jobs.csv / streams.csv (elastrec simulate cluster --out) or result.json (a finished job's directory)",
+            dir.display()
+        );
+    }
+    Ok(charts)
+}
+
+/// A CSV file read by header, with its name for errors.
+pub struct Table {
+    file: PathBuf,
+    header: Vec<String>,
+    rows: Vec<(usize, Vec<String>)>,
+}
+
+impl Table {
+    /// Reads `file` (our own CSV: a header, no quoted commas).
+    pub fn read(file: &Path) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        Self::parse(file, &text)
+    }
+
+    fn parse(file: &Path, text: &str) -> Result<Self> {
+        let mut lines = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty());
+        let Some((_, head)) = lines.next() else {
+            bail!("{}: empty file, expected a header line", file.display());
+        };
+        let header: Vec<String> = head.split(',').map(|s| s.trim().to_string()).collect();
+        let rows = lines
+            .map(|(i, l)| (i + 1, l.split(',').map(|s| s.trim().to_string()).collect()))
+            .collect();
+        Ok(Self {
+            file: file.to_path_buf(),
+            header,
+            rows,
+        })
+    }
+
+    fn column(&self, name: &str) -> Result<usize> {
+        self.header.iter().position(|h| h == name).with_context(|| {
+            format!(
+                "{}:1: no column `{name}` (the header has {})",
+                self.file.display(),
+                self.header.join(", ")
+            )
+        })
+    }
+
+    /// Every row's `name` column.
+    fn text(&self, name: &str) -> Result<Vec<String>> {
+        let c = self.column(name)?;
+        self.rows
+            .iter()
+            .map(|(line, r)| {
+                r.get(c).cloned().with_context(|| {
+                    format!(
+                        "{}:{line}: no value in column `{name}`",
+                        self.file.display()
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Every row's `name` column as a number (`None` where empty: a job that did not end).
+    fn numbers(&self, name: &str) -> Result<Vec<Option<f64>>> {
+        let c = self.column(name)?;
+        self.rows
+            .iter()
+            .map(|(line, r)| match r.get(c).map(String::as_str) {
+                None | Some("") => Ok(None),
+                Some(v) => v.parse::<f64>().map(Some).map_err(|_| {
+                    anyhow::anyhow!(
+                        "{}:{line}: column `{name}` holds `{v}`, not a number",
+                        self.file.display()
+                    )
+                }),
+            })
+            .collect()
+    }
+}
+
+/// Values grouped by policy, in first-seen order.
+fn by_policy(policies: &[String], values: &[Option<f64>]) -> Vec<(String, Vec<f64>)> {
+    let mut order: Vec<String> = Vec::new();
+    let mut groups: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for (p, v) in policies.iter().zip(values) {
+        if !groups.contains_key(p) {
+            order.push(p.clone());
+        }
+        let g = groups.entry(p.clone()).or_default();
+        g.extend(v);
+    }
+    order
+        .into_iter()
+        .map(|p| {
+            let v = groups.remove(&p).unwrap_or_default();
+            (p, v)
+        })
+        .collect()
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+/// JCT per policy: its distribution and its mean.
+fn simulation_batch(t: &Table) -> Result<Vec<(String, Chart)>> {
+    let groups = by_policy(&t.text("policy")?, &t.numbers("jct_min")?);
+    let cdf = groups
+        .iter()
+        .map(|(p, v)| {
+            let mut v = v.clone();
+            v.sort_by(f64::total_cmp);
+            let n = v.len().max(1) as f64;
+            Series {
+                name: p.clone(),
+                points: v
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &x)| (x, (i + 1) as f64 / n))
+                    .collect(),
+            }
+        })
+        .collect();
+    Ok(vec![
+        (
+            "jct-cdf".into(),
+            Chart::Line(LineChart {
+                title: "Job completion time, cumulative".into(),
+                x_label: "JCT (minutes from submission)".into(),
+                y_label: "fraction of jobs finished".into(),
+                series: cdf,
+                steps: false,
+            }),
+        ),
+        (
+            "jct-mean".into(),
+            Chart::Bar(BarChart {
+                title: "Mean job completion time by policy".into(),
+                y_label: "mean JCT (minutes)".into(),
+                bars: groups.iter().map(|(p, v)| (p.clone(), mean(v))).collect(),
+            }),
+        ),
+    ])
+}
+
+/// KALE Table 3's figures per stream policy.
+fn simulation_streams(t: &Table) -> Result<Vec<(String, Chart)>> {
+    let policies = t.text("policy")?;
+    let hours = by_policy(&policies, &t.numbers("hours")?);
+    let violation = by_policy(&policies, &t.numbers("violation_s")?);
+    let lag = by_policy(&policies, &t.numbers("accumulated_lag_min")?);
+    let worker_hours = by_policy(&policies, &t.numbers("worker_hours")?);
+    let sum = |v: &[f64]| v.iter().sum::<f64>();
+    let bars = |g: &[(String, Vec<f64>)], f: &dyn Fn(usize, &[f64]) -> f64| {
+        g.iter()
+            .enumerate()
+            .map(|(i, (p, v))| (p.clone(), f(i, v)))
+            .collect::<Vec<_>>()
+    };
+    Ok(vec![
+        (
+            "stream-violation".into(),
+            Chart::Bar(BarChart {
+                title: "Time above the lag SLO (KALE Table 3)".into(),
+                y_label: "SLO violation (% of time)".into(),
+                bars: bars(&violation, &|i, v| {
+                    100.0 * sum(v) / (3600.0 * sum(&hours[i].1)).max(1e-9)
+                }),
+            }),
+        ),
+        (
+            "stream-lag".into(),
+            Chart::Bar(BarChart {
+                title: "Accumulated lag (KALE Eq. 11)".into(),
+                y_label: "lag-minutes summed per minute".into(),
+                bars: bars(&lag, &|_, v| sum(v)),
+            }),
+        ),
+        (
+            "stream-worker-hours".into(),
+            Chart::Bar(BarChart {
+                title: "Worker-hours held by the streams".into(),
+                y_label: "worker-hours".into(),
+                bars: bars(&worker_hours, &|_, v| sum(v)),
+            }),
+        ),
+    ])
+}
+
+/// A finished job's scaling decisions: the throughput measured before and after each
+/// against the plan's prediction, and the workers over time; for an online job, its
+/// worker count and the load planned for.
+fn job_charts(v: &serde_json::Value) -> Vec<(String, Chart)> {
+    let mut charts = Vec::new();
+    let f = |x: &serde_json::Value| x.as_f64();
+    let scaling = v["autoscale"]["scaling"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if !scaling.is_empty() {
+        let at = |r: &serde_json::Value| f(&r["at_s"]).unwrap_or(0.0);
+        let series = |name: &str, key: &str| Series {
+            name: name.into(),
+            points: scaling
+                .iter()
+                .filter_map(|r| f(&r[key]).map(|y| (at(r), y)))
+                .collect(),
+        };
+        charts.push((
+            "scaling-throughput".into(),
+            Chart::Line(LineChart {
+                title: "Throughput at each scaling decision".into(),
+                x_label: "seconds since the job started".into(),
+                y_label: "samples/s".into(),
+                series: vec![
+                    series("measured before", "measured_before"),
+                    series("predicted", "predicted"),
+                    series("measured after", "measured_after"),
+                ],
+                steps: false,
+            }),
+        ));
+        let mut workers = Vec::new();
+        if let Some(first) = scaling.first() {
+            workers.push((0.0, f(&first["before"][0]).unwrap_or(0.0)));
+        }
+        workers.extend(
+            scaling
+                .iter()
+                .filter_map(|r| f(&r["after"][0]).map(|w| (at(r), w))),
+        );
+        charts.push((
+            "scaling-workers".into(),
+            Chart::Line(LineChart {
+                title: "Workers over the run".into(),
+                x_label: "seconds since the job started".into(),
+                y_label: "workers".into(),
+                series: vec![Series {
+                    name: "workers".into(),
+                    points: workers,
+                }],
+                steps: true,
+            }),
+        ));
+    }
+    let decisions = v["online"]["decisions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if !decisions.is_empty() {
+        let at = |d: &serde_json::Value| f(&d["at_s"]).unwrap_or(0.0);
+        charts.push((
+            "online-workers".into(),
+            Chart::Line(LineChart {
+                title: "Online job: workers chosen each interval".into(),
+                x_label: "seconds since the job started".into(),
+                y_label: "workers".into(),
+                series: vec![Series {
+                    name: "target".into(),
+                    points: decisions
+                        .iter()
+                        .filter_map(|d| f(&d["target"]).map(|w| (at(d), w)))
+                        .collect(),
+                }],
+                steps: true,
+            }),
+        ));
+        charts.push((
+            "online-load".into(),
+            Chart::Line(LineChart {
+                title: "Online job: load planned for".into(),
+                x_label: "seconds since the job started".into(),
+                y_label: "messages/s".into(),
+                series: vec![Series {
+                    name: "load".into(),
+                    points: decisions
+                        .iter()
+                        .filter_map(|d| f(&d["load"]).map(|l| (at(d), l)))
+                        .collect(),
+                }],
+                steps: false,
+            }),
+        ));
+    }
+    charts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_column_or_a_bad_number_names_the_file_and_line() {
+        let f = Path::new("jobs.csv");
+        let t = Table::parse(f, "policy,jct\nes,3\n").unwrap();
+        let e = simulation_batch(&t).err().unwrap().to_string();
+        assert!(e.contains("jobs.csv:1: no column `jct_min`"), "{e}");
+        let t = Table::parse(f, "policy,jct_min\nes,3\nes,x\n").unwrap();
+        let e = simulation_batch(&t).err().unwrap().to_string();
+        assert!(e.contains("jobs.csv:3: column `jct_min` holds `x`"), "{e}");
+    }
+
+    #[test]
+    fn the_jct_cdf_ends_at_one_per_policy_and_skips_jobs_that_did_not_end() {
+        let t = Table::parse(
+            Path::new("jobs.csv"),
+            "policy,jct_min\nes,30\nes,10\nes,\nkale,5\n",
+        )
+        .unwrap();
+        let charts = simulation_batch(&t).unwrap();
+        let Chart::Line(cdf) = &charts[0].1 else {
+            panic!("a line chart")
+        };
+        assert_eq!(cdf.series[0].name, "es");
+        assert_eq!(cdf.series[0].points, vec![(10.0, 0.5), (30.0, 1.0)]);
+        let Chart::Bar(m) = &charts[1].1 else {
+            panic!("a bar chart")
+        };
+        assert_eq!(m.bars, vec![("es".into(), 20.0), ("kale".into(), 5.0)]);
+    }
+}
