@@ -66,6 +66,9 @@ enum Command {
     /// Write PNG and SVG charts of a simulation's results (`simulate cluster --out DIR`)
     /// or of a finished job's `result.json`: `elastrec plot DIR --out charts/`.
     Plot(elastrec_viz::plot::PlotArgs),
+    /// Serve a live web page over running jobs: nodes, throughput, scaling decisions with
+    /// their reasons, checkpoints, online traffic and lag (`docs/dashboard.md`).
+    Dashboard(elastrec_viz::dashboard::DashboardArgs),
     /// (internal) A parameter-server process, started by the master.
     #[command(hide = true)]
     Ps(elastrec_ps::PsArgs),
@@ -312,13 +315,26 @@ fn main() -> anyhow::Result<()> {
                 },
             ),
         },
-        Command::Cluster(c) => elastrec_master::cli::dispatch(c),
+        Command::Cluster(c) => {
+            if let elastrec_master::cli::ClusterCommand::Run(a) = &c {
+                let cfg = a
+                    .job
+                    .as_deref()
+                    .and_then(|p| elastrec_job::config::JobConfig::load(p).ok());
+                if let Some((d, cfg)) = cfg.as_ref().and_then(|c| Some((c.dashboard.as_ref()?, c)))
+                {
+                    elastrec_viz::dashboard::beside_run(d, cfg.output.dir.clone());
+                }
+            }
+            elastrec_master::cli::dispatch(c)
+        }
         Command::Ps(a) => commands::on_runtime(elastrec_ps::run_ps(a)),
         Command::Worker(a) => commands::on_runtime(elastrec_worker::remote::run_worker(a)),
         Command::Executor(a) => commands::on_runtime(elastrec_worker::executor::run_executor(a)),
         Command::Simulate(c) => elastrec_sim::cli::dispatch(c),
         Command::Replay(a) => replay::run(a),
         Command::Plot(a) => elastrec_viz::plot::run(&a).map(|_| ()),
+        Command::Dashboard(a) => elastrec_viz::dashboard::run(&a),
         Command::Export(a) => export::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Preprocess(a) => preprocess::run(a),

@@ -47,6 +47,30 @@ pub struct JobConfig {
     /// `I1..I13`, `C1..C26` as they are).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub preprocess: Vec<elastrec_preprocess::FeatureSpec>,
+    /// `[dashboard]`: `elastrec run` also serves the job's web page (`elastrec dashboard`,
+    /// `docs/dashboard.md`). Absent: no page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dashboard: Option<DashboardConfig>,
+}
+
+/// `[dashboard]` of a job file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DashboardConfig {
+    /// Address of the page. Beyond loopback every request needs the job's token (the
+    /// contents of `output.dir/token`, given as `?token=`).
+    pub listen: String,
+    /// Milliseconds between two reads of the job's status.
+    pub every_ms: u64,
+}
+
+impl Default for DashboardConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8090".into(),
+            every_ms: 1000,
+        }
+    }
 }
 
 /// Data source: a directory of Criteo-layout day files.
@@ -694,6 +718,17 @@ impl JobConfig {
             field,
             reason,
         };
+        if let Some(d) = &self.dashboard {
+            d.listen.parse::<std::net::SocketAddr>().map_err(|e| {
+                bad(
+                    "dashboard.listen",
+                    format!("`{}` is not an address like 127.0.0.1:8090: {e}", d.listen),
+                )
+            })?;
+            if d.every_ms == 0 {
+                return Err(bad("dashboard.every_ms", "must be at least 1".into()));
+            }
+        }
         let mut names = std::collections::HashSet::new();
         for (i, d) in self.data.dataset.iter().enumerate() {
             d.check(i).map_err(|e| bad("data.dataset", e.to_string()))?;
@@ -942,6 +977,20 @@ mod tests {
     }
 
     #[test]
+    fn a_dashboard_address_or_interval_that_cannot_work_is_named() {
+        let err = parse("[dashboard]\nlisten = \"localhost\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("dashboard.listen"), "{err}");
+        let err = parse("[dashboard]\nevery_ms = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("dashboard.every_ms"), "{err}");
+        let cfg = parse("[dashboard]\n").unwrap();
+        assert_eq!(cfg.dashboard, Some(DashboardConfig::default()));
+    }
+
+    #[test]
     fn dot_interaction_needs_matching_bottom_output() {
         let err = parse("[model]\nbottom_mlp = [64, 8]\n")
             .unwrap_err()
@@ -1179,6 +1228,7 @@ mod tests {
                 ..DataConfig::default()
             },
             stream: Some(crate::stream::StreamConfig::default()),
+            dashboard: Some(DashboardConfig::default()),
             ..JobConfig::default()
         })
         .unwrap();

@@ -108,6 +108,71 @@ pub struct StatusArgs {
     pub json: bool,
 }
 
+/// A job's live status as `elastrec status --json` prints it (and the dashboard serves).
+pub fn status_value(
+    s: &elastrec_proto::master::StatusResponse,
+) -> anyhow::Result<serde_json::Value> {
+    let autoscale = json_state(&s.autoscale_json, "autoscale")?;
+    let datasets = json_state(&s.datasets_json, "datasets")?;
+    let stream = json_state(&s.stream_json, "stream")?;
+    let mix = json_state(&s.mix_json, "mix")?;
+    let nodes: Vec<serde_json::Value> = s
+        .nodes
+        .iter()
+        .map(|n| {
+            serde_json::json!({
+                "id": n.node_id, "role": role_name(n.role),
+                "state": n.state, "pid": n.pid, "addr": n.addr,
+                "metrics_addr": n.metrics_addr,
+                "last_heartbeat_ms_ago": n.last_heartbeat_ms_ago, "samples": n.samples,
+                "restarts": n.restarts, "task": n.task_id,
+                "profile": n.profile.map(|p| serde_json::json!({
+                    "cpu_s": p.cpu_s, "rss_bytes": p.rss_bytes, "threads": p.threads,
+                    "batches": p.batches, "samples": p.samples, "compute_s": p.compute_s, "pull_s": p.pull_s,
+                    "push_s": p.push_s, "master_s": p.master_s, "read_s": p.read_s,
+                    "requests": p.requests, "prefetch_hits": p.prefetch_hits,
+                })),
+            })
+        })
+        .collect();
+    Ok(serde_json::json!({
+            "job": s.job_id, "phase": s.phase, "epoch": s.epoch, "epochs": s.epochs,
+            "shards": {"todo": s.shards_todo, "doing": s.shards_doing, "done": s.shards_done},
+            "samples_done": s.samples_done, "samples_total": s.samples_total,
+            "samples_per_sec": s.samples_per_sec, "target_workers": s.target_workers,
+            "nodes": nodes,
+            "pause": s.paused_at.map(|at| serde_json::json!({"at_samples": at, "held": s.held})),
+            "checkpoint": s.checkpoint.as_ref().map(|c| serde_json::json!({
+                "count": c.count, "last_id": c.last_id, "last_age_s": c.last_age_s,
+                "interval_s": c.interval_s, "pls": c.pls, "recovery": c.recovery,
+                "stall_ms": c.stall_ms, "memcpy_ms": c.memcpy_ms,
+                "recoveries": c.recoveries,
+            })),
+            "autoscale": autoscale,
+            "layout": {"version": s.layout_version, "ps": s.num_ps},
+            "reshards": serde_json::from_str::<serde_json::Value>(&s.reshards_json).unwrap_or_default(),
+            "datasets": datasets,
+            "stream": stream,
+            "mix": mix,
+    }))
+}
+
+/// Asks the master of the job in `job_dir` for its status (`None`: no master answers
+/// within `wait`; its `result.json` or database then says how it ended).
+pub async fn live_status(
+    job_dir: &std::path::Path,
+    wait: Duration,
+) -> anyhow::Result<Option<serde_json::Value>> {
+    let mut client = connect_with_timeout(job_dir, wait)?;
+    let call = client.status(StatusRequest {
+        version: rpc::version(),
+    });
+    match tokio::time::timeout(wait, call).await {
+        Ok(Ok(r)) => Ok(Some(status_value(&r.into_inner())?)),
+        _ => Ok(None),
+    }
+}
+
 /// Prints a job's status, from its master or, when the master is down, from its database.
 pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let mut client = connect(&args.job_dir)?;
@@ -154,55 +219,14 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
             return Ok(());
         }
     };
+    if args.json {
+        println!("{}", status_value(&s)?);
+        return Ok(());
+    }
     let autoscale = json_state(&s.autoscale_json, "autoscale")?;
     let datasets = json_state(&s.datasets_json, "datasets")?;
     let stream = json_state(&s.stream_json, "stream")?;
     let mix = json_state(&s.mix_json, "mix")?;
-    if args.json {
-        let nodes: Vec<serde_json::Value> = s
-            .nodes
-            .iter()
-            .map(|n| {
-                serde_json::json!({
-                    "id": n.node_id, "role": role_name(n.role),
-                    "state": n.state, "pid": n.pid, "addr": n.addr,
-                    "metrics_addr": n.metrics_addr,
-                    "last_heartbeat_ms_ago": n.last_heartbeat_ms_ago, "samples": n.samples,
-                    "restarts": n.restarts, "task": n.task_id,
-                    "profile": n.profile.map(|p| serde_json::json!({
-                        "cpu_s": p.cpu_s, "rss_bytes": p.rss_bytes, "threads": p.threads,
-                        "batches": p.batches, "samples": p.samples, "compute_s": p.compute_s, "pull_s": p.pull_s,
-                        "push_s": p.push_s, "master_s": p.master_s, "read_s": p.read_s,
-                        "requests": p.requests, "prefetch_hits": p.prefetch_hits,
-                    })),
-                })
-            })
-            .collect();
-        println!(
-            "{}",
-            serde_json::json!({
-                "job": s.job_id, "phase": s.phase, "epoch": s.epoch, "epochs": s.epochs,
-                "shards": {"todo": s.shards_todo, "doing": s.shards_doing, "done": s.shards_done},
-                "samples_done": s.samples_done, "samples_total": s.samples_total,
-                "samples_per_sec": s.samples_per_sec, "target_workers": s.target_workers,
-                "nodes": nodes,
-                "pause": s.paused_at.map(|at| serde_json::json!({"at_samples": at, "held": s.held})),
-                "checkpoint": s.checkpoint.as_ref().map(|c| serde_json::json!({
-                    "count": c.count, "last_id": c.last_id, "last_age_s": c.last_age_s,
-                    "interval_s": c.interval_s, "pls": c.pls, "recovery": c.recovery,
-                    "stall_ms": c.stall_ms, "memcpy_ms": c.memcpy_ms,
-                    "recoveries": c.recoveries,
-                })),
-                "autoscale": autoscale,
-                "layout": {"version": s.layout_version, "ps": s.num_ps},
-                "reshards": serde_json::from_str::<serde_json::Value>(&s.reshards_json).unwrap_or_default(),
-                "datasets": datasets,
-                "stream": stream,
-                "mix": mix,
-            })
-        );
-        return Ok(());
-    }
     println!("job {} ({})", s.job_id, s.phase);
     println!(
         "epoch {}/{}  samples {}/{}  {:.0} samples/s  shards todo {} doing {} done {}  target workers {}",

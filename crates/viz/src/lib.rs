@@ -2,4 +2,5 @@
 //! (`elastrec dashboard`).
 
 pub mod chart;
+pub mod dashboard;
 pub mod plot;
