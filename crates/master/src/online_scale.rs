@@ -14,13 +14,15 @@
 //!    Algorithm 1 stabilizes it (with the current count in front, so a short dip or peak
 //!    does not move the job);
 //! 5. a change costs `rescale_s` of training (a whole restart where scaling stops the
-//!    world): the plan's count is taken only when a fluid replay of the forecast (backlog
-//!    in, `F(w)` out, nothing out while the change settles) shows it adds no SLO
-//!    violation over staying;
+//!    world): a fluid replay of the forecast (backlog in, `F(w)` out, nothing out while
+//!    the change settles) judges the plan's count against staying. Growth must expect
+//!    less SLO violation (or as little and less lag); a shrink must expect no more
+//!    violation and have drained its own stop's backlog by the end;
 //! 6. the fallback (§3.4.3): when the lag stays above the SLO for two checks however the
-//!    forecast looks, the job jumps to the count the replay says catches up soonest (at
-//!    least one more worker when the backlog did not fall, the model being refuted);
-//!    it never shrinks a job above its SLO and refuses to grow an idle one.
+//!    forecast looks, the job jumps to the fewest workers whose expected violation is
+//!    within one stop of the least (at least one more when the backlog did not fall, the
+//!    model being refuted); it never shrinks a job above its SLO or still catching up,
+//!    and refuses to grow an idle one.
 
 use elastrec_brain::alloc::Range;
 use elastrec_brain::forecast::{Forecaster, HoltWinters};
