@@ -157,19 +157,44 @@ pub fn status_value(
     }))
 }
 
-/// Asks the master of the job in `job_dir` for its status (`None`: no master answers
-/// within `wait`; its `result.json` or database then says how it ended).
-pub async fn live_status(
-    job_dir: &std::path::Path,
+/// Repeated status reads of one job (the dashboard's poller): the job directory's
+/// address, token and TLS material are read and the channel opened once, not per read.
+pub struct StatusReader {
+    dir: PathBuf,
     wait: Duration,
-) -> anyhow::Result<Option<serde_json::Value>> {
-    let mut client = connect_with_timeout(job_dir, wait)?;
-    let call = client.status(StatusRequest {
-        version: rpc::version(),
-    });
-    match tokio::time::timeout(wait, call).await {
-        Ok(Ok(r)) => Ok(Some(status_value(&r.into_inner())?)),
-        _ => Ok(None),
+    client: Option<Master>,
+}
+
+impl StatusReader {
+    /// A reader of the job in `dir`; each call waits at most `wait`.
+    pub fn new(dir: PathBuf, wait: Duration) -> Self {
+        Self {
+            dir,
+            wait,
+            client: None,
+        }
+    }
+
+    /// The job's status as `status --json` prints it (`None`: no master answers within
+    /// `wait`; its `result.json` or database then says how it ended).
+    pub async fn read(&mut self) -> anyhow::Result<Option<serde_json::Value>> {
+        let client = match &mut self.client {
+            Some(c) => c,
+            None => self
+                .client
+                .insert(connect_with_timeout(&self.dir, self.wait)?),
+        };
+        let call = client.status(StatusRequest {
+            version: rpc::version(),
+        });
+        match tokio::time::timeout(self.wait, call).await {
+            Ok(Ok(r)) => Ok(Some(status_value(&r.into_inner())?)),
+            _ => {
+                // Connect afresh next time: a resumed master serves on a new address.
+                self.client = None;
+                Ok(None)
+            }
+        }
     }
 }
 

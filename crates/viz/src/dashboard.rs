@@ -25,6 +25,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use clap::Args;
+use elastrec_master::cli::StatusReader;
 use elastrec_master::run::JobDir;
 use futures::Stream;
 use serde::Serialize;
@@ -157,18 +158,18 @@ async fn poll(dirs: Vec<PathBuf>, every: Duration, tx: watch::Sender<Arc<String>
             history: VecDeque::new(),
         })
         .collect();
+    let wait = every
+        .max(Duration::from_millis(500))
+        .min(Duration::from_secs(3));
+    let mut readers: Vec<StatusReader> = dirs
+        .iter()
+        .map(|d| StatusReader::new(d.clone(), wait))
+        .collect();
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let wait = every
-            .max(Duration::from_millis(500))
-            .min(Duration::from_secs(3));
-        let reads = futures::future::join_all(
-            dirs.iter()
-                .map(|d| elastrec_master::cli::live_status(d, wait)),
-        )
-        .await;
+        let reads = futures::future::join_all(readers.iter_mut().map(StatusReader::read)).await;
         let t_s = started.elapsed().as_secs_f64();
         for ((job, dir), read) in jobs.iter_mut().zip(&dirs).zip(reads) {
             match read {

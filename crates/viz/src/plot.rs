@@ -1,7 +1,6 @@
 //! `elastrec plot`: charts of a simulation's results (`elastrec simulate cluster --out`)
 //! or of a finished job (its `result.json`): what `docs/` shows as images.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -152,22 +151,18 @@ impl Table {
 
 /// Values grouped by policy, in first-seen order.
 fn by_policy(policies: &[String], values: &[Option<f64>]) -> Vec<(String, Vec<f64>)> {
-    let mut order: Vec<String> = Vec::new();
-    let mut groups: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut groups: Vec<(String, Vec<f64>)> = Vec::new();
     for (p, v) in policies.iter().zip(values) {
-        if !groups.contains_key(p) {
-            order.push(p.clone());
-        }
-        let g = groups.entry(p.clone()).or_default();
-        g.extend(v);
+        let i = match groups.iter().position(|(q, _)| q == p) {
+            Some(i) => i,
+            None => {
+                groups.push((p.clone(), Vec::new()));
+                groups.len() - 1
+            }
+        };
+        groups[i].1.extend(v);
     }
-    order
-        .into_iter()
-        .map(|p| {
-            let v = groups.remove(&p).unwrap_or_default();
-            (p, v)
-        })
-        .collect()
+    groups
 }
 
 fn mean(v: &[f64]) -> f64 {
