@@ -203,6 +203,44 @@ pub struct ModelConfig {
     /// `dcn_v2`: cross layers (each adds one degree of explicit feature crosses).
     #[serde(skip_serializing_if = "is_default_cross_layers")]
     pub cross_layers: usize,
+    /// Dense-feature normalization: `"none"` (the features as the reader or the
+    /// `[[preprocess]]` graph give them) or `"standardize"` (each feature shifted by its
+    /// mean and divided by its standard deviation on the training data, computed in a
+    /// first pass when the job starts and written to `dense_mean`/`dense_std`).
+    #[serde(skip_serializing_if = "DenseNorm::is_none")]
+    pub dense_norm: DenseNorm,
+    /// `standardize`: each dense feature's mean. Empty: computed at start. The stored
+    /// job file (and every model file) holds the values used, so a resumed job, its
+    /// workers and a served model standardize alike.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dense_mean: Vec<f32>,
+    /// `standardize`: each dense feature's standard deviation (see `dense_mean`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dense_std: Vec<f32>,
+    /// Dropout rate of the top MLP's hidden activations during training (0: none).
+    #[serde(skip_serializing_if = "is_zero_rate")]
+    pub dropout: f32,
+}
+
+fn is_zero_rate(v: &f32) -> bool {
+    *v == 0.0
+}
+
+/// Normalization of the dense features (`model.dense_norm`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DenseNorm {
+    /// The features as given.
+    #[default]
+    None,
+    /// Zero mean and unit variance per feature, from a first pass over the training data.
+    Standardize,
+}
+
+impl DenseNorm {
+    fn is_none(&self) -> bool {
+        *self == DenseNorm::None
+    }
 }
 
 /// The model family (`model.type`).
@@ -254,6 +292,10 @@ impl Default for ModelConfig {
             adapt_mlp: Vec::new(),
             model_type: ModelType::Dlrm,
             cross_layers: DEFAULT_CROSS_LAYERS,
+            dense_norm: DenseNorm::None,
+            dense_mean: Vec::new(),
+            dense_std: Vec::new(),
+            dropout: 0.0,
         }
     }
 }
@@ -401,6 +443,7 @@ impl Default for OptimizerConfig {
                 lr: 0.01,
                 initial_accumulator: 0.0,
                 eps: 1e-10,
+                weight_decay: 0.0,
             },
             sparse: SparseOptimizerConfig::RowWiseAdagrad {
                 lr: 0.05,
@@ -779,6 +822,62 @@ impl JobConfig {
                 "a dcn_v2 model needs at least 1 cross layer (or use type = \"dlrm\")".into(),
             ));
         }
+        if !(0.0..1.0).contains(&m.dropout) {
+            return Err(bad(
+                "model.dropout",
+                format!("must be at least 0 and below 1, got {}", m.dropout),
+            ));
+        }
+        if m.dense_mean.len() != m.dense_std.len() {
+            return Err(bad(
+                "model.dense_std",
+                format!(
+                    "gives {} values for the {} of model.dense_mean; give both or neither",
+                    m.dense_std.len(),
+                    m.dense_mean.len()
+                ),
+            ));
+        }
+        if let Some(i) = m
+            .dense_std
+            .iter()
+            .position(|s| !(s.is_finite() && *s > 0.0))
+        {
+            return Err(bad(
+                "model.dense_std",
+                format!("value {i} ({}) must be a positive number", m.dense_std[i]),
+            ));
+        }
+        if let Some(i) = m.dense_mean.iter().position(|v| !v.is_finite()) {
+            return Err(bad(
+                "model.dense_mean",
+                format!("value {i} ({}) must be a finite number", m.dense_mean[i]),
+            ));
+        }
+        if !m.dense_mean.is_empty() && m.dense_norm != DenseNorm::Standardize {
+            return Err(bad(
+                "model.dense_mean",
+                "is used only with model.dense_norm = \"standardize\"".into(),
+            ));
+        }
+        if self.optimizer.dense.weight_decay() != 0.0 && !m.adapt_mlp.is_empty() {
+            return Err(bad(
+                "optimizer.dense.weight_decay",
+                "would shrink the MTRM tower a step does not train (its gradient is zero, \
+                 its decay is not); not supported with model.adapt_mlp"
+                    .into(),
+            ));
+        }
+        let decay = self.optimizer.dense.weight_decay();
+        if !(decay.is_finite() && decay >= 0.0) {
+            return Err(bad(
+                "optimizer.dense.weight_decay",
+                format!(
+                    "must be at least 0, got {}",
+                    self.optimizer.dense.weight_decay()
+                ),
+            ));
+        }
         if m.model_type != ModelType::Dlrm && !m.adapt_mlp.is_empty() {
             return Err(bad(
                 "model.type",
@@ -810,6 +909,15 @@ impl JobConfig {
                 "no entry produces a dense feature, and the bottom MLP needs at least one: \
                  end a chain with floats (log1p, cast(float), onehot, ...)"
                     .into(),
+            ));
+        }
+        if !m.dense_mean.is_empty() && m.dense_mean.len() != dense_width {
+            return Err(bad(
+                "model.dense_mean",
+                format!(
+                    "needs {dense_width} values (one per dense feature), got {}",
+                    m.dense_mean.len()
+                ),
             ));
         }
         if let TableRows::PerTable(v) = &m.table_rows {
@@ -894,7 +1002,7 @@ impl JobConfig {
             .validate()
             .map_err(|(field, reason)| bad(field, reason))?;
         let dense_lr = match self.optimizer.dense {
-            DenseOptimizerConfig::Sgd { lr }
+            DenseOptimizerConfig::Sgd { lr, .. }
             | DenseOptimizerConfig::Adagrad { lr, .. }
             | DenseOptimizerConfig::Adam { lr, .. } => lr,
         };
@@ -950,6 +1058,64 @@ mod tests {
 
     fn parse(text: &str) -> Result<JobConfig, ConfigError> {
         JobConfig::from_toml(text, Path::new("job.toml"))
+    }
+
+    /// Normalization, dropout and weight decay are read, checked field by field, and not
+    /// written when off (so jobs from before them fingerprint as before).
+    #[test]
+    fn dense_norm_dropout_and_weight_decay_are_checked() {
+        let cfg = parse(
+            "[model]\ndense_norm = \"standardize\"\ndropout = 0.2\n\
+             [optimizer.dense]\ntype = \"adam\"\nlr = 0.001\nweight_decay = 1e-5\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.model.dense_norm, DenseNorm::Standardize);
+        assert_eq!(cfg.optimizer.dense.weight_decay(), 1e-5);
+        let d = crate::prepare::dense_config(&cfg);
+        assert_eq!((d.dropout, d.dense_shift.len()), (0.2, 0));
+        let plain = toml::to_string(&JobConfig::default()).unwrap();
+        for field in ["dense_norm", "dense_mean", "dropout", "weight_decay"] {
+            assert!(!plain.contains(field), "{field} written when off");
+        }
+        let explicit = parse(&format!(
+            "[model]\ndense_norm = \"standardize\"\ndense_mean = {:?}\ndense_std = {:?}\n",
+            vec![1.0; 13],
+            vec![2.0; 13]
+        ))
+        .unwrap();
+        let d = crate::prepare::dense_config(&explicit);
+        assert_eq!((d.dense_shift[0], d.dense_scale[12]), (1.0, 0.5));
+        for (text, field, says) in [
+            ("[model]\ndropout = 1.0\n", "model.dropout", "below 1"),
+            (
+                "[model]\ndense_mean = [1.0]\ndense_std = [1.0]\n",
+                "model.dense_mean",
+                "only with",
+            ),
+            (
+                "[model]\ndense_norm = \"standardize\"\ndense_mean = [1.0]\ndense_std = [1.0]\n",
+                "model.dense_mean",
+                "needs 13 values",
+            ),
+            (
+                "[model]\ndense_norm = \"standardize\"\ndense_mean = [1.0]\ndense_std = []\n",
+                "model.dense_std",
+                "give both",
+            ),
+            (
+                "[model]\ndense_norm = \"standardize\"\ndense_mean = [1.0]\ndense_std = [0.0]\n",
+                "model.dense_std",
+                "positive",
+            ),
+            (
+                "[optimizer.dense]\ntype = \"sgd\"\nlr = 0.1\nweight_decay = -1.0\n",
+                "optimizer.dense.weight_decay",
+                "at least 0",
+            ),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(field) && e.contains(says), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -71,6 +71,80 @@ pub fn count_train_rows(job: &JobConfig) -> Result<Vec<(PathBuf, u64)>> {
     Ok(counts)
 }
 
+/// Rows the first pass of `model.dense_norm = "standardize"` reads at most, in equal
+/// shares from the start of each training file: enough for a mean and a deviation to
+/// three digits, and a bounded cost (about a second of parsing) on any data set.
+pub const DENSE_STATS_ROWS: u64 = 1_000_000;
+
+/// Fills `model.dense_mean` and `model.dense_std` when the job standardizes its dense
+/// features (`model.dense_norm = "standardize"`) and does not give them: each feature's
+/// mean and standard deviation as the model sees it (after the readers' transform or the
+/// job's `[[preprocess]]` graph) over up to [`DENSE_STATS_ROWS`] training rows. A
+/// constant feature gets a deviation of 1 (it is shifted to 0, not blown up). Returns the
+/// rows read; 0 when there was nothing to compute.
+///
+/// Called once where a job starts (`train`, and `run`'s master before it stores and
+/// ships the job file), so every process and every model file of the job uses the same
+/// values.
+pub fn fill_dense_stats(job: &mut JobConfig) -> Result<u64> {
+    let m = &job.model;
+    if m.dense_norm != crate::config::DenseNorm::Standardize || !m.dense_mean.is_empty() {
+        return Ok(0);
+    }
+    let files = job.train_files();
+    if files.is_empty() {
+        return Err(JobError::NoTrainingData {
+            files,
+            reason: "model.dense_norm = \"standardize\" computes its statistics from the \
+                     data.train files, and the job has none; give model.dense_mean and \
+                     model.dense_std (e.g. from a batch job over the same features)"
+                .into(),
+        });
+    }
+    let plan = feature_plan(job)?;
+    let (width, _) = feature_widths(job);
+    let share = (DENSE_STATS_ROWS / files.len() as u64).max(1);
+    // Welford's update per feature, in f64: stable for features far from zero.
+    let (mut mean, mut m2) = (vec![0.0f64; width], vec![0.0f64; width]);
+    let mut rows = 0u64;
+    let mut batch = elastrec_data::Batch::default();
+    for file in &files {
+        // The row count is the sidecar index `count_train_rows` builds (and reuses) anyway.
+        let end = elastrec_data::count_rows(file)?.min(share);
+        let mut reader = open_job_reader(plan.as_ref(), file, 0, end, job.data.on_bad_row)?;
+        while reader.next_batch(&mut batch, 8192)? > 0 {
+            for row in batch.dense.chunks_exact(width) {
+                rows += 1;
+                for ((mu, s), &x) in mean.iter_mut().zip(&mut m2).zip(row) {
+                    let delta = x as f64 - *mu;
+                    *mu += delta / rows as f64;
+                    *s += delta * (x as f64 - *mu);
+                }
+            }
+        }
+    }
+    if rows == 0 {
+        return Err(JobError::NoTrainingData {
+            files,
+            reason: "no row to compute model.dense_norm's statistics from".into(),
+        });
+    }
+    let m = &mut job.model;
+    m.dense_mean = mean.iter().map(|&v| v as f32).collect();
+    m.dense_std = m2
+        .iter()
+        .map(|&s| {
+            let sd = (s / rows as f64).sqrt() as f32;
+            if sd > 1e-6 {
+                sd
+            } else {
+                1.0
+            }
+        })
+        .collect();
+    Ok(rows)
+}
+
 /// Hashed rows per distinct value when sizing tables from cardinalities.
 ///
 /// At load factor 1 (rows = cardinality) about 63% of values share a row, including the
@@ -187,6 +261,9 @@ pub fn dense_config(job: &JobConfig) -> DlrmConfig {
         adapt: m.adapt_mlp.clone(),
         cross_layers: m.cross_layers(),
         fm: m.model_type == crate::config::ModelType::DeepFm,
+        dense_shift: m.dense_mean.clone(),
+        dense_scale: m.dense_std.iter().map(|s| 1.0 / s).collect(),
+        dropout: m.dropout,
     }
 }
 
@@ -213,4 +290,55 @@ pub fn progress_bar(enabled: bool, total: u64, what: &str) -> ProgressBar {
         .expect("valid template"),
     );
     pb
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::DenseNorm;
+
+    /// A Criteo TSV line with dense feature `I1 = i1`, `I2 = 5` and the rest empty.
+    fn line(i1: u32) -> String {
+        let mut f = vec!["1".to_string(), i1.to_string(), "5".to_string()];
+        f.extend((0..11).map(|_| String::new()));
+        f.extend((0..26).map(|_| "0a1b2c3d".to_string()));
+        f.join("\t") + "\n"
+    }
+
+    /// The first pass reads every file from its start and gives the mean and the
+    /// population deviation of each feature as the model sees it (`ln(1 + x)`); constant
+    /// features get deviation 1; values given in the job are kept.
+    #[test]
+    fn dense_statistics_come_from_the_training_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.tsv"), line(0) + &line(1)).unwrap();
+        std::fs::write(dir.path().join("b.tsv"), line(3)).unwrap();
+        let mut job = JobConfig::default();
+        job.data.dir = dir.path().to_path_buf();
+        job.data.train = vec!["a.tsv".into(), "b.tsv".into()];
+        assert_eq!(fill_dense_stats(&mut job).unwrap(), 0, "off by default");
+        job.model.dense_norm = DenseNorm::Standardize;
+        assert_eq!(fill_dense_stats(&mut job).unwrap(), 3);
+        let xs = [0f64, 1.0, 3.0].map(|v: f64| v.ln_1p());
+        let mean = xs.iter().sum::<f64>() / 3.0;
+        let sd = (xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / 3.0).sqrt();
+        let m = &job.model;
+        assert!((m.dense_mean[0] as f64 - mean).abs() < 1e-6);
+        assert!((m.dense_std[0] as f64 - sd).abs() < 1e-6);
+        assert!((m.dense_mean[1] as f64 - 6f64.ln()).abs() < 1e-6);
+        assert_eq!(
+            (m.dense_std[1], m.dense_std[12], m.dense_mean[12]),
+            (1.0, 1.0, 0.0)
+        );
+        // Given values stand: a second call reads nothing.
+        let before = job.model.clone();
+        assert_eq!(fill_dense_stats(&mut job).unwrap(), 0);
+        assert_eq!(job.model, before);
+        // A job without training files is told what to give instead.
+        let mut stream_only = JobConfig::default();
+        stream_only.model.dense_norm = DenseNorm::Standardize;
+        stream_only.data.train.clear();
+        let e = fill_dense_stats(&mut stream_only).unwrap_err().to_string();
+        assert!(e.contains("model.dense_mean and model.dense_std"), "{e}");
+    }
 }

@@ -5,7 +5,7 @@ use crate::error::{ModelError, Result};
 use crate::interaction::{Interaction, InteractionKind};
 use rayon::prelude::*;
 
-use crate::layers::{sigmoid, Activation, Mlp};
+use crate::layers::{sigmoid, Activation, Dropout, Mlp};
 use crate::loss::bce_sum_with_logits;
 
 /// Configuration of the dense DLRM.
@@ -40,6 +40,23 @@ pub struct DlrmConfig {
     /// logit of the top MLP (the deep part). No parameters of its own.
     #[serde(default, skip_serializing_if = "is_false")]
     pub fm: bool,
+    /// Standardization of the dense features in front of the bottom MLP: the model reads
+    /// `(x - dense_shift) * dense_scale` per feature (a training set's means and inverse
+    /// standard deviations). Both empty (the default): the features as given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dense_shift: Vec<f32>,
+    /// See `dense_shift`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dense_scale: Vec<f32>,
+    /// Dropout rate of the top MLP's hidden activations while training (inverted
+    /// dropout: kept units are scaled by `1 / (1 - p)`, so predictions use every unit
+    /// unscaled). 0: none.
+    #[serde(default, skip_serializing_if = "is_zero_f32")]
+    pub dropout: f32,
+}
+
+fn is_zero_f32(v: &f32) -> bool {
+    *v == 0.0
 }
 
 fn is_false(v: &bool) -> bool {
@@ -82,6 +99,9 @@ impl DlrmConfig {
             adapt: Vec::new(),
             cross_layers: 0,
             fm: false,
+            dense_shift: Vec::new(),
+            dense_scale: Vec::new(),
+            dropout: 0.0,
         }
     }
 
@@ -135,6 +155,27 @@ impl DlrmConfig {
         let last = *self.top.last().expect("nonempty");
         if last != 1 {
             return Err(ModelError::TopOutputNotOne { got: last });
+        }
+        let nd = self.bottom[0];
+        for (what, v) in [
+            ("dense_shift", &self.dense_shift),
+            ("dense_scale", &self.dense_scale),
+        ] {
+            if v.len() != nd && !(self.dense_shift.is_empty() && self.dense_scale.is_empty()) {
+                return Err(ModelError::Shape {
+                    what,
+                    expected: nd,
+                    got: v.len(),
+                });
+            }
+            if let Some(index) = v.iter().position(|x| !x.is_finite()) {
+                return Err(ModelError::BadNormalization { what, index });
+            }
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(ModelError::BadDropout {
+                got: self.dropout.to_string(),
+            });
         }
         let bottom_out = *self.bottom.last().expect("nonempty");
         if self.interaction == InteractionKind::Dot && bottom_out != self.embedding_dim {
@@ -407,6 +448,10 @@ impl DenseDlrm {
                     labels: inputs.labels.get(r0..r1).unwrap_or(&[]),
                     grad_scale: inputs.grad_scale,
                     tower: inputs.tower,
+                    dropout: inputs.dropout.map(|d| Dropout {
+                        row0: r0 as u64,
+                        ..d
+                    }),
                 };
                 f(self, block, part, d_emb)
             });
@@ -432,6 +477,7 @@ impl DenseDlrm {
             labels: &[],
             grad_scale: 0.0,
             tower,
+            dropout: None,
         };
         self.for_blocks(inputs, ws, |m, block, part, _| block.forward(m, part));
         ws.gather_logits(n);
@@ -524,6 +570,18 @@ impl DenseDlrm {
                 got: labels.len(),
             });
         }
+        // Every training step draws new dropout masks (a function of the workspace's
+        // stream and step count, so runs repeat exactly).
+        ws.steps += 1;
+        let dropout = (self.config.dropout > 0.0).then(|| Dropout {
+            rate: self.config.dropout,
+            seed: elastrec_common::splitmix::mix64(
+                ws.dropout_stream
+                    ^ ws.steps
+                        .wrapping_mul(elastrec_common::splitmix::GOLDEN_GAMMA),
+            ),
+            row0: 0,
+        });
         let inputs = BlockInputs {
             n,
             dense_x,
@@ -531,6 +589,7 @@ impl DenseDlrm {
             labels,
             grad_scale: 1.0 / n.max(1) as f32,
             tower,
+            dropout,
         };
         self.for_blocks(inputs, ws, |m, block, part, d_emb| {
             block.forward(m, part);
@@ -566,11 +625,16 @@ struct BlockInputs<'a> {
     grad_scale: f32,
     /// The tower whose logit is computed (and trained).
     tower: Tower,
+    /// The top MLP's dropout in a training step (its `row0` is the block's first row);
+    /// `None` when predicting.
+    dropout: Option<Dropout>,
 }
 
 /// Activations, temporaries and the partial dense gradient of one row block.
 #[derive(Clone, Debug)]
 struct Block {
+    /// The standardized dense features (empty when the model does not standardize).
+    dense_in: Vec<f32>,
     bottom_acts: Vec<Vec<f32>>,
     inter: Vec<f32>,
     /// DCN-v2: the cross layers' activations and the gradient w.r.t. their output.
@@ -607,7 +671,13 @@ impl Block {
             .max(model.top.max_width())
             .max(adapt_w);
         let adapt_in = model.adapt.as_ref().map_or(0, |a| rows * a.in_dim());
+        let standardizes = !model.config.dense_scale.is_empty();
         Self {
+            dense_in: if standardizes {
+                vec![0.0; rows * model.config.num_dense()]
+            } else {
+                Vec::new()
+            },
             bottom_acts: acts(&model.bottom),
             inter: vec![0.0; rows * model.interaction.out_dim()],
             cross: model.cross.acts(rows),
@@ -632,12 +702,32 @@ impl Block {
 
     fn forward(&mut self, m: &DenseDlrm, x: BlockInputs<'_>) {
         let p = &m.params;
-        m.bottom.forward(p, x.dense_x, x.n, &mut self.bottom_acts);
+        let c = &m.config;
+        let dense_x = if c.dense_scale.is_empty() {
+            x.dense_x
+        } else {
+            let nd = c.num_dense();
+            let out = &mut self.dense_in[..x.n * nd];
+            for (o, row) in out.chunks_exact_mut(nd).zip(x.dense_x.chunks_exact(nd)) {
+                for (((o, &v), &shift), &scale) in o
+                    .iter_mut()
+                    .zip(row)
+                    .zip(&c.dense_shift)
+                    .zip(&c.dense_scale)
+                {
+                    *o = (v - shift) * scale;
+                }
+            }
+            &*out
+        };
+        m.bottom.forward(p, dense_x, x.n, &mut self.bottom_acts);
         let z = self.bottom_acts.last().expect("nonempty");
         m.interaction.forward(z, x.emb, x.n, &mut self.inter);
         m.cross.forward(p, &self.inter, x.n, &mut self.cross);
         let top_in = m.cross.output(&self.cross, &self.inter);
-        m.top.forward(p, top_in, x.n, &mut self.top_acts);
+        let dropout = x.dropout.filter(|_| x.tower == Tower::Memory);
+        m.top
+            .forward_dropout(p, top_in, x.n, &mut self.top_acts, dropout);
         if m.config.fm {
             let logits = self.top_acts.last_mut().expect("nonempty");
             let (t, d) = (m.config.num_tables, m.config.embedding_dim);
@@ -697,7 +787,7 @@ impl Block {
             }
             _ => {
                 let crossed = !m.cross.layers.is_empty();
-                m.top.backward(
+                m.top.backward_dropout(
                     p,
                     &mut self.grads,
                     m.cross.output(&self.cross, &self.inter),
@@ -711,6 +801,7 @@ impl Block {
                         &mut self.d_inter
                     }),
                     n,
+                    x.dropout,
                 );
                 if crossed {
                     m.cross.backward(
@@ -736,10 +827,15 @@ impl Block {
             let (t, d) = (m.config.num_tables, m.config.embedding_dim);
             crate::fm::backward(x.emb, &self.dlogits[..n], n, t, d, d_emb);
         }
+        let dense_x = if m.config.dense_scale.is_empty() {
+            x.dense_x
+        } else {
+            &self.dense_in[..n * m.config.num_dense()]
+        };
         m.bottom.backward(
             p,
             &mut self.grads,
-            x.dense_x,
+            dense_x,
             &self.bottom_acts,
             &mut self.d_bottom,
             &mut self.ga,
@@ -778,6 +874,10 @@ pub struct Workspace {
     logits: Vec<f32>,
     d_emb: Vec<f32>,
     grads: Vec<f32>,
+    /// Training steps taken with this workspace, and the stream that, with the count,
+    /// seeds each step's dropout masks.
+    steps: u64,
+    dropout_stream: u64,
 }
 
 impl Workspace {
@@ -795,7 +895,17 @@ impl Workspace {
             logits: vec![0.0; capacity],
             d_emb: vec![0.0; capacity * model.emb_width()],
             grads: vec![0.0; model.num_params()],
+            steps: 0,
+            dropout_stream: model.config.seed,
         }
+    }
+
+    /// Sets the stream of this workspace's dropout masks and restarts its step count:
+    /// trainers that compute gradients side by side (workers of one job) give each a
+    /// stream of its own so that their masks differ.
+    pub fn set_dropout_stream(&mut self, stream: u64) {
+        self.dropout_stream = stream;
+        self.steps = 0;
     }
 
     /// Copies the blocks' logits of the last forward into one `[n]` vector.

@@ -70,6 +70,20 @@ pub enum ModelError {
     /// A workspace built for a different model was passed.
     #[error("workspace was built for a different model layout")]
     WorkspaceMismatch,
+    /// A standardization constant that is not a finite number.
+    #[error("{what}[{index}] is not a finite number")]
+    BadNormalization {
+        /// `"dense_shift"` or `"dense_scale"`.
+        what: &'static str,
+        /// The feature.
+        index: usize,
+    },
+    /// A dropout rate outside `[0, 1)`.
+    #[error("dropout must be at least 0 and below 1, got {got}")]
+    BadDropout {
+        /// The rate given, as written.
+        got: String,
+    },
     /// An adapt-tower step on a model without one (not an MTRM).
     #[error("the model has no adapt tower (model.adapt_mlp is empty): it is not an MTRM")]
     NoAdaptTower,

@@ -134,6 +134,26 @@ impl Linear {
         dx: Option<&mut [f32]>,
         n: usize,
     ) {
+        self.backward_scaled(params, grads, x, y, dy, dx, n, 1.0);
+    }
+
+    /// [`Linear::backward`] of a layer whose stored output `y` went through inverted
+    /// dropout after the activation: a kept unit was scaled by `keep_scale`, a dropped one
+    /// is 0. Only for ReLU layers, where `y > 0` still marks the units that pass a
+    /// gradient, and each passes `keep_scale` times it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_scaled(
+        &self,
+        params: &[f32],
+        grads: &mut [f32],
+        x: &[f32],
+        y: &[f32],
+        dy: &mut [f32],
+        dx: Option<&mut [f32]>,
+        n: usize,
+        keep_scale: f32,
+    ) {
+        debug_assert!(keep_scale == 1.0 || self.act == Activation::Relu);
         let (inp, out) = (self.in_dim, self.out_dim);
         if n == 0 {
             grads[self.w_offset..self.end_offset()].fill(0.0);
@@ -143,7 +163,7 @@ impl Linear {
         let y = &y[..n * out];
         // 1. activation derivative fused with the bias gradient (column sums of dy).
         let db = &mut grads[self.b_offset..self.end_offset()];
-        act_grad_colsum(dy, y, db, self.act);
+        act_grad_colsum(dy, y, db, self.act, keep_scale);
         let dy = &*dy;
         // 2. dW[out, in] = dy^T[out, n] x[n, in]
         sgemm(
@@ -199,7 +219,7 @@ fn bias_act_rows(chunk: &mut [f32], b: &[f32], act: Activation) {
     }
 }
 
-fn act_grad_colsum(dy: &mut [f32], y: &[f32], part: &mut [f32], act: Activation) {
+fn act_grad_colsum(dy: &mut [f32], y: &[f32], part: &mut [f32], act: Activation, scale: f32) {
     let out = part.len();
     part.fill(0.0);
     let rows = dy.chunks_exact_mut(out).zip(y.chunks_exact(out));
@@ -214,7 +234,7 @@ fn act_grad_colsum(dy: &mut [f32], y: &[f32], part: &mut [f32], act: Activation)
         Activation::Relu => {
             for (drow, yrow) in rows {
                 for ((p, d), &yy) in part.iter_mut().zip(drow.iter_mut()).zip(yrow) {
-                    let g = if yy > 0.0 { *d } else { 0.0 };
+                    let g = if yy > 0.0 { *d * scale } else { 0.0 };
                     *d = g;
                     *p += g;
                 }
@@ -289,10 +309,27 @@ impl Mlp {
 
     /// Forward: `acts[i]` receives layer `i`'s output.
     pub fn forward(&self, params: &[f32], x: &[f32], n: usize, acts: &mut [Vec<f32>]) {
+        self.forward_dropout(params, x, n, acts, None);
+    }
+
+    /// [`Mlp::forward`] with `dropout` applied to every hidden layer's output (not the
+    /// last layer's); [`Mlp::backward_dropout`] is its backward.
+    pub fn forward_dropout(
+        &self,
+        params: &[f32],
+        x: &[f32],
+        n: usize,
+        acts: &mut [Vec<f32>],
+        dropout: Option<Dropout>,
+    ) {
+        let last = self.layers.len() - 1;
         for (i, l) in self.layers.iter().enumerate() {
             let (prev, rest) = acts.split_at_mut(i);
             let inp: &[f32] = if i == 0 { x } else { &prev[i - 1] };
             l.forward(params, inp, n, &mut rest[0]);
+            if let (Some(d), true) = (dropout, i < last) {
+                d.apply(i, &mut rest[0][..n * l.out_dim], l.out_dim);
+            }
         }
     }
 
@@ -309,22 +346,45 @@ impl Mlp {
         dy: &mut [f32],
         ga: &mut [f32],
         gb: &mut [f32],
-        mut dx: Option<&mut [f32]>,
+        dx: Option<&mut [f32]>,
         n: usize,
     ) {
+        self.backward_dropout(params, grads, x, acts, dy, ga, gb, dx, n, None);
+    }
+
+    /// Backward of [`Mlp::forward_dropout`] with the same `dropout` (whose masks are the
+    /// zeros the forward left in the hidden activations).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_dropout(
+        &self,
+        params: &[f32],
+        grads: &mut [f32],
+        x: &[f32],
+        acts: &[Vec<f32>],
+        dy: &mut [f32],
+        ga: &mut [f32],
+        gb: &mut [f32],
+        mut dx: Option<&mut [f32]>,
+        n: usize,
+        dropout: Option<Dropout>,
+    ) {
+        let last = self.layers.len() - 1;
+        let hidden_scale = dropout.map_or(1.0, |d| d.keep_scale());
         // The current gradient lives in `dy`, then alternates between `ga` and `gb`.
         let mut which: Option<bool> = None;
         for i in (0..self.layers.len()).rev() {
             let l = &self.layers[i];
+            let scale = if i < last { hidden_scale } else { 1.0 };
             let (cur, next): (&mut [f32], &mut [f32]) = match which {
                 None => (&mut *dy, &mut *ga),
                 Some(false) => (&mut *ga, &mut *gb),
                 Some(true) => (&mut *gb, &mut *ga),
             };
             if i == 0 {
-                l.backward(params, grads, x, &acts[0], cur, dx.take(), n);
+                l.backward_scaled(params, grads, x, &acts[0], cur, dx.take(), n, scale);
             } else {
-                l.backward(params, grads, &acts[i - 1], &acts[i], cur, Some(next), n);
+                let x = &acts[i - 1];
+                l.backward_scaled(params, grads, x, &acts[i], cur, Some(next), n, scale);
                 which = Some(which == Some(false));
             }
         }
@@ -333,5 +393,49 @@ impl Mlp {
     /// Forward FLOPs per sample.
     pub fn forward_flops(&self) -> u64 {
         self.layers.iter().map(Linear::forward_flops).sum()
+    }
+}
+
+/// Inverted dropout of a training step: each unit of a hidden activation is zeroed with
+/// probability `rate` and the others scaled by `1 / (1 - rate)`.
+///
+/// The mask is a counter-based hash of (`seed`, row, layer, unit), not a generator's
+/// stream: a row's mask does not depend on which thread or row block computes it, so a
+/// step gives the same result on any number of threads, and nothing needs storing for
+/// the backward pass (the zeros in the activation are the mask).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dropout {
+    /// Probability of dropping a unit, in `[0, 1)`.
+    pub rate: f32,
+    /// The step's seed (a training step draws a new one).
+    pub seed: u64,
+    /// Row of the batch the activations given to [`Dropout::apply`] start at.
+    pub row0: u64,
+}
+
+impl Dropout {
+    /// Factor of the kept units.
+    pub fn keep_scale(&self) -> f32 {
+        1.0 / (1.0 - self.rate)
+    }
+
+    /// Applies the mask of hidden layer `layer` to `y [rows, width]`.
+    pub fn apply(&self, layer: usize, y: &mut [f32], width: usize) {
+        use elastrec_common::splitmix::{mix64, GOLDEN_GAMMA};
+        // A unit is dropped when 32 hash bits fall below rate · 2^32.
+        let threshold = (self.rate as f64 * 4_294_967_296.0) as u64;
+        let scale = self.keep_scale();
+        let layer_key = mix64(self.seed ^ (layer as u64 + 1).wrapping_mul(GOLDEN_GAMMA));
+        for (r, row) in y.chunks_exact_mut(width).enumerate() {
+            let row_key = mix64(layer_key ^ (self.row0 + r as u64).wrapping_mul(GOLDEN_GAMMA));
+            // One 64-bit hash decides two units.
+            for (j, pair) in row.chunks_mut(2).enumerate() {
+                let h = mix64(row_key.wrapping_add((j as u64 + 1).wrapping_mul(GOLDEN_GAMMA)));
+                for (k, v) in pair.iter_mut().enumerate() {
+                    let bits = (h >> (32 * k)) & 0xFFFF_FFFF;
+                    *v = if bits < threshold { 0.0 } else { *v * scale };
+                }
+            }
+        }
     }
 }

@@ -54,6 +54,9 @@ pub enum DenseOptimizerConfig {
     Sgd {
         /// Learning rate.
         lr: f32,
+        /// L2 penalty: `weight_decay · p` is added to each gradient (PyTorch semantics).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        weight_decay: f32,
     },
     /// Adagrad (PyTorch semantics: `p -= lr g / (sqrt(acc) + eps)`).
     Adagrad {
@@ -65,6 +68,9 @@ pub enum DenseOptimizerConfig {
         /// Added to the square root of the accumulator.
         #[serde(default = "default_adagrad_eps")]
         eps: f32,
+        /// L2 penalty: `weight_decay · p` is added to each gradient (PyTorch semantics).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        weight_decay: f32,
     },
     /// Adam with bias correction.
     Adam {
@@ -79,7 +85,17 @@ pub enum DenseOptimizerConfig {
         /// Added to the square root of the corrected second moment.
         #[serde(default = "default_adam_eps")]
         eps: f32,
+        /// L2 penalty added to each gradient before the moments (`torch.optim.Adam`'s
+        /// `weight_decay`, not AdamW's decoupled decay).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        weight_decay: f32,
     },
+}
+
+// Zero decay is not written, so configs (and job fingerprints) from before it existed
+// serialize as they did.
+fn is_zero(v: &f32) -> bool {
+    *v == 0.0
 }
 
 fn default_adagrad_eps() -> f32 {
@@ -99,25 +115,42 @@ impl DenseOptimizerConfig {
     /// The configured learning rate.
     pub fn lr(&self) -> f32 {
         match *self {
-            Self::Sgd { lr } | Self::Adagrad { lr, .. } | Self::Adam { lr, .. } => lr,
+            Self::Sgd { lr, .. } | Self::Adagrad { lr, .. } | Self::Adam { lr, .. } => lr,
+        }
+    }
+
+    /// The configured L2 penalty.
+    pub fn weight_decay(&self) -> f32 {
+        match *self {
+            Self::Sgd { weight_decay, .. }
+            | Self::Adagrad { weight_decay, .. }
+            | Self::Adam { weight_decay, .. } => weight_decay,
         }
     }
 
     /// Builds the optimizer for `num_params` parameters.
     pub fn build(&self, num_params: usize) -> Box<dyn DenseOptimizer> {
         match *self {
-            Self::Sgd { lr } => Box::new(Sgd::new(lr)),
+            Self::Sgd { lr, weight_decay } => Box::new(Sgd { lr, weight_decay }),
             Self::Adagrad {
                 lr,
                 initial_accumulator,
                 eps,
-            } => Box::new(Adagrad::new(num_params, lr, initial_accumulator, eps)),
+                weight_decay,
+            } => Box::new(Adagrad {
+                weight_decay,
+                ..Adagrad::new(num_params, lr, initial_accumulator, eps)
+            }),
             Self::Adam {
                 lr,
                 beta1,
                 beta2,
                 eps,
-            } => Box::new(Adam::new(num_params, lr, beta1, beta2, eps)),
+                weight_decay,
+            } => Box::new(Adam {
+                weight_decay,
+                ..Adam::new(num_params, lr, beta1, beta2, eps)
+            }),
         }
     }
 }
@@ -127,25 +160,30 @@ impl DenseOptimizerConfig {
 pub struct Sgd {
     /// Learning rate.
     pub lr: f32,
+    /// L2 penalty added to each gradient.
+    pub weight_decay: f32,
 }
 
 impl Sgd {
     /// SGD with learning rate `lr`.
     pub fn new(lr: f32) -> Self {
-        Self { lr }
+        Self {
+            lr,
+            weight_decay: 0.0,
+        }
     }
 }
 
 impl Sgd {
     fn update(&self, params: &mut [f32], grads: &[f32]) {
         assert_eq!(params.len(), grads.len());
-        let lr = self.lr;
+        let (lr, wd) = (self.lr, self.weight_decay);
         params
             .par_chunks_mut(CHUNK)
             .zip(grads.par_chunks(CHUNK))
             .for_each(|(p, g)| {
                 for (p, g) in p.iter_mut().zip(g) {
-                    *p -= lr * g;
+                    *p -= lr * (g + wd * *p);
                 }
             });
     }
@@ -180,6 +218,8 @@ pub struct Adagrad {
     pub lr: f32,
     /// Added to `sqrt(acc)`.
     pub eps: f32,
+    /// L2 penalty added to each gradient.
+    pub weight_decay: f32,
     /// Sum of squared gradients per parameter.
     pub accum: Vec<f32>,
 }
@@ -190,6 +230,7 @@ impl Adagrad {
         Self {
             lr,
             eps,
+            weight_decay: 0.0,
             accum: vec![initial_accumulator; num_params],
         }
     }
@@ -199,7 +240,7 @@ impl Adagrad {
     /// Updates `params` (`[offset, offset + len)` of the slice) with their accumulators.
     fn update(&mut self, params: &mut [f32], grads: &[f32], offset: usize) {
         assert_eq!(params.len(), grads.len());
-        let (lr, eps) = (self.lr, self.eps);
+        let (lr, eps, wd) = (self.lr, self.eps, self.weight_decay);
         let accum = &mut self.accum[offset..offset + params.len()];
         params
             .par_chunks_mut(CHUNK)
@@ -207,6 +248,7 @@ impl Adagrad {
             .zip(accum.par_chunks_mut(CHUNK))
             .for_each(|((p, g), a)| {
                 for ((p, &g), a) in p.iter_mut().zip(g).zip(a.iter_mut()) {
+                    let g = g + wd * *p;
                     *a += g * g;
                     *p -= lr * g / (a.sqrt() + eps);
                 }
@@ -237,7 +279,7 @@ impl DenseOptimizer for Adagrad {
     }
 }
 
-/// Adam with bias correction (PyTorch semantics, no weight decay).
+/// Adam with bias correction (PyTorch semantics; `weight_decay` is an L2 penalty).
 #[derive(Clone, Debug)]
 pub struct Adam {
     /// Learning rate.
@@ -248,6 +290,8 @@ pub struct Adam {
     pub beta2: f32,
     /// Added to the corrected RMS.
     pub eps: f32,
+    /// L2 penalty added to each gradient before the moments.
+    pub weight_decay: f32,
     /// Steps taken so far.
     pub t: u64,
     /// First moment.
@@ -264,6 +308,7 @@ impl Adam {
             beta1,
             beta2,
             eps,
+            weight_decay: 0.0,
             t: 0,
             m: vec![0.0; num_params],
             v: vec![0.0; num_params],
@@ -276,7 +321,7 @@ impl Adam {
     /// corrected for step `t`.
     fn update(&mut self, params: &mut [f32], grads: &[f32], offset: usize, t: u64) {
         assert_eq!(params.len(), grads.len());
-        let (b1, b2, eps) = (self.beta1, self.beta2, self.eps);
+        let (b1, b2, eps, wd) = (self.beta1, self.beta2, self.eps, self.weight_decay);
         let bc1 = 1.0 - (b1 as f64).powi(t as i32);
         let bc2 = 1.0 - (b2 as f64).powi(t as i32);
         let step_size = (self.lr as f64 / bc1) as f32;
@@ -289,6 +334,7 @@ impl Adam {
             .zip(self.v[range].par_chunks_mut(CHUNK))
             .for_each(|(((p, g), m), v)| {
                 for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                    let g = g + wd * *p;
                     *m = b1 * *m + (1.0 - b1) * g;
                     *v = b2 * *v + (1.0 - b2) * g * g;
                     let denom = v.sqrt() * inv_sqrt_bc2 + eps;
@@ -340,17 +386,22 @@ mod tests {
     #[test]
     fn a_step_split_into_ranges_equals_the_whole_step() {
         let configs = [
-            DenseOptimizerConfig::Sgd { lr: 0.1 },
+            DenseOptimizerConfig::Sgd {
+                lr: 0.1,
+                weight_decay: 0.0,
+            },
             DenseOptimizerConfig::Adagrad {
                 lr: 0.1,
                 initial_accumulator: 0.5,
                 eps: 1e-10,
+                weight_decay: 0.01,
             },
             DenseOptimizerConfig::Adam {
                 lr: 0.01,
                 beta1: 0.9,
                 beta2: 0.999,
                 eps: 1e-8,
+                weight_decay: 0.01,
             },
         ];
         let n = 10;

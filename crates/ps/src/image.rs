@@ -431,6 +431,7 @@ mod tests {
             beta1: 0.9,
             beta2: 0.999,
             eps: 1e-8,
+            weight_decay: 0.0,
         };
         let mut parts = Vec::new();
         // Initial values depend on (seed, table, global row) only, so one unsharded store
@@ -490,6 +491,7 @@ mod tests {
             beta1: 0.9,
             beta2: 0.999,
             eps: 1e-8,
+            weight_decay: 0.0,
         }
         .build(7);
         let r = 0..7;
@@ -514,7 +516,11 @@ mod tests {
     #[test]
     fn truncated_or_foreign_bytes_are_refused() {
         let s = store(0, 1, 3);
-        let opt = DenseOptimizerConfig::Sgd { lr: 0.1 }.build(5);
+        let opt = DenseOptimizerConfig::Sgd {
+            lr: 0.1,
+            weight_decay: 0.0,
+        }
+        .build(5);
         let r = 0..5;
         let bytes =
             ShardImage::copy_full(&s, &[1.0; 5], opt.as_ref(), header(0, 1, &r, 5)).encode();

@@ -1171,7 +1171,10 @@ mod tests {
         let mut job = job("sync");
         job.train.batch_size = 100;
         job.cluster.sync_timeout_ms = 5_000;
-        job.optimizer.dense = elastrec_model::DenseOptimizerConfig::Sgd { lr: 1.0 };
+        job.optimizer.dense = elastrec_model::DenseOptimizerConfig::Sgd {
+            lr: 1.0,
+            weight_decay: 0.0,
+        };
         let ps = Arc::new(PsShard::new(&job, 0, 2).unwrap());
         let start = ps.state.lock().dense.clone();
         let n = ps.range().len();

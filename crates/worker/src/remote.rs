@@ -298,8 +298,15 @@ impl RemoteModel {
     ) -> anyhow::Result<Self> {
         let dense = dense_model(job)?;
         let batch = job.train.batch_size;
+        let mut ws = dense.workspace(batch);
+        // Workers compute gradients side by side: each draws its own dropout masks. (A
+        // restarted worker id repeats its masks from step 0: harmless, they are noise.)
+        ws.set_dropout_stream(elastrec_common::splitmix::mix64(
+            job.model.seed
+                ^ (u64::from(worker_id) + 1).wrapping_mul(elastrec_common::splitmix::GOLDEN_GAMMA),
+        ));
         let mut me = Self {
-            ws: dense.workspace(batch),
+            ws,
             emb: vec![0.0; batch * dense.config().num_tables * job.model.embedding_dim],
             table_rows: resolve_table_rows(job),
             dim: job.model.embedding_dim,

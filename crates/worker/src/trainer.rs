@@ -715,6 +715,12 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
     {
         eprintln!("data: {line}");
     }
+    let stats_rows = elastrec_job::prepare::fill_dense_stats(&mut job)?;
+    if stats_rows > 0 {
+        eprintln!(
+            "model: dense features standardized with statistics of {stats_rows} training rows"
+        );
+    }
     let job = &job;
     for f in job.train_files().iter().chain(job.eval_files().iter()) {
         if !f.exists() {
@@ -1068,7 +1074,10 @@ mod tests {
     fn early_stopping_stops_after_its_patience_and_keeps_the_best() {
         let dir = tempfile::tempdir().unwrap();
         let mut job = selection_job(dir.path());
-        job.optimizer.dense = elastrec_model::DenseOptimizerConfig::Sgd { lr: 0.0 };
+        job.optimizer.dense = elastrec_model::DenseOptimizerConfig::Sgd {
+            lr: 0.0,
+            weight_decay: 0.0,
+        };
         job.optimizer.sparse = elastrec_embedding::SparseOptimizerConfig::Sgd { lr: 0.0 };
         job.train.epochs = 5;
         job.train.validation = 0.25;

@@ -63,12 +63,24 @@ pub async fn start_job(
     elastrec_job::prepare::ensure_data(&cfg, false)?;
     // Datasets become files once, here: the job file stored and shipped to every process
     // is the resolved one. Listing blocks (and may wait for partitions): off the runtime.
+    // So are the dense features' statistics (`model.dense_norm`): one first pass, whose
+    // values every process and model file of the job then share.
     let (cfg, resolved) = tokio::task::spawn_blocking(move || {
-        let r = elastrec_job::datasets::resolve_datasets(&mut cfg);
+        let r = elastrec_job::datasets::resolve_datasets(&mut cfg).and_then(|r| {
+            let rows = elastrec_job::prepare::fill_dense_stats(&mut cfg)?;
+            Ok((r, rows))
+        });
         (cfg, r)
     })
     .await?;
-    let resolved = resolved?;
+    let (resolved, stats_rows) = resolved?;
+    if stats_rows > 0 {
+        event!(
+            "dense_stats",
+            rows = stats_rows,
+            "master: dense features standardized with statistics of {stats_rows} training rows"
+        );
+    }
     for (r, line) in resolved
         .iter()
         .zip(elastrec_job::datasets::describe(&resolved))

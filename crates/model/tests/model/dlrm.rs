@@ -13,6 +13,9 @@ fn small(kind: InteractionKind) -> DlrmConfig {
         adapt: Vec::new(),
         cross_layers: 0,
         fm: false,
+        dense_shift: Vec::new(),
+        dense_scale: Vec::new(),
+        dropout: 0.0,
     }
 }
 
@@ -499,4 +502,101 @@ fn mtrm_towers_gradcheck_and_stop_the_gradient_at_h_m() {
         plain.forward_backward_tower(&x, &e, &y, Tower::Adapt, &mut ws3),
         Err(ModelError::NoAdaptTower)
     );
+}
+
+/// Standardized dense features: finite differences agree with every gradient, and the
+/// model equals a plain one (same parameters) fed `(x - shift) * scale`.
+#[test]
+fn standardized_dense_features_gradcheck_and_equal_standardizing_the_input() {
+    let shift = vec![0.5, -1.0, 2.0, 0.0, 3.0];
+    let scale = vec![2.0, 0.5, 1.0, 4.0, 0.25];
+    let norm = DlrmConfig {
+        dense_shift: shift.clone(),
+        dense_scale: scale.clone(),
+        ..small(InteractionKind::Dot)
+    };
+    gradcheck_config(norm.clone());
+    let (a, b) = (
+        DenseDlrm::new(norm).unwrap(),
+        DenseDlrm::new(small(InteractionKind::Dot)).unwrap(),
+    );
+    assert_eq!(a.params(), b.params(), "standardizing adds no parameters");
+    let n = 7;
+    let mut g = rng(11);
+    let x = randv(&mut g, n * 5, 3.0);
+    let e = randv(&mut g, n * 3 * 4, 1.0);
+    let xs: Vec<f32> = x
+        .chunks(5)
+        .flat_map(|r| {
+            (0..5)
+                .map(|j| (r[j] - shift[j]) * scale[j])
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let (mut wa, mut wb) = (a.workspace(n), b.workspace(n));
+    assert_eq!(
+        a.forward(&x, &e, &mut wa).unwrap(),
+        b.forward(&xs, &e, &mut wb).unwrap()
+    );
+    let y: Vec<f32> = (0..n).map(|i| (i % 2) as f32).collect();
+    a.forward_backward(&x, &e, &y, &mut wa).unwrap();
+    b.forward_backward(&xs, &e, &y, &mut wb).unwrap();
+    assert_eq!(wa.grads(), wb.grads());
+}
+
+/// Dropout only acts in training steps: a model with dropout predicts exactly what the
+/// same parameters predict without it, while its training step's logits differ; the step
+/// is the same on any thread count (masks hash the row, not the thread), and a workspace
+/// with another stream draws other masks.
+#[test]
+fn dropout_acts_in_training_steps_only_and_repeats_on_any_thread_count() {
+    let cfg = DlrmConfig {
+        top: vec![64, 32, 1],
+        dropout: 0.5,
+        ..small(InteractionKind::Dot)
+    };
+    let drop = DenseDlrm::new(cfg.clone()).unwrap();
+    let plain = DenseDlrm::new(DlrmConfig {
+        dropout: 0.0,
+        ..cfg
+    })
+    .unwrap();
+    let n = 600; // three row blocks
+    let mut g = rng(5);
+    let x = randv(&mut g, n * 5, 1.0);
+    let e = randv(&mut g, n * 3 * 4, 1.0);
+    let y: Vec<f32> = (0..n).map(|i| u8::from(i % 3 == 0) as f32).collect();
+    let (mut wd, mut wp) = (drop.workspace(n), plain.workspace(n));
+    assert_eq!(
+        drop.forward(&x, &e, &mut wd).unwrap(),
+        plain.forward(&x, &e, &mut wp).unwrap()
+    );
+    let step = |threads: usize, stream: Option<u64>| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let mut ws = drop.workspace(n);
+        if let Some(s) = stream {
+            ws.set_dropout_stream(s);
+        }
+        pool.install(|| drop.forward_backward(&x, &e, &y, &mut ws).unwrap());
+        // Half the first hidden layer's units are zero beyond the ReLU's own zeros.
+        let h = ws.top_activation(0);
+        (ws.logits().to_vec(), ws.grads().to_vec(), h)
+    };
+    let (l1, g1, h1) = step(1, None);
+    let (l2, g2, _) = step(2, None);
+    assert_eq!((&l1, &g1), (&l2, &g2));
+    plain.forward_backward(&x, &e, &y, &mut wp).unwrap();
+    assert_ne!(l1, wp.logits());
+    let (_, _, h_plain) = (0, 0, {
+        plain.forward(&x, &e, &mut wp).unwrap();
+        wp.top_activation(0)
+    });
+    let live = |h: &[f32]| h.iter().filter(|&&v| v > 0.0).count() as f64;
+    let kept = live(&h1) / live(&h_plain);
+    assert!((0.45..0.55).contains(&kept), "kept {kept}");
+    let (l3, _, _) = step(1, Some(99));
+    assert_ne!(l1, l3);
 }

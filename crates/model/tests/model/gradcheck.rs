@@ -1,5 +1,6 @@
+use elastrec_model::layers::Dropout;
 use elastrec_model::{
-    bce_with_logits, bce_with_logits_loss, Activation, Interaction, InteractionKind, Linear,
+    bce_with_logits, bce_with_logits_loss, Activation, Interaction, InteractionKind, Linear, Mlp,
 };
 
 use crate::common::{check_fd, randv, rng};
@@ -290,5 +291,68 @@ fn bce_values_and_gradient() {
     bce_with_logits(&x, &y, &mut dx);
     check_fd("bce", &x, &dx, 1e-2, 1e-4, 1e-2, |xx| {
         (bce_with_logits_loss(xx, &y) as f64, Vec::new())
+    });
+}
+
+/// An MLP with dropout on its hidden layers: with the step's mask fixed, finite
+/// differences of the forward agree with the backward for every parameter and the input;
+/// a dropped unit passes no gradient, a kept one `1 / (1 - rate)` of it.
+#[test]
+fn mlp_dropout_gradcheck() {
+    let (n, sizes) = (9, [5, 12, 10, 3]);
+    let mlp = Mlp::new(&sizes, 2, Activation::Relu, Activation::None);
+    let mut g = rng(21);
+    let mut params = randv(&mut g, 2 + mlp.num_params(), 0.8);
+    let x = randv(&mut g, n * sizes[0], 1.0);
+    let r = randv(&mut g, n * 3, 1.0);
+    let drop = Dropout {
+        rate: 0.3,
+        seed: 17,
+        row0: 40,
+    };
+    let mut acts: Vec<Vec<f32>> = sizes[1..].iter().map(|&w| vec![0.0; n * w]).collect();
+    mlp.forward_dropout(&params, &x, n, &mut acts, Some(drop));
+    let dropped = acts[0].iter().filter(|&&v| v == 0.0).count();
+    assert!(
+        dropped > n * 12 * 3 / 10 / 2,
+        "some units dropped: {dropped}"
+    );
+    let (mut grads, mut dy) = (vec![0.0; params.len()], r.clone());
+    let (mut ga, mut gb) = (vec![0.0; n * 12], vec![0.0; n * 12]);
+    let mut dx = vec![0.0; n * sizes[0]];
+    mlp.backward_dropout(
+        &params,
+        &mut grads,
+        &x,
+        &acts,
+        &mut dy,
+        &mut ga,
+        &mut gb,
+        Some(&mut dx),
+        n,
+        Some(drop),
+    );
+    let fwd = |params: &[f32], x: &[f32]| -> (f64, Vec<bool>) {
+        let mut acts: Vec<Vec<f32>> = sizes[1..].iter().map(|&w| vec![0.0; n * w]).collect();
+        mlp.forward_dropout(params, x, n, &mut acts, Some(drop));
+        let pattern = acts[..2].iter().flatten().map(|&v| v > 0.0).collect();
+        (weighted_sum(&acts[2], &r), pattern)
+    };
+    let p0 = params[2..].to_vec();
+    check_fd(
+        "mlp dropout params",
+        &p0,
+        &grads[2..],
+        1e-3,
+        2e-3,
+        1e-2,
+        |p| {
+            params[2..].copy_from_slice(p);
+            fwd(&params, &x)
+        },
+    );
+    params[2..].copy_from_slice(&p0);
+    check_fd("mlp dropout input", &x, &dx, 1e-3, 2e-3, 1e-2, |xx| {
+        fwd(&params, xx)
     });
 }
