@@ -542,6 +542,24 @@ fn dcn_v2_and_deepfm_train_in_train_and_in_run() {
     }
 }
 
+/// Wide & Deep and DeepFM with its first-order term: the weight each embedding row
+/// carries as its last float is pulled, trained and pushed with the row by the parameter
+/// servers, and exported with it, so `run` matches `train` and `model.bin` scores what
+/// the job reported.
+#[test]
+fn wide_deep_and_first_order_deepfm_train_in_train_and_in_run() {
+    let _g = serial();
+    for (family, model) in [
+        ("wide", "type = \"wide_deep\"\ninteraction = \"concat\"\n"),
+        (
+            "deepfm1",
+            "type = \"deepfm\"\nfirst_order = true\ninteraction = \"concat\"\n",
+        ),
+    ] {
+        family_trains_in_both_modes(family, model);
+    }
+}
+
 /// Standardized dense features and dropout (`docs/models.md`): `train` and `run` each
 /// compute the statistics once at start (the master before it ships the job file, so the
 /// workers standardize alike), reach the same AUC, and each `model.bin` carries the

@@ -220,6 +220,11 @@ pub struct ModelConfig {
     /// Dropout rate of the top MLP's hidden activations during training (0: none).
     #[serde(skip_serializing_if = "is_zero_rate")]
     pub dropout: f32,
+    /// The first-order (linear) term: a weight per embedding row (stored as the row's
+    /// last float) and a linear layer over the dense features, added to the logit. Always
+    /// on for `wide_deep` (it is the wide part); DeepFM's first-order term for `deepfm`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub first_order: bool,
 }
 
 fn is_zero_rate(v: &f32) -> bool {
@@ -255,6 +260,10 @@ pub enum ModelType {
     /// DeepFM (Guo et al. 2017): the embeddings' FM term added to the top MLP's logit.
     #[serde(rename = "deepfm")]
     DeepFm,
+    /// Wide & Deep (Cheng et al. 2016): the DLRM as the deep part plus a wide linear
+    /// part (the first-order term) over the sparse ids, the dense features and any
+    /// crossed columns a `[[preprocess]]` graph makes.
+    WideDeep,
 }
 
 impl ModelType {
@@ -273,9 +282,20 @@ impl ModelConfig {
     /// Cross layers the model has (0 unless `dcn_v2`).
     pub fn cross_layers(&self) -> usize {
         match self.model_type {
-            ModelType::Dlrm | ModelType::DeepFm => 0,
+            ModelType::Dlrm | ModelType::DeepFm | ModelType::WideDeep => 0,
             ModelType::DcnV2 => self.cross_layers,
         }
+    }
+
+    /// Whether the model has the first-order term (`wide_deep`, or `first_order = true`).
+    pub fn has_first_order(&self) -> bool {
+        self.first_order || self.model_type == ModelType::WideDeep
+    }
+
+    /// Floats per embedding row in the store: `embedding_dim`, plus the row's
+    /// first-order weight when the model has that term.
+    pub fn row_width(&self) -> usize {
+        self.embedding_dim + usize::from(self.has_first_order())
     }
 }
 
@@ -296,6 +316,7 @@ impl Default for ModelConfig {
             dense_mean: Vec::new(),
             dense_std: Vec::new(),
             dropout: 0.0,
+            first_order: false,
         }
     }
 }
@@ -881,7 +902,13 @@ impl JobConfig {
         if m.model_type != ModelType::Dlrm && !m.adapt_mlp.is_empty() {
             return Err(bad(
                 "model.type",
-                "dcn_v2 or deepfm and an MTRM adapt tower (model.adapt_mlp) cannot be combined; choose one".into(),
+                "dcn_v2, deepfm or wide_deep and an MTRM adapt tower (model.adapt_mlp) cannot be combined; choose one".into(),
+            ));
+        }
+        if m.first_order && !m.adapt_mlp.is_empty() {
+            return Err(bad(
+                "model.first_order",
+                "the first-order term and an MTRM adapt tower (model.adapt_mlp) cannot be combined; choose one".into(),
             ));
         }
         if !m.adapt_mlp.is_empty() {

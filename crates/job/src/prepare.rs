@@ -264,6 +264,7 @@ pub fn dense_config(job: &JobConfig) -> DlrmConfig {
         dense_shift: m.dense_mean.clone(),
         dense_scale: m.dense_std.iter().map(|s| 1.0 / s).collect(),
         dropout: m.dropout,
+        first_order: m.has_first_order(),
     }
 }
 

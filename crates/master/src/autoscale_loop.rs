@@ -97,7 +97,7 @@ fn ps_mem_gb(cfg: &JobConfig) -> f64 {
     }
     let rows: f64 = elastrec_job::prepare::resolve_table_rows(cfg)
         .iter()
-        .map(|&r| r as f64 * cfg.model.embedding_dim as f64)
+        .map(|&r| r as f64 * cfg.model.row_width() as f64)
         .sum();
     let floats = rows + dense_params(cfg) as f64;
     let gb = floats * 4.0 * 3.0 * 1.25 * 1.2 / f64::from(cfg.cluster.ps) / (1u64 << 30) as f64;
@@ -138,7 +138,7 @@ pub fn job_spec(cfg: &JobConfig, brain_job_id: &str, samples_total: u64) -> pb::
             .into_iter()
             .map(|rows| pb::Table {
                 rows,
-                dim: cfg.model.embedding_dim as u32,
+                dim: cfg.model.row_width() as u32,
             })
             .collect(),
         dense_params: dense,

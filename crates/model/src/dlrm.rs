@@ -5,7 +5,7 @@ use crate::error::{ModelError, Result};
 use crate::interaction::{Interaction, InteractionKind};
 use rayon::prelude::*;
 
-use crate::layers::{sigmoid, Activation, Dropout, Mlp};
+use crate::layers::{sigmoid, Activation, Dropout, Linear, Mlp};
 use crate::loss::bce_sum_with_logits;
 
 /// Configuration of the dense DLRM.
@@ -53,6 +53,14 @@ pub struct DlrmConfig {
     /// unscaled). 0: none.
     #[serde(default, skip_serializing_if = "is_zero_f32")]
     pub dropout: f32,
+    /// The first-order (wide, linear) term added to the logit: one weight per embedding
+    /// row, stored as the row's last float (a row is `embedding_dim + 1` floats, so the
+    /// weight lives, is optimized, sharded and checkpointed with its row), plus a linear
+    /// layer over the dense features (`nd` weights and a bias, after every other
+    /// parameter): `logit += Σ_t w[id_t] + v · x + c`. Wide & Deep's wide part and the
+    /// first-order term of an FM (DeepFM).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub first_order: bool,
 }
 
 fn is_zero_f32(v: &f32) -> bool {
@@ -102,6 +110,7 @@ impl DlrmConfig {
             dense_shift: Vec::new(),
             dense_scale: Vec::new(),
             dropout: 0.0,
+            first_order: false,
         }
     }
 
@@ -141,7 +150,7 @@ impl DlrmConfig {
                 return Err(ModelError::TopOutputNotOne { got: last });
             }
         }
-        if (self.cross_layers > 0 || self.fm) && !self.adapt.is_empty() {
+        if (self.cross_layers > 0 || self.fm || self.first_order) && !self.adapt.is_empty() {
             return Err(ModelError::CrossWithAdapt);
         }
         if self.num_tables == 0 {
@@ -191,6 +200,12 @@ impl DlrmConfig {
     pub fn num_dense(&self) -> usize {
         self.bottom[0]
     }
+
+    /// Floats per embedding row the model reads: `embedding_dim`, plus the row's
+    /// first-order weight when [`DlrmConfig::first_order`].
+    pub fn row_width(&self) -> usize {
+        self.embedding_dim + usize::from(self.first_order)
+    }
 }
 
 /// Analytic FLOP count per sample (multiply-add = 2 FLOPs).
@@ -227,6 +242,9 @@ pub struct DenseDlrm {
     /// DCN-v2 cross layers on the interaction output (none for a plain DLRM); their
     /// parameters come last.
     cross: CrossNet,
+    /// The first-order term's linear layer over the dense features (its parameters come
+    /// after the cross layers'); `None` without [`DlrmConfig::first_order`].
+    wide: Option<Linear>,
     interaction: Interaction,
     params: Vec<f32>,
 }
@@ -265,13 +283,18 @@ impl DenseDlrm {
         let adapt_params = adapt.as_ref().map_or(0, Mlp::num_params);
         let before_cross = bottom.num_params() + top.num_params() + adapt_params;
         let cross = CrossNet::new(interaction.out_dim(), config.cross_layers, before_cross);
-        let mut params = vec![0.0; before_cross + cross.num_params()];
+        let after_cross = before_cross + cross.num_params();
+        let wide = config
+            .first_order
+            .then(|| Linear::new(config.num_dense(), 1, after_cross, Activation::None));
+        let mut params = vec![0.0; after_cross + wide.as_ref().map_or(0, Linear::num_params)];
         let layers = bottom
             .layers
             .iter()
             .chain(&top.layers)
             .chain(adapt.iter().flat_map(|a| &a.layers))
-            .chain(&cross.layers);
+            .chain(&cross.layers)
+            .chain(&wide);
         for (i, l) in layers.enumerate() {
             l.init(&mut params, config.seed, i as u64);
         }
@@ -281,6 +304,7 @@ impl DenseDlrm {
             top,
             adapt,
             cross,
+            wide,
             interaction,
             params,
         })
@@ -376,7 +400,8 @@ impl DenseDlrm {
                     crate::fm::flops(self.config.num_tables, self.config.embedding_dim)
                 } else {
                     0
-                },
+                }
+                + self.wide.as_ref().map_or(0, |w| 3 * w.forward_flops()),
         }
     }
 
@@ -409,7 +434,7 @@ impl DenseDlrm {
                 capacity: ws.capacity,
             });
         }
-        let te = n * self.config.num_tables * self.config.embedding_dim;
+        let te = n * self.emb_width();
         if emb.len() != te {
             return Err(ModelError::Shape {
                 what: "emb",
@@ -459,7 +484,7 @@ impl DenseDlrm {
 
     /// Floats of one sample's embedding input (`T * d`).
     fn emb_width(&self) -> usize {
-        self.config.num_tables * self.config.embedding_dim
+        self.config.num_tables * self.config.row_width()
     }
 
     fn forward_inner(
@@ -635,6 +660,11 @@ struct BlockInputs<'a> {
 struct Block {
     /// The standardized dense features (empty when the model does not standardize).
     dense_in: Vec<f32>,
+    /// First-order term: the embeddings without their rows' weights (`[rows, T, d]`),
+    /// their gradient, and the dense linear layer's output (all empty without it).
+    emb_d: Vec<f32>,
+    d_emb_d: Vec<f32>,
+    wide_out: Vec<f32>,
     bottom_acts: Vec<Vec<f32>>,
     inter: Vec<f32>,
     /// DCN-v2: the cross layers' activations and the gradient w.r.t. their output.
@@ -675,6 +705,13 @@ impl Block {
         Self {
             dense_in: if standardizes {
                 vec![0.0; rows * model.config.num_dense()]
+            } else {
+                Vec::new()
+            },
+            emb_d: first_order_buf(model, rows),
+            d_emb_d: first_order_buf(model, rows),
+            wide_out: if model.config.first_order {
+                vec![0.0; rows]
             } else {
                 Vec::new()
             },
@@ -721,17 +758,38 @@ impl Block {
             &*out
         };
         m.bottom.forward(p, dense_x, x.n, &mut self.bottom_acts);
+        let (t, d) = (c.num_tables, c.embedding_dim);
+        let emb = if c.first_order {
+            // The interaction and the FM term read `[n, T, d]`: the rows without weights.
+            let out = &mut self.emb_d[..x.n * t * d];
+            for (o, row) in out.chunks_exact_mut(d).zip(x.emb.chunks_exact(d + 1)) {
+                o.copy_from_slice(&row[..d]);
+            }
+            &*out
+        } else {
+            x.emb
+        };
         let z = self.bottom_acts.last().expect("nonempty");
-        m.interaction.forward(z, x.emb, x.n, &mut self.inter);
+        m.interaction.forward(z, emb, x.n, &mut self.inter);
         m.cross.forward(p, &self.inter, x.n, &mut self.cross);
         let top_in = m.cross.output(&self.cross, &self.inter);
         let dropout = x.dropout.filter(|_| x.tower == Tower::Memory);
         m.top
             .forward_dropout(p, top_in, x.n, &mut self.top_acts, dropout);
-        if m.config.fm {
+        if c.fm {
             let logits = self.top_acts.last_mut().expect("nonempty");
-            let (t, d) = (m.config.num_tables, m.config.embedding_dim);
-            crate::fm::forward(x.emb, x.n, t, d, &mut logits[..x.n]);
+            crate::fm::forward(emb, x.n, t, d, &mut logits[..x.n]);
+        }
+        if let Some(wide) = &m.wide {
+            wide.forward(p, dense_x, x.n, &mut self.wide_out);
+            let logits = self.top_acts.last_mut().expect("nonempty");
+            for ((l, &w), rows) in logits[..x.n]
+                .iter_mut()
+                .zip(&self.wide_out)
+                .zip(x.emb.chunks_exact(t * (d + 1)))
+            {
+                *l += w + rows.chunks_exact(d + 1).map(|r| r[d]).sum::<f32>();
+            }
         }
         if let (Tower::Adapt, Some(adapt)) = (x.tower, &m.adapt) {
             // [inter, h_M] per row: the interaction output and the memory tower's logit.
@@ -820,18 +878,49 @@ impl Block {
             }
         }
         let z = self.bottom_acts.last().expect("nonempty");
+        let c = &m.config;
+        let (t, d) = (c.num_tables, c.embedding_dim);
+        // Without the first-order term the embedding gradient is written in place; with
+        // it, into `[n, T, d]` first, then spread over the `d + 1`-float rows.
+        let (emb, d_emb_d): (&[f32], &mut [f32]) = if c.first_order {
+            (&self.emb_d[..n * t * d], &mut self.d_emb_d[..n * t * d])
+        } else {
+            (x.emb, &mut *d_emb)
+        };
         m.interaction
-            .backward(z, x.emb, &self.d_inter, n, &mut self.d_bottom, d_emb);
-        if m.config.fm {
+            .backward(z, emb, &self.d_inter, n, &mut self.d_bottom, d_emb_d);
+        if c.fm {
             // The FM term reads the embeddings directly: its gradient joins theirs.
-            let (t, d) = (m.config.num_tables, m.config.embedding_dim);
-            crate::fm::backward(x.emb, &self.dlogits[..n], n, t, d, d_emb);
+            crate::fm::backward(emb, &self.dlogits[..n], n, t, d, d_emb_d);
         }
-        let dense_x = if m.config.dense_scale.is_empty() {
+        let dense_x = if c.dense_scale.is_empty() {
             x.dense_x
         } else {
-            &self.dense_in[..n * m.config.num_dense()]
+            &self.dense_in[..n * c.num_dense()]
         };
+        if let Some(wide) = &m.wide {
+            // ∂logit/∂w[id_t] = 1: each row's weight gets the sample's dlogit.
+            for ((rows, grads), &g) in d_emb[..n * t * (d + 1)]
+                .chunks_exact_mut(t * (d + 1))
+                .zip(self.d_emb_d.chunks_exact(t * d))
+                .zip(&self.dlogits[..n])
+            {
+                for (row, gd) in rows.chunks_exact_mut(d + 1).zip(grads.chunks_exact(d)) {
+                    row[..d].copy_from_slice(gd);
+                    row[d] = g;
+                }
+            }
+            // Activation `None`: the layer leaves `dlogits` as it is.
+            wide.backward(
+                p,
+                &mut self.grads,
+                dense_x,
+                &self.wide_out,
+                &mut self.dlogits,
+                None,
+                n,
+            );
+        }
         m.bottom.backward(
             p,
             &mut self.grads,
@@ -848,6 +937,17 @@ impl Block {
     /// Rows this block holds activations for.
     fn rows(&self) -> usize {
         self.dlogits.len()
+    }
+}
+
+/// A first-order buffer of `rows` samples' embeddings without weights (`[rows, T, d]`);
+/// empty for a model without the term.
+fn first_order_buf(model: &DenseDlrm, rows: usize) -> Vec<f32> {
+    let c = &model.config;
+    if c.first_order {
+        vec![0.0; rows * c.num_tables * c.embedding_dim]
+    } else {
+        Vec::new()
     }
 }
 

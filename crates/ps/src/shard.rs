@@ -98,7 +98,7 @@ impl ShardConfig {
         }
         Self {
             embedding: EmbeddingConfig {
-                dim: job.model.embedding_dim,
+                dim: job.model.row_width(),
                 rows: table_rows.to_vec(),
                 optimizer: job.optimizer.sparse,
                 seed: job.model.seed,
@@ -312,7 +312,7 @@ impl PsShard {
             }),
             staged: Mutex::new(None),
             config,
-            dim: job.model.embedding_dim,
+            dim: job.model.row_width(),
             table_rows,
             mode: job.cluster.mode,
             sync_timeout: Duration::from_millis(job.cluster.sync_timeout_ms),

@@ -307,9 +307,9 @@ impl RemoteModel {
         ));
         let mut me = Self {
             ws,
-            emb: vec![0.0; batch * dense.config().num_tables * job.model.embedding_dim],
+            emb: vec![0.0; batch * dense.config().num_tables * job.model.row_width()],
             table_rows: resolve_table_rows(job),
-            dim: job.model.embedding_dim,
+            dim: job.model.row_width(),
             slices: Vec::new(),
             versions: Vec::new(),
             need_dense: true,

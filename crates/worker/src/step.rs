@@ -24,7 +24,7 @@ impl Dlrm {
         let m = &job.model;
         let dense = DenseDlrm::new(dense_config(job))?;
         let embeddings = EmbeddingStore::new(EmbeddingConfig {
-            dim: m.embedding_dim,
+            dim: m.row_width(),
             rows: table_rows,
             optimizer: job.optimizer.sparse,
             seed: m.seed,

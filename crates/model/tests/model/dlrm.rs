@@ -16,6 +16,7 @@ fn small(kind: InteractionKind) -> DlrmConfig {
         dense_shift: Vec::new(),
         dense_scale: Vec::new(),
         dropout: 0.0,
+        first_order: false,
     }
 }
 
@@ -36,18 +37,19 @@ fn gradcheck_model(kind: InteractionKind) {
 }
 
 fn gradcheck_config(config: DlrmConfig) {
+    let width = 3 * config.row_width();
     let mut m = DenseDlrm::new(config).unwrap();
     let n = 6;
     let mut ws = m.workspace(8);
     let mut g = rng(3);
     let x = randv(&mut g, n * 5, 1.0);
-    let e = randv(&mut g, n * 3 * 4, 1.0);
+    let e = randv(&mut g, n * width, 1.0);
     let y: Vec<f32> = (0..n).map(|i| (i % 2) as f32).collect();
     m.forward_backward(&x, &e, &y, &mut ws).unwrap();
     // Analytic gradients of the *sum* loss = n * gradients of the mean loss.
     let gp: Vec<f32> = ws.grads().iter().map(|v| v * n as f32).collect();
     let ge: Vec<f32> = ws.d_emb().iter().map(|v| v * n as f32).collect();
-    assert_eq!(ge.len(), n * 3 * 4);
+    assert_eq!(ge.len(), n * width);
     let p0 = m.params().to_vec();
     let mut ws2 = m.workspace(8);
     check_fd("dlrm params", &p0, &gp, 2e-3, 1e-3, 2e-2, |p| {
@@ -599,4 +601,72 @@ fn dropout_acts_in_training_steps_only_and_repeats_on_any_thread_count() {
     assert!((0.45..0.55).contains(&kept), "kept {kept}");
     let (l3, _, _) = step(1, Some(99));
     assert_ne!(l1, l3);
+}
+
+/// The first-order term (Wide & Deep's wide part, DeepFM's first order), alone and with
+/// DeepFM's FM term, cross layers and standardized features: finite differences agree
+/// with every parameter's gradient and every float of the `d + 1`-wide rows (the
+/// weights' included).
+#[test]
+fn first_order_gradcheck() {
+    for (fm, cross_layers, kind) in [
+        (false, 0, InteractionKind::Dot),
+        (true, 0, InteractionKind::Concat),
+        (false, 1, InteractionKind::Concat),
+    ] {
+        gradcheck_config(DlrmConfig {
+            first_order: true,
+            fm,
+            cross_layers,
+            dense_shift: vec![0.1; 5],
+            dense_scale: vec![2.0; 5],
+            ..small(kind)
+        });
+    }
+}
+
+/// The term adds `Σ_t w[id_t] + v · x + c` to the deep part's logit: with the dense
+/// layer's parameters (the last ones) set by hand, the logit is the plain model's (same
+/// other parameters, rows without weights) plus that sum, computed here directly.
+#[test]
+fn first_order_adds_the_row_weights_and_a_dense_linear_term() {
+    let plain = DenseDlrm::new(small(InteractionKind::Dot)).unwrap();
+    let mut wide = DenseDlrm::new(DlrmConfig {
+        first_order: true,
+        ..small(InteractionKind::Dot)
+    })
+    .unwrap();
+    let k = plain.num_params();
+    assert_eq!(
+        wide.num_params(),
+        k + 5 + 1,
+        "v (5) and c after every other parameter"
+    );
+    assert_eq!(&wide.params()[..k], plain.params());
+    let (v, c) = ([0.5f32, -1.0, 0.25, 2.0, 0.0], 0.3f32);
+    wide.params_mut()[k..k + 5].copy_from_slice(&v);
+    wide.params_mut()[k + 5] = c;
+    let n = 4;
+    let mut g = rng(8);
+    let x = randv(&mut g, n * 5, 1.0);
+    let e = randv(&mut g, n * 3 * 4, 1.0);
+    let w = randv(&mut g, n * 3, 1.0);
+    // Rows of d + 1 floats: the embedding, then its weight.
+    let rows: Vec<f32> = e
+        .chunks(4)
+        .zip(&w)
+        .flat_map(|(r, &wt)| r.iter().copied().chain([wt]).collect::<Vec<_>>())
+        .collect();
+    let (mut wp, mut ww) = (plain.workspace(n), wide.workspace(n));
+    let base = plain.forward(&x, &e, &mut wp).unwrap().to_vec();
+    let got = wide.forward(&x, &rows, &mut ww).unwrap();
+    for r in 0..n {
+        let linear: f32 = (0..5).map(|j| v[j] * x[r * 5 + j]).sum::<f32>() + c;
+        let want = base[r] + w[r * 3..r * 3 + 3].iter().sum::<f32>() + linear;
+        assert!(
+            (got[r] - want).abs() < 1e-5,
+            "row {r}: {} vs {want}",
+            got[r]
+        );
+    }
 }
