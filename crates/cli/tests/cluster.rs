@@ -560,7 +560,7 @@ fn wide_deep_and_first_order_deepfm_train_in_train_and_in_run() {
     }
 }
 
-/// Standardized dense features and dropout (`docs/models.md`): `train` and `run` each
+/// Standardized dense features, dropout and layer norms (`docs/models.md`): `train` and `run` each
 /// compute the statistics once at start (the master before it ships the job file, so the
 /// workers standardize alike), reach the same AUC, and each `model.bin` carries the
 /// statistics: it scores what its job reported.
@@ -569,7 +569,7 @@ fn standardized_features_and_dropout_train_in_train_and_in_run() {
     let _g = serial();
     family_trains_in_both_modes(
         "regularized",
-        "dense_norm = \"standardize\"\ndropout = 0.1\n",
+        "dense_norm = \"standardize\"\ndropout = 0.1\nlayer_norm = true\n",
     );
 }
 

@@ -225,6 +225,10 @@ pub struct ModelConfig {
     /// on for `wide_deep` (it is the wide part); DeepFM's first-order term for `deepfm`.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub first_order: bool,
+    /// Layer normalization between the affine map and the ReLU of every hidden layer of
+    /// the bottom and top MLPs.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub layer_norm: bool,
 }
 
 fn is_zero_rate(v: &f32) -> bool {
@@ -317,6 +321,7 @@ impl Default for ModelConfig {
             dense_std: Vec::new(),
             dropout: 0.0,
             first_order: false,
+            layer_norm: false,
         }
     }
 }
@@ -905,11 +910,16 @@ impl JobConfig {
                 "dcn_v2, deepfm or wide_deep and an MTRM adapt tower (model.adapt_mlp) cannot be combined; choose one".into(),
             ));
         }
-        if m.first_order && !m.adapt_mlp.is_empty() {
-            return Err(bad(
-                "model.first_order",
-                "the first-order term and an MTRM adapt tower (model.adapt_mlp) cannot be combined; choose one".into(),
-            ));
+        for (on, field) in [
+            (m.first_order, "model.first_order"),
+            (m.layer_norm, "model.layer_norm"),
+        ] {
+            if on && !m.adapt_mlp.is_empty() {
+                return Err(bad(
+                    field,
+                    format!("{field} and an MTRM adapt tower (model.adapt_mlp) cannot be combined; choose one"),
+                ));
+            }
         }
         if !m.adapt_mlp.is_empty() {
             if m.adapt_mlp.last() != Some(&1) || m.adapt_mlp.contains(&0) {

@@ -265,6 +265,7 @@ pub fn dense_config(job: &JobConfig) -> DlrmConfig {
         dense_scale: m.dense_std.iter().map(|s| 1.0 / s).collect(),
         dropout: m.dropout,
         first_order: m.has_first_order(),
+        layer_norm: m.layer_norm,
     }
 }
 

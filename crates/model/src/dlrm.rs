@@ -61,6 +61,11 @@ pub struct DlrmConfig {
     /// first-order term of an FM (DeepFM).
     #[serde(default, skip_serializing_if = "is_false")]
     pub first_order: bool,
+    /// Layer normalization of every hidden layer of the bottom and top MLPs
+    /// (`Linear → LayerNorm → ReLU`; [`crate::norm`]); `γ`, `β` after every other
+    /// parameter.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub layer_norm: bool,
 }
 
 fn is_zero_f32(v: &f32) -> bool {
@@ -111,6 +116,7 @@ impl DlrmConfig {
             dense_scale: Vec::new(),
             dropout: 0.0,
             first_order: false,
+            layer_norm: false,
         }
     }
 
@@ -150,7 +156,8 @@ impl DlrmConfig {
                 return Err(ModelError::TopOutputNotOne { got: last });
             }
         }
-        if (self.cross_layers > 0 || self.fm || self.first_order) && !self.adapt.is_empty() {
+        let extras = self.cross_layers > 0 || self.fm || self.first_order || self.layer_norm;
+        if extras && !self.adapt.is_empty() {
             return Err(ModelError::CrossWithAdapt);
         }
         if self.num_tables == 0 {
@@ -287,7 +294,15 @@ impl DenseDlrm {
         let wide = config
             .first_order
             .then(|| Linear::new(config.num_dense(), 1, after_cross, Activation::None));
-        let mut params = vec![0.0; after_cross + wide.as_ref().map_or(0, Linear::num_params)];
+        let after_wide = after_cross + wide.as_ref().map_or(0, Linear::num_params);
+        let (bottom, top) = if config.layer_norm {
+            let bottom = bottom.with_layer_norm(after_wide);
+            let top_norms = after_wide + bottom.norm_params();
+            (bottom, top.with_layer_norm(top_norms))
+        } else {
+            (bottom, top)
+        };
+        let mut params = vec![0.0; after_wide + bottom.norm_params() + top.norm_params()];
         let layers = bottom
             .layers
             .iter()
@@ -297,6 +312,9 @@ impl DenseDlrm {
             .chain(&wide);
         for (i, l) in layers.enumerate() {
             l.init(&mut params, config.seed, i as u64);
+        }
+        for norm in bottom.norms.iter().chain(&top.norms) {
+            norm.init(&mut params);
         }
         Ok(Self {
             config,
@@ -666,6 +684,9 @@ struct Block {
     d_emb_d: Vec<f32>,
     wide_out: Vec<f32>,
     bottom_acts: Vec<Vec<f32>>,
+    /// The layer norms' saved rows (empty without `layer_norm`).
+    bottom_norm: Vec<crate::norm::NormActs>,
+    top_norm: Vec<crate::norm::NormActs>,
     inter: Vec<f32>,
     /// DCN-v2: the cross layers' activations and the gradient w.r.t. their output.
     cross: CrossActs,
@@ -716,6 +737,8 @@ impl Block {
                 Vec::new()
             },
             bottom_acts: acts(&model.bottom),
+            bottom_norm: model.bottom.norm_acts(rows),
+            top_norm: model.top.norm_acts(rows),
             inter: vec![0.0; rows * model.interaction.out_dim()],
             cross: model.cross.acts(rows),
             d_cross: if model.cross.layers.is_empty() {
@@ -757,7 +780,14 @@ impl Block {
             }
             &*out
         };
-        m.bottom.forward(p, dense_x, x.n, &mut self.bottom_acts);
+        m.bottom.forward_full(
+            p,
+            dense_x,
+            x.n,
+            &mut self.bottom_acts,
+            &mut self.bottom_norm,
+            None,
+        );
         let (t, d) = (c.num_tables, c.embedding_dim);
         let emb = if c.first_order {
             // The interaction and the FM term read `[n, T, d]`: the rows without weights.
@@ -774,8 +804,14 @@ impl Block {
         m.cross.forward(p, &self.inter, x.n, &mut self.cross);
         let top_in = m.cross.output(&self.cross, &self.inter);
         let dropout = x.dropout.filter(|_| x.tower == Tower::Memory);
-        m.top
-            .forward_dropout(p, top_in, x.n, &mut self.top_acts, dropout);
+        m.top.forward_full(
+            p,
+            top_in,
+            x.n,
+            &mut self.top_acts,
+            &mut self.top_norm,
+            dropout,
+        );
         if c.fm {
             let logits = self.top_acts.last_mut().expect("nonempty");
             crate::fm::forward(emb, x.n, t, d, &mut logits[..x.n]);
@@ -845,11 +881,12 @@ impl Block {
             }
             _ => {
                 let crossed = !m.cross.layers.is_empty();
-                m.top.backward_dropout(
+                m.top.backward_full(
                     p,
                     &mut self.grads,
                     m.cross.output(&self.cross, &self.inter),
                     &self.top_acts,
+                    &self.top_norm,
                     &mut self.dlogits,
                     &mut self.ga,
                     &mut self.gb,
@@ -921,16 +958,18 @@ impl Block {
                 n,
             );
         }
-        m.bottom.backward(
+        m.bottom.backward_full(
             p,
             &mut self.grads,
             dense_x,
             &self.bottom_acts,
+            &self.bottom_norm,
             &mut self.d_bottom,
             &mut self.ga,
             &mut self.gb,
             None,
             n,
+            None,
         );
     }
 

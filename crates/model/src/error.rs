@@ -23,9 +23,9 @@ pub enum ModelError {
         /// Position in the size list.
         index: usize,
     },
-    /// Cross layers (DCN-v2) or an FM term (DeepFM) and an MTRM adapt tower in one model
-    /// are not built.
-    #[error("cross layers (DCN-v2) or an FM term (DeepFM) and an MTRM adapt tower cannot be combined; choose one")]
+    /// Cross layers (DCN-v2), an FM or first-order term (DeepFM, Wide & Deep) or layer
+    /// norms and an MTRM adapt tower in one model are not built.
+    #[error("cross layers (DCN-v2), an FM or first-order term (DeepFM, Wide & Deep) or layer norms and an MTRM adapt tower cannot be combined; choose one")]
     CrossWithAdapt,
     /// The top MLP (or MTRM's adapt tower) must end in a single logit.
     #[error("top MLP and adapt tower must end with 1 output (the logit), got {got}")]

@@ -11,6 +11,7 @@
 
 use crate::gemm::{sgemm, MatRef};
 use crate::init::InitRng;
+use crate::norm::{LayerNorm, NormActs};
 
 /// Activation applied after the affine map.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -257,6 +258,10 @@ fn act_grad_colsum(dy: &mut [f32], y: &[f32], part: &mut [f32], act: Activation,
 pub struct Mlp {
     /// The layers, input to output.
     pub layers: Vec<Linear>,
+    /// Layer norms of the hidden layers' pre-activations (one per layer but the last),
+    /// or none. A normalized layer's [`Linear`] has no activation: the ReLU follows the
+    /// norm ([`Mlp::with_layer_norm`]).
+    pub norms: Vec<LayerNorm>,
 }
 
 impl Mlp {
@@ -280,7 +285,45 @@ impl Mlp {
             off = l.end_offset();
             layers.push(l);
         }
-        Self { layers }
+        Self {
+            layers,
+            norms: Vec::new(),
+        }
+    }
+
+    /// The same MLP with a layer norm between each hidden layer's affine map and its
+    /// ReLU (`Linear → LayerNorm → ReLU`); the norms' `γ`, `β` start at `offset`.
+    ///
+    /// # Panics
+    /// If a hidden layer's activation is not ReLU.
+    pub fn with_layer_norm(mut self, offset: usize) -> Self {
+        let hidden = self.layers.len() - 1;
+        let mut off = offset;
+        for l in &mut self.layers[..hidden] {
+            assert_eq!(
+                l.act,
+                Activation::Relu,
+                "layer norm is built for ReLU layers"
+            );
+            l.act = Activation::None;
+            let norm = LayerNorm {
+                width: l.out_dim,
+                offset: off,
+            };
+            off = norm.end_offset();
+            self.norms.push(norm);
+        }
+        self
+    }
+
+    /// Parameters of the layer norms (0 without).
+    pub fn norm_params(&self) -> usize {
+        self.norms.iter().map(LayerNorm::num_params).sum()
+    }
+
+    /// Buffers a forward of `rows` rows keeps for the norms' backward (none without).
+    pub fn norm_acts(&self, rows: usize) -> Vec<NormActs> {
+        self.norms.iter().map(|n| NormActs::new(n, rows)).collect()
     }
 
     /// Input width.
@@ -322,11 +365,32 @@ impl Mlp {
         acts: &mut [Vec<f32>],
         dropout: Option<Dropout>,
     ) {
+        self.forward_full(params, x, n, acts, &mut [], dropout);
+    }
+
+    /// [`Mlp::forward_dropout`] of an MLP with layer norms ([`Mlp::with_layer_norm`]),
+    /// keeping what their backward needs in `norm_acts` ([`Mlp::norm_acts`]).
+    pub fn forward_full(
+        &self,
+        params: &[f32],
+        x: &[f32],
+        n: usize,
+        acts: &mut [Vec<f32>],
+        norm_acts: &mut [NormActs],
+        dropout: Option<Dropout>,
+    ) {
         let last = self.layers.len() - 1;
         for (i, l) in self.layers.iter().enumerate() {
             let (prev, rest) = acts.split_at_mut(i);
             let inp: &[f32] = if i == 0 { x } else { &prev[i - 1] };
             l.forward(params, inp, n, &mut rest[0]);
+            if let Some(norm) = self.norms.get(i) {
+                let y = &mut rest[0][..n * l.out_dim];
+                norm.forward(params, y, n, &mut norm_acts[i]);
+                for v in y.iter_mut() {
+                    *v = v.max(0.0);
+                }
+            }
             if let (Some(d), true) = (dropout, i < last) {
                 d.apply(i, &mut rest[0][..n * l.out_dim], l.out_dim);
             }
@@ -364,6 +428,25 @@ impl Mlp {
         dy: &mut [f32],
         ga: &mut [f32],
         gb: &mut [f32],
+        dx: Option<&mut [f32]>,
+        n: usize,
+        dropout: Option<Dropout>,
+    ) {
+        self.backward_full(params, grads, x, acts, &[], dy, ga, gb, dx, n, dropout);
+    }
+
+    /// Backward of [`Mlp::forward_full`] with the same `norm_acts` and `dropout`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_full(
+        &self,
+        params: &[f32],
+        grads: &mut [f32],
+        x: &[f32],
+        acts: &[Vec<f32>],
+        norm_acts: &[NormActs],
+        dy: &mut [f32],
+        ga: &mut [f32],
+        gb: &mut [f32],
         mut dx: Option<&mut [f32]>,
         n: usize,
         dropout: Option<Dropout>,
@@ -374,12 +457,22 @@ impl Mlp {
         let mut which: Option<bool> = None;
         for i in (0..self.layers.len()).rev() {
             let l = &self.layers[i];
-            let scale = if i < last { hidden_scale } else { 1.0 };
+            let mut scale = if i < last { hidden_scale } else { 1.0 };
             let (cur, next): (&mut [f32], &mut [f32]) = match which {
                 None => (&mut *dy, &mut *ga),
                 Some(false) => (&mut *ga, &mut *gb),
                 Some(true) => (&mut *gb, &mut *ga),
             };
+            if let Some(norm) = self.norms.get(i) {
+                // ReLU (and dropout) after the norm, then the norm, then the affine map
+                // whose own activation is the identity.
+                let w = l.out_dim;
+                for (g, &y) in cur[..n * w].iter_mut().zip(&acts[i][..n * w]) {
+                    *g = if y > 0.0 { *g * scale } else { 0.0 };
+                }
+                norm.backward(params, grads, cur, n, &norm_acts[i]);
+                scale = 1.0;
+            }
             if i == 0 {
                 l.backward_scaled(params, grads, x, &acts[0], cur, dx.take(), n, scale);
             } else {

@@ -45,6 +45,7 @@ pub mod interaction;
 pub mod layers;
 pub mod loss;
 pub mod metrics;
+pub mod norm;
 pub mod optim;
 pub mod schedule;
 

@@ -17,6 +17,7 @@ fn small(kind: InteractionKind) -> DlrmConfig {
         dense_scale: Vec::new(),
         dropout: 0.0,
         first_order: false,
+        layer_norm: false,
     }
 }
 
@@ -669,4 +670,35 @@ fn first_order_adds_the_row_weights_and_a_dense_linear_term() {
             got[r]
         );
     }
+}
+
+/// Layer norms on the bottom and top MLPs' hidden layers: finite differences agree with
+/// every gradient (the norms' `γ`, `β` included), alone and with the first-order term
+/// and cross layers (with dropout: `mlp_layer_norm_gradcheck`); the norms' parameters
+/// come last and start as the identity (`γ = 1`, `β = 0`).
+#[test]
+fn layer_norm_gradcheck() {
+    for (first_order, cross_layers, kind) in [
+        (false, 0, InteractionKind::Dot),
+        (true, 1, InteractionKind::Concat),
+    ] {
+        gradcheck_config(DlrmConfig {
+            layer_norm: true,
+            first_order,
+            cross_layers,
+            ..small(kind)
+        });
+    }
+    let plain = DenseDlrm::new(small(InteractionKind::Dot)).unwrap();
+    let normed = DenseDlrm::new(DlrmConfig {
+        layer_norm: true,
+        ..small(InteractionKind::Dot)
+    })
+    .unwrap();
+    let k = plain.num_params();
+    // bottom [5, 8, 4]: one hidden layer of 8; top [., 6, 1]: one of 6.
+    assert_eq!(normed.num_params(), k + 2 * 8 + 2 * 6);
+    assert_eq!(&normed.params()[..k], plain.params());
+    assert_eq!(&normed.params()[k..k + 8], &[1.0; 8]);
+    assert_eq!(&normed.params()[k + 8..k + 16], &[0.0; 8]);
 }
