@@ -352,24 +352,13 @@ impl Mlp {
 
     /// Forward: `acts[i]` receives layer `i`'s output.
     pub fn forward(&self, params: &[f32], x: &[f32], n: usize, acts: &mut [Vec<f32>]) {
-        self.forward_dropout(params, x, n, acts, None);
+        self.forward_full(params, x, n, acts, &mut [], None);
     }
 
     /// [`Mlp::forward`] with `dropout` applied to every hidden layer's output (not the
-    /// last layer's); [`Mlp::backward_dropout`] is its backward.
-    pub fn forward_dropout(
-        &self,
-        params: &[f32],
-        x: &[f32],
-        n: usize,
-        acts: &mut [Vec<f32>],
-        dropout: Option<Dropout>,
-    ) {
-        self.forward_full(params, x, n, acts, &mut [], dropout);
-    }
-
-    /// [`Mlp::forward_dropout`] of an MLP with layer norms ([`Mlp::with_layer_norm`]),
-    /// keeping what their backward needs in `norm_acts` ([`Mlp::norm_acts`]).
+    /// last layer's), and for an MLP with layer norms ([`Mlp::with_layer_norm`]) keeping
+    /// what their backward needs in `norm_acts` ([`Mlp::norm_acts`]; empty without).
+    /// [`Mlp::backward_full`] is its backward.
     pub fn forward_full(
         &self,
         params: &[f32],
@@ -413,29 +402,11 @@ impl Mlp {
         dx: Option<&mut [f32]>,
         n: usize,
     ) {
-        self.backward_dropout(params, grads, x, acts, dy, ga, gb, dx, n, None);
+        self.backward_full(params, grads, x, acts, &[], dy, ga, gb, dx, n, None);
     }
 
-    /// Backward of [`Mlp::forward_dropout`] with the same `dropout` (whose masks are the
-    /// zeros the forward left in the hidden activations).
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward_dropout(
-        &self,
-        params: &[f32],
-        grads: &mut [f32],
-        x: &[f32],
-        acts: &[Vec<f32>],
-        dy: &mut [f32],
-        ga: &mut [f32],
-        gb: &mut [f32],
-        dx: Option<&mut [f32]>,
-        n: usize,
-        dropout: Option<Dropout>,
-    ) {
-        self.backward_full(params, grads, x, acts, &[], dy, ga, gb, dx, n, dropout);
-    }
-
-    /// Backward of [`Mlp::forward_full`] with the same `norm_acts` and `dropout`.
+    /// Backward of [`Mlp::forward_full`] with the same `norm_acts` and `dropout` (whose
+    /// masks are the zeros the forward left in the hidden activations).
     #[allow(clippy::too_many_arguments)]
     pub fn backward_full(
         &self,

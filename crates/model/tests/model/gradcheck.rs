@@ -311,7 +311,7 @@ fn mlp_dropout_gradcheck() {
         row0: 40,
     };
     let mut acts: Vec<Vec<f32>> = sizes[1..].iter().map(|&w| vec![0.0; n * w]).collect();
-    mlp.forward_dropout(&params, &x, n, &mut acts, Some(drop));
+    mlp.forward_full(&params, &x, n, &mut acts, &mut [], Some(drop));
     let dropped = acts[0].iter().filter(|&&v| v == 0.0).count();
     assert!(
         dropped > n * 12 * 3 / 10 / 2,
@@ -320,11 +320,12 @@ fn mlp_dropout_gradcheck() {
     let (mut grads, mut dy) = (vec![0.0; params.len()], r.clone());
     let (mut ga, mut gb) = (vec![0.0; n * 12], vec![0.0; n * 12]);
     let mut dx = vec![0.0; n * sizes[0]];
-    mlp.backward_dropout(
+    mlp.backward_full(
         &params,
         &mut grads,
         &x,
         &acts,
+        &[],
         &mut dy,
         &mut ga,
         &mut gb,
@@ -334,7 +335,7 @@ fn mlp_dropout_gradcheck() {
     );
     let fwd = |params: &[f32], x: &[f32]| -> (f64, Vec<bool>) {
         let mut acts: Vec<Vec<f32>> = sizes[1..].iter().map(|&w| vec![0.0; n * w]).collect();
-        mlp.forward_dropout(params, x, n, &mut acts, Some(drop));
+        mlp.forward_full(params, x, n, &mut acts, &mut [], Some(drop));
         let pattern = acts[..2].iter().flatten().map(|&v| v > 0.0).collect();
         (weighted_sum(&acts[2], &r), pattern)
     };
