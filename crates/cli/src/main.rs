@@ -317,13 +317,19 @@ fn main() -> anyhow::Result<()> {
         },
         Command::Cluster(c) => {
             if let elastrec_master::cli::ClusterCommand::Run(a) = &c {
-                let cfg = a
-                    .job
-                    .as_deref()
-                    .and_then(|p| elastrec_job::config::JobConfig::load(p).ok());
-                if let Some((d, cfg)) = cfg.as_ref().and_then(|c| Some((c.dashboard.as_ref()?, c)))
-                {
-                    elastrec_viz::dashboard::beside_run(d, cfg.output.dir.clone());
+                // `[dashboard]` of the job file, or of the job a resume continues. A job
+                // that cannot be read here is reported by the run itself.
+                let job = match (&a.job, &a.resume) {
+                    (Some(p), _) => elastrec_job::config::JobConfig::load(p)
+                        .ok()
+                        .map(|c| (c.output.dir.clone(), c)),
+                    (None, Some(dir)) => elastrec_master::cli::stored_job(dir)
+                        .ok()
+                        .map(|c| (dir.clone(), c)),
+                    (None, None) => None,
+                };
+                if let Some((dir, d)) = job.and_then(|(dir, c)| Some((dir, c.dashboard?))) {
+                    elastrec_viz::dashboard::beside_run(&d, dir);
                 }
             }
             elastrec_master::cli::dispatch(c)

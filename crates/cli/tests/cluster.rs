@@ -6,7 +6,7 @@
 mod common;
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -261,11 +261,15 @@ fn scaling_workers_up_and_down_mid_epoch() {
     assert_eq!(r["workers_launched"], 3, "{r}");
 }
 
-/// (d) SIGKILL of the master, then `run --resume`: live nodes re-register, nothing lost.
+/// (d) SIGKILL of the master, then `run --resume`: live nodes re-register, nothing lost;
+/// the job's `[dashboard]` (read from the job the master stored) is served again by the
+/// resumed run and shows the resumed master live.
 #[test]
 fn master_killed_and_resumed() {
     let _g = serial();
-    let (job, dir) = write_job("d", CLUSTER);
+    let port = free_port();
+    let dashboard = format!("\n[dashboard]\nlisten = \"127.0.0.1:{port}\"\nevery_ms = 100\n");
+    let (job, dir) = write_job("d", &format!("{CLUSTER}{dashboard}"));
     let log = dir.with_extension("log");
     let total = 2 * fixture().train_rows;
     let at = (total / 3).to_string();
@@ -284,6 +288,27 @@ fn master_killed_and_resumed() {
     // The resumed master holds at the same point until the pause is lifted; it answers
     // once it serves again.
     wait_held(&dir);
+    // Held, the job stays live: the resumed run's page must come to show it so.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let snapshot = loop {
+        let s = http_get(port, "/api/snapshot");
+        let live = s
+            .as_deref()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok());
+        if let Some(v) = live.filter(|v| v["jobs"][0]["state"] == "live") {
+            break v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the resumed run's dashboard: {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        snapshot["jobs"].as_array().map(Vec::len),
+        Some(1),
+        "{snapshot}"
+    );
     unpause(&dir);
     g2.wait_success(&log2);
     check_result(&dir, &log2, MULTI_WORKER_AUC_TOLERANCE);
@@ -622,4 +647,19 @@ fn family_trains_in_both_modes(family: &str, model: &str, extra: &str) {
         "{family}: run AUC {run:.4} vs train {single:.4}"
     );
     check_saved_model(&dir, &r);
+}
+
+/// The body of `GET path` on the loopback port, or `None` while nothing answers there.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    c.read_to_string(&mut text).ok()?;
+    text.split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
 }

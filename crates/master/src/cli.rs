@@ -109,6 +109,25 @@ pub struct StatusArgs {
 }
 
 /// A job's live status as `elastrec status --json` prints it (and the dashboard serves).
+/// The job file a job directory's master stored when the job started (`run --resume`
+/// reads the job from there, not from the file it was started with, which may have
+/// changed or gone).
+pub fn stored_job(dir: &std::path::Path) -> anyhow::Result<elastrec_job::config::JobConfig> {
+    let db = JobDir(dir.to_path_buf()).db();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let snap = rt.block_on(async {
+        let store = crate::store::MasterDb::open_read_only(&db).await?;
+        store.load().await
+    })?;
+    let text = snap
+        .meta
+        .get("job_toml")
+        .with_context(|| format!("{} lacks the stored job", db.display()))?;
+    Ok(elastrec_job::config::JobConfig::from_toml(text, &db)?)
+}
+
 pub fn status_value(
     s: &elastrec_proto::master::StatusResponse,
 ) -> anyhow::Result<serde_json::Value> {
