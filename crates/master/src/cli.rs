@@ -117,15 +117,14 @@ pub fn stored_job(dir: &std::path::Path) -> anyhow::Result<elastrec_job::config:
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let snap = rt.block_on(async {
-        let store = crate::store::MasterDb::open_read_only(&db).await?;
-        store.load().await
-    })?;
-    let text = snap
-        .meta
-        .get("job_toml")
+    // Only the stored job: the master reads the whole state when it resumes.
+    let text = rt
+        .block_on(async {
+            let store = crate::store::MasterDb::open_read_only(&db).await?;
+            store.meta("job_toml").await
+        })?
         .with_context(|| format!("{} lacks the stored job", db.display()))?;
-    Ok(elastrec_job::config::JobConfig::from_toml(text, &db)?)
+    Ok(elastrec_job::config::JobConfig::from_toml(&text, &db)?)
 }
 
 pub fn status_value(

@@ -171,6 +171,17 @@ impl MasterDb {
         self.apply(&[Change::Meta(key, value)]).await
     }
 
+    /// One `meta` value, without reading the rest of the state (tasks, ledger and nodes,
+    /// which grow with the job).
+    pub async fn meta(&self, key: &str) -> Result<Option<String>> {
+        Ok(sqlx::query("SELECT value FROM meta WHERE key = ?")
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?
+            .map(|r| r.try_get(0))
+            .transpose()?)
+    }
+
     /// Reads the whole state back.
     pub async fn load(&self) -> Result<Snapshot> {
         let mut snap = Snapshot::default();

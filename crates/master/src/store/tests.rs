@@ -322,3 +322,32 @@ async fn master_restart_from_sqlite_loses_nothing() {
     }
     assert!(round > 2, "the job should span several restarts");
 }
+
+/// One meta value is read on its own, read-only, as `load` would give it; a key never
+/// written is `None`.
+#[tokio::test]
+async fn one_meta_value_is_read_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("master.db");
+    let store = MasterDb::open(&path, true).await.unwrap();
+    store
+        .set_meta("job_toml", "[model]\n".into())
+        .await
+        .unwrap();
+    drop(store);
+    let ro = MasterDb::open_read_only(&path).await.unwrap();
+    assert_eq!(
+        ro.meta("job_toml").await.unwrap().as_deref(),
+        Some("[model]\n")
+    );
+    assert_eq!(
+        ro.load()
+            .await
+            .unwrap()
+            .meta
+            .get("job_toml")
+            .map(String::as_str),
+        Some("[model]\n")
+    );
+    assert_eq!(ro.meta("job_id").await.unwrap(), None);
+}
