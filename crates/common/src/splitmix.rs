@@ -18,6 +18,13 @@ pub fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// A value derived from `key` and a counter `j`: `mix64(key ^ j · GOLDEN_GAMMA)`. Keys
+/// independent streams from one seed (a layer's, a row's, a worker's, a step's).
+#[inline]
+pub fn derive(key: u64, j: u64) -> u64 {
+    mix64(key ^ j.wrapping_mul(GOLDEN_GAMMA))
+}
+
 /// The output of one SplitMix64 step from state `z`: `mix64(z + GOLDEN_GAMMA)`, i.e. the
 /// first value of [`SplitMix64::new(z)`](SplitMix64::new). A stateless 64-bit hash.
 #[inline]

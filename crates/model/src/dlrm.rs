@@ -618,11 +618,7 @@ impl DenseDlrm {
         ws.steps += 1;
         let dropout = (self.config.dropout > 0.0).then(|| Dropout {
             rate: self.config.dropout,
-            seed: elastrec_common::splitmix::mix64(
-                ws.dropout_stream
-                    ^ ws.steps
-                        .wrapping_mul(elastrec_common::splitmix::GOLDEN_GAMMA),
-            ),
+            seed: elastrec_common::splitmix::derive(ws.dropout_stream, ws.steps),
             row0: 0,
         });
         let inputs = BlockInputs {

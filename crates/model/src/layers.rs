@@ -485,13 +485,13 @@ impl Dropout {
 
     /// Applies the mask of hidden layer `layer` to `y [rows, width]`.
     pub fn apply(&self, layer: usize, y: &mut [f32], width: usize) {
-        use elastrec_common::splitmix::{mix64, GOLDEN_GAMMA};
+        use elastrec_common::splitmix::{derive, mix64, GOLDEN_GAMMA};
         // A unit is dropped when 32 hash bits fall below rate · 2^32.
         let threshold = (self.rate as f64 * 4_294_967_296.0) as u64;
         let scale = self.keep_scale();
-        let layer_key = mix64(self.seed ^ (layer as u64 + 1).wrapping_mul(GOLDEN_GAMMA));
+        let layer_key = derive(self.seed, layer as u64 + 1);
         for (r, row) in y.chunks_exact_mut(width).enumerate() {
-            let row_key = mix64(layer_key ^ (self.row0 + r as u64).wrapping_mul(GOLDEN_GAMMA));
+            let row_key = derive(layer_key, self.row0 + r as u64);
             // One 64-bit hash decides two units.
             for (j, pair) in row.chunks_mut(2).enumerate() {
                 let h = mix64(row_key.wrapping_add((j as u64 + 1).wrapping_mul(GOLDEN_GAMMA)));

@@ -301,9 +301,9 @@ impl RemoteModel {
         let mut ws = dense.workspace(batch);
         // Workers compute gradients side by side: each draws its own dropout masks. (A
         // restarted worker id repeats its masks from step 0: harmless, they are noise.)
-        ws.set_dropout_stream(elastrec_common::splitmix::mix64(
-            job.model.seed
-                ^ (u64::from(worker_id) + 1).wrapping_mul(elastrec_common::splitmix::GOLDEN_GAMMA),
+        ws.set_dropout_stream(elastrec_common::splitmix::derive(
+            job.model.seed,
+            u64::from(worker_id) + 1,
         ));
         let mut me = Self {
             ws,
