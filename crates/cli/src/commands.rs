@@ -56,6 +56,16 @@ pub fn train(config: &Path, print_config: bool) -> Result<()> {
             println!("  share of lift     {:>11.1}%", 100.0 * lift);
         }
     }
+    println!(
+        "  embedding memory  {:>8.1} MiB",
+        s.embedding_bytes as f64 / (1 << 20) as f64
+    );
+    if let Some(d) = s.dynamic_embeddings {
+        println!(
+            "  dynamic rows      {:>12}  of {} slots; {} admitted, {} evicted, {} expired, {} updates filtered",
+            d.stored_rows, d.slots, d.stats.admitted, d.stats.evicted, d.stats.expired, d.stats.filtered
+        );
+    }
     println!("  wall time         {:>11.1}s", s.wall_s);
     println!("  threads           {:>12}", s.threads);
     if s.rows_skipped > 0 {

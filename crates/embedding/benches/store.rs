@@ -61,6 +61,7 @@ fn bench_store(c: &mut Criterion) {
             initial_accumulator: 0.0,
         },
         seed: 1,
+        dynamic: None,
     };
     let mut store = EmbeddingStore::new(config).unwrap();
     let id_batches = batches(exponent);

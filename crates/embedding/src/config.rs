@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::dynamic::{DynamicConfig, DYNAMIC_KEY_SPACE};
 use crate::error::{EmbeddingError, Result};
 
 /// Configuration of a set of embedding tables sharing one dimension and one sparse optimizer.
@@ -23,6 +24,7 @@ pub struct EmbeddingConfig {
     #[serde(default = "default_dim")]
     pub dim: usize,
     /// Number of hashed rows of each table, one entry per categorical feature. Required.
+    /// With `dynamic`, each table's memory budget: the bytes of that many hashed rows.
     pub rows: Vec<u64>,
     /// Sparse optimizer applied to every table. Default: row-wise Adagrad with its defaults.
     #[serde(default)]
@@ -30,6 +32,10 @@ pub struct EmbeddingConfig {
     /// Seed of the deterministic initialization. Default: 0.
     #[serde(default)]
     pub seed: u64,
+    /// Dynamic tables (a growing key → row map with admission and eviction) instead of
+    /// hashed ones. Default: none (hashed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamic: Option<DynamicConfig>,
 }
 
 fn default_dim() -> usize {
@@ -47,6 +53,7 @@ impl EmbeddingConfig {
             rows,
             optimizer: SparseOptimizerConfig::default(),
             seed: 0,
+            dynamic: None,
         }
     }
 
@@ -61,7 +68,19 @@ impl EmbeddingConfig {
         if let Some(table) = self.rows.iter().position(|&r| r == 0) {
             return Err(EmbeddingError::ZeroRows { table });
         }
+        if let Some(d) = &self.dynamic {
+            d.validate()?;
+        }
         self.optimizer.validate()
+    }
+
+    /// The row count ids are hashed over, per table: `rows`, or a dynamic table's
+    /// [`DYNAMIC_KEY_SPACE`]. What a process routing ids to parameter servers must use.
+    pub fn key_spaces(&self) -> Vec<u64> {
+        match self.dynamic {
+            None => self.rows.clone(),
+            Some(_) => vec![DYNAMIC_KEY_SPACE; self.rows.len()],
+        }
     }
 
     /// Number of tables.

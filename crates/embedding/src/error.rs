@@ -77,6 +77,20 @@ pub enum EmbeddingError {
         /// Shard that received it.
         shard: u32,
     },
+    /// A dynamic table holds no row for this key (never admitted, or evicted).
+    #[error("row {row} of dynamic table {table} is not stored (not admitted yet, or evicted)")]
+    NotStored {
+        /// Table.
+        table: usize,
+        /// The key.
+        row: u64,
+    },
+    /// A dynamic-embedding option is out of range.
+    #[error("invalid dynamic embedding config: {reason}")]
+    Dynamic {
+        /// What is wrong.
+        reason: String,
+    },
     /// A table index is not below the number of tables.
     #[error("table {table} out of range ({tables} tables)")]
     TableOutOfRange {

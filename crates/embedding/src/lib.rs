@@ -38,9 +38,16 @@
 //! bit-identical for any thread count. Steps allocate nothing once [`UpdateScratch`] is warm.
 //! [`TableShard::export`] / [`TableShard::import`] move rows with their state
 //! ([`TableSnapshot`], with a little-endian byte encoding) for checkpoints and migration.
+//!
+//! # Dynamic tables
+//! With [`EmbeddingConfig::dynamic`] set, every table is a collision-free key → row map
+//! under the memory of the hashed table it replaces, with admission and eviction (see
+//! [`DynamicConfig`]; the design is in the `dynamic` module). Its keys are its global rows
+//! ([`DYNAMIC_KEY_SPACE`] of them), so routing, the wire and snapshots are unchanged.
 
 mod config;
 mod criteo;
+mod dynamic;
 mod error;
 mod hash;
 pub mod le;
@@ -51,6 +58,10 @@ mod table;
 
 pub use config::{EmbeddingConfig, SparseOptimizerConfig};
 pub use criteo::{capped_rows, CRITEO_KAGGLE_CARDINALITIES};
+pub use dynamic::{
+    slots_within, DynamicConfig, DynamicStats, DynamicSummary, Eviction, DYNAMIC_KEY_SPACE,
+    MIN_SLOTS,
+};
 pub use error::{EmbeddingError, Result};
 pub use hash::{
     global_row, init_bound, init_row, local_index, row_of, shard_of, shard_residue, shard_rows,

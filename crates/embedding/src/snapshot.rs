@@ -9,7 +9,8 @@ use crate::hash::shard_of;
 pub struct TableSnapshot {
     /// Table index.
     pub table: usize,
-    /// Rows of the whole table (all shards); guards against importing into a resized table.
+    /// Rows of the whole table (all shards; a dynamic table's budget); guards against
+    /// importing into a resized table.
     pub table_rows: u64,
     /// Embedding dimension.
     pub dim: usize,

@@ -59,8 +59,9 @@ impl EmbeddingStore {
             .rows
             .iter()
             .enumerate()
-            .map(|(t, &rows)| {
-                TableShard::new(t, rows, config.dim, config.optimizer, config.seed, shard)
+            .map(|(t, &rows)| match config.dynamic {
+                None => TableShard::new(t, rows, config.dim, config.optimizer, config.seed, shard),
+                Some(d) => Self::dynamic_table(&config, t, rows, shard, d),
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
@@ -78,13 +79,28 @@ impl EmbeddingStore {
             .rows
             .iter()
             .enumerate()
-            .map(|(t, &rows)| TableShard::new_zeroed(t, rows, config.dim, config.optimizer, shard))
+            .map(|(t, &rows)| match config.dynamic {
+                None => TableShard::new_zeroed(t, rows, config.dim, config.optimizer, shard),
+                // Empty either way.
+                Some(d) => Self::dynamic_table(&config, t, rows, shard, d),
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             config,
             shard,
             tables,
         })
+    }
+
+    fn dynamic_table(
+        config: &EmbeddingConfig,
+        t: usize,
+        rows: u64,
+        shard: ShardSpec,
+        dynamic: crate::DynamicConfig,
+    ) -> Result<TableShard> {
+        let (dim, optimizer, seed) = (config.dim, config.optimizer, config.seed);
+        TableShard::new_dynamic(t, rows, dim, optimizer, seed, shard, dynamic)
     }
 
     /// The validated configuration.
@@ -177,9 +193,7 @@ impl EmbeddingStore {
             .zip(keys.par_chunks(SAMPLES_PER_TASK * t))
             .try_for_each(|(out, keys)| {
                 for (o, (i, &key)) in out.chunks_exact_mut(d).zip(keys.iter().enumerate()) {
-                    let table = &self.tables[i % t];
-                    let local = table.local_of(to_row(i % t, key))?;
-                    o.copy_from_slice(table.weights_local(local));
+                    self.tables[i % t].read_weights(to_row(i % t, key), o)?;
                 }
                 Ok(())
             })
@@ -274,6 +288,18 @@ impl EmbeddingStore {
                 .iter()
                 .map(TableShard::memory_bytes)
                 .sum::<usize>()
+    }
+
+    /// What the dynamic tables hold and did (`None` for hashed tables).
+    pub fn dynamic_summary(&self) -> Option<crate::DynamicSummary> {
+        self.config.dynamic?;
+        let mut sum = crate::DynamicSummary::default();
+        for t in &self.tables {
+            if let Some(s) = t.dynamic_stats() {
+                sum.add(t.local_rows(), t.row_capacity(), s);
+            }
+        }
+        Some(sum)
     }
 
     /// Bytes of the rows and optimizer state alone.

@@ -3,6 +3,9 @@
 use rayon::prelude::*;
 
 use crate::config::SparseOptimizerConfig;
+use crate::dynamic::{
+    growth, slots_within, DynamicConfig, DynamicRows, DynamicStats, DYNAMIC_KEY_SPACE,
+};
 use crate::error::{EmbeddingError, Result};
 use crate::hash::{
     global_row, init_bound, init_row, shard_of, shard_residue, shard_rows, ShardSpec,
@@ -25,17 +28,25 @@ pub struct TableScratch {
     keys: Vec<u64>,
     /// Summed gradient of the current duplicated row.
     gsum: Vec<f32>,
+    /// A dynamic table's keys of the batch, by sample (validated, not yet admitted).
+    pending: Vec<u64>,
+    /// Their slots (`u32::MAX`: none), found before admissions.
+    slots: Vec<u32>,
 }
 
 impl TableScratch {
     /// Heap bytes held by this scratch.
     pub fn memory_bytes(&self) -> usize {
-        self.keys.capacity() * 8 + self.gsum.capacity() * 4
+        (self.keys.capacity() + self.pending.capacity()) * 8
+            + (self.gsum.capacity() + self.slots.capacity()) * 4
     }
 }
 
 /// Shard `shard` of table `table`: its rows, stored densely by local index
 /// ([`crate::local_index`]), each as `dim` weights followed by `state_len` optimizer floats.
+///
+/// A dynamic table ([`TableShard::new_dynamic`]) stores its rows the same way, by slot
+/// instead of by local index, and maps keys to slots (see the `dynamic` module).
 #[derive(Debug, Clone)]
 pub struct TableShard {
     table: usize,
@@ -52,6 +63,8 @@ pub struct TableShard {
     data: Vec<f32>,
     /// Optional per-row access counters (MFU statistics), indexed by local row.
     counters: Option<Vec<u32>>,
+    /// The key → slot map of a dynamic table.
+    dynamic: Option<Box<DynamicRows>>,
 }
 
 impl TableShard {
@@ -112,11 +125,76 @@ impl TableShard {
             lr_scale: 1.0,
             data: vec![0.0; local_rows * stride],
             counters: None,
+            dynamic: None,
+        })
+    }
+
+    /// An empty dynamic shard of table `table` with the memory of the `budget_rows`-row
+    /// hashed table it replaces (its share on this shard; see [`crate::slots_within`]).
+    /// Every key reads as its initial value from `seed` until it is admitted.
+    pub fn new_dynamic(
+        table: usize,
+        budget_rows: u64,
+        dim: usize,
+        optimizer: SparseOptimizerConfig,
+        seed: u64,
+        shard: ShardSpec,
+        config: DynamicConfig,
+    ) -> Result<Self> {
+        if dim == 0 {
+            return Err(EmbeddingError::ZeroDim);
+        }
+        if budget_rows == 0 {
+            return Err(EmbeddingError::ZeroRows { table });
+        }
+        optimizer.validate()?;
+        config.validate()?;
+        let shard = ShardSpec::new(shard.index, shard.count)?;
+        let stride = dim + optimizer.state_len(dim);
+        let share = shard_rows(table, budget_rows, shard.index, shard.count).max(1);
+        let capacity = slots_within(share, stride, config.admit_count);
+        if capacity > MAX_SHARD_ROWS {
+            return Err(EmbeddingError::TooManyRows {
+                table,
+                rows: capacity,
+                max: MAX_SHARD_ROWS,
+            });
+        }
+        // The initial values are those of the hashed table of `budget_rows` rows.
+        let bound = init_bound(budget_rows);
+        Ok(Self {
+            table,
+            rows: DYNAMIC_KEY_SPACE,
+            shard,
+            residue: shard_residue(table, shard.index, shard.count),
+            local_rows: 0,
+            dim,
+            stride,
+            optimizer,
+            lr_scale: 1.0,
+            data: Vec::new(),
+            counters: None,
+            dynamic: Some(Box::new(DynamicRows::new(
+                config,
+                budget_rows,
+                capacity as usize,
+                (seed, bound),
+            ))),
         })
     }
 
     /// Resets every row to its seeded initial value and state.
     pub fn reinitialize(&mut self, seed: u64) {
+        if let Some(d) = &mut self.dynamic {
+            d.clear();
+            d.seed = seed;
+            self.data.clear();
+            self.local_rows = 0;
+            if let Some(c) = &mut self.counters {
+                c.clear();
+            }
+            return;
+        }
         let (table, dim, stride) = (self.table, self.dim, self.stride);
         let (shard, bound, optimizer) = (self.shard, init_bound(self.rows), self.optimizer);
         self.data
@@ -137,13 +215,34 @@ impl TableShard {
     pub fn table(&self) -> usize {
         self.table
     }
-    /// Rows of the whole table (all shards).
+    /// Rows of the whole table (all shards); a dynamic table's key space,
+    /// [`crate::DYNAMIC_KEY_SPACE`].
     pub fn rows(&self) -> u64 {
         self.rows
     }
-    /// Rows held by this shard.
+    /// Rows held by this shard (a dynamic table's: those admitted and not evicted).
     pub fn local_rows(&self) -> usize {
         self.local_rows
+    }
+    /// The table size its snapshots record: its rows, or a dynamic table's budget (the
+    /// rows of the hashed table it replaces), which a model rebuilt from the snapshots
+    /// needs for its capacity and initial values.
+    pub fn snapshot_rows(&self) -> u64 {
+        self.dynamic.as_ref().map_or(self.rows, |d| d.budget_rows)
+    }
+    /// Rows this shard can hold: all its rows, or a dynamic table's slots.
+    pub fn row_capacity(&self) -> usize {
+        self.dynamic
+            .as_ref()
+            .map_or(self.local_rows, |d| d.capacity)
+    }
+    /// True for a dynamic table.
+    pub fn is_dynamic(&self) -> bool {
+        self.dynamic.is_some()
+    }
+    /// What a dynamic table has admitted, evicted and filtered (`None` for a hashed one).
+    pub fn dynamic_stats(&self) -> Option<DynamicStats> {
+        self.dynamic.as_ref().map(|d| d.stats)
     }
     /// Which shard this is.
     pub fn shard(&self) -> ShardSpec {
@@ -176,9 +275,33 @@ impl TableShard {
         row < self.rows && shard_of(self.table, row, self.shard.count) == self.shard.index
     }
 
-    /// Local index of global `row`, or why this shard cannot serve it.
+    /// Local index of global `row` (a dynamic table's slot of key `row`), or why this shard
+    /// cannot serve it.
     #[inline]
     pub fn local_of(&self, row: u64) -> Result<usize> {
+        self.check_owned(row)?;
+        if self.shard.count == 1 {
+            return Ok(row as usize);
+        }
+        Ok((row / u64::from(self.shard.count)) as usize)
+    }
+
+    /// Where `row` lives in the arena: `Some(local)`, or `None` for a dynamic table's key
+    /// without a slot (its value is the initial one).
+    #[inline]
+    fn find(&self, row: u64) -> Result<Option<usize>> {
+        match &self.dynamic {
+            None => self.local_of(row).map(Some),
+            Some(d) => {
+                self.check_owned(row)?;
+                Ok(d.slot(row))
+            }
+        }
+    }
+
+    /// Checks that `row` is in range and this shard's.
+    #[inline]
+    fn check_owned(&self, row: u64) -> Result<()> {
         if row >= self.rows {
             return Err(EmbeddingError::RowOutOfRange {
                 table: self.table,
@@ -186,11 +309,8 @@ impl TableShard {
                 rows: self.rows,
             });
         }
-        if self.shard.count == 1 {
-            return Ok(row as usize);
-        }
         let n = u64::from(self.shard.count);
-        if row % n != self.residue {
+        if n > 1 && row % n != self.residue {
             return Err(EmbeddingError::WrongShard {
                 table: self.table,
                 row,
@@ -198,19 +318,48 @@ impl TableShard {
                 shard: self.shard.index,
             });
         }
-        Ok((row / n) as usize)
+        Ok(())
     }
 
-    /// Global row stored at local index `local`.
+    /// Global row stored at local index `local` (a dynamic table's key in slot `local`).
     #[inline]
     pub fn global_of(&self, local: usize) -> u64 {
-        local as u64 * u64::from(self.shard.count) + self.residue
+        match &self.dynamic {
+            None => local as u64 * u64::from(self.shard.count) + self.residue,
+            Some(d) => d.keys[local],
+        }
     }
 
-    /// Weights and state of global `row`: `stride()` floats.
+    /// Weights and state of global `row`: `stride()` floats. A dynamic table's key without
+    /// a slot is [`EmbeddingError::NotStored`].
     pub fn row(&self, row: u64) -> Result<&[f32]> {
-        let l = self.local_of(row)?;
+        let l = self.stored(row)?;
         Ok(&self.data[l * self.stride..(l + 1) * self.stride])
+    }
+
+    fn stored(&self, row: u64) -> Result<usize> {
+        self.find(row)?.ok_or(EmbeddingError::NotStored {
+            table: self.table,
+            row,
+        })
+    }
+
+    /// Copies the weights of global `row` into `out` (`dim()` floats): a dynamic table's
+    /// key without a slot reads as its initial value.
+    #[inline]
+    pub fn read_weights(&self, row: u64, out: &mut [f32]) -> Result<()> {
+        match self.find(row)? {
+            Some(l) => out.copy_from_slice(self.weights_local(l)),
+            None => self.write_initial(row, out),
+        }
+        Ok(())
+    }
+
+    /// The initial weights of a dynamic table's key (as the hashed table it replaces).
+    fn write_initial(&self, row: u64, out: &mut [f32]) {
+        if let Some(d) = &self.dynamic {
+            init_row(d.seed, self.table, row, d.bound, out);
+        }
     }
 
     /// Weights of global `row`: `dim()` floats.
@@ -228,7 +377,7 @@ impl TableShard {
     pub fn gather_rows(&self, rows: &[u64], out: &mut [f32]) -> Result<()> {
         check_len("out", rows.len() * self.dim, out.len())?;
         for (&row, o) in rows.iter().zip(out.chunks_exact_mut(self.dim)) {
-            o.copy_from_slice(self.weights_local(self.local_of(row)?));
+            self.read_weights(row, o)?;
         }
         Ok(())
     }
@@ -263,6 +412,17 @@ impl TableShard {
             });
         }
         scratch.keys.clear();
+        if self.dynamic.is_some() {
+            // Slots are found (and keys admitted) when the update runs.
+            scratch.pending.clear();
+            scratch.pending.reserve(n);
+            for s in 0..n {
+                let row = row_at(s);
+                self.check_owned(row)?;
+                scratch.pending.push(row);
+            }
+            return Ok(());
+        }
         scratch.keys.reserve(n);
         for s in 0..n {
             let local = self.local_of(row_at(s))? as u64;
@@ -272,6 +432,117 @@ impl TableShard {
         Ok(())
     }
 
+    /// A dynamic table's part of an update: advances its clock, drops expired rows, counts
+    /// and admits the batch's new keys (evicting when full), then fills `scratch.keys` with
+    /// the sorted `(slot << 32) | sample` keys of every sample whose key has a slot.
+    fn admit_batch(&mut self, scratch: &mut TableScratch) {
+        let Some(d) = self.dynamic.as_mut() else {
+            return;
+        };
+        for slot in d.begin_update() {
+            self.remove_slot(slot);
+        }
+        let TableScratch {
+            keys,
+            pending,
+            slots,
+            ..
+        } = scratch;
+        let d = self.dynamic.as_mut().expect("dynamic");
+        // `keys` first holds the keys to admit.
+        slots.clear();
+        for &key in pending.iter() {
+            match d.slot(key) {
+                Some(slot) => {
+                    d.touch(slot);
+                    slots.push(slot as u32);
+                }
+                None => {
+                    slots.push(u32::MAX);
+                    if d.count_toward_admission(key) {
+                        keys.push(key);
+                    }
+                }
+            }
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        let free = d.capacity.saturating_sub(d.len());
+        let mut moved = false;
+        if keys.len() > free {
+            let victims = d.choose_victims(keys.len() - free);
+            moved = !victims.is_empty();
+            for slot in victims {
+                self.remove_slot(slot);
+            }
+        }
+        let free = self.row_capacity().saturating_sub(self.local_rows);
+        for &key in keys.iter().take(free) {
+            self.push_row(key);
+        }
+        keys.clear();
+        let d = self.dynamic.as_mut().expect("dynamic");
+        let mut filtered = 0;
+        for (s, (&key, &slot)) in pending.iter().zip(slots.iter()).enumerate() {
+            // Evictions move slots (never a slot of this batch's keys away from its key);
+            // without one the slots found above still hold.
+            let slot = match slot {
+                u32::MAX => d.slot(key),
+                _ if moved => d.slot(key),
+                slot => Some(slot as usize),
+            };
+            match slot {
+                Some(slot) => {
+                    if slots[s] == u32::MAX {
+                        d.touch(slot);
+                    }
+                    keys.push(((slot as u64) << 32) | s as u64);
+                }
+                None => filtered += 1,
+            }
+        }
+        d.stats.filtered += filtered;
+        keys.sort_unstable();
+    }
+
+    /// Appends a slot for `key` with its initial weights and state.
+    fn push_row(&mut self, key: u64) {
+        let d = self.dynamic.as_mut().expect("dynamic");
+        d.push(key);
+        let (seed, bound, capacity) = (d.seed, d.bound, d.capacity);
+        let at = self.data.len();
+        if at == self.data.capacity() {
+            let more = growth(self.local_rows, capacity);
+            self.data.reserve_exact(more * self.stride);
+        }
+        self.data.resize(at + self.stride, 0.0);
+        let (w, state) = self.data[at..].split_at_mut(self.dim);
+        init_row(seed, self.table, key, bound, w);
+        self.optimizer.init_state(state);
+        if let Some(c) = &mut self.counters {
+            if c.len() == c.capacity() {
+                c.reserve_exact(growth(c.len(), capacity));
+            }
+            c.push(0);
+        }
+        self.local_rows += 1;
+    }
+
+    /// Removes a dynamic table's `slot`; the last slot's row moves into it.
+    fn remove_slot(&mut self, slot: usize) {
+        let d = self.dynamic.as_mut().expect("dynamic");
+        let stride = self.stride;
+        if let Some(last) = d.swap_remove(slot) {
+            self.data
+                .copy_within(last * stride..(last + 1) * stride, slot * stride);
+        }
+        self.local_rows -= 1;
+        self.data.truncate(self.local_rows * stride);
+        if let Some(c) = &mut self.counters {
+            c.swap_remove(slot);
+        }
+    }
+
     /// Applies the optimizer to every unique row of prepared `scratch.keys`, summing the
     /// gradients of duplicates in ascending sample order (so results never depend on threads).
     pub(crate) fn apply_prepared<'g>(
@@ -279,6 +550,7 @@ impl TableShard {
         grad_at: impl Fn(usize) -> &'g [f32],
         scratch: &mut TableScratch,
     ) {
+        self.admit_batch(scratch);
         // A scale of 1 leaves the rate's bits as they are.
         let opt = self.optimizer.with_lr_scale(self.lr_scale);
         dispatch_update!(opt, |u| self.apply_prepared_with(u, grad_at, scratch))
@@ -291,7 +563,7 @@ impl TableShard {
         scratch: &mut TableScratch,
     ) {
         let (d, stride) = (self.dim, self.stride);
-        let TableScratch { keys, gsum } = scratch;
+        let TableScratch { keys, gsum, .. } = scratch;
         gsum.resize(d, 0.0);
         let mut i = 0;
         while i < keys.len() {
@@ -352,7 +624,7 @@ impl TableShard {
     pub fn export(&self) -> TableSnapshot {
         TableSnapshot {
             table: self.table,
-            table_rows: self.rows,
+            table_rows: self.snapshot_rows(),
             dim: self.dim,
             state_len: self.state_len(),
             rows: (0..self.local_rows).map(|l| self.global_of(l)).collect(),
@@ -360,18 +632,25 @@ impl TableShard {
         }
     }
 
-    /// Exports the given global rows (e.g. the most-frequently-used ones) of this shard.
+    /// Exports the given global rows (e.g. the most-frequently-used ones) of this shard. A
+    /// dynamic table leaves out keys without a slot (evicted since they were chosen).
     pub fn export_rows(&self, rows: &[u64]) -> Result<TableSnapshot> {
         let mut values = Vec::with_capacity(rows.len() * self.stride);
+        let mut kept = Vec::with_capacity(rows.len());
         for &row in rows {
-            values.extend_from_slice(self.row(row)?);
+            if let Some(l) = self.find(row)? {
+                values.extend_from_slice(&self.data[l * self.stride..(l + 1) * self.stride]);
+                kept.push(row);
+            } else {
+                self.stored(row)?;
+            }
         }
         Ok(TableSnapshot {
             table: self.table,
-            table_rows: self.rows,
+            table_rows: self.snapshot_rows(),
             dim: self.dim,
             state_len: self.state_len(),
-            rows: rows.to_vec(),
+            rows: kept,
             values,
         })
     }
@@ -381,10 +660,13 @@ impl TableShard {
     /// everything first: on error nothing is modified. Returns the number of rows written.
     pub fn import(&mut self, snap: &TableSnapshot) -> Result<usize> {
         let mismatch = |reason: String| Err(EmbeddingError::SnapshotMismatch { reason });
-        if snap.table != self.table || snap.table_rows != self.rows {
+        if snap.table != self.table || snap.table_rows != self.snapshot_rows() {
             return mismatch(format!(
                 "snapshot of table {} ({} rows) imported into table {} ({} rows)",
-                snap.table, snap.table_rows, self.table, self.rows
+                snap.table,
+                snap.table_rows,
+                self.table,
+                self.snapshot_rows()
             ));
         }
         if snap.dim != self.dim || snap.state_len != self.state_len() {
@@ -402,11 +684,19 @@ impl TableShard {
             snap.values.len(),
         )?;
         for &row in &snap.rows {
-            self.local_of(row)?;
+            self.check_owned(row)?;
         }
         let stride = self.stride;
         for (&row, v) in snap.rows.iter().zip(snap.values.chunks_exact(stride)) {
-            let l = self.local_of(row)?;
+            let l = match self.find(row)? {
+                Some(l) => l,
+                // A dynamic table keeps every row it is given, past its budget if need be
+                // (admissions evict back down to it).
+                None => {
+                    self.push_row(row);
+                    self.local_rows - 1
+                }
+            };
             self.data[l * stride..(l + 1) * stride].copy_from_slice(v);
         }
         Ok(snap.rows.len())
@@ -417,6 +707,7 @@ impl TableShard {
         std::mem::size_of::<Self>()
             + self.data.capacity() * 4
             + self.counters.as_ref().map_or(0, |c| c.capacity() * 4)
+            + self.dynamic.as_ref().map_or(0, |d| d.memory_bytes())
     }
 
     /// Bytes of the rows and their optimizer state alone: `local_rows * stride * 4`.

@@ -229,6 +229,11 @@ pub struct ModelConfig {
     /// the bottom and top MLPs.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub layer_norm: bool,
+    /// Dynamic embedding tables (`[model.dynamic_embeddings]`): each table a collision-free
+    /// id → row map, within the memory of the hashed table `table_rows` sizes, with
+    /// admission and eviction (`admit_count`, `eviction`, `ttl_steps`). Absent: hashed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dynamic_embeddings: Option<elastrec_embedding::DynamicConfig>,
 }
 
 fn is_zero_rate(v: &f32) -> bool {
@@ -322,6 +327,7 @@ impl Default for ModelConfig {
             dropout: 0.0,
             first_order: false,
             layer_norm: false,
+            dynamic_embeddings: None,
         }
     }
 }

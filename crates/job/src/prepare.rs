@@ -196,6 +196,17 @@ pub fn preprocessed(
     }
 }
 
+/// What each table's ids hash over: its [`resolve_table_rows`], or with
+/// `[model.dynamic_embeddings]` the whole key space of a dynamic table (whose rows are then
+/// its memory budget). What a process routing ids to parameter servers uses.
+pub fn resolve_key_spaces(job: &JobConfig) -> Vec<u64> {
+    let rows = resolve_table_rows(job);
+    match job.model.dynamic_embeddings {
+        None => rows,
+        Some(_) => vec![elastrec_embedding::DYNAMIC_KEY_SPACE; rows.len()],
+    }
+}
+
 /// Per-table row counts for a job: explicit, or sized from the data's `report.json` as
 /// `min(max_table_rows, max(ROWS_PER_VALUE · cardinality, MIN_AUTO_ROWS))`.
 ///

@@ -101,6 +101,7 @@ impl PsShard {
                 TableCopy::Rows(table.export())
             } else {
                 let k = ((table.local_rows() as f64) * ratio).ceil() as usize;
+                let dynamic = table.is_dynamic();
                 let locals: Vec<usize> = if let Some(c) = table.access_counts_mut() {
                     let chosen = select_mfu(c, k);
                     for &l in &chosen {
@@ -112,10 +113,17 @@ impl PsShard {
                 } else {
                     Vec::new()
                 };
+                // Counters are by local row (a dynamic table's slot); SSU records a dynamic
+                // table's keys themselves.
+                let from_ssu = table.access_counts().is_none();
                 let rows: Vec<u64> = locals
                     .iter()
                     .take(k)
-                    .map(|&l| elastrec_embedding::global_row(t, l as u64, index, n))
+                    .map(|&l| match (dynamic, from_ssu) {
+                        (false, _) => elastrec_embedding::global_row(t, l as u64, index, n),
+                        (true, false) => table.global_of(l),
+                        (true, true) => l as u64,
+                    })
                     .collect();
                 TableCopy::Rows(table.export_rows(&rows)?)
             };

@@ -91,12 +91,16 @@ impl ShardImage {
         let tables = store
             .tables()
             .iter()
-            .map(|t| TableCopy::Arena {
-                table: t.table(),
-                table_rows: t.rows(),
-                dim: t.dim(),
-                state_len: t.state_len(),
-                data: t.data().to_vec(),
+            .map(|t| match t.is_dynamic() {
+                // A dynamic arena is in slot order: its rows go with their keys.
+                true => TableCopy::Rows(t.export()),
+                false => TableCopy::Arena {
+                    table: t.table(),
+                    table_rows: t.rows(),
+                    dim: t.dim(),
+                    state_len: t.state_len(),
+                    data: t.data().to_vec(),
+                },
             })
             .collect();
         Self::with_tables(dense, opt, header, tables)
@@ -395,6 +399,7 @@ mod tests {
                     eps: 1e-8,
                 },
                 seed,
+                dynamic: None,
             },
             ShardSpec::new(index, count).unwrap(),
         )

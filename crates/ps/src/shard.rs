@@ -77,7 +77,7 @@ pub(crate) struct ShardParts {
 
 /// What building the shard of any layout needs from the job.
 pub(crate) struct ShardConfig {
-    embedding: EmbeddingConfig,
+    pub(crate) embedding: EmbeddingConfig,
     dense_optimizer: DenseOptimizerConfig,
     pub(crate) dense_total: usize,
     /// Tables a delta checkpoint saves only partly (CPR's large tables).
@@ -102,6 +102,7 @@ impl ShardConfig {
                 rows: table_rows.to_vec(),
                 optimizer: job.optimizer.sparse,
                 seed: job.model.seed,
+                dynamic: job.model.dynamic_embeddings,
             },
             dense_optimizer: job.optimizer.dense.clone(),
             dense_total,
@@ -135,7 +136,7 @@ impl ShardConfig {
         let opt = self.dense_optimizer.build(range.len());
         let mut ssu = Vec::with_capacity(self.large.len());
         for (t, &is_large) in self.large.iter().enumerate() {
-            let local = store.table(t)?.local_rows();
+            let local = store.table(t)?.row_capacity();
             ssu.push(match self.priority {
                 SavePriority::Ssu if is_large => {
                     let cap = ((local as f64) * self.ratio).ceil() as usize;
@@ -284,6 +285,8 @@ impl PsShard {
     ) -> anyhow::Result<Self> {
         let table_rows = elastrec_job::prepare::resolve_table_rows(job);
         let config = ShardConfig::new(job, &table_rows, dense_model(job)?.num_params());
+        // What ids hash over: a dynamic table's keys span the whole key space.
+        let key_spaces = config.embedding.key_spaces();
         let parts = config.parts(index, count, layout_version, init)?;
         let layout = parts.layout.clone();
         Ok(Self {
@@ -313,7 +316,7 @@ impl PsShard {
             staged: Mutex::new(None),
             config,
             dim: job.model.row_width(),
-            table_rows,
+            table_rows: key_spaces,
             mode: job.cluster.mode,
             sync_timeout: Duration::from_millis(job.cluster.sync_timeout_ms),
             step_samples: job.train.batch_size as f64,
@@ -524,7 +527,11 @@ impl PsShard {
         // The layout may have changed since the checks (a freeze): the state decides.
         st.check_layout(req.layout_version)?;
         for (&t, &r) in req.tables.iter().zip(&req.rows) {
-            values.extend_from_slice(st.store.table(t as usize)?.weights(r)?);
+            let at = values.len();
+            values.resize(at + self.dim, 0.0);
+            st.store
+                .table(t as usize)?
+                .read_weights(r, &mut values[at..])?;
         }
         Ok(PullResponse {
             values,
@@ -565,7 +572,18 @@ impl PsShard {
                 continue;
             }
             if let Some(list) = ssu[t].as_mut() {
-                let locals: Vec<usize> = rows.iter().map(|&r| (r / n) as usize).collect();
+                // A dynamic table's slots move as rows come and go: it records keys.
+                let dynamic = store.table(t)?.is_dynamic();
+                let locals: Vec<usize> = rows
+                    .iter()
+                    .map(|&r| {
+                        if dynamic {
+                            r as usize
+                        } else {
+                            (r / n) as usize
+                        }
+                    })
+                    .collect();
                 list.observe(&locals);
             }
             store.table_mut(t)?.apply_rows(rows, grads, scratch)?;

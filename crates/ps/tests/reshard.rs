@@ -103,6 +103,7 @@ impl Reference {
                 rows: table_rows(),
                 optimizer: job.optimizer.sparse,
                 seed: job.model.seed,
+                dynamic: None,
             })
             .unwrap(),
             scratch: TableScratch::default(),

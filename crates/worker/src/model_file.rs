@@ -109,19 +109,35 @@ impl ModelDelta {
                 model.embeddings.table(t).map_err(|e| e.to_string())?,
                 prev.model.embeddings.table(t).map_err(|e| e.to_string())?,
             );
-            let changed: Vec<u64> = new
-                .data()
-                .chunks_exact(new.stride())
-                .zip(old.data().chunks_exact(old.stride()))
-                .enumerate()
-                .filter(|(_, (a, b))| {
-                    a[..dim]
-                        .iter()
-                        .zip(&b[..dim])
-                        .any(|(x, y)| x.to_bits() != y.to_bits())
-                })
-                .map(|(row, _)| new.global_of(row))
-                .collect();
+            let changed: Vec<u64> = if new.is_dynamic() {
+                // Slots differ between the two: compare by key. A key the old model lacks
+                // compares with its initial value; rows evicted since stay as served.
+                let mut was = vec![0.0; dim];
+                (0..new.local_rows())
+                    .map(|l| new.global_of(l))
+                    .filter(|&key| {
+                        let now = new.weights(key).expect("a stored key");
+                        old.read_weights(key, &mut was).is_err()
+                            || now
+                                .iter()
+                                .zip(&was)
+                                .any(|(x, y)| x.to_bits() != y.to_bits())
+                    })
+                    .collect()
+            } else {
+                new.data()
+                    .chunks_exact(new.stride())
+                    .zip(old.data().chunks_exact(old.stride()))
+                    .enumerate()
+                    .filter(|(_, (a, b))| {
+                        a[..dim]
+                            .iter()
+                            .zip(&b[..dim])
+                            .any(|(x, y)| x.to_bits() != y.to_bits())
+                    })
+                    .map(|(row, _)| new.global_of(row))
+                    .collect()
+            };
             if !changed.is_empty() {
                 tables.push(new.export_rows(&changed).map_err(|e| e.to_string())?);
             }

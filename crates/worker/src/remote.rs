@@ -17,7 +17,7 @@ use anyhow::{bail, Context as _};
 use elastrec_data::{Batch, BatchReader};
 use elastrec_embedding::{row_of, shard_of};
 use elastrec_job::distributed::SyncMode;
-use elastrec_job::prepare::{dense_model, resolve_table_rows};
+use elastrec_job::prepare::{dense_model, resolve_key_spaces};
 use elastrec_job::register::{register, register_node};
 use elastrec_job::JobConfig;
 use elastrec_metrics::prometheus_client::metrics::counter::Counter;
@@ -268,7 +268,8 @@ struct RemoteModel {
     dense: DenseDlrm,
     ws: Workspace,
     emb: Vec<f32>,
-    table_rows: Vec<u64>,
+    /// What each table's ids hash over (`resolve_key_spaces`).
+    key_spaces: Vec<u64>,
     dim: usize,
     ps: Vec<Ps>,
     /// Address of each PS connection (to notice a replaced PS).
@@ -308,7 +309,7 @@ impl RemoteModel {
         let mut me = Self {
             ws,
             emb: vec![0.0; batch * dense.config().num_tables * job.model.row_width()],
-            table_rows: resolve_table_rows(job),
+            key_spaces: resolve_key_spaces(job),
             dim: job.model.row_width(),
             slices: Vec::new(),
             versions: Vec::new(),
@@ -462,7 +463,7 @@ impl RemoteModel {
         let tables = self.dense.config().num_tables;
         for (i, &id) in batch.sparse.iter().enumerate() {
             let t = i % tables;
-            let row = row_of(t, id, self.table_rows[t]);
+            let row = row_of(t, id, self.key_spaces[t]);
             let s = shard_of(t, row, p as u32) as usize;
             let k = *index[s].entry((t as u32, row)).or_insert_with(|| {
                 per_ps[s].0.push(t as u32);

@@ -28,6 +28,7 @@ impl Dlrm {
             rows: table_rows,
             optimizer: job.optimizer.sparse,
             seed: m.seed,
+            dynamic: m.dynamic_embeddings,
         })?;
         Ok(Self { embeddings, dense })
     }

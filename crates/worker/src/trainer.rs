@@ -58,8 +58,13 @@ pub struct Summary {
     pub wall_s: f64,
     /// Math threads used.
     pub threads: usize,
-    /// Rows per embedding table.
+    /// Rows per embedding table (with dynamic tables, each one's budget).
     pub table_rows: Vec<u64>,
+    /// Bytes the embedding tables hold (rows, optimizer state, maps).
+    pub embedding_bytes: u64,
+    /// With `[model.dynamic_embeddings]`: rows stored, admitted, evicted, filtered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dynamic_embeddings: Option<elastrec_embedding::DynamicSummary>,
     /// Malformed rows skipped (with `on_bad_row = "skip"`).
     pub rows_skipped: u64,
     /// The first skip messages.
@@ -903,6 +908,8 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
         wall_s: started.elapsed().as_secs_f64(),
         threads: rayon::current_num_threads(),
         table_rows,
+        embedding_bytes: step.model.embeddings.memory_bytes() as u64,
+        dynamic_embeddings: step.model.embeddings.dynamic_summary(),
         rows_skipped: read_stats.rows_skipped,
         skipped_examples: read_stats.first_errors.clone(),
         model_path,

@@ -35,6 +35,7 @@ pub fn config(rows: Vec<u64>, dim: usize, optimizer: SparseOptimizerConfig) -> E
         rows,
         optimizer,
         seed: 11,
+        dynamic: None,
     }
 }
 

@@ -3,6 +3,7 @@
 mod common;
 mod config;
 mod determinism;
+mod dynamic;
 mod gather;
 mod memory;
 mod optimizer;

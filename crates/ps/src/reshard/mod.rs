@@ -203,6 +203,14 @@ impl PsShard {
                     .into(),
             ));
         }
+        if self.config.embedding.dynamic.is_some() {
+            return Err(PsError::Reshard(
+                "the job has dynamic embedding tables ([model.dynamic_embeddings]), whose rows \
+                 cannot be moved online yet; resume the job from its checkpoint with the new \
+                 number of servers instead (checkpoints re-route onto any count)"
+                    .into(),
+            ));
+        }
         let bad = |field, detail| PsError::BadField {
             message: "Reshard",
             field,

@@ -1,0 +1,323 @@
+//! Dynamic tables: a collision-free key map under a memory budget, with admission and
+//! eviction, checked against a per-key reference and against the hashed table's bytes.
+
+use std::collections::BTreeMap;
+
+use elastrec_embedding::{
+    init_bound, init_row, row_of, DynamicConfig, EmbeddingConfig, EmbeddingError, EmbeddingStore,
+    Eviction, ShardSpec, SparseOptimizerConfig, TableSnapshot, UpdateScratch, DYNAMIC_KEY_SPACE,
+};
+
+use crate::common::batch;
+
+const SEED: u64 = 11;
+
+fn dynamic_config(rows: Vec<u64>, dim: usize, dynamic: DynamicConfig) -> EmbeddingConfig {
+    EmbeddingConfig {
+        dim,
+        rows,
+        optimizer: SparseOptimizerConfig::Sgd { lr: 0.1 },
+        seed: SEED,
+        dynamic: Some(dynamic),
+    }
+}
+
+/// The gathered weights of raw ids `ids` (one table).
+fn gather(store: &EmbeddingStore, ids: &[u64]) -> Vec<f32> {
+    let mut out = vec![0.0; ids.len() * store.dim()];
+    store.gather(ids, &mut out).unwrap();
+    out
+}
+
+/// One SGD update of table 0 (one-table store) with gradient `g` for every sample of `ids`.
+fn update(store: &mut EmbeddingStore, ids: &[u64], g: f32) {
+    let grads = vec![g; ids.len() * store.dim()];
+    store
+        .apply_gradients(ids, &grads, &mut UpdateScratch::new())
+        .unwrap();
+}
+
+fn initial(store: &EmbeddingStore, budget: u64, id: u64) -> Vec<f32> {
+    let mut w = vec![0.0; store.dim()];
+    init_row(
+        SEED,
+        0,
+        row_of(0, id, DYNAMIC_KEY_SPACE),
+        init_bound(budget),
+        &mut w,
+    );
+    w
+}
+
+/// With room for every id, a dynamic table is a hashed table without collisions: every
+/// key starts at its seeded value and takes exactly its own summed gradients, bit for bit.
+#[test]
+fn with_room_for_every_id_each_key_trains_alone() {
+    let (t, d, n) = (3, 4, 256);
+    let budget = vec![100_000u64; t];
+    let mut store =
+        EmbeddingStore::new(dynamic_config(budget, d, DynamicConfig::default())).unwrap();
+    let lr = 0.1f32;
+    // key -> weights, initialized lazily from the formula.
+    let mut reference: BTreeMap<(usize, u64), Vec<f32>> = BTreeMap::new();
+    let mut scratch = UpdateScratch::new();
+    for step in 0..5 {
+        let (ids, grads) = batch(step, n, t, d, 3000);
+        let got = {
+            let mut out = vec![0.0; n * t * d];
+            store.gather(&ids, &mut out).unwrap();
+            out
+        };
+        for (i, &id) in ids.iter().enumerate() {
+            let table = i % t;
+            let key = row_of(table, id, DYNAMIC_KEY_SPACE);
+            let want = reference.get(&(table, key)).cloned().unwrap_or_else(|| {
+                let mut w = vec![0.0; d];
+                init_row(SEED, table, key, init_bound(100_000), &mut w);
+                w
+            });
+            assert_eq!(
+                &got[i * d..(i + 1) * d],
+                &want[..],
+                "step {step} sample {i}"
+            );
+        }
+        store.apply_gradients(&ids, &grads, &mut scratch).unwrap();
+        for table in 0..t {
+            let mut sums: BTreeMap<u64, Vec<f32>> = BTreeMap::new();
+            for s in 0..n {
+                let i = s * t + table;
+                let key = row_of(table, ids[i], DYNAMIC_KEY_SPACE);
+                let acc = sums.entry(key).or_insert_with(|| vec![0.0; d]);
+                let g = &grads[i * d..(i + 1) * d];
+                for j in 0..d {
+                    acc[j] += g[j];
+                }
+            }
+            for (key, g) in sums {
+                let w = reference.entry((table, key)).or_insert_with(|| {
+                    let mut w = vec![0.0; d];
+                    init_row(SEED, table, key, init_bound(100_000), &mut w);
+                    w
+                });
+                for j in 0..d {
+                    w[j] -= lr * g[j];
+                }
+            }
+        }
+    }
+    // Every key seen has a row; nothing was evicted.
+    let stored: usize = store.tables().iter().map(|tb| tb.local_rows()).sum();
+    assert_eq!(stored, reference.len());
+    let stats = store.table(0).unwrap().dynamic_stats().unwrap();
+    assert_eq!((stats.evicted, stats.filtered), (0, 0));
+}
+
+#[test]
+fn an_id_gets_a_row_only_after_admit_count_updates() {
+    let cfg = DynamicConfig {
+        admit_count: 3,
+        ..DynamicConfig::default()
+    };
+    let mut store = EmbeddingStore::new(dynamic_config(vec![10_000], 2, cfg)).unwrap();
+    let init = initial(&store, 10_000, 77);
+    for _ in 0..2 {
+        update(&mut store, &[77], 1.0);
+        // The gradient was dropped: the id still reads as its initial value.
+        assert_eq!(gather(&store, &[77]), init);
+    }
+    assert_eq!(store.table(0).unwrap().local_rows(), 0);
+    update(&mut store, &[77], 1.0);
+    let got = gather(&store, &[77]);
+    assert_eq!(got, init.iter().map(|w| w - 0.1).collect::<Vec<_>>());
+    let stats = store.table(0).unwrap().dynamic_stats().unwrap();
+    assert_eq!((stats.admitted, stats.filtered), (1, 2));
+}
+
+/// Budget of 64 rows (the floor): 64 slots.
+fn small_table(eviction: Eviction, ttl_steps: u32) -> EmbeddingStore {
+    let cfg = DynamicConfig {
+        eviction,
+        ttl_steps,
+        ..DynamicConfig::default()
+    };
+    let store = EmbeddingStore::new(dynamic_config(vec![64], 2, cfg)).unwrap();
+    assert_eq!(store.table(0).unwrap().row_capacity(), 64);
+    store
+}
+
+fn stored(store: &EmbeddingStore, id: u64) -> bool {
+    store
+        .table(0)
+        .unwrap()
+        .row(row_of(0, id, DYNAMIC_KEY_SPACE))
+        .is_ok()
+}
+
+#[test]
+fn lru_evicts_the_rows_updated_longest_ago() {
+    let mut store = small_table(Eviction::Lru, 0);
+    for id in 0..64 {
+        update(&mut store, &[id], 1.0);
+    }
+    assert_eq!(store.table(0).unwrap().local_rows(), 64);
+    // Ids 0..8 are used again: the least recently used are now 8, 9, ...
+    update(&mut store, &(0..8).collect::<Vec<_>>(), 1.0);
+    update(&mut store, &[1000], 1.0);
+    let table = store.table(0).unwrap();
+    assert!(table.local_rows() <= 64);
+    assert!(stored(&store, 1000), "the new id was admitted");
+    assert!(
+        (0..8).all(|id| stored(&store, id)),
+        "recently used rows stay"
+    );
+    assert!(!stored(&store, 8), "the least recently used row went");
+    // An evicted id reads as its initial value again.
+    assert_eq!(gather(&store, &[8]), initial(&store, 64, 8));
+    let stats = store.table(0).unwrap().dynamic_stats().unwrap();
+    assert!(stats.evicted >= 1 && stats.evicted <= 3, "{stats:?}");
+}
+
+#[test]
+fn lfu_keeps_the_rows_updated_most_often() {
+    let mut store = small_table(Eviction::Lfu, 0);
+    for id in 0..64 {
+        // Id i is updated by (i % 4) + 1 samples.
+        update(&mut store, &vec![id; (id % 4 + 1) as usize], 1.0);
+    }
+    update(&mut store, &[5000, 5001], 1.0);
+    assert!(stored(&store, 5000) && stored(&store, 5001));
+    // The victims had the fewest updates (one), and the oldest of them went first.
+    assert!(!stored(&store, 0) && !stored(&store, 4));
+    assert!((0..64)
+        .filter(|id| id % 4 == 3)
+        .all(|id| stored(&store, id)));
+}
+
+#[test]
+fn rows_of_the_current_batch_are_never_evicted() {
+    let mut store = small_table(Eviction::Lru, 0);
+    // 100 distinct ids in one batch into 64 slots: 64 get rows, none evicted for another.
+    let ids: Vec<u64> = (0..100).collect();
+    update(&mut store, &ids, 1.0);
+    let table = store.table(0).unwrap();
+    assert_eq!(table.local_rows(), 64);
+    let stats = table.dynamic_stats().unwrap();
+    assert_eq!((stats.admitted, stats.evicted, stats.filtered), (64, 0, 36));
+}
+
+#[test]
+fn ttl_drops_rows_not_updated_in_time() {
+    let mut store = small_table(Eviction::Lru, 8);
+    update(&mut store, &[1, 2], 1.0);
+    for _ in 0..12 {
+        update(&mut store, &[2], 1.0);
+    }
+    assert!(!stored(&store, 1), "id 1 was idle for more than 8 updates");
+    assert!(stored(&store, 2));
+    assert!(store.table(0).unwrap().dynamic_stats().unwrap().expired >= 1);
+}
+
+#[test]
+fn a_checkpoint_restores_onto_another_shard_count() {
+    let d = 3;
+    let cfg = dynamic_config(vec![5000, 5000], d, DynamicConfig::default());
+    let mut store = EmbeddingStore::new(cfg.clone()).unwrap();
+    let mut scratch = UpdateScratch::new();
+    for step in 0..3 {
+        let (ids, grads) = batch(step, 128, 2, d, 2000);
+        store.apply_gradients(&ids, &grads, &mut scratch).unwrap();
+    }
+    let (probe, _) = batch(99, 256, 2, d, 2500);
+    let before = {
+        let mut out = vec![0.0; probe.len() * d];
+        store.gather(&probe, &mut out).unwrap();
+        out
+    };
+    // Encode, decode, route onto three shards, import, and gather through them.
+    let mut shards: Vec<EmbeddingStore> = (0..3)
+        .map(|i| EmbeddingStore::new_shard(cfg.clone(), ShardSpec::new(i, 3).unwrap()).unwrap())
+        .collect();
+    for t in 0..2 {
+        let snap = store.export_table(t).unwrap();
+        let decoded = TableSnapshot::from_bytes(&snap.to_bytes()).unwrap();
+        assert_eq!(decoded, snap);
+        for (i, part) in decoded.route(3).into_iter().enumerate() {
+            shards[i].import_table(&part).unwrap();
+        }
+    }
+    let mut keys = vec![0u64; probe.len()];
+    store.ids_to_rows(&probe, &mut keys).unwrap();
+    for (i, &key) in keys.iter().enumerate() {
+        let t = i % 2;
+        let owner = elastrec_embedding::shard_of(t, key, 3) as usize;
+        let mut w = vec![0.0; d];
+        shards[owner]
+            .table(t)
+            .unwrap()
+            .read_weights(key, &mut w)
+            .unwrap();
+        assert_eq!(&w[..], &before[i * d..(i + 1) * d], "sample {i}");
+        // Any other shard refuses the key.
+        let other = (owner + 1) % 3;
+        let err = shards[other].table(t).unwrap().read_weights(key, &mut w);
+        assert!(
+            matches!(err, Err(EmbeddingError::WrongShard { .. })),
+            "{err:?}"
+        );
+    }
+}
+
+#[test]
+fn access_counters_follow_their_rows_through_evictions() {
+    let mut store = small_table(Eviction::Lru, 0);
+    store.enable_access_counters();
+    for id in 0..64 {
+        update(&mut store, &[id; 2], 1.0);
+    }
+    update(&mut store, &[100, 101, 102], 1.0);
+    let table = store.table(0).unwrap();
+    let counts = table.access_counts().unwrap();
+    assert_eq!(counts.len(), table.local_rows());
+    for (slot, &c) in counts.iter().enumerate() {
+        let key = table.global_of(slot);
+        let new = [100u64, 101, 102].map(|id| row_of(0, id, DYNAMIC_KEY_SPACE));
+        assert_eq!(c, if new.contains(&key) { 1 } else { 2 }, "slot {slot}");
+    }
+}
+
+#[test]
+fn a_full_dynamic_table_fits_in_the_hashed_tables_bytes() {
+    let (rows, d) = (20_000u64, 16);
+    let hashed = EmbeddingStore::new(EmbeddingConfig {
+        dim: d,
+        rows: vec![rows],
+        optimizer: SparseOptimizerConfig::default(),
+        seed: SEED,
+        dynamic: None,
+    })
+    .unwrap();
+    let mut dynamic = EmbeddingStore::new(EmbeddingConfig {
+        dynamic: Some(DynamicConfig::default()),
+        ..hashed.config().clone()
+    })
+    .unwrap();
+    let grads = vec![0.01; 1000 * d];
+    for chunk in 0..40u64 {
+        let ids: Vec<u64> = (chunk * 1000..(chunk + 1) * 1000).collect();
+        dynamic
+            .apply_gradients(&ids, &grads, &mut UpdateScratch::new())
+            .unwrap();
+    }
+    let table = dynamic.table(0).unwrap();
+    // It filled up: the pass that made room freed 1/32 of the slots beyond the need.
+    assert!(table.dynamic_stats().unwrap().evicted > 0);
+    assert!(table.local_rows() >= table.row_capacity() - table.row_capacity() / 32 - 1000);
+    assert!(
+        dynamic.memory_bytes() <= hashed.memory_bytes(),
+        "dynamic {} bytes > hashed {}",
+        dynamic.memory_bytes(),
+        hashed.memory_bytes()
+    );
+    assert!(table.row_capacity() as u64 > rows / 2);
+}
