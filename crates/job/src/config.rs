@@ -854,6 +854,16 @@ impl JobConfig {
                 "a dcn_v2 model needs at least 1 cross layer (or use type = \"dlrm\")".into(),
             ));
         }
+        if let Some(d) = &m.dynamic_embeddings {
+            d.validate().map_err(|e| {
+                bad(
+                    "model.dynamic_embeddings.admit_count",
+                    e.to_string()
+                        .trim_start_matches("invalid dynamic embedding config: ")
+                        .to_string(),
+                )
+            })?;
+        }
         if !(0.0..1.0).contains(&m.dropout) {
             return Err(bad(
                 "model.dropout",
@@ -1146,6 +1156,16 @@ mod tests {
         assert_eq!((d.dense_shift[0], d.dense_scale[12]), (1.0, 0.5));
         for (text, field, says) in [
             ("[model]\ndropout = 1.0\n", "model.dropout", "below 1"),
+            (
+                "[model.dynamic_embeddings]\nadmit_count = 0\n",
+                "model.dynamic_embeddings.admit_count",
+                "must be in 1..=255",
+            ),
+            (
+                "[model.dynamic_embeddings]\nevict = \"lru\"\n",
+                "evict",
+                "unknown field",
+            ),
             (
                 "[model]\ntype = \"wide_deep\"\n",
                 "optimizer.sparse",

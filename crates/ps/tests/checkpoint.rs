@@ -211,3 +211,58 @@ async fn two_server_checkpoint_restores_onto_three() {
         assert_eq!(before, after, "row {r}");
     }
 }
+
+/// Dynamic tables (`[model.dynamic_embeddings]`): a full checkpoint holds the stored keys
+/// with their rows, an MFU delta the hottest keys, and the chain restored onto three
+/// servers gives the hot keys their latest values, the cold ones the full checkpoint's,
+/// and a key never trained the same initial value as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamic_tables_checkpoint_their_keys_and_restore_onto_three() {
+    let with_dynamic = |ps: u32| {
+        let mut j = job("mfu", ps);
+        j.model.dynamic_embeddings = Some(Default::default());
+        j
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(dir.path().to_str().unwrap()).unwrap();
+    let ps = Arc::new(PsShard::new(&with_dynamic(1), 0, 1).unwrap());
+    // The keys of ids 0, 1, ...: anywhere in the 64-bit space.
+    let key = |id: u64| elastrec_embedding::row_of(0, id, elastrec_embedding::DYNAMIC_KEY_SPACE);
+    let hot: Vec<u64> = (0..5).map(key).collect();
+    let cold: Vec<u64> = (5..25).map(key).collect();
+    let never = key(99);
+    let untrained = pull(&ps, &[never]);
+    push(&ps, &hot, 3).await;
+    push(&ps, &cold, 1).await;
+    let full = checkpoint(&[&ps], &store, 1, false, 1.0).await;
+    assert_eq!(full[0].rows, 25, "the stored keys, nothing else");
+    let cold_at_full = pull(&ps, &cold);
+    push(&ps, &hot, 10).await;
+    push(&ps, &cold, 1).await;
+    // k = ceil(0.2 × 25 stored rows) = 5: the hot keys.
+    let delta = checkpoint(&[&ps], &store, 2, true, 0.2).await;
+    assert_eq!(delta[0].rows, 5);
+    let (now_hot, now_cold) = (pull(&ps, &hot), pull(&ps, &cold));
+    assert_ne!(now_cold, cold_at_full);
+
+    let job3 = with_dynamic(3);
+    let three: Vec<PsShard> = (0..3).map(|i| PsShard::new(&job3, i, 3).unwrap()).collect();
+    for s in &three {
+        s.restore(&RestorePlan {
+            location: store.location(),
+            chain: vec![1, 2],
+            num_ps: 1,
+            shm_namespace: String::new(),
+        })
+        .await
+        .unwrap();
+    }
+    let at = |k: u64| &three[elastrec_embedding::shard_of(0, k, 3) as usize];
+    for (i, &k) in hot.iter().enumerate() {
+        assert_eq!(pull(at(k), &[k])[0], now_hot[i], "hot key {i}");
+    }
+    for (i, &k) in cold.iter().enumerate() {
+        assert_eq!(pull(at(k), &[k])[0], cold_at_full[i], "cold key {i}");
+    }
+    assert_eq!(pull(at(never), &[never]), untrained);
+}

@@ -1005,6 +1005,31 @@ async fn malformed_imports_are_refused_by_field() {
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
     assert!(e.message().contains("synchronous mode"), "{e:?}");
+
+    // Dynamic embedding tables refuse it too, saying what to do instead.
+    let dynamic = Server::start(PsShard::new(&job_dynamic(), 0, 2).unwrap()).await;
+    let e = dynamic
+        .client()
+        .reshard(ReshardRequest {
+            version: rpc::version(),
+            layout_version: 1,
+            num_ps: 1,
+            addrs: vec![dynamic.addr.clone()],
+            precopy: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message().contains("dynamic embedding tables") && e.message().contains("resume"),
+        "{e:?}"
+    );
+}
+
+fn job_dynamic() -> JobConfig {
+    let mut j = job("async");
+    j.model.dynamic_embeddings = Some(Default::default());
+    j
 }
 
 fn job_sync() -> JobConfig {

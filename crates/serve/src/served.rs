@@ -350,6 +350,63 @@ mod tests {
         Served::new(Some((loaded, Path::new("m"))), 16).unwrap()
     }
 
+    /// With dynamic tables a model holds the keys it stored, and a delta carries rows by
+    /// key: a key the served model lacks is added, a stored one changed.
+    #[test]
+    fn a_delta_of_a_dynamic_model_adds_and_changes_rows_by_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut job = JobConfig::default();
+        job.model.dynamic_embeddings = Some(Default::default());
+        let table_rows = vec![ROWS; NUM_SPARSE];
+        let rows = rows();
+        let mut batch = Batch::with_capacity(rows.len());
+        rows.iter().for_each(|r| batch.push_raw(r));
+        // The keys of table 0 for the first two request rows.
+        let probe = Dlrm::new(&job, table_rows.clone()).unwrap();
+        let mut keys = vec![0; batch.sparse.len()];
+        probe
+            .embeddings
+            .ids_to_rows(&batch.sparse, &mut keys)
+            .unwrap();
+        let (first, second) = (keys[0], keys[NUM_SPARSE]);
+        // Stores `keys` in table 0 of `m`, each at its current value plus `by`.
+        let moved = |m: &mut Dlrm, keys: &[u64], by: f32| {
+            let table = m.embeddings.table(0).unwrap();
+            let (dim, stride) = (table.dim(), table.stride());
+            let mut snap = table.export_rows(&[]).unwrap();
+            for &k in keys {
+                let mut row = vec![0.0; stride];
+                table.read_weights(k, &mut row[..dim]).unwrap();
+                row[..dim].iter_mut().for_each(|w| *w += by);
+                snap.rows.push(k);
+                snap.values.extend_from_slice(&row);
+            }
+            m.embeddings.import_table(&snap).unwrap();
+        };
+        let mut old = Dlrm::new(&job, table_rows.clone()).unwrap();
+        moved(&mut old, &[first], 0.5);
+        let old_bytes = exported(&old, &job, 3, dir.path());
+        let served = served_from(&old_bytes);
+        assert_eq!(served.predict(&rows).unwrap().0, expected(&old, &rows));
+
+        // Checkpoint 5: the stored key moved again, and a second key was admitted.
+        let mut new = Dlrm::new(&job, table_rows).unwrap();
+        moved(&mut new, &[first], 0.5);
+        moved(&mut new, &[first, second], 0.25);
+        let prev = model_file::model_from_bytes(&old_bytes, Path::new("m")).unwrap();
+        let delta = ModelDelta::between(&prev, &new, 5, 1000).unwrap();
+        assert_eq!(delta.rows(), 2);
+        let path = dir.path().join("delta-3-5.bin");
+        model_file::save_delta(&delta, &path).unwrap();
+        assert_eq!(
+            served.apply_delta(&std::fs::read(&path).unwrap()).unwrap(),
+            (5, 2)
+        );
+        let after = served.predict(&rows).unwrap().0;
+        assert_eq!(after, expected(&new, &rows));
+        assert_ne!(after, expected(&old, &rows));
+    }
+
     #[test]
     fn a_delta_changes_exactly_the_changed_rows_and_wrong_ones_are_refused() {
         let dir = tempfile::tempdir().unwrap();
