@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{check_non_negative, BrainError, Result};
+use crate::error::{check_non_negative_at, BrainError, Result};
 
 /// Resources of one job: worker and PS counts with CPU cores and memory (GiB) per role.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -50,7 +50,7 @@ impl Allocation {
             ("worker_mem_gb", self.worker_mem_gb),
             ("ps_mem_gb", self.ps_mem_gb),
         ] {
-            check_non_negative(&format!("{field}.{name}"), v)?;
+            check_non_negative_at(|| format!("{field}.{name}"), v)?;
             if v == 0.0 {
                 return Err(BrainError::invalid(
                     format!("{field}.{name}"),

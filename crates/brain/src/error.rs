@@ -67,6 +67,15 @@ pub(crate) fn check_non_negative(field: &str, v: f64) -> Result<()> {
     Ok(())
 }
 
+/// [`check_non_negative`] whose field name is built only for a bad value: hot paths check
+/// every element of long inputs.
+pub(crate) fn check_non_negative_at(field: impl FnOnce() -> String, v: f64) -> Result<()> {
+    if v.is_finite() && v >= 0.0 {
+        return Ok(());
+    }
+    check_non_negative(&field(), v)
+}
+
 /// Rejects NaN, infinities, zero and negative values.
 pub(crate) fn check_positive(field: &str, v: f64) -> Result<()> {
     if !v.is_finite() || v <= 0.0 {

@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::alloc::{Allocation, Resources};
-use crate::error::{check_non_negative, check_positive, BrainError, Result};
+use crate::error::{check_non_negative, check_non_negative_at, check_positive, BrainError, Result};
 use crate::nsga2::Candidate;
 
 /// Greedy settings.
@@ -114,12 +114,12 @@ pub fn weighted_greedy_holding(
     }
     let mut used = Resources::default();
     for (j, (job, held)) in jobs.iter().zip(holding).enumerate() {
-        check_non_negative(
-            &format!("jobs[{j}].remaining_samples"),
+        check_non_negative_at(
+            || format!("jobs[{j}].remaining_samples"),
             job.remaining_samples,
         )?;
-        check_non_negative(&format!("holding[{j}].cpu"), held.cpu)?;
-        check_non_negative(&format!("holding[{j}].mem_gb"), held.mem_gb)?;
+        check_non_negative_at(|| format!("holding[{j}].cpu"), held.cpu)?;
+        check_non_negative_at(|| format!("holding[{j}].mem_gb"), held.mem_gb)?;
         used.cpu += held.cpu;
         used.mem_gb += held.mem_gb;
     }

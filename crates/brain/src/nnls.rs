@@ -63,6 +63,11 @@ impl Matrix {
         self.data[i * self.cols + j] = v;
     }
 
+    /// Sets row `i` (`row.len()` must equal the columns).
+    pub fn set_row(&mut self, i: usize, row: &[f64]) {
+        self.data[i * self.cols..(i + 1) * self.cols].copy_from_slice(row);
+    }
+
     /// `A x`.
     pub fn mul_vec(&self, x: &[f64]) -> Vec<f64> {
         (0..self.rows)

@@ -140,22 +140,23 @@ impl Candidate {
         let (a, b) = (self.objectives(), other.objectives());
         a[0] <= b[0] && a[1] <= b[1] && (a[0] < b[0] || a[1] < b[1])
     }
-
-    fn constrained_dominates(&self, other: &Candidate) -> bool {
-        match (self.violation > 0.0, other.violation > 0.0) {
-            (false, true) => true,
-            (true, false) => false,
-            (true, true) => self.violation < other.violation,
-            (false, false) => self.dominates(other),
-        }
-    }
 }
 
 impl JobProblem<'_> {
     /// Evaluates an allocation.
     pub fn evaluate(&self, a: Allocation) -> Candidate {
+        self.evaluate_from(a, self.current_throughput())
+    }
+
+    /// Predicted throughput of the current allocation (0 without one).
+    fn current_throughput(&self) -> f64 {
+        self.current.map_or(0.0, |c| self.model.predict(&c))
+    }
+
+    /// [`JobProblem::evaluate`] with the current allocation's throughput already known
+    /// (the search evaluates thousands of allocations against the same current one).
+    fn evaluate_from(&self, a: Allocation, cur_tp: f64) -> Candidate {
         let tp = self.model.predict(&a);
-        let cur_tp = self.current.map_or(0.0, |c| self.model.predict(&c));
         let gain = tp
             - cur_tp
             - self
@@ -238,41 +239,266 @@ struct Ind {
     crowd: f64,
 }
 
-/// Fast non-dominated sort (with constraint domination); returns fronts of indices.
-fn sort_fronts(pop: &[Ind]) -> Vec<Vec<usize>> {
-    let n = pop.len();
-    let mut dominated_by = vec![0usize; n];
-    let mut dominates: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for i in 0..n {
-        for j in i + 1..n {
-            if pop[i].cand.constrained_dominates(&pop[j].cand) {
-                dominates[i].push(j);
-                dominated_by[j] += 1;
-            } else if pop[j].cand.constrained_dominates(&pop[i].cand) {
-                dominates[j].push(i);
-                dominated_by[i] += 1;
+/// What constraint domination compares of one individual, computed once per sort.
+#[derive(Clone, Copy)]
+struct Key {
+    violation: f64,
+    objectives: [f64; 2],
+}
+
+impl Key {
+    fn of(c: &Candidate) -> Self {
+        Self {
+            violation: c.violation,
+            objectives: c.objectives(),
+        }
+    }
+
+    /// `(self dominates other, other dominates self)` under constraint domination (Deb
+    /// 2000): a feasible individual dominates an infeasible one, the smaller violation wins
+    /// between infeasible ones, and Pareto dominance ([`Candidate::dominates`]) decides
+    /// between feasible ones. The definition [`dominance_rows`] is tested against.
+    #[cfg(test)]
+    fn versus(&self, other: &Key) -> (bool, bool) {
+        match (self.violation > 0.0, other.violation > 0.0) {
+            (false, true) => (true, false),
+            (true, false) => (false, true),
+            (true, true) => (
+                self.violation < other.violation,
+                other.violation < self.violation,
+            ),
+            (false, false) => {
+                let (a, b) = (self.objectives, other.objectives);
+                // Objectives are never NaN (cost is finite, 1/gain finite or f64::MAX).
+                let differ = a[0] != b[0] || a[1] != b[1];
+                (
+                    differ && a[0] <= b[0] && a[1] <= b[1],
+                    differ && b[0] <= a[0] && b[1] <= a[1],
+                )
             }
         }
     }
-    let mut fronts = Vec::new();
-    let mut cur: Vec<usize> = (0..n).filter(|&i| dominated_by[i] == 0).collect();
-    while !cur.is_empty() {
-        let mut next = Vec::new();
-        for &i in &cur {
-            for &j in &dominates[i] {
-                dominated_by[j] -= 1;
-                if dominated_by[j] == 0 {
-                    next.push(j);
+
+    /// The value crowding sorts by for objective `k` (the violation when infeasible).
+    fn crowding_value(&self, k: usize) -> f64 {
+        if self.violation > 0.0 {
+            self.violation
+        } else {
+            self.objectives[k]
+        }
+    }
+}
+
+/// Fills `sc.dominates` (zeroed, `n` rows of `words` words) with the constraint-domination
+/// relation of `sc.keys` ([`Key::versus`]), without asking it of each of the n² / 2 pairs:
+/// a feasible individual's row holds every infeasible one; an infeasible one's, those of
+/// larger violation (a sweep down the violations); a feasible one's, the feasible
+/// individuals no better in both objectives and not equal in both (one sweep down each
+/// objective gives the masks of "no better" in it). Ties compare with `==`, as the pair
+/// test does.
+fn dominance_rows(sc: &mut SortScratch, n: usize, words: usize) {
+    let SortScratch {
+        keys,
+        dominates,
+        masks,
+        order,
+        ..
+    } = sc;
+    let infeasible = |i: usize| keys[i].violation > 0.0;
+    // [no better in objective 0 | no better in objective 1 | equal in both], by row.
+    masks.clear();
+    masks.resize(3 * n * words, 0);
+    let mut infeasible_mask = vec![0u64; words];
+    for i in (0..n).filter(|&i| infeasible(i)) {
+        set_bit(&mut infeasible_mask, i);
+    }
+    let mut cum = vec![0u64; 2 * words];
+    // Infeasible: larger violations, strictly.
+    order.clear();
+    order.extend((0..n).filter(|&i| infeasible(i)));
+    order.sort_by(|&a, &b| keys[b].violation.total_cmp(&keys[a].violation));
+    sweep(
+        order,
+        |i| keys[i].violation,
+        Sweep::Before,
+        &mut cum,
+        |i, m| dominates[i * words..(i + 1) * words].copy_from_slice(m),
+    );
+    // Feasible: no better in objective 0, no better in objective 1, equal in both.
+    order.clear();
+    order.extend((0..n).filter(|&i| !infeasible(i)));
+    for k in 0..2 {
+        order.sort_by(|&a, &b| keys[b].objectives[k].total_cmp(&keys[a].objectives[k]));
+        sweep(
+            order,
+            |i| keys[i].objectives[k],
+            Sweep::Through,
+            &mut cum,
+            |i, m| masks[(k * n + i) * words..(k * n + i + 1) * words].copy_from_slice(m),
+        );
+    }
+    // `+ 0.0` turns -0.0 into 0.0: equal under `==`, they must sort together.
+    order.sort_by(|&a, &b| {
+        let (x, y) = (keys[a].objectives, keys[b].objectives);
+        (x[0] + 0.0)
+            .total_cmp(&(y[0] + 0.0))
+            .then((x[1] + 0.0).total_cmp(&(y[1] + 0.0)))
+    });
+    sweep(
+        order,
+        |i| keys[i].objectives,
+        Sweep::Group,
+        &mut cum,
+        |i, m| masks[(2 * n + i) * words..(2 * n + i + 1) * words].copy_from_slice(m),
+    );
+    for &i in order.iter() {
+        for w in 0..words {
+            let no_better = masks[i * words + w] & masks[(n + i) * words + w];
+            let equal = masks[(2 * n + i) * words + w];
+            dominates[i * words + w] = (no_better & !equal) | infeasible_mask[w];
+        }
+    }
+}
+
+fn set_bit(mask: &mut [u64], i: usize) {
+    mask[i / 64] |= 1 << (i % 64);
+}
+
+/// Which mask [`sweep`] gives each member of a group of equal values.
+#[derive(Clone, Copy, PartialEq)]
+enum Sweep {
+    /// The members of the groups before it.
+    Before,
+    /// Those and its own group.
+    Through,
+    /// Its own group only.
+    Group,
+}
+
+/// Walks `order` (sorted so that equal values are adjacent) group by group, groups of
+/// values equal under `==`, and hands `give` each member with its mask. `buf` holds two
+/// masks.
+fn sweep<V: PartialEq>(
+    order: &[usize],
+    value: impl Fn(usize) -> V,
+    kind: Sweep,
+    buf: &mut [u64],
+    mut give: impl FnMut(usize, &[u64]),
+) {
+    let words = buf.len() / 2;
+    let (before, through) = buf.split_at_mut(words);
+    before.fill(0);
+    through.fill(0);
+    let mut g = 0;
+    while g < order.len() {
+        let mut end = g + 1;
+        while end < order.len() && value(order[end]) == value(order[g]) {
+            end += 1;
+        }
+        if kind == Sweep::Group {
+            through.fill(0);
+        } else {
+            before.copy_from_slice(through);
+        }
+        for &i in &order[g..end] {
+            set_bit(through, i);
+        }
+        let mask: &[u64] = if kind == Sweep::Before {
+            before
+        } else {
+            through
+        };
+        for &i in &order[g..end] {
+            give(i, mask);
+        }
+        g = end;
+    }
+}
+
+/// Fronts of a non-dominated sort, flat: front `f` is `order[ends[f - 1]..ends[f]]`.
+#[derive(Default)]
+struct Fronts {
+    order: Vec<usize>,
+    ends: Vec<usize>,
+}
+
+impl Fronts {
+    fn iter(&self) -> impl Iterator<Item = &[usize]> {
+        let mut start = 0;
+        self.ends.iter().map(move |&end| {
+            let f = &self.order[start..end];
+            start = end;
+            f
+        })
+    }
+}
+
+/// Buffers of the sort, reused across generations (a plan sorts 121 populations).
+#[derive(Default)]
+struct SortScratch {
+    keys: Vec<Key>,
+    /// Row `i`: bit `j` set when `i` dominates `j` (ascending bits give the order in which
+    /// Deb's algorithm lists them).
+    dominates: Vec<u64>,
+    dominated_by: Vec<usize>,
+    /// Indices of one front sorted by one objective (crowding).
+    idx: Vec<usize>,
+    /// Bit planes of [`dominance_rows`].
+    masks: Vec<u64>,
+    /// Individuals sorted by one value ([`dominance_rows`]).
+    order: Vec<usize>,
+}
+
+/// Fast non-dominated sort (Deb et al. 2002, with constraint domination) into `fronts`.
+/// The fronts and the order within each are those of the textbook algorithm with
+/// per-individual lists; the lists are bit rows here, so a sort allocates nothing.
+fn sort_fronts(pop: &[Ind], sc: &mut SortScratch, fronts: &mut Fronts) {
+    let n = pop.len();
+    let words = n.div_ceil(64);
+    sc.keys.clear();
+    sc.keys.extend(pop.iter().map(|p| Key::of(&p.cand)));
+    sc.dominates.clear();
+    sc.dominates.resize(n * words, 0);
+    sc.dominated_by.clear();
+    sc.dominated_by.resize(n, 0);
+    dominance_rows(sc, n, words);
+    for i in 0..n {
+        for w in 0..words {
+            let mut bits = sc.dominates[i * words + w];
+            while bits != 0 {
+                sc.dominated_by[w * 64 + bits.trailing_zeros() as usize] += 1;
+                bits &= bits - 1;
+            }
+        }
+    }
+    fronts.order.clear();
+    fronts.ends.clear();
+    fronts
+        .order
+        .extend((0..n).filter(|&i| sc.dominated_by[i] == 0));
+    let mut start = 0;
+    while start < fronts.order.len() {
+        let end = fronts.order.len();
+        fronts.ends.push(end);
+        for at in start..end {
+            let i = fronts.order[at];
+            for (w, &bits) in sc.dominates[i * words..(i + 1) * words].iter().enumerate() {
+                let mut bits = bits;
+                while bits != 0 {
+                    let j = w * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    sc.dominated_by[j] -= 1;
+                    if sc.dominated_by[j] == 0 {
+                        fronts.order.push(j);
+                    }
                 }
             }
         }
-        fronts.push(std::mem::take(&mut cur));
-        cur = next;
+        start = end;
     }
-    fronts
 }
 
-fn assign_crowding(pop: &mut [Ind], front: &[usize]) {
+fn assign_crowding(pop: &mut [Ind], front: &[usize], sc: &mut SortScratch) {
     for &i in front {
         pop[i].crowd = 0.0;
     }
@@ -282,17 +508,13 @@ fn assign_crowding(pop: &mut [Ind], front: &[usize]) {
         }
         return;
     }
+    let SortScratch { keys, idx, .. } = sc;
     for k in 0..2 {
-        let obj = |p: &Ind| {
-            if p.cand.violation > 0.0 {
-                p.cand.violation
-            } else {
-                p.cand.objectives()[k]
-            }
-        };
-        let mut idx = front.to_vec();
-        idx.sort_by(|&a, &b| obj(&pop[a]).total_cmp(&obj(&pop[b])));
-        let (lo, hi) = (obj(&pop[idx[0]]), obj(&pop[*idx.last().unwrap_or(&idx[0])]));
+        let obj = |i: usize| keys[i].crowding_value(k);
+        idx.clear();
+        idx.extend_from_slice(front);
+        idx.sort_by(|&a, &b| obj(a).total_cmp(&obj(b)));
+        let (lo, hi) = (obj(idx[0]), obj(idx[idx.len() - 1]));
         pop[idx[0]].crowd = f64::INFINITY;
         pop[idx[idx.len() - 1]].crowd = f64::INFINITY;
         let span = hi - lo;
@@ -300,7 +522,7 @@ fn assign_crowding(pop: &mut [Ind], front: &[usize]) {
             continue;
         }
         for w in 1..idx.len() - 1 {
-            let d = (obj(&pop[idx[w + 1]]) - obj(&pop[idx[w - 1]])) / span;
+            let d = (obj(idx[w + 1]) - obj(idx[w - 1])) / span;
             pop[idx[w]].crowd += d;
         }
     }
@@ -318,9 +540,10 @@ pub fn nsga2(problem: &JobProblem<'_>, params: Nsga2Params) -> Result<Vec<Candid
     let n = params.population.max(4) & !1;
     let ranges = problem.gene_ranges();
     let mut rng = rand::rngs::StdRng::seed_from_u64(params.seed);
+    let cur_tp = problem.current_throughput();
     let mk = |genes: [f64; 6], problem: &JobProblem<'_>| Ind {
         genes,
-        cand: problem.evaluate(problem.decode(&genes)),
+        cand: problem.evaluate_from(problem.decode(&genes), cur_tp),
         rank: 0,
         crowd: 0.0,
     };
@@ -352,17 +575,18 @@ pub fn nsga2(problem: &JobProblem<'_>, params: Nsga2Params) -> Result<Vec<Candid
         });
         pop.push(mk(g, problem));
     }
-    let rank_pop = |pop: &mut Vec<Ind>| {
-        let fronts = sort_fronts(pop);
+    let mut sc = SortScratch::default();
+    let mut fronts = Fronts::default();
+    let rank_pop = |pop: &mut Vec<Ind>, sc: &mut SortScratch, fronts: &mut Fronts| {
+        sort_fronts(pop, sc, fronts);
         for (r, f) in fronts.iter().enumerate() {
             for &i in f {
                 pop[i].rank = r;
             }
-            assign_crowding(pop, f);
+            assign_crowding(pop, f, sc);
         }
-        fronts
     };
-    rank_pop(&mut pop);
+    rank_pop(&mut pop, &mut sc, &mut fronts);
     for _ in 0..params.generations {
         let mut children = Vec::with_capacity(n);
         while children.len() < n {
@@ -388,13 +612,13 @@ pub fn nsga2(problem: &JobProblem<'_>, params: Nsga2Params) -> Result<Vec<Candid
             children.push(mk(c2, problem));
         }
         pop.extend(children);
-        let fronts = rank_pop(&mut pop);
+        rank_pop(&mut pop, &mut sc, &mut fronts);
         let mut keep: Vec<usize> = Vec::with_capacity(n);
-        for f in fronts {
+        for f in fronts.iter() {
             if keep.len() + f.len() <= n {
-                keep.extend(f);
+                keep.extend_from_slice(f);
             } else {
-                let mut f = f;
+                let mut f = f.to_vec();
                 f.sort_by(|&a, &b| pop[b].crowd.total_cmp(&pop[a].crowd));
                 keep.extend(f.into_iter().take(n - keep.len()));
                 break;
@@ -408,7 +632,7 @@ pub fn nsga2(problem: &JobProblem<'_>, params: Nsga2Params) -> Result<Vec<Candid
             }
         }
         pop = next;
-        rank_pop(&mut pop);
+        rank_pop(&mut pop, &mut sc, &mut fronts);
     }
     let mut front: Vec<Candidate> = pop
         .iter()
@@ -477,6 +701,50 @@ pub(crate) mod tests {
     use super::*;
     use crate::alloc::Range;
     use crate::throughput::dlrover::{tests as dl, DlroverModel};
+
+    /// The sweeps give exactly the pairwise relation, ties, infeasible individuals and
+    /// signed zeros included.
+    #[test]
+    fn dominance_rows_equal_the_pairwise_definition() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let pick =
+            |rng: &mut rand::rngs::StdRng, vals: &[f64]| vals[rng.random_range(0..vals.len())];
+        for n in [1usize, 2, 7, 64, 65, 96, 130] {
+            for _ in 0..20 {
+                // Few distinct values, so ties are common.
+                let keys: Vec<Key> = (0..n)
+                    .map(|_| Key {
+                        violation: pick(&mut rng, &[0.0, 0.0, 0.0, 0.5, 1.0, 2.5]),
+                        objectives: [
+                            pick(&mut rng, &[-0.0, 0.0, 1.0, 2.0, 3.0]),
+                            pick(&mut rng, &[0.5, 1.0, 4.0, f64::MAX]),
+                        ],
+                    })
+                    .collect();
+                let words = n.div_ceil(64);
+                let mut sc = SortScratch {
+                    keys: keys.clone(),
+                    ..SortScratch::default()
+                };
+                sc.dominates.resize(n * words, 0);
+                dominance_rows(&mut sc, n, words);
+                for i in 0..n {
+                    for j in 0..n {
+                        let bit = sc.dominates[i * words + j / 64] >> (j % 64) & 1 == 1;
+                        let want = i != j && keys[i].versus(&keys[j]).0;
+                        let (a, b) = (&keys[i], &keys[j]);
+                        assert_eq!(
+                            bit,
+                            want,
+                            "n {n}: {i} over {j}: {:?} {:?}",
+                            (a.violation, a.objectives),
+                            (b.violation, b.objectives)
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     pub(crate) fn problem_bounds() -> Bounds {
         Bounds {

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::alloc::Range;
-use crate::error::{check_non_negative, BrainError, Result};
+use crate::error::{check_non_negative, check_non_negative_at, BrainError, Result};
 use crate::nnls::{nnls, Matrix};
 
 /// One memory reading of one PS.
@@ -67,7 +67,7 @@ pub const OOM_MIN_SAMPLES: usize = 4;
 /// Fits the growth of one PS from its readings.
 pub fn fit_growth(samples: &[MemorySample]) -> Result<MemoryGrowth> {
     for (i, s) in samples.iter().enumerate() {
-        check_non_negative(&format!("memory[{i}].mem_gb"), s.mem_gb)?;
+        check_non_negative_at(|| format!("memory[{i}].mem_gb"), s.mem_gb)?;
     }
     if samples.len() < OOM_MIN_SAMPLES {
         return Err(BrainError::Profile(format!(
@@ -75,12 +75,12 @@ pub fn fit_growth(samples: &[MemorySample]) -> Result<MemoryGrowth> {
             samples.len()
         )));
     }
-    let rows: Vec<Vec<f64>> = samples
-        .iter()
-        .map(|s| vec![1.0, s.step as f64, (s.step as f64).sqrt()])
-        .collect();
+    let mut a = Matrix::zeros(samples.len(), 3);
+    for (i, s) in samples.iter().enumerate() {
+        a.set_row(i, &[1.0, s.step as f64, (s.step as f64).sqrt()]);
+    }
     let b: Vec<f64> = samples.iter().map(|s| s.mem_gb).collect();
-    let x = nnls(&Matrix::from_rows(&rows)?, &b)?.x;
+    let x = nnls(&a, &b)?.x;
     Ok(MemoryGrowth {
         base: x[0],
         linear: x[1],
@@ -88,16 +88,24 @@ pub fn fit_growth(samples: &[MemorySample]) -> Result<MemoryGrowth> {
     })
 }
 
-/// Predicted memory of each PS at `step`, by PS index.
-pub fn predicted_peaks(samples: &[MemorySample], step: u64) -> Result<Vec<(u32, f64)>> {
+/// The growth of each PS's memory ([`fit_growth`] of its readings), by PS index.
+pub fn fit_each(samples: &[MemorySample]) -> Result<Vec<(u32, MemoryGrowth)>> {
     let mut by_ps: std::collections::BTreeMap<u32, Vec<MemorySample>> = Default::default();
     for s in samples {
         by_ps.entry(s.ps_index).or_default().push(*s);
     }
     by_ps
         .into_iter()
-        .map(|(ps, s)| Ok((ps, fit_growth(&s)?.at(step))))
+        .map(|(ps, s)| Ok((ps, fit_growth(&s)?)))
         .collect()
+}
+
+/// Predicted memory of each PS at `step`, by PS index.
+pub fn predicted_peaks(samples: &[MemorySample], step: u64) -> Result<Vec<(u32, f64)>> {
+    Ok(fit_each(samples)?
+        .into_iter()
+        .map(|(ps, g)| (ps, g.at(step)))
+        .collect())
 }
 
 /// OOM policy parameters.
@@ -147,19 +155,35 @@ pub fn predict(
     bounds: Range<f64>,
 ) -> Result<Vec<MemoryAction>> {
     check_non_negative("limit_gb", limit_gb)?;
+    check_steps(current_step, total_steps)?;
+    let fits = fit_each(samples)?;
+    predict_from(&fits, limit_gb, current_step, total_steps, policy, bounds)
+}
+
+fn check_steps(current_step: u64, total_steps: u64) -> Result<()> {
     if total_steps < current_step {
         return Err(BrainError::invalid(
             "total_steps",
             format!("{total_steps} is before current_step {current_step}"),
         ));
     }
-    let mut by_ps: std::collections::BTreeMap<u32, Vec<MemorySample>> = Default::default();
-    for s in samples {
-        by_ps.entry(s.ps_index).or_default().push(*s);
-    }
+    Ok(())
+}
+
+/// [`predict`] from growths already fitted ([`fit_each`]): a plan fits once for this
+/// and for the peak its layout must hold.
+pub fn predict_from(
+    fits: &[(u32, MemoryGrowth)],
+    limit_gb: f64,
+    current_step: u64,
+    total_steps: u64,
+    policy: OomPolicy,
+    bounds: Range<f64>,
+) -> Result<Vec<MemoryAction>> {
+    check_non_negative("limit_gb", limit_gb)?;
+    check_steps(current_step, total_steps)?;
     let mut out = Vec::new();
-    for (ps, s) in by_ps {
-        let g = fit_growth(&s)?;
+    for &(ps, g) in fits {
         let peak = g.at(total_steps);
         if peak < policy.trigger_fraction * limit_gb {
             continue;

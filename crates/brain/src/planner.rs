@@ -351,8 +351,9 @@ pub fn finish_plan(
         if !input.memory.is_empty() && readings_ok {
             // Per-PS actions for the layout the readings come from ...
             let limit = input.current.map_or(alloc.ps_mem_gb, |c| c.ps_mem_gb);
-            memory = oom::predict(
-                input.memory,
+            let fits = oom::fit_each(input.memory)?;
+            memory = oom::predict_from(
+                &fits,
                 limit,
                 cur_step,
                 total,
@@ -361,10 +362,7 @@ pub fn finish_plan(
             )?;
             // ... and the plan's own layout must hold the predicted total at job end
             // (rows are hashed evenly over the PS, so the total re-shards).
-            let peak_total: f64 = oom::predicted_peaks(input.memory, total)?
-                .iter()
-                .map(|p| p.1)
-                .sum();
+            let peak_total: f64 = fits.iter().map(|(_, g)| g.at(total)).sum();
             let need_end = peak_total * (1.0 + cfg.oom.headroom);
             if f64::from(alloc.ps) * alloc.ps_mem_gb < need_end {
                 let (a3, note) = fit_memory(alloc, need_end, &spec.bounds);

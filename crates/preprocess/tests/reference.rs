@@ -7,11 +7,12 @@ use elastrec_preprocess::{FeatureSpec, Plan};
 use serde_json::Value;
 
 fn reference() -> Value {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/reference.json"
-    ))
-    .expect("reference.json");
+    // The directory `cargo test` runs from, not the one the binary was built in: a test
+    // binary reused from a shared target directory may come from another checkout.
+    let dir = std::env::var("CARGO_MANIFEST_DIR")
+        .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string());
+    let text = std::fs::read_to_string(format!("{dir}/tests/data/reference.json"))
+        .expect("reference.json");
     serde_json::from_str(&text).expect("reference.json parses")
 }
 

@@ -56,6 +56,13 @@ pub fn run_cpr_emulation(config: &CprEmulationConfig) -> Result<CprReport> {
     let started = Instant::now();
     config.validate()?;
     let job = &config.job;
+    if job.model.dynamic_embeddings.is_some() {
+        // The emulated servers' losses are counted over every row of a hashed table.
+        return Err(SimError::Config {
+            field: "job.model.dynamic_embeddings",
+            reason: "the CPR emulation models hashed tables; remove [model.dynamic_embeddings] from the job file for it".into(),
+        });
+    }
     ensure_data(job, config.progress)?;
     for f in job.train_files().iter().chain(job.eval_files().iter()) {
         if !f.exists() {
