@@ -53,10 +53,8 @@ pub fn settings(cfg: &JobConfig, brain_job_id: &str) -> Settings {
         worker_start_s: a.worker_start_s,
         ps_migration_s: a.ps_migration_s,
         // Online re-sharding moves the servers' state between layouts; synchronous
-        // steps would straddle them, so it is for asynchronous jobs, and it plans moves by
-        // hashed row (dynamic tables' rows are found by key; not built).
-        ps_scaling: cfg.cluster.mode == elastrec_job::distributed::SyncMode::Async
-            && cfg.model.dynamic_embeddings.is_none(),
+        // steps would straddle them, so it is for asynchronous jobs.
+        ps_scaling: cfg.cluster.mode == elastrec_job::distributed::SyncMode::Async,
         hot_ratio: a.hot_ps_ratio,
         send_capacity: a.brain.is_empty(),
         // Set by the loop: only a new job without a warm start explores.

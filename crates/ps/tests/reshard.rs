@@ -1005,25 +1005,60 @@ async fn malformed_imports_are_refused_by_field() {
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
     assert!(e.message().contains("synchronous mode"), "{e:?}");
+}
 
-    // Dynamic embedding tables refuse it too, saying what to do instead.
-    let dynamic = Server::start(PsShard::new(&job_dynamic(), 0, 2).unwrap()).await;
-    let e = dynamic
-        .client()
-        .reshard(ReshardRequest {
-            version: rpc::version(),
-            layout_version: 1,
-            num_ps: 1,
-            addrs: vec![dynamic.addr.clone()],
-            precopy: false,
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
-    assert!(
-        e.message().contains("dynamic embedding tables") && e.message().contains("resume"),
-        "{e:?}"
-    );
+/// Every stored row of every server of `layout`: `(table, key)` → weights and optimizer
+/// state, checking that each is held by the server the layout routes it to.
+fn held_rows(layout: &Layout<'_>) -> std::collections::BTreeMap<(usize, u64), Vec<f32>> {
+    let mut out = std::collections::BTreeMap::new();
+    for (j, s) in layout.servers.iter().enumerate() {
+        for table in &s.shard.snapshot().tables {
+            for (i, &key) in table.rows.iter().enumerate() {
+                assert_eq!(shard_of(table.table, key, layout.count()), j as u32);
+                let values = table.row_values(i).to_vec();
+                assert!(out.insert((table.table, key), values).is_none());
+            }
+        }
+    }
+    out
+}
+
+/// Dynamic tables (`[model.dynamic_embeddings]`) move too. Their slots move while they
+/// serve, so a pre-copy request sends nothing; once frozen, each server plans from the keys
+/// it holds and sends them, and each new server checks that every sender's rows arrived
+/// (`ImportDone.rows_sent`). 2 -> 3: every row held before is held after, by its new owner,
+/// weights and optimizer state bit for bit, and training goes on in the new layout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamic_tables_move_to_a_new_layout_by_key() {
+    let job = job_dynamic();
+    let dense_len = dense_model(&job).unwrap().params().len();
+    let a0 = Server::start(PsShard::new(&job, 0, 2).unwrap()).await;
+    let a1 = Server::start(PsShard::new(&job, 1, 2).unwrap()).await;
+    let v0 = Layout {
+        version: 0,
+        servers: vec![&a0, &a1],
+    };
+    for seed in 1..=3 {
+        v0.push(&batch(seed, 4000, dense_len)).await;
+    }
+    let before = held_rows(&v0);
+    assert!(before.len() > 3000, "{} rows", before.len());
+    let j2 = Server::start(PsShard::joining(&job, 2, 3, 1).unwrap()).await;
+    let v1 = Layout {
+        version: 1,
+        servers: vec![&a0, &a1, &j2],
+    };
+    let stats = reshard(&v0, &v1, true).await;
+    report("2 -> 3 (dynamic tables)", &stats);
+    assert_eq!(stats.precopy_bytes, 0, "{stats:?}");
+    assert_eq!(stats.rows, before.len() as u64, "{stats:?}");
+    for s in &v1.servers {
+        assert_eq!(info_state(s).await, (1, 3, LayoutState::Serving));
+    }
+    assert!(held_rows(&v1) == before, "the rows moved unchanged");
+    let b = batch(4, 4000, dense_len);
+    v1.push(&b).await;
+    assert!(held_rows(&v1) != before, "the new layout trains");
 }
 
 fn job_dynamic() -> JobConfig {

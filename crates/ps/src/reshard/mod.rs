@@ -149,6 +149,8 @@ struct Cursor {
     pos: usize,
     dense: usize,
     finished: bool,
+    /// Rows sent so far.
+    rows: u64,
 }
 
 /// Which rows a sending pass sends.
@@ -203,14 +205,6 @@ impl PsShard {
                     .into(),
             ));
         }
-        if self.config.embedding.dynamic.is_some() {
-            return Err(PsError::Reshard(
-                "the job has dynamic embedding tables ([model.dynamic_embeddings]), whose rows \
-                 cannot be moved online yet; resume the job from its checkpoint with the new \
-                 number of servers instead (checkpoints re-route onto any count)"
-                    .into(),
-            ));
-        }
         let bad = |field, detail| PsError::BadField {
             message: "Reshard",
             field,
@@ -240,11 +234,23 @@ impl PsShard {
             version: req.layout_version,
             count: req.num_ps,
         };
+        // A dynamic table's rows are found by key, and its slots move while it serves: its
+        // plan is made once the server is frozen, and nothing is pre-copied.
+        let dynamic = self.config.embedding.dynamic.is_some();
         let table_rows = self.table_rows.clone();
-        let plan = Arc::new(
-            tokio::task::spawn_blocking(move || Plan::new(&table_rows, old, target)).await?,
-        );
+        let plan = Arc::new(if dynamic {
+            Plan {
+                old,
+                target,
+                rows: Vec::new(),
+            }
+        } else {
+            tokio::task::spawn_blocking(move || Plan::new(&table_rows, old, target)).await?
+        });
         let mut out = ReshardResponse::default();
+        if req.precopy && dynamic {
+            return Ok(out);
+        }
         if req.precopy {
             // A pre-copy after the freeze (a late retry) has nothing to do.
             if self.begin_precopy(&plan)? {
@@ -271,6 +277,12 @@ impl PsShard {
         let (dirty, held, dense_version) =
             tokio::task::spawn_blocking(move || shard.freeze(&p)).await??;
         let frozen_at = Instant::now();
+        let plan = if dynamic {
+            let (shard, p) = (self.clone(), plan.clone());
+            Arc::new(tokio::task::spawn_blocking(move || shard.plan_stored(&p)).await??)
+        } else {
+            plan
+        };
         out.freeze_us = held.as_micros() as u64;
         out.dense_version = dense_version;
         let sent = self
@@ -293,6 +305,30 @@ impl PsShard {
             out.frozen_us as f64 / 1e3,
         );
         Ok(out)
+    }
+
+    /// The plan of a frozen server of dynamic tables: its stored rows, by the server of
+    /// the new layout each key routes to (slots do not move while frozen).
+    fn plan_stored(&self, plan: &Plan) -> Result<Plan, PsError> {
+        let st = self.state.lock();
+        Self::check_plan_layout(&st, plan)?;
+        if st.phase != Phase::Frozen(plan.target) {
+            return Err(self.busy(&st, st.phase, plan));
+        }
+        let tables = st.store.num_tables();
+        let mut rows = vec![vec![Vec::new(); tables]; plan.target.count as usize];
+        for (t, table) in st.store.tables().iter().enumerate() {
+            for l in 0..table.local_rows() {
+                let to = shard_of(t, table.global_of(l), plan.target.count) as usize;
+                // Slots fit 32 bits (`MAX_SHARD_ROWS`).
+                rows[to][t].push(l as u32);
+            }
+        }
+        Ok(Plan {
+            old: plan.old.clone(),
+            target: plan.target,
+            rows,
+        })
     }
 
     /// Checks that `st` still serves the layout `plan` leaves.
@@ -486,6 +522,9 @@ impl PsShard {
             if rows.is_empty() {
                 continue;
             }
+            if matches!(pass, Pass::Frozen(_)) {
+                cursor.rows += rows.len() as u64;
+            }
             if let (Pass::Precopy, Some(dirty)) = (pass, st.dirty.as_mut()) {
                 for &r in &rows {
                     dirty[t].remove((r / u64::from(plan.old.count)) as usize);
@@ -543,6 +582,7 @@ impl PsShard {
                 dense_version: self.version_locked(st),
                 optimizer_steps: st.opt.steps(),
                 last_batches,
+                rows_sent: cursor.rows,
             }),
             ..base
         }))

@@ -8,6 +8,7 @@
 //! checks that every row and dense value of the new shard arrived and that every sender
 //! said it was done.
 
+use std::collections::HashSet;
 use std::mem;
 
 use elastrec_embedding::{shard_of, EmbeddingError, TableSnapshot};
@@ -32,6 +33,12 @@ pub(crate) struct Staged {
     dense_seen: Bitset,
     /// What each sender said when it finished, by its index in the previous layout.
     done: Vec<Option<ImportDone>>,
+    /// Dynamic tables: the `(table, key)` rows received (their local rows are not known
+    /// beforehand), and how many came from each sender, by its index.
+    keys_seen: HashSet<(usize, u64)>,
+    rows_from: Vec<u64>,
+    /// The job's tables are dynamic.
+    dynamic: bool,
 }
 
 impl Staged {
@@ -56,6 +63,9 @@ impl Staged {
             received,
             dense_seen,
             done: Vec::new(),
+            keys_seen: HashSet::new(),
+            rows_from: Vec::new(),
+            dynamic: config.embedding.dynamic.is_some(),
         })
     }
 
@@ -79,6 +89,15 @@ impl Staged {
             return Some(format!(
                 "PS {s} of the previous layout ({n} servers) has not finished sending"
             ));
+        }
+        // Dynamic tables: every sender's rows arrived (a retried message counts once).
+        for (s, d) in self.done.iter().enumerate() {
+            let (sent, got) = (d.as_ref().map_or(0, |d| d.rows_sent), self.rows_from[s]);
+            if self.dynamic && got != sent {
+                return Some(format!(
+                    "PS {s} of the previous layout sent {sent} rows of dynamic tables, {got} arrived"
+                ));
+            }
         }
         for (t, got) in self.received.iter().enumerate() {
             if let Some(l) = got.first_missing() {
@@ -333,6 +352,7 @@ impl PsShard {
         if s.source_count.is_none() {
             s.source_count = Some(req.source_count);
             s.done = vec![None; req.source_count as usize];
+            s.rows_from = vec![0; req.source_count as usize];
         }
         let ImportRequest {
             table,
@@ -349,12 +369,17 @@ impl PsShard {
         if !rows.is_empty() {
             let t = table as usize;
             let tbl = s.parts.store.table_mut(t)?;
-            for &r in &rows {
-                s.received[t].insert((r / u64::from(num_ps)) as usize);
+            if tbl.is_dynamic() {
+                let new = rows.iter().filter(|&&r| s.keys_seen.insert((t, r))).count();
+                s.rows_from[source as usize] += new as u64;
+            } else {
+                for &r in &rows {
+                    s.received[t].insert((r / u64::from(num_ps)) as usize);
+                }
             }
             let snap = TableSnapshot {
                 table: t,
-                table_rows: tbl.rows(),
+                table_rows: tbl.snapshot_rows(),
                 dim: tbl.dim(),
                 state_len: tbl.state_len(),
                 rows,
