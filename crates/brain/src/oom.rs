@@ -154,8 +154,6 @@ pub fn predict(
     policy: OomPolicy,
     bounds: Range<f64>,
 ) -> Result<Vec<MemoryAction>> {
-    check_non_negative("limit_gb", limit_gb)?;
-    check_steps(current_step, total_steps)?;
     let fits = fit_each(samples)?;
     predict_from(&fits, limit_gb, current_step, total_steps, policy, bounds)
 }

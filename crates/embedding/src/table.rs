@@ -95,14 +95,7 @@ impl TableShard {
         optimizer: SparseOptimizerConfig,
         shard: ShardSpec,
     ) -> Result<Self> {
-        if dim == 0 {
-            return Err(EmbeddingError::ZeroDim);
-        }
-        if rows == 0 {
-            return Err(EmbeddingError::ZeroRows { table });
-        }
-        optimizer.validate()?;
-        let shard = ShardSpec::new(shard.index, shard.count)?;
+        let shard = check_shape(table, rows, dim, &optimizer, shard)?;
         let local = shard_rows(table, rows, shard.index, shard.count);
         if local > MAX_SHARD_ROWS {
             return Err(EmbeddingError::TooManyRows {
@@ -141,15 +134,8 @@ impl TableShard {
         shard: ShardSpec,
         config: DynamicConfig,
     ) -> Result<Self> {
-        if dim == 0 {
-            return Err(EmbeddingError::ZeroDim);
-        }
-        if budget_rows == 0 {
-            return Err(EmbeddingError::ZeroRows { table });
-        }
-        optimizer.validate()?;
+        let shard = check_shape(table, budget_rows, dim, &optimizer, shard)?;
         config.validate()?;
-        let shard = ShardSpec::new(shard.index, shard.count)?;
         let stride = dim + optimizer.state_len(dim);
         let share = shard_rows(table, budget_rows, shard.index, shard.count).max(1);
         let capacity = slots_within(share, stride, config.admit_count);
@@ -714,6 +700,24 @@ impl TableShard {
     pub fn raw_bytes(&self) -> usize {
         self.local_rows * self.stride * 4
     }
+}
+
+/// Checks what every table shard needs: a dimension, rows, a valid optimizer and shard.
+fn check_shape(
+    table: usize,
+    rows: u64,
+    dim: usize,
+    optimizer: &SparseOptimizerConfig,
+    shard: ShardSpec,
+) -> Result<ShardSpec> {
+    if dim == 0 {
+        return Err(EmbeddingError::ZeroDim);
+    }
+    if rows == 0 {
+        return Err(EmbeddingError::ZeroRows { table });
+    }
+    optimizer.validate()?;
+    ShardSpec::new(shard.index, shard.count)
 }
 
 pub(crate) fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<()> {
