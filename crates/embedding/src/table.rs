@@ -624,11 +624,10 @@ impl TableShard {
         let mut values = Vec::with_capacity(rows.len() * self.stride);
         let mut kept = Vec::with_capacity(rows.len());
         for &row in rows {
+            // `find` refuses rows out of range or of another shard.
             if let Some(l) = self.find(row)? {
                 values.extend_from_slice(&self.data[l * self.stride..(l + 1) * self.stride]);
                 kept.push(row);
-            } else {
-                self.stored(row)?;
             }
         }
         Ok(TableSnapshot {

@@ -268,6 +268,35 @@ fn a_checkpoint_restores_onto_another_shard_count() {
     }
 }
 
+/// A delta checkpoint exports rows chosen earlier (SSU records keys as they are
+/// updated): a key evicted since is left out, not an error; another shard's key still is.
+#[test]
+fn exporting_chosen_rows_leaves_out_the_evicted_ones() {
+    let mut store = small_table(Eviction::Lru, 0);
+    for id in 0..64 {
+        update(&mut store, &[id], 1.0);
+    }
+    update(&mut store, &[1000], 1.0);
+    let key = |id: u64| row_of(0, id, DYNAMIC_KEY_SPACE);
+    assert!(!stored(&store, 0), "id 0 was evicted");
+    let table = store.table(0).unwrap();
+    let snap = table.export_rows(&[key(0), key(63), key(1000)]).unwrap();
+    assert_eq!(snap.rows, vec![key(63), key(1000)]);
+    assert_eq!(snap.row_values(1), table.row(key(1000)).unwrap());
+    let shards: Vec<EmbeddingStore> = (0..2)
+        .map(|i| {
+            let cfg = store.config().clone();
+            EmbeddingStore::new_shard(cfg, ShardSpec::new(i, 2).unwrap()).unwrap()
+        })
+        .collect();
+    let other = 1 - elastrec_embedding::shard_of(0, key(5), 2) as usize;
+    let err = shards[other].table(0).unwrap().export_rows(&[key(5)]);
+    assert!(
+        matches!(err, Err(EmbeddingError::WrongShard { .. })),
+        "{err:?}"
+    );
+}
+
 #[test]
 fn access_counters_follow_their_rows_through_evictions() {
     let mut store = small_table(Eviction::Lru, 0);
