@@ -262,9 +262,19 @@ impl TableShard {
     }
 
     /// Local index of global `row` (a dynamic table's slot of key `row`), or why this shard
-    /// cannot serve it.
+    /// cannot serve it: out of range, another shard's, or (a dynamic table's key without a
+    /// slot) [`EmbeddingError::NotStored`].
     #[inline]
     pub fn local_of(&self, row: u64) -> Result<usize> {
+        self.find(row)?.ok_or(EmbeddingError::NotStored {
+            table: self.table,
+            row,
+        })
+    }
+
+    /// A hashed table's local index of `row`: `row / shards` once it is checked.
+    #[inline]
+    fn hashed_local(&self, row: u64) -> Result<usize> {
         self.check_owned(row)?;
         if self.shard.count == 1 {
             return Ok(row as usize);
@@ -277,7 +287,7 @@ impl TableShard {
     #[inline]
     fn find(&self, row: u64) -> Result<Option<usize>> {
         match &self.dynamic {
-            None => self.local_of(row).map(Some),
+            None => self.hashed_local(row).map(Some),
             Some(d) => {
                 self.check_owned(row)?;
                 Ok(d.slot(row))
@@ -319,15 +329,8 @@ impl TableShard {
     /// Weights and state of global `row`: `stride()` floats. A dynamic table's key without
     /// a slot is [`EmbeddingError::NotStored`].
     pub fn row(&self, row: u64) -> Result<&[f32]> {
-        let l = self.stored(row)?;
+        let l = self.local_of(row)?;
         Ok(&self.data[l * self.stride..(l + 1) * self.stride])
-    }
-
-    fn stored(&self, row: u64) -> Result<usize> {
-        self.find(row)?.ok_or(EmbeddingError::NotStored {
-            table: self.table,
-            row,
-        })
     }
 
     /// Copies the weights of global `row` into `out` (`dim()` floats): a dynamic table's
@@ -411,7 +414,7 @@ impl TableShard {
         }
         scratch.keys.reserve(n);
         for s in 0..n {
-            let local = self.local_of(row_at(s))? as u64;
+            let local = self.hashed_local(row_at(s))? as u64;
             scratch.keys.push((local << 32) | s as u64);
         }
         scratch.keys.sort_unstable();

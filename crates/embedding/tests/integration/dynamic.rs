@@ -350,3 +350,21 @@ fn a_full_dynamic_table_fits_in_the_hashed_tables_bytes() {
     );
     assert!(table.row_capacity() as u64 > rows / 2);
 }
+
+/// `local_of` of a dynamic table is a key's slot (what `global_of` maps back), and a key
+/// without one is not stored, never a hashed table's `row / shards`.
+#[test]
+fn local_of_a_dynamic_key_is_its_slot() {
+    let mut store = small_table(Eviction::Lru, 0);
+    update(&mut store, &[7, 8, 9], 1.0);
+    let table = store.table(0).unwrap();
+    for id in [7, 8, 9] {
+        let key = row_of(0, id, DYNAMIC_KEY_SPACE);
+        assert_eq!(table.global_of(table.local_of(key).unwrap()), key);
+    }
+    let absent = table.local_of(row_of(0, 10, DYNAMIC_KEY_SPACE));
+    assert!(
+        matches!(absent, Err(EmbeddingError::NotStored { .. })),
+        "{absent:?}"
+    );
+}
