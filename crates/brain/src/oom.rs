@@ -100,14 +100,6 @@ pub fn fit_each(samples: &[MemorySample]) -> Result<Vec<(u32, MemoryGrowth)>> {
         .collect()
 }
 
-/// Predicted memory of each PS at `step`, by PS index.
-pub fn predicted_peaks(samples: &[MemorySample], step: u64) -> Result<Vec<(u32, f64)>> {
-    Ok(fit_each(samples)?
-        .into_iter()
-        .map(|(ps, g)| (ps, g.at(step)))
-        .collect())
-}
-
 /// OOM policy parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct OomPolicy {

@@ -200,11 +200,11 @@ pub fn preprocessed(
 /// `[model.dynamic_embeddings]` the whole key space of a dynamic table (whose rows are then
 /// its memory budget). What a process routing ids to parameter servers uses.
 pub fn resolve_key_spaces(job: &JobConfig) -> Vec<u64> {
-    let rows = resolve_table_rows(job);
-    match job.model.dynamic_embeddings {
-        None => rows,
-        Some(_) => vec![elastrec_embedding::DYNAMIC_KEY_SPACE; rows.len()],
+    elastrec_embedding::EmbeddingConfig {
+        dynamic: job.model.dynamic_embeddings,
+        ..elastrec_embedding::EmbeddingConfig::with_rows(resolve_table_rows(job))
     }
+    .key_spaces()
 }
 
 /// Per-table row counts for a job: explicit, or sized from the data's `report.json` as

@@ -181,6 +181,8 @@ pub struct PsShard {
     pub(crate) staged: Mutex<Option<crate::reshard::Staged>>,
     pub(crate) config: ShardConfig,
     pub(crate) dim: usize,
+    /// What each table's ids hash over: its rows, or a dynamic table's key space
+    /// (`EmbeddingConfig::key_spaces`); the range incoming rows are checked against.
     pub(crate) table_rows: Vec<u64>,
     pub(crate) mode: SyncMode,
     sync_timeout: Duration,

@@ -63,6 +63,18 @@ fn pull(ps: &PsShard, rows: &[u64]) -> Vec<Vec<f32>> {
     r.values.chunks(4).map(|c| c.to_vec()).collect()
 }
 
+/// Restores `ps` from checkpoint chain `chain`, written by `num_ps` servers.
+async fn restore(ps: &PsShard, store: &CheckpointStore, chain: Vec<u64>, num_ps: u32) {
+    ps.restore(&RestorePlan {
+        location: store.location(),
+        chain,
+        num_ps,
+        shm_namespace: String::new(),
+    })
+    .await
+    .unwrap();
+}
+
 async fn checkpoint(
     ps: &[&Arc<PsShard>],
     store: &CheckpointStore,
@@ -142,15 +154,7 @@ async fn mfu_delta_saves_hot_rows_and_restores_on_top_of_the_full_checkpoint() {
     let now_cold = pull(&ps, &cold);
 
     let fresh = PsShard::new(&job("mfu", 1), 0, 1).unwrap();
-    fresh
-        .restore(&RestorePlan {
-            location: store.location(),
-            chain: vec![1, 2],
-            num_ps: 1,
-            shm_namespace: String::new(),
-        })
-        .await
-        .unwrap();
+    restore(&fresh, &store, vec![1, 2], 1).await;
     assert_eq!(pull(&fresh, &hot), now_hot, "hot rows come from the delta");
     let restored_cold = pull(&fresh, &cold);
     assert_eq!(restored_cold[..5], now_cold[..5], "selected cold rows too");
@@ -196,14 +200,7 @@ async fn two_server_checkpoint_restores_onto_three() {
     let job3 = job("none", 3);
     let three: Vec<PsShard> = (0..3).map(|i| PsShard::new(&job3, i, 3).unwrap()).collect();
     for s in &three {
-        s.restore(&RestorePlan {
-            location: store.location(),
-            chain: vec![1],
-            num_ps: 2,
-            shm_namespace: String::new(),
-        })
-        .await
-        .unwrap();
+        restore(s, &store, vec![1], 2).await;
     }
     for r in (0..1000).step_by(37) {
         let before = pull([&a, &b][owner(r, 2)], &[r]);
@@ -248,14 +245,7 @@ async fn dynamic_tables_checkpoint_their_keys_and_restore_onto_three() {
     let job3 = with_dynamic(3);
     let three: Vec<PsShard> = (0..3).map(|i| PsShard::new(&job3, i, 3).unwrap()).collect();
     for s in &three {
-        s.restore(&RestorePlan {
-            location: store.location(),
-            chain: vec![1, 2],
-            num_ps: 1,
-            shm_namespace: String::new(),
-        })
-        .await
-        .unwrap();
+        restore(s, &store, vec![1, 2], 1).await;
     }
     let at = |k: u64| &three[elastrec_embedding::shard_of(0, k, 3) as usize];
     for (i, &k) in hot.iter().enumerate() {

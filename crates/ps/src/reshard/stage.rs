@@ -91,12 +91,14 @@ impl Staged {
             ));
         }
         // Dynamic tables: every sender's rows arrived (a retried message counts once).
-        for (s, d) in self.done.iter().enumerate() {
-            let (sent, got) = (d.as_ref().map_or(0, |d| d.rows_sent), self.rows_from[s]);
-            if self.dynamic && got != sent {
-                return Some(format!(
-                    "PS {s} of the previous layout sent {sent} rows of dynamic tables, {got} arrived"
-                ));
+        if self.dynamic {
+            for (s, d) in self.done.iter().enumerate() {
+                let (sent, got) = (d.as_ref().map_or(0, |d| d.rows_sent), self.rows_from[s]);
+                if got != sent {
+                    return Some(format!(
+                        "PS {s} of the previous layout sent {sent} rows of dynamic tables, {got} arrived"
+                    ));
+                }
             }
         }
         for (t, got) in self.received.iter().enumerate() {
