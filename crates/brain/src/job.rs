@@ -57,6 +57,10 @@ pub struct JobSpec {
     /// Allocation bounds (defaults: [`Bounds::default`]).
     #[serde(default)]
     pub bounds: Bounds,
+    /// The configuration the user asked for: warm start's start-up plan while the config
+    /// database holds no similar job (default: none, the documented default plan).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested: Option<Allocation>,
 }
 
 fn default_model_type() -> String {
@@ -117,6 +121,9 @@ impl JobSpec {
                 "batch_size",
                 format!("need 1..={MAX_BATCH}, got {}", self.batch_size),
             ));
+        }
+        if let Some(r) = &self.requested {
+            r.validate("requested")?;
         }
         self.bounds.validate()
     }
@@ -323,6 +330,7 @@ pub(crate) mod tests {
             scenario: "ads".into(),
             user: "alice".into(),
             bounds: Bounds::default(),
+            requested: None,
         }
     }
 

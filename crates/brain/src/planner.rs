@@ -170,6 +170,11 @@ pub struct ReplanInput<'a> {
     pub memory: &'a [MemorySample],
     /// (current step, total steps), for OOM prediction.
     pub steps: Option<(u64, u64)>,
+    /// Most cores a candidate may hold: the job measured that a growth beyond them did
+    /// not pay (a model without a term for it would plan it again).
+    pub max_cpu: Option<f64>,
+    /// Most workers a candidate may hold, for the same reason.
+    pub max_workers: Option<u32>,
 }
 
 /// What [`fit_front`] learns about one job: its fitted model and its NSGA-II front.
@@ -231,8 +236,30 @@ pub fn fit_front(cfg: &BrainConfig, input: &ReplanInput<'_>) -> Result<JobFront>
         overhead: cfg.overhead,
         ps_mem_needed_gb: need,
     };
-    let front = nsga2(&problem, cfg.nsga)?;
-    let reasons = vec![
+    let mut front = nsga2(&problem, cfg.nsga)?;
+    let mut capped = None;
+    if input.max_cpu.is_some() || input.max_workers.is_some() {
+        if let Some(m) = input.max_cpu {
+            check_positive("max_cpu", m)?;
+        }
+        let max_cpu = input.max_cpu.unwrap_or(f64::INFINITY);
+        let max_workers = input.max_workers.unwrap_or(u32::MAX);
+        let before = front.len();
+        front.retain(|c| c.alloc.total_cpu() <= max_cpu + 1e-9 && c.alloc.workers <= max_workers);
+        let limits: Vec<String> = [
+            input.max_workers.map(|m| format!("{m} workers")),
+            input.max_cpu.map(|m| format!("{m} cores")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        capped = Some(format!(
+            "{} of {before} front allocations hold more than the {} this job measured to pay (a growth beyond them did not): left out",
+            before - front.len(),
+            limits.join(" and ")
+        ));
+    }
+    let mut reasons = vec![
         format!(
             "fitted DLRover-RM model on {} samples: alpha_grad {:.3e}, alpha_upd {:.3e}, alpha_sync {:.3e}, alpha_emb {:.3e}, beta {:.3e}; held-out MAPE {:.2}%",
             input.samples.len(),
@@ -248,6 +275,7 @@ pub fn fit_front(cfg: &BrainConfig, input: &ReplanInput<'_>) -> Result<JobFront>
             front.len()
         ),
     ];
+    reasons.extend(capped);
     Ok(JobFront {
         model,
         report,
@@ -629,6 +657,8 @@ pub fn plan_for_job(file: &crate::job::JobFile) -> Result<Plan> {
             remaining_samples: file.remaining_samples.unwrap_or(file.job.dataset_samples) as f64,
             memory: &file.memory,
             steps: file.steps.map(|s| (s.current, s.total)),
+            max_cpu: None,
+            max_workers: None,
         },
     )
 }
@@ -661,6 +691,8 @@ mod tests {
                 remaining_samples: 1e9,
                 memory: &[],
                 steps: None,
+                max_cpu: None,
+                max_workers: None,
             },
         )
         .unwrap();
@@ -673,6 +705,78 @@ mod tests {
         assert!(p.reasons.len() >= 3 && p.fit.is_some());
         let t = p.render_table();
         assert!(t.contains("pareto front"), "{t}");
+    }
+
+    /// Limits the job measured (a growth beyond them did not pay) leave the front's larger
+    /// allocations out, and the plan says so.
+    #[test]
+    fn measured_limits_leave_larger_allocations_out_of_the_front() {
+        let s = dl::synthetic(40, 0.02, 4);
+        let job = spec("j");
+        let cur = Allocation {
+            workers: 2,
+            ps: 1,
+            worker_cpu: 2.0,
+            ps_cpu: 2.0,
+            worker_mem_gb: 8.0,
+            ps_mem_gb: 16.0,
+        };
+        let input = ReplanInput {
+            spec: &job,
+            samples: &s,
+            current: Some(cur),
+            remaining_samples: 1e9,
+            memory: &[],
+            steps: None,
+            max_cpu: None,
+            max_workers: None,
+        };
+        let cfg = BrainConfig::default();
+        let free = fit_front(&cfg, &input).unwrap();
+        assert!(free
+            .front
+            .iter()
+            .any(|c| c.alloc.workers > 3 && c.alloc.total_cpu() > 20.0));
+        let capped = fit_front(
+            &cfg,
+            &ReplanInput {
+                max_workers: Some(3),
+                max_cpu: Some(20.0),
+                ..input
+            },
+        )
+        .unwrap();
+        assert!(!capped.front.is_empty());
+        assert!(capped
+            .front
+            .iter()
+            .all(|c| c.alloc.workers <= 3 && c.alloc.total_cpu() <= 20.0));
+        assert!(
+            capped
+                .reasons
+                .iter()
+                .any(|r| r.contains("more than the 3 workers and 20 cores")),
+            "{:?}",
+            capped.reasons
+        );
+        let p = replan(
+            &cfg,
+            ReplanInput {
+                max_workers: Some(3),
+                ..input
+            },
+        )
+        .unwrap();
+        assert!(p.allocation.workers <= 3, "{:?}", p.allocation);
+        let e = fit_front(
+            &cfg,
+            &ReplanInput {
+                max_cpu: Some(-1.0),
+                ..input
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("max_cpu"), "{e}");
     }
 
     /// The halves of a re-plan compose: without a pick the job keeps its allocation, and
@@ -697,6 +801,8 @@ mod tests {
             remaining_samples: 1e9,
             memory: &[],
             steps: None,
+            max_cpu: None,
+            max_workers: None,
         };
         let fit = fit_front(&cfg, &input).unwrap();
         let none = Pick {
@@ -738,6 +844,8 @@ mod tests {
                 remaining_samples: 1e9,
                 memory: &[],
                 steps: None,
+                max_cpu: None,
+                max_workers: None,
             },
         )
         .unwrap_err();

@@ -360,6 +360,7 @@ fn spec_from(j: Option<pb::JobSpec>) -> Result<JobSpec> {
         scenario: j.scenario,
         user: j.user,
         bounds: bounds_from(j.bounds)?,
+        requested: alloc_from("job.requested", j.requested)?,
     };
     spec.validate()?;
     Ok(spec)
@@ -609,6 +610,8 @@ impl BrainService {
             remaining_samples: remaining as f64,
             memory: &memory,
             steps: (r.total_steps > 0).then_some((r.current_step, r.total_steps)),
+            max_cpu: r.max_cpu,
+            max_workers: r.max_workers,
         };
         if shared {
             // Heard from, even when the fit below fails.

@@ -217,8 +217,9 @@ pub(crate) fn fit_memory(
 /// Algorithm 1. Picks the top-k most similar past jobs (above `min_similarity`), ranks them
 /// least similar first (`A^0`) to most similar (`A^{k-1}`), smooths
 /// `Ā^i = mu A^i + (1 - mu) Ā^{i-1}` from `Ā^0 = A^0`, and returns `Ā^{k-1}` rounded and
-/// clamped into the bounds, with PS memory raised to hold the model. Falls back to
-/// [`default_allocation`] when no similar job exists.
+/// clamped into the bounds, with PS memory raised to hold the model. Falls back to the
+/// job's requested configuration, or without one to [`default_allocation`], when no
+/// similar job exists.
 pub fn warm_start(
     spec: &JobSpec,
     history: &[HistoricalJob],
@@ -252,11 +253,23 @@ pub fn warm_start(
     scored.reverse(); // least similar first: A^{k-1} is the most similar.
     let mut reasons = Vec::new();
     let alloc = if scored.is_empty() {
-        reasons.push(format!(
-            "no similar job in the config database (of {}): documented default start-up plan",
-            history.len()
-        ));
-        default_allocation(need, bounds)
+        match spec.requested {
+            // The user's guess beats a default that knows nothing of the job.
+            Some(r) => {
+                reasons.push(format!(
+                    "no similar job in the config database (of {}): the configuration the job asked for",
+                    history.len()
+                ));
+                bounds.clamp(&r)
+            }
+            None => {
+                reasons.push(format!(
+                    "no similar job in the config database (of {}): documented default start-up plan",
+                    history.len()
+                ));
+                default_allocation(need, bounds)
+            }
+        }
     } else {
         let v = |a: &Allocation| {
             [
@@ -366,6 +379,49 @@ mod tests {
         };
         let ws = warm_start(&job, &[], &WarmStartParams::default(), &tight).unwrap();
         assert!(tight.contains(&ws.alloc));
+    }
+
+    /// Without a similar job, a job that says what it asked for starts with that (within
+    /// the bounds, with PS memory for its model); with one, the history decides.
+    #[test]
+    fn empty_history_starts_from_the_requested_configuration() {
+        let mut job = spec("new");
+        let asked = Allocation {
+            workers: 12,
+            ps: 3,
+            worker_cpu: 6.0,
+            ps_cpu: 2.0,
+            worker_mem_gb: 8.0,
+            ps_mem_gb: 64.0,
+        };
+        job.requested = Some(asked);
+        let p = WarmStartParams::default();
+        let ws = warm_start(&job, &[], &p, &Bounds::default()).unwrap();
+        assert_eq!(ws.alloc, asked);
+        assert!(ws.reasons[0].contains("asked for"), "{:?}", ws.reasons);
+        let tight = Bounds {
+            workers: crate::alloc::Range::new(1, 8),
+            ..Default::default()
+        };
+        assert_eq!(warm_start(&job, &[], &p, &tight).unwrap().alloc.workers, 8);
+        let past = HistoricalJob {
+            job_id: "old".into(),
+            features: JobFeatures::of(&job),
+            config: Allocation {
+                workers: 5,
+                ..asked
+            },
+        };
+        assert_eq!(
+            warm_start(&job, &[past], &p, &Bounds::default())
+                .unwrap()
+                .alloc
+                .workers,
+            5
+        );
+        job.requested = Some(Allocation { ps: 0, ..asked });
+        let e = job.validate().unwrap_err().to_string();
+        assert!(e.contains("requested.ps"), "{e}");
     }
 
     #[test]

@@ -82,6 +82,13 @@ pub struct AutoscaleConfig {
     /// workers instead of doubling them (scaling that is still linear is far from its
     /// knee); above 1, it only doubles.
     pub explore_linear: f64,
+    /// A plan that adds cores is kept only if the first profile window after it raised
+    /// throughput by at least this share of the cores it added (0.3: twice the cores gave
+    /// 1.3 times the samples/s or more); otherwise the job goes back and its plans stay
+    /// within the workers (or, when it added none, the cores) it had. On a shared brain
+    /// the first probe's quarter of the workers given back is judged the same way. `0`
+    /// keeps every growth.
+    pub growth_efficiency: f64,
 }
 
 impl Default for AutoscaleConfig {
@@ -111,6 +118,7 @@ impl Default for AutoscaleConfig {
             hot_ps_ratio: 3.0,
             explore_efficiency: 0.75,
             explore_linear: 0.9,
+            growth_efficiency: 0.3,
         }
     }
 }
@@ -205,6 +213,15 @@ pub(crate) fn validate_autoscale(job: &JobConfig, path: &Path) -> Result<(), Con
             ),
         ));
     }
+    if !(0.0..=1.0).contains(&a.growth_efficiency) {
+        return Err(bad(
+            "autoscale.growth_efficiency",
+            format!(
+                "must be in [0, 1] (a share of proportional speed-up; 0: keep every growth), got {}",
+                a.growth_efficiency
+            ),
+        ));
+    }
     if !(a.explore_linear.is_finite() && a.explore_linear >= a.explore_efficiency) {
         return Err(bad(
             "autoscale.explore_linear",
@@ -287,5 +304,11 @@ mod tests {
             j.autoscale.explore_efficiency, 0.0,
             "0 turns exploration off"
         );
+        let e = job("[autoscale]\ngrowth_efficiency = -0.1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("autoscale.growth_efficiency"), "{e}");
+        let j = job("[autoscale]\ngrowth_efficiency = 0.0\n").unwrap();
+        assert_eq!(j.autoscale.growth_efficiency, 0.0, "0 keeps every growth");
     }
 }

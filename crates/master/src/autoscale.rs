@@ -19,6 +19,11 @@ use serde::{Deserialize, Serialize};
 /// Profile samples (and memory readings) kept while the brain cannot be reached.
 pub const MAX_UNREPORTED: usize = 5_000;
 
+/// On a shared brain a job probes (gives cores back to measure) only while it has more
+/// than this many planning intervals of training left at its measured speed (the cluster
+/// simulator: short jobs lost more to probing than their plans won back).
+pub const PROBE_MIN_INTERVALS_LEFT: f64 = 4.0;
+
 /// Settings of the policy (from `[autoscale]` and the job).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
@@ -79,6 +84,13 @@ pub struct Settings {
     /// At or above this share of proportional, exploring quadruples the workers instead of
     /// doubling them (`autoscale.explore_linear`, 0.9).
     pub explore_linear: f64,
+    /// A plan that adds cores is kept only if the first window after it raised throughput
+    /// by at least this share of the cores it added (`autoscale.growth_efficiency`, 0.3:
+    /// twice the cores gave 1.3 times the samples/s or more). Otherwise the job goes back
+    /// and its plans stay within the workers it had (the brain's model has no term for
+    /// what makes the last workers idle: contention, stragglers), or within its cores when
+    /// the growth added no worker. `0` keeps every growth.
+    pub growth_efficiency: f64,
 }
 
 impl Settings {
@@ -162,6 +174,9 @@ pub enum Round {
     Plan(pb::ReportProfileRequest, pb::PlanRequest),
     /// Report these samples, then execute the probe.
     Probe(pb::ReportProfileRequest, Decision),
+    /// Report these samples, then undo the last plan's growth: it did not pay
+    /// ([`Settings::growth_efficiency`]).
+    Revert(pb::ReportProfileRequest, Decision),
     /// Only report these samples (too few for a plan yet).
     Report(pb::ReportProfileRequest),
 }
@@ -199,6 +214,17 @@ struct Window {
     cpu: u64,
     /// Cores per PS, thousandths.
     ps_cpu: u64,
+}
+
+/// A plan's change waiting for its first window: what the job had and measured before.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Growth {
+    before: Allocation,
+    measured_before: f64,
+    /// A probe that gave cores back (judged, never undone), not a plan.
+    give_back: bool,
+    /// The plan changed the PS for memory: an undo keeps its PS.
+    for_memory: bool,
 }
 
 /// The autoscaler's state.
@@ -239,6 +265,18 @@ pub struct Autoscaler {
     served: std::collections::BTreeMap<u32, (u64, f64)>,
     /// The PS index found hot at the last check and how many checks in a row.
     hot_streak: Option<(u32, u32)>,
+    /// The last plan's change, judged at the next window ([`Settings::growth_efficiency`]).
+    growth: Option<Growth>,
+    /// Most cores the job's plans may hold: a growth beyond them was measured not to pay.
+    max_cpu: Option<f64>,
+    /// Most workers the job's plans may hold: a growth beyond them was measured not to pay.
+    max_workers: Option<u32>,
+    /// Why the last of `max_cpu` / `max_workers` was set (for `status`).
+    cap_reason: Option<String>,
+    /// A probe or a revert ran: the next window (not the next plan interval) ends it.
+    measure_next: bool,
+    /// The plan under review changes the PS for memory (never undone, never capped).
+    plan_for_memory: bool,
 }
 
 /// What one PS served between two checks.
@@ -302,6 +340,14 @@ impl Autoscaler {
             memory: Vec::new(),
             served: Default::default(),
             hot_streak: None,
+            growth: None,
+            max_cpu: None,
+            max_workers: None,
+            cap_reason: None,
+            // A new job's first round waits a planning interval: its windows at the
+            // allocation it started with make the profile's base.
+            measure_next: false,
+            plan_for_memory: false,
         }
     }
 
@@ -446,19 +492,27 @@ impl Autoscaler {
         let measured_here = self
             .measured
             .is_some_and(|(_, w, p)| (w, p) == (v.workers, v.ps));
-        let due = fresh
-            && (v.now_ms.saturating_sub(self.last_plan_ms) >= self.settings.interval_ms
-                || (self.exploring && measured_here));
-        if !due || !v.steady {
+        // A probe (or an undone growth) is measured by one window too, and a plan's growth
+        // is judged by its first.
+        let plan_due = v.now_ms.saturating_sub(self.last_plan_ms) >= self.settings.interval_ms
+            || (self.exploring && measured_here)
+            || self.measure_next;
+        if !fresh || !v.steady || !(plan_due || self.growth.is_some()) {
             return Round::Idle;
         }
-        self.last_plan_ms = v.now_ms;
         self.samples_at_last_plan = self.samples_taken;
         let report = pb::ReportProfileRequest {
             job_id: self.settings.job_id.clone(),
             samples: std::mem::take(&mut self.unreported),
             memory: std::mem::take(&mut self.memory),
         };
+        if let Some(d) = self.undo_unpaid_plan(v) {
+            return Round::Revert(report, d);
+        }
+        if !plan_due {
+            return Round::Report(report);
+        }
+        self.last_plan_ms = v.now_ms;
         let [wmin, wmax] = self.settings.workers;
         // A probe takes a worker without asking: only where the job plans its own
         // capacity, and only when the capacity has room for it. On a shared brain service
@@ -488,7 +542,17 @@ impl Autoscaler {
                 return Round::Probe(report, d);
             }
         }
-        if !self.settings.send_capacity {
+        // A give-back probe costs throughput now for plans that repay it over the rest of
+        // the job: one that ends within a few planning intervals keeps what it has.
+        let remaining_s = self
+            .measured()
+            .filter(|t| *t > 0.0)
+            .map_or(f64::INFINITY, |t| {
+                v.samples_total.saturating_sub(v.samples_done) as f64 / t
+            });
+        let worth_probing =
+            remaining_s * 1000.0 > PROBE_MIN_INTERVALS_LEFT * self.settings.interval_ms as f64;
+        if !self.settings.send_capacity && worth_probing {
             if let Some(d) = self.shared_probe(v) {
                 return Round::Probe(report, d);
             }
@@ -577,7 +641,10 @@ impl Autoscaler {
                 .settings
                 .send_capacity
                 .then(|| (self.settings.cluster_mem_gb - current.total_mem_gb()).max(0.0)),
+            max_cpu: self.max_cpu,
+            max_workers: self.max_workers,
         };
+        self.measure_next = false;
         Round::Plan(report, plan)
     }
 
@@ -674,6 +741,117 @@ impl Autoscaler {
         })
     }
 
+    /// The decision that undoes the last plan, when its first window says it did not pay:
+    /// a growth that raised throughput by less than [`Settings::growth_efficiency`] of the
+    /// cores it added, or any other change that lost more throughput than the cores it gave
+    /// back (and `min_gain` of noise). After a growth that did not pay, the job's plans
+    /// stay within the workers it had when the growth added workers (the term the brain's
+    /// model lacks, contention and stragglers, grows with them), within its cores otherwise.
+    fn undo_unpaid_plan(&mut self, v: &View) -> Option<Decision> {
+        let g = self.growth.take()?;
+        let (now, w, p) = self.measured?;
+        let after = self.settings.allocation(v.workers, v.ps);
+        // Judged only at the allocation the plan made (a failure or a refused change in
+        // between leaves nothing to judge).
+        if (w, p) != (v.workers, v.ps) || self.settings.growth_efficiency <= 0.0 {
+            return None;
+        }
+        let b = g.before;
+        let (cores_before, cores_after) = (b.total_cpu(), after.total_cpu());
+        if g.give_back {
+            // What the cores given back were worth: the growth from here back to them.
+            let added = cores_before / cores_after - 1.0;
+            let gained = g.measured_before / now - 1.0;
+            if b.workers > after.workers && gained < self.settings.growth_efficiency * added {
+                self.max_workers = Some(
+                    self.max_workers
+                        .map_or(after.workers, |m| m.min(after.workers)),
+                );
+                self.cap_reason = Some(format!(
+                    "probe: {} -> {} workers ({cores_after} -> {cores_before} cores, {:+.0}%) is worth {:+.1}% throughput ({:.0} -> {:.0} samples/s), {:.0}% of proportional, below autoscale.growth_efficiency ({:.0}%): plans stay within {} workers",
+                    after.workers,
+                    b.workers,
+                    added * 100.0,
+                    gained * 100.0,
+                    now,
+                    g.measured_before,
+                    gained / added * 100.0,
+                    self.settings.growth_efficiency * 100.0,
+                    after.workers
+                ));
+            }
+            return None;
+        }
+        let cores = cores_after / cores_before;
+        let speed = now / g.measured_before;
+        let grew = cores > 1.0 + 1e-9;
+        let paid = if grew {
+            speed - 1.0 >= self.settings.growth_efficiency * (cores - 1.0)
+        } else {
+            // The brain plans a change that keeps or saves cores only for a gain.
+            speed >= 1.0 - self.settings.min_gain
+        };
+        if paid {
+            return None;
+        }
+        let mut reasons = vec![format!(
+            "measured: the plan's {} workers x {} cores and {} PS x {} cores ({cores_before} -> {cores_after} cores, {:+.0}%) changed throughput {:.0} -> {now:.0} samples/s ({:+.1}%)",
+            after.workers,
+            after.worker_cpu,
+            after.ps,
+            after.ps_cpu,
+            (cores - 1.0) * 100.0,
+            g.measured_before,
+            (speed - 1.0) * 100.0,
+        )];
+        if grew {
+            reasons.push(format!(
+                "{:.0}% of proportional, below autoscale.growth_efficiency ({:.0}%)",
+                (speed - 1.0) / (cores - 1.0) * 100.0,
+                self.settings.growth_efficiency * 100.0
+            ));
+        } else {
+            reasons.push(format!(
+                "slower by more than autoscale.min_gain ({:.0}%) for no more cores",
+                self.settings.min_gain * 100.0
+            ));
+        }
+        let capped = if after.workers > b.workers {
+            self.max_workers = Some(self.max_workers.map_or(b.workers, |m| m.min(b.workers)));
+            Some(format!("plans stay within {} workers", b.workers))
+        } else if grew {
+            self.max_cpu = Some(self.max_cpu.map_or(cores_before, |m| m.min(cores_before)));
+            Some(format!("plans stay within {cores_before} cores"))
+        } else {
+            None
+        };
+        if let Some(c) = capped {
+            reasons.push(c);
+            self.cap_reason = Some(reasons.join("; "));
+        }
+        // A PS count changed for memory stays: only the rest of the plan is undone.
+        let ps = if g.for_memory { after.ps } else { b.ps };
+        reasons.push(format!(
+            "back to {} workers x {} cores and {ps} PS x {} cores{}",
+            b.workers,
+            b.worker_cpu,
+            b.ps_cpu,
+            if g.for_memory {
+                " (the PS count, changed for memory, stays)"
+            } else {
+                ""
+            }
+        ));
+        Some(Decision::Apply {
+            workers: b.workers,
+            worker_cpu: b.worker_cpu,
+            ps,
+            ps_cpu: b.ps_cpu,
+            predicted: Some(g.measured_before),
+            reasons,
+        })
+    }
+
     /// A probe to `workers` workers at the current cores and PS.
     fn worker_probe(&self, v: &View, workers: u32, why: String) -> Decision {
         Decision::Apply {
@@ -719,6 +897,7 @@ impl Autoscaler {
     pub fn review(&mut self, plan: &pb::PlanResponse, v: &View) -> Decision {
         self.brain_error = None;
         self.last_plan = Some(plan.clone());
+        self.plan_for_memory = plan.memory.iter().any(|m| m.step_at_limit > 0);
         let d = self.judge(plan, v);
         self.last_verdict = Some(match &d {
             Decision::Apply {
@@ -836,6 +1015,20 @@ impl Autoscaler {
                 None => format!("the plan keeps {} workers and {} PS", v.workers, v.ps),
             });
         }
+        let planned_cpu = f64::from(workers) * cpu + f64::from(ps) * ps_cpu;
+        if let Some(max) = self
+            .max_cpu
+            .filter(|m| !for_memory && planned_cpu > m + 1e-9)
+        {
+            return Decision::Keep(format!(
+                "the plan's {planned_cpu} cores are more than the {max} this job measured to pay (a growth beyond them raised throughput by less than autoscale.growth_efficiency of the cores it added)"
+            ));
+        }
+        if let Some(max) = self.max_workers.filter(|m| !for_memory && workers > *m) {
+            return Decision::Keep(format!(
+                "the plan's {workers} workers are more than the {max} this job measured to pay (a growth beyond them raised throughput by less than autoscale.growth_efficiency of the cores it added)"
+            ));
+        }
         if let Some(now) = self.measured().filter(|t| *t > 0.0) {
             let change = (tp - now) / now;
             // Fewer nodes for the same speed is a saving; more nodes must be faster.
@@ -895,6 +1088,30 @@ impl Autoscaler {
             reasons,
         } = d
         {
+            let before = self.settings.allocation(v.workers, v.ps);
+            let after = Allocation {
+                workers: *workers,
+                ps: *ps,
+                worker_cpu: *worker_cpu,
+                ps_cpu: *ps_cpu,
+                ..before
+            };
+            // A plan's growth is judged at its first window, against the window before
+            // it (measured at the allocation it leaves).
+            let measured_here = self
+                .measured
+                .filter(|(_, w, p)| (*w, *p) == (v.workers, v.ps));
+            let give_back = source == "probe" && after.total_cpu() < before.total_cpu() - 1e-9;
+            self.growth = (source == "plan" || give_back)
+                .then_some(measured_here)
+                .flatten()
+                .map(|(tp, ..)| Growth {
+                    before,
+                    measured_before: tp,
+                    give_back,
+                    for_memory: source == "plan" && self.plan_for_memory,
+                });
+            self.measure_next = source != "plan";
             self.history.push(ScalingRecord {
                 at_s: v.now_ms.saturating_sub(self.started_ms) as f64 / 1000.0,
                 before: (v.workers, v.ps),
@@ -929,6 +1146,11 @@ impl Autoscaler {
                 "reasons": p.reasons,
             })),
             "last_verdict": self.last_verdict,
+            "limits": {
+                "max_workers": self.max_workers,
+                "max_cpu": self.max_cpu,
+                "why": self.cap_reason,
+            },
             "brain_error": self.brain_error,
             "scaling": self.history,
         })
@@ -999,6 +1221,7 @@ mod tests {
             explore: false,
             explore_efficiency: 0.75,
             explore_linear: 0.9,
+            growth_efficiency: 0.5,
         }
     }
 
@@ -1135,6 +1358,7 @@ mod tests {
                     path.push(workers);
                 }
                 Round::Plan(..) => break,
+                Round::Revert(..) => panic!("a probe is never undone"),
                 Round::Report(_) | Round::Idle => {}
             }
             assert!(path.len() < 8, "{path:?}");
@@ -1343,6 +1567,139 @@ mod tests {
                 if reasons.iter().any(|r| r.contains("6 PS is outside"))),
             "{d:?}"
         );
+    }
+
+    /// A plan that doubles the workers for 10% more samples/s is undone at its first
+    /// window, the next plan request carries the limit, and a plan beyond it is kept
+    /// out; a growth that pays stays.
+    #[test]
+    fn a_growth_that_does_not_pay_is_undone_and_the_workers_stay_within_the_last_that_did() {
+        let s4 = Settings {
+            workers: [1, 16],
+            interval_ms: 60_000,
+            ..settings()
+        };
+        let grow = |rate_after: u64| {
+            let mut a = Autoscaler::new(s4.clone(), 0);
+            let (mut t, mut s) = (0, 0);
+            run(&mut a, &mut t, &mut s, 2, 1000, 3);
+            let v = view(t, 2, s);
+            let d = a.review(&plan(4, 1, 2000.0), &v);
+            assert!(matches!(d, Decision::Apply { workers: 4, .. }), "{d:?}");
+            a.applied(&d, &v, "plan");
+            run(&mut a, &mut t, &mut s, 4, rate_after, 2);
+            let round = a.next_round(&view(t, 4, s));
+            (a, round, t, s)
+        };
+        // 4 workers at 1800/s: 80% of proportional. Judged, kept, no plan before the
+        // interval.
+        let (a, round, ..) = grow(1800);
+        assert!(matches!(round, Round::Report(_)), "{round:?}");
+        assert_eq!(a.status()["limits"]["max_workers"], serde_json::Value::Null);
+        // 4 workers at 1100/s: 10% of proportional.
+        let (mut a, round, mut t, mut s) = grow(1100);
+        let Round::Revert(_, d) = round else {
+            panic!("{round:?}")
+        };
+        let Decision::Apply {
+            workers: 2,
+            ref reasons,
+            ..
+        } = d
+        else {
+            panic!("{d:?}")
+        };
+        let why = reasons.join("; ");
+        assert!(
+            why.contains("below autoscale.growth_efficiency (50%)")
+                && why.contains("plans stay within 2 workers"),
+            "{why}"
+        );
+        a.applied(&d, &view(t, 4, s), "revert");
+        assert_eq!(a.history().last().unwrap().source, "revert");
+        // The revert is measured by one window; from then on each window is a round
+        // (reports while the profile is short of a fit) until a plan asks within the
+        // limit, before the planning interval.
+        let req = (0..20)
+            .find_map(|_| {
+                run(&mut a, &mut t, &mut s, 2, 1000, 1);
+                match a.next_round(&view(t, 2, s)) {
+                    Round::Plan(_, req) => Some(req),
+                    Round::Report(_) | Round::Idle => None,
+                    r => panic!("{r:?}"),
+                }
+            })
+            .expect("a plan after the undone growth");
+        assert_eq!((req.max_workers, req.max_cpu), (Some(2), None));
+        let d = a.review(&plan(3, 1, 3000.0), &view(t, 2, s));
+        assert!(
+            matches!(d, Decision::Keep(ref why) if why.contains("more than the 2 this job measured to pay")),
+            "{d:?}"
+        );
+        assert_eq!(a.status()["limits"]["max_workers"], 2);
+    }
+
+    /// On a shared brain the first probe gives a quarter of the workers back; when they
+    /// were worth less than `growth_efficiency` of their cores, the plans stay within
+    /// the workers probed. Each probe takes one window, not a planning interval.
+    #[test]
+    fn a_give_back_probe_that_loses_little_caps_the_workers() {
+        let shared = Settings {
+            workers: [1, 16],
+            worker_cpu: 4.0,
+            worker_cpu_max: 16.0,
+            send_capacity: false,
+            interval_ms: 10_000,
+            ..settings()
+        };
+        let mut a = Autoscaler::new(shared, 0);
+        let (mut t, mut s) = (0, 0);
+        // 10^9 samples to train: hours at 40,000 samples/s.
+        let view = |t, workers, s| View {
+            samples_total: 1_000_000_000,
+            ..view(t, workers, s)
+        };
+        // A new job's first round comes after a planning interval.
+        run(&mut a, &mut t, &mut s, 8, 40_000, 9);
+        assert_eq!(a.next_round(&view(t, 8, s)), Round::Idle);
+        run(&mut a, &mut t, &mut s, 8, 40_000, 2);
+        // A job that ends within 4 planning intervals does not probe.
+        let mut ending = a.clone();
+        let nearly_done = View {
+            samples_total: s + 1_000_000,
+            ..view(t, 8, s)
+        };
+        let round = ending.next_round(&nearly_done);
+        assert!(
+            matches!(round, Round::Plan(..)),
+            "25 s left, 40 s of planning intervals: a plan, no probe: {round:?}"
+        );
+        let v = view(t, 8, s);
+        let Round::Probe(_, d) = a.next_round(&v) else {
+            panic!("expected the first probe")
+        };
+        assert!(matches!(d, Decision::Apply { workers: 6, .. }), "{d:?}");
+        a.applied(&d, &v, "probe");
+        // 6 workers lose only 2.5%: the 2 given back were worth 8% of proportional.
+        run(&mut a, &mut t, &mut s, 6, 39_000, 2);
+        let v = view(t, 6, s);
+        let Round::Probe(_, d) = a.next_round(&v) else {
+            panic!("the next probe follows one window later")
+        };
+        assert!(
+            matches!(
+                d,
+                Decision::Apply {
+                    workers: 6,
+                    worker_cpu: 3.0,
+                    ..
+                }
+            ),
+            "{d:?}"
+        );
+        assert_eq!(a.status()["limits"]["max_workers"], 6);
+        let why = a.status()["limits"]["why"].as_str().unwrap().to_string();
+        assert!(why.contains("probe: 6 -> 8 workers"), "{why}");
     }
 
     #[test]

@@ -61,6 +61,7 @@ pub fn settings(cfg: &JobConfig, brain_job_id: &str) -> Settings {
         explore: false,
         explore_efficiency: a.explore_efficiency,
         explore_linear: a.explore_linear,
+        growth_efficiency: a.growth_efficiency,
     }
 }
 
@@ -160,6 +161,16 @@ pub fn job_spec(cfg: &JobConfig, brain_job_id: &str, samples_total: u64) -> pb::
             ps_cpu: range(a.ps_cpu, a.ps_cpu_max.max(a.ps_cpu)),
             worker_mem_gb: range(a.worker_mem_gb, a.worker_mem_gb),
             ps_mem_gb: range(ps_mem, ps_mem),
+        }),
+        // What the job file asks for: warm start's plan while the brain knows no
+        // similar job.
+        requested: Some(pb::Allocation {
+            workers: cfg.cluster.workers.max(1),
+            ps: cfg.cluster.ps.max(1),
+            worker_cpu: a.worker_cpu.max(1.0),
+            ps_cpu: a.ps_cpu,
+            worker_mem_gb: a.worker_mem_gb,
+            ps_mem_gb: ps_mem,
         }),
     }
 }
@@ -299,8 +310,10 @@ pub async fn run(
                 })
                 .collect();
             if let Some(d) = auto.check_hot_ps(&served, &view) {
-                if let Round::Plan(report, _) | Round::Probe(report, _) | Round::Report(report) =
-                    round
+                if let Round::Plan(report, _)
+                | Round::Probe(report, _)
+                | Round::Revert(report, _)
+                | Round::Report(report) = round
                 {
                     auto.requeue(report);
                 }
@@ -322,12 +335,14 @@ pub async fn run(
         // Every round reports first; then a probe is executed or a plan asked for.
         enum Next {
             Probe(Decision),
+            Revert(Decision),
             Plan(pb::PlanRequest),
         }
         let (report, next) = match round {
             Round::Idle => (None, None),
             Round::Report(report) => (Some(report), None),
             Round::Probe(report, d) => (Some(report), Some(Next::Probe(d))),
+            Round::Revert(report, d) => (Some(report), Some(Next::Revert(d))),
             Round::Plan(report, req) => (Some(report), Some(Next::Plan(req))),
         };
         if let Some(report) = report {
@@ -344,6 +359,7 @@ pub async fn run(
         match next {
             None => {}
             Some(Next::Probe(d)) => execute(&core, &mut auto, &d, &view, "probe").await,
+            Some(Next::Revert(d)) => execute(&core, &mut auto, &d, &view, "revert").await,
             Some(Next::Plan(req)) => match brain.plan(req).await {
                 Ok(plan) => {
                     let d = auto.review(&plan, &view);

@@ -85,6 +85,10 @@ pub struct ClusterArgs {
     /// Stop simulating after this many hours.
     #[arg(long, default_value_t = SimSettings::default().max_hours)]
     pub max_hours: f64,
+    /// elastrec's `autoscale.growth_efficiency`: a plan's growth is kept only if it raised
+    /// throughput by this share of the cores it added (0: every plan is kept).
+    #[arg(long, default_value_t = SimSettings::default().growth_efficiency)]
+    pub growth_efficiency: f64,
     /// Seed: the same seed and flags give the same tables.
     #[arg(long, default_value_t = SimSettings::default().seed)]
     pub seed: u64,
@@ -116,6 +120,7 @@ impl ClusterArgs {
             slo_lag_s: self.slo_lag_s,
             max_hours: self.max_hours,
             seed: self.seed,
+            growth_efficiency: self.growth_efficiency,
             ..SimSettings::default()
         }
     }

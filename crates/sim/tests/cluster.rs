@@ -80,6 +80,53 @@ fn an_undersized_ps_runs_out_of_memory_and_the_job_still_ends() {
     assert!(out[0].retrained > 0.0);
 }
 
+/// A job that asks for far more workers than pay (64, where contention makes the last of
+/// them nearly idle) and has the cluster to itself. Under elastrec, growth that does not
+/// pay is undone and capped (`autoscale.growth_efficiency`): it gives cores back and
+/// ends sooner than both its own configuration and elastrec without the rule.
+#[test]
+fn elastrec_gives_back_workers_that_do_not_pay() {
+    let text = format!(
+        "{HEADER}\nj,batch,0,dlrm,u,26,1000000,16,2000000,2000000000,512,0,0,64,16,16,4,8,16\n"
+    );
+    let jobs = trace::parse_csv(&text, "t.csv").unwrap();
+    let truth = Truth::of(&jobs[0], &mut job_rng(quiet().seed, "j"));
+    let tuned = truth.tuned();
+    assert!(
+        truth.throughput(&jobs[0].requested) < truth.throughput(&tuned),
+        "the request is past the knee"
+    );
+    // 32 nodes: room for the 1,088 cores it asks for.
+    let s = SimSettings {
+        nodes: 32,
+        ..quiet()
+    };
+    let run = |growth_efficiency: f64| {
+        let s = SimSettings {
+            growth_efficiency,
+            ..s
+        };
+        batch::run(&jobs, BatchPolicy::Elastrec, &s, &|_| {})
+            .0
+            .remove(0)
+    };
+    let (with, without) = (run(0.3), run(0.0));
+    let (user, _) = batch::run(&jobs, BatchPolicy::StaticUser, &s, &|_| {});
+    let jct = |o: &batch::JobOutcome| o.end_s.unwrap() - o.submit_s;
+    assert!(
+        with.core_hours < without.core_hours,
+        "{with:?} vs {without:?}"
+    );
+    assert!(
+        with.core_hours < user[0].core_hours,
+        "{with:?} vs {:?}",
+        user[0]
+    );
+    assert!(jct(&with) < jct(&user[0]), "{with:?} vs {:?}", user[0]);
+    assert!(jct(&with) < jct(&without), "{with:?} vs {without:?}");
+    assert!(with.last.unwrap().workers < 64, "{with:?}");
+}
+
 fn small_trace() -> Vec<trace::JobRecord> {
     trace::generate(&TraceSpec {
         jobs: 12,

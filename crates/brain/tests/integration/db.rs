@@ -19,6 +19,7 @@ pub fn spec(id: &str, rows: u64, scenario: &str) -> JobSpec {
         scenario: scenario.into(),
         user: "u".into(),
         bounds: Bounds::default(),
+        requested: None,
     }
 }
 

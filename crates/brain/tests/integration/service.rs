@@ -44,6 +44,7 @@ fn job(id: &str) -> pb::JobSpec {
             ps: Some(pb::Range { min: 1.0, max: 8.0 }),
             ..Default::default()
         }),
+        requested: None,
     }
 }
 

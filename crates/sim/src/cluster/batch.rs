@@ -23,6 +23,7 @@ use elastrec_brain::warm_start::{HistoricalJob, JobFeatures};
 use elastrec_brain::{Allocation, Bounds, JobSpec, TableSpec};
 use elastrec_checkpoint::cpr::{self, CprCosts, RecoveryMode};
 use elastrec_master::autoscale::{Autoscaler, Decision, Round, Settings, View};
+use elastrec_master::memory_limits::MemoryLimits;
 use rand::rngs::StdRng;
 use rand::Rng;
 use rayon::prelude::*;
@@ -95,7 +96,16 @@ struct ElastrecCtl {
     spec: JobSpec,
     samples: Vec<ProfileSample>,
     memory: Vec<MemorySample>,
+    /// The workers' and the PS's memory limits, following their use (the live master's
+    /// vertical scaling, `autoscale.*_mem_gb_max`).
+    limits: MemoryLimits,
 }
+
+/// Node ids of the two roles in [`ElastrecCtl::limits`]: every node of a role uses the
+/// same memory in the simulation, so one limit stands for all of them.
+const WORKERS_NODE: (u32, bool, u32) = (0, false, 0);
+/// See [`WORKERS_NODE`].
+const PS_NODE: (u32, bool, u32) = (1, true, 0);
 
 struct Job<'a> {
     rec: &'a JobRecord,
@@ -134,10 +144,12 @@ fn ms(s: f64) -> u64 {
     (s * 1000.0).round() as u64
 }
 
-/// The brain's description of a job.
 /// Most cores a plan may give one worker or PS.
 const MAX_NODE_CPU: f64 = 16.0;
+/// Share of [`WORKER_MEM_GB`] a worker uses.
+const WORKER_MEM_USE: f64 = 0.5;
 
+/// The brain's description of a job.
 pub fn spec_of(rec: &JobRecord) -> JobSpec {
     JobSpec {
         job_id: rec.job_id.clone(),
@@ -160,6 +172,7 @@ pub fn spec_of(rec: &JobRecord) -> JobSpec {
             ps_cpu: Range::new(1.0, MAX_NODE_CPU),
             ..Bounds::default()
         },
+        requested: Some(rec.requested),
     }
 }
 
@@ -315,6 +328,7 @@ impl<'a> Sim<'a> {
                         spec,
                         samples: Vec::new(),
                         memory: Vec::new(),
+                        limits: self.memory_limits(),
                     })),
                 )
             }
@@ -369,14 +383,52 @@ impl<'a> Sim<'a> {
         self.ensure_tick(t);
     }
 
+    /// Limits between half a GiB and a node's memory, changed in place.
+    fn memory_limits(&self) -> MemoryLimits {
+        let range = Range::new(0.5, self.s.node_mem_gb);
+        MemoryLimits::new(range, range)
+    }
+
+    /// The master's vertical scaling of memory (Primus Eq. 2-3): each role's limit
+    /// follows its use, changed in place where the nodes have room (else it stays).
+    fn follow_memory_use(&mut self, i: usize, t: f64) {
+        let j = self.jobs[i].as_mut().expect("running");
+        let Ctl::Elastrec(ctl) = &mut j.ctl else {
+            return;
+        };
+        let a = j.alloc;
+        let per_ps = j.truth.ps_mem_gb(j.done / j.rec.samples as f64) / f64::from(a.ps);
+        let (workers, ps) = j.pods.split_at_mut(a.workers as usize);
+        let worker_use = WORKER_MEM_GB * WORKER_MEM_USE;
+        if let Some(c) = ctl
+            .limits
+            .observe(t, WORKERS_NODE, worker_use, a.worker_mem_gb)
+        {
+            if self.nodes.resize_mem(workers, c.to_gb) {
+                j.alloc.worker_mem_gb = c.to_gb;
+            } else {
+                ctl.limits.undo(&c);
+            }
+        }
+        if let Some(c) = ctl.limits.observe(t, PS_NODE, per_ps, j.ps_mem_limit) {
+            if self.nodes.resize_mem(ps, c.to_gb) {
+                j.ps_mem_limit = c.to_gb;
+            } else {
+                ctl.limits.undo(&c);
+            }
+        }
+    }
+
     fn autoscale_settings(&self, spec: &JobSpec, a: &Allocation) -> Settings {
+        // The live master's defaults (`[autoscale]`).
+        let live = elastrec_job::autoscale::AutoscaleConfig::default();
         Settings {
             job_id: spec.job_id.clone(),
             workers: [spec.bounds.workers.min, spec.bounds.workers.max],
             ps: [spec.bounds.ps.min, spec.bounds.ps.max],
             interval_ms: ms(self.s.plan_interval_s),
             sample_ms: ms(self.s.control_s),
-            min_gain: 0.05,
+            min_gain: live.min_gain,
             batch_size: spec.batch_size,
             worker_cpu: a.worker_cpu,
             worker_cpu_max: spec.bounds.worker_cpu.max,
@@ -393,8 +445,9 @@ impl<'a> Sim<'a> {
             // A shared brain service: the cluster's plan decides every worker.
             send_capacity: false,
             explore: false,
-            explore_efficiency: 0.75,
-            explore_linear: 0.9,
+            explore_efficiency: live.explore_efficiency,
+            explore_linear: live.explore_linear,
+            growth_efficiency: self.s.growth_efficiency,
         }
     }
 
@@ -575,7 +628,7 @@ impl<'a> Sim<'a> {
                     * dt;
             }
             let progress = j.done / j.rec.samples as f64;
-            self.totals.mem_used_s += (f64::from(a.workers) * WORKER_MEM_GB * 0.5
+            self.totals.mem_used_s += (f64::from(a.workers) * WORKER_MEM_GB * WORKER_MEM_USE
                 + j.truth
                     .ps_mem_gb(progress)
                     .min(f64::from(a.ps) * j.ps_mem_limit))
@@ -624,6 +677,7 @@ impl<'a> Sim<'a> {
         // The masters observe and decide, one job at a time (each has its own master).
         let mut plans: Vec<(usize, View, elastrec_proto::brain::PlanRequest)> = Vec::new();
         for i in self.running.clone() {
+            self.follow_memory_use(i, t);
             let mut v = self.view(i, t);
             // A measured window carries the job's noise.
             let noise = {
@@ -655,6 +709,10 @@ impl<'a> Sim<'a> {
                 Round::Probe(r, d) => {
                     absorb(ctl, &r);
                     self.apply_elastrec(i, &d, &v, t, "probe");
+                }
+                Round::Revert(r, d) => {
+                    absorb(ctl, &r);
+                    self.apply_elastrec(i, &d, &v, t, "revert");
                 }
                 Round::Plan(r, p) => {
                     absorb(ctl, &r);
@@ -743,10 +801,16 @@ impl<'a> Sim<'a> {
     /// Moves job `i` to `new`, paying the policy's transition cost; false when the
     /// cluster has no room (nothing changes).
     fn resize(&mut self, i: usize, new: Allocation, t: f64) -> bool {
-        let (old, old_pods, ps_mem) = {
+        let (old, old_pods, mut ps_mem) = {
             let j = self.jobs[i].as_mut().expect("running");
             (j.alloc, std::mem::take(&mut j.pods), j.ps_mem_limit)
         };
+        // Re-sharded servers start at the PS memory of the plan (or the limit in force, if
+        // higher) and follow their use from there.
+        let resharded = self.policy == BatchPolicy::Elastrec && new.ps != old.ps;
+        if resharded {
+            ps_mem = ps_mem.max(old.ps_mem_gb);
+        }
         if old == new {
             self.jobs[i].as_mut().expect("running").pods = old_pods;
             return false;
@@ -768,10 +832,15 @@ impl<'a> Sim<'a> {
         };
         let policy = self.policy;
         let s = self.s;
+        let fresh_limits = resharded.then(|| self.memory_limits());
         let j = self.jobs[i].as_mut().expect("running");
         j.pods = p;
         j.alloc = new;
         j.out.scalings += 1;
+        j.ps_mem_limit = ps_mem;
+        if let (Some(l), Ctl::Elastrec(ctl)) = (fresh_limits, &mut j.ctl) {
+            ctl.limits = l;
+        }
         let more_workers = new.workers > old.workers || new.worker_cpu != old.worker_cpu;
         match policy {
             BatchPolicy::Elastrec | BatchPolicy::Es => {
@@ -983,5 +1052,7 @@ fn replan_input<'b>(
         remaining_samples: r.remaining_samples as f64,
         memory,
         steps: (r.total_steps > 0).then_some((r.current_step, r.total_steps)),
+        max_cpu: r.max_cpu,
+        max_workers: r.max_workers,
     }
 }

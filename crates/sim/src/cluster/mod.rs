@@ -148,6 +148,8 @@ pub struct SimSettings {
     pub max_hours: f64,
     /// Seed of everything random.
     pub seed: u64,
+    /// elastrec's `autoscale.growth_efficiency` (its default: the live master's).
+    pub growth_efficiency: f64,
 }
 
 impl Default for SimSettings {
@@ -170,6 +172,8 @@ impl Default for SimSettings {
             rescale_s: 300.0,
             max_hours: 24.0 * 30.0,
             seed: 7,
+            growth_efficiency: elastrec_job::autoscale::AutoscaleConfig::default()
+                .growth_efficiency,
         }
     }
 }
@@ -216,6 +220,9 @@ impl SimSettings {
         }
         if !(self.straggler_factor > 0.0 && self.straggler_factor <= 1.0) {
             return bad("straggler-factor", "must be within (0, 1]");
+        }
+        if !(0.0..=1.0).contains(&self.growth_efficiency) {
+            return bad("growth-efficiency", "must be within 0..=1");
         }
         if self.node_cpu < 16.0 || self.node_mem_gb < 64.0 {
             return bad(

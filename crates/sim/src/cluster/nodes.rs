@@ -120,6 +120,29 @@ impl Nodes {
         }
     }
 
+    /// Sets the memory of every pod of `pods` to `mem_gb` where each stands (vertical
+    /// scaling in place), or changes none and returns false when a node has no room.
+    pub fn resize_mem(&mut self, pods: &mut [Pod], mem_gb: f64) -> bool {
+        let m = mib(mem_gb);
+        let mut extra: std::collections::BTreeMap<u32, u64> = Default::default();
+        for p in pods.iter() {
+            *extra.entry(p.node).or_default() += m.saturating_sub(p.mem_mb);
+        }
+        if extra
+            .iter()
+            .any(|(&node, &need)| self.free[node as usize].1 < need)
+        {
+            return false;
+        }
+        for p in pods.iter_mut() {
+            let f = &mut self.free[p.node as usize];
+            f.1 = f.1 + p.mem_mb - m;
+            self.used_mem_mb = self.used_mem_mb - p.mem_mb + m;
+            p.mem_mb = m;
+        }
+        true
+    }
+
     /// Gives the pods' resources back.
     pub fn release(&mut self, pods: &[Pod]) {
         for p in pods {
@@ -154,5 +177,25 @@ mod tests {
         n.release(&[a, b]);
         assert_eq!(n.used(), (0.0, 0.0));
         assert_eq!(n.capacity(), (16.0, 64.0));
+    }
+
+    #[test]
+    fn memory_resizes_in_place_or_not_at_all() {
+        let mut n = Nodes::new(2, 8.0, 32.0);
+        let mut pods = n.place_all(&[(4.0, 8.0, 2)]).unwrap();
+        let other = n.place(4.0, 8.0).unwrap();
+        assert_eq!(n.used(), (12.0, 24.0));
+        assert!(n.resize_mem(&mut pods, 2.0));
+        assert_eq!(n.used(), (12.0, 12.0));
+        assert!(pods.iter().all(|p| p.mem_mb == 2048));
+        // Both pods share a node of 32 GiB: 2 x 17 GiB do not fit there, 2 x 16 do.
+        assert_eq!(pods[0].node, pods[1].node);
+        assert!(!n.resize_mem(&mut pods, 17.0));
+        assert_eq!(n.used(), (12.0, 12.0));
+        assert!(n.resize_mem(&mut pods, 16.0));
+        assert_eq!(n.used(), (12.0, 40.0));
+        n.release(&pods);
+        n.release(&[other]);
+        assert_eq!(n.used(), (0.0, 0.0));
     }
 }
