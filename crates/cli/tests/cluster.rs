@@ -646,6 +646,23 @@ fn family_trains_in_both_modes(family: &str, model: &str, extra: &str) {
         (run - single).abs() <= 0.005,
         "{family}: run AUC {run:.4} vs train {single:.4}"
     );
+    // Progressive validation (`train.progressive_window`): every trained row was
+    // predicted just before its update, and the last window scores better than chance.
+    let p = &r["progressive"];
+    let (seen, consumed) = (
+        p["predictions"].as_u64().unwrap(),
+        r["ledger"]["consumed"].as_u64().unwrap(),
+    );
+    assert!(
+        seen <= consumed && seen * 100 >= consumed * 99,
+        "{p} vs {consumed}"
+    );
+    let last = &p["latest"];
+    assert!(
+        last["logloss"].as_f64().is_some_and(|l| l > 0.0 && l < 1.0),
+        "{p}"
+    );
+    assert!(last["auc"].as_f64().is_some_and(|a| a > 0.6), "{p}");
     check_saved_model(&dir, &r);
 }
 

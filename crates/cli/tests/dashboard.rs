@@ -1,5 +1,6 @@
 //! `elastrec dashboard` in a real headless Chromium, driven over the DevTools protocol:
-//! the page loads without console errors, shows a running job's nodes and its charts,
+//! the page loads without console errors, shows a running job's nodes and its charts
+//! (its loss and AUC curves among them),
 //! and updates in place (server-sent events) when the job scales. `.ci/run` installs
 //! Debian's `chromium` and sets `ELASTREC_REQUIRE_CHROMIUM=1`; elsewhere the test skips
 //! when no Chromium is found (`ELASTREC_CHROMIUM` names one).
@@ -125,6 +126,7 @@ fn page_state(page: &mut Page) -> Value {
             workers: document.querySelectorAll('tr.node[data-role=worker][data-state=running]').length,
             ps: document.querySelectorAll('tr.node[data-role=ps][data-state=running]').length,
             charts: Array.from(document.querySelectorAll('svg.chart-svg')).map(s => Number(s.dataset.points)),
+            titles: Array.from(document.querySelectorAll('.chart h3')).map(h => h.textContent),
             connection: document.getElementById('connection').textContent,
         })",
     )
@@ -278,6 +280,10 @@ fn the_dashboard_shows_a_running_job_and_follows_it_when_it_scales() {
             && state["charts"]
                 .as_array()
                 .is_some_and(|c| c.len() >= 2 && c.iter().all(|n| n.as_u64() > Some(1)))
+            // The batch job's progressive validation: its loss and AUC curves.
+            && ["progressive logloss", "progressive AUC"]
+                .iter()
+                .all(|t| state["titles"].as_array().is_some_and(|a| a.contains(&json!(t))))
     });
     let before = state["updates"].as_u64().unwrap();
 

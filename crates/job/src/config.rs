@@ -420,6 +420,13 @@ pub struct TrainConfig {
     /// `elastrec train`: rows held in a shuffle buffer; each batch is drawn from it at
     /// random (seeded by `model.seed` and the epoch). 0: batches in file order.
     pub shuffle_buffer: usize,
+    /// `elastrec run`, batch jobs: progressive validation (the loss and AUC of the
+    /// predictions the workers made just before training on each batch) over this many
+    /// most recent samples, for `status`, the dashboard's curves, `/metrics` and
+    /// `result.json`; 0 turns it off. Online jobs use `stream.eval_window`.
+    pub progressive_window: u64,
+    /// How often the progressive-validation figures are recorded, seconds.
+    pub progressive_every_s: f64,
 }
 
 /// Where `elastrec train` runs a `[[preprocess]]` plan.
@@ -448,6 +455,8 @@ impl Default for TrainConfig {
             validation: 0.0,
             early_stopping: 0,
             shuffle_buffer: 0,
+            progressive_window: 100_000,
+            progressive_every_s: 5.0,
         }
     }
 }
@@ -803,6 +812,23 @@ impl JobConfig {
             if d.every_ms == 0 {
                 return Err(bad("dashboard.every_ms", "must be at least 1".into()));
             }
+        }
+        if self.train.progressive_window > crate::stream::MAX_EVAL_WINDOW {
+            return Err(bad(
+                "train.progressive_window",
+                format!(
+                    "must be at most {} samples (the master keeps them in memory), got {}",
+                    crate::stream::MAX_EVAL_WINDOW,
+                    self.train.progressive_window
+                ),
+            ));
+        }
+        let every = self.train.progressive_every_s;
+        if !(every.is_finite() && every > 0.0) {
+            return Err(bad(
+                "train.progressive_every_s",
+                format!("must be a number of seconds > 0, got {every}"),
+            ));
         }
         let mut names = std::collections::HashSet::new();
         for (i, d) in self.data.dataset.iter().enumerate() {
@@ -1341,6 +1367,14 @@ mod tests {
             ["train.validation", "train.shuffle_buffer"]
         );
         assert!(parse("").unwrap().train_only_settings().is_empty());
+        let err = parse("[train]\nprogressive_window = 100000000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("train.progressive_window"), "{err}");
+        let err = parse("[train]\nprogressive_every_s = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("train.progressive_every_s"), "{err}");
         let err = parse("[optimizer.schedule]\nfinal_scale = 3\n")
             .unwrap_err()
             .to_string();

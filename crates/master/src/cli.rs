@@ -134,6 +134,7 @@ pub fn status_value(
     let datasets = json_state(&s.datasets_json, "datasets")?;
     let stream = json_state(&s.stream_json, "stream")?;
     let mix = json_state(&s.mix_json, "mix")?;
+    let progressive = json_state(&s.progressive_json, "progressive")?;
     let nodes: Vec<serde_json::Value> = s
         .nodes
         .iter()
@@ -172,6 +173,7 @@ pub fn status_value(
             "datasets": datasets,
             "stream": stream,
             "mix": mix,
+            "progressive": progressive,
     }))
 }
 
@@ -358,6 +360,9 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
     if let Some(st) = &stream {
         print_stream(st);
     }
+    if let Some(w) = json_state(&s.progressive_json, "progressive")? {
+        print_progressive(&w);
+    }
     if let Some(m) = &mix {
         print_mix(m);
     }
@@ -414,16 +419,7 @@ fn print_stream(st: &serde_json::Value) {
             num(&p["rate"])
         );
     }
-    let w = &st["progressive"];
-    if w.is_object() {
-        println!(
-            "  progressive validation at {:.0} s: AUC {} logloss {:.4} over the last {} samples",
-            num(&w["at_s"]),
-            w["auc"].as_f64().map_or("-".into(), |a| format!("{a:.4}")),
-            num(&w["logloss"]),
-            w["samples"]
-        );
-    }
+    print_progressive(&st["progressive"]);
     let d = &st["last_decision"];
     if d.is_object() {
         println!(
@@ -432,6 +428,20 @@ fn print_stream(st: &serde_json::Value) {
             d["workers"],
             d["target"],
             d["reason"].as_str().unwrap_or("")
+        );
+    }
+}
+
+/// The progressive-validation line of `status` (nothing when `w` is not a window).
+fn print_progressive(w: &serde_json::Value) {
+    let num = |x: &serde_json::Value| x.as_f64().unwrap_or(f64::NAN);
+    if w.is_object() {
+        println!(
+            "  progressive validation at {:.0} s: AUC {} logloss {:.4} over the last {} samples",
+            num(&w["at_s"]),
+            w["auc"].as_f64().map_or("-".into(), |a| format!("{a:.4}")),
+            num(&w["logloss"]),
+            w["samples"]
         );
     }
 }

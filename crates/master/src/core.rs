@@ -372,6 +372,16 @@ impl MasterCore {
         let now = monotonic_ms();
         // Before the job's lock: the stream's own locks are never taken inside it here.
         let stream = self.stream_status();
+        let progressive_json = if stream.is_none() {
+            self.progressive
+                .lock()
+                .as_ref()
+                .and_then(|p| p.latest())
+                .map(|f| serde_json::json!(f).to_string())
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
         let job = self.job.lock();
         let q = job.tasks();
         let mix_json = self
@@ -442,6 +452,7 @@ impl MasterCore {
                 .map(|v| v.to_string())
                 .unwrap_or_default(),
             stream_json,
+            progressive_json,
             mix_json,
         };
         drop(job);

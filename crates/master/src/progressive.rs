@@ -1,12 +1,52 @@
 //! Progressive validation of an online job: every sample is predicted by the model just
 //! before it is trained on (the workers send those predictions with their progress), so
 //! the AUC and logloss over the most recent samples measure the model on data it has not
-//! seen, without holding any data out (`docs/online.md`).
+//! seen, without holding any data out (`docs/online.md`). A batch job in `run` does the
+//! same over every batch (`train.progressive_window`): its loss and AUC curves.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use elastrec_common::{exact_auc, logloss_term};
 use serde::Serialize;
+
+use crate::core::MasterCore;
+use crate::events::event;
+use crate::job::Phase;
+
+/// Records the progressive-validation figures (log line, `/metrics`, history).
+pub fn record(core: &MasterCore, at_s: f64) {
+    let figures = core
+        .progressive
+        .lock()
+        .as_mut()
+        .and_then(|p| p.record(at_s));
+    let Some(f) = figures else { return };
+    core.metrics.observe_progressive(&f);
+    event!("progressive_eval", samples = f.samples, auc = ?f.auc, logloss = f.logloss,
+        "master: progressive validation over the last {} samples: AUC {}, logloss {:.4}",
+        f.samples,
+        f.auc
+            .map_or("- (one class)".to_string(), |a| format!("{a:.4}")),
+        f.logloss
+    );
+}
+
+/// A batch job's recorder: the figures every `every` while the job trains (an online
+/// job's stream watcher records its own).
+pub async fn run_batch(core: Arc<MasterCore>, every: Duration) {
+    let started = Instant::now();
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        record(&core, started.elapsed().as_secs_f64());
+        if !matches!(core.job.lock().phase(), Phase::Training) {
+            return;
+        }
+    }
+}
 
 /// Most predictions one progress report may carry (a batch; batches are far smaller).
 pub const MAX_PER_REPORT: usize = 1 << 20;

@@ -167,7 +167,7 @@ pub async fn run(
         }
         if last_eval.elapsed() >= eval_every {
             last_eval = Instant::now();
-            record_progressive(&core, started.elapsed().as_secs_f64());
+            crate::progressive::record(&core, started.elapsed().as_secs_f64());
         }
         if last_commit.elapsed() >= COMMIT_EVERY {
             last_commit = Instant::now();
@@ -177,22 +177,4 @@ pub async fn run(
             let _ = tokio::task::spawn_blocking(move || w.commit(&p, &committed)).await;
         }
     }
-}
-
-/// Records the progressive-validation figures (log line, `/metrics`, history).
-fn record_progressive(core: &MasterCore, at_s: f64) {
-    let figures = core
-        .progressive
-        .lock()
-        .as_mut()
-        .and_then(|p| p.record(at_s));
-    let Some(f) = figures else { return };
-    core.metrics.observe_progressive(&f);
-    event!("progressive_eval", samples = f.samples, auc = ?f.auc, logloss = f.logloss,
-        "master: progressive validation over the last {} samples: AUC {}, logloss {:.4}",
-        f.samples,
-        f.auc
-            .map_or("- (one class)".to_string(), |a| format!("{a:.4}")),
-        f.logloss
-    );
 }

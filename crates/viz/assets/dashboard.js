@@ -147,6 +147,7 @@ function jobCard(job) {
       charts += chart("traffic (msg/s)", [{ name: "arriving", points: line(h, "arrival_rate") }]);
       charts += chart("lag (s)", [{ name: "lag", points: line(h, "lag_s") }], " s");
     }
+    if (h.some((p) => p.logloss !== null)) charts += chart("progressive logloss", [{ name: "logloss", points: line(h, "logloss") }]);
     if (h.some((p) => p.auc !== null)) charts += chart("progressive AUC", [{ name: "AUC", points: line(h, "auc") }]);
     if (h.some((p) => p.pls !== null)) charts += chart("portion of lost samples", [{ name: "PLS", points: line(h, "pls") }]);
     html += `<div class="charts">${charts}</div>`;

@@ -74,8 +74,9 @@ pub struct Point {
     pub target_workers: u32,
     /// Parameter servers running.
     pub ps: u32,
-    /// Online jobs: messages arriving per second, lag of the oldest untrained one, and
-    /// the progressive AUC and logloss.
+    /// Online jobs: messages arriving per second and the lag of the oldest untrained
+    /// one; every job: the progressive AUC and logloss (`train.progressive_window`,
+    /// `stream.eval_window`).
     pub arrival_rate: Option<f64>,
     /// See `arrival_rate`.
     pub lag_s: Option<f64>,
@@ -110,6 +111,12 @@ pub fn point_of(status: &Value, t_s: f64) -> Point {
             .count() as u32
     };
     let stream = &status["stream"];
+    // An online job's window is its stream's; a batch job's is the status's own.
+    let window = if stream["progressive"].is_object() {
+        &stream["progressive"]
+    } else {
+        &status["progressive"]
+    };
     let num = |v: &Value| v.as_f64().filter(|x| x.is_finite());
     Point {
         t_s,
@@ -119,8 +126,8 @@ pub fn point_of(status: &Value, t_s: f64) -> Point {
         ps: running("ps"),
         arrival_rate: num(&stream["arrival_rate"]),
         lag_s: num(&stream["lag_s"]),
-        auc: num(&stream["progressive"]["auc"]),
-        logloss: num(&stream["progressive"]["logloss"]),
+        auc: num(&window["auc"]),
+        logloss: num(&window["logloss"]),
         pls: num(&status["checkpoint"]["pls"]),
     }
 }
@@ -456,7 +463,17 @@ mod tests {
             &serde_json::json!({"samples_per_sec": 10.0, "nodes": []}),
             1.0,
         );
-        assert_eq!((batch.arrival_rate, batch.pls), (None, None));
+        assert_eq!(
+            (batch.arrival_rate, batch.pls, batch.auc),
+            (None, None, None)
+        );
+        // A batch job's progressive window is the status's own.
+        let batch = point_of(
+            &serde_json::json!({"samples_per_sec": 10.0, "nodes": [],
+                "progressive": {"auc": 0.75, "logloss": 0.45}}),
+            2.0,
+        );
+        assert_eq!((batch.auc, batch.logloss), (Some(0.75), Some(0.45)));
     }
 
     #[test]

@@ -884,7 +884,12 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let mut batch = Batch::with_capacity(batch_size);
     let mut exit_after_push = fail_point_exit_after_push(id);
     let slow_batch = fail_point_slow_batch(id);
-    let progressive = job.stream.as_ref().is_some_and(|s| s.eval_window > 0);
+    // Online jobs judge the stream (`stream.eval_window`); batch jobs every batch
+    // (`train.progressive_window`).
+    let progressive = match &job.stream {
+        Some(s) => s.eval_window > 0,
+        None => job.train.progressive_window > 0,
+    };
     let mut predicted = Predictions::default();
     shared
         .active_workers
@@ -965,7 +970,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         // Progressive validation judges the model on the stream only, not on the history
         // a mixture job also trains.
         let from_stream = elastrec_stream::PartitionId::parse(&file).is_some();
-        let validate = progressive && from_stream;
+        let validate = progressive && (from_stream || job.stream.is_none());
         shared.task.store(task.task_id, Ordering::Relaxed);
         metrics.task.set(task.task_id as i64);
         shared.offset.store(offset, Ordering::Relaxed);

@@ -52,6 +52,10 @@ pub struct JobResult {
     /// downtime, worker-hours and every scaling decision (KALE Table 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub online: Option<serde_json::Value>,
+    /// A batch job's progressive validation (`train.progressive_window`): the windows'
+    /// AUC and logloss over the run (an online job's are under `online`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progressive: Option<serde_json::Value>,
     /// The serving buffers of a job with several sources (`[[data.source]]`, or a batch +
     /// stream mixture): the policy, and per source the tasks and rows handed out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -101,6 +105,15 @@ pub(super) fn online_result(core: &MasterCore, worker_node_s: f64) -> Option<ser
     }))
 }
 
+/// A batch job's progressive validation as it ends (its recorder took the last window as
+/// the job left training; read before the job's lock).
+fn batch_progressive(core: &MasterCore) -> Option<serde_json::Value> {
+    if core.stream_stats.lock().is_some() {
+        return None;
+    }
+    core.progressive.lock().as_ref().map(|p| p.summary())
+}
+
 /// One epoch's ledger line.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EpochLedger {
@@ -119,6 +132,7 @@ pub(super) fn job_result(
     used: Resources,
     export: ExportReport,
 ) -> JobResult {
+    let progressive = batch_progressive(core);
     let job = core.job.lock();
     let epochs = job.tasks().spec().epochs;
     let per_epoch: Vec<EpochLedger> = (0..epochs)
@@ -160,6 +174,7 @@ pub(super) fn job_result(
         },
         reshards: core.reshards.lock().clone(),
         online: online_result(core, used.worker_node_s),
+        progressive,
         mix: core.mix_status(job.tasks()),
         export,
     }

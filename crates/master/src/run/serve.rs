@@ -161,6 +161,15 @@ fn spawn_loops(
     if cfg.cluster.max_executors > 0 {
         tokio::spawn(scale_executors(core.clone(), cfg.cluster.clone()));
     }
+    if cfg.stream.is_none() && cfg.train.progressive_window > 0 {
+        *core.progressive.lock() = Some(crate::progressive::ProgressiveEval::new(
+            cfg.train.progressive_window as usize,
+        ));
+        tokio::spawn(crate::progressive::run_batch(
+            core.clone(),
+            Duration::from_secs_f64(cfg.train.progressive_every_s),
+        ));
+    }
     if let Some(s) = &cfg.stream {
         if s.eval_window > 0 {
             *core.progressive.lock() = Some(crate::progressive::ProgressiveEval::new(
