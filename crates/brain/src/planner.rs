@@ -669,19 +669,24 @@ mod tests {
     use crate::job::tests::spec;
     use crate::throughput::dlrover::tests as dl;
 
-    #[test]
-    fn replan_stays_in_bounds_and_explains_itself() {
-        let s = dl::synthetic(40, 0.02, 4);
-        let mut job = spec("j");
-        job.bounds.workers = crate::Range::new(2, 24);
-        let cur = Allocation {
+    /// The allocation the re-plan tests start from.
+    fn two_small_workers() -> Allocation {
+        Allocation {
             workers: 2,
             ps: 1,
             worker_cpu: 2.0,
             ps_cpu: 2.0,
             worker_mem_gb: 8.0,
             ps_mem_gb: 16.0,
-        };
+        }
+    }
+
+    #[test]
+    fn replan_stays_in_bounds_and_explains_itself() {
+        let s = dl::synthetic(40, 0.02, 4);
+        let mut job = spec("j");
+        job.bounds.workers = crate::Range::new(2, 24);
+        let cur = two_small_workers();
         let p = replan(
             &BrainConfig::default(),
             ReplanInput {
@@ -713,14 +718,7 @@ mod tests {
     fn measured_limits_leave_larger_allocations_out_of_the_front() {
         let s = dl::synthetic(40, 0.02, 4);
         let job = spec("j");
-        let cur = Allocation {
-            workers: 2,
-            ps: 1,
-            worker_cpu: 2.0,
-            ps_cpu: 2.0,
-            worker_mem_gb: 8.0,
-            ps_mem_gb: 16.0,
-        };
+        let cur = two_small_workers();
         let input = ReplanInput {
             spec: &job,
             samples: &s,
@@ -785,14 +783,7 @@ mod tests {
     fn finish_plan_keeps_the_current_allocation_or_refuses() {
         let s = dl::synthetic(40, 0.02, 4);
         let job = spec("j");
-        let cur = Allocation {
-            workers: 2,
-            ps: 1,
-            worker_cpu: 2.0,
-            ps_cpu: 2.0,
-            worker_mem_gb: 8.0,
-            ps_mem_gb: 16.0,
-        };
+        let cur = two_small_workers();
         let cfg = BrainConfig::default();
         let input = ReplanInput {
             spec: &job,

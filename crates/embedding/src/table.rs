@@ -517,6 +517,29 @@ impl TableShard {
         self.local_rows += 1;
     }
 
+    /// Drops the rows of a dynamic table's `keys` (a served model following a training
+    /// job that evicted them); keys without a slot are skipped. Returns the rows dropped.
+    /// A hashed table stores every row ([`EmbeddingError::Dynamic`]), and a key out of
+    /// range or of another shard is refused; either way nothing is changed.
+    pub fn remove_keys(&mut self, keys: &[u64]) -> Result<usize> {
+        if self.dynamic.is_none() {
+            return Err(EmbeddingError::Dynamic {
+                reason: format!("table {} is hashed: its rows cannot be removed", self.table),
+            });
+        }
+        for &key in keys {
+            self.check_owned(key)?;
+        }
+        let mut removed = 0;
+        for &key in keys {
+            if let Some(slot) = self.find(key)? {
+                self.remove_slot(slot);
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     /// Removes a dynamic table's `slot`; the last slot's row moves into it.
     fn remove_slot(&mut self, slot: usize) {
         let d = self.dynamic.as_mut().expect("dynamic");

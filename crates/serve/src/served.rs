@@ -405,6 +405,38 @@ mod tests {
         let after = served.predict(&rows).unwrap().0;
         assert_eq!(after, expected(&new, &rows));
         assert_ne!(after, expected(&old, &rows));
+
+        // Checkpoint 7: the job evicted the first key. The delta says so, and the served
+        // model drops it (it reads as its initial value again, as in the job).
+        let mut newer = Dlrm::new(&job, vec![ROWS; NUM_SPARSE]).unwrap();
+        moved(&mut newer, &[second], 0.25);
+        let new_bytes = exported(&new, &job, 5, dir.path());
+        let prev = model_file::model_from_bytes(&new_bytes, Path::new("m")).unwrap();
+        let delta = ModelDelta::between(&prev, &newer, 7, 2000).unwrap();
+        assert_eq!(delta.rows(), 0, "the second key did not change");
+        assert_eq!(delta.header.evicted.len(), 1);
+        assert_eq!(
+            (delta.header.evicted[0].table, &delta.header.evicted[0].keys),
+            (0, &vec![first])
+        );
+        let path = dir.path().join("delta-5-7.bin");
+        model_file::save_delta(&delta, &path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        served.apply_delta(&bytes).unwrap();
+        assert_eq!(served.predict(&rows).unwrap().0, expected(&newer, &rows));
+        // Evicted keys of a table index the model does not have: refused as read.
+        let mut bad = delta;
+        bad.header.evicted[0].table = NUM_SPARSE;
+        bad.header.from = 7;
+        bad.header.to = 9;
+        let path = dir.path().join("delta-7-9.bin");
+        model_file::save_delta(&bad, &path).unwrap();
+        let e = served
+            .apply_delta(&std::fs::read(&path).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("evicted keys of table 26 of 26 tables"), "{e}");
+        assert_eq!(served.predict(&rows).unwrap().0, expected(&newer, &rows));
     }
 
     #[test]

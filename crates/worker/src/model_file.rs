@@ -64,6 +64,19 @@ pub struct DeltaHeader {
     pub table_rows: Vec<u64>,
     /// Dense parameters (must equal the served model's).
     pub dense_params: usize,
+    /// Keys of dynamic tables evicted since `from`: the served model drops them, so it
+    /// holds what the job holds (absent in deltas of hashed tables).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evicted: Vec<EvictedKeys>,
+}
+
+/// The keys one dynamic table evicted between two checkpoints.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvictedKeys {
+    /// Table index.
+    pub table: usize,
+    /// Its keys (global rows) no longer stored.
+    pub keys: Vec<u64>,
 }
 
 /// A model delta: every dense parameter and the embedding rows changed between two
@@ -104,14 +117,27 @@ impl ModelDelta {
         }
         let dim = model.dim();
         let mut tables = Vec::new();
+        let mut evicted = Vec::new();
         for t in 0..model.embeddings.num_tables() {
             let (new, old) = (
                 model.embeddings.table(t).map_err(|e| e.to_string())?,
                 prev.model.embeddings.table(t).map_err(|e| e.to_string())?,
             );
+            if new.is_dynamic() {
+                let gone: Vec<u64> = (0..old.local_rows())
+                    .map(|l| old.global_of(l))
+                    .filter(|&key| new.local_of(key).is_err())
+                    .collect();
+                if !gone.is_empty() {
+                    evicted.push(EvictedKeys {
+                        table: t,
+                        keys: gone,
+                    });
+                }
+            }
             let changed: Vec<u64> = if new.is_dynamic() {
                 // Slots differ between the two: compare by key. A key the old model lacks
-                // compares with its initial value; rows evicted since stay as served.
+                // compares with its initial value; keys evicted since go in `evicted`.
                 let mut was = vec![0.0; dim];
                 (0..new.local_rows())
                     .map(|l| new.global_of(l))
@@ -149,6 +175,7 @@ impl ModelDelta {
                 samples,
                 table_rows: rows.clone(),
                 dense_params: model.dense.num_params(),
+                evicted,
             },
             dense: model.dense.params().to_vec(),
             tables,
@@ -204,7 +231,27 @@ impl ModelDelta {
                 ));
             }
         }
+        for e in &h.evicted {
+            let table = model.embeddings.table(e.table).map_err(|e| e.to_string())?;
+            if !table.is_dynamic() {
+                return Err(format!(
+                    "table {}: evicted keys for a table that is not dynamic",
+                    e.table
+                ));
+            }
+            if let Some(k) = e.keys.iter().find(|&&k| !table.owns(k)) {
+                return Err(format!("table {}: evicted key {k} out of range", e.table));
+            }
+        }
         model.dense.params_mut().copy_from_slice(&self.dense);
+        // Evicted keys first: their slots make room for the changed rows.
+        for e in &h.evicted {
+            model
+                .embeddings
+                .table_mut(e.table)
+                .and_then(|t| t.remove_keys(&e.keys))
+                .map_err(|e| e.to_string())?;
+        }
         for snap in &self.tables {
             model
                 .embeddings
@@ -393,6 +440,17 @@ pub fn delta_from_bytes(bytes: &[u8], path: &Path) -> Result<ModelDelta> {
         return Err(bad(format!(
             "goes from checkpoint {} back to {}",
             header.from, header.to
+        )));
+    }
+    if let Some(e) = header
+        .evicted
+        .iter()
+        .find(|e| e.table >= header.table_rows.len())
+    {
+        return Err(bad(format!(
+            "evicted keys of table {} of {} tables",
+            e.table,
+            header.table_rows.len()
         )));
     }
     let n = file.dense_len().map_err(bad)?;

@@ -368,3 +368,32 @@ fn local_of_a_dynamic_key_is_its_slot() {
         "{absent:?}"
     );
 }
+
+/// A served model following its trainer drops the keys the trainer evicted: the others
+/// keep their values, an absent key is skipped, and a hashed table refuses.
+#[test]
+fn removed_keys_read_as_their_initial_value_and_the_rest_stay() {
+    let mut store = small_table(Eviction::Lru, 0);
+    update(&mut store, &[7, 8, 9], 1.0);
+    let kept = gather(&store, &[8, 9]);
+    let key = |id| row_of(0, id, DYNAMIC_KEY_SPACE);
+    let removed = store
+        .table_mut(0)
+        .unwrap()
+        .remove_keys(&[key(7), key(10)])
+        .unwrap();
+    assert_eq!(removed, 1, "key 10 was never stored");
+    assert!(!stored(&store, 7) && stored(&store, 8) && stored(&store, 9));
+    assert_eq!(gather(&store, &[7]), initial(&store, 64, 7));
+    assert_eq!(gather(&store, &[8, 9]), kept);
+    let mut hashed = EmbeddingStore::new(EmbeddingConfig {
+        dim: 2,
+        rows: vec![64],
+        optimizer: SparseOptimizerConfig::default(),
+        seed: SEED,
+        dynamic: None,
+    })
+    .unwrap();
+    let e = hashed.table_mut(0).unwrap().remove_keys(&[1]).unwrap_err();
+    assert!(e.to_string().contains("hashed"), "{e}");
+}
