@@ -105,13 +105,17 @@ pub(super) fn online_result(core: &MasterCore, worker_node_s: f64) -> Option<ser
     }))
 }
 
-/// A batch job's progressive validation as it ends (its recorder took the last window as
-/// the job left training; read before the job's lock).
-fn batch_progressive(core: &MasterCore) -> Option<serde_json::Value> {
+/// A batch job's progressive validation as it ends, `at_s` into the job: the window then
+/// is recorded last (a job shorter than `train.progressive_every_s` has no other). Read
+/// before the job's lock.
+fn batch_progressive(core: &MasterCore, at_s: f64) -> Option<serde_json::Value> {
     if core.stream_stats.lock().is_some() {
         return None;
     }
-    core.progressive.lock().as_ref().map(|p| p.summary())
+    core.progressive.lock().as_mut().map(|p| {
+        p.record(at_s);
+        p.summary()
+    })
 }
 
 /// One epoch's ledger line.
@@ -132,7 +136,9 @@ pub(super) fn job_result(
     used: Resources,
     export: ExportReport,
 ) -> JobResult {
-    let progressive = batch_progressive(core);
+    let started: u64 = dir.started_ms().unwrap_or(now_ms());
+    let wall_s = now_ms().saturating_sub(started) as f64 / 1000.0;
+    let progressive = batch_progressive(core, wall_s);
     let job = core.job.lock();
     let epochs = job.tasks().spec().epochs;
     let per_epoch: Vec<EpochLedger> = (0..epochs)
@@ -142,8 +148,6 @@ pub(super) fn job_result(
         })
         .collect();
     let total = job.tasks().ledger().total(epochs);
-    let started: u64 = dir.started_ms().unwrap_or(now_ms());
-    let wall_s = now_ms().saturating_sub(started) as f64 / 1000.0;
     let workers: Vec<_> = job.nodes().filter(|n| n.role == Role::Worker).collect();
     JobResult {
         job_id: core.job_id.clone(),
