@@ -184,17 +184,24 @@ impl Master for MasterService {
         // Checked before the progress is accepted: a refused report changes nothing.
         let predicted = crate::progressive::check(&req.predicted, &req.labels)
             .map_err(|e| MasterError::invalid(format!("progress report: {e}")))?;
+        let progressive = &self.0.progressive;
         let ack = self
             .0
-            .run(|job, cx| job.report(req.node_id, req.task_id, req.offset, cx))
+            .run(|job, cx| {
+                let ack = job.report(req.node_id, req.task_id, req.offset, cx)?;
+                // Under the job's lock, with the ledger change: the reply then waits for
+                // the change to be stored, and a worker killed in that wait drops this
+                // call; its rows stay counted, so their predictions must be in by then.
+                // A retried report (its reply was lost) records nothing new; its
+                // predictions were counted the first time.
+                if ack.new_rows > 0 && !predicted.is_empty() {
+                    if let Some(p) = progressive.lock().as_mut() {
+                        p.push(predicted);
+                    }
+                }
+                Ok::<_, MasterError>(ack)
+            })
             .await??;
-        // A retried report (its reply was lost) records nothing new; its predictions
-        // were counted the first time.
-        if ack.new_rows > 0 && !predicted.is_empty() {
-            if let Some(p) = self.0.progressive.lock().as_mut() {
-                p.push(predicted);
-            }
-        }
         Ok(Response::new(ReportProgressResponse {
             task_done: ack.task_done,
             stop: ack.stop,
