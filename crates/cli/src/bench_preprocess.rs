@@ -437,8 +437,11 @@ mod train_overhead {
     }
 
     fn slice(input: &RawColumns, rows: std::ops::Range<usize>) -> RawColumns {
+        let x = input.tasks - 1;
         RawColumns {
             labels: input.labels[rows.clone()].to_vec(),
+            tasks: input.tasks,
+            task_labels: input.task_labels[rows.start * x..rows.end * x].to_vec(),
             ints: input
                 .ints
                 .iter()

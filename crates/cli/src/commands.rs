@@ -91,6 +91,8 @@ pub struct GenData {
     pub seed: u64,
     pub days: u32,
     pub drift: f64,
+    /// A second label per row (a conversion after the click).
+    pub conversions: bool,
     pub scale: f64,
     pub hourly_from: Option<String>,
 }
@@ -118,6 +120,7 @@ pub fn gen_data(a: GenData) -> Result<()> {
         days: a.days,
         scale: a.scale,
         drift: a.drift,
+        conversions: a.conversions,
     };
     let pb = ProgressBar::with_draw_target(Some(a.rows), ProgressDrawTarget::stderr());
     pb.set_style(ProgressStyle::with_template(
@@ -215,19 +218,24 @@ pub fn eval(model: &Path, data: &[PathBuf], on_bad_row: &str, json: bool) -> Res
     let mut stats = elastrec_data::ReadStats::default();
     let batches = elastrec_worker::trainer::load_eval_set(&files, &job, &mut stats)?;
     let mut predictor = elastrec_worker::Predictor::new(&dlrm, job.train.batch_size);
-    let r = elastrec_worker::evaluate(&dlrm, &batches, &mut predictor)?;
+    let tasks = elastrec_worker::trainer::evaluate_tasks(&dlrm, &batches, &mut predictor)?;
+    let r = tasks[0];
     if json {
-        println!(
-            "{}",
-            serde_json::json!({"auc": r.auc, "logloss": r.logloss, "samples": r.samples,
-                "rows_skipped": stats.rows_skipped, "files": files})
-        );
+        let mut v = serde_json::json!({"auc": r.auc, "logloss": r.logloss, "samples": r.samples,
+            "rows_skipped": stats.rows_skipped, "files": files});
+        if tasks.len() > 1 {
+            v["tasks"] = serde_json::to_value(&tasks)?;
+        }
+        println!("{v}");
     } else {
         println!("model    {}", model.display());
         println!("files    {}", files.len());
         println!("samples  {}", r.samples);
         println!("AUC      {:.4}", r.auc);
         println!("logloss  {:.4}", r.logloss);
+        for (t, e) in tasks.iter().enumerate().skip(1) {
+            println!("task {t}   AUC {:.4}  logloss {:.4}", e.auc, e.logloss);
+        }
         if stats.rows_skipped > 0 {
             println!("{stats}");
         }

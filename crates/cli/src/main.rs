@@ -122,6 +122,10 @@ struct GenDataArgs {
     /// turn away from day 0's (0: none; 0.25: day 4 shares nothing with day 0).
     #[arg(long, default_value_t = 0.0)]
     drift: f64,
+    /// A second label per row, a conversion after the click (label field `11`, `10` or
+    /// `00`): the data of a two-task model (`model.type = "mmoe"`).
+    #[arg(long)]
+    conversions: bool,
     /// Write hourly partitions `dt=YYYYMMDD/hour=HH/part-00000.*` (with `_SUCCESS`
     /// markers) instead of day files, the first day being this UTC date (`2026-11-01`);
     /// for `[[data.dataset]]` jobs (docs/data.md).
@@ -298,6 +302,7 @@ fn main() -> anyhow::Result<()> {
             days: a.days,
             scale: a.scale,
             drift: a.drift,
+            conversions: a.conversions,
             hourly_from: a.hourly_from,
         }),
         Command::Eval(a) => commands::eval(&a.model, &a.data, &a.on_bad_row, a.json),

@@ -601,6 +601,140 @@ fn standardized_features_and_dropout_train_in_train_and_in_run() {
     );
 }
 
+/// A two-task MMoE (`model.type = "mmoe"`) on data with a conversion label after each
+/// click (`gen-data --conversions`): `elastrec train` and one worker on two parameter
+/// servers (experts, gates and both towers in the dense vector they shard) reach the same
+/// AUC on each task within 0.005, both tasks learn (AUC above 0.6 on task 1, the
+/// rarer label), the ledger is exact, and `model.bin` scores every task as its job
+/// reported. The same model on one-label data is refused naming the file.
+#[test]
+fn mmoe_trains_two_tasks_in_train_and_in_run() {
+    let _g = serial();
+    let f = fixture();
+    let data = f.dir.join("mmoe-data");
+    let out = elastrec(&[
+        "gen-data",
+        "--out",
+        data.to_str().unwrap(),
+        "--rows",
+        "60000",
+        "--days",
+        "3",
+        "--scale",
+        "0.001",
+        "--seed",
+        "5",
+        "--conversions",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data.join("report.json")).unwrap()).unwrap();
+    let rate = report["conversion"]["rate"].as_f64().unwrap();
+    assert!(
+        rate > 0.01 && rate < report["click_rate"].as_f64().unwrap(),
+        "{report}"
+    );
+    let model = "type = \"mmoe\"\nmmoe = { tasks = 2, experts = 3, expert_mlp = [32, 16] }\n";
+    let write = |name: &str, cluster: &str, dir: &str| {
+        let text = job_text(name, cluster)
+            .replace("[model]\n", &format!("[model]\n{model}"))
+            .replace("dir = \"data\"", &format!("dir = \"{dir}\""));
+        let job = f.dir.join(format!("{name}.toml"));
+        std::fs::write(&job, text).unwrap();
+        (job, f.dir.join(name))
+    };
+    let (job, dir) = write("mmoe-single", "", "mmoe-data");
+    let out = elastrec(&["train", job.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let single: Vec<f64> = s["task_evals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["auc"].as_f64().unwrap())
+        .collect();
+    assert_eq!(single.len(), 2, "{s}");
+    assert_eq!(single[0], s["eval"]["auc"].as_f64().unwrap());
+    assert!(single.iter().all(|&a| a > 0.6), "{s}");
+    let saved = elastrec(&[
+        "eval",
+        "--model",
+        dir.join("model.bin").to_str().unwrap(),
+        "--data",
+        data.join("day_2.tsv").to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        saved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&saved.stderr)
+    );
+    let e: serde_json::Value = serde_json::from_slice(&saved.stdout).unwrap();
+    for (t, &auc) in single.iter().enumerate() {
+        assert!(
+            (e["tasks"][t]["auc"].as_f64().unwrap() - auc).abs() < 1e-9,
+            "{e} vs {s}"
+        );
+    }
+
+    let cluster = CLUSTER.replace("workers = 3", "workers = 1");
+    let (job, dir) = write("mmoe-run", &cluster, "mmoe-data");
+    let log = dir.with_extension("log");
+    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
+    g.wait_success(&log);
+    let r = result(&dir);
+    assert_eq!(r["status"], "finished", "{r}");
+    assert_eq!(r["ledger"]["duplicated"], 0, "{r}");
+    assert_eq!(r["ledger"]["missing"], 0, "{r}");
+    let tasks = r["task_evals"].as_array().unwrap();
+    assert_eq!(tasks.len(), 2, "{r}");
+    for (t, e) in tasks.iter().enumerate() {
+        let run = e["auc"].as_f64().unwrap();
+        assert!(
+            (run - single[t]).abs() <= 0.005,
+            "task {t}: run AUC {run:.4} vs train {:.4}",
+            single[t]
+        );
+    }
+    let saved = elastrec(&[
+        "eval",
+        "--model",
+        dir.join("model.bin").to_str().unwrap(),
+        "--data",
+        data.join("day_2.tsv").to_str().unwrap(),
+        "--json",
+    ]);
+    let e: serde_json::Value = serde_json::from_slice(&saved.stdout).unwrap();
+    for (t, job) in tasks.iter().enumerate() {
+        let mine = e["tasks"][t]["auc"].as_f64().unwrap();
+        assert!(
+            (mine - job["auc"].as_f64().unwrap()).abs() <= 0.002,
+            "{e} vs {r}"
+        );
+    }
+
+    // The fixture's rows carry one label: the two-task model says so and names the file.
+    let (job, _) = write("mmoe-one-label", "", "data");
+    let out = elastrec(&["train", job.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("/data/day_")
+            && err.contains("carry 1 label(s) each")
+            && err.contains("2 task(s)"),
+        "{err}"
+    );
+}
+
 /// `model` goes into `[model]`, `extra` (whole sections) at the end of the job file.
 fn family_trains_in_both_modes(family: &str, model: &str, extra: &str) {
     let f = fixture();

@@ -35,6 +35,7 @@ fn spec(out: &Path, format: OutputFormat) -> GenSpec {
         days: 1,
         scale: 0.01,
         drift: 0.0,
+        conversions: false,
     }
 }
 

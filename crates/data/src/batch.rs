@@ -8,6 +8,23 @@ pub const NUM_SPARSE: usize = 26;
 /// this sentinel can never collide with one.
 pub const MISSING_CATEGORY: u64 = 1 << 32;
 
+/// [`Batch::check_tasks`] for any row container: `rows` rows of `got` labels each.
+pub fn check_tasks(
+    rows: usize,
+    got: usize,
+    expected: usize,
+    path: &std::path::Path,
+) -> crate::Result<()> {
+    if rows == 0 || got == expected {
+        return Ok(());
+    }
+    Err(crate::DataError::TaskCount {
+        path: path.to_path_buf(),
+        got,
+        expected,
+    })
+}
+
 /// A batch of Criteo-layout samples in structure-of-arrays form.
 ///
 /// Buffers are reused across batches (`clear` keeps capacity), so readers fill them without
@@ -15,8 +32,14 @@ pub const MISSING_CATEGORY: u64 = 1 << 32;
 /// features per row); a preprocessing plan (`elastrec-preprocess`) fills its own widths.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
-    /// Click label per sample, 0.0 or 1.0.
+    /// Click label per sample (task 0's of a multi-task batch), 0.0 or 1.0.
     pub labels: Vec<f32>,
+    /// Labels per sample: 1, or a multi-task data set's count (the label field `10`
+    /// holds two). A batch takes it from its first row; a reader keeps a file's rows
+    /// alike.
+    pub tasks: usize,
+    /// The labels of tasks `1..tasks`, `len * (tasks - 1)` row-major (empty for one).
+    pub task_labels: Vec<f32>,
     /// `len * NUM_DENSE` values, row-major, already transformed as `ln(1 + max(x, 0))`;
     /// an empty field is 0.
     pub dense: Vec<f32>,
@@ -46,6 +69,8 @@ impl Batch {
     pub fn with_widths(rows: usize, dense_width: usize, sparse_width: usize) -> Self {
         Self {
             labels: Vec::with_capacity(rows),
+            tasks: 1,
+            task_labels: Vec::new(),
             dense: Vec::with_capacity(rows * dense_width),
             sparse: Vec::with_capacity(rows * sparse_width),
             dense_width,
@@ -66,6 +91,7 @@ impl Batch {
     /// Drops all samples, keeping the allocated capacity.
     pub fn clear(&mut self) {
         self.labels.clear();
+        self.task_labels.clear();
         self.dense.clear();
         self.sparse.clear();
     }
@@ -78,7 +104,7 @@ impl Batch {
     #[inline]
     pub fn push_raw(&mut self, row: &crate::raw::RawRow) {
         debug_assert!(self.dense_width == NUM_DENSE && self.sparse_width == NUM_SPARSE);
-        self.labels.push(row.label as f32);
+        self.push_labels(row);
         let table = crate::raw::dense_table();
         self.dense.extend(
             row.ints
@@ -92,12 +118,38 @@ impl Batch {
         );
     }
 
-    /// Appends the rows `range` of `other` to this batch.
+    /// Appends `row`'s labels: task 0's to `labels`, the others' to `task_labels`. An
+    /// empty batch takes its task count from the row; a row with another count is a
+    /// reader's error (it checks every row of a file against the first).
+    #[inline]
+    pub fn push_labels(&mut self, row: &crate::raw::RawRow) {
+        if self.labels.is_empty() {
+            self.tasks = row.tasks();
+        }
+        debug_assert_eq!(self.tasks, row.tasks());
+        self.labels.push(row.label as f32);
+        for t in 1..self.tasks {
+            self.task_labels.push(f32::from(row.task_label(t)));
+        }
+    }
+
+    /// Appends the rows `range` of `other` to this batch (an empty batch takes `other`'s
+    /// task count).
+    ///
+    /// # Panics
+    /// If both hold rows and their task counts differ.
     pub fn extend_from(&mut self, other: &Batch, range: std::ops::Range<usize>) {
         debug_assert!(
             self.dense_width == other.dense_width && self.sparse_width == other.sparse_width
         );
+        if self.is_empty() {
+            self.tasks = other.tasks;
+        }
+        assert_eq!(self.tasks, other.tasks, "rows of different task counts");
         let (d, s) = (other.dense_width, other.sparse_width);
+        let x = other.tasks - 1;
+        self.task_labels
+            .extend_from_slice(&other.task_labels[range.start * x..range.end * x]);
         self.labels.extend_from_slice(&other.labels[range.clone()]);
         self.dense
             .extend_from_slice(&other.dense[range.start * d..range.end * d]);
@@ -108,6 +160,7 @@ impl Batch {
     /// Keeps the first `rows` samples.
     pub fn truncate(&mut self, rows: usize) {
         self.labels.truncate(rows);
+        self.task_labels.truncate(rows * (self.tasks - 1));
         self.dense.truncate(rows * self.dense_width);
         self.sparse.truncate(rows * self.sparse_width);
     }
@@ -117,9 +170,21 @@ impl Batch {
         &self.dense[i * self.dense_width..(i + 1) * self.dense_width]
     }
 
+    /// The labels of tasks `1..tasks` of row `i` (empty for one task).
+    pub fn task_labels_row(&self, i: usize) -> &[f32] {
+        let x = self.tasks - 1;
+        &self.task_labels[i * x..(i + 1) * x]
+    }
+
     /// The categorical features of row `i`.
     pub fn sparse_row(&self, i: usize) -> &[u64] {
         &self.sparse[i * self.sparse_width..(i + 1) * self.sparse_width]
+    }
+
+    /// Checks that rows read from `path` carry one label per task of a model with
+    /// `tasks` tasks ([`DataError::TaskCount`] otherwise); an empty batch passes.
+    pub fn check_tasks(&self, tasks: usize, path: &std::path::Path) -> crate::Result<()> {
+        check_tasks(self.len(), self.tasks, tasks, path)
     }
 
     /// Transform applied to a raw integer feature before it enters the model.

@@ -15,8 +15,12 @@ pub const NULL_ID: u64 = u64::MAX;
 /// Criteo-layout rows as columns: the label, `I1..I13`, `C1..C26`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RawColumns {
-    /// Click label per row, 0.0 or 1.0.
+    /// Click label per row (task 0's of a multi-task row), 0.0 or 1.0.
     pub labels: Vec<f32>,
+    /// Labels per row (see [`crate::Batch::tasks`]).
+    pub tasks: usize,
+    /// The labels of tasks `1..tasks`, `len * (tasks - 1)` row-major.
+    pub task_labels: Vec<f32>,
     /// `ints[i]` is column `I(i+1)`.
     pub ints: Vec<Vec<i64>>,
     /// `cats[j]` is column `C(j+1)`, the 32-bit value of its hex digits.
@@ -34,6 +38,8 @@ impl RawColumns {
     pub fn with_capacity(rows: usize) -> Self {
         Self {
             labels: Vec::with_capacity(rows),
+            tasks: 1,
+            task_labels: Vec::new(),
             ints: (0..NUM_DENSE).map(|_| Vec::with_capacity(rows)).collect(),
             cats: (0..NUM_SPARSE).map(|_| Vec::with_capacity(rows)).collect(),
         }
@@ -52,6 +58,7 @@ impl RawColumns {
     /// Drops every row, keeping capacity.
     pub fn clear(&mut self) {
         self.labels.clear();
+        self.task_labels.clear();
         self.ints.iter_mut().for_each(Vec::clear);
         self.cats.iter_mut().for_each(Vec::clear);
     }
@@ -59,7 +66,14 @@ impl RawColumns {
     /// Appends one row.
     #[inline]
     pub fn push(&mut self, row: &RawRow) {
+        if self.labels.is_empty() {
+            self.tasks = row.tasks();
+        }
+        debug_assert_eq!(self.tasks, row.tasks());
         self.labels.push(f32::from(row.label));
+        for t in 1..self.tasks {
+            self.task_labels.push(f32::from(row.task_label(t)));
+        }
         for (col, v) in self.ints.iter_mut().zip(&row.ints) {
             col.push(v.unwrap_or(NULL_INT));
         }
@@ -70,8 +84,15 @@ impl RawColumns {
 
     /// Row `i` back as a [`RawRow`].
     pub fn row(&self, i: usize) -> RawRow {
+        let x = self.tasks - 1;
         let mut r = RawRow {
             label: self.labels[i] as u8,
+            extra_tasks: x as u8,
+            extra_labels: self.task_labels[i * x..(i + 1) * x]
+                .iter()
+                .enumerate()
+                .map(|(t, &y)| (y as u8) << t)
+                .sum(),
             ..RawRow::default()
         };
         for (slot, col) in r.ints.iter_mut().zip(&self.ints) {

@@ -49,6 +49,21 @@ pub enum DataError {
         /// The cap, [`crate::tsv::MAX_LINE_BYTES`].
         limit: usize,
     },
+    /// A file whose rows carry another number of labels than the model has tasks.
+    #[error(
+        "{}: its rows carry {got} label(s) each, and the model predicts {expected} task(s); \
+         a multi-task file's label field holds one 0/1 digit per task (`10`: task 0 yes, \
+         task 1 no), and model.mmoe.tasks must match it",
+        path.display()
+    )]
+    TaskCount {
+        /// The file.
+        path: PathBuf,
+        /// Labels per row in the file.
+        got: usize,
+        /// The model's tasks.
+        expected: usize,
+    },
     /// A bad value in a columnar (Parquet) file: `file: row R: column C: reason`.
     #[error("{}: row {row}: column {column}: {reason}", path.display())]
     BadValue {
@@ -173,8 +188,15 @@ pub enum FieldError {
     ExtraField,
     /// The label is empty (or null in Parquet).
     EmptyLabel,
-    /// The label is not `0` or `1`.
+    /// The label is not `0` or `1` (or, in a multi-task file, 2 to 8 such digits).
     BadLabel(String),
+    /// A row carries another number of labels than the file's first row.
+    LabelCount {
+        /// The first row's labels.
+        expected: usize,
+        /// This row's.
+        got: usize,
+    },
     /// An integer feature is not a valid 64-bit integer.
     BadInteger(String),
     /// A categorical feature is not exactly 8 hex digits (or out of 32-bit range).
@@ -202,6 +224,10 @@ impl fmt::Display for FieldError {
             FieldError::EmptyLabel => write!(f, "empty label"),
             FieldError::BadFrame(why) => write!(f, "malformed batch message: {why}"),
             FieldError::BadLabel(got) => write!(f, "label must be 0 or 1, got {got:?}"),
+            FieldError::LabelCount { expected, got } => write!(
+                f,
+                "the label field holds {got} label(s) and the file's first row {expected}: every row of a file needs one 0/1 digit per task"
+            ),
             FieldError::BadInteger(got) => write!(f, "expected an integer, got {got:?}"),
             FieldError::BadCategory(got) => write!(f, "expected 8 hex digits, got {got:?}"),
             FieldError::NonAscii(got) => {

@@ -23,7 +23,7 @@ pub mod raw;
 pub mod reader;
 pub mod tsv;
 
-pub use batch::{Batch, MISSING_CATEGORY, NUM_DENSE, NUM_SPARSE};
+pub use batch::{check_tasks, Batch, MISSING_CATEGORY, NUM_DENSE, NUM_SPARSE};
 pub use columns::{RawColumns, NULL_ID, NULL_INT};
 pub use error::{DataError, FieldError, Result};
 pub use gen::{generate, generate_with_progress, GenFile, GenReport, GenSpec, OutputFormat};

@@ -2,6 +2,8 @@
 //!
 //! Schema written by [`ParquetWriter`] (the canonical one):
 //! - `label`: `Int32`, not null, 0 or 1;
+//! - `label_1`..`label_K`: only in a multi-task file (rows of `K + 1` labels, e.g. a
+//!   conversion after the click): `Int32`, not null, 0 or 1 each;
 //! - `I1`..`I13`: nullable `Int64`, the raw integers (null = empty field);
 //! - `C1`..`C26`: nullable `UInt32`, the value of the 8 hex digits (null = empty field).
 //!
@@ -45,9 +47,20 @@ pub fn cat_column(i: usize) -> String {
     format!("C{}", i + 1)
 }
 
+/// Name of the label column of task `t ≥ 1` of a multi-task file: `label_1`, ...
+pub fn task_label_column(t: usize) -> String {
+    format!("label_{t}")
+}
+
 /// The canonical Arrow schema (see the module docs).
 pub fn criteo_schema() -> SchemaRef {
+    schema_with_tasks(0)
+}
+
+/// The canonical schema of rows with `extra` labels after the first.
+fn schema_with_tasks(extra: usize) -> SchemaRef {
     let mut fields = vec![Field::new("label", DataType::Int32, false)];
+    fields.extend((1..=extra).map(|t| Field::new(task_label_column(t), DataType::Int32, false)));
     fields.extend((0..NUM_DENSE).map(|i| Field::new(int_column(i), DataType::Int64, true)));
     fields.extend((0..NUM_SPARSE).map(|i| Field::new(cat_column(i), DataType::UInt32, true)));
     Arc::new(Schema::new(fields))
@@ -72,10 +85,16 @@ impl Default for ParquetOptions {
 }
 
 /// Writes raw Criteo rows to a Parquet file with the canonical schema.
+///
+/// The file is opened at [`ParquetWriter::create`] and its schema fixed by the first
+/// rows written: a multi-task file gets its extra label columns then.
 pub struct ParquetWriter {
     path: PathBuf,
-    writer: ArrowWriter<File>,
+    pending: Option<(File, WriterProperties)>,
+    writer: Option<ArrowWriter<File>>,
     schema: SchemaRef,
+    /// Labels per row after the first (from the first rows written).
+    extra: usize,
     rows: u64,
 }
 
@@ -101,24 +120,56 @@ impl ParquetWriter {
             })
             .set_created_by("elastrec-data".to_string())
             .build();
-        let schema = criteo_schema();
-        let writer = ArrowWriter::try_new(file, schema.clone(), Some(props))
-            .map_err(|e| DataError::parquet(path, e))?;
         Ok(Self {
             path: path.to_path_buf(),
-            writer,
-            schema,
+            pending: Some((file, props)),
+            writer: None,
+            schema: criteo_schema(),
+            extra: 0,
             rows: 0,
         })
     }
 
-    /// Appends the rows of `raw`.
+    /// The Arrow writer, opened with the schema of `extra` labels after the first.
+    fn open(&mut self, extra: usize) -> Result<&mut ArrowWriter<File>> {
+        if let Some((file, props)) = self.pending.take() {
+            self.extra = extra;
+            self.schema = schema_with_tasks(extra);
+            let w = ArrowWriter::try_new(file, self.schema.clone(), Some(props))
+                .map_err(|e| DataError::parquet(&self.path, e))?;
+            self.writer = Some(w);
+        }
+        Ok(self.writer.as_mut().expect("opened"))
+    }
+
+    /// Appends the rows of `raw`. Every row of a file carries as many labels as the
+    /// first written.
     pub fn write(&mut self, raw: &RawBatch) -> Result<()> {
         let n = raw.len();
-        let mut cols: Vec<ArrayRef> = Vec::with_capacity(1 + NUM_DENSE + NUM_SPARSE);
+        let extra_of = |i: usize| raw.extra_tasks.get(i).map_or(0, |&x| x as usize);
+        let first = if self.pending.is_some() {
+            extra_of(0)
+        } else {
+            self.extra
+        };
+        if let Some(i) = (0..n).find(|&i| extra_of(i) != first) {
+            return Err(DataError::InvalidSpec(format!(
+                "{}: row {} carries {} label(s), the file's rows {}: a file holds rows of one task count",
+                self.path.display(),
+                self.rows + i as u64,
+                1 + extra_of(i),
+                1 + first
+            )));
+        }
+        let mut cols: Vec<ArrayRef> = Vec::with_capacity(1 + first + NUM_DENSE + NUM_SPARSE);
         cols.push(Arc::new(Int32Array::from_iter_values(
             raw.labels.iter().map(|&l| l as i32),
         )));
+        for t in 0..first {
+            cols.push(Arc::new(Int32Array::from_iter_values(
+                raw.extra_labels.iter().map(|&b| i32::from((b >> t) & 1)),
+            )));
+        }
         for f in 0..NUM_DENSE {
             cols.push(Arc::new(Int64Array::from_iter(
                 (0..n).map(|r| raw.ints[r * NUM_DENSE + f]),
@@ -129,9 +180,12 @@ impl ParquetWriter {
                 (0..n).map(|r| raw.cats[r * NUM_SPARSE + f]),
             )));
         }
+        self.open(first)?;
         let batch = RecordBatch::try_new(self.schema.clone(), cols)
             .map_err(|e| DataError::parquet(&self.path, e))?;
         self.writer
+            .as_mut()
+            .expect("opened")
             .write(&batch)
             .map_err(|e| DataError::parquet(&self.path, e))?;
         self.rows += n as u64;
@@ -139,8 +193,11 @@ impl ParquetWriter {
     }
 
     /// Flushes and closes the file; returns the number of rows written.
-    pub fn finish(self) -> Result<u64> {
+    pub fn finish(mut self) -> Result<u64> {
+        self.open(0)?;
         self.writer
+            .take()
+            .expect("opened")
             .close()
             .map_err(|e| DataError::parquet(&self.path, e))?;
         Ok(self.rows)
@@ -191,6 +248,8 @@ fn footer_rows(path: &Path, meta: &ParquetMetaData) -> Result<(u64, Vec<u64>)> {
 #[derive(Debug, Clone)]
 struct Projection {
     label: usize,
+    /// `label_1`, `label_2`, ... of a multi-task file (as many as are there in a row).
+    extra: Vec<usize>,
     ints: [usize; NUM_DENSE],
     cats: [usize; NUM_SPARSE],
 }
@@ -233,13 +292,34 @@ impl Projection {
                 &[UInt32, Int32, Int64, Utf8, LargeUtf8],
             )?;
         }
-        Ok(Self { label, ints, cats })
+        let label_types = [
+            Int8, Int16, Int32, Int64, UInt8, UInt32, Float32, Float64, Boolean,
+        ];
+        let mut extra = Vec::new();
+        for t in 1..=crate::raw::MAX_EXTRA_TASKS as usize {
+            if schema.index_of(&task_label_column(t)).is_err() {
+                break;
+            }
+            extra.push(check_type(
+                path,
+                schema,
+                &task_label_column(t),
+                &label_types,
+            )?);
+        }
+        Ok(Self {
+            label,
+            extra,
+            ints,
+            cats,
+        })
     }
 
     /// The file columns to decode, in file order, and the projection that addresses them
     /// in the decoded batches (which hold only these columns, in file order).
     fn project(&self) -> (Vec<usize>, Projection) {
         let mut wanted: Vec<usize> = std::iter::once(self.label)
+            .chain(self.extra.iter().copied())
             .chain(self.ints)
             .chain(self.cats)
             .collect();
@@ -252,6 +332,7 @@ impl Projection {
         };
         let decoded = Projection {
             label: pos(self.label),
+            extra: self.extra.iter().map(|&c| pos(c)).collect(),
             ints: self.ints.map(pos),
             cats: self.cats.map(pos),
         };
@@ -430,6 +511,25 @@ fn stage(
         match decode_label(label, r) {
             Ok(v) => *slot = v,
             Err(e) => errs[r] = Some(("label".to_string(), e)),
+        }
+    }
+    raw.extra_tasks.clear();
+    raw.extra_labels.clear();
+    if !p.extra.is_empty() {
+        raw.extra_tasks.resize(n, p.extra.len() as u8);
+        raw.extra_labels.resize(n, 0);
+        for (t, &c) in p.extra.iter().enumerate() {
+            let col = b.column(c);
+            for (r, bits) in raw.extra_labels.iter_mut().enumerate() {
+                match decode_label(col, r) {
+                    Ok(v) => *bits |= v << t,
+                    Err(e) => {
+                        if errs[r].is_none() {
+                            errs[r] = Some((task_label_column(t + 1), e));
+                        }
+                    }
+                }
+            }
         }
     }
     for (f, &c) in p.ints.iter().enumerate() {

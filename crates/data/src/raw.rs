@@ -6,12 +6,36 @@ use std::sync::OnceLock;
 /// One Criteo row before the dense transform: `None` is an empty field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RawRow {
-    /// Click label, 0 or 1.
+    /// Click label (task 0's label of a multi-task row), 0 or 1.
     pub label: u8,
+    /// Labels after the first, of a multi-task row (the label field `10` has one):
+    /// 0 for a Criteo row, at most [`MAX_EXTRA_TASKS`].
+    pub extra_tasks: u8,
+    /// Bit `t` is the label of task `t + 1`.
+    pub extra_labels: u8,
     /// Integer features `I1..I13`, raw.
     pub ints: [Option<i64>; NUM_DENSE],
     /// Categorical features `C1..C26` as the 32-bit value of their 8 hex digits.
     pub cats: [Option<u32>; NUM_SPARSE],
+}
+
+/// Most labels after the first a row can carry (a label field has at most 8 digits).
+pub const MAX_EXTRA_TASKS: u8 = 7;
+
+impl RawRow {
+    /// Labels the row carries (one per task).
+    pub fn tasks(&self) -> usize {
+        1 + self.extra_tasks as usize
+    }
+
+    /// Task `t`'s label (0 or 1); `t` below [`RawRow::tasks`].
+    pub fn task_label(&self, t: usize) -> u8 {
+        if t == 0 {
+            self.label
+        } else {
+            (self.extra_labels >> (t - 1)) & 1
+        }
+    }
 }
 
 /// Raw rows in structure-of-arrays form (row-major feature blocks), e.g. for the writers.
@@ -23,6 +47,11 @@ pub struct RawBatch {
     pub ints: Vec<Option<i64>>,
     /// `len * NUM_SPARSE` categorical features, row-major.
     pub cats: Vec<Option<u32>>,
+    /// Per row, [`RawRow::extra_tasks`] and [`RawRow::extra_labels`] (both empty while
+    /// every row has one label).
+    pub extra_tasks: Vec<u8>,
+    /// See `extra_tasks`.
+    pub extra_labels: Vec<u8>,
 }
 
 impl RawBatch {
@@ -32,6 +61,8 @@ impl RawBatch {
             labels: Vec::with_capacity(rows),
             ints: Vec::with_capacity(rows * NUM_DENSE),
             cats: Vec::with_capacity(rows * NUM_SPARSE),
+            extra_tasks: Vec::new(),
+            extra_labels: Vec::new(),
         }
     }
 
@@ -50,10 +81,21 @@ impl RawBatch {
         self.labels.clear();
         self.ints.clear();
         self.cats.clear();
+        self.extra_tasks.clear();
+        self.extra_labels.clear();
     }
 
     /// Appends one row.
     pub fn push(&mut self, row: &RawRow) {
+        if row.extra_tasks > 0 && self.extra_tasks.is_empty() {
+            // The first multi-task row: the rows before it had one label each.
+            self.extra_tasks.resize(self.labels.len(), 0);
+            self.extra_labels.resize(self.labels.len(), 0);
+        }
+        if !self.extra_tasks.is_empty() {
+            self.extra_tasks.push(row.extra_tasks);
+            self.extra_labels.push(row.extra_labels);
+        }
         self.labels.push(row.label);
         self.ints.extend_from_slice(&row.ints);
         self.cats.extend_from_slice(&row.cats);
@@ -63,6 +105,8 @@ impl RawBatch {
     pub fn row(&self, i: usize) -> RawRow {
         let mut r = RawRow {
             label: self.labels[i],
+            extra_tasks: self.extra_tasks.get(i).copied().unwrap_or(0),
+            extra_labels: self.extra_labels.get(i).copied().unwrap_or(0),
             ..RawRow::default()
         };
         r.ints

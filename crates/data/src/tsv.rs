@@ -1,7 +1,9 @@
 //! Criteo TSV: the hand-written line parser, [`TsvReader`] (plain or gzip, full or row
 //! range) and the row formatter used by the generator.
 //!
-//! A line is `label \t I1..I13 \t C1..C26` (40 fields, 39 tabs). The label is `0` or `1`;
+//! A line is `label \t I1..I13 \t C1..C26` (40 fields, 39 tabs). The label is `0` or `1`
+//! (a multi-task file's is one such digit per task, at most 8: `10` is a click without a
+//! conversion; every row of a file carries the same number);
 //! integers are optional-minus decimal `i64` (no `+`, no spaces); categoricals are exactly
 //! 8 hex digits (either case). Integer and categorical fields may be empty. A line ends at
 //! `\n`; a `\r` right before it is part of the line terminator (CRLF files read the same).
@@ -110,13 +112,32 @@ fn hex8(f: &[u8]) -> Option<u32> {
     (bad & 0xf0 == 0).then_some(v)
 }
 
+/// Reads a label field of 1 to 8 `0`/`1` digits into `row`'s labels; `None` otherwise.
 #[inline]
-fn parse_label(f: &[u8]) -> Result<u8, FieldError> {
-    match f {
-        b"0" => Ok(0),
-        b"1" => Ok(1),
-        b"" => Err(FieldError::EmptyLabel),
-        _ => Err(bad_field(f, FieldError::BadLabel)),
+fn label_digits(f: &[u8], row: &mut RawRow) -> Option<()> {
+    if f.is_empty() || f.len() > 1 + crate::raw::MAX_EXTRA_TASKS as usize {
+        return None;
+    }
+    let mut bits = 0u16;
+    for (i, &b) in f.iter().enumerate() {
+        let d = b.wrapping_sub(b'0');
+        if d > 1 {
+            return None;
+        }
+        bits |= u16::from(d) << i;
+    }
+    row.label = (bits & 1) as u8;
+    row.extra_tasks = (f.len() - 1) as u8;
+    row.extra_labels = (bits >> 1) as u8;
+    Some(())
+}
+
+#[inline]
+fn parse_label(f: &[u8], row: &mut RawRow) -> Result<(), FieldError> {
+    match label_digits(f, row) {
+        Some(()) => Ok(()),
+        None if f.is_empty() => Err(FieldError::EmptyLabel),
+        None => Err(bad_field(f, FieldError::BadLabel)),
     }
 }
 
@@ -191,11 +212,9 @@ pub fn parse_line(line: &[u8], row: &mut RawRow) -> Result<(), (usize, FieldErro
 #[inline]
 fn parse_line_fast(line: &[u8], row: &mut RawRow) -> Option<()> {
     let n = line.len();
-    if n < 2 || line[1] != b'\t' || (line[0] != b'0' && line[0] != b'1') {
-        return None;
-    }
-    row.label = line[0] - b'0';
-    let mut p = 2;
+    let p = line.iter().take(10).position(|&b| b == b'\t')?;
+    label_digits(&line[..p], row)?;
+    let mut p = p + 1;
     for slot in row.ints.iter_mut() {
         let neg = line.get(p) == Some(&b'-');
         p += usize::from(neg);
@@ -246,7 +265,7 @@ fn parse_line_checked(line: &[u8], row: &mut RawRow) -> Result<(), (usize, Field
     };
     let missing = |found: usize| (found, FieldError::MissingField { found });
     let f = fields.next().ok_or(missing(0))?;
-    row.label = parse_label(f).map_err(|e| (0, e))?;
+    parse_label(f, row).map_err(|e| (0, e))?;
     for i in 0..NUM_DENSE {
         let f = fields.next().ok_or(missing(1 + i))?;
         row.ints[i] = parse_int(f).map_err(|e| (1 + i, e))?;
@@ -269,7 +288,9 @@ fn parse_line_checked(line: &[u8], row: &mut RawRow) -> Result<(), (usize, Field
 /// Appends `row` to `out` as one Criteo TSV line, `\n` included.
 pub fn write_row(row: &RawRow, out: &mut Vec<u8>) {
     const HEXD: &[u8; 16] = b"0123456789abcdef";
-    out.push(b'0' + row.label);
+    for t in 0..row.tasks() {
+        out.push(b'0' + row.task_label(t));
+    }
     for v in &row.ints {
         out.push(b'\t');
         if let Some(v) = *v {
@@ -352,6 +373,8 @@ pub struct TsvReader {
     line: Vec<u8>,
     row: RawRow,
     stats: ReadStats,
+    /// Labels per row, from the first row read: every later row must carry as many.
+    tasks: Option<usize>,
 }
 
 impl std::fmt::Debug for TsvReader {
@@ -473,6 +496,7 @@ impl TsvReader {
             line: Vec::with_capacity(1024),
             row: RawRow::default(),
             stats: ReadStats::default(),
+            tasks: None,
         }
     }
 
@@ -532,7 +556,21 @@ impl TsvReader {
                     line = rest;
                 }
             }
-            match parse_line(line, row) {
+            let parsed = parse_line(line, row).and_then(|()| {
+                let first = *self.tasks.get_or_insert(row.tasks());
+                if row.tasks() == first {
+                    Ok(())
+                } else {
+                    Err((
+                        0,
+                        FieldError::LabelCount {
+                            expected: first,
+                            got: row.tasks(),
+                        },
+                    ))
+                }
+            });
+            match parsed {
                 Ok(()) => {
                     self.stats.rows_read += 1;
                     return Ok(true);

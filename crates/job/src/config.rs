@@ -152,6 +152,10 @@ pub struct GenerateConfig {
     pub scale: f64,
     /// Drift of the click behaviour per day (`gen-data --drift`; 0: none).
     pub drift: f64,
+    /// A second label per row, a conversion after the click (`gen-data --conversions`):
+    /// the data of a two-task `mmoe` model.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub conversions: bool,
 }
 
 impl Default for GenerateConfig {
@@ -162,6 +166,7 @@ impl Default for GenerateConfig {
             seed: 42,
             scale: 0.01,
             drift: 0.0,
+            conversions: false,
         }
     }
 }
@@ -234,6 +239,35 @@ pub struct ModelConfig {
     /// admission and eviction (`admit_count`, `eviction`, `ttl_steps`). Absent: hashed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dynamic_embeddings: Option<elastrec_embedding::DynamicConfig>,
+    /// `mmoe`: the multi-task head (`[model.mmoe]`: `tasks`, `experts`, `expert_mlp`).
+    /// Absent with `type = "mmoe"`: the defaults of [`MmoeSettings`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mmoe: Option<MmoeSettings>,
+}
+
+/// `[model.mmoe]`: a multi-gate mixture of experts (Ma et al. 2018) over the interaction
+/// output, a gate and a tower (`top_mlp`'s sizes) per task.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MmoeSettings {
+    /// Tasks, 1 to 8: labels per row. A row's label field holds one 0/1 digit per task
+    /// (`10`: task 0 yes, task 1 no); task 0 (the first digit) is the prediction every
+    /// single-label consumer (AUC, serving's `probability`) reads.
+    pub tasks: usize,
+    /// Experts every task's gate mixes.
+    pub experts: usize,
+    /// Hidden and output sizes of each expert (its input is the interaction output).
+    pub expert_mlp: Vec<usize>,
+}
+
+impl Default for MmoeSettings {
+    fn default() -> Self {
+        Self {
+            tasks: 2,
+            experts: 4,
+            expert_mlp: vec![256],
+        }
+    }
 }
 
 fn is_zero_rate(v: &f32) -> bool {
@@ -273,6 +307,9 @@ pub enum ModelType {
     /// part (the first-order term) over the sparse ids, the dense features and any
     /// crossed columns a `[[preprocess]]` graph makes.
     WideDeep,
+    /// Multi-task MMoE (Ma et al. 2018): the DLRM's interaction feeds experts, a softmax
+    /// gate per task mixes them, and a tower per task gives its logit (`[model.mmoe]`).
+    Mmoe,
 }
 
 impl ModelType {
@@ -291,7 +328,7 @@ impl ModelConfig {
     /// Cross layers the model has (0 unless `dcn_v2`).
     pub fn cross_layers(&self) -> usize {
         match self.model_type {
-            ModelType::Dlrm | ModelType::DeepFm | ModelType::WideDeep => 0,
+            ModelType::Dlrm | ModelType::DeepFm | ModelType::WideDeep | ModelType::Mmoe => 0,
             ModelType::DcnV2 => self.cross_layers,
         }
     }
@@ -299,6 +336,17 @@ impl ModelConfig {
     /// Whether the model has the first-order term (`wide_deep`, or `first_order = true`).
     pub fn has_first_order(&self) -> bool {
         self.first_order || self.model_type == ModelType::WideDeep
+    }
+
+    /// The multi-task head of an `mmoe` model (the section's values or the defaults);
+    /// `None` for the other families.
+    pub fn mmoe_settings(&self) -> Option<MmoeSettings> {
+        (self.model_type == ModelType::Mmoe).then(|| self.mmoe.clone().unwrap_or_default())
+    }
+
+    /// Tasks (labels per row) the model predicts: 1 unless `mmoe`.
+    pub fn tasks(&self) -> usize {
+        self.mmoe_settings().map_or(1, |h| h.tasks)
     }
 
     /// Floats per embedding row in the store: `embedding_dim`, plus the row's
@@ -328,6 +376,7 @@ impl Default for ModelConfig {
             first_order: false,
             layer_norm: false,
             dynamic_embeddings: None,
+            mmoe: None,
         }
     }
 }
@@ -880,6 +929,53 @@ impl JobConfig {
                 "a dcn_v2 model needs at least 1 cross layer (or use type = \"dlrm\")".into(),
             ));
         }
+        if m.mmoe.is_some() && m.model_type != ModelType::Mmoe {
+            return Err(bad(
+                "model.mmoe",
+                "is the head of model.type = \"mmoe\"; set that type or remove [model.mmoe]".into(),
+            ));
+        }
+        if let Some(h) = m.mmoe_settings() {
+            if !(1..=elastrec_model::MAX_TASKS).contains(&h.tasks) {
+                return Err(bad(
+                    "model.mmoe.tasks",
+                    format!(
+                        "must be 1 to {} (one 0/1 label digit per task), got {}",
+                        elastrec_model::MAX_TASKS,
+                        h.tasks
+                    ),
+                ));
+            }
+            if h.experts == 0 {
+                return Err(bad("model.mmoe.experts", "must be at least 1".into()));
+            }
+            if h.expert_mlp.is_empty() || h.expert_mlp.contains(&0) {
+                return Err(bad(
+                    "model.mmoe.expert_mlp",
+                    "needs at least one size, each at least 1 (the last is the width the towers read)"
+                        .into(),
+                ));
+            }
+            for (on, field) in [
+                (m.first_order, "model.first_order"),
+                (m.layer_norm, "model.layer_norm"),
+                (!m.adapt_mlp.is_empty(), "model.adapt_mlp"),
+            ] {
+                if on {
+                    return Err(bad(
+                        field,
+                        format!("{field} does not combine with model.type = \"mmoe\" (it would reach task 0 only)"),
+                    ));
+                }
+            }
+            if self.stream.is_some() {
+                return Err(bad(
+                    "model.type",
+                    "an mmoe model trains from files: a stream's messages carry one label each (docs/models.md)"
+                        .into(),
+                ));
+            }
+        }
         if let Some(d) = &m.dynamic_embeddings {
             d.validate().map_err(|e| {
                 bad(
@@ -1350,6 +1446,38 @@ mod tests {
             "model.type"
         );
         assert!(parse("[model]\ntype = \"wide\"\n").is_err());
+    }
+
+    /// `mmoe` takes its head from `[model.mmoe]` (or the defaults), and what it cannot
+    /// carry is refused naming the field.
+    #[test]
+    fn mmoe_settings_are_read_and_checked() {
+        let cfg = parse("[model]\ntype = \"mmoe\"\n").unwrap();
+        assert_eq!(cfg.model.tasks(), 2);
+        let h = crate::prepare::dense_config(&cfg).mmoe.unwrap();
+        assert_eq!((h.tasks, h.experts, h.expert), (2, 4, vec![256]));
+        let cfg =
+            parse("[model]\ntype = \"mmoe\"\n[model.mmoe]\ntasks = 3\nexperts = 2\n").unwrap();
+        assert_eq!(cfg.model.tasks(), 3);
+        assert_eq!(parse("").unwrap().model.tasks(), 1);
+        let field = |text: &str| match parse(text).unwrap_err() {
+            ConfigError::Invalid { field, .. } => field,
+            e => panic!("{e}"),
+        };
+        let mmoe = "[model]\ntype = \"mmoe\"\n";
+        for (extra, want) in [
+            ("[model.mmoe]\ntasks = 9\n", "model.mmoe.tasks"),
+            ("[model.mmoe]\ntasks = 0\n", "model.mmoe.tasks"),
+            ("[model.mmoe]\nexperts = 0\n", "model.mmoe.experts"),
+            ("[model.mmoe]\nexpert_mlp = []\n", "model.mmoe.expert_mlp"),
+        ] {
+            assert_eq!(field(&format!("{mmoe}{extra}")), want, "{extra}");
+        }
+        assert_eq!(
+            field("[model]\ntype = \"mmoe\"\nlayer_norm = true\n"),
+            "model.layer_norm"
+        );
+        assert_eq!(field("[model.mmoe]\ntasks = 2\n"), "model.mmoe");
     }
 
     /// A schedule parses with its defaults, and the hygiene settings `run` does not carry

@@ -34,6 +34,7 @@ pub fn ensure_data(job: &JobConfig, progress: bool) -> Result<()> {
         days: gen.days,
         scale: gen.scale,
         drift: gen.drift,
+        conversions: gen.conversions,
     };
     let pb = progress_bar(progress, gen.rows, "generating");
     let report = elastrec_data::generate_with_progress(&spec, &|done| pb.set_position(done))?;
@@ -277,6 +278,11 @@ pub fn dense_config(job: &JobConfig) -> DlrmConfig {
         dropout: m.dropout,
         first_order: m.has_first_order(),
         layer_norm: m.layer_norm,
+        mmoe: m.mmoe_settings().map(|h| elastrec_model::MmoeConfig {
+            tasks: h.tasks,
+            experts: h.experts,
+            expert: h.expert_mlp,
+        }),
     }
 }
 

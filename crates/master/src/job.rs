@@ -285,6 +285,8 @@ pub struct Job {
     phase: Phase,
     evaluator: Option<u32>,
     eval: Option<EvalResult>,
+    /// A multi-task model's final evaluation per task (empty for one task).
+    task_evals: Vec<EvalResult>,
     epochs_closed: Vec<(u32, LedgerSummary)>,
     ps_failures: Vec<PsFailure>,
     ps_recoveries: u32,
@@ -361,6 +363,7 @@ impl Job {
             phase: Phase::Training,
             evaluator: None,
             eval: None,
+            task_evals: Vec::new(),
             epochs_closed: Vec::new(),
             ps_failures: Vec::new(),
             ps_recoveries: 0,
@@ -410,6 +413,7 @@ impl Job {
             phase,
             evaluator: None,
             eval,
+            task_evals: Vec::new(),
             epochs_closed,
             ps_failures: Vec::new(),
             ps_recoveries: 0,
@@ -450,6 +454,10 @@ impl Job {
         cx.persist(Change::Meta(
             "eval",
             serde_json::to_string(&self.eval).expect("eval serializes"),
+        ));
+        cx.persist(Change::Meta(
+            "task_evals",
+            serde_json::to_string(&self.task_evals).expect("evals serialize"),
         ));
         cx.persist(Change::Meta(
             "epochs_closed",
@@ -594,6 +602,17 @@ impl Job {
     /// Final evaluation, once reported.
     pub fn eval(&self) -> Option<EvalResult> {
         self.eval
+    }
+
+    /// A multi-task model's final evaluation of every task (task 0 first); empty for
+    /// one task.
+    pub fn task_evals(&self) -> &[EvalResult] {
+        &self.task_evals
+    }
+
+    /// Restores [`Job::task_evals`] from a stored job.
+    pub fn restore_task_evals(&mut self, tasks: Vec<EvalResult>) {
+        self.task_evals = tasks;
     }
 
     /// Ledger verdicts of the epochs closed so far.
@@ -1070,11 +1089,13 @@ impl Job {
         &mut self,
         id: u32,
         eval: EvalResult,
+        tasks: Vec<EvalResult>,
         cx: &mut impl Context,
     ) -> Result<(), JobError> {
         self.live_node(id, cx)?;
         if self.phase == Phase::Evaluating {
             self.eval = Some(eval);
+            self.task_evals = tasks;
             self.phase = Phase::Finished;
             cx.event(Event::JobEnded(Phase::Finished));
             self.leave(id, cx);
@@ -1872,6 +1893,7 @@ pub(crate) mod tests {
                                 logloss: 0.5,
                                 samples: 10,
                             },
+                            Vec::new(),
                             &mut cx,
                         )
                         .unwrap();

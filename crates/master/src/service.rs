@@ -221,8 +221,35 @@ impl Master for MasterService {
             logloss: req.logloss,
             samples: req.samples,
         };
+        if req.task_auc.len() != req.task_logloss.len()
+            || req.task_auc.len() > elastrec_data::raw::MAX_EXTRA_TASKS as usize
+        {
+            return Err(MasterError::invalid(format!(
+                "evaluation: {} task AUCs and {} task log losses (at most {} tasks after the first, as many of each)",
+                req.task_auc.len(),
+                req.task_logloss.len(),
+                elastrec_data::raw::MAX_EXTRA_TASKS
+            ))
+            .into());
+        }
+        let tasks: Vec<EvalResult> = if req.task_auc.is_empty() {
+            Vec::new()
+        } else {
+            std::iter::once(eval)
+                .chain(
+                    req.task_auc
+                        .iter()
+                        .zip(&req.task_logloss)
+                        .map(|(&auc, &logloss)| EvalResult {
+                            auc,
+                            logloss,
+                            samples: req.samples,
+                        }),
+                )
+                .collect()
+        };
         self.0
-            .run(|job, cx| job.report_eval(req.node_id, eval, cx))
+            .run(|job, cx| job.report_eval(req.node_id, eval, tasks, cx))
             .await??;
         Ok(Response::new(ReportEvalResponse {}))
     }

@@ -7,6 +7,7 @@ use rayon::prelude::*;
 
 use crate::layers::{sigmoid, Activation, Dropout, Linear, Mlp};
 use crate::loss::bce_sum_with_logits;
+use crate::mmoe::{Mmoe, MmoeActs, MmoeConfig, MAX_TASKS};
 
 /// Configuration of the dense DLRM.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -66,6 +67,12 @@ pub struct DlrmConfig {
     /// parameter.
     #[serde(default, skip_serializing_if = "is_false")]
     pub layer_norm: bool,
+    /// Multi-task MMoE head ([`crate::mmoe`]) between the interaction (or cross layers)
+    /// and the towers: experts, a gate per task, and a tower per task with the top MLP's
+    /// sizes (task 0's is the top MLP). `None`: one task, the top MLP reads the
+    /// interaction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmoe: Option<MmoeConfig>,
 }
 
 fn is_zero_f32(v: &f32) -> bool {
@@ -117,6 +124,7 @@ impl DlrmConfig {
             dropout: 0.0,
             first_order: false,
             layer_norm: false,
+            mmoe: None,
         }
     }
 
@@ -159,6 +167,26 @@ impl DlrmConfig {
         let extras = self.cross_layers > 0 || self.fm || self.first_order || self.layer_norm;
         if extras && !self.adapt.is_empty() {
             return Err(ModelError::CrossWithAdapt);
+        }
+        if let Some(h) = &self.mmoe {
+            if !(1..=MAX_TASKS).contains(&h.tasks) {
+                return Err(ModelError::BadMmoe {
+                    why: format!("tasks must be 1 to {MAX_TASKS}, got {}", h.tasks),
+                });
+            }
+            if h.experts == 0 || h.expert.is_empty() || h.expert.contains(&0) {
+                return Err(ModelError::BadMmoe {
+                    why: "it needs at least one expert of at least one layer, each at least 1 wide"
+                        .into(),
+                });
+            }
+            if !self.adapt.is_empty() || self.fm || self.first_order || self.layer_norm {
+                return Err(ModelError::BadMmoe {
+                    why: "an MMoE does not combine with an MTRM adapt tower, the FM term, the \
+                          first-order term or layer norm (they would reach task 0 only)"
+                        .into(),
+                });
+            }
         }
         if self.num_tables == 0 {
             return Err(ModelError::ZeroEmbedding { what: "num_tables" });
@@ -213,6 +241,11 @@ impl DlrmConfig {
     pub fn row_width(&self) -> usize {
         self.embedding_dim + usize::from(self.first_order)
     }
+
+    /// Tasks (labels) the model predicts: 1 unless it has an MMoE head.
+    pub fn tasks(&self) -> usize {
+        self.mmoe.as_ref().map_or(1, |h| h.tasks)
+    }
 }
 
 /// Analytic FLOP count per sample (multiply-add = 2 FLOPs).
@@ -252,6 +285,8 @@ pub struct DenseDlrm {
     /// The first-order term's linear layer over the dense features (its parameters come
     /// after the cross layers'); `None` without [`DlrmConfig::first_order`].
     wide: Option<Linear>,
+    /// The multi-task head (its parameters come last); `None` for one task.
+    mmoe: Option<Mmoe>,
     interaction: Interaction,
     params: Vec<f32>,
 }
@@ -269,7 +304,10 @@ impl DenseDlrm {
             dim: config.embedding_dim,
         };
         let mut top_sizes = Vec::with_capacity(config.top.len() + 1);
-        top_sizes.push(interaction.out_dim());
+        // With an MMoE head the top MLP (task 0's tower) reads a mixture of experts.
+        top_sizes.push(config.mmoe.as_ref().map_or(interaction.out_dim(), |h| {
+            *h.expert.last().expect("validated")
+        }));
         top_sizes.extend_from_slice(&config.top);
         let top = Mlp::new(
             &top_sizes,
@@ -302,7 +340,12 @@ impl DenseDlrm {
         } else {
             (bottom, top)
         };
-        let mut params = vec![0.0; after_wide + bottom.norm_params() + top.norm_params()];
+        let after_norms = after_wide + bottom.norm_params() + top.norm_params();
+        let mmoe = config
+            .mmoe
+            .as_ref()
+            .map(|h| Mmoe::new(h, interaction.out_dim(), &config.top, after_norms));
+        let mut params = vec![0.0; after_norms + mmoe.as_ref().map_or(0, Mmoe::num_params)];
         let layers = bottom
             .layers
             .iter()
@@ -316,6 +359,16 @@ impl DenseDlrm {
         for norm in bottom.norms.iter().chain(&top.norms) {
             norm.init(&mut params);
         }
+        // Streams after every other layer's, so adding the head changes no other layer's
+        // initial values.
+        let others = bottom.layers.len()
+            + top.layers.len()
+            + adapt.as_ref().map_or(0, |a| a.layers.len())
+            + cross.layers.len()
+            + usize::from(wide.is_some());
+        for (i, l) in mmoe.iter().flat_map(Mmoe::layers).enumerate() {
+            l.init(&mut params, config.seed, (others + i) as u64);
+        }
         Ok(Self {
             config,
             bottom,
@@ -323,9 +376,20 @@ impl DenseDlrm {
             adapt,
             cross,
             wide,
+            mmoe,
             interaction,
             params,
         })
+    }
+
+    /// The multi-task MMoE head, if the model has one.
+    pub fn mmoe(&self) -> Option<&Mmoe> {
+        self.mmoe.as_ref()
+    }
+
+    /// Tasks (labels) the model predicts: 1 unless it has an MMoE head.
+    pub fn tasks(&self) -> usize {
+        self.config.tasks()
     }
 
     /// MTRM's adapt tower, if this is one.
@@ -405,8 +469,10 @@ impl DenseDlrm {
 
     /// Analytic FLOPs per sample of one `forward_backward`.
     pub fn flops_per_sample(&self) -> FlopCount {
-        let fwd =
-            self.bottom.forward_flops() + self.top.forward_flops() + self.cross.forward_flops();
+        let fwd = self.bottom.forward_flops()
+            + self.top.forward_flops()
+            + self.cross.forward_flops()
+            + self.mmoe.as_ref().map_or(0, Mmoe::forward_flops);
         // An MTRM's history step runs only the memory tower; the figure is its cost.
         let first = self.bottom.layers[0].forward_flops();
         FlopCount {
@@ -433,6 +499,8 @@ impl DenseDlrm {
             b.bottom_acts.len() != self.bottom.layers.len()
                 || b.top_acts.len() != self.top.layers.len()
                 || b.adapt_acts.len() != self.adapt.as_ref().map_or(0, |a| a.layers.len())
+                || b.mmoe.as_ref().map_or(0, |a| a.gates.len())
+                    != self.mmoe.as_ref().map_or(0, Mmoe::tasks)
         });
         if ws.num_params != self.params.len() || shape_differs {
             return Err(ModelError::WorkspaceMismatch);
@@ -475,6 +543,7 @@ impl DenseDlrm {
         ws.tower = inputs.tower;
         let n = inputs.n;
         let (nd, te) = (self.config.num_dense(), self.emb_width());
+        let extra = self.tasks() - 1;
         let used = n.div_ceil(BLOCK_ROWS);
         // `te > 0` (validated), so there is one `d_emb` chunk per used block.
         ws.blocks[..used]
@@ -489,6 +558,10 @@ impl DenseDlrm {
                     dense_x: &inputs.dense_x[r0 * nd..r1 * nd],
                     emb: &inputs.emb[r0 * te..r1 * te],
                     labels: inputs.labels.get(r0..r1).unwrap_or(&[]),
+                    task_labels: inputs
+                        .task_labels
+                        .get(r0 * extra..r1 * extra)
+                        .unwrap_or(&[]),
                     grad_scale: inputs.grad_scale,
                     tower: inputs.tower,
                     dropout: inputs.dropout.map(|d| Dropout {
@@ -518,6 +591,7 @@ impl DenseDlrm {
             dense_x,
             emb,
             labels: &[],
+            task_labels: &[],
             grad_scale: 0.0,
             tower,
             dropout: None,
@@ -576,6 +650,32 @@ impl DenseDlrm {
         Ok(())
     }
 
+    /// Forward pass writing every task's probabilities, row-major `[n, T]`, into `probs`
+    /// (for one task the same as [`DenseDlrm::predict`]).
+    pub fn predict_tasks(
+        &self,
+        dense_x: &[f32],
+        emb: &[f32],
+        ws: &mut Workspace,
+        probs: &mut [f32],
+    ) -> Result<()> {
+        let tasks = self.tasks();
+        let n = self.forward(dense_x, emb, ws)?.len();
+        if probs.len() != n * tasks {
+            return Err(ModelError::Shape {
+                what: "probs",
+                expected: n * tasks,
+                got: probs.len(),
+            });
+        }
+        for t in 0..tasks {
+            for (row, &l) in probs.chunks_exact_mut(tasks).zip(ws.task_logits(t)) {
+                row[t] = sigmoid(l);
+            }
+        }
+        Ok(())
+    }
+
     /// Forward + backward of the mean BCE loss. Returns the loss; afterwards
     /// [`Workspace::grads`] holds the dense gradient (flat, same layout as the params,
     /// overwritten, not accumulated), [`Workspace::d_emb`] the gradient w.r.t. `emb`
@@ -587,7 +687,21 @@ impl DenseDlrm {
         labels: &[f32],
         ws: &mut Workspace,
     ) -> Result<f32> {
-        self.forward_backward_tower(dense_x, emb, labels, Tower::Memory, ws)
+        self.forward_backward_tasks(dense_x, emb, labels, &[], ws)
+    }
+
+    /// [`DenseDlrm::forward_backward`] of a multi-task model: `labels [n]` are task 0's,
+    /// `task_labels [n, T - 1]` (row-major) the other tasks'; empty for one task. The
+    /// loss (returned, and differentiated) is the sum of the tasks' mean BCE.
+    pub fn forward_backward_tasks(
+        &self,
+        dense_x: &[f32],
+        emb: &[f32],
+        labels: &[f32],
+        task_labels: &[f32],
+        ws: &mut Workspace,
+    ) -> Result<f32> {
+        self.step(dense_x, emb, labels, task_labels, Tower::Memory, ws)
     }
 
     /// [`DenseDlrm::forward_backward`] of one tower: `Tower::Memory` trains the top MLP,
@@ -602,6 +716,18 @@ impl DenseDlrm {
         tower: Tower,
         ws: &mut Workspace,
     ) -> Result<f32> {
+        self.step(dense_x, emb, labels, &[], tower, ws)
+    }
+
+    fn step(
+        &self,
+        dense_x: &[f32],
+        emb: &[f32],
+        labels: &[f32],
+        task_labels: &[f32],
+        tower: Tower,
+        ws: &mut Workspace,
+    ) -> Result<f32> {
         if tower == Tower::Adapt && self.adapt.is_none() {
             return Err(ModelError::NoAdaptTower);
         }
@@ -611,6 +737,13 @@ impl DenseDlrm {
                 what: "labels",
                 expected: n,
                 got: labels.len(),
+            });
+        }
+        if task_labels.len() != n * (self.tasks() - 1) {
+            return Err(ModelError::Shape {
+                what: "task_labels (the labels of tasks 1.. of a multi-task model)",
+                expected: n * (self.tasks() - 1),
+                got: task_labels.len(),
             });
         }
         // Every training step draws new dropout masks (a function of the workspace's
@@ -626,6 +759,7 @@ impl DenseDlrm {
             dense_x,
             emb,
             labels,
+            task_labels,
             grad_scale: 1.0 / n.max(1) as f32,
             tower,
             dropout,
@@ -660,6 +794,8 @@ struct BlockInputs<'a> {
     dense_x: &'a [f32],
     emb: &'a [f32],
     labels: &'a [f32],
+    /// The labels of tasks `1..T`, `[n, T - 1]` (empty for one task).
+    task_labels: &'a [f32],
     /// Factor of `dlogits` (`1 / batch`, so the blocks' gradients add up to the mean's).
     grad_scale: f32,
     /// The tower whose logit is computed (and trained).
@@ -693,6 +829,8 @@ struct Block {
     adapt_in: Vec<f32>,
     adapt_acts: Vec<Vec<f32>>,
     d_adapt_in: Vec<f32>,
+    /// The MMoE head's buffers (`None` for one task).
+    mmoe: Option<MmoeActs>,
     dlogits: Vec<f32>,
     d_inter: Vec<f32>,
     d_bottom: Vec<f32>,
@@ -716,7 +854,8 @@ impl Block {
             .bottom
             .max_width()
             .max(model.top.max_width())
-            .max(adapt_w);
+            .max(adapt_w)
+            .max(model.mmoe.as_ref().map_or(0, Mmoe::max_width));
         let adapt_in = model.adapt.as_ref().map_or(0, |a| rows * a.in_dim());
         let standardizes = !model.config.dense_scale.is_empty();
         Self {
@@ -746,6 +885,7 @@ impl Block {
             adapt_in: vec![0.0; adapt_in],
             adapt_acts: model.adapt.as_ref().map_or_else(Vec::new, acts),
             d_adapt_in: vec![0.0; adapt_in],
+            mmoe: model.mmoe.as_ref().map(|h| h.acts(rows)),
             dlogits: vec![0.0; rows],
             d_inter: vec![0.0; rows * model.interaction.out_dim()],
             d_bottom: vec![0.0; rows * model.bottom.out_dim()],
@@ -798,8 +938,22 @@ impl Block {
         let z = self.bottom_acts.last().expect("nonempty");
         m.interaction.forward(z, emb, x.n, &mut self.inter);
         m.cross.forward(p, &self.inter, x.n, &mut self.cross);
-        let top_in = m.cross.output(&self.cross, &self.inter);
+        let mut top_in = m.cross.output(&self.cross, &self.inter);
         let dropout = x.dropout.filter(|_| x.tower == Tower::Memory);
+        if let (Some(head), Some(a)) = (&m.mmoe, &mut self.mmoe) {
+            head.forward(p, top_in, x.n, a);
+            for (t, tower) in head.towers.iter().enumerate() {
+                tower.forward_full(
+                    p,
+                    &a.mixes[t + 1],
+                    x.n,
+                    &mut a.towers[t],
+                    &mut [],
+                    task_dropout(dropout, t + 1),
+                );
+            }
+            top_in = &a.mixes[0];
+        }
         m.top.forward_full(
             p,
             top_in,
@@ -877,23 +1031,81 @@ impl Block {
             }
             _ => {
                 let crossed = !m.cross.layers.is_empty();
-                m.top.backward_full(
-                    p,
-                    &mut self.grads,
-                    m.cross.output(&self.cross, &self.inter),
-                    &self.top_acts,
-                    &self.top_norm,
-                    &mut self.dlogits,
-                    &mut self.ga,
-                    &mut self.gb,
-                    Some(if crossed {
-                        &mut self.d_cross
-                    } else {
-                        &mut self.d_inter
-                    }),
-                    n,
-                    x.dropout,
-                );
+                let d_top_in = if crossed {
+                    &mut self.d_cross
+                } else {
+                    &mut self.d_inter
+                };
+                let top_in = m.cross.output(&self.cross, &self.inter);
+                match (&m.mmoe, &mut self.mmoe) {
+                    (Some(head), Some(a)) => {
+                        m.top.backward_full(
+                            p,
+                            &mut self.grads,
+                            &a.mixes[0],
+                            &self.top_acts,
+                            &self.top_norm,
+                            &mut self.dlogits,
+                            &mut self.ga,
+                            &mut self.gb,
+                            Some(&mut a.d_mixes[0]),
+                            n,
+                            x.dropout,
+                        );
+                        let extra = head.tasks() - 1;
+                        for (t, tower) in head.towers.iter().enumerate() {
+                            for (l, row) in a.labels[..n]
+                                .iter_mut()
+                                .zip(x.task_labels.chunks_exact(extra))
+                            {
+                                *l = row[t];
+                            }
+                            let logits = a.towers[t].last().expect("nonempty");
+                            self.loss_sum += bce_sum_with_logits(
+                                &logits[..n],
+                                &a.labels[..n],
+                                x.grad_scale,
+                                &mut a.dlogits[..n],
+                            );
+                            tower.backward_full(
+                                p,
+                                &mut self.grads,
+                                &a.mixes[t + 1],
+                                &a.towers[t],
+                                &[],
+                                &mut a.dlogits,
+                                &mut self.ga,
+                                &mut self.gb,
+                                Some(&mut a.d_mixes[t + 1]),
+                                n,
+                                task_dropout(x.dropout, t + 1),
+                            );
+                        }
+                        head.backward(
+                            p,
+                            &mut self.grads,
+                            top_in,
+                            a,
+                            d_top_in,
+                            &mut self.ga,
+                            &mut self.gb,
+                            n,
+                        );
+                    }
+                    _ => m.top.backward_full(
+                        p,
+                        &mut self.grads,
+                        top_in,
+                        &self.top_acts,
+                        &self.top_norm,
+                        &mut self.dlogits,
+                        &mut self.ga,
+                        &mut self.gb,
+                        Some(d_top_in),
+                        n,
+                        x.dropout,
+                    ),
+                }
                 if crossed {
                     m.cross.backward(
                         p,
@@ -975,6 +1187,15 @@ impl Block {
     }
 }
 
+/// The dropout of task `t`'s tower: its own masks (a seed per task), so the towers do
+/// not drop the same units.
+fn task_dropout(dropout: Option<Dropout>, task: usize) -> Option<Dropout> {
+    dropout.map(|d| Dropout {
+        seed: elastrec_common::splitmix::derive(d.seed, task as u64),
+        ..d
+    })
+}
+
 /// A first-order buffer of `rows` samples' embeddings without weights (`[rows, T, d]`);
 /// empty for a model without the term.
 fn first_order_buf(model: &DenseDlrm, rows: usize) -> Vec<f32> {
@@ -1007,6 +1228,9 @@ pub struct Workspace {
     num_params: usize,
     blocks: Vec<Block>,
     logits: Vec<f32>,
+    /// The logits of tasks `1..T` of a multi-task model, task after task (`capacity`
+    /// each).
+    task_logits: Vec<f32>,
     d_emb: Vec<f32>,
     grads: Vec<f32>,
     /// Training steps taken with this workspace, and the stream that, with the count,
@@ -1028,6 +1252,7 @@ impl Workspace {
             num_params: model.num_params(),
             blocks,
             logits: vec![0.0; capacity],
+            task_logits: vec![0.0; capacity * (model.tasks() - 1)],
             d_emb: vec![0.0; capacity * model.emb_width()],
             grads: vec![0.0; model.num_params()],
             steps: 0,
@@ -1049,6 +1274,14 @@ impl Workspace {
         for (i, chunk) in self.logits[..n].chunks_mut(BLOCK_ROWS).enumerate() {
             let last = self.blocks[i].logits(self.tower);
             chunk.copy_from_slice(&last[..chunk.len()]);
+        }
+        let cap = self.capacity;
+        for (t, out) in self.task_logits.chunks_exact_mut(cap.max(1)).enumerate() {
+            for (i, chunk) in out[..n].chunks_mut(BLOCK_ROWS).enumerate() {
+                let a = self.blocks[i].mmoe.as_ref().expect("a multi-task model");
+                let last = a.towers[t].last().expect("nonempty");
+                chunk.copy_from_slice(&last[..chunk.len()]);
+            }
         }
     }
 
@@ -1102,9 +1335,21 @@ impl Workspace {
         self.n
     }
 
-    /// Logits of the last forward (`[n]`).
+    /// Logits of the last forward (`[n]`; task 0's for a multi-task model).
     pub fn logits(&self) -> &[f32] {
         &self.logits[..self.n]
+    }
+
+    /// Task `task`'s logits of the last forward (`[n]`); task 0's are [`Workspace::logits`].
+    ///
+    /// # Panics
+    /// If the model has no such task.
+    pub fn task_logits(&self, task: usize) -> &[f32] {
+        if task == 0 {
+            return self.logits();
+        }
+        let start = (task - 1) * self.capacity;
+        &self.task_logits[start..start + self.n]
     }
 
     /// Flat dense gradient of the last `forward_backward` (params layout).
@@ -1143,5 +1388,23 @@ impl Workspace {
     /// Interaction output of the last forward (`[n, width]`, copied).
     pub fn interaction_output(&self) -> Vec<f32> {
         self.concat(|b| &b.inter)
+    }
+
+    /// Output of layer `layer` of MMoE expert `expert` for the last forward (`[n, width]`,
+    /// copied).
+    pub fn expert_activation(&self, expert: usize, layer: usize) -> Vec<f32> {
+        self.concat(|b| &b.mmoe.as_ref().expect("an MMoE").experts[expert][layer])
+    }
+
+    /// Output of layer `layer` of task `task`'s tower (`task ≥ 1`; task 0's is the top
+    /// MLP) for the last forward (`[n, width]`, copied).
+    pub fn task_tower_activation(&self, task: usize, layer: usize) -> Vec<f32> {
+        self.concat(|b| &b.mmoe.as_ref().expect("an MMoE").towers[task - 1][layer])
+    }
+
+    /// Task `task`'s gate weights over the experts for the last forward (`[n, K]`,
+    /// copied).
+    pub fn gate_weights(&self, task: usize) -> Vec<f32> {
+        self.concat(|b| &b.mmoe.as_ref().expect("an MMoE").gates[task])
     }
 }

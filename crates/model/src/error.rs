@@ -87,6 +87,12 @@ pub enum ModelError {
     /// An adapt-tower step on a model without one (not an MTRM).
     #[error("the model has no adapt tower (model.adapt_mlp is empty): it is not an MTRM")]
     NoAdaptTower,
+    /// A multi-task MMoE head that cannot be built.
+    #[error("invalid MMoE head: {why}")]
+    BadMmoe {
+        /// What is wrong.
+        why: String,
+    },
 }
 
 /// Result alias for this crate.

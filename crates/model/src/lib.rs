@@ -11,6 +11,7 @@
 //!   holds every activation and temporary for a maximum batch size, so steps never
 //!   allocate. `forward_backward` also yields `d_emb` for the sparse update;
 //! * [`optim`]: dense SGD / Adagrad / Adam over flat slices;
+//! * [`mmoe`]: the multi-task head (experts, a gate per task, a tower per task);
 //! * [`metrics`]: exact AUC, logloss, a streaming accumulator.
 //!
 //! A step runs the batch in row blocks of [`dlrm::BLOCK_ROWS`], one rayon task each: a
@@ -45,6 +46,7 @@ pub mod interaction;
 pub mod layers;
 pub mod loss;
 pub mod metrics;
+pub mod mmoe;
 pub mod norm;
 pub mod optim;
 pub mod schedule;
@@ -56,5 +58,6 @@ pub use interaction::{Interaction, InteractionKind};
 pub use layers::{sigmoid, Activation, Linear, Mlp};
 pub use loss::{bce_with_logits, bce_with_logits_loss};
 pub use metrics::{auc, logloss, EvalAccumulator};
+pub use mmoe::{Mmoe, MmoeConfig, MAX_TASKS};
 pub use optim::{Adagrad, Adam, DenseOptimizer, DenseOptimizerConfig, Sgd};
 pub use schedule::{Decay, LrSchedule};

@@ -504,6 +504,9 @@ impl Plan {
         out.sparse_width = self.sparse_width();
         out.labels.clear();
         out.labels.extend_from_slice(&input.labels);
+        out.tasks = input.tasks;
+        out.task_labels.clear();
+        out.task_labels.extend_from_slice(&input.task_labels);
         out.dense.resize(n * out.dense_width, 0.0);
         out.sparse.resize(n * out.sparse_width, 0);
     }

@@ -26,13 +26,21 @@ impl Predictor for Grpc {
             self.served.refused();
             Status::invalid_argument(e)
         })?;
-        let (probabilities, checkpoint) = self.served.predict(&rows).map_err(|e| match e {
+        let (probs, tasks, checkpoint) = self.served.predict_tasks(&rows).map_err(|e| match e {
             PredictError::NoModel => Status::unavailable(e.to_string()),
             PredictError::Failed(_) => Status::internal(e.to_string()),
         })?;
+        let (probabilities, task_probabilities, tasks) = if tasks == 1 {
+            (probs, Vec::new(), 0)
+        } else {
+            let first = probs.iter().copied().step_by(tasks).collect();
+            (first, probs, tasks as u32)
+        };
         Ok(Response::new(PredictResponse {
             probabilities,
             checkpoint: checkpoint.unwrap_or(0),
+            task_probabilities,
+            tasks,
         }))
     }
 

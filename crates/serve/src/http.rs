@@ -82,9 +82,15 @@ async fn predict(State(s): State<Http>, headers: HeaderMap, body: Bytes) -> Resp
             return error(StatusCode::BAD_REQUEST, e);
         }
     };
-    match s.served.predict(&rows) {
-        Ok((predictions, checkpoint)) => {
-            Json(json!({ "predictions": predictions, "checkpoint": checkpoint })).into_response()
+    match s.served.predict_tasks(&rows) {
+        Ok((probs, 1, checkpoint)) => {
+            Json(json!({ "predictions": probs, "checkpoint": checkpoint })).into_response()
+        }
+        Ok((probs, tasks, checkpoint)) => {
+            let first: Vec<f32> = probs.iter().copied().step_by(tasks).collect();
+            let per_row: Vec<&[f32]> = probs.chunks_exact(tasks).collect();
+            Json(json!({ "predictions": first, "tasks": per_row, "checkpoint": checkpoint }))
+                .into_response()
         }
         Err(e @ PredictError::NoModel) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),

@@ -178,9 +178,22 @@ impl Served {
         self.counters.refused.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Click probabilities of `rows` (at most [`Self::max_batch`]), and the checkpoint of
-    /// the model that computed them.
+    /// Click probabilities of `rows` (at most [`Self::max_batch`]; task 0's of a
+    /// multi-task model), and the checkpoint of the model that computed them.
     pub fn predict(&self, rows: &[RawRow]) -> Result<(Vec<f32>, Option<u64>), PredictError> {
+        let (probs, tasks, checkpoint) = self.predict_tasks(rows)?;
+        if tasks == 1 {
+            return Ok((probs, checkpoint));
+        }
+        Ok((probs.into_iter().step_by(tasks).collect(), checkpoint))
+    }
+
+    /// Every task's probabilities of `rows`, row-major (`tasks` per row, task 0 first),
+    /// the model's task count, and the checkpoint of the model that computed them.
+    pub fn predict_tasks(
+        &self,
+        rows: &[RawRow],
+    ) -> Result<(Vec<f32>, usize, Option<u64>), PredictError> {
         if rows.len() > self.max_batch {
             return Err(PredictError::Failed("too many rows".into()));
         }
@@ -206,15 +219,16 @@ impl Served {
         };
         let pooled = cur.predictors.lock().pop();
         let mut predictor = pooled.unwrap_or_else(|| Predictor::new(&cur.model, self.max_batch));
-        let mut probs = Vec::with_capacity(rows.len());
-        let result = predictor.predict(&cur.model, &batch, &mut probs);
+        let tasks = cur.model.dense.tasks();
+        let mut probs = Vec::with_capacity(rows.len() * tasks);
+        let result = predictor.predict_tasks(&cur.model, &batch, &mut probs);
         cur.predictors.lock().push(predictor);
         result.map_err(|e| PredictError::Failed(e.to_string()))?;
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
         self.counters
             .rows
             .fetch_add(rows.len() as u64, Ordering::Relaxed);
-        Ok((probs, cur.checkpoint))
+        Ok((probs, tasks, cur.checkpoint))
     }
 
     /// Applies a delta file's bytes; returns the checkpoint now served and the rows changed.
@@ -348,6 +362,34 @@ mod tests {
     fn served_from(bytes: &[u8]) -> Served {
         let loaded = model_file::model_from_bytes(bytes, Path::new("m")).unwrap();
         Served::new(Some((loaded, Path::new("m"))), 16).unwrap()
+    }
+
+    /// A multi-task model serves every task: `predict_tasks` gives each row's
+    /// probabilities task after task, as the trainer's predictor computes them, and
+    /// `predict` task 0's.
+    #[test]
+    fn a_multi_task_model_serves_every_task() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut job = JobConfig::default();
+        job.model.model_type = elastrec_job::config::ModelType::Mmoe;
+        let m = Dlrm::new(&job, vec![ROWS; NUM_SPARSE]).unwrap();
+        assert_eq!(m.dense.tasks(), 2);
+        let served = served_from(&exported(&m, &job, 3, dir.path()));
+        let rows = rows();
+        let (probs, tasks, checkpoint) = served.predict_tasks(&rows).unwrap();
+        assert_eq!((tasks, checkpoint), (2, Some(3)));
+        let mut b = Batch::with_capacity(rows.len());
+        rows.iter().for_each(|r| b.push_raw(r));
+        let mut want = Vec::new();
+        Predictor::new(&m, rows.len())
+            .predict_tasks(&m, &b, &mut want)
+            .unwrap();
+        assert_eq!(probs, want);
+        let first: Vec<f32> = want.iter().copied().step_by(2).collect();
+        assert_eq!(served.predict(&rows).unwrap().0, first);
+        assert_eq!(first, expected(&m, &rows));
+        // The tasks have towers of their own.
+        assert!(want.chunks(2).any(|p| p[0] != p[1]));
     }
 
     /// With dynamic tables a model holds the keys it stored, and a delta carries rows by

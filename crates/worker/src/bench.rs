@@ -114,6 +114,7 @@ pub fn ensure_bench_data(opts: &BenchOptions) -> Result<Vec<PathBuf>> {
             days: 2,
             scale: 1.0,
             drift: 0.0,
+            conversions: false,
         })?;
     }
     Ok(files)

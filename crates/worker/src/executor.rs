@@ -164,6 +164,8 @@ impl Executor {
             });
         }
         Ok(ReadResponse {
+            tasks: batch.tasks as u32,
+            task_labels: batch.task_labels,
             labels: batch.labels,
             dense: batch.dense,
             sparse: batch.sparse,
@@ -312,6 +314,12 @@ pub(crate) fn check_response(
     (dense_width, sparse_width): (usize, usize),
 ) -> anyhow::Result<()> {
     let n = r.labels.len();
+    let tasks = (r.tasks as usize).max(1);
+    anyhow::ensure!(
+        tasks <= elastrec_model::MAX_TASKS && r.task_labels.len() == n * (tasks - 1),
+        "the executor answered a malformed read ({n} samples, {} labels of {tasks} tasks after the first)",
+        r.task_labels.len()
+    );
     anyhow::ensure!(
         n <= max_rows as usize
             && r.dense.len() == n * dense_width
@@ -526,6 +534,8 @@ mod tests {
             rows_consumed: 3,
             rows_skipped: 1,
             prefetched: false,
+            tasks: 0,
+            task_labels: Vec::new(),
         };
         assert!(check_response(&ok, 2, 10, CRITEO).is_ok());
         assert!(
@@ -538,5 +548,25 @@ mod tests {
             ..ok.clone()
         };
         assert!(check_response(&short, 2, 10, CRITEO).is_err());
+        // A multi-task batch: one label per sample for each task after the first.
+        let two_tasks = ReadResponse {
+            tasks: 2,
+            task_labels: vec![0.0, 1.0],
+            ..ok.clone()
+        };
+        assert!(check_response(&two_tasks, 2, 10, CRITEO).is_ok());
+        for bad in [
+            ReadResponse {
+                task_labels: vec![1.0],
+                ..two_tasks.clone()
+            },
+            ReadResponse {
+                tasks: 9,
+                task_labels: vec![0.0; 16],
+                ..ok.clone()
+            },
+        ] {
+            assert!(check_response(&bad, 2, 10, CRITEO).is_err());
+        }
     }
 }

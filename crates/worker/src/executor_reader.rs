@@ -165,6 +165,9 @@ impl BatchReader for ExecutorReader {
                     // Stay with the one that answered.
                     self.first = (self.first + k) % addrs.len();
                     let n = r.labels.len();
+                    // `read_from` checked the sizes.
+                    batch.tasks = (r.tasks as usize).max(1);
+                    batch.task_labels.extend_from_slice(&r.task_labels);
                     batch.labels.extend_from_slice(&r.labels);
                     batch.dense.extend_from_slice(&r.dense);
                     batch.sparse.extend_from_slice(&r.sparse);

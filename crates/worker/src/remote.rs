@@ -8,7 +8,7 @@
 //! worker the master declared dead cannot train samples that were handed to another).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -602,6 +602,15 @@ impl RemoteModel {
     fn compute(&mut self, batch: &Batch, stream: bool) -> anyhow::Result<f32> {
         let n = batch.len();
         let emb = &self.emb[..n * self.dense.config().num_tables * self.dim];
+        if self.dense.tasks() > 1 {
+            return Ok(self.dense.forward_backward_tasks(
+                &batch.dense,
+                emb,
+                &batch.labels,
+                &batch.task_labels,
+                &mut self.ws,
+            )?);
+        }
         let tower = self.dense.tower_for(stream);
         Ok(self.dense.forward_backward_tower(
             &batch.dense,
@@ -766,23 +775,35 @@ impl RemoteModel {
         }
     }
 
-    /// Forward-only evaluation over in-memory batches.
-    async fn evaluate(&mut self, batches: &[Batch]) -> anyhow::Result<EvalAccumulator> {
+    /// Forward-only evaluation over in-memory batches: one accumulator per task, task 0
+    /// first.
+    async fn evaluate(&mut self, batches: &[Batch]) -> anyhow::Result<Vec<EvalAccumulator>> {
         self.need_dense = true;
-        let mut acc = EvalAccumulator::new();
-        let mut probs = Vec::new();
+        let tasks = self.dense.tasks();
+        let mut accs: Vec<EvalAccumulator> = (0..tasks).map(|_| EvalAccumulator::new()).collect();
+        let (mut probs, mut column, mut labels) = (Vec::new(), Vec::new(), Vec::new());
         for b in batches {
             self.follow_layout()?;
             let routing = self.route(b);
             self.pull(&routing).await?;
             let n = b.len();
-            probs.resize(n, 0.0);
+            probs.resize(n * tasks, 0.0);
             let emb = &self.emb[..n * self.dense.config().num_tables * self.dim];
             self.dense
-                .predict(&b.dense, emb, &mut self.ws, &mut probs)?;
-            acc.push(&probs, &b.labels);
+                .predict_tasks(&b.dense, emb, &mut self.ws, &mut probs)?;
+            for (t, acc) in accs.iter_mut().enumerate() {
+                column.clear();
+                column.extend(probs.iter().skip(t).step_by(tasks));
+                labels.clear();
+                if t == 0 {
+                    labels.extend_from_slice(&b.labels);
+                } else {
+                    labels.extend(b.task_labels.iter().skip(t - 1).step_by(tasks - 1));
+                }
+                acc.push(&column, &labels);
+            }
         }
-        Ok(acc)
+        Ok(accs)
     }
 }
 
@@ -929,16 +950,22 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                         eval_job,
                         &mut stats,
                     )?;
-                    let acc = model.evaluate(&batches).await?;
+                    let accs = model.evaluate(&batches).await?;
+                    let acc = &accs[0];
                     let req = ReportEvalRequest {
                         version: rpc::version(),
                         node_id: id,
                         auc: acc.auc().unwrap_or(f64::NAN),
                         logloss: acc.logloss(),
                         samples: acc.count() as u64,
+                        task_auc: accs[1..]
+                            .iter()
+                            .map(|a| a.auc().unwrap_or(f64::NAN))
+                            .collect(),
+                        task_logloss: accs[1..].iter().map(EvalAccumulator::logloss).collect(),
                     };
                     rpc::retry_transient(None, || {
-                        let mut m = master.clone();
+                        let (mut m, req) = (master.clone(), req.clone());
                         async move { m.report_eval(req).await }
                     })
                     .await
@@ -980,6 +1007,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             let rows = local_batch_size(&job, &shared);
             let t0 = Instant::now();
             let n = tokio::task::block_in_place(|| reader.next_batch(&mut batch, rows))?;
+            batch.check_tasks(job.model.tasks(), Path::new(&file))?;
             TimeSplit::add(&shared.profile.read_us, t0);
             let skipped = reader.stats().rows_skipped - skipped_before;
             skipped_before = reader.stats().rows_skipped;

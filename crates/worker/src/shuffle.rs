@@ -70,6 +70,17 @@ impl Shuffler {
 fn take_row(pool: &mut Batch, i: usize, out: &mut Batch) {
     let (d, s) = (pool.dense_width, pool.sparse_width);
     let last = pool.len() - 1;
+    let x = pool.tasks - 1;
+    if out.is_empty() {
+        out.tasks = pool.tasks;
+    }
+    out.task_labels
+        .extend_from_slice(&pool.task_labels[i * x..(i + 1) * x]);
+    if i != last {
+        pool.task_labels
+            .copy_within(last * x..(last + 1) * x, i * x);
+    }
+    pool.task_labels.truncate(last * x);
     out.labels.push(pool.labels[i]);
     out.dense.extend_from_slice(&pool.dense[i * d..(i + 1) * d]);
     out.sparse

@@ -70,6 +70,24 @@ impl Predictor {
             .predict(&batch.dense, emb, &mut self.ws, probs)?;
         Ok(())
     }
+
+    /// Writes every task's probabilities of `batch` into `probs`, row-major `[n, T]`
+    /// (resized); for a one-task model the same as [`Predictor::predict`].
+    pub fn predict_tasks(
+        &mut self,
+        model: &Dlrm,
+        batch: &Batch,
+        probs: &mut Vec<f32>,
+    ) -> Result<()> {
+        let n = batch.len();
+        let emb = &mut self.emb[..n * model.tables() * model.dim()];
+        model.embeddings.gather(&batch.sparse, emb)?;
+        probs.resize(n * model.dense.tasks(), 0.0);
+        model
+            .dense
+            .predict_tasks(&batch.dense, emb, &mut self.ws, probs)?;
+        Ok(())
+    }
 }
 
 /// Training state: the model, its dense optimizer and the step's buffers.
@@ -130,10 +148,13 @@ impl TrainStep {
         let n = batch.len();
         let emb = &mut self.emb[..n * self.model.tables() * self.model.dim()];
         self.model.embeddings.gather(&batch.sparse, emb)?;
-        let loss =
-            self.model
-                .dense
-                .forward_backward(&batch.dense, emb, &batch.labels, &mut self.ws)?;
+        let loss = self.model.dense.forward_backward_tasks(
+            &batch.dense,
+            emb,
+            &batch.labels,
+            &batch.task_labels,
+            &mut self.ws,
+        )?;
         self.dense_opt
             .step(self.model.dense.params_mut(), self.ws.grads());
         self.model

@@ -49,8 +49,11 @@ pub struct Summary {
     pub samples_per_s: f64,
     /// Mean training loss of the last epoch.
     pub train_loss: f64,
-    /// Last held-out evaluation.
+    /// Last held-out evaluation (task 0's of a multi-task model).
     pub eval: Option<EvalResult>,
+    /// A multi-task model's `eval` for every task, task 0 first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task_evals: Option<Vec<EvalResult>>,
     /// The generator's teacher AUC for this data, when a `report.json` is present: the
     /// ceiling a model can approach.
     pub teacher_auc: Option<f64>,
@@ -100,36 +103,81 @@ pub fn load_eval_set(
     for f in files {
         let reader = elastrec_data::open_reader(f, job.data.on_bad_row)?;
         let mut reader = elastrec_job::prepare::preprocessed(reader, plan.as_ref());
-        read_batches(reader.as_mut(), job.train.batch_size, &mut batches)?;
+        let tasks = job.model.tasks();
+        read_batches(
+            reader.as_mut(),
+            job.train.batch_size,
+            tasks,
+            f,
+            &mut batches,
+        )?;
         stats.merge(reader.stats());
     }
     Ok(batches)
 }
 
-/// Every batch of `rows` rows `reader` has left, appended to `out`.
-fn read_batches(reader: &mut dyn BatchReader, rows: usize, out: &mut Vec<Batch>) -> Result<()> {
+/// Every batch of `rows` rows `reader` (of `path`) has left, appended to `out`; rows
+/// must carry `tasks` labels each.
+fn read_batches(
+    reader: &mut dyn BatchReader,
+    rows: usize,
+    tasks: usize,
+    path: &Path,
+    out: &mut Vec<Batch>,
+) -> Result<()> {
     loop {
         let mut b = Batch::with_capacity(rows);
         if reader.next_batch(&mut b, rows)? == 0 {
             return Ok(());
         }
+        b.check_tasks(tasks, path)?;
         out.push(b);
     }
 }
 
-/// Exact AUC and log loss of `model` over `batches`.
+/// Exact AUC and log loss of `model` over `batches` (task 0's of a multi-task model).
 pub fn evaluate(model: &Dlrm, batches: &[Batch], predictor: &mut Predictor) -> Result<EvalResult> {
-    let mut acc = EvalAccumulator::new();
-    let mut probs = Vec::new();
+    Ok(evaluate_tasks(model, batches, predictor)?[0])
+}
+
+/// Exact AUC and log loss of every task of `model` over `batches`, task 0 first.
+pub fn evaluate_tasks(
+    model: &Dlrm,
+    batches: &[Batch],
+    predictor: &mut Predictor,
+) -> Result<Vec<EvalResult>> {
+    let tasks = model.dense.tasks();
+    let mut accs: Vec<EvalAccumulator> = (0..tasks).map(|_| EvalAccumulator::new()).collect();
+    let (mut probs, mut column, mut labels) = (Vec::new(), Vec::new(), Vec::new());
     for b in batches {
-        predictor.predict(model, b, &mut probs)?;
-        acc.push(&probs, &b.labels);
+        if b.tasks != tasks {
+            return Err(WorkerError::Model(elastrec_model::ModelError::Shape {
+                what: "labels per evaluation row (model.mmoe.tasks)",
+                expected: tasks,
+                got: b.tasks,
+            }));
+        }
+        predictor.predict_tasks(model, b, &mut probs)?;
+        for (t, acc) in accs.iter_mut().enumerate() {
+            column.clear();
+            column.extend(probs.iter().skip(t).step_by(tasks));
+            labels.clear();
+            if t == 0 {
+                labels.extend_from_slice(&b.labels);
+            } else {
+                labels.extend(b.task_labels.iter().skip(t - 1).step_by(tasks - 1));
+            }
+            acc.push(&column, &labels);
+        }
     }
-    Ok(EvalResult {
-        auc: acc.auc().unwrap_or(f64::NAN),
-        logloss: acc.logloss(),
-        samples: acc.count() as u64,
-    })
+    Ok(accs
+        .iter()
+        .map(|acc| EvalResult {
+            auc: acc.auc().unwrap_or(f64::NAN),
+            logloss: acc.logloss(),
+            samples: acc.count() as u64,
+        })
+        .collect())
 }
 
 /// A batch in flight between the reader thread and the trainer: with a `[[preprocess]]`
@@ -263,6 +311,7 @@ impl Prefetcher {
             empty.send(f).expect("receiver alive");
         }
         let policy = job.data.on_bad_row;
+        let tasks = job.model.tasks();
         // Validated when the job file was loaded.
         let plan = elastrec_job::prepare::feature_plan(job).unwrap_or(None);
         let state = Arc::new(PlacementState::default());
@@ -317,6 +366,13 @@ impl Prefetcher {
                             None => reader.next_batch(&mut b.batch, batch_size),
                             Some(_) => reader.next_raw(&mut b.raw, batch_size),
                         };
+                        let read = read.and_then(|n| {
+                            let (rows, got) = match &plan {
+                                None => (b.batch.len(), b.batch.tasks),
+                                Some(_) => (b.raw.len(), b.raw.tasks),
+                            };
+                            elastrec_data::check_tasks(rows, got, tasks, &path).map(|()| n)
+                        });
                         match read {
                             Ok(0) => {
                                 spare = Some(b);
@@ -439,6 +495,9 @@ struct Evaluations {
     save: Option<PathBuf>,
     best_eval: Option<EvalResult>,
     best_validation: Option<EvalResult>,
+    /// Every task's figures of the last evaluation, and of the best (multi-task models).
+    last_tasks: Vec<EvalResult>,
+    best_tasks: Vec<EvalResult>,
 }
 
 impl Evaluations {
@@ -452,8 +511,10 @@ impl Evaluations {
         event: &str,
         at: &Position,
     ) -> Result<(EvalResult, bool)> {
-        let r = evaluate(model, &self.eval_set, &mut self.predictor)?;
-        report_eval(pb, &mut self.metrics, event, at, &r, self.started)?;
+        let tasks = evaluate_tasks(model, &self.eval_set, &mut self.predictor)?;
+        report_eval(pb, &mut self.metrics, event, at, &tasks, self.started)?;
+        let r = tasks[0];
+        self.last_tasks = tasks;
         let stop = self.judge(model, job, &r, at, pb)?;
         Ok((r, stop))
     }
@@ -473,15 +534,16 @@ impl Evaluations {
         let validation = if self.validation.is_empty() {
             None
         } else {
-            let v = evaluate(model, &self.validation, &mut self.predictor)?;
+            let v = evaluate_tasks(model, &self.validation, &mut self.predictor)?;
             report_eval(pb, &mut self.metrics, "validation", at, &v, self.started)?;
-            Some(v)
+            Some(v[0])
         };
         let auc = validation.map_or(eval.auc, |v| v.auc);
         match self.selection.observe(auc, at.samples, at.epoch) {
             Verdict::Better => {
                 self.best_eval = Some(*eval);
                 self.best_validation = validation;
+                self.best_tasks = self.last_tasks.clone();
                 if let Some(p) = &self.save {
                     model_file::save(model, job, p)?;
                 }
@@ -522,7 +584,14 @@ fn load_slice(
             *end,
             job.data.on_bad_row,
         )?;
-        read_batches(reader.as_mut(), job.train.batch_size, &mut batches)?;
+        let tasks = job.model.tasks();
+        read_batches(
+            reader.as_mut(),
+            job.train.batch_size,
+            tasks,
+            f,
+            &mut batches,
+        )?;
         stats.merge(reader.stats());
     }
     Ok(batches)
@@ -689,23 +758,29 @@ fn report_eval(
     metrics: &mut MetricsLog,
     event: &str,
     at: &Position,
-    r: &EvalResult,
+    tasks: &[EvalResult],
     started: Instant,
 ) -> Result<()> {
-    say(
-        pb,
-        format!(
-            "epoch {} {event} at {} samples: AUC {:.4} logloss {:.4}",
-            at.epoch, at.samples, r.auc, r.logloss
-        ),
+    let r = tasks[0];
+    let mut line = format!(
+        "epoch {} {event} at {} samples: AUC {:.4} logloss {:.4}",
+        at.epoch, at.samples, r.auc, r.logloss
     );
-    metrics.write(serde_json::json!({
+    for (t, e) in tasks.iter().enumerate().skip(1) {
+        line += &format!("; task {t}: AUC {:.4} logloss {:.4}", e.auc, e.logloss);
+    }
+    say(pb, line);
+    let mut record = serde_json::json!({
         "event": event, "epoch": at.epoch, "samples": at.samples, "steps": at.steps,
         "train_loss": at.loss.0 / at.loss.1.max(1) as f64,
         "auc": r.auc, "logloss": r.logloss,
         "samples_per_s": at.samples as f64 / at.train_time.max(1e-9),
         "elapsed_s": started.elapsed().as_secs_f64(),
-    }))
+    });
+    if tasks.len() > 1 {
+        record["tasks"] = serde_json::to_value(tasks).expect("figures serialize");
+    }
+    metrics.write(record)
 }
 
 /// Trains the job in this process and returns its summary (also written to
@@ -766,6 +841,8 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
             .then(|| job.output.dir.join("model.bin")),
         best_eval: None,
         best_validation: None,
+        last_tasks: Vec::new(),
+        best_tasks: Vec::new(),
     };
     let mut early_stopped = false;
     let mut budget = train_rows * job.train.epochs as u64;
@@ -872,11 +949,8 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
     }
     pb.finish_and_clear();
     if last_eval.is_none_or(|e| e.samples == 0) && !evals.eval_set.is_empty() {
-        last_eval = Some(evaluate(
-            &step.model,
-            &evals.eval_set,
-            &mut evals.predictor,
-        )?);
+        evals.last_tasks = evaluate_tasks(&step.model, &evals.eval_set, &mut evals.predictor)?;
+        last_eval = Some(evals.last_tasks[0]);
     }
 
     let best = evals.active.then(|| evals.selection.best()).flatten();
@@ -893,7 +967,12 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
     if best.is_some() {
         // The summary describes the model that is kept.
         last_eval = evals.best_eval.or(last_eval);
+        if evals.best_eval.is_some() {
+            evals.last_tasks = std::mem::take(&mut evals.best_tasks);
+        }
     }
+    let task_evals = (step.model.dense.tasks() > 1 && !evals.last_tasks.is_empty())
+        .then(|| evals.last_tasks.clone());
     read_stats.merge(&eval_stats);
     let summary = Summary {
         samples,
@@ -902,6 +981,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
         samples_per_s: samples as f64 / train_time.max(1e-9),
         train_loss: epoch_loss.0 / epoch_loss.1.max(1) as f64,
         eval: last_eval,
+        task_evals,
         teacher_auc: elastrec_data::gen::read_report(&job.data.dir)
             .ok()
             .map(|r| r.teacher_auc),

@@ -116,7 +116,23 @@ pub struct GenSpec {
     /// shares nothing with day 0). See `gen/drift.rs`.
     #[serde(default)]
     pub drift: f64,
+    /// A second label per row, a conversion after the click (`11` clicked and converted,
+    /// `10` clicked only, `00`): the data of a two-task model (`model.type = "mmoe"`).
+    /// A conversion's probability given a click mixes the click teacher's signal with a
+    /// teacher of its own ([`CONVERSION_CORRELATION`]), calibrated to
+    /// [`TARGET_CVR`] of the clicks; the second label is click × conversion (a
+    /// post-view conversion, the CTCVR task).
+    #[serde(default)]
+    pub conversions: bool,
 }
+
+/// Correlation of the conversion logit with the click logit's signal.
+pub const CONVERSION_CORRELATION: f64 = 0.5;
+/// Mean conversion probability of a click.
+pub const TARGET_CVR: f64 = 0.25;
+/// Mixed into the seed for the conversion teacher and the conversion draws (streams of
+/// their own, so the rows and clicks match the same seed's data without conversions).
+const CONVERSION_STREAM: u64 = 0xC04E_2510;
 
 fn default_days() -> u32 {
     1
@@ -136,6 +152,7 @@ impl GenSpec {
             days: 1,
             scale: 1.0,
             drift: 0.0,
+            conversions: false,
         }
     }
 
@@ -213,6 +230,9 @@ pub struct GenReport {
     pub teacher_logloss: f64,
     /// Teacher bias found by calibration.
     pub teacher_bias: f64,
+    /// With `conversions`: the second label's rate and the teacher's figures on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversion: Option<TaskReport>,
     /// Per-feature cardinality (number of possible ids) of `C1..C26`.
     pub cardinalities: Vec<u64>,
     /// Wall time of the whole run, seconds.
@@ -221,6 +241,17 @@ pub struct GenReport {
     pub rows_per_sec: f64,
     /// Rayon threads used.
     pub threads: usize,
+}
+
+/// The generator's figures on one label beyond the click.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TaskReport {
+    /// Fraction of rows with this label 1.
+    pub rate: f64,
+    /// Exact AUC of the teacher's probability of this label against it.
+    pub teacher_auc: f64,
+    /// The teacher's log loss on it.
+    pub teacher_logloss: f64,
 }
 
 /// Generates the data set described by `spec` (no progress reporting).
@@ -246,6 +277,45 @@ struct ChunkOut {
     clicks: u64,
     auc_probs: Vec<f32>,
     auc_labels: Vec<u8>,
+    conversions: u64,
+    conv_probs: Vec<f32>,
+    conv_labels: Vec<u8>,
+}
+
+/// The conversion model: a teacher of its own, mixed with the click teacher's signal.
+struct Conversion {
+    teacher: Teacher,
+    bias: f64,
+}
+
+impl Conversion {
+    fn new(click: &Teacher, features: &Features, seed: u64) -> Self {
+        let mut teacher = Teacher::new(seed ^ CONVERSION_STREAM);
+        teacher.calibrate(
+            features,
+            seed ^ CONVERSION_STREAM,
+            CALIBRATION_ROWS,
+            TARGET_LOGIT_STD,
+            TARGET_CVR,
+        );
+        let mut c = Self { teacher, bias: 0.0 };
+        let signals: Vec<f64> = model::calibration_rows(features, seed, CALIBRATION_ROWS)
+            .iter()
+            .map(|(r, k)| c.signal(click, r, k))
+            .collect();
+        c.bias = model::bias_for_ctr(&signals, TARGET_CVR);
+        c
+    }
+
+    fn signal(&self, click: &Teacher, row: &RawRow, ranks: &[u32; NUM_SPARSE]) -> f64 {
+        let rho = CONVERSION_CORRELATION;
+        rho * click.signal(row, ranks) + (1.0 - rho * rho).sqrt() * self.teacher.signal(row, ranks)
+    }
+
+    /// Probability that a click converts.
+    fn probability(&self, click: &Teacher, row: &RawRow, ranks: &[u32; NUM_SPARSE]) -> f64 {
+        sigmoid(self.bias + self.signal(click, row, ranks))
+    }
 }
 
 struct World {
@@ -253,6 +323,7 @@ struct World {
     teacher: Teacher,
     /// Per-day click models when the behaviour drifts.
     drift: Option<drift::Drift>,
+    conversion: Option<Conversion>,
     seed: u64,
     format: OutputFormat,
     auc_stride: u64,
@@ -273,6 +344,12 @@ impl World {
         let keep = job.rows.div_ceil(self.auc_stride as usize);
         let mut auc_probs = Vec::with_capacity(keep);
         let mut auc_labels = Vec::with_capacity(keep);
+        // Conversions draw from a generator of their own, so the rows and clicks are
+        // those of the same seed without them.
+        let mut conv_rng = Rng::new(splitmix64(
+            self.seed ^ CONVERSION_STREAM ^ splitmix64(((job.day as u64) << 40) ^ job.index),
+        ));
+        let (mut conversions, mut conv_probs, mut conv_labels) = (0, Vec::new(), Vec::new());
         for i in 0..job.rows {
             self.features.sample(&mut rng, &mut row, &mut ranks);
             let logit = match &self.drift {
@@ -286,6 +363,17 @@ impl World {
                 auc_probs.push(p as f32);
                 auc_labels.push(row.label);
             }
+            if let Some(c) = &self.conversion {
+                let q = c.probability(&self.teacher, &row, &ranks);
+                let converted = conv_rng.f64() < q;
+                row.extra_tasks = 1;
+                row.extra_labels = u8::from(converted) & row.label;
+                conversions += u64::from(row.extra_labels);
+                if i as u64 % self.auc_stride == 0 {
+                    conv_probs.push((p * q) as f32);
+                    conv_labels.push(row.extra_labels);
+                }
+            }
             match &mut payload {
                 Payload::Tsv(buf) => crate::tsv::write_row(&row, buf),
                 Payload::Parquet(raw) => raw.push(&row),
@@ -298,6 +386,9 @@ impl World {
             clicks,
             auc_probs,
             auc_labels,
+            conversions,
+            conv_probs,
+            conv_labels,
         }
     }
 }
@@ -398,10 +489,14 @@ pub fn generate_with_progress(spec: &GenSpec, progress: &dyn Fn(u64)) -> Result<
             (CALIBRATION_ROWS, TARGET_LOGIT_STD, TARGET_CTR),
         )
     });
+    let conversion = spec
+        .conversions
+        .then(|| Conversion::new(&teacher, &features, spec.seed));
     let world = World {
         features,
         teacher,
         drift,
+        conversion,
         seed: spec.seed,
         format: spec.format,
         auc_stride: spec.rows.div_ceil(AUC_MAX_ROWS).max(1),
@@ -424,6 +519,7 @@ pub fn generate_with_progress(spec: &GenSpec, progress: &dyn Fn(u64)) -> Result<
     let mut clicks = 0u64;
     let mut probs = Vec::new();
     let mut labels = Vec::new();
+    let (mut conversions, mut conv_probs, mut conv_labels) = (0u64, Vec::new(), Vec::new());
     let mut done = 0u64;
     std::thread::scope(|scope| -> Result<()> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<ChunkOut>>(1);
@@ -436,6 +532,9 @@ pub fn generate_with_progress(spec: &GenSpec, progress: &dyn Fn(u64)) -> Result<
                 done += o.rows as u64;
                 probs.append(&mut o.auc_probs);
                 labels.append(&mut o.auc_labels);
+                conversions += o.conversions;
+                conv_probs.append(&mut o.conv_probs);
+                conv_labels.append(&mut o.conv_labels);
             }
             if tx.send(outs).is_err() {
                 send_failed = true; // the writer stopped on an error; join reports it
@@ -450,24 +549,22 @@ pub fn generate_with_progress(spec: &GenSpec, progress: &dyn Fn(u64)) -> Result<
         Ok(())
     })?;
 
-    let teacher_auc = exact_auc(&probs, &labels).unwrap_or(0.5);
-    let teacher_logloss = if probs.is_empty() {
-        0.0
-    } else {
-        probs
-            .iter()
-            .zip(&labels)
-            .map(|(&p, &l)| {
-                let p = (p as f64).clamp(1e-7, 1.0 - 1e-7);
-                if l == 1 {
-                    -p.ln()
-                } else {
-                    -(1.0 - p).ln()
-                }
-            })
-            .sum::<f64>()
-            / probs.len() as f64
+    let (teacher_auc, teacher_logloss) = teacher_figures(&probs, &labels);
+    let rate = |n: u64| {
+        if spec.rows > 0 {
+            n as f64 / spec.rows as f64
+        } else {
+            0.0
+        }
     };
+    let conversion = spec.conversions.then(|| {
+        let (teacher_auc, teacher_logloss) = teacher_figures(&conv_probs, &conv_labels);
+        TaskReport {
+            rate: rate(conversions),
+            teacher_auc,
+            teacher_logloss,
+        }
+    });
     let mut files = Vec::new();
     for d in 0..spec.days {
         let path = day_path(spec, d);
@@ -492,15 +589,12 @@ pub fn generate_with_progress(spec: &GenSpec, progress: &dyn Fn(u64)) -> Result<
         scale: spec.scale,
         format: spec.format,
         drift: spec.drift,
-        click_rate: if spec.rows > 0 {
-            clicks as f64 / spec.rows as f64
-        } else {
-            0.0
-        },
+        click_rate: rate(clicks),
         teacher_auc,
         teacher_auc_rows: probs.len() as u64,
         teacher_logloss,
         teacher_bias: world.teacher.bias,
+        conversion,
         cardinalities: world.features.cards.to_vec(),
         generation_secs: secs,
         rows_per_sec: spec.rows as f64 / secs.max(1e-9),
@@ -508,6 +602,28 @@ pub fn generate_with_progress(spec: &GenSpec, progress: &dyn Fn(u64)) -> Result<
     };
     write_report(&spec.out, &report)?;
     Ok(report)
+}
+
+/// The teacher's exact AUC and mean log loss on sampled labels.
+fn teacher_figures(probs: &[f32], labels: &[u8]) -> (f64, f64) {
+    let auc = exact_auc(probs, labels).unwrap_or(0.5);
+    if probs.is_empty() {
+        return (auc, 0.0);
+    }
+    let logloss = probs
+        .iter()
+        .zip(labels)
+        .map(|(&p, &l)| {
+            let p = (p as f64).clamp(1e-7, 1.0 - 1e-7);
+            if l == 1 {
+                -p.ln()
+            } else {
+                -(1.0 - p).ln()
+            }
+        })
+        .sum::<f64>()
+        / probs.len() as f64;
+    (auc, logloss)
 }
 
 fn write_report(out: &Path, report: &GenReport) -> Result<()> {

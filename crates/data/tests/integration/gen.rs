@@ -19,6 +19,7 @@ fn spec(out: &Path, rows: u64, seed: u64) -> GenSpec {
         days: 3,
         scale: 0.001,
         drift: 0.0,
+        conversions: false,
     }
 }
 

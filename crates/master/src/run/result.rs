@@ -23,8 +23,11 @@ pub struct JobResult {
     pub epochs: Vec<EpochLedger>,
     /// Ledger verdict over the job.
     pub ledger: LedgerSummary,
-    /// Final evaluation.
+    /// Final evaluation (task 0's of a multi-task model).
     pub eval: Option<EvalResult>,
+    /// A multi-task model's final evaluation of every task, task 0 first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub task_evals: Vec<EvalResult>,
     /// Samples trained per second of wall time since the job started.
     pub samples_per_s: f64,
     /// Wall time from job start (including master downtime), seconds.
@@ -162,6 +165,7 @@ pub(super) fn job_result(
         epochs: per_epoch,
         ledger: total,
         eval: job.eval(),
+        task_evals: job.task_evals().to_vec(),
         samples_per_s: total.consumed as f64 / wall_s.max(1e-9),
         wall_s,
         workers_launched: workers.len() as u32,

@@ -419,6 +419,9 @@ pub async fn resume_job(
         serde_json::from_str(&meta("epochs_closed")?)?,
         &mut cx,
     );
+    if let Some(t) = snap.meta.get("task_evals") {
+        job.restore_task_evals(serde_json::from_str(t)?);
+    }
     if let Some(p) = snap.meta.get("pause_at") {
         job.restore_pause(serde_json::from_str(p)?);
     }

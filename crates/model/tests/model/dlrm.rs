@@ -1,4 +1,4 @@
-use elastrec_model::{DenseDlrm, DlrmConfig, InteractionKind, ModelError, Tower};
+use elastrec_model::{DenseDlrm, DlrmConfig, InteractionKind, MmoeConfig, ModelError, Tower};
 
 use crate::common::{check_fd, randv, rng};
 
@@ -18,6 +18,7 @@ fn small(kind: InteractionKind) -> DlrmConfig {
         dropout: 0.0,
         first_order: false,
         layer_norm: false,
+        mmoe: None,
     }
 }
 
@@ -701,4 +702,160 @@ fn layer_norm_gradcheck() {
     assert_eq!(&normed.params()[..k], plain.params());
     assert_eq!(&normed.params()[k..k + 8], &[1.0; 8]);
     assert_eq!(&normed.params()[k + 8..k + 16], &[0.0; 8]);
+}
+
+fn mmoe_small(kind: InteractionKind, cross_layers: usize) -> DlrmConfig {
+    DlrmConfig {
+        cross_layers,
+        mmoe: Some(MmoeConfig {
+            tasks: 3,
+            experts: 2,
+            expert: vec![5, 4],
+        }),
+        ..small(kind)
+    }
+}
+
+/// The summed BCE of every task in f64, and the ReLU pattern of every hidden activation
+/// the tasks' logits go through (bottom, experts, towers).
+fn all_tasks_loss(
+    m: &DenseDlrm,
+    ws: &mut elastrec_model::Workspace,
+    x: &[f32],
+    e: &[f32],
+    labels: &[Vec<f32>],
+) -> (f64, Vec<bool>) {
+    m.forward(x, e, ws).unwrap();
+    let bce = |l: f32, t: f32| {
+        let l = l as f64;
+        l.max(0.0) - l * t as f64 + (-l.abs()).exp().ln_1p()
+    };
+    let mut loss = 0.0;
+    for (t, y) in labels.iter().enumerate() {
+        loss += ws
+            .task_logits(t)
+            .iter()
+            .zip(y)
+            .map(|(&l, &y)| bce(l, y))
+            .sum::<f64>();
+    }
+    let head = m.mmoe().unwrap();
+    let mut pat = Vec::new();
+    for i in 0..m.bottom().layers.len() {
+        pat.extend(ws.bottom_activation(i).iter().map(|&v| v > 0.0));
+    }
+    for (k, expert) in head.experts.iter().enumerate() {
+        for i in 0..expert.layers.len() {
+            pat.extend(ws.expert_activation(k, i).iter().map(|&v| v > 0.0));
+        }
+    }
+    for i in 0..m.top().layers.len() - 1 {
+        pat.extend(ws.top_activation(i).iter().map(|&v| v > 0.0));
+    }
+    for t in 1..head.tasks() {
+        for i in 0..head.towers[t - 1].layers.len() - 1 {
+            pat.extend(ws.task_tower_activation(t, i).iter().map(|&v| v > 0.0));
+        }
+    }
+    (loss, pat)
+}
+
+/// MMoE: the gradient of the summed task losses agrees with finite differences for
+/// every parameter (experts, gates through their softmax, every task's tower) and every
+/// embedding, on both interactions and under cross layers.
+#[test]
+fn mmoe_gradcheck() {
+    for (kind, cross) in [
+        (InteractionKind::Dot, 0),
+        (InteractionKind::Concat, 0),
+        (InteractionKind::Concat, 1),
+    ] {
+        let config = mmoe_small(kind, cross);
+        let width = 3 * config.row_width();
+        let mut m = DenseDlrm::new(config).unwrap();
+        assert_eq!(m.tasks(), 3);
+        let n = 6;
+        let mut ws = m.workspace(8);
+        let mut g = rng(5);
+        let x = randv(&mut g, n * 5, 1.0);
+        let e = randv(&mut g, n * width, 1.0);
+        let labels: Vec<Vec<f32>> = (0..3)
+            .map(|t| (0..n).map(|i| ((i + t) % 2) as f32).collect())
+            .collect();
+        let rest: Vec<f32> = (0..n).flat_map(|i| [labels[1][i], labels[2][i]]).collect();
+        m.forward_backward_tasks(&x, &e, &labels[0], &rest, &mut ws)
+            .unwrap();
+        let gp: Vec<f32> = ws.grads().iter().map(|v| v * n as f32).collect();
+        let ge: Vec<f32> = ws.d_emb().iter().map(|v| v * n as f32).collect();
+        let p0 = m.params().to_vec();
+        let mut ws2 = m.workspace(8);
+        check_fd("mmoe params", &p0, &gp, 2e-3, 1e-3, 2e-2, |p| {
+            m.params_mut().copy_from_slice(p);
+            all_tasks_loss(&m, &mut ws2, &x, &e, &labels)
+        });
+        m.params_mut().copy_from_slice(&p0);
+        check_fd("mmoe emb", &e, &ge, 2e-3, 1e-3, 2e-2, |ee| {
+            all_tasks_loss(&m, &mut ws2, &x, ee, &labels)
+        });
+        // Without the other tasks' labels the step is refused, not trained on task 0.
+        let err = m
+            .forward_backward(&x, &e, &labels[0], &mut ws)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("task_labels"), "{err}");
+    }
+}
+
+/// A one-task model's parameters and logits do not change when an MMoE head is added to
+/// another model of the same seed: the head's initialization streams come after every
+/// other layer's. And `predict_tasks` gives each task's sigmoid of its logit.
+#[test]
+fn mmoe_head_leaves_the_shared_layers_initial_values_and_predicts_every_task() {
+    let plain = DenseDlrm::new(small(InteractionKind::Dot)).unwrap();
+    let multi = DenseDlrm::new(mmoe_small(InteractionKind::Dot, 0)).unwrap();
+    let bottom = plain.bottom().num_params();
+    assert_eq!(plain.params()[..bottom], multi.params()[..bottom]);
+    let mut g = rng(8);
+    let n = 5;
+    let x = randv(&mut g, n * 5, 1.0);
+    let e = randv(&mut g, n * 3 * 4, 1.0);
+    let mut ws = multi.workspace(8);
+    let mut probs = vec![0.0; n * 3];
+    multi.predict_tasks(&x, &e, &mut ws, &mut probs).unwrap();
+    for t in 0..3 {
+        let gates = ws.gate_weights(t);
+        for r in 0..n {
+            let p = 1.0 / (1.0 + (-ws.task_logits(t)[r]).exp());
+            assert!((probs[r * 3 + t] - p).abs() < 1e-6);
+            assert!((gates[r * 2..r * 2 + 2].iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        }
+    }
+    // The tasks have towers of their own: their predictions differ.
+    assert_ne!(ws.task_logits(1), ws.task_logits(2));
+}
+
+/// A head that cannot be built is refused at construction.
+#[test]
+fn mmoe_bad_heads_are_refused() {
+    for (tasks, experts, expert, fm) in [
+        (0, 2, vec![4], false),
+        (9, 2, vec![4], false),
+        (2, 0, vec![4], false),
+        (2, 2, vec![], false),
+        (2, 2, vec![4], true),
+    ] {
+        let cfg = DlrmConfig {
+            fm,
+            mmoe: Some(MmoeConfig {
+                tasks,
+                experts,
+                expert,
+            }),
+            ..small(InteractionKind::Concat)
+        };
+        assert!(matches!(
+            DenseDlrm::new(cfg),
+            Err(ModelError::BadMmoe { .. })
+        ));
+    }
 }

@@ -1,0 +1,331 @@
+//! Multi-gate mixture of experts (MMoE; Ma et al. 2018, "Modeling Task Relationships in
+//! Multi-task Learning with Multi-gate Mixture-of-Experts").
+//!
+//! `K` expert MLPs read the same input `x` (the interaction output, or the cross layers'
+//! output of a DCN-v2). Each task `t` has a gate, a linear map to `K` scores followed by a
+//! softmax, and mixes the experts' outputs with its gate's weights:
+//!
+//! ```text
+//! g_t(x) = softmax(G_t x + c_t)            (K weights)
+//! f_t(x) = Σ_k g_t(x)_k · e_k(x)           (the expert width E)
+//! y_t    = tower_t(f_t(x))                 (task t's logit)
+//! ```
+//!
+//! Task 0's tower is the model's top MLP (so a one-task model's logit, and every consumer
+//! of "the logit", is task 0's); the towers of tasks `1..T` are built here with the same
+//! sizes. The loss is the sum of the tasks' mean BCE. Gradients reach the shared experts
+//! from every task, each weighted by its gate, and the gates learn which experts serve
+//! which task.
+
+use crate::layers::{Activation, Linear, Mlp};
+use serde::{Deserialize, Serialize};
+
+/// Most tasks a model can have: a data row carries one 0/1 label digit per task, and the
+/// readers keep the labels after the first in a byte's bits.
+pub const MAX_TASKS: usize = 8;
+
+/// Shape of a multi-task MMoE head.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MmoeConfig {
+    /// Tasks (labels), at least 1 and at most [`MAX_TASKS`]; task 0 is the one whose logit
+    /// the model reports as its prediction (e.g. the click), the others follow in the
+    /// order of the label digits.
+    pub tasks: usize,
+    /// Experts `K`, at least 1.
+    pub experts: usize,
+    /// Hidden and output sizes of every expert MLP (its input is the interaction output);
+    /// the last is the width `E` the towers read.
+    pub expert: Vec<usize>,
+}
+
+/// Experts, gates and the towers of tasks `1..T` (parameters contiguous, from an offset).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mmoe {
+    /// The expert MLPs (ReLU on every layer, the last included).
+    pub experts: Vec<Mlp>,
+    /// One gate per task: `in → K` scores (the softmax follows).
+    pub gates: Vec<Linear>,
+    /// Towers of tasks `1..T`, each with the top MLP's sizes over the expert width.
+    pub towers: Vec<Mlp>,
+}
+
+impl Mmoe {
+    /// The head for input width `in_dim`, towers of sizes `tower` (excluding their input,
+    /// ending with 1), parameters from `offset`.
+    pub fn new(config: &MmoeConfig, in_dim: usize, tower: &[usize], offset: usize) -> Self {
+        let mut off = offset;
+        let mut sizes = vec![in_dim];
+        sizes.extend_from_slice(&config.expert);
+        let experts: Vec<Mlp> = (0..config.experts)
+            .map(|_| {
+                let m = Mlp::new(&sizes, off, Activation::Relu, Activation::Relu);
+                off += m.num_params();
+                m
+            })
+            .collect();
+        let gates: Vec<Linear> = (0..config.tasks)
+            .map(|_| {
+                let l = Linear::new(in_dim, config.experts, off, Activation::None);
+                off = l.end_offset();
+                l
+            })
+            .collect();
+        let width = *config.expert.last().expect("validated");
+        let mut tower_sizes = vec![width];
+        tower_sizes.extend_from_slice(tower);
+        let towers = (1..config.tasks)
+            .map(|_| {
+                let m = Mlp::new(&tower_sizes, off, Activation::Relu, Activation::None);
+                off += m.num_params();
+                m
+            })
+            .collect();
+        Self {
+            experts,
+            gates,
+            towers,
+        }
+    }
+
+    /// Tasks.
+    pub fn tasks(&self) -> usize {
+        self.gates.len()
+    }
+
+    /// The experts' output width `E` (the towers' input).
+    pub fn out_dim(&self) -> usize {
+        self.experts[0].out_dim()
+    }
+
+    /// Parameters of the head.
+    pub fn num_params(&self) -> usize {
+        self.experts.iter().map(Mlp::num_params).sum::<usize>()
+            + self.gates.iter().map(Linear::num_params).sum::<usize>()
+            + self.towers.iter().map(Mlp::num_params).sum::<usize>()
+    }
+
+    /// Every linear layer, in parameter order (for initialization).
+    pub fn layers(&self) -> impl Iterator<Item = &Linear> {
+        self.experts
+            .iter()
+            .flat_map(|m| &m.layers)
+            .chain(&self.gates)
+            .chain(self.towers.iter().flat_map(|m| &m.layers))
+    }
+
+    /// Widest layer (input or output) of the experts and towers, for the backward's
+    /// ping-pong buffers.
+    pub fn max_width(&self) -> usize {
+        self.experts
+            .iter()
+            .chain(&self.towers)
+            .map(Mlp::max_width)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Forward FLOPs per sample of the experts, gates, mixing and the extra towers.
+    pub fn forward_flops(&self) -> u64 {
+        let mix = 2 * (self.tasks() * self.experts.len() * self.out_dim()) as u64;
+        self.experts.iter().map(Mlp::forward_flops).sum::<u64>()
+            + self.gates.iter().map(Linear::forward_flops).sum::<u64>()
+            + self.towers.iter().map(Mlp::forward_flops).sum::<u64>()
+            + mix
+    }
+
+    /// Buffers of one row block of `rows` rows.
+    pub fn acts(&self, rows: usize) -> MmoeActs {
+        let layer_acts = |m: &Mlp| -> Vec<Vec<f32>> {
+            m.layers
+                .iter()
+                .map(|l| vec![0.0; rows * l.out_dim])
+                .collect()
+        };
+        let (t, k, e) = (self.tasks(), self.experts.len(), self.out_dim());
+        let in_dim = self.experts[0].in_dim();
+        MmoeActs {
+            experts: self.experts.iter().map(layer_acts).collect(),
+            gates: vec![vec![0.0; rows * k]; t],
+            mixes: vec![vec![0.0; rows * e]; t],
+            towers: self.towers.iter().map(layer_acts).collect(),
+            d_mixes: vec![vec![0.0; rows * e]; t],
+            d_expert: vec![0.0; rows * e],
+            d_gate: vec![0.0; rows * k],
+            dx: vec![0.0; rows * in_dim],
+            labels: vec![0.0; rows],
+            dlogits: vec![0.0; rows],
+        }
+    }
+
+    /// Experts, gates (softmax weights into `acts.gates`) and each task's mixture (into
+    /// `acts.mixes`) of `n` rows of `x [n, in]`. The towers run in the caller, which owns
+    /// task 0's.
+    pub fn forward(&self, params: &[f32], x: &[f32], n: usize, acts: &mut MmoeActs) {
+        for (expert, out) in self.experts.iter().zip(&mut acts.experts) {
+            expert.forward(params, x, n, out);
+        }
+        let (k, e) = (self.experts.len(), self.out_dim());
+        for ((gate, g), mix) in self.gates.iter().zip(&mut acts.gates).zip(&mut acts.mixes) {
+            gate.forward(params, x, n, g);
+            for row in g[..n * k].chunks_exact_mut(k) {
+                softmax_in_place(row);
+            }
+            let mix = &mut mix[..n * e];
+            mix.fill(0.0);
+            for (j, expert) in acts.experts.iter().enumerate() {
+                let out = expert.last().expect("nonempty");
+                for ((m, o), w) in mix
+                    .chunks_exact_mut(e)
+                    .zip(out.chunks_exact(e))
+                    .zip(g.chunks_exact(k))
+                {
+                    let w = w[j];
+                    for (m, &o) in m.iter_mut().zip(o) {
+                        *m += w * o;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Backward from the gradients w.r.t. every task's mixture (`acts.d_mixes`, each
+    /// `[n, E]`, written by the towers' backward): the experts' and gates' parameter
+    /// gradients into `grads` (overwritten), the gradient w.r.t. `x` into `dx [n, in]`
+    /// (overwritten). `ga`/`gb` as for [`Mlp::backward`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &self,
+        params: &[f32],
+        grads: &mut [f32],
+        x: &[f32],
+        acts: &mut MmoeActs,
+        dx: &mut [f32],
+        ga: &mut [f32],
+        gb: &mut [f32],
+        n: usize,
+    ) {
+        let (k, e) = (self.experts.len(), self.out_dim());
+        let in_dim = self.experts[0].in_dim();
+        let dx = &mut dx[..n * in_dim];
+        dx.fill(0.0);
+        // Each expert's output gradient: the tasks' mixture gradients weighted by their
+        // gates, `∂L/∂e_j = Σ_t g_t,j ∂L/∂f_t`.
+        for (j, (expert, out)) in self.experts.iter().zip(&acts.experts).enumerate() {
+            let d = &mut acts.d_expert[..n * e];
+            d.fill(0.0);
+            for (g, dm) in acts.gates.iter().zip(&acts.d_mixes) {
+                for ((d, dm), w) in d
+                    .chunks_exact_mut(e)
+                    .zip(dm.chunks_exact(e))
+                    .zip(g.chunks_exact(k))
+                {
+                    let w = w[j];
+                    for (d, &v) in d.iter_mut().zip(dm) {
+                        *d += w * v;
+                    }
+                }
+            }
+            expert.backward(params, grads, x, out, d, ga, gb, Some(&mut acts.dx), n);
+            add_into(dx, &acts.dx[..n * in_dim]);
+        }
+        // Each gate: `∂L/∂g_t,j = ⟨e_j, ∂L/∂f_t⟩`, through the softmax to the scores:
+        // `∂L/∂s_j = g_j (∂L/∂g_j − Σ_i g_i ∂L/∂g_i)`.
+        for ((gate, g), dm) in self.gates.iter().zip(&acts.gates).zip(&acts.d_mixes) {
+            let dg = &mut acts.d_gate[..n * k];
+            for (r, (dg, w)) in dg.chunks_exact_mut(k).zip(g.chunks_exact(k)).enumerate() {
+                let dm = &dm[r * e..(r + 1) * e];
+                for (j, d) in dg.iter_mut().enumerate() {
+                    let out = acts.experts[j].last().expect("nonempty");
+                    *d = out[r * e..(r + 1) * e]
+                        .iter()
+                        .zip(dm)
+                        .map(|(a, b)| a * b)
+                        .sum();
+                }
+                let mean: f32 = dg.iter().zip(w).map(|(d, w)| d * w).sum();
+                for (d, &w) in dg.iter_mut().zip(w) {
+                    *d = w * (*d - mean);
+                }
+            }
+            // The gate's activation is the identity: its stored output is not read.
+            gate.backward(params, grads, x, g, dg, Some(&mut acts.dx), n);
+            add_into(dx, &acts.dx[..n * in_dim]);
+        }
+    }
+}
+
+/// Buffers of one row block's MMoE forward and backward.
+#[derive(Clone, Debug)]
+pub struct MmoeActs {
+    /// Per expert, per layer: the outputs.
+    pub experts: Vec<Vec<Vec<f32>>>,
+    /// Per task: the gate's softmax weights `[n, K]`.
+    pub gates: Vec<Vec<f32>>,
+    /// Per task: the mixture `[n, E]` its tower reads.
+    pub mixes: Vec<Vec<f32>>,
+    /// Per task `1..T`, per layer: the tower's outputs (the last is the task's logit).
+    pub towers: Vec<Vec<Vec<f32>>>,
+    /// Per task: the gradient w.r.t. its mixture.
+    pub d_mixes: Vec<Vec<f32>>,
+    d_expert: Vec<f32>,
+    d_gate: Vec<f32>,
+    dx: Vec<f32>,
+    /// One task's labels of the block, gathered from the batch's row-major task labels.
+    pub labels: Vec<f32>,
+    /// One task's logit gradient.
+    pub dlogits: Vec<f32>,
+}
+
+fn softmax_in_place(row: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in row.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in row.iter_mut() {
+        *v /= sum;
+    }
+}
+
+fn add_into(out: &mut [f32], add: &[f32]) {
+    for (o, a) in out.iter_mut().zip(add) {
+        *o += a;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gates_are_distributions_and_mixtures_follow_them() {
+        let cfg = MmoeConfig {
+            tasks: 2,
+            experts: 3,
+            expert: vec![5, 4],
+        };
+        let head = Mmoe::new(&cfg, 6, &[3, 1], 0);
+        let mut params = vec![0.0; head.num_params()];
+        for (i, l) in head.layers().enumerate() {
+            l.init(&mut params, 9, i as u64);
+        }
+        let n = 3;
+        let x: Vec<f32> = (0..n * 6).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut acts = head.acts(n);
+        head.forward(&params, &x, n, &mut acts);
+        for (t, g) in acts.gates.iter().enumerate() {
+            for r in 0..n {
+                let w = &g[r * 3..(r + 1) * 3];
+                assert!((w.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+                assert!(w.iter().all(|&v| v > 0.0));
+                for c in 0..4 {
+                    let want: f32 = (0..3).map(|j| w[j] * acts.experts[j][1][r * 4 + c]).sum();
+                    assert!((acts.mixes[t][r * 4 + c] - want).abs() < 1e-6);
+                }
+            }
+        }
+        assert_eq!(head.towers.len(), 1);
+    }
+}
