@@ -735,6 +735,24 @@ fn mmoe_trains_two_tasks_in_train_and_in_run() {
     );
 }
 
+/// A learning-rate schedule (`[optimizer.schedule]`) in `run`: the master sends the
+/// multiplier at the job's samples trained with each progress reply, the workers pass it
+/// with their pushes, and the parameter servers scale their dense and sparse rates by it.
+/// `run` reaches `train`'s AUC under the same warm-up and cosine decay, and the last
+/// multiplier sent is the decay's end.
+#[test]
+fn a_learning_rate_schedule_trains_in_run_as_in_train() {
+    let _g = serial();
+    family_trains_in_both_modes(
+        "schedule",
+        "",
+        "[optimizer.schedule]\nwarmup_samples = 5000\ndecay = \"cosine\"\nfinal_scale = 0.1\n",
+    );
+    let r = result(&fixture().dir.join("schedule-run"));
+    let last = r["lr_scale"].as_f64().unwrap();
+    assert!((last - 0.1).abs() < 1e-3, "{r}");
+}
+
 /// `model` goes into `[model]`, `extra` (whole sections) at the end of the job file.
 fn family_trains_in_both_modes(family: &str, model: &str, extra: &str) {
     let f = fixture();

@@ -827,7 +827,8 @@ impl JobConfig {
         if self.train.shuffle_buffer > 0 {
             out.push("train.shuffle_buffer");
         }
-        if !self.optimizer.schedule.is_constant() {
+        // An online job has no end to decay towards.
+        if !self.optimizer.schedule.is_constant() && self.stream.is_some() {
             out.push("optimizer.schedule");
         }
         out
@@ -1488,7 +1489,8 @@ mod tests {
             parse("[optimizer.schedule]\nwarmup_samples = 1000\ndecay = \"cosine\"\n").unwrap();
         assert_eq!(cfg.optimizer.schedule.decay, elastrec_model::Decay::Cosine);
         assert_eq!(cfg.optimizer.schedule.final_scale, 0.1);
-        assert_eq!(cfg.train_only_settings(), ["optimizer.schedule"]);
+        // `run` carries a schedule out for batch jobs (the master sends the multiplier).
+        assert!(cfg.train_only_settings().is_empty());
         let cfg = parse("[train]\nvalidation = 0.1\nshuffle_buffer = 10\n").unwrap();
         assert_eq!(
             cfg.train_only_settings(),

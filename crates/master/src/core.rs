@@ -130,6 +130,11 @@ pub struct MasterCore {
     /// An online job's progressive validation (predictions the workers made before
     /// training), when `stream.eval_window` is not 0.
     pub progressive: Mutex<Option<crate::progressive::ProgressiveEval>>,
+    /// `[optimizer.schedule]` of a batch job and its epochs: each progress reply carries
+    /// the multiplier at the samples trained so far (unset: constant rates).
+    pub lr_schedule: std::sync::OnceLock<(elastrec_model::LrSchedule, u32)>,
+    /// The last multiplier sent (f32 bits), for the status and the result.
+    pub lr_scale_sent: std::sync::atomic::AtomicU32,
     /// While set, parameter servers stay up after the job finished: its final model is
     /// checkpointed from them before they are told to stop.
     pub keep_ps: std::sync::atomic::AtomicBool,
@@ -166,6 +171,8 @@ impl MasterCore {
             source_names: std::sync::OnceLock::new(),
             online_scaling: Mutex::new(Vec::new()),
             progressive: Mutex::new(None),
+            lr_schedule: std::sync::OnceLock::new(),
+            lr_scale_sent: std::sync::atomic::AtomicU32::new(0),
             profiles: Mutex::new(Default::default()),
             autoscale_status: Mutex::new(None),
             ps_access: std::sync::OnceLock::new(),

@@ -185,10 +185,17 @@ impl Master for MasterService {
         let predicted = crate::progressive::check(&req.predicted, &req.labels)
             .map_err(|e| MasterError::invalid(format!("progress report: {e}")))?;
         let progressive = &self.0.progressive;
-        let ack = self
+        let schedule = self.0.lr_schedule.get();
+        let (ack, lr_scale) = self
             .0
             .run(|job, cx| {
                 let ack = job.report(req.node_id, req.task_id, req.offset, cx)?;
+                // The schedule's multiplier at the job's samples so far, over the rows of
+                // its files times its epochs (`train` uses its own count the same way).
+                let lr_scale = schedule.map_or(0.0, |(s, epochs)| {
+                    let rows: u64 = job.tasks().file_rows().iter().sum();
+                    s.scale(job.samples_done(), rows * u64::from(*epochs))
+                });
                 // Under the job's lock, with the ledger change: the reply then waits for
                 // the change to be stored, and a worker killed in that wait drops this
                 // call; its rows stay counted, so their predictions must be in by then.
@@ -199,12 +206,18 @@ impl Master for MasterService {
                         p.push(predicted);
                     }
                 }
-                Ok::<_, MasterError>(ack)
+                Ok::<_, MasterError>((ack, lr_scale))
             })
             .await??;
+        if lr_scale > 0.0 {
+            self.0
+                .lr_scale_sent
+                .store(lr_scale.to_bits(), std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(Response::new(ReportProgressResponse {
             task_done: ack.task_done,
             stop: ack.stop,
+            lr_scale,
         }))
     }
 

@@ -29,6 +29,8 @@ use crate::layout::{Bitset, Layout, LayoutView, Phase};
 pub(crate) struct Accum {
     count: u32,
     weight: f64,
+    /// The schedule's multiplier of the step's latest push (0: none).
+    lr_scale: f32,
     tables: Vec<u32>,
     rows: Vec<u64>,
     grads: Vec<f32>,
@@ -188,6 +190,8 @@ pub struct PsShard {
     sync_timeout: Duration,
     /// Samples of one synchronous step: the job's batch size (the global batch).
     step_samples: f64,
+    /// The configured dense learning rate, which a push's `lr_scale` multiplies.
+    base_lr: f32,
     pub(crate) stores: crate::checkpoint::Stores,
     /// Shared-memory images this process wrote, as (index, servers, checkpoint id): older
     /// ones are removed, whatever layout wrote them.
@@ -322,6 +326,7 @@ impl PsShard {
             mode: job.cluster.mode,
             sync_timeout: Duration::from_millis(job.cluster.sync_timeout_ms),
             step_samples: job.train.batch_size as f64,
+            base_lr: job.optimizer.dense.lr(),
             stores: Default::default(),
             shm_ids: Mutex::new(Vec::new()),
             max_message_bytes: job.cluster.max_message_bytes,
@@ -646,6 +651,13 @@ impl PsShard {
         } else {
             self.check_dense_spans(layout, req)?;
         }
+        if !(0.0..=1.0).contains(&req.lr_scale) {
+            return Err(PsError::BadField {
+                message: "Push",
+                field: "lr_scale",
+                detail: format!("{} is not a multiplier in [0, 1]", req.lr_scale),
+            });
+        }
         for (what, g) in [("sparse", &req.grads), ("dense", &req.dense_grad)] {
             if let Some(at) = g.iter().position(|g| !g.is_finite()) {
                 return Err(PsError::NonFiniteGradient { what, at });
@@ -708,6 +720,15 @@ impl PsShard {
         DenseGrad::Spans(spans)
     }
 
+    /// The learning rates of the next update: the configured ones times `scale`, the
+    /// `[optimizer.schedule]` multiplier a push carries (0: no schedule, left as they are).
+    fn set_lr_scale(&self, st: &mut State, scale: f32) {
+        if scale > 0.0 {
+            st.opt.set_lr(self.base_lr * scale);
+            st.store.set_lr_scale(scale);
+        }
+    }
+
     /// Applies a push: at once (async), or as part of its synchronous step.
     pub async fn push(&self, req: PushRequest) -> Result<PushResponse, PsError> {
         let view = self.layout();
@@ -722,6 +743,7 @@ impl PsShard {
                     dense_version: self.version_locked(&st),
                 });
             }
+            self.set_lr_scale(&mut st, req.lr_scale);
             match crate::reshard::inherited_part(&mut st, &req, self.config.dense_total) {
                 None => {
                     let dense = Self::dense_of(&req, &view.layout.range);
@@ -763,6 +785,9 @@ impl PsShard {
             let held = st.layout.range.len();
             let a = &mut st.accum;
             a.count += 1;
+            if req.lr_scale > 0.0 {
+                a.lr_scale = req.lr_scale;
+            }
             a.tables.extend_from_slice(&req.tables);
             a.rows.extend_from_slice(&req.rows);
             let w = req.samples.max(1) as f32;
@@ -810,6 +835,7 @@ impl PsShard {
         } else {
             a.dense
         };
+        self.set_lr_scale(st, a.lr_scale);
         self.apply_all(st, &a.tables, &a.rows, &a.grads, DenseGrad::Whole(&dense))?;
         self.version_tx.send_replace(self.version_locked(st));
         Ok(())
@@ -869,6 +895,7 @@ mod tests {
             samples,
             layout_version: 0,
             dense_spans: vec![],
+            lr_scale: 0.0,
         }
     }
 
@@ -1009,6 +1036,7 @@ mod tests {
             samples: 0,
             layout_version: 0,
             dense_spans: vec![],
+            lr_scale: 0.0,
         };
         let n = before.dense.len();
         assert!(matches!(
@@ -1071,6 +1099,70 @@ mod tests {
     /// A push may carry the gradient of ranges of the slice only (the rest of a push
     /// re-split after a re-sharding): ascending, disjoint, inside the slice, adding up to
     /// the values sent; only those parameters change.
+    /// `[optimizer.schedule]` in `run`: a push's `lr_scale` multiplies the learning rates
+    /// of its update, dense and sparse, in both modes (Adagrad's first step moves by the
+    /// rate), 0 leaves the configured rates, and a multiplier off [0, 1] is refused.
+    #[tokio::test]
+    async fn a_pushs_lr_scale_multiplies_its_update() {
+        for mode in ["async", "sync"] {
+            let row = owned_row(0, 1);
+            let moved = |scale: f32| {
+                let ps = PsShard::new(&job(mode), 1, 2).unwrap();
+                async move {
+                    let pull = || {
+                        ps.pull(&PullRequest {
+                            version: rpc::version(),
+                            tables: vec![0],
+                            rows: vec![row],
+                            want_dense: true,
+                            layout_version: 0,
+                        })
+                        .unwrap()
+                    };
+                    let before = pull();
+                    let push = PushRequest {
+                        tables: vec![0],
+                        rows: vec![row],
+                        grads: vec![0.5; 4],
+                        lr_scale: scale,
+                        ..dense_push(1, vec![0.5; before.dense.len()], 0, 1, 1)
+                    };
+                    ps.push(push).await.unwrap();
+                    let after = pull();
+                    let step = |a: &[f32], b: &[f32]| (a[0] - b[0]).abs();
+                    (
+                        step(&after.dense, &before.dense),
+                        step(&after.values, &before.values),
+                    )
+                }
+            };
+            let (dense, sparse) = moved(0.0).await;
+            assert!(dense > 0.0 && sparse > 0.0, "{mode}");
+            assert_eq!(moved(1.0).await, (dense, sparse), "{mode}");
+            let (d, s) = moved(0.25).await;
+            assert!(
+                (d / dense - 0.25).abs() < 1e-3,
+                "{mode}: dense {d} vs {dense}"
+            );
+            assert!(
+                (s / sparse - 0.25).abs() < 1e-3,
+                "{mode}: sparse {s} vs {sparse}"
+            );
+        }
+        let ps = PsShard::new(&job("async"), 1, 2).unwrap();
+        let bad = PushRequest {
+            lr_scale: 2.0,
+            ..dense_push(1, vec![], 0, 1, 1)
+        };
+        assert!(matches!(
+            ps.push(bad).await,
+            Err(PsError::BadField {
+                field: "lr_scale",
+                ..
+            })
+        ));
+    }
+
     #[tokio::test]
     async fn dense_spans_update_only_their_ranges() {
         use elastrec_proto::ps::DenseSpan;
@@ -1140,6 +1232,7 @@ mod tests {
                 samples: 0,
                 layout_version: 0,
                 dense_spans: vec![],
+                lr_scale: 0.0,
             };
             let values = || {
                 ps.pull(&PullRequest {

@@ -44,6 +44,7 @@ async fn push(ps: &PsShard, rows: &[u64], times: usize) {
             samples: 0,
             layout_version: 0,
             dense_spans: vec![],
+            lr_scale: 0.0,
         })
         .await
         .unwrap();

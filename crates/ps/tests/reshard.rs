@@ -217,6 +217,7 @@ impl Layout<'_> {
             samples: 1,
             layout_version: self.version,
             dense_spans: vec![],
+            lr_scale: 0.0,
         }
     }
 
@@ -788,6 +789,7 @@ fn route_v0(b: &Batch, j: u32) -> PushRequest {
         samples: 1,
         layout_version: 0,
         dense_spans: vec![],
+        lr_scale: 0.0,
     }
 }
 
@@ -832,6 +834,7 @@ fn rest_of(b: &Batch, source: u32, old_count: u32, new: &Layout<'_>, j: u32) -> 
         samples: 1,
         layout_version: new.version,
         dense_spans,
+        lr_scale: 0.0,
     }
 }
 

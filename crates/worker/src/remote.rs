@@ -287,6 +287,9 @@ struct RemoteModel {
     staleness: u64,
     mode: SyncMode,
     worker_id: u32,
+    /// `[optimizer.schedule]`'s multiplier for the next pushes, as the master last said
+    /// (0: no schedule). Until its first reply, the schedule's start.
+    lr_scale: f32,
 }
 
 impl RemoteModel {
@@ -325,6 +328,11 @@ impl RemoteModel {
             call_timeout: job.cluster.rpc_timeout(),
             shared,
             worker_id,
+            lr_scale: if job.optimizer.schedule.is_constant() {
+                0.0
+            } else {
+                job.optimizer.schedule.scale(0, u64::MAX)
+            },
         };
         me.connect(layout)?;
         Ok(me)
@@ -671,6 +679,7 @@ impl RemoteModel {
             samples,
             layout_version: self.layout,
             dense_spans,
+            lr_scale: self.lr_scale,
         }
     }
 
@@ -781,7 +790,7 @@ impl RemoteModel {
         self.need_dense = true;
         let tasks = self.dense.tasks();
         let mut accs: Vec<EvalAccumulator> = (0..tasks).map(|_| EvalAccumulator::new()).collect();
-        let (mut probs, mut column, mut labels) = (Vec::new(), Vec::new(), Vec::new());
+        let mut probs = Vec::new();
         for b in batches {
             self.follow_layout()?;
             let routing = self.route(b);
@@ -791,17 +800,7 @@ impl RemoteModel {
             let emb = &self.emb[..n * self.dense.config().num_tables * self.dim];
             self.dense
                 .predict_tasks(&b.dense, emb, &mut self.ws, &mut probs)?;
-            for (t, acc) in accs.iter_mut().enumerate() {
-                column.clear();
-                column.extend(probs.iter().skip(t).step_by(tasks));
-                labels.clear();
-                if t == 0 {
-                    labels.extend_from_slice(&b.labels);
-                } else {
-                    labels.extend(b.task_labels.iter().skip(t - 1).step_by(tasks - 1));
-                }
-                acc.push(&column, &labels);
-            }
+            crate::step::push_task_figures(&mut accs, &probs, b);
         }
         Ok(accs)
     }
@@ -816,14 +815,14 @@ struct Predictions {
 }
 
 /// Reports progress, retrying while the master is unreachable (e.g. restarting).
-/// Returns `(task_done, stop)`.
+/// Returns `(task_done, stop, lr_scale)` (`lr_scale` 0: no schedule).
 async fn report(
     master: &mut Master,
     id: u32,
     task: u64,
     offset: u64,
     predicted: Predictions,
-) -> anyhow::Result<(bool, bool)> {
+) -> anyhow::Result<(bool, bool, f32)> {
     let req = ReportProgressRequest {
         version: rpc::version(),
         node_id: id,
@@ -840,7 +839,7 @@ async fn report(
     match r {
         Ok(r) => {
             let r = r.into_inner();
-            Ok((r.task_done, r.stop))
+            Ok((r.task_done, r.stop, r.lr_scale))
         }
         Err(s) if s.code() == Code::NotFound || s.code() == Code::FailedPrecondition => {
             eprintln!("worker {id}: master refused progress ({s}); exiting");
@@ -1070,7 +1069,11 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             offset += physical;
             let t0 = Instant::now();
             let predictions = std::mem::take(&mut predicted);
-            let (_, stop) = report(&mut master, id, task.task_id, offset, predictions).await?;
+            let (_, stop, lr_scale) =
+                report(&mut master, id, task.task_id, offset, predictions).await?;
+            if lr_scale > 0.0 {
+                model.lr_scale = lr_scale;
+            }
             TimeSplit::add(&shared.profile.master_us, t0);
             if n > 0 {
                 shared.profile.batches.fetch_add(1, Ordering::Relaxed);

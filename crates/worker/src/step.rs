@@ -5,7 +5,7 @@ use elastrec_data::Batch;
 use elastrec_embedding::{EmbeddingConfig, EmbeddingStore, UpdateScratch};
 use elastrec_job::config::JobConfig;
 use elastrec_job::prepare::dense_config;
-use elastrec_model::{DenseDlrm, DenseOptimizer, DenseOptimizerConfig, Workspace};
+use elastrec_model::{DenseDlrm, DenseOptimizer, DenseOptimizerConfig, EvalAccumulator, Workspace};
 
 use crate::error::Result;
 
@@ -87,6 +87,26 @@ impl Predictor {
             .dense
             .predict_tasks(&batch.dense, emb, &mut self.ws, probs)?;
         Ok(())
+    }
+}
+
+/// Adds a batch's predictions of every task (`probs [n, T]`, row-major, as
+/// [`Predictor::predict_tasks`] writes them) to each task's accumulator (`accs[t]`), with
+/// that task's labels.
+pub(crate) fn push_task_figures(accs: &mut [EvalAccumulator], probs: &[f32], batch: &Batch) {
+    let tasks = accs.len();
+    let mut column = Vec::with_capacity(batch.len());
+    let mut labels = Vec::with_capacity(batch.len());
+    for (t, acc) in accs.iter_mut().enumerate() {
+        column.clear();
+        column.extend(probs.iter().skip(t).step_by(tasks));
+        labels.clear();
+        if t == 0 {
+            labels.extend_from_slice(&batch.labels);
+        } else {
+            labels.extend(batch.task_labels.iter().skip(t - 1).step_by(tasks - 1));
+        }
+        acc.push(&column, &labels);
     }
 }
 

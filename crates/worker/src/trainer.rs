@@ -148,7 +148,7 @@ pub fn evaluate_tasks(
 ) -> Result<Vec<EvalResult>> {
     let tasks = model.dense.tasks();
     let mut accs: Vec<EvalAccumulator> = (0..tasks).map(|_| EvalAccumulator::new()).collect();
-    let (mut probs, mut column, mut labels) = (Vec::new(), Vec::new(), Vec::new());
+    let mut probs = Vec::new();
     for b in batches {
         if b.tasks != tasks {
             return Err(WorkerError::Model(elastrec_model::ModelError::Shape {
@@ -158,17 +158,7 @@ pub fn evaluate_tasks(
             }));
         }
         predictor.predict_tasks(model, b, &mut probs)?;
-        for (t, acc) in accs.iter_mut().enumerate() {
-            column.clear();
-            column.extend(probs.iter().skip(t).step_by(tasks));
-            labels.clear();
-            if t == 0 {
-                labels.extend_from_slice(&b.labels);
-            } else {
-                labels.extend(b.task_labels.iter().skip(t - 1).step_by(tasks - 1));
-            }
-            acc.push(&column, &labels);
-        }
+        crate::step::push_task_figures(&mut accs, &probs, b);
     }
     Ok(accs
         .iter()

@@ -28,6 +28,10 @@ pub struct JobResult {
     /// A multi-task model's final evaluation of every task, task 0 first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub task_evals: Vec<EvalResult>,
+    /// With `[optimizer.schedule]`: the last learning-rate multiplier the master sent the
+    /// workers (at the end, the schedule's value for the samples trained).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr_scale: Option<f32>,
     /// Samples trained per second of wall time since the job started.
     pub samples_per_s: f64,
     /// Wall time from job start (including master downtime), seconds.
@@ -166,6 +170,12 @@ pub(super) fn job_result(
         ledger: total,
         eval: job.eval(),
         task_evals: job.task_evals().to_vec(),
+        lr_scale: core.lr_schedule.get().map(|_| {
+            f32::from_bits(
+                core.lr_scale_sent
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            )
+        }),
         samples_per_s: total.consumed as f64 / wall_s.max(1e-9),
         wall_s,
         workers_launched: workers.len() as u32,

@@ -161,6 +161,11 @@ fn spawn_loops(
     if cfg.cluster.max_executors > 0 {
         tokio::spawn(scale_executors(core.clone(), cfg.cluster.clone()));
     }
+    if cfg.stream.is_none() && !cfg.optimizer.schedule.is_constant() {
+        let _ = core
+            .lr_schedule
+            .set((cfg.optimizer.schedule, cfg.train.epochs));
+    }
     if cfg.stream.is_none() && cfg.train.progressive_window > 0 {
         *core.progressive.lock() = Some(crate::progressive::ProgressiveEval::new(
             cfg.train.progressive_window as usize,
