@@ -53,12 +53,17 @@ pub async fn start_job(
 ) -> anyhow::Result<JobResult> {
     let mut cfg = validate_job(path)?;
     let train_only = cfg.train_only_settings();
+    let (verb, them) = if train_only.len() == 1 {
+        ("applies", "it")
+    } else {
+        ("apply", "them")
+    };
     anyhow::ensure!(
         train_only.is_empty(),
-        "{}: {} apply to `elastrec train` only; `elastrec run` does not carry them out yet. \
-         Train this job with `elastrec train`, or remove them",
+        "{}: {} {verb} to `elastrec train` only; `elastrec run` does not carry {them} out yet. \
+         Train this job with `elastrec train`, or remove {them}",
         path.display(),
-        train_only.join(", ")
+        train_only.join(", "),
     );
     elastrec_job::prepare::ensure_data(&cfg, false)?;
     // Datasets become files once, here: the job file stored and shipped to every process
