@@ -941,17 +941,7 @@ impl Block {
         let mut top_in = m.cross.output(&self.cross, &self.inter);
         let dropout = x.dropout.filter(|_| x.tower == Tower::Memory);
         if let (Some(head), Some(a)) = (&m.mmoe, &mut self.mmoe) {
-            head.forward(p, top_in, x.n, a);
-            for (t, tower) in head.towers.iter().enumerate() {
-                tower.forward_full(
-                    p,
-                    &a.mixes[t + 1],
-                    x.n,
-                    &mut a.towers[t],
-                    &mut [],
-                    task_dropout(dropout, t + 1),
-                );
-            }
+            head.forward(p, top_in, x.n, a, dropout);
             top_in = &a.mixes[0];
         }
         m.top.forward_full(
@@ -1036,75 +1026,39 @@ impl Block {
                 } else {
                     &mut self.d_inter
                 };
-                let top_in = m.cross.output(&self.cross, &self.inter);
-                match (&m.mmoe, &mut self.mmoe) {
-                    (Some(head), Some(a)) => {
-                        m.top.backward_full(
-                            p,
-                            &mut self.grads,
-                            &a.mixes[0],
-                            &self.top_acts,
-                            &self.top_norm,
-                            &mut self.dlogits,
-                            &mut self.ga,
-                            &mut self.gb,
-                            Some(&mut a.d_mixes[0]),
-                            n,
-                            x.dropout,
-                        );
-                        let extra = head.tasks() - 1;
-                        for (t, tower) in head.towers.iter().enumerate() {
-                            for (l, row) in a.labels[..n]
-                                .iter_mut()
-                                .zip(x.task_labels.chunks_exact(extra))
-                            {
-                                *l = row[t];
-                            }
-                            let logits = a.towers[t].last().expect("nonempty");
-                            self.loss_sum += bce_sum_with_logits(
-                                &logits[..n],
-                                &a.labels[..n],
-                                x.grad_scale,
-                                &mut a.dlogits[..n],
-                            );
-                            tower.backward_full(
-                                p,
-                                &mut self.grads,
-                                &a.mixes[t + 1],
-                                &a.towers[t],
-                                &[],
-                                &mut a.dlogits,
-                                &mut self.ga,
-                                &mut self.gb,
-                                Some(&mut a.d_mixes[t + 1]),
-                                n,
-                                task_dropout(x.dropout, t + 1),
-                            );
-                        }
-                        head.backward(
-                            p,
-                            &mut self.grads,
-                            top_in,
-                            a,
-                            d_top_in,
-                            &mut self.ga,
-                            &mut self.gb,
-                            n,
-                        );
-                    }
-                    _ => m.top.backward_full(
+                // The top MLP reads the interaction (or cross layers') output, or, with
+                // an MMoE head, task 0's mixture of the experts.
+                let head_in = m.cross.output(&self.cross, &self.inter);
+                let (top_in, d_top): (&[f32], &mut [f32]) = match &mut self.mmoe {
+                    Some(a) => (&a.mixes[0], &mut a.d_mixes[0]),
+                    None => (head_in, &mut *d_top_in),
+                };
+                m.top.backward_full(
+                    p,
+                    &mut self.grads,
+                    top_in,
+                    &self.top_acts,
+                    &self.top_norm,
+                    &mut self.dlogits,
+                    &mut self.ga,
+                    &mut self.gb,
+                    Some(d_top),
+                    n,
+                    x.dropout,
+                );
+                if let (Some(head), Some(a)) = (&m.mmoe, &mut self.mmoe) {
+                    self.loss_sum += head.backward(
                         p,
                         &mut self.grads,
-                        top_in,
-                        &self.top_acts,
-                        &self.top_norm,
-                        &mut self.dlogits,
+                        head_in,
+                        a,
+                        (x.task_labels, x.grad_scale),
+                        d_top_in,
                         &mut self.ga,
                         &mut self.gb,
-                        Some(d_top_in),
                         n,
                         x.dropout,
-                    ),
+                    );
                 }
                 if crossed {
                     m.cross.backward(
@@ -1185,15 +1139,6 @@ impl Block {
     fn rows(&self) -> usize {
         self.dlogits.len()
     }
-}
-
-/// The dropout of task `t`'s tower: its own masks (a seed per task), so the towers do
-/// not drop the same units.
-fn task_dropout(dropout: Option<Dropout>, task: usize) -> Option<Dropout> {
-    dropout.map(|d| Dropout {
-        seed: elastrec_common::splitmix::derive(d.seed, task as u64),
-        ..d
-    })
 }
 
 /// A first-order buffer of `rows` samples' embeddings without weights (`[rows, T, d]`);

@@ -17,7 +17,8 @@
 //! from every task, each weighted by its gate, and the gates learn which experts serve
 //! which task.
 
-use crate::layers::{Activation, Linear, Mlp};
+use crate::layers::{Activation, Dropout, Linear, Mlp};
+use crate::loss::bce_sum_with_logits;
 use serde::{Deserialize, Serialize};
 
 /// Most tasks a model can have: a data row carries one 0/1 label digit per task, and the
@@ -158,10 +159,18 @@ impl Mmoe {
         }
     }
 
-    /// Experts, gates (softmax weights into `acts.gates`) and each task's mixture (into
-    /// `acts.mixes`) of `n` rows of `x [n, in]`. The towers run in the caller, which owns
-    /// task 0's.
-    pub fn forward(&self, params: &[f32], x: &[f32], n: usize, acts: &mut MmoeActs) {
+    /// Experts, gates (softmax weights into `acts.gates`), each task's mixture (into
+    /// `acts.mixes`) and the towers of tasks `1..T` (`acts.towers`, under `dropout` in a
+    /// training step) of `n` rows of `x [n, in]`. Task 0's tower, the model's top MLP,
+    /// runs in the caller on `acts.mixes[0]`.
+    pub fn forward(
+        &self,
+        params: &[f32],
+        x: &[f32],
+        n: usize,
+        acts: &mut MmoeActs,
+        dropout: Option<Dropout>,
+    ) {
         for (expert, out) in self.experts.iter().zip(&mut acts.experts) {
             expert.forward(params, x, n, out);
         }
@@ -187,14 +196,76 @@ impl Mmoe {
                 }
             }
         }
+        for (t, tower) in self.towers.iter().enumerate() {
+            tower.forward_full(
+                params,
+                &acts.mixes[t + 1],
+                n,
+                &mut acts.towers[t],
+                &mut [],
+                task_dropout(dropout, t + 1),
+            );
+        }
     }
 
-    /// Backward from the gradients w.r.t. every task's mixture (`acts.d_mixes`, each
-    /// `[n, E]`, written by the towers' backward): the experts' and gates' parameter
-    /// gradients into `grads` (overwritten), the gradient w.r.t. `x` into `dx [n, in]`
-    /// (overwritten). `ga`/`gb` as for [`Mlp::backward`].
+    /// Backward of [`Mmoe::forward`], after the caller's backward of task 0's tower wrote
+    /// `acts.d_mixes[0]`: the towers of tasks `1..T` against their labels
+    /// (`task_labels [n, T - 1]`, row-major; each loss's gradient scaled by
+    /// `grad_scale`), then the experts and gates. Parameter gradients go into `grads`
+    /// (overwritten), the gradient w.r.t. `x` into `dx [n, in]` (overwritten); `ga`/`gb`
+    /// as for [`Mlp::backward`]. Returns the summed loss of tasks `1..T`.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
+        &self,
+        params: &[f32],
+        grads: &mut [f32],
+        x: &[f32],
+        acts: &mut MmoeActs,
+        (task_labels, grad_scale): (&[f32], f32),
+        dx: &mut [f32],
+        ga: &mut [f32],
+        gb: &mut [f32],
+        n: usize,
+        dropout: Option<Dropout>,
+    ) -> f64 {
+        let mut loss = 0.0;
+        let extra = self.tasks() - 1;
+        for (t, tower) in self.towers.iter().enumerate() {
+            for (l, row) in acts.labels[..n]
+                .iter_mut()
+                .zip(task_labels.chunks_exact(extra))
+            {
+                *l = row[t];
+            }
+            let logits = acts.towers[t].last().expect("nonempty");
+            loss += bce_sum_with_logits(
+                &logits[..n],
+                &acts.labels[..n],
+                grad_scale,
+                &mut acts.dlogits[..n],
+            );
+            tower.backward_full(
+                params,
+                grads,
+                &acts.mixes[t + 1],
+                &acts.towers[t],
+                &[],
+                &mut acts.dlogits,
+                ga,
+                gb,
+                Some(&mut acts.d_mixes[t + 1]),
+                n,
+                task_dropout(dropout, t + 1),
+            );
+        }
+        self.backward_shared(params, grads, x, acts, dx, ga, gb, n);
+        loss
+    }
+
+    /// The experts' and gates' part of [`Mmoe::backward`], from every task's mixture
+    /// gradient (`acts.d_mixes`).
+    #[allow(clippy::too_many_arguments)]
+    fn backward_shared(
         &self,
         params: &[f32],
         grads: &mut [f32],
@@ -277,6 +348,15 @@ pub struct MmoeActs {
     pub dlogits: Vec<f32>,
 }
 
+/// The dropout of task `t`'s tower: its own masks (a seed per task), so the towers do
+/// not drop the same units.
+fn task_dropout(dropout: Option<Dropout>, task: usize) -> Option<Dropout> {
+    dropout.map(|d| Dropout {
+        seed: elastrec_common::splitmix::derive(d.seed, task as u64),
+        ..d
+    })
+}
+
 fn softmax_in_place(row: &mut [f32]) {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0;
@@ -314,7 +394,7 @@ mod tests {
         let n = 3;
         let x: Vec<f32> = (0..n * 6).map(|i| (i as f32 * 0.37).sin()).collect();
         let mut acts = head.acts(n);
-        head.forward(&params, &x, n, &mut acts);
+        head.forward(&params, &x, n, &mut acts, None);
         for (t, g) in acts.gates.iter().enumerate() {
             for r in 0..n {
                 let w = &g[r * 3..(r + 1) * 3];
