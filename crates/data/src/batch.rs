@@ -104,7 +104,7 @@ impl Batch {
     #[inline]
     pub fn push_raw(&mut self, row: &crate::raw::RawRow) {
         debug_assert!(self.dense_width == NUM_DENSE && self.sparse_width == NUM_SPARSE);
-        self.push_labels(row);
+        row.push_labels(&mut self.labels, &mut self.tasks, &mut self.task_labels);
         let table = crate::raw::dense_table();
         self.dense.extend(
             row.ints
@@ -116,21 +116,6 @@ impl Batch {
                 .iter()
                 .map(|c| c.map_or(MISSING_CATEGORY, u64::from)),
         );
-    }
-
-    /// Appends `row`'s labels: task 0's to `labels`, the others' to `task_labels`. An
-    /// empty batch takes its task count from the row; a row with another count is a
-    /// reader's error (it checks every row of a file against the first).
-    #[inline]
-    pub fn push_labels(&mut self, row: &crate::raw::RawRow) {
-        if self.labels.is_empty() {
-            self.tasks = row.tasks();
-        }
-        debug_assert_eq!(self.tasks, row.tasks());
-        self.labels.push(row.label as f32);
-        for t in 1..self.tasks {
-            self.task_labels.push(f32::from(row.task_label(t)));
-        }
     }
 
     /// Appends the rows `range` of `other` to this batch (an empty batch takes `other`'s

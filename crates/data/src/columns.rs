@@ -66,14 +66,7 @@ impl RawColumns {
     /// Appends one row.
     #[inline]
     pub fn push(&mut self, row: &RawRow) {
-        if self.labels.is_empty() {
-            self.tasks = row.tasks();
-        }
-        debug_assert_eq!(self.tasks, row.tasks());
-        self.labels.push(f32::from(row.label));
-        for t in 1..self.tasks {
-            self.task_labels.push(f32::from(row.task_label(t)));
-        }
+        row.push_labels(&mut self.labels, &mut self.tasks, &mut self.task_labels);
         for (col, v) in self.ints.iter_mut().zip(&row.ints) {
             col.push(v.unwrap_or(NULL_INT));
         }

@@ -130,8 +130,9 @@ impl ParquetWriter {
         })
     }
 
-    /// The Arrow writer, opened with the schema of `extra` labels after the first.
-    fn open(&mut self, extra: usize) -> Result<&mut ArrowWriter<File>> {
+    /// Opens the Arrow writer with the schema of `extra` labels after the first, unless
+    /// it is open.
+    fn open(&mut self, extra: usize) -> Result<()> {
         if let Some((file, props)) = self.pending.take() {
             self.extra = extra;
             self.schema = schema_with_tasks(extra);
@@ -139,7 +140,7 @@ impl ParquetWriter {
                 .map_err(|e| DataError::parquet(&self.path, e))?;
             self.writer = Some(w);
         }
-        Ok(self.writer.as_mut().expect("opened"))
+        Ok(())
     }
 
     /// Appends the rows of `raw`. Every row of a file carries as many labels as the

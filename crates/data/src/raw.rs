@@ -28,6 +28,25 @@ impl RawRow {
         1 + self.extra_tasks as usize
     }
 
+    /// Appends the row's labels to a row container's: task 0's to `labels`, the others'
+    /// to `task_labels` (`tasks - 1` per row). An empty container (`labels` empty) takes
+    /// its task count from the row; a row with another count is a reader's error (it
+    /// checks every row of a file against the first).
+    #[inline]
+    pub(crate) fn push_labels(
+        &self,
+        labels: &mut Vec<f32>,
+        tasks: &mut usize,
+        task_labels: &mut Vec<f32>,
+    ) {
+        if labels.is_empty() {
+            *tasks = self.tasks();
+        }
+        debug_assert_eq!(*tasks, self.tasks());
+        labels.push(f32::from(self.label));
+        task_labels.extend((1..*tasks).map(|t| f32::from(self.task_label(t))));
+    }
+
     /// Task `t`'s label (0 or 1); `t` below [`RawRow::tasks`].
     pub fn task_label(&self, t: usize) -> u8 {
         if t == 0 {

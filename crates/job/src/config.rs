@@ -245,6 +245,11 @@ pub struct ModelConfig {
     pub mmoe: Option<MmoeSettings>,
 }
 
+// The model's bound on tasks is the data's: a row's label field has a digit per task, and
+// readers keep the labels after the first in a byte's bits.
+const _: () =
+    assert!(elastrec_model::MAX_TASKS == 1 + elastrec_data::raw::MAX_EXTRA_TASKS as usize);
+
 /// `[model.mmoe]`: a multi-gate mixture of experts (Ma et al. 2018) over the interaction
 /// output, a gate and a tower (`top_mlp`'s sizes) per task.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

@@ -235,13 +235,13 @@ impl Master for MasterService {
             samples: req.samples,
         };
         if req.task_auc.len() != req.task_logloss.len()
-            || req.task_auc.len() > elastrec_data::raw::MAX_EXTRA_TASKS as usize
+            || req.task_auc.len() >= elastrec_model::MAX_TASKS
         {
             return Err(MasterError::invalid(format!(
                 "evaluation: {} task AUCs and {} task log losses (at most {} tasks after the first, as many of each)",
                 req.task_auc.len(),
                 req.task_logloss.len(),
-                elastrec_data::raw::MAX_EXTRA_TASKS
+                elastrec_model::MAX_TASKS - 1
             ))
             .into());
         }

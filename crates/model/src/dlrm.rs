@@ -701,25 +701,14 @@ impl DenseDlrm {
         task_labels: &[f32],
         ws: &mut Workspace,
     ) -> Result<f32> {
-        self.step(dense_x, emb, labels, task_labels, Tower::Memory, ws)
+        self.forward_backward_tower(dense_x, emb, labels, task_labels, Tower::Memory, ws)
     }
 
-    /// [`DenseDlrm::forward_backward`] of one tower: `Tower::Memory` trains the top MLP,
-    /// `Tower::Adapt` an MTRM's adapt tower (see [`Tower`]). The other tower's gradient
-    /// is zero, and so is, in an adapt step, everything that reaches the memory tower only
-    /// through `h_M`.
+    /// [`DenseDlrm::forward_backward_tasks`] of one tower: `Tower::Memory` trains the top
+    /// MLP (and a multi-task model's other towers), `Tower::Adapt` an MTRM's adapt tower
+    /// (see [`Tower`]). The other tower's gradient is zero, and so is, in an adapt step,
+    /// everything that reaches the memory tower only through `h_M`.
     pub fn forward_backward_tower(
-        &self,
-        dense_x: &[f32],
-        emb: &[f32],
-        labels: &[f32],
-        tower: Tower,
-        ws: &mut Workspace,
-    ) -> Result<f32> {
-        self.step(dense_x, emb, labels, &[], tower, ws)
-    }
-
-    fn step(
         &self,
         dense_x: &[f32],
         emb: &[f32],

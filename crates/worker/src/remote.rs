@@ -610,20 +610,12 @@ impl RemoteModel {
     fn compute(&mut self, batch: &Batch, stream: bool) -> anyhow::Result<f32> {
         let n = batch.len();
         let emb = &self.emb[..n * self.dense.config().num_tables * self.dim];
-        if self.dense.tasks() > 1 {
-            return Ok(self.dense.forward_backward_tasks(
-                &batch.dense,
-                emb,
-                &batch.labels,
-                &batch.task_labels,
-                &mut self.ws,
-            )?);
-        }
         let tower = self.dense.tower_for(stream);
         Ok(self.dense.forward_backward_tower(
             &batch.dense,
             emb,
             &batch.labels,
+            &batch.task_labels,
             tower,
             &mut self.ws,
         )?)

@@ -450,7 +450,7 @@ fn mtrm_towers_gradcheck_and_stop_the_gradient_at_h_m() {
     assert_eq!(m.tower_for(false), Tower::Memory);
 
     // Memory step.
-    m.forward_backward_tower(&x, &e, &y, Tower::Memory, &mut ws)
+    m.forward_backward_tower(&x, &e, &y, &[], Tower::Memory, &mut ws)
         .unwrap();
     let gp: Vec<f32> = ws.grads().iter().map(|v| v * n as f32).collect();
     assert!(gp[adapt_range.clone()].iter().all(|&v| v == 0.0));
@@ -463,7 +463,7 @@ fn mtrm_towers_gradcheck_and_stop_the_gradient_at_h_m() {
     m.params_mut().copy_from_slice(&p0);
 
     // Adapt step: the memory tower gets nothing, whatever h_M's weights.
-    m.forward_backward_tower(&x, &e, &y, Tower::Adapt, &mut ws)
+    m.forward_backward_tower(&x, &e, &y, &[], Tower::Adapt, &mut ws)
         .unwrap();
     assert!(ws.grads()[memory.clone()].iter().all(|&v| v == 0.0));
     assert!(ws.grads()[adapt_range.clone()].iter().any(|&v| v != 0.0));
@@ -486,7 +486,7 @@ fn mtrm_towers_gradcheck_and_stop_the_gradient_at_h_m() {
     for o in 0..l0.out_dim {
         m.params_mut()[l0.w_offset + o * l0.in_dim + l0.in_dim - 1] = 0.0;
     }
-    m.forward_backward_tower(&x, &e, &y, Tower::Adapt, &mut ws)
+    m.forward_backward_tower(&x, &e, &y, &[], Tower::Adapt, &mut ws)
         .unwrap();
     let gp: Vec<f32> = ws.grads().iter().map(|v| v * n as f32).collect();
     let ge: Vec<f32> = ws.d_emb().iter().map(|v| v * n as f32).collect();
@@ -503,7 +503,7 @@ fn mtrm_towers_gradcheck_and_stop_the_gradient_at_h_m() {
     let plain = DenseDlrm::new(small(InteractionKind::Dot)).unwrap();
     let mut ws3 = plain.workspace(8);
     assert_eq!(
-        plain.forward_backward_tower(&x, &e, &y, Tower::Adapt, &mut ws3),
+        plain.forward_backward_tower(&x, &e, &y, &[], Tower::Adapt, &mut ws3),
         Err(ModelError::NoAdaptTower)
     );
 }
