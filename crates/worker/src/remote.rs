@@ -896,6 +896,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let mut batch = Batch::with_capacity(batch_size);
     let mut exit_after_push = fail_point_exit_after_push(id);
     let slow_batch = fail_point_slow_batch(id);
+    let tasks = job.model.tasks();
     // Online jobs judge the stream (`stream.eval_window`); batch jobs every batch
     // (`train.progressive_window`).
     let progressive = match &job.stream {
@@ -998,7 +999,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             let rows = local_batch_size(&job, &shared);
             let t0 = Instant::now();
             let n = tokio::task::block_in_place(|| reader.next_batch(&mut batch, rows))?;
-            batch.check_tasks(job.model.tasks(), Path::new(&file))?;
+            batch.check_tasks(tasks, Path::new(&file))?;
             TimeSplit::add(&shared.profile.read_us, t0);
             let skipped = reader.stats().rows_skipped - skipped_before;
             skipped_before = reader.stats().rows_skipped;

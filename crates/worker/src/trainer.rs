@@ -103,28 +103,21 @@ pub fn load_eval_set(
     for f in files {
         let reader = elastrec_data::open_reader(f, job.data.on_bad_row)?;
         let mut reader = elastrec_job::prepare::preprocessed(reader, plan.as_ref());
-        let tasks = job.model.tasks();
-        read_batches(
-            reader.as_mut(),
-            job.train.batch_size,
-            tasks,
-            f,
-            &mut batches,
-        )?;
+        read_batches(reader.as_mut(), job, f, &mut batches)?;
         stats.merge(reader.stats());
     }
     Ok(batches)
 }
 
-/// Every batch of `rows` rows `reader` (of `path`) has left, appended to `out`; rows
-/// must carry `tasks` labels each.
+/// Every batch of the job's batch size `reader` (of `path`) has left, appended to `out`;
+/// rows must carry one label per task of the job's model.
 fn read_batches(
     reader: &mut dyn BatchReader,
-    rows: usize,
-    tasks: usize,
+    job: &JobConfig,
     path: &Path,
     out: &mut Vec<Batch>,
 ) -> Result<()> {
+    let (rows, tasks) = (job.train.batch_size, job.model.tasks());
     loop {
         let mut b = Batch::with_capacity(rows);
         if reader.next_batch(&mut b, rows)? == 0 {
@@ -483,9 +476,9 @@ struct Evaluations {
     validation: Vec<Batch>,
     /// Where the best model is written when it is seen.
     save: Option<PathBuf>,
-    best_eval: Option<EvalResult>,
     best_validation: Option<EvalResult>,
-    /// Every task's figures of the last evaluation, and of the best (multi-task models).
+    /// Every task's figures (task 0 first) of the last evaluation on the eval files, and
+    /// of the best model's (empty until model selection found one).
     last_tasks: Vec<EvalResult>,
     best_tasks: Vec<EvalResult>,
 }
@@ -531,7 +524,6 @@ impl Evaluations {
         let auc = validation.map_or(eval.auc, |v| v.auc);
         match self.selection.observe(auc, at.samples, at.epoch) {
             Verdict::Better => {
-                self.best_eval = Some(*eval);
                 self.best_validation = validation;
                 self.best_tasks = self.last_tasks.clone();
                 if let Some(p) = &self.save {
@@ -574,14 +566,7 @@ fn load_slice(
             *end,
             job.data.on_bad_row,
         )?;
-        let tasks = job.model.tasks();
-        read_batches(
-            reader.as_mut(),
-            job.train.batch_size,
-            tasks,
-            f,
-            &mut batches,
-        )?;
+        read_batches(reader.as_mut(), job, f, &mut batches)?;
         stats.merge(reader.stats());
     }
     Ok(batches)
@@ -829,7 +814,6 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
             .output
             .save_model
             .then(|| job.output.dir.join("model.bin")),
-        best_eval: None,
         best_validation: None,
         last_tasks: Vec::new(),
         best_tasks: Vec::new(),
@@ -956,8 +940,8 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
     };
     if best.is_some() {
         // The summary describes the model that is kept.
-        last_eval = evals.best_eval.or(last_eval);
-        if evals.best_eval.is_some() {
+        if let Some(&b) = evals.best_tasks.first() {
+            last_eval = Some(b);
             evals.last_tasks = std::mem::take(&mut evals.best_tasks);
         }
     }
