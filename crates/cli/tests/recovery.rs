@@ -276,19 +276,34 @@ fn checkpoint_of_two_ps_restored_onto_three() {
 /// A parameter server that never answers a checkpoint call (a fail point hangs PS 1's
 /// first one): the checkpoint is abandoned after `checkpoint.timeout_s` instead of
 /// blocking every later one, the next checkpoint commits, and the job finishes exactly.
+/// A checkpoint asked for while the hung one runs is not refused: it waits for it, then
+/// commits its own.
 #[test]
 fn a_hung_checkpoint_is_abandoned_and_the_next_one_commits() {
     let _g = serial();
-    let text = cluster("partial", 3600.0) + "timeout_s = 2.0\n";
+    let text = cluster("partial", 3600.0) + "timeout_s = 5.0\n";
     let (job, dir) = write_job("hung", &text);
     let log = dir.with_extension("log");
     let mut g = spawn_paused(&job, &log, &[("ELASTREC_FAIL_HANG_CHECKPOINT", "1")]);
     wait_held(&dir);
-    let out = elastrec(&["checkpoint", dir.to_str().unwrap()]);
+    let hung = std::process::Command::new(exe())
+        .args(["checkpoint", dir.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // PS 1 holds the first checkpoint until its deadline.
+    wait_for(Duration::from_secs(60), || {
+        status_json(&dir).is_some_and(|s| s["checkpoint"]["taking"] == true)
+    });
+    take_checkpoint(&dir);
+    let out = hung.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "the hung checkpoint was committed");
-    assert!(err.contains("checkpoint refused"), "{err}");
-    take_checkpoint(&dir);
+    assert!(
+        err.contains("checkpoint refused") && err.contains("abandoned"),
+        "{err}"
+    );
     unpause(&dir);
     let text = g.wait_success(&log);
     check_result(&dir, &log, 0.005);

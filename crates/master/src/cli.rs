@@ -165,7 +165,7 @@ pub fn status_value(
                 "count": c.count, "last_id": c.last_id, "last_age_s": c.last_age_s,
                 "interval_s": c.interval_s, "pls": c.pls, "recovery": c.recovery,
                 "stall_ms": c.stall_ms, "memcpy_ms": c.memcpy_ms,
-                "recoveries": c.recoveries,
+                "recoveries": c.recoveries, "taking": c.taking,
             })),
             "autoscale": autoscale,
             "layout": {"version": s.layout_version, "ps": s.num_ps},
@@ -647,9 +647,14 @@ pub struct CheckpointArgs {
     pub job_dir: PathBuf,
 }
 
+/// How long `checkpoint` and `stop` wait for their reply. The master bounds both the wait
+/// for a checkpoint already running and its own by `checkpoint.timeout_s` (600 s by
+/// default), so this deadline only guards against a master that stopped answering.
+const CHECKPOINT_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// Asks the master for a checkpoint and waits until it is committed.
 pub async fn checkpoint(args: CheckpointArgs) -> anyhow::Result<()> {
-    let mut client = connect(&args.job_dir)?;
+    let mut client = connect_with_timeout(&args.job_dir, CHECKPOINT_CALL_TIMEOUT)?;
     let r = client
         .take_checkpoint(TakeCheckpointRequest {
             version: rpc::version(),
@@ -675,7 +680,8 @@ pub struct StopArgs {
 
 /// Asks the master to stop training; with checkpoints on, it takes one first.
 pub async fn stop(args: StopArgs) -> anyhow::Result<()> {
-    let mut client = connect(&args.job_dir)?;
+    // The master takes a checkpoint before it replies.
+    let mut client = connect_with_timeout(&args.job_dir, CHECKPOINT_CALL_TIMEOUT)?;
     let r = client
         .stop(elastrec_proto::master::StopRequest {
             version: rpc::version(),

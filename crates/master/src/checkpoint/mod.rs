@@ -16,7 +16,6 @@ pub use fingerprint::Fingerprint;
 pub use policy::{CheckpointPolicy, CheckpointStats, Commit, RecoveryRecord};
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -72,7 +71,8 @@ pub struct Coordinator {
     /// What the job's checkpoints belong to (its files grow in a following job).
     fingerprint: Mutex<Fingerprint>,
     policy: Mutex<CheckpointPolicy>,
-    busy: AtomicBool,
+    /// Held while a checkpoint is being taken: one at a time, the others queue behind it.
+    running: tokio::sync::Mutex<()>,
     /// The checkpoint a job started from (`--from-checkpoint`), used until it has its own.
     origin: Mutex<Option<(Manifest, RestorePlan, DataPosition)>>,
 }
@@ -102,7 +102,7 @@ impl Coordinator {
                 stats,
                 Instant::now(),
             )),
-            busy: AtomicBool::new(false),
+            running: tokio::sync::Mutex::new(()),
             origin: Mutex::new(None),
         })
     }
@@ -161,7 +161,7 @@ impl Coordinator {
 
     /// True while a checkpoint is being taken.
     pub fn busy(&self) -> bool {
-        self.busy.load(Ordering::Acquire)
+        self.running.try_lock().is_err()
     }
 
     /// True when a checkpoint is due and none is running.
@@ -171,28 +171,32 @@ impl Coordinator {
 
     /// [`Coordinator::due`] at clock reading `now`.
     fn due_at(&self, now: Instant, samples_done: u64) -> bool {
-        !self.busy.load(Ordering::Relaxed) && self.policy.lock().due(now, samples_done)
+        !self.busy() && self.policy.lock().due(now, samples_done)
     }
 
     /// Takes a checkpoint now: data position, flash copy on every PS, master part,
     /// manifest last, then retention. Nothing is committed if any part fails.
+    ///
+    /// One already being taken (a periodic one, say) is waited for first, and then this
+    /// one is taken: whoever asks for a checkpoint (`elastrec checkpoint`, `stop`) wants
+    /// the state from now, and must not be refused because the interval fell due just
+    /// before. The wait is bounded by the running checkpoint's own deadline.
     pub async fn checkpoint(&self, core: &MasterCore, reason: &str) -> anyhow::Result<Manifest> {
-        if self.busy.swap(true, Ordering::AcqRel) {
-            bail!("a checkpoint is already being taken");
-        }
-        // A PS or the storage that never answers must not leave `busy` set forever (that
+        let Ok(_turn) = tokio::time::timeout(self.cfg.timeout(), self.running.lock()).await else {
+            bail!(
+                "the checkpoint already being taken did not end within checkpoint.timeout_s = {} s",
+                self.cfg.timeout_s
+            );
+        };
+        // A PS or the storage that never answers must not hold the turn forever (that
         // would silently stop every later checkpoint): the whole checkpoint has a deadline.
-        let r = match tokio::time::timeout(self.cfg.timeout(), self.checkpoint_inner(core, reason))
-            .await
-        {
+        match tokio::time::timeout(self.cfg.timeout(), self.checkpoint_inner(core, reason)).await {
             Ok(r) => r,
             Err(_) => Err(anyhow::anyhow!(
                 "checkpoint not committed within checkpoint.timeout_s = {} s; abandoned",
                 self.cfg.timeout_s
             )),
-        };
-        self.busy.store(false, Ordering::Release);
-        r
+        }
     }
 
     /// [`Coordinator::checkpoint`] on a blocking thread of the current runtime, beside the
@@ -532,6 +536,7 @@ impl Coordinator {
             stall_ms: st.stall_ms(),
             memcpy_ms: st.memcpy_ms(),
             recoveries: st.recoveries.len() as u32,
+            taking: self.busy(),
         }
     }
 

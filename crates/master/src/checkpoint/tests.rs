@@ -88,8 +88,11 @@ fn one_checkpoint_at_a_time() {
     .unwrap();
     let later = Instant::now() + s(60.0);
     assert!(c.due_at(later, 0));
-    c.busy.store(true, Ordering::Relaxed);
+    let turn = c.running.try_lock().unwrap();
+    assert!(c.busy());
     assert!(!c.due_at(later, 0));
+    drop(turn);
+    assert!(c.due_at(later, 0));
 }
 
 /// With a save priority, `1/ratio − 1` deltas follow each full checkpoint; a change of
