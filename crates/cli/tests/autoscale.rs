@@ -64,7 +64,11 @@ fn a_job_that_needs_more_workers_scales_up_by_itself_and_beats_the_pinned_job() 
     let mut auto = run_job(&auto_job, &auto_log, &[("ELASTREC_FAIL_SLOW_WORKER", SLOW)]);
     auto.wait_success(&auto_log);
     pinned.wait_success(&pinned_log);
-    check_result(&auto_dir, &auto_log, 0.005);
+    // Up to 4 asynchronous workers after 20 single-worker warm-up steps: on this small
+    // data set their AUC spreads wider than one worker's (docs/config.md,
+    // `cluster.warmup_steps`: 0.804-0.813 for 3 workers without a warm-up); 0.0058 below
+    // the single-process model was seen once on a loaded machine.
+    check_result(&auto_dir, &auto_log, 0.01);
     check_result(&pinned_dir, &pinned_log, 0.005);
     let (r_auto, r_pinned) = (result(&auto_dir), result(&pinned_dir));
     let scaling = r_auto["autoscale"]["scaling"].as_array().unwrap().clone();
