@@ -629,23 +629,25 @@ impl JobConfig {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
-        crate::resources::resolve_resources(&mut cfg, text, path)?;
-        cfg.apply_family_defaults(text);
-        cfg.check_dataset_fields(text, path)?;
+        // The fields the file itself sets (the struct above has every default filled in).
+        let given: toml::Table = toml::from_str(text).unwrap_or_default();
+        crate::resources::resolve_resources(&mut cfg, &given, path)?;
+        cfg.apply_family_defaults(&given);
+        cfg.check_dataset_fields(&given, path)?;
         cfg.validate(path)?;
         Ok(cfg)
     }
 
     /// Defaults that depend on the model family, for the fields the file leaves out.
     ///
-    /// A DeepFM warms its learning rates up over [`DEEPFM_WARMUP_SAMPLES`]: its FM term
-    /// sends every embedding of a sample the sum of the others as gradient, and the
-    /// Adagrads' first steps (each a full `lr` per weight) taken on those large, still
-    /// random gradients cost it 0.015 AUC on the quickstart data (docs/models.md,
-    /// "DeepFM's warm-up"). Online jobs take no schedule, so they keep none.
-    fn apply_family_defaults(&mut self, text: &str) {
-        let raw: toml::Table = toml::from_str(text).unwrap_or_default();
-        let warmup_given = raw
+    /// A DeepFM warms its learning rates up over [`DEEPFM_WARMUP_SAMPLES`]: without it,
+    /// its first full-rate steps cost it 0.015 AUC on the quickstart data. Our reading:
+    /// the FM term sends every embedding of a sample the sum of the others as gradient,
+    /// and the Adagrads' first steps (each a full `lr` per weight) taken on those large,
+    /// still random gradients scatter the embeddings (docs/models.md, "DeepFM's
+    /// warm-up"). Online jobs take no schedule, so they keep none.
+    fn apply_family_defaults(&mut self, given: &toml::Table) {
+        let warmup_given = given
             .get("optimizer")
             .and_then(|o| o.get("schedule"))
             .and_then(|s| s.get("warmup_samples"))
@@ -657,9 +659,8 @@ impl JobConfig {
 
     /// A job names its training (evaluation) data either as files or as datasets: both
     /// would leave one of them silently unused.
-    fn check_dataset_fields(&self, text: &str, path: &Path) -> Result<(), ConfigError> {
-        let raw: toml::Table = toml::from_str(text).unwrap_or_default();
-        let data = raw.get("data").and_then(|d| d.as_table());
+    fn check_dataset_fields(&self, given: &toml::Table, path: &Path) -> Result<(), ConfigError> {
+        let data = given.get("data").and_then(|d| d.as_table());
         for (role, field) in [
             (elastrec_orchestrate::DatasetRole::Train, "data.train"),
             (elastrec_orchestrate::DatasetRole::Eval, "data.eval"),

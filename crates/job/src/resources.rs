@@ -78,9 +78,13 @@ impl RoleResources {
 }
 
 /// Checks `[resources]` and folds the counts into `[cluster]`, naming the field at fault.
-/// `text` is the job file, to tell a `cluster.workers` the file gives from the default.
-pub fn resolve_resources(cfg: &mut JobConfig, text: &str, path: &Path) -> Result<(), ConfigError> {
-    let given: toml::Table = toml::from_str(text).unwrap_or_default();
+/// `given` is the job file's own table, to tell a `cluster.workers` the file gives from the
+/// default.
+pub fn resolve_resources(
+    cfg: &mut JobConfig,
+    given: &toml::Table,
+    path: &Path,
+) -> Result<(), ConfigError> {
     let in_cluster = |key: &str| {
         given
             .get("cluster")

@@ -636,18 +636,7 @@ impl DenseDlrm {
         ws: &mut Workspace,
         probs: &mut [f32],
     ) -> Result<()> {
-        let logits = self.forward(dense_x, emb, ws)?;
-        if probs.len() != logits.len() {
-            return Err(ModelError::Shape {
-                what: "probs",
-                expected: logits.len(),
-                got: probs.len(),
-            });
-        }
-        for (p, &l) in probs.iter_mut().zip(logits) {
-            *p = sigmoid(l);
-        }
-        Ok(())
+        self.predict_first_tasks(dense_x, emb, ws, probs, 1)
     }
 
     /// Forward pass writing every task's probabilities, row-major `[n, T]`, into `probs`
@@ -659,7 +648,19 @@ impl DenseDlrm {
         ws: &mut Workspace,
         probs: &mut [f32],
     ) -> Result<()> {
-        let tasks = self.tasks();
+        self.predict_first_tasks(dense_x, emb, ws, probs, self.tasks())
+    }
+
+    /// Forward pass writing the probabilities of tasks `0..tasks`, row-major
+    /// `[n, tasks]`, into `probs` (task 0's are the serving tower's).
+    fn predict_first_tasks(
+        &self,
+        dense_x: &[f32],
+        emb: &[f32],
+        ws: &mut Workspace,
+        probs: &mut [f32],
+        tasks: usize,
+    ) -> Result<()> {
         let n = self.forward(dense_x, emb, ws)?.len();
         if probs.len() != n * tasks {
             return Err(ModelError::Shape {

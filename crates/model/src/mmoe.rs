@@ -183,17 +183,7 @@ impl Mmoe {
             let mix = &mut mix[..n * e];
             mix.fill(0.0);
             for (j, expert) in acts.experts.iter().enumerate() {
-                let out = expert.last().expect("nonempty");
-                for ((m, o), w) in mix
-                    .chunks_exact_mut(e)
-                    .zip(out.chunks_exact(e))
-                    .zip(g.chunks_exact(k))
-                {
-                    let w = w[j];
-                    for (m, &o) in m.iter_mut().zip(o) {
-                        *m += w * o;
-                    }
-                }
+                add_gated(mix, expert.last().expect("nonempty"), g, (k, j), e);
             }
         }
         for (t, tower) in self.towers.iter().enumerate() {
@@ -286,16 +276,7 @@ impl Mmoe {
             let d = &mut acts.d_expert[..n * e];
             d.fill(0.0);
             for (g, dm) in acts.gates.iter().zip(&acts.d_mixes) {
-                for ((d, dm), w) in d
-                    .chunks_exact_mut(e)
-                    .zip(dm.chunks_exact(e))
-                    .zip(g.chunks_exact(k))
-                {
-                    let w = w[j];
-                    for (d, &v) in d.iter_mut().zip(dm) {
-                        *d += w * v;
-                    }
-                }
+                add_gated(d, dm, g, (k, j), e);
             }
             expert.backward(params, grads, x, out, d, ga, gb, Some(&mut acts.dx), n);
             add_into(dx, &acts.dx[..n * in_dim]);
@@ -366,6 +347,22 @@ fn softmax_in_place(row: &mut [f32]) {
     }
     for v in row.iter_mut() {
         *v /= sum;
+    }
+}
+
+/// `out[r] += gates[r, j] · src[r]` for every row `r` of width `e`, with `gates` row-major
+/// `[n, k]`: a gate-weighted expert output into a task's mixture (forward), and a task's
+/// mixture gradient into expert `j`'s output gradient (backward).
+fn add_gated(out: &mut [f32], src: &[f32], gates: &[f32], (k, j): (usize, usize), e: usize) {
+    for ((o, s), w) in out
+        .chunks_exact_mut(e)
+        .zip(src.chunks_exact(e))
+        .zip(gates.chunks_exact(k))
+    {
+        let w = w[j];
+        for (o, &v) in o.iter_mut().zip(s) {
+            *o += w * v;
+        }
     }
 }
 

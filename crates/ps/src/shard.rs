@@ -899,6 +899,18 @@ mod tests {
         }
     }
 
+    /// Pulls table 0's `row` (and the dense slice when `want_dense`).
+    fn pull_row(ps: &PsShard, row: u64, want_dense: bool) -> PullResponse {
+        ps.pull(&PullRequest {
+            version: rpc::version(),
+            tables: vec![0],
+            rows: vec![row],
+            want_dense,
+            layout_version: 0,
+        })
+        .unwrap()
+    }
+
     fn owned_row(table: u32, shard: u32) -> u64 {
         (0..100u64)
             .find(|&r| elastrec_embedding::shard_of(table as usize, r, 2) == shard)
@@ -1011,16 +1023,7 @@ mod tests {
     async fn async_push_applies_at_once_and_checks_lengths() {
         let ps = PsShard::new(&job("async"), 1, 2).unwrap();
         let row = owned_row(0, 1);
-        let pull = || {
-            ps.pull(&PullRequest {
-                version: rpc::version(),
-                tables: vec![0],
-                rows: vec![row],
-                want_dense: true,
-                layout_version: 0,
-            })
-            .unwrap()
-        };
+        let pull = || pull_row(&ps, row, true);
         let before = pull();
         let req = |grads: Vec<f32>, dense: Vec<f32>| PushRequest {
             version: rpc::version(),
@@ -1096,9 +1099,6 @@ mod tests {
         assert!(after.dense.iter().zip(&before.dense).all(|(a, b)| a < b));
     }
 
-    /// A push may carry the gradient of ranges of the slice only (the rest of a push
-    /// re-split after a re-sharding): ascending, disjoint, inside the slice, adding up to
-    /// the values sent; only those parameters change.
     /// `[optimizer.schedule]` in `run`: a push's `lr_scale` multiplies the learning rates
     /// of its update, dense and sparse, in both modes (Adagrad's first step moves by the
     /// rate), 0 leaves the configured rates, and a multiplier off [0, 1] is refused.
@@ -1109,16 +1109,7 @@ mod tests {
             let moved = |scale: f32| {
                 let ps = PsShard::new(&job(mode), 1, 2).unwrap();
                 async move {
-                    let pull = || {
-                        ps.pull(&PullRequest {
-                            version: rpc::version(),
-                            tables: vec![0],
-                            rows: vec![row],
-                            want_dense: true,
-                            layout_version: 0,
-                        })
-                        .unwrap()
-                    };
+                    let pull = || pull_row(&ps, row, true);
                     let before = pull();
                     let push = PushRequest {
                         tables: vec![0],
@@ -1163,6 +1154,9 @@ mod tests {
         ));
     }
 
+    /// A push may carry the gradient of ranges of the slice only (the rest of a push
+    /// re-split after a re-sharding): ascending, disjoint, inside the slice, adding up to
+    /// the values sent; only those parameters change.
     #[tokio::test]
     async fn dense_spans_update_only_their_ranges() {
         use elastrec_proto::ps::DenseSpan;
@@ -1234,17 +1228,7 @@ mod tests {
                 dense_spans: vec![],
                 lr_scale: 0.0,
             };
-            let values = || {
-                ps.pull(&PullRequest {
-                    version: rpc::version(),
-                    tables: vec![0],
-                    rows: vec![row],
-                    want_dense: false,
-                    layout_version: 0,
-                })
-                .unwrap()
-                .values
-            };
+            let values = || pull_row(&ps, row, false).values;
             ps.push(req(7, key(512))).await.unwrap();
             let once = values();
             // Worker 7 died before reporting; worker 9 trains the same batch again.
