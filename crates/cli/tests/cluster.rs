@@ -236,12 +236,7 @@ fn scaling_workers_up_and_down_mid_epoch() {
         &log,
     );
     let scale = |n: &str| {
-        let out = elastrec(&["scale", dir.to_str().unwrap(), "--workers", n]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        elastrec_ok(&["scale", dir.to_str().unwrap(), "--workers", n]);
     };
     wait_held(&dir);
     scale("3");
@@ -612,7 +607,7 @@ fn mmoe_trains_two_tasks_in_train_and_in_run() {
     let _g = serial();
     let f = fixture();
     let data = f.dir.join("mmoe-data");
-    let out = elastrec(&[
+    elastrec_ok(&[
         "gen-data",
         "--out",
         data.to_str().unwrap(),
@@ -626,11 +621,6 @@ fn mmoe_trains_two_tasks_in_train_and_in_run() {
         "5",
         "--conversions",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(data.join("report.json")).unwrap()).unwrap();
     let rate = report["conversion"]["rate"].as_f64().unwrap();
@@ -648,12 +638,7 @@ fn mmoe_trains_two_tasks_in_train_and_in_run() {
         (job, f.dir.join(name))
     };
     let (job, dir) = write("mmoe-single", "", "mmoe-data");
-    let out = elastrec(&["train", job.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    elastrec_ok(&["train", job.to_str().unwrap()]);
     let s: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     let single: Vec<f64> = s["task_evals"]
@@ -665,20 +650,7 @@ fn mmoe_trains_two_tasks_in_train_and_in_run() {
     assert_eq!(single.len(), 2, "{s}");
     assert_eq!(single[0], s["eval"]["auc"].as_f64().unwrap());
     assert!(single.iter().all(|&a| a > 0.6), "{s}");
-    let saved = elastrec(&[
-        "eval",
-        "--model",
-        dir.join("model.bin").to_str().unwrap(),
-        "--data",
-        data.join("day_2.tsv").to_str().unwrap(),
-        "--json",
-    ]);
-    assert!(
-        saved.status.success(),
-        "{}",
-        String::from_utf8_lossy(&saved.stderr)
-    );
-    let e: serde_json::Value = serde_json::from_slice(&saved.stdout).unwrap();
+    let e = eval_model_on(&dir.join("model.bin"), &data.join("day_2.tsv"));
     for (t, &auc) in single.iter().enumerate() {
         assert!(
             (e["tasks"][t]["auc"].as_f64().unwrap() - auc).abs() < 1e-9,
@@ -705,15 +677,7 @@ fn mmoe_trains_two_tasks_in_train_and_in_run() {
             single[t]
         );
     }
-    let saved = elastrec(&[
-        "eval",
-        "--model",
-        dir.join("model.bin").to_str().unwrap(),
-        "--data",
-        data.join("day_2.tsv").to_str().unwrap(),
-        "--json",
-    ]);
-    let e: serde_json::Value = serde_json::from_slice(&saved.stdout).unwrap();
+    let e = eval_model_on(&dir.join("model.bin"), &data.join("day_2.tsv"));
     for (t, job) in tasks.iter().enumerate() {
         let mine = e["tasks"][t]["auc"].as_f64().unwrap();
         assert!(
@@ -764,12 +728,7 @@ fn family_trains_in_both_modes(family: &str, model: &str, extra: &str) {
         (job, f.dir.join(name))
     };
     let (job, dir) = write(&format!("{family}-single"), "");
-    let out = elastrec(&["train", job.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    elastrec_ok(&["train", job.to_str().unwrap()]);
     let s: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     let single = s["eval"]["auc"].as_f64().unwrap();

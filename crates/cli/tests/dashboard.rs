@@ -291,12 +291,7 @@ fn the_dashboard_shows_a_running_job_and_follows_it_when_it_scales() {
         screenshot(&chromium, &addr, Path::new(&shot));
     }
 
-    let out = elastrec(&["scale", dir.to_str().unwrap(), "--workers", "2"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    elastrec_ok(&["scale", dir.to_str().unwrap(), "--workers", "2"]);
     // The same page load: only the event feed can bring the second worker in.
     let t0 = Instant::now();
     wait_for(Duration::from_secs(60), || {

@@ -112,12 +112,7 @@ linger_ms = 100
 }
 
 fn stop(dir: &Path) -> String {
-    let out = elastrec(&["stop", dir.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = elastrec_ok(&["stop", dir.to_str().unwrap()]);
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -343,7 +338,7 @@ fn kafka_kale_adds_workers_for_a_traffic_peak_and_removes_them_after() {
         &[("ELASTREC_FAIL_SLOW_WORKER", "*:100")],
     );
     wait_for(Duration::from_secs(120), || status_json(&dir).is_some());
-    let out = elastrec(&[
+    let out = elastrec_ok(&[
         "replay",
         "--to",
         &format!("kafka://{brokers}/clicks"),
@@ -354,11 +349,6 @@ fn kafka_kale_adds_workers_for_a_traffic_peak_and_removes_them_after() {
         trace.to_str().unwrap(),
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let sent: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let total = sent["samples"].as_u64().unwrap();
     let (r, text, _) = stop_when_trained(&dir, &mut g, &log, total);

@@ -51,12 +51,7 @@ fn summary(dir: &std::path::Path) -> serde_json::Value {
 #[test]
 fn a_job_with_its_own_graph_trains_and_its_model_applies_the_graph() {
     let (job, dir) = graph_job("graph-train", "");
-    let out = elastrec(&["train", job.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    elastrec_ok(&["train", job.to_str().unwrap()]);
     let s = summary(&dir);
     let auc = s["eval"]["auc"].as_f64().unwrap();
     // The graph keeps every default feature and adds three: as good as the default
@@ -93,18 +88,13 @@ fn workers_and_data_executors_read_through_the_graph_and_the_ledger_is_exact() {
 fn elastrec_preprocess_writes_the_features_as_parquet() {
     let (job, _) = graph_job("graph-materialize", "");
     let out_dir = fixture().dir.join("graph-features");
-    let out = elastrec(&[
+    elastrec_ok(&[
         "preprocess",
         "--job",
         job.to_str().unwrap(),
         "--out",
         out_dir.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let day = fixture().dir.join("data/day_0.tsv");
     let (plain, _) = elastrec_data::read_all(&day, elastrec_data::BadRowPolicy::Fail).unwrap();
 

@@ -20,6 +20,17 @@ pub fn elastrec(args: &[&str]) -> Output {
         .expect("run elastrec")
 }
 
+/// [`elastrec`], asserting that the command succeeded (its stderr in the failure).
+pub fn elastrec_ok(args: &[&str]) -> Output {
+    let out = elastrec(args);
+    assert!(
+        out.status.success(),
+        "elastrec {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// A loopback port nobody listens on right now (for a server a test starts).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -122,7 +133,7 @@ pub fn fixture() -> &'static Fixture {
         unsafe {
             libc::atexit(remove_fixture_at_exit);
         }
-        let out = elastrec(&[
+        elastrec_ok(&[
             "gen-data",
             "--out",
             dir.join("data").to_str().unwrap(),
@@ -135,19 +146,9 @@ pub fn fixture() -> &'static Fixture {
             "--seed",
             "5",
         ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
         let job = dir.join("single.toml");
         std::fs::write(&job, job_text("single", "")).unwrap();
-        let out = elastrec(&["train", job.to_str().unwrap()]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        elastrec_ok(&["train", job.to_str().unwrap()]);
         let summary: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(dir.join("single/summary.json")).unwrap(),
         )
@@ -228,8 +229,12 @@ pub fn check_result(dir: &Path, log: &Path, auc_tolerance: f64) {
 
 /// AUC and logloss of a model file on the fixture's evaluation day (`elastrec eval`).
 pub fn eval_model(model: &Path) -> serde_json::Value {
-    let data = fixture().dir.join("data/day_2.tsv");
-    let out = elastrec(&[
+    eval_model_on(model, &fixture().dir.join("data/day_2.tsv"))
+}
+
+/// `elastrec eval --json` of a model file on `data`.
+pub fn eval_model_on(model: &Path, data: &Path) -> serde_json::Value {
+    let out = elastrec_ok(&[
         "eval",
         "--model",
         model.to_str().unwrap(),
@@ -237,11 +242,6 @@ pub fn eval_model(model: &Path) -> serde_json::Value {
         data.to_str().unwrap(),
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -295,13 +295,7 @@ pub fn samples_done(dir: &Path) -> u64 {
 
 /// Runs an `elastrec` subcommand on a job directory and asserts that it succeeded.
 fn control(args: &[&str]) -> String {
-    let out = elastrec(args);
-    assert!(
-        out.status.success(),
-        "elastrec {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    String::from_utf8_lossy(&elastrec_ok(args).stdout).into_owned()
 }
 
 /// Moves the job's pause point to `samples` (the job goes on until it gets there).
