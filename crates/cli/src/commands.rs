@@ -206,12 +206,17 @@ pub(crate) fn data_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-pub fn eval(model: &Path, data: &[PathBuf], on_bad_row: &str, json: bool) -> Result<()> {
-    let policy = match on_bad_row {
+/// `--on-bad-row`'s value.
+pub fn bad_row_policy(value: &str) -> Result<elastrec_data::BadRowPolicy> {
+    Ok(match value {
         "fail" => elastrec_data::BadRowPolicy::Fail,
         "skip" => elastrec_data::BadRowPolicy::Skip,
         other => bail!("--on-bad-row must be `fail` or `skip`, got `{other}`"),
-    };
+    })
+}
+
+pub fn eval(model: &Path, data: &[PathBuf], on_bad_row: &str, json: bool) -> Result<()> {
+    let policy = bad_row_policy(on_bad_row)?;
     let (dlrm, mut job) = elastrec_worker::model_file::load(model)?;
     job.data.on_bad_row = policy;
     let files = data_files(data)?;

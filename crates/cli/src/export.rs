@@ -18,6 +18,7 @@ use std::time::Instant;
 use anyhow::{bail, Context as _};
 use elastrec_checkpoint::format::Manifest;
 use elastrec_checkpoint::store::{redact_location, CheckpointStore};
+use elastrec_common::EvalResult;
 use elastrec_job::config::{JobConfig, ModelConfig, OptimizerConfig};
 use elastrec_master::export::{DeltaRecord, ExportRecord};
 use elastrec_ps::image::{apply_parts, decode, part_name, DecodedPart};
@@ -46,9 +47,50 @@ pub struct ExportArgs {
     /// Where the delta of `--delta-from` goes (replaced atomically).
     #[arg(long, requires = "delta_from")]
     pub delta_out: Option<PathBuf>,
+    /// Also evaluate the model on rows `START` to `END` (exclusive) of `FILE`, given as
+    /// `START:END:FILE`; repeatable. The record's `validation` holds the figures (the
+    /// master of `elastrec run` judges its checkpoints on the job's validation slice so).
+    #[arg(long, value_name = "START:END:FILE", value_parser = parse_row_range)]
+    pub validate: Vec<(PathBuf, u64, u64)>,
+    /// Also evaluate the model on this whole file (the record's `eval`); repeatable.
+    #[arg(long, value_name = "FILE")]
+    pub eval_data: Vec<PathBuf>,
+    /// Malformed rows in `--validate` and `--eval-data`: fail (default) or skip.
+    #[arg(long, default_value = "fail")]
+    pub on_bad_row: String,
     /// Print what was exported as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `START:END:FILE` of `--validate` (the file last: a path may hold colons).
+fn parse_row_range(s: &str) -> Result<(PathBuf, u64, u64), String> {
+    let mut it = s.splitn(3, ':');
+    let (Some(a), Some(b), Some(file)) = (it.next(), it.next(), it.next()) else {
+        return Err(format!("`{s}` is not START:END:FILE"));
+    };
+    let start: u64 = a
+        .parse()
+        .map_err(|_| format!("`{a}` in `{s}` is not a row number"))?;
+    let end: u64 = b
+        .parse()
+        .map_err(|_| format!("`{b}` in `{s}` is not a row number"))?;
+    if end < start || file.is_empty() {
+        return Err(format!(
+            "`{s}`: END must not be below START, and FILE must be named"
+        ));
+    }
+    Ok((PathBuf::from(file), start, end))
+}
+
+/// The data `elastrec export` also evaluates its model on.
+pub struct Judge<'a> {
+    /// `(file, start row, end row)` ranges: the record's `validation`.
+    pub validation: &'a [(PathBuf, u64, u64)],
+    /// Whole files: the record's `eval`.
+    pub eval: &'a [PathBuf],
+    /// Malformed rows in both.
+    pub on_bad_row: elastrec_data::BadRowPolicy,
 }
 
 /// The model and optimizer settings a checkpoint's manifest records.
@@ -63,11 +105,17 @@ struct Described {
 
 /// Runs `elastrec export`.
 pub fn run(args: ExportArgs) -> anyhow::Result<()> {
+    let judge = Judge {
+        validation: &args.validate,
+        eval: &args.eval_data,
+        on_bad_row: crate::commands::bad_row_policy(&args.on_bad_row)?,
+    };
     let e = crate::commands::on_runtime(export(
         &args.checkpoint,
         args.id,
         args.delta_from.as_deref().zip(args.delta_out.as_deref()),
         &args.out,
+        &judge,
     ))?;
     if args.json {
         println!("{}", serde_json::to_string(&e)?);
@@ -93,18 +141,27 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
             e.bytes as f64 / 1e6,
             e.seconds
         );
+        for (what, figures) in [("validation rows", &e.validation), ("eval files", &e.eval)] {
+            if let Some(r) = figures.first() {
+                println!(
+                    "{what}: AUC {:.4} logloss {:.4} over {} samples",
+                    r.auc, r.logloss, r.samples
+                );
+            }
+        }
     }
     Ok(())
 }
 
 /// Writes checkpoint `id` (default: the newest intact one) of the storage at `location`
 /// to the model file `out`, and with `delta` = `(earlier, path)` the delta from the
-/// earlier export `earlier` to `path`.
+/// earlier export `earlier` to `path`; evaluates the model on `judge`'s data.
 pub async fn export(
     location: &str,
     id: Option<u64>,
     delta: Option<(&Path, &Path)>,
     out: &Path,
+    judge: &Judge<'_>,
 ) -> anyhow::Result<ExportRecord> {
     let started = Instant::now();
     let store = elastrec_master::checkpoint::open_store(location)?;
@@ -182,6 +239,7 @@ pub async fn export(
     let bytes = std::fs::metadata(out)
         .with_context(|| format!("{}", out.display()))?
         .len();
+    let (validation, eval) = evaluate(&model, &job, judge)?;
     Ok(ExportRecord {
         path: out.to_path_buf(),
         checkpoint: m.id,
@@ -193,7 +251,37 @@ pub async fn export(
         dense_params: model.dense.num_params(),
         bytes,
         seconds: started.elapsed().as_secs_f64(),
+        validation,
+        eval,
     })
+}
+
+/// The model's figures (task 0 first) on `judge`'s validation rows and eval files, each
+/// empty when not asked for. Rows are read as `elastrec eval` reads them: through the
+/// graph the checkpoint describes.
+fn evaluate(
+    model: &Dlrm,
+    job: &JobConfig,
+    judge: &Judge<'_>,
+) -> anyhow::Result<(Vec<EvalResult>, Vec<EvalResult>)> {
+    use elastrec_worker::trainer::{evaluate_tasks, load_eval_set, load_slice};
+    if judge.validation.is_empty() && judge.eval.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let mut job = job.clone();
+    job.data.on_bad_row = judge.on_bad_row;
+    let mut predictor = elastrec_worker::Predictor::new(model, job.train.batch_size);
+    let mut stats = elastrec_data::ReadStats::default();
+    let mut figures = |batches: anyhow::Result<Vec<elastrec_data::Batch>>| match batches? {
+        b if b.is_empty() => Ok(Vec::new()),
+        b => anyhow::Ok(evaluate_tasks(model, &b, &mut predictor)?),
+    };
+    let validation = figures(
+        load_slice(judge.validation, &job, &mut stats).context("reading the validation rows"),
+    )?;
+    let eval =
+        figures(load_eval_set(judge.eval, &job, &mut stats).context("reading the eval files"))?;
+    Ok((validation, eval))
 }
 
 /// Every parameter server's part of checkpoint `m`, decoded.
@@ -229,4 +317,23 @@ fn model_for(job: &JobConfig, parts: &[DecodedPart]) -> anyhow::Result<Dlrm> {
             .with_context(|| format!("table index {} of {tables} tables", t.table))? = t.table_rows;
     }
     Ok(Dlrm::new(job, rows)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_ranges_name_their_file_last_and_bad_ones_say_why() {
+        assert_eq!(
+            parse_row_range("20:30:/data/a:b.tsv").unwrap(),
+            (PathBuf::from("/data/a:b.tsv"), 20, 30)
+        );
+        assert!(parse_row_range("30:20:a.tsv").unwrap_err().contains("END"));
+        assert!(parse_row_range("x:20:a.tsv").unwrap_err().contains("`x`"));
+        assert!(parse_row_range("1:2")
+            .unwrap_err()
+            .contains("START:END:FILE"));
+        assert!(parse_row_range("1:2:").unwrap_err().contains("FILE"));
+    }
 }

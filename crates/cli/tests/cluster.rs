@@ -451,6 +451,22 @@ fn bad_job_files_are_rejected_naming_the_field() {
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("empty.tsv") && err.contains("0 rows"), "{err}");
     assert!(!f.dir.join("bad5/master.db").exists());
+    // Model selection judges checkpoints: without them it is refused, saying what to set.
+    let job = f.dir.join("bad6.toml");
+    std::fs::write(
+        &job,
+        job_text("bad6", "[checkpoint]\nenabled = false\n")
+            .replace("progress = false\n", "progress = false\nvalidation = 0.1\n"),
+    )
+    .unwrap();
+    let out = elastrec(&["run", job.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("bad6.toml") && err.contains("checkpoint.enabled = true"),
+        "{err}"
+    );
+    assert!(!f.dir.join("bad6/master.db").exists());
 }
 
 /// Data executors (`cluster.executors`, Primus's data workers) read and parse the
@@ -822,4 +838,151 @@ fn dynamic_embeddings_train_in_train_and_in_run() {
     // Rare ids were filtered, and the budget made room by evicting.
     assert!(d["filtered"].as_u64().unwrap() > 0, "{d}");
     assert!(d["evicted"].as_u64().unwrap() > 0, "{d}");
+}
+
+/// A job with model selection: `job_text` with `train` lines added to its `[train]` and
+/// `extra` sections after it, on one worker.
+fn selection_job(name: &str, train: &str, extra: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let f = fixture();
+    let cluster = CLUSTER.replace("workers = 3", "workers = 1");
+    let text = job_text(name, &cluster)
+        .replace("progress = false\n", &format!("progress = false\n{train}"))
+        + extra;
+    let job = f.dir.join(format!("{name}.toml"));
+    std::fs::write(&job, text).unwrap();
+    (job, f.dir.join(name))
+}
+
+/// The job's `validation` events so far (one per evaluation of a checkpoint).
+fn evaluations_seen(dir: &Path) -> usize {
+    events(dir, "validation").len()
+}
+
+/// `train.validation` in `run`: the end of the training rows is never trained; the master
+/// judges a checkpoint at the end of epoch 1 (the job held there until it is judged) and
+/// the final one, on the slice and on the eval files; `model.bin` is the better of the two.
+#[test]
+fn run_keeps_the_best_checkpoint_judged_on_a_validation_slice() {
+    let _g = serial();
+    let (job, dir) = selection_job("select", "validation = 0.1\n", "");
+    let log = dir.with_extension("log");
+    let train_rows = fixture().train_rows;
+    let slice = train_rows / 10;
+    let per_epoch = train_rows - slice;
+    let mut g = Group::spawn(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--pause-at-samples",
+            &per_epoch.to_string(),
+        ],
+        &log,
+    );
+    wait_held(&dir);
+    wait_for(Duration::from_secs(120), || evaluations_seen(&dir) >= 1);
+    unpause(&dir);
+    g.wait_success(&log);
+    let r = result(&dir);
+    let v = &r["validation"];
+    assert_eq!(v["slice_rows"], slice, "{v}");
+    for e in r["epochs"].as_array().unwrap() {
+        assert_eq!(e["consumed"], per_epoch, "{r}");
+        assert_eq!(
+            (e["duplicated"].as_u64(), e["missing"].as_u64()),
+            (Some(0), Some(0))
+        );
+    }
+    let evals = v["evaluations"].as_array().unwrap();
+    assert_eq!(evals.len(), 2, "{v}");
+    assert!(evals[0]["samples"].as_u64() >= Some(per_epoch), "{v}");
+    assert_eq!(evals[1]["samples"], 2 * per_epoch, "{v}");
+    for e in evals {
+        assert_eq!(e["validation"][0]["samples"], slice, "{e}");
+        assert_eq!(e["eval"][0]["samples"], ROWS / 3, "{e}");
+        assert_eq!(e["auc"], e["validation"][0]["auc"], "{e}");
+    }
+    let best = evals
+        .iter()
+        .max_by(|a, b| {
+            a["auc"]
+                .as_f64()
+                .unwrap()
+                .total_cmp(&b["auc"].as_f64().unwrap())
+        })
+        .unwrap();
+    assert_eq!(&v["best"], best, "{v}");
+    assert_eq!(v["early_stopped"], false, "{v}");
+    // `model.bin` is the best checkpoint's model: `elastrec eval` scores it as the
+    // master's evaluation did.
+    assert_eq!(
+        r["export"]["model"]["checkpoint"], best["checkpoint"],
+        "{r}"
+    );
+    let mine = eval_model(&dir.join("model.bin"));
+    let judged = best["eval"][0]["auc"].as_f64().unwrap();
+    assert!(
+        (mine["auc"].as_f64().unwrap() - judged).abs() < 1e-9,
+        "{mine} vs {best}"
+    );
+    assert!(judged > 0.7, "{best}");
+    // Only the best model's file is kept among the candidates.
+    let kept: Vec<String> = std::fs::read_dir(dir.join("validation"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".bin"))
+        .collect();
+    assert_eq!(
+        kept,
+        [format!("model-{}.bin", best["checkpoint"])],
+        "{kept:?}"
+    );
+}
+
+/// `train.early_stopping` in `run`: a model that does not learn (a dense rate too small
+/// to move a float, no sparse rate) scores the same at every evaluation, so the second
+/// one is not better and, with a patience of 1, ends training; the job finishes with the
+/// first evaluation's model. Each evaluation point is held with a pause.
+#[test]
+fn run_stops_early_once_the_validation_auc_stops_improving() {
+    let _g = serial();
+    let every = 10_000u64;
+    let (job, dir) = selection_job(
+        "early",
+        &format!("validation = 0.1\nearly_stopping = 1\neval_every = {every}\n"),
+        "[optimizer.dense]\ntype = \"sgd\"\nlr = 1e-30\n[optimizer.sparse]\ntype = \"sgd\"\nlr = 0.0\n",
+    );
+    let log = dir.with_extension("log");
+    let mut g = Group::spawn(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--pause-at-samples",
+            &every.to_string(),
+        ],
+        &log,
+    );
+    wait_held(&dir);
+    wait_for(Duration::from_secs(120), || evaluations_seen(&dir) >= 1);
+    pause_at(&dir, 2 * every);
+    g.wait_success(&log);
+    let r = result(&dir);
+    let v = &r["validation"];
+    assert_eq!(v["early_stopped"], true, "{v}");
+    let evals = v["evaluations"].as_array().unwrap();
+    // The two held points, then the final checkpoint.
+    assert_eq!(evals.len(), 3, "{v}");
+    assert_eq!(evals[0]["better"], true, "{v}");
+    assert_eq!(evals[1]["better"], false, "{v}");
+    assert_eq!(evals[0]["auc"], evals[1]["auc"], "{v}");
+    assert_eq!(v["best"], evals[0], "{v}");
+    assert_eq!(
+        r["export"]["model"]["checkpoint"], evals[0]["checkpoint"],
+        "{r}"
+    );
+    // Training ended near the second point, far from the two epochs' rows.
+    let consumed = r["ledger"]["consumed"].as_u64().unwrap();
+    let per_epoch = fixture().train_rows - fixture().train_rows / 10;
+    assert!(consumed >= 2 * every && consumed < per_epoch, "{r}");
+    assert_eq!(events(&dir, "early_stopped").len(), 1);
+    assert_eq!(r["status"], "finished", "{r}");
 }

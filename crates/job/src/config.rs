@@ -850,12 +850,6 @@ impl JobConfig {
     /// refuses a job that sets any, rather than ignore it.
     pub fn train_only_settings(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
-        if self.train.validation > 0.0 {
-            out.push("train.validation");
-        }
-        if self.train.early_stopping > 0 {
-            out.push("train.early_stopping");
-        }
         if self.train.shuffle_buffer > 0 {
             out.push("train.shuffle_buffer");
         }
@@ -1523,11 +1517,10 @@ mod tests {
         assert_eq!(cfg.optimizer.schedule.final_scale, 0.1);
         // `run` carries a schedule out for batch jobs (the master sends the multiplier).
         assert!(cfg.train_only_settings().is_empty());
-        let cfg = parse("[train]\nvalidation = 0.1\nshuffle_buffer = 10\n").unwrap();
-        assert_eq!(
-            cfg.train_only_settings(),
-            ["train.validation", "train.shuffle_buffer"]
-        );
+        // `run` selects models too; the shuffle buffer is `train`'s alone.
+        let cfg =
+            parse("[train]\nvalidation = 0.1\nearly_stopping = 2\nshuffle_buffer = 10\n").unwrap();
+        assert_eq!(cfg.train_only_settings(), ["train.shuffle_buffer"]);
         assert!(parse("").unwrap().train_only_settings().is_empty());
         let err = parse("[train]\nprogressive_window = 100000000\n")
             .unwrap_err()

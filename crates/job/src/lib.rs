@@ -7,7 +7,8 @@
 //! server, worker) reads it through this crate, and resolves it the same way (`prepare`:
 //! the job's data, the rows of its embedding tables, its dense model). A parameter server
 //! or worker learns its job from the master (`register`). `fsio` writes the run
-//! directory's files crash-safely.
+//! directory's files crash-safely. `selection`: the validation slice, model selection and
+//! early stopping both `train` and `run` apply.
 
 pub mod autoscale;
 pub mod config;
@@ -20,6 +21,7 @@ pub mod mix;
 pub mod prepare;
 pub mod register;
 pub mod resources;
+pub mod selection;
 pub mod stream;
 
 pub use config::JobConfig;

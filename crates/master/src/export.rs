@@ -16,6 +16,8 @@ use anyhow::Context as _;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
+use elastrec_common::EvalResult;
+
 use crate::events::event;
 
 /// Name of the file naming the newest periodic export (written last, atomically).
@@ -46,6 +48,25 @@ pub struct ExportRecord {
     pub bytes: u64,
     /// Seconds the export took.
     pub seconds: f64,
+    /// The model's figures on the validation rows it was asked to judge (`--validate`),
+    /// task 0 first; empty when none were given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validation: Vec<EvalResult>,
+    /// The model's figures on the eval files it was asked to judge (`--eval-data`), task 0
+    /// first; empty when none were given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub eval: Vec<EvalResult>,
+}
+
+/// What an export should also evaluate the model on (model selection in `elastrec run`).
+#[derive(Debug, Clone, Default)]
+pub struct Judge {
+    /// The validation slice: `(file, start row, end row)` ranges.
+    pub validation: Vec<(PathBuf, u64, u64)>,
+    /// The job's eval files.
+    pub eval: Vec<PathBuf>,
+    /// `data.on_bad_row` of the job (`fail` or `skip`).
+    pub on_bad_row: String,
 }
 
 /// A model delta (`elastrec export --delta-from`): what changed between two exports.
@@ -100,6 +121,18 @@ impl ExportCommand {
         out: &Path,
         delta: Option<(&Path, &Path)>,
     ) -> anyhow::Result<ExportRecord> {
+        self.run_judged(id, out, delta, None).await
+    }
+
+    /// [`Self::run_with_delta`], also evaluating the model as `judge` says (the record's
+    /// `validation` and `eval`).
+    pub async fn run_judged(
+        &self,
+        id: u64,
+        out: &Path,
+        delta: Option<(&Path, &Path)>,
+        judge: Option<&Judge>,
+    ) -> anyhow::Result<ExportRecord> {
         let mut cmd = tokio::process::Command::new(&self.program);
         cmd.arg("export")
             .arg("--checkpoint")
@@ -114,6 +147,16 @@ impl ExportCommand {
                 .arg(earlier)
                 .arg("--delta-out")
                 .arg(path);
+        }
+        if let Some(j) = judge {
+            for (file, start, end) in &j.validation {
+                cmd.arg("--validate")
+                    .arg(format!("{start}:{end}:{}", file.display()));
+            }
+            for file in &j.eval {
+                cmd.arg("--eval-data").arg(file);
+            }
+            cmd.arg("--on-bad-row").arg(&j.on_bad_row);
         }
         let output = cmd
             .kill_on_drop(true)

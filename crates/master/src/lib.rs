@@ -37,5 +37,6 @@ pub mod store;
 pub mod stream_stats;
 pub mod stream_watch;
 pub mod tasks;
+pub mod validation;
 
 pub use elastrec_orchestrate::serving;

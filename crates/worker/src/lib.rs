@@ -14,7 +14,8 @@ pub mod mixing;
 pub mod model_file;
 pub mod placement;
 pub mod remote;
-pub mod selection;
+/// Model selection lives in the job crate: the master applies it in `elastrec run` too.
+pub use elastrec_job::selection;
 pub mod shuffle;
 pub mod step;
 pub mod trainer;

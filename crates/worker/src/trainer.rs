@@ -551,7 +551,7 @@ impl Evaluations {
 }
 
 /// The validation slice's rows (`(file, start, end)` ranges) through the job's graph.
-fn load_slice(
+pub fn load_slice(
     slice: &[(PathBuf, u64, u64)],
     job: &JobConfig,
     stats: &mut ReadStats,

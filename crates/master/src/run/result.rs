@@ -70,6 +70,11 @@ pub struct JobResult {
     /// Servable models written: the final `model.bin` and the periodic exports.
     #[serde(default)]
     pub export: ExportReport,
+    /// Model selection and early stopping (`train.validation`, `train.early_stopping`):
+    /// every evaluation of a checkpoint, the best (the model in `model.bin`), and whether
+    /// training stopped early.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<crate::validation::ValidationReport>,
 }
 
 /// Resources a job used: node-seconds (the time each node process was live, summed; on
@@ -195,6 +200,7 @@ pub(super) fn job_result(
         progressive,
         mix: core.mix_status(job.tasks()),
         export,
+        validation: None,
     }
 }
 

@@ -22,6 +22,7 @@ use crate::events::event;
 use crate::export::{ExportCommand, ExportRecord, ExportReport, Exporter};
 use crate::job::{Job, Phase, Role};
 use crate::service::MasterService;
+use crate::validation::Validator;
 
 /// How often the control loop runs.
 const TICK: Duration = Duration::from_millis(100);
@@ -44,11 +45,16 @@ pub(super) async fn serve(
     let mut used = Resources::default();
     let command = export_command(&core);
     let exporter = periodic_exporter(command.clone(), cfg)?;
-    let saves_model = cfg.output.save_model && command.is_some();
+    let validator = validator(&core, cfg, command.clone())?;
+    let saves_model = (cfg.output.save_model || validator.is_some()) && command.is_some();
     core.keep_ps.store(saves_model, Ordering::Release);
-    let phase = control_loop(&core, cfg, dir, &mut used, exporter.as_ref()).await?;
+    let loops = Loops {
+        exporter: exporter.as_ref(),
+        validator: validator.as_ref(),
+    };
+    let phase = control_loop(&core, cfg, dir, &mut used, loops).await?;
     let model = match phase {
-        Phase::Finished => final_model(&core, cfg, command.as_ref()).await,
+        Phase::Finished => final_model(&core, cfg, command.as_ref(), validator.as_deref()).await,
         _ => None,
     };
     core.keep_ps.store(false, Ordering::Release);
@@ -61,7 +67,8 @@ pub(super) async fn serve(
         model,
         ..exporter.map(|x| x.report()).unwrap_or_default()
     };
-    let result = job_result(&core, dir, &phase, used, export);
+    let mut result = job_result(&core, dir, &phase, used, export);
+    result.validation = validator.map(|v| v.report());
     announce(&result);
     if let (Some(c), Phase::Finished) = (core.checkpoints(), &phase) {
         c.remove_shm();
@@ -325,15 +332,34 @@ fn periodic_exporter(
     ))))
 }
 
+/// Model selection, when the job asks for it (`train.validation`,
+/// `train.early_stopping`; `start_job` refused the jobs it cannot serve).
+fn validator(
+    core: &MasterCore,
+    cfg: &JobConfig,
+    command: Option<ExportCommand>,
+) -> anyhow::Result<Option<Arc<Validator>>> {
+    if !crate::validation::wanted(cfg) {
+        return Ok(None);
+    }
+    let Some(command) = command else {
+        bail!("train.validation and train.early_stopping judge checkpoints; set checkpoint.enabled = true");
+    };
+    let epoch_rows = core.job.lock().tasks().file_rows().iter().sum();
+    Validator::open(cfg, command, epoch_rows).map(Some)
+}
+
 /// A finished job's model: a final checkpoint of the trained parameters, exported to
-/// `<output.dir>/model.bin` (`output.save_model`). Failing to write it is reported, not
-/// fatal: the job's training is done and its checkpoints remain.
+/// `<output.dir>/model.bin` (`output.save_model`); with model selection, the best model
+/// its evaluations saw, the final checkpoint judged too. Failing to write it is reported,
+/// not fatal: the job's training is done and its checkpoints remain.
 async fn final_model(
     core: &Arc<MasterCore>,
     cfg: &JobConfig,
     command: Option<&ExportCommand>,
+    validator: Option<&Validator>,
 ) -> Option<ExportRecord> {
-    if !cfg.output.save_model {
+    if !cfg.output.save_model && validator.is_none() {
         return None;
     }
     let (Some(c), Some(command)) = (core.checkpoints(), command) else {
@@ -342,14 +368,19 @@ async fn final_model(
     };
     let out = cfg.output.dir.join("model.bin");
     let saved = async {
-        // `checkpoint` gives up by itself after `checkpoint.timeout_s`.
-        let m = c.checkpoint(core, "final").await?;
         std::fs::create_dir_all(&cfg.output.dir)
             .with_context(|| format!("creating {}", cfg.output.dir.display()))?;
-        command.run(m.id, &out).await
+        if let Some(v) = validator {
+            let save = cfg.output.save_model.then_some(out.as_path());
+            return v.finish(core, c, save).await;
+        }
+        // `checkpoint` gives up by itself after `checkpoint.timeout_s`.
+        let m = c.checkpoint(core, "final").await?;
+        command.run(m.id, &out).await.map(Some)
     };
     match saved.await {
-        Ok(rec) => {
+        Ok(None) => None,
+        Ok(Some(rec)) => {
             event!("model_saved", checkpoint = rec.checkpoint, samples = rec.samples, bytes = rec.bytes,
                 "master: model saved to {} (checkpoint {}, {} samples, {:.1} MB, {:.2} s); evaluate it with `elastrec eval --model {} --data FILES`",
                 out.display(), rec.checkpoint, rec.samples, rec.bytes as f64 / 1e6, rec.seconds, out.display());
@@ -364,6 +395,14 @@ async fn final_model(
     }
 }
 
+/// What the control loop drives beside checkpoints.
+struct Loops<'a> {
+    /// Periodic exports (`output.export_every_s`).
+    exporter: Option<&'a Arc<Exporter>>,
+    /// Model selection (`train.validation`, `train.early_stopping`).
+    validator: Option<&'a Arc<Validator>>,
+}
+
 /// Runs the job until it finishes or fails (returns its phase), or until SIGINT/SIGTERM
 /// (an error, after an optional checkpoint and stopping every node).
 async fn control_loop(
@@ -371,7 +410,7 @@ async fn control_loop(
     cfg: &JobConfig,
     dir: &JobDir,
     used: &mut Resources,
-    exporter: Option<&Arc<Exporter>>,
+    loops: Loops<'_>,
 ) -> anyhow::Result<Phase> {
     let mut progress = Progress::new();
     let mut last_tick = Instant::now();
@@ -398,8 +437,17 @@ async fn control_loop(
             if !drive_checkpoints(core, &c).await? {
                 continue;
             }
-            if let Some(x) = exporter {
+            if let Some(x) = loops.exporter {
                 x.poll(c.last_id());
+            }
+            if let Some(v) = loops.validator {
+                let (training, samples) = {
+                    let job = core.job.lock();
+                    (*job.phase() == Phase::Training, job.samples_done())
+                };
+                if training {
+                    v.poll(core, &c, samples);
+                }
             }
         }
         progress.maybe_print(core);

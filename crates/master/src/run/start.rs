@@ -31,6 +31,25 @@ pub struct FromCheckpoint {
     pub id: Option<u64>,
 }
 
+/// Splits the last `share` of the training rows off `files` as the validation slice
+/// (`(file, start row, end row)` ranges); the files keep the rows before it.
+fn carve_validation(files: Vec<FileRows>, share: f64) -> (Vec<FileRows>, Vec<(PathBuf, u64, u64)>) {
+    if share <= 0.0 {
+        return (files, Vec::new());
+    }
+    let counts: Vec<(PathBuf, u64)> = files
+        .iter()
+        .map(|f| (PathBuf::from(&f.path), f.rows))
+        .collect();
+    let (kept, slice) = elastrec_job::selection::split_validation(&counts, share);
+    let files = files
+        .into_iter()
+        .zip(kept)
+        .map(|(f, (_, rows))| FileRows { rows, ..f })
+        .collect();
+    (files, slice)
+}
+
 /// Validates a job file completely (fields, ranges, data paths) without starting anything.
 pub fn validate_job(path: &Path) -> anyhow::Result<JobConfig> {
     let cfg = JobConfig::load(path)?;
@@ -65,6 +84,9 @@ pub async fn start_job(
         path.display(),
         train_only.join(", "),
     );
+    if let Some(why) = crate::validation::refusal(&cfg) {
+        bail!("{}: {why}", path.display());
+    }
     elastrec_job::prepare::ensure_data(&cfg, false)?;
     // Datasets become files once, here: the job file stored and shipped to every process
     // is the resolved one. Listing blocks (and may wait for partitions): off the runtime.
@@ -142,6 +164,9 @@ pub async fn start_job(
     } else {
         Vec::new()
     };
+    // The validation slice (`train.validation`): the end of the training rows, which the
+    // task queue then never deals.
+    let (history, slice) = carve_validation(history, cfg.train.validation);
     let stream_from = history.len();
     let mut files = history;
     // A partition's "rows" are unknown (it grows); 0 keeps checkpoints of the same
@@ -156,6 +181,13 @@ pub async fn start_job(
     let stream_starts = stream_starts.map(|(_, starts)| starts);
     std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
     dir.attach_events()?;
+    if crate::validation::wanted(&cfg) {
+        let rows: u64 = slice.iter().map(|(_, a, b)| b - a).sum();
+        if cfg.train.validation > 0.0 {
+            event!("validation_slice", rows, "master: {rows} rows at the end of the training files are the validation slice; they are not trained");
+        }
+        crate::validation::create(&cfg, slice)?;
+    }
     // A job started from a checkpoint checks it before anything is created.
     let foreign = match &from {
         Some(f) => Some(

@@ -1,12 +1,13 @@
-//! Model selection and early stopping for `elastrec train` (`train.validation`,
-//! `train.early_stopping`): which evaluation was the best, and when to stop. Pure.
+//! Model selection and early stopping (`train.validation`, `train.early_stopping`): which
+//! evaluation was the best, and when to stop. Pure: `elastrec train` judges its own
+//! evaluations with it, the master of `elastrec run` those of its checkpoints.
 
 use std::path::PathBuf;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The best evaluation seen.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Best {
     /// Training samples when it was taken.
     pub samples: u64,
@@ -27,8 +28,9 @@ pub enum Verdict {
     Stop,
 }
 
-/// Tracks the best AUC and the evaluations since.
-#[derive(Debug, Clone, Default)]
+/// Tracks the best AUC and the evaluations since (serializable: a resumed `run` master
+/// goes on judging where it stopped).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Selection {
     best: Option<Best>,
     stale: u32,
