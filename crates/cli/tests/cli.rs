@@ -182,20 +182,22 @@ fn bad_job_files_are_rejected_naming_the_field() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("data file not found"));
     // Training hygiene that only `train` carries out: `run` refuses it instead of
-    // ignoring it, before it starts anything. A learning-rate schedule is not refused:
-    // `run` carries it out for a batch job.
+    // ignoring it, before it starts anything. A learning-rate schedule and model
+    // selection are not refused: `run` carries them out for a batch job.
     gen(&tmp.path().join("data"), 3_000, 3);
     let job = write_job(tmp.path(), "[optimizer.schedule]\nwarmup_samples = 100\n");
-    let text = std::fs::read_to_string(&job)
-        .unwrap()
-        .replace("batch_size = 256", "batch_size = 256\nvalidation = 0.1");
+    let text = std::fs::read_to_string(&job).unwrap().replace(
+        "batch_size = 256",
+        "batch_size = 256\nvalidation = 0.1\nshuffle_buffer = 1000",
+    );
     std::fs::write(&job, text).unwrap();
     let out = elastrec(&["run", job.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("train.validation applies to `elastrec train` only")
-            && !err.contains("optimizer.schedule"),
+        err.contains("train.shuffle_buffer applies to `elastrec train` only")
+            && !err.contains("optimizer.schedule")
+            && !err.contains("train.validation"),
         "{err}"
     );
     assert!(!tmp.path().join("run/master.db").exists());
