@@ -208,11 +208,9 @@ pub(crate) fn data_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
 
 /// `--on-bad-row`'s value.
 pub fn bad_row_policy(value: &str) -> Result<elastrec_data::BadRowPolicy> {
-    Ok(match value {
-        "fail" => elastrec_data::BadRowPolicy::Fail,
-        "skip" => elastrec_data::BadRowPolicy::Skip,
-        other => bail!("--on-bad-row must be `fail` or `skip`, got `{other}`"),
-    })
+    value
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--on-bad-row {e}"))
 }
 
 pub fn eval(model: &Path, data: &[PathBuf], on_bad_row: &str, json: bool) -> Result<()> {

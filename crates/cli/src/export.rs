@@ -20,7 +20,7 @@ use elastrec_checkpoint::format::Manifest;
 use elastrec_checkpoint::store::{redact_location, CheckpointStore};
 use elastrec_common::EvalResult;
 use elastrec_job::config::{JobConfig, ModelConfig, OptimizerConfig};
-use elastrec_master::export::{DeltaRecord, ExportRecord};
+use elastrec_master::export::{DeltaRecord, ExportRecord, Judge};
 use elastrec_ps::image::{apply_parts, decode, part_name, DecodedPart};
 use elastrec_worker::model_file::ModelDelta;
 use elastrec_worker::step::Dlrm;
@@ -83,16 +83,6 @@ fn parse_row_range(s: &str) -> Result<(PathBuf, u64, u64), String> {
     Ok((PathBuf::from(file), start, end))
 }
 
-/// The data `elastrec export` also evaluates its model on.
-pub struct Judge<'a> {
-    /// `(file, start row, end row)` ranges: the record's `validation`.
-    pub validation: &'a [(PathBuf, u64, u64)],
-    /// Whole files: the record's `eval`.
-    pub eval: &'a [PathBuf],
-    /// Malformed rows in both.
-    pub on_bad_row: elastrec_data::BadRowPolicy,
-}
-
 /// The model and optimizer settings a checkpoint's manifest records.
 #[derive(Deserialize)]
 struct Described {
@@ -106,8 +96,8 @@ struct Described {
 /// Runs `elastrec export`.
 pub fn run(args: ExportArgs) -> anyhow::Result<()> {
     let judge = Judge {
-        validation: &args.validate,
-        eval: &args.eval_data,
+        validation: args.validate,
+        eval: args.eval_data,
         on_bad_row: crate::commands::bad_row_policy(&args.on_bad_row)?,
     };
     let e = crate::commands::on_runtime(export(
@@ -161,7 +151,7 @@ pub async fn export(
     id: Option<u64>,
     delta: Option<(&Path, &Path)>,
     out: &Path,
-    judge: &Judge<'_>,
+    judge: &Judge,
 ) -> anyhow::Result<ExportRecord> {
     let started = Instant::now();
     let store = elastrec_master::checkpoint::open_store(location)?;
@@ -262,7 +252,7 @@ pub async fn export(
 fn evaluate(
     model: &Dlrm,
     job: &JobConfig,
-    judge: &Judge<'_>,
+    judge: &Judge,
 ) -> anyhow::Result<(Vec<EvalResult>, Vec<EvalResult>)> {
     use elastrec_worker::trainer::{evaluate_tasks, load_eval_set, load_slice};
     if judge.validation.is_empty() && judge.eval.is_empty() {
@@ -277,10 +267,10 @@ fn evaluate(
         b => anyhow::Ok(evaluate_tasks(model, &b, &mut predictor)?),
     };
     let validation = figures(
-        load_slice(judge.validation, &job, &mut stats).context("reading the validation rows"),
+        load_slice(&judge.validation, &job, &mut stats).context("reading the validation rows"),
     )?;
     let eval =
-        figures(load_eval_set(judge.eval, &job, &mut stats).context("reading the eval files"))?;
+        figures(load_eval_set(&judge.eval, &job, &mut stats).context("reading the eval files"))?;
     Ok((validation, eval))
 }
 

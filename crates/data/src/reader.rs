@@ -22,6 +22,28 @@ pub enum BadRowPolicy {
     Skip,
 }
 
+impl BadRowPolicy {
+    /// Its name in a job file (`data.on_bad_row`) and on the command line (`--on-bad-row`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fail => "fail",
+            Self::Skip => "skip",
+        }
+    }
+}
+
+impl std::str::FromStr for BadRowPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "fail" => Ok(Self::Fail),
+            "skip" => Ok(Self::Skip),
+            other => Err(format!("must be `fail` or `skip`, got `{other}`")),
+        }
+    }
+}
+
 /// Number of error messages [`ReadStats`] keeps under [`BadRowPolicy::Skip`].
 pub const MAX_KEPT_ERRORS: usize = 8;
 

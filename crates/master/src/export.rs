@@ -65,8 +65,8 @@ pub struct Judge {
     pub validation: Vec<(PathBuf, u64, u64)>,
     /// The job's eval files.
     pub eval: Vec<PathBuf>,
-    /// `data.on_bad_row` of the job (`fail` or `skip`).
-    pub on_bad_row: String,
+    /// Malformed rows in both (`data.on_bad_row` of the job).
+    pub on_bad_row: elastrec_data::BadRowPolicy,
 }
 
 /// A model delta (`elastrec export --delta-from`): what changed between two exports.
@@ -156,7 +156,7 @@ impl ExportCommand {
             for file in &j.eval {
                 cmd.arg("--eval-data").arg(file);
             }
-            cmd.arg("--on-bad-row").arg(&j.on_bad_row);
+            cmd.arg("--on-bad-row").arg(j.on_bad_row.name());
         }
         let output = cmd
             .kill_on_drop(true)

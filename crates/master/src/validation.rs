@@ -83,8 +83,8 @@ struct State {
     slice: Vec<(PathBuf, u64, u64)>,
     selection: Selection,
     report: ValidationReport,
-    /// The best model's file.
-    best_file: Option<PathBuf>,
+    /// The best model's export (its file in this directory).
+    best_model: Option<ExportRecord>,
     /// Samples at which the next evaluation falls due.
     next_at: u64,
 }
@@ -93,8 +93,8 @@ struct State {
 pub struct Validator {
     command: ExportCommand,
     dir: PathBuf,
-    eval_files: Vec<PathBuf>,
-    on_bad_row: String,
+    /// The slice, the eval files: the same for every evaluation.
+    judge: Judge,
     every: u64,
     epoch_rows: u64,
     epochs: u32,
@@ -134,12 +134,15 @@ pub fn refusal(cfg: &JobConfig) -> Option<String> {
 /// Writes the first state of a new job: its validation slice, and no evaluation yet
 /// under a patience of `cfg`'s `train.early_stopping`.
 pub fn create(cfg: &JobConfig, slice: Vec<(PathBuf, u64, u64)>) -> anyhow::Result<()> {
-    let output_dir = &cfg.output.dir;
-    let dir = output_dir.join(DIR);
+    let dir = cfg.output.dir.join(DIR);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let rows: u64 = slice.iter().map(|(_, a, b)| b - a).sum();
+    if rows > 0 {
+        event!("validation_slice", rows, "master: {rows} rows at the end of the training files are the validation slice; they are not trained");
+    }
     let state = State {
         report: ValidationReport {
-            slice_rows: slice.iter().map(|(_, a, b)| b - a).sum(),
+            slice_rows: rows,
             patience: cfg.train.early_stopping,
             ..ValidationReport::default()
         },
@@ -189,12 +192,11 @@ impl Validator {
         Ok(Arc::new(Self {
             command,
             dir,
-            eval_files: cfg.eval_files(),
-            on_bad_row: match cfg.data.on_bad_row {
-                elastrec_data::BadRowPolicy::Fail => "fail",
-                elastrec_data::BadRowPolicy::Skip => "skip",
-            }
-            .into(),
+            judge: Judge {
+                validation: state.slice.clone(),
+                eval: cfg.eval_files(),
+                on_bad_row: cfg.data.on_bad_row,
+            },
             every: cfg.train.eval_every,
             epoch_rows,
             epochs: cfg.train.epochs,
@@ -203,14 +205,16 @@ impl Validator {
         }))
     }
 
-    /// Starts an evaluation when `samples` (trained so far) passed the next point and none
-    /// runs. Called by the control loop while the job trains.
-    pub fn poll(
-        self: &Arc<Self>,
-        core: &Arc<MasterCore>,
-        coordinator: &Arc<Coordinator>,
-        samples: u64,
-    ) {
+    /// Starts an evaluation when the job trains, its samples passed the next point and no
+    /// evaluation runs. Called by the control loop.
+    pub fn poll(self: &Arc<Self>, core: &Arc<MasterCore>, coordinator: &Arc<Coordinator>) {
+        let samples = {
+            let job = core.job.lock();
+            if *job.phase() != crate::job::Phase::Training {
+                return;
+            }
+            job.samples_done()
+        };
         {
             let st = self.state.lock();
             if st.report.early_stopped || samples < st.next_at {
@@ -245,19 +249,19 @@ impl Validator {
             // The best model seen so far still stands.
             self.failed(0, &e);
         }
-        let (best, file) = {
+        let (best, record) = {
             let st = self.state.lock();
-            (st.report.best.clone(), st.best_file.clone())
+            (st.report.best.clone(), st.best_model.clone())
         };
-        let (Some(best), Some(file), Some(out)) = (best, file, out) else {
+        let (Some(best), Some(record), Some(out)) = (best, record, out) else {
             anyhow::ensure!(out.is_none(), "no evaluation judged a model");
             return Ok(None);
         };
-        let record = self.record_of(&file)?;
+        let file = &record.path;
         // Copied, not moved: the state keeps naming the best file, and a copy interrupted
         // halfway never leaves a partial `model.bin` (written aside, then renamed).
         let tmp = out.with_extension("bin.selecting");
-        std::fs::copy(&file, &tmp)
+        std::fs::copy(file, &tmp)
             .with_context(|| format!("copying {} to {}", file.display(), tmp.display()))?;
         std::fs::rename(&tmp, out).with_context(|| format!("writing {}", out.display()))?;
         event!("model_selected", checkpoint = best.checkpoint, samples = best.samples, auc = best.auc,
@@ -283,21 +287,12 @@ impl Validator {
         reason: &'static str,
     ) -> anyhow::Result<(Evaluation, Verdict)> {
         let m = coordinator.spawn_checkpoint(core.clone(), reason).await??;
-        let judge = Judge {
-            validation: self.state.lock().slice.clone(),
-            eval: self.eval_files.clone(),
-            on_bad_row: self.on_bad_row.clone(),
-        };
+        let judge = &self.judge;
         let candidate = self.dir.join(format!("model-{}.bin", m.id));
         let rec = self
             .command
-            .run_judged(m.id, &candidate, None, Some(&judge))
+            .run_judged(m.id, &candidate, None, Some(judge))
             .await?;
-        // The record of a model is kept beside it (`finish` reports the best one's).
-        std::fs::write(
-            candidate.with_extension("json"),
-            serde_json::to_vec_pretty(&rec)?,
-        )?;
         let judged = if judge.validation.is_empty() {
             &rec.eval
         } else {
@@ -319,16 +314,15 @@ impl Validator {
         };
         let dropped = if e.better {
             st.report.best = Some(e.clone());
-            st.best_file.replace(candidate)
+            st.best_model.replace(rec).map(|r| r.path)
         } else {
             Some(candidate)
         };
         st.report.evaluations.push(e.clone());
-        st.next_at = next_point(rec.samples, self.every, self.epoch_rows);
+        st.next_at = next_point(e.samples, self.every, self.epoch_rows);
         save(&self.dir, &st)?;
         drop(st);
         if let Some(f) = dropped {
-            let _ = std::fs::remove_file(f.with_extension("json"));
             let _ = std::fs::remove_file(f);
         }
         event!(
@@ -378,12 +372,6 @@ impl Validator {
         let _ = save(&self.dir, &st);
         event!(warn, "validation_failed", error = %format!("{e:#}"),
             "master: evaluating a checkpoint for model selection failed (training goes on; the next evaluation is at {} samples): {e:#}", st.next_at);
-    }
-
-    fn record_of(&self, model: &Path) -> anyhow::Result<ExportRecord> {
-        let path = model.with_extension("json");
-        let text = std::fs::read(&path).with_context(|| format!("{}", path.display()))?;
-        Ok(serde_json::from_slice(&text)?)
     }
 }
 

@@ -441,13 +441,7 @@ async fn control_loop(
                 x.poll(c.last_id());
             }
             if let Some(v) = loops.validator {
-                let (training, samples) = {
-                    let job = core.job.lock();
-                    (*job.phase() == Phase::Training, job.samples_done())
-                };
-                if training {
-                    v.poll(core, &c, samples);
-                }
+                v.poll(core, &c);
             }
         }
         progress.maybe_print(core);

@@ -182,10 +182,6 @@ pub async fn start_job(
     std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
     dir.attach_events()?;
     if crate::validation::wanted(&cfg) {
-        let rows: u64 = slice.iter().map(|(_, a, b)| b - a).sum();
-        if cfg.train.validation > 0.0 {
-            event!("validation_slice", rows, "master: {rows} rows at the end of the training files are the validation slice; they are not trained");
-        }
         crate::validation::create(&cfg, slice)?;
     }
     // A job started from a checkpoint checks it before anything is created.
