@@ -181,23 +181,20 @@ fn bad_job_files_are_rejected_naming_the_field() {
     let out = elastrec(&["train", job.to_str().unwrap()]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("data file not found"));
-    // Training hygiene that only `train` carries out: `run` refuses it instead of
-    // ignoring it, before it starts anything. A learning-rate schedule and model
-    // selection are not refused: `run` carries them out for a batch job.
+    // Training hygiene a job cannot have: `run` refuses it instead of ignoring it,
+    // before it starts anything. An online job trains its stream in arrival order.
     gen(&tmp.path().join("data"), 3_000, 3);
-    let job = write_job(tmp.path(), "[optimizer.schedule]\nwarmup_samples = 100\n");
+    let job = write_job(tmp.path(), "");
     let text = std::fs::read_to_string(&job).unwrap().replace(
         "batch_size = 256",
-        "batch_size = 256\nvalidation = 0.1\nshuffle_buffer = 1000",
+        "batch_size = 256\nshuffle_buffer = 1000",
     );
-    std::fs::write(&job, text).unwrap();
+    std::fs::write(&job, format!("{text}\n[stream]\ntopics = [\"clicks\"]\n")).unwrap();
     let out = elastrec(&["run", job.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("train.shuffle_buffer applies to `elastrec train` only")
-            && !err.contains("optimizer.schedule")
-            && !err.contains("train.validation"),
+        err.contains("train.shuffle_buffer") && err.contains("arrival order"),
         "{err}"
     );
     assert!(!tmp.path().join("run/master.db").exists());

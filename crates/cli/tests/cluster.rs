@@ -404,6 +404,147 @@ fn a_batch_applied_before_its_worker_died_is_not_applied_twice() {
     check_result(&dir, &log, MULTI_WORKER_AUC_TOLERANCE);
 }
 
+/// `train.shuffle_buffer` in `run`: the rows of each shard are trained in a seeded,
+/// per-epoch order, and still exactly once, through a worker that dies after the PS
+/// applied a batch it never reported (the batch's slots name the same rows on the worker
+/// that takes the remainder, so the PS recognizes the repeat) and a malformed row. The
+/// data: 12,000 rows of the fixture whose first integer is replaced by the row's index, so
+/// the workers' row trace (`ELASTREC_TEST_TRACE_ROWS`) says which row each sample was.
+#[test]
+fn shuffled_rows_train_once_per_epoch_in_a_seeded_order() {
+    let _g = serial();
+    let f = fixture();
+    const ROWS: usize = 12_000;
+    const BAD: usize = 5_000;
+    const SHARD: usize = 2_048;
+    let day0 = std::fs::read_to_string(f.dir.join("data/day_0.tsv")).unwrap();
+    let mut data = String::new();
+    for (i, line) in day0.lines().take(ROWS).enumerate() {
+        if i == BAD {
+            data.push_str("a malformed row\n");
+            continue;
+        }
+        let mut fields: Vec<&str> = line.split('\t').collect();
+        let index = i.to_string();
+        fields[1] = &index;
+        data.push_str(&fields.join("\t"));
+        data.push('\n');
+    }
+    std::fs::write(f.dir.join("data/numbered.tsv"), data).unwrap();
+    let name = "shuffled";
+    let job = f.dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &job,
+        // Without the asynchronous warm-up (100 steps of one worker: the whole job here),
+        // so that every worker trains.
+        job_text(name, &format!("{CLUSTER}warmup_steps = 0\n"))
+            .replace(
+                r#"train = ["day_0.tsv", "day_1.tsv"]"#,
+                "train = [\"numbered.tsv\"]\non_bad_row = \"skip\"",
+            )
+            .replace(
+                "progress = false\n",
+                "progress = false\nshuffle_buffer = 2000\n",
+            ),
+    )
+    .unwrap();
+    let dir = f.dir.join(name);
+    let trace = f.dir.join("shuffled-trace");
+    std::fs::create_dir_all(&trace).unwrap();
+    let log = dir.with_extension("log");
+    // Node ids: the 2 PS are 1 and 2, the workers 3, 4 and 5.
+    let mut g = Group::spawn_with_env(
+        &["run", job.to_str().unwrap()],
+        &log,
+        &[
+            ("ELASTREC_FAIL_EXIT_AFTER_PUSH", "4:3"),
+            ("ELASTREC_TEST_TRACE_ROWS", trace.to_str().unwrap()),
+        ],
+    );
+    let text = g.wait_success(&log);
+    let r = result(&dir);
+    for e in r["epochs"].as_array().unwrap() {
+        assert_eq!(
+            (&e["consumed"], &e["duplicated"], &e["missing"]),
+            (
+                &serde_json::json!(ROWS),
+                &serde_json::json!(0),
+                &serde_json::json!(0)
+            ),
+            "{r}\n{text}"
+        );
+    }
+    let logs = dir.join("logs");
+    let node_log = |name: &str| std::fs::read_to_string(logs.join(name)).unwrap_or_default();
+    assert!(node_log("worker-4.log").contains("fail point: exiting after a push"));
+    for ps in 1..=2 {
+        let text = node_log(&format!("ps-{ps}.log"));
+        assert_eq!(
+            text.matches("skipped a repeated push").count(),
+            1,
+            "PS {ps}: {text}"
+        );
+    }
+    // (epoch, task) -> the rows its reported batches held, in training order.
+    let mut tasks: std::collections::BTreeMap<(u32, u64), Vec<usize>> = Default::default();
+    for entry in std::fs::read_dir(&trace).unwrap() {
+        for line in std::fs::read_to_string(entry.unwrap().path())
+            .unwrap()
+            .lines()
+        {
+            let v: Vec<&str> = line.split('\t').collect();
+            let dense: f64 = v[2].parse().unwrap();
+            // The reader stored ln(1 + index).
+            let row = (dense.exp() - 1.0).round() as usize;
+            tasks
+                .entry((v[0].parse().unwrap(), v[1].parse().unwrap()))
+                .or_default()
+                .push(row);
+        }
+    }
+    let good: Vec<usize> = (0..ROWS).filter(|&i| i != BAD).collect();
+    let mut order = [Vec::new(), Vec::new()];
+    for ((epoch, task), rows) in &tasks {
+        order[*epoch as usize].extend(rows.iter().copied());
+        // A task's rows come from one shard (its block), not in file order.
+        let block = rows[0] / SHARD;
+        assert!(
+            rows.iter().all(|&r| r / SHARD == block),
+            "task {task}: {rows:?}"
+        );
+        if rows.len() > 10 {
+            assert!(
+                rows.windows(2).any(|w| w[0] > w[1]),
+                "task {task} in file order"
+            );
+        }
+    }
+    for (epoch, rows) in order.iter().enumerate() {
+        let mut sorted = rows.clone();
+        sorted.sort_unstable();
+        assert_eq!(
+            sorted, good,
+            "epoch {epoch}: not every good row exactly once"
+        );
+    }
+    // Each epoch has its own order.
+    let orders_by_block = |epoch: u32| -> Vec<Vec<usize>> {
+        let mut by_block = vec![Vec::new(); ROWS.div_ceil(SHARD)];
+        for ((e, _), rows) in &tasks {
+            if *e == epoch {
+                by_block[rows[0] / SHARD].extend(rows.iter().copied());
+            }
+        }
+        by_block
+    };
+    assert_ne!(
+        orders_by_block(0),
+        orders_by_block(1),
+        "both epochs trained the rows in one order"
+    );
+    assert_eq!(r["status"], "finished");
+}
+
 /// A bad job file is rejected before any process starts, naming the field.
 #[test]
 fn bad_job_files_are_rejected_naming_the_field() {

@@ -6,7 +6,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use elastrec_data::{
     generate, open_reader_range, BadRowPolicy, Batch, BatchReader, GenSpec, OutputFormat,
-    ParquetReader, TsvReader,
+    ParquetReader, RowShuffle, ShuffledReader, TsvReader,
 };
 use std::io::Write;
 use std::path::Path;
@@ -100,6 +100,43 @@ fn readers(c: &mut Criterion) {
             b.iter(|| drain(open_reader_range(p, ROWS - 1000, ROWS, BadRowPolicy::Fail).unwrap()))
         });
     }
+    g.finish();
+
+    // What `train.shuffle_buffer` costs a worker of `elastrec run`: the file's shards of
+    // 8,192 rows read in file order, or each read whole and delivered in a seeded order.
+    let mut g = c.benchmark_group("shards_of_8192_rows");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(ROWS));
+    const SHARD: u64 = 8192;
+    let shards = || {
+        (0..ROWS)
+            .step_by(SHARD as usize)
+            .map(|s| (s, (s + SHARD).min(ROWS)))
+    };
+    g.bench_function("file_order", |b| {
+        b.iter(|| {
+            shards()
+                .map(|(s, e)| drain(open_reader_range(&tsv, s, e, BadRowPolicy::Fail).unwrap()))
+                .sum::<usize>()
+        })
+    });
+    g.bench_function("shuffled", |b| {
+        b.iter(|| {
+            shards()
+                .map(|(s, e)| {
+                    let path = tsv.clone();
+                    let open: elastrec_data::shuffled::RangeOpener =
+                        Box::new(move |s, e| open_reader_range(&path, s, e, BadRowPolicy::Fail));
+                    let shuffle = RowShuffle {
+                        block_rows: SHARD,
+                        file_rows: ROWS,
+                        seed: 3,
+                    };
+                    drain(ShuffledReader::new(open, shuffle, s, e).unwrap())
+                })
+                .sum::<usize>()
+        })
+    });
     g.finish();
 }
 

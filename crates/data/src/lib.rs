@@ -21,6 +21,7 @@ pub mod index;
 pub mod parquet_io;
 pub mod raw;
 pub mod reader;
+pub mod shuffled;
 pub mod tsv;
 
 pub use batch::{check_tasks, Batch, MISSING_CATEGORY, NUM_DENSE, NUM_SPARSE};
@@ -33,4 +34,5 @@ pub use reader::{
     count_rows, detect_format, open_reader, open_reader_range, read_all, BadRowPolicy, BatchReader,
     FileFormat, ReadStats, RowSink,
 };
+pub use shuffled::{RowShuffle, ShuffledReader};
 pub use tsv::TsvReader;

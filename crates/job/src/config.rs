@@ -477,8 +477,10 @@ pub struct TrainConfig {
     /// (on the validation slice, else on the eval files); `model.bin` is then the best
     /// model seen. 0: never stop early.
     pub early_stopping: u32,
-    /// `elastrec train`: rows held in a shuffle buffer; each batch is drawn from it at
-    /// random (seeded by `model.seed` and the epoch). 0: batches in file order.
+    /// Rows that mix before training. `elastrec train`: a shuffle buffer of this many rows,
+    /// each batch drawn from it at random (seeded by `model.seed` and the epoch).
+    /// `elastrec run`: each shard holds at least this many rows, permuted by
+    /// `cluster.seed` and the epoch. 0: rows in file order.
     pub shuffle_buffer: usize,
     /// `elastrec run`, batch jobs: progressive validation (the loss and AUC of the
     /// predictions the workers made just before training on each batch) over this many
@@ -850,14 +852,20 @@ impl JobConfig {
     /// refuses a job that sets any, rather than ignore it.
     pub fn train_only_settings(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
-        if self.train.shuffle_buffer > 0 {
-            out.push("train.shuffle_buffer");
-        }
         // An online job has no end to decay towards.
         if !self.optimizer.schedule.is_constant() && self.stream.is_some() {
             out.push("optimizer.schedule");
         }
         out
+    }
+
+    /// Rows of a data task in `elastrec run`: `cluster.batches_per_shard` batches, or
+    /// more with `train.shuffle_buffer`, whose rows a worker permutes within each shard
+    /// (so that each row mixes with at least that many others).
+    pub fn rows_per_shard(&self) -> u64 {
+        let b = self.train.batch_size as u64;
+        (b * u64::from(self.cluster.batches_per_shard))
+            .max((self.train.shuffle_buffer as u64).div_ceil(b.max(1)) * b)
     }
 
     /// True for a batch + stream mixture job.
@@ -887,6 +895,28 @@ impl JobConfig {
             })?;
             if d.every_ms == 0 {
                 return Err(bad("dashboard.every_ms", "must be at least 1".into()));
+            }
+        }
+        if self.train.shuffle_buffer > 0 {
+            if self.stream.is_some() && !self.is_mixture() {
+                return Err(bad(
+                    "train.shuffle_buffer",
+                    "an online job trains its stream in arrival order; remove it (a mixture \
+                     job, [data.mix], shuffles its history)"
+                        .into(),
+                ));
+            }
+            let max = elastrec_data::shuffled::MAX_BLOCK_ROWS;
+            if self.rows_per_shard() > max {
+                return Err(bad(
+                    "train.shuffle_buffer",
+                    format!(
+                        "`elastrec run` permutes the rows of each shard in a worker's memory: \
+                         a shard of {} rows (shuffle_buffer, or batch_size × \
+                         cluster.batches_per_shard) is over the {max}-row limit; lower them",
+                        self.rows_per_shard()
+                    ),
+                ));
             }
         }
         if self.train.progressive_window > crate::stream::MAX_EVAL_WINDOW {
@@ -1507,6 +1537,37 @@ mod tests {
         assert_eq!(field("[model.mmoe]\ntasks = 2\n"), "model.mmoe");
     }
 
+    /// `run` permutes each shard's rows in a worker's memory: a shuffle buffer makes shards
+    /// at least that big, within a limit; an online job keeps its stream's order.
+    #[test]
+    fn a_shuffle_buffer_sizes_the_shards_of_run() {
+        let cfg = parse(
+            "[train]\nbatch_size = 256\nshuffle_buffer = 2000\n[cluster]\nbatches_per_shard = 4\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.rows_per_shard(), 2048, "rounded up to whole batches");
+        let cfg = parse("[train]\nbatch_size = 256\n").unwrap();
+        assert_eq!(
+            cfg.rows_per_shard(),
+            256 * 16,
+            "cluster.batches_per_shard's default"
+        );
+        let err = parse("[train]\nshuffle_buffer = 100000000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("train.shuffle_buffer") && err.contains("limit"),
+            "{err}"
+        );
+        let err = parse("[train]\nshuffle_buffer = 1000\n[stream]\ntopics = [\"clicks\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("train.shuffle_buffer") && err.contains("arrival order"),
+            "{err}"
+        );
+    }
+
     /// A schedule parses with its defaults, and the hygiene settings `run` does not carry
     /// out are listed so that it can refuse them.
     #[test]
@@ -1517,10 +1578,10 @@ mod tests {
         assert_eq!(cfg.optimizer.schedule.final_scale, 0.1);
         // `run` carries a schedule out for batch jobs (the master sends the multiplier).
         assert!(cfg.train_only_settings().is_empty());
-        // `run` selects models too; the shuffle buffer is `train`'s alone.
+        // `run` selects models and shuffles too.
         let cfg =
             parse("[train]\nvalidation = 0.1\nearly_stopping = 2\nshuffle_buffer = 10\n").unwrap();
-        assert_eq!(cfg.train_only_settings(), ["train.shuffle_buffer"]);
+        assert!(cfg.train_only_settings().is_empty());
         assert!(parse("").unwrap().train_only_settings().is_empty());
         let err = parse("[train]\nprogressive_window = 100000000\n")
             .unwrap_err()

@@ -791,6 +791,7 @@ async fn start_bench_master(
             epochs: 1,
             seed: 1,
             shuffle: true,
+            shuffle_rows: false,
         },
         vec![1_000_000_000],
     );

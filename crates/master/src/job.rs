@@ -1553,6 +1553,7 @@ pub(crate) mod tests {
                 epochs: 1,
                 seed: 1,
                 shuffle: true,
+                shuffle_rows: false,
             },
             vec![1000],
         )
@@ -1682,6 +1683,7 @@ pub(crate) mod tests {
             epochs: 1,
             seed: 1,
             shuffle: false,
+            shuffle_rows: false,
         };
         let mut j = Job::start(
             Policy {
@@ -1801,6 +1803,7 @@ pub(crate) mod tests {
                     epochs: 1,
                     seed: 1,
                     shuffle: true,
+                    shuffle_rows: false,
                 },
                 vec![1000],
             ),

@@ -152,9 +152,16 @@ impl Master for MasterService {
         let req = req.into_inner();
         check_version(&req.version)?;
         self.0.metrics.request("get_task");
-        let reply = self
+        let (reply, shuffle) = self
             .0
-            .run(|job, cx| job.get_task(req.node_id, cx))
+            .run(|job, cx| {
+                let reply = job.get_task(req.node_id, cx)?;
+                let shuffle = match &reply {
+                    TaskReply::Task(t) => job.tasks().row_shuffle(t),
+                    _ => None,
+                };
+                Ok::<_, JobError>((reply, shuffle))
+            })
             .await??;
         let reply = match reply {
             TaskReply::Task(t) => Reply::Task(pb::Task {
@@ -165,6 +172,9 @@ impl Master for MasterService {
                 epoch: t.epoch,
                 offset: t.offset,
                 file_index: t.file,
+                shuffle_block: shuffle.map_or(0, |s| s.block_rows),
+                shuffle_file_rows: shuffle.map_or(0, |s| s.file_rows),
+                shuffle_seed: shuffle.map_or(0, |s| s.seed),
             }),
             TaskReply::Wait => Reply::WaitMs(200),
             TaskReply::Finished { evaluate } => Reply::Finished(pb::Finished { evaluate }),

@@ -28,6 +28,9 @@ pub struct DataSharding {
     pub seed: u64,
     /// Shuffle task order within each epoch.
     pub shuffle: bool,
+    /// Permute the rows within each shard-sized block of a file, per epoch
+    /// (`train.shuffle_buffer`; see [`TaskQueue::row_shuffle`]).
+    pub shuffle_rows: bool,
 }
 
 /// A worker's place among `slots` workers when partitions are pinned: it owns the
@@ -831,6 +834,25 @@ impl TaskQueue {
         self.generated_epochs += 1;
     }
 
+    /// The order of `task`'s rows: with [`DataSharding::shuffle_rows`], a file's rows are
+    /// permuted within blocks of `rows_per_shard` (the shards' own boundaries, so a shard
+    /// reads one block) by a seed of the job, epoch and file; a task's `start..end` then
+    /// count slots of that order (`elastrec_data::shuffled`). Stream partitions keep their
+    /// arrival order.
+    pub fn row_shuffle(&self, task: &Task) -> Option<elastrec_data::RowShuffle> {
+        use elastrec_common::splitmix::derive;
+        (self.spec.shuffle_rows && task.file < self.stream_from()).then(|| {
+            elastrec_data::RowShuffle {
+                block_rows: self.spec.rows_per_shard,
+                file_rows: self.file_rows[task.file as usize],
+                seed: derive(
+                    derive(self.spec.seed, u64::from(task.epoch)),
+                    u64::from(task.file),
+                ),
+            }
+        })
+    }
+
     /// Hands `worker` a task. A worker that already holds one gets the same one back (a
     /// lost reply is harmless). `small` cuts the task down for a straggler.
     pub fn assign(&mut self, worker: u32, small: bool) -> Assignment {
@@ -1009,6 +1031,7 @@ mod tests {
             epochs,
             seed: 3,
             shuffle: true,
+            shuffle_rows: false,
         }
     }
 
@@ -1160,6 +1183,49 @@ mod tests {
         let e0: Vec<u64> = v.iter().filter(|x| x.0 == 0).map(|x| x.1).collect();
         let e1: Vec<u64> = v.iter().filter(|x| x.0 == 1).map(|x| x.1).collect();
         assert_ne!(e0, e1);
+    }
+
+    /// With `shuffle_rows`, a task of a file carries its rows' order: blocks are the
+    /// shards, and each epoch and file has its own seed; a mixture's stream partitions
+    /// keep their arrival order.
+    #[test]
+    fn row_shuffle_is_per_epoch_and_file_and_spares_streams() {
+        let s = DataSharding {
+            shuffle_rows: true,
+            ..spec(100, 2)
+        };
+        let mut q = TaskQueue::new(s.clone(), vec![250, 130]);
+        let mut seeds = std::collections::BTreeMap::new();
+        while let Assignment::Task(t) = q.assign(1, false) {
+            let r = q.row_shuffle(&t).expect("a file task is shuffled");
+            assert_eq!(
+                (r.block_rows, r.file_rows),
+                (100, [250, 130][t.file as usize])
+            );
+            assert_eq!(*seeds.entry((t.epoch, t.file)).or_insert(r.seed), r.seed);
+            q.report(1, t.id, t.len()).unwrap();
+        }
+        let distinct: std::collections::BTreeSet<u64> = seeds.values().copied().collect();
+        assert_eq!((seeds.len(), distinct.len()), (4, 4));
+        let mut mixed = TaskQueue::new_mixed(s.clone(), vec![100], vec![0]);
+        mixed.extend_stream(1, 50, true);
+        let mut kinds = Vec::new();
+        while let Assignment::Task(t) = mixed.assign(1, false) {
+            kinds.push((t.file, mixed.row_shuffle(&t).is_some()));
+            mixed.report(1, t.id, t.len()).unwrap();
+            if kinds.len() > 10 {
+                break;
+            }
+        }
+        assert!(
+            kinds.contains(&(0, true)) && kinds.contains(&(1, false)),
+            "{kinds:?}"
+        );
+        let mut plain = TaskQueue::new(spec(100, 1), vec![250]);
+        let Assignment::Task(t) = plain.assign(1, false) else {
+            panic!("no task")
+        };
+        assert_eq!(plain.row_shuffle(&t), None);
     }
 
     #[test]

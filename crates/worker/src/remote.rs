@@ -896,6 +896,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let mut batch = Batch::with_capacity(batch_size);
     let mut exit_after_push = fail_point_exit_after_push(id);
     let slow_batch = fail_point_slow_batch(id);
+    let mut trace = RowTrace::open(id)?;
     let tasks = job.model.tasks();
     // Online jobs judge the stream (`stream.eval_window`); batch jobs every batch
     // (`train.progressive_window`).
@@ -1068,6 +1069,9 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                 model.lr_scale = lr_scale;
             }
             TimeSplit::add(&shared.profile.master_us, t0);
+            if let Some(trace) = trace.as_mut() {
+                trace.record(&task, &batch)?;
+            }
             if n > 0 {
                 shared.profile.batches.fetch_add(1, Ordering::Relaxed);
                 shared
@@ -1193,22 +1197,43 @@ fn open_task(
         return Ok((task.file.clone(), task.file_index, reader));
     }
     let (path, index) = files.resolve(task)?;
-    if executors.any() {
+    let mut open_range: elastrec_data::shuffled::RangeOpener = if executors.any() {
         // The job's data executors read and parse it (`cluster.executors`).
-        let reader = crate::executor_reader::ExecutorReader::new(
-            executors.clone(),
-            task.file.clone(),
-            index,
-            path,
-            from,
-            task.end_row,
-            policy,
-            plan.cloned(),
-            worker,
-        );
-        return Ok((task.file.clone(), index, Box::new(reader)));
-    }
-    let reader = elastrec_job::prepare::open_job_reader(plan, &path, from, task.end_row, policy)?;
+        let (executors, file, plan) = (executors.clone(), task.file.clone(), plan.cloned());
+        Box::new(move |start, end| {
+            Ok(Box::new(crate::executor_reader::ExecutorReader::new(
+                executors.clone(),
+                file.clone(),
+                index,
+                path.clone(),
+                start,
+                end,
+                policy,
+                plan.clone(),
+                worker,
+            )) as Box<dyn BatchReader>)
+        })
+    } else {
+        let plan = plan.cloned();
+        Box::new(move |start, end| {
+            elastrec_job::prepare::open_job_reader(plan.as_ref(), &path, start, end, policy)
+        })
+    };
+    let reader = match task.shuffle_block {
+        0 => open_range(from, task.end_row)?,
+        block_rows => {
+            // The task's rows count slots of a seeded order (`train.shuffle_buffer`).
+            let shuffle = elastrec_data::RowShuffle {
+                block_rows,
+                file_rows: task.shuffle_file_rows,
+                seed: task.shuffle_seed,
+            };
+            let reader =
+                elastrec_data::ShuffledReader::new(open_range, shuffle, from, task.end_row)
+                    .with_context(|| format!("task {} of {}", task.task_id, task.file))?;
+            Box::new(reader)
+        }
+    };
     Ok((task.file.clone(), index, reader))
 }
 
@@ -1247,6 +1272,38 @@ fn fail_point_value(spec: &str, node: u32) -> Option<u64> {
 /// which a batch's gradients are applied but its samples are not counted).
 fn fail_point_exit_after_push(node: u32) -> Option<u64> {
     fail_point("ELASTREC_FAIL_EXIT_AFTER_PUSH", node).filter(|&n| n > 0)
+}
+
+/// Test hook `ELASTREC_TEST_TRACE_ROWS=DIR`: every worker appends the rows the master
+/// accepted (reported batches) to `DIR/worker-<id>.tsv`, one line per row: epoch, task id,
+/// the row's first dense value (`ln(1 + x)` of the file's first integer). What a test needs
+/// to see the order rows were trained in, which nothing else records.
+struct RowTrace(std::io::BufWriter<std::fs::File>);
+
+impl RowTrace {
+    fn open(node: u32) -> anyhow::Result<Option<Self>> {
+        let Some(dir) = std::env::var_os("ELASTREC_TEST_TRACE_ROWS") else {
+            return Ok(None);
+        };
+        let path = Path::new(&dir).join(format!("worker-{node}.tsv"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("row trace {}", path.display()))?;
+        Ok(Some(Self(std::io::BufWriter::new(file))))
+    }
+
+    fn record(&mut self, task: &elastrec_proto::master::Task, batch: &Batch) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        for i in 0..batch.len() {
+            let first = batch.dense_row(i).first().copied().unwrap_or(f32::NAN);
+            writeln!(self.0, "{}\t{}\t{first:?}", task.epoch, task.task_id)?;
+        }
+        // A worker may be killed at any point: what was reported is on disk.
+        self.0.flush()?;
+        Ok(())
+    }
 }
 
 /// Test fail point `ELASTREC_FAIL_SLOW_WORKER=NODE:MS`: worker `NODE` (`*`: every worker)

@@ -22,15 +22,19 @@ use crate::launch::LaunchTemplate;
 use crate::tasks::DataSharding;
 
 /// How the job's data is cut into tasks and ordered.
+///
+/// `train.shuffle_buffer` permutes the rows within each shard (`TaskQueue::row_shuffle`,
+/// `JobConfig::rows_per_shard`).
 pub(super) fn data_sharding(cfg: &JobConfig) -> DataSharding {
     let b = cfg.train.batch_size as u64;
     DataSharding {
-        rows_per_shard: b * cfg.cluster.batches_per_shard as u64,
+        rows_per_shard: cfg.rows_per_shard(),
         min_rows: b,
         epochs: cfg.train.epochs,
         seed: cfg.cluster.seed,
         // A following job trains its partitions in the order they landed.
         shuffle: cfg.cluster.shuffle && !cfg.data.follow,
+        shuffle_rows: cfg.train.shuffle_buffer > 0,
     }
 }
 

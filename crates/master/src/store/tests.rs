@@ -17,6 +17,7 @@ fn spec() -> DataSharding {
         epochs: 2,
         seed: 9,
         shuffle: true,
+        shuffle_rows: false,
     }
 }
 
