@@ -39,6 +39,7 @@ use hashbrown::HashTable;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EmbeddingError, Result};
+use crate::snapshot::RowUsage;
 
 /// Row count of a dynamic table as seen by hashing and routing: keys are `xxh3 % (2^64 - 1)`.
 pub const DYNAMIC_KEY_SPACE: u64 = u64::MAX;
@@ -333,6 +334,20 @@ impl DynamicRows {
     pub fn touch(&mut self, slot: usize) {
         self.last_used[slot] = self.step;
         self.hits[slot] = self.hits[slot].saturating_add(1);
+    }
+
+    /// How `slot` has been used (for a snapshot).
+    pub fn usage(&self, slot: usize) -> RowUsage {
+        RowUsage {
+            idle: self.step.wrapping_sub(self.last_used[slot]),
+            hits: self.hits[slot],
+        }
+    }
+
+    /// Gives `slot` a saved row's usage (a restore), relative to this table's clock.
+    pub fn set_usage(&mut self, slot: usize, usage: RowUsage) {
+        self.last_used[slot] = self.step.wrapping_sub(usage.idle);
+        self.hits[slot] = usage.hits;
     }
 
     /// Counts one update of a key without a slot; true once it has reached `admit_count`.

@@ -3,6 +3,33 @@
 use crate::error::{EmbeddingError, Result};
 use crate::hash::shard_of;
 
+/// How a dynamic table's row has been used, as its eviction policy sees it: updates of the
+/// table since the row's last one (LRU, TTL) and the row's update count (LFU). Carried by
+/// snapshots so that a restored table evicts the rows the saved one would have, instead of
+/// treating every restored row as fresh.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RowUsage {
+    /// Updates of the table since this row's last update.
+    pub idle: u32,
+    /// Updates of this row (LFU's count, halved after each eviction pass).
+    pub hits: u32,
+}
+
+impl RowUsage {
+    /// Both counters in one integer (`idle` high, `hits` low), as the wire carries them.
+    pub fn packed(self) -> u64 {
+        (u64::from(self.idle) << 32) | u64::from(self.hits)
+    }
+
+    /// The inverse of [`RowUsage::packed`].
+    pub fn unpacked(v: u64) -> Self {
+        Self {
+            idle: (v >> 32) as u32,
+            hits: v as u32,
+        }
+    }
+}
+
 /// Rows of one table with their global row indices, each row stored as `[dim weights |
 /// state_len optimizer floats]` (the arena layout), in the order of `rows`.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,12 +47,18 @@ pub struct TableSnapshot {
     pub rows: Vec<u64>,
     /// `rows.len() * (dim + state_len)` floats.
     pub values: Vec<f32>,
+    /// A dynamic table's [`RowUsage`], one per row; empty for a hashed table (and in
+    /// snapshots written before it existed).
+    pub usage: Vec<RowUsage>,
 }
 
 /// Magic bytes at the start of an encoded snapshot.
 const MAGIC: &[u8; 4] = b"ERTS";
-/// Encoding version.
+/// Encoding version of a snapshot without usage (so older binaries read it).
 const VERSION: u32 = 1;
+/// Encoding version of a snapshot with usage: `count × (idle u32, hits u32)` follow the
+/// values.
+const VERSION_USAGE: u32 = 2;
 /// Header bytes: magic, version, table, dim, state_len (u32 each) + table_rows, count (u64).
 const HEADER: usize = 4 + 4 * 4 + 8 * 2;
 
@@ -66,6 +99,9 @@ impl TableSnapshot {
             let part = &mut out[shard_of(self.table, row, n) as usize];
             part.rows.push(row);
             part.values.extend_from_slice(self.row_values(i));
+            if let Some(u) = self.usage.get(i) {
+                part.usage.push(*u);
+            }
         }
         out
     }
@@ -76,6 +112,8 @@ impl TableSnapshot {
             reason: "no snapshot to concatenate",
         })?;
         let mut out = first.empty_like();
+        // Usage only when every part has it (rows must not take another row's).
+        let usage = parts.iter().all(|p| p.usage.len() == p.rows.len());
         for p in parts {
             if (p.table, p.table_rows, p.dim, p.state_len)
                 != (first.table, first.table_rows, first.dim, first.state_len)
@@ -89,6 +127,9 @@ impl TableSnapshot {
             }
             out.rows.extend_from_slice(&p.rows);
             out.values.extend_from_slice(&p.values);
+            if usage {
+                out.usage.extend_from_slice(&p.usage);
+            }
         }
         Ok(out)
     }
@@ -101,22 +142,35 @@ impl TableSnapshot {
             state_len: self.state_len,
             rows: Vec::new(),
             values: Vec::new(),
+            usage: Vec::new(),
         }
+    }
+
+    /// True when every row carries its usage (a dynamic table's snapshot).
+    fn has_usage(&self) -> bool {
+        !self.usage.is_empty() && self.usage.len() == self.rows.len()
     }
 
     /// Size of [`TableSnapshot::encode`]'s output.
     pub fn encoded_len(&self) -> usize {
-        HEADER + self.rows.len() * 8 + self.values.len() * 4
+        let usage = if self.has_usage() {
+            self.rows.len() * 8
+        } else {
+            0
+        };
+        HEADER + self.rows.len() * 8 + self.values.len() * 4 + usage
     }
 
     /// Appends the little-endian encoding to `out`:
     /// `"ERTS" | version u32 | table u32 | dim u32 | state_len u32 | table_rows u64 |
-    /// count u64 | count x row u64 | count x stride x value f32`.
+    /// count u64 | count x row u64 | count x stride x value f32`, then, in version 2 (rows
+    /// with their usage), `count x (idle u32, hits u32)`.
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.reserve(self.encoded_len());
         out.extend_from_slice(MAGIC);
+        let usage = self.has_usage();
         for v in [
-            VERSION,
+            if usage { VERSION_USAGE } else { VERSION },
             self.table as u32,
             self.dim as u32,
             self.state_len as u32,
@@ -127,6 +181,12 @@ impl TableSnapshot {
         out.extend_from_slice(&(self.rows.len() as u64).to_le_bytes());
         crate::le::put_u64s(out, &self.rows);
         crate::le::put_f32s(out, &self.values);
+        if usage {
+            for u in &self.usage {
+                out.extend_from_slice(&u.idle.to_le_bytes());
+                out.extend_from_slice(&u.hits.to_le_bytes());
+            }
+        }
     }
 
     /// The encoding as a fresh buffer.
@@ -147,24 +207,36 @@ impl TableSnapshot {
         }
         let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().expect("4 bytes"));
         let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8 bytes"));
-        if u32_at(4) != VERSION {
-            return Err(corrupt("unsupported version"));
-        }
+        let usage_bytes = match u32_at(4) {
+            VERSION => 0,
+            VERSION_USAGE => 8,
+            _ => return Err(corrupt("unsupported version")),
+        };
         let (table, dim, state_len) =
             (u32_at(8) as usize, u32_at(12) as usize, u32_at(16) as usize);
         let (table_rows, count) = (u64_at(20), u64_at(28));
-        let stride = dim + state_len;
+        let row_bytes = (stride_bytes(dim, state_len))
+            .and_then(|b| b.checked_add(8 + usage_bytes))
+            .ok_or(corrupt("row layout overflows"))?;
         let body = usize::try_from(count)
             .ok()
-            .and_then(|c| c.checked_mul(8 + stride * 4))
+            .and_then(|c| c.checked_mul(row_bytes))
             .ok_or(corrupt("row count overflows"))?;
         if bytes.len() - HEADER != body {
             return Err(corrupt("length does not match the row count"));
         }
         let count = count as usize;
         let rows_end = HEADER + count * 8;
+        let values_end = bytes.len() - count * usage_bytes;
         let rows = crate::le::get_u64s(&bytes[HEADER..rows_end]);
-        let values = crate::le::get_f32s(&bytes[rows_end..]);
+        let values = crate::le::get_f32s(&bytes[rows_end..values_end]);
+        let usage = bytes[values_end..]
+            .chunks_exact(8)
+            .map(|c| RowUsage {
+                idle: u32::from_le_bytes(c[..4].try_into().expect("4 bytes")),
+                hits: u32::from_le_bytes(c[4..].try_into().expect("4 bytes")),
+            })
+            .collect();
         Ok(TableSnapshot {
             table,
             table_rows,
@@ -172,6 +244,12 @@ impl TableSnapshot {
             state_len,
             rows,
             values,
+            usage,
         })
     }
+}
+
+/// Bytes of one row's floats, unless a header from the wire overflows it.
+fn stride_bytes(dim: usize, state_len: usize) -> Option<usize> {
+    dim.checked_add(state_len)?.checked_mul(4)
 }

@@ -632,6 +632,11 @@ impl TableShard {
         self.counters.as_deref_mut()
     }
 
+    /// A dynamic table's usage of local row (slot) `local`; `None` for a hashed table.
+    pub fn usage_of(&self, local: usize) -> Option<crate::RowUsage> {
+        self.dynamic.as_ref().map(|d| d.usage(local))
+    }
+
     /// Exports every row of this shard (weights + state) with its global row index.
     pub fn export(&self) -> TableSnapshot {
         TableSnapshot {
@@ -641,6 +646,9 @@ impl TableShard {
             state_len: self.state_len(),
             rows: (0..self.local_rows).map(|l| self.global_of(l)).collect(),
             values: self.data.clone(),
+            usage: self.dynamic.as_ref().map_or_else(Vec::new, |d| {
+                (0..self.local_rows).map(|s| d.usage(s)).collect()
+            }),
         }
     }
 
@@ -649,11 +657,15 @@ impl TableShard {
     pub fn export_rows(&self, rows: &[u64]) -> Result<TableSnapshot> {
         let mut values = Vec::with_capacity(rows.len() * self.stride);
         let mut kept = Vec::with_capacity(rows.len());
+        let mut usage = Vec::new();
         for &row in rows {
             // `find` refuses rows out of range or of another shard.
             if let Some(l) = self.find(row)? {
                 values.extend_from_slice(&self.data[l * self.stride..(l + 1) * self.stride]);
                 kept.push(row);
+                if let Some(d) = &self.dynamic {
+                    usage.push(d.usage(l));
+                }
             }
         }
         Ok(TableSnapshot {
@@ -663,6 +675,7 @@ impl TableShard {
             state_len: self.state_len(),
             rows: kept,
             values,
+            usage,
         })
     }
 
@@ -694,11 +707,19 @@ impl TableShard {
             snap.rows.len() * self.stride,
             snap.values.len(),
         )?;
+        if !snap.usage.is_empty() {
+            check_len("snapshot usage", snap.rows.len(), snap.usage.len())?;
+        }
         for &row in &snap.rows {
             self.check_owned(row)?;
         }
         let stride = self.stride;
-        for (&row, v) in snap.rows.iter().zip(snap.values.chunks_exact(stride)) {
+        for (i, (&row, v)) in snap
+            .rows
+            .iter()
+            .zip(snap.values.chunks_exact(stride))
+            .enumerate()
+        {
             let l = match self.find(row)? {
                 Some(l) => l,
                 // A dynamic table keeps every row it is given, past its budget if need be
@@ -709,6 +730,10 @@ impl TableShard {
                 }
             };
             self.data[l * stride..(l + 1) * stride].copy_from_slice(v);
+            // A row saved without usage (an older snapshot) counts as used now.
+            if let (Some(d), Some(&u)) = (&mut self.dynamic, snap.usage.get(i)) {
+                d.set_usage(l, u);
+            }
         }
         Ok(snap.rows.len())
     }

@@ -200,6 +200,7 @@ impl ShardImage {
                             state_len: *state_len,
                             rows: Vec::new(),
                             values: Vec::new(),
+                            usage: Vec::new(),
                         }
                         .encoded_len();
                         let local = data.len() / (dim + state_len).max(1);
@@ -257,6 +258,7 @@ impl ShardImage {
                             .map(|l| global_row(table, l, index, num_ps))
                             .collect(),
                         values: data,
+                        usage: Vec::new(),
                     }
                 }
             };

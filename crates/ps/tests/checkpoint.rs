@@ -256,4 +256,13 @@ async fn dynamic_tables_checkpoint_their_keys_and_restore_onto_three() {
         assert_eq!(pull(at(k), &[k])[0], cold_at_full[i], "cold key {i}");
     }
     assert_eq!(pull(at(never), &[never]), untrained);
+    // Each row's eviction statistics came back with it, from the checkpoint its values
+    // came from: a hot key's 13 updates (the delta), a cold key's one (the full one).
+    let usage = |k: u64| {
+        let snap = at(k).snapshot();
+        let t = &snap.tables[0];
+        let i = t.rows.iter().position(|&r| r == k).expect("restored");
+        t.usage[i]
+    };
+    assert_eq!((usage(hot[0]).hits, usage(cold[0]).hits), (13, 1));
 }

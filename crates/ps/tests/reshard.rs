@@ -1026,11 +1026,28 @@ fn held_rows(layout: &Layout<'_>) -> std::collections::BTreeMap<(usize, u64), Ve
     out
 }
 
+/// The usage (eviction statistics) of every dynamic row the layout holds.
+fn held_usage(
+    layout: &Layout<'_>,
+) -> std::collections::BTreeMap<(usize, u64), elastrec_embedding::RowUsage> {
+    let mut out = std::collections::BTreeMap::new();
+    for s in &layout.servers {
+        for table in &s.shard.snapshot().tables {
+            assert_eq!(table.usage.len(), table.rows.len());
+            for (&key, &u) in table.rows.iter().zip(&table.usage) {
+                out.insert((table.table, key), u);
+            }
+        }
+    }
+    out
+}
+
 /// Dynamic tables (`[model.dynamic_embeddings]`) move too. Their slots move while they
 /// serve, so a pre-copy request sends nothing; once frozen, each server plans from the keys
 /// it holds and sends them, and each new server checks that every sender's rows arrived
 /// (`ImportDone.rows_sent`). 2 -> 3: every row held before is held after, by its new owner,
-/// weights and optimizer state bit for bit, and training goes on in the new layout.
+/// weights and optimizer state bit for bit, with its eviction statistics, and training
+/// goes on in the new layout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamic_tables_move_to_a_new_layout_by_key() {
     let job = job_dynamic();
@@ -1046,6 +1063,8 @@ async fn dynamic_tables_move_to_a_new_layout_by_key() {
     }
     let before = held_rows(&v0);
     assert!(before.len() > 3000, "{} rows", before.len());
+    let usage = held_usage(&v0);
+    assert!(usage.values().any(|u| u.hits > 1) && usage.values().any(|u| u.idle > 0));
     let j2 = Server::start(PsShard::joining(&job, 2, 3, 1).unwrap()).await;
     let v1 = Layout {
         version: 1,
@@ -1059,6 +1078,7 @@ async fn dynamic_tables_move_to_a_new_layout_by_key() {
         assert_eq!(info_state(s).await, (1, 3, LayoutState::Serving));
     }
     assert!(held_rows(&v1) == before, "the rows moved unchanged");
+    assert!(held_usage(&v1) == usage, "the rows' usage moved with them");
     let b = batch(4, 4000, dense_len);
     v1.push(&b).await;
     assert!(held_rows(&v1) != before, "the new layout trains");

@@ -268,6 +268,62 @@ fn a_checkpoint_restores_onto_another_shard_count() {
     }
 }
 
+/// A snapshot carries each row's usage, so a table restored from it evicts the rows the
+/// saved one would have (LRU: the least recently updated; LFU: the least often), instead
+/// of taking every restored row for fresh. Routed onto shards and concatenated back, the
+/// usage stays with its row.
+#[test]
+fn a_restored_table_evicts_what_the_saved_one_would() {
+    for eviction in [Eviction::Lru, Eviction::Lfu] {
+        let mut saved = small_table(eviction, 0);
+        // Admitted in id order (the slots' order), then updated in the reverse order: the
+        // least recently used is id 63, not slot 0. LFU: even ids are updated more often.
+        for id in 0..64 {
+            update(&mut saved, &[id], 1.0);
+        }
+        for id in (0..64).rev() {
+            let times = if eviction == Eviction::Lfu && id % 2 == 0 {
+                3
+            } else {
+                1
+            };
+            update(&mut saved, &vec![id; times], 1.0);
+        }
+        let snap = saved.export_table(0).unwrap();
+        assert_eq!(snap.usage.len(), 64, "{eviction:?}");
+        let bytes = snap.to_bytes();
+        assert_eq!(bytes.len(), snap.encoded_len());
+        let decoded = TableSnapshot::from_bytes(&bytes).unwrap();
+        assert_eq!(decoded, snap);
+        let parts = decoded.route(2);
+        assert_eq!(TableSnapshot::concat(&parts).unwrap().usage.len(), 64);
+        let mut restored = small_table(eviction, 0);
+        restored.import_table(&decoded).unwrap();
+        // Without the usage (an older snapshot), the same rows restored look alike.
+        let mut blind = small_table(eviction, 0);
+        blind
+            .import_table(&TableSnapshot {
+                usage: Vec::new(),
+                ..snap.clone()
+            })
+            .unwrap();
+        let kept = |store: &mut EmbeddingStore| {
+            update(store, &[5000, 5001, 5002, 5003], 1.0);
+            (0..64)
+                .filter(|&id| stored(store, id))
+                .collect::<Vec<u64>>()
+        };
+        let expected = kept(&mut saved);
+        assert!(expected.len() < 64, "{eviction:?}: nothing was evicted");
+        assert_eq!(kept(&mut restored), expected, "{eviction:?}");
+        assert_ne!(
+            kept(&mut blind),
+            expected,
+            "{eviction:?}: usage made no difference"
+        );
+    }
+}
+
 /// A delta checkpoint exports rows chosen earlier (SSU records keys as they are
 /// updated): a key evicted since is left out, not an error; another shard's key still is.
 #[test]

@@ -15,6 +15,7 @@ fn set_row(store: &mut EmbeddingStore, row: u64, values: &[f32]) {
         state_len: t.state_len(),
         rows: vec![row],
         values: values.to_vec(),
+        usage: Vec::new(),
     };
     store.import_table(&snap).unwrap();
 }

@@ -61,7 +61,28 @@ fn partial_export_and_bad_imports() {
     ));
 
     let bytes = part.to_bytes();
-    for bad in [&bytes[..bytes.len() - 1], &bytes[..10], &[b'X'; 40][..]] {
+    // With usage (version 2), a body without it is short; a hashed table's snapshot is
+    // version 1, as older binaries wrote.
+    assert_eq!(u32::from_le_bytes(bytes[4..8].try_into().unwrap()), 1);
+    let with_usage = TableSnapshot {
+        usage: vec![elastrec_embedding::RowUsage { idle: 3, hits: 9 }; 2],
+        ..part.clone()
+    }
+    .to_bytes();
+    assert_eq!(u32::from_le_bytes(with_usage[4..8].try_into().unwrap()), 2);
+    assert_eq!(
+        TableSnapshot::from_bytes(&with_usage).unwrap().usage[1].hits,
+        9
+    );
+    let mut v2_without_usage = bytes.clone();
+    v2_without_usage[4] = 2;
+    for bad in [
+        &bytes[..bytes.len() - 1],
+        &bytes[..10],
+        &[b'X'; 40][..],
+        &v2_without_usage,
+        &with_usage[..with_usage.len() - 8],
+    ] {
         assert!(matches!(
             TableSnapshot::from_bytes(bad),
             Err(EmbeddingError::CorruptSnapshot { .. })

@@ -43,6 +43,8 @@ const PRECOPY_MESSAGE_BYTES: usize = 4 << 20;
 
 /// Worst-case encoded bytes of a row id (a varint).
 const ROW_ID_BYTES: usize = 10;
+/// Wire bytes of a dynamic row's packed usage, at most.
+const USAGE_BYTES: usize = 10;
 
 /// Where a server sends what the new layout routes to another server.
 #[tonic::async_trait]
@@ -502,8 +504,8 @@ impl PsShard {
             let locals = &per_table[t];
             let table = st.store.table(t)?;
             let stride = table.stride();
-            let max_rows = (budget / (stride * 4 + ROW_ID_BYTES)).max(1);
-            let (mut rows, mut values) = (Vec::new(), Vec::new());
+            let max_rows = (budget / (stride * 4 + ROW_ID_BYTES + USAGE_BYTES)).max(1);
+            let (mut rows, mut values, mut usage) = (Vec::new(), Vec::new(), Vec::new());
             while cursor.pos < locals.len() && rows.len() < max_rows {
                 let l = locals[cursor.pos] as usize;
                 cursor.pos += 1;
@@ -514,6 +516,9 @@ impl PsShard {
                 }
                 rows.push(table.global_of(l));
                 values.extend_from_slice(&table.data()[l * stride..(l + 1) * stride]);
+                if let Some(u) = table.usage_of(l) {
+                    usage.push(u.packed());
+                }
             }
             if cursor.pos >= locals.len() {
                 cursor.table += 1;
@@ -534,6 +539,7 @@ impl PsShard {
                 table: t as u32,
                 rows,
                 values,
+                usage,
                 ..base
             }));
         }

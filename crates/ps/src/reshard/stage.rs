@@ -11,7 +11,7 @@
 use std::collections::HashSet;
 use std::mem;
 
-use elastrec_embedding::{shard_of, EmbeddingError, TableSnapshot};
+use elastrec_embedding::{shard_of, EmbeddingError, RowUsage, TableSnapshot};
 use elastrec_proto::ps::{
     AbortResponse, CommitResponse, ImportDone, ImportRequest, ImportResponse,
 };
@@ -222,6 +222,21 @@ impl PsShard {
                 ),
             ));
         }
+        if !req.usage.is_empty() && (req.usage.len() != req.rows.len() || !table.is_dynamic()) {
+            return Err(bad(
+                "usage",
+                format!(
+                    "{} usage entries for {} rows of a {} table",
+                    req.usage.len(),
+                    req.rows.len(),
+                    if table.is_dynamic() {
+                        "dynamic"
+                    } else {
+                        "hashed"
+                    }
+                ),
+            ));
+        }
         let n = self.table_rows[t];
         for &row in &req.rows {
             if row >= n {
@@ -366,6 +381,7 @@ impl PsShard {
             done,
             num_ps,
             source,
+            usage,
             ..
         } = req;
         if !rows.is_empty() {
@@ -386,6 +402,7 @@ impl PsShard {
                 state_len: tbl.state_len(),
                 rows,
                 values,
+                usage: usage.into_iter().map(RowUsage::unpacked).collect(),
             };
             tbl.import(&snap)?;
         }
