@@ -272,6 +272,11 @@ pub fn drain(reader: &mut dyn BatchReader) -> Result<(Batch, ReadStats)> {
     let mut all = Batch::default();
     let mut chunk = Batch::with_capacity(8192);
     while reader.next_batch(&mut chunk, 8192)? > 0 {
+        // The reader's widths (a preprocessing plan's may not be Criteo's).
+        if all.is_empty() {
+            all.dense_width = chunk.dense_width;
+            all.sparse_width = chunk.sparse_width;
+        }
         all.extend_from(&chunk, 0..chunk.len());
     }
     Ok((all, reader.stats().clone()))

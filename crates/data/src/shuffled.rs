@@ -116,16 +116,7 @@ impl ShuffledReader {
     fn load(&mut self, k: u64) -> Result<LoadedBlock> {
         let (start, end) = self.shuffle.block(k);
         let mut reader = (self.open)(start, end)?;
-        let mut rows = Batch::default();
-        let mut chunk = Batch::default();
-        while reader.next_batch(&mut chunk, 8192)? > 0 {
-            if rows.is_empty() {
-                rows.dense_width = chunk.dense_width;
-                rows.sparse_width = chunk.sparse_width;
-            }
-            rows.extend_from(&chunk, 0..chunk.len());
-        }
-        let inner = reader.stats();
+        let (rows, inner) = crate::reader::drain(reader.as_mut())?;
         let passed = rows.len() as u64 + inner.rows_skipped;
         if passed != end - start {
             return Err(DataError::InvalidSpec(format!(

@@ -348,16 +348,16 @@ impl Validator {
     /// `patience` evaluations brought nothing better: training ends (the job then ends as
     /// a finished one, its best model kept).
     async fn stop_early(&self, core: &MasterCore) {
-        let best = {
+        let (best, patience) = {
             let mut st = self.state.lock();
             st.report.early_stopped = true;
             let _ = save(&self.dir, &st);
-            st.report.best.clone()
+            (st.report.best.clone(), st.report.patience)
         };
         if let Some(b) = best {
             event!("early_stopped", samples = b.samples, auc = b.auc,
-                "master: early stopping: no better AUC in {} evaluations; training ends, keeping the model of {} samples (AUC {:.4})",
-                self.state.lock().report.patience, b.samples, b.auc);
+                "master: early stopping: no better AUC in {patience} evaluations; training ends, keeping the model of {} samples (AUC {:.4})",
+                b.samples, b.auc);
         }
         if let Err(e) = core.run(|job, cx| job.stop_training(cx)).await {
             event!(warn, "early_stop_failed", error = %e, "master: early stopping could not end training: {e}");
