@@ -842,6 +842,23 @@ fn mmoe_trains_two_tasks_in_train_and_in_run() {
             "{e} vs {r}"
         );
     }
+    // Progressive validation judges every task on the batches before their training:
+    // each task's window (100,000 samples) holds all 80,000 predictions of two epochs.
+    let latest = &r["progressive"]["latest"];
+    assert_eq!(r["progressive"]["predictions"], 80_000, "{r}");
+    assert_eq!(latest["samples"], 80_000, "{latest}");
+    let windows = latest["tasks"].as_array().expect("a window per task");
+    assert_eq!(windows.len(), 2, "{latest}");
+    assert_eq!(windows[0]["auc"], latest["auc"], "{latest}");
+    for (t, w) in windows.iter().enumerate() {
+        let auc = w["auc"].as_f64().unwrap();
+        assert!(auc > 0.55 && auc < single[t] + 0.02, "task {t}: {latest}");
+    }
+    let rate = windows[1]["positive_rate"].as_f64().unwrap();
+    assert!(
+        (rate - report["conversion"]["rate"].as_f64().unwrap()).abs() < 0.02,
+        "task 1's labels are the conversions: {latest}"
+    );
 
     // The fixture's rows carry one label: the two-task model says so and names the file.
     let (job, _) = write("mmoe-one-label", "", "data");

@@ -529,6 +529,72 @@ fn kafka_an_online_job_exports_its_newest_checkpoint_for_serving() {
     assert!(last["auc"].as_f64().unwrap() > 0.6, "{last}");
 }
 
+/// A multi-task (MMoE) online job: the stream's TSV messages carry a click and a
+/// conversion (`10`), both train, the ledger is exact, and progressive validation judges
+/// each task on its own labels before training on them.
+#[test]
+fn kafka_a_multi_task_online_job_trains_and_judges_every_task() {
+    let _g = serial();
+    let f = fixture();
+    let data = f.dir.join("mmoe-stream-data");
+    elastrec_ok(&[
+        "gen-data",
+        "--out",
+        data.to_str().unwrap(),
+        "--rows",
+        "30000",
+        "--days",
+        "3",
+        "--scale",
+        "0.001",
+        "--seed",
+        "5",
+        "--conversions",
+    ]);
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data.join("report.json")).unwrap()).unwrap();
+    let (_cluster, brokers) = mock_clicks();
+    let days: Vec<PathBuf> = (0..2).map(|d| data.join(format!("day_{d}.tsv"))).collect();
+    let total = replay(&brokers, "clicks", &days, &[])["samples"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(total, 20_000);
+    let (job, dir) = online_job_with("online-mmoe", &brokers, "", "", "");
+    let text = std::fs::read_to_string(&job).unwrap().replace(
+        "[model]\n",
+        "[model]\ntype = \"mmoe\"\nmmoe = { tasks = 2, experts = 3, expert_mlp = [32, 16] }\n",
+    );
+    std::fs::write(
+        &job,
+        text.replace("dir = \"data\"", "dir = \"mmoe-stream-data\""),
+    )
+    .unwrap();
+    let log = f.dir.join("online-mmoe.log");
+    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
+    let (r, text, _) = stop_when_trained(&dir, &mut g, &log, total);
+    let evals = r["task_evals"].as_array().expect("every task evaluated");
+    assert_eq!(evals.len(), 2, "{r}");
+    for (t, e) in evals.iter().enumerate() {
+        let auc = e["auc"].as_f64().unwrap();
+        assert!(auc > 0.6, "task {t} learned from the stream: {e}\n{text}");
+    }
+    let p = &r["online"]["progressive"];
+    assert_eq!(p["predictions"], total, "{p}");
+    let latest = &p["latest"];
+    let windows = latest["tasks"].as_array().expect("a window per task");
+    assert_eq!(windows.len(), 2, "{latest}");
+    assert_eq!(windows[0]["auc"], latest["auc"], "{latest}");
+    for (t, w) in windows.iter().enumerate() {
+        let auc = w["auc"].as_f64().unwrap();
+        assert!(auc > 0.55 && auc < 1.0, "task {t}: {latest}");
+    }
+    let rate = windows[1]["positive_rate"].as_f64().unwrap();
+    assert!(
+        (rate - report["conversion"]["rate"].as_f64().unwrap()).abs() < 0.02,
+        "task 1's labels are the conversions: {latest}"
+    );
+}
+
 /// A batch + stream mixture job: `online_job_with`'s job (with `cluster` lines) plus day 0
 /// as its history, a `[data.mix]` section of `mix` lines and `model` lines in `[model]`.
 fn mixture_job(

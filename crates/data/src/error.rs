@@ -197,6 +197,13 @@ pub enum FieldError {
         /// This row's.
         got: usize,
     },
+    /// A stream sample carries another number of labels than the job's model has tasks.
+    TaskCount {
+        /// The model's tasks.
+        expected: usize,
+        /// The sample's labels.
+        got: usize,
+    },
     /// An integer feature is not a valid 64-bit integer.
     BadInteger(String),
     /// A categorical feature is not exactly 8 hex digits (or out of 32-bit range).
@@ -227,6 +234,11 @@ impl fmt::Display for FieldError {
             FieldError::LabelCount { expected, got } => write!(
                 f,
                 "the label field holds {got} label(s) and the file's first row {expected}: every row of a file needs one 0/1 digit per task"
+            ),
+            FieldError::TaskCount { expected, got } => write!(
+                f,
+                "the sample carries {got} label(s) and the job's model has {expected} task(s): \
+                 every message needs one 0/1 label per task (docs/models.md)"
             ),
             FieldError::BadInteger(got) => write!(f, "expected an integer, got {got:?}"),
             FieldError::BadCategory(got) => write!(f, "expected 8 hex digits, got {got:?}"),

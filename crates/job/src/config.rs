@@ -252,7 +252,7 @@ const _: () =
 
 /// `[model.mmoe]`: a multi-gate mixture of experts (Ma et al. 2018) over the interaction
 /// output, a gate and a tower (`top_mlp`'s sizes) per task.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct MmoeSettings {
     /// Tasks, 1 to 8: labels per row. A row's label field holds one 0/1 digit per task
@@ -263,6 +263,10 @@ pub struct MmoeSettings {
     pub experts: usize,
     /// Hidden and output sizes of each expert (its input is the interaction output).
     pub expert_mlp: Vec<usize>,
+    /// Each task's weight in the loss (`Σ_t w_t · mean BCE_t`), one per task, finite and
+    /// at least 0, not all 0. Empty (the default): 1 for every task.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub task_weights: Vec<f32>,
 }
 
 impl Default for MmoeSettings {
@@ -271,6 +275,7 @@ impl Default for MmoeSettings {
             tasks: 2,
             experts: 4,
             expert_mlp: vec![256],
+            task_weights: Vec::new(),
         }
     }
 }
@@ -1006,6 +1011,9 @@ impl JobConfig {
             if h.experts == 0 {
                 return Err(bad("model.mmoe.experts", "must be at least 1".into()));
             }
+            crate::prepare::mmoe_config(&h)
+                .check_weights()
+                .map_err(|why| bad("model.mmoe.task_weights", why))?;
             if h.expert_mlp.is_empty() || h.expert_mlp.contains(&0) {
                 return Err(bad(
                     "model.mmoe.expert_mlp",
@@ -1024,13 +1032,6 @@ impl JobConfig {
                         format!("{field} does not combine with model.type = \"mmoe\" (it would reach task 0 only)"),
                     ));
                 }
-            }
-            if self.stream.is_some() {
-                return Err(bad(
-                    "model.type",
-                    "an mmoe model trains from files: a stream's messages carry one label each (docs/models.md)"
-                        .into(),
-                ));
             }
         }
         if let Some(d) = &m.dynamic_embeddings {
@@ -1517,6 +1518,11 @@ mod tests {
             parse("[model]\ntype = \"mmoe\"\n[model.mmoe]\ntasks = 3\nexperts = 2\n").unwrap();
         assert_eq!(cfg.model.tasks(), 3);
         assert_eq!(parse("").unwrap().model.tasks(), 1);
+        let weighted = "[model]\ntype = \"mmoe\"\n[model.mmoe]\ntask_weights = [1.0, 0.25]\n";
+        let h = crate::prepare::dense_config(&parse(weighted).unwrap())
+            .mmoe
+            .unwrap();
+        assert_eq!((h.weight(0), h.weight(1)), (1.0, 0.25));
         let field = |text: &str| match parse(text).unwrap_err() {
             ConfigError::Invalid { field, .. } => field,
             e => panic!("{e}"),
@@ -1527,6 +1533,22 @@ mod tests {
             ("[model.mmoe]\ntasks = 0\n", "model.mmoe.tasks"),
             ("[model.mmoe]\nexperts = 0\n", "model.mmoe.experts"),
             ("[model.mmoe]\nexpert_mlp = []\n", "model.mmoe.expert_mlp"),
+            (
+                "[model.mmoe]\ntask_weights = [1.0]\n",
+                "model.mmoe.task_weights",
+            ),
+            (
+                "[model.mmoe]\ntask_weights = [1.0, -0.5]\n",
+                "model.mmoe.task_weights",
+            ),
+            (
+                "[model.mmoe]\ntask_weights = [0.0, 0.0]\n",
+                "model.mmoe.task_weights",
+            ),
+            (
+                "[model.mmoe]\ntask_weights = [1.0, nan]\n",
+                "model.mmoe.task_weights",
+            ),
         ] {
             assert_eq!(field(&format!("{mmoe}{extra}")), want, "{extra}");
         }

@@ -278,11 +278,17 @@ pub fn dense_config(job: &JobConfig) -> DlrmConfig {
         dropout: m.dropout,
         first_order: m.has_first_order(),
         layer_norm: m.layer_norm,
-        mmoe: m.mmoe_settings().map(|h| elastrec_model::MmoeConfig {
-            tasks: h.tasks,
-            experts: h.experts,
-            expert: h.expert_mlp,
-        }),
+        mmoe: m.mmoe_settings().as_ref().map(mmoe_config),
+    }
+}
+
+/// The model's multi-task head from `[model.mmoe]`.
+pub fn mmoe_config(h: &crate::config::MmoeSettings) -> elastrec_model::MmoeConfig {
+    elastrec_model::MmoeConfig {
+        tasks: h.tasks,
+        experts: h.experts,
+        expert: h.expert_mlp.clone(),
+        weights: h.task_weights.clone(),
     }
 }
 

@@ -443,6 +443,21 @@ fn print_progressive(w: &serde_json::Value) {
             num(&w["logloss"]),
             w["samples"]
         );
+        for (t, task) in w["tasks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .skip(1)
+        {
+            println!(
+                "    task {t}: AUC {} logloss {:.4}",
+                task["auc"]
+                    .as_f64()
+                    .map_or("-".into(), |a| format!("{a:.4}")),
+                num(&task["logloss"])
+            );
+        }
     }
 }
 

@@ -143,14 +143,21 @@ impl Metrics {
     }
 
     /// Sets the progressive-validation gauges (`elastrec_master_stream{figure=window_*}`).
+    /// A multi-task job's tasks after the first have `task{t}_window_auc` and
+    /// `task{t}_window_logloss`.
     pub fn observe_progressive(&self, f: &crate::progressive::WindowFigures) {
-        for (name, v) in [
-            ("window_auc", f.auc.unwrap_or(f64::NAN)),
-            ("window_logloss", f.logloss),
-            ("window_samples", f.samples as f64),
-        ] {
+        let mut figures = vec![
+            ("window_auc".to_string(), f.auc.unwrap_or(f64::NAN)),
+            ("window_logloss".to_string(), f.logloss),
+            ("window_samples".to_string(), f.samples as f64),
+        ];
+        for (t, w) in f.tasks.iter().enumerate().skip(1) {
+            figures.push((format!("task{t}_window_auc"), w.auc.unwrap_or(f64::NAN)));
+            figures.push((format!("task{t}_window_logloss"), w.logloss));
+        }
+        for (name, v) in figures {
             self.stream
-                .get_or_create(&vec![("figure".to_string(), name.to_string())])
+                .get_or_create(&vec![("figure".to_string(), name)])
                 .set(v);
         }
     }

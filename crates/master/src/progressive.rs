@@ -2,7 +2,9 @@
 //! before it is trained on (the workers send those predictions with their progress), so
 //! the AUC and logloss over the most recent samples measure the model on data it has not
 //! seen, without holding any data out (`docs/online.md`). A batch job in `run` does the
-//! same over every batch (`train.progressive_window`): its loss and AUC curves.
+//! same over every batch (`train.progressive_window`): its loss and AUC curves. A
+//! multi-task model's workers send every task's predictions and labels, and each task has
+//! a window of its own.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -24,11 +26,18 @@ pub fn record(core: &MasterCore, at_s: f64) {
         .and_then(|p| p.record(at_s));
     let Some(f) = figures else { return };
     core.metrics.observe_progressive(&f);
+    let auc = |a: Option<f64>| a.map_or("- (one class)".to_string(), |a| format!("{a:.4}"));
+    let others: String = f
+        .tasks
+        .iter()
+        .enumerate()
+        .skip(1)
+        .map(|(t, w)| format!("; task {t}: AUC {}, logloss {:.4}", auc(w.auc), w.logloss))
+        .collect();
     event!("progressive_eval", samples = f.samples, auc = ?f.auc, logloss = f.logloss,
-        "master: progressive validation over the last {} samples: AUC {}, logloss {:.4}",
+        "master: progressive validation over the last {} samples: AUC {}, logloss {:.4}{others}",
         f.samples,
-        f.auc
-            .map_or("- (one class)".to_string(), |a| format!("{a:.4}")),
+        auc(f.auc),
         f.logloss
     );
 }
@@ -56,14 +65,16 @@ pub const MAX_PER_REPORT: usize = 1 << 20;
 /// its progress, and never added unchecked.
 #[derive(Debug, Clone, Copy)]
 pub struct Checked<'a> {
+    /// `samples × tasks`, row-major (task 0 first).
     probs: &'a [f32],
     labels: &'a [u8],
+    tasks: usize,
 }
 
 impl Checked<'_> {
-    /// Predictions in the report.
+    /// Samples in the report.
     pub fn len(&self) -> usize {
-        self.probs.len()
+        self.probs.len() / self.tasks
     }
 
     /// True for a report without predictions (not an online job, or nothing trained).
@@ -73,8 +84,26 @@ impl Checked<'_> {
 }
 
 /// Checks one report's predictions as read from the wire: lists of equal length, at most
-/// [`MAX_PER_REPORT`], labels 0 or 1, probabilities in [0, 1].
-pub fn check<'a>(probs: &'a [f32], labels: &'a [u8]) -> Result<Checked<'a>, String> {
+/// [`MAX_PER_REPORT`], labels 0 or 1, probabilities in [0, 1], and `tasks` per sample (0
+/// on the wire is 1) as many as the job's model has (`expected`).
+pub fn check<'a>(
+    probs: &'a [f32],
+    labels: &'a [u8],
+    tasks: u32,
+    expected: usize,
+) -> Result<Checked<'a>, String> {
+    let tasks = tasks.max(1) as usize;
+    if !probs.is_empty() && tasks != expected {
+        return Err(format!(
+            "predictions of {tasks} task(s) per sample, but the job's model has {expected}"
+        ));
+    }
+    if !probs.len().is_multiple_of(tasks) {
+        return Err(format!(
+            "{} predictions are not a whole number of samples of {tasks} tasks",
+            probs.len()
+        ));
+    }
     if probs.len() != labels.len() {
         return Err(format!(
             "{} predictions but {} labels",
@@ -94,11 +123,15 @@ pub fn check<'a>(probs: &'a [f32], labels: &'a [u8]) -> Result<Checked<'a>, Stri
     if let Some(p) = probs.iter().find(|p| !(0.0..=1.0).contains(*p)) {
         return Err(format!("probability {p} outside [0, 1]"));
     }
-    Ok(Checked { probs, labels })
+    Ok(Checked {
+        probs,
+        labels,
+        tasks,
+    })
 }
 
 /// The figures over the window at one time.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct WindowFigures {
     /// Seconds since the stream watcher started (as `online.stream.observed_s`).
     pub at_s: f64,
@@ -110,18 +143,72 @@ pub struct WindowFigures {
     pub logloss: f64,
     /// Share of positive labels in the window (the AUC's base rate).
     pub positive_rate: f64,
+    /// A multi-task model's figures of every task over the same samples, task 0 first
+    /// (whose are also the fields above); empty for one task.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<TaskWindow>,
 }
 
-/// The last `window` predictions with their labels, and the figures recorded so far.
-#[derive(Debug, Clone)]
-pub struct ProgressiveEval {
-    window: usize,
+/// One task's figures over the window.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TaskWindow {
+    /// AUC; `None` while the window holds only one class of this task's label.
+    pub auc: Option<f64>,
+    /// Mean logloss.
+    pub logloss: f64,
+    /// Share of positive labels.
+    pub positive_rate: f64,
+}
+
+/// One task's last predictions with their labels.
+#[derive(Debug, Clone, Default)]
+struct TaskSamples {
     probs: VecDeque<f32>,
     labels: VecDeque<u8>,
     /// Sum of the window's logloss terms, kept as samples enter and leave.
     loss_sum: f64,
     positives: u64,
-    /// Every prediction received, window or not.
+}
+
+impl TaskSamples {
+    fn push(&mut self, p: f32, y: u8, window: usize) {
+        if self.probs.len() == window {
+            let (old_p, old_y) = (
+                self.probs.pop_front().expect("full"),
+                self.labels.pop_front().expect("full"),
+            );
+            self.loss_sum -= logloss_term(old_p, f32::from(old_y));
+            self.positives -= u64::from(old_y);
+        }
+        self.probs.push_back(p);
+        self.labels.push_back(y);
+        self.loss_sum += logloss_term(p, f32::from(y));
+        self.positives += u64::from(y);
+    }
+
+    fn figures(&mut self) -> TaskWindow {
+        let n = self.probs.len() as f64;
+        TaskWindow {
+            auc: exact_auc(
+                self.probs.make_contiguous(),
+                self.labels.make_contiguous(),
+                |y| y == 1,
+            ),
+            // The running sum drifts by rounding over billions of samples: never below 0.
+            logloss: (self.loss_sum / n).max(0.0),
+            positive_rate: self.positives as f64 / n,
+        }
+    }
+}
+
+/// The last `window` predictions of every task with their labels, and the figures
+/// recorded so far.
+#[derive(Debug, Clone)]
+pub struct ProgressiveEval {
+    window: usize,
+    /// One per task of the job's model, task 0 first.
+    tasks: Vec<TaskSamples>,
+    /// Every sample received, window or not.
     seen: u64,
     history: Vec<WindowFigures>,
 }
@@ -130,56 +217,52 @@ pub struct ProgressiveEval {
 const MAX_HISTORY: usize = 10_000;
 
 impl ProgressiveEval {
-    /// An empty window of `window` samples.
-    pub fn new(window: usize) -> Self {
+    /// An empty window of `window` samples of a model of `tasks` tasks.
+    pub fn new(window: usize, tasks: usize) -> Self {
         Self {
             window: window.max(1),
-            probs: VecDeque::new(),
-            labels: VecDeque::new(),
-            loss_sum: 0.0,
-            positives: 0,
+            tasks: vec![TaskSamples::default(); tasks.max(1)],
             seen: 0,
             history: Vec::new(),
         }
     }
 
-    /// Adds one checked report's predictions.
+    /// The tasks a report's predictions must carry per sample.
+    pub fn tasks(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Adds one checked report's predictions (checked for [`ProgressiveEval::tasks`]).
     pub fn push(&mut self, report: Checked<'_>) {
-        for (&p, &y) in report.probs.iter().zip(report.labels) {
-            if self.probs.len() == self.window {
-                let (old_p, old_y) = (
-                    self.probs.pop_front().expect("full"),
-                    self.labels.pop_front().expect("full"),
-                );
-                self.loss_sum -= logloss_term(old_p, f32::from(old_y));
-                self.positives -= u64::from(old_y);
+        debug_assert!(report.is_empty() || report.tasks == self.tasks.len());
+        let t = report.tasks;
+        for (probs, labels) in report
+            .probs
+            .chunks_exact(t)
+            .zip(report.labels.chunks_exact(t))
+        {
+            for ((task, &p), &y) in self.tasks.iter_mut().zip(probs).zip(labels) {
+                task.push(p, y, self.window);
             }
-            self.probs.push_back(p);
-            self.labels.push_back(y);
-            self.loss_sum += logloss_term(p, f32::from(y));
-            self.positives += u64::from(y);
         }
         self.seen += report.len() as u64;
     }
 
     /// The figures over the window now (`None` while it is empty).
     pub fn figures(&mut self, at_s: f64) -> Option<WindowFigures> {
-        let n = self.probs.len();
+        let n = self.tasks[0].probs.len();
         if n == 0 {
             return None;
         }
-        let auc = exact_auc(
-            self.probs.make_contiguous(),
-            self.labels.make_contiguous(),
-            |y| y == 1,
-        );
+        let tasks: Vec<TaskWindow> = self.tasks.iter_mut().map(TaskSamples::figures).collect();
+        let first = tasks[0];
         Some(WindowFigures {
             at_s,
             samples: n as u64,
-            auc,
-            // The running sum drifts by rounding over billions of samples: never below 0.
-            logloss: (self.loss_sum / n as f64).max(0.0),
-            positive_rate: self.positives as f64 / n as f64,
+            auc: first.auc,
+            logloss: first.logloss,
+            positive_rate: first.positive_rate,
+            tasks: if tasks.len() > 1 { tasks } else { Vec::new() },
         })
     }
 
@@ -190,13 +273,13 @@ impl ProgressiveEval {
         if self.history.len() == MAX_HISTORY {
             self.history.remove(0);
         }
-        self.history.push(f);
+        self.history.push(f.clone());
         Some(f)
     }
 
     /// The figures recorded last.
     pub fn latest(&self) -> Option<WindowFigures> {
-        self.history.last().copied()
+        self.history.last().cloned()
     }
 
     /// Predictions received so far.
@@ -220,12 +303,12 @@ mod tests {
     use super::*;
 
     fn push(e: &mut ProgressiveEval, probs: &[f32], labels: &[u8]) {
-        e.push(check(probs, labels).unwrap());
+        e.push(check(probs, labels, 0, 1).unwrap());
     }
 
     #[test]
     fn the_window_keeps_only_the_most_recent_samples() {
-        let mut e = ProgressiveEval::new(4);
+        let mut e = ProgressiveEval::new(4, 1);
         // Old samples ranked backwards (AUC 0), then four ranked perfectly.
         push(&mut e, &[0.9, 0.1], &[0, 1]);
         assert_eq!(e.figures(0.0).unwrap().auc, Some(0.0));
@@ -251,18 +334,57 @@ mod tests {
     #[test]
     fn malformed_reports_are_refused_whole() {
         // Only a checked report can be pushed, so a refused one adds nothing.
-        assert!(check(&[0.5, 0.5], &[1]).is_err());
-        assert!(check(&[0.5], &[2]).is_err());
-        assert!(check(&[1.5], &[1]).is_err());
-        assert!(check(&[f32::NAN], &[1]).is_err());
+        assert!(check(&[0.5, 0.5], &[1], 1, 1).is_err());
+        assert!(check(&[0.5], &[2], 1, 1).is_err());
+        assert!(check(&[1.5], &[1], 1, 1).is_err());
+        assert!(check(&[f32::NAN], &[1], 1, 1).is_err());
         let n = MAX_PER_REPORT + 1;
-        assert!(check(&vec![0.5; n], &vec![0; n]).is_err());
-        assert_eq!(check(&[0.5, 1.0], &[0, 1]).unwrap().len(), 2);
+        assert!(check(&vec![0.5; n], &vec![0; n], 1, 1).is_err());
+        assert_eq!(check(&[0.5, 1.0], &[0, 1], 1, 1).unwrap().len(), 2);
+        // A multi-task job's reports carry its task count, in whole samples.
+        assert!(check(&[0.5, 1.0], &[0, 1], 1, 2).is_err());
+        assert!(check(&[0.5, 1.0], &[0, 1], 0, 2).is_err());
+        assert!(check(&[0.5, 1.0, 0.5], &[0, 1, 1], 2, 2).is_err());
+        assert!(check(&[0.5, 1.0], &[0, 1], 2, 1).is_err());
+        assert_eq!(check(&[0.5, 1.0], &[0, 1], 2, 2).unwrap().len(), 1);
+        assert!(check(&[], &[], 0, 2).unwrap().is_empty());
+    }
+
+    /// Each task of a multi-task job has its own window over the same samples: task 0's
+    /// figures are the window's, every task's are in `tasks`.
+    #[test]
+    fn every_task_of_a_multi_task_job_is_judged_on_its_own_labels() {
+        let mut e = ProgressiveEval::new(3, 2);
+        // Per sample: task 0's probability, task 1's; then the labels alike. Task 0 is
+        // ranked perfectly, task 1 backwards; the first sample leaves the window.
+        let probs = [0.5, 0.5, 0.9, 0.2, 0.1, 0.8, 0.8, 0.3];
+        let labels = [1, 1, 1, 1, 0, 0, 1, 1];
+        e.push(check(&probs, &labels, 2, 2).unwrap());
+        let f = e.record(1.0).unwrap();
+        assert_eq!(f.samples, 3);
+        assert_eq!(e.seen(), 4);
+        assert_eq!(f.auc, Some(1.0));
+        assert_eq!(f.tasks.len(), 2);
+        assert_eq!(f.tasks[0].auc, f.auc);
+        assert_eq!(f.tasks[1].auc, Some(0.0));
+        assert!((f.tasks[1].positive_rate - 2.0 / 3.0).abs() < 1e-12);
+        let want: f64 = [(0.2f32, 1.0f32), (0.8, 0.0), (0.3, 1.0)]
+            .iter()
+            .map(|&(p, y)| logloss_term(p, y))
+            .sum::<f64>()
+            / 3.0;
+        assert!((f.tasks[1].logloss - want).abs() < 1e-9);
+        assert_eq!(e.summary()["latest"]["tasks"][1]["auc"], 0.0);
+        // A one-task job's figures have no task list.
+        let mut one = ProgressiveEval::new(3, 1);
+        push(&mut one, &[0.4, 0.6], &[0, 1]);
+        assert!(one.record(0.0).unwrap().tasks.is_empty());
+        assert!(one.summary()["latest"].get("tasks").is_none());
     }
 
     #[test]
     fn one_class_has_no_auc_and_the_history_is_recorded() {
-        let mut e = ProgressiveEval::new(10);
+        let mut e = ProgressiveEval::new(10, 1);
         assert!(e.record(0.0).is_none());
         push(&mut e, &[0.3, 0.4], &[0, 0]);
         let f = e.record(5.0).unwrap();

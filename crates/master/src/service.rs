@@ -192,9 +192,10 @@ impl Master for MasterService {
         check_version(&req.version)?;
         self.0.metrics.request("report_progress");
         // Checked before the progress is accepted: a refused report changes nothing.
-        let predicted = crate::progressive::check(&req.predicted, &req.labels)
-            .map_err(|e| MasterError::invalid(format!("progress report: {e}")))?;
         let progressive = &self.0.progressive;
+        let tasks = progressive.lock().as_ref().map_or(1, |p| p.tasks());
+        let predicted = crate::progressive::check(&req.predicted, &req.labels, req.tasks, tasks)
+            .map_err(|e| MasterError::invalid(format!("progress report: {e}")))?;
         let schedule = self.0.lr_schedule.get();
         let (ack, lr_scale) = self
             .0

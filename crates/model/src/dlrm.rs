@@ -180,6 +180,8 @@ impl DlrmConfig {
                         .into(),
                 });
             }
+            h.check_weights()
+                .map_err(|why| ModelError::BadMmoe { why })?;
             if !self.adapt.is_empty() || self.fm || self.first_order || self.layer_norm {
                 return Err(ModelError::BadMmoe {
                     why: "an MMoE does not combine with an MTRM adapt tower, the FM term, the \
@@ -984,8 +986,15 @@ impl Block {
         let (p, n) = (&m.params, x.n);
         // Not `self.logits`: `dlogits` is borrowed mutably beside it.
         let logits = tower_logits(&self.top_acts, &self.adapt_acts, x.tower);
-        self.loss_sum =
-            bce_sum_with_logits(&logits[..n], x.labels, x.grad_scale, &mut self.dlogits[..n]);
+        // Task 0's weight in a multi-task loss (1 for every other model).
+        let w0 = m.mmoe.as_ref().map_or(1.0, |h| h.weights[0]);
+        self.loss_sum = f64::from(w0)
+            * bce_sum_with_logits(
+                &logits[..n],
+                x.labels,
+                x.grad_scale * w0,
+                &mut self.dlogits[..n],
+            );
         match (x.tower, &m.adapt) {
             (Tower::Adapt, Some(adapt)) => {
                 adapt.backward(

@@ -13,7 +13,8 @@
 //!
 //! Task 0's tower is the model's top MLP (so a one-task model's logit, and every consumer
 //! of "the logit", is task 0's); the towers of tasks `1..T` are built here with the same
-//! sizes. The loss is the sum of the tasks' mean BCE. Gradients reach the shared experts
+//! sizes. The loss is the tasks' mean BCE summed with the tasks' weights
+//! ([`MmoeConfig::weights`], 1 each by default). Gradients reach the shared experts
 //! from every task, each weighted by its gate, and the gates learn which experts serve
 //! which task.
 
@@ -26,7 +27,7 @@ use serde::{Deserialize, Serialize};
 pub const MAX_TASKS: usize = 8;
 
 /// Shape of a multi-task MMoE head.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MmoeConfig {
     /// Tasks (labels), at least 1 and at most [`MAX_TASKS`]; task 0 is the one whose logit
@@ -38,10 +39,50 @@ pub struct MmoeConfig {
     /// Hidden and output sizes of every expert MLP (its input is the interaction output);
     /// the last is the width `E` the towers read.
     pub expert: Vec<usize>,
+    /// Each task's weight in the loss, `L = Σ_t w_t · mean BCE_t`: one per task, finite,
+    /// at least 0, not all 0. Empty: 1 for every task. A task of a rarer label (a
+    /// conversion) or of less interest to the business is down- or up-weighted here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub weights: Vec<f32>,
+}
+
+impl MmoeConfig {
+    /// Why the weights cannot be used, if they cannot.
+    pub fn check_weights(&self) -> Result<(), String> {
+        if self.weights.is_empty() {
+            return Ok(());
+        }
+        if self.weights.len() != self.tasks {
+            return Err(format!(
+                "{} task weights for {} tasks (give one per task, or none for 1 each)",
+                self.weights.len(),
+                self.tasks
+            ));
+        }
+        if let Some((t, w)) = self
+            .weights
+            .iter()
+            .enumerate()
+            .find(|(_, w)| !w.is_finite() || **w < 0.0)
+        {
+            return Err(format!(
+                "task {t}'s weight is {w}: weights must be finite and at least 0"
+            ));
+        }
+        if self.weights.iter().all(|&w| w == 0.0) {
+            return Err("every task weight is 0: nothing would be trained".into());
+        }
+        Ok(())
+    }
+
+    /// Task `t`'s weight in the loss.
+    pub fn weight(&self, t: usize) -> f32 {
+        self.weights.get(t).copied().unwrap_or(1.0)
+    }
 }
 
 /// Experts, gates and the towers of tasks `1..T` (parameters contiguous, from an offset).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Mmoe {
     /// The expert MLPs (ReLU on every layer, the last included).
     pub experts: Vec<Mlp>,
@@ -49,6 +90,8 @@ pub struct Mmoe {
     pub gates: Vec<Linear>,
     /// Towers of tasks `1..T`, each with the top MLP's sizes over the expert width.
     pub towers: Vec<Mlp>,
+    /// Each task's weight in the loss (`T` of them).
+    pub weights: Vec<f32>,
 }
 
 impl Mmoe {
@@ -86,6 +129,7 @@ impl Mmoe {
             experts,
             gates,
             towers,
+            weights: (0..config.tasks).map(|t| config.weight(t)).collect(),
         }
     }
 
@@ -201,9 +245,10 @@ impl Mmoe {
     /// Backward of [`Mmoe::forward`], after the caller's backward of task 0's tower wrote
     /// `acts.d_mixes[0]`: the towers of tasks `1..T` against their labels
     /// (`task_labels [n, T - 1]`, row-major; each loss's gradient scaled by
-    /// `grad_scale`), then the experts and gates. Parameter gradients go into `grads`
-    /// (overwritten), the gradient w.r.t. `x` into `dx [n, in]` (overwritten); `ga`/`gb`
-    /// as for [`Mlp::backward`]. Returns the summed loss of tasks `1..T`.
+    /// `grad_scale` and the task's weight), then the experts and gates. Parameter
+    /// gradients go into `grads` (overwritten), the gradient w.r.t. `x` into `dx [n, in]`
+    /// (overwritten); `ga`/`gb` as for [`Mlp::backward`]. Returns the weighted sum of the
+    /// losses of tasks `1..T`.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
@@ -228,12 +273,14 @@ impl Mmoe {
                 *l = row[t];
             }
             let logits = acts.towers[t].last().expect("nonempty");
-            loss += bce_sum_with_logits(
-                &logits[..n],
-                &acts.labels[..n],
-                grad_scale,
-                &mut acts.dlogits[..n],
-            );
+            let w = self.weights[t + 1];
+            loss += f64::from(w)
+                * bce_sum_with_logits(
+                    &logits[..n],
+                    &acts.labels[..n],
+                    grad_scale * w,
+                    &mut acts.dlogits[..n],
+                );
             tower.backward_full(
                 params,
                 grads,
@@ -382,6 +429,7 @@ mod tests {
             tasks: 2,
             experts: 3,
             expert: vec![5, 4],
+            weights: Vec::new(),
         };
         let head = Mmoe::new(&cfg, 6, &[3, 1], 0);
         let mut params = vec![0.0; head.num_params()];

@@ -51,6 +51,8 @@ const FETCH_WAIT_MS: &str = "10";
 pub struct StreamInput {
     consumer: Arc<BaseConsumer>,
     format: MessageFormat,
+    /// Labels a sample must carry: the job's model's tasks.
+    tasks: usize,
     /// Where the consumer stands after a range that ended cleanly: its partition and the
     /// next offset it delivers. `None` while a range reads, and after one that stopped
     /// early or read past its end.
@@ -79,9 +81,17 @@ impl StreamInput {
         Ok(Self {
             consumer: Arc::new(consumer),
             format,
+            tasks: 1,
             positioned: Arc::new(Mutex::new(None)),
             assignments: Arc::new(AtomicU64::new(0)),
         })
+    }
+
+    /// The input for a model of `tasks` tasks (1 unless set): a sample of another label
+    /// count is a bad sample ([`elastrec_data::FieldError::TaskCount`]).
+    pub fn with_tasks(mut self, tasks: usize) -> Self {
+        self.tasks = tasks;
+        self
     }
 
     /// How many ranges needed a new assignment of the consumer.
@@ -117,6 +127,7 @@ impl StreamInput {
             consumer: self.consumer.clone(),
             partition: partition.clone(),
             format: self.format,
+            tasks: self.tasks,
             policy,
             next: start,
             end,
@@ -135,6 +146,7 @@ pub struct RangeReader {
     positioned: Arc<Mutex<Option<(PartitionId, u64)>>>,
     partition: PartitionId,
     format: MessageFormat,
+    tasks: usize,
     policy: BadRowPolicy,
     /// Offset of the next message to fetch.
     next: u64,
@@ -239,6 +251,7 @@ impl RangeReader {
             let bad = decode(
                 msg.payload().unwrap_or_default(),
                 self.format,
+                self.tasks,
                 &mut self.pending,
             );
             for b in bad {

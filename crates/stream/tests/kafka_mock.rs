@@ -193,6 +193,58 @@ fn kafka_bad_messages_are_skipped_and_counted_or_stop_at_their_offset() {
     assert_eq!(r.position(), Some(1), "stopped at the bad message");
 }
 
+/// A multi-task job's input: two-label samples (binary version 2) reach the batch with
+/// both labels; a one-label message in the same topic is skipped, naming the counts.
+#[test]
+fn kafka_a_two_task_input_keeps_both_labels_and_skips_one_label_samples() {
+    let cluster = MockCluster::new(1).unwrap();
+    let conn = Connection::new(cluster.bootstrap_servers());
+    cluster.create_topic("t", 1, 1).unwrap();
+    let producer: BaseProducer = conn.client_config().create().unwrap();
+    let two: Vec<RawRow> = rows(6)
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| RawRow {
+            extra_tasks: 1,
+            extra_labels: u8::from(i % 2 == 0),
+            ..r
+        })
+        .collect();
+    let mut payloads = Vec::new();
+    for part in [&two[..3], &rows(2)[..], &two[3..]] {
+        let mut b = Vec::new();
+        elastrec_stream::message::encode(part, MessageFormat::Batch, &mut b);
+        payloads.push(b);
+    }
+    for payload in &payloads {
+        producer
+            .send(
+                BaseRecord::<(), [u8]>::to("t")
+                    .partition(0)
+                    .payload(&payload[..]),
+            )
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+    let p = PartitionId::parse("kafka:t/0").unwrap();
+    let input = StreamInput::new(&conn, "test", MessageFormat::Batch)
+        .unwrap()
+        .with_tasks(2);
+    let mut r = input.range(&p, 0, 3, BadRowPolicy::Skip).unwrap();
+    let mut b = Batch::with_capacity(16);
+    assert_eq!(r.next_batch(&mut b, 16).unwrap(), 6);
+    assert_eq!(b.tasks, 2);
+    let want: Vec<f32> = two.iter().map(|r| f32::from(r.task_label(1))).collect();
+    assert_eq!(b.task_labels, want);
+    assert_eq!(r.stats().rows_skipped, 2);
+    assert!(
+        r.stats().first_errors[0].contains("1 label(s) and the job's model has 2 task(s)"),
+        "{}",
+        r.stats().first_errors[0]
+    );
+    assert_eq!(r.position(), Some(3));
+}
+
 #[test]
 fn kafka_a_missing_topic_is_named_with_what_to_do() {
     let cluster = MockCluster::new(1).unwrap();

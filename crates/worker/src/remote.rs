@@ -623,10 +623,26 @@ impl RemoteModel {
 
     /// The probabilities of the last [`Self::compute`], made with the parameters pulled
     /// before its update: what the model predicted for `batch` before training on it.
+    /// A multi-task model's are every task's, row-major, task 0 first.
     fn predictions(&self, batch: &Batch) -> Predictions {
+        let (n, tasks) = (batch.len(), self.dense.tasks());
+        let mut probs = Vec::with_capacity(n * tasks);
+        let mut labels = Vec::with_capacity(n * tasks);
+        for r in 0..n {
+            for t in 0..tasks {
+                probs.push(sigmoid(self.ws.task_logits(t)[r]));
+                let y = if t == 0 {
+                    batch.labels[r]
+                } else {
+                    batch.task_labels[r * (tasks - 1) + t - 1]
+                };
+                labels.push(u8::from(y > 0.5));
+            }
+        }
         Predictions {
-            probs: self.ws.logits().iter().map(|&l| sigmoid(l)).collect(),
-            labels: batch.labels.iter().map(|&y| u8::from(y > 0.5)).collect(),
+            probs,
+            labels,
+            tasks: tasks as u32,
         }
     }
 
@@ -802,8 +818,10 @@ impl RemoteModel {
 /// online jobs; empty for other jobs).
 #[derive(Default)]
 struct Predictions {
+    /// `samples × tasks`, row-major.
     probs: Vec<f32>,
     labels: Vec<u8>,
+    tasks: u32,
 }
 
 /// Reports progress, retrying while the master is unreachable (e.g. restarting).
@@ -822,6 +840,7 @@ async fn report(
         offset,
         predicted: predicted.probs,
         labels: predicted.labels,
+        tasks: predicted.tasks,
     };
     let r = rpc::retry_transient(Some(Duration::from_secs(300)), || {
         let (mut m, req) = (master.clone(), req.clone());
@@ -1185,11 +1204,10 @@ fn open_task(
         })?;
         if stream.is_none() {
             let group = format!("{}-worker", cfg.group_for("job"));
-            *stream = Some(elastrec_stream::StreamInput::new(
-                &cfg.connection(),
-                &group,
-                cfg.format,
-            )?);
+            *stream = Some(
+                elastrec_stream::StreamInput::new(&cfg.connection(), &group, cfg.format)?
+                    .with_tasks(job.model.tasks()),
+            );
         }
         let input = stream.as_ref().expect("made above");
         let reader = input.range(&partition, from, task.end_row, policy)?;

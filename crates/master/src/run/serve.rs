@@ -176,6 +176,7 @@ fn spawn_loops(
     if cfg.stream.is_none() && cfg.train.progressive_window > 0 {
         *core.progressive.lock() = Some(crate::progressive::ProgressiveEval::new(
             cfg.train.progressive_window as usize,
+            cfg.model.tasks(),
         ));
         tokio::spawn(crate::progressive::run_batch(
             core.clone(),
@@ -186,6 +187,7 @@ fn spawn_loops(
         if s.eval_window > 0 {
             *core.progressive.lock() = Some(crate::progressive::ProgressiveEval::new(
                 s.eval_window as usize,
+                cfg.model.tasks(),
             ));
         }
         let base = core.job.lock().tasks().stream_from() as usize;

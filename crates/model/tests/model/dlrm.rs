@@ -711,13 +711,14 @@ fn mmoe_small(kind: InteractionKind, cross_layers: usize) -> DlrmConfig {
             tasks: 3,
             experts: 2,
             expert: vec![5, 4],
+            weights: Vec::new(),
         }),
         ..small(kind)
     }
 }
 
-/// The summed BCE of every task in f64, and the ReLU pattern of every hidden activation
-/// the tasks' logits go through (bottom, experts, towers).
+/// The BCE of every task summed with the tasks' weights, in f64, and the ReLU pattern of
+/// every hidden activation the tasks' logits go through (bottom, experts, towers).
 fn all_tasks_loss(
     m: &DenseDlrm,
     ws: &mut elastrec_model::Workspace,
@@ -730,16 +731,16 @@ fn all_tasks_loss(
         let l = l as f64;
         l.max(0.0) - l * t as f64 + (-l.abs()).exp().ln_1p()
     };
+    let head = m.mmoe().unwrap();
     let mut loss = 0.0;
     for (t, y) in labels.iter().enumerate() {
-        loss += ws
-            .task_logits(t)
-            .iter()
-            .zip(y)
-            .map(|(&l, &y)| bce(l, y))
-            .sum::<f64>();
+        loss += f64::from(head.weights[t])
+            * ws.task_logits(t)
+                .iter()
+                .zip(y)
+                .map(|(&l, &y)| bce(l, y))
+                .sum::<f64>();
     }
-    let head = m.mmoe().unwrap();
     let mut pat = Vec::new();
     for i in 0..m.bottom().layers.len() {
         pat.extend(ws.bottom_activation(i).iter().map(|&v| v > 0.0));
@@ -760,17 +761,21 @@ fn all_tasks_loss(
     (loss, pat)
 }
 
-/// MMoE: the gradient of the summed task losses agrees with finite differences for
-/// every parameter (experts, gates through their softmax, every task's tower) and every
-/// embedding, on both interactions and under cross layers.
+/// MMoE: the gradient of the weighted sum of the task losses agrees with finite
+/// differences for every parameter (experts, gates through their softmax, every task's
+/// tower) and every embedding, on both interactions and under cross layers, with equal
+/// weights and with task 0's halved, task 1's doubled and task 2's left out.
 #[test]
 fn mmoe_gradcheck() {
-    for (kind, cross) in [
-        (InteractionKind::Dot, 0),
-        (InteractionKind::Concat, 0),
-        (InteractionKind::Concat, 1),
+    for (kind, cross, weights) in [
+        (InteractionKind::Dot, 0, vec![]),
+        (InteractionKind::Concat, 0, vec![]),
+        (InteractionKind::Concat, 1, vec![]),
+        (InteractionKind::Dot, 0, vec![0.5, 2.0, 0.0]),
+        (InteractionKind::Concat, 1, vec![0.5, 2.0, 0.0]),
     ] {
-        let config = mmoe_small(kind, cross);
+        let mut config = mmoe_small(kind, cross);
+        config.mmoe.as_mut().unwrap().weights = weights.clone();
         let width = 3 * config.row_width();
         let mut m = DenseDlrm::new(config).unwrap();
         assert_eq!(m.tasks(), 3);
@@ -783,8 +788,15 @@ fn mmoe_gradcheck() {
             .map(|t| (0..n).map(|i| ((i + t) % 2) as f32).collect())
             .collect();
         let rest: Vec<f32> = (0..n).flat_map(|i| [labels[1][i], labels[2][i]]).collect();
-        m.forward_backward_tasks(&x, &e, &labels[0], &rest, &mut ws)
+        let loss = m
+            .forward_backward_tasks(&x, &e, &labels[0], &rest, &mut ws)
             .unwrap();
+        let (want, _) = all_tasks_loss(&m, &mut m.workspace(8), &x, &e, &labels);
+        assert!(
+            (f64::from(loss) - want / n as f64).abs() < 1e-4,
+            "the step's loss {loss} is the weighted mean {}",
+            want / n as f64
+        );
         let gp: Vec<f32> = ws.grads().iter().map(|v| v * n as f32).collect();
         let ge: Vec<f32> = ws.d_emb().iter().map(|v| v * n as f32).collect();
         let p0 = m.params().to_vec();
@@ -837,12 +849,16 @@ fn mmoe_head_leaves_the_shared_layers_initial_values_and_predicts_every_task() {
 /// A head that cannot be built is refused at construction.
 #[test]
 fn mmoe_bad_heads_are_refused() {
-    for (tasks, experts, expert, fm) in [
-        (0, 2, vec![4], false),
-        (9, 2, vec![4], false),
-        (2, 0, vec![4], false),
-        (2, 2, vec![], false),
-        (2, 2, vec![4], true),
+    for (tasks, experts, expert, fm, weights) in [
+        (0, 2, vec![4], false, vec![]),
+        (9, 2, vec![4], false, vec![]),
+        (2, 0, vec![4], false, vec![]),
+        (2, 2, vec![], false, vec![]),
+        (2, 2, vec![4], true, vec![]),
+        (2, 2, vec![4], false, vec![1.0]),
+        (2, 2, vec![4], false, vec![1.0, -1.0]),
+        (2, 2, vec![4], false, vec![0.0, 0.0]),
+        (2, 2, vec![4], false, vec![f32::INFINITY, 1.0]),
     ] {
         let cfg = DlrmConfig {
             fm,
@@ -850,6 +866,7 @@ fn mmoe_bad_heads_are_refused() {
                 tasks,
                 experts,
                 expert,
+                weights,
             }),
             ..small(InteractionKind::Concat)
         };
