@@ -443,6 +443,9 @@ struct RowSource {
     reader: Option<TsvReader>,
     repeat: bool,
     rows_this_pass: u64,
+    /// Labels per row of the first file: every file must carry as many (a topic's
+    /// consumers expect one count, and a batch message holds one).
+    tasks: Option<usize>,
 }
 
 impl RowSource {
@@ -453,6 +456,7 @@ impl RowSource {
             reader: None,
             repeat,
             rows_this_pass: 0,
+            tasks: None,
         })
     }
 
@@ -477,6 +481,15 @@ impl RowSource {
             if r.next_raw(&mut row)
                 .map_err(|e| StreamError::Invalid(e.to_string()))?
             {
+                let first = *self.tasks.get_or_insert(row.tasks());
+                if row.tasks() != first {
+                    return Err(StreamError::Invalid(format!(
+                        "{}: rows carry {} label(s), the files before it {first}: replay \
+                         files of one label count into a topic",
+                        self.files[self.at].display(),
+                        row.tasks()
+                    )));
+                }
                 self.rows_this_pass += 1;
                 return Ok(Some(row));
             }
@@ -519,6 +532,29 @@ fn flush(producer: &BaseProducer<Acks>) -> KafkaResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Files of different label counts are refused when the first row of another count
+    /// comes, naming its file: a topic's messages carry one count.
+    #[test]
+    fn files_of_another_label_count_are_refused_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, label: &str| {
+            let path = dir.path().join(name);
+            let features = vec![""; 39].join("\t");
+            std::fs::write(&path, format!("{label}\t{features}\n{label}\t{features}\n")).unwrap();
+            path
+        };
+        let files = [write("two.tsv", "10"), write("one.tsv", "1")];
+        let mut rows = RowSource::new(&files, false).unwrap();
+        for _ in 0..2 {
+            assert_eq!(rows.next().unwrap().unwrap().tasks(), 2);
+        }
+        let err = rows.next().unwrap_err().to_string();
+        assert!(
+            err.contains("one.tsv: rows carry 1 label(s), the files before it 2"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn a_trace_integrates_its_piecewise_linear_rate() {
