@@ -764,22 +764,7 @@ fn mmoe_trains_two_tasks_in_train_and_in_run() {
     let _g = serial();
     let f = fixture();
     let data = f.dir.join("mmoe-data");
-    elastrec_ok(&[
-        "gen-data",
-        "--out",
-        data.to_str().unwrap(),
-        "--rows",
-        "60000",
-        "--days",
-        "3",
-        "--scale",
-        "0.001",
-        "--seed",
-        "5",
-        "--conversions",
-    ]);
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(data.join("report.json")).unwrap()).unwrap();
+    let report = gen_conversions(&data, 60_000);
     let rate = report["conversion"]["rate"].as_f64().unwrap();
     assert!(
         rate > 0.01 && rate < report["click_rate"].as_f64().unwrap(),

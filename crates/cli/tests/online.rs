@@ -537,22 +537,7 @@ fn kafka_a_multi_task_online_job_trains_and_judges_every_task() {
     let _g = serial();
     let f = fixture();
     let data = f.dir.join("mmoe-stream-data");
-    elastrec_ok(&[
-        "gen-data",
-        "--out",
-        data.to_str().unwrap(),
-        "--rows",
-        "30000",
-        "--days",
-        "3",
-        "--scale",
-        "0.001",
-        "--seed",
-        "5",
-        "--conversions",
-    ]);
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(data.join("report.json")).unwrap()).unwrap();
+    let report = gen_conversions(&data, 30_000);
     let (_cluster, brokers) = mock_clicks();
     let days: Vec<PathBuf> = (0..2).map(|d| data.join(format!("day_{d}.tsv"))).collect();
     let total = replay(&brokers, "clicks", &days, &[])["samples"]

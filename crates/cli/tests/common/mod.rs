@@ -232,6 +232,26 @@ pub fn eval_model(model: &Path) -> serde_json::Value {
     eval_model_on(model, &fixture().dir.join("data/day_2.tsv"))
 }
 
+/// Generates `rows` rows over 3 days into `dir` with a conversion label after each click
+/// (`gen-data --conversions`, the data of a two-task model); returns its `report.json`.
+pub fn gen_conversions(dir: &Path, rows: u64) -> serde_json::Value {
+    elastrec_ok(&[
+        "gen-data",
+        "--out",
+        dir.to_str().unwrap(),
+        "--rows",
+        &rows.to_string(),
+        "--days",
+        "3",
+        "--scale",
+        "0.001",
+        "--seed",
+        "5",
+        "--conversions",
+    ]);
+    serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap()
+}
+
 /// `elastrec eval --json` of a model file on `data`.
 pub fn eval_model_on(model: &Path, data: &Path) -> serde_json::Value {
     let out = elastrec_ok(&[
