@@ -133,19 +133,7 @@ pub fn fixture() -> &'static Fixture {
         unsafe {
             libc::atexit(remove_fixture_at_exit);
         }
-        elastrec_ok(&[
-            "gen-data",
-            "--out",
-            dir.join("data").to_str().unwrap(),
-            "--rows",
-            &ROWS.to_string(),
-            "--days",
-            "3",
-            "--scale",
-            "0.001",
-            "--seed",
-            "5",
-        ]);
+        gen_data(&dir.join("data"), ROWS, &[]);
         let job = dir.join("single.toml");
         std::fs::write(&job, job_text("single", "")).unwrap();
         elastrec_ok(&["train", job.to_str().unwrap()]);
@@ -232,24 +220,32 @@ pub fn eval_model(model: &Path) -> serde_json::Value {
     eval_model_on(model, &fixture().dir.join("data/day_2.tsv"))
 }
 
-/// Generates `rows` rows over 3 days into `dir` with a conversion label after each click
-/// (`gen-data --conversions`, the data of a two-task model); returns its `report.json`.
-pub fn gen_conversions(dir: &Path, rows: u64) -> serde_json::Value {
-    elastrec_ok(&[
+/// Generates `rows` rows over 3 days into `dir` (scale 0.001, seed 5; `extra` flags of
+/// `gen-data` added); returns its `report.json`.
+pub fn gen_data(dir: &Path, rows: u64, extra: &[&str]) -> serde_json::Value {
+    let rows = rows.to_string();
+    let mut args = vec![
         "gen-data",
         "--out",
         dir.to_str().unwrap(),
         "--rows",
-        &rows.to_string(),
+        &rows,
         "--days",
         "3",
         "--scale",
         "0.001",
         "--seed",
         "5",
-        "--conversions",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    elastrec_ok(&args);
     serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap()
+}
+
+/// [`gen_data`] with a conversion label after each click (`--conversions`): the data of
+/// a two-task model.
+pub fn gen_conversions(dir: &Path, rows: u64) -> serde_json::Value {
+    gen_data(dir, rows, &["--conversions"])
 }
 
 /// `elastrec eval --json` of a model file on `data`.
