@@ -417,12 +417,18 @@ async fn control_loop(
     let mut progress = Progress::new();
     let mut last_tick = Instant::now();
     let mut tick = tokio::time::interval(TICK);
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing the SIGTERM handler")?;
+    // Both streams are made once, before the loop: a stream keeps a signal that arrives
+    // while the loop is busy (advancing the job, driving a checkpoint) for its next
+    // `recv`. A `ctrl_c()` future made in each turn listens only from its first poll, so
+    // a Ctrl-C during the work between two turns was lost and the master kept running
+    // (a Slurm test saw it once in four full runs).
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     loop {
         let interrupted = tokio::select! {
             _ = tick.tick() => None,
-            _ = tokio::signal::ctrl_c() => Some("interrupted"),
+            _ = sigint.recv() => Some("interrupted"),
             _ = sigterm.recv() => Some("terminated"),
         };
         if let Some(how) = interrupted {
