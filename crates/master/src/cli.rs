@@ -435,11 +435,12 @@ fn print_stream(st: &serde_json::Value) {
 /// The progressive-validation line of `status` (nothing when `w` is not a window).
 fn print_progressive(w: &serde_json::Value) {
     let num = |x: &serde_json::Value| x.as_f64().unwrap_or(f64::NAN);
+    let auc = |x: &serde_json::Value| x.as_f64().map_or("-".into(), |a| format!("{a:.4}"));
     if w.is_object() {
         println!(
             "  progressive validation at {:.0} s: AUC {} logloss {:.4} over the last {} samples",
             num(&w["at_s"]),
-            w["auc"].as_f64().map_or("-".into(), |a| format!("{a:.4}")),
+            auc(&w["auc"]),
             num(&w["logloss"]),
             w["samples"]
         );
@@ -452,9 +453,7 @@ fn print_progressive(w: &serde_json::Value) {
         {
             println!(
                 "    task {t}: AUC {} logloss {:.4}",
-                task["auc"]
-                    .as_f64()
-                    .map_or("-".into(), |a| format!("{a:.4}")),
+                auc(&task["auc"]),
                 num(&task["logloss"])
             );
         }

@@ -629,15 +629,9 @@ impl RemoteModel {
         let mut probs = Vec::with_capacity(n * tasks);
         let mut labels = Vec::with_capacity(n * tasks);
         for r in 0..n {
-            for t in 0..tasks {
-                probs.push(sigmoid(self.ws.task_logits(t)[r]));
-                let y = if t == 0 {
-                    batch.labels[r]
-                } else {
-                    batch.task_labels[r * (tasks - 1) + t - 1]
-                };
-                labels.push(u8::from(y > 0.5));
-            }
+            probs.extend((0..tasks).map(|t| sigmoid(self.ws.task_logits(t)[r])));
+            let row = std::iter::once(&batch.labels[r]).chain(batch.task_labels_row(r));
+            labels.extend(row.map(|&y| u8::from(y > 0.5)));
         }
         Predictions {
             probs,
