@@ -292,7 +292,10 @@ pub struct Autoscaler {
     max_cpu: Option<f64>,
     /// Most workers the job's plans may hold: a growth beyond them was measured not to pay.
     max_workers: Option<u32>,
-    /// Why the last of `max_cpu` / `max_workers` was set (for `status`).
+    /// Most cores per PS the job's plans may hold: a plan that raised them without adding
+    /// workers was measured not to pay (the master clamps; the brain does not know it).
+    max_ps_cpu: Option<f64>,
+    /// Why the last of `max_cpu` / `max_workers` / `max_ps_cpu` was set (for `status`).
     cap_reason: Option<String>,
     /// A probe or a revert ran: the next window (not the next plan interval) ends it.
     measure_next: bool,
@@ -365,6 +368,7 @@ impl Autoscaler {
             halfway: None,
             max_cpu: None,
             max_workers: None,
+            max_ps_cpu: None,
             cap_reason: None,
             // A new job's first round waits a planning interval: its windows at the
             // allocation it started with make the profile's base.
@@ -894,9 +898,35 @@ impl Autoscaler {
                 self.settings.min_gain * 100.0
             ));
         }
+        // Back to the allocation before the plan, or to a larger one this job measured
+        // to pay against it: on a shared brain the plan may have left a probe that gave a
+        // quarter of the job's warm start back, and capping the job there would keep it
+        // below an allocation it already ran well.
+        let (b, back_to) = match self.best_paid_below(&b, g.measured_before, &after, g.for_memory) {
+            Some((a, tp)) => {
+                reasons.push(format!(
+                    "{} workers x {} cores and {} PS x {} cores ({} cores) were measured at {tp:.0} samples/s, {:+.1}% for {:+.0}% cores: paid",
+                    a.workers,
+                    a.worker_cpu,
+                    a.ps,
+                    a.ps_cpu,
+                    a.total_cpu(),
+                    (tp / g.measured_before - 1.0) * 100.0,
+                    (a.total_cpu() / cores_before - 1.0) * 100.0,
+                ));
+                (a, tp)
+            }
+            None => (b, g.measured_before),
+        };
         let capped = if after.workers > b.workers {
             self.max_workers = Some(self.max_workers.map_or(b.workers, |m| m.min(b.workers)));
             Some(format!("plans stay within {} workers", b.workers))
+        } else if grew && after.ps_cpu > b.ps_cpu + 1e-9 {
+            // A plan that moved cores onto the PS says what the PS's cores are worth,
+            // not what more cores of the job's shape would be: a cap on the job's cores
+            // kept such jobs below the cores their warm start ran well.
+            self.max_ps_cpu = Some(self.max_ps_cpu.map_or(b.ps_cpu, |m| m.min(b.ps_cpu)));
+            Some(format!("plans stay within {} cores per PS", b.ps_cpu))
         } else if grew {
             self.max_cpu = Some(self.max_cpu.map_or(cores_before, |m| m.min(cores_before)));
             Some(format!("plans stay within {cores_before} cores"))
@@ -925,9 +955,57 @@ impl Autoscaler {
             worker_cpu: b.worker_cpu,
             ps,
             ps_cpu: b.ps_cpu,
-            predicted: Some(g.measured_before),
+            predicted: Some(back_to),
             reasons,
         })
+    }
+
+    /// The allocation between `before` and the unpaid `after` (more cores than `before`,
+    /// fewer workers and cores than `after`) that this job measured fastest among those
+    /// that paid against `before`'s `measured_before` (at least
+    /// [`Settings::growth_efficiency`] of proportional), within the bounds and limits;
+    /// with its measured throughput. Only for a growth of workers that did not change
+    /// the PS for memory.
+    fn best_paid_below(
+        &self,
+        before: &Allocation,
+        measured_before: f64,
+        after: &Allocation,
+        for_memory: bool,
+    ) -> Option<(Allocation, f64)> {
+        if for_memory || after.workers <= before.workers {
+            return None;
+        }
+        let s = &self.settings;
+        let (lo, hi) = (before.total_cpu(), after.total_cpu());
+        self.throughput_at
+            .iter()
+            .map(|(&(ps, cpu, ps_cpu, workers), &tp)| {
+                let a = Allocation {
+                    workers,
+                    ps,
+                    worker_cpu: cpu as f64,
+                    ps_cpu: ps_cpu as f64 / 1000.0,
+                    ..*before
+                };
+                (a, tp)
+            })
+            .filter(|(a, tp)| {
+                let cores = a.total_cpu();
+                a.workers > before.workers
+                    && a.workers < after.workers
+                    && (s.workers[0]..=s.workers[1]).contains(&a.workers)
+                    && (s.ps[0]..=s.ps[1]).contains(&a.ps)
+                    && a.worker_cpu <= s.worker_cpu_max + 1e-9
+                    && a.ps_cpu <= s.ps_cpu_max + 1e-9
+                    && cores > lo + 1e-9
+                    && cores < hi - 1e-9
+                    && self.max_workers.is_none_or(|m| a.workers <= m)
+                    && self.max_cpu.is_none_or(|m| cores <= m + 1e-9)
+                    && self.max_ps_cpu.is_none_or(|m| a.ps_cpu <= m + 1e-9)
+                    && tp / measured_before - 1.0 >= s.growth_efficiency * (cores / lo - 1.0)
+            })
+            .max_by(|x, y| x.1.total_cmp(&y.1))
     }
 
     /// A probe to `workers` workers at the current cores and PS.
@@ -1087,6 +1165,16 @@ impl Autoscaler {
             } else {
                 a.ps_cpu
             };
+        // Cores per PS above those of a plan that raised them and did not pay.
+        let (ps_cpu, ps_cpu_capped) = match self.max_ps_cpu {
+            Some(max) if ps_cpu > max + 1e-9 && !for_memory => (
+                max,
+                Some(format!(
+                    "{ps_cpu} cores per PS are more than the {max} this job measured to pay (a plan that raised them did not): {max}"
+                )),
+            ),
+            _ => (ps_cpu, None),
+        };
         if (workers, ps) == (v.workers, v.ps) && cpu == now_cpu && ps_cpu == now_ps_cpu {
             return Decision::Keep(match ps_note {
                 Some(why) => format!("the plan's PS change ({} -> {}) {why}", v.ps, a.ps),
@@ -1132,10 +1220,10 @@ impl Autoscaler {
         }
         // The prediction was for the plan's count, not the trusted step towards it.
         let ps_step = ps_step.filter(|_| ps != v.ps);
-        let predicted = (guessed.is_none() && ps_step.is_none()).then_some(tp);
+        let steps = [guessed, ps_step, ps_cpu_capped];
+        let predicted = steps.iter().all(Option::is_none).then_some(tp);
         let mut reasons = plan.reasons.clone();
-        reasons.extend(guessed);
-        reasons.extend(ps_step);
+        reasons.extend(steps.into_iter().flatten());
         Decision::Apply {
             workers,
             worker_cpu: cpu,
@@ -1236,6 +1324,7 @@ impl Autoscaler {
             "limits": {
                 "max_workers": self.max_workers,
                 "max_cpu": self.max_cpu,
+                "max_ps_cpu": self.max_ps_cpu,
                 "why": self.cap_reason,
             },
             "brain_error": self.brain_error,
@@ -1794,6 +1883,150 @@ mod tests {
             why.contains("the halfway step to 11 workers")
                 && why.contains("where 16 workers and 17 cores did not"),
             "{why}"
+        );
+    }
+
+    /// A growth that did not pay, halfway included, goes back to the allocation this job
+    /// measured fastest among those that paid, not to the smaller one a give-back probe
+    /// left: 8 workers ran at 1,800 samples/s, the probe's 6 at 1,400; a plan from 6 to
+    /// 16 workers and its halfway step to 10 pay too little, and the job returns to 8.
+    #[test]
+    fn an_unpaid_growth_goes_back_to_the_largest_allocation_measured_to_pay() {
+        let mut a = Autoscaler::new(
+            Settings {
+                workers: [1, 32],
+                interval_ms: 60_000,
+                cluster_cpu: 64.0,
+                ..settings()
+            },
+            0,
+        );
+        let (mut t, mut s) = (0, 0);
+        run(&mut a, &mut t, &mut s, 8, 1800, 2);
+        let probe = a.worker_probe(&view(t, 8, s), 6, "probe: give back".into());
+        a.applied(&probe, &view(t, 8, s), "probe");
+        run(&mut a, &mut t, &mut s, 6, 1400, 2);
+        let round = a.next_round(&view(t, 6, s));
+        assert!(matches!(round, Round::Report(_)), "{round:?}");
+        assert_eq!(a.status()["limits"]["max_workers"], serde_json::Value::Null);
+        let v = view(t, 6, s);
+        let d = a.review(&plan(16, 1, 4000.0), &v);
+        assert!(matches!(d, Decision::Apply { workers: 16, .. }), "{d:?}");
+        a.applied(&d, &v, "plan");
+        run(&mut a, &mut t, &mut s, 16, 1500, 2);
+        let Round::Revert(_, d) = a.next_round(&view(t, 16, s)) else {
+            panic!("an unpaid growth is halved")
+        };
+        assert!(matches!(d, Decision::Apply { workers: 10, .. }), "{d:?}");
+        a.applied(&d, &view(t, 16, s), "revert");
+        run(&mut a, &mut t, &mut s, 10, 1450, 2);
+        let Round::Revert(_, d) = a.next_round(&view(t, 10, s)) else {
+            panic!("the halfway step is judged at its first window")
+        };
+        let Decision::Apply {
+            workers: 8,
+            predicted: Some(predicted),
+            reasons,
+            ..
+        } = &d
+        else {
+            panic!("back to the 8 workers that paid: {d:?}")
+        };
+        assert!((predicted - 1800.0).abs() < 1.0, "{predicted}");
+        assert!(
+            reasons.iter().any(|r| r.contains(
+                "8 workers x 1 cores and 1 PS x 1 cores (9 cores) were measured at 1800"
+            )),
+            "{reasons:?}"
+        );
+        a.applied(&d, &view(t, 10, s), "revert");
+        assert_eq!(a.status()["limits"]["max_workers"], 8);
+    }
+
+    /// A plan that raised the cores per PS and did not pay limits the cores per PS, not
+    /// the job's cores: a later plan may add workers, and its cores per PS are held to
+    /// those measured to pay.
+    #[test]
+    fn an_unpaid_raise_of_the_ps_cores_limits_the_ps_cores_only() {
+        let mut a = Autoscaler::new(
+            Settings {
+                workers: [1, 8],
+                ps_cpu: 2.0,
+                ps_cpu_max: 8.0,
+                interval_ms: 60_000,
+                cluster_cpu: 64.0,
+                ..settings()
+            },
+            0,
+        );
+        let (mut t, mut s) = (0, 0);
+        run(&mut a, &mut t, &mut s, 3, 800, 2);
+        let probe = a.worker_probe(&view(t, 3, s), 4, "probe: one worker more".into());
+        a.applied(&probe, &view(t, 3, s), "probe");
+        run(&mut a, &mut t, &mut s, 4, 1000, 2);
+        // A give-back probe of the PS's cores: 2 -> 1 costs nothing.
+        let v = view(t, 4, s);
+        let probe = Decision::Apply {
+            workers: 4,
+            worker_cpu: 1.0,
+            ps: 1,
+            ps_cpu: 1.0,
+            predicted: None,
+            reasons: vec!["probe".into()],
+        };
+        a.applied(&probe, &v, "probe");
+        run(&mut a, &mut t, &mut s, 4, 1000, 2);
+        let round = a.next_round(&view(t, 4, s));
+        assert!(matches!(round, Round::Report(_)), "{round:?}");
+        let v = view(t, 4, s);
+        let mut raise = plan(4, 1, 2000.0);
+        raise.allocation.as_mut().unwrap().ps_cpu = 6.0;
+        let d = a.review(&raise, &v);
+        assert!(matches!(d, Decision::Apply { ps_cpu: 6.0, .. }), "{d:?}");
+        a.applied(&d, &v, "plan");
+        // 5 -> 10 cores for +2%.
+        run(&mut a, &mut t, &mut s, 4, 1020, 2);
+        let Round::Revert(_, d) = a.next_round(&view(t, 4, s)) else {
+            panic!("an unpaid plan is undone")
+        };
+        assert!(
+            matches!(
+                d,
+                Decision::Apply {
+                    workers: 4,
+                    ps_cpu: 1.0,
+                    ..
+                }
+            ),
+            "{d:?}"
+        );
+        a.applied(&d, &view(t, 4, s), "revert");
+        let limits = &a.status()["limits"];
+        assert_eq!(limits["max_ps_cpu"], 1.0);
+        assert_eq!(limits["max_cpu"], serde_json::Value::Null);
+        assert_eq!(limits["max_workers"], serde_json::Value::Null);
+        // More workers may come; their PS keep 1 core.
+        run(&mut a, &mut t, &mut s, 4, 1000, 2);
+        let v = view(t, 4, s);
+        let mut grow = plan(8, 1, 2000.0);
+        grow.allocation.as_mut().unwrap().ps_cpu = 4.0;
+        let d = a.review(&grow, &v);
+        let Decision::Apply {
+            workers: 8,
+            ps_cpu,
+            predicted: None,
+            reasons,
+            ..
+        } = &d
+        else {
+            panic!("the growth of workers is made: {d:?}")
+        };
+        assert_eq!(*ps_cpu, 1.0);
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.contains("4 cores per PS are more than the 1")),
+            "{reasons:?}"
         );
     }
 
