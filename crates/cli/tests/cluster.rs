@@ -770,11 +770,8 @@ fn mmoe_trains_two_tasks_in_train_and_in_run() {
         rate > 0.01 && rate < report["click_rate"].as_f64().unwrap(),
         "{report}"
     );
-    let model = "type = \"mmoe\"\nmmoe = { tasks = 2, experts = 3, expert_mlp = [32, 16] }\n";
     let write = |name: &str, cluster: &str, dir: &str| {
-        let text = job_text(name, cluster)
-            .replace("[model]\n", &format!("[model]\n{model}"))
-            .replace("dir = \"data\"", &format!("dir = \"{dir}\""));
+        let text = as_mmoe(&job_text(name, cluster), dir);
         let job = f.dir.join(format!("{name}.toml"));
         std::fs::write(&job, text).unwrap();
         (job, f.dir.join(name))

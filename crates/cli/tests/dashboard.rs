@@ -127,6 +127,7 @@ fn page_state(page: &mut Page) -> Value {
             ps: document.querySelectorAll('tr.node[data-role=ps][data-state=running]').length,
             charts: Array.from(document.querySelectorAll('svg.chart-svg')).map(s => Number(s.dataset.points)),
             titles: Array.from(document.querySelectorAll('.chart h3')).map(h => h.textContent),
+            legends: Object.fromEntries(Array.from(document.querySelectorAll('.chart')).map(c => [c.querySelector('h3').textContent, c.querySelector('.legend').textContent])),
             connection: document.getElementById('connection').textContent,
         })",
     )
@@ -227,9 +228,18 @@ fn the_dashboard_shows_a_running_job_and_follows_it_when_it_scales() {
         return;
     };
     let _g = serial();
-    let (job, dir) = write_job("dashboard", CLUSTER);
+    // A two-task model, so that the page draws a progressive line per task.
+    let f = fixture();
+    gen_conversions(&f.dir.join("dashboard-data"), ROWS);
+    let job = f.dir.join("dashboard.toml");
+    std::fs::write(
+        &job,
+        as_mmoe(&job_text("dashboard", CLUSTER), "dashboard-data"),
+    )
+    .unwrap();
+    let dir = f.dir.join("dashboard");
     let log = dir.with_extension("log");
-    let total = 2 * fixture().train_rows;
+    let total = 2 * f.train_rows;
     let mut run = Group::spawn(
         &[
             "run",
@@ -285,6 +295,14 @@ fn the_dashboard_shows_a_running_job_and_follows_it_when_it_scales() {
                 .iter()
                 .all(|t| state["titles"].as_array().is_some_and(|a| a.contains(&json!(t))))
     });
+    // A line per task of the two-task model.
+    for chart in ["progressive logloss", "progressive AUC"] {
+        let legend = state["legends"][chart].as_str().unwrap_or("");
+        assert!(
+            legend.contains("task 0") && legend.contains("task 1"),
+            "{chart}: {state}"
+        );
+    }
     let before = state["updates"].as_u64().unwrap();
 
     if let Some(shot) = std::env::var_os("ELASTREC_DASHBOARD_SCREENSHOT") {

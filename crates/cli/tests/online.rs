@@ -545,15 +545,8 @@ fn kafka_a_multi_task_online_job_trains_and_judges_every_task() {
         .unwrap();
     assert_eq!(total, 20_000);
     let (job, dir) = online_job_with("online-mmoe", &brokers, "", "", "");
-    let text = std::fs::read_to_string(&job).unwrap().replace(
-        "[model]\n",
-        "[model]\ntype = \"mmoe\"\nmmoe = { tasks = 2, experts = 3, expert_mlp = [32, 16] }\n",
-    );
-    std::fs::write(
-        &job,
-        text.replace("dir = \"data\"", "dir = \"mmoe-stream-data\""),
-    )
-    .unwrap();
+    let text = std::fs::read_to_string(&job).unwrap();
+    std::fs::write(&job, as_mmoe(&text, "mmoe-stream-data")).unwrap();
     let log = f.dir.join("online-mmoe.log");
     let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
     let (r, text, _) = stop_when_trained(&dir, &mut g, &log, total);

@@ -147,8 +147,17 @@ function jobCard(job) {
       charts += chart("traffic (msg/s)", [{ name: "arriving", points: line(h, "arrival_rate") }]);
       charts += chart("lag (s)", [{ name: "lag", points: line(h, "lag_s") }], " s");
     }
-    if (h.some((p) => p.logloss !== null)) charts += chart("progressive logloss", [{ name: "logloss", points: line(h, "logloss") }]);
-    if (h.some((p) => p.auc !== null)) charts += chart("progressive AUC", [{ name: "AUC", points: line(h, "auc") }]);
+    // A multi-task job: a line per task on each progressive chart.
+    const tasks = Math.max(0, ...h.map((p) => (p.tasks || []).length));
+    const perTask = (key, name) =>
+      tasks > 1
+        ? Array.from({ length: tasks }, (_, t) => ({
+            name: `task ${t}`,
+            points: h.map((p) => [p.t_s, (p.tasks || [])[t] ? p.tasks[t][key] : null]).filter((p) => p[1] !== null && p[1] !== undefined),
+          }))
+        : [{ name, points: line(h, key) }];
+    if (h.some((p) => p.logloss !== null)) charts += chart("progressive logloss", perTask("logloss", "logloss"));
+    if (h.some((p) => p.auc !== null)) charts += chart("progressive AUC", perTask("auc", "AUC"));
     if (h.some((p) => p.pls !== null)) charts += chart("portion of lost samples", [{ name: "PLS", points: line(h, "pls") }]);
     html += `<div class="charts">${charts}</div>`;
   }

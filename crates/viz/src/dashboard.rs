@@ -62,7 +62,7 @@ pub struct DashboardArgs {
 }
 
 /// One reading of a job, kept for its charts.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Point {
     /// Seconds since the dashboard started.
     pub t_s: f64,
@@ -86,6 +86,18 @@ pub struct Point {
     pub logloss: Option<f64>,
     /// Portion of lost samples so far (CPR).
     pub pls: Option<f64>,
+    /// A multi-task model's progressive figures of every task, task 0 first (whose are
+    /// also `auc` and `logloss`); empty for one task.
+    pub tasks: Vec<TaskPoint>,
+}
+
+/// One task's progressive figures in a [`Point`].
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct TaskPoint {
+    /// AUC over the window (`None` while it holds one class of the task's label).
+    pub auc: Option<f64>,
+    /// Mean logloss over the window.
+    pub logloss: Option<f64>,
 }
 
 /// A job as the page shows it.
@@ -129,6 +141,16 @@ pub fn point_of(status: &Value, t_s: f64) -> Point {
         auc: num(&window["auc"]),
         logloss: num(&window["logloss"]),
         pls: num(&status["checkpoint"]["pls"]),
+        tasks: window["tasks"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+            .iter()
+            .map(|t| TaskPoint {
+                auc: num(&t["auc"]),
+                logloss: num(&t["logloss"]),
+            })
+            .collect(),
     }
 }
 
@@ -474,6 +496,28 @@ mod tests {
             2.0,
         );
         assert_eq!((batch.auc, batch.logloss), (Some(0.75), Some(0.45)));
+        assert!(batch.tasks.is_empty());
+        // A multi-task job's point holds every task's window.
+        let mmoe = point_of(
+            &serde_json::json!({"samples_per_sec": 10.0, "nodes": [],
+                "progressive": {"auc": 0.75, "logloss": 0.45, "tasks": [
+                    {"auc": 0.75, "logloss": 0.45, "positive_rate": 0.2},
+                    {"auc": null, "logloss": 0.1, "positive_rate": 0.0}]}}),
+            3.0,
+        );
+        assert_eq!(
+            mmoe.tasks,
+            vec![
+                TaskPoint {
+                    auc: Some(0.75),
+                    logloss: Some(0.45)
+                },
+                TaskPoint {
+                    auc: None,
+                    logloss: Some(0.1)
+                }
+            ]
+        );
     }
 
     #[test]

@@ -353,7 +353,54 @@ fn job_charts(v: &serde_json::Value) -> Vec<(String, Chart)> {
             }),
         ));
     }
+    charts.extend(progressive_chart(v));
     charts
+}
+
+/// The progressive AUC over the job (a batch job's `progressive`, an online job's
+/// `online.progressive`), a line per task of a multi-task model.
+fn progressive_chart(v: &serde_json::Value) -> Option<(String, Chart)> {
+    let history = v["progressive"]["history"]
+        .as_array()
+        .or_else(|| v["online"]["progressive"]["history"].as_array())
+        .filter(|h| !h.is_empty())?;
+    let at = |w: &serde_json::Value| w["at_s"].as_f64().unwrap_or(0.0);
+    let tasks = history
+        .iter()
+        .map(|w| w["tasks"].as_array().map_or(0, Vec::len))
+        .max()
+        .unwrap_or(0);
+    let series = if tasks > 1 {
+        (0..tasks)
+            .map(|t| Series {
+                name: format!("task {t}"),
+                points: history
+                    .iter()
+                    .filter_map(|w| w["tasks"][t]["auc"].as_f64().map(|a| (at(w), a)))
+                    .collect(),
+            })
+            .collect()
+    } else {
+        vec![Series {
+            name: "AUC".into(),
+            points: history
+                .iter()
+                .filter_map(|w| w["auc"].as_f64().map(|a| (at(w), a)))
+                .collect(),
+        }]
+    };
+    series.iter().any(|s| !s.points.is_empty()).then(|| {
+        (
+            "progressive-auc".into(),
+            Chart::Line(LineChart {
+                title: "Progressive validation AUC (each window before it is trained)".into(),
+                x_label: "seconds since the job started".into(),
+                y_label: "AUC".into(),
+                series,
+                steps: false,
+            }),
+        )
+    })
 }
 
 #[cfg(test)]
@@ -369,6 +416,45 @@ mod tests {
         let t = Table::parse(f, "policy,jct_min\nes,3\nes,x\n").unwrap();
         let e = simulation_batch(&t).err().unwrap().to_string();
         assert!(e.contains("jobs.csv:3: column `jct_min` holds `x`"), "{e}");
+    }
+
+    #[test]
+    fn a_multi_task_jobs_progressive_auc_is_a_line_per_task() {
+        let window = |at: f64, a0: f64, a1: Option<f64>| {
+            serde_json::json!({"at_s": at, "auc": a0, "logloss": 0.4, "tasks": [
+                {"auc": a0, "logloss": 0.4, "positive_rate": 0.2},
+                {"auc": a1, "logloss": 0.1, "positive_rate": 0.05}]})
+        };
+        let online = serde_json::json!({"online": {"progressive": {"history": [
+            window(1.0, 0.6, None),
+            window(2.0, 0.7, Some(0.65)),
+        ]}}});
+        let charts = job_charts(&online);
+        let (name, Chart::Line(c)) = &charts[0] else {
+            panic!("a line chart: {charts:?}")
+        };
+        assert_eq!(name, "progressive-auc");
+        let lines: Vec<_> = c
+            .series
+            .iter()
+            .map(|s| (s.name.as_str(), s.points.clone()))
+            .collect();
+        assert_eq!(
+            lines,
+            vec![
+                ("task 0", vec![(1.0, 0.6), (2.0, 0.7)]),
+                ("task 1", vec![(2.0, 0.65)])
+            ]
+        );
+        // One task: one line; no history, no chart.
+        let batch = serde_json::json!({"progressive": {"history": [
+            {"at_s": 3.0, "auc": 0.8, "logloss": 0.4}]}});
+        let Chart::Line(c) = &job_charts(&batch)[0].1 else {
+            panic!("a line chart")
+        };
+        assert_eq!(c.series[0].name, "AUC");
+        assert_eq!(c.series[0].points, vec![(3.0, 0.8)]);
+        assert!(job_charts(&serde_json::json!({"progressive": {"history": []}})).is_empty());
     }
 
     #[test]

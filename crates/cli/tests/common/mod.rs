@@ -248,6 +248,16 @@ pub fn gen_conversions(dir: &Path, rows: u64) -> serde_json::Value {
     gen_data(dir, rows, &["--conversions"])
 }
 
+/// `text` (a job file) made a two-task MMoE reading `data` (a directory named relative to
+/// the job file, as the fixture's `data`): the model for [`gen_conversions`]' data.
+pub fn as_mmoe(text: &str, data: &str) -> String {
+    text.replace(
+        "[model]\n",
+        "[model]\ntype = \"mmoe\"\nmmoe = { tasks = 2, experts = 3, expert_mlp = [32, 16] }\n",
+    )
+    .replace("dir = \"data\"", &format!("dir = \"{data}\""))
+}
+
 /// `elastrec eval --json` of a model file on `data`.
 pub fn eval_model_on(model: &Path, data: &Path) -> serde_json::Value {
     let out = elastrec_ok(&[
