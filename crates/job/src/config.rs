@@ -1023,7 +1023,6 @@ impl JobConfig {
             }
             for (on, field) in [
                 (m.first_order, "model.first_order"),
-                (m.layer_norm, "model.layer_norm"),
                 (!m.adapt_mlp.is_empty(), "model.adapt_mlp"),
             ] {
                 if on {
@@ -1553,8 +1552,8 @@ mod tests {
             assert_eq!(field(&format!("{mmoe}{extra}")), want, "{extra}");
         }
         assert_eq!(
-            field("[model]\ntype = \"mmoe\"\nlayer_norm = true\n"),
-            "model.layer_norm"
+            field("[model]\ntype = \"mmoe\"\nfirst_order = true\n"),
+            "model.first_order"
         );
         assert_eq!(field("[model.mmoe]\ntasks = 2\n"), "model.mmoe");
     }

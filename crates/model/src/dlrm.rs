@@ -182,10 +182,10 @@ impl DlrmConfig {
             }
             h.check_weights()
                 .map_err(|why| ModelError::BadMmoe { why })?;
-            if !self.adapt.is_empty() || self.fm || self.first_order || self.layer_norm {
+            if !self.adapt.is_empty() || self.fm || self.first_order {
                 return Err(ModelError::BadMmoe {
-                    why: "an MMoE does not combine with an MTRM adapt tower, the FM term, the \
-                          first-order term or layer norm (they would reach task 0 only)"
+                    why: "an MMoE does not combine with an MTRM adapt tower, the FM term or \
+                          the first-order term (they would reach task 0 only)"
                         .into(),
                 });
             }
@@ -343,10 +343,15 @@ impl DenseDlrm {
             (bottom, top)
         };
         let after_norms = after_wide + bottom.norm_params() + top.norm_params();
-        let mmoe = config
-            .mmoe
-            .as_ref()
-            .map(|h| Mmoe::new(h, interaction.out_dim(), &config.top, after_norms));
+        let mmoe = config.mmoe.as_ref().map(|h| {
+            Mmoe::new(
+                h,
+                interaction.out_dim(),
+                &config.top,
+                after_norms,
+                config.layer_norm,
+            )
+        });
         let mut params = vec![0.0; after_norms + mmoe.as_ref().map_or(0, Mmoe::num_params)];
         let layers = bottom
             .layers
@@ -370,6 +375,9 @@ impl DenseDlrm {
             + usize::from(wide.is_some());
         for (i, l) in mmoe.iter().flat_map(Mmoe::layers).enumerate() {
             l.init(&mut params, config.seed, (others + i) as u64);
+        }
+        for norm in mmoe.iter().flat_map(Mmoe::norms) {
+            norm.init(&mut params);
         }
         Ok(Self {
             config,

@@ -20,6 +20,7 @@
 
 use crate::layers::{Activation, Dropout, Linear, Mlp};
 use crate::loss::bce_sum_with_logits;
+use crate::norm::{LayerNorm, NormActs};
 use serde::{Deserialize, Serialize};
 
 /// Most tasks a model can have: a data row carries one 0/1 label digit per task, and the
@@ -96,8 +97,16 @@ pub struct Mmoe {
 
 impl Mmoe {
     /// The head for input width `in_dim`, towers of sizes `tower` (excluding their input,
-    /// ending with 1), parameters from `offset`.
-    pub fn new(config: &MmoeConfig, in_dim: usize, tower: &[usize], offset: usize) -> Self {
+    /// ending with 1), parameters from `offset`. With `layer_norm` every hidden layer of
+    /// the experts and towers is `Linear → LayerNorm → ReLU` (as the model's bottom and
+    /// top MLPs), the norms' `γ`, `β` after the head's other parameters.
+    pub fn new(
+        config: &MmoeConfig,
+        in_dim: usize,
+        tower: &[usize],
+        offset: usize,
+        layer_norm: bool,
+    ) -> Self {
         let mut off = offset;
         let mut sizes = vec![in_dim];
         sizes.extend_from_slice(&config.expert);
@@ -118,13 +127,27 @@ impl Mmoe {
         let width = *config.expert.last().expect("validated");
         let mut tower_sizes = vec![width];
         tower_sizes.extend_from_slice(tower);
-        let towers = (1..config.tasks)
+        let towers: Vec<Mlp> = (1..config.tasks)
             .map(|_| {
                 let m = Mlp::new(&tower_sizes, off, Activation::Relu, Activation::None);
                 off += m.num_params();
                 m
             })
             .collect();
+        let (experts, towers) = if layer_norm {
+            let mut normed = |mlps: Vec<Mlp>| -> Vec<Mlp> {
+                mlps.into_iter()
+                    .map(|m| {
+                        let m = m.with_layer_norm(off);
+                        off += m.norm_params();
+                        m
+                    })
+                    .collect()
+            };
+            (normed(experts), normed(towers))
+        } else {
+            (experts, towers)
+        };
         Self {
             experts,
             gates,
@@ -143,11 +166,23 @@ impl Mmoe {
         self.experts[0].out_dim()
     }
 
-    /// Parameters of the head.
+    /// Parameters of the head (the layer norms' included).
     pub fn num_params(&self) -> usize {
-        self.experts.iter().map(Mlp::num_params).sum::<usize>()
+        self.experts
+            .iter()
+            .chain(&self.towers)
+            .map(|m| m.num_params() + m.norm_params())
+            .sum::<usize>()
             + self.gates.iter().map(Linear::num_params).sum::<usize>()
-            + self.towers.iter().map(Mlp::num_params).sum::<usize>()
+    }
+
+    /// The experts' and towers' layer norms (none without `layer_norm`), for
+    /// initialization.
+    pub fn norms(&self) -> impl Iterator<Item = &LayerNorm> {
+        self.experts
+            .iter()
+            .chain(&self.towers)
+            .flat_map(|m| &m.norms)
     }
 
     /// Every linear layer, in parameter order (for initialization).
@@ -191,6 +226,8 @@ impl Mmoe {
         let in_dim = self.experts[0].in_dim();
         MmoeActs {
             experts: self.experts.iter().map(layer_acts).collect(),
+            expert_norms: self.experts.iter().map(|m| m.norm_acts(rows)).collect(),
+            tower_norms: self.towers.iter().map(|m| m.norm_acts(rows)).collect(),
             gates: vec![vec![0.0; rows * k]; t],
             mixes: vec![vec![0.0; rows * e]; t],
             towers: self.towers.iter().map(layer_acts).collect(),
@@ -215,8 +252,13 @@ impl Mmoe {
         acts: &mut MmoeActs,
         dropout: Option<Dropout>,
     ) {
-        for (expert, out) in self.experts.iter().zip(&mut acts.experts) {
-            expert.forward(params, x, n, out);
+        for ((expert, out), norms) in self
+            .experts
+            .iter()
+            .zip(&mut acts.experts)
+            .zip(&mut acts.expert_norms)
+        {
+            expert.forward_full(params, x, n, out, norms, None);
         }
         let (k, e) = (self.experts.len(), self.out_dim());
         for ((gate, g), mix) in self.gates.iter().zip(&mut acts.gates).zip(&mut acts.mixes) {
@@ -236,7 +278,7 @@ impl Mmoe {
                 &acts.mixes[t + 1],
                 n,
                 &mut acts.towers[t],
-                &mut [],
+                &mut acts.tower_norms[t],
                 task_dropout(dropout, t + 1),
             );
         }
@@ -286,7 +328,7 @@ impl Mmoe {
                 grads,
                 &acts.mixes[t + 1],
                 &acts.towers[t],
-                &[],
+                &acts.tower_norms[t],
                 &mut acts.dlogits,
                 ga,
                 gb,
@@ -325,7 +367,19 @@ impl Mmoe {
             for (g, dm) in acts.gates.iter().zip(&acts.d_mixes) {
                 add_gated(d, dm, g, (k, j), e);
             }
-            expert.backward(params, grads, x, out, d, ga, gb, Some(&mut acts.dx), n);
+            expert.backward_full(
+                params,
+                grads,
+                x,
+                out,
+                &acts.expert_norms[j],
+                d,
+                ga,
+                gb,
+                Some(&mut acts.dx),
+                n,
+                None,
+            );
             add_into(dx, &acts.dx[..n * in_dim]);
         }
         // Each gate: `∂L/∂g_t,j = ⟨e_j, ∂L/∂f_t⟩`, through the softmax to the scores:
@@ -359,6 +413,10 @@ impl Mmoe {
 pub struct MmoeActs {
     /// Per expert, per layer: the outputs.
     pub experts: Vec<Vec<Vec<f32>>>,
+    /// Per expert: what its layer norms' backward needs (empty without layer norm).
+    expert_norms: Vec<Vec<NormActs>>,
+    /// Per task `1..T`: what its tower's layer norms' backward needs.
+    tower_norms: Vec<Vec<NormActs>>,
     /// Per task: the gate's softmax weights `[n, K]`.
     pub gates: Vec<Vec<f32>>,
     /// Per task: the mixture `[n, E]` its tower reads.
@@ -431,7 +489,7 @@ mod tests {
             expert: vec![5, 4],
             weights: Vec::new(),
         };
-        let head = Mmoe::new(&cfg, 6, &[3, 1], 0);
+        let head = Mmoe::new(&cfg, 6, &[3, 1], 0, false);
         let mut params = vec![0.0; head.num_params()];
         for (i, l) in head.layers().enumerate() {
             l.init(&mut params, 9, i as u64);

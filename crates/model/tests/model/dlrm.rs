@@ -764,21 +764,29 @@ fn all_tasks_loss(
 /// MMoE: the gradient of the weighted sum of the task losses agrees with finite
 /// differences for every parameter (experts, gates through their softmax, every task's
 /// tower) and every embedding, on both interactions and under cross layers, with equal
-/// weights and with task 0's halved, task 1's doubled and task 2's left out.
+/// weights and with task 0's halved, task 1's doubled and task 2's left out, and with
+/// layer norms in every MLP (bottom, experts, every task's tower: their `γ`, `β`
+/// included).
 #[test]
 fn mmoe_gradcheck() {
-    for (kind, cross, weights) in [
-        (InteractionKind::Dot, 0, vec![]),
-        (InteractionKind::Concat, 0, vec![]),
-        (InteractionKind::Concat, 1, vec![]),
-        (InteractionKind::Dot, 0, vec![0.5, 2.0, 0.0]),
-        (InteractionKind::Concat, 1, vec![0.5, 2.0, 0.0]),
+    for (kind, cross, weights, layer_norm) in [
+        (InteractionKind::Dot, 0, vec![], false),
+        (InteractionKind::Concat, 0, vec![], false),
+        (InteractionKind::Concat, 1, vec![], false),
+        (InteractionKind::Dot, 0, vec![0.5, 2.0, 0.0], false),
+        (InteractionKind::Concat, 1, vec![0.5, 2.0, 0.0], false),
+        (InteractionKind::Dot, 0, vec![], true),
+        (InteractionKind::Concat, 1, vec![0.5, 2.0, 0.0], true),
     ] {
         let mut config = mmoe_small(kind, cross);
         config.mmoe.as_mut().unwrap().weights = weights.clone();
+        config.layer_norm = layer_norm;
         let width = 3 * config.row_width();
         let mut m = DenseDlrm::new(config).unwrap();
         assert_eq!(m.tasks(), 3);
+        let head = m.mmoe().unwrap();
+        // One norm per hidden layer of the 2 experts and the towers of tasks 1 and 2.
+        assert_eq!(head.norms().count(), if layer_norm { 4 } else { 0 });
         let n = 6;
         let mut ws = m.workspace(8);
         let mut g = rng(5);
