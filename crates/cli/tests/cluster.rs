@@ -1078,6 +1078,96 @@ fn run_keeps_the_best_checkpoint_judged_on_a_validation_slice() {
     );
 }
 
+/// Model selection across a SIGKILL of the master: the evaluations made before it are
+/// kept (`validation/state.json`), the resumed master judges the next points, none twice,
+/// and `model.bin` is the best of all of them, the first master's included.
+#[test]
+fn run_keeps_judging_checkpoints_after_the_master_is_killed_and_resumed() {
+    let _g = serial();
+    let every = 20_000u64;
+    let (job, dir) = selection_job(
+        "select-kill",
+        &format!("validation = 0.1\neval_every = {every}\n"),
+        "",
+    );
+    let log = dir.with_extension("log");
+    let mut g = Group::spawn(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--pause-at-samples",
+            &every.to_string(),
+        ],
+        &log,
+    );
+    wait_held(&dir);
+    wait_for(Duration::from_secs(120), || evaluations_seen(&dir) >= 1);
+    let state = |dir: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join("validation/state.json")).unwrap())
+            .unwrap()
+    };
+    let first = state(&dir)["report"]["evaluations"][0].clone();
+    assert!(first["samples"].as_u64() >= Some(every), "{first}");
+    // SAFETY: plain kill(2) of the master only; its nodes keep running.
+    unsafe {
+        libc::kill(g.pid(), libc::SIGKILL);
+    }
+    let _ = g.wait(Duration::from_secs(30));
+    let log2 = dir.with_extension("resume.log");
+    let mut g2 = Group::spawn(&["run", "--resume", dir.to_str().unwrap()], &log2);
+    wait_held(&dir);
+    unpause(&dir);
+    g2.wait_success(&log2);
+
+    let r = result(&dir);
+    let v = &r["validation"];
+    let evals = v["evaluations"].as_array().unwrap();
+    assert_eq!(
+        evals[0], first,
+        "the first master's evaluation is kept: {v}"
+    );
+    assert!(evals.len() >= 3, "{v}");
+    let samples: Vec<u64> = evals
+        .iter()
+        .map(|e| e["samples"].as_u64().unwrap())
+        .collect();
+    assert!(
+        samples.windows(2).all(|w| w[0] < w[1]),
+        "no point is judged twice: {samples:?}"
+    );
+    let train_rows = fixture().train_rows;
+    let per_epoch = train_rows - train_rows / 10;
+    assert_eq!(*samples.last().unwrap(), 2 * per_epoch, "{v}");
+    for e in r["epochs"].as_array().unwrap() {
+        assert_eq!(e["consumed"], per_epoch, "{r}");
+        assert_eq!(
+            (e["duplicated"].as_u64(), e["missing"].as_u64()),
+            (Some(0), Some(0)),
+            "{r}"
+        );
+    }
+    let best = evals
+        .iter()
+        .max_by(|a, b| {
+            a["auc"]
+                .as_f64()
+                .unwrap()
+                .total_cmp(&b["auc"].as_f64().unwrap())
+        })
+        .unwrap();
+    assert_eq!(&v["best"], best, "{v}");
+    assert_eq!(
+        r["export"]["model"]["checkpoint"], best["checkpoint"],
+        "{r}"
+    );
+    let mine = eval_model(&dir.join("model.bin"));
+    let judged = best["eval"][0]["auc"].as_f64().unwrap();
+    assert!(
+        (mine["auc"].as_f64().unwrap() - judged).abs() < 1e-9,
+        "{mine} vs {best}"
+    );
+}
+
 /// `train.early_stopping` in `run`: a model that does not learn (a dense rate too small
 /// to move a float, no sparse rate) scores the same at every evaluation, so the second
 /// one is not better and, with a patience of 1, ends training; the job finishes with the
