@@ -993,6 +993,49 @@ fn selection_job(name: &str, train: &str, extra: &str) -> (std::path::PathBuf, s
     (job, f.dir.join(name))
 }
 
+/// Every epoch of the finished job `r` trained `per_epoch` rows once each.
+fn check_epochs_exact(r: &serde_json::Value, per_epoch: u64) {
+    for e in r["epochs"].as_array().unwrap() {
+        assert_eq!(e["consumed"], per_epoch, "{r}");
+        assert_eq!(
+            (e["duplicated"].as_u64(), e["missing"].as_u64()),
+            (Some(0), Some(0)),
+            "{r}"
+        );
+    }
+}
+
+/// The best of the finished job `r`'s evaluations is its `validation.best`, its export,
+/// and `model.bin`: `elastrec eval` scores the file as the master's evaluation did.
+/// Returns that evaluation.
+fn check_model_is_the_best(dir: &Path, r: &serde_json::Value) -> serde_json::Value {
+    let v = &r["validation"];
+    let best = v["evaluations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by(|a, b| {
+            a["auc"]
+                .as_f64()
+                .unwrap()
+                .total_cmp(&b["auc"].as_f64().unwrap())
+        })
+        .unwrap()
+        .clone();
+    assert_eq!(v["best"], best, "{v}");
+    assert_eq!(
+        r["export"]["model"]["checkpoint"], best["checkpoint"],
+        "{r}"
+    );
+    let mine = eval_model(&dir.join("model.bin"));
+    let judged = best["eval"][0]["auc"].as_f64().unwrap();
+    assert!(
+        (mine["auc"].as_f64().unwrap() - judged).abs() < 1e-9,
+        "{mine} vs {best}"
+    );
+    best
+}
+
 /// The job's `validation` events so far (one per evaluation of a checkpoint).
 fn evaluations_seen(dir: &Path) -> usize {
     events(dir, "validation").len()
@@ -1025,13 +1068,7 @@ fn run_keeps_the_best_checkpoint_judged_on_a_validation_slice() {
     let r = result(&dir);
     let v = &r["validation"];
     assert_eq!(v["slice_rows"], slice, "{v}");
-    for e in r["epochs"].as_array().unwrap() {
-        assert_eq!(e["consumed"], per_epoch, "{r}");
-        assert_eq!(
-            (e["duplicated"].as_u64(), e["missing"].as_u64()),
-            (Some(0), Some(0))
-        );
-    }
+    check_epochs_exact(&r, per_epoch);
     let evals = v["evaluations"].as_array().unwrap();
     assert_eq!(evals.len(), 2, "{v}");
     assert!(evals[0]["samples"].as_u64() >= Some(per_epoch), "{v}");
@@ -1041,30 +1078,9 @@ fn run_keeps_the_best_checkpoint_judged_on_a_validation_slice() {
         assert_eq!(e["eval"][0]["samples"], ROWS / 3, "{e}");
         assert_eq!(e["auc"], e["validation"][0]["auc"], "{e}");
     }
-    let best = evals
-        .iter()
-        .max_by(|a, b| {
-            a["auc"]
-                .as_f64()
-                .unwrap()
-                .total_cmp(&b["auc"].as_f64().unwrap())
-        })
-        .unwrap();
-    assert_eq!(&v["best"], best, "{v}");
     assert_eq!(v["early_stopped"], false, "{v}");
-    // `model.bin` is the best checkpoint's model: `elastrec eval` scores it as the
-    // master's evaluation did.
-    assert_eq!(
-        r["export"]["model"]["checkpoint"], best["checkpoint"],
-        "{r}"
-    );
-    let mine = eval_model(&dir.join("model.bin"));
-    let judged = best["eval"][0]["auc"].as_f64().unwrap();
-    assert!(
-        (mine["auc"].as_f64().unwrap() - judged).abs() < 1e-9,
-        "{mine} vs {best}"
-    );
-    assert!(judged > 0.7, "{best}");
+    let best = check_model_is_the_best(&dir, &r);
+    assert!(best["eval"][0]["auc"].as_f64() > Some(0.7), "{best}");
     // Only the best model's file is kept among the candidates.
     let kept: Vec<String> = std::fs::read_dir(dir.join("validation"))
         .unwrap()
@@ -1138,34 +1154,8 @@ fn run_keeps_judging_checkpoints_after_the_master_is_killed_and_resumed() {
     let train_rows = fixture().train_rows;
     let per_epoch = train_rows - train_rows / 10;
     assert_eq!(*samples.last().unwrap(), 2 * per_epoch, "{v}");
-    for e in r["epochs"].as_array().unwrap() {
-        assert_eq!(e["consumed"], per_epoch, "{r}");
-        assert_eq!(
-            (e["duplicated"].as_u64(), e["missing"].as_u64()),
-            (Some(0), Some(0)),
-            "{r}"
-        );
-    }
-    let best = evals
-        .iter()
-        .max_by(|a, b| {
-            a["auc"]
-                .as_f64()
-                .unwrap()
-                .total_cmp(&b["auc"].as_f64().unwrap())
-        })
-        .unwrap();
-    assert_eq!(&v["best"], best, "{v}");
-    assert_eq!(
-        r["export"]["model"]["checkpoint"], best["checkpoint"],
-        "{r}"
-    );
-    let mine = eval_model(&dir.join("model.bin"));
-    let judged = best["eval"][0]["auc"].as_f64().unwrap();
-    assert!(
-        (mine["auc"].as_f64().unwrap() - judged).abs() < 1e-9,
-        "{mine} vs {best}"
-    );
+    check_epochs_exact(&r, per_epoch);
+    check_model_is_the_best(&dir, &r);
 }
 
 /// `train.early_stopping` in `run`: a model that does not learn (a dense rate too small
