@@ -1036,6 +1036,35 @@ fn check_model_is_the_best(dir: &Path, r: &serde_json::Value) -> serde_json::Val
     best
 }
 
+/// Starts `run` of a [`selection_job`] with a validation slice of 10%, `train` lines
+/// added, evaluating every `every` samples, and holds it at its first evaluation point
+/// until that point has been judged. Returns the run (logging to `<dir>.log`) and the
+/// job's directory.
+fn held_after_the_first_evaluation(
+    name: &str,
+    every: u64,
+    train: &str,
+    extra: &str,
+) -> (Group, std::path::PathBuf) {
+    let (job, dir) = selection_job(
+        name,
+        &format!("validation = 0.1\neval_every = {every}\n{train}"),
+        extra,
+    );
+    let g = Group::spawn(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--pause-at-samples",
+            &every.to_string(),
+        ],
+        &dir.with_extension("log"),
+    );
+    wait_held(&dir);
+    wait_for(Duration::from_secs(120), || evaluations_seen(&dir) >= 1);
+    (g, dir)
+}
+
 /// The job's `validation` events so far (one per evaluation of a checkpoint).
 fn evaluations_seen(dir: &Path) -> usize {
     events(dir, "validation").len()
@@ -1101,23 +1130,7 @@ fn run_keeps_the_best_checkpoint_judged_on_a_validation_slice() {
 fn run_keeps_judging_checkpoints_after_the_master_is_killed_and_resumed() {
     let _g = serial();
     let every = 20_000u64;
-    let (job, dir) = selection_job(
-        "select-kill",
-        &format!("validation = 0.1\neval_every = {every}\n"),
-        "",
-    );
-    let log = dir.with_extension("log");
-    let mut g = Group::spawn(
-        &[
-            "run",
-            job.to_str().unwrap(),
-            "--pause-at-samples",
-            &every.to_string(),
-        ],
-        &log,
-    );
-    wait_held(&dir);
-    wait_for(Duration::from_secs(120), || evaluations_seen(&dir) >= 1);
+    let (mut g, dir) = held_after_the_first_evaluation("select-kill", every, "", "");
     let state = |dir: &Path| -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(dir.join("validation/state.json")).unwrap())
             .unwrap()
@@ -1166,23 +1179,13 @@ fn run_keeps_judging_checkpoints_after_the_master_is_killed_and_resumed() {
 fn run_stops_early_once_the_validation_auc_stops_improving() {
     let _g = serial();
     let every = 10_000u64;
-    let (job, dir) = selection_job(
+    let (mut g, dir) = held_after_the_first_evaluation(
         "early",
-        &format!("validation = 0.1\nearly_stopping = 1\neval_every = {every}\n"),
+        every,
+        "early_stopping = 1\n",
         "[optimizer.dense]\ntype = \"sgd\"\nlr = 1e-30\n[optimizer.sparse]\ntype = \"sgd\"\nlr = 0.0\n",
     );
     let log = dir.with_extension("log");
-    let mut g = Group::spawn(
-        &[
-            "run",
-            job.to_str().unwrap(),
-            "--pause-at-samples",
-            &every.to_string(),
-        ],
-        &log,
-    );
-    wait_held(&dir);
-    wait_for(Duration::from_secs(120), || evaluations_seen(&dir) >= 1);
     pause_at(&dir, 2 * every);
     g.wait_success(&log);
     let r = result(&dir);
