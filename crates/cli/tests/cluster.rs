@@ -256,6 +256,21 @@ fn scaling_workers_up_and_down_mid_epoch() {
     assert_eq!(r["workers_launched"], 3, "{r}");
 }
 
+/// SIGKILLs the master of the held run `g` and starts `run --resume` on `dir`; returns
+/// the resumed run, once it holds at the same point (it answers once it serves again),
+/// and its log. The nodes keep running: keep `g` until the end, its drop kills them.
+fn kill_master_and_resume(g: &mut Group, dir: &Path) -> (Group, std::path::PathBuf) {
+    // SAFETY: plain kill(2) of the master only; its nodes keep running.
+    unsafe {
+        libc::kill(g.pid(), libc::SIGKILL);
+    }
+    let _ = g.wait(Duration::from_secs(30));
+    let log = dir.with_extension("resume.log");
+    let resumed = Group::spawn(&["run", "--resume", dir.to_str().unwrap()], &log);
+    wait_held(dir);
+    (resumed, log)
+}
+
 /// (d) SIGKILL of the master, then `run --resume`: live nodes re-register, nothing lost;
 /// the job's `[dashboard]` (read from the job the master stored) is served again by the
 /// resumed run and shows the resumed master live.
@@ -273,16 +288,7 @@ fn master_killed_and_resumed() {
         &log,
     );
     wait_held(&dir);
-    // SAFETY: plain kill(2) of the master only; its nodes keep running.
-    unsafe {
-        libc::kill(g.pid(), libc::SIGKILL);
-    }
-    let _ = g.wait(Duration::from_secs(30));
-    let log2 = dir.with_extension("resume.log");
-    let mut g2 = Group::spawn(&["run", "--resume", dir.to_str().unwrap()], &log2);
-    // The resumed master holds at the same point until the pause is lifted; it answers
-    // once it serves again.
-    wait_held(&dir);
+    let (mut g2, log2) = kill_master_and_resume(&mut g, &dir);
     // Held, the job stays live: the resumed run's page must come to show it so.
     let deadline = Instant::now() + Duration::from_secs(60);
     let snapshot = loop {
@@ -1137,14 +1143,7 @@ fn run_keeps_judging_checkpoints_after_the_master_is_killed_and_resumed() {
     };
     let first = state(&dir)["report"]["evaluations"][0].clone();
     assert!(first["samples"].as_u64() >= Some(every), "{first}");
-    // SAFETY: plain kill(2) of the master only; its nodes keep running.
-    unsafe {
-        libc::kill(g.pid(), libc::SIGKILL);
-    }
-    let _ = g.wait(Duration::from_secs(30));
-    let log2 = dir.with_extension("resume.log");
-    let mut g2 = Group::spawn(&["run", "--resume", dir.to_str().unwrap()], &log2);
-    wait_held(&dir);
+    let (mut g2, log2) = kill_master_and_resume(&mut g, &dir);
     unpause(&dir);
     g2.wait_success(&log2);
 
