@@ -363,7 +363,13 @@ impl DenseDlrm {
         for (i, l) in layers.enumerate() {
             l.init(&mut params, config.seed, i as u64);
         }
-        for norm in bottom.norms.iter().chain(&top.norms) {
+        // Every layer norm starts as the identity (no random stream).
+        let norms = bottom
+            .norms
+            .iter()
+            .chain(&top.norms)
+            .chain(mmoe.iter().flat_map(Mmoe::norms));
+        for norm in norms {
             norm.init(&mut params);
         }
         // Streams after every other layer's, so adding the head changes no other layer's
@@ -375,9 +381,6 @@ impl DenseDlrm {
             + usize::from(wide.is_some());
         for (i, l) in mmoe.iter().flat_map(Mmoe::layers).enumerate() {
             l.init(&mut params, config.seed, (others + i) as u64);
-        }
-        for norm in mmoe.iter().flat_map(Mmoe::norms) {
-            norm.init(&mut params);
         }
         Ok(Self {
             config,
