@@ -1461,6 +1461,17 @@ mod tests {
         assert_eq!(halfway(&from, &fewer).ps_cpu, 1.0);
     }
 
+    /// [`settings`] for the tests of a plan's growth judged at its first window: up to 32
+    /// workers, plans a minute apart (so windows, not plan rounds, decide), room for all.
+    fn growth_settings() -> Settings {
+        Settings {
+            workers: [1, 32],
+            interval_ms: 60_000,
+            cluster_cpu: 64.0,
+            ..settings()
+        }
+    }
+
     /// Runs 2 s at `from`'s workers and samples/s, then a probe to `to`'s workers, run 2 s
     /// at its samples/s.
     fn probed(a: &mut Autoscaler, t: &mut u64, s: &mut u64, from: (u32, u64), to: (u32, u64)) {
@@ -1878,15 +1889,7 @@ mod tests {
     /// did not pay.
     #[test]
     fn an_unpaid_growth_goes_halfway_and_keeps_the_half_that_pays() {
-        let mut a = Autoscaler::new(
-            Settings {
-                workers: [1, 32],
-                interval_ms: 60_000,
-                cluster_cpu: 64.0,
-                ..settings()
-            },
-            0,
-        );
+        let mut a = Autoscaler::new(growth_settings(), 0);
         let (mut t, mut s) = (0, 0);
         run(&mut a, &mut t, &mut s, 4, 1000, 3);
         let v = view(t, 4, s);
@@ -1928,15 +1931,7 @@ mod tests {
     /// 16 workers and its halfway step to 10 pay too little, and the job returns to 8.
     #[test]
     fn an_unpaid_growth_goes_back_to_the_largest_allocation_measured_to_pay() {
-        let mut a = Autoscaler::new(
-            Settings {
-                workers: [1, 32],
-                interval_ms: 60_000,
-                cluster_cpu: 64.0,
-                ..settings()
-            },
-            0,
-        );
+        let mut a = Autoscaler::new(growth_settings(), 0);
         let (mut t, mut s) = (0, 0);
         probed(&mut a, &mut t, &mut s, (8, 1800), (6, 1400));
         let round = a.next_round(&view(t, 6, s));
@@ -1986,9 +1981,7 @@ mod tests {
                 workers: [1, 8],
                 ps_cpu: 2.0,
                 ps_cpu_max: 8.0,
-                interval_ms: 60_000,
-                cluster_cpu: 64.0,
-                ..settings()
+                ..growth_settings()
             },
             0,
         );
