@@ -777,10 +777,7 @@ fn mmoe_trains_two_tasks_in_train_and_in_run() {
         "{report}"
     );
     let write = |name: &str, cluster: &str, dir: &str| {
-        let text = as_mmoe(&job_text(name, cluster), dir);
-        let job = f.dir.join(format!("{name}.toml"));
-        std::fs::write(&job, text).unwrap();
-        (job, f.dir.join(name))
+        write_job_file(name, &as_mmoe(&job_text(name, cluster), dir))
     };
     let (job, dir) = write("mmoe-single", "", "mmoe-data");
     elastrec_ok(&["train", job.to_str().unwrap()]);
@@ -881,13 +878,10 @@ fn a_learning_rate_schedule_trains_in_run_as_in_train() {
 
 /// `model` goes into `[model]`, `extra` (whole sections) at the end of the job file.
 fn family_trains_in_both_modes(family: &str, model: &str, extra: &str) {
-    let f = fixture();
     let write = |name: &str, cluster: &str| {
         let text =
             job_text(name, cluster).replace("[model]\n", &format!("[model]\n{model}")) + extra;
-        let job = f.dir.join(format!("{name}.toml"));
-        std::fs::write(&job, text).unwrap();
-        (job, f.dir.join(name))
+        write_job_file(name, &text)
     };
     let (job, dir) = write(&format!("{family}-single"), "");
     elastrec_ok(&["train", job.to_str().unwrap()]);
@@ -989,14 +983,11 @@ fn dynamic_embeddings_train_in_train_and_in_run() {
 /// A job with model selection: `job_text` with `train` lines added to its `[train]` and
 /// `extra` sections after it, on one worker.
 fn selection_job(name: &str, train: &str, extra: &str) -> (std::path::PathBuf, std::path::PathBuf) {
-    let f = fixture();
     let cluster = CLUSTER.replace("workers = 3", "workers = 1");
     let text = job_text(name, &cluster)
         .replace("progress = false\n", &format!("progress = false\n{train}"))
         + extra;
-    let job = f.dir.join(format!("{name}.toml"));
-    std::fs::write(&job, text).unwrap();
-    (job, f.dir.join(name))
+    write_job_file(name, &text)
 }
 
 /// Every epoch of the finished job `r` trained `per_epoch` rows once each.

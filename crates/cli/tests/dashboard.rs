@@ -231,13 +231,10 @@ fn the_dashboard_shows_a_running_job_and_follows_it_when_it_scales() {
     // A two-task model, so that the page draws a progressive line per task.
     let f = fixture();
     gen_conversions(&f.dir.join("dashboard-data"), ROWS);
-    let job = f.dir.join("dashboard.toml");
-    std::fs::write(
-        &job,
-        as_mmoe(&job_text("dashboard", CLUSTER), "dashboard-data"),
-    )
-    .unwrap();
-    let dir = f.dir.join("dashboard");
+    let (job, dir) = write_job_file(
+        "dashboard",
+        &as_mmoe(&job_text("dashboard", CLUSTER), "dashboard-data"),
+    );
     let log = dir.with_extension("log");
     let total = 2 * f.train_rows;
     let mut run = Group::spawn(

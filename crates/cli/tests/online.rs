@@ -68,7 +68,6 @@ fn online_job_with(
     cluster: &str,
     stream: &str,
 ) -> (PathBuf, PathBuf) {
-    let f = fixture();
     let ps = if cluster.lines().any(|l| l.starts_with("ps =")) {
         ""
     } else {
@@ -106,9 +105,7 @@ linger_ms = 100
 {stream}
 "#
     );
-    let job = f.dir.join(format!("{name}.toml"));
-    std::fs::write(&job, text).unwrap();
-    (job, f.dir.join(name))
+    write_job_file(name, &text)
 }
 
 fn stop(dir: &Path) -> String {

@@ -38,10 +38,7 @@ ops = ["ngram(2)", "sigrid_hash(salt=1, mod=5000)"]
 "#;
 
 fn graph_job(name: &str, cluster: &str) -> (std::path::PathBuf, std::path::PathBuf) {
-    let f = fixture();
-    let job = f.dir.join(format!("{name}.toml"));
-    std::fs::write(&job, job_text(name, cluster) + GRAPH).unwrap();
-    (job, f.dir.join(name))
+    write_job_file(name, &(job_text(name, cluster) + GRAPH))
 }
 
 fn summary(dir: &std::path::Path) -> serde_json::Value {

@@ -173,9 +173,15 @@ dir = "{out}"
 }
 
 pub fn write_job(name: &str, cluster: &str) -> (PathBuf, PathBuf) {
+    write_job_file(name, &job_text(name, cluster))
+}
+
+/// Writes `text` as the job file `<name>.toml` beside the fixture's data; returns it and
+/// the job's directory (`output.dir` of [`job_text`]: `<name>` beside it).
+pub fn write_job_file(name: &str, text: &str) -> (PathBuf, PathBuf) {
     let f = fixture();
     let job = f.dir.join(format!("{name}.toml"));
-    std::fs::write(&job, job_text(name, cluster)).unwrap();
+    std::fs::write(&job, text).unwrap();
     (job, f.dir.join(name))
 }
 
