@@ -49,7 +49,9 @@ function chart(title, series, unit = "") {
   return `<div class="chart"><h3>${esc(title)}</h3><svg class="chart-svg" viewBox="0 0 ${W} ${H}" preserveAspectRatio="none" data-points="${all.length}">${body}</svg><div class="legend">${legend}</div></div>`;
 }
 
-const line = (history, key) => history.map((p) => [p.t_s, p[key]]).filter((p) => p[1] !== null && p[1] !== undefined);
+// The points of `get` over the history (readings without a value left out).
+const values = (history, get) => history.map((p) => [p.t_s, get(p)]).filter((p) => p[1] !== null && p[1] !== undefined);
+const line = (history, key) => values(history, (p) => p[key]);
 
 function nodesTable(nodes) {
   if (!nodes || nodes.length === 0) return "<p class=muted>No nodes yet.</p>";
@@ -153,7 +155,7 @@ function jobCard(job) {
       tasks > 1
         ? Array.from({ length: tasks }, (_, t) => ({
             name: `task ${t}`,
-            points: h.map((p) => [p.t_s, (p.tasks || [])[t] ? p.tasks[t][key] : null]).filter((p) => p[1] !== null && p[1] !== undefined),
+            points: values(h, (p) => (p.tasks || [])[t]?.[key]),
           }))
         : [{ name, points: line(h, key) }];
     if (h.some((p) => p.logloss !== null)) charts += chart("progressive logloss", perTask("logloss", "logloss"));

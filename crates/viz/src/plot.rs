@@ -364,7 +364,18 @@ fn progressive_chart(v: &serde_json::Value) -> Option<(String, Chart)> {
         .as_array()
         .or_else(|| v["online"]["progressive"]["history"].as_array())
         .filter(|h| !h.is_empty())?;
-    let at = |w: &serde_json::Value| w["at_s"].as_f64().unwrap_or(0.0);
+    // The AUC `auc_of` finds in each window, against the window's time.
+    let line = |name: String, auc_of: &dyn Fn(&serde_json::Value) -> &serde_json::Value| Series {
+        name,
+        points: history
+            .iter()
+            .filter_map(|w| {
+                auc_of(w)
+                    .as_f64()
+                    .map(|a| (w["at_s"].as_f64().unwrap_or(0.0), a))
+            })
+            .collect(),
+    };
     let tasks = history
         .iter()
         .map(|w| w["tasks"].as_array().map_or(0, Vec::len))
@@ -372,22 +383,10 @@ fn progressive_chart(v: &serde_json::Value) -> Option<(String, Chart)> {
         .unwrap_or(0);
     let series = if tasks > 1 {
         (0..tasks)
-            .map(|t| Series {
-                name: format!("task {t}"),
-                points: history
-                    .iter()
-                    .filter_map(|w| w["tasks"][t]["auc"].as_f64().map(|a| (at(w), a)))
-                    .collect(),
-            })
+            .map(|t| line(format!("task {t}"), &|w| &w["tasks"][t]["auc"]))
             .collect()
     } else {
-        vec![Series {
-            name: "AUC".into(),
-            points: history
-                .iter()
-                .filter_map(|w| w["auc"].as_f64().map(|a| (at(w), a)))
-                .collect(),
-        }]
+        vec![line("AUC".into(), &|w| &w["auc"])]
     };
     series.iter().any(|s| !s.points.is_empty()).then(|| {
         (
