@@ -210,3 +210,30 @@ fn fingerprint_names_the_section_that_differs() {
     let d = Fingerprint::of(&graph, &files);
     assert!(a.mismatch(&d).unwrap().contains("[[preprocess]] differs"));
 }
+
+/// A fingerprint read back from a manifest matches the job it was taken of, dense
+/// statistics included: their floats survive the JSON text. (Without serde_json's
+/// `float_roundtrip`, 7.5146660804748535 read back one ulp lower, and a standardized
+/// job's PS recovery refused its own checkpoint as another job's.)
+#[test]
+fn a_fingerprint_read_back_from_its_manifest_matches_its_job() {
+    let mut job = JobConfig::default();
+    job.model.dense_norm = elastrec_job::config::DenseNorm::Standardize;
+    // Statistics a job computed, each an f32 written exactly as an f64 (those whose
+    // manifest failed to match).
+    let seen = [
+        7.514_666_080_474_853_5_f64,
+        1.595_842_003_822_326_9,
+        0.027_498_817_071_318_626,
+        1.632_921_695_709_228_5,
+    ];
+    job.model.dense_mean = (0..13).map(|i| seen[i % 4] as f32).collect();
+    job.model.dense_std = (0..13).map(|i| seen[(i + 1) % 4] as f32).collect();
+    let files = vec![("/d/day_0.tsv".to_string(), 100)];
+    let fp = Fingerprint::of(&job, &files);
+    let text = serde_json::to_string(&serde_json::json!({ "fingerprint_parts": fp })).unwrap();
+    let manifest: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let read: Fingerprint = serde_json::from_value(manifest["fingerprint_parts"].clone()).unwrap();
+    assert_eq!(fp.mismatch(&read), None);
+    assert_eq!(fp.digest(), read.digest());
+}
