@@ -759,6 +759,63 @@ fn standardized_features_and_dropout_train_in_train_and_in_run() {
     );
 }
 
+/// A job file that names neither a batch size nor a dense normalization gets both from its
+/// data where it starts (`docs/models.md`, "Real data"): on the fixture's 60,000 training
+/// rows, batches of 512 (the largest power of two that makes 100 steps an epoch) and
+/// standardized dense features. `train` and `run` decide alike: `run`'s stored job, the
+/// one shipped to every process, holds the batch, and its `model.bin` the statistics
+/// that `train`'s carries; both reach the same AUC.
+#[test]
+fn batch_size_and_standardization_come_from_the_data_in_train_and_in_run() {
+    let _g = serial();
+    let write = |name: &str, cluster: &str| {
+        let text = job_text(name, cluster);
+        assert!(text.contains("batch_size = 256\n"));
+        write_job_file(name, &text.replace("batch_size = 256\n", ""))
+    };
+    let (job, dir) = write("decided-single", "");
+    let out = elastrec_ok(&["train", job.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("batch size 512"), "{said}");
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let (samples, steps) = (s["samples"].as_u64().unwrap(), s["steps"].as_u64().unwrap());
+    assert_eq!(samples, 2 * 60_000, "{s}");
+    assert!(
+        steps >= 2 * 100 && samples <= steps * 512,
+        "{steps} steps for {samples} samples"
+    );
+    let trained = elastrec_worker::model_file::load_model(&dir.join("model.bin")).unwrap();
+    let stats = (
+        trained.job.model.dense_mean.clone(),
+        trained.job.model.dense_std.clone(),
+    );
+    assert_eq!(stats.0.len(), 13, "standardized: {:?}", trained.job.model);
+    let single = s["eval"]["auc"].as_f64().unwrap();
+
+    let cluster = CLUSTER.replace("workers = 3", "workers = 1");
+    let (job, dir) = write("decided-run", &cluster);
+    let log = dir.with_extension("log");
+    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
+    g.wait_success(&log);
+    let stored = elastrec_master::cli::stored_job(&dir).unwrap();
+    assert_eq!(stored.train.batch_size, 512);
+    let r = result(&dir);
+    assert_eq!(r["status"], "finished", "{r}");
+    let served = elastrec_worker::model_file::load_model(&dir.join("model.bin")).unwrap();
+    assert_eq!(
+        (served.job.model.dense_mean, served.job.model.dense_std),
+        stats,
+        "the same first pass over the same files"
+    );
+    let run = r["eval"]["auc"].as_f64().unwrap();
+    assert!(
+        (run - single).abs() <= 0.005,
+        "run AUC {run:.4} vs train {single:.4}"
+    );
+    check_saved_model(&dir, &r);
+}
+
 /// A two-task MMoE (`model.type = "mmoe"`) on data with a conversion label after each
 /// click (`gen-data --conversions`): `elastrec train` and one worker on two parameter
 /// servers (experts, gates and both towers in the dense vector they shard) reach the same

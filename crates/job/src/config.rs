@@ -208,11 +208,15 @@ pub struct ModelConfig {
     /// `dcn_v2`: cross layers (each adds one degree of explicit feature crosses).
     #[serde(skip_serializing_if = "is_default_cross_layers")]
     pub cross_layers: usize,
-    /// Dense-feature normalization: `"none"` (the features as the reader or the
-    /// `[[preprocess]]` graph give them) or `"standardize"` (each feature shifted by its
-    /// mean and divided by its standard deviation on the training data, computed in a
-    /// first pass when the job starts and written to `dense_mean`/`dense_std`).
-    #[serde(skip_serializing_if = "DenseNorm::is_none")]
+    /// Dense-feature normalization: `"standardize"` (each feature shifted by its mean and
+    /// divided by its standard deviation on the training data, computed in a first pass
+    /// when the job starts and written to `dense_mean`/`dense_std`), `"none"` (the
+    /// features as the reader or the `[[preprocess]]` graph give them), or `"auto"` (the
+    /// default: standardize when the job has training files to compute the statistics
+    /// from, else none). A started job holds `standardize` or `none`; only `standardize`
+    /// is written, so jobs that did not standardize fingerprint as before (the model
+    /// standardizes exactly when `dense_mean` is set).
+    #[serde(skip_serializing_if = "DenseNorm::is_not_standardize")]
     pub dense_norm: DenseNorm,
     /// `standardize`: each dense feature's mean. Empty: computed at start. The stored
     /// job file (and every model file) holds the values used, so a resumed job, its
@@ -288,16 +292,21 @@ fn is_zero_rate(v: &f32) -> bool {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DenseNorm {
-    /// The features as given.
+    /// `Standardize` when the job has training files, else `None`; decided when the job
+    /// starts. The default: on real data with features of different scales (an income
+    /// beside an age), raw `log1p` values cost the DLRM more AUC than a logistic
+    /// regression loses (`docs/models.md`, "Real data").
     #[default]
+    Auto,
+    /// The features as given.
     None,
     /// Zero mean and unit variance per feature, from a first pass over the training data.
     Standardize,
 }
 
 impl DenseNorm {
-    fn is_none(&self) -> bool {
-        *self == DenseNorm::None
+    fn is_not_standardize(&self) -> bool {
+        *self != DenseNorm::Standardize
     }
 }
 
@@ -385,7 +394,7 @@ impl Default for ModelConfig {
             adapt_mlp: Vec::new(),
             model_type: ModelType::Dlrm,
             cross_layers: DEFAULT_CROSS_LAYERS,
-            dense_norm: DenseNorm::None,
+            dense_norm: DenseNorm::Auto,
             dense_mean: Vec::new(),
             dense_std: Vec::new(),
             dropout: 0.0,
@@ -457,8 +466,15 @@ impl<'de> Deserialize<'de> for TableRows {
 pub struct TrainConfig {
     /// Passes over the training files.
     pub epochs: u32,
-    /// Samples per step.
+    /// Samples per step. A job file that leaves it out gets 2048, or less on a small
+    /// training set (`batch_size_auto`).
     pub batch_size: usize,
+    /// The job file left `batch_size` out: where the job starts, a batch job over fewer
+    /// than 100 batches of 2048 rows takes the largest power of two that still makes
+    /// 100 steps an epoch (`prepare::fill_batch_size`). Not written: the stored job
+    /// holds the batch decided, and a job built in code names its batch.
+    #[serde(skip)]
+    pub batch_size_auto: bool,
     /// Evaluate on the held-out files every this many training samples (0: only at the
     /// end of each epoch).
     pub eval_every: u64,
@@ -514,6 +530,7 @@ impl Default for TrainConfig {
         Self {
             epochs: 1,
             batch_size: 2048,
+            batch_size_auto: false,
             eval_every: 0,
             threads: 0,
             max_samples: 0,
@@ -645,7 +662,8 @@ impl JobConfig {
         Ok(cfg)
     }
 
-    /// Defaults that depend on the model family, for the fields the file leaves out.
+    /// Defaults that depend on the model family or on the data, for the fields the file
+    /// leaves out. The batch size is decided where the job starts, from its rows.
     ///
     /// A DeepFM warms its learning rates up over [`DEEPFM_WARMUP_SAMPLES`]: without it,
     /// its first full-rate steps cost it 0.015 AUC on the quickstart data. Our reading:
@@ -662,6 +680,10 @@ impl JobConfig {
         if self.model.model_type == ModelType::DeepFm && self.stream.is_none() && !warmup_given {
             self.optimizer.schedule.warmup_samples = DEEPFM_WARMUP_SAMPLES;
         }
+        self.train.batch_size_auto = given
+            .get("train")
+            .and_then(|t| t.get("batch_size"))
+            .is_none();
     }
 
     /// A job names its training (evaluation) data either as files or as datasets: both
@@ -1075,10 +1097,10 @@ impl JobConfig {
                 format!("value {i} ({}) must be a finite number", m.dense_mean[i]),
             ));
         }
-        if !m.dense_mean.is_empty() && m.dense_norm != DenseNorm::Standardize {
+        if !m.dense_mean.is_empty() && m.dense_norm == DenseNorm::None {
             return Err(bad(
                 "model.dense_mean",
-                "is used only with model.dense_norm = \"standardize\"".into(),
+                "is used only with model.dense_norm = \"standardize\" (or \"auto\")".into(),
             ));
         }
         if self.optimizer.dense.weight_decay() != 0.0 && !m.adapt_mlp.is_empty() {
@@ -1351,7 +1373,7 @@ mod tests {
                 "type = \"adagrad\"",
             ),
             (
-                "[model]\ndense_mean = [1.0]\ndense_std = [1.0]\n",
+                "[model]\ndense_norm = \"none\"\ndense_mean = [1.0]\ndense_std = [1.0]\n",
                 "model.dense_mean",
                 "only with",
             ),
@@ -1384,7 +1406,11 @@ mod tests {
     #[test]
     fn empty_file_gives_documented_defaults() {
         let cfg = parse("").unwrap();
-        assert_eq!(cfg, JobConfig::default());
+        // A job built in code names its batch; a file that leaves it out has it decided
+        // from its rows where it starts (2048 on the quickstart's).
+        let mut in_code = JobConfig::default();
+        in_code.train.batch_size_auto = true;
+        assert_eq!(cfg, in_code);
         assert_eq!(cfg.train.batch_size, 2048);
         assert_eq!(cfg.model.bottom_mlp, vec![512, 256, 64, 16]);
     }

@@ -770,13 +770,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
     {
         eprintln!("data: {line}");
     }
-    let stats_rows = elastrec_job::prepare::fill_dense_stats(&mut job)?;
-    if stats_rows > 0 {
-        eprintln!(
-            "model: dense features standardized with statistics of {stats_rows} training rows"
-        );
-    }
-    let job = &job;
+    // Missing files are named before the first pass over them reads anything.
     for f in job.train_files().iter().chain(job.eval_files().iter()) {
         if !f.exists() {
             return Err(WorkerError::io(
@@ -788,6 +782,20 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
             ));
         }
     }
+    let stats_rows = elastrec_job::prepare::fill_dense_stats(&mut job)?;
+    if stats_rows > 0 {
+        eprintln!(
+            "model: dense features standardized with statistics of {stats_rows} training rows"
+        );
+    }
+    if let Some(batch) = elastrec_job::prepare::fill_batch_size(&mut job)? {
+        eprintln!(
+            "train: a small training set: batch size {batch} (for at least {} steps an epoch; \
+             set train.batch_size to choose)",
+            elastrec_job::prepare::AUTO_STEPS_PER_EPOCH
+        );
+    }
+    let job = &job;
     let counts = count_train_rows(job)?;
     let (train_files, slice) = crate::selection::split_validation(&counts, job.train.validation);
     let (train_segments, mix) = read_order(job, train_files, &counts);

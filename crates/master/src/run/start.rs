@@ -91,16 +91,27 @@ pub async fn start_job(
     // Datasets become files once, here: the job file stored and shipped to every process
     // is the resolved one. Listing blocks (and may wait for partitions): off the runtime.
     // So are the dense features' statistics (`model.dense_norm`): one first pass, whose
-    // values every process and model file of the job then share.
+    // values every process and model file of the job then share; and the batch size of
+    // a job file that leaves it out, from the training rows.
     let (cfg, resolved) = tokio::task::spawn_blocking(move || {
         let r = elastrec_job::datasets::resolve_datasets(&mut cfg).and_then(|r| {
             let rows = elastrec_job::prepare::fill_dense_stats(&mut cfg)?;
-            Ok((r, rows))
+            let batch = elastrec_job::prepare::fill_batch_size(&mut cfg)?;
+            Ok((r, rows, batch))
         });
         (cfg, r)
     })
     .await?;
-    let (resolved, stats_rows) = resolved?;
+    let (resolved, stats_rows, small_batch) = resolved?;
+    if let Some(batch) = small_batch {
+        event!(
+            "batch_size",
+            batch,
+            "master: a small training set: batch size {batch} (for at least {} steps an \
+             epoch; set train.batch_size to choose)",
+            elastrec_job::prepare::AUTO_STEPS_PER_EPOCH
+        );
+    }
     if stats_rows > 0 {
         event!(
             "dense_stats",
