@@ -190,12 +190,20 @@ impl Coordinator {
         };
         // A PS or the storage that never answers must not hold the turn forever (that
         // would silently stop every later checkpoint): the whole checkpoint has a deadline.
-        match tokio::time::timeout(self.cfg.timeout(), self.checkpoint_inner(core, reason)).await {
-            Ok(r) => r,
-            Err(_) => Err(anyhow::anyhow!(
+        let started = Instant::now();
+        let abandoned = || {
+            format!(
                 "checkpoint not committed within checkpoint.timeout_s = {} s; abandoned",
                 self.cfg.timeout_s
-            )),
+            )
+        };
+        match tokio::time::timeout(self.cfg.timeout(), self.checkpoint_inner(core, reason)).await {
+            // A PS call carries the same deadline, started a moment later; when both
+            // expire in one timer tick the call's transport error may win the race. It is
+            // the same abandonment and says so, with the call's error as the cause.
+            Ok(Err(e)) if started.elapsed() >= self.cfg.timeout() => Err(e.context(abandoned())),
+            Ok(r) => r,
+            Err(_) => Err(anyhow::anyhow!(abandoned())),
         }
     }
 
