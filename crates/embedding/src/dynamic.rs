@@ -39,7 +39,7 @@ use hashbrown::HashTable;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EmbeddingError, Result};
-use crate::snapshot::RowUsage;
+use crate::snapshot::{DynamicState, RowUsage};
 
 /// Row count of a dynamic table as seen by hashing and routing: keys are `xxh3 % (2^64 - 1)`.
 pub const DYNAMIC_KEY_SPACE: u64 = u64::MAX;
@@ -348,6 +348,29 @@ impl DynamicRows {
     pub fn set_usage(&mut self, slot: usize, usage: RowUsage) {
         self.last_used[slot] = self.step.wrapping_sub(usage.idle);
         self.hits[slot] = usage.hits;
+    }
+
+    /// The clock and the admission filter, for a checkpoint.
+    pub fn state(&self) -> DynamicState {
+        DynamicState {
+            clock: self.step,
+            filter_adds: self.sketch_adds,
+            filter: self.sketch.clone(),
+        }
+    }
+
+    /// Takes a saved shard's clock before its rows' usage is set (usage is relative to
+    /// it), and its admission filter when it has this shard's size (the same layout and
+    /// `admit_count`; otherwise the filter starts empty, as on a new layout). Returns
+    /// whether the filter was restored.
+    pub fn restore_state(&mut self, saved: &DynamicState) -> bool {
+        self.step = saved.clock;
+        let fits = !saved.filter.is_empty() && saved.filter.len() == self.sketch.len();
+        if fits {
+            self.sketch.copy_from_slice(&saved.filter);
+            self.sketch_adds = saved.filter_adds;
+        }
+        fits
     }
 
     /// Counts one update of a key without a slot; true once it has reached `admit_count`.

@@ -67,6 +67,6 @@ pub use hash::{
     global_row, init_bound, init_row, local_index, row_of, shard_of, shard_residue, shard_rows,
     ShardSpec, HASH_SALT, INIT_SALT,
 };
-pub use snapshot::{RowUsage, TableSnapshot};
+pub use snapshot::{DynamicState, RowUsage, TableSnapshot};
 pub use store::{EmbeddingStore, UpdateScratch};
 pub use table::{TableScratch, TableShard, MAX_SHARD_ROWS};

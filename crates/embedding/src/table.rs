@@ -637,6 +637,12 @@ impl TableShard {
         self.dynamic.as_ref().map(|d| d.usage(local))
     }
 
+    /// A dynamic table shard's clock and admission filter (`None` for a hashed table), for
+    /// a checkpoint's snapshot ([`TableSnapshot::dynamic`]).
+    pub fn dynamic_state(&self) -> Option<crate::DynamicState> {
+        self.dynamic.as_ref().map(|d| d.state())
+    }
+
     /// Exports every row of this shard (weights + state) with its global row index.
     pub fn export(&self) -> TableSnapshot {
         TableSnapshot {
@@ -649,6 +655,7 @@ impl TableShard {
             usage: self.dynamic.as_ref().map_or_else(Vec::new, |d| {
                 (0..self.local_rows).map(|s| d.usage(s)).collect()
             }),
+            dynamic: None,
         }
     }
 
@@ -676,6 +683,7 @@ impl TableShard {
             rows: kept,
             values,
             usage,
+            dynamic: None,
         })
     }
 
@@ -712,6 +720,10 @@ impl TableShard {
         }
         for &row in &snap.rows {
             self.check_owned(row)?;
+        }
+        // The saved clock first: the rows' usage below is relative to it.
+        if let (Some(d), Some(saved)) = (&mut self.dynamic, &snap.dynamic) {
+            d.restore_state(saved);
         }
         let stride = self.stride;
         for (i, (&row, v)) in snap

@@ -97,8 +97,9 @@ impl PsShard {
         let (index, n) = (st.layout.index, st.layout.count);
         for t in 0..st.store.num_tables() {
             let table = st.store.table_mut(t)?;
+            let state = table.dynamic_state();
             let copy = if !self.config.large[t] {
-                TableCopy::Rows(table.export())
+                TableCopy::Rows(table.export().with_dynamic(state))
             } else {
                 let k = ((table.local_rows() as f64) * ratio).ceil() as usize;
                 let dynamic = table.is_dynamic();
@@ -125,7 +126,7 @@ impl PsShard {
                         (true, true) => l as u64,
                     })
                     .collect();
-                TableCopy::Rows(table.export_rows(&rows)?)
+                TableCopy::Rows(table.export_rows(&rows)?.with_dynamic(state))
             };
             tables.push(copy);
         }

@@ -92,8 +92,9 @@ impl ShardImage {
             .tables()
             .iter()
             .map(|t| match t.is_dynamic() {
-                // A dynamic arena is in slot order: its rows go with their keys.
-                true => TableCopy::Rows(t.export()),
+                // A dynamic arena is in slot order: its rows go with their keys, and
+                // with the shard's clock and admission filter.
+                true => TableCopy::Rows(t.export().with_dynamic(t.dynamic_state())),
                 false => TableCopy::Arena {
                     table: t.table(),
                     table_rows: t.rows(),
@@ -201,6 +202,7 @@ impl ShardImage {
                             rows: Vec::new(),
                             values: Vec::new(),
                             usage: Vec::new(),
+                            dynamic: None,
                         }
                         .encoded_len();
                         let local = data.len() / (dim + state_len).max(1);
@@ -259,6 +261,7 @@ impl ShardImage {
                             .collect(),
                         values: data,
                         usage: Vec::new(),
+                        dynamic: None,
                     }
                 }
             };
@@ -375,7 +378,8 @@ pub fn apply_parts(
                 routed = snap.route(shard.count);
                 &routed[shard.index as usize]
             };
-            if !mine.is_empty() {
+            // A dynamic table without rows may still have counted ids in its filter.
+            if !mine.is_empty() || mine.dynamic.is_some() {
                 store.table_mut(mine.table)?.import(mine)?;
             }
         }

@@ -266,3 +266,36 @@ async fn dynamic_tables_checkpoint_their_keys_and_restore_onto_three() {
     };
     assert_eq!((usage(hot[0]).hits, usage(cold[0]).hits), (13, 1));
 }
+
+/// A parameter server that fails and reloads its checkpoint (same layout) keeps counting
+/// the ids it had seen but not admitted: with `admit_count = 2`, a key pushed once before
+/// the checkpoint gets its row at its next push after the restore, as on the server that
+/// never failed.
+#[tokio::test]
+async fn a_restored_server_keeps_its_admission_counts() {
+    let mut j = job("mfu", 1);
+    j.model.dynamic_embeddings = Some(elastrec_embedding::DynamicConfig {
+        admit_count: 2,
+        ..Default::default()
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(dir.path().to_str().unwrap()).unwrap();
+    let live = Arc::new(PsShard::new(&j, 0, 1).unwrap());
+    let key = |id: u64| elastrec_embedding::row_of(0, id, elastrec_embedding::DYNAMIC_KEY_SPACE);
+    let seen: Vec<u64> = (0..20).map(key).collect();
+    push(&live, &seen, 1).await;
+    let stored = |ps: &PsShard| ps.snapshot().tables[0].rows.len();
+    assert_eq!(stored(&live), 0, "one push of admit_count 2 admits nothing");
+    checkpoint(&[&live], &store, 1, false, 1.0).await;
+    let restored = PsShard::new(&j, 0, 1).unwrap();
+    restore(&restored, &store, vec![1], 1).await;
+    push(&live, &seen, 1).await;
+    push(&restored, &seen, 1).await;
+    assert_eq!(stored(&live), 20);
+    assert_eq!(
+        stored(&restored),
+        20,
+        "the restored server forgot its counts"
+    );
+    assert_eq!(pull(&restored, &seen), pull(&live, &seen));
+}

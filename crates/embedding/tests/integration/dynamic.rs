@@ -324,6 +324,114 @@ fn a_restored_table_evicts_what_the_saved_one_would() {
     }
 }
 
+/// What a checkpoint saves of table 0: every row, with the shard's clock and filter.
+fn checkpoint_of(store: &EmbeddingStore) -> TableSnapshot {
+    let t = store.table(0).unwrap();
+    t.export().with_dynamic(t.dynamic_state())
+}
+
+/// A checkpoint carries the admission filter: ids counted toward admission before the
+/// save are admitted after a restore when they reach `admit_count`, as they would have been
+/// without the failure. Without it (a snapshot of rows alone, or a new layout) they start
+/// counting again.
+#[test]
+fn a_restored_table_admits_the_ids_the_saved_one_had_counted() {
+    let cfg = DynamicConfig {
+        admit_count: 3,
+        ..DynamicConfig::default()
+    };
+    let ids: Vec<u64> = (100..110).collect();
+    let mut saved = EmbeddingStore::new(dynamic_config(vec![10_000], 2, cfg)).unwrap();
+    update(&mut saved, &[1], 1.0);
+    update(&mut saved, &[1], 1.0);
+    update(&mut saved, &[1], 1.0);
+    for _ in 0..2 {
+        update(&mut saved, &ids, 1.0);
+    }
+    // Only id 1 has a row; the others are counted, twice each.
+    assert_eq!(saved.table(0).unwrap().local_rows(), 1);
+    let snap = checkpoint_of(&saved);
+    let bytes = snap.to_bytes();
+    assert_eq!(bytes.len(), snap.encoded_len());
+    let decoded = TableSnapshot::from_bytes(&bytes).unwrap();
+    assert_eq!(decoded, snap);
+    let filter = decoded.dynamic.as_ref().unwrap();
+    assert!(filter.filter.iter().any(|&c| c > 0));
+    let restore = |snap: &TableSnapshot| {
+        let mut s = EmbeddingStore::new(dynamic_config(vec![10_000], 2, cfg)).unwrap();
+        s.import_table(snap).unwrap();
+        s
+    };
+    let mut restored = restore(&decoded);
+    let mut rows_only = restore(&TableSnapshot {
+        dynamic: None,
+        ..decoded.clone()
+    });
+    // Routed onto another layout, the filter cannot follow its keys: only the clock does.
+    let routed = decoded.route(2);
+    let part = routed.iter().find(|p| !p.is_empty()).unwrap();
+    assert_eq!(part.dynamic.as_ref().unwrap().clock, filter.clock);
+    assert!(part.dynamic.as_ref().unwrap().filter.is_empty());
+    for s in [&mut saved, &mut restored, &mut rows_only] {
+        update(s, &ids, 1.0);
+    }
+    let admitted = |s: &EmbeddingStore| s.table(0).unwrap().local_rows();
+    assert_eq!(admitted(&saved), 11);
+    assert_eq!(admitted(&restored), 11);
+    assert_eq!(gather(&restored, &ids), gather(&saved, &ids));
+    assert_eq!(admitted(&rows_only), 1, "the filter made no difference");
+}
+
+/// A chain of a full checkpoint and a delta restores every row's idle time as the saved
+/// table had it when the delta was taken: rows saved only by the full checkpoint age by
+/// the updates between the two (the saved clock), instead of looking as recent as they
+/// were at the full checkpoint.
+#[test]
+fn a_restored_chain_ages_the_rows_of_its_full_checkpoint() {
+    let mut saved = small_table(Eviction::Lru, 0);
+    for id in 0..64 {
+        update(&mut saved, &[id], 1.0);
+    }
+    let full = checkpoint_of(&saved);
+    // Ten updates of ids 0..8 only; the delta saves those rows.
+    for _ in 0..10 {
+        update(&mut saved, &(0..8).collect::<Vec<u64>>(), 1.0);
+    }
+    let keys: Vec<u64> = (0..8).map(|id| row_of(0, id, DYNAMIC_KEY_SPACE)).collect();
+    let t = saved.table(0).unwrap();
+    let delta = t
+        .export_rows(&keys)
+        .unwrap()
+        .with_dynamic(t.dynamic_state());
+    let usage = |s: &EmbeddingStore, id: u64| {
+        let t = s.table(0).unwrap();
+        t.usage_of(t.local_of(row_of(0, id, DYNAMIC_KEY_SPACE)).unwrap())
+            .unwrap()
+    };
+    let chain = |full: &TableSnapshot, delta: &TableSnapshot| {
+        let mut s = small_table(Eviction::Lru, 0);
+        s.import_table(full).unwrap();
+        s.import_table(delta).unwrap();
+        s
+    };
+    let restored = chain(&full, &delta);
+    for id in 0..64 {
+        assert_eq!(usage(&restored, id), usage(&saved, id), "id {id}");
+    }
+    // Without the clocks, the rows of the full checkpoint look ten updates fresher.
+    let unclocked = chain(
+        &TableSnapshot {
+            dynamic: None,
+            ..full.clone()
+        },
+        &TableSnapshot {
+            dynamic: None,
+            ..delta.clone()
+        },
+    );
+    assert_eq!(usage(&unclocked, 40).idle + 10, usage(&saved, 40).idle);
+}
+
 /// A delta checkpoint exports rows chosen earlier (SSU records keys as they are
 /// updated): a key evicted since is left out, not an error; another shard's key still is.
 #[test]

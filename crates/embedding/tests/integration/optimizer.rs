@@ -16,6 +16,7 @@ fn set_row(store: &mut EmbeddingStore, row: u64, values: &[f32]) {
         rows: vec![row],
         values: values.to_vec(),
         usage: Vec::new(),
+        dynamic: None,
     };
     store.import_table(&snap).unwrap();
 }

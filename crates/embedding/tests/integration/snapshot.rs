@@ -76,12 +76,38 @@ fn partial_export_and_bad_imports() {
     );
     let mut v2_without_usage = bytes.clone();
     v2_without_usage[4] = 2;
+    // With a dynamic table's clock and filter (version 3): the filter's length is read from
+    // the bytes, so it must be exactly what follows.
+    let with_state = TableSnapshot {
+        dynamic: Some(elastrec_embedding::DynamicState {
+            clock: 41,
+            filter_adds: 5,
+            filter: vec![0, 2, 1, 0],
+        }),
+        ..part.clone()
+    }
+    .to_bytes();
+    assert_eq!(u32::from_le_bytes(with_state[4..8].try_into().unwrap()), 3);
+    let read = TableSnapshot::from_bytes(&with_state).unwrap();
+    assert_eq!(read.dynamic.as_ref().unwrap().filter, [0, 2, 1, 0]);
+    assert_eq!(
+        (read.dynamic.as_ref().unwrap().clock, read.usage.len()),
+        (41, 2)
+    );
+    let mut lying_filter_len = with_state.clone();
+    let at = lying_filter_len.len() - 4 - 8;
+    lying_filter_len[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+    let mut v3_without_state = with_usage.clone();
+    v3_without_state[4] = 3;
     for bad in [
         &bytes[..bytes.len() - 1],
         &bytes[..10],
         &[b'X'; 40][..],
         &v2_without_usage,
         &with_usage[..with_usage.len() - 8],
+        &with_state[..with_state.len() - 1],
+        &lying_filter_len,
+        &v3_without_state,
     ] {
         assert!(matches!(
             TableSnapshot::from_bytes(bad),

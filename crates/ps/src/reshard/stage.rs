@@ -403,6 +403,8 @@ impl PsShard {
                 rows,
                 values,
                 usage: usage.into_iter().map(RowUsage::unpacked).collect(),
+                // A moved row keeps its usage; the receiver keeps its own clock and filter.
+                dynamic: None,
             };
             tbl.import(&snap)?;
         }
