@@ -271,6 +271,11 @@ pub struct MmoeSettings {
     /// at least 0, not all 0. Empty (the default): 1 for every task.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub task_weights: Vec<f32>,
+    /// Experts of each task's own beside the shared ones (CGC, PLE's extraction layer):
+    /// each task's gate mixes the `experts` shared ones and its own. 0 (the default): an
+    /// MMoE, every expert shared.
+    #[serde(skip_serializing_if = "is_zero_count")]
+    pub task_experts: usize,
 }
 
 impl Default for MmoeSettings {
@@ -280,8 +285,16 @@ impl Default for MmoeSettings {
             experts: 4,
             expert_mlp: vec![256],
             task_weights: Vec::new(),
+            task_experts: 0,
         }
     }
+}
+
+/// Most experts of each task's own (`model.mmoe.task_experts`).
+pub const MAX_TASK_EXPERTS: usize = 16;
+
+fn is_zero_count(v: &usize) -> bool {
+    *v == 0
 }
 
 fn is_zero_rate(v: &f32) -> bool {
@@ -1033,6 +1046,15 @@ impl JobConfig {
             if h.experts == 0 {
                 return Err(bad("model.mmoe.experts", "must be at least 1".into()));
             }
+            if h.task_experts > MAX_TASK_EXPERTS {
+                return Err(bad(
+                    "model.mmoe.task_experts",
+                    format!(
+                        "must be 0 to {MAX_TASK_EXPERTS} (each of the {} tasks gets that many experts), got {}",
+                        h.tasks, h.task_experts
+                    ),
+                ));
+            }
             crate::prepare::mmoe_config(&h)
                 .check_weights()
                 .map_err(|why| bad("model.mmoe.task_weights", why))?;
@@ -1548,6 +1570,11 @@ mod tests {
             .mmoe
             .unwrap();
         assert_eq!((h.weight(0), h.weight(1)), (1.0, 0.25));
+        let cgc = "[model]\ntype = \"mmoe\"\n[model.mmoe]\nexperts = 1\ntask_experts = 2\n";
+        let h = crate::prepare::dense_config(&parse(cgc).unwrap())
+            .mmoe
+            .unwrap();
+        assert_eq!((h.experts, h.task_experts), (1, 2));
         let field = |text: &str| match parse(text).unwrap_err() {
             ConfigError::Invalid { field, .. } => field,
             e => panic!("{e}"),
@@ -1557,6 +1584,10 @@ mod tests {
             ("[model.mmoe]\ntasks = 9\n", "model.mmoe.tasks"),
             ("[model.mmoe]\ntasks = 0\n", "model.mmoe.tasks"),
             ("[model.mmoe]\nexperts = 0\n", "model.mmoe.experts"),
+            (
+                "[model.mmoe]\ntask_experts = 17\n",
+                "model.mmoe.task_experts",
+            ),
             ("[model.mmoe]\nexpert_mlp = []\n", "model.mmoe.expert_mlp"),
             (
                 "[model.mmoe]\ntask_weights = [1.0]\n",

@@ -357,6 +357,7 @@ pub fn mmoe_config(h: &crate::config::MmoeSettings) -> elastrec_model::MmoeConfi
         experts: h.experts,
         expert: h.expert_mlp.clone(),
         weights: h.task_weights.clone(),
+        task_experts: h.task_experts,
     }
 }
 

@@ -11,6 +11,13 @@
 //! y_t    = tower_t(f_t(x))                 (task t's logit)
 //! ```
 //!
+//! With `task_experts = m > 0` the head is a customized gate control (CGC, the extraction
+//! layer of PLE; Tang et al. 2020, "Progressive Layered Extraction"): beside the `K`
+//! shared experts, each task has `m` experts of its own, and its gate mixes the shared
+//! ones and its own (`K + m` weights). The other tasks' experts get no gradient from it,
+//! so a task whose signal conflicts with the others' keeps experts they cannot pull away
+//! (the "seesaw" MMoE shows when tasks share little).
+//!
 //! Task 0's tower is the model's top MLP (so a one-task model's logit, and every consumer
 //! of "the logit", is task 0's); the towers of tasks `1..T` are built here with the same
 //! sizes. The loss is the tasks' mean BCE summed with the tasks' weights
@@ -45,6 +52,14 @@ pub struct MmoeConfig {
     /// conversion) or of less interest to the business is down- or up-weighted here.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub weights: Vec<f32>,
+    /// Experts of each task's own (CGC / PLE), beside the `experts` shared ones; 0 (the
+    /// default): MMoE, every expert shared.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub task_experts: usize,
+}
+
+fn is_zero(v: &usize) -> bool {
+    *v == 0
 }
 
 impl MmoeConfig {
@@ -85,9 +100,14 @@ impl MmoeConfig {
 /// Experts, gates and the towers of tasks `1..T` (parameters contiguous, from an offset).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mmoe {
-    /// The expert MLPs (ReLU on every layer, the last included).
+    /// The expert MLPs (ReLU on every layer, the last included): the `K` shared ones,
+    /// then each task's own, task by task.
     pub experts: Vec<Mlp>,
-    /// One gate per task: `in → K` scores (the softmax follows).
+    /// Shared experts `K`.
+    pub shared: usize,
+    /// Experts of each task's own `m` (0: MMoE).
+    pub per_task: usize,
+    /// One gate per task: `in → K + m` scores (the softmax follows).
     pub gates: Vec<Linear>,
     /// Towers of tasks `1..T`, each with the top MLP's sizes over the expert width.
     pub towers: Vec<Mlp>,
@@ -110,7 +130,8 @@ impl Mmoe {
         let mut off = offset;
         let mut sizes = vec![in_dim];
         sizes.extend_from_slice(&config.expert);
-        let experts: Vec<Mlp> = (0..config.experts)
+        let (shared, per_task) = (config.experts, config.task_experts);
+        let experts: Vec<Mlp> = (0..shared + config.tasks * per_task)
             .map(|_| {
                 let m = Mlp::new(&sizes, off, Activation::Relu, Activation::Relu);
                 off += m.num_params();
@@ -119,7 +140,7 @@ impl Mmoe {
             .collect();
         let gates: Vec<Linear> = (0..config.tasks)
             .map(|_| {
-                let l = Linear::new(in_dim, config.experts, off, Activation::None);
+                let l = Linear::new(in_dim, shared + per_task, off, Activation::None);
                 off = l.end_offset();
                 l
             })
@@ -150,6 +171,8 @@ impl Mmoe {
         };
         Self {
             experts,
+            shared,
+            per_task,
             gates,
             towers,
             weights: (0..config.tasks).map(|t| config.weight(t)).collect(),
@@ -159,6 +182,30 @@ impl Mmoe {
     /// Tasks.
     pub fn tasks(&self) -> usize {
         self.gates.len()
+    }
+
+    /// Weights of each gate: the shared experts and the task's own.
+    pub fn gate_width(&self) -> usize {
+        self.shared + self.per_task
+    }
+
+    /// The experts task `t`'s gate mixes: (gate column, expert index) for the shared
+    /// experts, then for the task's own.
+    fn gated(&self, t: usize) -> impl Iterator<Item = (usize, usize)> {
+        let (k, m) = (self.shared, self.per_task);
+        (0..k)
+            .map(|j| (j, j))
+            .chain((0..m).map(move |i| (k + i, k + t * m + i)))
+    }
+
+    /// The column of expert `j` in task `t`'s gate, if that gate mixes it.
+    fn column(&self, t: usize, j: usize) -> Option<usize> {
+        let (k, m) = (self.shared, self.per_task);
+        match j.checked_sub(k) {
+            None => Some(j),
+            Some(own) if m > 0 && own / m == t => Some(k + own % m),
+            Some(_) => None,
+        }
     }
 
     /// The experts' output width `E` (the towers' input).
@@ -207,7 +254,7 @@ impl Mmoe {
 
     /// Forward FLOPs per sample of the experts, gates, mixing and the extra towers.
     pub fn forward_flops(&self) -> u64 {
-        let mix = 2 * (self.tasks() * self.experts.len() * self.out_dim()) as u64;
+        let mix = 2 * (self.tasks() * self.gate_width() * self.out_dim()) as u64;
         self.experts.iter().map(Mlp::forward_flops).sum::<u64>()
             + self.gates.iter().map(Linear::forward_flops).sum::<u64>()
             + self.towers.iter().map(Mlp::forward_flops).sum::<u64>()
@@ -222,7 +269,7 @@ impl Mmoe {
                 .map(|l| vec![0.0; rows * l.out_dim])
                 .collect()
         };
-        let (t, k, e) = (self.tasks(), self.experts.len(), self.out_dim());
+        let (t, k, e) = (self.tasks(), self.gate_width(), self.out_dim());
         let in_dim = self.experts[0].in_dim();
         MmoeActs {
             experts: self.experts.iter().map(layer_acts).collect(),
@@ -260,16 +307,22 @@ impl Mmoe {
         {
             expert.forward_full(params, x, n, out, norms, None);
         }
-        let (k, e) = (self.experts.len(), self.out_dim());
-        for ((gate, g), mix) in self.gates.iter().zip(&mut acts.gates).zip(&mut acts.mixes) {
+        let (k, e) = (self.gate_width(), self.out_dim());
+        for (t, (gate, (g, mix))) in self
+            .gates
+            .iter()
+            .zip(acts.gates.iter_mut().zip(&mut acts.mixes))
+            .enumerate()
+        {
             gate.forward(params, x, n, g);
             for row in g[..n * k].chunks_exact_mut(k) {
                 softmax_in_place(row);
             }
             let mix = &mut mix[..n * e];
             mix.fill(0.0);
-            for (j, expert) in acts.experts.iter().enumerate() {
-                add_gated(mix, expert.last().expect("nonempty"), g, (k, j), e);
+            for (col, j) in self.gated(t) {
+                let out = acts.experts[j].last().expect("nonempty");
+                add_gated(mix, out, g, (k, col), e);
             }
         }
         for (t, tower) in self.towers.iter().enumerate() {
@@ -355,17 +408,19 @@ impl Mmoe {
         gb: &mut [f32],
         n: usize,
     ) {
-        let (k, e) = (self.experts.len(), self.out_dim());
+        let (k, e) = (self.gate_width(), self.out_dim());
         let in_dim = self.experts[0].in_dim();
         let dx = &mut dx[..n * in_dim];
         dx.fill(0.0);
-        // Each expert's output gradient: the tasks' mixture gradients weighted by their
-        // gates, `∂L/∂e_j = Σ_t g_t,j ∂L/∂f_t`.
+        // Each expert's output gradient: the mixture gradients of the tasks whose gates mix
+        // it, weighted by their gates, `∂L/∂e_j = Σ_t g_t,j ∂L/∂f_t`.
         for (j, (expert, out)) in self.experts.iter().zip(&acts.experts).enumerate() {
             let d = &mut acts.d_expert[..n * e];
             d.fill(0.0);
-            for (g, dm) in acts.gates.iter().zip(&acts.d_mixes) {
-                add_gated(d, dm, g, (k, j), e);
+            for (t, (g, dm)) in acts.gates.iter().zip(&acts.d_mixes).enumerate() {
+                if let Some(col) = self.column(t, j) {
+                    add_gated(d, dm, g, (k, col), e);
+                }
             }
             expert.backward_full(
                 params,
@@ -384,13 +439,19 @@ impl Mmoe {
         }
         // Each gate: `∂L/∂g_t,j = ⟨e_j, ∂L/∂f_t⟩`, through the softmax to the scores:
         // `∂L/∂s_j = g_j (∂L/∂g_j − Σ_i g_i ∂L/∂g_i)`.
-        for ((gate, g), dm) in self.gates.iter().zip(&acts.gates).zip(&acts.d_mixes) {
+        for (t, ((gate, g), dm)) in self
+            .gates
+            .iter()
+            .zip(&acts.gates)
+            .zip(&acts.d_mixes)
+            .enumerate()
+        {
             let dg = &mut acts.d_gate[..n * k];
             for (r, (dg, w)) in dg.chunks_exact_mut(k).zip(g.chunks_exact(k)).enumerate() {
                 let dm = &dm[r * e..(r + 1) * e];
-                for (j, d) in dg.iter_mut().enumerate() {
+                for (col, j) in self.gated(t) {
                     let out = acts.experts[j].last().expect("nonempty");
-                    *d = out[r * e..(r + 1) * e]
+                    dg[col] = out[r * e..(r + 1) * e]
                         .iter()
                         .zip(dm)
                         .map(|(a, b)| a * b)
@@ -488,6 +549,7 @@ mod tests {
             experts: 3,
             expert: vec![5, 4],
             weights: Vec::new(),
+            task_experts: 0,
         };
         let head = Mmoe::new(&cfg, 6, &[3, 1], 0, false);
         let mut params = vec![0.0; head.num_params()];

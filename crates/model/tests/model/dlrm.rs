@@ -712,6 +712,7 @@ fn mmoe_small(kind: InteractionKind, cross_layers: usize) -> DlrmConfig {
             experts: 2,
             expert: vec![5, 4],
             weights: Vec::new(),
+            task_experts: 0,
         }),
         ..small(kind)
     }
@@ -766,27 +767,32 @@ fn all_tasks_loss(
 /// tower) and every embedding, on both interactions and under cross layers, with equal
 /// weights and with task 0's halved, task 1's doubled and task 2's left out, and with
 /// layer norms in every MLP (bottom, experts, every task's tower: their `γ`, `β`
-/// included).
+/// included), and as a CGC with two or one experts of each task's own.
 #[test]
 fn mmoe_gradcheck() {
-    for (kind, cross, weights, layer_norm) in [
-        (InteractionKind::Dot, 0, vec![], false),
-        (InteractionKind::Concat, 0, vec![], false),
-        (InteractionKind::Concat, 1, vec![], false),
-        (InteractionKind::Dot, 0, vec![0.5, 2.0, 0.0], false),
-        (InteractionKind::Concat, 1, vec![0.5, 2.0, 0.0], false),
-        (InteractionKind::Dot, 0, vec![], true),
-        (InteractionKind::Concat, 1, vec![0.5, 2.0, 0.0], true),
+    for (kind, cross, weights, layer_norm, own) in [
+        (InteractionKind::Dot, 0, vec![], false, 0),
+        (InteractionKind::Concat, 0, vec![], false, 0),
+        (InteractionKind::Concat, 1, vec![], false, 0),
+        (InteractionKind::Dot, 0, vec![0.5, 2.0, 0.0], false, 0),
+        (InteractionKind::Concat, 1, vec![0.5, 2.0, 0.0], false, 0),
+        (InteractionKind::Dot, 0, vec![], true, 0),
+        (InteractionKind::Concat, 1, vec![0.5, 2.0, 0.0], true, 0),
+        (InteractionKind::Dot, 0, vec![], false, 2),
+        (InteractionKind::Concat, 1, vec![0.5, 2.0, 0.0], true, 1),
     ] {
         let mut config = mmoe_small(kind, cross);
         config.mmoe.as_mut().unwrap().weights = weights.clone();
+        config.mmoe.as_mut().unwrap().task_experts = own;
         config.layer_norm = layer_norm;
         let width = 3 * config.row_width();
         let mut m = DenseDlrm::new(config).unwrap();
         assert_eq!(m.tasks(), 3);
         let head = m.mmoe().unwrap();
-        // One norm per hidden layer of the 2 experts and the towers of tasks 1 and 2.
-        assert_eq!(head.norms().count(), if layer_norm { 4 } else { 0 });
+        assert_eq!(head.experts.len(), 2 + 3 * own);
+        // One norm per hidden layer of the experts and the towers of tasks 1 and 2.
+        let norms = head.experts.len() + 2;
+        assert_eq!(head.norms().count(), if layer_norm { norms } else { 0 });
         let n = 6;
         let mut ws = m.workspace(8);
         let mut g = rng(5);
@@ -854,6 +860,47 @@ fn mmoe_head_leaves_the_shared_layers_initial_values_and_predicts_every_task() {
     assert_ne!(ws.task_logits(1), ws.task_logits(2));
 }
 
+/// A CGC head: a task's own experts learn from that task alone. With only task 1
+/// weighted, task 0's and task 2's own experts get no gradient, task 1's and the shared
+/// ones do; each gate weighs the shared experts and the task's own.
+#[test]
+fn cgc_task_experts_learn_from_their_task_alone() {
+    let mut config = mmoe_small(InteractionKind::Dot, 0);
+    let head_cfg = config.mmoe.as_mut().unwrap();
+    head_cfg.task_experts = 2;
+    head_cfg.weights = vec![0.0, 1.0, 0.0];
+    let m = DenseDlrm::new(config).unwrap();
+    let head = m.mmoe().unwrap();
+    assert_eq!((head.shared, head.per_task, head.gate_width()), (2, 2, 4));
+    let n = 6;
+    let mut ws = m.workspace(8);
+    let mut g = rng(21);
+    let x = randv(&mut g, n * 5, 1.0);
+    let e = randv(&mut g, n * 3 * 4, 1.0);
+    let labels: Vec<Vec<f32>> = (0..3)
+        .map(|t| (0..n).map(|i| ((i + t) % 2) as f32).collect())
+        .collect();
+    let rest: Vec<f32> = (0..n).flat_map(|i| [labels[1][i], labels[2][i]]).collect();
+    m.forward_backward_tasks(&x, &e, &labels[0], &rest, &mut ws)
+        .unwrap();
+    let grad_norm = |expert: usize| {
+        let layers = &head.experts[expert].layers;
+        let span = layers[0].w_offset..layers[layers.len() - 1].end_offset();
+        ws.grads()[span].iter().map(|v| v * v).sum::<f32>()
+    };
+    for j in 0..head.experts.len() {
+        // Shared: 0, 1; task 0's own: 2, 3; task 1's: 4, 5; task 2's: 6, 7.
+        let learns = j < 2 || (4..6).contains(&j);
+        assert_eq!(grad_norm(j) > 0.0, learns, "expert {j}");
+    }
+    for t in 0..3 {
+        let gates = ws.gate_weights(t);
+        for r in 0..n {
+            assert!((gates[r * 4..r * 4 + 4].iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        }
+    }
+}
+
 /// A head that cannot be built is refused at construction.
 #[test]
 fn mmoe_bad_heads_are_refused() {
@@ -875,6 +922,7 @@ fn mmoe_bad_heads_are_refused() {
                 experts,
                 expert,
                 weights,
+                task_experts: 0,
             }),
             ..small(InteractionKind::Concat)
         };
