@@ -361,16 +361,13 @@ impl DynamicRows {
 
     /// Takes a saved shard's clock before its rows' usage is set (usage is relative to
     /// it), and its admission filter when it has this shard's size (the same layout and
-    /// `admit_count`; otherwise the filter starts empty, as on a new layout). Returns
-    /// whether the filter was restored.
-    pub fn restore_state(&mut self, saved: &DynamicState) -> bool {
+    /// `admit_count`; otherwise the filter starts empty, as on a new layout).
+    pub fn restore_state(&mut self, saved: &DynamicState) {
         self.step = saved.clock;
-        let fits = !saved.filter.is_empty() && saved.filter.len() == self.sketch.len();
-        if fits {
+        if !saved.filter.is_empty() && saved.filter.len() == self.sketch.len() {
             self.sketch.copy_from_slice(&saved.filter);
             self.sketch_adds = saved.filter_adds;
         }
-        fits
     }
 
     /// Counts one update of a key without a slot; true once it has reached `admit_count`.

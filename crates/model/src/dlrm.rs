@@ -83,7 +83,7 @@ fn is_false(v: &bool) -> bool {
     !*v
 }
 
-fn is_zero(v: &usize) -> bool {
+pub(crate) fn is_zero(v: &usize) -> bool {
     *v == 0
 }
 

@@ -54,12 +54,8 @@ pub struct MmoeConfig {
     pub weights: Vec<f32>,
     /// Experts of each task's own (CGC / PLE), beside the `experts` shared ones; 0 (the
     /// default): MMoE, every expert shared.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::dlrm::is_zero")]
     pub task_experts: usize,
-}
-
-fn is_zero(v: &usize) -> bool {
-    *v == 0
 }
 
 impl MmoeConfig {
