@@ -238,6 +238,11 @@ pub struct ModelConfig {
     /// the bottom and top MLPs.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub layer_norm: bool,
+    /// Batch normalization at the same places (statistics of each 256-row block of a
+    /// training step; running averages, kept with the dense parameters, for predictions).
+    /// Not with `layer_norm`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub batch_norm: bool,
     /// Dynamic embedding tables (`[model.dynamic_embeddings]`): each table a collision-free
     /// id → row map, within the memory of the hashed table `table_rows` sizes, with
     /// admission and eviction (`admit_count`, `eviction`, `ttl_steps`). Absent: hashed.
@@ -413,6 +418,7 @@ impl Default for ModelConfig {
             dropout: 0.0,
             first_order: false,
             layer_norm: false,
+            batch_norm: false,
             dynamic_embeddings: None,
             mmoe: None,
         }
@@ -1165,9 +1171,18 @@ impl JobConfig {
                     .into(),
             ));
         }
+        if m.layer_norm && m.batch_norm {
+            return Err(bad(
+                "model.batch_norm",
+                "model.layer_norm and model.batch_norm cannot both be true: a hidden layer has \
+                 one norm; choose one"
+                    .into(),
+            ));
+        }
         for (on, field) in [
             (m.first_order, "model.first_order"),
             (m.layer_norm, "model.layer_norm"),
+            (m.batch_norm, "model.batch_norm"),
         ] {
             if on && !m.adapt_mlp.is_empty() {
                 return Err(bad(
@@ -1365,8 +1380,16 @@ mod tests {
         assert_eq!(cfg.optimizer.dense.weight_decay(), 1e-5);
         let d = crate::prepare::dense_config(&cfg);
         assert_eq!((d.dropout, d.dense_shift.len()), (0.2, 0));
+        let bn = parse("[model]\nbatch_norm = true\n").unwrap();
+        assert!(crate::prepare::dense_config(&bn).batch_norm);
         let plain = toml::to_string(&JobConfig::default()).unwrap();
-        for field in ["dense_norm", "dense_mean", "dropout", "weight_decay"] {
+        for field in [
+            "dense_norm",
+            "dense_mean",
+            "dropout",
+            "weight_decay",
+            "batch_norm",
+        ] {
             assert!(!plain.contains(field), "{field} written when off");
         }
         let explicit = parse(&format!(
@@ -1418,6 +1441,16 @@ mod tests {
                 "[optimizer.dense]\ntype = \"sgd\"\nlr = 0.1\nweight_decay = -1.0\n",
                 "optimizer.dense.weight_decay",
                 "at least 0",
+            ),
+            (
+                "[model]\nlayer_norm = true\nbatch_norm = true\n",
+                "model.batch_norm",
+                "choose one",
+            ),
+            (
+                "[model]\nbatch_norm = true\nadapt_mlp = [8, 1]\n",
+                "model.batch_norm",
+                "adapt tower",
             ),
         ] {
             let e = parse(text).unwrap_err().to_string();

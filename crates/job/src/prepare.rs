@@ -346,6 +346,7 @@ pub fn dense_config(job: &JobConfig) -> DlrmConfig {
         dropout: m.dropout,
         first_order: m.has_first_order(),
         layer_norm: m.layer_norm,
+        batch_norm: m.batch_norm,
         mmoe: m.mmoe_settings().as_ref().map(mmoe_config),
     }
 }

@@ -8,6 +8,7 @@ use rayon::prelude::*;
 use crate::layers::{sigmoid, Activation, Dropout, Linear, Mlp};
 use crate::loss::bce_sum_with_logits;
 use crate::mmoe::{Mmoe, MmoeActs, MmoeConfig, MAX_TASKS};
+use crate::norm::{NormKind, NormMode};
 
 /// Configuration of the dense DLRM.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -67,6 +68,12 @@ pub struct DlrmConfig {
     /// parameter.
     #[serde(default, skip_serializing_if = "is_false")]
     pub layer_norm: bool,
+    /// Batch normalization of the same hidden layers (`Linear → BatchNorm → ReLU`;
+    /// [`crate::norm`]): statistics of each training step's row blocks, running averages
+    /// for predictions; `γ`, `β` and the running mean and variance where the layer norms'
+    /// parameters would be. Not with `layer_norm`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub batch_norm: bool,
     /// Multi-task MMoE head ([`crate::mmoe`]) between the interaction (or cross layers)
     /// and the towers: experts, a gate per task, and a tower per task with the top MLP's
     /// sizes (task 0's is the top MLP). `None`: one task, the top MLP reads the
@@ -124,6 +131,7 @@ impl DlrmConfig {
             dropout: 0.0,
             first_order: false,
             layer_norm: false,
+            batch_norm: false,
             mmoe: None,
         }
     }
@@ -164,9 +172,16 @@ impl DlrmConfig {
                 return Err(ModelError::TopOutputNotOne { got: last });
             }
         }
-        let extras = self.cross_layers > 0 || self.fm || self.first_order || self.layer_norm;
+        let extras = self.cross_layers > 0
+            || self.fm
+            || self.first_order
+            || self.layer_norm
+            || self.batch_norm;
         if extras && !self.adapt.is_empty() {
             return Err(ModelError::CrossWithAdapt);
+        }
+        if self.layer_norm && self.batch_norm {
+            return Err(ModelError::TwoNorms);
         }
         if let Some(h) = &self.mmoe {
             if !(1..=MAX_TASKS).contains(&h.tasks) {
@@ -247,6 +262,17 @@ impl DlrmConfig {
     /// Tasks (labels) the model predicts: 1 unless it has an MMoE head.
     pub fn tasks(&self) -> usize {
         self.mmoe.as_ref().map_or(1, |h| h.tasks)
+    }
+
+    /// The norm of the hidden layers, if any.
+    pub fn norm(&self) -> Option<NormKind> {
+        if self.batch_norm {
+            Some(NormKind::Batch)
+        } else if self.layer_norm {
+            Some(NormKind::Layer)
+        } else {
+            None
+        }
     }
 }
 
@@ -335,12 +361,13 @@ impl DenseDlrm {
             .first_order
             .then(|| Linear::new(config.num_dense(), 1, after_cross, Activation::None));
         let after_wide = after_cross + wide.as_ref().map_or(0, Linear::num_params);
-        let (bottom, top) = if config.layer_norm {
-            let bottom = bottom.with_layer_norm(after_wide);
-            let top_norms = after_wide + bottom.norm_params();
-            (bottom, top.with_layer_norm(top_norms))
-        } else {
-            (bottom, top)
+        let (bottom, top) = match config.norm() {
+            Some(kind) => {
+                let bottom = bottom.with_norm(kind, after_wide);
+                let top_norms = after_wide + bottom.norm_params();
+                (bottom, top.with_norm(kind, top_norms))
+            }
+            None => (bottom, top),
         };
         let after_norms = after_wide + bottom.norm_params() + top.norm_params();
         let mmoe = config.mmoe.as_ref().map(|h| {
@@ -349,7 +376,7 @@ impl DenseDlrm {
                 interaction.out_dim(),
                 &config.top,
                 after_norms,
-                config.layer_norm,
+                config.norm(),
             )
         });
         let mut params = vec![0.0; after_norms + mmoe.as_ref().map_or(0, Mmoe::num_params)];
@@ -363,7 +390,7 @@ impl DenseDlrm {
         for (i, l) in layers.enumerate() {
             l.init(&mut params, config.seed, i as u64);
         }
-        // Every layer norm starts as the identity (no random stream).
+        // Every norm starts as the identity (no random stream).
         let norms = bottom
             .norms
             .iter()
@@ -393,6 +420,20 @@ impl DenseDlrm {
             interaction,
             params,
         })
+    }
+
+    /// The offsets of [`DenseDlrm::params`] that hold running statistics (batch norms'),
+    /// not weights: a training step writes there the step's statistic minus the running
+    /// value, for [`crate::optim::RunningAverages`] to apply. Empty without batch norms.
+    pub fn statistic_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        self.bottom
+            .norms
+            .iter()
+            .chain(&self.top.norms)
+            .chain(self.mmoe.iter().flat_map(Mmoe::norms))
+            .map(crate::norm::Norm::statistics)
+            .filter(|r| !r.is_empty())
+            .collect()
     }
 
     /// The multi-task MMoE head, if the model has one.
@@ -581,6 +622,7 @@ impl DenseDlrm {
                         row0: r0 as u64,
                         ..d
                     }),
+                    training: inputs.training,
                 };
                 f(self, block, part, d_emb)
             });
@@ -608,6 +650,7 @@ impl DenseDlrm {
             grad_scale: 0.0,
             tower,
             dropout: None,
+            training: false,
         };
         self.for_blocks(inputs, ws, |m, block, part, _| block.forward(m, part));
         ws.gather_logits(n);
@@ -766,6 +809,7 @@ impl DenseDlrm {
             grad_scale: 1.0 / n.max(1) as f32,
             tower,
             dropout,
+            training: true,
         };
         self.for_blocks(inputs, ws, |m, block, part, d_emb| {
             block.forward(m, part);
@@ -806,6 +850,9 @@ struct BlockInputs<'a> {
     /// The top MLP's dropout in a training step (its `row0` is the block's first row);
     /// `None` when predicting.
     dropout: Option<Dropout>,
+    /// A training step (batch norms normalize with the block's statistics) rather than a
+    /// prediction (with their running ones).
+    training: bool,
 }
 
 /// Activations, temporaries and the partial dense gradient of one row block.
@@ -819,7 +866,7 @@ struct Block {
     d_emb_d: Vec<f32>,
     wide_out: Vec<f32>,
     bottom_acts: Vec<Vec<f32>>,
-    /// The layer norms' saved rows (empty without `layer_norm`).
+    /// The norms' saved rows (empty without `layer_norm` or `batch_norm`).
     bottom_norm: Vec<crate::norm::NormActs>,
     top_norm: Vec<crate::norm::NormActs>,
     inter: Vec<f32>,
@@ -902,6 +949,14 @@ impl Block {
     fn forward(&mut self, m: &DenseDlrm, x: BlockInputs<'_>) {
         let p = &m.params;
         let c = &m.config;
+        // A block's statistics weigh in a step's running averages by its share of rows.
+        let mode = if x.training {
+            NormMode::Training {
+                weight: x.n as f32 * x.grad_scale,
+            }
+        } else {
+            NormMode::Inference
+        };
         let dense_x = if c.dense_scale.is_empty() {
             x.dense_x
         } else {
@@ -926,6 +981,7 @@ impl Block {
             &mut self.bottom_acts,
             &mut self.bottom_norm,
             None,
+            mode,
         );
         let (t, d) = (c.num_tables, c.embedding_dim);
         let emb = if c.first_order {
@@ -944,7 +1000,7 @@ impl Block {
         let mut top_in = m.cross.output(&self.cross, &self.inter);
         let dropout = x.dropout.filter(|_| x.tower == Tower::Memory);
         if let (Some(head), Some(a)) = (&m.mmoe, &mut self.mmoe) {
-            head.forward(p, top_in, x.n, a, dropout);
+            head.forward(p, top_in, x.n, a, dropout, mode);
             top_in = &a.mixes[0];
         }
         m.top.forward_full(
@@ -954,6 +1010,7 @@ impl Block {
             &mut self.top_acts,
             &mut self.top_norm,
             dropout,
+            mode,
         );
         if c.fm {
             let logits = self.top_acts.last_mut().expect("nonempty");

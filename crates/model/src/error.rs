@@ -25,7 +25,7 @@ pub enum ModelError {
     },
     /// Cross layers (DCN-v2), an FM or first-order term (DeepFM, Wide & Deep) or layer
     /// norms and an MTRM adapt tower in one model are not built.
-    #[error("cross layers (DCN-v2), an FM or first-order term (DeepFM, Wide & Deep) or layer norms and an MTRM adapt tower cannot be combined; choose one")]
+    #[error("cross layers (DCN-v2), an FM or first-order term (DeepFM, Wide & Deep) or layer or batch norms and an MTRM adapt tower cannot be combined; choose one")]
     CrossWithAdapt,
     /// The top MLP (or MTRM's adapt tower) must end in a single logit.
     #[error("top MLP and adapt tower must end with 1 output (the logit), got {got}")]
@@ -87,6 +87,11 @@ pub enum ModelError {
     /// An adapt-tower step on a model without one (not an MTRM).
     #[error("the model has no adapt tower (model.adapt_mlp is empty): it is not an MTRM")]
     NoAdaptTower,
+    /// Layer and batch norms asked for together.
+    #[error(
+        "layer_norm and batch_norm cannot both be set: a hidden layer has one norm; choose one"
+    )]
+    TwoNorms,
     /// A multi-task MMoE head that cannot be built.
     #[error("invalid MMoE head: {why}")]
     BadMmoe {

@@ -11,7 +11,7 @@
 
 use crate::gemm::{sgemm, MatRef};
 use crate::init::InitRng;
-use crate::norm::{LayerNorm, NormActs};
+use crate::norm::{Norm, NormActs, NormKind, NormMode};
 
 /// Activation applied after the affine map.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -258,10 +258,10 @@ fn act_grad_colsum(dy: &mut [f32], y: &[f32], part: &mut [f32], act: Activation,
 pub struct Mlp {
     /// The layers, input to output.
     pub layers: Vec<Linear>,
-    /// Layer norms of the hidden layers' pre-activations (one per layer but the last),
-    /// or none. A normalized layer's [`Linear`] has no activation: the ReLU follows the
-    /// norm ([`Mlp::with_layer_norm`]).
-    pub norms: Vec<LayerNorm>,
+    /// Norms of the hidden layers' pre-activations (one per layer but the last), or
+    /// none. A normalized layer's [`Linear`] has no activation: the ReLU follows the norm
+    /// ([`Mlp::with_norm`]).
+    pub norms: Vec<Norm>,
 }
 
 impl Mlp {
@@ -292,33 +292,32 @@ impl Mlp {
     }
 
     /// The same MLP with a layer norm between each hidden layer's affine map and its
-    /// ReLU (`Linear → LayerNorm → ReLU`); the norms' `γ`, `β` start at `offset`.
+    /// ReLU ([`Mlp::with_norm`] of [`NormKind::Layer`]).
+    pub fn with_layer_norm(self, offset: usize) -> Self {
+        self.with_norm(NormKind::Layer, offset)
+    }
+
+    /// The same MLP with a norm of `kind` between each hidden layer's affine map and its
+    /// ReLU (`Linear → Norm → ReLU`); the norms' floats start at `offset`.
     ///
     /// # Panics
     /// If a hidden layer's activation is not ReLU.
-    pub fn with_layer_norm(mut self, offset: usize) -> Self {
+    pub fn with_norm(mut self, kind: NormKind, offset: usize) -> Self {
         let hidden = self.layers.len() - 1;
         let mut off = offset;
         for l in &mut self.layers[..hidden] {
-            assert_eq!(
-                l.act,
-                Activation::Relu,
-                "layer norm is built for ReLU layers"
-            );
+            assert_eq!(l.act, Activation::Relu, "norms are built for ReLU layers");
             l.act = Activation::None;
-            let norm = LayerNorm {
-                width: l.out_dim,
-                offset: off,
-            };
+            let norm = Norm::new(kind, l.out_dim, off);
             off = norm.end_offset();
             self.norms.push(norm);
         }
         self
     }
 
-    /// Parameters of the layer norms (0 without).
+    /// Floats of the norms (0 without; a batch norm's running statistics included).
     pub fn norm_params(&self) -> usize {
-        self.norms.iter().map(LayerNorm::num_params).sum()
+        self.norms.iter().map(Norm::num_params).sum()
     }
 
     /// Buffers a forward of `rows` rows keeps for the norms' backward (none without).
@@ -352,13 +351,14 @@ impl Mlp {
 
     /// Forward: `acts[i]` receives layer `i`'s output.
     pub fn forward(&self, params: &[f32], x: &[f32], n: usize, acts: &mut [Vec<f32>]) {
-        self.forward_full(params, x, n, acts, &mut [], None);
+        self.forward_full(params, x, n, acts, &mut [], None, NormMode::Inference);
     }
 
     /// [`Mlp::forward`] with `dropout` applied to every hidden layer's output (not the
-    /// last layer's), and for an MLP with layer norms ([`Mlp::with_layer_norm`]) keeping
-    /// what their backward needs in `norm_acts` ([`Mlp::norm_acts`]; empty without).
-    /// [`Mlp::backward_full`] is its backward.
+    /// last layer's), and for an MLP with norms ([`Mlp::with_norm`]) running them in
+    /// `mode` and keeping what their backward needs in `norm_acts` ([`Mlp::norm_acts`];
+    /// empty without). [`Mlp::backward_full`] is the backward of a training forward.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward_full(
         &self,
         params: &[f32],
@@ -367,6 +367,7 @@ impl Mlp {
         acts: &mut [Vec<f32>],
         norm_acts: &mut [NormActs],
         dropout: Option<Dropout>,
+        mode: NormMode,
     ) {
         let last = self.layers.len() - 1;
         for (i, l) in self.layers.iter().enumerate() {
@@ -375,7 +376,7 @@ impl Mlp {
             l.forward(params, inp, n, &mut rest[0]);
             if let Some(norm) = self.norms.get(i) {
                 let y = &mut rest[0][..n * l.out_dim];
-                norm.forward(params, y, n, &mut norm_acts[i]);
+                norm.forward(params, y, n, &mut norm_acts[i], mode);
                 for v in y.iter_mut() {
                     *v = v.max(0.0);
                 }

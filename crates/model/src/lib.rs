@@ -59,5 +59,6 @@ pub use layers::{sigmoid, Activation, Linear, Mlp};
 pub use loss::{bce_with_logits, bce_with_logits_loss};
 pub use metrics::{auc, logloss, EvalAccumulator};
 pub use mmoe::{Mmoe, MmoeConfig, MAX_TASKS};
-pub use optim::{Adagrad, Adam, DenseOptimizer, DenseOptimizerConfig, Sgd};
+pub use norm::{NormKind, NormMode};
+pub use optim::{Adagrad, Adam, DenseOptimizer, DenseOptimizerConfig, RunningAverages, Sgd};
 pub use schedule::{Decay, LrSchedule};

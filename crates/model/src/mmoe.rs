@@ -27,7 +27,7 @@
 
 use crate::layers::{Activation, Dropout, Linear, Mlp};
 use crate::loss::bce_sum_with_logits;
-use crate::norm::{LayerNorm, NormActs};
+use crate::norm::{Norm, NormActs, NormKind, NormMode};
 use serde::{Deserialize, Serialize};
 
 /// Most tasks a model can have: a data row carries one 0/1 label digit per task, and the
@@ -113,15 +113,15 @@ pub struct Mmoe {
 
 impl Mmoe {
     /// The head for input width `in_dim`, towers of sizes `tower` (excluding their input,
-    /// ending with 1), parameters from `offset`. With `layer_norm` every hidden layer of
-    /// the experts and towers is `Linear → LayerNorm → ReLU` (as the model's bottom and
-    /// top MLPs), the norms' `γ`, `β` after the head's other parameters.
+    /// ending with 1), parameters from `offset`. With a `norm` every hidden layer of the
+    /// experts and towers is `Linear → Norm → ReLU` (as the model's bottom and top MLPs),
+    /// the norms' floats after the head's other parameters.
     pub fn new(
         config: &MmoeConfig,
         in_dim: usize,
         tower: &[usize],
         offset: usize,
-        layer_norm: bool,
+        norm: Option<NormKind>,
     ) -> Self {
         let mut off = offset;
         let mut sizes = vec![in_dim];
@@ -151,11 +151,11 @@ impl Mmoe {
                 m
             })
             .collect();
-        let (experts, towers) = if layer_norm {
+        let (experts, towers) = if let Some(kind) = norm {
             let mut normed = |mlps: Vec<Mlp>| -> Vec<Mlp> {
                 mlps.into_iter()
                     .map(|m| {
-                        let m = m.with_layer_norm(off);
+                        let m = m.with_norm(kind, off);
                         off += m.norm_params();
                         m
                     })
@@ -219,9 +219,8 @@ impl Mmoe {
             + self.gates.iter().map(Linear::num_params).sum::<usize>()
     }
 
-    /// The experts' and towers' layer norms (none without `layer_norm`), for
-    /// initialization.
-    pub fn norms(&self) -> impl Iterator<Item = &LayerNorm> {
+    /// The experts' and towers' norms (none without), for initialization.
+    pub fn norms(&self) -> impl Iterator<Item = &Norm> {
         self.experts
             .iter()
             .chain(&self.towers)
@@ -285,8 +284,8 @@ impl Mmoe {
 
     /// Experts, gates (softmax weights into `acts.gates`), each task's mixture (into
     /// `acts.mixes`) and the towers of tasks `1..T` (`acts.towers`, under `dropout` in a
-    /// training step) of `n` rows of `x [n, in]`. Task 0's tower, the model's top MLP,
-    /// runs in the caller on `acts.mixes[0]`.
+    /// training step) of `n` rows of `x [n, in]`, their norms run in `mode`. Task 0's
+    /// tower, the model's top MLP, runs in the caller on `acts.mixes[0]`.
     pub fn forward(
         &self,
         params: &[f32],
@@ -294,6 +293,7 @@ impl Mmoe {
         n: usize,
         acts: &mut MmoeActs,
         dropout: Option<Dropout>,
+        mode: NormMode,
     ) {
         for ((expert, out), norms) in self
             .experts
@@ -301,7 +301,7 @@ impl Mmoe {
             .zip(&mut acts.experts)
             .zip(&mut acts.expert_norms)
         {
-            expert.forward_full(params, x, n, out, norms, None);
+            expert.forward_full(params, x, n, out, norms, None, mode);
         }
         let (k, e) = (self.gate_width(), self.out_dim());
         for (t, (gate, (g, mix))) in self
@@ -329,6 +329,7 @@ impl Mmoe {
                 &mut acts.towers[t],
                 &mut acts.tower_norms[t],
                 task_dropout(dropout, t + 1),
+                mode,
             );
         }
     }
@@ -547,7 +548,7 @@ mod tests {
             weights: Vec::new(),
             task_experts: 0,
         };
-        let head = Mmoe::new(&cfg, 6, &[3, 1], 0, false);
+        let head = Mmoe::new(&cfg, 6, &[3, 1], 0, None);
         let mut params = vec![0.0; head.num_params()];
         for (i, l) in head.layers().enumerate() {
             l.init(&mut params, 9, i as u64);
@@ -555,7 +556,7 @@ mod tests {
         let n = 3;
         let x: Vec<f32> = (0..n * 6).map(|i| (i as f32 * 0.37).sin()).collect();
         let mut acts = head.acts(n);
-        head.forward(&params, &x, n, &mut acts, None);
+        head.forward(&params, &x, n, &mut acts, None, NormMode::Inference);
         for (t, g) in acts.gates.iter().enumerate() {
             for r in 0..n {
                 let w = &g[r * 3..(r + 1) * 3];

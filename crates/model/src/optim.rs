@@ -5,6 +5,7 @@
 //! chunks with plain loops the compiler vectorizes.
 
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Elements per rayon task.
 const CHUNK: usize = 1 << 14;
@@ -152,6 +153,136 @@ impl DenseOptimizerConfig {
                 ..Adam::new(num_params, lr, beta1, beta2, eps)
             }),
         }
+    }
+}
+
+impl DenseOptimizerConfig {
+    /// [`DenseOptimizerConfig::build`] for a slice whose offsets `statistics` hold
+    /// running statistics ([`crate::DenseDlrm::statistic_ranges`], shifted to the slice):
+    /// those follow [`RunningAverages`], the rest this optimizer. Without statistics, the
+    /// optimizer itself.
+    pub fn build_with_statistics(
+        &self,
+        num_params: usize,
+        statistics: Vec<Range<usize>>,
+    ) -> Box<dyn DenseOptimizer> {
+        let inner = self.build(num_params);
+        if statistics.is_empty() {
+            inner
+        } else {
+            Box::new(RunningAverages::new(
+                inner,
+                statistics,
+                crate::norm::MOMENTUM,
+            ))
+        }
+    }
+}
+
+/// The ranges of `statistics` (offsets of the whole flat vector) that fall in `slice`,
+/// relative to its start: what a parameter server holding `slice` applies as running
+/// averages.
+pub fn statistics_in(statistics: &[Range<usize>], slice: &Range<usize>) -> Vec<Range<usize>> {
+    statistics
+        .iter()
+        .filter_map(|r| {
+            let (a, b) = (r.start.max(slice.start), r.end.min(slice.end));
+            (a < b).then(|| a - slice.start..b - slice.start)
+        })
+        .collect()
+}
+
+/// A dense optimizer whose slice holds running statistics (batch norms') at some offsets:
+/// there the "gradient" a step carries is the step's statistic minus the running value,
+/// and the update is `p += momentum · g`, whatever the optimizer (no learning rate, no
+/// weight decay, no moments). Everywhere else `inner` updates as it would.
+///
+/// `inner` steps the whole slice, then the statistics are put back and moved by their
+/// own rule; its state at those offsets (moments, accumulators) is never read.
+pub struct RunningAverages {
+    inner: Box<dyn DenseOptimizer>,
+    /// Offsets of the slice, sorted, disjoint.
+    statistics: Vec<Range<usize>>,
+    momentum: f32,
+    /// The statistics' values before `inner`'s step.
+    saved: Vec<f32>,
+}
+
+impl RunningAverages {
+    /// `inner` for the weights, running averages with `momentum` at `statistics`.
+    pub fn new(
+        inner: Box<dyn DenseOptimizer>,
+        mut statistics: Vec<Range<usize>>,
+        momentum: f32,
+    ) -> Self {
+        statistics.sort_by_key(|r| r.start);
+        Self {
+            inner,
+            statistics,
+            momentum,
+            saved: Vec::new(),
+        }
+    }
+
+    /// The statistics' offsets within `[offset, offset + len)`, relative to `offset`.
+    fn within(&self, offset: usize, len: usize) -> Vec<Range<usize>> {
+        statistics_in(&self.statistics, &(offset..offset + len))
+    }
+
+    /// Keeps the statistics at `ranges` of `part` aside.
+    fn save(&mut self, part: &[f32], ranges: &[Range<usize>]) {
+        self.saved.clear();
+        for r in ranges {
+            self.saved.extend_from_slice(&part[r.clone()]);
+        }
+    }
+
+    /// Puts the saved statistics back into `part`, each moved by `momentum` times its
+    /// entry of `grads` (same offsets as `part`).
+    fn move_statistics(&self, part: &mut [f32], grads: &[f32], ranges: &[Range<usize>]) {
+        let mut old = self.saved.iter();
+        for r in ranges {
+            for (p, &g) in part[r.clone()].iter_mut().zip(&grads[r.clone()]) {
+                *p = old.next().expect("saved before the step") + self.momentum * g;
+            }
+        }
+    }
+}
+
+impl DenseOptimizer for RunningAverages {
+    fn step(&mut self, params: &mut [f32], grads: &[f32]) {
+        let ranges = self.within(0, params.len());
+        self.save(params, &ranges);
+        self.inner.step(params, grads);
+        self.move_statistics(params, grads, &ranges);
+    }
+
+    fn step_range(&mut self, params: &mut [f32], grads: &[f32], offset: usize) {
+        let part = offset..offset + grads.len();
+        let ranges = self.within(offset, grads.len());
+        self.save(&params[part.clone()], &ranges);
+        self.inner.step_range(params, grads, offset);
+        self.move_statistics(&mut params[part], grads, &ranges);
+    }
+
+    fn state(&self) -> Vec<&[f32]> {
+        self.inner.state()
+    }
+
+    fn state_mut(&mut self) -> Vec<&mut [f32]> {
+        self.inner.state_mut()
+    }
+
+    fn steps(&self) -> u64 {
+        self.inner.steps()
+    }
+
+    fn set_steps(&mut self, steps: u64) {
+        self.inner.set_steps(steps);
+    }
+
+    fn set_lr(&mut self, lr: f32) {
+        self.inner.set_lr(lr);
     }
 }
 
@@ -434,5 +565,57 @@ mod tests {
                 assert_eq!(*a, b, "{c:?}");
             }
         }
+    }
+
+    /// Running statistics move by `momentum · g` whatever the optimizer (no rate, no
+    /// weight decay, no moments), the other parameters exactly as without them; a step
+    /// split into ranges (a parameter server's re-sharding) equals the whole step.
+    #[test]
+    fn running_averages_move_by_their_own_rule() {
+        let adam = DenseOptimizerConfig::Adam {
+            lr: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        };
+        let n = 12;
+        let stats = vec![3..5, 8..10];
+        let grads: Vec<Vec<f32>> = (0..3)
+            .map(|s| (0..n).map(|i| (i as f32 - 5.0) * 0.1 + s as f32).collect())
+            .collect();
+        let (mut with, mut plain) = (adam.build_with_statistics(n, stats.clone()), adam.build(n));
+        let mut split = adam.build_with_statistics(n, stats.clone());
+        let p0: Vec<f32> = (0..n).map(|i| 0.5 + i as f32 * 0.01).collect();
+        let (mut pw, mut pp, mut ps) = (p0.clone(), p0.clone(), p0.clone());
+        for g in &grads {
+            let before = pw.clone();
+            with.step(&mut pw, g);
+            plain.step(&mut pp, g);
+            for i in 0..n {
+                if stats.iter().any(|r| r.contains(&i)) {
+                    assert_eq!(pw[i], before[i] + 0.1 * g[i], "statistic {i}");
+                } else {
+                    assert_eq!(pw[i], pp[i], "weight {i}");
+                }
+            }
+            // Split at 4, inside neither range, and at 9, inside the second.
+            let mut head = g.clone();
+            head[4..].fill(0.0);
+            let keep: Vec<f32> = ps[4..].to_vec();
+            split.step(&mut ps, &head);
+            ps[4..].copy_from_slice(&keep);
+            split.step_range(&mut ps, &g[4..9], 4);
+            split.step_range(&mut ps, &g[9..], 9);
+        }
+        for i in 0..n {
+            if stats.iter().any(|r| r.contains(&i)) || i < 4 {
+                assert_eq!(ps[i], pw[i], "{i}");
+            }
+        }
+        assert_eq!(
+            statistics_in(&[3..5, 8..10, 20..30], &(4..22)),
+            vec![0..1, 4..6, 16..18]
+        );
     }
 }

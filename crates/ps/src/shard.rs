@@ -82,6 +82,9 @@ pub(crate) struct ShardConfig {
     pub(crate) embedding: EmbeddingConfig,
     dense_optimizer: DenseOptimizerConfig,
     pub(crate) dense_total: usize,
+    /// Offsets of the whole dense vector that hold running statistics (batch norms'),
+    /// which each shard's optimizer moves as running averages.
+    statistics: Vec<std::ops::Range<usize>>,
     /// Tables a delta checkpoint saves only partly (CPR's large tables).
     pub(crate) large: Vec<bool>,
     priority: SavePriority,
@@ -90,7 +93,12 @@ pub(crate) struct ShardConfig {
 }
 
 impl ShardConfig {
-    fn new(job: &JobConfig, table_rows: &[u64], dense_total: usize) -> Self {
+    fn new(
+        job: &JobConfig,
+        table_rows: &[u64],
+        dense_total: usize,
+        statistics: Vec<std::ops::Range<usize>>,
+    ) -> Self {
         let ckpt = &job.checkpoint;
         let mut large = vec![false; table_rows.len()];
         if ckpt.priority != SavePriority::None {
@@ -108,6 +116,7 @@ impl ShardConfig {
             },
             dense_optimizer: job.optimizer.dense.clone(),
             dense_total,
+            statistics,
             large,
             priority: ckpt.priority,
             ratio: ckpt.ratio,
@@ -135,7 +144,10 @@ impl ShardConfig {
             Some(params) => params[range.clone()].to_vec(),
             None => vec![0.0; range.len()],
         };
-        let opt = self.dense_optimizer.build(range.len());
+        let opt = self.dense_optimizer.build_with_statistics(
+            range.len(),
+            elastrec_model::optim::statistics_in(&self.statistics, &range),
+        );
         let mut ssu = Vec::with_capacity(self.large.len());
         for (t, &is_large) in self.large.iter().enumerate() {
             let local = store.table(t)?.row_capacity();
@@ -290,7 +302,13 @@ impl PsShard {
         init: Option<&[f32]>,
     ) -> anyhow::Result<Self> {
         let table_rows = elastrec_job::prepare::resolve_table_rows(job);
-        let config = ShardConfig::new(job, &table_rows, dense_model(job)?.num_params());
+        let model = dense_model(job)?;
+        let config = ShardConfig::new(
+            job,
+            &table_rows,
+            model.num_params(),
+            model.statistic_ranges(),
+        );
         // What ids hash over: a dynamic table's keys span the whole key space.
         let key_spaces = config.embedding.key_spaces();
         let parts = config.parts(index, count, layout_version, init)?;

@@ -233,7 +233,10 @@ pub fn prepare(opts: &BenchOptions) -> Result<BenchData> {
 fn dense_only(job: &JobConfig, batches: &[Batch], opts: &BenchOptions) -> Result<(f64, u64)> {
     let model = Dlrm::new(job, vec![1; NUM_SPARSE])?;
     let mut dense = model.dense;
-    let mut opt = job.optimizer.dense.build(dense.num_params());
+    let mut opt = job
+        .optimizer
+        .dense
+        .build_with_statistics(dense.num_params(), dense.statistic_ranges());
     let mut ws = dense.workspace(opts.batch_size);
     let emb: Vec<f32> = (0..opts.batch_size * NUM_SPARSE * model.embeddings.dim())
         .map(|i| ((i % 97) as f32 - 48.0) * 1e-3)

@@ -127,7 +127,8 @@ impl TrainStep {
     /// Training state for batches of up to `max_batch` samples.
     pub fn new(model: Dlrm, dense_opt: &DenseOptimizerConfig, max_batch: usize) -> Self {
         let dense_lr = dense_opt.lr();
-        let dense_opt = dense_opt.build(model.dense.num_params());
+        let dense_opt = dense_opt
+            .build_with_statistics(model.dense.num_params(), model.dense.statistic_ranges());
         let ws = model.dense.workspace(max_batch);
         let emb = vec![0.0; max_batch * model.tables() * model.dim()];
         Self {

@@ -18,6 +18,7 @@ fn small(kind: InteractionKind) -> DlrmConfig {
         dropout: 0.0,
         first_order: false,
         layer_norm: false,
+        batch_norm: false,
         mmoe: None,
     }
 }
@@ -931,4 +932,233 @@ fn mmoe_bad_heads_are_refused() {
             Err(ModelError::BadMmoe { .. })
         ));
     }
+}
+
+/// Sum BCE, in f64, of a training step's logits (task 0's and, for a multi-task model,
+/// every other task's with its weight), plus the ReLU pattern of the bottom and top
+/// MLPs: the loss a batch norm's training forward defines (its statistics are the
+/// batch's).
+fn training_loss(
+    m: &DenseDlrm,
+    ws: &mut elastrec_model::Workspace,
+    x: &[f32],
+    e: &[f32],
+    labels: &[Vec<f32>],
+) -> (f64, Vec<bool>) {
+    let n = labels[0].len();
+    let rest: Vec<f32> = (0..n)
+        .flat_map(|i| labels[1..].iter().map(move |l| l[i]))
+        .collect();
+    m.forward_backward_tasks(x, e, &labels[0], &rest, ws)
+        .unwrap();
+    let bce = |l: f32, t: f32| {
+        let l = l as f64;
+        l.max(0.0) - l * t as f64 + (-l.abs()).exp().ln_1p()
+    };
+    let weight = |t: usize| m.mmoe().map_or(1.0, |h| f64::from(h.weights[t]));
+    let mut loss = 0.0;
+    for (t, y) in labels.iter().enumerate() {
+        loss += weight(t)
+            * ws.task_logits(t)
+                .iter()
+                .zip(y)
+                .map(|(&l, &y)| bce(l, y))
+                .sum::<f64>();
+    }
+    let mut pat = Vec::new();
+    for i in 0..m.bottom().layers.len() {
+        pat.extend(ws.bottom_activation(i).iter().map(|&v| v > 0.0));
+    }
+    for i in 0..m.top().layers.len() - 1 {
+        pat.extend(ws.top_activation(i).iter().map(|&v| v > 0.0));
+    }
+    if let Some(head) = m.mmoe() {
+        for (k, expert) in head.experts.iter().enumerate() {
+            for i in 0..expert.layers.len() {
+                pat.extend(ws.expert_activation(k, i).iter().map(|&v| v > 0.0));
+            }
+        }
+    }
+    (loss, pat)
+}
+
+/// Batch norms on every hidden layer (bottom, top, and an MMoE's experts and towers): in
+/// a training step finite differences agree with the gradient of every weight, `γ` and
+/// `β` and every embedding (each row's gradient runs through its block's statistics, so
+/// through every other row), on both interactions, with cross layers and the first-order
+/// term, and in a two-task MMoE; the running statistics are the model's only
+/// non-trained floats, 2 per unit after `γ`, `β`, starting at mean 0 and variance 1.
+#[test]
+fn batch_norm_gradcheck() {
+    let two_tasks = DlrmConfig {
+        mmoe: Some(MmoeConfig {
+            tasks: 2,
+            experts: 2,
+            expert: vec![5, 4],
+            weights: Vec::new(),
+            task_experts: 1,
+        }),
+        ..small(InteractionKind::Concat)
+    };
+    for config in [
+        small(InteractionKind::Dot),
+        DlrmConfig {
+            first_order: true,
+            cross_layers: 1,
+            ..small(InteractionKind::Concat)
+        },
+        two_tasks,
+    ] {
+        let config = DlrmConfig {
+            batch_norm: true,
+            ..config
+        };
+        let tasks = config.tasks();
+        let width = 3 * config.row_width();
+        let mut m = DenseDlrm::new(config).unwrap();
+        let statistics = m.statistic_ranges();
+        assert!(!statistics.is_empty());
+        let n = 6;
+        let mut g = rng(13);
+        let x = randv(&mut g, n * 5, 1.0);
+        let e = randv(&mut g, n * width, 1.0);
+        let labels: Vec<Vec<f32>> = (0..tasks)
+            .map(|t| (0..n).map(|i| ((i + t) % 2) as f32).collect())
+            .collect();
+        let mut ws = m.workspace(8);
+        training_loss(&m, &mut ws, &x, &e, &labels);
+        let gp: Vec<f32> = ws.grads().iter().map(|v| v * n as f32).collect();
+        let ge: Vec<f32> = ws.d_emb().iter().map(|v| v * n as f32).collect();
+        let trained: Vec<usize> = (0..m.num_params())
+            .filter(|i| !statistics.iter().any(|r| r.contains(i)))
+            .collect();
+        for r in &statistics {
+            let w = r.len() / 2;
+            assert_eq!(&m.params()[r.start..r.start + w], vec![0.0; w]);
+            assert_eq!(&m.params()[r.start + w..r.end], vec![1.0; w]);
+        }
+        let full = m.params().to_vec();
+        let p0: Vec<f32> = trained.iter().map(|&i| full[i]).collect();
+        let g0: Vec<f32> = trained.iter().map(|&i| gp[i]).collect();
+        let mut ws2 = m.workspace(8);
+        check_fd("batch norm params", &p0, &g0, 2e-3, 1e-3, 2e-2, |p| {
+            for (&i, &v) in trained.iter().zip(p) {
+                m.params_mut()[i] = v;
+            }
+            training_loss(&m, &mut ws2, &x, &e, &labels)
+        });
+        m.params_mut().copy_from_slice(&full);
+        check_fd("batch norm emb", &e, &ge, 2e-3, 1e-3, 2e-2, |ee| {
+            training_loss(&m, &mut ws2, &x, ee, &labels)
+        });
+    }
+    let bad = DenseDlrm::new(DlrmConfig {
+        batch_norm: true,
+        layer_norm: true,
+        ..small(InteractionKind::Dot)
+    });
+    assert!(matches!(bad, Err(ModelError::TwoNorms)), "{bad:?}");
+}
+
+/// A batch norm's running statistics follow the training steps: with the weights held
+/// (learning rate 0), steps on one batch of three row blocks move the running mean and
+/// variance of the first bottom layer to the blocks' row-weighted mean and unbiased
+/// variance (`running += 0.1 · (step − running)`), on any thread count alike. Predictions then use the running statistics: a
+/// row scores the same alone as in its batch, while in a training step its logit depends
+/// on the rows beside it.
+#[test]
+fn batch_norm_predicts_with_the_running_statistics_of_its_steps() {
+    use elastrec_model::dlrm::BLOCK_ROWS;
+    use elastrec_model::DenseOptimizerConfig;
+    let mut m = DenseDlrm::new(DlrmConfig {
+        batch_norm: true,
+        ..small(InteractionKind::Dot)
+    })
+    .unwrap();
+    let n = 2 * BLOCK_ROWS + 100;
+    let mut g = rng(23);
+    let x: Vec<f32> = randv(&mut g, n * 5, 1.0)
+        .iter()
+        .map(|v| 2.0 * v + 1.0)
+        .collect();
+    let e = randv(&mut g, n * 12, 1.0);
+    let y: Vec<f32> = (0..n).map(|i| f32::from(i % 3 == 0)).collect();
+    let held = DenseOptimizerConfig::Adam {
+        lr: 0.0,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    };
+    let mut opt = held.build_with_statistics(m.num_params(), m.statistic_ranges());
+    let mut ws = m.workspace(n);
+    let steps = 80;
+    for _ in 0..steps {
+        m.forward_backward(&x, &e, &y, &mut ws).unwrap();
+        opt.step(m.params_mut(), ws.grads());
+    }
+    // The targets: the first bottom layer's pre-activations, block by block.
+    let layer = &m.bottom().layers[0];
+    let (w, b) = layer.weights(m.params());
+    let width = layer.out_dim;
+    let (mut mean, mut var) = (vec![0.0f64; width], vec![0.0f64; width]);
+    for r0 in (0..n).step_by(BLOCK_ROWS) {
+        let rows = (r0 + BLOCK_ROWS).min(n) - r0;
+        for j in 0..width {
+            let z: Vec<f64> = (r0..r0 + rows)
+                .map(|r| {
+                    let dot: f32 = (0..5).map(|i| x[r * 5 + i] * w[j * 5 + i]).sum();
+                    f64::from(dot + b[j])
+                })
+                .collect();
+            let mu = z.iter().sum::<f64>() / rows as f64;
+            let v = z.iter().map(|v| (v - mu).powi(2)).sum::<f64>() / (rows - 1) as f64;
+            mean[j] += mu * rows as f64 / n as f64;
+            var[j] += v * rows as f64 / n as f64;
+        }
+    }
+    let stats = m.statistic_ranges()[0].clone();
+    let left = 0.9f64.powi(steps);
+    for j in 0..width {
+        let (got_mean, got_var) = (
+            m.params()[stats.start + j],
+            m.params()[stats.start + width + j],
+        );
+        let want_mean = mean[j] * (1.0 - left);
+        let want_var = var[j] * (1.0 - left) + left;
+        assert!(
+            (f64::from(got_mean) - want_mean).abs() < 1e-3 * (1.0 + want_mean.abs()),
+            "unit {j}: running mean {got_mean} vs {want_mean}"
+        );
+        assert!(
+            (f64::from(got_var) - want_var).abs() < 1e-3 * (1.0 + want_var),
+            "unit {j}: running variance {got_var} vs {want_var}"
+        );
+    }
+    assert!(
+        var.iter().any(|&v| (v - 1.0).abs() > 0.1),
+        "{var:?}: a test that can fail"
+    );
+    // Bit-identical on one and three threads.
+    let step = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let mut ws = m.workspace(n);
+        pool.install(|| m.forward_backward(&x, &e, &y, &mut ws).unwrap());
+        (ws.grads().to_vec(), ws.logits().to_vec())
+    };
+    let (grads, train_logits) = step(1);
+    assert_eq!(step(3), (grads, train_logits.clone()));
+    // Predictions: row 0 alone scores what it scores in the batch.
+    let all = m.forward(&x, &e, &mut ws).unwrap().to_vec();
+    let mut one = m.workspace(1);
+    let alone = m.forward(&x[..5], &e[..12], &mut one).unwrap()[0];
+    assert!((alone - all[0]).abs() < 1e-5, "{alone} vs {}", all[0]);
+    // In a training step it does not: its block's statistics change with the rows.
+    let mut pair = m.workspace(2);
+    m.forward_backward(&x[..10], &e[..24], &y[..2], &mut pair)
+        .unwrap();
+    assert!((pair.logits()[0] - train_logits[0]).abs() > 1e-4);
 }

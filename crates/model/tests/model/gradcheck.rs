@@ -1,9 +1,13 @@
 use elastrec_model::layers::Dropout;
 use elastrec_model::{
     bce_with_logits, bce_with_logits_loss, Activation, Interaction, InteractionKind, Linear, Mlp,
+    NormKind, NormMode,
 };
 
 use crate::common::{check_fd, randv, rng};
+
+/// A training forward whose rows are the whole batch.
+const TRAIN: NormMode = NormMode::Training { weight: 1.0 };
 
 fn weighted_sum(y: &[f32], r: &[f32]) -> f64 {
     y.iter().zip(r).map(|(&a, &b)| a as f64 * b as f64).sum()
@@ -311,7 +315,7 @@ fn mlp_dropout_gradcheck() {
         row0: 40,
     };
     let mut acts: Vec<Vec<f32>> = sizes[1..].iter().map(|&w| vec![0.0; n * w]).collect();
-    mlp.forward_full(&params, &x, n, &mut acts, &mut [], Some(drop));
+    mlp.forward_full(&params, &x, n, &mut acts, &mut [], Some(drop), TRAIN);
     let dropped = acts[0].iter().filter(|&&v| v == 0.0).count();
     assert!(
         dropped > n * 12 * 3 / 10 / 2,
@@ -335,7 +339,7 @@ fn mlp_dropout_gradcheck() {
     );
     let fwd = |params: &[f32], x: &[f32]| -> (f64, Vec<bool>) {
         let mut acts: Vec<Vec<f32>> = sizes[1..].iter().map(|&w| vec![0.0; n * w]).collect();
-        mlp.forward_full(params, x, n, &mut acts, &mut [], Some(drop));
+        mlp.forward_full(params, x, n, &mut acts, &mut [], Some(drop), TRAIN);
         let pattern = acts[..2].iter().flatten().map(|&v| v > 0.0).collect();
         (weighted_sum(&acts[2], &r), pattern)
     };
@@ -384,7 +388,7 @@ fn mlp_layer_norm_gradcheck() {
         )
     };
     let (mut acts, mut norms) = fresh();
-    mlp.forward_full(&params, &x, n, &mut acts, &mut norms, drop);
+    mlp.forward_full(&params, &x, n, &mut acts, &mut norms, drop, TRAIN);
     for row in norms[0].xhat.chunks(10) {
         let mean: f32 = row.iter().sum::<f32>() / 10.0;
         let var: f32 = row.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / 10.0;
@@ -411,7 +415,7 @@ fn mlp_layer_norm_gradcheck() {
     );
     let fwd = |params: &[f32], x: &[f32]| -> (f64, Vec<bool>) {
         let (mut acts, mut norms) = fresh();
-        mlp.forward_full(params, x, n, &mut acts, &mut norms, drop);
+        mlp.forward_full(params, x, n, &mut acts, &mut norms, drop, TRAIN);
         let pattern = acts[..2].iter().flatten().map(|&v| v > 0.0).collect();
         (weighted_sum(&acts[2], &r), pattern)
     };
@@ -424,4 +428,135 @@ fn mlp_layer_norm_gradcheck() {
     check_fd("mlp norm input", &x, &dx, 1e-3, 2e-3, 2e-2, |xx| {
         fwd(&params, xx)
     });
+}
+
+/// An MLP with batch norms (`Linear → BatchNorm → ReLU`) in a training forward: finite
+/// differences agree with the backward for every weight, `γ`, `β` and the input (the
+/// statistics of the rows are a function of all of them, so each input's gradient runs
+/// through every row); each normalized column has mean 0 and variance 1; at the running
+/// statistics the backward writes `weight · (the rows' statistic − the running value)`,
+/// with the unbiased variance; and an inference forward normalizes with the running
+/// statistics instead.
+#[test]
+fn mlp_batch_norm_gradcheck() {
+    let (n, sizes) = (7, [4, 10, 9, 2]);
+    let base = Mlp::new(&sizes, 0, Activation::Relu, Activation::None);
+    let mlp = base.clone().with_norm(NormKind::Batch, base.num_params());
+    assert_eq!(mlp.norm_params(), 4 * (10 + 9));
+    let mut g = rng(37);
+    let total = base.num_params() + mlp.norm_params();
+    let mut params = randv(&mut g, total, 0.8);
+    // Running variances are positive.
+    for norm in &mlp.norms {
+        let r = norm.statistics();
+        let w = norm.width();
+        for v in &mut params[r.start + w..r.end] {
+            *v = v.abs() + 0.5;
+        }
+    }
+    let x = randv(&mut g, n * sizes[0], 1.0);
+    let r = randv(&mut g, n * 2, 1.0);
+    let weight = 0.25;
+    let mode = NormMode::Training { weight };
+    let fresh = || -> (Vec<Vec<f32>>, Vec<elastrec_model::norm::NormActs>) {
+        (
+            sizes[1..].iter().map(|&w| vec![0.0; n * w]).collect(),
+            mlp.norm_acts(n),
+        )
+    };
+    let (mut acts, mut norms) = fresh();
+    mlp.forward_full(&params, &x, n, &mut acts, &mut norms, None, mode);
+    for j in 0..10 {
+        let col: Vec<f32> = norms[0].xhat.iter().skip(j).step_by(10).copied().collect();
+        let mean: f32 = col.iter().sum::<f32>() / n as f32;
+        let var: f32 = col.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / n as f32;
+        assert!(
+            mean.abs() < 1e-5 && (var - 1.0).abs() < 1e-3,
+            "column {j}: {mean} {var}"
+        );
+    }
+    let (mut grads, mut dy) = (vec![0.0; total], r.clone());
+    let (mut ga, mut gb) = (vec![0.0; n * 10], vec![0.0; n * 10]);
+    let mut dx = vec![0.0; n * sizes[0]];
+    mlp.backward_full(
+        &params,
+        &mut grads,
+        &x,
+        &acts,
+        &norms,
+        &mut dy,
+        &mut ga,
+        &mut gb,
+        Some(&mut dx),
+        n,
+        None,
+    );
+    // The first norm's pre-activations, recomputed: the running statistics' entries.
+    let mut z = vec![0.0; n * 10];
+    let mut plain = base.clone();
+    plain.layers[0].act = Activation::None;
+    plain.layers[0].forward(&params, &x, n, &mut z);
+    let stats = mlp.norms[0].statistics();
+    for j in 0..10 {
+        let col: Vec<f64> = z
+            .iter()
+            .skip(j)
+            .step_by(10)
+            .map(|&v| f64::from(v))
+            .collect();
+        let mean = col.iter().sum::<f64>() / n as f64;
+        let var = col.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+        let want_mean = f64::from(weight) * (mean - f64::from(params[stats.start + j]));
+        let want_var = f64::from(weight) * (var - f64::from(params[stats.start + 10 + j]));
+        assert!((f64::from(grads[stats.start + j]) - want_mean).abs() < 1e-5);
+        assert!((f64::from(grads[stats.start + 10 + j]) - want_var).abs() < 1e-4);
+    }
+    // Finite differences over everything but the running statistics.
+    let statistics: Vec<std::ops::Range<usize>> =
+        mlp.norms.iter().map(|n| n.statistics()).collect();
+    let trained: Vec<usize> = (0..total)
+        .filter(|i| !statistics.iter().any(|r| r.contains(i)))
+        .collect();
+    let fwd = |params: &[f32], x: &[f32]| -> (f64, Vec<bool>) {
+        let (mut acts, mut norms) = fresh();
+        mlp.forward_full(params, x, n, &mut acts, &mut norms, None, mode);
+        let pattern = acts[..2].iter().flatten().map(|&v| v > 0.0).collect();
+        (weighted_sum(&acts[2], &r), pattern)
+    };
+    let p0: Vec<f32> = trained.iter().map(|&i| params[i]).collect();
+    let g0: Vec<f32> = trained.iter().map(|&i| grads[i]).collect();
+    let full = params.clone();
+    check_fd("mlp batch norm params", &p0, &g0, 1e-3, 2e-3, 2e-2, |p| {
+        for (&i, &v) in trained.iter().zip(p) {
+            params[i] = v;
+        }
+        fwd(&params, &x)
+    });
+    params.copy_from_slice(&full);
+    check_fd("mlp batch norm input", &x, &dx, 1e-3, 2e-3, 2e-2, |xx| {
+        fwd(&params, xx)
+    });
+    // Inference: `γ (z − μ_run) / sqrt(σ²_run + ε) + β`, then the ReLU, row by row.
+    let (mut acts, mut norms) = fresh();
+    mlp.forward_full(
+        &params,
+        &x,
+        n,
+        &mut acts,
+        &mut norms,
+        None,
+        NormMode::Inference,
+    );
+    let off = mlp.norms[0].offset();
+    for (i, (&got, &pre)) in acts[0].iter().zip(&z).enumerate() {
+        let j = i % 10;
+        let (gamma, beta) = (params[off + j], params[off + 10 + j]);
+        let (mean, var) = (params[off + 20 + j], params[off + 30 + j]);
+        let want = (gamma * (pre - mean) / (var + 1e-5).sqrt() + beta).max(0.0);
+        assert!(
+            (got - want).abs() < 1e-5,
+            "row {} unit {j}: {got} vs {want}",
+            i / 10
+        );
+    }
 }
