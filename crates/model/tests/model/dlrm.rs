@@ -719,6 +719,28 @@ fn mmoe_small(kind: InteractionKind, cross_layers: usize) -> DlrmConfig {
     }
 }
 
+/// The sum BCE, in f64, of the last forward's logits of every task against `labels`,
+/// weighted by the tasks' weights (1 for a one-task model).
+fn tasks_bce(m: &DenseDlrm, ws: &elastrec_model::Workspace, labels: &[Vec<f32>]) -> f64 {
+    let bce = |l: f32, t: f32| {
+        let l = l as f64;
+        l.max(0.0) - l * t as f64 + (-l.abs()).exp().ln_1p()
+    };
+    let weight = |t: usize| m.mmoe().map_or(1.0, |h| f64::from(h.weights[t]));
+    labels
+        .iter()
+        .enumerate()
+        .map(|(t, y)| {
+            weight(t)
+                * ws.task_logits(t)
+                    .iter()
+                    .zip(y)
+                    .map(|(&l, &y)| bce(l, y))
+                    .sum::<f64>()
+        })
+        .sum()
+}
+
 /// The BCE of every task summed with the tasks' weights, in f64, and the ReLU pattern of
 /// every hidden activation the tasks' logits go through (bottom, experts, towers).
 fn all_tasks_loss(
@@ -729,20 +751,8 @@ fn all_tasks_loss(
     labels: &[Vec<f32>],
 ) -> (f64, Vec<bool>) {
     m.forward(x, e, ws).unwrap();
-    let bce = |l: f32, t: f32| {
-        let l = l as f64;
-        l.max(0.0) - l * t as f64 + (-l.abs()).exp().ln_1p()
-    };
     let head = m.mmoe().unwrap();
-    let mut loss = 0.0;
-    for (t, y) in labels.iter().enumerate() {
-        loss += f64::from(head.weights[t])
-            * ws.task_logits(t)
-                .iter()
-                .zip(y)
-                .map(|(&l, &y)| bce(l, y))
-                .sum::<f64>();
-    }
+    let loss = tasks_bce(m, ws, labels);
     let mut pat = Vec::new();
     for i in 0..m.bottom().layers.len() {
         pat.extend(ws.bottom_activation(i).iter().map(|&v| v > 0.0));
@@ -951,20 +961,7 @@ fn training_loss(
         .collect();
     m.forward_backward_tasks(x, e, &labels[0], &rest, ws)
         .unwrap();
-    let bce = |l: f32, t: f32| {
-        let l = l as f64;
-        l.max(0.0) - l * t as f64 + (-l.abs()).exp().ln_1p()
-    };
-    let weight = |t: usize| m.mmoe().map_or(1.0, |h| f64::from(h.weights[t]));
-    let mut loss = 0.0;
-    for (t, y) in labels.iter().enumerate() {
-        loss += weight(t)
-            * ws.task_logits(t)
-                .iter()
-                .zip(y)
-                .map(|(&l, &y)| bce(l, y))
-                .sum::<f64>();
-    }
+    let loss = tasks_bce(m, ws, labels);
     let mut pat = Vec::new();
     for i in 0..m.bottom().layers.len() {
         pat.extend(ws.bottom_activation(i).iter().map(|&v| v > 0.0));
