@@ -88,7 +88,8 @@ pub enum Norm {
 pub struct NormActs {
     /// `x̂ [rows, width]`.
     pub xhat: Vec<f32>,
-    /// `1 / sqrt(σ² + ε)`: per row (layer norm) or per feature (batch norm).
+    /// `1 / sqrt(σ² + ε)`: per row (layer norm) or per feature (batch norm; in
+    /// inference, the fused scale).
     pub rstd: Vec<f32>,
     /// Batch norm: the rows' mean per feature (in inference, the fused shift).
     pub mean: Vec<f32>,

@@ -154,9 +154,7 @@ impl DenseOptimizerConfig {
             }),
         }
     }
-}
 
-impl DenseOptimizerConfig {
     /// [`DenseOptimizerConfig::build`] for a slice whose offsets `statistics` hold
     /// running statistics ([`crate::DenseDlrm::statistic_ranges`], shifted to the slice):
     /// those follow [`RunningAverages`], the rest this optimizer. Without statistics, the

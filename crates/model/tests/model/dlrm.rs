@@ -401,13 +401,7 @@ fn tower_loss(
             l.max(0.0) - l * t as f64 + (-l.abs()).exp().ln_1p()
         })
         .sum();
-    let mut pat = Vec::new();
-    for i in 0..m.bottom().layers.len() {
-        pat.extend(ws.bottom_activation(i).iter().map(|&v| v > 0.0));
-    }
-    for i in 0..m.top().layers.len() - 1 {
-        pat.extend(ws.top_activation(i).iter().map(|&v| v > 0.0));
-    }
+    let mut pat = relu_pattern(m, ws);
     if tower == Tower::Adapt {
         for i in 0..m.adapt().unwrap().layers.len() - 1 {
             pat.extend(ws.adapt_activation(i).iter().map(|&v| v > 0.0));
@@ -751,26 +745,29 @@ fn all_tasks_loss(
     labels: &[Vec<f32>],
 ) -> (f64, Vec<bool>) {
     m.forward(x, e, ws).unwrap();
-    let head = m.mmoe().unwrap();
-    let loss = tasks_bce(m, ws, labels);
-    let mut pat = Vec::new();
-    for i in 0..m.bottom().layers.len() {
-        pat.extend(ws.bottom_activation(i).iter().map(|&v| v > 0.0));
-    }
-    for (k, expert) in head.experts.iter().enumerate() {
-        for i in 0..expert.layers.len() {
-            pat.extend(ws.expert_activation(k, i).iter().map(|&v| v > 0.0));
+    (tasks_bce(m, ws, labels), relu_pattern(m, ws))
+}
+
+/// The ReLU pattern of every hidden activation of the last forward: the bottom MLP, an
+/// MMoE's experts, the top MLP's hidden layers and the other tasks' towers' (an MTRM's
+/// adapt tower is the caller's).
+fn relu_pattern(m: &DenseDlrm, ws: &elastrec_model::Workspace) -> Vec<bool> {
+    let mut acts: Vec<Vec<f32>> = (0..m.bottom().layers.len())
+        .map(|i| ws.bottom_activation(i))
+        .collect();
+    if let Some(head) = m.mmoe() {
+        for (k, expert) in head.experts.iter().enumerate() {
+            acts.extend((0..expert.layers.len()).map(|i| ws.expert_activation(k, i)));
         }
     }
-    for i in 0..m.top().layers.len() - 1 {
-        pat.extend(ws.top_activation(i).iter().map(|&v| v > 0.0));
-    }
-    for t in 1..head.tasks() {
-        for i in 0..head.towers[t - 1].layers.len() - 1 {
-            pat.extend(ws.task_tower_activation(t, i).iter().map(|&v| v > 0.0));
+    acts.extend((0..m.top().layers.len() - 1).map(|i| ws.top_activation(i)));
+    if let Some(head) = m.mmoe() {
+        for t in 1..head.tasks() {
+            let hidden = head.towers[t - 1].layers.len() - 1;
+            acts.extend((0..hidden).map(|i| ws.task_tower_activation(t, i)));
         }
     }
-    (loss, pat)
+    acts.iter().flatten().map(|&v| v > 0.0).collect()
 }
 
 /// MMoE: the gradient of the weighted sum of the task losses agrees with finite
@@ -945,8 +942,8 @@ fn mmoe_bad_heads_are_refused() {
 }
 
 /// Sum BCE, in f64, of a training step's logits (task 0's and, for a multi-task model,
-/// every other task's with its weight), plus the ReLU pattern of the bottom and top
-/// MLPs: the loss a batch norm's training forward defines (its statistics are the
+/// every other task's with its weight), plus the ReLU pattern of every hidden
+/// activation: the loss a batch norm's training forward defines (its statistics are the
 /// batch's).
 fn training_loss(
     m: &DenseDlrm,
@@ -961,22 +958,7 @@ fn training_loss(
         .collect();
     m.forward_backward_tasks(x, e, &labels[0], &rest, ws)
         .unwrap();
-    let loss = tasks_bce(m, ws, labels);
-    let mut pat = Vec::new();
-    for i in 0..m.bottom().layers.len() {
-        pat.extend(ws.bottom_activation(i).iter().map(|&v| v > 0.0));
-    }
-    for i in 0..m.top().layers.len() - 1 {
-        pat.extend(ws.top_activation(i).iter().map(|&v| v > 0.0));
-    }
-    if let Some(head) = m.mmoe() {
-        for (k, expert) in head.experts.iter().enumerate() {
-            for i in 0..expert.layers.len() {
-                pat.extend(ws.expert_activation(k, i).iter().map(|&v| v > 0.0));
-            }
-        }
-    }
-    (loss, pat)
+    (tasks_bce(m, ws, labels), relu_pattern(m, ws))
 }
 
 /// Batch norms on every hidden layer (bottom, top, and an MMoE's experts and towers): in
