@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use elastrec_stream::{Connection, MessageFormat, Partitioner, ReplaySpec, Trace};
+use elastrec_stream::{MessageFormat, Partitioner, ReplaySpec, Trace};
 use serde::Serialize;
 
 use crate::bench_online::{run_job, BenchPlace, JobRun};
@@ -170,7 +170,7 @@ pub fn run(a: BenchMixtureArgs) -> Result<()> {
         };
         std::fs::write(&job, job_toml(&a, arm, &dir, brokers, &topic, &files)?)?;
         let spec = ReplaySpec {
-            conn: Connection::new(brokers.as_str()),
+            conn: place.connection(),
             topic: topic.clone(),
             files: vec![stream_day.clone()],
             repeat: false,

@@ -2,9 +2,9 @@
 //! scaling policy (KALE, the reactive HPA-like rule, a fixed count), one after another on
 //! this machine, and their KALE Table 3 figures side by side.
 //!
-//! The broker is librdkafka's mock cluster in this process (a real Kafka protocol server
-//! on a loopback port); each policy gets its own topic, so every run reads exactly the
-//! traffic it was sent. Workers are slowed by the `ELASTREC_FAIL_SLOW_WORKER` fail point
+//! The broker is a local Tansu (a Kafka-protocol broker, `elastrec_stream::tansu`) on a
+//! loopback port; each policy gets its own topic, so every run reads exactly the traffic
+//! it was sent. Workers are slowed by the `ELASTREC_FAIL_SLOW_WORKER` fail point
 //! (`--slow-ms` per batch) so that the worker count, not this machine's cores, sets the
 //! capacity: on a 2-core machine four real workers cannot train four times faster.
 
@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use elastrec_common::quiet::LoadProbe;
 use elastrec_stream::{replay, Connection, MessageFormat, Partitioner, ReplaySpec, Trace};
-use rdkafka::mocking::MockCluster;
 use serde::Serialize;
 
 /// A day of traffic compressed into two minutes: night, morning ramp, a midday peak that
@@ -132,7 +131,7 @@ pub fn run(a: BenchOnlineArgs) -> Result<()> {
         .map(|p| Policy::parse(p))
         .collect::<Result<Vec<_>>>()?;
     let place = BenchPlace::new(&a.out)?;
-    let (out, brokers, exe) = (&place.out, &place.brokers, &place.exe);
+    let (out, exe, conn) = (&place.out, &place.exe, place.connection());
     let mut results = Vec::new();
     for (i, policy) in policies.iter().enumerate() {
         let topic = place.topic(&format!("bench-{i}"), a.partitions)?;
@@ -143,7 +142,7 @@ pub fn run(a: BenchOnlineArgs) -> Result<()> {
             policies.len(),
             trace.duration_s()
         );
-        let r = run_policy(&a, exe, out, brokers, &topic, policy, &files, &trace)?;
+        let r = run_policy(&a, exe, out, &conn, &topic, policy, &files, &trace)?;
         results.push(r);
     }
     if a.json {
@@ -255,7 +254,7 @@ fn run_policy(
     a: &BenchOnlineArgs,
     exe: &Path,
     out: &Path,
-    brokers: &str,
+    conn: &Connection,
     topic: &str,
     policy: &Policy,
     files: &[PathBuf],
@@ -264,9 +263,9 @@ fn run_policy(
     let safe = policy.name.replace([':', '/'], "-");
     let dir = out.join(&safe);
     let job = out.join(format!("{safe}.toml"));
-    std::fs::write(&job, job_toml(a, &dir, brokers, topic, policy))?;
+    std::fs::write(&job, job_toml(a, &dir, &conn.brokers, topic, policy))?;
     let spec = ReplaySpec {
-        conn: Connection::new(brokers),
+        conn: conn.clone(),
         topic: topic.to_string(),
         files: files.to_vec(),
         repeat: true,
@@ -316,11 +315,11 @@ fn run_policy(
     })
 }
 
-/// Where a benchmark's jobs run: its output directory (absolute), a mock Kafka broker in
-/// this process, and the `elastrec` binary the jobs start.
+/// Where a benchmark's jobs run: its output directory (absolute), a local Kafka broker,
+/// and the `elastrec` binary the jobs start.
 pub(crate) struct BenchPlace {
     pub out: PathBuf,
-    cluster: MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    broker: elastrec_stream::tansu::Tansu,
     pub brokers: String,
     pub exe: PathBuf,
 }
@@ -328,20 +327,33 @@ pub(crate) struct BenchPlace {
 impl BenchPlace {
     pub fn new(out: &Path) -> Result<Self> {
         std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-        let cluster = MockCluster::new(1).context("starting the mock Kafka broker")?;
+        let out = std::fs::canonicalize(out)?;
+        let binary = elastrec_stream::tansu::binary().context(
+            "no Kafka broker to benchmark against: install Tansu (`bash scripts/test.sh` does, \
+             or `cargo install tansu --version 0.6.0 --features dynostore`) or set ELASTREC_TANSU",
+        )?;
+        let broker = elastrec_stream::tansu::Tansu::start(
+            &binary,
+            &out.join("broker.log"),
+            &Default::default(),
+        )?;
         Ok(Self {
-            out: std::fs::canonicalize(out)?,
-            brokers: cluster.bootstrap_servers(),
-            cluster,
+            out,
+            brokers: broker.address(),
+            broker,
             exe: std::env::current_exe()?,
         })
+    }
+
+    /// A connection for the replays that feed the jobs.
+    pub fn connection(&self) -> Connection {
+        self.broker.connection()
     }
 
     /// Creates topic `name` with `partitions` partitions (one per run, so that every run
     /// reads exactly the traffic it was sent); returns its name.
     pub fn topic(&self, name: &str, partitions: i32) -> Result<String> {
-        self.cluster
-            .create_topic(name, partitions, 1)
+        elastrec_stream::create_topic(&self.broker.connection(), name, partitions)
             .with_context(|| format!("creating topic {name}"))?;
         Ok(name.to_string())
     }

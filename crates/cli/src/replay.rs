@@ -50,8 +50,8 @@ pub struct ReplayArgs {
     /// Seed of the skew's coin.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Extra librdkafka producer property, `KEY=VALUE` (repeatable), e.g.
-    /// `--property security.protocol=SSL`.
+    /// Kafka client property, `KEY=VALUE` (repeatable), the names `[stream] properties`
+    /// takes, e.g. `--property security.protocol=ssl --property compression.type=zstd`.
     #[arg(long = "property", value_name = "KEY=VALUE")]
     properties: Vec<String>,
     /// Print the result as JSON.

@@ -583,11 +583,10 @@ fn a_ps_gets_one_core_more_in_place_without_a_restart() {
     let text = run.wait_success(&log);
     let cgroups = events(&dir, "cgroups");
     if cgroups.iter().any(|e| e["enforced"] == false) {
-        assert!(
-            std::env::var_os("ELASTREC_REQUIRE_CGROUPS").is_none(),
-            "ELASTREC_REQUIRE_CGROUPS is set, but the master found no control groups:\n{text}"
+        elastrec_common::skip_test(
+            "CGROUPS",
+            &format!("the master found no control groups on this host:\n{text}"),
         );
-        eprintln!("skipped: no control groups on this host");
         return;
     }
     assert!(

@@ -500,3 +500,51 @@ fn bench_reports_a_ratio_only_from_rounds_nothing_else_disturbed() {
     }
     assert!(r["ratio_full_vs_pytorch"].is_null(), "{r}");
 }
+
+/// The container image's runtime stage is `debian:bookworm-slim` with the binary copied
+/// in (`Dockerfile`): the binary must start there, so it may link only the C runtime that
+/// every Debian has (no libssl, libcurl, libsasl, libzstd or libstdc++ of a build
+/// machine), and it must run with an empty environment.
+#[test]
+fn the_binary_runs_in_the_container_images_slim_runtime() {
+    let exe = env!("CARGO_BIN_EXE_elastrec");
+    let ldd = std::process::Command::new("ldd").arg(exe).output().unwrap();
+    let linked = String::from_utf8_lossy(&ldd.stdout);
+    let base = [
+        "linux-vdso",
+        "libc.so",
+        "libm.so",
+        "libgcc_s.so",
+        "libpthread.so",
+        "libdl.so",
+        "librt.so",
+        "ld-linux",
+    ];
+    for line in linked.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        assert!(
+            base.iter().any(|b| line.contains(b)),
+            "the binary links a library the slim image lacks: {line}\n{linked}"
+        );
+    }
+    let out = std::process::Command::new(exe)
+        .arg("--version")
+        .env_clear()
+        .current_dir("/")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("elastrec "));
+
+    let dockerfile =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../Dockerfile")).unwrap();
+    let runtime = dockerfile
+        .split("FROM debian:bookworm-slim AS runtime")
+        .nth(1)
+        .expect("a runtime stage on debian:bookworm-slim");
+    assert!(runtime.contains("COPY --from=build /elastrec /usr/local/bin/elastrec"));
+    assert!(runtime.contains("USER 10001"), "runs as a non-root user");
+}

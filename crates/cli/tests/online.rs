@@ -1,5 +1,5 @@
-//! Online jobs end to end: `elastrec replay` feeds a Kafka topic (librdkafka's mock broker,
-//! a real Kafka protocol server on loopback), `elastrec run` trains from it until
+//! Online jobs end to end: `elastrec replay` feeds a Kafka topic (a Tansu broker, a real
+//! Kafka-protocol server on loopback, one per test), `elastrec run` trains from it until
 //! `elastrec stop`, and the ledger of offsets proves every message trained exactly once.
 
 mod common;
@@ -8,11 +8,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use rdkafka::mocking::MockCluster;
-use rdkafka::producer::DefaultProducerContext;
+use elastrec_stream::tansu::Tansu;
 
 /// Replays `files` into `topic` as fast as the broker takes them; `producer` adds
-/// librdkafka producer properties (`KEY=VALUE`).
+/// Kafka client properties (`KEY=VALUE`).
 fn replay(brokers: &str, topic: &str, files: &[PathBuf], producer: &[&str]) -> serde_json::Value {
     let mut args = vec![
         "replay".to_string(),
@@ -26,6 +25,9 @@ fn replay(brokers: &str, topic: &str, files: &[PathBuf], producer: &[&str]) -> s
         "--data".into(),
     ];
     args.extend(files.iter().map(|f| f.to_string_lossy().into_owned()));
+    // Tansu 0.6's memory engine moves a partition's high watermark by one per produce
+    // request, whatever its record count: one message per request keeps them equal.
+    args.extend(["--property".to_string(), "batch.num.messages=1".into()]);
     for p in producer {
         args.extend(["--property".to_string(), p.to_string()]);
     }
@@ -53,12 +55,46 @@ fn online_job(name: &str, brokers: &str) -> (PathBuf, PathBuf) {
 
 /// An online job; `cluster` and `stream` are extra lines of those sections (a `ps = N`
 /// line in `cluster` replaces the default of 1 PS).
-/// A mock broker holding the tests' topic `clicks` (3 partitions), and its address.
-fn mock_clicks() -> (MockCluster<'static, DefaultProducerContext>, String) {
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic("clicks", 3, 1).unwrap();
-    let brokers = cluster.bootstrap_servers();
-    (cluster, brokers)
+/// A broker of the test's own (its log under `name`), or `None` where Tansu is not
+/// installed (the test skips, counted by the test command).
+fn broker(name: &str) -> Option<Tansu> {
+    let Some(bin) = elastrec_stream::tansu::binary() else {
+        elastrec_common::skip_test(
+            "TANSU",
+            "no Kafka broker: `bash scripts/test.sh` installs Tansu, or set ELASTREC_TANSU",
+        );
+        return None;
+    };
+    let log = fixture().dir.join(format!("{name}-broker.log"));
+    Some(Tansu::start(&bin, &log, &Default::default()).unwrap())
+}
+
+/// A broker holding topic `clicks` of `partitions` partitions, and its address.
+fn broker_with_clicks(name: &str, partitions: i32) -> Option<(Tansu, String)> {
+    let b = broker(name)?;
+    let brokers = b.address();
+    elastrec_stream::create_topic(
+        &elastrec_stream::Connection::new(brokers.as_str()),
+        "clicks",
+        partitions,
+    )
+    .unwrap();
+    Some((b, brokers))
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`) to the broker's process.
+fn signal(broker: &Tansu, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &broker.pid().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {}", broker.pid());
+}
+
+/// The tests' usual broker: topic `clicks` of 3 partitions.
+fn clicks(name: &str) -> Option<(Tansu, String)> {
+    broker_with_clicks(name, 3)
 }
 
 fn online_job_with(
@@ -192,105 +228,19 @@ fn assert_progressive(r: &serde_json::Value, total: u64) {
 #[test]
 fn kafka_an_online_job_trains_every_message_exactly_once_across_a_worker_kill() {
     let _g = serial();
-    let (_cluster, brokers) = mock_clicks();
-    exactly_once_across_a_worker_kill("online-kill", &brokers, &[], "");
-}
-
-/// A Tansu broker (a Kafka-compatible server, `../shared/INFRA.md`) on a loopback port,
-/// stopped when dropped.
-struct Tansu {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl Drop for Tansu {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The Tansu binary: `ELASTREC_TANSU`, or where `.ci/run` installs it. Without it the
-/// test is skipped, unless `ELASTREC_REQUIRE_TANSU=1` (CI) makes that a failure.
-fn tansu_binary() -> Option<PathBuf> {
-    let path = std::env::var_os("ELASTREC_TANSU")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .map(|h| PathBuf::from(h).join(".cache/elastrec-tools/tansu/bin/tansu"))
-        })
-        .filter(|p| p.is_file());
-    if path.is_none() {
-        assert!(
-            std::env::var("ELASTREC_REQUIRE_TANSU").as_deref() != Ok("1"),
-            "ELASTREC_REQUIRE_TANSU=1 but no tansu binary (set ELASTREC_TANSU, or run .ci/run)"
-        );
-        eprintln!("skipped: no tansu binary (see ../shared/INFRA.md)");
-    }
-    path
-}
-
-fn start_tansu(bin: &Path, log: &Path) -> Tansu {
-    let port = free_port();
-    let url = format!("tcp://127.0.0.1:{port}");
-    let f = std::fs::File::create(log).unwrap();
-    let child = std::process::Command::new(bin)
-        .args([
-            "broker",
-            "--listener-url",
-            &url,
-            "--advertised-listener-url",
-            &url,
-        ])
-        .args(["--storage-engine", "memory://tansu/"])
-        .stdout(f.try_clone().unwrap())
-        .stderr(f)
-        .spawn()
-        .expect("start tansu");
-    let t = Tansu { child, port };
-    // Ready once it accepts connections (a probe, not a timed wait).
-    wait_for(Duration::from_secs(60), || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
-    t
-}
-
-#[test]
-fn kafka_against_a_real_broker_every_message_trains_exactly_once() {
-    let Some(bin) = tansu_binary() else {
+    let Some((_broker, brokers)) = clicks("an_online_job_trains_every_message_exact") else {
         return;
     };
-    let _g = serial();
-    let f = fixture();
-    let broker = start_tansu(&bin, &f.dir.join("tansu.log"));
-    let out = std::process::Command::new(&bin)
-        .args(["topic", "create", "clicks", "--partitions", "3", "--broker"])
-        .arg(format!("tcp://127.0.0.1:{}", broker.port))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // Tansu 0.6's memory engine gives a multi-record batch fewer offsets than records
-    // (10,000 messages in ~670 batches left a high watermark of 9,331): one record per
-    // produce request keeps every message.
-    exactly_once_across_a_worker_kill(
-        "online-tansu",
-        &format!("127.0.0.1:{}", broker.port),
-        &["batch.num.messages=1"],
-        // Workers' 10 ms empty fetches (the default, see the stream reader) slow Tansu's
-        // produce path about fivefold: the second replay's flush gave up after a minute.
-        r#"properties = { "fetch.wait.max.ms" = "100" }"#,
-    );
+    exactly_once_across_a_worker_kill("online-kill", &brokers, &[], "");
 }
 
 #[test]
 fn kafka_a_job_naming_a_missing_topic_says_so_before_starting() {
     let _g = serial();
-    let cluster = MockCluster::new(1).unwrap();
-    let brokers = cluster.bootstrap_servers();
+    let Some(broker) = broker("no-topic") else {
+        return;
+    };
+    let brokers = broker.address();
     let (job, dir) = online_job("online-no-topic", &brokers);
     let out = elastrec(&["run", job.to_str().unwrap()]);
     assert!(!out.status.success());
@@ -303,13 +253,12 @@ fn kafka_a_job_naming_a_missing_topic_says_so_before_starting() {
 fn kafka_kale_adds_workers_for_a_traffic_peak_and_removes_them_after() {
     let _g = serial();
     let f = fixture();
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic("clicks", 4, 1).unwrap();
-    let brokers = cluster.bootstrap_servers();
+    let Some((_broker, brokers)) = broker_with_clicks("kale", 4) else {
+        return;
+    };
     // Workers made slow (100 ms more per batch of 128: at most ~1,280 samples/s each), so
     // that workers, not this machine's two cores, set the capacity, and the 3,000/s peak
-    // needs three of them. The backlog stays well inside what the mock broker keeps (5 MB
-    // per partition; a range it deleted would fail the job, see the stream crate's tests).
+    // needs three of them.
     let (job, dir) = online_job_with(
         "online-kale",
         &brokers,
@@ -345,6 +294,9 @@ fn kafka_kale_adds_workers_for_a_traffic_peak_and_removes_them_after() {
         "--qps-trace",
         trace.to_str().unwrap(),
         "--json",
+        // One message per request: see `replay`.
+        "--property",
+        "batch.num.messages=1",
     ]);
     let sent: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let total = sent["samples"].as_u64().unwrap();
@@ -428,7 +380,9 @@ fn day_one_then_stop(
 #[test]
 fn kafka_a_ps_killed_mid_stream_is_recovered_and_every_message_trains_once() {
     let _g = serial();
-    let (_cluster, brokers) = mock_clicks();
+    let Some((_broker, brokers)) = clicks("a_ps_killed_mid_stream_is_recovered_and_") else {
+        return;
+    };
     let cluster_lines = "ps = 2\n[checkpoint]\ninterval_s = 3600.0\nrecovery = \"partial\"";
     let (dir, g, log, first_n) = held_online_job("online-ps-kill", &brokers, "", cluster_lines);
     take_checkpoint(&dir);
@@ -460,15 +414,19 @@ fn kafka_a_ps_killed_mid_stream_is_recovered_and_every_message_trains_once() {
 #[test]
 fn kafka_a_broker_outage_is_waited_out_and_nothing_is_lost() {
     let _g = serial();
-    let (cluster, brokers) = mock_clicks();
+    let Some((broker, brokers)) = clicks("a_broker_outage_is_waited_out_and_nothin") else {
+        return;
+    };
     let (dir, g, log, first_n) = held_online_job("online-outage", &brokers, "", "");
-    cluster.broker_down(1).unwrap();
+    // An outage as a hung host shows it: the broker stops answering (SIGSTOP), its
+    // connections stay open, and every call waits for its deadline.
+    signal(&broker, "-STOP");
     // The broker stays down until the master has noticed.
     wait_for(Duration::from_secs(120), || {
         !events(&dir, "brokers_unreachable").is_empty()
     });
     unpause(&dir);
-    cluster.broker_up(1).unwrap();
+    signal(&broker, "-CONT");
     wait_for(Duration::from_secs(120), || {
         !events(&dir, "brokers_back").is_empty()
     });
@@ -481,7 +439,9 @@ fn kafka_a_broker_outage_is_waited_out_and_nothing_is_lost() {
 #[test]
 fn kafka_an_online_job_exports_its_newest_checkpoint_for_serving() {
     let _g = serial();
-    let (_cluster, brokers) = mock_clicks();
+    let Some((_broker, brokers)) = clicks("an_online_job_exports_its_newest_checkpo") else {
+        return;
+    };
     let output = "export_every_s = 0.001\nexport_keep = 2";
     let cluster_lines = "ps = 2\n[checkpoint]\ninterval_s = 3600.0";
     let (dir, g, log, first_n) = held_online_job("online-export", &brokers, output, cluster_lines);
@@ -535,7 +495,9 @@ fn kafka_a_multi_task_online_job_trains_and_judges_every_task() {
     let f = fixture();
     let data = f.dir.join("mmoe-stream-data");
     let report = gen_conversions(&data, 30_000);
-    let (_cluster, brokers) = mock_clicks();
+    let Some((_broker, brokers)) = clicks("a_multi_task_online_job_trains_and_judge") else {
+        return;
+    };
     let days: Vec<PathBuf> = (0..2).map(|d| data.join(format!("day_{d}.tsv"))).collect();
     let total = replay(&brokers, "clicks", &days, &[])["samples"]
         .as_u64()
@@ -606,7 +568,9 @@ fn stop_mixture(dir: &Path, g: &mut Group, log: &Path, total: u64) -> serde_json
 #[test]
 fn kafka_a_mixture_job_trains_its_history_and_its_stream_exactly_once() {
     let _g = serial();
-    let (_cluster, brokers) = mock_clicks();
+    let Some((_broker, brokers)) = clicks("a_mixture_job_trains_its_history_and_its") else {
+        return;
+    };
     let f = fixture();
     let history = ROWS / 3;
     let first = replay_day(&brokers, 1);
@@ -659,7 +623,9 @@ fn kafka_a_mixture_job_trains_its_history_and_its_stream_exactly_once() {
 #[test]
 fn kafka_a_sequential_mixture_trains_the_history_first_and_resumes_after_a_master_kill() {
     let _g = serial();
-    let (_cluster, brokers) = mock_clicks();
+    let Some((_broker, brokers)) = clicks("a_sequential_mixture_trains_the_history_") else {
+        return;
+    };
     let f = fixture();
     let history = ROWS / 3;
     let stream = replay_day(&brokers, 1);
@@ -702,7 +668,9 @@ fn kafka_a_sequential_mixture_trains_the_history_first_and_resumes_after_a_maste
 #[test]
 fn kafka_a_mixture_job_restores_both_sources_from_its_checkpoint_after_a_ps_dies() {
     let _g = serial();
-    let (_cluster, brokers) = mock_clicks();
+    let Some((_broker, brokers)) = clicks("a_mixture_job_restores_both_sources_from") else {
+        return;
+    };
     let f = fixture();
     let history = ROWS / 3;
     let stream = replay_day(&brokers, 1);
@@ -737,7 +705,9 @@ fn kafka_a_mixture_job_restores_both_sources_from_its_checkpoint_after_a_ps_dies
 #[test]
 fn kafka_an_online_job_pushes_its_exports_to_a_running_server_as_deltas() {
     let _g = serial();
-    let (_cluster, brokers) = mock_clicks();
+    let Some((_broker, brokers)) = clicks("an_online_job_pushes_its_exports_to_a_ru") else {
+        return;
+    };
     let f = fixture();
     let token = "pushtoken7";
     let server = start_server(&[], Some(token), &f.dir.join("serve-push.log"));

@@ -19,9 +19,11 @@ pub mod auc;
 pub mod eval;
 pub mod logloss;
 pub mod quiet;
+pub mod skip;
 pub mod splitmix;
 
 pub use auc::exact_auc;
 pub use eval::EvalResult;
 pub use logloss::{logloss_term, LOGLOSS_EPS};
+pub use skip::skip_test;
 pub use splitmix::{mix64, splitmix64, SplitMix64};

@@ -15,9 +15,10 @@ pub struct StreamConfig {
     pub brokers: String,
     /// Topics to train from; every partition of each is read.
     pub topics: Vec<String>,
-    /// Consumer group the job's progress is committed under, for Kafka's own monitoring
-    /// tools (the checkpoint, not Kafka, decides where a resumed job reads). Empty: `elastrec-`
-    /// and the job's name.
+    /// The name the job's Kafka clients give the brokers (`client.id` in broker logs and
+    /// quotas). Progress is not committed to a consumer group: the checkpoint decides where
+    /// a resumed job reads, and each partition's lag is on the master's `/metrics`. Empty:
+    /// `elastrec-` and the job's name.
     pub group: String,
     /// Where a new job starts reading: `"earliest"` (the oldest message kept),
     /// `"latest"` (only what arrives after the start), or an RFC 3339 time
@@ -32,7 +33,10 @@ pub struct StreamConfig {
     /// New messages that do not fill a whole shard are dealt once the oldest of them has
     /// waited this long, ms (freshness against task overhead).
     pub linger_ms: u64,
-    /// Extra librdkafka client properties (security, timeouts), as they are.
+    /// Kafka client properties under their usual names: `security.protocol`, `ssl.*`
+    /// (CA, client certificate and key files), `sasl.*` (mechanism, user, password or the
+    /// environment variable holding it), `compression.type`, `fetch.wait.max.ms`,
+    /// `request.timeout.ms`, `client.id` (`docs/online.md`). Any other is refused.
     pub properties: BTreeMap<String, String>,
     /// The lag (age of the oldest untrained message) above which the service-level
     /// objective is violated, seconds.
@@ -180,6 +184,9 @@ impl StreamConfig {
             ));
         }
         self.start_at().map_err(|e| ("stream.start", e))?;
+        self.connection()
+            .check()
+            .map_err(|e| ("stream.properties", e.to_string()))?;
         if self.poll_ms == 0 || self.poll_ms > 60_000 {
             return Err(("stream.poll_ms", "must be in 1..=60000".into()));
         }

@@ -15,8 +15,6 @@ use crate::stream_stats::StreamStats;
 
 /// How long one metadata or offset query may take.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often the trained offsets are committed to the consumer group (monitoring only).
-const COMMIT_EVERY: Duration = Duration::from_secs(5);
 /// An unreachable broker is reported again after this long.
 const REPORT_EVERY: Duration = Duration::from_secs(30);
 
@@ -69,7 +67,6 @@ pub async fn run(
     let linger = Duration::from_millis(cfg.linger_ms);
     let mut tick = tokio::time::interval(Duration::from_millis(cfg.poll_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_commit = Instant::now();
     let eval_every = Duration::from_secs_f64(cfg.eval_every_s);
     let mut last_eval = Instant::now();
     let mut last_report: Option<Instant> = None;
@@ -168,13 +165,6 @@ pub async fn run(
         if last_eval.elapsed() >= eval_every {
             last_eval = Instant::now();
             crate::progressive::record(&core, started.elapsed().as_secs_f64());
-        }
-        if last_commit.elapsed() >= COMMIT_EVERY {
-            last_commit = Instant::now();
-            let committed = core.job.lock().tasks().partitions_committed();
-            let (w, p) = (watch.clone(), parts.clone());
-            // Monitoring only: a failed commit is retried at the next period.
-            let _ = tokio::task::spawn_blocking(move || w.commit(&p, &committed)).await;
         }
     }
 }

@@ -117,13 +117,13 @@ pub fn role_token(secret: &str, role: Caller) -> String {
     if role == Caller::Admin {
         return secret.to_string();
     }
-    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes());
-    let tag = ring::hmac::sign(&key, format!("elastrec/{}", role.name()).as_bytes());
+    let key = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, secret.as_bytes());
+    let tag = aws_lc_rs::hmac::sign(&key, format!("elastrec/{}", role.name()).as_bytes());
     hex(tag.as_ref())
 }
 
 fn digest(token: &[u8]) -> [u8; 32] {
-    let d = ring::digest::digest(&ring::digest::SHA256, token);
+    let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, token);
     let mut out = [0u8; 32];
     out.copy_from_slice(d.as_ref());
     out

@@ -279,6 +279,7 @@ impl TlsMaterial {
     /// Client side: check the server against the CA and the name, present the job's
     /// certificate.
     pub fn client(&self) -> ClientTlsConfig {
+        install_crypto_provider();
         ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(&self.ca))
             .identity(Identity::from_pem(&self.cert, &self.key))
@@ -288,6 +289,7 @@ impl TlsMaterial {
     /// Server side: present the job's certificate, require a client certificate the CA
     /// signed.
     pub fn server(&self) -> ServerTlsConfig {
+        install_crypto_provider();
         ServerTlsConfig::new()
             .identity(Identity::from_pem(&self.cert, &self.key))
             .client_ca_root(Certificate::from_pem(&self.ca))
@@ -295,6 +297,14 @@ impl TlsMaterial {
 }
 
 static INSTALLED: OnceLock<TlsMaterial> = OnceLock::new();
+
+/// Makes aws-lc-rs this process's rustls crypto provider. The build compiles two providers
+/// (the Kafka client's rustls feature brings ring's), and with two rustls will not choose:
+/// a configuration built from the process default (tonic's server side) would panic.
+/// Idempotent; a provider installed before stays.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+}
 
 /// Makes every channel and server of this process use `material` (once per process; a
 /// second, different set is an error).

@@ -2,11 +2,12 @@
 //!
 //! The master deals stream data as offset ranges, exactly as it deals file rows: a task
 //! names `kafka:topic/partition` and offsets `[start, end)` that the brokers already hold.
-//! The worker reads them with a consumer it assigns by hand (no group rebalancing: the
+//! The worker fetches them from the partition's leader by offset (no consumer group: the
 //! master decides who reads what). Progress is reported in offsets: [`RangeReader`]'s
 //! position is the first message not wholly delivered, so a message of many samples is
 //! reported only once all of them trained.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,71 +16,49 @@ use elastrec_data::{
     BadRowPolicy, Batch, BatchReader, DataError, RawColumns, RawRow, ReadStats, RowSink,
 };
 use parking_lot::Mutex;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
-use rdkafka::{Offset, TopicPartitionList};
+use rskafka::client::partition::PartitionClient;
+use rskafka::record::RecordAndOffset;
 
+use crate::client::{block_on, Kafka};
 use crate::error::{Result, StreamError};
 use crate::message::{decode, MessageFormat};
-use crate::topic::{is_transient, Connection, PartitionId};
+use crate::topic::{Connection, PartitionId};
 
-/// How long one poll waits before the reader checks how long it has been waiting.
-const POLL: Duration = Duration::from_millis(100);
 /// A reader waiting this long for a message the broker had reports it (then every
 /// further such period).
 const WAIT_WARN: Duration = Duration::from_secs(10);
+/// Most bytes one fetch asks for (a broker returns at least one whole batch even if it is
+/// larger).
+const FETCH_MAX_BYTES: i32 = 4 << 20;
+/// Pause between fetches that failed for a reason a retry may cure.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
-/// How long a broker holds a fetch that found no new data. Every range re-assigns the
-/// partition, and librdkafka keeps one fetch in flight per broker connection, so a range's
-/// first fetch queues behind the previous fetch (often a prefetch past the partition's
-/// newest message, held this long). Measured on the mock broker, 32 ranges of 256
-/// messages: 7.07 s at librdkafka's default 500 ms, 1.15 s at 100 ms, 0.13 s at 10 ms.
-/// Online ranges are small (a linger's worth of one partition), so even 100 ms made a
-/// worker spend most of its time waiting. The price is more empty fetches: Tansu 0.6's
-/// memory engine slows its produce path under them (its test sets 100 ms). A user's
-/// `properties` may set it otherwise.
-const FETCH_WAIT: &str = "fetch.wait.max.ms";
-const FETCH_WAIT_MS: &str = "10";
+/// Messages fetched past the end of a range, kept for the range that continues it.
+type Prefetched = (PartitionId, u64, VecDeque<RecordAndOffset>);
 
-/// A worker's consumer, shared by the ranges it reads one after another.
+/// A worker's stream input, shared by the ranges it reads one after another.
 ///
-/// A range that continues where the previous one ended, on the same partition, reuses the
-/// consumer's assignment: its messages may already be prefetched, and a new assignment
-/// would drop them and queue its first fetch behind the one in flight (see
-/// [`FETCH_WAIT`]).
+/// A range that continues where the previous one ended, on the same partition, starts
+/// with the messages the previous range's last fetch brought past its end: a fetch returns
+/// whole batches, and dropping them would fetch them again.
 #[derive(Clone)]
 pub struct StreamInput {
-    consumer: Arc<BaseConsumer>,
+    kafka: Arc<Kafka>,
     format: MessageFormat,
     /// Labels a sample must carry: the job's model's tasks.
     tasks: usize,
-    /// Where the consumer stands after a range that ended cleanly: its partition and the
-    /// next offset it delivers. `None` while a range reads, and after one that stopped
-    /// early or read past its end.
-    positioned: Arc<Mutex<Option<(PartitionId, u64)>>>,
-    /// Assignments made so far (ranges that could not continue the previous one).
+    /// What the last range that ended cleanly fetched past its end. `None` while a range
+    /// reads, and after one that stopped early.
+    positioned: Arc<Mutex<Option<Prefetched>>>,
+    /// Ranges that could not continue the previous one (they start with a fresh fetch).
     assignments: Arc<AtomicU64>,
 }
 
 impl StreamInput {
-    /// A consumer for `conn` in consumer group `group` (offsets are never committed by
-    /// workers; the group only names the client in broker logs).
-    pub fn new(conn: &Connection, group: &str, format: MessageFormat) -> Result<Self> {
-        let mut config = conn.client_config();
-        if !conn.properties.contains_key(FETCH_WAIT) {
-            config.set(FETCH_WAIT, FETCH_WAIT_MS);
-        }
-        let consumer: BaseConsumer = config
-            .set("group.id", group)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            // Never jump to another offset on its own: the range says where to read, and a
-            // range whose data expired must fail loudly, not silently skip.
-            .set("auto.offset.reset", "error")
-            .create()
-            .map_err(|e| StreamError::client(conn, e))?;
+    /// An input for `conn`; `client_id` names it in the brokers' logs.
+    pub fn new(conn: &Connection, client_id: &str, format: MessageFormat) -> Result<Self> {
         Ok(Self {
-            consumer: Arc::new(consumer),
+            kafka: Kafka::new(conn, client_id)?,
             format,
             tasks: 1,
             positioned: Arc::new(Mutex::new(None)),
@@ -94,7 +73,7 @@ impl StreamInput {
         self
     }
 
-    /// How many ranges needed a new assignment of the consumer.
+    /// How many ranges could not continue the previous one.
     pub fn assignments(&self) -> u64 {
         self.assignments.load(Ordering::Relaxed)
     }
@@ -107,24 +86,28 @@ impl StreamInput {
         end: u64,
         policy: BadRowPolicy,
     ) -> Result<RangeReader> {
-        let stands = self.positioned.lock().take();
-        if stands.as_ref() != Some(&(partition.clone(), start)) {
-            let mut tpl = TopicPartitionList::new();
-            tpl.add_partition_offset(
-                &partition.topic,
-                partition.partition,
-                Offset::Offset(start as i64),
-            )
-            .and_then(|()| self.consumer.assign(&tpl))
-            .map_err(|e| StreamError::Broker {
-                brokers: String::new(),
-                message: format!("assigning {partition}@{start}: {e}"),
+        let buffered = match self.positioned.lock().take() {
+            Some((p, at, buf)) if p == *partition && at == start => buf,
+            _ => {
+                self.assignments.fetch_add(1, Ordering::Relaxed);
+                VecDeque::new()
+            }
+        };
+        let kafka = self.kafka.clone();
+        let (topic, number) = (partition.topic.clone(), partition.partition);
+        let client =
+            block_on(async move { kafka.partition(&topic, number).await }).map_err(|e| {
+                StreamError::Broker {
+                    brokers: self.kafka.brokers(),
+                    message: format!("reading {partition}@{start}: {e}"),
+                    transient: e.is_transient(),
+                }
             })?;
-            self.assignments.fetch_add(1, Ordering::Relaxed);
-        }
         Ok(RangeReader {
             positioned: self.positioned.clone(),
-            consumer: self.consumer.clone(),
+            kafka: self.kafka.clone(),
+            client,
+            buffered,
             partition: partition.clone(),
             format: self.format,
             tasks: self.tasks,
@@ -141,14 +124,17 @@ impl StreamInput {
 
 /// Reads offsets `[start, end)` of one partition (see the module docs).
 pub struct RangeReader {
-    consumer: Arc<BaseConsumer>,
+    kafka: Arc<Kafka>,
+    client: Arc<PartitionClient>,
+    /// Fetched messages not yet decoded, in offset order.
+    buffered: VecDeque<RecordAndOffset>,
     /// The input's [`StreamInput::positioned`], set when this range's last message is read.
-    positioned: Arc<Mutex<Option<(PartitionId, u64)>>>,
+    positioned: Arc<Mutex<Option<Prefetched>>>,
     partition: PartitionId,
     format: MessageFormat,
     tasks: usize,
     policy: BadRowPolicy,
-    /// Offset of the next message to fetch.
+    /// Offset of the next message to read.
     next: u64,
     end: u64,
     /// Decoded samples of the message at `pending_offset` not yet delivered.
@@ -161,17 +147,15 @@ pub struct RangeReader {
 impl RangeReader {
     /// The error for an offset the broker cannot serve: says what it still holds, so a
     /// user sees that training fell behind the topic's retention.
-    fn unreadable(&self, e: &rdkafka::error::KafkaError) -> DataError {
-        let held = self
-            .consumer
-            .fetch_watermarks(
-                &self.partition.topic,
-                self.partition.partition,
-                Duration::from_secs(5),
-            )
-            .ok();
+    fn unreadable(&self, e: &StreamError) -> DataError {
+        let (kafka, p) = (self.kafka.clone(), self.partition.clone());
+        let held = block_on(async move {
+            tokio::time::timeout(Duration::from_secs(5), crate::topic::watermarks(&kafka, &p)).await
+        })
+        .ok()
+        .and_then(|r| r.ok());
         let message = match held {
-            Some((low, high)) if (self.next as i64) < low => format!(
+            Some((low, high)) if self.next < low => format!(
                 "offsets {}..{} were deleted by the broker's retention before training read \
                  them (it now holds {low}..{high}); the job fell further behind than the \
                  topic keeps data: raise the topic's retention or the workers' bounds",
@@ -193,51 +177,85 @@ impl RangeReader {
         self.pending_at < self.pending.len()
     }
 
-    /// Fetches the next message of the range into `pending`. `Ok(false)`: the range is
-    /// done.
-    fn fetch(&mut self) -> elastrec_data::Result<bool> {
+    /// Leaves what was fetched past the range's end for the range that continues it.
+    fn keep_prefetched(&mut self) {
+        let buf = std::mem::take(&mut self.buffered);
+        *self.positioned.lock() = Some((self.partition.clone(), self.end, buf));
+    }
+
+    /// Fetches from `next` into `buffered`, waiting out errors a retry may cure.
+    fn refill(&mut self) -> elastrec_data::Result<()> {
         let waiting_since = Instant::now();
         let mut warned_at = Duration::ZERO;
-        let mut last_error = String::new();
-        while self.next < self.end {
-            let msg = match self.consumer.poll(POLL) {
-                None => None,
-                Some(Ok(m)) => Some(m),
-                Some(Err(e)) if is_transient(&e) => {
-                    last_error = e.to_string();
-                    None
+        let wait_ms = self.kafka.settings.fetch_wait_ms;
+        loop {
+            let (client, kafka, at) = (self.client.clone(), self.kafka.clone(), self.next);
+            let got = block_on(async move {
+                client
+                    .fetch_records(at as i64, 1..FETCH_MAX_BYTES, wait_ms)
+                    .await
+                    .map_err(|e| kafka.error(e))
+            });
+            let why = match got {
+                Ok((records, high)) => {
+                    let fresh: Vec<_> = records
+                        .into_iter()
+                        .filter(|r| r.offset >= 0 && r.offset as u64 >= at)
+                        .collect();
+                    if !fresh.is_empty() {
+                        self.buffered.extend(fresh);
+                        return Ok(());
+                    }
+                    if high >= 0 && (high as u64) <= at {
+                        // Ranges are dealt below a high watermark the master saw: a
+                        // partition that now ends before the range lost its data (the
+                        // topic deleted and made anew, an unclean leader election).
+                        return Err(self.unreadable(&StreamError::Broker {
+                            brokers: self.kafka.brokers(),
+                            message: format!("the partition now ends at offset {high}"),
+                            transient: false,
+                        }));
+                    }
+                    String::new()
                 }
-                Some(Err(e)) => return Err(self.unreadable(&e)),
+                Err(e) if e.is_transient() => {
+                    std::thread::sleep(RETRY_PAUSE);
+                    format!(" ({e})")
+                }
+                Err(e) => return Err(self.unreadable(&e)),
             };
-            let Some(msg) = msg else {
-                let waited = waiting_since.elapsed();
-                if waited >= warned_at + WAIT_WARN {
-                    warned_at = waited;
-                    eprintln!(
-                        "{}@{}: no message for {:.0} s{}; waiting for the broker",
-                        self.partition,
-                        self.next,
-                        waited.as_secs_f64(),
-                        if last_error.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" ({last_error})")
-                        }
-                    );
-                }
+            let waited = waiting_since.elapsed();
+            if waited >= warned_at + WAIT_WARN {
+                warned_at = waited;
+                eprintln!(
+                    "{}@{}: no message for {:.0} s{why}; waiting for the broker",
+                    self.partition,
+                    self.next,
+                    waited.as_secs_f64(),
+                );
+            }
+        }
+    }
+
+    /// Decodes the next message of the range into `pending`. `Ok(false)`: the range is
+    /// done.
+    fn fetch(&mut self) -> elastrec_data::Result<bool> {
+        while self.next < self.end {
+            if self.buffered.is_empty() {
+                self.refill()?;
+            }
+            let Some(msg) = self.buffered.pop_front() else {
                 continue;
             };
-            if msg.partition() != self.partition.partition || msg.topic() != self.partition.topic {
-                continue; // left over from a previous assignment
+            let offset = msg.offset as u64;
+            if offset < self.next {
+                continue;
             }
-            let offset = msg.offset();
-            if offset < 0 || (offset as u64) < self.next {
-                continue; // left over from a previous assignment
-            }
-            let offset = offset as u64;
             if offset >= self.end {
                 // The range ended in a gap (transaction markers, compaction).
+                self.buffered.push_front(msg);
                 self.next = self.end;
+                self.keep_prefetched();
                 return Ok(false);
             }
             self.pending.clear();
@@ -245,11 +263,11 @@ impl RangeReader {
             self.pending_offset = offset;
             self.next = offset + 1;
             if self.next == self.end {
-                // The consumer's next message is the next range's first.
-                *self.positioned.lock() = Some((self.partition.clone(), self.end));
+                // What was fetched past the end is the next range's start.
+                self.keep_prefetched();
             }
             let bad = decode(
-                msg.payload().unwrap_or_default(),
+                msg.record.value.as_deref().unwrap_or_default(),
                 self.format,
                 self.tasks,
                 &mut self.pending,

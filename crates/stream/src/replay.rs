@@ -2,45 +2,14 @@
 //! (`elastrec replay`), so online jobs can be tested and benchmarked on a known load.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use elastrec_data::{BadRowPolicy, RawRow, TsvReader};
-use rdkafka::client::ClientContext;
-use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
-use rdkafka::Message;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use rskafka::client::partition::PartitionClient;
+use rskafka::record::Record;
 
-/// Counts the broker's acknowledgements: a replay that lost messages must say so.
-#[derive(Default)]
-struct Acks {
-    delivered: AtomicU64,
-    failed: AtomicU64,
-    first_error: Mutex<Option<String>>,
-}
-
-impl ClientContext for Acks {}
-
-impl ProducerContext for Acks {
-    type DeliveryOpaque = ();
-
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        match result {
-            Ok(_) => {
-                self.delivered.fetch_add(1, Ordering::Relaxed);
-            }
-            Err((e, m)) => {
-                self.failed.fetch_add(1, Ordering::Relaxed);
-                let mut first = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
-                first.get_or_insert_with(|| format!("partition {}: {e}", m.partition()));
-            }
-        }
-    }
-}
-
-type AckedProducer = BaseProducer<Acks>;
-
+use crate::client::{block_on, Kafka};
 use crate::error::{Result, StreamError};
 use crate::message::{encode, MessageFormat, MAX_BATCH_SAMPLES};
 use crate::topic::{Connection, TopicWatch};
@@ -254,18 +223,7 @@ pub fn replay(spec: &ReplaySpec, mut progress: impl FnMut(&ReplayReport)) -> Res
     let watch = TopicWatch::new(&spec.conn, "elastrec-replay", Duration::from_secs(10))?;
     let partitions = watch.partitions(std::slice::from_ref(&spec.topic))?;
     let n = partitions.len();
-    let producer: AckedProducer = spec
-        .conn
-        .client_config()
-        .set("linger.ms", "5")
-        .set("acks", "all")
-        // One request in flight per broker: a retried batch can never overtake a later
-        // one, so each partition keeps the trace's order (and brokers that mishandle
-        // concurrent appends to one partition, as Tansu 0.6's memory engine does, get
-        // them one at a time).
-        .set("max.in.flight.requests.per.connection", "1")
-        .create_with_context(Acks::default())
-        .map_err(|e| StreamError::client(&spec.conn, e))?;
+    let mut producer = Producer::new(&spec.conn, &spec.topic, &partitions)?;
     let mut rows = RowSource::new(&spec.files, spec.repeat)?;
     let mut report = ReplayReport {
         per_partition: vec![0; n],
@@ -275,7 +233,6 @@ pub fn replay(spec: &ReplaySpec, mut progress: impl FnMut(&ReplayReport)) -> Res
     let mut dealer = Dealer::new(spec.partitioner, spec.seed, n);
     // Samples waiting for their partition's next message (batch format).
     let mut open: Vec<Vec<RawRow>> = vec![Vec::new(); n];
-    let mut buf = Vec::new();
     let started = Instant::now();
     let mut last_progress = Instant::now();
     let end = spec.trace.duration_s();
@@ -292,17 +249,10 @@ pub fn replay(spec: &ReplaySpec, mut progress: impl FnMut(&ReplayReport)) -> Res
             report.positives_per_partition[p] += u64::from(row.label);
             open[p].push(row);
             if open[p].len() >= per_msg {
-                send(
-                    &producer,
-                    spec,
-                    partitions[p].partition,
-                    &mut open[p],
-                    &mut buf,
-                )?;
-                report.messages += 1;
+                report.messages += producer.queue(p, spec.format, &mut open[p]);
             }
         }
-        producer.poll(Duration::ZERO);
+        producer.send()?;
         if last_progress.elapsed() >= Duration::from_secs(1) {
             report.seconds = t;
             progress(&report);
@@ -315,31 +265,119 @@ pub fn replay(spec: &ReplaySpec, mut progress: impl FnMut(&ReplayReport)) -> Res
     }
     for (p, rows) in open.iter_mut().enumerate() {
         if !rows.is_empty() {
-            send(&producer, spec, partitions[p].partition, rows, &mut buf)?;
-            report.messages += 1;
+            report.messages += producer.queue(p, spec.format, rows);
         }
     }
-    flush(&producer).map_err(|e| StreamError::unreachable(&spec.conn, e))?;
+    producer.send()?;
     report.seconds = started.elapsed().as_secs_f64();
-    let acks = producer.context();
-    let failed = acks.failed.load(Ordering::Relaxed);
-    let delivered = acks.delivered.load(Ordering::Relaxed);
-    if failed > 0 || delivered != report.messages {
+    if producer.acked != report.messages {
         return Err(StreamError::Broker {
             brokers: spec.conn.brokers.clone(),
             message: format!(
-                "{failed} of {} messages were not acknowledged ({delivered} were){}",
-                report.messages,
-                acks.first_error
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .as_deref()
-                    .map(|e| format!("; first error: {e}"))
-                    .unwrap_or_default()
+                "{} of {} messages were acknowledged",
+                producer.acked, report.messages
             ),
+            transient: false,
         });
     }
     Ok(report)
+}
+
+/// Sends the replay's messages: each partition's queued messages go in produce requests
+/// of at most `batch.num.messages` records, one request in flight per partition, so each
+/// partition keeps the trace's order; every request is acknowledged before the next
+/// round (`acks = all`, rskafka's default).
+struct Producer {
+    kafka: Arc<Kafka>,
+    clients: Vec<Arc<PartitionClient>>,
+    queued: Vec<Vec<Record>>,
+    acked: u64,
+}
+
+impl Producer {
+    fn new(conn: &Connection, topic: &str, partitions: &[crate::PartitionId]) -> Result<Self> {
+        let kafka = Kafka::new(conn, "elastrec-replay")?;
+        let clients = partitions
+            .iter()
+            .map(|p| {
+                let (kafka, topic, number) = (kafka.clone(), topic.to_string(), p.partition);
+                block_on(async move { kafka.partition(&topic, number).await })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            kafka,
+            queued: vec![Vec::new(); clients.len()],
+            clients,
+            acked: 0,
+        })
+    }
+
+    /// Queues `rows` as messages of partition index `p` (one per sample in TSV, one in
+    /// all in the batch format); returns how many.
+    fn queue(&mut self, p: usize, format: MessageFormat, rows: &mut Vec<RawRow>) -> u64 {
+        let record = |buf: Vec<u8>| Record {
+            key: None,
+            value: Some(buf),
+            headers: Default::default(),
+            timestamp: chrono::Utc::now(),
+        };
+        let before = self.queued[p].len();
+        match format {
+            MessageFormat::Tsv => {
+                for r in rows.iter() {
+                    let mut buf = Vec::new();
+                    encode(std::slice::from_ref(r), MessageFormat::Tsv, &mut buf);
+                    self.queued[p].push(record(buf));
+                }
+            }
+            MessageFormat::Batch => {
+                let mut buf = Vec::new();
+                encode(rows, MessageFormat::Batch, &mut buf);
+                self.queued[p].push(record(buf));
+            }
+        }
+        rows.clear();
+        (self.queued[p].len() - before) as u64
+    }
+
+    /// Sends everything queued and waits for the acknowledgements.
+    fn send(&mut self) -> Result<()> {
+        if self.queued.iter().all(Vec::is_empty) {
+            return Ok(());
+        }
+        let per_request = self.kafka.settings.batch_messages;
+        let compression = self.kafka.settings.compression;
+        let work: Vec<_> = self
+            .clients
+            .iter()
+            .zip(self.queued.iter_mut())
+            .filter(|(_, q)| !q.is_empty())
+            .map(|(c, q)| (c.clone(), std::mem::take(q)))
+            .collect();
+        let kafka = self.kafka.clone();
+        let sent = block_on(async move {
+            let sends = work.into_iter().map(|(client, records)| {
+                let kafka = kafka.clone();
+                async move {
+                    let mut n = 0u64;
+                    let mut records = records.into_iter().peekable();
+                    while records.peek().is_some() {
+                        let chunk: Vec<Record> = records.by_ref().take(per_request).collect();
+                        let len = chunk.len() as u64;
+                        client
+                            .produce(chunk, compression)
+                            .await
+                            .map_err(|e| kafka.error(e))?;
+                        n += len;
+                    }
+                    Ok::<u64, StreamError>(n)
+                }
+            });
+            futures::future::try_join_all(sends).await
+        })?;
+        self.acked += sent.iter().sum::<u64>();
+        Ok(())
+    }
 }
 
 /// Picks each sample's partition by a [`Partitioner`].
@@ -379,60 +417,6 @@ impl Dealer {
 
     fn flip(&mut self, share: f64) -> bool {
         share > 0.0 && ((self.coin.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < share
-    }
-}
-
-/// Sends `rows` as one message to `partition`, waiting while the local queue is full.
-fn send(
-    producer: &AckedProducer,
-    spec: &ReplaySpec,
-    partition: i32,
-    rows: &mut Vec<RawRow>,
-    buf: &mut Vec<u8>,
-) -> Result<()> {
-    buf.clear();
-    match spec.format {
-        MessageFormat::Tsv => {
-            for r in rows.iter() {
-                buf.clear();
-                encode(std::slice::from_ref(r), MessageFormat::Tsv, buf);
-                produce(producer, spec, partition, buf)?;
-            }
-        }
-        MessageFormat::Batch => {
-            encode(rows, MessageFormat::Batch, buf);
-            produce(producer, spec, partition, buf)?;
-        }
-    }
-    rows.clear();
-    Ok(())
-}
-
-fn produce(
-    producer: &AckedProducer,
-    spec: &ReplaySpec,
-    partition: i32,
-    payload: &[u8],
-) -> Result<()> {
-    let waited = Instant::now();
-    loop {
-        let record: BaseRecord<'_, (), [u8]> = BaseRecord::to(&spec.topic)
-            .partition(partition)
-            .payload(payload);
-        match producer.send(record) {
-            Ok(()) => return Ok(()),
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                if waited.elapsed() > Duration::from_secs(120) {
-                    return Err(StreamError::Unreachable {
-                        brokers: spec.conn.brokers.clone(),
-                        message: "nothing acknowledged for 120 s (the producer queue is full)"
-                            .into(),
-                    });
-                }
-                producer.poll(Duration::from_millis(10));
-            }
-            Err((e, _)) => return Err(StreamError::unreachable(&spec.conn, e)),
-        }
     }
 }
 
@@ -495,36 +479,6 @@ impl RowSource {
             }
             self.reader = None;
             self.at += 1;
-        }
-    }
-}
-
-/// How long a flush may see no acknowledgement at all before the brokers count as gone.
-const FLUSH_STALL: Duration = Duration::from_secs(60);
-
-/// Waits until every queued message is acknowledged (or failed). A slow broker is given
-/// as long as acknowledgements keep coming: a fixed deadline would fail a large backlog
-/// that is draining, only a stall of [`FLUSH_STALL`] fails it.
-fn flush(producer: &BaseProducer<Acks>) -> KafkaResult<()> {
-    let acked = |p: &BaseProducer<Acks>| {
-        let a = p.context();
-        a.delivered.load(Ordering::Relaxed) + a.failed.load(Ordering::Relaxed)
-    };
-    let mut last = acked(producer);
-    let mut last_change = Instant::now();
-    loop {
-        match producer.flush(Duration::from_secs(5)) {
-            Ok(()) => return Ok(()),
-            Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)) => {
-                let now = acked(producer);
-                if now != last {
-                    last = now;
-                    last_change = Instant::now();
-                } else if last_change.elapsed() >= FLUSH_STALL {
-                    return Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut));
-                }
-            }
-            Err(e) => return Err(e),
         }
     }
 }

@@ -1,18 +1,16 @@
-//! Where a stream stands: the partitions of the job's topics, their watermarks, offsets by
-//! time, and the consumer group's committed offsets (written for monitoring only: the
-//! checkpoint holds the truth).
+//! Where a stream stands: the partitions of the job's topics, their watermarks and
+//! offsets by time. The job's own progress is not committed to Kafka: the checkpoint holds
+//! it, and the master reports each partition's lag on `/metrics`.
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
-use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{Offset, TopicPartitionList};
+use rskafka::client::partition::OffsetAt;
 use serde::{Deserialize, Serialize};
 
+use crate::client::{block_on, Kafka};
 use crate::error::{Result, StreamError};
 
 /// Prefix of a partition's name where the job names data (`kafka:topic/partition`).
@@ -23,7 +21,9 @@ pub const PARTITION_PREFIX: &str = "kafka:";
 pub struct Connection {
     /// Bootstrap brokers, `host:port[,host:port...]`.
     pub brokers: String,
-    /// Extra librdkafka properties (security, timeouts), passed through as they are.
+    /// Client properties under the names Kafka clients use (security, timeouts,
+    /// compression): [`crate::client::PROPERTIES`] lists those understood; any other is
+    /// refused.
     pub properties: BTreeMap<String, String>,
 }
 
@@ -36,17 +36,9 @@ impl Connection {
         }
     }
 
-    /// A librdkafka client configuration for this connection.
-    pub fn client_config(&self) -> ClientConfig {
-        let mut c = ClientConfig::new();
-        c.set("bootstrap.servers", &self.brokers);
-        // librdkafka logs every failed connection attempt at error level on its own; the
-        // readers report what the job should know, once, with what to do.
-        c.set("log_level", "3");
-        for (k, v) in &self.properties {
-            c.set(k, v);
-        }
-        c
+    /// Checks the properties without connecting (a job is refused before it starts).
+    pub fn check(&self) -> Result<()> {
+        crate::client::Settings::parse(self).map(|_| ())
     }
 }
 
@@ -91,88 +83,80 @@ pub enum StartAt {
 
 /// Metadata and offset queries against the brokers (the master's view of the stream).
 pub struct TopicWatch {
-    consumer: BaseConsumer,
-    conn: Connection,
+    kafka: Arc<Kafka>,
     timeout: Duration,
 }
 
 impl TopicWatch {
-    /// A watcher; `group` is the consumer group offsets are committed under for
-    /// monitoring. Connecting is lazy: errors show on the first query.
-    pub fn new(conn: &Connection, group: &str, timeout: Duration) -> Result<Self> {
-        let consumer: BaseConsumer = conn
-            .client_config()
-            .set("group.id", group)
-            .set("enable.auto.commit", "false")
-            .create()
-            .map_err(|e| StreamError::client(conn, e))?;
+    /// A watcher; `client_id` names it in the brokers' logs. Connecting is lazy: errors
+    /// show on the first query, and a query that cannot reach the brokers within
+    /// `timeout` fails.
+    pub fn new(conn: &Connection, client_id: &str, timeout: Duration) -> Result<Self> {
         Ok(Self {
-            consumer,
-            conn: conn.clone(),
+            kafka: Kafka::new(conn, client_id)?,
             timeout,
+        })
+    }
+
+    /// Runs `f` with the watcher's client, failing it after the watcher's timeout.
+    fn query<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(Arc<Kafka>) -> Fut,
+        Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let fut = f(self.kafka.clone());
+        let (timeout, brokers) = (self.timeout, self.kafka.brokers());
+        block_on(async move {
+            tokio::time::timeout(timeout, fut)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(StreamError::Unreachable {
+                        brokers,
+                        message: format!("no answer within {:.0} s", timeout.as_secs_f64()),
+                    })
+                })
         })
     }
 
     /// The partitions of `topics`, in topic order then partition order.
     pub fn partitions(&self, topics: &[String]) -> Result<Vec<PartitionId>> {
-        let mut out = Vec::new();
-        for topic in topics {
-            let md = self
-                .consumer
-                .fetch_metadata(Some(topic), self.timeout)
-                .map_err(|e| StreamError::unreachable(&self.conn, e))?;
-            let t = md
-                .topics()
-                .iter()
-                .find(|t| t.name() == topic)
-                .ok_or_else(|| StreamError::NoTopic {
+        let topics = topics.to_vec();
+        self.query(|kafka| async move {
+            let listed = kafka
+                .client()
+                .await?
+                .list_topics()
+                .await
+                .map_err(|e| kafka.error(e))?;
+            let mut out = Vec::new();
+            for topic in topics {
+                let t = listed
+                    .iter()
+                    .find(|t| t.name == topic && !t.partitions.is_empty())
+                    .ok_or_else(|| StreamError::NoTopic {
+                        topic: topic.clone(),
+                        brokers: kafka.brokers(),
+                    })?;
+                let mut ps: Vec<i32> = t.partitions.iter().copied().collect();
+                ps.sort_unstable();
+                out.extend(ps.into_iter().map(|partition| PartitionId {
                     topic: topic.clone(),
-                    brokers: self.conn.brokers.clone(),
-                })?;
-            if let Some(err) = t.error() {
-                let code: RDKafkaErrorCode = err.into();
-                return Err(match code {
-                    RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic => {
-                        StreamError::NoTopic {
-                            topic: topic.clone(),
-                            brokers: self.conn.brokers.clone(),
-                        }
-                    }
-                    other => StreamError::Broker {
-                        brokers: self.conn.brokers.clone(),
-                        message: format!("metadata of topic {topic}: {other}"),
-                    },
-                });
+                    partition,
+                }));
             }
-            if t.partitions().is_empty() {
-                return Err(StreamError::NoTopic {
-                    topic: topic.clone(),
-                    brokers: self.conn.brokers.clone(),
-                });
-            }
-            let mut ps: Vec<i32> = t.partitions().iter().map(|p| p.id()).collect();
-            ps.sort_unstable();
-            out.extend(ps.into_iter().map(|partition| PartitionId {
-                topic: topic.clone(),
-                partition,
-            }));
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     /// `(low, high)` watermarks of every partition: the oldest offset kept and the offset
     /// the next message will get.
     pub fn watermarks(&self, partitions: &[PartitionId]) -> Result<Vec<(u64, u64)>> {
-        partitions
-            .iter()
-            .map(|p| {
-                let (lo, hi) = self
-                    .consumer
-                    .fetch_watermarks(&p.topic, p.partition, self.timeout)
-                    .map_err(|e| StreamError::unreachable(&self.conn, e))?;
-                Ok((lo.max(0) as u64, hi.max(0) as u64))
-            })
-            .collect()
+        let partitions = partitions.to_vec();
+        self.query(|kafka| async move {
+            let marks = partitions.iter().map(|p| watermarks(&kafka, p));
+            futures::future::try_join_all(marks).await
+        })
     }
 
     /// The offset each partition starts at for `start`.
@@ -182,62 +166,105 @@ impl TopicWatch {
             StartAt::Earliest => Ok(marks.iter().map(|m| m.0).collect()),
             StartAt::Latest => Ok(marks.iter().map(|m| m.1).collect()),
             StartAt::Timestamp(ms) => {
-                let mut tpl = TopicPartitionList::new();
-                for p in partitions {
-                    tpl.add_partition_offset(&p.topic, p.partition, Offset::Offset(ms))
-                        .map_err(|e| StreamError::unreachable(&self.conn, e))?;
-                }
-                let found = self
-                    .consumer
-                    .offsets_for_times(tpl, self.timeout)
-                    .map_err(|e| StreamError::unreachable(&self.conn, e))?;
-                partitions
-                    .iter()
-                    .zip(&marks)
-                    .map(|(p, m)| {
-                        let e = found
-                            .find_partition(&p.topic, p.partition)
-                            .map(|e| e.offset());
-                        Ok(match e {
-                            Some(Offset::Offset(o)) if o >= 0 => (o as u64).clamp(m.0, m.1),
-                            // No message at or after the time: start at the end.
-                            _ => m.1,
-                        })
-                    })
-                    .collect()
+                let at = chrono::DateTime::from_timestamp_millis(ms).ok_or_else(|| {
+                    StreamError::Invalid(format!("start time {ms} ms is out of range"))
+                })?;
+                let partitions = partitions.to_vec();
+                self.query(move |kafka| async move {
+                    let found = partitions.iter().zip(marks).map(|(p, (low, high))| {
+                        let kafka = kafka.clone();
+                        async move {
+                            let client = kafka.partition(&p.topic, p.partition).await?;
+                            let o = client
+                                .get_offset(OffsetAt::Timestamp(at))
+                                .await
+                                .map_err(|e| kafka.error(e))?;
+                            // -1: no message at or after the time; start at the end.
+                            Ok(if o >= 0 {
+                                (o as u64).clamp(low, high)
+                            } else {
+                                high
+                            })
+                        }
+                    });
+                    futures::future::try_join_all(found).await
+                })
             }
         }
     }
-
-    /// Commits `offsets` (the next offset to train, per partition) to the consumer group,
-    /// so that Kafka's own tools show the job's progress. Never read back by elastrec.
-    pub fn commit(&self, partitions: &[PartitionId], offsets: &[u64]) -> Result<()> {
-        let mut tpl = TopicPartitionList::new();
-        for (p, &o) in partitions.iter().zip(offsets) {
-            tpl.add_partition_offset(&p.topic, p.partition, Offset::Offset(o as i64))
-                .map_err(|e| StreamError::unreachable(&self.conn, e))?;
-        }
-        self.consumer
-            .commit(&tpl, rdkafka::consumer::CommitMode::Sync)
-            .map_err(|e| StreamError::unreachable(&self.conn, e))
-    }
 }
 
-/// True for errors a retry may cure (the broker is away, a leader is moving).
-pub fn is_transient(e: &KafkaError) -> bool {
-    use RDKafkaErrorCode as C;
-    !matches!(
-        e.rdkafka_error_code(),
-        Some(
-            C::UnknownTopicOrPartition
-                | C::UnknownTopic
-                | C::TopicAuthorizationFailed
-                | C::OffsetOutOfRange
-                // What librdkafka reports for an out-of-range offset when
-                // `auto.offset.reset = error`: the data is gone, waiting cannot help.
-                | C::AutoOffsetReset
-        )
-    )
+/// Creates `topic` with `partitions` partitions (replication factor 1): benchmarks and
+/// tests make the topics they feed.
+pub fn create_topic(conn: &Connection, topic: &str, partitions: i32) -> Result<()> {
+    let kafka = Kafka::new(conn, "elastrec-admin")?;
+    let topic = topic.to_string();
+    block_on(async move {
+        let controller = kafka
+            .client()
+            .await?
+            .controller_client()
+            .map_err(|e| kafka.error(e))?;
+        controller
+            .create_topic(&topic, partitions, 1, 10_000)
+            .await
+            .map_err(|e| kafka.error(e))
+    })
+}
+
+/// Deletes `topic` and its messages.
+pub fn delete_topic(conn: &Connection, topic: &str) -> Result<()> {
+    let kafka = Kafka::new(conn, "elastrec-admin")?;
+    let topic = topic.to_string();
+    block_on(async move {
+        let controller = kafka
+            .client()
+            .await?
+            .controller_client()
+            .map_err(|e| kafka.error(e))?;
+        controller
+            .delete_topic(&topic, 10_000)
+            .await
+            .map_err(|e| kafka.error(e))
+    })
+}
+
+/// Appends `payloads` to one partition as messages, in one produce request; returns the
+/// offset of the first. For tests and tools that write messages of their own.
+pub fn produce(conn: &Connection, p: &PartitionId, payloads: Vec<Vec<u8>>) -> Result<u64> {
+    let kafka = Kafka::new(conn, "elastrec-produce")?;
+    let p = p.clone();
+    block_on(async move {
+        let client = kafka.partition(&p.topic, p.partition).await?;
+        let records = payloads
+            .into_iter()
+            .map(|value| rskafka::record::Record {
+                key: None,
+                value: Some(value),
+                headers: Default::default(),
+                timestamp: chrono::Utc::now(),
+            })
+            .collect();
+        let offsets = client
+            .produce(records, kafka.settings.compression)
+            .await
+            .map_err(|e| kafka.error(e))?;
+        Ok(offsets.first().copied().unwrap_or(-1).max(0) as u64)
+    })
+}
+
+/// `(low, high)` watermarks of one partition.
+pub(crate) async fn watermarks(kafka: &Kafka, p: &PartitionId) -> Result<(u64, u64)> {
+    let client = kafka.partition(&p.topic, p.partition).await?;
+    let low = client
+        .get_offset(OffsetAt::Earliest)
+        .await
+        .map_err(|e| kafka.error(e))?;
+    let high = client
+        .get_offset(OffsetAt::Latest)
+        .await
+        .map_err(|e| kafka.error(e))?;
+    Ok((low.max(0) as u64, high.max(0) as u64))
 }
 
 #[cfg(test)]

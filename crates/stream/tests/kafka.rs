@@ -1,0 +1,543 @@
+//! The stream crate against a real Kafka-protocol broker (Tansu, started per test on a
+//! loopback port), driven through the same client code a job uses.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use elastrec_data::{BadRowPolicy, Batch, BatchReader, DataError, RawRow, NUM_DENSE, NUM_SPARSE};
+use elastrec_stream::tansu::Tansu;
+use elastrec_stream::{
+    replay, Connection, MessageFormat, PartitionId, Partitioner, ReplaySpec, StartAt, StreamError,
+    StreamInput, TopicWatch, Trace,
+};
+
+/// A broker of this test's own, or `None` (the test skips, counted by the test command)
+/// where Tansu is not installed.
+fn broker(dir: &Path) -> Option<Tansu> {
+    let Some(bin) = elastrec_stream::tansu::binary() else {
+        elastrec_common::skip_test(
+            "TANSU",
+            "no Kafka broker: `bash scripts/test.sh` installs Tansu, or set ELASTREC_TANSU",
+        );
+        return None;
+    };
+    Some(Tansu::start(&bin, &dir.join("tansu.log"), &Default::default()).unwrap())
+}
+
+/// A broker with topic `name` of `partitions` partitions, a connection to it, and the
+/// directory its log (and the test's files) go to.
+fn broker_with_topic(
+    name: &str,
+    partitions: i32,
+) -> Option<(Tansu, Connection, tempfile::TempDir)> {
+    let dir = tempfile::tempdir().unwrap();
+    let b = broker(dir.path())?;
+    let conn = b.connection();
+    elastrec_stream::create_topic(&conn, name, partitions).unwrap();
+    Some((b, conn, dir))
+}
+
+fn rows(n: u32) -> Vec<RawRow> {
+    (0..n)
+        .map(|i| {
+            let mut r = RawRow {
+                label: u8::from(i % 3 == 0),
+                ..RawRow::default()
+            };
+            for k in 0..NUM_DENSE {
+                r.ints[k] = Some(i as i64 + k as i64);
+            }
+            for k in 0..NUM_SPARSE {
+                r.cats[k] = (k % 5 != 0).then_some(i ^ (k as u32) << 8);
+            }
+            r
+        })
+        .collect()
+}
+
+fn data_file(dir: &tempfile::TempDir, rows: &[RawRow]) -> PathBuf {
+    let mut buf = Vec::new();
+    for r in rows {
+        elastrec_data::tsv::write_row(r, &mut buf);
+    }
+    let path = dir.path().join("day_0.tsv");
+    std::fs::write(&path, buf).unwrap();
+    path
+}
+
+fn spec(conn: &Connection, topic: &str, file: PathBuf, format: MessageFormat) -> ReplaySpec {
+    ReplaySpec {
+        conn: conn.clone(),
+        topic: topic.into(),
+        files: vec![file],
+        repeat: false,
+        format,
+        samples_per_message: 7,
+        // Far faster than the data lasts: the replay ends when the rows do.
+        trace: Trace::constant(1e6, 30.0),
+        partitioner: Partitioner::RoundRobin,
+        seed: 1,
+    }
+}
+
+fn read_all(
+    input: &StreamInput,
+    p: &PartitionId,
+    start: u64,
+    end: u64,
+    batch: usize,
+) -> (Vec<f32>, Vec<u64>) {
+    let mut r = input.range(p, start, end, BadRowPolicy::Fail).unwrap();
+    let mut b = Batch::with_capacity(batch);
+    let mut labels = Vec::new();
+    let mut positions = Vec::new();
+    loop {
+        let n = r.next_batch(&mut b, batch).unwrap();
+        if n == 0 {
+            break;
+        }
+        labels.extend_from_slice(&b.labels);
+        positions.push(r.position().unwrap());
+    }
+    assert_eq!(
+        r.position(),
+        Some(end),
+        "a finished range stands at its end"
+    );
+    (labels, positions)
+}
+
+#[test]
+fn kafka_replayed_rows_are_read_back_by_offset_range_in_both_formats() {
+    let Some((_broker, conn, dir)) = broker_with_topic("tsv", 2) else {
+        return;
+    };
+    elastrec_stream::create_topic(&conn, "bin", 2).unwrap();
+    let data = rows(101);
+    let file = data_file(&dir, &data);
+
+    let sent = replay(
+        &spec(&conn, "tsv", file.clone(), MessageFormat::Tsv),
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(sent.samples, 101);
+    assert_eq!(sent.per_partition, vec![51, 50]);
+    let sent = replay(&spec(&conn, "bin", file, MessageFormat::Batch), |_| {}).unwrap();
+    assert_eq!(sent.samples, 101);
+    // 51 samples in partition 0: seven messages of 7 and one of 2.
+    assert_eq!(sent.messages, 8 + 8);
+
+    let watch = TopicWatch::new(&conn, "test", Duration::from_secs(10)).unwrap();
+    let parts = watch
+        .partitions(&["tsv".to_string(), "bin".to_string()])
+        .unwrap();
+    assert_eq!(
+        parts.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["kafka:tsv/0", "kafka:tsv/1", "kafka:bin/0", "kafka:bin/1"]
+    );
+    let marks = watch.watermarks(&parts).unwrap();
+    assert_eq!(marks, vec![(0, 51), (0, 50), (0, 8), (0, 8)]);
+    assert_eq!(
+        watch.start_offsets(&parts, StartAt::Latest).unwrap(),
+        vec![51, 50, 8, 8]
+    );
+    assert_eq!(
+        watch.start_offsets(&parts, StartAt::Earliest).unwrap(),
+        vec![0, 0, 0, 0]
+    );
+
+    // Partition 0 holds samples 0, 2, 4, ...: a range of it, read in batches of 5.
+    let tsv = StreamInput::new(&conn, "test", MessageFormat::Tsv).unwrap();
+    let (labels, positions) = read_all(&tsv, &parts[0], 10, 30, 5);
+    let want: Vec<f32> = (10..30).map(|k| data[2 * k].label as f32).collect();
+    assert_eq!(labels, want);
+    assert_eq!(positions, vec![15, 20, 25, 30]);
+
+    // Binary messages of 7 samples read in batches of 5: the position moves only past
+    // wholly delivered messages.
+    let bin = StreamInput::new(&conn, "test", MessageFormat::Batch).unwrap();
+    let (labels, positions) = read_all(&bin, &parts[2], 0, 8, 5);
+    let want: Vec<f32> = (0..51).map(|k| data[2 * k].label as f32).collect();
+    assert_eq!(labels, want);
+    assert_eq!(
+        &positions[..4],
+        &[0, 1, 2, 2],
+        "5, 10, 15, 20 samples: messages 0, 1 done"
+    );
+    assert_eq!(*positions.last().unwrap(), 8);
+}
+
+#[test]
+fn kafka_bad_messages_are_skipped_and_counted_or_stop_at_their_offset() {
+    let Some((_broker, conn, _dir)) = broker_with_topic("t", 1) else {
+        return;
+    };
+    let good = {
+        let mut b = Vec::new();
+        elastrec_stream::message::encode(&rows(1), MessageFormat::Tsv, &mut b);
+        b
+    };
+    let p = PartitionId::parse("kafka:t/0").unwrap();
+    let payloads = vec![good.clone(), b"1\tnot-a-number".to_vec(), good];
+    assert_eq!(elastrec_stream::produce(&conn, &p, payloads).unwrap(), 0);
+    let input = StreamInput::new(&conn, "test", MessageFormat::Tsv).unwrap();
+
+    let mut r = input.range(&p, 0, 3, BadRowPolicy::Skip).unwrap();
+    let mut b = Batch::with_capacity(8);
+    assert_eq!(r.next_batch(&mut b, 8).unwrap(), 2);
+    assert_eq!(r.stats().rows_skipped, 1);
+    assert!(
+        r.stats().first_errors[0].starts_with("kafka:t/0@1: sample 0: field 1:"),
+        "{}",
+        r.stats().first_errors[0]
+    );
+    assert_eq!(r.position(), Some(3));
+
+    let mut r = input.range(&p, 0, 3, BadRowPolicy::Fail).unwrap();
+    let err = r.next_batch(&mut b, 8).unwrap_err();
+    assert!(
+        matches!(err, DataError::BadMessage { offset: 1, .. }),
+        "{err}"
+    );
+    assert_eq!(
+        b.len(),
+        1,
+        "the sample before the bad message stays delivered"
+    );
+    assert_eq!(r.position(), Some(1), "stopped at the bad message");
+}
+
+/// A multi-task job's input: two-label samples (binary version 2) reach the batch with
+/// both labels; a one-label message in the same topic is skipped, naming the counts.
+#[test]
+fn kafka_a_two_task_input_keeps_both_labels_and_skips_one_label_samples() {
+    let Some((_broker, conn, _dir)) = broker_with_topic("t", 1) else {
+        return;
+    };
+    let two: Vec<RawRow> = rows(6)
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| RawRow {
+            extra_tasks: 1,
+            extra_labels: u8::from(i % 2 == 0),
+            ..r
+        })
+        .collect();
+    let mut payloads = Vec::new();
+    for part in [&two[..3], &rows(2)[..], &two[3..]] {
+        let mut b = Vec::new();
+        elastrec_stream::message::encode(part, MessageFormat::Batch, &mut b);
+        payloads.push(b);
+    }
+    let p = PartitionId::parse("kafka:t/0").unwrap();
+    elastrec_stream::produce(&conn, &p, payloads).unwrap();
+    let input = StreamInput::new(&conn, "test", MessageFormat::Batch)
+        .unwrap()
+        .with_tasks(2);
+    let mut r = input.range(&p, 0, 3, BadRowPolicy::Skip).unwrap();
+    let mut b = Batch::with_capacity(16);
+    assert_eq!(r.next_batch(&mut b, 16).unwrap(), 6);
+    assert_eq!(b.tasks, 2);
+    let want: Vec<f32> = two.iter().map(|r| f32::from(r.task_label(1))).collect();
+    assert_eq!(b.task_labels, want);
+    assert_eq!(r.stats().rows_skipped, 2);
+    assert!(
+        r.stats().first_errors[0].contains("1 label(s) and the job's model has 2 task(s)"),
+        "{}",
+        r.stats().first_errors[0]
+    );
+    assert_eq!(r.position(), Some(3));
+}
+
+#[test]
+fn kafka_a_missing_topic_is_named_with_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(b) = broker(dir.path()) else {
+        return;
+    };
+    let conn = Connection::new(b.address());
+    let watch = TopicWatch::new(&conn, "test", Duration::from_secs(5)).unwrap();
+    let err = watch.partitions(&["nope".to_string()]).unwrap_err();
+    assert!(matches!(err, StreamError::NoTopic { .. }), "{err}");
+    assert!(err.to_string().contains("\"nope\" does not exist"), "{err}");
+}
+
+/// A range whose messages the broker no longer holds (the topic was deleted and made
+/// anew under the job, as a user cleaning up might) fails naming the partition and the
+/// offset, and nothing of it counts as read.
+#[test]
+fn kafka_a_range_whose_data_is_gone_fails_naming_the_offset() {
+    let Some((_broker, conn, _dir)) = broker_with_topic("t", 1) else {
+        return;
+    };
+    let p = PartitionId::parse("kafka:t/0").unwrap();
+    elastrec_stream::produce(&conn, &p, vec![b"x".to_vec(); 10]).unwrap();
+    elastrec_stream::delete_topic(&conn, "t").unwrap();
+    elastrec_stream::create_topic(&conn, "t", 1).unwrap();
+    elastrec_stream::produce(&conn, &p, vec![b"y".to_vec(); 2]).unwrap();
+
+    let input = StreamInput::new(&conn, "test", MessageFormat::Tsv).unwrap();
+    let mut r = input.range(&p, 5, 10, BadRowPolicy::Skip).unwrap();
+    let mut b = Batch::with_capacity(8);
+    let err = r.next_batch(&mut b, 8).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, DataError::Stream { .. }), "{text}");
+    assert!(text.contains("kafka:t/0"), "{text}");
+    assert!(text.contains("offset 5"), "{text}");
+    assert_eq!(r.position(), Some(5), "nothing of the range counts as read");
+}
+
+/// A range that starts where the previous one ended, on the same partition, reads on with
+/// the consumer's assignment (its prefetched messages kept); any other range assigns anew.
+#[test]
+fn kafka_consecutive_ranges_of_a_partition_share_one_assignment() {
+    let Some((_broker, conn, dir)) = broker_with_topic("seq", 1) else {
+        return;
+    };
+    let data = rows(100);
+    let sent = replay(
+        &spec(&conn, "seq", data_file(&dir, &data), MessageFormat::Tsv),
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(sent.samples, 100);
+    let watch = TopicWatch::new(&conn, "test", Duration::from_secs(10)).unwrap();
+    let p = watch.partitions(&["seq".to_string()]).unwrap().remove(0);
+    let input = StreamInput::new(&conn, "test", MessageFormat::Tsv).unwrap();
+    let label = |k: usize| data[k].label as f32;
+    let mut got = Vec::new();
+    for (start, end) in [(0, 30), (30, 60), (60, 61)] {
+        got.extend(read_all(&input, &p, start, end, 8).0);
+    }
+    assert_eq!(got, (0..61).map(label).collect::<Vec<_>>());
+    assert_eq!(input.assignments(), 1, "three ranges, one assignment");
+    // A gap: assigned anew, and read from exactly there.
+    let (labels, _) = read_all(&input, &p, 70, 80, 8);
+    assert_eq!(labels, (70..80).map(label).collect::<Vec<_>>());
+    assert_eq!(input.assignments(), 2);
+    // 80.. continues 70..80; left half-read, it leaves the consumer somewhere past its
+    // position, so the range after it assigns anew.
+    let mut r = input.range(&p, 80, 100, BadRowPolicy::Fail).unwrap();
+    let mut b = Batch::with_capacity(5);
+    assert_eq!(r.next_batch(&mut b, 5).unwrap(), 5);
+    drop(r);
+    assert_eq!(input.assignments(), 2);
+    let (labels, _) = read_all(&input, &p, 85, 100, 8);
+    assert_eq!(labels, (85..100).map(label).collect::<Vec<_>>());
+    assert_eq!(input.assignments(), 3);
+}
+
+/// Every compression Kafka has: batches replayed with each codec are read back whole and
+/// in order.
+#[test]
+fn kafka_compressed_batches_are_read_back_with_every_codec() {
+    let Some((_broker, plain, dir)) = broker_with_topic("gzip", 1) else {
+        return;
+    };
+    let data = rows(300);
+    let file = data_file(&dir, &data);
+    for codec in ["gzip", "lz4", "zstd", "snappy"] {
+        if codec != "gzip" {
+            elastrec_stream::create_topic(&plain, codec, 1).unwrap();
+        }
+        // Many records to a request: the reader takes them by their own offsets, and
+        // reads to the message count, not to Tansu's high watermark.
+        let mut conn = plain.clone();
+        conn.properties.remove("batch.num.messages");
+        conn.properties
+            .insert("compression.type".into(), codec.into());
+        let sent = replay(
+            &spec(&conn, codec, file.clone(), MessageFormat::Batch),
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(sent.samples, 300, "{codec}");
+        let p = PartitionId::parse(&format!("kafka:{codec}/0")).unwrap();
+        let input = StreamInput::new(&plain, "test", MessageFormat::Batch).unwrap();
+        let (labels, _) = read_all(&input, &p, 0, sent.messages, 64);
+        let want: Vec<f32> = data.iter().map(|r| r.label as f32).collect();
+        assert_eq!(labels, want, "{codec}");
+    }
+}
+
+/// A TLS terminator (stunnel, Debian's `stunnel4`) in front of a broker: it presents
+/// `cert` signed by `ca` and accepts only clients with a certificate `ca` signed.
+struct Stunnel(std::process::Child);
+
+impl Drop for Stunnel {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn stunnel(dir: &Path, accept: u16, backend: u16) -> Option<Stunnel> {
+    let bin = ["/usr/bin/stunnel4", "/usr/bin/stunnel"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file());
+    let Some(bin) = bin else {
+        elastrec_common::skip_test(
+            "STUNNEL",
+            "no TLS terminator: `bash scripts/test.sh` installs stunnel4 (apt-get install stunnel4)",
+        );
+        return None;
+    };
+    let conf = dir.join("stunnel.conf");
+    let d = dir.display();
+    std::fs::write(
+        &conf,
+        format!(
+            "foreground = yes\npid =\n[kafka]\naccept = 127.0.0.1:{accept}\n\
+             connect = 127.0.0.1:{backend}\ncert = {d}/cert.pem\nkey = {d}/key.pem\n\
+             CAfile = {d}/ca.pem\nverifyChain = yes\nrequireCert = yes\n"
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.join("stunnel.log")).unwrap();
+    let child = std::process::Command::new(bin)
+        .arg(&conf)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let s = Stunnel(child);
+    let t0 = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", accept)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "stunnel did not listen"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(s)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// What a managed Kafka asks of a client: TLS with the server verified against a CA and a
+/// client certificate, SASL SCRAM (SHA-512 and SHA-256), compressed batches. The broker is
+/// Tansu with authentication required; Tansu 0.6 has no TLS listener, so stunnel
+/// terminates TLS in front of it and the broker advertises stunnel's address. Every
+/// message replayed through it is read back exactly once; a wrong password and a client
+/// without a certificate are refused with errors that say so.
+#[test]
+fn kafka_tls_with_client_certificates_and_sasl_scram_carry_compressed_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(bin) = elastrec_stream::tansu::binary() else {
+        elastrec_common::skip_test(
+            "TANSU",
+            "no Kafka broker: `bash scripts/test.sh` installs Tansu",
+        );
+        return;
+    };
+    let m = elastrec_rpc::tls::TlsMaterial::issue("kafka-test").unwrap();
+    for (name, pem) in [
+        ("ca.pem", &m.ca),
+        ("cert.pem", &m.cert),
+        ("key.pem", &m.key),
+    ] {
+        std::fs::write(dir.path().join(name), pem).unwrap();
+    }
+    // SCRAM credentials are made through the broker, and an authenticating Tansu 0.6
+    // refuses the unauthenticated call that makes them: a first broker without
+    // authentication stores the users in a SQLite file, and the broker under test starts
+    // on the same file with authentication required.
+    let storage = elastrec_stream::tansu::TansuOptions {
+        storage: Some("sqlite://tansu.db".into()),
+        ..Default::default()
+    };
+    {
+        let setup = Tansu::start(&bin, &dir.path().join("tansu-setup.log"), &storage).unwrap();
+        setup.add_user("alice", "alice-secret", "scram512").unwrap();
+        setup.add_user("bob", "bob-secret", "scram256").unwrap();
+    }
+    let tls_port = free_port();
+    let options = elastrec_stream::tansu::TansuOptions {
+        authentication: true,
+        advertised: Some(format!("localhost:{tls_port}")),
+        ..storage
+    };
+    let broker = Tansu::start(&bin, &dir.path().join("tansu.log"), &options).unwrap();
+    let Some(_tls) = stunnel(dir.path(), tls_port, broker.port()) else {
+        return;
+    };
+    let secure = |user: &str, password: &str, mechanism: &str, with_cert: bool| {
+        let d = dir.path();
+        let mut props = vec![
+            ("security.protocol", "sasl_ssl".to_string()),
+            ("ssl.ca.location", d.join("ca.pem").display().to_string()),
+            ("sasl.mechanism", mechanism.to_string()),
+            ("sasl.username", user.to_string()),
+            ("sasl.password", password.to_string()),
+            ("compression.type", "zstd".to_string()),
+            ("request.timeout.ms", "5000".to_string()),
+            ("batch.num.messages", "1".to_string()),
+        ];
+        if with_cert {
+            props.push((
+                "ssl.certificate.location",
+                d.join("cert.pem").display().to_string(),
+            ));
+            props.push(("ssl.key.location", d.join("key.pem").display().to_string()));
+        }
+        Connection {
+            brokers: format!("localhost:{tls_port}"),
+            properties: props.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        }
+    };
+    let alice = secure("alice", "alice-secret", "SCRAM-SHA-512", true);
+    elastrec_stream::create_topic(&alice, "secure", 2).unwrap();
+    let data = rows(500);
+    let file = data_file(&dir, &data);
+    let sent = replay(&spec(&alice, "secure", file, MessageFormat::Batch), |_| {}).unwrap();
+    assert_eq!(sent.samples, 500);
+
+    // Read with the other user and mechanism: every message once, in each partition's order.
+    let bob = secure("bob", "bob-secret", "SCRAM-SHA-256", true);
+    let watch = TopicWatch::new(&bob, "test", Duration::from_secs(10)).unwrap();
+    let parts = watch.partitions(&["secure".to_string()]).unwrap();
+    let marks = watch.watermarks(&parts).unwrap();
+    let input = StreamInput::new(&bob, "test", MessageFormat::Batch).unwrap();
+    let mut got = 0;
+    for (p, (low, high)) in parts.iter().zip(marks) {
+        assert_eq!(low, 0);
+        let (labels, positions) = read_all(&input, p, 0, high, 32);
+        let i = p.partition as usize;
+        let want: Vec<f32> = data
+            .iter()
+            .skip(i)
+            .step_by(2)
+            .map(|r| r.label as f32)
+            .collect();
+        assert_eq!(labels, want, "{p}");
+        assert_eq!(positions.last().copied(), Some(high));
+        got += labels.len();
+    }
+    assert_eq!(got, 500);
+
+    let wrong = secure("alice", "not-her-password", "SCRAM-SHA-512", true);
+    let err = TopicWatch::new(&wrong, "test", Duration::from_secs(10))
+        .unwrap()
+        .partitions(&["secure".to_string()])
+        .unwrap_err();
+    assert!(matches!(err, StreamError::Client { .. }), "{err}");
+    assert!(err.to_string().contains("SASL"), "{err}");
+
+    let no_cert = secure("alice", "alice-secret", "SCRAM-SHA-512", false);
+    let err = TopicWatch::new(&no_cert, "test", Duration::from_secs(10))
+        .unwrap()
+        .partitions(&["secure".to_string()])
+        .unwrap_err();
+    assert!(
+        !matches!(err, StreamError::NoTopic { .. }),
+        "refused: {err}"
+    );
+}

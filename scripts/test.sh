@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The README's test command. Installs the real servers the tests start on loopback (what
+# is already there is kept), then runs every test of the workspace:
+#   - Debian packages: PostgreSQL (the brain's database), Slurm (the Slurm backend),
+#     Chromium (the dashboard's page), stunnel4 (TLS in front of the Kafka broker);
+#   - PyPI: moto (an S3-compatible server for checkpoints);
+#   - crates.io: Tansu (a Kafka-protocol broker), built once (~10-20 min on 2 cores) and
+#     cached in ~/.cache/elastrec-tools.
+# Every server that is installed is required (`ELASTREC_REQUIRE_*`): a test that needs it
+# fails instead of skipping. A test that still cannot run (a package that could not be
+# installed: no root, no network) says why, and the run ends with their count.
+# Arguments go to `cargo test` (e.g. `bash scripts/test.sh -p elastrec-stream`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { echo "scripts/test.sh: $*" >&2; }
+
+as_root() {
+    if [ "$(id -u)" = 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+        sudo "$@"
+    else
+        return 1
+    fi
+}
+
+# Debian packages: name of the package, and the command that shows it is there.
+need=()
+want() { command -v "$2" >/dev/null 2>&1 || [ -x "$2" ] || need+=("$1"); }
+if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    need+=(postgresql)
+fi
+want slurm-wlm slurmctld
+want chromium chromium
+want stunnel4 stunnel4
+if [ ${#need[@]} -gt 0 ]; then
+    say "installing ${need[*]} (apt-get)"
+    if ! { as_root apt-get update -qq &&
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null; }; then
+        say "could not install ${need[*]}: the tests that need them will be skipped and counted"
+    fi
+fi
+
+if ! command -v moto_server >/dev/null 2>&1; then
+    say "installing moto[server] (pip)"
+    python3 -m pip install -q 'moto[server]' || say "could not install moto: the S3 tests will fail"
+fi
+
+TOOLS="$HOME/.cache/elastrec-tools"
+# Its memory engine for speed, its SQLite engine (libsql) for SCRAM users; the path must
+# match elastrec_stream::tansu::INSTALL_DIR.
+TANSU_ROOT="$TOOLS/tansu-0.6.0-sqlite"
+export ELASTREC_TANSU="${ELASTREC_TANSU:-$TANSU_ROOT/bin/tansu}"
+if [ ! -x "$ELASTREC_TANSU" ]; then
+    say "building the Tansu Kafka broker once (cargo install, ~15-25 min; cached in $TOOLS)"
+    if ! env -u CARGO_TARGET_DIR cargo install tansu --version 0.6.0 --locked \
+        --features dynostore,libsql --root "$TANSU_ROOT" --target-dir "$TOOLS/tansu-build" --quiet; then
+        say "could not build Tansu: the Kafka tests will be skipped and counted"
+    fi
+    rm -rf "$TOOLS/tansu-build"
+fi
+
+# What is installed must be used: its tests fail rather than skip.
+command -v slurmctld >/dev/null 2>&1 && export ELASTREC_REQUIRE_SLURM=1
+command -v chromium >/dev/null 2>&1 && export ELASTREC_REQUIRE_CHROMIUM=1
+command -v stunnel4 >/dev/null 2>&1 && export ELASTREC_REQUIRE_STUNNEL=1
+[ -x "$ELASTREC_TANSU" ] && export ELASTREC_REQUIRE_TANSU=1
+# Control groups need root and a writable cgroup tree; CI's machine gives them.
+if [ "${CI:-}" = true ]; then
+    export ELASTREC_REQUIRE_CGROUPS=1
+fi
+
+skip_log="$(mktemp)"
+trap 'rm -f "$skip_log"' EXIT
+export ELASTREC_SKIP_LOG="$skip_log"
+status=0
+cargo test --workspace "$@" || status=$?
+
+skipped=$(wc -l <"$skip_log")
+if [ "$skipped" -gt 0 ]; then
+    say "tests that could not run on this machine:"
+    sed 's/^/  skipped /' "$skip_log" >&2
+fi
+say "$skipped test(s) skipped for a missing server or host feature"
+exit "$status"
