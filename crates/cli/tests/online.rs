@@ -10,6 +10,9 @@ use std::time::Duration;
 use common::*;
 use elastrec_stream::tansu::Tansu;
 
+#[path = "../../stream/tests/support/secure_broker.rs"]
+mod secure_broker;
+
 /// Replays `files` into `topic` as fast as the broker takes them; `producer` adds
 /// Kafka client properties (`KEY=VALUE`).
 fn replay(brokers: &str, topic: &str, files: &[PathBuf], producer: &[&str]) -> serde_json::Value {
@@ -232,6 +235,36 @@ fn kafka_an_online_job_trains_every_message_exactly_once_across_a_worker_kill() 
         return;
     };
     exactly_once_across_a_worker_kill("online-kill", &brokers, &[], "");
+}
+
+/// What a managed Kafka asks of a job: TLS with the broker verified against a CA and a
+/// client certificate, SASL SCRAM-SHA-512, zstd-compressed batches (Tansu behind stunnel,
+/// `secure_broker`). The job's master and workers connect with the job's `[stream]
+/// properties`, and every message trains exactly once across a worker kill.
+#[test]
+fn kafka_an_online_job_over_tls_and_scram_trains_every_message_exactly_once() {
+    let _g = serial();
+    let dir = fixture().dir.join("secure-broker");
+    std::fs::create_dir_all(&dir).unwrap();
+    let Some(broker) = secure_broker::SecureBroker::start(&dir) else {
+        return;
+    };
+    let (user, password, _) = secure_broker::USERS[0];
+    let conn = broker.connection(user, password, "SCRAM-SHA-512");
+    elastrec_stream::create_topic(&conn, "clicks", 3).unwrap();
+    let props = broker.properties(user, password, "SCRAM-SHA-512");
+    let producer: Vec<String> = props.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let producer: Vec<&str> = producer.iter().map(String::as_str).collect();
+    let table: Vec<String> = props
+        .iter()
+        .map(|(k, v)| format!("{k:?} = {v:?}"))
+        .collect();
+    exactly_once_across_a_worker_kill(
+        "online-secure",
+        &broker.address(),
+        &producer,
+        &format!("properties = {{ {} }}", table.join(", ")),
+    );
 }
 
 #[test]

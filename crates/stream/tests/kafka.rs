@@ -6,10 +6,14 @@ use std::time::Duration;
 
 use elastrec_data::{BadRowPolicy, Batch, BatchReader, DataError, RawRow, NUM_DENSE, NUM_SPARSE};
 use elastrec_stream::tansu::Tansu;
+
+#[path = "support/secure_broker.rs"]
+mod secure_broker;
 use elastrec_stream::{
     replay, Connection, MessageFormat, PartitionId, Partitioner, ReplaySpec, StartAt, StreamError,
     StreamInput, TopicWatch, Trace,
 };
+use secure_broker::SecureBroker;
 
 /// A broker of this test's own, or `None` (the test skips, counted by the test command)
 /// where Tansu is not installed.
@@ -361,67 +365,6 @@ fn kafka_compressed_batches_are_read_back_with_every_codec() {
     }
 }
 
-/// A TLS terminator (stunnel, Debian's `stunnel4`) in front of a broker: it presents
-/// `cert` signed by `ca` and accepts only clients with a certificate `ca` signed.
-struct Stunnel(std::process::Child);
-
-impl Drop for Stunnel {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn stunnel(dir: &Path, accept: u16, backend: u16) -> Option<Stunnel> {
-    let bin = ["/usr/bin/stunnel4", "/usr/bin/stunnel"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file());
-    let Some(bin) = bin else {
-        elastrec_common::skip_test(
-            "STUNNEL",
-            "no TLS terminator: `bash scripts/test.sh` installs stunnel4 (apt-get install stunnel4)",
-        );
-        return None;
-    };
-    let conf = dir.join("stunnel.conf");
-    let d = dir.display();
-    std::fs::write(
-        &conf,
-        format!(
-            "foreground = yes\npid =\n[kafka]\naccept = 127.0.0.1:{accept}\n\
-             connect = 127.0.0.1:{backend}\ncert = {d}/cert.pem\nkey = {d}/key.pem\n\
-             CAfile = {d}/ca.pem\nverifyChain = yes\nrequireCert = yes\n"
-        ),
-    )
-    .unwrap();
-    let log = std::fs::File::create(dir.join("stunnel.log")).unwrap();
-    let child = std::process::Command::new(bin)
-        .arg(&conf)
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let s = Stunnel(child);
-    let t0 = std::time::Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", accept)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "stunnel did not listen"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Some(s)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// What a managed Kafka asks of a client: TLS with the server verified against a CA and a
 /// client certificate, SASL SCRAM (SHA-512 and SHA-256), compressed batches. The broker is
 /// Tansu with authentication required; Tansu 0.6 has no TLS listener, so stunnel
@@ -431,67 +374,16 @@ fn free_port() -> u16 {
 #[test]
 fn kafka_tls_with_client_certificates_and_sasl_scram_carry_compressed_batches() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(bin) = elastrec_stream::tansu::binary() else {
-        elastrec_common::skip_test(
-            "TANSU",
-            "no Kafka broker: `bash scripts/test.sh` installs Tansu",
-        );
-        return;
-    };
-    let m = elastrec_rpc::tls::TlsMaterial::issue("kafka-test").unwrap();
-    for (name, pem) in [
-        ("ca.pem", &m.ca),
-        ("cert.pem", &m.cert),
-        ("key.pem", &m.key),
-    ] {
-        std::fs::write(dir.path().join(name), pem).unwrap();
-    }
-    // SCRAM credentials are made through the broker, and an authenticating Tansu 0.6
-    // refuses the unauthenticated call that makes them: a first broker without
-    // authentication stores the users in a SQLite file, and the broker under test starts
-    // on the same file with authentication required.
-    let storage = elastrec_stream::tansu::TansuOptions {
-        storage: Some("sqlite://tansu.db".into()),
-        ..Default::default()
-    };
-    {
-        let setup = Tansu::start(&bin, &dir.path().join("tansu-setup.log"), &storage).unwrap();
-        setup.add_user("alice", "alice-secret", "scram512").unwrap();
-        setup.add_user("bob", "bob-secret", "scram256").unwrap();
-    }
-    let tls_port = free_port();
-    let options = elastrec_stream::tansu::TansuOptions {
-        authentication: true,
-        advertised: Some(format!("localhost:{tls_port}")),
-        ..storage
-    };
-    let broker = Tansu::start(&bin, &dir.path().join("tansu.log"), &options).unwrap();
-    let Some(_tls) = stunnel(dir.path(), tls_port, broker.port()) else {
+    let Some(broker) = SecureBroker::start(dir.path()) else {
         return;
     };
     let secure = |user: &str, password: &str, mechanism: &str, with_cert: bool| {
-        let d = dir.path();
-        let mut props = vec![
-            ("security.protocol", "sasl_ssl".to_string()),
-            ("ssl.ca.location", d.join("ca.pem").display().to_string()),
-            ("sasl.mechanism", mechanism.to_string()),
-            ("sasl.username", user.to_string()),
-            ("sasl.password", password.to_string()),
-            ("compression.type", "zstd".to_string()),
-            ("request.timeout.ms", "5000".to_string()),
-            ("batch.num.messages", "1".to_string()),
-        ];
-        if with_cert {
-            props.push((
-                "ssl.certificate.location",
-                d.join("cert.pem").display().to_string(),
-            ));
-            props.push(("ssl.key.location", d.join("key.pem").display().to_string()));
+        let mut conn = broker.connection(user, password, mechanism);
+        if !with_cert {
+            conn.properties.remove("ssl.certificate.location");
+            conn.properties.remove("ssl.key.location");
         }
-        Connection {
-            brokers: format!("localhost:{tls_port}"),
-            properties: props.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
-        }
+        conn
     };
     let alice = secure("alice", "alice-secret", "SCRAM-SHA-512", true);
     elastrec_stream::create_topic(&alice, "secure", 2).unwrap();
