@@ -56,18 +56,10 @@ fn online_job(name: &str, brokers: &str) -> (PathBuf, PathBuf) {
     online_job_with(name, brokers, "", "", "")
 }
 
-/// An online job; `cluster` and `stream` are extra lines of those sections (a `ps = N`
-/// line in `cluster` replaces the default of 1 PS).
 /// A broker of the test's own (its log under `name`), or `None` where Tansu is not
 /// installed (the test skips, counted by the test command).
 fn broker(name: &str) -> Option<Tansu> {
-    let Some(bin) = elastrec_stream::tansu::binary() else {
-        elastrec_common::skip_test(
-            "TANSU",
-            "no Kafka broker: `bash scripts/test.sh` installs Tansu, or set ELASTREC_TANSU",
-        );
-        return None;
-    };
+    let bin = elastrec_stream::tansu::binary_or_skip()?;
     let log = fixture().dir.join(format!("{name}-broker.log"));
     Some(Tansu::start(&bin, &log, &Default::default()).unwrap())
 }
@@ -100,6 +92,8 @@ fn clicks(name: &str) -> Option<(Tansu, String)> {
     broker_with_clicks(name, 3)
 }
 
+/// An online job; `cluster` and `stream` are extra lines of those sections (a `ps = N`
+/// line in `cluster` replaces the default of 1 PS).
 fn online_job_with(
     name: &str,
     brokers: &str,

@@ -27,6 +27,19 @@ pub fn binary() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// [`binary`] for a test: `None` after recording the running test as skipped (or failing
+/// it where `ELASTREC_REQUIRE_TANSU` is set, see [`elastrec_common::skip_test`]).
+pub fn binary_or_skip() -> Option<PathBuf> {
+    let found = binary();
+    if found.is_none() {
+        elastrec_common::skip_test(
+            "TANSU",
+            "no Kafka broker: `bash scripts/test.sh` installs Tansu, or set ELASTREC_TANSU",
+        );
+    }
+    found
+}
+
 /// A running broker, killed when dropped.
 pub struct Tansu {
     child: Child,

@@ -197,35 +197,34 @@ impl TopicWatch {
 /// Creates `topic` with `partitions` partitions (replication factor 1): benchmarks and
 /// tests make the topics they feed.
 pub fn create_topic(conn: &Connection, topic: &str, partitions: i32) -> Result<()> {
-    let kafka = Kafka::new(conn, "elastrec-admin")?;
     let topic = topic.to_string();
-    block_on(async move {
-        let controller = kafka
-            .client()
-            .await?
-            .controller_client()
-            .map_err(|e| kafka.error(e))?;
-        controller
-            .create_topic(&topic, partitions, 1, 10_000)
-            .await
-            .map_err(|e| kafka.error(e))
+    admin(conn, move |c| async move {
+        c.create_topic(&topic, partitions, 1, 10_000).await
     })
 }
 
 /// Deletes `topic` and its messages.
 pub fn delete_topic(conn: &Connection, topic: &str) -> Result<()> {
-    let kafka = Kafka::new(conn, "elastrec-admin")?;
     let topic = topic.to_string();
+    admin(conn, move |c| async move {
+        c.delete_topic(&topic, 10_000).await
+    })
+}
+
+/// Runs one call of the cluster's controller.
+fn admin<F, Fut>(conn: &Connection, call: F) -> Result<()>
+where
+    F: FnOnce(rskafka::client::controller::ControllerClient) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = rskafka::client::error::Result<()>> + Send,
+{
+    let kafka = Kafka::new(conn, "elastrec-admin")?;
     block_on(async move {
         let controller = kafka
             .client()
             .await?
             .controller_client()
             .map_err(|e| kafka.error(e))?;
-        controller
-            .delete_topic(&topic, 10_000)
-            .await
-            .map_err(|e| kafka.error(e))
+        call(controller).await.map_err(|e| kafka.error(e))
     })
 }
 

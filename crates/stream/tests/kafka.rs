@@ -18,13 +18,7 @@ use secure_broker::SecureBroker;
 /// A broker of this test's own, or `None` (the test skips, counted by the test command)
 /// where Tansu is not installed.
 fn broker(dir: &Path) -> Option<Tansu> {
-    let Some(bin) = elastrec_stream::tansu::binary() else {
-        elastrec_common::skip_test(
-            "TANSU",
-            "no Kafka broker: `bash scripts/test.sh` installs Tansu, or set ELASTREC_TANSU",
-        );
-        return None;
-    };
+    let bin = elastrec_stream::tansu::binary_or_skip()?;
     Some(Tansu::start(&bin, &dir.join("tansu.log"), &Default::default()).unwrap())
 }
 

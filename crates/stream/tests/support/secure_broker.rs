@@ -29,13 +29,7 @@ impl SecureBroker {
     /// Starts it with its files in `dir`; `None` (the test skips, counted) where Tansu or
     /// stunnel is not installed.
     pub fn start(dir: &Path) -> Option<Self> {
-        let Some(bin) = elastrec_stream::tansu::binary() else {
-            elastrec_common::skip_test(
-                "TANSU",
-                "no Kafka broker: `bash scripts/test.sh` installs Tansu",
-            );
-            return None;
-        };
+        let bin = elastrec_stream::tansu::binary_or_skip()?;
         let stunnel_bin = ["/usr/bin/stunnel4", "/usr/bin/stunnel"]
             .into_iter()
             .map(PathBuf::from)
