@@ -62,9 +62,10 @@ fn kill(pid: i32, sig: i32) {
 }
 
 /// Holds the job at a sixth of its samples and takes a checkpoint there, then holds it at
-/// a third and kills PS 1 (so samples were trained after the checkpoint), then lets the job
-/// go on. The pauses make the sequence independent of how fast the job runs.
-fn kill_a_ps_after_a_checkpoint(dir: &Path) {
+/// a third and kills PS 1 (so samples were trained after the checkpoint), runs
+/// `while_held` on the held job (with the status before the kill), then lets the job go
+/// on. The pauses make the sequence independent of how fast the job runs.
+fn kill_a_ps_after_a_checkpoint(dir: &Path, while_held: impl FnOnce(&serde_json::Value)) {
     let total = 2 * fixture().train_rows;
     wait_held(dir);
     take_checkpoint(dir);
@@ -73,7 +74,37 @@ fn kill_a_ps_after_a_checkpoint(dir: &Path) {
     let ps = ps_pids(&s);
     assert_eq!(ps.len(), 2, "{s}");
     kill(ps[1].1, libc::SIGKILL);
+    while_held(&s);
     unpause(dir);
+}
+
+/// While the job is held after PS 1 was killed: waits until a replacement of PS 1 serves
+/// and holds as many dense updates as PS 0. Nothing trains while the job is held, so both
+/// counts stand still; a replacement that reloaded its dense slice from the checkpoint
+/// stays behind PS 0 (and this fails on the time limit).
+fn wait_for_a_replacement_level_with_ps_0(dir: &Path, before: &serde_json::Value) {
+    let old = ps_pids(before);
+    let mut last = None;
+    let steps = |s: &serde_json::Value, id: u64| {
+        s["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["id"] == id && n["state"] == "running" && !n["profile"].is_null())
+            .and_then(|n| n["step"].as_u64())
+    };
+    wait_for(Duration::from_secs(90), || {
+        last = status_json(dir);
+        let Some(s) = &last else { return false };
+        let now = ps_pids(s);
+        let Some(&(new_id, _)) = now.iter().find(|(id, _)| !old.iter().any(|o| o.0 == *id)) else {
+            return false;
+        };
+        match (steps(s, old[0].0), steps(s, new_id)) {
+            (Some(a), Some(b)) => a > 0 && a == b,
+            _ => false,
+        }
+    });
 }
 
 /// Starts job `job` held at a sixth of its samples, with `env` added to its environment.
@@ -98,7 +129,11 @@ fn run_with_a_ps_killed(
     let (job, dir) = write_job(name, cluster);
     let log = dir.with_extension("log");
     let mut g = spawn_paused(&job, &log, env);
-    kill_a_ps_after_a_checkpoint(&dir);
+    kill_a_ps_after_a_checkpoint(&dir, |before| {
+        if mode == "partial" {
+            wait_for_a_replacement_level_with_ps_0(&dir, before);
+        }
+    });
     let text = g.wait_success(&log);
     check_result(&dir, &log, 0.005);
     let r = result(&dir);
@@ -117,9 +152,11 @@ fn run_with_a_ps_killed(
     (r, rec[0].clone(), text)
 }
 
-/// Partial recovery: only the killed PS reloads its shard; the worker keeps its progress,
-/// nothing is trained twice, the lost updates show as PLS > 0, and the model is as good as
-/// the failure-free one.
+/// Partial recovery: only the killed PS reloads its embedding rows, and its dense slice
+/// comes back from PS 0's replica (no dense update is lost: see
+/// `wait_for_a_replacement_level_with_ps_0`); the worker keeps its progress, nothing is
+/// trained twice, the lost row updates show as PLS > 0, and the model is as good as the
+/// failure-free one.
 #[test]
 fn ps_killed_under_partial_recovery() {
     let _g = serial();

@@ -28,6 +28,11 @@ pub struct Registration {
     pub num_ps: u32,
     /// PS: this server joins a re-sharding in progress (starts empty, receives its rows).
     pub joining: bool,
+    /// PS: the running servers' addresses by index ("" where one is not running).
+    pub peer_addrs: Vec<String>,
+    /// PS: relaunched by a partial recovery, it takes its dense slice from the replica its
+    /// successor keeps.
+    pub dense_from_replica: bool,
 }
 
 /// Registers a node (serving PS RPCs on `addr` and metrics on `metrics_addr`, either
@@ -55,18 +60,28 @@ pub async fn register_node(
     metrics_addr: &str,
     need_ps: bool,
 ) -> anyhow::Result<Registration> {
+    let req = RegisterRequest {
+        version: rpc::version(),
+        role: role as i32,
+        node_id,
+        addr: addr.to_string(),
+        metrics_addr: metrics_addr.to_string(),
+        pid: std::process::id(),
+        restore_s: 0.0,
+        dense_rewound: false,
+    };
+    register_request(master, req, need_ps).await
+}
+
+/// [`register_node`] with the whole request (a PS reports its restore time in it).
+pub async fn register_request(
+    master: &mut Master,
+    req: RegisterRequest,
+    need_ps: bool,
+) -> anyhow::Result<Registration> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let r = master
-            .register(RegisterRequest {
-                version: rpc::version(),
-                role: role as i32,
-                node_id,
-                addr: addr.to_string(),
-                metrics_addr: metrics_addr.to_string(),
-                pid: std::process::id(),
-            })
-            .await;
+        let r = master.register(req.clone()).await;
         match r {
             Ok(r) => {
                 let r = r.into_inner();
@@ -80,6 +95,8 @@ pub async fn register_node(
                         layout_version: r.layout_version,
                         num_ps: r.num_ps,
                         joining: r.joining,
+                        peer_addrs: r.peer_addrs,
+                        dense_from_replica: r.dense_from_replica,
                     });
                 }
             }

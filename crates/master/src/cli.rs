@@ -144,7 +144,7 @@ pub fn status_value(
                 "state": n.state, "pid": n.pid, "addr": n.addr,
                 "metrics_addr": n.metrics_addr,
                 "last_heartbeat_ms_ago": n.last_heartbeat_ms_ago, "samples": n.samples,
-                "restarts": n.restarts, "task": n.task_id,
+                "restarts": n.restarts, "task": n.task_id, "step": n.step,
                 "profile": n.profile.map(|p| serde_json::json!({
                     "cpu_s": p.cpu_s, "rss_bytes": p.rss_bytes, "threads": p.threads,
                     "batches": p.batches, "samples": p.samples, "compute_s": p.compute_s, "pull_s": p.pull_s,
@@ -881,6 +881,8 @@ async fn simulated_worker(
         addr: String::new(),
         metrics_addr: String::new(),
         pid: 0,
+        restore_s: 0.0,
+        dense_rewound: false,
     })
     .await?;
     flags.registered.fetch_add(1, Relaxed);

@@ -419,6 +419,7 @@ impl MasterCore {
                 restarts: n.restarts,
                 task_id: q.held_by(n.id).map(|t| t.id).unwrap_or(0),
                 profile: profiles.get(&n.id).copied(),
+                step: n.step,
             })
             .collect();
         let phase = match job.phase() {

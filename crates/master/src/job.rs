@@ -687,6 +687,13 @@ impl Job {
 
     /// PS addresses of the layout in force, by index, once all have registered.
     pub fn ps_addrs(&self) -> Option<Vec<String>> {
+        let addrs = self.running_ps_addrs();
+        addrs.iter().all(|a| !a.is_empty()).then_some(addrs)
+    }
+
+    /// The addresses of the layout's running parameter servers by index, "" where one is
+    /// not running (a relaunched server finds its peers there while it is still missing).
+    pub fn running_ps_addrs(&self) -> Vec<String> {
         let mut addrs = vec![String::new(); self.policy.num_ps as usize];
         for n in self.nodes.values() {
             if n.role == Role::Ps
@@ -697,7 +704,7 @@ impl Job {
                 addrs[n.index as usize] = n.addr.clone();
             }
         }
-        addrs.iter().all(|a| !a.is_empty()).then_some(addrs)
+        addrs
     }
 
     /// Version of the PS layout in force.

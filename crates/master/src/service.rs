@@ -67,7 +67,7 @@ impl Master for MasterService {
         {
             return Err(MasterError::invalid("metrics_addr must be host:port").into());
         }
-        let (ps_addrs, layout_version, num_ps, joining) = self
+        let (ps_addrs, layout_version, num_ps, joining, peer_addrs, ps_index) = self
             .0
             .run(|job, cx| {
                 job.register(req.node_id, role, &req.addr, &req.metrics_addr, req.pid, cx)?;
@@ -76,9 +76,29 @@ impl Master for MasterService {
                     Some(r) if job.is_joining(req.node_id) => (r.version, r.num_ps, true),
                     _ => (job.layout_version(), job.policy().num_ps, false),
                 };
-                Ok::<_, JobError>((job.ps_addrs().unwrap_or_default(), version, n, joining))
+                let peers = if role == Role::Ps {
+                    job.running_ps_addrs()
+                } else {
+                    Vec::new()
+                };
+                let index = job.node(req.node_id).map(|n| n.index);
+                Ok::<_, JobError>((
+                    job.ps_addrs().unwrap_or_default(),
+                    version,
+                    n,
+                    joining,
+                    peers,
+                    index,
+                ))
             })
             .await??;
+        let recovering = role == Role::Ps && !joining;
+        let coordinator = self.0.checkpoints().filter(|_| recovering);
+        if let Some(c) = coordinator.filter(|_| req.restore_s > 0.0 || req.dense_rewound) {
+            c.ps_restored(req.restore_s, req.dense_rewound.then_some(req.node_id));
+        }
+        let dense_from_replica =
+            coordinator.is_some_and(|c| ps_index.is_some_and(|i| c.dense_from_replica(i)));
         Ok(Response::new(RegisterResponse {
             job_toml: self.0.job_toml.clone(),
             ps_addrs,
@@ -91,6 +111,8 @@ impl Master for MasterService {
             layout_version,
             num_ps,
             joining,
+            peer_addrs,
+            dense_from_replica,
         }))
     }
 

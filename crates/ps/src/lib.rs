@@ -13,6 +13,7 @@ pub mod image;
 pub mod layout;
 pub mod metrics;
 pub mod process;
+mod replica;
 pub mod reshard;
 pub mod service;
 pub mod shard;

@@ -21,6 +21,7 @@ pub struct PsMetrics {
     pub(crate) push_latency: Histogram,
     pub(crate) repeated_pushes: Counter,
     pub(crate) checkpoints: Counter,
+    pub(crate) replica_failures: Counter,
     last_stall_ms: Gauge<f64, AtomicU64>,
     version: Gauge,
     rows_held: Gauge,
@@ -43,6 +44,7 @@ impl PsMetrics {
             push_latency: elastrec_metrics::latency_histogram(),
             repeated_pushes: Counter::default(),
             checkpoints: Counter::default(),
+            replica_failures: Counter::default(),
             last_stall_ms: Gauge::default(),
             version: Gauge::default(),
             rows_held: Gauge::default(),
@@ -75,6 +77,12 @@ impl PsMetrics {
             "repeated_pushes_skipped",
             "Pushes skipped because their batch was already applied",
             m.repeated_pushes.clone(),
+        );
+        r.register(
+            "dense_replica_failures",
+            "Times the replica of this server's dense slice on its successor was lost or \
+             could not be seeded (pushes are answered without it until it is seeded again)",
+            m.replica_failures.clone(),
         );
         r.register(
             "checkpoints",

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use elastrec_job::register::{register, register_node};
-use elastrec_proto::master::{HeartbeatRequest, NodeAction, Role};
+use elastrec_job::register::{register_node, register_request};
+use elastrec_proto::master::{HeartbeatRequest, NodeAction, RegisterRequest, Role};
 use elastrec_rpc::{self as rpc, is_transient};
 
 use crate::fail_points::NODE_ID;
@@ -41,6 +41,7 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     // Learn the job first (bind address), then register with the real address.
     let reg = register_node(&mut master, Role::Ps, args.node_id, "", "", false).await?;
     let (job, plan) = (reg.job, reg.restore);
+    let (peer_addrs, dense_from_replica) = (reg.peer_addrs, reg.dense_from_replica);
     let ip = elastrec_job::resources::bind_address(&job).map_err(anyhow::Error::msg)?;
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0))
         .await
@@ -77,8 +78,8 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
         args.index,
         metrics.addr()
     );
+    let t0 = std::time::Instant::now();
     if let Some(plan) = plan.filter(|p| !p.chain.is_empty() && !reg.joining) {
-        let t0 = std::time::Instant::now();
         let (version, shm, storage) = shard.restore(&plan).await.with_context(|| {
             format!(
                 "PS {}: restoring checkpoint {:?} from {}",
@@ -93,6 +94,26 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
             t0.elapsed().as_secs_f64()
         );
     }
+    let mut dense_rewound = false;
+    if dense_from_replica && !reg.joining {
+        match shard.take_dense_replica(&peer_addrs, &token).await {
+            Ok(version) => eprintln!(
+                "PS {}: dense slice and optimizer state taken from the successor's replica: \
+                 dense version {version}",
+                args.index
+            ),
+            Err(why) => {
+                dense_rewound = true;
+                eprintln!(
+                    "PS {}: warning: the dense slice stays at the checkpoint's version {}, \
+                     behind the rest of the dense model: {why}",
+                    args.index,
+                    shard.version()
+                );
+            }
+        }
+    }
+    let restore_s = t0.elapsed().as_secs_f64();
     let server = tokio::spawn(serve(
         shard.clone(),
         listener,
@@ -101,15 +122,23 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     ));
     let metrics_addr = elastrec_job::resources::advertise_for(&job.engine, metrics.addr())
         .map_err(anyhow::Error::msg)?;
-    let (_, _, hb_ms, _) = register(
+    let reg = register_request(
         &mut master,
-        Role::Ps,
-        args.node_id,
-        &addr,
-        &metrics_addr,
+        RegisterRequest {
+            version: rpc::version(),
+            role: Role::Ps as i32,
+            node_id: args.node_id,
+            addr: addr.clone(),
+            metrics_addr,
+            pid: std::process::id(),
+            restore_s,
+            dense_rewound,
+        },
         false,
     )
     .await?;
+    let hb_ms = reg.heartbeat_ms;
+    shard.set_peers(reg.layout_version, reg.peer_addrs);
     // A heartbeat every `hb_ms` whether or not the previous one was answered: the master
     // counts a node alive when a heartbeat arrives, and a reply may wait for the master's
     // disk; waiting for it before the next beat let a slow master disk kill a live PS.
@@ -135,10 +164,13 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
                 });
             }
             Some(r) = replies.recv() => match r {
-                Ok(r) => match r.into_inner().action() {
-                    NodeAction::Stop | NodeAction::Unknown => break,
-                    _ => {}
-                },
+                Ok(r) => {
+                    let r = r.into_inner();
+                    if matches!(r.action(), NodeAction::Stop | NodeAction::Unknown) {
+                        break;
+                    }
+                    shard.set_peers(r.layout_version, r.ps_addrs);
+                }
                 Err(s) if is_transient(&s) => {}
                 Err(s) => anyhow::bail!("heartbeat refused: {s}"),
             },

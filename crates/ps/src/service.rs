@@ -8,7 +8,8 @@ use elastrec_proto::ps::parameter_server_server::{ParameterServer, ParameterServ
 use elastrec_proto::ps::{
     AbortRequest, AbortResponse, CheckpointRequest, CheckpointResponse, CommitRequest,
     CommitResponse, ImportRequest, ImportResponse, InfoRequest, InfoResponse, PullRequest,
-    PullResponse, PushRequest, PushResponse, ReshardRequest, ReshardResponse,
+    PullResponse, PushRequest, PushResponse, ReplicateRequest, ReplicateResponse, ReshardRequest,
+    ReshardResponse, TakeReplicaRequest, TakeReplicaResponse,
 };
 use elastrec_rpc::{self as rpc, check_version, ServerAuth};
 use tonic::service::interceptor::InterceptedService;
@@ -158,6 +159,30 @@ impl ParameterServer for Service {
             .map_err(PsError::from)??;
         Ok(Response::new(out))
     }
+
+    async fn replicate(
+        &self,
+        req: Request<ReplicateRequest>,
+    ) -> Result<Response<ReplicateResponse>, Status> {
+        rpc::require(&req, &[rpc::Caller::Ps])?;
+        let req = req.into_inner();
+        check_version(&req.version)?;
+        let shard = self.0.clone();
+        let out = tokio::task::spawn_blocking(move || shard.replication.apply(&shard, req))
+            .await
+            .map_err(PsError::from)??;
+        Ok(Response::new(out))
+    }
+
+    async fn take_replica(
+        &self,
+        req: Request<TakeReplicaRequest>,
+    ) -> Result<Response<TakeReplicaResponse>, Status> {
+        rpc::require(&req, &[rpc::Caller::Ps])?;
+        let req = req.into_inner();
+        check_version(&req.version)?;
+        Ok(Response::new(self.0.replication.take(&req)))
+    }
 }
 
 /// Serves `shard` on `listener` with token checks and message limits.
@@ -167,8 +192,9 @@ pub async fn serve(
     token: String,
     max_bytes: usize,
 ) -> anyhow::Result<()> {
-    // Calls to the other servers (re-sharding) carry the same token.
+    // Calls to the other servers (re-sharding, dense replicas) carry the same token.
     let _ = shard.peer_token.set(token.clone());
+    crate::replica::start(&shard);
     let svc = ParameterServerServer::new(Service(shard))
         .max_decoding_message_size(max_bytes)
         .max_encoding_message_size(max_bytes);

@@ -42,6 +42,8 @@ pub(crate) struct State {
     scratch: TableScratch,
     pub(crate) dense: Vec<f32>,
     pub(crate) opt: Box<dyn DenseOptimizer>,
+    /// The dense learning rate in force (the schedule's multiplier applied).
+    pub(crate) dense_lr: f32,
     pub(crate) accum: Accum,
     /// CPR-SSU: sub-sampled lists of touched rows, for the large tables.
     pub(crate) ssu: Vec<Option<SsuList>>,
@@ -124,6 +126,17 @@ impl ShardConfig {
         }
     }
 
+    /// A fresh dense optimizer over the slice `range` of the dense vector.
+    pub(crate) fn dense_optimizer_for(
+        &self,
+        range: &std::ops::Range<usize>,
+    ) -> Box<dyn DenseOptimizer> {
+        self.dense_optimizer.build_with_statistics(
+            range.len(),
+            elastrec_model::optim::statistics_in(&self.statistics, range),
+        )
+    }
+
     /// Shard `index` of `count` of layout `version`: initialized exactly as the
     /// single-process model from the full dense parameters `init`, or, without them, every
     /// float zero (a shard whose rows and dense values are all about to be imported).
@@ -144,10 +157,7 @@ impl ShardConfig {
             Some(params) => params[range.clone()].to_vec(),
             None => vec![0.0; range.len()],
         };
-        let opt = self.dense_optimizer.build_with_statistics(
-            range.len(),
-            elastrec_model::optim::statistics_in(&self.statistics, &range),
-        );
+        let opt = self.dense_optimizer_for(&range);
         let mut ssu = Vec::with_capacity(self.large.len());
         for (t, &is_large) in self.large.iter().enumerate() {
             let local = store.table(t)?.row_capacity();
@@ -216,6 +226,9 @@ pub struct PsShard {
     pub(crate) call_timeout: Duration,
     /// The job token, for calls to other servers (set by [`crate::service::serve`]).
     pub(crate) peer_token: OnceLock<String>,
+    /// The replica of this server's dense slice on its successor, and the one it keeps of
+    /// its predecessor's.
+    pub(crate) replication: crate::replica::Replication,
     /// Served on `/metrics`.
     pub metrics: crate::metrics::PsMetrics,
 }
@@ -319,6 +332,7 @@ impl PsShard {
                 scratch: TableScratch::default(),
                 dense: parts.dense,
                 opt: parts.opt,
+                dense_lr: job.optimizer.dense.lr(),
                 accum: Accum::default(),
                 ssu: parts.ssu,
                 last_batch: HashMap::new(),
@@ -350,6 +364,10 @@ impl PsShard {
             max_message_bytes: job.cluster.max_message_bytes,
             call_timeout: job.cluster.rpc_timeout(),
             peer_token: OnceLock::new(),
+            // Full recovery rewinds every server together: only a partial one needs it.
+            replication: crate::replica::Replication::new(
+                job.checkpoint.recovery != elastrec_job::distributed::RecoveryChoice::Full,
+            ),
             metrics: {
                 let m = crate::metrics::PsMetrics::new(index, layout.rows_held);
                 m.set_layout(layout.version, layout.rows_held);
@@ -633,18 +651,19 @@ impl PsShard {
         let State {
             opt, dense: params, ..
         } = st;
-        match dense {
+        match &dense {
             DenseGrad::Whole([]) => return Ok(()),
             DenseGrad::Whole(g) => opt.step(params, g),
             DenseGrad::Spans(spans) if spans.is_empty() => return Ok(()),
             DenseGrad::Spans(spans) => {
-                for (offset, g) in spans {
+                for &(offset, g) in spans {
                     opt.step_range(params, g, offset);
                 }
             }
         }
         let v = self.version_locked(st) + 1;
         self.set_version(st, v);
+        self.replication.record(st, v, &dense);
         Ok(())
     }
 
@@ -742,64 +761,74 @@ impl PsShard {
     /// `[optimizer.schedule]` multiplier a push carries (0: no schedule, left as they are).
     fn set_lr_scale(&self, st: &mut State, scale: f32) {
         if scale > 0.0 {
-            st.opt.set_lr(self.base_lr * scale);
+            st.dense_lr = self.base_lr * scale;
+            st.opt.set_lr(st.dense_lr);
             st.store.set_lr_scale(scale);
         }
     }
 
-    /// Applies a push: at once (async), or as part of its synchronous step.
+    /// Applies a push: at once (async), or as part of its synchronous step. It is answered
+    /// once the update it joined is replicated (see [`crate::replica`]).
     pub async fn push(&self, req: PushRequest) -> Result<PushResponse, PsError> {
         let view = self.layout();
         view.check(req.layout_version)?;
         self.validate_push(&view.layout, &req)?;
         fail_point_grow(req.rows.len());
-        if self.mode == SyncMode::Async {
-            let mut st = self.state.lock();
-            st.check_layout(req.layout_version)?;
-            if self.already_applied(&mut st, &req) {
-                return Ok(PushResponse {
-                    dense_version: self.version_locked(&st),
-                });
-            }
-            self.set_lr_scale(&mut st, req.lr_scale);
-            match crate::reshard::inherited_part(&mut st, &req, self.config.dense_total) {
-                None => {
-                    let dense = Self::dense_of(&req, &view.layout.range);
-                    self.apply_all(&mut st, &req.tables, &req.rows, &req.grads, dense)?;
-                }
-                Some(rest) => {
-                    self.metrics.repeated_pushes.inc();
-                    let start = view.layout.range.start;
-                    let dense = rest
-                        .dense
-                        .iter()
-                        .map(|(s, g)| (s - start, g.as_slice()))
-                        .collect();
-                    let dense = DenseGrad::Spans(dense);
-                    self.apply_all(&mut st, &rest.tables, &rest.rows, &rest.grads, dense)?;
-                }
-            }
-            Self::remember(&mut st, &req);
-            return Ok(PushResponse {
-                dense_version: self.version_locked(&st),
-            });
+        let dense_version = if self.mode == SyncMode::Async {
+            self.push_async(&req, &view)?
+        } else {
+            self.push_sync(&req).await?
+        };
+        self.replication.replicated(dense_version).await;
+        Ok(PushResponse { dense_version })
+    }
+
+    /// Applies an asynchronous push at once; returns the dense version after it.
+    fn push_async(&self, req: &PushRequest, view: &LayoutView) -> Result<u64, PsError> {
+        let mut st = self.state.lock();
+        st.check_layout(req.layout_version)?;
+        if self.already_applied(&mut st, req) {
+            return Ok(self.version_locked(&st));
         }
+        self.set_lr_scale(&mut st, req.lr_scale);
+        match crate::reshard::inherited_part(&mut st, req, self.config.dense_total) {
+            None => {
+                let dense = Self::dense_of(req, &view.layout.range);
+                self.apply_all(&mut st, &req.tables, &req.rows, &req.grads, dense)?;
+            }
+            Some(rest) => {
+                self.metrics.repeated_pushes.inc();
+                let start = view.layout.range.start;
+                let dense = rest
+                    .dense
+                    .iter()
+                    .map(|(s, g)| (s - start, g.as_slice()))
+                    .collect();
+                let dense = DenseGrad::Spans(dense);
+                self.apply_all(&mut st, &rest.tables, &rest.rows, &rest.grads, dense)?;
+            }
+        }
+        Self::remember(&mut st, req);
+        Ok(self.version_locked(&st))
+    }
+
+    /// Adds a push to its synchronous step and waits for the step to be applied; returns
+    /// the dense version after it.
+    async fn push_sync(&self, req: &PushRequest) -> Result<u64, PsError> {
         let step = {
             let mut st = self.state.lock();
             st.check_layout(req.layout_version)?;
-            if self.already_applied(&mut st, &req) {
+            if self.already_applied(&mut st, req) {
                 // Its gradients are in this or an earlier step already; the step it
                 // would have joined completes by its other contributors or the timeout.
-                return Ok(PushResponse {
-                    dense_version: self.version_locked(&st),
-                });
+                return Ok(self.version_locked(&st));
             }
             if req.base_version != self.version_locked(&st) {
                 // Computed before the last step closed (a worker that believed the step
                 // needed it too): it joins the open step, one update stale.
                 st.late_pushes += 1;
             }
-            Self::remember(&mut st, &req);
+            Self::remember(&mut st, req);
             let held = st.layout.range.len();
             let a = &mut st.accum;
             a.count += 1;
@@ -823,9 +852,7 @@ impl PsShard {
             // it holds the job's (global) batch of samples.
             if a.count >= req.contributors.max(1) || a.weight >= self.step_samples {
                 self.flush(&mut st)?;
-                return Ok(PushResponse {
-                    dense_version: self.version_locked(&st),
-                });
+                return Ok(self.version_locked(&st));
             }
             self.version_locked(&st)
         };
@@ -836,9 +863,7 @@ impl PsShard {
             // Some contributor never came (died or left): apply what arrived.
             self.flush(&mut st)?;
         }
-        Ok(PushResponse {
-            dense_version: self.version_locked(&st),
-        })
+        Ok(self.version_locked(&st))
     }
 
     fn flush(&self, st: &mut State) -> Result<(), PsError> {

@@ -1455,6 +1455,20 @@ mod tests {
         ) -> Result<Response<AbortResponse>, Status> {
             Err(Status::unimplemented("fake"))
         }
+
+        async fn replicate(
+            &self,
+            _: Request<elastrec_proto::ps::ReplicateRequest>,
+        ) -> Result<Response<elastrec_proto::ps::ReplicateResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+
+        async fn take_replica(
+            &self,
+            _: Request<elastrec_proto::ps::TakeReplicaRequest>,
+        ) -> Result<Response<elastrec_proto::ps::TakeReplicaResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
     }
 
     async fn serve(fake: Arc<Fake>) -> String {

@@ -75,6 +75,9 @@ pub struct Coordinator {
     running: tokio::sync::Mutex<()>,
     /// The checkpoint a job started from (`--from-checkpoint`), used until it has its own.
     origin: Mutex<Option<(Manifest, RestorePlan, DataPosition)>>,
+    /// Servers relaunched by the partial recovery in progress: they take their dense slice
+    /// from their successor's replica (see `elastrec_ps`'s dense replicas).
+    dense_from_replica: Mutex<std::collections::BTreeSet<u32>>,
 }
 
 impl Coordinator {
@@ -103,6 +106,7 @@ impl Coordinator {
                 Instant::now(),
             )),
             running: tokio::sync::Mutex::new(()),
+            dense_from_replica: Mutex::new(Default::default()),
             origin: Mutex::new(None),
         })
     }
@@ -389,6 +393,31 @@ impl Coordinator {
         self.fingerprint.lock().files.extend(file_names(files));
     }
 
+    /// Whether PS `index`, registering now, was relaunched by a partial recovery (its dense
+    /// slice then comes from its successor's replica, not the checkpoint).
+    pub fn dense_from_replica(&self, index: u32) -> bool {
+        self.dense_from_replica.lock().contains(&index)
+    }
+
+    /// A relaunched PS spent `secs` loading its checkpoint (and replica): CPR's `O_load`
+    /// of the recovery in progress. `rewound`: the node id of a PS that could not take its
+    /// dense slice from the replica (its slice is the checkpoint's).
+    pub fn ps_restored(&self, secs: f64, rewound: Option<u32>) {
+        let mut p = self.policy.lock();
+        p.loaded(secs);
+        if let Some(node) = rewound {
+            p.dense_rewound();
+            event!(
+                warn,
+                "ps_dense_rewound",
+                node = node,
+                "master: the PS relaunched as node {node} could not take its dense slice from \
+                 its successor's replica; the slice is the checkpoint's, behind the rest of \
+                 the dense model"
+            );
+        }
+    }
+
     /// Recovers failed parameter servers: partial (relaunch them on their last part) or
     /// full (every node and the data position back to the last checkpoint).
     pub async fn recover(&self, core: &MasterCore, failures: Vec<PsFailure>) -> anyhow::Result<()> {
@@ -436,6 +465,7 @@ impl Coordinator {
                     .policy
                     .lock()
                     .partial_loss(samples_now, ps.len() as u32);
+                self.dense_from_replica.lock().extend(&ps);
                 let restarts: Vec<(u32, u32)> = {
                     let job = core.job.lock();
                     failures
@@ -452,6 +482,7 @@ impl Coordinator {
                 .context("master state")?;
             }
             RecoveryMode::Full => {
+                self.dense_from_replica.lock().clear();
                 let (spec, rows, following) = {
                     let job = core.job.lock();
                     let q = job.tasks();
@@ -485,6 +516,8 @@ impl Coordinator {
             samples_at_checkpoint: pos.samples(),
             pls_added,
             seconds: None,
+            load_s: None,
+            dense_rewound: false,
             decision: decision.reason.clone(),
         };
         event!(
@@ -518,6 +551,7 @@ impl Coordinator {
         }) else {
             return;
         };
+        self.dense_from_replica.lock().clear();
         event!(
             "ps_recovered",
             seconds = secs,

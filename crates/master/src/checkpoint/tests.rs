@@ -49,6 +49,8 @@ fn record(ps: u32, at_failure: u64) -> RecoveryRecord {
         samples_at_checkpoint: 0,
         pls_added: 0.0,
         seconds: None,
+        load_s: None,
+        dense_rewound: false,
         decision: String::new(),
     }
 }
@@ -137,13 +139,42 @@ fn a_recovery_is_timed_and_its_time_becomes_the_measured_cost() {
     assert!((lost - 300.0 / 2000.0).abs() < 1e-12, "{lost}");
     p.recovery_started(t0 + s(5.0), record(1, 500), d);
     assert!(p.recovering());
+    // The relaunched server reports 1.25 s of loading.
+    p.loaded(1.25);
     assert_eq!(p.recovered(t0 + s(8.5)), Some(3.5));
     assert!(!p.recovering());
     assert_eq!(p.recovered(t0 + s(9.0)), None, "closed once");
     let st = p.stats();
     assert_eq!(st.recoveries[0].seconds, Some(3.5));
-    assert_eq!((st.o_res_s, st.o_load_s), (Some(3.5), Some(3.5)));
+    assert_eq!(st.recoveries[0].load_s, Some(1.25));
+    // Eq. 2 adds O_load and O_res: together they are the recovery's time, not twice it.
+    assert_eq!((st.o_load_s, st.o_res_s), (Some(1.25), Some(2.25)));
     assert!((st.pls.as_ref().unwrap().pls() - lost).abs() < 1e-12);
+}
+
+/// With MFU/SSU a delta saves only the large tables' hottest rows: the other rows of a
+/// failed server go back to the last full checkpoint, so its lost samples count from
+/// there (CPR's PLS for MFU/SSU), not from the delta.
+#[test]
+fn pls_counts_from_the_last_full_checkpoint_across_deltas() {
+    let cfg = CheckpointConfig {
+        interval_s: 10.0,
+        priority: SavePriority::Mfu,
+        ratio: 0.25,
+        ..CheckpointConfig::default()
+    };
+    let t0 = Instant::now();
+    let mut p = CheckpointPolicy::new(cfg, 2, 1000, None, t0);
+    commit(&mut p, t0 + s(1.0), false, 100);
+    commit(&mut p, t0 + s(2.0), true, 200);
+    commit(&mut p, t0 + s(3.0), true, 300);
+    let lost = p.partial_loss(400, 1);
+    // One of two servers lost the 300 samples since the full checkpoint at 100.
+    assert!((lost - 300.0 / 2000.0).abs() < 1e-12, "{lost}");
+    // A full checkpoint moves the point.
+    commit(&mut p, t0 + s(4.0), false, 500);
+    let lost = p.partial_loss(600, 1);
+    assert!((lost - 100.0 / 2000.0).abs() < 1e-12, "{lost}");
 }
 
 /// A configured mode wins over CPR's choice and says so; a whole-job restart forces a

@@ -526,6 +526,8 @@ impl PsShard {
         st.known = known;
         st.dirty = None;
         self.set_version(&mut st, dense_version);
+        // The successor and the slice changed: the replica is seeded again.
+        self.replication.invalidate();
         self.publish(&st);
         let reply = self.commit_response(&st);
         drop(st);
