@@ -12,10 +12,12 @@
 //! * [`logloss`]: the clamped log-loss term, for evaluation and the master's
 //!   progressive validation of online jobs.
 //! * [`eval`]: the evaluation result workers report and the master records.
+//! * [`caught`]: a dependency's panic on corrupt input, caught as an error message.
 //! * [`quiet`]: the foreign CPU load while a benchmark round ran, so that no benchmark
 //!   reports a ratio measured on a busy machine.
 
 pub mod auc;
+pub mod caught;
 pub mod eval;
 pub mod logloss;
 pub mod quiet;
@@ -23,6 +25,7 @@ pub mod skip;
 pub mod splitmix;
 
 pub use auc::exact_auc;
+pub use caught::quiet_catch_unwind;
 pub use eval::EvalResult;
 pub use logloss::{logloss_term, LOGLOSS_EPS};
 pub use skip::skip_test;

@@ -208,9 +208,23 @@ impl ParquetWriter {
 /// Row count of a Parquet file, from its footer.
 pub fn parquet_row_count(path: &Path) -> Result<u64> {
     let file = File::open(path).map_err(|e| DataError::io(path, e))?;
-    let builder =
-        ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| DataError::parquet(path, e))?;
+    let builder = guarded(path, "reading the footer", || {
+        ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| DataError::parquet(path, e))
+    })?;
     Ok(footer_rows(path, builder.metadata())?.0)
+}
+
+/// Runs `f`, a call into the Parquet and Arrow decoders. They panic on some corrupt input
+/// (an offset out of bounds, a bad bit width) instead of returning an error; such a panic
+/// becomes an error naming the file and what was being read, and prints nothing.
+fn guarded<T>(path: &Path, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    match elastrec_common::quiet_catch_unwind(f) {
+        Ok(r) => r,
+        Err(message) => Err(DataError::parquet(
+            path,
+            format!("{what}: the file is corrupt (the decoder failed: {message})"),
+        )),
+    }
 }
 
 /// The file's row count and each row group's, from the footer.
@@ -387,9 +401,10 @@ impl ParquetReader {
 
     fn open_inner(path: &Path, range: Option<(u64, u64)>, policy: BadRowPolicy) -> Result<Self> {
         let file = File::open(path).map_err(|e| DataError::io(path, e))?;
-        let mut builder = ParquetRecordBatchReaderBuilder::try_new(file)
-            .map_err(|e| DataError::parquet(path, e))?
-            .with_batch_size(DECODE_BATCH);
+        let mut builder = guarded(path, "reading the footer", || {
+            ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| DataError::parquet(path, e))
+        })?
+        .with_batch_size(DECODE_BATCH);
         // Decode only the 40 Criteo columns: a file may carry others (ids, text, nested
         // data) that would cost decoding time and memory for nothing.
         let (columns, projection) = Projection::new(path, builder.schema())?.project();
@@ -428,7 +443,9 @@ impl ParquetReader {
         let inner = if empty {
             None
         } else {
-            Some(builder.build().map_err(|e| DataError::parquet(path, e))?)
+            Some(guarded(path, "opening the row groups", || {
+                builder.build().map_err(|e| DataError::parquet(path, e))
+            })?)
         };
         Ok(Self {
             path: path.to_path_buf(),
@@ -450,16 +467,31 @@ impl ParquetReader {
                 let Some(inner) = self.inner.as_mut() else {
                     return Ok(false);
                 };
-                match inner.next() {
-                    None => {
+                let what = format!("decoding the rows from {}", self.next_row);
+                let (projection, staged, errs) =
+                    (&self.projection, &mut self.staged, &mut self.staged_err);
+                let decoded = guarded(&self.path, &what, || match inner.next() {
+                    None => Ok(false),
+                    Some(Err(e)) => Err(DataError::parquet(&self.path, e)),
+                    Some(Ok(b)) => {
+                        stage(&b, projection, staged, errs);
+                        Ok(true)
+                    }
+                });
+                match decoded {
+                    Ok(true) => {
+                        self.cursor = 0;
+                        continue;
+                    }
+                    Ok(false) => {
                         self.inner = None;
                         return Ok(false);
                     }
-                    Some(Err(e)) => return Err(DataError::parquet(&self.path, e)),
-                    Some(Ok(b)) => {
-                        stage(&b, &self.projection, &mut self.staged, &mut self.staged_err);
-                        self.cursor = 0;
-                        continue;
+                    Err(e) => {
+                        // A decoder that failed (or panicked) half way is not read again.
+                        self.inner = None;
+                        self.staged.clear();
+                        return Err(e);
                     }
                 }
             }

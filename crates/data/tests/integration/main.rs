@@ -1,6 +1,7 @@
 //! Integration tests of `elastrec-data`, one module per area.
 
 mod bad_rows;
+mod corrupt_parquet;
 mod gen;
 mod parquet_input;
 mod ranges;
