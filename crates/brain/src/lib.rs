@@ -25,6 +25,7 @@ pub mod planner;
 pub mod primus;
 pub mod shared;
 pub mod streaming;
+pub mod traffic;
 pub mod warm_start;
 
 pub use job::{JobFile, JobSpec, TableSpec};

@@ -127,6 +127,9 @@ pub struct MasterCore {
     pub source_names: std::sync::OnceLock<Vec<String>>,
     /// An online job's scaling decisions so far.
     pub online_scaling: Mutex<Vec<crate::online_scale_loop::ScalingEvent>>,
+    /// A resumed online job's traffic history as the previous master persisted it (JSON of
+    /// `elastrec_brain::traffic::TrafficHistory`): its forecaster goes on with it.
+    pub resumed_traffic: std::sync::OnceLock<String>,
     /// An online job's progressive validation (predictions the workers made before
     /// training), when `stream.eval_window` is not 0.
     pub progressive: Mutex<Option<crate::progressive::ProgressiveEval>>,
@@ -170,6 +173,7 @@ impl MasterCore {
             follow_status: Mutex::new(None),
             source_names: std::sync::OnceLock::new(),
             online_scaling: Mutex::new(Vec::new()),
+            resumed_traffic: std::sync::OnceLock::new(),
             progressive: Mutex::new(None),
             lr_schedule: std::sync::OnceLock::new(),
             lr_scale_sent: std::sync::atomic::AtomicU32::new(0),

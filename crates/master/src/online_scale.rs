@@ -25,16 +25,14 @@
 //!    and refuses to grow an idle one.
 
 use elastrec_brain::alloc::Range;
-use elastrec_brain::forecast::{Forecaster, HoltWinters};
 use elastrec_brain::streaming::{plan_series, stabilize, Stabilization};
 use elastrec_brain::throughput::kale::{KaleModel, KaleSample, KaleVariant};
+use elastrec_brain::traffic::TrafficHistory;
 use elastrec_job::stream::{StreamConfig, StreamScaling};
 use serde::Serialize;
 
 /// Throughput samples kept (the most recent).
 const MAX_SAMPLES: usize = 240;
-/// Traffic history kept, intervals.
-const MAX_HISTORY: usize = 4096;
 /// Utilization below which a job counts as idle.
 const UTIL_LOW: f64 = 0.3;
 /// Utilization above which the HPA rule adds a worker.
@@ -104,11 +102,10 @@ pub struct OnlineScaler {
     interval_s: f64,
     slo_lag_s: f64,
     horizon: usize,
-    season: usize,
     stab: Stabilization,
     rescale_s: f64,
     sync: bool,
-    history: Vec<f64>,
+    history: TrafficHistory,
     samples: Vec<KaleSample>,
     over_slo: u32,
     idle: u32,
@@ -133,18 +130,17 @@ impl OnlineScaler {
             interval_s: cfg.interval_s,
             slo_lag_s: cfg.slo_lag_s,
             horizon: steps(cfg.horizon_s),
-            season: if cfg.season_s > 0.0 {
+            history: TrafficHistory::new(if cfg.season_s > 0.0 {
                 steps(cfg.season_s)
             } else {
                 1
-            },
+            }),
             stab: Stabilization {
                 rho: cfg.rho,
                 tau_s: cfg.tau_s,
             },
             rescale_s: cfg.rescale_s,
             sync,
-            history: Vec::new(),
             samples: Vec::new(),
             over_slo: 0,
             idle: 0,
@@ -200,23 +196,22 @@ impl OnlineScaler {
 
     /// The traffic over the next `n` intervals.
     fn forecast(&self, n: usize) -> Vec<f64> {
-        let last = self.history.last().copied().unwrap_or(0.0);
-        if self.history.len() < 4 {
-            return vec![last; n];
+        self.history.forecast(n)
+    }
+
+    /// The traffic seen so far (the master persists it, and a resumed job goes on with it).
+    pub fn history(&self) -> &TrafficHistory {
+        &self.history
+    }
+
+    /// Goes on from a persisted history; refused (false) when it was recorded for another
+    /// season.
+    pub fn resume_history(&mut self, h: TrafficHistory) -> bool {
+        let fits = h.season() == self.history.season();
+        if fits {
+            self.history = h;
         }
-        let period = if self.history.len() >= 2 * self.season {
-            self.season
-        } else {
-            1
-        };
-        let hw = HoltWinters {
-            multiplicative: false,
-            ..HoltWinters::new(period)
-        };
-        match hw.forecast(&self.history, n) {
-            Ok(f) if f.iter().all(|v| v.is_finite()) => f.into_iter().map(|v| v.max(0.0)).collect(),
-            _ => vec![last; n],
-        }
+        fits
     }
 
     /// Intervals a change is judged over: the plan's horizon, and at least long enough
@@ -285,10 +280,7 @@ impl OnlineScaler {
 
     /// Decides the worker count for the next interval.
     pub fn decide(&mut self, obs: &Observation) -> Decision {
-        self.history.push(obs.arrival_rate.max(0.0));
-        if self.history.len() > MAX_HISTORY {
-            self.history.remove(0);
-        }
+        self.history.push(obs.arrival_rate);
         if let Some((w, f)) = obs.capacity {
             if w > 0 && f > 0.0 && f.is_finite() {
                 self.samples.push(KaleSample {

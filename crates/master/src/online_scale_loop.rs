@@ -13,6 +13,7 @@ use crate::core::MasterCore;
 use crate::events::event;
 use crate::job::Phase;
 use crate::online_scale::{Decision, Observation, OnlineScaler};
+use elastrec_brain::traffic::TrafficHistory;
 
 /// One decision, with when it was taken.
 #[derive(Debug, Clone, Serialize)]
@@ -24,9 +25,36 @@ pub struct ScalingEvent {
     pub decision: Decision,
 }
 
+/// The master database's `meta` key of the traffic history.
+pub const TRAFFIC_KEY: &str = "traffic_history";
+/// The traffic history is persisted about this often (s): a resumed job loses at most
+/// this much of it.
+const PERSIST_EVERY_S: f64 = 60.0;
+
 /// Runs until the job leaves training. `sync` picks KALE's synchronous model.
 pub async fn run(core: Arc<MasterCore>, cfg: StreamConfig, sync: bool) {
     let mut scaler = OnlineScaler::new(&cfg, sync);
+    if let Some(text) = core.resumed_traffic.get() {
+        match serde_json::from_str::<TrafficHistory>(text) {
+            Ok(h) => {
+                let intervals = h.len();
+                if scaler.resume_history(h) {
+                    event!("traffic_resumed", intervals,
+                        "master: online autoscale goes on with {intervals} intervals of traffic history");
+                } else {
+                    event!(warn, "traffic_dropped",
+                        "master: the stored traffic history was recorded for another season; starting a new one");
+                }
+            }
+            Err(e) => event!(
+                warn,
+                "traffic_dropped",
+                "master: the stored traffic history is unreadable ({e}); starting a new one"
+            ),
+        }
+    }
+    let persist_every = (PERSIST_EVERY_S / cfg.interval_s).ceil().max(1.0) as u64;
+    let mut decisions = 0u64;
     let every = Duration::from_secs_f64(cfg.interval_s);
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -90,6 +118,14 @@ pub async fn run(core: Arc<MasterCore>, cfg: StreamConfig, sync: bool) {
                 .then_some((target, capacity)),
         };
         let d = scaler.decide(&obs);
+        decisions += 1;
+        if decisions.is_multiple_of(persist_every) {
+            let text = serde_json::to_string(scaler.history()).expect("serializes");
+            // A failed write leaves the previous history: the job goes on either way.
+            let _ = core
+                .persist(vec![crate::job::Change::Meta(TRAFFIC_KEY, text)])
+                .await;
+        }
         if d.target != target {
             let to = d.target;
             if core.run(|job, cx| job.scale(to, cx)).await.is_err() {

@@ -536,6 +536,9 @@ pub async fn resume_job(
         token: master_token.clone(),
         max_bytes: cfg.cluster.max_message_bytes,
     });
+    if let Some(t) = snap.meta.get(crate::online_scale_loop::TRAFFIC_KEY) {
+        let _ = core.resumed_traffic.set(t.clone());
+    }
     // The previous master may have died in the middle of a PS change: servers it froze
     // for the next layout go back to the one in force.
     crate::reshard::abort_uncommitted(&core).await;
