@@ -157,6 +157,46 @@ fn bad_rows_fail_with_location_or_are_skipped_and_counted() {
     assert_eq!(s["samples"].as_u64().unwrap(), 1_999);
 }
 
+/// A Parquet file with a run of bytes inverted inside its column data (the decoders panic
+/// on some such pages): `train` fails with an error that names the file, not a panic.
+#[test]
+fn a_corrupt_parquet_file_is_named_not_a_panic() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    ok(&elastrec(&[
+        "gen-data",
+        "--out",
+        data.to_str().unwrap(),
+        "--rows",
+        "3000",
+        "--days",
+        "3",
+        "--scale",
+        "0.001",
+        "--seed",
+        "3",
+        "--format",
+        "parquet",
+    ]));
+    let day1 = data.join("day_1.parquet");
+    let mut bytes = std::fs::read(&day1).unwrap();
+    let mid = bytes.len() / 2;
+    for b in &mut bytes[mid..mid + 64] {
+        *b = !*b;
+    }
+    std::fs::write(&day1, bytes).unwrap();
+    let job = write_job(tmp.path(), "");
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace(".tsv", ".parquet");
+    std::fs::write(&job, text).unwrap();
+    let out = elastrec(&["train", job.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("day_1.parquet"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 #[test]
 fn bad_job_files_are_rejected_naming_the_field() {
     let tmp = tempfile::tempdir().unwrap();

@@ -172,6 +172,9 @@ pub struct CheckpointConfig {
     pub keep: usize,
     /// `"full"`, `"partial"` or `"auto"`.
     pub recovery: RecoveryChoice,
+    /// Keep each PS's dense slice replicated on the next PS, so that a partial recovery
+    /// does not rewind it (ignored with `recovery = "full"`).
+    pub dense_replica: bool,
     /// Target portion of lost samples for partial recovery (CPR's PLS).
     pub target_pls: f64,
     /// Mean time between PS failures assumed until failures are observed (s).
@@ -210,6 +213,7 @@ impl Default for CheckpointConfig {
             interval_s: 0.0,
             keep: 3,
             recovery: RecoveryChoice::Auto,
+            dense_replica: true,
             target_pls: 0.1,
             mtbf_s: 3600.0,
             min_benefit: 0.1,

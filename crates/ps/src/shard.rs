@@ -366,7 +366,8 @@ impl PsShard {
             peer_token: OnceLock::new(),
             // Full recovery rewinds every server together: only a partial one needs it.
             replication: crate::replica::Replication::new(
-                job.checkpoint.recovery != elastrec_job::distributed::RecoveryChoice::Full,
+                job.checkpoint.dense_replica
+                    && job.checkpoint.recovery != elastrec_job::distributed::RecoveryChoice::Full,
             ),
             metrics: {
                 let m = crate::metrics::PsMetrics::new(index, layout.rows_held);
