@@ -391,24 +391,22 @@ impl Kafka {
         self.settings.brokers.join(",")
     }
 
-    fn backoff(&self) -> BackoffConfig {
+    /// Retries of one request end after `deadline` of backing off.
+    fn backoff(deadline: Duration) -> BackoffConfig {
         BackoffConfig {
             init_backoff: Duration::from_millis(20),
             max_backoff: Duration::from_millis(500),
             base: 2.0,
-            deadline: Some(self.settings.request_timeout),
+            deadline: Some(deadline),
         }
     }
 
-    /// The cluster client, connecting (TLS, SASL) on first use.
-    pub async fn client(&self) -> Result<Arc<Client>> {
-        let mut slot = self.client.lock().await;
-        if let Some(c) = slot.as_ref() {
-            return Ok(c.clone());
-        }
+    /// A client builder with this connection's TLS and SASL settings, whose retries back
+    /// off for at most `deadline`.
+    fn builder(&self, deadline: Duration) -> Result<ClientBuilder> {
         let s = &self.settings;
         let mut b = ClientBuilder::new(s.brokers.clone())
-            .backoff_config(self.backoff())
+            .backoff_config(Self::backoff(deadline))
             .client_id(s.client_id.clone().unwrap_or_default());
         if let Some(tls) = s.tls().map_err(|message| StreamError::Client {
             brokers: self.brokers(),
@@ -424,16 +422,38 @@ impl Kafka {
                 Mechanism::ScramSha512 => SaslConfig::ScramSha512(c),
             });
         }
-        // The client's own retries end at `request_timeout` with the attempts' errors;
-        // this bound only catches a broker that accepts and then never answers.
-        let built = tokio::time::timeout(s.request_timeout + Duration::from_secs(2), b.build())
+        Ok(b)
+    }
+
+    /// Builds a client within `request_timeout` of backing off; the outer bound only
+    /// catches a broker that accepts and then never answers.
+    async fn build(&self, deadline: Duration) -> Result<Client> {
+        let bound = self.settings.request_timeout + Duration::from_secs(2);
+        tokio::time::timeout(bound, self.builder(deadline)?.build())
             .await
             .map_err(|_| StreamError::Unreachable {
                 brokers: self.brokers(),
-                message: format!("no answer within {:.0} s", s.request_timeout.as_secs_f64()),
+                message: format!("no answer within {:.0} s", bound.as_secs_f64()),
             })?
-            .map_err(|e| self.error(e))?;
-        let c = Arc::new(built);
+            .map_err(|e| self.error(e))
+    }
+
+    /// The cluster client, connecting (TLS, SASL) on first use.
+    pub async fn client(&self) -> Result<Arc<Client>> {
+        let mut slot = self.client.lock().await;
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        // One attempt first: the client retries every failed connection, refused
+        // credentials and certificates included, until the deadline (under load, well past
+        // it: only its back-off counts), so those would surface late and as a timeout. The
+        // attempt's client is not kept: a client's back-off governs all its requests.
+        if let Err(e) = self.build(Duration::ZERO).await {
+            if !e.is_transient() {
+                return Err(e);
+            }
+        }
+        let c = Arc::new(self.build(self.settings.request_timeout).await?);
         *slot = Some(c.clone());
         Ok(c)
     }
