@@ -20,8 +20,21 @@ fn init_threads(threads: usize) -> Result<()> {
 }
 
 pub fn train(config: &Path, print_config: bool) -> Result<()> {
-    let job = JobConfig::load(config)?;
+    let mut job = JobConfig::load(config)?;
     if print_config {
+        // A job naming only its label shows the features it would train with.
+        if let Some(inferred) = elastrec_job::prepare::resolve_schema(&mut job)
+            .with_context(|| format!("inferring the features of {}", config.display()))?
+        {
+            println!(
+                "# data.feature and data.table inferred from {} rows of the first training \
+                 file; edit and keep them in the job file to fix them",
+                inferred.sampled_rows
+            );
+            for (column, why) in &inferred.skipped {
+                println!("# column {column:?} left out: {why}");
+            }
+        }
         print!("{}", toml::to_string_pretty(&job)?);
         return Ok(());
     }
@@ -95,11 +108,16 @@ pub struct GenData {
     pub conversions: bool,
     pub scale: f64,
     pub hourly_from: Option<String>,
+    /// A click log with named columns and lists instead of Criteo's layout.
+    pub named: bool,
 }
 
 pub fn gen_data(a: GenData) -> Result<()> {
     if a.rows == 0 {
         bail!("--rows must be at least 1");
+    }
+    if a.named {
+        return gen_named(&a);
     }
     let first_day = a
         .hourly_from
@@ -175,6 +193,34 @@ pub fn gen_data(a: GenData) -> Result<()> {
         );
     }
     println!("report: {}", a.out.join("report.json").display());
+    Ok(())
+}
+
+/// `gen-data --named`: the click log of `elastrec_data::gen::named`.
+fn gen_named(a: &GenData) -> Result<()> {
+    let r = elastrec_data::gen::named::generate_named(&elastrec_data::gen::named::NamedSpec {
+        out: a.out.clone(),
+        rows: a.rows,
+        days: a.days,
+        seed: a.seed,
+    })?;
+    println!(
+        "wrote {} rows with named columns to {} ({} files)",
+        r.rows,
+        a.out.display(),
+        r.files.len()
+    );
+    for f in &r.files {
+        println!("  {}", f.display());
+    }
+    println!(
+        "click rate {:.4}, teacher AUC {:.4} (the ceiling a model can approach)",
+        r.click_rate, r.teacher_auc
+    );
+    let text = serde_json::to_string_pretty(&r)?;
+    let report = a.out.join("named-report.json");
+    std::fs::write(&report, text).with_context(|| format!("writing {}", report.display()))?;
+    println!("report: {}", report.display());
     Ok(())
 }
 

@@ -131,6 +131,12 @@ struct GenDataArgs {
     /// for `[[data.dataset]]` jobs (docs/data.md).
     #[arg(long, value_name = "DATE")]
     hourly_from: Option<String>,
+    /// Write a shop's click log with named columns instead (Parquet: `click`, `user_id`,
+    /// `item_id`, `device`, `price`, a `genres` list and a `hist_items` sequence), for
+    /// jobs with named features (`data.label`, docs/data.md). Takes --rows, --days and
+    /// --seed.
+    #[arg(long, conflicts_with_all = ["format", "scale", "drift", "conversions", "hourly_from"])]
+    named: bool,
 }
 
 #[derive(clap::Args)]
@@ -304,6 +310,7 @@ fn main() -> anyhow::Result<()> {
             drift: a.drift,
             conversions: a.conversions,
             hourly_from: a.hourly_from,
+            named: a.named,
         }),
         Command::Eval(a) => commands::eval(&a.model, &a.data, &a.on_bad_row, a.json),
         Command::Brain(a) => match a.command {

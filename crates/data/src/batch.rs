@@ -50,6 +50,113 @@ pub struct Batch {
     pub dense_width: usize,
     /// Categorical features (embedding tables) per row.
     pub sparse_width: usize,
+    /// Multi-valued features (embedding bags and sequences) of a named schema, one
+    /// [`Jagged`] column each, after the `sparse_width` single-valued ones; empty for the
+    /// Criteo layout and preprocessing plans.
+    pub bags: Vec<Jagged>,
+}
+
+/// One multi-valued feature of a batch: row `i`'s ids are
+/// `ids[offsets[i]..offsets[i + 1]]`, in the order the data gives them (a sequence's
+/// order is kept). `offsets` starts at 0 and has one entry more than the batch has rows.
+/// Buffers keep their capacity across batches, so a reader fills them without allocating
+/// per row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Jagged {
+    /// Start of each row's ids in `ids`, and the end of the last.
+    pub offsets: Vec<u32>,
+    /// Every row's ids, back to back.
+    pub ids: Vec<u64>,
+    /// Per-id weights (same length as `ids`), or empty when every id weighs 1.
+    pub weights: Vec<f32>,
+}
+
+impl Default for Jagged {
+    fn default() -> Self {
+        Self {
+            offsets: vec![0],
+            ids: Vec::new(),
+            weights: Vec::new(),
+        }
+    }
+}
+
+impl Jagged {
+    /// Rows held.
+    pub fn rows(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// The ids of row `i`.
+    pub fn row(&self, i: usize) -> &[u64] {
+        &self.ids[self.offsets[i] as usize..self.offsets[i + 1] as usize]
+    }
+
+    /// The weights of row `i` (empty when the column has none).
+    pub fn row_weights(&self, i: usize) -> &[f32] {
+        if self.weights.is_empty() {
+            return &[];
+        }
+        &self.weights[self.offsets[i] as usize..self.offsets[i + 1] as usize]
+    }
+
+    /// Ends the current row (whose ids were pushed since the last call).
+    ///
+    /// # Panics
+    /// If the column holds more than `u32::MAX` ids (a batch is far smaller).
+    #[inline]
+    pub fn end_row(&mut self) {
+        let end = u32::try_from(self.ids.len()).expect("a batch holds under 2^32 list items");
+        self.offsets.push(end);
+    }
+
+    /// Drops every row, keeping the capacity.
+    pub fn clear(&mut self) {
+        self.offsets.truncate(1);
+        self.ids.clear();
+        self.weights.clear();
+    }
+
+    /// Appends rows `range` of `other`.
+    pub fn extend_from(&mut self, other: &Jagged, range: std::ops::Range<usize>) {
+        let (from, to) = (
+            other.offsets[range.start] as usize,
+            other.offsets[range.end] as usize,
+        );
+        if !other.weights.is_empty() {
+            // Rows without weights weigh 1.
+            self.weights.resize(self.ids.len(), 1.0);
+            self.weights.extend_from_slice(&other.weights[from..to]);
+        } else if !self.weights.is_empty() {
+            self.weights.resize(self.ids.len() + (to - from), 1.0);
+        }
+        self.ids.extend_from_slice(&other.ids[from..to]);
+        let base = self.offsets.last().copied().unwrap_or(0);
+        let shift = |o: u32| base + (o - other.offsets[range.start]);
+        self.offsets.extend(
+            other.offsets[range.start + 1..=range.end]
+                .iter()
+                .map(|&o| shift(o)),
+        );
+    }
+
+    /// Keeps the first `rows` rows.
+    pub fn truncate(&mut self, rows: usize) {
+        if rows >= self.rows() {
+            return;
+        }
+        self.offsets.truncate(rows + 1);
+        let end = self.offsets[rows] as usize;
+        self.ids.truncate(end);
+        if !self.weights.is_empty() {
+            self.weights.truncate(end);
+        }
+    }
+
+    /// Appends row `i` of `other` as a new row.
+    pub fn push_row_of(&mut self, other: &Jagged, i: usize) {
+        self.extend_from(other, i..i + 1);
+    }
 }
 
 impl Default for Batch {
@@ -75,6 +182,7 @@ impl Batch {
             sparse: Vec::with_capacity(rows * sparse_width),
             dense_width,
             sparse_width,
+            bags: Vec::new(),
         }
     }
 
@@ -94,6 +202,16 @@ impl Batch {
         self.task_labels.clear();
         self.dense.clear();
         self.sparse.clear();
+        self.bags.iter_mut().for_each(Jagged::clear);
+    }
+
+    /// Gives this batch `other`'s layout (widths and bag columns), for an empty batch
+    /// about to take `other`'s rows.
+    pub fn take_layout(&mut self, other: &Batch) {
+        self.dense_width = other.dense_width;
+        self.sparse_width = other.sparse_width;
+        self.bags.resize_with(other.bags.len(), Jagged::default);
+        self.bags.iter_mut().for_each(Jagged::clear);
     }
 
     /// Appends one raw row (label, raw integers, raw categorical values), applying
@@ -129,6 +247,9 @@ impl Batch {
         );
         if self.is_empty() {
             self.tasks = other.tasks;
+            if self.bags.len() != other.bags.len() {
+                self.bags.resize_with(other.bags.len(), Jagged::default);
+            }
         }
         assert_eq!(self.tasks, other.tasks, "rows of different task counts");
         let (d, s) = (other.dense_width, other.sparse_width);
@@ -140,6 +261,10 @@ impl Batch {
             .extend_from_slice(&other.dense[range.start * d..range.end * d]);
         self.sparse
             .extend_from_slice(&other.sparse[range.start * s..range.end * s]);
+        debug_assert_eq!(self.bags.len(), other.bags.len());
+        for (mine, theirs) in self.bags.iter_mut().zip(&other.bags) {
+            mine.extend_from(theirs, range.clone());
+        }
     }
 
     /// Keeps the first `rows` samples.
@@ -148,6 +273,9 @@ impl Batch {
         self.task_labels.truncate(rows * (self.tasks - 1));
         self.dense.truncate(rows * self.dense_width);
         self.sparse.truncate(rows * self.sparse_width);
+        for bag in &mut self.bags {
+            bag.truncate(rows);
+        }
     }
 
     /// The dense features of row `i`.

@@ -213,6 +213,15 @@ pub enum FieldError {
     /// A binary stream message whose framing is wrong (bad magic, truncated, a count
     /// larger than the message can hold).
     BadFrame(String),
+    /// A dense value that is NaN or infinite.
+    NotFinite(String),
+    /// A bag's weight list is not as long as its id list.
+    WeightCount {
+        /// Weights in the row.
+        weights: usize,
+        /// Ids in the row.
+        ids: usize,
+    },
 }
 
 impl fmt::Display for FieldError {
@@ -242,6 +251,11 @@ impl fmt::Display for FieldError {
             ),
             FieldError::BadInteger(got) => write!(f, "expected an integer, got {got:?}"),
             FieldError::BadCategory(got) => write!(f, "expected 8 hex digits, got {got:?}"),
+            FieldError::NotFinite(v) => write!(f, "a dense value must be finite, got {v}"),
+            FieldError::WeightCount { weights, ids } => write!(
+                f,
+                "{weights} weight(s) for {ids} id(s): a bag's weights need one per id"
+            ),
             FieldError::NonAscii(got) => {
                 write!(
                     f,

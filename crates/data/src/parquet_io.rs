@@ -217,7 +217,7 @@ pub fn parquet_row_count(path: &Path) -> Result<u64> {
 /// Runs `f`, a call into the Parquet and Arrow decoders. They panic on some corrupt input
 /// (an offset out of bounds, a bad bit width) instead of returning an error; such a panic
 /// becomes an error naming the file and what was being read, and prints nothing.
-fn guarded<T>(path: &Path, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+pub(crate) fn guarded<T>(path: &Path, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     match elastrec_common::quiet_catch_unwind(f) {
         Ok(r) => r,
         Err(message) => Err(DataError::parquet(
@@ -225,6 +225,70 @@ fn guarded<T>(path: &Path, what: &str, f: impl FnOnce() -> Result<T>) -> Result<
             format!("{what}: the file is corrupt (the decoder failed: {message})"),
         )),
     }
+}
+
+/// A Parquet file opened for decoding: the decoder (`None` for an empty range) and the
+/// file row number of its first row.
+pub(crate) struct Opened {
+    pub inner: Option<ParquetRecordBatchReader>,
+    pub next_row: u64,
+}
+
+/// Opens rows `range` (all with `None`) of `path`, decoding only the root columns `select`
+/// picks from the file's Arrow schema, in batches of [`DECODE_BATCH`] rows.
+///
+/// Row ranges select the row groups that overlap the range and skip inside the first one.
+pub(crate) fn open_projected(
+    path: &Path,
+    range: Option<(u64, u64)>,
+    select: impl FnOnce(&Schema) -> Result<Vec<usize>>,
+) -> Result<Opened> {
+    let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+    let mut builder = guarded(path, "reading the footer", || {
+        ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| DataError::parquet(path, e))
+    })?
+    .with_batch_size(DECODE_BATCH);
+    let columns = select(builder.schema())?;
+    let mask = ProjectionMask::roots(builder.parquet_schema(), columns);
+    builder = builder.with_projection(mask);
+    let (rows, group_rows) = footer_rows(path, builder.metadata())?;
+    let mut next_row = 0;
+    let mut empty = false;
+    if let Some((start, end)) = range {
+        if start > end || end > rows {
+            return Err(DataError::InvalidRange {
+                path: path.to_path_buf(),
+                start,
+                end,
+                rows,
+            });
+        }
+        let mut groups = Vec::new();
+        let mut first_group_start = None;
+        let mut cum = 0u64;
+        for (g, &n) in group_rows.iter().enumerate() {
+            if cum + n > start && cum < end {
+                groups.push(g);
+                first_group_start.get_or_insert(cum);
+            }
+            cum += n;
+        }
+        empty = start == end;
+        let offset = (start - first_group_start.unwrap_or(start)) as usize;
+        builder = builder
+            .with_row_groups(groups)
+            .with_offset(offset)
+            .with_limit((end - start) as usize);
+        next_row = start;
+    }
+    let inner = if empty {
+        None
+    } else {
+        Some(guarded(path, "opening the row groups", || {
+            builder.build().map_err(|e| DataError::parquet(path, e))
+        })?)
+    };
+    Ok(Opened { inner, next_row })
 }
 
 /// The file's row count and each row group's, from the footer.
@@ -381,7 +445,7 @@ impl std::fmt::Debug for ParquetReader {
     }
 }
 
-const DECODE_BATCH: usize = 8192;
+pub(crate) const DECODE_BATCH: usize = 8192;
 
 impl ParquetReader {
     /// Opens a whole Parquet file.
@@ -400,61 +464,22 @@ impl ParquetReader {
     }
 
     fn open_inner(path: &Path, range: Option<(u64, u64)>, policy: BadRowPolicy) -> Result<Self> {
-        let file = File::open(path).map_err(|e| DataError::io(path, e))?;
-        let mut builder = guarded(path, "reading the footer", || {
-            ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| DataError::parquet(path, e))
-        })?
-        .with_batch_size(DECODE_BATCH);
+        let mut projection = None;
         // Decode only the 40 Criteo columns: a file may carry others (ids, text, nested
         // data) that would cost decoding time and memory for nothing.
-        let (columns, projection) = Projection::new(path, builder.schema())?.project();
-        let mask = ProjectionMask::roots(builder.parquet_schema(), columns);
-        builder = builder.with_projection(mask);
-        let (rows, group_rows) = footer_rows(path, builder.metadata())?;
-        let mut next_row = 0;
-        let mut empty = false;
-        if let Some((start, end)) = range {
-            if start > end || end > rows {
-                return Err(DataError::InvalidRange {
-                    path: path.to_path_buf(),
-                    start,
-                    end,
-                    rows,
-                });
-            }
-            let mut groups = Vec::new();
-            let mut first_group_start = None;
-            let mut cum = 0u64;
-            for (g, &n) in group_rows.iter().enumerate() {
-                if cum + n > start && cum < end {
-                    groups.push(g);
-                    first_group_start.get_or_insert(cum);
-                }
-                cum += n;
-            }
-            empty = start == end;
-            let offset = (start - first_group_start.unwrap_or(start)) as usize;
-            builder = builder
-                .with_row_groups(groups)
-                .with_offset(offset)
-                .with_limit((end - start) as usize);
-            next_row = start;
-        }
-        let inner = if empty {
-            None
-        } else {
-            Some(guarded(path, "opening the row groups", || {
-                builder.build().map_err(|e| DataError::parquet(path, e))
-            })?)
-        };
+        let opened = open_projected(path, range, |schema| {
+            let (columns, decoded) = Projection::new(path, schema)?.project();
+            projection = Some(decoded);
+            Ok(columns)
+        })?;
         Ok(Self {
             path: path.to_path_buf(),
-            inner,
-            projection,
+            inner: opened.inner,
+            projection: projection.expect("set when the file opened"),
             staged: RawBatch::default(),
             staged_err: Vec::new(),
             cursor: 0,
-            next_row,
+            next_row: opened.next_row,
             policy,
             stats: ReadStats::default(),
         })
@@ -617,7 +642,7 @@ fn stage(
     }
 }
 
-fn decode_label(col: &ArrayRef, i: usize) -> Result<u8, FieldError> {
+pub(crate) fn decode_label(col: &ArrayRef, i: usize) -> Result<u8, FieldError> {
     if col.is_null(i) {
         return Err(FieldError::EmptyLabel);
     }

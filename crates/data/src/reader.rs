@@ -56,6 +56,16 @@ pub struct ReadStats {
     pub rows_skipped: u64,
     /// The first [`MAX_KEPT_ERRORS`] skip messages, `file:line: field N: reason`.
     pub first_errors: Vec<String>,
+    /// Lists (bags, sequences) longer than their feature's `max_len`, cut to it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lists_truncated: u64,
+    /// Null items dropped from lists.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub list_nulls: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl ReadStats {
@@ -71,6 +81,8 @@ impl ReadStats {
     pub fn merge(&mut self, other: &ReadStats) {
         self.rows_read += other.rows_read;
         self.rows_skipped += other.rows_skipped;
+        self.lists_truncated += other.lists_truncated;
+        self.list_nulls += other.list_nulls;
         for e in &other.first_errors {
             if self.first_errors.len() < MAX_KEPT_ERRORS {
                 self.first_errors.push(e.clone());
@@ -86,6 +98,12 @@ impl fmt::Display for ReadStats {
             "{} rows read, {} skipped",
             self.rows_read, self.rows_skipped
         )?;
+        if self.lists_truncated > 0 {
+            write!(f, ", {} lists cut to max_len", self.lists_truncated)?;
+        }
+        if self.list_nulls > 0 {
+            write!(f, ", {} null list items dropped", self.list_nulls)?;
+        }
         for e in &self.first_errors {
             write!(f, "\n  skipped: {e}")?;
         }
@@ -251,6 +269,36 @@ pub fn open_reader_range(
     })
 }
 
+/// Opens rows `range` (all with `None`) of `path`: through `schema` when the job names
+/// its features (Parquet only), else as the Criteo layout (TSV, gzip TSV or Parquet).
+pub fn open_source(
+    path: &Path,
+    range: Option<(u64, u64)>,
+    policy: BadRowPolicy,
+    schema: Option<&std::sync::Arc<crate::Schema>>,
+) -> Result<Box<dyn BatchReader>> {
+    let Some(schema) = schema else {
+        return match range {
+            None => open_reader(path, policy),
+            Some((start, end)) => open_reader_range(path, start, end, policy),
+        };
+    };
+    match detect_format(path)? {
+        FileFormat::Parquet => Ok(Box::new(crate::NamedParquetReader::open(
+            path,
+            range,
+            policy,
+            schema.clone(),
+        )?)),
+        other => Err(DataError::InvalidSpec(format!(
+            "{}: a job with named features (data.label, [[data.feature]]) reads Parquet \
+             files, and this file is {other:?}; convert it to Parquet (CSV with a header \
+             is not read yet)",
+            path.display()
+        ))),
+    }
+}
+
 /// Number of rows in any supported file. For TSV this is the number of lines (a final
 /// line without `\n` counts) and builds or reuses the sidecar index (see
 /// [`crate::index`]); for Parquet it reads the footer.
@@ -274,8 +322,7 @@ pub fn drain(reader: &mut dyn BatchReader) -> Result<(Batch, ReadStats)> {
     while reader.next_batch(&mut chunk, 8192)? > 0 {
         // The reader's widths (a preprocessing plan's may not be Criteo's).
         if all.is_empty() {
-            all.dense_width = chunk.dense_width;
-            all.sparse_width = chunk.sparse_width;
+            all.take_layout(&chunk);
         }
         all.extend_from(&chunk, 0..chunk.len());
     }

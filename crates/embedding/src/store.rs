@@ -15,6 +15,8 @@ const SAMPLES_PER_TASK: usize = 64;
 #[derive(Debug, Default, Clone)]
 pub struct UpdateScratch {
     tables: Vec<TableScratch>,
+    /// Keyed updates: the lookups of each table.
+    by_table: Vec<Vec<u32>>,
 }
 
 impl UpdateScratch {
@@ -251,6 +253,86 @@ impl EmbeddingStore {
                 table.apply_prepared(|s| &grads[(s * t + ti) * d..(s * t + ti + 1) * d], sc)
             });
         Ok(())
+    }
+
+    /// Looks up `ids[k]` in table `tables[k]` for every `k` and copies the row's weights to
+    /// `out[k * d..(k + 1) * d]`: the lookups of a batch whose features share tables or
+    /// hold lists of ids (see `elastrec_data::schema`). Parallel over lookups.
+    pub fn gather_keyed(&self, tables: &[u32], ids: &[u64], out: &mut [f32]) -> Result<()> {
+        check_len("ids (one per lookup)", tables.len(), ids.len())?;
+        let d = self.config.dim;
+        check_len("out (lookups x dim)", ids.len() * d, out.len())?;
+        self.check_tables(tables)?;
+        let per_task = SAMPLES_PER_TASK * 8;
+        out.par_chunks_mut(per_task * d)
+            .zip(tables.par_chunks(per_task).zip(ids.par_chunks(per_task)))
+            .try_for_each(|(out, (tables, ids))| {
+                for (o, (&t, &id)) in out.chunks_exact_mut(d).zip(tables.iter().zip(ids)) {
+                    let t = t as usize;
+                    self.tables[t].read_weights(row_of(t, id, self.tables[t].rows()), o)?;
+                }
+                Ok(())
+            })
+    }
+
+    /// Applies one gradient per lookup (`grads`: `lookups x d`, lookup `k` being `ids[k]`
+    /// in table `tables[k]`). Per table, rows hit by several lookups get the sum of their
+    /// gradients in lookup order, then the optimizer runs once per unique row, as
+    /// [`EmbeddingStore::apply_gradients`]. On error nothing is modified.
+    pub fn apply_gradients_keyed(
+        &mut self,
+        tables: &[u32],
+        ids: &[u64],
+        grads: &[f32],
+        scratch: &mut UpdateScratch,
+    ) -> Result<()> {
+        check_len("ids (one per lookup)", tables.len(), ids.len())?;
+        let d = self.config.dim;
+        check_len("grads (lookups x dim)", ids.len() * d, grads.len())?;
+        self.check_tables(tables)?;
+        let t = self.tables.len();
+        scratch.tables.resize_with(t, TableScratch::default);
+        scratch.by_table.resize_with(t, Vec::new);
+        scratch.by_table.iter_mut().for_each(Vec::clear);
+        for (k, &table) in tables.iter().enumerate() {
+            scratch.by_table[table as usize].push(k as u32);
+        }
+        let store = &self.tables;
+        store
+            .par_iter()
+            .zip(scratch.tables.par_iter_mut().zip(&scratch.by_table))
+            .enumerate()
+            .try_for_each(|(ti, (table, (sc, mine)))| {
+                table.prepare(
+                    mine.len(),
+                    |s| row_of(ti, ids[mine[s] as usize], store[ti].rows()),
+                    sc,
+                )
+            })?;
+        self.tables
+            .par_iter_mut()
+            .zip(scratch.tables.par_iter_mut().zip(&scratch.by_table))
+            .for_each(|(table, (sc, mine))| {
+                table.apply_prepared(
+                    |s| {
+                        let k = mine[s] as usize;
+                        &grads[k * d..(k + 1) * d]
+                    },
+                    sc,
+                )
+            });
+        Ok(())
+    }
+
+    fn check_tables(&self, tables: &[u32]) -> Result<()> {
+        let count = self.tables.len();
+        match tables.iter().find(|&&t| t as usize >= count) {
+            Some(&t) => Err(EmbeddingError::TableOutOfRange {
+                table: t as usize,
+                tables: count,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Multiplies every table's learning rate by `scale` from the next update on.

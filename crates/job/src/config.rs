@@ -111,12 +111,70 @@ pub struct DataConfig {
     /// `docs/data.md`); empty: one source. With sources, every training dataset and file
     /// is in exactly one, and `[data.mix]` (default `weighted`) says how they are served.
     pub source: Vec<crate::mix::SourceConfig>,
+    /// The label column(s) of a data set with named columns (Parquet): `"click"`, or
+    /// `["click", "buy"]` for a multi-task model. With `label` and no `[[data.feature]]`
+    /// the features are inferred from the first training file when the job starts
+    /// (`elastrec train --print-config` shows them). Absent: the Criteo layout.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<LabelColumns>,
+    /// The features of a data set with named columns (`[[data.feature]]`, see
+    /// `docs/data.md`): name, kind (`dense`, `categorical`, `bag`, `sequence`), table,
+    /// pooling, `max_len`, weights.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub feature: Vec<elastrec_data::FeatureSpec>,
+    /// The embedding tables of the named features (`[[data.table]]`: name, rows); a
+    /// table several features name is shared by them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub table: Vec<elastrec_data::TableSpec>,
+}
+
+/// One label column or several (one per task).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum LabelColumns {
+    /// One task.
+    One(String),
+    /// One column per task, task 0 first.
+    Many(Vec<String>),
+}
+
+impl LabelColumns {
+    /// The columns, task 0 first.
+    pub fn names(&self) -> Vec<String> {
+        match self {
+            Self::One(l) => vec![l.clone()],
+            Self::Many(v) => v.clone(),
+        }
+    }
 }
 
 impl DataConfig {
     /// True when a `[[data.dataset]]` has this role.
     pub fn has_dataset(&self, role: elastrec_orchestrate::DatasetRole) -> bool {
         self.dataset.iter().any(|d| d.role == role)
+    }
+
+    /// The named-feature schema (`label`, `[[data.feature]]`, `[[data.table]]`); `None`
+    /// for the Criteo layout, and for a job whose features are still to be inferred
+    /// (`label` without features, see [`crate::prepare::resolve_schema`]).
+    pub fn schema(&self) -> Option<elastrec_data::Schema> {
+        if self.feature.is_empty() {
+            return None;
+        }
+        Some(elastrec_data::Schema {
+            labels: self
+                .label
+                .as_ref()
+                .map(LabelColumns::names)
+                .unwrap_or_default(),
+            features: self.feature.clone(),
+            tables: self.table.clone(),
+        })
+    }
+
+    /// True when the job names its columns (features given or still to be inferred).
+    pub fn is_named(&self) -> bool {
+        self.label.is_some() || !self.feature.is_empty()
     }
 }
 
@@ -134,6 +192,9 @@ impl Default for DataConfig {
             follow_every: "1m".into(),
             mix: None,
             source: Vec::new(),
+            label: None,
+            feature: Vec::new(),
+            table: Vec::new(),
         }
     }
 }
@@ -898,6 +959,10 @@ impl JobConfig {
     /// refuses a job that sets any, rather than ignore it.
     pub fn train_only_settings(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
+        // Workers, data executors and parameter servers read the Criteo layout.
+        if self.data.is_named() {
+            out.push("data.label");
+        }
         // An online job has no end to decay towards.
         if !self.optimizer.schedule.is_constant() && self.stream.is_some() {
             out.push("optimizer.schedule");
@@ -1322,6 +1387,7 @@ impl JobConfig {
         if let Err(e) = self.optimizer.sparse.validate() {
             return Err(bad("optimizer.sparse", e.to_string()));
         }
+        self.validate_named(path)?;
         if let Some(g) = &self.data.generate {
             if g.rows == 0 || g.days == 0 {
                 return Err(bad(
@@ -1338,6 +1404,70 @@ impl JobConfig {
         }
         crate::distributed::validate_distributed(self, path)?;
         crate::autoscale::validate_autoscale(self, path)
+    }
+
+    /// Checks a named-feature job: a label for its features, a schema that holds
+    /// together, and no setting that still assumes the Criteo layout.
+    fn validate_named(&self, path: &Path) -> Result<(), ConfigError> {
+        let bad = |field: &'static str, reason: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            field,
+            reason,
+        };
+        if !self.data.is_named() {
+            if !self.data.table.is_empty() {
+                return Err(bad(
+                    "data.table",
+                    "tables belong to named features: add data.label and [[data.feature]]".into(),
+                ));
+            }
+            return Ok(());
+        }
+        if self.data.label.is_none() {
+            return Err(bad(
+                "data.label",
+                "[[data.feature]] needs the label column(s): data.label = \"click\"".into(),
+            ));
+        }
+        if let Some(schema) = self.data.schema() {
+            schema
+                .validate()
+                .map_err(|e| bad("data.feature", format!("the schema {e}")))?;
+        }
+        for (set, field, why) in [
+            (
+                !self.preprocess.is_empty(),
+                "preprocess",
+                "preprocessing graphs read the Criteo columns; named features carry their \
+                 own transform (data.feature.transform)",
+            ),
+            (
+                self.data.generate.is_some(),
+                "data.generate",
+                "generates Criteo-layout files; `elastrec gen-data --named` writes a data set \
+                 with named features",
+            ),
+            (
+                self.model.table_rows != TableRows::Auto,
+                "model.table_rows",
+                "named features size their tables in [[data.table]] (rows = ...), or by \
+                 inference from the data",
+            ),
+            (
+                self.stream.is_some(),
+                "stream",
+                "online jobs read Criteo-layout messages; named features in a stream are not \
+                 read yet",
+            ),
+        ] {
+            if set {
+                return Err(bad(
+                    field,
+                    format!("not with named features (data.label): {why}"),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Resolved paths of the training files.

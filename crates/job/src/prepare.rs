@@ -77,6 +77,39 @@ fn row_counts(files: &[PathBuf]) -> Result<Vec<(PathBuf, u64)>> {
         .collect()
 }
 
+/// Infers the features of a job that names only its label (`data.label` without
+/// `[[data.feature]]`) from its first training file ([`elastrec_data::schema::infer`]),
+/// and writes them into the job. Returns what was inferred (`None`: nothing to do).
+///
+/// Called once where a job starts, before anything reads the data, so the trainer, the
+/// model file and a printed configuration all see one schema.
+pub fn resolve_schema(job: &mut JobConfig) -> Result<Option<elastrec_data::schema::Inferred>> {
+    let Some(label) = &job.data.label else {
+        return Ok(None);
+    };
+    if !job.data.feature.is_empty() {
+        return Ok(None);
+    }
+    let files = job.train_files();
+    let Some(first) = files.first() else {
+        return Err(JobError::NoTrainingData {
+            files,
+            reason: "data.label without [[data.feature]] infers the features from the first \
+                     data.train file, and the job has none"
+                .into(),
+        });
+    };
+    let inferred = elastrec_data::schema::infer(first, &label.names(), job.model.max_table_rows)?;
+    job.data.feature = inferred.schema.features.clone();
+    job.data.table = inferred.schema.tables.clone();
+    Ok(Some(inferred))
+}
+
+/// The job's named-feature schema, shared by its readers; `None` for the Criteo layout.
+pub fn job_schema(job: &JobConfig) -> Option<Arc<elastrec_data::Schema>> {
+    job.data.schema().map(Arc::new)
+}
+
 /// Rows the first pass of `model.dense_norm = "standardize"` reads at most, in equal
 /// shares from the start of each training file: enough for a mean and a deviation to
 /// three digits, and a bounded cost (about a second of parsing) on any data set.
@@ -119,6 +152,7 @@ pub fn fill_dense_stats(job: &mut JobConfig) -> Result<u64> {
         });
     }
     let plan = feature_plan(job)?;
+    let schema = job_schema(job);
     let (width, _) = feature_widths(job);
     let share = (DENSE_STATS_ROWS / files.len() as u64).max(1);
     // Welford's update per feature, in f64: stable for features far from zero.
@@ -131,7 +165,14 @@ pub fn fill_dense_stats(job: &mut JobConfig) -> Result<u64> {
     let (trained, _) = crate::selection::split_validation(&counts, job.train.validation);
     for (file, end) in &trained {
         let end = (*end).min(share);
-        let mut reader = open_job_reader(plan.as_ref(), file, 0, end, job.data.on_bad_row)?;
+        let mut reader = open_job_reader(
+            plan.as_ref(),
+            schema.as_ref(),
+            file,
+            0,
+            end,
+            job.data.on_bad_row,
+        )?;
         while reader.next_batch(&mut batch, 8192)? > 0 {
             for row in batch.dense.chunks_exact(width) {
                 rows += 1;
@@ -232,8 +273,11 @@ pub fn feature_plan(job: &JobConfig) -> Result<Option<Arc<Plan>>> {
     Ok(Some(Arc::new(Plan::compile(&job.preprocess)?)))
 }
 
-/// Dense and sparse columns per row of the job's batches.
+/// Dense and single-id columns per row of the job's batches.
 pub fn feature_widths(job: &JobConfig) -> (usize, usize) {
+    if let Some(schema) = job.data.schema() {
+        return (schema.dense_width(), schema.sparse_width());
+    }
     match feature_plan(job) {
         Ok(Some(plan)) => (plan.dense_width(), plan.sparse_width()),
         // A graph that does not compile was refused when the job file was loaded.
@@ -242,15 +286,16 @@ pub fn feature_widths(job: &JobConfig) -> (usize, usize) {
 }
 
 /// Opens `path` (rows `start..end`) through the job's `[[preprocess]]` plan, when it has
-/// one ([`feature_plan`]).
+/// one ([`feature_plan`]), or its named features ([`job_schema`]).
 pub fn open_job_reader(
     plan: Option<&Arc<Plan>>,
+    schema: Option<&Arc<elastrec_data::Schema>>,
     path: &std::path::Path,
     start: u64,
     end: u64,
     policy: elastrec_data::BadRowPolicy,
 ) -> elastrec_data::Result<Box<dyn BatchReader>> {
-    let reader = elastrec_data::open_reader_range(path, start, end, policy)?;
+    let reader = elastrec_data::open_source(path, Some((start, end)), policy, schema)?;
     Ok(preprocessed(reader, plan))
 }
 
@@ -285,6 +330,10 @@ pub fn resolve_key_spaces(job: &JobConfig) -> Vec<u64> {
 /// keeps, else the default size.
 pub fn resolve_table_rows(job: &JobConfig) -> Vec<u64> {
     let cap = job.model.max_table_rows;
+    if let Some(schema) = job.data.schema() {
+        // Named features size their tables in [[data.table]] (or by inference).
+        return schema.table_rows().iter().map(|&r| r.min(cap)).collect();
+    }
     // A graph that does not compile was refused when the job file was loaded.
     let plan = feature_plan(job).ok().flatten();
     let sparse = plan.as_ref().map_or(NUM_SPARSE, |p| p.sparse_width());
@@ -329,12 +378,14 @@ pub fn resolve_table_rows(job: &JobConfig) -> Vec<u64> {
 pub fn dense_config(job: &JobConfig) -> DlrmConfig {
     let m = &job.model;
     let (dense, sparse) = feature_widths(job);
+    // One embedding vector per slot: a named schema's bags and sequences pool into one.
+    let slots = job.data.schema().map_or(sparse, |s| s.embedding_slots());
     let mut bottom = vec![dense];
     bottom.extend_from_slice(&m.bottom_mlp);
     DlrmConfig {
         bottom,
         top: m.top_mlp.clone(),
-        num_tables: sparse,
+        num_tables: slots,
         embedding_dim: m.embedding_dim,
         interaction: m.interaction,
         seed: m.seed,

@@ -134,6 +134,12 @@ fn now_ms() -> u64 {
 }
 
 fn current(loaded: LoadedModel, source: String) -> Result<Current, String> {
+    if loaded.job.data.is_named() {
+        return Err(format!(
+            "{source} was trained on named features (data.label); serving takes the Criteo \
+             features I1..I13, C1..C26 only so far: score such a model with `elastrec eval`"
+        ));
+    }
     let plan = elastrec_job::prepare::feature_plan(&loaded.job).map_err(|e| e.to_string())?;
     let model_type = serde_json::to_value(loaded.job.model.model_type)
         .ok()

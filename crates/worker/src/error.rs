@@ -37,6 +37,9 @@ pub enum WorkerError {
         /// What is wrong.
         reason: String,
     },
+    /// A batch does not fit the model it is fed to (features of another schema).
+    #[error("batch layout: {0}")]
+    Layout(String),
     /// Training diverged (a non-finite loss).
     #[error("training diverged at step {step}: loss is {loss}; lower the learning rates")]
     Diverged {

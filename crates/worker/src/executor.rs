@@ -122,6 +122,8 @@ impl Executor {
                 let (path, _) = self.files.resolve(&task)?;
                 let reader = elastrec_job::prepare::open_job_reader(
                     self.plan.as_ref(),
+                    // `run` refuses named features (JobConfig::train_only_settings).
+                    None,
                     &path,
                     req.start_row,
                     req.end_row,

@@ -196,6 +196,8 @@ impl BatchReader for ExecutorReader {
         );
         let reader = elastrec_job::prepare::open_job_reader(
             self.plan.as_ref(),
+            // `run` refuses named features (JobConfig::train_only_settings).
+            None,
             &self.path,
             self.at,
             self.end,

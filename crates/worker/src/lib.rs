@@ -13,6 +13,7 @@ pub mod layout;
 pub mod mixing;
 pub mod model_file;
 pub mod placement;
+pub mod pooling;
 pub mod remote;
 /// Model selection lives in the job crate: the master applies it in `elastrec run` too.
 pub use elastrec_job::selection;

@@ -1228,7 +1228,7 @@ fn open_task(
     } else {
         let plan = plan.cloned();
         Box::new(move |start, end| {
-            elastrec_job::prepare::open_job_reader(plan.as_ref(), &path, start, end, policy)
+            elastrec_job::prepare::open_job_reader(plan.as_ref(), None, &path, start, end, policy)
         })
     };
     let reader = match task.shuffle_block {

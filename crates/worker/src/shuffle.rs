@@ -7,8 +7,14 @@ use elastrec_common::splitmix::SplitMix64;
 use elastrec_data::Batch;
 
 /// A pool of rows and the generator that draws from it.
+///
+/// Rows stay where they arrived; `live` lists the ones not yet drawn. A draw takes a
+/// random entry of `live` and moves the last entry into its place, and the pool is
+/// compacted once most of its rows are gone, so a draw costs the copy of its row, lists
+/// (bags, sequences) of any length included.
 pub struct Shuffler {
     pool: Batch,
+    live: Vec<u32>,
     capacity: usize,
     rng: SplitMix64,
 }
@@ -18,80 +24,70 @@ impl Shuffler {
     pub fn new(capacity: usize, seed: u64) -> Self {
         Self {
             pool: Batch::default(),
+            live: Vec::new(),
             capacity,
             rng: SplitMix64::new(seed),
         }
     }
 
-    /// Adds the rows of `batch` (its widths become the pool's).
+    /// Adds the rows of `batch` (its layout becomes the pool's).
     pub fn push(&mut self, batch: &Batch) {
         if self.pool.is_empty() {
-            self.pool.dense_width = batch.dense_width;
-            self.pool.sparse_width = batch.sparse_width;
+            self.pool.take_layout(batch);
         }
+        let from = self.pool.len() as u32;
         self.pool.extend_from(batch, 0..batch.len());
+        self.live.extend(from..self.pool.len() as u32);
     }
 
     /// Rows waiting.
     pub fn len(&self) -> usize {
-        self.pool.len()
+        self.live.len()
     }
 
     /// True when no row waits.
     pub fn is_empty(&self) -> bool {
-        self.pool.is_empty()
+        self.live.is_empty()
     }
 
     /// A batch of `rows` rows drawn at random, once the pool holds more than its capacity
     /// (or, with `drain`, whatever is left); `None` otherwise.
     pub fn pop(&mut self, rows: usize, out: &mut Batch, drain: bool) -> Option<usize> {
         let ready = if drain {
-            !self.pool.is_empty()
+            !self.is_empty()
         } else {
-            self.pool.len() >= self.capacity + rows
+            self.len() >= self.capacity + rows
         };
         if !ready {
             return None;
         }
-        let n = rows.min(self.pool.len());
+        let n = rows.min(self.len());
         out.clear();
-        out.dense_width = self.pool.dense_width;
-        out.sparse_width = self.pool.sparse_width;
+        out.take_layout(&self.pool);
         for _ in 0..n {
-            let len = self.pool.len();
-            let i = (self.rng.next_u64() % len as u64) as usize;
-            take_row(&mut self.pool, i, out);
+            let i = (self.rng.next_u64() % self.live.len() as u64) as usize;
+            let row = self.live.swap_remove(i) as usize;
+            out.extend_from(&self.pool, row..row + 1);
         }
+        self.compact();
         Some(n)
     }
-}
 
-/// Moves row `i` of `pool` to the end of `out`; the pool's last row takes its place.
-fn take_row(pool: &mut Batch, i: usize, out: &mut Batch) {
-    let (d, s) = (pool.dense_width, pool.sparse_width);
-    let last = pool.len() - 1;
-    let x = pool.tasks - 1;
-    if out.is_empty() {
-        out.tasks = pool.tasks;
+    /// Drops the drawn rows once they are most of the pool, keeping the live rows in
+    /// `live`'s order (so draws continue exactly as before).
+    fn compact(&mut self) {
+        if self.live.len() * 2 > self.pool.len() {
+            return;
+        }
+        let mut kept = Batch::default();
+        kept.take_layout(&self.pool);
+        for &row in &self.live {
+            kept.extend_from(&self.pool, row as usize..row as usize + 1);
+        }
+        self.pool = kept;
+        self.live.clear();
+        self.live.extend(0..self.pool.len() as u32);
     }
-    out.task_labels
-        .extend_from_slice(&pool.task_labels[i * x..(i + 1) * x]);
-    if i != last {
-        pool.task_labels
-            .copy_within(last * x..(last + 1) * x, i * x);
-    }
-    pool.task_labels.truncate(last * x);
-    out.labels.push(pool.labels[i]);
-    out.dense.extend_from_slice(&pool.dense[i * d..(i + 1) * d]);
-    out.sparse
-        .extend_from_slice(&pool.sparse[i * s..(i + 1) * s]);
-    pool.labels.swap_remove(i);
-    if i != last {
-        pool.dense.copy_within(last * d..(last + 1) * d, i * d);
-        pool.sparse.copy_within(last * s..(last + 1) * s, i * s);
-    }
-    pool.dense.truncate(last * d);
-    pool.sparse.truncate(last * s);
 }
 
 #[cfg(test)]

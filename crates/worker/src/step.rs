@@ -8,6 +8,7 @@ use elastrec_job::prepare::dense_config;
 use elastrec_model::{DenseDlrm, DenseOptimizer, DenseOptimizerConfig, EvalAccumulator, Workspace};
 
 use crate::error::Result;
+use crate::pooling::{Lookups, SlotLayout};
 
 /// A complete DLRM: embedding tables plus the dense part.
 pub struct Dlrm {
@@ -15,6 +16,9 @@ pub struct Dlrm {
     pub embeddings: EmbeddingStore,
     /// Bottom MLP, interaction and top MLP (flat parameters).
     pub dense: DenseDlrm,
+    /// Shared tables and pooled lists of named features; `None`: slot `t` is table `t`'s
+    /// single id.
+    pub layout: Option<SlotLayout>,
 }
 
 impl Dlrm {
@@ -30,7 +34,37 @@ impl Dlrm {
             seed: m.seed,
             dynamic: m.dynamic_embeddings,
         })?;
-        Ok(Self { embeddings, dense })
+        let layout = job.data.schema().as_ref().and_then(SlotLayout::of);
+        Ok(Self {
+            embeddings,
+            dense,
+            layout,
+        })
+    }
+
+    /// Writes the embeddings of `batch`, `[n, slots, d]`, into `emb`.
+    fn embed(&self, batch: &Batch, emb: &mut [f32], lookups: &mut Lookups) -> Result<()> {
+        match &self.layout {
+            None => Ok(self.embeddings.gather(&batch.sparse, emb)?),
+            Some(layout) => lookups.gather(layout, &self.embeddings, batch, emb),
+        }
+    }
+
+    /// Applies `d_emb`, the gradient of the embeddings [`Dlrm::embed`] last wrote for
+    /// `batch`, to the embedding rows.
+    fn update_embeddings(
+        &mut self,
+        batch: &Batch,
+        d_emb: &[f32],
+        lookups: &mut Lookups,
+        scratch: &mut UpdateScratch,
+    ) -> Result<()> {
+        match &self.layout {
+            None => Ok(self
+                .embeddings
+                .apply_gradients(&batch.sparse, d_emb, scratch)?),
+            Some(_) => lookups.apply(&mut self.embeddings, d_emb, scratch),
+        }
     }
 
     /// Embedding dimension.
@@ -48,6 +82,7 @@ impl Dlrm {
 pub struct Predictor {
     ws: Workspace,
     emb: Vec<f32>,
+    lookups: Lookups,
 }
 
 impl Predictor {
@@ -56,6 +91,7 @@ impl Predictor {
         Self {
             ws: model.dense.workspace(max_batch),
             emb: vec![0.0; max_batch * model.tables() * model.dim()],
+            lookups: Lookups::default(),
         }
     }
 
@@ -63,7 +99,7 @@ impl Predictor {
     pub fn predict(&mut self, model: &Dlrm, batch: &Batch, probs: &mut Vec<f32>) -> Result<()> {
         let n = batch.len();
         let emb = &mut self.emb[..n * model.tables() * model.dim()];
-        model.embeddings.gather(&batch.sparse, emb)?;
+        model.embed(batch, emb, &mut self.lookups)?;
         probs.resize(n, 0.0);
         model
             .dense
@@ -81,7 +117,7 @@ impl Predictor {
     ) -> Result<()> {
         let n = batch.len();
         let emb = &mut self.emb[..n * model.tables() * model.dim()];
-        model.embeddings.gather(&batch.sparse, emb)?;
+        model.embed(batch, emb, &mut self.lookups)?;
         probs.resize(n * model.dense.tasks(), 0.0);
         model
             .dense
@@ -120,6 +156,7 @@ pub struct TrainStep {
     ws: Workspace,
     emb: Vec<f32>,
     scratch: UpdateScratch,
+    lookups: Lookups,
     max_batch: usize,
 }
 
@@ -138,6 +175,7 @@ impl TrainStep {
             ws,
             emb,
             scratch: UpdateScratch::new(),
+            lookups: Lookups::default(),
             max_batch,
         }
     }
@@ -168,7 +206,7 @@ impl TrainStep {
     pub fn train_batch(&mut self, batch: &Batch) -> Result<f32> {
         let n = batch.len();
         let emb = &mut self.emb[..n * self.model.tables() * self.model.dim()];
-        self.model.embeddings.gather(&batch.sparse, emb)?;
+        self.model.embed(batch, emb, &mut self.lookups)?;
         let loss = self.model.dense.forward_backward_tasks(
             &batch.dense,
             emb,
@@ -178,9 +216,12 @@ impl TrainStep {
         )?;
         self.dense_opt
             .step(self.model.dense.params_mut(), self.ws.grads());
-        self.model
-            .embeddings
-            .apply_gradients(&batch.sparse, self.ws.d_emb(), &mut self.scratch)?;
+        self.model.update_embeddings(
+            batch,
+            self.ws.d_emb(),
+            &mut self.lookups,
+            &mut self.scratch,
+        )?;
         Ok(loss)
     }
 }

@@ -100,8 +100,9 @@ pub fn load_eval_set(
 ) -> Result<Vec<Batch>> {
     let mut batches = Vec::new();
     let plan = elastrec_job::prepare::feature_plan(job)?;
+    let schema = elastrec_job::prepare::job_schema(job);
     for f in files {
-        let reader = elastrec_data::open_reader(f, job.data.on_bad_row)?;
+        let reader = elastrec_data::open_source(f, None, job.data.on_bad_row, schema.as_ref())?;
         let mut reader = elastrec_job::prepare::preprocessed(reader, plan.as_ref());
         read_batches(reader.as_mut(), job, f, &mut batches)?;
         stats.merge(reader.stats());
@@ -297,6 +298,7 @@ impl Prefetcher {
         let tasks = job.model.tasks();
         // Validated when the job file was loaded.
         let plan = elastrec_job::prepare::feature_plan(job).unwrap_or(None);
+        let schema = elastrec_job::prepare::job_schema(job);
         let state = Arc::new(PlacementState::default());
         state.on_trainer.store(
             job.train.preprocess_on == PreprocessOn::Trainer,
@@ -324,11 +326,8 @@ impl Prefetcher {
                 // would shrink the pool by one per file until reader and trainer both wait.
                 let mut spare: Option<Fetched> = None;
                 for Segment { path, start, end } in segments {
-                    let opened = if start == 0 && end == u64::MAX {
-                        elastrec_data::open_reader(&path, policy)
-                    } else {
-                        elastrec_data::open_reader_range(&path, start, end, policy)
-                    };
+                    let range = (start != 0 || end != u64::MAX).then_some((start, end));
+                    let opened = elastrec_data::open_source(&path, range, policy, schema.as_ref());
                     let mut reader = match opened {
                         Ok(r) => r,
                         Err(e) => {
@@ -557,10 +556,12 @@ pub fn load_slice(
     stats: &mut ReadStats,
 ) -> Result<Vec<Batch>> {
     let plan = elastrec_job::prepare::feature_plan(job)?;
+    let schema = elastrec_job::prepare::job_schema(job);
     let mut batches = Vec::new();
     for (f, start, end) in slice {
         let mut reader = elastrec_job::prepare::open_job_reader(
             plan.as_ref(),
+            schema.as_ref(),
             f,
             *start,
             *end,
@@ -780,6 +781,20 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
                     "data file not found; check data.dir and data.train/data.eval, or add [data.generate]",
                 ),
             ));
+        }
+    }
+    if let Some(inferred) = elastrec_job::prepare::resolve_schema(&mut job)? {
+        let s = &inferred.schema;
+        eprintln!(
+            "data: features inferred from {} sampled rows: {} dense, {} categorical, {} lists \
+             (`elastrec train --print-config` shows them)",
+            inferred.sampled_rows,
+            s.dense_width(),
+            s.sparse_width(),
+            s.lists().count()
+        );
+        for (column, why) in &inferred.skipped {
+            eprintln!("data: column {column:?} left out ({why})");
         }
     }
     let stats_rows = elastrec_job::prepare::fill_dense_stats(&mut job)?;

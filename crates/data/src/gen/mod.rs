@@ -23,6 +23,7 @@
 
 mod drift;
 mod model;
+pub mod named;
 pub mod partition;
 mod rng;
 

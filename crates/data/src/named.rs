@@ -1,0 +1,790 @@
+//! Parquet with any schema, read through a named [`Schema`] into [`Batch`]es: dense
+//! columns, single ids and jagged lists (bags, sequences), decoded column by column from
+//! each Arrow batch and copied row by row into buffers that keep their capacity.
+//!
+//! Types accepted per feature kind (checked when a file opens, so a column missing from
+//! one file, or holding another type there, is an error naming the file and column):
+//! - labels: any integer, float or boolean column holding 0/1;
+//! - dense: any integer, float or boolean column (null is 0; NaN or ±inf is a bad value);
+//! - categorical: integers (an `i64` id `v` is the key `v as u64`), booleans, strings
+//!   (hashed by [`string_key`]) and dictionary-encoded strings or integers (null is
+//!   [`NULL_KEY`], one learned row per table);
+//! - bag, sequence: `list` or `large_list` of the categorical types (a null list is
+//!   empty, null items are dropped and counted, lists longer than `max_len` are cut and
+//!   counted); per-id weights: a `list` of floats or integers as long as the ids.
+
+use crate::batch::{Batch, Jagged};
+use crate::error::{DataError, FieldError, Result};
+use crate::parquet_io::{decode_label, guarded, open_projected};
+use crate::reader::{BadRowPolicy, BatchReader, ReadStats};
+use crate::schema::{
+    schema_error, string_key, ColumnSample, DenseTransform, FeatureKind, FeatureSpec, Inferred,
+    Schema, TableSpec, INFER_SAMPLE_ROWS, NULL_KEY,
+};
+use arrow_array::cast::AsArray;
+use arrow_array::types::*;
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::DataType;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReader;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Where each of a schema's columns lives in the decoded Arrow batches.
+#[derive(Debug, Clone, Default)]
+struct Columns {
+    labels: Vec<usize>,
+    dense: Vec<usize>,
+    cats: Vec<usize>,
+    /// Ids and, for a weighted bag, weights.
+    lists: Vec<(usize, Option<usize>)>,
+}
+
+/// One decoded Arrow batch, column by column.
+#[derive(Debug, Default)]
+struct Staged {
+    rows: usize,
+    labels: Vec<Vec<f32>>,
+    dense: Vec<Vec<f32>>,
+    cats: Vec<Vec<u64>>,
+    lists: Vec<Jagged>,
+    /// The first bad value of each row.
+    errs: Vec<Option<(String, FieldError)>>,
+    /// A list column's decoded items (reused).
+    items: Vec<u64>,
+    weights: Vec<f32>,
+}
+
+/// Reads a Parquet file's rows through a [`Schema`].
+pub struct NamedParquetReader {
+    path: PathBuf,
+    schema: Arc<Schema>,
+    inner: Option<ParquetRecordBatchReader>,
+    columns: Columns,
+    staged: Staged,
+    cursor: usize,
+    next_row: u64,
+    policy: BadRowPolicy,
+    stats: ReadStats,
+}
+
+impl std::fmt::Debug for NamedParquetReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NamedParquetReader")
+            .field("path", &self.path)
+            .field("next_row", &self.next_row)
+            .finish()
+    }
+}
+
+fn is_number(dt: &DataType) -> bool {
+    dt.is_numeric() || *dt == DataType::Boolean
+}
+
+fn is_id(dt: &DataType) -> bool {
+    match dt {
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Boolean => true,
+        DataType::Dictionary(_, values) => is_id(values),
+        other => other.is_integer(),
+    }
+}
+
+fn list_item(dt: &DataType) -> Option<&DataType> {
+    match dt {
+        DataType::List(f) | DataType::LargeList(f) => Some(f.data_type()),
+        _ => None,
+    }
+}
+
+fn what_it_needs(kind: FeatureKind) -> &'static str {
+    match kind {
+        FeatureKind::Dense => "a dense feature needs an integer, float or boolean column",
+        FeatureKind::Categorical => {
+            "a categorical feature needs an integer, boolean or string column (or a \
+             dictionary of them)"
+        }
+        FeatureKind::Bag | FeatureKind::Sequence => {
+            "a bag or sequence needs a list of integers or strings"
+        }
+    }
+}
+
+impl Columns {
+    /// Finds and type-checks every column of `schema` in the file's Arrow schema.
+    fn resolve(path: &Path, file: &arrow_schema::Schema, schema: &Schema) -> Result<Self> {
+        let find = |name: &str, role: &str| {
+            file.index_of(name).map_err(|_| {
+                let have: Vec<&str> = file.fields().iter().map(|f| f.name().as_str()).collect();
+                schema_error(
+                    path,
+                    format!(
+                        "column {name:?} ({role}) is missing; the file has {}",
+                        have.join(", ")
+                    ),
+                )
+            })
+        };
+        let wrong = |name: &str, dt: &DataType, needs: &str| {
+            schema_error(path, format!("column {name:?} is {dt}; {needs}"))
+        };
+        let mut out = Columns::default();
+        for l in &schema.labels {
+            let i = find(l, "label")?;
+            let dt = file.field(i).data_type();
+            if !is_number(dt) {
+                return Err(wrong(
+                    l,
+                    dt,
+                    "a label needs an integer, float or boolean 0/1",
+                ));
+            }
+            out.labels.push(i);
+        }
+        for f in &schema.features {
+            let i = find(f.column(), &format!("feature {:?}", f.name))?;
+            let dt = file.field(i).data_type();
+            let ok = match f.kind {
+                FeatureKind::Dense => is_number(dt),
+                FeatureKind::Categorical => is_id(dt),
+                FeatureKind::Bag | FeatureKind::Sequence => list_item(dt).is_some_and(is_id),
+            };
+            if !ok {
+                return Err(wrong(f.column(), dt, what_it_needs(f.kind)));
+            }
+            match f.kind {
+                FeatureKind::Dense => out.dense.push(i),
+                FeatureKind::Categorical => out.cats.push(i),
+                FeatureKind::Bag | FeatureKind::Sequence => {
+                    let w = match &f.weights {
+                        None => None,
+                        Some(w) => {
+                            let j = find(w, &format!("weights of {:?}", f.name))?;
+                            let wdt = file.field(j).data_type();
+                            if !list_item(wdt).is_some_and(is_number) {
+                                return Err(wrong(w, wdt, "per-id weights need a list of numbers"));
+                            }
+                            Some(j)
+                        }
+                    };
+                    out.lists.push((i, w));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The file columns to decode, sorted, and `self` re-addressed into the decoded
+    /// batches (which hold only those columns, in file order).
+    fn project(&self) -> (Vec<usize>, Columns) {
+        let mut wanted: Vec<usize> = self
+            .labels
+            .iter()
+            .chain(&self.dense)
+            .chain(&self.cats)
+            .copied()
+            .chain(
+                self.lists
+                    .iter()
+                    .flat_map(|&(i, w)| std::iter::once(i).chain(w)),
+            )
+            .collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let pos = |c: &usize| wanted.binary_search(c).expect("column is decoded");
+        let decoded = Columns {
+            labels: self.labels.iter().map(pos).collect(),
+            dense: self.dense.iter().map(pos).collect(),
+            cats: self.cats.iter().map(pos).collect(),
+            lists: self
+                .lists
+                .iter()
+                .map(|(i, w)| (pos(i), w.as_ref().map(pos)))
+                .collect(),
+        };
+        (wanted, decoded)
+    }
+}
+
+impl NamedParquetReader {
+    /// Opens rows `range` (0-based, end exclusive; `None`: all) of `path`.
+    pub fn open(
+        path: &Path,
+        range: Option<(u64, u64)>,
+        policy: BadRowPolicy,
+        schema: Arc<Schema>,
+    ) -> Result<Self> {
+        let mut columns = None;
+        let opened = open_projected(path, range, |file| {
+            let (wanted, decoded) = Columns::resolve(path, file, &schema)?.project();
+            columns = Some(decoded);
+            Ok(wanted)
+        })?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            schema,
+            inner: opened.inner,
+            columns: columns.expect("set when the file opened"),
+            staged: Staged::default(),
+            cursor: 0,
+            next_row: opened.next_row,
+            policy,
+            stats: ReadStats::default(),
+        })
+    }
+
+    /// Decodes the next Arrow batch; `false` at the end.
+    fn stage_next(&mut self) -> Result<bool> {
+        let Some(inner) = self.inner.as_mut() else {
+            return Ok(false);
+        };
+        let what = format!("decoding the rows from {}", self.next_row);
+        let (schema, columns, staged, stats) = (
+            &self.schema,
+            &self.columns,
+            &mut self.staged,
+            &mut self.stats,
+        );
+        let decoded = guarded(&self.path, &what, || match inner.next() {
+            None => Ok(false),
+            Some(Err(e)) => Err(DataError::parquet(&self.path, e)),
+            Some(Ok(b)) => {
+                staged.fill(&b, schema, columns, stats);
+                Ok(true)
+            }
+        });
+        match decoded {
+            Ok(true) => {
+                self.cursor = 0;
+                Ok(true)
+            }
+            Ok(false) => {
+                self.inner = None;
+                Ok(false)
+            }
+            Err(e) => {
+                // A decoder that failed (or panicked) half way is not read again.
+                self.inner = None;
+                self.staged.rows = 0;
+                Err(e)
+            }
+        }
+    }
+
+    fn push_row(&self, batch: &mut Batch, i: usize) {
+        let s = &self.staged;
+        batch.labels.push(s.labels[0][i]);
+        batch
+            .task_labels
+            .extend(s.labels[1..].iter().map(|col| col[i]));
+        batch.dense.extend(s.dense.iter().map(|col| col[i]));
+        batch.sparse.extend(s.cats.iter().map(|col| col[i]));
+        for (dst, src) in batch.bags.iter_mut().zip(&s.lists) {
+            dst.push_row_of(src, i);
+        }
+    }
+}
+
+impl BatchReader for NamedParquetReader {
+    fn next_batch(&mut self, batch: &mut Batch, max_rows: usize) -> Result<usize> {
+        batch.clear();
+        batch.dense_width = self.columns.dense.len();
+        batch.sparse_width = self.columns.cats.len();
+        batch
+            .bags
+            .resize_with(self.columns.lists.len(), Jagged::default);
+        batch.tasks = self.columns.labels.len();
+        while batch.len() < max_rows {
+            if self.cursor >= self.staged.rows && !self.stage_next()? {
+                break;
+            }
+            let i = self.cursor;
+            self.cursor += 1;
+            let file_row = self.next_row;
+            self.next_row += 1;
+            match self.staged.errs[i].take() {
+                None => {
+                    self.push_row(batch, i);
+                    self.stats.rows_read += 1;
+                }
+                Some((column, reason)) => {
+                    let err = DataError::BadValue {
+                        path: self.path.clone(),
+                        row: file_row,
+                        column,
+                        reason,
+                    };
+                    match self.policy {
+                        BadRowPolicy::Fail => return Err(err),
+                        BadRowPolicy::Skip => self.stats.record_skip(&err),
+                    }
+                }
+            }
+        }
+        Ok(batch.len())
+    }
+
+    fn stats(&self) -> &ReadStats {
+        &self.stats
+    }
+}
+
+impl Staged {
+    fn fill(&mut self, b: &RecordBatch, schema: &Schema, c: &Columns, stats: &mut ReadStats) {
+        let n = b.num_rows();
+        self.rows = n;
+        self.errs.clear();
+        self.errs.resize(n, None);
+        let errs = &mut self.errs;
+        let mut flag = |r: usize, column: &str, e: FieldError| {
+            if errs[r].is_none() {
+                errs[r] = Some((column.to_string(), e));
+            }
+        };
+        self.labels.resize_with(c.labels.len(), Vec::new);
+        for ((dst, &col), name) in self.labels.iter_mut().zip(&c.labels).zip(&schema.labels) {
+            let col = b.column(col);
+            dst.clear();
+            dst.extend((0..n).map(|r| match decode_label(col, r) {
+                Ok(v) => f32::from(v),
+                Err(e) => {
+                    flag(r, name, e);
+                    0.0
+                }
+            }));
+        }
+        self.dense.resize_with(c.dense.len(), Vec::new);
+        for ((dst, &col), f) in self.dense.iter_mut().zip(&c.dense).zip(schema.dense()) {
+            numbers(b.column(col), dst);
+            for (r, v) in dst.iter_mut().enumerate() {
+                if !v.is_finite() {
+                    flag(r, f.column(), FieldError::NotFinite(v.to_string()));
+                    *v = 0.0;
+                } else if f.transform == DenseTransform::Log1p {
+                    *v = v.max(0.0).ln_1p();
+                }
+            }
+        }
+        self.cats.resize_with(c.cats.len(), Vec::new);
+        for (dst, &col) in self.cats.iter_mut().zip(&c.cats) {
+            keys(b.column(col), dst);
+        }
+        self.lists.resize_with(c.lists.len(), Jagged::default);
+        for ((dst, &(col, weights)), f) in self.lists.iter_mut().zip(&c.lists).zip(schema.lists()) {
+            let spec = ListSpec {
+                sequence: f.kind == FeatureKind::Sequence,
+                max_len: f.max_len(),
+                weights_name: f.weights.as_deref().unwrap_or(""),
+            };
+            let weights = weights.map(|w| b.column(w));
+            let (items, wbuf) = (&mut self.items, &mut self.weights);
+            list(
+                b.column(col),
+                weights,
+                &spec,
+                dst,
+                items,
+                wbuf,
+                stats,
+                &mut flag,
+            );
+        }
+    }
+}
+
+/// Every value of a numeric or boolean column as `f32` (null: 0).
+fn numbers(col: &ArrayRef, out: &mut Vec<f32>) {
+    out.clear();
+    macro_rules! prim {
+        ($t:ty) => {
+            out.extend(
+                col.as_primitive::<$t>()
+                    .iter()
+                    .map(|v| v.map_or(0.0, |v| v as f32)),
+            )
+        };
+    }
+    match col.data_type() {
+        DataType::Int8 => prim!(Int8Type),
+        DataType::Int16 => prim!(Int16Type),
+        DataType::Int32 => prim!(Int32Type),
+        DataType::Int64 => prim!(Int64Type),
+        DataType::UInt8 => prim!(UInt8Type),
+        DataType::UInt16 => prim!(UInt16Type),
+        DataType::UInt32 => prim!(UInt32Type),
+        DataType::UInt64 => prim!(UInt64Type),
+        DataType::Float16 => out.extend(
+            col.as_primitive::<Float16Type>()
+                .iter()
+                .map(|v| v.map_or(0.0, f32::from)),
+        ),
+        DataType::Float32 => prim!(Float32Type),
+        DataType::Float64 => prim!(Float64Type),
+        DataType::Boolean => out.extend(
+            col.as_boolean()
+                .iter()
+                .map(|v| v.map_or(0.0, |v| f32::from(u8::from(v)))),
+        ),
+        // Decimal and other numeric types were let through by `is_numeric`: read as null.
+        _ => out.resize(col.len(), 0.0),
+    }
+}
+
+/// Every value of an id column as a 64-bit key (null: [`NULL_KEY`]).
+fn keys(col: &ArrayRef, out: &mut Vec<u64>) {
+    out.clear();
+    macro_rules! prim {
+        ($t:ty) => {
+            out.extend(
+                col.as_primitive::<$t>()
+                    .iter()
+                    .map(|v| v.map_or(NULL_KEY, |v| v as i64 as u64)),
+            )
+        };
+    }
+    macro_rules! unsigned {
+        ($t:ty) => {
+            out.extend(
+                col.as_primitive::<$t>()
+                    .iter()
+                    .map(|v| v.map_or(NULL_KEY, u64::from)),
+            )
+        };
+    }
+    macro_rules! strings {
+        ($a:expr) => {
+            out.extend(
+                $a.iter()
+                    .map(|v| v.map_or(NULL_KEY, |s| string_key(s.as_bytes()))),
+            )
+        };
+    }
+    match col.data_type() {
+        DataType::Int8 => prim!(Int8Type),
+        DataType::Int16 => prim!(Int16Type),
+        DataType::Int32 => prim!(Int32Type),
+        DataType::Int64 => prim!(Int64Type),
+        DataType::UInt8 => unsigned!(UInt8Type),
+        DataType::UInt16 => unsigned!(UInt16Type),
+        DataType::UInt32 => unsigned!(UInt32Type),
+        DataType::UInt64 => out.extend(
+            col.as_primitive::<UInt64Type>()
+                .iter()
+                .map(|v| v.unwrap_or(NULL_KEY)),
+        ),
+        DataType::Boolean => out.extend(
+            col.as_boolean()
+                .iter()
+                .map(|v| v.map_or(NULL_KEY, u64::from)),
+        ),
+        DataType::Utf8 => strings!(col.as_string::<i32>()),
+        DataType::LargeUtf8 => strings!(col.as_string::<i64>()),
+        DataType::Utf8View => strings!(col.as_string_view()),
+        DataType::Dictionary(_, _) => {
+            let dict = col.as_any_dictionary();
+            let mut values = Vec::new();
+            keys(dict.values(), &mut values);
+            let codes = dict.normalized_keys();
+            out.extend(codes.iter().enumerate().map(|(r, &k)| {
+                if col.is_null(r) {
+                    NULL_KEY
+                } else {
+                    values.get(k).copied().unwrap_or(NULL_KEY)
+                }
+            }));
+        }
+        _ => out.resize(col.len(), NULL_KEY),
+    }
+}
+
+/// What [`list`] needs to know of the feature.
+struct ListSpec<'a> {
+    sequence: bool,
+    max_len: usize,
+    weights_name: &'a str,
+}
+
+/// A list column into `dst`, one row per Arrow row.
+#[allow(clippy::too_many_arguments)]
+fn list(
+    col: &ArrayRef,
+    weights: Option<&ArrayRef>,
+    spec: &ListSpec<'_>,
+    dst: &mut Jagged,
+    items: &mut Vec<u64>,
+    wbuf: &mut Vec<f32>,
+    stats: &mut ReadStats,
+    flag: &mut impl FnMut(usize, &str, FieldError),
+) {
+    dst.clear();
+    let (offsets, values) = list_parts(col);
+    keys(&values, items);
+    let wparts = weights.map(|w| {
+        let (o, v) = list_parts(w);
+        numbers(&v, wbuf);
+        o
+    });
+    for r in 0..col.len() {
+        if col.is_null(r) {
+            dst.end_row();
+            continue;
+        }
+        let (from, to) = (offsets[r], offsets[r + 1]);
+        if let Some(wo) = &wparts {
+            let (wf, wt) = (wo[r], wo[r + 1]);
+            if wt - wf != to - from {
+                flag(
+                    r,
+                    spec.weights_name,
+                    FieldError::WeightCount {
+                        weights: wt - wf,
+                        ids: to - from,
+                    },
+                );
+                dst.end_row();
+                continue;
+            }
+        }
+        let live = (from..to).filter(|&k| !values.is_null(k));
+        let count = live.clone().count();
+        stats.list_nulls += ((to - from) - count) as u64;
+        let skip = if count > spec.max_len {
+            stats.lists_truncated += 1;
+            if spec.sequence {
+                count - spec.max_len
+            } else {
+                0
+            }
+        } else {
+            0
+        };
+        for k in live.skip(skip).take(spec.max_len) {
+            dst.ids.push(items[k]);
+            if let Some(wo) = &wparts {
+                let w = wbuf[wo[r] + (k - from)];
+                dst.weights.push(w);
+            }
+        }
+        dst.end_row();
+    }
+}
+
+/// A `list` or `large_list` column's offsets (as `usize`) and item values.
+fn list_parts(col: &ArrayRef) -> (Vec<usize>, ArrayRef) {
+    match col.data_type() {
+        DataType::LargeList(_) => {
+            let l = col.as_list::<i64>();
+            let o = l.value_offsets().iter().map(|&o| o as usize).collect();
+            (o, l.values().clone())
+        }
+        _ => {
+            let l = col.as_list::<i32>();
+            let o = l.value_offsets().iter().map(|&o| o as usize).collect();
+            (o, l.values().clone())
+        }
+    }
+}
+
+/// A schema for the Parquet file `path` (see [`crate::schema::infer`]).
+pub(crate) fn infer_parquet(path: &Path, labels: &[String], max_rows: u64) -> Result<Inferred> {
+    let mut schema = Schema {
+        labels: labels.to_vec(),
+        ..Schema::default()
+    };
+    let mut skipped = Vec::new();
+    let mut picked = Vec::new();
+    let opened = open_projected(path, Some((0, 0)), |file| {
+        for l in labels {
+            if file.index_of(l).is_err() {
+                let have: Vec<&str> = file.fields().iter().map(|f| f.name().as_str()).collect();
+                return Err(schema_error(
+                    path,
+                    format!(
+                        "the label column {l:?} is missing; the file has {}",
+                        have.join(", ")
+                    ),
+                ));
+            }
+        }
+        for field in file.fields() {
+            let name = field.name();
+            if labels.contains(name) {
+                continue;
+            }
+            let dt = field.data_type();
+            let kind = if matches!(
+                dt,
+                DataType::Float16 | DataType::Float32 | DataType::Float64
+            ) {
+                Some(FeatureKind::Dense)
+            } else if is_id(dt) {
+                Some(FeatureKind::Categorical)
+            } else if list_item(dt).is_some_and(is_id) {
+                Some(FeatureKind::Bag)
+            } else {
+                None
+            };
+            match kind {
+                Some(kind) => picked.push(FeatureSpec::new(name, kind)),
+                None => skipped.push((name.clone(), format!("{dt}: not a feature type"))),
+            }
+        }
+        Ok(Vec::new())
+    })?;
+    drop(opened);
+    schema.features = picked;
+    // Sample the first rows of every feature column.
+    let mut samples: Vec<ColumnSample> = schema
+        .features
+        .iter()
+        .map(|_| ColumnSample::new())
+        .collect();
+    let mut sampled = 0u64;
+    let mut positions = Vec::new();
+    let opened = open_projected(path, None, |file| {
+        positions = schema
+            .features
+            .iter()
+            .map(|f| file.index_of(f.column()).expect("found above"))
+            .collect();
+        Ok(positions.clone())
+    })?;
+    let mut order: Vec<usize> = positions.clone();
+    order.sort_unstable();
+    if let Some(mut inner) = opened.inner {
+        let (mut nums, mut ids) = (Vec::new(), Vec::new());
+        while (sampled as usize) < INFER_SAMPLE_ROWS {
+            let next = guarded(path, "sampling rows to infer the schema", || {
+                inner
+                    .next()
+                    .transpose()
+                    .map_err(|e| DataError::parquet(path, e))
+            })?;
+            let Some(b) = next else { break };
+            for ((f, s), p) in schema.features.iter().zip(&mut samples).zip(&positions) {
+                let col = b.column(order.binary_search(p).expect("decoded"));
+                sample_column(f.kind, col, s, &mut nums, &mut ids);
+            }
+            sampled += b.num_rows() as u64;
+        }
+    }
+    let shared = shared_tables(&schema.features, &samples);
+    for (i, (f, s)) in schema.features.iter_mut().zip(&samples).enumerate() {
+        if let Some(owner) = &shared[i] {
+            f.table = Some(owner.clone());
+            f.max_len = Some(s.longest.clamp(1, 256));
+            continue;
+        }
+        match f.kind {
+            FeatureKind::Dense => {
+                if s.long_tailed() {
+                    f.transform = DenseTransform::Log1p;
+                }
+            }
+            _ => {
+                if f.kind == FeatureKind::Bag {
+                    f.max_len = Some(s.longest.clamp(1, 256));
+                }
+                // A table shared with lists holds their ids too.
+                let mut ids = s.distinct.clone();
+                for (j, other) in samples.iter().enumerate() {
+                    if shared[j].as_deref() == Some(f.name.as_str()) {
+                        ids.extend(&other.distinct);
+                    }
+                }
+                let union = ColumnSample {
+                    distinct: ids,
+                    ..ColumnSample::new()
+                };
+                schema.tables.push(TableSpec {
+                    name: f.name.clone(),
+                    rows: union.table_rows(max_rows),
+                });
+            }
+        }
+    }
+    schema
+        .validate()
+        .map_err(|e| schema_error(path, format!("the inferred schema {e}")))?;
+    Ok(Inferred {
+        schema,
+        skipped,
+        sampled_rows: sampled,
+    })
+}
+
+/// Share of a list's sampled ids that must also be ids of a categorical column for the
+/// list to share that column's table (`hist_items` holding `item_id`s).
+pub const SHARED_TABLE_OVERLAP: f64 = 0.5;
+
+/// For each feature, the categorical feature whose table it shares (`None`: its own):
+/// a list whose sampled ids are mostly ids of one categorical column (the one with the
+/// largest overlap) names the same things, and learns them in one table.
+fn shared_tables(features: &[FeatureSpec], samples: &[ColumnSample]) -> Vec<Option<String>> {
+    features
+        .iter()
+        .zip(samples)
+        .map(|(f, s)| {
+            if !f.is_list() || s.distinct.is_empty() {
+                return None;
+            }
+            features
+                .iter()
+                .zip(samples)
+                .filter(|(c, _)| c.kind == FeatureKind::Categorical)
+                .map(|(c, cs)| {
+                    let common = s
+                        .distinct
+                        .iter()
+                        .filter(|k| cs.distinct.contains(k))
+                        .count();
+                    (c, common as f64 / s.distinct.len() as f64)
+                })
+                .filter(|&(_, share)| share >= SHARED_TABLE_OVERLAP)
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+                .map(|(c, _)| c.name.clone())
+        })
+        .collect()
+}
+
+/// Most distinct ids a sample tracks per column (the tables it sizes are capped far
+/// below).
+const MAX_TRACKED_IDS: usize = 4 << 20;
+
+fn sample_column(
+    kind: FeatureKind,
+    col: &ArrayRef,
+    s: &mut ColumnSample,
+    nums: &mut Vec<f32>,
+    ids: &mut Vec<u64>,
+) {
+    let track = |ids: &[u64], s: &mut ColumnSample| {
+        for &k in ids {
+            if s.distinct.len() >= MAX_TRACKED_IDS {
+                break;
+            }
+            if k != NULL_KEY {
+                s.distinct.insert(k);
+            }
+        }
+    };
+    match kind {
+        FeatureKind::Dense => {
+            numbers(col, nums);
+            for (r, &v) in nums.iter().enumerate() {
+                if !col.is_null(r) && v.is_finite() {
+                    s.number(f64::from(v));
+                }
+            }
+        }
+        FeatureKind::Categorical => {
+            keys(col, ids);
+            track(ids, s);
+        }
+        FeatureKind::Bag | FeatureKind::Sequence => {
+            let (offsets, values) = list_parts(col);
+            keys(&values, ids);
+            track(ids, s);
+            let longest = offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+            s.longest = s.longest.max(longest);
+        }
+    }
+}

@@ -1,0 +1,546 @@
+//! Named features: what a job's own data holds and how each column enters the model.
+//!
+//! A [`Schema`] names the label column(s) and every feature, with its kind:
+//! - **dense**: a numeric column (int or float, nullable: null is 0), optionally `log1p`;
+//! - **categorical**: one id per row (int32/int64/uint/bool/string; strings hash to 64-bit
+//!   keys with [`string_key`]), looked up in an embedding table;
+//! - **bag**: a `list<int|string>` column of ids pooled into one vector (sum, mean or
+//!   sqrt-n), optionally with per-id weights from a `list<float>` column;
+//! - **sequence**: an ordered list (recently clicked items) kept in order, at most
+//!   `max_len` of the most recent (the list's tail), pooled like a bag.
+//!
+//! Tables are declared once and may be shared by several features (an item table read by
+//! `item_id` and `hist_items`), as TorchRec's `feature_names`. Every table has the job's
+//! `model.embedding_dim`: the interactions (dot, cross, FM) combine vectors of equal width.
+//!
+//! [`infer`] builds a schema from a Parquet file's own schema and a sample of its rows.
+//!
+//! Batch layout of a schema: dense features in order fill `Batch::dense`, categorical
+//! features in order fill `Batch::sparse`, bags and sequences in order fill
+//! `Batch::bags`; embedding slot `s` (categorical first, then bags) reads table
+//! [`Schema::slot_tables`]`[s]`.
+
+use crate::error::{DataError, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::path::Path;
+
+/// The key of a null categorical value or list item: never a string's key
+/// ([`string_key`] clears the top bit) and far above any real 63-bit integer id a log
+/// holds.
+pub const NULL_KEY: u64 = u64::MAX;
+
+/// The 64-bit key of a string id: `xxh3_64` of its UTF-8 bytes with the top bit cleared,
+/// so it never equals [`NULL_KEY`]. Stable across processes, platforms and versions.
+#[inline]
+pub fn string_key(s: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(s) >> 1
+}
+
+/// How a feature enters the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FeatureKind {
+    /// A number into the bottom MLP.
+    Dense,
+    /// One id per row, looked up in a table.
+    Categorical,
+    /// A list of ids pooled into one vector.
+    Bag,
+    /// An ordered list of ids (most recent last), the last `max_len` kept, pooled.
+    Sequence,
+}
+
+/// How the vectors of a bag's ids become one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pooling {
+    /// Sum of the (weighted) vectors.
+    Sum,
+    /// Sum divided by the number of ids (the sum of weights, when weighted).
+    #[default]
+    Mean,
+    /// Sum divided by the square root of the number of ids (TensorFlow's `sqrtn`).
+    Sqrtn,
+}
+
+/// The transform of a dense feature before standardization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DenseTransform {
+    /// The value as it is.
+    #[default]
+    None,
+    /// `ln(1 + max(x, 0))`, for counts and prices with a long tail.
+    Log1p,
+}
+
+/// Default longest list kept of a bag or sequence.
+pub const DEFAULT_MAX_LEN: usize = 64;
+
+/// One feature (`[[data.feature]]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeatureSpec {
+    /// The feature's name; also its column unless `column` is set.
+    pub name: String,
+    /// The column holding it, when not named like the feature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub column: Option<String>,
+    /// How it enters the model.
+    pub kind: FeatureKind,
+    /// Dense only: the transform applied to the raw value.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub transform: DenseTransform,
+    /// Categorical, bag and sequence: the table its ids are looked up in (a
+    /// `[[data.table]]` name); default: a table named like the feature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<String>,
+    /// Bag and sequence: how the ids' vectors are pooled.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub pooling: Pooling,
+    /// Bag and sequence: the longest list kept (a bag keeps its first `max_len` ids, a
+    /// sequence its last); longer lists are cut and counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_len: Option<usize>,
+    /// Bag only: a `list<float>` column of per-id weights, as long as the id list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<String>,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
+impl FeatureSpec {
+    /// A feature of `kind` read from the column `name`, with every default.
+    pub fn new(name: &str, kind: FeatureKind) -> Self {
+        Self {
+            name: name.to_string(),
+            column: None,
+            kind,
+            transform: DenseTransform::None,
+            table: None,
+            pooling: Pooling::Mean,
+            max_len: None,
+            weights: None,
+        }
+    }
+
+    /// The column holding the feature.
+    pub fn column(&self) -> &str {
+        self.column.as_deref().unwrap_or(&self.name)
+    }
+
+    /// The table its ids are looked up in.
+    pub fn table(&self) -> &str {
+        self.table.as_deref().unwrap_or(&self.name)
+    }
+
+    /// The longest list kept.
+    pub fn max_len(&self) -> usize {
+        self.max_len.unwrap_or(DEFAULT_MAX_LEN)
+    }
+
+    /// True for a bag or a sequence.
+    pub fn is_list(&self) -> bool {
+        matches!(self.kind, FeatureKind::Bag | FeatureKind::Sequence)
+    }
+}
+
+/// One embedding table (`[[data.table]]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableSpec {
+    /// The name features refer to.
+    pub name: String,
+    /// Rows the ids hash into (capped by `model.max_table_rows`).
+    pub rows: u64,
+}
+
+/// Rows of a table no `[[data.table]]` declares.
+pub const DEFAULT_SCHEMA_TABLE_ROWS: u64 = 1 << 16;
+
+/// The features of a data set with named columns.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Schema {
+    /// Label columns, one per task (task 0 first).
+    pub labels: Vec<String>,
+    /// The features, in the order they fill a batch.
+    pub features: Vec<FeatureSpec>,
+    /// The tables; a feature's table not listed here gets [`DEFAULT_SCHEMA_TABLE_ROWS`].
+    pub tables: Vec<TableSpec>,
+}
+
+impl Schema {
+    /// Checks names, kinds and options; the error names the feature.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.labels.is_empty() {
+            return Err("names no label column (data.label)".into());
+        }
+        let mut names = HashSet::new();
+        for f in &self.features {
+            if !names.insert(f.name.as_str()) {
+                return Err(format!("feature {:?} is declared twice", f.name));
+            }
+            if self.labels.iter().any(|l| l == f.column()) {
+                return Err(format!(
+                    "feature {:?} reads the label column {:?}",
+                    f.name,
+                    f.column()
+                ));
+            }
+            let list_only = f.max_len.is_some() || f.weights.is_some();
+            match f.kind {
+                FeatureKind::Dense if f.table.is_some() || list_only => {
+                    return Err(format!(
+                        "feature {:?} is dense: `table`, `max_len` and `weights` are for \
+                         categorical, bag and sequence features",
+                        f.name
+                    ))
+                }
+                FeatureKind::Categorical if list_only => {
+                    return Err(format!(
+                        "feature {:?} is categorical (one id per row): `max_len` and \
+                         `weights` are for bags and sequences",
+                        f.name
+                    ))
+                }
+                FeatureKind::Sequence if f.weights.is_some() => {
+                    return Err(format!(
+                        "feature {:?} is a sequence: per-id `weights` are for bags",
+                        f.name
+                    ))
+                }
+                _ => {}
+            }
+            if f.max_len == Some(0) {
+                return Err(format!("feature {:?}: max_len must be at least 1", f.name));
+            }
+        }
+        let mut tables = HashSet::new();
+        for t in &self.tables {
+            if !tables.insert(t.name.as_str()) {
+                return Err(format!("table {:?} is declared twice", t.name));
+            }
+            if t.rows == 0 {
+                return Err(format!("table {:?} has 0 rows", t.name));
+            }
+            if !self
+                .features
+                .iter()
+                .any(|f| f.kind != FeatureKind::Dense && f.table() == t.name)
+            {
+                return Err(format!("table {:?} is read by no feature", t.name));
+            }
+        }
+        if self.embedding_slots() == 0 {
+            return Err(
+                "has no categorical, bag or sequence feature: a recommendation \
+                        model needs at least one id to embed"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Features of `kind`, in order.
+    pub fn of_kind(&self, kind: FeatureKind) -> impl Iterator<Item = &FeatureSpec> {
+        self.features.iter().filter(move |f| f.kind == kind)
+    }
+
+    /// The dense features, in batch order.
+    pub fn dense(&self) -> impl Iterator<Item = &FeatureSpec> {
+        self.of_kind(FeatureKind::Dense)
+    }
+
+    /// The categorical features, in batch order.
+    pub fn categorical(&self) -> impl Iterator<Item = &FeatureSpec> {
+        self.of_kind(FeatureKind::Categorical)
+    }
+
+    /// The bags and sequences, in batch order.
+    pub fn lists(&self) -> impl Iterator<Item = &FeatureSpec> {
+        self.features.iter().filter(|f| f.is_list())
+    }
+
+    /// Dense values per row.
+    pub fn dense_width(&self) -> usize {
+        self.dense().count()
+    }
+
+    /// Single ids per row.
+    pub fn sparse_width(&self) -> usize {
+        self.categorical().count()
+    }
+
+    /// Embedding vectors per row: one per categorical, bag and sequence feature.
+    pub fn embedding_slots(&self) -> usize {
+        self.sparse_width() + self.lists().count()
+    }
+
+    /// The features in embedding-slot order: categorical, then bags and sequences.
+    pub fn slot_features(&self) -> Vec<&FeatureSpec> {
+        self.categorical().chain(self.lists()).collect()
+    }
+
+    /// The table names in the order of their first use by a slot.
+    pub fn table_names(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for f in self.slot_features() {
+            if !out.contains(&f.table()) {
+                out.push(f.table());
+            }
+        }
+        out
+    }
+
+    /// The table (an index into [`Schema::table_names`]) of each embedding slot.
+    pub fn slot_tables(&self) -> Vec<usize> {
+        let names = self.table_names();
+        self.slot_features()
+            .iter()
+            .map(|f| {
+                names
+                    .iter()
+                    .position(|&n| n == f.table())
+                    .expect("every slot's table is named")
+            })
+            .collect()
+    }
+
+    /// Rows of each table, in [`Schema::table_names`] order.
+    pub fn table_rows(&self) -> Vec<u64> {
+        self.table_names()
+            .iter()
+            .map(|n| {
+                self.tables
+                    .iter()
+                    .find(|t| t.name == *n)
+                    .map_or(DEFAULT_SCHEMA_TABLE_ROWS, |t| t.rows)
+            })
+            .collect()
+    }
+
+    /// True when every slot has its own table and no slot is a list: batches of this
+    /// schema train through the same single-id path as the Criteo layout.
+    pub fn is_single_id(&self) -> bool {
+        self.lists().next().is_none() && self.table_names().len() == self.sparse_width()
+    }
+
+    /// The columns a reader decodes: labels, then every feature's (and weights') column.
+    pub fn columns(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = self.labels.iter().map(String::as_str).collect();
+        for f in &self.features {
+            out.push(f.column());
+            if let Some(w) = &f.weights {
+                out.push(w);
+            }
+        }
+        out
+    }
+}
+
+/// What [`infer`] made of each column it did not turn into a feature.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Inferred {
+    /// The schema.
+    pub schema: Schema,
+    /// Columns left out, with the reason (`"list<double>: no id list"`).
+    pub skipped: Vec<(String, String)>,
+    /// Rows sampled to size the tables.
+    pub sampled_rows: u64,
+}
+
+/// Rows [`infer`] samples from the start of the file to count distinct values.
+pub const INFER_SAMPLE_ROWS: usize = 200_000;
+
+/// Table rows per distinct value seen in the sample (hashing into 4× as many rows as
+/// values keeps collisions of frequent ids rare).
+pub const INFER_ROWS_PER_VALUE: u64 = 4;
+
+/// Smallest inferred table.
+pub const INFER_MIN_ROWS: u64 = 1024;
+
+/// A schema for `path` (Parquet): `labels` are the label columns; every other column
+/// becomes a feature by its type: float → dense (`log1p` when the sample is
+/// non-negative with a long tail), int/bool/string → categorical, `list<int|string>` →
+/// bag (mean pooling, `max_len` the sample's longest list, at most 256). Each table gets
+/// `clamp(4 · distinct values in the sample, 1024, max_rows)` rows.
+pub fn infer(path: &Path, labels: &[String], max_rows: u64) -> Result<Inferred> {
+    crate::named::infer_parquet(path, labels, max_rows)
+}
+
+/// Column statistics [`infer`] gathers from its sample.
+#[derive(Debug, Default)]
+pub(crate) struct ColumnSample {
+    pub distinct: HashSet<u64>,
+    pub longest: usize,
+    pub min: f64,
+    pub max: f64,
+    pub sum: f64,
+    pub count: u64,
+}
+
+impl ColumnSample {
+    pub(crate) fn new() -> Self {
+        Self {
+            min: f64::INFINITY,
+            max: f64::NEG_INFINITY,
+            ..Self::default()
+        }
+    }
+
+    pub(crate) fn number(&mut self, v: f64) {
+        self.min = self.min.min(v);
+        self.max = self.max.max(v);
+        self.sum += v;
+        self.count += 1;
+    }
+
+    /// Non-negative values whose largest is far above their mean: a count or a price,
+    /// which `log1p` brings to a scale an MLP learns from.
+    pub(crate) fn long_tailed(&self) -> bool {
+        self.count > 0 && self.min >= 0.0 && self.max > 10.0 * (self.sum / self.count as f64)
+    }
+
+    /// Table rows for the ids seen.
+    pub(crate) fn table_rows(&self, cap: u64) -> u64 {
+        (self.distinct.len() as u64)
+            .saturating_mul(INFER_ROWS_PER_VALUE)
+            .max(INFER_MIN_ROWS)
+            .min(cap.max(1))
+    }
+}
+
+/// A schema error naming the file.
+pub(crate) fn schema_error(path: &Path, msg: impl Into<String>) -> DataError {
+    DataError::parquet(path, msg.into())
+}
+
+/// Writes `schema` as the TOML of a job's `[data]` features (`label`, `[[data.feature]]`,
+/// `[[data.table]]`), for `--print-config`.
+pub fn to_toml(schema: &Schema) -> String {
+    #[derive(Serialize)]
+    struct Data<'a> {
+        label: LabelOut<'a>,
+        feature: &'a [FeatureSpec],
+        table: &'a [TableSpec],
+    }
+    #[derive(Serialize)]
+    #[serde(untagged)]
+    enum LabelOut<'a> {
+        One(&'a str),
+        Many(&'a [String]),
+    }
+    #[derive(Serialize)]
+    struct Doc<'a> {
+        data: Data<'a>,
+    }
+    let label = match schema.labels.as_slice() {
+        [one] => LabelOut::One(one),
+        many => LabelOut::Many(many),
+    };
+    toml::to_string(&Doc {
+        data: Data {
+            label,
+            feature: &schema.features,
+            table: &schema.tables,
+        },
+    })
+    .expect("a schema serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schema() -> Schema {
+        let mut hist = FeatureSpec::new("hist_items", FeatureKind::Sequence);
+        hist.table = Some("item_id".into());
+        hist.max_len = Some(20);
+        Schema {
+            labels: vec!["click".into()],
+            features: vec![
+                FeatureSpec::new("price", FeatureKind::Dense),
+                FeatureSpec::new("item_id", FeatureKind::Categorical),
+                FeatureSpec::new("genres", FeatureKind::Bag),
+                hist,
+                FeatureSpec::new("user_id", FeatureKind::Categorical),
+            ],
+            tables: vec![TableSpec {
+                name: "item_id".into(),
+                rows: 5000,
+            }],
+        }
+    }
+
+    #[test]
+    fn shared_tables_map_slots_to_one_table() {
+        let s = schema();
+        s.validate().unwrap();
+        assert_eq!((s.dense_width(), s.sparse_width()), (1, 2));
+        assert_eq!(s.embedding_slots(), 4);
+        // Slots: item_id, user_id, genres, hist_items.
+        assert_eq!(s.table_names(), ["item_id", "user_id", "genres"]);
+        assert_eq!(s.slot_tables(), [0, 1, 2, 0]);
+        assert_eq!(
+            s.table_rows(),
+            [5000, DEFAULT_SCHEMA_TABLE_ROWS, DEFAULT_SCHEMA_TABLE_ROWS]
+        );
+        assert!(!s.is_single_id());
+    }
+
+    #[test]
+    fn bad_schemas_name_the_feature() {
+        let mut s = schema();
+        s.features[0].table = Some("x".into());
+        assert!(s.validate().unwrap_err().contains("\"price\" is dense"));
+        let mut s = schema();
+        s.features[1].max_len = Some(3);
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .contains("\"item_id\" is categorical"));
+        let mut s = schema();
+        s.features
+            .push(FeatureSpec::new("item_id", FeatureKind::Dense));
+        assert!(s.validate().unwrap_err().contains("declared twice"));
+        let mut s = schema();
+        s.tables[0].name = "nobody".into();
+        assert!(s.validate().unwrap_err().contains("read by no feature"));
+        let mut s = schema();
+        s.features
+            .push(FeatureSpec::new("click", FeatureKind::Dense));
+        assert!(s.validate().unwrap_err().contains("label column"));
+    }
+
+    #[test]
+    fn the_printed_toml_reads_back_as_the_schema() {
+        let s = schema();
+        let text = to_toml(&s);
+        #[derive(Deserialize)]
+        struct Doc {
+            data: Back,
+        }
+        #[derive(Deserialize)]
+        struct Back {
+            label: String,
+            feature: Vec<FeatureSpec>,
+            table: Vec<TableSpec>,
+        }
+        let back: Doc = toml::from_str(&text).unwrap();
+        assert_eq!(back.data.label, "click");
+        assert_eq!(back.data.feature, s.features);
+        assert_eq!(back.data.table, s.tables);
+    }
+
+    #[test]
+    fn string_keys_never_collide_with_null() {
+        for s in ["", "a", "comedy", "item-18446744073709551615"] {
+            assert_ne!(string_key(s.as_bytes()), NULL_KEY);
+        }
+        assert_eq!(string_key(b"comedy"), string_key(b"comedy"));
+        assert_ne!(string_key(b"comedy"), string_key(b"drama"));
+    }
+}

@@ -1,0 +1,313 @@
+//! Embedding lookups of a named-feature batch: features that share a table, and bags and
+//! sequences whose ids pool into one vector (TorchRec's `EmbeddingBag`).
+//!
+//! Every id of the batch becomes one lookup `(table, id)` with the embedding slot it adds
+//! to and its scale: 1 for a single id; for a bag of ids `x_1..x_k` with weights `w_i`
+//! (1 when the feature has none), `w_i` (sum), `w_i / Σw` (mean) or `w_i / sqrt(Σw²)`
+//! (sqrt-n). An empty bag looks up the table's null row ([`NULL_KEY`]) once, so "no
+//! history" is learned like a missing single id. The forward pass gathers the rows and
+//! adds each, scaled, to its slot; the backward pass hands each lookup its slot's
+//! gradient times the same scale, and the store sums duplicate rows before the
+//! optimizer runs once per row.
+
+use elastrec_data::schema::NULL_KEY;
+use elastrec_data::{Batch, Pooling, Schema};
+use elastrec_embedding::{EmbeddingStore, UpdateScratch};
+
+use crate::error::{Result, WorkerError};
+
+/// Which table each embedding slot reads and how each bag pools.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotLayout {
+    /// The table of each slot: the single-id slots, then one per bag or sequence.
+    pub slot_tables: Vec<u32>,
+    /// The pooling of each bag or sequence, in batch order.
+    pub pooling: Vec<Pooling>,
+}
+
+impl SlotLayout {
+    /// The layout of `schema`; `None` when its batches take the plain path (one single id
+    /// per slot, one table per slot).
+    pub fn of(schema: &Schema) -> Option<Self> {
+        if schema.is_single_id() {
+            return None;
+        }
+        Some(Self {
+            slot_tables: schema.slot_tables().iter().map(|&t| t as u32).collect(),
+            pooling: schema.lists().map(|f| f.pooling).collect(),
+        })
+    }
+
+    /// Embedding slots per row.
+    pub fn slots(&self) -> usize {
+        self.slot_tables.len()
+    }
+}
+
+/// The lookups of one batch and their buffers (kept across batches).
+#[derive(Debug, Default)]
+pub struct Lookups {
+    tables: Vec<u32>,
+    ids: Vec<u64>,
+    /// The `row * slots + slot` each lookup adds to.
+    target: Vec<u32>,
+    scale: Vec<f32>,
+    rows: Vec<f32>,
+    grads: Vec<f32>,
+}
+
+impl Lookups {
+    /// Looks up `batch` and writes its pooled embeddings, `[n, slots, d]`, into `emb`.
+    pub fn gather(
+        &mut self,
+        layout: &SlotLayout,
+        store: &EmbeddingStore,
+        batch: &Batch,
+        emb: &mut [f32],
+    ) -> Result<()> {
+        self.plan(layout, batch)?;
+        let d = store.dim();
+        self.rows.resize(self.ids.len() * d, 0.0);
+        store.gather_keyed(&self.tables, &self.ids, &mut self.rows)?;
+        emb.fill(0.0);
+        for ((&t, &s), row) in self
+            .target
+            .iter()
+            .zip(&self.scale)
+            .zip(self.rows.chunks_exact(d))
+        {
+            let dst = &mut emb[t as usize * d..(t as usize + 1) * d];
+            for (o, &v) in dst.iter_mut().zip(row) {
+                *o += s * v;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies `d_emb` (`[n, slots, d]`, the gradient of the embeddings [`Lookups::gather`]
+    /// wrote) to the rows it looked up.
+    pub fn apply(
+        &mut self,
+        store: &mut EmbeddingStore,
+        d_emb: &[f32],
+        scratch: &mut UpdateScratch,
+    ) -> Result<()> {
+        let d = store.dim();
+        self.grads.resize(self.ids.len() * d, 0.0);
+        for ((&t, &s), g) in self
+            .target
+            .iter()
+            .zip(&self.scale)
+            .zip(self.grads.chunks_exact_mut(d))
+        {
+            let src = &d_emb[t as usize * d..(t as usize + 1) * d];
+            for (o, &v) in g.iter_mut().zip(src) {
+                *o = s * v;
+            }
+        }
+        store.apply_gradients_keyed(&self.tables, &self.ids, &self.grads, scratch)?;
+        Ok(())
+    }
+
+    /// Lists the lookups of `batch`.
+    fn plan(&mut self, layout: &SlotLayout, batch: &Batch) -> Result<()> {
+        let (n, single) = (batch.len(), batch.sparse_width);
+        let slots = layout.slots();
+        if single + batch.bags.len() != slots || layout.pooling.len() != batch.bags.len() {
+            return Err(WorkerError::Layout(format!(
+                "a batch of {single} single ids and {} lists does not fit the model's {slots} \
+                 embedding slots ({} lists)",
+                batch.bags.len(),
+                layout.pooling.len()
+            )));
+        }
+        self.tables.clear();
+        self.ids.clear();
+        self.target.clear();
+        self.scale.clear();
+        let mut push = |table: u32, id: u64, target: usize, scale: f32| {
+            self.tables.push(table);
+            self.ids.push(id);
+            self.target.push(target as u32);
+            self.scale.push(scale);
+        };
+        for r in 0..n {
+            for (s, &id) in batch.sparse_row(r).iter().enumerate() {
+                push(layout.slot_tables[s], id, r * slots + s, 1.0);
+            }
+            for (b, (bag, &pooling)) in batch.bags.iter().zip(&layout.pooling).enumerate() {
+                let slot = single + b;
+                let table = layout.slot_tables[slot];
+                let ids = bag.row(r);
+                if ids.is_empty() {
+                    push(table, NULL_KEY, r * slots + slot, 1.0);
+                    continue;
+                }
+                let weights = bag.row_weights(r);
+                let w = |i: usize| weights.get(i).copied().unwrap_or(1.0);
+                let norm = match pooling {
+                    Pooling::Sum => 1.0,
+                    Pooling::Mean => {
+                        let total: f32 = (0..ids.len()).map(w).sum();
+                        if total != 0.0 {
+                            1.0 / total
+                        } else {
+                            0.0
+                        }
+                    }
+                    Pooling::Sqrtn => {
+                        let total: f32 = (0..ids.len()).map(|i| w(i) * w(i)).sum();
+                        if total > 0.0 {
+                            1.0 / total.sqrt()
+                        } else {
+                            0.0
+                        }
+                    }
+                };
+                for (i, &id) in ids.iter().enumerate() {
+                    push(table, id, r * slots + slot, w(i) * norm);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use elastrec_data::{FeatureKind, FeatureSpec, Jagged, TableSpec};
+    use elastrec_embedding::{EmbeddingConfig, SparseOptimizerConfig};
+
+    fn store(rows: Vec<u64>, dim: usize) -> EmbeddingStore {
+        EmbeddingStore::new(EmbeddingConfig {
+            dim,
+            optimizer: SparseOptimizerConfig::Sgd { lr: 0.5 },
+            ..EmbeddingConfig::with_rows(rows)
+        })
+        .unwrap()
+    }
+
+    /// One single id (table 0) and one bag (table 1, pooled as `pooling`) per row.
+    fn batch(bags: &[&[u64]], weights: Option<&[f32]>) -> Batch {
+        let mut b = Batch::with_widths(bags.len(), 0, 1);
+        let mut jag = Jagged::default();
+        for (r, ids) in bags.iter().enumerate() {
+            b.labels.push(0.0);
+            b.sparse.push(100 + r as u64);
+            jag.ids.extend_from_slice(ids);
+            jag.end_row();
+        }
+        if let Some(w) = weights {
+            jag.weights = w.to_vec();
+        }
+        b.bags.push(jag);
+        b
+    }
+
+    fn layout(pooling: Pooling) -> SlotLayout {
+        SlotLayout {
+            slot_tables: vec![0, 1],
+            pooling: vec![pooling],
+        }
+    }
+
+    fn row(s: &EmbeddingStore, table: u32, id: u64) -> Vec<f32> {
+        let mut out = vec![0.0; s.dim()];
+        s.gather_keyed(&[table], &[id], &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn a_bag_pools_its_rows_and_each_row_gets_its_share_of_the_gradient() {
+        let d = 3;
+        for (pooling, scale) in [
+            (Pooling::Sum, 1.0f32),
+            (Pooling::Mean, 0.5),
+            (Pooling::Sqrtn, 1.0 / 2f32.sqrt()),
+        ] {
+            let mut s = store(vec![50, 50], d);
+            let b = batch(&[&[7, 9], &[]], None);
+            let (a, c, null) = (row(&s, 1, 7), row(&s, 1, 9), row(&s, 1, NULL_KEY));
+            let single = row(&s, 0, 100);
+            let mut emb = vec![0.0; 2 * 2 * d];
+            let mut lookups = Lookups::default();
+            lookups.gather(&layout(pooling), &s, &b, &mut emb).unwrap();
+            assert_eq!(&emb[..d], &single[..], "slot 0 is the single id");
+            for k in 0..d {
+                assert!(
+                    (emb[d + k] - scale * (a[k] + c[k])).abs() < 1e-6,
+                    "{pooling:?}"
+                );
+            }
+            assert_eq!(&emb[3 * d..], &null[..], "an empty bag reads the null row");
+            // A gradient of ones on every slot: SGD moves each bag row by lr * scale.
+            let d_emb = vec![1.0; emb.len()];
+            lookups
+                .apply(&mut s, &d_emb, &mut UpdateScratch::new())
+                .unwrap();
+            for k in 0..d {
+                assert!((row(&s, 1, 7)[k] - (a[k] - 0.5 * scale)).abs() < 1e-6);
+                assert!((row(&s, 1, 9)[k] - (c[k] - 0.5 * scale)).abs() < 1e-6);
+                assert!((row(&s, 0, 100)[k] - (single[k] - 0.5)).abs() < 1e-6);
+            }
+        }
+    }
+
+    #[test]
+    fn weights_scale_each_id_and_mean_divides_by_their_sum() {
+        let d = 2;
+        let s = store(vec![50, 50], d);
+        let b = batch(&[&[7, 9]], Some(&[3.0, 1.0]));
+        let (a, c) = (row(&s, 1, 7), row(&s, 1, 9));
+        let mut emb = vec![0.0; 2 * d];
+        Lookups::default()
+            .gather(&layout(Pooling::Mean), &s, &b, &mut emb)
+            .unwrap();
+        for k in 0..d {
+            let want = (3.0 * a[k] + c[k]) / 4.0;
+            assert!((emb[d + k] - want).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn features_sharing_a_table_read_and_train_the_same_rows() {
+        let mut hist = FeatureSpec::new("hist", FeatureKind::Sequence);
+        hist.table = Some("item".into());
+        let schema = Schema {
+            labels: vec!["click".into()],
+            features: vec![FeatureSpec::new("item", FeatureKind::Categorical), hist],
+            tables: vec![TableSpec {
+                name: "item".into(),
+                rows: 50,
+            }],
+        };
+        let layout = SlotLayout::of(&schema).unwrap();
+        assert_eq!(layout.slot_tables, [0, 0]);
+        let s = store(vec![50], 2);
+        // Row 0: item 5, history [5].
+        let mut b = Batch::with_widths(1, 0, 1);
+        b.labels.push(1.0);
+        b.sparse.push(5);
+        let mut jag = Jagged::default();
+        jag.ids.push(5);
+        jag.end_row();
+        b.bags.push(jag);
+        let mut emb = vec![0.0; 4];
+        Lookups::default()
+            .gather(&layout, &s, &b, &mut emb)
+            .unwrap();
+        assert_eq!(emb[..2], emb[2..], "one row, read by both features");
+    }
+
+    #[test]
+    fn a_batch_of_another_schema_is_refused() {
+        let s = store(vec![50, 50], 2);
+        let mut b = batch(&[&[1]], None);
+        b.bags.clear();
+        let err = Lookups::default()
+            .gather(&layout(Pooling::Mean), &s, &b, &mut [0.0; 4])
+            .unwrap_err();
+        assert!(err.to_string().contains("embedding slots"), "{err}");
+    }
+}
