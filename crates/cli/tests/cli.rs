@@ -588,3 +588,95 @@ fn the_binary_runs_in_the_container_images_slim_runtime() {
     assert!(runtime.contains("COPY --from=build /elastrec /usr/local/bin/elastrec"));
     assert!(runtime.contains("USER 10001"), "runs as a non-root user");
 }
+
+/// A user's own log: named columns of strings, 64-bit ids, a genre list and a click
+/// history. A job naming only the files and the label trains on features inferred from
+/// the data, the model file carries them to `eval`, and what only `train` does yet is
+/// refused by name elsewhere.
+#[test]
+fn a_job_naming_only_files_and_label_trains_on_inferred_features() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let out = ok(&elastrec(&[
+        "gen-data",
+        "--named",
+        "--out",
+        data.to_str().unwrap(),
+        "--rows",
+        "30000",
+        "--days",
+        "3",
+    ]));
+    assert!(out.contains("teacher AUC"), "{out}");
+    let job = tmp.path().join("job.toml");
+    std::fs::write(
+        &job,
+        r#"
+[data]
+dir = "data"
+train = ["day_0.parquet", "day_1.parquet"]
+eval = ["day_2.parquet"]
+label = "click"
+[train]
+progress = false
+[output]
+dir = "run"
+"#,
+    )
+    .unwrap();
+    let printed = ok(&elastrec(&["train", "--print-config", job.to_str().unwrap()]));
+    for want in [
+        "name = \"hist_items\"\nkind = \"bag\"\ntable = \"item_id\"",
+        "name = \"price\"\nkind = \"dense\"\ntransform = \"log1p\"",
+        "name = \"item_id\"\nkind = \"categorical\"",
+    ] {
+        assert!(printed.contains(want), "{want:?} not in\n{printed}");
+    }
+    // The printed configuration is a job file that trains the same features.
+    let fixed = tmp.path().join("fixed.toml");
+    let body: String = printed
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&fixed, body).unwrap();
+    let out = elastrec(&["train", fixed.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = elastrec(&["train", job.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("features inferred"), "{err}");
+    let s = summary(tmp.path());
+    let auc = s["eval"]["auc"].as_f64().unwrap();
+    let logloss = s["eval"]["logloss"].as_f64().unwrap();
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(data.join("named-report.json")).unwrap(),
+    )
+    .unwrap();
+    let p = report["click_rate"].as_f64().unwrap();
+    let entropy = -(p * p.ln() + (1.0 - p) * (1.0 - p).ln());
+    assert!(auc > 0.55, "AUC {auc} does not beat a constant clearly");
+    assert!(logloss < entropy, "logloss {logloss} not below a constant's {entropy}");
+    let model = tmp.path().join("run/model.bin");
+    let day2 = data.join("day_2.parquet");
+    let out = ok(&elastrec(&[
+        "eval",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        day2.to_str().unwrap(),
+        "--json",
+    ]));
+    let e: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!((e["auc"].as_f64().unwrap() - auc).abs() < 1e-9, "{e}");
+
+    let out = elastrec(&["run", job.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("data.label") && err.contains("elastrec train"), "{err}");
+}

@@ -711,13 +711,18 @@ pub(crate) fn infer_parquet(path: &Path, labels: &[String], max_rows: u64) -> Re
     })
 }
 
-/// Share of a list's sampled ids that must also be ids of a categorical column for the
-/// list to share that column's table (`hist_items` holding `item_id`s).
+/// Share of the sampled ids (of the smaller of the two sets) a list and a categorical
+/// column must have in common for the list to share the column's table (`hist_items`
+/// holding `item_id`s).
 pub const SHARED_TABLE_OVERLAP: f64 = 0.5;
 
+/// Fewest ids in common for a shared table: two small vocabularies of small integers
+/// (ages, ratings) overlap by chance.
+pub const SHARED_TABLE_MIN_COMMON: usize = 32;
+
 /// For each feature, the categorical feature whose table it shares (`None`: its own):
-/// a list whose sampled ids are mostly ids of one categorical column (the one with the
-/// largest overlap) names the same things, and learns them in one table.
+/// a list whose sampled ids largely coincide with one categorical column's (the one with
+/// the largest overlap) names the same things, and learns them in one table.
 fn shared_tables(features: &[FeatureSpec], samples: &[ColumnSample]) -> Vec<Option<String>> {
     features
         .iter()
@@ -736,9 +741,14 @@ fn shared_tables(features: &[FeatureSpec], samples: &[ColumnSample]) -> Vec<Opti
                         .iter()
                         .filter(|k| cs.distinct.contains(k))
                         .count();
-                    (c, common as f64 / s.distinct.len() as f64)
+                    // Of the smaller set: a sample sees only part of a large vocabulary.
+                    let smaller = s.distinct.len().min(cs.distinct.len()).max(1);
+                    (c, common, common as f64 / smaller as f64)
                 })
-                .filter(|&(_, share)| share >= SHARED_TABLE_OVERLAP)
+                .filter(|&(_, common, share)| {
+                    common >= SHARED_TABLE_MIN_COMMON && share >= SHARED_TABLE_OVERLAP
+                })
+                .map(|(c, _, share)| (c, share))
                 .max_by(|a, b| a.1.total_cmp(&b.1))
                 .map(|(c, _)| c.name.clone())
         })

@@ -1812,6 +1812,34 @@ mod tests {
     /// A schedule parses with its defaults, and the hygiene settings `run` does not carry
     /// out are listed so that it can refuse them.
     #[test]
+    fn named_features_are_checked_when_the_job_loads() {
+        let features = "[[data.feature]]\nname = \"item\"\nkind = \"categorical\"\n";
+        let err = parse(&format!("[data]\n{features}")).unwrap_err().to_string();
+        assert!(err.contains("data.label"), "{err}");
+        let cfg = parse(&format!("[data]\nlabel = \"click\"\n{features}")).unwrap();
+        let schema = cfg.data.schema().unwrap();
+        assert_eq!(schema.labels, ["click"]);
+        assert_eq!(schema.sparse_width(), 1);
+        assert_eq!(cfg.train_only_settings(), ["data.label"]);
+        let err = parse(&format!(
+            "[data]\nlabel = \"click\"\n{features}[[data.feature]]\nname = \"item\"\nkind = \"dense\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("\"item\" is declared twice"), "{err}");
+        let err = parse("[data]\nlabel = \"click\"\n[model]\ntable_rows = 1000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("model.table_rows"), "{err}");
+        // Labels of several tasks.
+        let cfg = parse("[data]\nlabel = [\"click\", \"buy\"]\n").unwrap();
+        assert_eq!(
+            cfg.data.label.unwrap().names(),
+            ["click".to_string(), "buy".to_string()]
+        );
+    }
+
+    #[test]
     fn train_only_settings_are_listed() {
         let cfg =
             parse("[optimizer.schedule]\nwarmup_samples = 1000\ndecay = \"cosine\"\n").unwrap();

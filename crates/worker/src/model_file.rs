@@ -49,6 +49,10 @@ struct Header {
     /// served model only when it starts from this checkpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     checkpoint: Option<u64>,
+    /// The named features the model reads (labels, features, tables); absent for the
+    /// Criteo layout. A reader of the model reads its files through them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    schema: Option<elastrec_data::Schema>,
 }
 
 /// What a delta file says about itself.
@@ -310,6 +314,7 @@ pub fn save_exported(
         dense_params: model.dense.num_params(),
         preprocess: job.preprocess.clone(),
         checkpoint,
+        schema: job.data.schema(),
     };
     let header = serde_json::to_vec(&header).expect("header serializes");
     let tables =
@@ -386,7 +391,7 @@ pub fn model_from_bytes(bytes: &[u8], path: &Path) -> Result<LoadedModel> {
     let mut file = Sections::open(bytes, MAGIC).map_err(bad)?;
     let header: Header =
         serde_json::from_slice(file.header).map_err(|e| bad(format!("header: {e}")))?;
-    let job = JobConfig {
+    let mut job = JobConfig {
         model: header.model,
         optimizer: header.optimizer,
         preprocess: header.preprocess,
@@ -394,6 +399,14 @@ pub fn model_from_bytes(bytes: &[u8], path: &Path) -> Result<LoadedModel> {
     };
     if let Err(e) = elastrec_job::prepare::feature_plan(&job) {
         return Err(bad(format!("header: its [[preprocess]] graph: {e}")));
+    }
+    if let Some(schema) = header.schema {
+        schema
+            .validate()
+            .map_err(|e| bad(format!("header: its features: the schema {e}")))?;
+        job.data.label = Some(elastrec_job::config::LabelColumns::Many(schema.labels));
+        job.data.feature = schema.features;
+        job.data.table = schema.tables;
     }
     let mut model = Dlrm::new(&job, header.table_rows)?;
     let n = file.dense_len().map_err(bad)?;

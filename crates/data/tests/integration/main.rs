@@ -3,6 +3,7 @@
 mod bad_rows;
 mod corrupt_parquet;
 mod gen;
+mod named;
 mod parquet_input;
 mod ranges;
 mod roundtrip;
