@@ -624,7 +624,11 @@ dir = "run"
 "#,
     )
     .unwrap();
-    let printed = ok(&elastrec(&["train", "--print-config", job.to_str().unwrap()]));
+    let printed = ok(&elastrec(&[
+        "train",
+        "--print-config",
+        job.to_str().unwrap(),
+    ]));
     for want in [
         "name = \"hist_items\"\nkind = \"bag\"\ntable = \"item_id\"",
         "name = \"price\"\nkind = \"dense\"\ntransform = \"log1p\"",
@@ -654,14 +658,16 @@ dir = "run"
     let s = summary(tmp.path());
     let auc = s["eval"]["auc"].as_f64().unwrap();
     let logloss = s["eval"]["logloss"].as_f64().unwrap();
-    let report: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(data.join("named-report.json")).unwrap(),
-    )
-    .unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data.join("named-report.json")).unwrap())
+            .unwrap();
     let p = report["click_rate"].as_f64().unwrap();
     let entropy = -(p * p.ln() + (1.0 - p) * (1.0 - p).ln());
     assert!(auc > 0.55, "AUC {auc} does not beat a constant clearly");
-    assert!(logloss < entropy, "logloss {logloss} not below a constant's {entropy}");
+    assert!(
+        logloss < entropy,
+        "logloss {logloss} not below a constant's {entropy}"
+    );
     let model = tmp.path().join("run/model.bin");
     let day2 = data.join("day_2.parquet");
     let out = ok(&elastrec(&[
@@ -678,5 +684,8 @@ dir = "run"
     let out = elastrec(&["run", job.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(err.contains("data.label") && err.contains("elastrec train"), "{err}");
+    assert!(
+        err.contains("data.label") && err.contains("elastrec train"),
+        "{err}"
+    );
 }

@@ -1814,7 +1814,9 @@ mod tests {
     #[test]
     fn named_features_are_checked_when_the_job_loads() {
         let features = "[[data.feature]]\nname = \"item\"\nkind = \"categorical\"\n";
-        let err = parse(&format!("[data]\n{features}")).unwrap_err().to_string();
+        let err = parse(&format!("[data]\n{features}"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("data.label"), "{err}");
         let cfg = parse(&format!("[data]\nlabel = \"click\"\n{features}")).unwrap();
         let schema = cfg.data.schema().unwrap();

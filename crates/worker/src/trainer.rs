@@ -72,6 +72,12 @@ pub struct Summary {
     pub rows_skipped: u64,
     /// The first skip messages.
     pub skipped_examples: Vec<String>,
+    /// Named features: lists (bags, sequences) cut to their `max_len`.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub lists_truncated: u64,
+    /// Named features: null items dropped from lists.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub list_nulls: u64,
     /// Where the model was saved.
     pub model_path: Option<PathBuf>,
     /// With a `[[preprocess]]` graph: where the plan ran and what it cost.
@@ -90,6 +96,10 @@ pub struct Summary {
     /// per epoch.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mix: Option<serde_json::Value>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// Reads every held-out file into memory as batches of `batch_size`.
@@ -988,6 +998,8 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
         embedding_bytes: step.model.embeddings.memory_bytes() as u64,
         dynamic_embeddings: step.model.embeddings.dynamic_summary(),
         rows_skipped: read_stats.rows_skipped,
+        lists_truncated: read_stats.lists_truncated,
+        list_nulls: read_stats.list_nulls,
         skipped_examples: read_stats.first_errors.clone(),
         model_path,
         preprocess,

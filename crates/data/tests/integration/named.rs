@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 fn write(path: &Path, columns: Vec<(&str, ArrayRef)>) {
     let batch = RecordBatch::try_from_iter(columns).unwrap();
-    let mut w = ArrowWriter::try_new(std::fs::File::create(path).unwrap(), batch.schema(), None)
-        .unwrap();
+    let mut w =
+        ArrowWriter::try_new(std::fs::File::create(path).unwrap(), batch.schema(), None).unwrap();
     w.write(&batch).unwrap();
     w.close().unwrap();
 }
@@ -25,7 +25,11 @@ fn log(path: &Path) {
     let mut hist = ListBuilder::new(Int64Builder::new());
     let mut weights = ListBuilder::new(Float32Builder::new());
     for (t, h, w) in [
-        (Some(vec![Some("a"), Some("b")]), vec![1, 2, 3, 4, 5], vec![2.0, 1.0]),
+        (
+            Some(vec![Some("a"), Some("b")]),
+            vec![1, 2, 3, 4, 5],
+            vec![2.0, 1.0],
+        ),
         (None, vec![], vec![]),
         (Some(vec![Some("c"), None]), vec![7], vec![1.0, 1.0]),
         (Some(vec![]), vec![8, 9], vec![]),
@@ -54,12 +58,22 @@ fn log(path: &Path) {
             ("click", Arc::new(Int64Array::from(vec![1, 0, 1, 0]))),
             (
                 "price",
-                Arc::new(Float64Array::from(vec![Some(9.0), None, Some(0.0), Some(1.0)])),
+                Arc::new(Float64Array::from(vec![
+                    Some(9.0),
+                    None,
+                    Some(0.0),
+                    Some(1.0),
+                ])),
             ),
             ("user", Arc::new(Int64Array::from(vec![10, 11, -7, 10]))),
             (
                 "item",
-                Arc::new(StringArray::from(vec![Some("x"), None, Some("y"), Some("x")])),
+                Arc::new(StringArray::from(vec![
+                    Some("x"),
+                    None,
+                    Some("y"),
+                    Some("x"),
+                ])),
             ),
             ("tags", Arc::new(tags.finish())),
             ("tag_weights", Arc::new(weights.finish())),
@@ -101,7 +115,11 @@ fn schema() -> Schema {
     }
 }
 
-fn read(path: &Path, range: Option<(u64, u64)>, schema: Schema) -> (Batch, elastrec_data::ReadStats) {
+fn read(
+    path: &Path,
+    range: Option<(u64, u64)>,
+    schema: Schema,
+) -> (Batch, elastrec_data::ReadStats) {
     let mut r = open_source(path, range, BadRowPolicy::Fail, Some(&Arc::new(schema))).unwrap();
     let mut b = Batch::default();
     let n = r.next_batch(&mut b, 100).unwrap();
@@ -134,13 +152,20 @@ fn any_schema_reads_into_dense_ids_and_jagged_lists() {
     assert!(tags.weights.is_empty());
     let weighted = &b.bags[1];
     assert_eq!(weighted.row_weights(0), [2.0, 1.0]);
-    assert_eq!(weighted.row_weights(2), [1.0], "the null item's weight goes with it");
+    assert_eq!(
+        weighted.row_weights(2),
+        [1.0],
+        "the null item's weight goes with it"
+    );
     // A sequence keeps its most recent (last) items, a bag its first.
     assert_eq!(b.bags[2].row(0), [3, 4, 5]);
     assert_eq!(b.bags[3].row(0), [1, 2, 3]);
     assert_eq!(b.bags[2].row(3), [8, 9]);
     assert_eq!(stats.rows_read, 4);
-    assert_eq!(stats.lists_truncated, 2, "hist row 0, as a sequence and as a bag");
+    assert_eq!(
+        stats.lists_truncated, 2,
+        "hist row 0, as a sequence and as a bag"
+    );
     assert_eq!(stats.list_nulls, 2, "one null tag, read by two features");
 }
 
@@ -173,17 +198,27 @@ fn a_missing_column_or_a_wrong_type_names_the_file_and_the_column() {
     let err = open(s);
     assert!(err.contains("log.parquet"), "{err}");
     assert!(err.contains("\"age\"") && err.contains("missing"), "{err}");
-    assert!(err.contains("click, price"), "lists the file's columns: {err}");
+    assert!(
+        err.contains("click, price"),
+        "lists the file's columns: {err}"
+    );
     let mut s = schema();
-    s.features.push(FeatureSpec::new("unused", FeatureKind::Dense));
+    s.features
+        .push(FeatureSpec::new("unused", FeatureKind::Dense));
     let err = open(s);
-    assert!(err.contains("\"unused\" is Utf8") && err.contains("dense"), "{err}");
+    assert!(
+        err.contains("\"unused\" is Utf8") && err.contains("dense"),
+        "{err}"
+    );
     let mut s = schema();
     s.features.push(FeatureSpec::new("user", FeatureKind::Bag));
     s.features.last_mut().unwrap().name = "user_list".into();
     s.features.last_mut().unwrap().column = Some("user".into());
     let err = open(s);
-    assert!(err.contains("\"user\" is Int64") && err.contains("list"), "{err}");
+    assert!(
+        err.contains("\"user\" is Int64") && err.contains("list"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -193,7 +228,10 @@ fn a_bad_label_names_file_row_and_column_and_skip_counts_it() {
     write(
         &path,
         vec![
-            ("click", Arc::new(Int64Array::from(vec![Some(1), None, Some(3), Some(0)]))),
+            (
+                "click",
+                Arc::new(Int64Array::from(vec![Some(1), None, Some(3), Some(0)])),
+            ),
             ("user", Arc::new(Int64Array::from(vec![1, 2, 3, 4]))),
         ],
     );
@@ -205,7 +243,10 @@ fn a_bad_label_names_file_row_and_column_and_skip_counts_it() {
     let mut r = open_source(&path, None, BadRowPolicy::Fail, Some(&s)).unwrap();
     let mut b = Batch::default();
     let err = r.next_batch(&mut b, 10).unwrap_err().to_string();
-    assert!(err.contains("bad.parquet") && err.contains("row 1"), "{err}");
+    assert!(
+        err.contains("bad.parquet") && err.contains("row 1"),
+        "{err}"
+    );
     assert!(err.contains("click"), "{err}");
     assert_eq!(b.sparse, [1], "the rows before it stay");
     let mut r = open_source(&path, None, BadRowPolicy::Skip, Some(&s)).unwrap();
@@ -242,12 +283,23 @@ fn inference_types_the_columns_sizes_the_tables_and_shares_an_item_table() {
     s.validate().unwrap();
     let rows = |t: &str| s.tables.iter().find(|x| x.name == t).unwrap().rows;
     assert_eq!(rows("device"), 1024, "3 values: the smallest table");
-    assert!(rows("item_id") >= 4 * 3000, "items seen as candidates and in histories");
+    assert!(
+        rows("item_id") >= 4 * 3000,
+        "items seen as candidates and in histories"
+    );
     // The inferred schema reads the file.
-    let mut r = open_source(&report.files[0], None, BadRowPolicy::Fail, Some(&Arc::new(s.clone())))
-        .unwrap();
+    let mut r = open_source(
+        &report.files[0],
+        None,
+        BadRowPolicy::Fail,
+        Some(&Arc::new(s.clone())),
+    )
+    .unwrap();
     let mut b = Batch::default();
     assert_eq!(r.next_batch(&mut b, 5000).unwrap(), 3000);
     let missing = infer(&report.files[0], &["clicked".into()], 1 << 20).unwrap_err();
-    assert!(missing.to_string().contains("\"clicked\" is missing"), "{missing}");
+    assert!(
+        missing.to_string().contains("\"clicked\" is missing"),
+        "{missing}"
+    );
 }
