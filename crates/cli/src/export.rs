@@ -91,6 +91,9 @@ struct Described {
     /// Absent for the default graph.
     #[serde(default)]
     preprocess: Vec<elastrec_preprocess::FeatureSpec>,
+    /// Absent for the Criteo layout.
+    #[serde(default)]
+    schema: Option<elastrec_data::Schema>,
 }
 
 /// Runs `elastrec export`.
@@ -170,12 +173,15 @@ pub async fn export(
             where_()
         ),
     };
-    let job = JobConfig {
+    let mut job = JobConfig {
         model: described.model,
         optimizer: described.optimizer,
         preprocess: described.preprocess,
         ..JobConfig::default()
     };
+    if let Some(schema) = described.schema {
+        job.data.set_schema(schema);
+    }
     let chain = store.chain(&m).await.with_context(where_)?;
     let mut model: Option<Dlrm> = None;
     for link in &chain {

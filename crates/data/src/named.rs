@@ -276,6 +276,10 @@ impl NamedParquetReader {
             .task_labels
             .extend(s.labels[1..].iter().map(|col| col[i]));
         batch.dense.extend(s.dense.iter().map(|col| col[i]));
+        if s.dense.is_empty() {
+            // No dense feature: the constant input of Schema::dense_width.
+            batch.dense.push(0.0);
+        }
         batch.sparse.extend(s.cats.iter().map(|col| col[i]));
         for (dst, src) in batch.bags.iter_mut().zip(&s.lists) {
             dst.push_row_of(src, i);
@@ -286,7 +290,7 @@ impl NamedParquetReader {
 impl BatchReader for NamedParquetReader {
     fn next_batch(&mut self, batch: &mut Batch, max_rows: usize) -> Result<usize> {
         batch.clear();
-        batch.dense_width = self.columns.dense.len();
+        batch.dense_width = self.schema.dense_width();
         batch.sparse_width = self.columns.cats.len();
         batch
             .bags

@@ -264,9 +264,11 @@ impl Schema {
         self.features.iter().filter(|f| f.is_list())
     }
 
-    /// Dense values per row.
+    /// Dense values per row: one per dense feature, and at least 1: a schema without
+    /// dense features feeds the bottom MLP a constant 0 (so its output is a learned
+    /// vector, and the model is a DLRM of ids alone).
     pub fn dense_width(&self) -> usize {
-        self.dense().count()
+        self.dense().count().max(1)
     }
 
     /// Single ids per row.

@@ -149,8 +149,7 @@ impl BatchReader for ShuffledReader {
             }
             let block = self.block.as_ref().expect("loaded above");
             if batch.is_empty() {
-                batch.dense_width = block.rows.dense_width;
-                batch.sparse_width = block.rows.sparse_width;
+                batch.take_layout(&block.rows);
             }
             let item = block.order[(self.at - block.first_slot) as usize] as usize;
             if item < block.rows.len() {

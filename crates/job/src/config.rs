@@ -172,6 +172,13 @@ impl DataConfig {
         })
     }
 
+    /// Makes `schema` the job's named features.
+    pub fn set_schema(&mut self, schema: elastrec_data::Schema) {
+        self.label = Some(LabelColumns::Many(schema.labels));
+        self.feature = schema.features;
+        self.table = schema.tables;
+    }
+
     /// True when the job names its columns (features given or still to be inferred).
     pub fn is_named(&self) -> bool {
         self.label.is_some() || !self.feature.is_empty()
@@ -959,10 +966,7 @@ impl JobConfig {
     /// refuses a job that sets any, rather than ignore it.
     pub fn train_only_settings(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
-        // Workers, data executors and parameter servers read the Criteo layout.
-        if self.data.is_named() {
-            out.push("data.label");
-        }
+
         // An online job has no end to decay towards.
         if !self.optimizer.schedule.is_constant() && self.stream.is_some() {
             out.push("optimizer.schedule");
@@ -1272,7 +1276,7 @@ impl JobConfig {
         }
         let (dense_width, sparse_width) = match crate::prepare::feature_plan(self) {
             Ok(Some(plan)) => (plan.dense_width(), plan.sparse_width()),
-            Ok(None) => (elastrec_data::NUM_DENSE, elastrec_data::NUM_SPARSE),
+            Ok(None) => crate::prepare::feature_widths(self),
             Err(e) => return Err(bad("preprocess", e.to_string())),
         };
         if dense_width == 0 {
@@ -1446,6 +1450,12 @@ impl JobConfig {
                 "data.generate",
                 "generates Criteo-layout files; `elastrec gen-data --named` writes a data set \
                  with named features",
+            ),
+            (
+                self.cluster.executors > 0 || self.cluster.max_executors > 0,
+                "cluster.executors",
+                "data executors ship Criteo-layout batches; the workers read named features \
+                 themselves",
             ),
             (
                 self.model.table_rows != TableRows::Auto,
@@ -1822,7 +1832,7 @@ mod tests {
         let schema = cfg.data.schema().unwrap();
         assert_eq!(schema.labels, ["click"]);
         assert_eq!(schema.sparse_width(), 1);
-        assert_eq!(cfg.train_only_settings(), ["data.label"]);
+        assert!(cfg.train_only_settings().is_empty(), "`run` trains them too");
         let err = parse(&format!(
             "[data]\nlabel = \"click\"\n{features}[[data.feature]]\nname = \"item\"\nkind = \"dense\"\n"
         ))

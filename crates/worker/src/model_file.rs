@@ -404,9 +404,7 @@ pub fn model_from_bytes(bytes: &[u8], path: &Path) -> Result<LoadedModel> {
         schema
             .validate()
             .map_err(|e| bad(format!("header: its features: the schema {e}")))?;
-        job.data.label = Some(elastrec_job::config::LabelColumns::Many(schema.labels));
-        job.data.feature = schema.features;
-        job.data.table = schema.tables;
+        job.data.set_schema(schema);
     }
     let mut model = Dlrm::new(&job, header.table_rows)?;
     let n = file.dense_len().map_err(bad)?;

@@ -44,73 +44,36 @@ impl SlotLayout {
     }
 }
 
-/// The lookups of one batch and their buffers (kept across batches).
-#[derive(Debug, Default)]
-pub struct Lookups {
-    tables: Vec<u32>,
-    ids: Vec<u64>,
-    /// The `row * slots + slot` each lookup adds to.
-    target: Vec<u32>,
-    scale: Vec<f32>,
-    rows: Vec<f32>,
-    grads: Vec<f32>,
+/// Every embedding lookup of one batch: lookup `k` reads `ids[k]` in table `tables[k]`
+/// and adds it, times `scale[k]`, to the embedding at `target[k]` (`row * slots + slot`).
+/// Buffers keep their capacity across batches.
+#[derive(Debug, Default, Clone)]
+pub struct LookupPlan {
+    /// The table of each lookup.
+    pub tables: Vec<u32>,
+    /// The id of each lookup.
+    pub ids: Vec<u64>,
+    /// The embedding each lookup adds to.
+    pub target: Vec<u32>,
+    /// The factor it adds with.
+    pub scale: Vec<f32>,
+    /// Rows of the batch planned.
+    pub rows: usize,
 }
 
-impl Lookups {
-    /// Looks up `batch` and writes its pooled embeddings, `[n, slots, d]`, into `emb`.
-    pub fn gather(
-        &mut self,
-        layout: &SlotLayout,
-        store: &EmbeddingStore,
-        batch: &Batch,
-        emb: &mut [f32],
-    ) -> Result<()> {
-        self.plan(layout, batch)?;
-        let d = store.dim();
-        self.rows.resize(self.ids.len() * d, 0.0);
-        store.gather_keyed(&self.tables, &self.ids, &mut self.rows)?;
-        emb.fill(0.0);
-        for ((&t, &s), row) in self
-            .target
-            .iter()
-            .zip(&self.scale)
-            .zip(self.rows.chunks_exact(d))
-        {
-            let dst = &mut emb[t as usize * d..(t as usize + 1) * d];
-            for (o, &v) in dst.iter_mut().zip(row) {
-                *o += s * v;
-            }
-        }
-        Ok(())
+impl LookupPlan {
+    /// Lookups held.
+    pub fn len(&self) -> usize {
+        self.ids.len()
     }
 
-    /// Applies `d_emb` (`[n, slots, d]`, the gradient of the embeddings [`Lookups::gather`]
-    /// wrote) to the rows it looked up.
-    pub fn apply(
-        &mut self,
-        store: &mut EmbeddingStore,
-        d_emb: &[f32],
-        scratch: &mut UpdateScratch,
-    ) -> Result<()> {
-        let d = store.dim();
-        self.grads.resize(self.ids.len() * d, 0.0);
-        for ((&t, &s), g) in self
-            .target
-            .iter()
-            .zip(&self.scale)
-            .zip(self.grads.chunks_exact_mut(d))
-        {
-            let src = &d_emb[t as usize * d..(t as usize + 1) * d];
-            for (o, &v) in g.iter_mut().zip(src) {
-                *o = s * v;
-            }
-        }
-        store.apply_gradients_keyed(&self.tables, &self.ids, &self.grads, scratch)?;
-        Ok(())
+    /// True when there is no lookup.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
     }
 
-    /// Lists the lookups of `batch`.
-    fn plan(&mut self, layout: &SlotLayout, batch: &Batch) -> Result<()> {
+    /// Lists the lookups of `batch` under `layout`.
+    pub fn plan(&mut self, layout: &SlotLayout, batch: &Batch) -> Result<()> {
         let (n, single) = (batch.len(), batch.sparse_width);
         let slots = layout.slots();
         if single + batch.bags.len() != slots || layout.pooling.len() != batch.bags.len() {
@@ -125,6 +88,7 @@ impl Lookups {
         self.ids.clear();
         self.target.clear();
         self.scale.clear();
+        self.rows = n;
         let mut push = |table: u32, id: u64, target: usize, scale: f32| {
             self.tables.push(table);
             self.ids.push(id);
@@ -145,30 +109,88 @@ impl Lookups {
                 }
                 let weights = bag.row_weights(r);
                 let w = |i: usize| weights.get(i).copied().unwrap_or(1.0);
-                let norm = match pooling {
-                    Pooling::Sum => 1.0,
-                    Pooling::Mean => {
-                        let total: f32 = (0..ids.len()).map(w).sum();
-                        if total != 0.0 {
-                            1.0 / total
-                        } else {
-                            0.0
-                        }
-                    }
-                    Pooling::Sqrtn => {
-                        let total: f32 = (0..ids.len()).map(|i| w(i) * w(i)).sum();
-                        if total > 0.0 {
-                            1.0 / total.sqrt()
-                        } else {
-                            0.0
-                        }
-                    }
-                };
+                let norm = pooling_norm(pooling, (0..ids.len()).map(w));
                 for (i, &id) in ids.iter().enumerate() {
                     push(table, id, r * slots + slot, w(i) * norm);
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Adds each lookup's `d` values (lookup `k`'s at `values[value(k)]`), scaled, to
+    /// its target in `emb`, which is zeroed first.
+    pub fn pool(&self, d: usize, emb: &mut [f32], value: impl Fn(usize) -> std::ops::Range<usize>, values: &[f32]) {
+        emb.fill(0.0);
+        for (k, (&t, &s)) in self.target.iter().zip(&self.scale).enumerate() {
+            let dst = &mut emb[t as usize * d..(t as usize + 1) * d];
+            for (o, &v) in dst.iter_mut().zip(&values[value(k)]) {
+                *o += s * v;
+            }
+        }
+    }
+
+    /// The gradient of lookup `k`'s row: its target's gradient in `d_emb`, scaled, added
+    /// to `out` (a row may be looked up several times).
+    #[inline]
+    pub fn add_grad(&self, k: usize, d: usize, d_emb: &[f32], out: &mut [f32]) {
+        let (t, s) = (self.target[k] as usize, self.scale[k]);
+        for (o, &g) in out.iter_mut().zip(&d_emb[t * d..(t + 1) * d]) {
+            *o += s * g;
+        }
+    }
+}
+
+/// The factor every id's weight is multiplied by under `pooling`, given the weights.
+fn pooling_norm(pooling: Pooling, weights: impl Iterator<Item = f32>) -> f32 {
+    let inverse = |total: f32| if total > 0.0 { 1.0 / total } else { 0.0 };
+    match pooling {
+        Pooling::Sum => 1.0,
+        Pooling::Mean => inverse(weights.sum()),
+        Pooling::Sqrtn => inverse(weights.map(|w| w * w).sum::<f32>().sqrt()),
+    }
+}
+
+/// The lookups of one batch and their buffers (kept across batches).
+#[derive(Debug, Default)]
+pub struct Lookups {
+    plan: LookupPlan,
+    rows: Vec<f32>,
+    grads: Vec<f32>,
+}
+
+impl Lookups {
+    /// Looks up `batch` and writes its pooled embeddings, `[n, slots, d]`, into `emb`.
+    pub fn gather(
+        &mut self,
+        layout: &SlotLayout,
+        store: &EmbeddingStore,
+        batch: &Batch,
+        emb: &mut [f32],
+    ) -> Result<()> {
+        self.plan.plan(layout, batch)?;
+        let d = store.dim();
+        self.rows.resize(self.plan.len() * d, 0.0);
+        store.gather_keyed(&self.plan.tables, &self.plan.ids, &mut self.rows)?;
+        self.plan.pool(d, emb, |k| k * d..(k + 1) * d, &self.rows);
+        Ok(())
+    }
+
+    /// Applies `d_emb` (`[n, slots, d]`, the gradient of the embeddings [`Lookups::gather`]
+    /// wrote) to the rows it looked up.
+    pub fn apply(
+        &mut self,
+        store: &mut EmbeddingStore,
+        d_emb: &[f32],
+        scratch: &mut UpdateScratch,
+    ) -> Result<()> {
+        let d = store.dim();
+        self.grads.clear();
+        self.grads.resize(self.plan.len() * d, 0.0);
+        for (k, g) in self.grads.chunks_exact_mut(d).enumerate() {
+            self.plan.add_grad(k, d, d_emb, g);
+        }
+        store.apply_gradients_keyed(&self.plan.tables, &self.plan.ids, &self.grads, scratch)?;
         Ok(())
     }
 }

@@ -35,6 +35,7 @@ use parking_lot::Mutex;
 use tonic::Code;
 
 use crate::layout::{split_parts, PsLayout, PushPart};
+use crate::pooling::{LookupPlan, SlotLayout};
 
 /// Arguments of the hidden `elastrec worker` role command.
 #[derive(Debug, Clone, clap::Args)]
@@ -241,11 +242,13 @@ fn apply_heartbeat_reply(
 }
 
 /// Where each (sample, table) slot of a batch lives: PS index and position in that PS's
-/// unique-row list, under the PS layout `layout`.
+/// unique-row list, under the PS layout `layout`. With named features (`pool`), `slot`
+/// has one entry per lookup of the plan, which says where each row adds to and how much.
 struct Routing {
     per_ps: Vec<(Vec<u32>, Vec<u64>)>,
     slot: Vec<(u32, u32)>,
     layout: u64,
+    pool: Option<Arc<LookupPlan>>,
 }
 
 /// Why a round of calls to the parameter servers did not complete.
@@ -270,6 +273,9 @@ struct RemoteModel {
     emb: Vec<f32>,
     /// What each table's ids hash over (`resolve_key_spaces`).
     key_spaces: Vec<u64>,
+    /// Shared tables and pooled lists of named features; `None`: slot `t` is table `t`'s
+    /// single id.
+    slots: Option<SlotLayout>,
     dim: usize,
     ps: Vec<Ps>,
     /// Address of each PS connection (to notice a replaced PS).
@@ -313,6 +319,7 @@ impl RemoteModel {
             ws,
             emb: vec![0.0; batch * dense.config().num_tables * job.model.row_width()],
             key_spaces: resolve_key_spaces(job),
+            slots: job.data.schema().as_ref().and_then(SlotLayout::of),
             dim: job.model.row_width(),
             slices: Vec::new(),
             versions: Vec::new(),
@@ -463,14 +470,34 @@ impl RemoteModel {
         }
     }
 
-    fn route(&self, batch: &Batch) -> Routing {
+    fn route(&self, batch: &Batch) -> anyhow::Result<Routing> {
+        let tables = self.dense.config().num_tables;
+        let Some(slots) = &self.slots else {
+            let keys = batch.sparse.iter().enumerate().map(|(i, &id)| (i % tables, id));
+            return Ok(self.route_keys(keys, None));
+        };
+        let mut plan = LookupPlan::default();
+        plan.plan(slots, batch)?;
+        let keys: Vec<(usize, u64)> = plan
+            .tables
+            .iter()
+            .zip(&plan.ids)
+            .map(|(&t, &id)| (t as usize, id))
+            .collect();
+        Ok(self.route_keys(keys.into_iter(), Some(Arc::new(plan))))
+    }
+
+    /// Routes each `(table, id)` to its server, once per distinct row.
+    fn route_keys(
+        &self,
+        keys: impl Iterator<Item = (usize, u64)>,
+        pool: Option<Arc<LookupPlan>>,
+    ) -> Routing {
         let p = self.ps.len();
         let mut per_ps: Vec<(Vec<u32>, Vec<u64>)> = vec![(Vec::new(), Vec::new()); p];
         let mut index: Vec<HashMap<(u32, u64), u32>> = vec![HashMap::new(); p];
-        let mut slot = Vec::with_capacity(batch.sparse.len());
-        let tables = self.dense.config().num_tables;
-        for (i, &id) in batch.sparse.iter().enumerate() {
-            let t = i % tables;
+        let mut slot = Vec::with_capacity(keys.size_hint().0);
+        for (t, id) in keys {
             let row = row_of(t, id, self.key_spaces[t]);
             let s = shard_of(t, row, p as u32) as usize;
             let k = *index[s].entry((t as u32, row)).or_insert_with(|| {
@@ -484,6 +511,7 @@ impl RemoteModel {
             per_ps,
             slot,
             layout: self.layout,
+            pool,
         }
     }
 
@@ -518,6 +546,7 @@ impl RemoteModel {
             per_ps,
             slot,
             layout: self.layout,
+            pool: r.pool.clone(),
         }
     }
 
@@ -597,9 +626,27 @@ impl RemoteModel {
             values.push(r.values);
         }
         self.need_dense = false;
-        for (j, &(s, k)) in routing.slot.iter().enumerate() {
-            let src = &values[s as usize][k as usize * d..(k as usize + 1) * d];
-            self.emb[j * d..(j + 1) * d].copy_from_slice(src);
+        match &routing.pool {
+            None => {
+                for (j, &(s, k)) in routing.slot.iter().enumerate() {
+                    let src = &values[s as usize][k as usize * d..(k as usize + 1) * d];
+                    self.emb[j * d..(j + 1) * d].copy_from_slice(src);
+                }
+            }
+            Some(plan) => {
+                // Each lookup's row, scaled, added to its bag's (or single id's) slot.
+                let n = routing.slot.len();
+                let flat: Vec<f32> = routing
+                    .slot
+                    .iter()
+                    .flat_map(|&(s, k)| &values[s as usize][k as usize * d..(k as usize + 1) * d])
+                    .copied()
+                    .collect();
+                debug_assert_eq!(flat.len(), n * d);
+                let slots = self.dense.config().num_tables;
+                let emb = &mut self.emb[..plan.rows * slots * d];
+                plan.pool(d, emb, |k| k * d..(k + 1) * d, &flat);
+            }
         }
         Ok(None)
     }
@@ -713,8 +760,13 @@ impl RemoteModel {
             .collect();
         for (j, &(s, k)) in routing.slot.iter().enumerate() {
             let dst = &mut grads[s as usize][k as usize * d..(k as usize + 1) * d];
-            for (a, g) in dst.iter_mut().zip(&d_emb[j * d..(j + 1) * d]) {
-                *a += g;
+            match &routing.pool {
+                None => {
+                    for (a, g) in dst.iter_mut().zip(&d_emb[j * d..(j + 1) * d]) {
+                        *a += g;
+                    }
+                }
+                Some(plan) => plan.add_grad(j, d, d_emb, dst),
             }
         }
         // What each server of the current layout has not accepted yet (`None`: accepted).
@@ -795,7 +847,7 @@ impl RemoteModel {
         let mut probs = Vec::new();
         for b in batches {
             self.follow_layout()?;
-            let routing = self.route(b);
+            let routing = self.route(b)?;
             self.pull(&routing).await?;
             let n = b.len();
             probs.resize(n * tasks, 0.0);
@@ -1035,7 +1087,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                     tokio::time::sleep(pause.mul_f64(n as f64 / full)).await;
                     TimeSplit::add(&shared.profile.compute_us, t0);
                 }
-                let routing = model.route(&batch);
+                let routing = model.route(&batch)?;
                 let t0 = Instant::now();
                 model.pull(&routing).await?;
                 metrics.pull_latency.observe(t0.elapsed().as_secs_f64());
@@ -1227,8 +1279,16 @@ fn open_task(
         })
     } else {
         let plan = plan.cloned();
+        let schema = elastrec_job::prepare::job_schema(job);
         Box::new(move |start, end| {
-            elastrec_job::prepare::open_job_reader(plan.as_ref(), None, &path, start, end, policy)
+            elastrec_job::prepare::open_job_reader(
+                plan.as_ref(),
+                schema.as_ref(),
+                &path,
+                start,
+                end,
+                policy,
+            )
         })
     };
     let reader = match task.shuffle_block {

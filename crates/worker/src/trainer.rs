@@ -799,7 +799,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
             "data: features inferred from {} sampled rows: {} dense, {} categorical, {} lists \
              (`elastrec train --print-config` shows them)",
             inferred.sampled_rows,
-            s.dense_width(),
+            s.dense().count(),
             s.sparse_width(),
             s.lists().count()
         );

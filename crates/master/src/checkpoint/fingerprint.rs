@@ -20,6 +20,10 @@ pub struct Fingerprint {
     /// it). Null for the default graph, so earlier checkpoints keep their digest.
     #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
     pub preprocess: serde_json::Value,
+    /// The named features (labels, features, tables): they decide the model's inputs
+    /// and tables like a graph. Absent for the Criteo layout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<elastrec_data::Schema>,
 }
 
 impl Fingerprint {
@@ -35,6 +39,7 @@ impl Fingerprint {
             } else {
                 serde_json::to_value(&job.preprocess).expect("graph serializes")
             },
+            schema: job.data.schema(),
         }
     }
 
@@ -63,6 +68,13 @@ impl Fingerprint {
             return Some(format!(
                 "[[preprocess]] differs: checkpoint {} vs job {}",
                 other.preprocess, self.preprocess
+            ));
+        }
+        if self.schema != other.schema {
+            return Some(format!(
+                "the named features (data.label, [[data.feature]], [[data.table]]) differ: \
+                 checkpoint {:?} vs job {:?}",
+                other.schema, self.schema
             ));
         }
         let grown = self.following && self.files.starts_with(&other.files);

@@ -95,14 +95,29 @@ pub async fn start_job(
     // a job file that leaves it out, from the training rows.
     let (cfg, resolved) = tokio::task::spawn_blocking(move || {
         let r = elastrec_job::datasets::resolve_datasets(&mut cfg).and_then(|r| {
+            let inferred = elastrec_job::prepare::resolve_schema(&mut cfg)?;
             let rows = elastrec_job::prepare::fill_dense_stats(&mut cfg)?;
             let batch = elastrec_job::prepare::fill_batch_size(&mut cfg)?;
-            Ok((r, rows, batch))
+            Ok((r, rows, batch, inferred))
         });
         (cfg, r)
     })
     .await?;
-    let (resolved, stats_rows, small_batch) = resolved?;
+    let (resolved, stats_rows, small_batch, inferred) = resolved?;
+    if let Some(inferred) = inferred {
+        let s = &inferred.schema;
+        event!(
+            "schema_inferred",
+            dense = s.dense().count(),
+            categorical = s.sparse_width(),
+            lists = s.lists().count(),
+            "master: features inferred from {} sampled rows: {} dense, {} categorical, {} lists",
+            inferred.sampled_rows,
+            s.dense().count(),
+            s.sparse_width(),
+            s.lists().count()
+        );
+    }
     if let Some(batch) = small_batch {
         event!(
             "batch_size",
