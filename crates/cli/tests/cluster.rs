@@ -853,7 +853,7 @@ fn batch_size_and_standardization_come_from_the_data_in_train_and_in_run() {
         (run - single).abs() <= 0.005,
         "run AUC {run:.4} vs train {single:.4}"
     );
-    check_saved_model(&dir, &r);
+    check_saved_model(&dir, &r, &eval_day());
 }
 
 /// A two-task MMoE (`model.type = "mmoe"`) on data with a conversion label after each
@@ -1038,7 +1038,7 @@ fn family_trains_in_both_modes(
         "{p}"
     );
     assert!(last["auc"].as_f64().is_some_and(|a| a > 0.6), "{p}");
-    check_saved_model(&dir, &r);
+    check_saved_model(&dir, &r, &eval_day());
     (single_dir, dir)
 }
 

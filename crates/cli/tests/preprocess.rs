@@ -78,7 +78,7 @@ fn workers_and_data_executors_read_through_the_graph_and_the_ledger_is_exact() {
     g.wait_success(&log);
     check_result(&dir, &log, 0.01);
     let r = result(&dir);
-    check_saved_model(&dir, &r);
+    check_saved_model(&dir, &r, &eval_day());
 }
 
 #[test]

@@ -166,6 +166,68 @@ fn ps_killed_under_partial_recovery() {
     assert_eq!(r["workers_launched"], 1, "{r}");
 }
 
+/// A user's own data (named columns: string ids, a genre bag, a click history sharing
+/// the item table) through `run` with a PS killed under partial recovery: the ledger
+/// stays exact, the AUC is the single-process trainer's on the same data, and the
+/// exported model reads the named files.
+#[test]
+fn named_features_through_a_ps_killed_under_partial_recovery() {
+    let _g = serial();
+    let f = fixture();
+    let data = f.dir.join("named");
+    elastrec_ok(&[
+        "gen-data",
+        "--named",
+        "--out",
+        data.to_str().unwrap(),
+        "--rows",
+        &ROWS.to_string(),
+        "--days",
+        "3",
+    ]);
+    let text = |out: &str, cluster: &str| {
+        format!(
+            r#"
+[data]
+dir = "named"
+train = ["day_0.parquet", "day_1.parquet"]
+eval = ["day_2.parquet"]
+label = "click"
+[model]
+bottom_mlp = [32, 16]
+top_mlp = [32, 1]
+[train]
+batch_size = 256
+epochs = 2
+progress = false
+[output]
+dir = "{out}"
+{cluster}
+"#
+        )
+    };
+    let (single, single_dir) = write_job_file("named-single", &text("named-single", ""));
+    elastrec_ok(&["train", single.to_str().unwrap()]);
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(single_dir.join("summary.json")).unwrap())
+            .unwrap();
+    let baseline = summary["eval"]["auc"].as_f64().unwrap();
+    let name = "named-partial";
+    let (job, dir) = write_job_file(name, &text(name, &cluster("partial", 3600.0)));
+    let log = dir.with_extension("log");
+    let mut g = spawn_paused(&job, &log, &[]);
+    kill_a_ps_after_a_checkpoint(&dir, |before| {
+        wait_for_a_replacement_level_with_ps_0(&dir, before)
+    });
+    g.wait_success(&log);
+    check_result_against(&dir, &log, baseline, 0.005);
+    let r = result(&dir);
+    let rec = r["checkpoint"]["recoveries"].as_array().unwrap();
+    assert_eq!(rec.len(), 1, "{r}");
+    assert_eq!(rec[0]["mode"], "partial", "{r}");
+    check_saved_model(&dir, &r, &data.join("day_2.parquet"));
+}
+
 /// Full recovery: every node and the data position go back to the last checkpoint; the
 /// ledger (rewound with it) is still exact, and the rewound samples are counted.
 #[test]

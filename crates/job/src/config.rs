@@ -1832,7 +1832,10 @@ mod tests {
         let schema = cfg.data.schema().unwrap();
         assert_eq!(schema.labels, ["click"]);
         assert_eq!(schema.sparse_width(), 1);
-        assert!(cfg.train_only_settings().is_empty(), "`run` trains them too");
+        assert!(
+            cfg.train_only_settings().is_empty(),
+            "`run` trains them too"
+        );
         let err = parse(&format!(
             "[data]\nlabel = \"click\"\n{features}[[data.feature]]\nname = \"item\"\nkind = \"dense\"\n"
         ))

@@ -120,7 +120,13 @@ impl LookupPlan {
 
     /// Adds each lookup's `d` values (lookup `k`'s at `values[value(k)]`), scaled, to
     /// its target in `emb`, which is zeroed first.
-    pub fn pool(&self, d: usize, emb: &mut [f32], value: impl Fn(usize) -> std::ops::Range<usize>, values: &[f32]) {
+    pub fn pool(
+        &self,
+        d: usize,
+        emb: &mut [f32],
+        value: impl Fn(usize) -> std::ops::Range<usize>,
+        values: &[f32],
+    ) {
         emb.fill(0.0);
         for (k, (&t, &s)) in self.target.iter().zip(&self.scale).enumerate() {
             let dst = &mut emb[t as usize * d..(t as usize + 1) * d];

@@ -473,7 +473,11 @@ impl RemoteModel {
     fn route(&self, batch: &Batch) -> anyhow::Result<Routing> {
         let tables = self.dense.config().num_tables;
         let Some(slots) = &self.slots else {
-            let keys = batch.sparse.iter().enumerate().map(|(i, &id)| (i % tables, id));
+            let keys = batch
+                .sparse
+                .iter()
+                .enumerate()
+                .map(|(i, &id)| (i % tables, id));
             return Ok(self.route_keys(keys, None));
         };
         let mut plan = LookupPlan::default();

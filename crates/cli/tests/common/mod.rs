@@ -199,6 +199,16 @@ pub fn result(dir: &Path) -> serde_json::Value {
 
 /// The ledger proves exactly-once per epoch, and the model is as good as single-process.
 pub fn check_result(dir: &Path, log: &Path, auc_tolerance: f64) {
+    check_result_against(dir, log, fixture().baseline_auc, auc_tolerance);
+    let r = result(dir);
+    if !r["checkpoint"].is_null() {
+        check_saved_model(dir, &r, &eval_day());
+    }
+}
+
+/// [`check_result`]'s ledger and AUC against the single-process AUC `baseline_auc` of
+/// another data set with as many training rows as the fixture's.
+pub fn check_result_against(dir: &Path, log: &Path, baseline_auc: f64, auc_tolerance: f64) {
     let f = fixture();
     let r = result(dir);
     let text = std::fs::read_to_string(log).unwrap();
@@ -212,18 +222,19 @@ pub fn check_result(dir: &Path, log: &Path, auc_tolerance: f64) {
     assert!(text.contains("duplicated 0, missing 0"), "{text}");
     let auc = r["eval"]["auc"].as_f64().unwrap();
     assert!(
-        (auc - f.baseline_auc).abs() <= auc_tolerance,
-        "distributed AUC {auc:.4} vs single-process {:.4}",
-        f.baseline_auc
+        (auc - baseline_auc).abs() <= auc_tolerance,
+        "distributed AUC {auc:.4} vs single-process {baseline_auc:.4}"
     );
-    if !r["checkpoint"].is_null() {
-        check_saved_model(dir, &r);
-    }
 }
 
 /// AUC and logloss of a model file on the fixture's evaluation day (`elastrec eval`).
 pub fn eval_model(model: &Path) -> serde_json::Value {
-    eval_model_on(model, &fixture().dir.join("data/day_2.tsv"))
+    eval_model_on(model, &eval_day())
+}
+
+/// The fixture's evaluation day.
+pub fn eval_day() -> PathBuf {
+    fixture().dir.join("data/day_2.tsv")
 }
 
 /// Generates `rows` rows over 3 days into `dir` (scale 0.001, seed 5; `extra` flags of
@@ -279,12 +290,12 @@ pub fn eval_model_on(model: &Path, data: &Path) -> serde_json::Value {
 
 /// A finished job left `model.bin`, exported from a final checkpoint of everything it
 /// trained: evaluated on its own, it scores what the job's final evaluation scored.
-pub fn check_saved_model(dir: &Path, r: &serde_json::Value) {
+pub fn check_saved_model(dir: &Path, r: &serde_json::Value, eval_file: &Path) {
     let saved = &r["export"]["model"];
     assert_eq!(saved["samples"], r["ledger"]["consumed"], "{r}");
     let model = dir.join("model.bin");
     assert_eq!(saved["path"], model.to_str().unwrap(), "{r}");
-    let e = eval_model(&model);
+    let e = eval_model_on(&model, eval_file);
     let (mine, job) = (
         e["auc"].as_f64().unwrap(),
         r["eval"]["auc"].as_f64().unwrap(),
