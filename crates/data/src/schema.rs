@@ -75,6 +75,17 @@ pub enum DenseTransform {
     Log1p,
 }
 
+impl DenseTransform {
+    /// The transformed value of `x`.
+    #[inline]
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            Self::None => x,
+            Self::Log1p => x.max(0.0).ln_1p(),
+        }
+    }
+}
+
 /// Default longest list kept of a bag or sequence.
 pub const DEFAULT_MAX_LEN: usize = 64;
 
@@ -140,6 +151,17 @@ impl FeatureSpec {
     /// The longest list kept.
     pub fn max_len(&self) -> usize {
         self.max_len.unwrap_or(DEFAULT_MAX_LEN)
+    }
+
+    /// Which of a list's `count` (non-null) items are kept: a bag's first `max_len`, a
+    /// sequence's last (most recent) `max_len`.
+    pub fn kept(&self, count: usize) -> std::ops::Range<usize> {
+        let keep = count.min(self.max_len());
+        if self.kind == FeatureKind::Sequence {
+            count - keep..count
+        } else {
+            0..keep
+        }
     }
 
     /// True for a bag or a sequence.

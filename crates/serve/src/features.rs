@@ -205,7 +205,7 @@ pub fn proto_row(row: &RawRow) -> elastrec_proto::serve::Row {
     }
 }
 
-fn check_count(rows: usize, max_rows: usize) -> Result<(), String> {
+pub(crate) fn check_count(rows: usize, max_rows: usize) -> Result<(), String> {
     if rows == 0 {
         return Err("the request has no rows".into());
     }

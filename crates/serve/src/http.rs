@@ -75,14 +75,25 @@ async fn predict(State(s): State<Http>, headers: HeaderMap, body: Bytes) -> Resp
     if !s.read.allows(&headers) {
         return unauthorized();
     }
-    let rows = match crate::features::rows_from_json(&body, s.served.max_batch()) {
-        Ok(rows) => rows,
-        Err(e) => {
-            s.served.refused();
-            return error(StatusCode::BAD_REQUEST, e);
+    let predicted = match s.served.schema() {
+        Some(schema) => {
+            match crate::named::batch_from_json(&body, &schema, s.served.max_batch()) {
+                Ok(batch) => s.served.predict_named(&batch, &schema),
+                Err(e) => {
+                    s.served.refused();
+                    return error(StatusCode::BAD_REQUEST, e);
+                }
+            }
         }
+        None => match crate::features::rows_from_json(&body, s.served.max_batch()) {
+            Ok(rows) => s.served.predict_tasks(&rows),
+            Err(e) => {
+                s.served.refused();
+                return error(StatusCode::BAD_REQUEST, e);
+            }
+        },
     };
-    match s.served.predict_tasks(&rows) {
+    match predicted {
         Ok((probs, 1, checkpoint)) => {
             Json(json!({ "predictions": probs, "checkpoint": checkpoint })).into_response()
         }

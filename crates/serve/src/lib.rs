@@ -4,6 +4,7 @@
 pub mod features;
 pub mod grpc;
 pub mod http;
+pub mod named;
 pub mod served;
 
 use std::net::SocketAddr;

@@ -66,6 +66,8 @@ struct Current {
     model: Dlrm,
     /// The model's `[[preprocess]]` graph; `None`: the default Criteo transform.
     plan: Option<Arc<Plan>>,
+    /// The model's named features; `None`: the Criteo features `I1`..`C26`.
+    schema: Option<Arc<elastrec_data::Schema>>,
     checkpoint: Option<u64>,
     samples: Option<u64>,
     source: String,
@@ -134,12 +136,6 @@ fn now_ms() -> u64 {
 }
 
 fn current(loaded: LoadedModel, source: String) -> Result<Current, String> {
-    if loaded.job.data.is_named() {
-        return Err(format!(
-            "{source} was trained on named features (data.label); serving takes the Criteo \
-             features I1..I13, C1..C26 only so far: score such a model with `elastrec eval`"
-        ));
-    }
     let plan = elastrec_job::prepare::feature_plan(&loaded.job).map_err(|e| e.to_string())?;
     let model_type = serde_json::to_value(loaded.job.model.model_type)
         .ok()
@@ -147,6 +143,7 @@ fn current(loaded: LoadedModel, source: String) -> Result<Current, String> {
         .unwrap_or_default();
     Ok(Current {
         model_type,
+        schema: elastrec_job::prepare::job_schema(&loaded.job),
         model: loaded.model,
         plan,
         checkpoint: loaded.checkpoint,
@@ -205,6 +202,13 @@ impl Served {
         }
         let guard = self.current.read();
         let cur = guard.as_ref().ok_or(PredictError::NoModel)?;
+        if cur.schema.is_some() {
+            return Err(PredictError::Failed(
+                "the model reads named features: send its rows as JSON objects of its \
+                 columns (POST /v1/predict)"
+                    .into(),
+            ));
+        }
         let batch = match &cur.plan {
             None => {
                 let mut b = Batch::with_capacity(rows.len());
@@ -223,17 +227,53 @@ impl Served {
                 b
             }
         };
+        self.predict_with(cur, &batch)
+    }
+
+    /// The named features of the model served now; `None` for the Criteo features (or no
+    /// model).
+    pub fn schema(&self) -> Option<Arc<elastrec_data::Schema>> {
+        self.current.read().as_ref().and_then(|c| c.schema.clone())
+    }
+
+    /// [`Served::predict_tasks`] of a batch of the served model's named features
+    /// ([`crate::named::batch_from_json`] of its [`Served::schema`]); a model with other
+    /// features (pushed meanwhile) refuses it.
+    pub fn predict_named(
+        &self,
+        batch: &Batch,
+        schema: &elastrec_data::Schema,
+    ) -> Result<(Vec<f32>, usize, Option<u64>), PredictError> {
+        if batch.len() > self.max_batch {
+            return Err(PredictError::Failed("too many rows".into()));
+        }
+        let guard = self.current.read();
+        let cur = guard.as_ref().ok_or(PredictError::NoModel)?;
+        if cur.schema.as_deref() != Some(schema) {
+            return Err(PredictError::Failed(
+                "the served model changed its features during the request; send it again".into(),
+            ));
+        }
+        self.predict_with(cur, batch)
+    }
+
+    fn predict_with(
+        &self,
+        cur: &Current,
+        batch: &Batch,
+    ) -> Result<(Vec<f32>, usize, Option<u64>), PredictError> {
+        let rows = batch.len();
         let pooled = cur.predictors.lock().pop();
         let mut predictor = pooled.unwrap_or_else(|| Predictor::new(&cur.model, self.max_batch));
         let tasks = cur.model.dense.tasks();
-        let mut probs = Vec::with_capacity(rows.len() * tasks);
-        let result = predictor.predict_tasks(&cur.model, &batch, &mut probs);
+        let mut probs = Vec::with_capacity(rows * tasks);
+        let result = predictor.predict_tasks(&cur.model, batch, &mut probs);
         cur.predictors.lock().push(predictor);
         result.map_err(|e| PredictError::Failed(e.to_string()))?;
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
         self.counters
             .rows
-            .fetch_add(rows.len() as u64, Ordering::Relaxed);
+            .fetch_add(rows as u64, Ordering::Relaxed);
         Ok((probs, tasks, cur.checkpoint))
     }
 
