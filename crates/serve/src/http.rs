@@ -76,15 +76,13 @@ async fn predict(State(s): State<Http>, headers: HeaderMap, body: Bytes) -> Resp
         return unauthorized();
     }
     let predicted = match s.served.schema() {
-        Some(schema) => {
-            match crate::named::batch_from_json(&body, &schema, s.served.max_batch()) {
-                Ok(batch) => s.served.predict_named(&batch, &schema),
-                Err(e) => {
-                    s.served.refused();
-                    return error(StatusCode::BAD_REQUEST, e);
-                }
+        Some(schema) => match crate::named::batch_from_json(&body, &schema, s.served.max_batch()) {
+            Ok(batch) => s.served.predict_named(&batch, &schema),
+            Err(e) => {
+                s.served.refused();
+                return error(StatusCode::BAD_REQUEST, e);
             }
-        }
+        },
         None => match crate::features::rows_from_json(&body, s.served.max_batch()) {
             Ok(rows) => s.served.predict_tasks(&rows),
             Err(e) => {

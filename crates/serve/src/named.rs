@@ -85,7 +85,10 @@ fn push_row(
         })
     };
     let bad = |column: &str, what: &str, v: &Value| {
-        format!("row {i}: feature `{column}`: must be {what}, got {}", type_name(v))
+        format!(
+            "row {i}: feature `{column}`: must be {what}, got {}",
+            type_name(v)
+        )
     };
     let mut dense = 0;
     for f in schema.dense() {
@@ -108,9 +111,8 @@ fn push_row(
     }
     for f in schema.categorical() {
         let v = get(f, f.column())?;
-        let key = id_key(v).ok_or_else(|| {
-            bad(f.column(), "an integer, a string, a boolean or null", v)
-        })?;
+        let key = id_key(v)
+            .ok_or_else(|| bad(f.column(), "an integer, a string, a boolean or null", v))?;
         batch.sparse.push(key);
     }
     for (f, bag) in schema.lists().zip(&mut batch.bags) {
@@ -123,7 +125,14 @@ fn push_row(
             None => None,
             Some(w) => match get(f, w)? {
                 Value::Null => Some(Vec::new()),
-                Value::Array(ws) => Some(ws.iter().map(|w| w.as_f64().map(|w| w as f32)).collect::<Option<Vec<f32>>>().ok_or_else(|| format!("row {i}: feature `{w}`: must be an array of numbers"))?),
+                Value::Array(ws) => Some(
+                    ws.iter()
+                        .map(|w| w.as_f64().map(|w| w as f32))
+                        .collect::<Option<Vec<f32>>>()
+                        .ok_or_else(|| {
+                            format!("row {i}: feature `{w}`: must be an array of numbers")
+                        })?,
+                ),
                 other => return Err(bad(w, "an array of numbers or null", other)),
             },
         };
@@ -143,9 +152,8 @@ fn push_row(
             if v.is_null() {
                 continue;
             }
-            let key = id_key(v).ok_or_else(|| {
-                bad(f.column(), "an array of integers or strings", v)
-            })?;
+            let key =
+                id_key(v).ok_or_else(|| bad(f.column(), "an array of integers or strings", v))?;
             live.push((key, weights.as_ref().map_or(1.0, |w| w[k])));
         }
         for &(key, w) in &live[f.kept(live.len())] {
@@ -227,7 +235,11 @@ mod tests {
         assert_eq!(b.len(), 2);
         assert_eq!(b.dense, [10f32.ln(), 0.0]);
         assert_eq!(b.sparse, [string_key(b"x"), NULL_KEY]);
-        assert_eq!(b.bags[0].row(0), [string_key(b"y"), 3], "the last two, nulls dropped");
+        assert_eq!(
+            b.bags[0].row(0),
+            [string_key(b"y"), 3],
+            "the last two, nulls dropped"
+        );
         assert!(b.bags[0].row(1).is_empty());
     }
 
@@ -239,7 +251,10 @@ mod tests {
         let e = err(json!([{"price": 1, "item": "x", "hist": [], "age": 3}]));
         assert!(e.contains("unknown feature `age`"), "{e}");
         let e = err(json!([{"price": "cheap", "item": "x", "hist": []}]));
-        assert!(e.contains("`price`: must be a number or null, got a string"), "{e}");
+        assert!(
+            e.contains("`price`: must be a number or null, got a string"),
+            "{e}"
+        );
         let e = err(json!([{"price": 1, "item": [1], "hist": []}]));
         assert!(e.contains("`item`") && e.contains("got an array"), "{e}");
         let e = err(json!([{"price": 1, "item": 1, "hist": 5}]));

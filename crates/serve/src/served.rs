@@ -271,9 +271,7 @@ impl Served {
         cur.predictors.lock().push(predictor);
         result.map_err(|e| PredictError::Failed(e.to_string()))?;
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .rows
-            .fetch_add(rows as u64, Ordering::Relaxed);
+        self.counters.rows.fetch_add(rows as u64, Ordering::Relaxed);
         Ok((probs, tasks, cur.checkpoint))
     }
 
