@@ -1635,6 +1635,7 @@ mod tests {
             per_ps: per_ps.clone(),
             slot: Vec::new(),
             layout: 0,
+            pool: None,
         };
         let key = BatchKey {
             epoch: 1,
@@ -1767,6 +1768,7 @@ mod tests {
             per_ps: per_ps.clone(),
             slot: Vec::new(),
             layout: 0,
+            pool: None,
         };
         let key = BatchKey {
             epoch: 2,

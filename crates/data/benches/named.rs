@@ -1,0 +1,112 @@
+//! Reading Parquet with named columns and lists (`gen-data --named`: 2 string ids, 2
+//! integer ids, a float, a genre list and a history of up to 30 items per row) into
+//! jagged batches, beside the Criteo-layout Parquet reader on the same machine; and the
+//! bytes the named reader allocates per row once its buffers have grown.
+//!
+//! `cargo bench -p elastrec-data --bench named`
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use elastrec_data::gen::named::{generate_named, NamedSpec};
+use elastrec_data::schema::infer;
+use elastrec_data::{
+    generate, open_source, BadRowPolicy, Batch, BatchReader, GenSpec, OutputFormat, Schema,
+};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Counts the bytes every allocation asks for.
+struct Counting;
+
+static ALLOCATED: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards to the system allocator, only counting.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATED.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: the caller's contract is passed on unchanged.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATED.fetch_add(new_size as u64, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const ROWS: u64 = 200_000;
+const BATCH: usize = 4096;
+
+/// Reads `path` whole; returns its rows and list items.
+fn drain(path: &Path, schema: Option<&Arc<Schema>>, batch: &mut Batch) -> (usize, usize) {
+    let mut r = open_source(path, None, BadRowPolicy::Fail, schema).unwrap();
+    let (mut rows, mut items) = (0, 0);
+    loop {
+        let k = r.next_batch(batch, BATCH).unwrap();
+        if k == 0 {
+            return (rows, items);
+        }
+        rows += k;
+        items += batch.bags.iter().map(|b| b.ids.len()).sum::<usize>();
+    }
+}
+
+fn named(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let report = generate_named(&NamedSpec {
+        out: dir.path().join("named"),
+        rows: ROWS,
+        days: 1,
+        seed: 1,
+    })
+    .unwrap();
+    let file = report.files[0].clone();
+    let schema = Arc::new(infer(&file, &["click".into()], 1 << 20).unwrap().schema);
+    let criteo_dir = dir.path().join("criteo");
+    generate(&GenSpec {
+        out: criteo_dir.clone(),
+        rows: ROWS,
+        format: OutputFormat::Parquet,
+        seed: 1,
+        days: 1,
+        scale: 0.01,
+        drift: 0.0,
+        conversions: false,
+    })
+    .unwrap();
+    let criteo = criteo_dir.join("day_0.parquet");
+
+    // Allocation per row in the steady state: a second pass with warm batch buffers.
+    let mut batch = Batch::default();
+    drain(&file, Some(&schema), &mut batch);
+    let before = ALLOCATED.load(Ordering::Relaxed);
+    let (n, items) = drain(&file, Some(&schema), &mut batch);
+    let bytes = ALLOCATED.load(Ordering::Relaxed) - before;
+    println!(
+        "named reader: {n} rows, {items} list items, {:.1} bytes allocated per row (Arrow \
+         decoding included)",
+        bytes as f64 / n as f64
+    );
+
+    let mut g = c.benchmark_group("read_rows_one_thread");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(ROWS));
+    g.bench_function("named_with_lists", |b| {
+        b.iter(|| assert_eq!(drain(&file, Some(&schema), &mut batch).0 as u64, ROWS))
+    });
+    g.bench_function("criteo_parquet", |b| {
+        b.iter(|| assert_eq!(drain(&criteo, None, &mut batch).0 as u64, ROWS))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, named);
+criterion_main!(benches);
