@@ -175,16 +175,7 @@ fn named_features_through_a_ps_killed_under_partial_recovery() {
     let _g = serial();
     let f = fixture();
     let data = f.dir.join("named");
-    elastrec_ok(&[
-        "gen-data",
-        "--named",
-        "--out",
-        data.to_str().unwrap(),
-        "--rows",
-        &ROWS.to_string(),
-        "--days",
-        "3",
-    ]);
+    gen_named(&data, ROWS);
     let text = |out: &str, cluster: &str| {
         format!(
             r#"

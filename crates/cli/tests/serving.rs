@@ -270,16 +270,7 @@ fn named_json_rows(file: &std::path::Path) -> (Vec<serde_json::Value>, Vec<u8>) 
 fn a_named_feature_model_serves_json_rows_with_lists() {
     let f = fixture();
     let data = f.dir.join("serve-named-data");
-    elastrec_ok(&[
-        "gen-data",
-        "--named",
-        "--out",
-        data.to_str().unwrap(),
-        "--rows",
-        "9000",
-        "--days",
-        "3",
-    ]);
+    gen_named(&data, 9000);
     let job = f.dir.join("serve-named.toml");
     std::fs::write(
         &job,

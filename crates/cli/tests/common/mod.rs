@@ -259,6 +259,21 @@ pub fn gen_data(dir: &Path, rows: u64, extra: &[&str]) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap()
 }
 
+/// A click log with named columns and lists (`gen-data --named`), `rows` rows over 3
+/// days into `dir`.
+pub fn gen_named(dir: &Path, rows: u64) {
+    elastrec_ok(&[
+        "gen-data",
+        "--named",
+        "--out",
+        dir.to_str().unwrap(),
+        "--rows",
+        &rows.to_string(),
+        "--days",
+        "3",
+    ]);
+}
+
 /// [`gen_data`] with a conversion label after each click (`--conversions`): the data of
 /// a two-task model.
 pub fn gen_conversions(dir: &Path, rows: u64) -> serde_json::Value {

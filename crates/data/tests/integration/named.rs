@@ -282,10 +282,18 @@ fn inference_types_the_columns_sizes_the_tables_and_shares_an_item_table() {
     assert!(got.skipped.is_empty());
     s.validate().unwrap();
     let rows = |t: &str| s.tables.iter().find(|x| x.name == t).unwrap().rows;
-    assert_eq!(rows("device"), 1024, "3 values: the smallest table");
+    assert_eq!(rows("device"), 100_000, "3 values: the smallest table");
+    assert_eq!(
+        rows("item_id"),
+        100_000,
+        "fewer than 25,000 items: the smallest table"
+    );
+    let big = infer(&report.files[0], &["click".into()], 50_000)
+        .unwrap()
+        .schema;
     assert!(
-        rows("item_id") >= 4 * 3000,
-        "items seen as candidates and in histories"
+        big.tables.iter().all(|t| t.rows == 50_000),
+        "max_table_rows caps every table"
     );
     // The inferred schema reads the file.
     let mut r = open_source(
