@@ -118,19 +118,13 @@ impl LookupPlan {
         Ok(())
     }
 
-    /// Adds each lookup's `d` values (lookup `k`'s at `values[value(k)]`), scaled, to
-    /// its target in `emb`, which is zeroed first.
-    pub fn pool(
-        &self,
-        d: usize,
-        emb: &mut [f32],
-        value: impl Fn(usize) -> std::ops::Range<usize>,
-        values: &[f32],
-    ) {
+    /// Adds each lookup's row (`row(k)`, `d` values), scaled, to its target in `emb`,
+    /// which is zeroed first.
+    pub fn pool<'v>(&self, d: usize, emb: &mut [f32], row: impl Fn(usize) -> &'v [f32]) {
         emb.fill(0.0);
         for (k, (&t, &s)) in self.target.iter().zip(&self.scale).enumerate() {
             let dst = &mut emb[t as usize * d..(t as usize + 1) * d];
-            for (o, &v) in dst.iter_mut().zip(&values[value(k)]) {
+            for (o, &v) in dst.iter_mut().zip(row(k)) {
                 *o += s * v;
             }
         }
@@ -178,7 +172,8 @@ impl Lookups {
         let d = store.dim();
         self.rows.resize(self.plan.len() * d, 0.0);
         store.gather_keyed(&self.plan.tables, &self.plan.ids, &mut self.rows)?;
-        self.plan.pool(d, emb, |k| k * d..(k + 1) * d, &self.rows);
+        let rows = &self.rows;
+        self.plan.pool(d, emb, |k| &rows[k * d..(k + 1) * d]);
         Ok(())
     }
 

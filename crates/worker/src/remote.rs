@@ -639,17 +639,12 @@ impl RemoteModel {
             }
             Some(plan) => {
                 // Each lookup's row, scaled, added to its bag's (or single id's) slot.
-                let n = routing.slot.len();
-                let flat: Vec<f32> = routing
-                    .slot
-                    .iter()
-                    .flat_map(|&(s, k)| &values[s as usize][k as usize * d..(k as usize + 1) * d])
-                    .copied()
-                    .collect();
-                debug_assert_eq!(flat.len(), n * d);
                 let slots = self.dense.config().num_tables;
                 let emb = &mut self.emb[..plan.rows * slots * d];
-                plan.pool(d, emb, |k| k * d..(k + 1) * d, &flat);
+                plan.pool(d, emb, |j| {
+                    let (s, k) = routing.slot[j];
+                    &values[s as usize][k as usize * d..(k as usize + 1) * d]
+                });
             }
         }
         Ok(None)
