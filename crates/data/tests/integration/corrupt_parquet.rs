@@ -75,3 +75,66 @@ fn flipped_bytes_give_errors_naming_the_file_never_panics() {
     }
     assert!(failed > 0, "no mutant was detected at all");
 }
+
+/// The same for a file with named columns and lists, read through its inferred schema
+/// (inference included): every mutant reads or fails naming the file.
+#[test]
+fn flipped_bytes_in_a_file_with_lists_give_errors_naming_the_file() {
+    use elastrec_data::gen::named::{generate_named, NamedSpec};
+    use elastrec_data::schema::infer;
+    let dir = tempfile::tempdir().unwrap();
+    let report = generate_named(&NamedSpec {
+        out: dir.path().to_path_buf(),
+        rows: 2_000,
+        days: 1,
+        seed: 3,
+    })
+    .unwrap();
+    let good = std::fs::read(&report.files[0]).unwrap();
+    let schema = std::sync::Arc::new(
+        infer(&report.files[0], &["click".into()], 1 << 20)
+            .unwrap()
+            .schema,
+    );
+    let bad = dir.path().join("mutant.parquet");
+    let read = |path: &Path| -> Vec<String> {
+        let mut errors = Vec::new();
+        if let Err(e) = infer(path, &["click".into()], 1 << 20) {
+            errors.push(e.to_string());
+        }
+        let opened =
+            elastrec_data::open_source(path, Some((100, 1_500)), BadRowPolicy::Skip, Some(&schema));
+        match opened {
+            Ok(mut r) => {
+                let mut batch = elastrec_data::Batch::default();
+                loop {
+                    match r.next_batch(&mut batch, 512) {
+                        Ok(0) => break,
+                        Ok(_) => {}
+                        Err(e) => {
+                            errors.push(e.to_string());
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => errors.push(e.to_string()),
+        }
+        errors
+    };
+    let mut failed = 0;
+    for at in (4..good.len() - 8).step_by(97) {
+        let mut bytes = good.clone();
+        for b in &mut bytes[at..(at + 3).min(good.len() - 8)] {
+            *b = !*b;
+        }
+        std::fs::write(&bad, &bytes).unwrap();
+        let errors = std::panic::catch_unwind(|| read(&bad))
+            .unwrap_or_else(|_| panic!("reading with bytes {at}.. flipped panicked"));
+        for e in &errors {
+            assert!(e.contains("mutant.parquet"), "bytes {at}..: {e}");
+        }
+        failed += usize::from(!errors.is_empty());
+    }
+    assert!(failed > 0, "no mutant was detected at all");
+}
