@@ -4,7 +4,9 @@
 //! decoders panic on some corrupt pages; those panics are ours to catch).
 
 use elastrec_data::parquet_io::parquet_row_count;
-use elastrec_data::{generate, open_reader_range, read_all, BadRowPolicy, GenSpec, OutputFormat};
+use elastrec_data::{
+    generate, open_reader_range, read_all, BadRowPolicy, BatchReader, GenSpec, OutputFormat,
+};
 use std::path::Path;
 
 fn generated_parquet(dir: &Path) -> std::path::PathBuf {
@@ -31,23 +33,56 @@ fn read_every_way(path: &Path) -> Vec<String> {
     if let Err(e) = parquet_row_count(path) {
         errors.push(e.to_string());
     }
-    match open_reader_range(path, 100, 2_000, BadRowPolicy::Skip) {
-        Ok(mut r) => {
-            let mut batch = elastrec_data::Batch::default();
-            loop {
-                match r.next_batch(&mut batch, 512) {
-                    Ok(0) => break,
-                    Ok(_) => {}
-                    Err(e) => {
-                        errors.push(e.to_string());
-                        break;
-                    }
-                }
-            }
-        }
-        Err(e) => errors.push(e.to_string()),
-    }
+    errors.extend(drain(open_reader_range(
+        path,
+        100,
+        2_000,
+        BadRowPolicy::Skip,
+    )));
     errors
+}
+
+/// Reads everything an opened reader holds; the error that stopped it, if any.
+fn drain(opened: elastrec_data::Result<Box<dyn BatchReader>>) -> Option<String> {
+    let mut r = match opened {
+        Ok(r) => r,
+        Err(e) => return Some(e.to_string()),
+    };
+    let mut batch = elastrec_data::Batch::default();
+    loop {
+        match r.next_batch(&mut batch, 512) {
+            Ok(0) => return None,
+            Ok(_) => {}
+            Err(e) => return Some(e.to_string()),
+        }
+    }
+}
+
+/// Writes `good` with three bytes inverted every `stride` bytes (the footer included) to
+/// `bad`, one mutant at a time, and reads each with `read`: it must not panic, and every
+/// error must name the file. Returns how many mutants failed to read.
+fn mutants(
+    good: &[u8],
+    bad: &Path,
+    stride: usize,
+    read: impl Fn(&Path) -> Vec<String> + std::panic::RefUnwindSafe,
+) -> usize {
+    let mut failed = 0;
+    for at in (4..good.len() - 8).step_by(stride) {
+        let mut bytes = good.to_vec();
+        for b in &mut bytes[at..(at + 3).min(good.len() - 8)] {
+            *b = !*b;
+        }
+        std::fs::write(bad, &bytes).unwrap();
+        let errors = std::panic::catch_unwind(|| read(bad))
+            .unwrap_or_else(|_| panic!("reading with bytes {at}.. flipped panicked"));
+        let name = bad.file_name().unwrap().to_str().unwrap();
+        for e in &errors {
+            assert!(e.contains(name), "bytes {at}..: {e}");
+        }
+        failed += usize::from(!errors.is_empty());
+    }
+    failed
 }
 
 #[test]
@@ -57,22 +92,8 @@ fn flipped_bytes_give_errors_naming_the_file_never_panics() {
     let good = std::fs::read(&path).unwrap();
     assert!(read_every_way(&path).is_empty());
     let bad = dir.path().join("mutant.parquet");
-    let mut failed = 0;
-    // Every 61st byte, the footer included: three bytes inverted from there.
-    for at in (4..good.len() - 8).step_by(61) {
-        let mut bytes = good.clone();
-        for b in &mut bytes[at..(at + 3).min(good.len() - 8)] {
-            *b = !*b;
-        }
-        std::fs::write(&bad, &bytes).unwrap();
-        let outcome = std::panic::catch_unwind(|| read_every_way(&bad));
-        let errors =
-            outcome.unwrap_or_else(|_| panic!("reading with bytes {at}.. flipped panicked"));
-        for e in &errors {
-            assert!(e.contains("mutant.parquet"), "bytes {at}..: {e}");
-        }
-        failed += usize::from(!errors.is_empty());
-    }
+    // Every 61st byte: three bytes inverted from there.
+    let failed = mutants(&good, &bad, 61, read_every_way);
     assert!(failed > 0, "no mutant was detected at all");
 }
 
@@ -102,39 +123,15 @@ fn flipped_bytes_in_a_file_with_lists_give_errors_naming_the_file() {
         if let Err(e) = infer(path, &["click".into()], 1 << 20) {
             errors.push(e.to_string());
         }
-        let opened =
-            elastrec_data::open_source(path, Some((100, 1_500)), BadRowPolicy::Skip, Some(&schema));
-        match opened {
-            Ok(mut r) => {
-                let mut batch = elastrec_data::Batch::default();
-                loop {
-                    match r.next_batch(&mut batch, 512) {
-                        Ok(0) => break,
-                        Ok(_) => {}
-                        Err(e) => {
-                            errors.push(e.to_string());
-                            break;
-                        }
-                    }
-                }
-            }
-            Err(e) => errors.push(e.to_string()),
-        }
+        let range = Some((100, 1_500));
+        errors.extend(drain(elastrec_data::open_source(
+            path,
+            range,
+            BadRowPolicy::Skip,
+            Some(&schema),
+        )));
         errors
     };
-    let mut failed = 0;
-    for at in (4..good.len() - 8).step_by(97) {
-        let mut bytes = good.clone();
-        for b in &mut bytes[at..(at + 3).min(good.len() - 8)] {
-            *b = !*b;
-        }
-        std::fs::write(&bad, &bytes).unwrap();
-        let errors = std::panic::catch_unwind(|| read(&bad))
-            .unwrap_or_else(|_| panic!("reading with bytes {at}.. flipped panicked"));
-        for e in &errors {
-            assert!(e.contains("mutant.parquet"), "bytes {at}..: {e}");
-        }
-        failed += usize::from(!errors.is_empty());
-    }
+    let failed = mutants(&good, &bad, 97, read);
     assert!(failed > 0, "no mutant was detected at all");
 }
