@@ -100,7 +100,8 @@ pub fn train(config: &Path, print_config: bool) -> Result<()> {
 pub struct GenData {
     pub out: PathBuf,
     pub rows: u64,
-    pub parquet: bool,
+    /// `tsv`, `parquet` or (named only) `csv`.
+    pub format: &'static str,
     pub seed: u64,
     pub days: u32,
     pub drift: f64,
@@ -129,7 +130,7 @@ pub fn gen_data(a: GenData) -> Result<()> {
     let spec = GenSpec {
         out: a.out.clone(),
         rows: a.rows,
-        format: if a.parquet {
+        format: if a.format == "parquet" {
             OutputFormat::Parquet
         } else {
             OutputFormat::Tsv
@@ -203,6 +204,7 @@ fn gen_named(a: &GenData) -> Result<()> {
         rows: a.rows,
         days: a.days,
         seed: a.seed,
+        csv: a.format == "csv",
     })?;
     println!(
         "wrote {} rows with named columns to {} ({} files)",

@@ -96,6 +96,18 @@ enum Format {
     Tsv,
     /// Apache Parquet.
     Parquet,
+    /// CSV with a header line (lists joined by `|`); with --named only.
+    Csv,
+}
+
+impl Format {
+    fn name(self) -> &'static str {
+        match self {
+            Format::Tsv => "tsv",
+            Format::Parquet => "parquet",
+            Format::Csv => "csv",
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -106,9 +118,9 @@ struct GenDataArgs {
     /// Total number of rows over all day files.
     #[arg(long, default_value_t = 700_000)]
     rows: u64,
-    /// File format.
-    #[arg(long, value_enum, default_value_t = Format::Tsv)]
-    format: Format,
+    /// File format [default: tsv; with --named: parquet].
+    #[arg(long, value_enum)]
+    format: Option<Format>,
     /// Seed: the same seed produces the same bytes.
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -131,11 +143,11 @@ struct GenDataArgs {
     /// for `[[data.dataset]]` jobs (docs/data.md).
     #[arg(long, value_name = "DATE")]
     hourly_from: Option<String>,
-    /// Write a shop's click log with named columns instead (Parquet: `click`, `user_id`,
+    /// Write a shop's click log with named columns instead (`click`, `user_id`,
     /// `item_id`, `device`, `price`, a `genres` list and a `hist_items` sequence), for
-    /// jobs with named features (`data.label`, docs/data.md). Takes --rows, --days and
-    /// --seed.
-    #[arg(long, conflicts_with_all = ["format", "scale", "drift", "conversions", "hourly_from"])]
+    /// jobs with named features (`data.label`, docs/data.md), as Parquet or
+    /// (`--format csv`) CSV. Takes --rows, --days, --format and --seed.
+    #[arg(long, conflicts_with_all = ["scale", "drift", "conversions", "hourly_from"])]
     named: bool,
 }
 
@@ -303,7 +315,21 @@ fn main() -> anyhow::Result<()> {
         Command::GenData(a) => commands::gen_data(commands::GenData {
             out: a.out,
             rows: a.rows,
-            parquet: matches!(a.format, Format::Parquet),
+            format: match (a.format, a.named) {
+                (Some(Format::Tsv), true) => {
+                    return Err(anyhow::anyhow!(
+                        "--named writes parquet or csv (with a header), not Criteo's tsv"
+                    ))
+                }
+                (Some(Format::Csv), false) => {
+                    return Err(anyhow::anyhow!(
+                        "--format csv is for --named data; Criteo's layout is tsv or parquet"
+                    ))
+                }
+                (Some(f), _) => f.name(),
+                (None, true) => "parquet",
+                (None, false) => "tsv",
+            },
             seed: a.seed,
             days: a.days,
             scale: a.scale,

@@ -589,6 +589,85 @@ fn the_binary_runs_in_the_container_images_slim_runtime() {
     assert!(runtime.contains("USER 10001"), "runs as a non-root user");
 }
 
+/// The same log as CSV files with a header (one gzip-compressed) trains as its Parquet
+/// twin does: the same inferred features, the same keys, an AUC within 0.002, and
+/// `eval` of the model on the CSV day gives the job's own AUC.
+#[test]
+fn a_csv_log_with_a_header_trains_like_its_parquet_twin() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gen = |format: &str| {
+        let dir = tmp.path().join(format);
+        ok(&elastrec(&[
+            "gen-data",
+            "--named",
+            "--format",
+            format,
+            "--out",
+            dir.to_str().unwrap(),
+            "--rows",
+            "20000",
+            "--days",
+            "3",
+        ]));
+        dir
+    };
+    gen("parquet");
+    let csv = gen("csv");
+    let day1 = std::fs::read(csv.join("day_1.csv")).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(
+        std::fs::File::create(csv.join("day_1.csv.gz")).unwrap(),
+        flate2::Compression::fast(),
+    );
+    std::io::Write::write_all(&mut gz, &day1).unwrap();
+    gz.finish().unwrap();
+    let train = |dir: &str, ext: &str, day1: &str| {
+        let job = tmp.path().join(format!("{dir}.toml"));
+        std::fs::write(
+            &job,
+            format!(
+                "[data]\ndir = \"{dir}\"\ntrain = [\"day_0.{ext}\", \"{day1}\"]\n\
+                 eval = [\"day_2.{ext}\"]\nlabel = \"click\"\n[train]\nprogress = false\n\
+                 [output]\ndir = \"run-{dir}\"\n"
+            ),
+        )
+        .unwrap();
+        let printed = ok(&elastrec(&[
+            "train",
+            "--print-config",
+            job.to_str().unwrap(),
+        ]));
+        ok(&elastrec(&["train", job.to_str().unwrap()]));
+        let s: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(tmp.path().join(format!("run-{dir}/summary.json"))).unwrap(),
+        )
+        .unwrap();
+        let features: Vec<&str> = printed
+            .lines()
+            .filter(|l| l.starts_with("name = ") || l.starts_with("kind = "))
+            .collect();
+        (s["eval"]["auc"].as_f64().unwrap(), features.join(" "))
+    };
+    let (want, want_features) = train("parquet", "parquet", "day_1.parquet");
+    let (got, got_features) = train("csv", "csv", "day_1.csv.gz");
+    assert_eq!(got_features, want_features, "one log, one inferred schema");
+    assert!(
+        (got - want).abs() <= 0.002,
+        "CSV AUC {got:.4} against Parquet {want:.4}"
+    );
+    let model = tmp.path().join("run-csv/model.bin");
+    let day2 = csv.join("day_2.csv");
+    let out = ok(&elastrec(&[
+        "eval",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        day2.to_str().unwrap(),
+        "--json",
+    ]));
+    let e: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!((e["auc"].as_f64().unwrap() - got).abs() < 1e-9, "{e}");
+}
+
 /// A user's own log: named columns of strings, 64-bit ids, a genre list and a click
 /// history. A job naming only the files and the label trains on features inferred from
 /// the data, the printed configuration is a job file of them, and the model file carries

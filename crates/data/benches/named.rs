@@ -66,10 +66,15 @@ fn named(c: &mut Criterion) {
         rows: ROWS,
         days: 1,
         seed: 1,
+        csv: false,
     })
     .unwrap();
     let file = report.files[0].clone();
-    let schema = Arc::new(infer(&file, &["click".into()], 1 << 20).unwrap().schema);
+    let schema = Arc::new(
+        infer(&file, &["click".into()], 1 << 20, &Default::default())
+            .unwrap()
+            .schema,
+    );
     let criteo_dir = dir.path().join("criteo");
     generate(&GenSpec {
         out: criteo_dir.clone(),

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 /// Everything that can go wrong in `elastrec-data`.
 ///
 /// Variants say who is at fault: [`DataError::Malformed`], [`DataError::LineTooLong`] and
-/// [`DataError::BadValue`] are problems in the input data, [`DataError::CorruptIndex`] in a
+/// [`DataError::BadValue`] and [`DataError::BadField`] are problems in the input data, [`DataError::CorruptIndex`] in a
 /// cached sidecar, [`DataError::Io`] and [`DataError::Parquet`] are the environment or the
 /// container format, [`DataError::InvalidSpec`] and [`DataError::InvalidRange`] are the
 /// caller's arguments.
@@ -75,6 +75,27 @@ pub enum DataError {
         column: String,
         /// What is wrong with the value.
         reason: FieldError,
+    },
+    /// A bad value in a CSV or TSV file with a header: `file:line: column C: reason`.
+    #[error("{}:{line}: column {column}: {reason}", path.display())]
+    BadField {
+        /// File holding the row.
+        path: PathBuf,
+        /// 1-based line number in the file (the header is line 1).
+        line: u64,
+        /// Column name from the header.
+        column: String,
+        /// What is wrong with the value.
+        reason: FieldError,
+    },
+    /// A file that does not hold what the job's schema names (a missing or mistyped
+    /// column, no header line).
+    #[error("{}: {message}", path.display())]
+    Schema {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, naming the column.
+        message: String,
     },
     /// The Parquet/Arrow layer failed (corrupt file, unsupported schema...).
     #[error("{}: parquet: {message}", path.display())]
@@ -171,6 +192,7 @@ impl DataError {
             DataError::Malformed { .. }
                 | DataError::LineTooLong { .. }
                 | DataError::BadValue { .. }
+                | DataError::BadField { .. }
                 | DataError::BadMessage { .. }
         )
     }
@@ -222,6 +244,15 @@ pub enum FieldError {
         /// Ids in the row.
         ids: usize,
     },
+    /// A number field (dense value, weight) that is not a number.
+    BadNumber(String),
+    /// A CSV row with another number of fields than its header.
+    FieldCount {
+        /// Columns in the header.
+        expected: usize,
+        /// Fields in the row.
+        found: usize,
+    },
 }
 
 impl fmt::Display for FieldError {
@@ -252,6 +283,11 @@ impl fmt::Display for FieldError {
             FieldError::BadInteger(got) => write!(f, "expected an integer, got {got:?}"),
             FieldError::BadCategory(got) => write!(f, "expected 8 hex digits, got {got:?}"),
             FieldError::NotFinite(v) => write!(f, "a dense value must be finite, got {v}"),
+            FieldError::BadNumber(got) => write!(f, "expected a number, got {got:?}"),
+            FieldError::FieldCount { expected, found } => write!(
+                f,
+                "the row has {found} field(s) and the header {expected} column(s)"
+            ),
             FieldError::WeightCount { weights, ids } => write!(
                 f,
                 "{weights} weight(s) for {ids} id(s): a bag's weights need one per id"

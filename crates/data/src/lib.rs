@@ -12,8 +12,9 @@
 //! - one error type, [`DataError`], whose bad-data variants read `file:line: field N: reason`.
 //!
 //! - named features ([`schema`]): a [`Schema`] of dense, categorical, bag and sequence
-//!   features over any Parquet file, read by [`NamedParquetReader`] into jagged batches,
-//!   and inferred from a file by [`schema::infer`];
+//!   features over any Parquet file or CSV/TSV file with a header, read by
+//!   [`NamedParquetReader`] and [`NamedCsvReader`] into jagged batches, and inferred from
+//!   a file by [`schema::infer`];
 //! - [`RawColumns`], rows in column form for a preprocessing plan (`elastrec-preprocess`).
 
 pub mod batch;
@@ -22,11 +23,13 @@ pub mod error;
 pub mod gen;
 pub mod index;
 pub mod named;
+pub mod named_csv;
 pub mod parquet_io;
 pub mod raw;
 pub mod reader;
 pub mod schema;
 pub mod shuffled;
+pub mod text;
 pub mod tsv;
 
 pub use batch::{check_tasks, Batch, Jagged, MISSING_CATEGORY, NUM_DENSE, NUM_SPARSE};
@@ -34,12 +37,13 @@ pub use columns::{RawColumns, NULL_ID, NULL_INT};
 pub use error::{DataError, FieldError, Result};
 pub use gen::{generate, generate_with_progress, GenFile, GenReport, GenSpec, OutputFormat};
 pub use named::NamedParquetReader;
+pub use named_csv::NamedCsvReader;
 pub use parquet_io::{ParquetOptions, ParquetReader, ParquetWriter};
 pub use raw::{RawBatch, RawRow};
 pub use reader::{
-    count_rows, detect_format, open_reader, open_reader_range, open_source, read_all, BadRowPolicy,
-    BatchReader, FileFormat, ReadStats, RowSink,
+    count_rows, count_source_rows, detect_format, open_reader, open_reader_range, open_source,
+    read_all, BadRowPolicy, BatchReader, FileFormat, ReadStats, RowSink,
 };
-pub use schema::{FeatureKind, FeatureSpec, Pooling, Schema, TableSpec};
+pub use schema::{CsvFormat, FeatureKind, FeatureSpec, Pooling, Schema, TableSpec};
 pub use shuffled::{RowShuffle, ShuffledReader};
 pub use tsv::TsvReader;

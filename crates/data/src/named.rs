@@ -29,14 +29,25 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReader;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Where each of a schema's columns lives in the decoded Arrow batches.
+/// Where each of a schema's columns lives in a file (or in its decoded Arrow batches).
 #[derive(Debug, Clone, Default)]
-struct Columns {
-    labels: Vec<usize>,
-    dense: Vec<usize>,
-    cats: Vec<usize>,
+pub(crate) struct Columns {
+    pub(crate) labels: Vec<usize>,
+    pub(crate) dense: Vec<usize>,
+    pub(crate) cats: Vec<usize>,
     /// Ids and, for a weighted bag, weights.
-    lists: Vec<(usize, Option<usize>)>,
+    pub(crate) lists: Vec<(usize, Option<usize>)>,
+}
+
+/// The error of a column a schema names and a file lacks.
+pub(crate) fn missing_column(path: &Path, name: &str, role: &str, have: &[&str]) -> DataError {
+    schema_error(
+        path,
+        format!(
+            "column {name:?} ({role}) is missing; the file has {}",
+            have.join(", ")
+        ),
+    )
 }
 
 /// One decoded Arrow batch, column by column.
@@ -109,64 +120,78 @@ fn what_it_needs(kind: FeatureKind) -> &'static str {
 }
 
 impl Columns {
-    /// Finds and type-checks every column of `schema` in the file's Arrow schema.
-    fn resolve(path: &Path, file: &arrow_schema::Schema, schema: &Schema) -> Result<Self> {
-        let find = |name: &str, role: &str| {
-            file.index_of(name).map_err(|_| {
-                let have: Vec<&str> = file.fields().iter().map(|f| f.name().as_str()).collect();
-                schema_error(
-                    path,
-                    format!(
-                        "column {name:?} ({role}) is missing; the file has {}",
-                        have.join(", ")
-                    ),
-                )
-            })
-        };
-        let wrong = |name: &str, dt: &DataType, needs: &str| {
-            schema_error(path, format!("column {name:?} is {dt}; {needs}"))
-        };
+    /// Finds every column of `schema` with `find(column, role)` (a role such as
+    /// `label` or `feature "genres"` words the error of a missing column).
+    pub(crate) fn locate(
+        schema: &Schema,
+        mut find: impl FnMut(&str, &str) -> Result<usize>,
+    ) -> Result<Self> {
         let mut out = Columns::default();
         for l in &schema.labels {
-            let i = find(l, "label")?;
-            let dt = file.field(i).data_type();
-            if !is_number(dt) {
-                return Err(wrong(
-                    l,
-                    dt,
-                    "a label needs an integer, float or boolean 0/1",
-                ));
-            }
-            out.labels.push(i);
+            out.labels.push(find(l, "label")?);
         }
         for f in &schema.features {
             let i = find(f.column(), &format!("feature {:?}", f.name))?;
-            let dt = file.field(i).data_type();
-            let ok = match f.kind {
-                FeatureKind::Dense => is_number(dt),
-                FeatureKind::Categorical => is_id(dt),
-                FeatureKind::Bag | FeatureKind::Sequence => list_item(dt).is_some_and(is_id),
-            };
-            if !ok {
-                return Err(wrong(f.column(), dt, what_it_needs(f.kind)));
-            }
             match f.kind {
                 FeatureKind::Dense => out.dense.push(i),
                 FeatureKind::Categorical => out.cats.push(i),
                 FeatureKind::Bag | FeatureKind::Sequence => {
                     let w = match &f.weights {
                         None => None,
-                        Some(w) => {
-                            let j = find(w, &format!("weights of {:?}", f.name))?;
-                            let wdt = file.field(j).data_type();
-                            if !list_item(wdt).is_some_and(is_number) {
-                                return Err(wrong(w, wdt, "per-id weights need a list of numbers"));
-                            }
-                            Some(j)
-                        }
+                        Some(w) => Some(find(w, &format!("weights of {:?}", f.name))?),
                     };
                     out.lists.push((i, w));
                 }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Finds and type-checks every column of `schema` in the file's Arrow schema.
+    fn resolve(path: &Path, file: &arrow_schema::Schema, schema: &Schema) -> Result<Self> {
+        let out = Self::locate(schema, |name, role| {
+            file.index_of(name).map_err(|_| {
+                let have: Vec<&str> = file.fields().iter().map(|f| f.name().as_str()).collect();
+                missing_column(path, name, role, &have)
+            })
+        })?;
+        let check = |i: usize, ok: fn(&DataType) -> bool, needs: &str| {
+            let field = file.field(i);
+            let dt = field.data_type();
+            if ok(dt) {
+                Ok(())
+            } else {
+                Err(schema_error(
+                    path,
+                    format!("column {:?} is {dt}; {needs}", field.name()),
+                ))
+            }
+        };
+        for &i in &out.labels {
+            check(
+                i,
+                is_number,
+                "a label needs an integer, float or boolean 0/1",
+            )?;
+        }
+        for &i in &out.dense {
+            check(i, is_number, what_it_needs(FeatureKind::Dense))?;
+        }
+        for &i in &out.cats {
+            check(i, is_id, what_it_needs(FeatureKind::Categorical))?;
+        }
+        for &(i, w) in &out.lists {
+            check(
+                i,
+                |dt| list_item(dt).is_some_and(is_id),
+                what_it_needs(FeatureKind::Bag),
+            )?;
+            if let Some(w) = w {
+                check(
+                    w,
+                    |dt| list_item(dt).is_some_and(is_number),
+                    "per-id weights need a list of numbers",
+                )?;
             }
         }
         Ok(out)
@@ -652,8 +677,21 @@ pub(crate) fn infer_parquet(path: &Path, labels: &[String], max_rows: u64) -> Re
             sampled += b.num_rows() as u64;
         }
     }
-    let shared = shared_tables(&schema.features, &samples);
-    for (i, (f, s)) in schema.features.iter_mut().zip(&samples).enumerate() {
+    conclude(path, schema, &samples, skipped, sampled, max_rows)
+}
+
+/// The inferred schema from a sample of each feature column: shared tables, `log1p`
+/// for long-tailed dense columns, list lengths and table sizes.
+pub(crate) fn conclude(
+    path: &Path,
+    mut schema: Schema,
+    samples: &[ColumnSample],
+    skipped: Vec<(String, String)>,
+    sampled: u64,
+    max_rows: u64,
+) -> Result<Inferred> {
+    let shared = shared_tables(&schema.features, samples);
+    for (i, (f, s)) in schema.features.iter_mut().zip(samples).enumerate() {
         if let Some(owner) = &shared[i] {
             f.table = Some(owner.clone());
             f.max_len = Some(s.longest.clamp(1, 256));
@@ -743,7 +781,7 @@ fn shared_tables(features: &[FeatureSpec], samples: &[ColumnSample]) -> Vec<Opti
 
 /// Most distinct ids a sample tracks per column (the tables it sizes are capped far
 /// below).
-const MAX_TRACKED_IDS: usize = 4 << 20;
+pub(crate) const MAX_TRACKED_IDS: usize = 4 << 20;
 
 fn sample_column(
     kind: FeatureKind,

@@ -270,7 +270,8 @@ pub fn open_reader_range(
 }
 
 /// Opens rows `range` (all with `None`) of `path`: through `schema` when the job names
-/// its features (Parquet only), else as the Criteo layout (TSV, gzip TSV or Parquet).
+/// its features (Parquet, or CSV/TSV with a header, plain or gzip), else as the Criteo
+/// layout (TSV, gzip TSV or Parquet).
 pub fn open_source(
     path: &Path,
     range: Option<(u64, u64)>,
@@ -283,20 +284,30 @@ pub fn open_source(
             Some((start, end)) => open_reader_range(path, start, end, policy),
         };
     };
-    match detect_format(path)? {
-        FileFormat::Parquet => Ok(Box::new(crate::NamedParquetReader::open(
+    Ok(match detect_format(path)? {
+        FileFormat::Parquet => Box::new(crate::NamedParquetReader::open(
             path,
             range,
             policy,
             schema.clone(),
-        )?)),
-        other => Err(DataError::InvalidSpec(format!(
-            "{}: a job with named features (data.label, [[data.feature]]) reads Parquet \
-             files, and this file is {other:?}; convert it to Parquet (CSV with a header \
-             is not read yet)",
-            path.display()
-        ))),
-    }
+        )?),
+        FileFormat::Tsv | FileFormat::TsvGzip => Box::new(crate::NamedCsvReader::open(
+            path,
+            range,
+            policy,
+            schema.clone(),
+        )?),
+    })
+}
+
+/// Number of data rows of `path` as a job reads it: with `named` features a text file's
+/// first line is its header, not a row (see [`count_rows`]).
+pub fn count_source_rows(path: &Path, named: bool) -> Result<u64> {
+    let rows = count_rows(path)?;
+    Ok(match detect_format(path)? {
+        FileFormat::Tsv | FileFormat::TsvGzip if named => rows.saturating_sub(1),
+        _ => rows,
+    })
 }
 
 /// Number of rows in any supported file. For TSV this is the number of lines (a final

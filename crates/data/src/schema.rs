@@ -30,11 +30,83 @@ use std::path::Path;
 /// holds.
 pub const NULL_KEY: u64 = u64::MAX;
 
-/// The 64-bit key of a string id: `xxh3_64` of its UTF-8 bytes with the top bit cleared,
-/// so it never equals [`NULL_KEY`]. Stable across processes, platforms and versions.
+/// The 64-bit key of an id written as text (a string column, a CSV field, a JSON
+/// string): an integer written plainly (`-?[1-9][0-9]*` or `0`, fitting `i64`) is the key
+/// of that integer, as in an integer column, so an id means the same whether a file
+/// stores it as a number or as text; any other text is `xxh3_64` of its UTF-8 bytes with
+/// the top bit cleared, so it never equals [`NULL_KEY`]. Stable across processes,
+/// platforms and versions.
 #[inline]
 pub fn string_key(s: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(s) >> 1
+    match plain_integer(s) {
+        Some(v) => v as u64,
+        None => xxhash_rust::xxh3::xxh3_64(s) >> 1,
+    }
+}
+
+/// `s` as an `i64` when it is written the one plain way (no sign but `-`, no leading
+/// zero, no spaces): `"007"` stays text, so two spellings never share a key.
+fn plain_integer(s: &[u8]) -> Option<i64> {
+    let digits = s.strip_prefix(b"-").unwrap_or(s);
+    let plain = match digits {
+        [] => false,
+        [b'0'] => digits.len() == s.len(),
+        [b'0', ..] => false,
+        _ => digits.iter().all(u8::is_ascii_digit),
+    };
+    if !plain || digits.len() > 19 {
+        return None;
+    }
+    std::str::from_utf8(s).ok()?.parse().ok()
+}
+
+/// How a CSV or TSV file with a header separates its fields and its lists
+/// (`[data.csv]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CsvFormat {
+    /// The field delimiter; default: a tab when the header line holds one, else a comma.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delimiter: Option<char>,
+    /// What separates the items of a list field (`action|comedy`); default `|`.
+    pub list_separator: char,
+}
+
+impl Default for CsvFormat {
+    fn default() -> Self {
+        Self {
+            delimiter: None,
+            list_separator: '|',
+        }
+    }
+}
+
+impl CsvFormat {
+    /// Checks the separators; the error says which.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        let ok = |c: char| c.is_ascii() && !matches!(c, '"' | '\n' | '\r');
+        if let Some(d) = self.delimiter {
+            if !ok(d) {
+                return Err(format!(
+                    "data.csv.delimiter {d:?} must be one ASCII character other than a quote \
+                     or a line break"
+                ));
+            }
+            if d == self.list_separator {
+                return Err(format!(
+                    "data.csv.delimiter and data.csv.list_separator are both {d:?}"
+                ));
+            }
+        }
+        if !ok(self.list_separator) {
+            return Err(format!(
+                "data.csv.list_separator {:?} must be one ASCII character other than a quote \
+                 or a line break",
+                self.list_separator
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// How a feature enters the model.
@@ -192,6 +264,9 @@ pub struct Schema {
     pub features: Vec<FeatureSpec>,
     /// The tables; a feature's table not listed here gets [`DEFAULT_SCHEMA_TABLE_ROWS`].
     pub tables: Vec<TableSpec>,
+    /// How CSV and TSV files separate fields and list items (Parquet ignores it).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub csv: CsvFormat,
 }
 
 impl Schema {
@@ -200,6 +275,7 @@ impl Schema {
         if self.labels.is_empty() {
             return Err("names no label column (data.label)".into());
         }
+        self.csv.validate()?;
         let mut names = HashSet::new();
         for f in &self.features {
             if !names.insert(f.name.as_str()) {
@@ -390,13 +466,18 @@ pub const INFER_ROWS_PER_VALUE: u64 = 4;
 /// ±1/√rows) both come with the larger tables. A table costs about 7 MB at this size.
 pub const INFER_MIN_ROWS: u64 = 100_000;
 
-/// A schema for `path` (Parquet): `labels` are the label columns; every other column
-/// becomes a feature by its type: float → dense (`log1p` when the sample is
-/// non-negative with a long tail), int/bool/string → categorical, `list<int|string>` →
-/// bag (mean pooling, `max_len` the sample's longest list, at most 256). Each table gets
-/// `clamp(4 · distinct values in the sample, 100,000, max_rows)` rows.
-pub fn infer(path: &Path, labels: &[String], max_rows: u64) -> Result<Inferred> {
-    crate::named::infer_parquet(path, labels, max_rows)
+/// A schema for `path` (Parquet, or CSV/TSV with a header as `csv` says): `labels` are
+/// the label columns; every other column becomes a feature by its type: float → dense
+/// (`log1p` when the sample is non-negative with a long tail), int/bool/string →
+/// categorical, `list<int|string>` → bag (mean pooling, `max_len` the sample's longest
+/// list, at most 256). A CSV column has the type its sampled values read as: lists where
+/// a value holds the list separator, float where all are numbers and not all integers.
+/// Each table gets `clamp(4 · distinct values in the sample, 100,000, max_rows)` rows.
+pub fn infer(path: &Path, labels: &[String], max_rows: u64, csv: &CsvFormat) -> Result<Inferred> {
+    match crate::reader::detect_format(path)? {
+        crate::FileFormat::Parquet => crate::named::infer_parquet(path, labels, max_rows),
+        _ => crate::named_csv::infer_csv(path, labels, max_rows, csv),
+    }
 }
 
 /// Column statistics [`infer`] gathers from its sample.
@@ -443,7 +524,10 @@ impl ColumnSample {
 
 /// A schema error naming the file.
 pub(crate) fn schema_error(path: &Path, msg: impl Into<String>) -> DataError {
-    DataError::parquet(path, msg.into())
+    DataError::Schema {
+        path: path.to_path_buf(),
+        message: msg.into(),
+    }
 }
 
 /// Writes `schema` as the TOML of a job's `[data]` features (`label`, `[[data.feature]]`,
@@ -500,7 +584,54 @@ mod tests {
                 name: "item_id".into(),
                 rows: 5000,
             }],
+            csv: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_plainly_written_integer_is_its_own_key_and_other_text_hashes() {
+        assert_eq!(string_key(b"42"), 42);
+        assert_eq!(string_key(b"0"), 0);
+        assert_eq!(string_key(b"-7"), -7i64 as u64);
+        assert_eq!(
+            string_key(b"9223372036854775807"),
+            i64::MAX as u64,
+            "the largest i64"
+        );
+        for text in [
+            &b"007"[..],
+            b"+7",
+            b"-0",
+            b" 7",
+            b"7.0",
+            b"9223372036854775808",
+            b"99999999999999999999",
+            b"-",
+            b"",
+        ] {
+            let key = string_key(text);
+            assert_eq!(
+                key,
+                xxhash_rust::xxh3::xxh3_64(text) >> 1,
+                "{:?} is text",
+                std::str::from_utf8(text)
+            );
+            assert_ne!(key, NULL_KEY);
+        }
+    }
+
+    #[test]
+    fn csv_separators_are_checked() {
+        let mut s = schema();
+        s.csv.list_separator = '"';
+        assert!(s.validate().unwrap_err().contains("list_separator"));
+        s.csv = CsvFormat {
+            delimiter: Some('|'),
+            list_separator: '|',
+        };
+        assert!(s.validate().unwrap_err().contains("both"));
+        s.csv.delimiter = Some('é');
+        assert!(s.validate().unwrap_err().contains("ASCII"));
     }
 
     #[test]

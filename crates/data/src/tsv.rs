@@ -15,24 +15,14 @@ use crate::columns::RawColumns;
 use crate::error::{show_bytes, show_escaped, DataError, FieldError, Result};
 use crate::index::LineIndex;
 use crate::raw::RawRow;
-use crate::reader::{BadRowPolicy, BatchReader, FileFormat, ReadStats, RowSink};
-use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
-use std::path::{Path, PathBuf};
+use crate::reader::{BadRowPolicy, BatchReader, ReadStats, RowSink};
+use crate::text::{open_input, open_lines, Line, Lines};
+use std::path::Path;
 
 /// Fields per line: label + 13 integers + 26 categoricals.
 pub const NUM_FIELDS: usize = 1 + NUM_DENSE + NUM_SPARSE;
 
-/// Longest line [`TsvReader`] accepts, terminator included.
-///
-/// The longest well-formed Criteo line is about 510 bytes (13 integers of up to 20
-/// characters, 26 × 8 hex digits, 39 tabs), so a line near this cap is already corrupt.
-/// Without a cap one corrupt or hostile file with a multi-GB line (e.g. binary garbage
-/// without `\n`, or a gzip bomb) would be buffered whole and could exhaust memory: the
-/// reader buffers at most this many bytes of a line and skips the rest as a bad row.
-pub const MAX_LINE_BYTES: usize = 1 << 20;
-
-const READ_BUF: usize = 1 << 20;
+pub use crate::text::MAX_LINE_BYTES;
 
 const fn hex_table() -> [u8; 256] {
     let mut t = [0xffu8; 256];
@@ -329,48 +319,13 @@ fn write_i64(v: i64, out: &mut Vec<u8>) {
     out.extend_from_slice(&buf[i..]);
 }
 
-/// Skips `n` lines of `input`; returns how many were actually there.
-pub(crate) fn skip_lines(input: &mut dyn BufRead, n: u64) -> std::io::Result<u64> {
-    let mut left = n;
-    let mut partial = false;
-    while left > 0 {
-        let buf = input.fill_buf()?;
-        if buf.is_empty() {
-            if partial {
-                left -= 1;
-            }
-            break;
-        }
-        let mut consumed = buf.len();
-        for (i, &b) in buf.iter().enumerate() {
-            if b == b'\n' {
-                left -= 1;
-                if left == 0 {
-                    consumed = i + 1;
-                    break;
-                }
-            }
-        }
-        partial = buf[consumed - 1] != b'\n';
-        input.consume(consumed);
-    }
-    Ok(n - left)
-}
-
 /// Reads Criteo TSV (plain or gzip, detected by magic bytes) into [`Batch`]es.
 ///
 /// One line buffer is reused; lines are parsed as bytes, so reading allocates nothing per
 /// row. See [`crate::index`] for how plain-TSV row ranges seek in O(1).
 pub struct TsvReader {
-    path: PathBuf,
-    input: Box<dyn BufRead + Send>,
+    lines: Lines,
     policy: BadRowPolicy,
-    /// 1-based number of the next line to read.
-    next_line: u64,
-    /// Lines left in the range (`u64::MAX` for a full read).
-    remaining: u64,
-    range: Option<(u64, u64)>,
-    line: Vec<u8>,
     row: RawRow,
     stats: ReadStats,
     /// Labels per row, from the first row read: every later row must carry as many.
@@ -380,38 +335,20 @@ pub struct TsvReader {
 impl std::fmt::Debug for TsvReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TsvReader")
-            .field("path", &self.path)
-            .field("next_line", &self.next_line)
-            .field("remaining", &self.remaining)
+            .field("path", &self.lines.path())
             .field("stats", &self.stats)
             .finish()
     }
-}
-
-fn open_input(path: &Path) -> Result<(Box<dyn BufRead + Send>, FileFormat)> {
-    let format = crate::reader::detect_format(path)?;
-    let file = File::open(path).map_err(|e| DataError::io(path, e))?;
-    let input: Box<dyn BufRead + Send> = match format {
-        FileFormat::TsvGzip => Box::new(BufReader::with_capacity(
-            READ_BUF,
-            flate2::read::MultiGzDecoder::new(BufReader::with_capacity(READ_BUF, file)),
-        )),
-        FileFormat::Tsv => Box::new(BufReader::with_capacity(READ_BUF, file)),
-        FileFormat::Parquet => {
-            return Err(DataError::parquet(
-                path,
-                "is a Parquet file, not TSV; use ParquetReader",
-            ))
-        }
-    };
-    Ok((input, format))
 }
 
 impl TsvReader {
     /// Opens a whole TSV file (plain or gzip).
     pub fn open(path: &Path, policy: BadRowPolicy) -> Result<Self> {
         let (input, _) = open_input(path)?;
-        Ok(Self::new(path, input, policy, 1, u64::MAX, None))
+        Ok(Self::new(
+            Lines::new(path, input, 1, u64::MAX, None),
+            policy,
+        ))
     }
 
     /// Opens lines `start_row..end_row` (0-based rows, end exclusive).
@@ -436,64 +373,21 @@ impl TsvReader {
                 rows: LineIndex::load(path).ok().flatten().map_or(0, |i| i.rows),
             });
         }
-        let (mut input, format) = open_input(path)?;
-        let mut skip = start_row;
-        if let Some(idx) = LineIndex::load(path)? {
-            if end_row > idx.rows {
-                return Err(DataError::InvalidRange {
-                    path: path.to_path_buf(),
-                    start: start_row,
-                    end: end_row,
-                    rows: idx.rows,
-                });
-            }
-            if format == FileFormat::Tsv {
-                if let Some((offset, first_line)) = idx.seek_point(start_row) {
-                    drop(input);
-                    let mut file = File::open(path).map_err(|e| DataError::io(path, e))?;
-                    file.seek(SeekFrom::Start(offset))
-                        .map_err(|e| DataError::io(path, e))?;
-                    input = Box::new(BufReader::with_capacity(READ_BUF, file));
-                    skip = start_row - first_line;
-                }
-            }
-        }
-        let skipped = skip_lines(&mut input, skip).map_err(|e| DataError::io(path, e))?;
-        if skipped < skip {
-            let rows = start_row - (skip - skipped);
-            return Err(DataError::InvalidRange {
-                path: path.to_path_buf(),
-                start: start_row,
-                end: end_row,
-                rows,
-            });
-        }
-        Ok(Self::new(
+        let input = open_lines(path, start_row, end_row)?;
+        let lines = Lines::new(
             path,
             input,
-            policy,
             start_row + 1,
             end_row - start_row,
             Some((start_row, end_row)),
-        ))
+        );
+        Ok(Self::new(lines, policy))
     }
 
-    fn new(
-        path: &Path,
-        input: Box<dyn BufRead + Send>,
-        policy: BadRowPolicy,
-        next_line: u64,
-        remaining: u64,
-        range: Option<(u64, u64)>,
-    ) -> Self {
+    fn new(lines: Lines, policy: BadRowPolicy) -> Self {
         Self {
-            path: path.to_path_buf(),
-            input,
+            lines,
             policy,
-            next_line,
-            remaining,
-            range,
-            line: Vec::with_capacity(1024),
             row: RawRow::default(),
             stats: ReadStats::default(),
             tasks: None,
@@ -504,58 +398,24 @@ impl TsvReader {
     /// Malformed lines follow the policy (skipped ones are not returned).
     pub fn next_raw(&mut self, row: &mut RawRow) -> Result<bool> {
         loop {
-            if self.remaining == 0 {
-                return Ok(false);
-            }
-            self.line.clear();
-            // One byte over the cap tells "exactly at the cap" from "over it".
-            let n = (&mut self.input)
-                .take(MAX_LINE_BYTES as u64 + 1)
-                .read_until(b'\n', &mut self.line)
-                .map_err(|e| DataError::io(&self.path, e))?;
-            if n == 0 {
-                let remaining = self.remaining;
-                self.remaining = 0;
-                if let (Some((start, end)), true) = (self.range, remaining != u64::MAX) {
-                    return Err(DataError::InvalidRange {
-                        path: self.path.clone(),
-                        start,
-                        end,
-                        rows: end - remaining,
-                    });
-                }
-                return Ok(false);
-            }
-            if self.remaining != u64::MAX {
-                self.remaining -= 1;
-            }
-            let line_no = self.next_line;
-            self.next_line += 1;
-            if n > MAX_LINE_BYTES {
-                if self.line.last() != Some(&b'\n') {
-                    // Discard the rest of the line without buffering it.
-                    skip_lines(&mut self.input, 1).map_err(|e| DataError::io(&self.path, e))?;
-                }
-                let err = DataError::LineTooLong {
-                    path: self.path.clone(),
-                    line: line_no,
-                    limit: MAX_LINE_BYTES,
-                };
-                match self.policy {
-                    BadRowPolicy::Fail => return Err(err),
-                    BadRowPolicy::Skip => {
-                        self.stats.record_skip(&err);
-                        continue;
+            let (line_no, line) = match self.lines.next()? {
+                None => return Ok(false),
+                Some(Line::Text(n, line)) => (n, line),
+                Some(Line::TooLong(line)) => {
+                    let err = DataError::LineTooLong {
+                        path: self.lines.path().to_path_buf(),
+                        line,
+                        limit: MAX_LINE_BYTES,
+                    };
+                    match self.policy {
+                        BadRowPolicy::Fail => return Err(err),
+                        BadRowPolicy::Skip => {
+                            self.stats.record_skip(&err);
+                            continue;
+                        }
                     }
                 }
-            }
-            let mut line = &self.line[..];
-            if let [rest @ .., b'\n'] = line {
-                line = rest;
-                if let [rest @ .., b'\r'] = line {
-                    line = rest;
-                }
-            }
+            };
             let parsed = parse_line(line, row).and_then(|()| {
                 let first = *self.tasks.get_or_insert(row.tasks());
                 if row.tasks() == first {
@@ -577,7 +437,7 @@ impl TsvReader {
                 }
                 Err((field, reason)) => {
                     let err = DataError::Malformed {
-                        path: self.path.clone(),
+                        path: self.lines.path().to_path_buf(),
                         line: line_no,
                         field,
                         reason,
@@ -593,7 +453,7 @@ impl TsvReader {
 
     /// The file being read.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.lines.path()
     }
 }
 
@@ -782,9 +642,9 @@ mod tests {
         );
         // Vec growth may round up, but never to the 8 MiB line.
         assert!(
-            r.line.capacity() <= 2 * (MAX_LINE_BYTES + 1),
+            r.lines.capacity() <= 2 * (MAX_LINE_BYTES + 1),
             "line buffer grew to {} bytes",
-            r.line.capacity()
+            r.lines.capacity()
         );
     }
 

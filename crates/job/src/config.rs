@@ -111,7 +111,8 @@ pub struct DataConfig {
     /// `docs/data.md`); empty: one source. With sources, every training dataset and file
     /// is in exactly one, and `[data.mix]` (default `weighted`) says how they are served.
     pub source: Vec<crate::mix::SourceConfig>,
-    /// The label column(s) of a data set with named columns (Parquet): `"click"`, or
+    /// The label column(s) of a data set with named columns (Parquet, or CSV/TSV with a
+    /// header): `"click"`, or
     /// `["click", "buy"]` for a multi-task model. With `label` and no `[[data.feature]]`
     /// the features are inferred from the first training file when the job starts
     /// (`elastrec train --print-config` shows them). Absent: the Criteo layout.
@@ -126,6 +127,15 @@ pub struct DataConfig {
     /// table several features name is shared by them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub table: Vec<elastrec_data::TableSpec>,
+    /// How a CSV or TSV file with a header separates fields and list items
+    /// (`[data.csv]`: `delimiter`, default a tab when the header has one, else a comma;
+    /// `list_separator`, default `|`). Named features only; Parquet ignores it.
+    #[serde(skip_serializing_if = "is_default_csv")]
+    pub csv: elastrec_data::CsvFormat,
+}
+
+fn is_default_csv(c: &elastrec_data::CsvFormat) -> bool {
+    *c == elastrec_data::CsvFormat::default()
 }
 
 /// One label column or several (one per task).
@@ -169,6 +179,7 @@ impl DataConfig {
                 .unwrap_or_default(),
             features: self.feature.clone(),
             tables: self.table.clone(),
+            csv: self.csv.clone(),
         })
     }
 
@@ -177,6 +188,7 @@ impl DataConfig {
         self.label = Some(LabelColumns::Many(schema.labels));
         self.feature = schema.features;
         self.table = schema.tables;
+        self.csv = schema.csv;
     }
 
     /// True when the job names its columns (features given or still to be inferred).
@@ -202,6 +214,7 @@ impl Default for DataConfig {
             label: None,
             feature: Vec::new(),
             table: Vec::new(),
+            csv: elastrec_data::CsvFormat::default(),
         }
     }
 }

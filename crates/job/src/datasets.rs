@@ -293,7 +293,8 @@ impl Follower {
                         .partitions
                         .push(format!("{}/{}", self.dataset_name(p.dataset), p.dir));
                 }
-                let rows = elastrec_data::count_rows(Path::new(&path))?;
+                let rows =
+                    elastrec_data::count_source_rows(Path::new(&path), self.job.data.is_named())?;
                 let dataset = self.dataset_name(self.graph.partition(t.partition).dataset);
                 let source = crate::mix::dataset_source(&self.job, dataset).unwrap_or(0);
                 landed.sources.push(source as u32);

@@ -59,7 +59,7 @@ pub fn ensure_data(job: &JobConfig, progress: bool) -> Result<()> {
 /// distributed master needs the same per-file counts to cut its shards.
 pub fn count_train_rows(job: &JobConfig) -> Result<Vec<(PathBuf, u64)>> {
     let files = job.train_files();
-    let counts = row_counts(&files)?;
+    let counts = row_counts(job, &files)?;
     if counts.iter().all(|&(_, rows)| rows == 0) {
         return Err(JobError::NoTrainingData {
             files,
@@ -69,11 +69,13 @@ pub fn count_train_rows(job: &JobConfig) -> Result<Vec<(PathBuf, u64)>> {
     Ok(counts)
 }
 
-/// Each file with its row count (the sidecar index, built on first use and reused).
-fn row_counts(files: &[PathBuf]) -> Result<Vec<(PathBuf, u64)>> {
+/// Each file with its row count (the sidecar index, built on first use and reused); a
+/// named-feature job's text files start with a header that is not a row.
+fn row_counts(job: &JobConfig, files: &[PathBuf]) -> Result<Vec<(PathBuf, u64)>> {
+    let named = job.data.is_named();
     files
         .iter()
-        .map(|f| Ok((f.clone(), elastrec_data::count_rows(f)?)))
+        .map(|f| Ok((f.clone(), elastrec_data::count_source_rows(f, named)?)))
         .collect()
 }
 
@@ -99,7 +101,12 @@ pub fn resolve_schema(job: &mut JobConfig) -> Result<Option<elastrec_data::schem
                 .into(),
         });
     };
-    let inferred = elastrec_data::schema::infer(first, &label.names(), job.model.max_table_rows)?;
+    let inferred = elastrec_data::schema::infer(
+        first,
+        &label.names(),
+        job.model.max_table_rows,
+        &job.data.csv,
+    )?;
     job.data.feature = inferred.schema.features.clone();
     job.data.table = inferred.schema.tables.clone();
     Ok(Some(inferred))
@@ -159,7 +166,7 @@ pub fn fill_dense_stats(job: &mut JobConfig) -> Result<u64> {
     let (mut mean, mut m2) = (vec![0.0f64; width], vec![0.0f64; width]);
     let mut rows = 0u64;
     let mut batch = elastrec_data::Batch::default();
-    let counts = row_counts(&files)?;
+    let counts = row_counts(job, &files)?;
     // The validation slice (`train.validation`) is never trained: its rows do not shape
     // the features either.
     let (trained, _) = crate::selection::split_validation(&counts, job.train.validation);
@@ -244,7 +251,8 @@ pub fn fill_batch_size(job: &mut JobConfig) -> Result<Option<usize>> {
         return Ok(None);
     }
     // The rows an epoch trains, as `train` and `run` split off the validation slice.
-    let (ends, _) = crate::selection::split_validation(&row_counts(&files)?, job.train.validation);
+    let (ends, _) =
+        crate::selection::split_validation(&row_counts(job, &files)?, job.train.validation);
     let trained: u64 = ends.iter().map(|(_, end)| end).sum();
     if trained >= AUTO_STEPS_PER_EPOCH * AUTO_BATCH_SIZE as u64 {
         return Ok(None);

@@ -214,6 +214,7 @@ mod tests {
                 name: "item".into(),
                 rows: 100,
             }],
+            csv: Default::default(),
         }
     }
 

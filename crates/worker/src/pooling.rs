@@ -304,6 +304,7 @@ mod tests {
                 name: "item".into(),
                 rows: 50,
             }],
+            csv: Default::default(),
         };
         let layout = SlotLayout::of(&schema).unwrap();
         assert_eq!(layout.slot_tables, [0, 0]);

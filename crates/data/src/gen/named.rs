@@ -1,7 +1,8 @@
 //! A shop's click log with named columns, lists and a hidden teacher
 //! (`elastrec gen-data --named`): ground truth for the named-feature path.
 //!
-//! Columns of each `day_K.parquet`:
+//! Columns of each `day_K.parquet` (or, with [`NamedSpec::csv`], `day_K.csv` with a
+//! header, lists joined by `|`, a null price empty):
 //! - `click` (`int32`, 0/1): the label;
 //! - `user_id` (`int64`), `item_id` (`string`, `item-N`), `device` (`string`);
 //! - `price` (`double`, nullable, long-tailed);
@@ -47,6 +48,8 @@ pub struct NamedSpec {
     pub days: u32,
     /// Same seed, same rows.
     pub seed: u64,
+    /// CSV files with a header instead of Parquet.
+    pub csv: bool,
 }
 
 /// What [`generate_named`] wrote.
@@ -211,6 +214,30 @@ fn write_file(path: &Path, rows: &[Row], world: &World) -> Result<()> {
     Ok(())
 }
 
+fn write_csv(path: &Path, rows: &[Row], world: &World) -> Result<()> {
+    use std::fmt::Write as _;
+    let mut text = String::from("click,user_id,item_id,device,price,genres,hist_items\n");
+    let joined = |ids: &mut dyn Iterator<Item = String>| ids.collect::<Vec<_>>().join("|");
+    for r in rows {
+        let price = r.price.map(|p| p.to_string()).unwrap_or_default();
+        let genres = joined(
+            &mut world.item_genres[r.item as usize]
+                .iter()
+                .map(|g| format!("genre-{g}")),
+        );
+        let hist = joined(&mut r.hist.iter().map(|&h| item_name(h)));
+        let _ = writeln!(
+            text,
+            "{},{},{},{},{price},{genres},{hist}",
+            u8::from(r.click),
+            r.user,
+            item_name(r.item),
+            DEVICES[r.device],
+        );
+    }
+    std::fs::write(path, text).map_err(|e| DataError::io(path, e))
+}
+
 /// Writes the log of `spec` (see the module documentation).
 pub fn generate_named(spec: &NamedSpec) -> Result<NamedReport> {
     if spec.rows == 0 || spec.days == 0 {
@@ -231,8 +258,15 @@ pub fn generate_named(spec: &NamedSpec) -> Result<NamedReport> {
         let rows: Vec<Row> = (0..n).map(|_| row(&world, &mut rng)).collect();
         logits.extend(rows.iter().map(|r| r.logit as f32));
         labels.extend(rows.iter().map(|r| u8::from(r.click)));
-        let path = spec.out.join(format!("day_{day}.parquet"));
-        write_file(&path, &rows, &world)?;
+        let path = if spec.csv {
+            let path = spec.out.join(format!("day_{day}.csv"));
+            write_csv(&path, &rows, &world)?;
+            path
+        } else {
+            let path = spec.out.join(format!("day_{day}.parquet"));
+            write_file(&path, &rows, &world)?;
+            path
+        };
         files.push(path);
     }
     let clicks = labels.iter().filter(|&&l| l == 1).count();

@@ -109,18 +109,24 @@ fn flipped_bytes_in_a_file_with_lists_give_errors_naming_the_file() {
         rows: 2_000,
         days: 1,
         seed: 3,
+        csv: false,
     })
     .unwrap();
     let good = std::fs::read(&report.files[0]).unwrap();
     let schema = std::sync::Arc::new(
-        infer(&report.files[0], &["click".into()], 1 << 20)
-            .unwrap()
-            .schema,
+        infer(
+            &report.files[0],
+            &["click".into()],
+            1 << 20,
+            &Default::default(),
+        )
+        .unwrap()
+        .schema,
     );
     let bad = dir.path().join("mutant.parquet");
     let read = |path: &Path| -> Vec<String> {
         let mut errors = Vec::new();
-        if let Err(e) = infer(path, &["click".into()], 1 << 20) {
+        if let Err(e) = infer(path, &["click".into()], 1 << 20, &Default::default()) {
             errors.push(e.to_string());
         }
         let range = Some((100, 1_500));

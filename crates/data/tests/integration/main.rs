@@ -4,6 +4,7 @@ mod bad_rows;
 mod corrupt_parquet;
 mod gen;
 mod named;
+mod named_csv;
 mod parquet_input;
 mod ranges;
 mod roundtrip;

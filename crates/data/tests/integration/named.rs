@@ -20,7 +20,7 @@ fn write(path: &Path, columns: Vec<(&str, ArrayRef)>) {
 
 /// Four rows: labels, a nullable price, int and string ids, a tag list with a null list
 /// and a null item, a history longer than its max_len, and weighted tags.
-fn log(path: &Path) {
+pub(crate) fn log(path: &Path) {
     let mut tags = ListBuilder::new(StringBuilder::new());
     let mut hist = ListBuilder::new(Int64Builder::new());
     let mut weights = ListBuilder::new(Float32Builder::new());
@@ -83,7 +83,7 @@ fn log(path: &Path) {
     );
 }
 
-fn schema() -> Schema {
+pub(crate) fn schema() -> Schema {
     let mut price = FeatureSpec::new("price", FeatureKind::Dense);
     price.transform = elastrec_data::schema::DenseTransform::Log1p;
     let mut tags = FeatureSpec::new("tags", FeatureKind::Bag);
@@ -112,6 +112,7 @@ fn schema() -> Schema {
             name: "tags".into(),
             rows: 100,
         }],
+        csv: Default::default(),
     }
 }
 
@@ -239,6 +240,7 @@ fn a_bad_label_names_file_row_and_column_and_skip_counts_it() {
         labels: vec!["click".into()],
         features: vec![FeatureSpec::new("user", FeatureKind::Categorical)],
         tables: Vec::new(),
+        csv: Default::default(),
     });
     let mut r = open_source(&path, None, BadRowPolicy::Fail, Some(&s)).unwrap();
     let mut b = Batch::default();
@@ -263,9 +265,16 @@ fn inference_types_the_columns_sizes_the_tables_and_shares_an_item_table() {
         rows: 3000,
         days: 1,
         seed: 5,
+        csv: false,
     })
     .unwrap();
-    let got = infer(&report.files[0], &["click".into()], 1 << 20).unwrap();
+    let got = infer(
+        &report.files[0],
+        &["click".into()],
+        1 << 20,
+        &Default::default(),
+    )
+    .unwrap();
     let s = &got.schema;
     let kind = |n: &str| s.features.iter().find(|f| f.name == n).unwrap();
     assert_eq!(kind("price").kind, FeatureKind::Dense);
@@ -288,9 +297,14 @@ fn inference_types_the_columns_sizes_the_tables_and_shares_an_item_table() {
         100_000,
         "fewer than 25,000 items: the smallest table"
     );
-    let big = infer(&report.files[0], &["click".into()], 50_000)
-        .unwrap()
-        .schema;
+    let big = infer(
+        &report.files[0],
+        &["click".into()],
+        50_000,
+        &Default::default(),
+    )
+    .unwrap()
+    .schema;
     assert!(
         big.tables.iter().all(|t| t.rows == 50_000),
         "max_table_rows caps every table"
@@ -305,7 +319,13 @@ fn inference_types_the_columns_sizes_the_tables_and_shares_an_item_table() {
     .unwrap();
     let mut b = Batch::default();
     assert_eq!(r.next_batch(&mut b, 5000).unwrap(), 3000);
-    let missing = infer(&report.files[0], &["clicked".into()], 1 << 20).unwrap_err();
+    let missing = infer(
+        &report.files[0],
+        &["clicked".into()],
+        1 << 20,
+        &Default::default(),
+    )
+    .unwrap_err();
     assert!(
         missing.to_string().contains("\"clicked\" is missing"),
         "{missing}"
