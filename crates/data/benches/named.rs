@@ -1,7 +1,8 @@
 //! Reading Parquet with named columns and lists (`gen-data --named`: 2 string ids, 2
 //! integer ids, a float, a genre list and a history of up to 30 items per row) into
 //! jagged batches, beside the Criteo-layout Parquet reader on the same machine; and the
-//! bytes the named reader allocates per row once its buffers have grown.
+//! bytes the named reader allocates per row once its buffers have grown. The same log as
+//! CSV with a header, read through the same schema.
 //!
 //! `cargo bench -p elastrec-data --bench named`
 
@@ -70,6 +71,16 @@ fn named(c: &mut Criterion) {
     })
     .unwrap();
     let file = report.files[0].clone();
+    let csv = generate_named(&NamedSpec {
+        out: dir.path().join("named-csv"),
+        rows: ROWS,
+        days: 1,
+        seed: 1,
+        csv: true,
+    })
+    .unwrap()
+    .files[0]
+        .clone();
     let schema = Arc::new(
         infer(&file, &["click".into()], 1 << 20, &Default::default())
             .unwrap()
@@ -100,12 +111,24 @@ fn named(c: &mut Criterion) {
          decoding included)",
         bytes as f64 / n as f64
     );
+    drain(&csv, Some(&schema), &mut batch);
+    let before = ALLOCATED.load(Ordering::Relaxed);
+    let (n, _) = drain(&csv, Some(&schema), &mut batch);
+    let bytes = ALLOCATED.load(Ordering::Relaxed) - before;
+    println!(
+        "named CSV reader: {n} rows, {:.1} bytes allocated per row (opening the file \
+         included)",
+        bytes as f64 / n as f64
+    );
 
     let mut g = c.benchmark_group("read_rows_one_thread");
     g.sample_size(10);
     g.throughput(Throughput::Elements(ROWS));
     g.bench_function("named_with_lists", |b| {
         b.iter(|| assert_eq!(drain(&file, Some(&schema), &mut batch).0 as u64, ROWS))
+    });
+    g.bench_function("named_with_lists_csv", |b| {
+        b.iter(|| assert_eq!(drain(&csv, Some(&schema), &mut batch).0 as u64, ROWS))
     });
     g.bench_function("criteo_parquet", |b| {
         b.iter(|| assert_eq!(drain(&criteo, None, &mut batch).0 as u64, ROWS))
