@@ -36,6 +36,7 @@
 //! opt.step(model.params_mut(), ws.grads());
 //! ```
 
+pub mod attention;
 pub mod cross;
 pub mod dlrm;
 pub mod error;
@@ -51,6 +52,7 @@ pub mod norm;
 pub mod optim;
 pub mod schedule;
 
+pub use attention::{AttentionActs, AttentionConfig, TargetAttention};
 pub use cross::CrossNet;
 pub use dlrm::{DenseDlrm, DlrmConfig, FlopCount, Tower, Workspace};
 pub use error::{ModelError, Result};
