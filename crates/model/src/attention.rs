@@ -107,7 +107,6 @@ impl TargetAttention {
         acts: &mut AttentionActs,
     ) {
         let (d, row, t_max) = (self.d, self.row, self.config.max_len);
-        let n = lens.len();
         acts.starts.clear();
         let mut pairs = 0;
         for &l in lens {
@@ -140,8 +139,8 @@ impl TargetAttention {
         acts.weights.clear();
         acts.weights.extend_from_slice(&scores[..pairs]);
         if self.config.softmax {
-            for r in 0..n {
-                softmax(&mut acts.weights[acts.starts[r]..][..lens[r] as usize]);
+            for (&start, &l) in acts.starts.iter().zip(lens) {
+                softmax(&mut acts.weights[start..][..l as usize]);
             }
         }
         for (r, &l) in lens.iter().enumerate() {
