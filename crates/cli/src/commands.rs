@@ -35,6 +35,11 @@ pub fn train(config: &Path, print_config: bool) -> Result<()> {
                 println!("# column {column:?} left out: {why}");
             }
         }
+        // The batch size a small training set gets is printed, so the printed job trains
+        // as this one would (the dense statistics are computed again from the data).
+        if let Some(batch) = elastrec_job::prepare::fill_batch_size(&mut job)? {
+            println!("# train.batch_size {batch}: chosen for this small training set");
+        }
         print!("{}", toml::to_string_pretty(&job)?);
         return Ok(());
     }

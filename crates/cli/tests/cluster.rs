@@ -46,6 +46,80 @@ fn one_worker_two_ps_matches_single_process() {
     check_result(&dir, &log, 0.005);
 }
 
+/// A click history pooled by target attention against the candidate item (DIN): its
+/// scoring MLP is part of the dense model the parameter servers hold, so one worker on
+/// two PS trains what `train` trains (AUC within 0.005, exact ledger), and the saved
+/// model scores the held-out day as the job did. (With the item and price alone, 60,000
+/// rows leave `train` and `run` 0.01 apart with mean pooling as with attention: the
+/// other columns steady both.)
+#[test]
+fn a_history_pooled_by_attention_trains_on_two_ps_as_in_one_process() {
+    let _g = serial();
+    let f = fixture();
+    let data = f.dir.join("named-attention");
+    gen_named(&data, ROWS);
+    let text = |out: &str, cluster: &str| {
+        format!(
+            r#"
+[data]
+dir = "named-attention"
+train = ["day_0.parquet", "day_1.parquet"]
+eval = ["day_2.parquet"]
+label = "click"
+[[data.feature]]
+name = "user_id"
+kind = "categorical"
+[[data.feature]]
+name = "item_id"
+kind = "categorical"
+[[data.feature]]
+name = "device"
+kind = "categorical"
+[[data.feature]]
+name = "genres"
+kind = "bag"
+[[data.feature]]
+name = "price"
+kind = "dense"
+transform = "log1p"
+[[data.feature]]
+name = "hist_items"
+kind = "sequence"
+table = "item_id"
+max_len = 20
+pooling = "attention"
+query = "item_id"
+[model]
+bottom_mlp = [32, 16]
+top_mlp = [32, 1]
+attention = {{ mlp = [16], softmax = true }}
+[train]
+batch_size = 256
+epochs = 2
+progress = false
+[output]
+dir = "{out}"
+{cluster}
+"#
+        )
+    };
+    let (single, single_dir) = write_job_file("attention-single", &text("attention-single", ""));
+    elastrec_ok(&["train", single.to_str().unwrap()]);
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(single_dir.join("summary.json")).unwrap())
+            .unwrap();
+    let baseline = summary["eval"]["auc"].as_f64().unwrap();
+    assert!(baseline > 0.55, "attention trains: AUC {baseline}");
+    let cluster = CLUSTER.replace("workers = 3", "workers = 1");
+    let (job, dir) = write_job_file("attention-run", &text("attention-run", &cluster));
+    let log = dir.with_extension("log");
+    let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
+    g.wait_success(&log);
+    check_result_against(&dir, &log, baseline, 0.005);
+    let r = result(&dir);
+    check_saved_model(&dir, &r, &data.join("day_2.parquet"));
+}
+
 /// (a) 2 PS, 3 workers: completes with exactly-once ledger and single-process AUC. On the
 /// way, paused at a fifth of its samples, every node serves its role's metrics at the
 /// address `elastrec status` shows.

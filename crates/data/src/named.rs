@@ -745,8 +745,9 @@ pub const SHARED_TABLE_OVERLAP: f64 = 0.5;
 pub const SHARED_TABLE_MIN_COMMON: usize = 32;
 
 /// For each feature, the categorical feature whose table it shares (`None`: its own):
-/// a list whose sampled ids largely coincide with one categorical column's (the one with
-/// the largest overlap) names the same things, and learns them in one table.
+/// a list whose sampled ids largely coincide with one categorical column's (of those that
+/// qualify, the one with the most ids in common) names the same things, and learns them
+/// in one table.
 fn shared_tables(features: &[FeatureSpec], samples: &[ColumnSample]) -> Vec<Option<String>> {
     features
         .iter()
@@ -772,9 +773,10 @@ fn shared_tables(features: &[FeatureSpec], samples: &[ColumnSample]) -> Vec<Opti
                 .filter(|&(_, common, share)| {
                     common >= SHARED_TABLE_MIN_COMMON && share >= SHARED_TABLE_OVERLAP
                 })
-                .map(|(c, _, share)| (c, share))
-                .max_by(|a, b| a.1.total_cmp(&b.1))
-                .map(|(c, _)| c.name.clone())
+                // The most ids in common: a small vocabulary of small integers (ages)
+                // lies wholly inside a list of item ids, and is not what it holds.
+                .max_by_key(|&(_, common, _)| common)
+                .map(|(c, _, _)| c.name.clone())
         })
         .collect()
 }
@@ -820,5 +822,42 @@ fn sample_column(
             let longest = offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
             s.longest = s.longest.max(longest);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(ids: impl Iterator<Item = u64>) -> ColumnSample {
+        let mut s = ColumnSample::new();
+        s.distinct.extend(ids);
+        s
+    }
+
+    #[test]
+    fn a_list_shares_the_table_of_the_column_with_the_most_ids_in_common() {
+        // As in MovieLens, the age column comes after the film's.
+        let features = [
+            FeatureSpec::new("movie_id", FeatureKind::Categorical),
+            FeatureSpec::new("age", FeatureKind::Categorical),
+            FeatureSpec::new("liked", FeatureKind::Bag),
+            FeatureSpec::new("genres", FeatureKind::Bag),
+        ];
+        // Ages 7..74 lie wholly inside the films' ids 1..1682, as the liked films do.
+        let samples = [
+            sample(1..1682),
+            sample(7..74),
+            sample(1..1400),
+            sample(2000..2018),
+        ];
+        let shared = shared_tables(&features, &samples);
+        assert_eq!(shared[2].as_deref(), Some("movie_id"));
+        assert_eq!(shared[3], None, "18 ids in common with nothing");
+        assert_eq!(
+            shared[..2],
+            [None, None],
+            "categorical columns keep their own"
+        );
     }
 }

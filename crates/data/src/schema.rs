@@ -134,6 +134,9 @@ pub enum Pooling {
     Mean,
     /// Sum divided by the square root of the number of ids (TensorFlow's `sqrtn`).
     Sqrtn,
+    /// Target attention (DIN): each id's vector weighted by a learned score against the
+    /// `query` feature's (the candidate item's) vector.
+    Attention,
 }
 
 /// The transform of a dense feature before standardization.
@@ -189,6 +192,10 @@ pub struct FeatureSpec {
     /// Bag only: a `list<float>` column of per-id weights, as long as the id list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weights: Option<String>,
+    /// `pooling = "attention"` only: the categorical feature the ids are scored against
+    /// (the candidate item, usually reading the same table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query: Option<String>,
 }
 
 fn is_default<T: Default + PartialEq>(v: &T) -> bool {
@@ -207,6 +214,7 @@ impl FeatureSpec {
             pooling: Pooling::Mean,
             max_len: None,
             weights: None,
+            query: None,
         }
     }
 
@@ -315,6 +323,7 @@ impl Schema {
             if f.max_len == Some(0) {
                 return Err(format!("feature {:?}: max_len must be at least 1", f.name));
             }
+            self.check_query(f)?;
         }
         let mut tables = HashSet::new();
         for t in &self.tables {
@@ -355,6 +364,57 @@ impl Schema {
     /// The categorical features, in batch order.
     pub fn categorical(&self) -> impl Iterator<Item = &FeatureSpec> {
         self.of_kind(FeatureKind::Categorical)
+    }
+
+    /// A feature's `query`, which exactly attention pooling needs: a categorical feature.
+    fn check_query(&self, f: &FeatureSpec) -> std::result::Result<(), String> {
+        let attends = f.is_list() && f.pooling == Pooling::Attention;
+        if attends && f.weights.is_some() {
+            return Err(format!(
+                "feature {:?} pools by attention, which learns its own weights: drop \
+                 `weights`",
+                f.name
+            ));
+        }
+        match (&f.query, attends) {
+            (None, false) => Ok(()),
+            (Some(_), false) => Err(format!(
+                "feature {:?} names a query, which is for `pooling = \"attention\"` of a bag \
+                 or sequence",
+                f.name
+            )),
+            (None, true) => Err(format!(
+                "feature {:?} pools by attention and names no `query` (the categorical \
+                 feature its ids are scored against, e.g. the candidate item)",
+                f.name
+            )),
+            (Some(q), true) => match self.features.iter().find(|g| &g.name == q) {
+                Some(g) if g.kind == FeatureKind::Categorical => Ok(()),
+                Some(_) => Err(format!(
+                    "feature {:?}: its query {q:?} must be a categorical feature",
+                    f.name
+                )),
+                None => Err(format!(
+                    "feature {:?}: its query {q:?} is not a feature",
+                    f.name
+                )),
+            },
+        }
+    }
+
+    /// The attention-pooled lists as `(slot, query slot, max_len)`, in batch order.
+    pub fn attention_slots(&self) -> Vec<(usize, usize, usize)> {
+        let slots = self.slot_features();
+        slots
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.is_list() && f.pooling == Pooling::Attention)
+            .filter_map(|(s, f)| {
+                let q = f.query.as_deref()?;
+                let query = slots.iter().position(|g| g.name == q)?;
+                Some((s, query, f.max_len()))
+            })
+            .collect()
     }
 
     /// The bags and sequences, in batch order.
@@ -618,6 +678,36 @@ mod tests {
             );
             assert_ne!(key, NULL_KEY);
         }
+    }
+
+    #[test]
+    fn attention_needs_a_categorical_query_and_no_weights() {
+        let mut s = schema();
+        fn hist(s: &mut Schema) -> &mut FeatureSpec {
+            s.features
+                .iter_mut()
+                .find(|f| f.name == "hist_items")
+                .unwrap()
+        }
+        hist(&mut s).pooling = Pooling::Attention;
+        assert!(s.validate().unwrap_err().contains("names no `query`"));
+        hist(&mut s).query = Some("price".into());
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .contains("must be a categorical feature"));
+        hist(&mut s).query = Some("nothing".into());
+        assert!(s.validate().unwrap_err().contains("is not a feature"));
+        hist(&mut s).query = Some("item_id".into());
+        s.validate().unwrap();
+        // Slots: item_id 0, user_id 1, genres 2, hist_items 3.
+        assert_eq!(s.attention_slots(), [(3, 0, 20)]);
+        hist(&mut s).weights = Some("w".into());
+        assert!(s.validate().unwrap_err().contains("weights"));
+        let genres = s.features.iter_mut().find(|f| f.name == "genres").unwrap();
+        genres.query = Some("item_id".into());
+        hist(&mut s).weights = None;
+        assert!(s.validate().unwrap_err().contains("names a query"));
     }
 
     #[test]

@@ -333,6 +333,34 @@ pub struct ModelConfig {
     /// Absent with `type = "mmoe"`: the defaults of [`MmoeSettings`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mmoe: Option<MmoeSettings>,
+    /// Target attention (`[model.attention]`) of the named features pooled by
+    /// `pooling = "attention"`: the scoring MLP's hidden sizes and the normalization.
+    #[serde(skip_serializing_if = "is_default_attention")]
+    pub attention: AttentionSettings,
+}
+
+/// `[model.attention]`: how DIN's attention scores a history item against its query.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AttentionSettings {
+    /// Hidden sizes of the MLP over `[h, q, h - q, h * q]` (its output is one score).
+    pub mlp: Vec<usize>,
+    /// Weights are the softmax of the scores over the history; `false`: the raw scores,
+    /// as DIN (their sum keeps how much of the history relates to the candidate).
+    pub softmax: bool,
+}
+
+impl Default for AttentionSettings {
+    fn default() -> Self {
+        Self {
+            mlp: vec![32],
+            softmax: false,
+        }
+    }
+}
+
+fn is_default_attention(a: &AttentionSettings) -> bool {
+    *a == AttentionSettings::default()
 }
 
 // The model's bound on tasks is the data's: a row's label field has a digit per task, and
@@ -502,6 +530,7 @@ impl Default for ModelConfig {
             batch_norm: false,
             dynamic_embeddings: None,
             mmoe: None,
+            attention: AttentionSettings::default(),
         }
     }
 }

@@ -407,6 +407,20 @@ pub fn dense_config(job: &JobConfig) -> DlrmConfig {
         layer_norm: m.layer_norm,
         batch_norm: m.batch_norm,
         mmoe: m.mmoe_settings().as_ref().map(mmoe_config),
+        attention: job
+            .data
+            .schema()
+            .map(|s| s.attention_slots())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(slot, query, max_len)| elastrec_model::AttentionConfig {
+                slot,
+                query,
+                max_len,
+                mlp: m.attention.mlp.clone(),
+                softmax: m.attention.softmax,
+            })
+            .collect(),
     }
 }
 

@@ -1,5 +1,6 @@
 //! The dense part of DLRM: bottom MLP, interaction, top MLP, BCE loss.
 
+use crate::attention::{AttentionActs, AttentionConfig, TargetAttention};
 use crate::cross::{CrossActs, CrossNet};
 use crate::error::{ModelError, Result};
 use crate::interaction::{Interaction, InteractionKind};
@@ -80,6 +81,11 @@ pub struct DlrmConfig {
     /// interaction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mmoe: Option<MmoeConfig>,
+    /// Target-attention units ([`crate::attention`]): each pools a history into its
+    /// embedding slot, scored against a query slot, before any family reads the slots.
+    /// Their parameters come last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attention: Vec<AttentionConfig>,
 }
 
 fn is_zero_f32(v: &f32) -> bool {
@@ -133,6 +139,7 @@ impl DlrmConfig {
             layer_norm: false,
             batch_norm: false,
             mmoe: None,
+            attention: Vec::new(),
         }
     }
 
@@ -217,6 +224,7 @@ impl DlrmConfig {
         if last != 1 {
             return Err(ModelError::TopOutputNotOne { got: last });
         }
+        self.validate_attention()?;
         let nd = self.bottom[0];
         for (what, v) in [
             ("dense_shift", &self.dense_shift),
@@ -244,6 +252,35 @@ impl DlrmConfig {
                 bottom_out,
                 embedding_dim: self.embedding_dim,
             });
+        }
+        Ok(())
+    }
+
+    fn validate_attention(&self) -> Result<()> {
+        let bad = |why: String| Err(ModelError::BadAttention { why });
+        let mut pooled = std::collections::HashSet::new();
+        for a in &self.attention {
+            if a.slot >= self.num_tables || a.query >= self.num_tables {
+                return bad(format!(
+                    "slot {} or query {} is not one of the model's {} embedding slots",
+                    a.slot, a.query, self.num_tables
+                ));
+            }
+            if a.slot == a.query {
+                return bad(format!("slot {} attends to itself", a.slot));
+            }
+            if !pooled.insert(a.slot) {
+                return bad(format!("slot {} is pooled by two units", a.slot));
+            }
+            if a.max_len == 0 || a.mlp.contains(&0) {
+                return bad("max_len and every MLP width must be at least 1".into());
+            }
+        }
+        if let Some(a) = self.attention.iter().find(|a| pooled.contains(&a.query)) {
+            return bad(format!(
+                "the query of slot {} is slot {}, itself a pooled history",
+                a.slot, a.query
+            ));
         }
         Ok(())
     }
@@ -313,8 +350,10 @@ pub struct DenseDlrm {
     /// The first-order term's linear layer over the dense features (its parameters come
     /// after the cross layers'); `None` without [`DlrmConfig::first_order`].
     wide: Option<Linear>,
-    /// The multi-task head (its parameters come last); `None` for one task.
+    /// The multi-task head (its parameters follow the norms'); `None` for one task.
     mmoe: Option<Mmoe>,
+    /// Target-attention units (their parameters come last).
+    attention: Vec<TargetAttention>,
     interaction: Interaction,
     params: Vec<f32>,
 }
@@ -379,7 +418,22 @@ impl DenseDlrm {
                 config.norm(),
             )
         });
-        let mut params = vec![0.0; after_norms + mmoe.as_ref().map_or(0, Mmoe::num_params)];
+        let mut offset = after_norms + mmoe.as_ref().map_or(0, Mmoe::num_params);
+        let attention: Vec<TargetAttention> = config
+            .attention
+            .iter()
+            .map(|a| {
+                let unit = TargetAttention::new(
+                    a.clone(),
+                    config.embedding_dim,
+                    config.row_width(),
+                    offset,
+                );
+                offset += unit.num_params();
+                unit
+            })
+            .collect();
+        let mut params = vec![0.0; offset];
         let layers = bottom
             .layers
             .iter()
@@ -406,7 +460,9 @@ impl DenseDlrm {
             + adapt.as_ref().map_or(0, |a| a.layers.len())
             + cross.layers.len()
             + usize::from(wide.is_some());
-        for (i, l) in mmoe.iter().flat_map(Mmoe::layers).enumerate() {
+        let heads = mmoe.iter().flat_map(Mmoe::layers);
+        let units = attention.iter().flat_map(TargetAttention::layers);
+        for (i, l) in heads.chain(units).enumerate() {
             l.init(&mut params, config.seed, (others + i) as u64);
         }
         Ok(Self {
@@ -417,6 +473,7 @@ impl DenseDlrm {
             cross,
             wide,
             mmoe,
+            attention,
             interaction,
             params,
         })
@@ -434,6 +491,116 @@ impl DenseDlrm {
             .map(crate::norm::Norm::statistics)
             .filter(|r| !r.is_empty())
             .collect()
+    }
+
+    /// The target-attention units, in [`DlrmConfig::attention`] order.
+    pub fn attention(&self) -> &[TargetAttention] {
+        &self.attention
+    }
+
+    /// Pools every attention unit's histories into its slot of `emb` (`[n, slots,
+    /// row]`). `hist` holds the units' inputs one after the other (unit `a`'s is
+    /// `[n, max_len_a, row]`, zero-padded), `lens` their lengths (`[n]` per unit, each
+    /// at least 1). Run before a forward; [`DenseDlrm::attend_backward`] after its
+    /// backward.
+    pub fn attend(
+        &self,
+        hist: &[f32],
+        lens: &[u32],
+        emb: &mut [f32],
+        ws: &mut Workspace,
+    ) -> Result<()> {
+        let n = self.check_histories(hist, lens, emb)?;
+        let slots = self.config.num_tables;
+        let mut at = 0;
+        for (a, (unit, acts)) in self.attention.iter().zip(&mut ws.attention).enumerate() {
+            let width = n * unit.input_width();
+            let lens = &lens[a * n..(a + 1) * n];
+            unit.forward(&self.params, &hist[at..at + width], lens, emb, slots, acts);
+            at += width;
+        }
+        Ok(())
+    }
+
+    /// The backward of [`DenseDlrm::attend`] after a training step's backward, with the
+    /// same inputs: adds each query's gradient to [`Workspace::d_emb`], writes the
+    /// units' parameter gradients into [`Workspace::grads`] and the histories' gradient
+    /// into `d_hist` (the layout of `hist`).
+    pub fn attend_backward(
+        &self,
+        hist: &[f32],
+        lens: &[u32],
+        emb: &[f32],
+        d_hist: &mut [f32],
+        ws: &mut Workspace,
+    ) -> Result<()> {
+        let n = self.check_histories(hist, lens, emb)?;
+        if d_hist.len() != hist.len() {
+            return Err(ModelError::Shape {
+                what: "d_hist",
+                expected: hist.len(),
+                got: d_hist.len(),
+            });
+        }
+        let slots = self.config.num_tables;
+        let per = ws.d_emb.len() / ws.capacity.max(1);
+        let d_emb = &mut ws.d_emb[..n * per];
+        let mut at = 0;
+        for (a, (unit, acts)) in self.attention.iter().zip(&mut ws.attention).enumerate() {
+            let width = n * unit.input_width();
+            let lens = &lens[a * n..(a + 1) * n];
+            unit.backward(
+                &self.params,
+                &mut ws.grads,
+                &hist[at..at + width],
+                lens,
+                emb,
+                d_emb,
+                &mut d_hist[at..at + width],
+                slots,
+                acts,
+            );
+            at += width;
+        }
+        Ok(())
+    }
+
+    /// Floats of the attention units' inputs per row (`Σ max_len · row`).
+    pub fn history_width(&self) -> usize {
+        self.attention
+            .iter()
+            .map(TargetAttention::input_width)
+            .sum()
+    }
+
+    fn check_histories(&self, hist: &[f32], lens: &[u32], emb: &[f32]) -> Result<usize> {
+        let n = emb.len() / self.emb_width();
+        let shape = |what, expected: usize, got: usize| {
+            if expected == got {
+                Ok(())
+            } else {
+                Err(ModelError::Shape {
+                    what,
+                    expected,
+                    got,
+                })
+            }
+        };
+        shape("emb", n * self.emb_width(), emb.len())?;
+        shape("hist", n * self.history_width(), hist.len())?;
+        shape("lens", n * self.attention.len(), lens.len())?;
+        for (a, unit) in self.attention.iter().enumerate() {
+            let max = unit.config.max_len as u32;
+            if let Some(&l) = lens[a * n..(a + 1) * n]
+                .iter()
+                .find(|&&l| l == 0 || l > max)
+            {
+                return Err(ModelError::BadAttention {
+                    why: format!("a history of {l} items; unit {a} takes 1 to {max}"),
+                });
+            }
+        }
+        Ok(n)
     }
 
     /// The multi-task MMoE head, if the model has one.
@@ -1245,6 +1412,8 @@ pub struct Workspace {
     task_logits: Vec<f32>,
     d_emb: Vec<f32>,
     grads: Vec<f32>,
+    /// What each attention unit's forward keeps for its backward.
+    attention: Vec<AttentionActs>,
     /// Training steps taken with this workspace, and the stream that, with the count,
     /// seeds each step's dropout masks.
     steps: u64,
@@ -1267,6 +1436,7 @@ impl Workspace {
             task_logits: vec![0.0; capacity * (model.tasks() - 1)],
             d_emb: vec![0.0; capacity * model.emb_width()],
             grads: vec![0.0; model.num_params()],
+            attention: vec![AttentionActs::default(); model.attention.len()],
             steps: 0,
             dropout_stream: model.config.seed,
         }

@@ -98,6 +98,12 @@ pub enum ModelError {
         /// What is wrong.
         why: String,
     },
+    /// A target-attention unit that does not fit the model.
+    #[error("model.attention: {why}")]
+    BadAttention {
+        /// What is wrong.
+        why: String,
+    },
 }
 
 /// Result alias for this crate.

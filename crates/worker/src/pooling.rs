@@ -23,6 +23,9 @@ pub struct SlotLayout {
     pub slot_tables: Vec<u32>,
     /// The pooling of each bag or sequence, in batch order.
     pub pooling: Vec<Pooling>,
+    /// For each bag or sequence pooled by attention, its longest history: its ids are
+    /// not pooled here but laid out for the model's attention unit (in this order).
+    pub histories: Vec<Option<usize>>,
 }
 
 impl SlotLayout {
@@ -35,7 +38,21 @@ impl SlotLayout {
         Some(Self {
             slot_tables: schema.slot_tables().iter().map(|&t| t as u32).collect(),
             pooling: schema.lists().map(|f| f.pooling).collect(),
+            histories: schema
+                .lists()
+                .map(|f| (f.pooling == Pooling::Attention).then(|| f.max_len()))
+                .collect(),
         })
+    }
+
+    /// Embedding rows of the attention units' inputs per batch row (`Σ max_len`).
+    pub fn history_rows(&self) -> usize {
+        self.histories.iter().flatten().sum()
+    }
+
+    /// Attention units.
+    pub fn attention_units(&self) -> usize {
+        self.histories.iter().flatten().count()
     }
 
     /// Embedding slots per row.
@@ -45,8 +62,10 @@ impl SlotLayout {
 }
 
 /// Every embedding lookup of one batch: lookup `k` reads `ids[k]` in table `tables[k]`
-/// and adds it, times `scale[k]`, to the embedding at `target[k]` (`row * slots + slot`).
-/// Buffers keep their capacity across batches.
+/// and adds it, times `scale[k]`, to the embedding at `target[k]` (`row * slots + slot`);
+/// a target past the batch's `rows * slots` embeddings is a history position of an
+/// attention unit instead (`rows * slots + unit base + row * max_len + item`), which
+/// receives the row unscaled. Buffers keep their capacity across batches.
 #[derive(Debug, Default, Clone)]
 pub struct LookupPlan {
     /// The table of each lookup.
@@ -59,6 +78,10 @@ pub struct LookupPlan {
     pub scale: Vec<f32>,
     /// Rows of the batch planned.
     pub rows: usize,
+    /// Embedding slots per row.
+    pub slots: usize,
+    /// The history length of every row for each attention unit (`[units, rows]`).
+    pub lens: Vec<u32>,
 }
 
 impl LookupPlan {
@@ -89,6 +112,16 @@ impl LookupPlan {
         self.target.clear();
         self.scale.clear();
         self.rows = n;
+        self.slots = slots;
+        self.lens.clear();
+        self.lens.resize(layout.attention_units() * n, 0);
+        // Where each attention unit's histories start, past the embeddings.
+        let mut bases = Vec::with_capacity(layout.histories.len());
+        let mut base = n * slots;
+        for h in &layout.histories {
+            bases.push(base);
+            base += h.map_or(0, |t| n * t);
+        }
         let mut push = |table: u32, id: u64, target: usize, scale: f32| {
             self.tables.push(table);
             self.ids.push(id);
@@ -99,10 +132,28 @@ impl LookupPlan {
             for (s, &id) in batch.sparse_row(r).iter().enumerate() {
                 push(layout.slot_tables[s], id, r * slots + s, 1.0);
             }
+            let mut unit = 0;
             for (b, (bag, &pooling)) in batch.bags.iter().zip(&layout.pooling).enumerate() {
                 let slot = single + b;
                 let table = layout.slot_tables[slot];
                 let ids = bag.row(r);
+                if let Some(max_len) = layout.histories[b] {
+                    if ids.len() > max_len {
+                        return Err(WorkerError::Layout(format!(
+                            "a history of {} ids where the model takes at most {max_len}",
+                            ids.len()
+                        )));
+                    }
+                    let at = bases[b] + r * max_len;
+                    // "No history" is the table's null row, learned like a missing id.
+                    let items: &[u64] = if ids.is_empty() { &[NULL_KEY] } else { ids };
+                    for (t, &id) in items.iter().enumerate() {
+                        push(table, id, at + t, 1.0);
+                    }
+                    self.lens[unit * n + r] = items.len() as u32;
+                    unit += 1;
+                    continue;
+                }
                 if ids.is_empty() {
                     push(table, NULL_KEY, r * slots + slot, 1.0);
                     continue;
@@ -118,24 +169,51 @@ impl LookupPlan {
         Ok(())
     }
 
+    /// Floats of the attention units' inputs (`[rows, max_len, d]` each, one after the
+    /// other) for rows of `d` floats.
+    pub fn history_len(&self, layout: &SlotLayout, d: usize) -> usize {
+        self.rows * layout.history_rows() * d
+    }
+
     /// Adds each lookup's row (`row(k)`, `d` values), scaled, to its target in `emb`,
-    /// which is zeroed first.
-    pub fn pool<'v>(&self, d: usize, emb: &mut [f32], row: impl Fn(usize) -> &'v [f32]) {
+    /// which is zeroed first, or copies it to its place in `hist` (zeroed first: the
+    /// padding of short histories).
+    pub fn pool<'v>(
+        &self,
+        d: usize,
+        emb: &mut [f32],
+        hist: &mut [f32],
+        row: impl Fn(usize) -> &'v [f32],
+    ) {
         emb.fill(0.0);
+        hist.fill(0.0);
+        let pooled = self.rows * self.slots;
         for (k, (&t, &s)) in self.target.iter().zip(&self.scale).enumerate() {
-            let dst = &mut emb[t as usize * d..(t as usize + 1) * d];
+            let t = t as usize;
+            if t >= pooled {
+                hist[(t - pooled) * d..][..d].copy_from_slice(&row(k)[..d]);
+                continue;
+            }
+            let dst = &mut emb[t * d..(t + 1) * d];
             for (o, &v) in dst.iter_mut().zip(row(k)) {
                 *o += s * v;
             }
         }
     }
 
-    /// The gradient of lookup `k`'s row: its target's gradient in `d_emb`, scaled, added
-    /// to `out` (a row may be looked up several times).
+    /// The gradient of lookup `k`'s row: its target's gradient in `d_emb` (or, for a
+    /// history position, in `d_hist`), scaled, added to `out` (a row may be looked up
+    /// several times).
     #[inline]
-    pub fn add_grad(&self, k: usize, d: usize, d_emb: &[f32], out: &mut [f32]) {
+    pub fn add_grad(&self, k: usize, d: usize, d_emb: &[f32], d_hist: &[f32], out: &mut [f32]) {
         let (t, s) = (self.target[k] as usize, self.scale[k]);
-        for (o, &g) in out.iter_mut().zip(&d_emb[t * d..(t + 1) * d]) {
+        let pooled = self.rows * self.slots;
+        let src = if t >= pooled {
+            &d_hist[(t - pooled) * d..][..d]
+        } else {
+            &d_emb[t * d..(t + 1) * d]
+        };
+        for (o, &g) in out.iter_mut().zip(src) {
             *o += s * g;
         }
     }
@@ -145,7 +223,8 @@ impl LookupPlan {
 fn pooling_norm(pooling: Pooling, weights: impl Iterator<Item = f32>) -> f32 {
     let inverse = |total: f32| if total > 0.0 { 1.0 / total } else { 0.0 };
     match pooling {
-        Pooling::Sum => 1.0,
+        // An attention unit weighs the ids itself.
+        Pooling::Sum | Pooling::Attention => 1.0,
         Pooling::Mean => inverse(weights.sum()),
         Pooling::Sqrtn => inverse(weights.map(|w| w * w).sum::<f32>().sqrt()),
     }
@@ -157,6 +236,10 @@ pub struct Lookups {
     plan: LookupPlan,
     rows: Vec<f32>,
     grads: Vec<f32>,
+    /// The attention units' inputs ([`LookupPlan::pool`]) and their gradient.
+    pub hist: Vec<f32>,
+    /// See `hist`.
+    pub d_hist: Vec<f32>,
 }
 
 impl Lookups {
@@ -173,8 +256,21 @@ impl Lookups {
         self.rows.resize(self.plan.len() * d, 0.0);
         store.gather_keyed(&self.plan.tables, &self.plan.ids, &mut self.rows)?;
         let rows = &self.rows;
-        self.plan.pool(d, emb, |k| &rows[k * d..(k + 1) * d]);
+        self.hist.resize(self.plan.history_len(layout, d), 0.0);
+        self.plan
+            .pool(d, emb, &mut self.hist, |k| &rows[k * d..(k + 1) * d]);
         Ok(())
+    }
+
+    /// The history lengths of the last [`Lookups::gather`] (`[units, rows]`).
+    pub fn lens(&self) -> &[u32] {
+        &self.plan.lens
+    }
+
+    /// The histories, their lengths and their gradient buffer (sized like them).
+    pub fn histories_mut(&mut self) -> (&[f32], &[u32], &mut [f32]) {
+        self.d_hist.resize(self.hist.len(), 0.0);
+        (&self.hist, &self.plan.lens, &mut self.d_hist)
     }
 
     /// Applies `d_emb` (`[n, slots, d]`, the gradient of the embeddings [`Lookups::gather`]
@@ -189,7 +285,7 @@ impl Lookups {
         self.grads.clear();
         self.grads.resize(self.plan.len() * d, 0.0);
         for (k, g) in self.grads.chunks_exact_mut(d).enumerate() {
-            self.plan.add_grad(k, d, d_emb, g);
+            self.plan.add_grad(k, d, d_emb, &self.d_hist, g);
         }
         store.apply_gradients_keyed(&self.plan.tables, &self.plan.ids, &self.grads, scratch)?;
         Ok(())
@@ -232,6 +328,7 @@ mod tests {
         SlotLayout {
             slot_tables: vec![0, 1],
             pooling: vec![pooling],
+            histories: vec![None],
         }
     }
 
@@ -275,6 +372,50 @@ mod tests {
                 assert!((row(&s, 0, 100)[k] - (single[k] - 0.5)).abs() < 1e-6);
             }
         }
+    }
+
+    #[test]
+    fn a_history_for_attention_is_laid_out_padded_and_gets_its_gradient_back() {
+        let d = 2;
+        let mut s = store(vec![50, 50], d);
+        let mut l = layout(Pooling::Attention);
+        l.histories = vec![Some(3)];
+        let b = batch(&[&[7, 9], &[]], None);
+        let (a, c, null) = (row(&s, 1, 7), row(&s, 1, 9), row(&s, 1, NULL_KEY));
+        let mut emb = vec![0.0; 2 * 2 * d];
+        let mut lookups = Lookups::default();
+        lookups.gather(&l, &s, &b, &mut emb).unwrap();
+        assert_eq!(
+            lookups.lens(),
+            [2, 1],
+            "an empty history is the null row, once"
+        );
+        let mut want = vec![0.0; 2 * 3 * d];
+        want[..d].copy_from_slice(&a);
+        want[d..2 * d].copy_from_slice(&c);
+        want[3 * d..4 * d].copy_from_slice(&null);
+        assert_eq!(lookups.hist, want, "rows in order, zero padding");
+        assert!(
+            emb[d..2 * d].iter().all(|&v| v == 0.0),
+            "the unit fills the slot"
+        );
+        // The history's gradient goes to its rows, unscaled (SGD, lr 0.5).
+        let d_emb = vec![0.0; emb.len()];
+        lookups.d_hist = (0..want.len()).map(|i| i as f32).collect();
+        lookups
+            .apply(&mut s, &d_emb, &mut UpdateScratch::new())
+            .unwrap();
+        for k in 0..d {
+            assert!((row(&s, 1, 7)[k] - (a[k] - 0.5 * k as f32)).abs() < 1e-6);
+            assert!((row(&s, 1, 9)[k] - (c[k] - 0.5 * (d + k) as f32)).abs() < 1e-6);
+            assert!((row(&s, 1, NULL_KEY)[k] - (null[k] - 0.5 * (3 * d + k) as f32)).abs() < 1e-6);
+        }
+        // A history longer than the model takes is refused (the reader cuts it first).
+        let long = batch(&[&[1, 2, 3, 4]], None);
+        let err = lookups
+            .gather(&l, &s, &long, &mut emb[..2 * d])
+            .unwrap_err();
+        assert!(err.to_string().contains("at most 3"), "{err}");
     }
 
     #[test]

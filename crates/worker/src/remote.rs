@@ -276,6 +276,11 @@ struct RemoteModel {
     /// Shared tables and pooled lists of named features; `None`: slot `t` is table `t`'s
     /// single id.
     slots: Option<SlotLayout>,
+    /// The attention units' histories of the last pull (`[n, max_len, d]` each), their
+    /// lengths, and their gradient after the last compute.
+    hist: Vec<f32>,
+    lens: Vec<u32>,
+    d_hist: Vec<f32>,
     dim: usize,
     ps: Vec<Ps>,
     /// Address of each PS connection (to notice a replaced PS).
@@ -320,6 +325,9 @@ impl RemoteModel {
             emb: vec![0.0; batch * dense.config().num_tables * job.model.row_width()],
             key_spaces: resolve_key_spaces(job),
             slots: job.data.schema().as_ref().and_then(SlotLayout::of),
+            hist: Vec::new(),
+            lens: Vec::new(),
+            d_hist: Vec::new(),
             dim: job.model.row_width(),
             slices: Vec::new(),
             versions: Vec::new(),
@@ -638,13 +646,21 @@ impl RemoteModel {
                 }
             }
             Some(plan) => {
-                // Each lookup's row, scaled, added to its bag's (or single id's) slot.
+                // Each lookup's row, scaled, added to its bag's (or single id's) slot, or
+                // laid out as a history for an attention unit, which pools it here.
                 let slots = self.dense.config().num_tables;
                 let emb = &mut self.emb[..plan.rows * slots * d];
-                plan.pool(d, emb, |j| {
+                let layout = self.slots.as_ref().expect("a pooled routing has a layout");
+                self.hist.resize(plan.history_len(layout, d), 0.0);
+                plan.pool(d, emb, &mut self.hist, |j| {
                     let (s, k) = routing.slot[j];
                     &values[s as usize][k as usize * d..(k as usize + 1) * d]
                 });
+                self.lens.clone_from(&plan.lens);
+                if !self.dense.attention().is_empty() {
+                    self.dense
+                        .attend(&self.hist, &self.lens, emb, &mut self.ws)?;
+                }
             }
         }
         Ok(None)
@@ -657,14 +673,25 @@ impl RemoteModel {
         let n = batch.len();
         let emb = &self.emb[..n * self.dense.config().num_tables * self.dim];
         let tower = self.dense.tower_for(stream);
-        Ok(self.dense.forward_backward_tower(
+        let loss = self.dense.forward_backward_tower(
             &batch.dense,
             emb,
             &batch.labels,
             &batch.task_labels,
             tower,
             &mut self.ws,
-        )?)
+        )?;
+        if !self.dense.attention().is_empty() {
+            self.d_hist.resize(self.hist.len(), 0.0);
+            self.dense.attend_backward(
+                &self.hist,
+                &self.lens,
+                emb,
+                &mut self.d_hist,
+                &mut self.ws,
+            )?;
+        }
+        Ok(loss)
     }
 
     /// The probabilities of the last [`Self::compute`], made with the parameters pulled
@@ -765,7 +792,7 @@ impl RemoteModel {
                         *a += g;
                     }
                 }
-                Some(plan) => plan.add_grad(j, d, d_emb, dst),
+                Some(plan) => plan.add_grad(j, d, d_emb, &self.d_hist, dst),
             }
         }
         // What each server of the current layout has not accepted yet (`None`: accepted).

@@ -42,12 +42,42 @@ impl Dlrm {
         })
     }
 
-    /// Writes the embeddings of `batch`, `[n, slots, d]`, into `emb`.
-    fn embed(&self, batch: &Batch, emb: &mut [f32], lookups: &mut Lookups) -> Result<()> {
+    /// Writes the embeddings of `batch`, `[n, slots, d]`, into `emb`; histories pooled by
+    /// attention are pooled by the model's units (whose forward `ws` keeps).
+    fn embed(
+        &self,
+        batch: &Batch,
+        emb: &mut [f32],
+        lookups: &mut Lookups,
+        ws: &mut Workspace,
+    ) -> Result<()> {
         match &self.layout {
             None => Ok(self.embeddings.gather(&batch.sparse, emb)?),
-            Some(layout) => lookups.gather(layout, &self.embeddings, batch, emb),
+            Some(layout) => {
+                lookups.gather(layout, &self.embeddings, batch, emb)?;
+                if !self.dense.attention().is_empty() {
+                    self.dense.attend(&lookups.hist, lookups.lens(), emb, ws)?;
+                }
+                Ok(())
+            }
         }
+    }
+
+    /// After a training step's backward: the attention units' backward, which adds to
+    /// the step's dense gradient and to `d_emb` (the queries'), and leaves the histories'
+    /// gradient in `lookups`.
+    fn attend_backward(
+        &self,
+        emb: &[f32],
+        lookups: &mut Lookups,
+        ws: &mut Workspace,
+    ) -> Result<()> {
+        if self.dense.attention().is_empty() {
+            return Ok(());
+        }
+        let (hist, lens, d_hist) = lookups.histories_mut();
+        self.dense.attend_backward(hist, lens, emb, d_hist, ws)?;
+        Ok(())
     }
 
     /// Applies `d_emb`, the gradient of the embeddings [`Dlrm::embed`] last wrote for
@@ -99,7 +129,7 @@ impl Predictor {
     pub fn predict(&mut self, model: &Dlrm, batch: &Batch, probs: &mut Vec<f32>) -> Result<()> {
         let n = batch.len();
         let emb = &mut self.emb[..n * model.tables() * model.dim()];
-        model.embed(batch, emb, &mut self.lookups)?;
+        model.embed(batch, emb, &mut self.lookups, &mut self.ws)?;
         probs.resize(n, 0.0);
         model
             .dense
@@ -117,7 +147,7 @@ impl Predictor {
     ) -> Result<()> {
         let n = batch.len();
         let emb = &mut self.emb[..n * model.tables() * model.dim()];
-        model.embed(batch, emb, &mut self.lookups)?;
+        model.embed(batch, emb, &mut self.lookups, &mut self.ws)?;
         probs.resize(n * model.dense.tasks(), 0.0);
         model
             .dense
@@ -206,7 +236,8 @@ impl TrainStep {
     pub fn train_batch(&mut self, batch: &Batch) -> Result<f32> {
         let n = batch.len();
         let emb = &mut self.emb[..n * self.model.tables() * self.model.dim()];
-        self.model.embed(batch, emb, &mut self.lookups)?;
+        self.model
+            .embed(batch, emb, &mut self.lookups, &mut self.ws)?;
         let loss = self.model.dense.forward_backward_tasks(
             &batch.dense,
             emb,
@@ -214,6 +245,8 @@ impl TrainStep {
             &batch.task_labels,
             &mut self.ws,
         )?;
+        self.model
+            .attend_backward(emb, &mut self.lookups, &mut self.ws)?;
         self.dense_opt
             .step(self.model.dense.params_mut(), self.ws.grads());
         self.model.update_embeddings(

@@ -20,6 +20,7 @@ fn small(kind: InteractionKind) -> DlrmConfig {
         layer_norm: false,
         batch_norm: false,
         mmoe: None,
+        attention: Vec::new(),
     }
 }
 
@@ -1140,4 +1141,53 @@ fn batch_norm_predicts_with_the_running_statistics_of_its_steps() {
     m.forward_backward(&x[..10], &e[..24], &y[..2], &mut pair)
         .unwrap();
     assert!((pair.logits()[0] - train_logits[0]).abs() > 1e-4);
+}
+
+/// Attention units take their parameters after every other layer's (the model without
+/// them starts from the same values), fill their slot before the forward, and refuse a
+/// slot that is not the model's, attends to itself, or queries a pooled history.
+#[test]
+fn attention_units_extend_the_flat_vector_and_check_their_slots() {
+    let unit = |slot, query| elastrec_model::AttentionConfig {
+        slot,
+        query,
+        max_len: 2,
+        mlp: vec![3],
+        softmax: false,
+    };
+    let plain = DenseDlrm::new(small(InteractionKind::Dot)).unwrap();
+    let with = DenseDlrm::new(DlrmConfig {
+        attention: vec![unit(2, 0)],
+        ..small(InteractionKind::Dot)
+    })
+    .unwrap();
+    let extra = (4 * 4 + 1) * 3 + 4;
+    assert_eq!(with.num_params(), plain.num_params() + extra);
+    assert_eq!(&with.params()[..plain.num_params()], plain.params());
+    // Two rows; row 0's history is 2 items, row 1's is 1.
+    let (n, d) = (2, 4);
+    let mut ws = with.workspace(n);
+    let mut emb = vec![0.5; n * 3 * d];
+    let hist: Vec<f32> = (0..n * 2 * d).map(|i| i as f32 / 10.0).collect();
+    with.attend(&hist, &[2, 1], &mut emb, &mut ws).unwrap();
+    assert_ne!(
+        &emb[2 * d..3 * d],
+        &[0.5; 4],
+        "slot 2 holds the pooled history"
+    );
+    let err = with.attend(&hist, &[3, 1], &mut emb, &mut ws).unwrap_err();
+    assert!(err.to_string().contains("1 to 2"), "{err}");
+    for (bad, want) in [
+        (vec![unit(3, 0)], "not one of the model's 3"),
+        (vec![unit(1, 1)], "attends to itself"),
+        (vec![unit(1, 0), unit(2, 1)], "itself a pooled history"),
+    ] {
+        let err = DenseDlrm::new(DlrmConfig {
+            attention: bad,
+            ..small(InteractionKind::Dot)
+        })
+        .unwrap_err();
+        assert!(matches!(err, ModelError::BadAttention { .. }), "{err}");
+        assert!(err.to_string().contains(want), "{err}");
+    }
 }
