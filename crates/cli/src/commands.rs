@@ -37,8 +37,13 @@ pub fn train(config: &Path, print_config: bool) -> Result<()> {
         }
         // The batch size a small training set gets is printed, so the printed job trains
         // as this one would (the dense statistics are computed again from the data).
-        if let Some(batch) = elastrec_job::prepare::fill_batch_size(&mut job)? {
-            println!("# train.batch_size {batch}: chosen for this small training set");
+        match elastrec_job::prepare::fill_batch_size(&mut job) {
+            Ok(Some(batch)) => {
+                println!("# train.batch_size {batch}: chosen for this small training set")
+            }
+            Ok(None) => {}
+            // The configuration is printed without the data: the batch size stays.
+            Err(e) => println!("# train.batch_size not chosen from the data: {e}"),
         }
         print!("{}", toml::to_string_pretty(&job)?);
         return Ok(());

@@ -205,9 +205,10 @@ impl Batch {
         self.bags.iter_mut().for_each(Jagged::clear);
     }
 
-    /// Gives this batch `other`'s layout (widths and bag columns), for an empty batch
-    /// about to take `other`'s rows.
+    /// Gives this batch `other`'s layout (widths, tasks and bag columns), for an empty
+    /// batch about to take `other`'s rows.
     pub fn take_layout(&mut self, other: &Batch) {
+        self.tasks = other.tasks;
         self.dense_width = other.dense_width;
         self.sparse_width = other.sparse_width;
         self.bags.resize_with(other.bags.len(), Jagged::default);

@@ -158,12 +158,16 @@ pub enum DataError {
 }
 
 fn field_name(field: usize) -> String {
-    if field == usize::MAX {
-        "frame".into()
-    } else {
-        format!("field {field}")
+    match field {
+        usize::MAX => "frame".into(),
+        JSON_FIELD => "json".into(),
+        _ => format!("field {field}"),
     }
 }
+
+/// The field of [`DataError::BadMessage`] for a JSON sample, whose reason names the
+/// column.
+pub const JSON_FIELD: usize = usize::MAX - 1;
 
 /// Result alias for this crate.
 pub type Result<T, E = DataError> = std::result::Result<T, E>;
@@ -246,6 +250,9 @@ pub enum FieldError {
     },
     /// A number field (dense value, weight) that is not a number.
     BadNumber(String),
+    /// A JSON sample of named features that does not fit the schema (the message names
+    /// the column).
+    Json(String),
     /// A CSV row with another number of fields than its header.
     FieldCount {
         /// Columns in the header.
@@ -284,6 +291,7 @@ impl fmt::Display for FieldError {
             FieldError::BadCategory(got) => write!(f, "expected 8 hex digits, got {got:?}"),
             FieldError::NotFinite(v) => write!(f, "a dense value must be finite, got {v}"),
             FieldError::BadNumber(got) => write!(f, "expected a number, got {got:?}"),
+            FieldError::Json(why) => write!(f, "{why}"),
             FieldError::FieldCount { expected, found } => write!(
                 f,
                 "the row has {found} field(s) and the header {expected} column(s)"

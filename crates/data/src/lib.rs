@@ -24,6 +24,7 @@ pub mod gen;
 pub mod index;
 pub mod named;
 pub mod named_csv;
+pub mod named_json;
 pub mod parquet_io;
 pub mod raw;
 pub mod reader;

@@ -422,6 +422,15 @@ impl Schema {
         self.features.iter().filter(|f| f.is_list())
     }
 
+    /// An empty batch of this schema's layout (widths, tasks, one list column per bag or
+    /// sequence).
+    pub fn empty_batch(&self) -> crate::Batch {
+        let mut b = crate::Batch::with_widths(0, self.dense_width(), self.sparse_width());
+        b.tasks = self.labels.len().max(1);
+        b.bags = self.lists().map(|_| crate::Jagged::default()).collect();
+        b
+    }
+
     /// Dense values per row: one per dense feature, and at least 1: a schema without
     /// dense features feeds the bottom MLP a constant 0 (so its output is a learned
     /// vector, and the model is a DLRM of ids alone).

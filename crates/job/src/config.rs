@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use elastrec_data::BadRowPolicy;
 use elastrec_embedding::SparseOptimizerConfig;
 use elastrec_model::{DenseOptimizerConfig, InteractionKind};
+use elastrec_stream::MessageFormat;
 use serde::{Deserialize, Serialize};
 
 use crate::distributed::{CheckpointConfig, ClusterConfig};
@@ -1467,6 +1468,18 @@ impl JobConfig {
                     "tables belong to named features: add data.label and [[data.feature]]".into(),
                 ));
             }
+            if self
+                .stream
+                .as_ref()
+                .is_some_and(|st| st.format == MessageFormat::Json)
+            {
+                return Err(bad(
+                    "stream.format",
+                    "JSON messages are objects of named features: add data.label and \
+                     [[data.feature]] (a stream cannot be sampled to infer them)"
+                        .into(),
+                ));
+            }
             return Ok(());
         }
         if self.data.label.is_none() {
@@ -1506,10 +1519,12 @@ impl JobConfig {
                  inference from the data",
             ),
             (
-                self.stream.is_some(),
-                "stream",
-                "online jobs read Criteo-layout messages; named features in a stream are not \
-                 read yet",
+                self.stream
+                    .as_ref()
+                    .is_some_and(|st| st.format != MessageFormat::Json),
+                "stream.format",
+                "tsv and batch messages hold Criteo-layout rows; a stream of named features \
+                 is read as JSON objects (stream.format = \"json\")",
             ),
         ] {
             if set {

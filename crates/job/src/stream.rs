@@ -25,8 +25,9 @@ pub struct StreamConfig {
     /// (`"2026-11-23T08:00:00Z"`: the first message at or after it). A resumed job or one
     /// started from a checkpoint reads from the checkpointed offsets instead.
     pub start: String,
-    /// How messages are encoded: `"tsv"` (one Criteo line per message) or `"batch"`
-    /// (elastrec's binary batch format, `docs/online.md`).
+    /// How messages are encoded: `"tsv"` (one Criteo line per message), `"batch"`
+    /// (elastrec's binary batch format, `docs/online.md`), or `"json"` (objects of the
+    /// job's named features, `[[data.feature]]`, one or an array of them per message).
     pub format: MessageFormat,
     /// How often the master reads the partitions' watermarks, ms.
     pub poll_ms: u64,

@@ -1,5 +1,6 @@
-//! What one Kafka message holds: a Criteo TSV line (one sample), or a batch of samples in
-//! elastrec's binary batch format.
+//! What one Kafka message holds: a Criteo TSV line (one sample), a batch of samples in
+//! elastrec's binary batch format, or (a job with named features) JSON objects
+//! ([`decode_json`]).
 //!
 //! # Binary batch format (`format = "batch"`)
 //! Little-endian throughout. Version 1, one label per sample:
@@ -54,6 +55,10 @@ pub enum MessageFormat {
     Tsv,
     /// elastrec's binary batch format (module docs).
     Batch,
+    /// JSON objects of named features (`{"click": 1, "item_id": "i-7", "genres": ["a"]}`),
+    /// one per message or an array of them, for a job with `[[data.feature]]`
+    /// (`elastrec_data::named_json`).
+    Json,
 }
 
 /// A sample that could not be decoded: its index in the message, the field, the reason.
@@ -99,7 +104,50 @@ pub fn decode(
             }
         }
         MessageFormat::Batch => decode_batch(payload, tasks, out),
+        MessageFormat::Json => frame("JSON messages are read through the job's named features"),
     }
+}
+
+/// Decodes a JSON message (one object, or an array of objects) of `schema`'s named
+/// features into `out` (laid out for `schema`, appended). Samples that fit are appended
+/// even when others of the message do not; a message that is not JSON objects returns a
+/// single framing failure and appends nothing.
+pub fn decode_json(
+    payload: &[u8],
+    schema: &elastrec_data::Schema,
+    out: &mut elastrec_data::Batch,
+) -> Vec<BadSample> {
+    use elastrec_data::named_json::{push_json_row, Labels};
+    use serde_json::Value;
+    let value: Value = match serde_json::from_slice(payload) {
+        Ok(v) => v,
+        Err(e) => return frame(format!("not JSON: {e}")),
+    };
+    let rows = match value {
+        Value::Object(row) => vec![row],
+        Value::Array(items) => {
+            let mut rows = Vec::with_capacity(items.len());
+            for item in items {
+                match item {
+                    Value::Object(row) => rows.push(row),
+                    _ => return frame("a JSON array message must hold objects only"),
+                }
+            }
+            rows
+        }
+        _ => return frame("a JSON message is an object of named features, or an array of them"),
+    };
+    let mut bad = Vec::new();
+    for (i, row) in rows.iter().enumerate() {
+        if let Err(why) = push_json_row(out, schema, row, Labels::Required) {
+            bad.push(BadSample {
+                sample: i as u32,
+                field: elastrec_data::error::JSON_FIELD,
+                reason: FieldError::Json(why),
+            });
+        }
+    }
+    bad
 }
 
 /// A row of the model's task count, or why not.
@@ -241,7 +289,8 @@ fn decode_batch(payload: &[u8], tasks: usize, out: &mut Vec<RawRow>) -> Vec<BadS
 
 /// Appends `rows` to `out` as one message of `format`. A TSV message holds exactly one row
 /// (without a line terminator); a batch message holds 1..=[`MAX_BATCH_SAMPLES`] rows of
-/// one label count (version 1 for one label, version 2 for several).
+/// one label count (version 1 for one label, version 2 for several). Criteo rows are
+/// never written as JSON: `Json` writes the batch format.
 pub fn encode(rows: &[RawRow], format: MessageFormat, out: &mut Vec<u8>) {
     match format {
         MessageFormat::Tsv => {
@@ -251,7 +300,8 @@ pub fn encode(rows: &[RawRow], format: MessageFormat, out: &mut Vec<u8>) {
                 out.pop();
             }
         }
-        MessageFormat::Batch => {
+        // Criteo rows have no column names: a JSON message is written by its producer.
+        MessageFormat::Batch | MessageFormat::Json => {
             assert!(!rows.is_empty() && rows.len() <= MAX_BATCH_SAMPLES as usize);
             let tasks = rows[0].extra_tasks;
             assert!(

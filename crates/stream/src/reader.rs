@@ -21,7 +21,7 @@ use rskafka::record::RecordAndOffset;
 
 use crate::client::{block_on, Kafka};
 use crate::error::{Result, StreamError};
-use crate::message::{decode, MessageFormat};
+use crate::message::{decode, decode_json, MessageFormat};
 use crate::topic::{Connection, PartitionId};
 
 /// A reader waiting this long for a message the broker had reports it (then every
@@ -47,6 +47,8 @@ pub struct StreamInput {
     format: MessageFormat,
     /// Labels a sample must carry: the job's model's tasks.
     tasks: usize,
+    /// The job's named features: JSON messages are read through them.
+    schema: Option<Arc<elastrec_data::Schema>>,
     /// What the last range that ended cleanly fetched past its end. `None` while a range
     /// reads, and after one that stopped early.
     positioned: Arc<Mutex<Option<Prefetched>>>,
@@ -61,6 +63,7 @@ impl StreamInput {
             kafka: Kafka::new(conn, client_id)?,
             format,
             tasks: 1,
+            schema: None,
             positioned: Arc::new(Mutex::new(None)),
             assignments: Arc::new(AtomicU64::new(0)),
         })
@@ -70,6 +73,12 @@ impl StreamInput {
     /// count is a bad sample ([`elastrec_data::FieldError::TaskCount`]).
     pub fn with_tasks(mut self, tasks: usize) -> Self {
         self.tasks = tasks;
+        self
+    }
+
+    /// Reads JSON messages through `schema`, the job's named features.
+    pub fn with_schema(mut self, schema: Option<Arc<elastrec_data::Schema>>) -> Self {
+        self.schema = schema;
         self
     }
 
@@ -111,6 +120,7 @@ impl StreamInput {
             partition: partition.clone(),
             format: self.format,
             tasks: self.tasks,
+            named: self.schema.as_ref().map(|s| (s.clone(), s.empty_batch())),
             policy,
             next: start,
             end,
@@ -133,6 +143,8 @@ pub struct RangeReader {
     partition: PartitionId,
     format: MessageFormat,
     tasks: usize,
+    /// A JSON message's samples, read through the job's named features.
+    named: Option<(Arc<elastrec_data::Schema>, Batch)>,
     policy: BadRowPolicy,
     /// Offset of the next message to read.
     next: u64,
@@ -173,8 +185,15 @@ impl RangeReader {
         }
     }
 
+    fn pending_len(&self) -> usize {
+        match &self.named {
+            Some((_, rows)) if self.format == MessageFormat::Json => rows.len(),
+            _ => self.pending.len(),
+        }
+    }
+
     fn has_pending(&self) -> bool {
-        self.pending_at < self.pending.len()
+        self.pending_at < self.pending_len()
     }
 
     /// Leaves what was fetched past the range's end for the range that continues it.
@@ -266,12 +285,14 @@ impl RangeReader {
                 // What was fetched past the end is the next range's start.
                 self.keep_prefetched();
             }
-            let bad = decode(
-                msg.record.value.as_deref().unwrap_or_default(),
-                self.format,
-                self.tasks,
-                &mut self.pending,
-            );
+            let payload = msg.record.value.as_deref().unwrap_or_default();
+            let bad = match (&mut self.named, self.format) {
+                (Some((schema, rows)), MessageFormat::Json) => {
+                    rows.clear();
+                    decode_json(payload, schema, rows)
+                }
+                _ => decode(payload, self.format, self.tasks, &mut self.pending),
+            };
             for b in bad {
                 let err = DataError::BadMessage {
                     partition: self.partition.to_string(),
@@ -285,6 +306,9 @@ impl RangeReader {
                     BadRowPolicy::Fail => {
                         // Stop at this message: it is reported neither trained nor skipped.
                         self.pending.clear();
+                        if let Some((_, rows)) = &mut self.named {
+                            rows.clear();
+                        }
                         self.next = offset;
                         *self.positioned.lock() = None;
                         return Err(err);
@@ -317,12 +341,51 @@ impl RangeReader {
     }
 }
 
+impl RangeReader {
+    /// [`RangeReader::fill`] of JSON samples of named features.
+    fn fill_named(&mut self, batch: &mut Batch, max_rows: usize) -> elastrec_data::Result<usize> {
+        batch.clear();
+        if let Some((_, rows)) = &self.named {
+            batch.take_layout(rows);
+        }
+        while batch.len() < max_rows {
+            if !self.has_pending() && !self.fetch()? {
+                break;
+            }
+            let Some((_, rows)) = self.named.as_ref() else {
+                break;
+            };
+            let take = (rows.len() - self.pending_at).min(max_rows - batch.len());
+            batch.extend_from(rows, self.pending_at..self.pending_at + take);
+            self.pending_at += take;
+        }
+        self.stats.rows_read += batch.len() as u64;
+        Ok(batch.len())
+    }
+}
+
 impl BatchReader for RangeReader {
     fn next_batch(&mut self, batch: &mut Batch, max_rows: usize) -> elastrec_data::Result<usize> {
+        if self.format == MessageFormat::Json {
+            if self.named.is_none() {
+                return Err(DataError::Stream {
+                    partition: self.partition.to_string(),
+                    message: "JSON messages are read through the job's named features \
+                              ([[data.feature]]), and the job has none"
+                        .into(),
+                });
+            }
+            return self.fill_named(batch, max_rows);
+        }
         self.fill(batch, max_rows)
     }
 
     fn next_raw(&mut self, raw: &mut RawColumns, max_rows: usize) -> elastrec_data::Result<usize> {
+        if self.format == MessageFormat::Json {
+            return Err(DataError::InvalidSpec(
+                "JSON messages of named features have no raw Criteo rows to preprocess".into(),
+            ));
+        }
         self.fill(raw, max_rows)
     }
 

@@ -219,6 +219,13 @@ pub fn replay(spec: &ReplaySpec, mut progress: impl FnMut(&ReplayReport)) -> Res
     let per_msg = match spec.format {
         MessageFormat::Tsv => 1,
         MessageFormat::Batch => spec.samples_per_message.clamp(1, MAX_BATCH_SAMPLES) as usize,
+        MessageFormat::Json => {
+            return Err(StreamError::Invalid(
+                "replay writes Criteo rows as tsv or batch messages; JSON messages of named \
+                 features come from the service that logs them"
+                    .into(),
+            ))
+        }
     };
     let watch = TopicWatch::new(&spec.conn, "elastrec-replay", Duration::from_secs(10))?;
     let partitions = watch.partitions(std::slice::from_ref(&spec.topic))?;
@@ -330,7 +337,7 @@ impl Producer {
                     self.queued[p].push(record(buf));
                 }
             }
-            MessageFormat::Batch => {
+            MessageFormat::Batch | MessageFormat::Json => {
                 let mut buf = Vec::new();
                 encode(rows, MessageFormat::Batch, &mut buf);
                 self.queued[p].push(record(buf));

@@ -427,3 +427,95 @@ fn kafka_tls_with_client_certificates_and_sasl_scram_carry_compressed_batches() 
         "refused: {err}"
     );
 }
+
+/// A job with named features reads JSON messages: one object or an array of them per
+/// message, keys, lists and labels by the files' rules; a sample that does not fit the
+/// schema is skipped naming its column (or stops the range at its offset), a message that
+/// is not JSON is a framing error.
+#[test]
+fn kafka_json_messages_of_named_features_fill_jagged_batches() {
+    use elastrec_data::schema::string_key;
+    use elastrec_data::{FeatureKind, FeatureSpec, Schema};
+    let Some((_broker, conn, _dir)) = broker_with_topic("t", 1) else {
+        return;
+    };
+    let mut hist = FeatureSpec::new("hist", FeatureKind::Sequence);
+    hist.max_len = Some(2);
+    hist.table = Some("item".into());
+    let schema = std::sync::Arc::new(Schema {
+        labels: vec!["click".into()],
+        features: vec![
+            FeatureSpec::new("price", FeatureKind::Dense),
+            FeatureSpec::new("item", FeatureKind::Categorical),
+            hist,
+        ],
+        ..Schema::default()
+    });
+    let p = PartitionId::parse("kafka:t/0").unwrap();
+    let payloads: Vec<Vec<u8>> = [
+        r#"{"click": 1, "price": 2.5, "item": "x", "hist": ["a", "b", "c"]}"#,
+        r#"[{"click": 0, "price": null, "item": 7, "hist": []},
+            {"click": 1, "price": 1, "item": "y", "hist": "oops"},
+            {"click": true, "price": 3, "item": null, "hist": null}]"#,
+        "not json",
+        r#"{"click": 0, "price": 4, "item": "z", "hist": [9]}"#,
+    ]
+    .iter()
+    .map(|m| m.as_bytes().to_vec())
+    .collect();
+    assert_eq!(elastrec_stream::produce(&conn, &p, payloads).unwrap(), 0);
+    let input = StreamInput::new(&conn, "test", MessageFormat::Json)
+        .unwrap()
+        .with_schema(Some(schema.clone()));
+
+    let mut r = input.range(&p, 0, 4, BadRowPolicy::Skip).unwrap();
+    let mut b = Batch::default();
+    assert_eq!(r.next_batch(&mut b, 16).unwrap(), 4);
+    assert_eq!(b.labels, [1.0, 0.0, 1.0, 0.0]);
+    assert_eq!(b.dense, [2.5, 0.0, 3.0, 4.0]);
+    assert_eq!(
+        b.sparse,
+        [
+            string_key(b"x"),
+            7,
+            elastrec_data::schema::NULL_KEY,
+            string_key(b"z")
+        ]
+    );
+    assert_eq!(
+        b.bags[0].row(0),
+        [string_key(b"b"), string_key(b"c")],
+        "a sequence keeps its newest"
+    );
+    assert!(b.bags[0].row(1).is_empty() && b.bags[0].row(2).is_empty());
+    assert_eq!(b.bags[0].row(3), [9]);
+    let errors = &r.stats().first_errors;
+    assert_eq!(r.stats().rows_skipped, 2, "{errors:?}");
+    assert!(
+        errors[0].starts_with("kafka:t/0@1: sample 1: json: feature `hist`: must be an array"),
+        "{errors:?}"
+    );
+    assert!(
+        errors[1].starts_with("kafka:t/0@2: sample 0: frame:"),
+        "{errors:?}"
+    );
+    assert_eq!(r.position(), Some(4));
+
+    let mut r = input.range(&p, 0, 4, BadRowPolicy::Fail).unwrap();
+    let err = r.next_batch(&mut b, 16).unwrap_err();
+    assert!(
+        matches!(err, DataError::BadMessage { offset: 1, .. }),
+        "{err}"
+    );
+    assert_eq!(b.len(), 1, "the message before the bad one stays delivered");
+    assert_eq!(r.position(), Some(1), "stopped at the bad message");
+
+    // Without named features a JSON input says what it needs.
+    let bare = StreamInput::new(&conn, "test", MessageFormat::Json).unwrap();
+    let err = bare
+        .range(&p, 0, 1, BadRowPolicy::Fail)
+        .unwrap()
+        .next_batch(&mut b, 4)
+        .unwrap_err();
+    assert!(err.to_string().contains("named features"), "{err}");
+}

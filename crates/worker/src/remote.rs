@@ -1278,7 +1278,8 @@ fn open_task(
             let group = format!("{}-worker", cfg.group_for("job"));
             *stream = Some(
                 elastrec_stream::StreamInput::new(&cfg.connection(), &group, cfg.format)?
-                    .with_tasks(job.model.tasks()),
+                    .with_tasks(job.model.tasks())
+                    .with_schema(elastrec_job::prepare::job_schema(job)),
             );
         }
         let input = stream.as_ref().expect("made above");
