@@ -58,6 +58,7 @@ fn a_history_pooled_by_attention_trains_on_two_ps_as_in_one_process() {
     let f = fixture();
     let data = f.dir.join("named-attention");
     gen_named(&data, ROWS);
+    let features = named_features("max_len = 20\npooling = \"attention\"\nquery = \"item_id\"");
     let text = |out: &str, cluster: &str| {
         format!(
             r#"
@@ -65,30 +66,7 @@ fn a_history_pooled_by_attention_trains_on_two_ps_as_in_one_process() {
 dir = "named-attention"
 train = ["day_0.parquet", "day_1.parquet"]
 eval = ["day_2.parquet"]
-label = "click"
-[[data.feature]]
-name = "user_id"
-kind = "categorical"
-[[data.feature]]
-name = "item_id"
-kind = "categorical"
-[[data.feature]]
-name = "device"
-kind = "categorical"
-[[data.feature]]
-name = "genres"
-kind = "bag"
-[[data.feature]]
-name = "price"
-kind = "dense"
-transform = "log1p"
-[[data.feature]]
-name = "hist_items"
-kind = "sequence"
-table = "item_id"
-max_len = 20
-pooling = "attention"
-query = "item_id"
+{features}
 [model]
 bottom_mlp = [32, 16]
 top_mlp = [32, 1]
@@ -103,12 +81,7 @@ dir = "{out}"
 "#
         )
     };
-    let (single, single_dir) = write_job_file("attention-single", &text("attention-single", ""));
-    elastrec_ok(&["train", single.to_str().unwrap()]);
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(single_dir.join("summary.json")).unwrap())
-            .unwrap();
-    let baseline = summary["eval"]["auc"].as_f64().unwrap();
+    let baseline = train_auc("attention-single", &text("attention-single", ""));
     assert!(baseline > 0.55, "attention trains: AUC {baseline}");
     let cluster = CLUSTER.replace("workers = 3", "workers = 1");
     let (job, dir) = write_job_file("attention-run", &text("attention-run", &cluster));

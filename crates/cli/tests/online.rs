@@ -913,31 +913,7 @@ fn kafka_an_online_job_trains_json_messages_of_named_features_exactly_once() {
         }
         samples += 20_000;
     }
-    let features = r#"
-label = "click"
-[[data.feature]]
-name = "user_id"
-kind = "categorical"
-[[data.feature]]
-name = "item_id"
-kind = "categorical"
-[[data.feature]]
-name = "device"
-kind = "categorical"
-[[data.feature]]
-name = "price"
-kind = "dense"
-transform = "log1p"
-[[data.feature]]
-name = "genres"
-kind = "bag"
-max_len = 4
-[[data.feature]]
-name = "hist_items"
-kind = "sequence"
-table = "item_id"
-max_len = 30
-"#;
+    let features = format!("\n{}", named_features("max_len = 30"));
     let (job, dir) = online_job_with("online-json", &brokers, "", "", "format = \"json\"");
     let text = std::fs::read_to_string(&job)
         .unwrap()

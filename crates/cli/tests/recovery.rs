@@ -197,12 +197,7 @@ dir = "{out}"
 "#
         )
     };
-    let (single, single_dir) = write_job_file("named-single", &text("named-single", ""));
-    elastrec_ok(&["train", single.to_str().unwrap()]);
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(single_dir.join("summary.json")).unwrap())
-            .unwrap();
-    let baseline = summary["eval"]["auc"].as_f64().unwrap();
+    let baseline = train_auc("named-single", &text("named-single", ""));
     let name = "named-partial";
     let (job, dir) = write_job_file(name, &text(name, &cluster("partial", 3600.0)));
     let log = dir.with_extension("log");

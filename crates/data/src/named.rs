@@ -341,10 +341,7 @@ impl BatchReader for NamedParquetReader {
                         column,
                         reason,
                     };
-                    match self.policy {
-                        BadRowPolicy::Fail => return Err(err),
-                        BadRowPolicy::Skip => self.stats.record_skip(&err),
-                    }
+                    self.stats.refuse_or_skip(self.policy, err)?;
                 }
             }
         }

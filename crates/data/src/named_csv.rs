@@ -368,13 +368,8 @@ impl BatchReader for NamedCsvReader {
                         line,
                         limit: crate::text::MAX_LINE_BYTES,
                     };
-                    match self.policy {
-                        BadRowPolicy::Fail => return Err(err),
-                        BadRowPolicy::Skip => {
-                            self.stats.record_skip(&err);
-                            continue;
-                        }
-                    }
+                    self.stats.refuse_or_skip(self.policy, err)?;
+                    continue;
                 }
             };
             match parsed {
@@ -389,10 +384,7 @@ impl BatchReader for NamedCsvReader {
                         column,
                         reason,
                     };
-                    match self.policy {
-                        BadRowPolicy::Fail => return Err(err),
-                        BadRowPolicy::Skip => self.stats.record_skip(&err),
-                    }
+                    self.stats.refuse_or_skip(self.policy, err)?;
                 }
             }
         }

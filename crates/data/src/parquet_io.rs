@@ -537,10 +537,7 @@ impl ParquetReader {
                         column,
                         reason,
                     };
-                    match self.policy {
-                        BadRowPolicy::Fail => return Err(err),
-                        BadRowPolicy::Skip => self.stats.record_skip(&err),
-                    }
+                    self.stats.refuse_or_skip(self.policy, err)?;
                 }
             }
         }

@@ -69,6 +69,18 @@ fn is_zero(v: &u64) -> bool {
 }
 
 impl ReadStats {
+    /// A bad row under `policy`: the error under [`BadRowPolicy::Fail`], counted and
+    /// `Ok` under [`BadRowPolicy::Skip`].
+    pub fn refuse_or_skip(&mut self, policy: BadRowPolicy, err: DataError) -> Result<()> {
+        match policy {
+            BadRowPolicy::Fail => Err(err),
+            BadRowPolicy::Skip => {
+                self.record_skip(&err);
+                Ok(())
+            }
+        }
+    }
+
     /// Records a skipped row.
     pub fn record_skip(&mut self, err: &DataError) {
         self.rows_skipped += 1;

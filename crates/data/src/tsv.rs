@@ -407,13 +407,8 @@ impl TsvReader {
                         line,
                         limit: MAX_LINE_BYTES,
                     };
-                    match self.policy {
-                        BadRowPolicy::Fail => return Err(err),
-                        BadRowPolicy::Skip => {
-                            self.stats.record_skip(&err);
-                            continue;
-                        }
-                    }
+                    self.stats.refuse_or_skip(self.policy, err)?;
+                    continue;
                 }
             };
             let parsed = parse_line(line, row).and_then(|()| {
@@ -442,10 +437,7 @@ impl TsvReader {
                         field,
                         reason,
                     };
-                    match self.policy {
-                        BadRowPolicy::Fail => return Err(err),
-                        BadRowPolicy::Skip => self.stats.record_skip(&err),
-                    }
+                    self.stats.refuse_or_skip(self.policy, err)?;
                 }
             }
         }

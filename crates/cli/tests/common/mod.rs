@@ -274,6 +274,47 @@ pub fn gen_named(dir: &Path, rows: u64) {
     ]);
 }
 
+/// The label and the columns of [`gen_named`]'s log as `[[data.feature]]` tables, to
+/// end a job's `[data]` section; `hist` adds lines to the `hist_items` sequence, which
+/// shares the item table.
+pub fn named_features(hist: &str) -> String {
+    format!(
+        r#"label = "click"
+[[data.feature]]
+name = "user_id"
+kind = "categorical"
+[[data.feature]]
+name = "item_id"
+kind = "categorical"
+[[data.feature]]
+name = "device"
+kind = "categorical"
+[[data.feature]]
+name = "genres"
+kind = "bag"
+[[data.feature]]
+name = "price"
+kind = "dense"
+transform = "log1p"
+[[data.feature]]
+name = "hist_items"
+kind = "sequence"
+table = "item_id"
+{hist}
+"#
+    )
+}
+
+/// Trains `text` as the job `name` in one process (`elastrec train`); returns its
+/// evaluation AUC.
+pub fn train_auc(name: &str, text: &str) -> f64 {
+    let (job, dir) = write_job_file(name, text);
+    elastrec_ok(&["train", job.to_str().unwrap()]);
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    summary["eval"]["auc"].as_f64().unwrap()
+}
+
 /// [`gen_data`] with a conversion label after each click (`--conversions`): the data of
 /// a two-task model.
 pub fn gen_conversions(dir: &Path, rows: u64) -> serde_json::Value {
