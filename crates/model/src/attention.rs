@@ -39,6 +39,8 @@ pub struct AttentionConfig {
 pub struct TargetAttention {
     /// Its configuration.
     pub config: AttentionConfig,
+    /// Where its parameters start.
+    offset: usize,
     mlp: Mlp,
     /// Embedding width scored.
     d: usize,
@@ -50,6 +52,8 @@ pub struct TargetAttention {
 /// batches).
 #[derive(Debug, Default, Clone)]
 pub struct AttentionActs {
+    /// The parameter gradient of a block's backward (of a unit [`TargetAttention::alone`]).
+    pub grads: Vec<f32>,
     /// Each row's first pair.
     starts: Vec<usize>,
     /// The MLP's input, one `[h, q, h − q, h ⊙ q]` per (row, item) pair.
@@ -73,6 +77,7 @@ impl TargetAttention {
         let mlp = Mlp::new(&sizes, offset, Activation::Relu, Activation::None);
         Self {
             config,
+            offset,
             mlp,
             d,
             row,
@@ -82,6 +87,17 @@ impl TargetAttention {
     /// Parameters of the scoring MLP.
     pub fn num_params(&self) -> usize {
         self.mlp.num_params()
+    }
+
+    /// Where its parameters lie in the flat dense vector.
+    pub fn params_range(&self) -> std::ops::Range<usize> {
+        self.offset..self.offset + self.num_params()
+    }
+
+    /// The same unit with its parameters at offset 0: it runs on a slice of just its
+    /// parameters and writes its gradient into a buffer of just its own.
+    pub fn alone(&self) -> Self {
+        Self::new(self.config.clone(), self.d, self.row, 0)
     }
 
     /// Its layers (for initialization).

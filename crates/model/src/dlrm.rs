@@ -352,8 +352,10 @@ pub struct DenseDlrm {
     wide: Option<Linear>,
     /// The multi-task head (its parameters follow the norms'); `None` for one task.
     mmoe: Option<Mmoe>,
-    /// Target-attention units (their parameters come last).
+    /// Target-attention units (their parameters come last), and each alone (parameters
+    /// at 0) for the row blocks that run in parallel.
     attention: Vec<TargetAttention>,
+    attention_alone: Vec<TargetAttention>,
     interaction: Interaction,
     params: Vec<f32>,
 }
@@ -473,6 +475,7 @@ impl DenseDlrm {
             cross,
             wide,
             mmoe,
+            attention_alone: attention.iter().map(TargetAttention::alone).collect(),
             attention,
             interaction,
             params,
@@ -511,21 +514,33 @@ impl DenseDlrm {
         ws: &mut Workspace,
     ) -> Result<()> {
         let n = self.check_histories(hist, lens, emb)?;
-        let slots = self.config.num_tables;
+        let (slots, per_row) = (self.config.num_tables, self.emb_width());
         let mut at = 0;
-        for (a, (unit, acts)) in self.attention.iter().zip(&mut ws.attention).enumerate() {
-            let width = n * unit.input_width();
+        for (a, unit) in self.attention.iter().enumerate() {
+            let width = unit.input_width();
+            let hist = &hist[at..at + n * width];
             let lens = &lens[a * n..(a + 1) * n];
-            unit.forward(&self.params, &hist[at..at + width], lens, emb, slots, acts);
-            at += width;
+            let (alone, params) = (&self.attention_alone[a], &self.params[unit.params_range()]);
+            // Row blocks in parallel, each with its own buffers.
+            emb[..n * per_row]
+                .par_chunks_mut(BLOCK_ROWS * per_row)
+                .zip(ws.attention[a].par_iter_mut())
+                .enumerate()
+                .for_each(|(b, (emb, acts))| {
+                    let rows = b * BLOCK_ROWS..(b * BLOCK_ROWS + emb.len() / per_row);
+                    let hist = &hist[rows.start * width..rows.end * width];
+                    alone.forward(params, hist, &lens[rows], emb, slots, acts);
+                });
+            at += n * width;
         }
         Ok(())
     }
 
     /// The backward of [`DenseDlrm::attend`] after a training step's backward, with the
     /// same inputs: adds each query's gradient to [`Workspace::d_emb`], writes the
-    /// units' parameter gradients into [`Workspace::grads`] and the histories' gradient
-    /// into `d_hist` (the layout of `hist`).
+    /// units' parameter gradients into [`Workspace::grads`] (the row blocks' summed in
+    /// block order, so a step does not depend on the thread count) and the histories'
+    /// gradient into `d_hist` (the layout of `hist`).
     pub fn attend_backward(
         &self,
         hist: &[f32],
@@ -542,25 +557,49 @@ impl DenseDlrm {
                 got: d_hist.len(),
             });
         }
-        let slots = self.config.num_tables;
+        let (slots, per_row) = (self.config.num_tables, self.emb_width());
         let per = ws.d_emb.len() / ws.capacity.max(1);
         let d_emb = &mut ws.d_emb[..n * per];
         let mut at = 0;
-        for (a, (unit, acts)) in self.attention.iter().zip(&mut ws.attention).enumerate() {
-            let width = n * unit.input_width();
+        for (a, unit) in self.attention.iter().enumerate() {
+            let width = unit.input_width();
+            let hist = &hist[at..at + n * width];
+            let d_hist = &mut d_hist[at..at + n * width];
             let lens = &lens[a * n..(a + 1) * n];
-            unit.backward(
-                &self.params,
-                &mut ws.grads,
-                &hist[at..at + width],
-                lens,
-                emb,
-                d_emb,
-                &mut d_hist[at..at + width],
-                slots,
-                acts,
-            );
-            at += width;
+            let (alone, params) = (&self.attention_alone[a], &self.params[unit.params_range()]);
+            let blocks = &mut ws.attention[a];
+            d_emb
+                .par_chunks_mut(BLOCK_ROWS * per_row)
+                .zip(d_hist.par_chunks_mut(BLOCK_ROWS * width))
+                .zip(blocks.par_iter_mut())
+                .enumerate()
+                .for_each(|(b, ((d_emb, d_hist), acts))| {
+                    let rows = b * BLOCK_ROWS..(b * BLOCK_ROWS + d_emb.len() / per_row);
+                    let hist = &hist[rows.start * width..rows.end * width];
+                    let emb = &emb[rows.start * per_row..rows.end * per_row];
+                    let mut grads = std::mem::take(&mut acts.grads);
+                    grads.resize(alone.num_params(), 0.0);
+                    alone.backward(
+                        params,
+                        &mut grads,
+                        hist,
+                        &lens[rows],
+                        emb,
+                        d_emb,
+                        d_hist,
+                        slots,
+                        acts,
+                    );
+                    acts.grads = grads;
+                });
+            let out = &mut ws.grads[unit.params_range()];
+            out.fill(0.0);
+            for acts in &blocks[..n.div_ceil(BLOCK_ROWS)] {
+                for (o, g) in out.iter_mut().zip(&acts.grads) {
+                    *o += g;
+                }
+            }
+            at += n * width;
         }
         Ok(())
     }
@@ -1412,8 +1451,8 @@ pub struct Workspace {
     task_logits: Vec<f32>,
     d_emb: Vec<f32>,
     grads: Vec<f32>,
-    /// What each attention unit's forward keeps for its backward.
-    attention: Vec<AttentionActs>,
+    /// What each attention unit's forward keeps for its backward, per row block.
+    attention: Vec<Vec<AttentionActs>>,
     /// Training steps taken with this workspace, and the stream that, with the count,
     /// seeds each step's dropout masks.
     steps: u64,
@@ -1436,7 +1475,10 @@ impl Workspace {
             task_logits: vec![0.0; capacity * (model.tasks() - 1)],
             d_emb: vec![0.0; capacity * model.emb_width()],
             grads: vec![0.0; model.num_params()],
-            attention: vec![AttentionActs::default(); model.attention.len()],
+            attention: vec![
+                vec![AttentionActs::default(); capacity.div_ceil(BLOCK_ROWS)];
+                model.attention.len()
+            ],
             steps: 0,
             dropout_stream: model.config.seed,
         }

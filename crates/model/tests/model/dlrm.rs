@@ -1191,3 +1191,78 @@ fn attention_units_extend_the_flat_vector_and_check_their_slots() {
         assert!(err.to_string().contains(want), "{err}");
     }
 }
+
+/// The model runs its attention units in row blocks in parallel: the pooled slots, the
+/// queries' and histories' gradients and the summed parameter gradient are what one
+/// pass of the unit over the whole batch gives.
+#[test]
+fn attention_in_row_blocks_equals_one_pass_over_the_batch() {
+    let config = DlrmConfig {
+        attention: vec![elastrec_model::AttentionConfig {
+            slot: 2,
+            query: 0,
+            max_len: 3,
+            mlp: vec![5],
+            softmax: true,
+        }],
+        ..small(InteractionKind::Dot)
+    };
+    let model = DenseDlrm::new(config).unwrap();
+    let (n, d, t) = (600, 4, 3);
+    let mut r = rng(5);
+    let hist = randv(&mut r, n * t * d, 1.0);
+    let lens: Vec<u32> = (0..n).map(|i| 1 + (i % 3) as u32).collect();
+    let emb0 = randv(&mut r, n * 3 * d, 1.0);
+    // The model, in blocks: d_emb set through a training step's workspace.
+    let mut ws = model.workspace(n);
+    let mut emb = emb0.clone();
+    model.attend(&hist, &lens, &mut emb, &mut ws).unwrap();
+    let dense = vec![0.1; n * 5];
+    let labels = vec![1.0; n];
+    model
+        .forward_backward(&dense, &emb, &labels, &mut ws)
+        .unwrap();
+    let d_emb_model: Vec<f32> = ws.d_emb().to_vec();
+    let mut d_hist = vec![0.0; hist.len()];
+    model
+        .attend_backward(&hist, &lens, &emb, &mut d_hist, &mut ws)
+        .unwrap();
+    // One pass of the unit itself, from the same d_emb.
+    let unit = &model.attention()[0];
+    let mut acts = elastrec_model::AttentionActs::default();
+    let mut emb1 = emb0.clone();
+    unit.forward(model.params(), &hist, &lens, &mut emb1, 3, &mut acts);
+    // GEMMs of another height may sum in another order: equal to float rounding.
+    let close = |a: &[f32], b: &[f32], what: &str| {
+        assert_eq!(a.len(), b.len(), "{what}");
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+                "{what} [{i}]: {x} against {y}"
+            );
+        }
+    };
+    close(&emb, &emb1, "pooled slots");
+    let mut d_emb1 = d_emb_model.clone();
+    let mut grads = vec![0.0; model.num_params()];
+    let mut d_hist1 = vec![0.0; hist.len()];
+    unit.backward(
+        model.params(),
+        &mut grads,
+        &hist,
+        &lens,
+        &emb1,
+        &mut d_emb1,
+        &mut d_hist1,
+        3,
+        &mut acts,
+    );
+    close(ws.d_emb(), &d_emb1, "queries' gradients");
+    close(&d_hist, &d_hist1, "histories' gradients");
+    let range = unit.params_range();
+    close(
+        &ws.grads()[range.clone()],
+        &grads[range],
+        "parameter gradients",
+    );
+}
