@@ -655,17 +655,8 @@ fn a_csv_log_with_a_header_trains_like_its_parquet_twin() {
         "CSV AUC {got:.4} against Parquet {want:.4}"
     );
     let model = tmp.path().join("run-csv/model.bin");
-    let day2 = csv.join("day_2.csv");
-    let out = ok(&elastrec(&[
-        "eval",
-        "--model",
-        model.to_str().unwrap(),
-        "--data",
-        day2.to_str().unwrap(),
-        "--json",
-    ]));
-    let e: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-    assert!((e["auc"].as_f64().unwrap() - got).abs() < 1e-9, "{e}");
+    let e = eval_auc(&model, &csv.join("day_2.csv"));
+    assert!((e - got).abs() < 1e-9, "eval {e} against the job's {got}");
 }
 
 /// A user's own log: named columns of strings, 64-bit ids, a genre list and a click
@@ -748,15 +739,20 @@ dir = "run"
         "logloss {logloss} not below a constant's {entropy}"
     );
     let model = tmp.path().join("run/model.bin");
-    let day2 = data.join("day_2.parquet");
+    let e = eval_auc(&model, &data.join("day_2.parquet"));
+    assert!((e - auc).abs() < 1e-9, "eval {e} against the job's {auc}");
+}
+
+/// `elastrec eval --json` of `model` on `data`: its AUC.
+fn eval_auc(model: &Path, data: &Path) -> f64 {
     let out = ok(&elastrec(&[
         "eval",
         "--model",
         model.to_str().unwrap(),
         "--data",
-        day2.to_str().unwrap(),
+        data.to_str().unwrap(),
         "--json",
     ]));
     let e: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-    assert!((e["auc"].as_f64().unwrap() - auc).abs() < 1e-9, "{e}");
+    e["auc"].as_f64().unwrap()
 }
