@@ -118,6 +118,8 @@ fn read_header(path: &Path, format: &CsvFormat) -> Result<(Vec<String>, u8)> {
             ))
         }
     };
+    // A spreadsheet's export may start with a UTF-8 byte-order mark: not part of a name.
+    let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
     let delimiter = match format.delimiter {
         Some(d) => d as u8,
         None if line.contains(&b'\t') => b'\t',

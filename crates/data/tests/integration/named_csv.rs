@@ -55,10 +55,13 @@ fn csv_tsv_and_gzip_read_what_the_same_log_in_parquet_reads() {
     std::fs::write(&tsv, LOG_CSV.replace(',', "\t")).unwrap();
     let gz = dir.path().join("log.csv.gz");
     gzip(LOG_CSV, &gz);
+    // A spreadsheet's byte-order mark before the header reads the same.
+    let bom = dir.path().join("bom.csv");
+    std::fs::write(&bom, format!("\u{feff}{LOG_CSV}")).unwrap();
     // CRLF line ends and spaces around values read the same.
     let crlf = dir.path().join("crlf.csv");
     std::fs::write(&crlf, LOG_CSV.replace(',', " , ").replace('\n', "\r\n")).unwrap();
-    for path in [&csv, &tsv, &gz, &crlf] {
+    for path in [&csv, &tsv, &gz, &crlf, &bom] {
         let (got, stats) = read_all(path, None, &schema());
         assert_eq!(got, want, "{}", path.display());
         assert_eq!(stats, want_stats, "{}", path.display());
