@@ -57,7 +57,8 @@ pub struct Plan {
     pub front: Vec<Candidate>,
 }
 
-fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
+/// Writes `rows` under `header` as a boxed text table.
+pub fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
     let mut width: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for r in rows {
         for (w, c) in width.iter_mut().zip(r) {

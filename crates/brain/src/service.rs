@@ -14,7 +14,7 @@ use pb::brain_server::{Brain, BrainServer};
 use tonic::{Request, Response, Status};
 
 use crate::alloc::{Allocation, Bounds, Range};
-use crate::db::ConfigDb;
+use crate::db::{ConfigDb, Outcome};
 use crate::error::{BrainError, Result};
 use crate::job::{JobSpec, TableSpec};
 use crate::oom::MemorySample;
@@ -585,6 +585,25 @@ impl BrainService {
         Ok(plan_to(&plan))
     }
 
+    async fn outcome(&self, r: pb::RecordOutcomeRequest) -> Result<pb::RecordOutcomeResponse> {
+        check_job_id(&r.job_id)?;
+        self.store.require_job(&r.job_id).await?;
+        let outcome = Outcome {
+            status: r.status,
+            throughput: r.throughput,
+            duration_s: r.duration_s,
+        };
+        let last = alloc_from("final_allocation", r.final_allocation)?;
+        // The status first: a bad one stores nothing.
+        self.store.record_outcome(&r.job_id, &outcome).await?;
+        if let Some(a) = last {
+            self.store.record_config(&r.job_id, &a, "final").await?;
+        }
+        // Its resources are free again for the other jobs of a shared cluster.
+        self.active_jobs()?.remove(&r.job_id);
+        Ok(pb::RecordOutcomeResponse {})
+    }
+
     async fn replan(&self, r: pb::PlanRequest) -> Result<pb::PlanResponse> {
         check_job_id(&r.job_id)?;
         let spec = self.store.require_job(&r.job_id).await?;
@@ -709,6 +728,15 @@ impl Brain for BrainService {
     ) -> std::result::Result<Response<pb::PlanResponse>, Status> {
         let r = self.replan(request.into_inner()).await;
         self.metrics.count("plan", &r);
+        r.map(Response::new).map_err(status_of)
+    }
+
+    async fn record_outcome(
+        &self,
+        request: Request<pb::RecordOutcomeRequest>,
+    ) -> std::result::Result<Response<pb::RecordOutcomeResponse>, Status> {
+        let r = self.outcome(request.into_inner()).await;
+        self.metrics.count("record_outcome", &r);
         r.map(Response::new).map_err(status_of)
     }
 

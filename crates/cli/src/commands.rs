@@ -561,6 +561,94 @@ pub fn brain_plan(job: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// `elastrec brain history`: the jobs of a config database as a table (or JSON).
+pub fn brain_history(db: Option<&str>, limit: usize, json: bool) -> Result<()> {
+    let url = match db {
+        Some(u) => u.to_string(),
+        None => {
+            let path = elastrec_master::brain_link::default_brain_db(Path::new("."))?;
+            anyhow::ensure!(
+                path.exists(),
+                "{} does not exist yet: no job has run with autoscale.enabled on this account \
+                 (or pass --db URL)",
+                path.display()
+            );
+            format!("sqlite://{}", path.display())
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let jobs = rt
+        .block_on(async {
+            elastrec_brain::db::ConfigDb::connect(&url)
+                .await?
+                .jobs(limit)
+                .await
+        })
+        .with_context(|| format!("reading {}", elastrec_brain::db::redact_url(&url)))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&jobs)?);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|j| {
+            let f = &j.features;
+            let (nodes, cores) = j.config.map_or(("-".into(), "-".into()), |a| {
+                (
+                    format!(
+                        "{} x {:.1} GiB / {} x {:.1} GiB",
+                        a.workers, a.worker_mem_gb, a.ps, a.ps_mem_gb
+                    ),
+                    format!("{:.1} / {:.1}", a.worker_cpu, a.ps_cpu),
+                )
+            });
+            let (status, rate) = j
+                .outcome
+                .as_ref()
+                .map_or(("running?".into(), "-".into()), |o| {
+                    (o.status.clone(), format!("{:.0}", o.throughput))
+                });
+            vec![
+                j.job_id.clone(),
+                f.model_type.clone(),
+                f.scenario.clone(),
+                f.user.clone(),
+                format!("{} / {}", f.table_count, f.total_rows),
+                f.dataset_samples.to_string(),
+                status,
+                nodes,
+                cores,
+                rate,
+            ]
+        })
+        .collect();
+    let mut out = String::new();
+    elastrec_brain::plan::table(
+        &mut out,
+        &[
+            "job",
+            "model",
+            "scenario",
+            "user",
+            "tables / rows",
+            "samples",
+            "status",
+            "workers / PS (memory each)",
+            "cores worker / PS",
+            "samples/s",
+        ],
+        &rows,
+    );
+    print!("{out}");
+    println!(
+        "{} jobs; warm start leaves out the failed and oom ones (docs/autoscale.md)",
+        jobs.len()
+    );
+    Ok(())
+}
+
 /// The cluster a brain service plans for.
 pub struct BrainCluster {
     /// Cores.

@@ -283,6 +283,20 @@ enum BrainCommand {
         #[arg(long)]
         json: bool,
     },
+    /// List the jobs the brain has learned from: model, scenario, user, how each ended
+    /// and the allocation it ended on (what warm start starts similar jobs from).
+    History {
+        /// Config database (default: the one `elastrec run` jobs use when
+        /// `autoscale.brain_db` is empty, `~/.local/share/elastrec/brain.db`).
+        #[arg(long, env = "ELASTREC_BRAIN_DB", hide_env_values = true)]
+        db: Option<String>,
+        /// Most recent jobs to list.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// The log (`--log` filter, on stderr) and the master's job events, which are printed
@@ -341,6 +355,9 @@ fn main() -> anyhow::Result<()> {
         Command::Eval(a) => commands::eval(&a.model, &a.data, &a.on_bad_row, a.json),
         Command::Brain(a) => match a.command {
             Some(BrainCommand::Plan { job, json }) => commands::brain_plan(&job, json),
+            Some(BrainCommand::History { db, limit, json }) => {
+                commands::brain_history(db.as_deref(), limit, json)
+            }
             None => commands::brain_serve(
                 &a.db,
                 a.listen,

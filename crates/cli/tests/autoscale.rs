@@ -105,6 +105,148 @@ fn a_job_that_needs_more_workers_scales_up_by_itself_and_beats_the_pinned_job() 
     );
 }
 
+/// A past job for the config database: its description and how it ended on `a`.
+async fn past_job(
+    db: &elastrec_brain::db::ConfigDb,
+    spec: elastrec_brain::job::JobSpec,
+    status: &str,
+    a: elastrec_brain::Allocation,
+) {
+    db.upsert_job(&spec).await.unwrap();
+    db.record_config(&spec.job_id, &a, "final").await.unwrap();
+    let outcome = elastrec_brain::db::Outcome {
+        status: status.into(),
+        throughput: 5000.0,
+        duration_s: 30.0,
+    };
+    db.record_outcome(&spec.job_id, &outcome).await.unwrap();
+}
+
+/// DLRover-RM Algorithm 1 end to end, on the in-process brain's database. Three past
+/// jobs: one of the same model, scenario and user that finished on 3 workers x 2 cores
+/// and 2 PS; its twin that failed on 1 worker and 1 PS (ranked more similar: without the
+/// outcome it would pull the plan to 2 workers and 1 PS); and one of another model,
+/// scenario and user, sizes a thousand times off, that ran on 4 workers. The new job
+/// starts its nodes on the first one's whole allocation, is described to the brain by
+/// its own file (model, scenario, user), and its end is recorded with the allocation it
+/// ended on, for the next job.
+#[test]
+fn a_job_starts_on_the_allocation_of_the_similar_past_job_that_finished() {
+    use elastrec_brain::job::{JobSpec, TableSpec};
+    use elastrec_brain::Allocation;
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        tmp.path().join("brain.db").display()
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let db = rt
+        .block_on(elastrec_brain::db::ConfigDb::connect(&url))
+        .unwrap();
+    let spec = |id: &str, model: &str, tag: &str, scale: u64| JobSpec {
+        job_id: id.into(),
+        model_type: model.into(),
+        tables: vec![
+            TableSpec {
+                rows: 1000 * scale,
+                dim: 16,
+            };
+            3
+        ],
+        dense_params: 10_000 * scale,
+        dataset_samples: 100_000 * scale,
+        batch_size: 256,
+        scenario: tag.into(),
+        user: tag.into(),
+        bounds: Default::default(),
+        requested: None,
+    };
+    let alloc = |workers, ps, worker_cpu| Allocation {
+        workers,
+        ps,
+        worker_cpu,
+        ps_cpu: 1.0,
+        worker_mem_gb: 2.0,
+        ps_mem_gb: 1.0,
+    };
+    rt.block_on(async {
+        let ok = spec("b-finished", "dlrm", "feed", 1);
+        past_job(&db, ok, "succeeded", alloc(3, 2, 2.0)).await;
+        let failed = spec("a-failed", "dlrm", "feed", 1);
+        past_job(&db, failed, "failed", alloc(1, 1, 1.0)).await;
+        let other = spec("c-other", "deepfm", "search", 1000);
+        past_job(&db, other, "succeeded", alloc(4, 1, 1.0)).await;
+    });
+    // No plan after the start (`interval_s`): the job ends on the allocation it started with.
+    let (job, dir) = write_job(
+        "warm",
+        &format!(
+            "[cluster]\nps = 1\nworkers = 1\nwarmup_steps = 20\n[checkpoint]\nenabled = false\n\
+             [autoscale]\nenabled = true\nwarm_start = true\nbrain_db = \"{url}\"\n\
+             scenario = \"feed\"\nuser = \"feed\"\nworkers = [1, 4]\nps = [1, 2]\n\
+             worker_cpu_max = 2\ninterval_s = 1000\ncluster_cpu = 16\n"
+        ),
+    );
+    let log = dir.with_extension("log");
+    run_job(&job, &log, &[]).wait_success(&log);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let warm = events(&dir, "warm_start");
+    assert_eq!(warm.len(), 1, "{text}");
+    let w = &warm[0];
+    assert_eq!(
+        (&w["workers"], &w["ps"], &w["worker_cpu"]),
+        (&3.into(), &2.into(), &2.0.into()),
+        "{w}"
+    );
+    let started = &events(&dir, "job_started")[0];
+    assert_eq!(
+        (&started["workers"], &started["ps"]),
+        (&3.into(), &2.into())
+    );
+    let r = result(&dir);
+    assert_eq!(r["ps_launched"], 2, "{r}");
+    check_result(&dir, &log, 0.01);
+
+    // The brain knows the job by its own file, and how it ended.
+    rt.block_on(async {
+        let history = db.history().await.unwrap();
+        let new = history
+            .iter()
+            .find(|h| h.job_id.starts_with("warm-"))
+            .unwrap_or_else(|| panic!("the job is not in the history: {history:?}"));
+        let f = &new.features;
+        assert_eq!(
+            (f.model_type.as_str(), f.scenario.as_str(), f.user.as_str()),
+            ("dlrm", "feed", "feed")
+        );
+        assert_eq!(f.table_count, 26, "{f:?}");
+        assert_eq!((new.config.workers, new.config.ps), (3, 2), "{new:?}");
+        assert_eq!(new.config.worker_cpu, 2.0, "{new:?}");
+        let outcome = db
+            .outcome(&new.job_id)
+            .await
+            .unwrap()
+            .expect("no outcome recorded");
+        assert_eq!(outcome.status, "succeeded", "{outcome:?}");
+        assert!(outcome.throughput > 0.0, "{outcome:?}");
+    });
+    // What a person reads: every job with how it ended.
+    let out = elastrec_ok(&["brain", "history", "--db", &url]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    let row = |id: &str| {
+        table
+            .lines()
+            .find(|l| l.contains(id))
+            .unwrap_or_else(|| panic!("no row for {id}:\n{table}"))
+            .to_string()
+    };
+    assert!(row("a-failed").contains(" failed |"), "{table}");
+    assert!(row("warm-").contains(" succeeded |"), "{table}");
+    assert!(row("warm-").contains(" 3 x 2.0 GiB / 2 x "), "{table}");
+    assert!(table.contains("4 jobs;"), "{table}");
+}
+
 const BRAIN_TOKEN: &str = "autoscale-test-brain-token";
 
 /// Starts `elastrec brain` on `port` with a SQLite file and waits until it has opened its

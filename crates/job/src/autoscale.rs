@@ -33,9 +33,15 @@ pub struct AutoscaleConfig {
     /// `sqlite://` / `postgres://` URL (a database shared by jobs lets warm start learn
     /// from earlier jobs).
     pub brain_db: String,
-    /// Start from the brain's warm-start plan (Algorithm 1 over similar past jobs) instead
-    /// of `cluster.workers`.
+    /// Start from the brain's warm-start plan (Algorithm 1 over similar past jobs: their
+    /// worker and PS counts, cores and memory, within this section's bounds) instead of
+    /// `cluster.workers` / `cluster.ps`.
     pub warm_start: bool,
+    /// Business scenario of the job (e.g. `"feed-ctr"`): warm start counts jobs of one
+    /// scenario as alike. Empty: `ELASTREC_SCENARIO` from the environment, else none.
+    pub scenario: String,
+    /// Who submits the job, for the same similarity. Empty: `ELASTREC_USER`, else `USER`.
+    pub user: String,
     /// A plan is executed only when it changes the predicted throughput by at least this
     /// fraction of the measured one (hysteresis against flapping).
     pub min_gain: f64,
@@ -102,6 +108,8 @@ impl Default for AutoscaleConfig {
             brain: String::new(),
             brain_db: String::new(),
             warm_start: false,
+            scenario: String::new(),
+            user: String::new(),
             min_gain: 0.05,
             cluster_cpu: 0.0,
             cluster_mem_gb: 0.0,
@@ -124,6 +132,16 @@ impl Default for AutoscaleConfig {
 }
 
 impl AutoscaleConfig {
+    /// `scenario`, or the environment's when the file leaves it empty.
+    pub fn scenario(&self) -> String {
+        first_set(&self.scenario, &["ELASTREC_SCENARIO"])
+    }
+
+    /// `user`, or the environment's when the file leaves it empty.
+    pub fn user(&self) -> String {
+        first_set(&self.user, &["ELASTREC_USER", "USER"])
+    }
+
     /// PS bounds with the default (`[0, 0]`: the job's fixed `cluster.ps`) resolved.
     pub fn ps_bounds(&self, cluster_ps: u32) -> [u32; 2] {
         if self.ps == [0, 0] {
@@ -132,6 +150,18 @@ impl AutoscaleConfig {
             self.ps
         }
     }
+}
+
+/// `value` when set, else the first of the environment variables `vars` that is.
+fn first_set(value: &str, vars: &[&str]) -> String {
+    if !value.is_empty() {
+        return value.to_string();
+    }
+    vars.iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .find(|v| !v.trim().is_empty())
+        .map(|v| v.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// Range checks of `[autoscale]` (part of [`JobConfig::validate`]).

@@ -460,6 +460,17 @@ pub enum ModelType {
 }
 
 impl ModelType {
+    /// The name a job file gives it (`model.type`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            ModelType::Dlrm => "dlrm",
+            ModelType::DcnV2 => "dcn_v2",
+            ModelType::DeepFm => "deepfm",
+            ModelType::WideDeep => "wide_deep",
+            ModelType::Mmoe => "mmoe",
+        }
+    }
+
     fn is_dlrm(&self) -> bool {
         *self == ModelType::Dlrm
     }
@@ -1874,6 +1885,21 @@ mod tests {
             err.contains("train.shuffle_buffer") && err.contains("arrival order"),
             "{err}"
         );
+    }
+
+    /// The brain compares jobs by these names: each is what a job file writes.
+    #[test]
+    fn a_model_type_is_named_as_a_job_file_writes_it() {
+        use ModelType::*;
+        for t in [Dlrm, DcnV2, DeepFm, WideDeep, Mmoe] {
+            let text = format!("type = \"{}\"", t.name());
+            #[derive(Deserialize)]
+            struct M {
+                r#type: ModelType,
+            }
+            let m: M = toml::from_str(&text).unwrap();
+            assert_eq!(m.r#type, t, "{text}");
+        }
     }
 
     /// A schedule parses with its defaults, and the hygiene settings `run` does not carry

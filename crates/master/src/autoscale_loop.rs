@@ -134,7 +134,7 @@ pub fn job_spec(cfg: &JobConfig, brain_job_id: &str, samples_total: u64) -> pb::
     let range = |lo: f64, hi: f64| Some(pb::Range { min: lo, max: hi });
     pb::JobSpec {
         job_id: brain_job_id.to_string(),
-        model_type: "dlrm".into(),
+        model_type: model_family(cfg),
         tables: elastrec_job::prepare::resolve_table_rows(cfg)
             .into_iter()
             .map(|rows| pb::Table {
@@ -145,8 +145,8 @@ pub fn job_spec(cfg: &JobConfig, brain_job_id: &str, samples_total: u64) -> pb::
         dense_params: dense,
         dataset_samples: samples_total,
         batch_size: cfg.train.batch_size as u32,
-        scenario: String::new(),
-        user: String::new(),
+        scenario: cfg.autoscale.scenario(),
+        user: cfg.autoscale.user(),
         bounds: Some(pb::Bounds {
             workers: range(f64::from(s.0[0]), f64::from(s.0[1])),
             ps: range(f64::from(s.1[0]), f64::from(s.1[1])),
@@ -172,6 +172,42 @@ pub fn job_spec(cfg: &JobConfig, brain_job_id: &str, samples_total: u64) -> pb::
             worker_mem_gb: a.worker_mem_gb,
             ps_mem_gb: ps_mem,
         }),
+    }
+}
+
+/// The model family warm start compares: `model.type`, marked when the model pools a
+/// behaviour sequence by attention (a different cost per sample).
+fn model_family(cfg: &JobConfig) -> String {
+    let name = cfg.model.model_type.name();
+    let attends = cfg
+        .data
+        .schema()
+        .is_some_and(|s| !s.attention_slots().is_empty());
+    if attends {
+        format!("{name}+attention")
+    } else {
+        name.to_string()
+    }
+}
+
+/// The warm-start plan, applied to the job before any node starts: its worker and PS
+/// counts and each role's cores and memory (the brain kept them within the bounds the
+/// job sent). A PS memory the job leaves to the model's size is sized again for the new
+/// PS count.
+pub fn apply_warm_plan(cfg: &mut JobConfig, a: &pb::Allocation) {
+    cfg.cluster.workers = a.workers;
+    let ps_fixed = cfg.autoscale.ps == [0, 0];
+    if ps_fixed {
+        // The bounds were `cluster.ps` itself.
+        debug_assert_eq!(a.ps, cfg.cluster.ps);
+    } else {
+        cfg.cluster.ps = a.ps;
+    }
+    cfg.autoscale.worker_cpu = a.worker_cpu;
+    cfg.autoscale.ps_cpu = a.ps_cpu;
+    cfg.autoscale.worker_mem_gb = a.worker_mem_gb;
+    if cfg.autoscale.ps_mem_gb > 0.0 {
+        cfg.autoscale.ps_mem_gb = a.ps_mem_gb;
     }
 }
 
@@ -226,7 +262,7 @@ pub async fn warm_start(
 /// Runs the loop until the job leaves training. Spawned by the master's `serve`.
 pub async fn run(
     core: Arc<MasterCore>,
-    brain: Box<dyn BrainLink>,
+    brain: Arc<dyn BrainLink>,
     cfg: JobConfig,
     brain_job_id: String,
     samples_total: u64,
@@ -410,6 +446,8 @@ async fn enforce_memory_limits(core: &MasterCore, limits: &MemoryLimits) {
         );
         // Not again for the same reading: the next heartbeat of a live node replaces it.
         core.profiles.lock().remove(&n.id);
+        core.memory_kills
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let reason = format!("stopped by the memory watchdog: {why}");
         if let Err(s) = core.run(|job, cx| job.node_stopped(n.id, reason, cx)).await {
             event!(warn, "state_failed", error = %s, "autoscale: master state: {s}");

@@ -5,6 +5,7 @@
 //! wire messages, so the master validates a plan the same way whichever produced it.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -32,6 +33,8 @@ pub trait BrainLink: Send + Sync {
     ) -> Result<pb::ReportProfileResponse, Status>;
     /// Re-plans the running job from its profile.
     async fn plan(&self, req: pb::PlanRequest) -> Result<pb::PlanResponse, Status>;
+    /// Records how the job ended and the allocation it ended on.
+    async fn record_outcome(&self, req: pb::RecordOutcomeRequest) -> Result<(), Status>;
 }
 
 /// The brain's handlers in this process.
@@ -76,6 +79,10 @@ impl BrainLink for InProcessBrain {
     }
     async fn plan(&self, req: pb::PlanRequest) -> Result<pb::PlanResponse, Status> {
         Ok(self.svc.plan(Request::new(req)).await?.into_inner())
+    }
+    async fn record_outcome(&self, req: pb::RecordOutcomeRequest) -> Result<(), Status> {
+        self.svc.record_outcome(Request::new(req)).await?;
+        Ok(())
     }
 }
 
@@ -140,29 +147,59 @@ impl BrainLink for RemoteBrain {
     async fn plan(&self, req: pb::PlanRequest) -> Result<pb::PlanResponse, Status> {
         Ok(self.client.clone().plan(req).await?.into_inner())
     }
+    async fn record_outcome(&self, req: pb::RecordOutcomeRequest) -> Result<(), Status> {
+        self.client.clone().record_outcome(req).await?;
+        Ok(())
+    }
+}
+
+/// The in-process brain's database when the job names none: one SQLite file per user,
+/// `$XDG_DATA_HOME/elastrec/brain.db` (else `~/.local/share/elastrec/brain.db`), so that
+/// each job warm-starts from the user's earlier ones; `<job_dir>/brain.db` where there is
+/// no home directory.
+pub fn default_brain_db(job_dir: &Path) -> anyhow::Result<std::path::PathBuf> {
+    let data_home = std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| Path::new(&h).join(".local/share"))
+        });
+    let Some(data_home) = data_home else {
+        return Ok(job_dir.join("brain.db"));
+    };
+    let dir = data_home.join("elastrec");
+    std::fs::create_dir_all(&dir).with_context(|| {
+        format!(
+            "creating {} for the brain's database (or set autoscale.brain_db)",
+            dir.display()
+        )
+    })?;
+    Ok(dir.join("brain.db"))
 }
 
 /// The brain a job's `[autoscale]` section names: the service at `autoscale.brain` (token
 /// from `ELASTREC_BRAIN_TOKEN`), or the in-process brain on `autoscale.brain_db` (default
-/// SQLite `<job_dir>/brain.db`) with `cfg`.
+/// [`default_brain_db`]) with `cfg`.
 pub async fn connect(
     brain: &str,
     brain_db: &str,
     job_dir: &Path,
     cfg: BrainConfig,
-) -> anyhow::Result<Box<dyn BrainLink>> {
+) -> anyhow::Result<Arc<dyn BrainLink>> {
     if brain.is_empty() {
         let url = if brain_db.is_empty() {
-            format!("sqlite://{}?mode=rwc", job_dir.join("brain.db").display())
+            format!("sqlite://{}?mode=rwc", default_brain_db(job_dir)?.display())
         } else {
             brain_db.to_string()
         };
-        return Ok(Box::new(InProcessBrain::open(&url, cfg).await?));
+        return Ok(Arc::new(InProcessBrain::open(&url, cfg).await?));
     }
     let token = std::env::var(TOKEN_ENV).map_err(|_| {
         anyhow::anyhow!(
             "autoscale.brain is {brain}: set {TOKEN_ENV} to the brain service's token before `elastrec run`"
         )
     })?;
-    Ok(Box::new(RemoteBrain::new(brain, token.trim())?))
+    Ok(Arc::new(RemoteBrain::new(brain, token.trim())?))
 }

@@ -141,6 +141,9 @@ pub struct MasterCore {
     /// While set, parameter servers stay up after the job finished: its final model is
     /// checkpointed from them before they are told to stop.
     pub keep_ps: std::sync::atomic::AtomicBool,
+    /// Nodes killed for their memory (by the engine or the memory watchdog): a job that
+    /// then fails ran out of memory, which its brain records as such.
+    pub memory_kills: std::sync::atomic::AtomicU32,
 }
 
 impl MasterCore {
@@ -183,6 +186,7 @@ impl MasterCore {
             launch: std::sync::OnceLock::new(),
             reshards: Mutex::new(Vec::new()),
             keep_ps: std::sync::atomic::AtomicBool::new(false),
+            memory_kills: std::sync::atomic::AtomicU32::new(0),
         }
     }
 

@@ -28,7 +28,7 @@ pub enum Backend {
 }
 
 /// How a job ended.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Outcome {
     /// "succeeded", "failed", "oom", ...
     pub status: String,
@@ -40,6 +40,23 @@ pub struct Outcome {
 
 /// Outcome statuses whose last configuration warm start does not learn from.
 pub const FAILED_STATUSES: &[&str] = &["failed", "oom"];
+
+/// One job of the database, as `elastrec brain history` lists it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct JobRecord {
+    /// Job id.
+    pub job_id: String,
+    /// What warm start compares.
+    pub features: JobFeatures,
+    /// Its latest configuration (the allocation it ended on, once it reported its end).
+    pub config: Option<Allocation>,
+    /// How it ended; none while it runs (or when its master died before telling).
+    pub outcome: Option<Outcome>,
+}
+
+/// Every status an outcome may have: a finished job, and one stopped by a failure or by
+/// a node killed for its memory.
+pub const OUTCOME_STATUSES: &[&str] = &["succeeded", "failed", "oom"];
 
 #[derive(Clone, Copy)]
 enum SeqTable {
@@ -380,6 +397,12 @@ impl ConfigDb {
 
     /// Records how a job ended.
     pub async fn record_outcome(&self, job_id: &str, o: &Outcome) -> Result<()> {
+        if !OUTCOME_STATUSES.contains(&o.status.as_str()) {
+            return Err(BrainError::invalid(
+                "status",
+                format!("`{}` is none of {}", o.status, OUTCOME_STATUSES.join(", ")),
+            ));
+        }
         crate::error::check_non_negative("throughput", o.throughput)?;
         crate::error::check_non_negative("duration_s", o.duration_s)?;
         sqlx::query(
@@ -395,6 +418,47 @@ impl ConfigDb {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    /// How a job ended, if it reported it.
+    pub async fn outcome(&self, job_id: &str) -> Result<Option<Outcome>> {
+        let row = sqlx::query(
+            "SELECT status, throughput, duration_s FROM brain_outcomes WHERE job_id = $1",
+        )
+        .bind(job_id.to_string())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            Ok(Outcome {
+                status: r.try_get("status")?,
+                throughput: r.try_get("throughput")?,
+                duration_s: r.try_get("duration_s")?,
+            })
+        })
+        .transpose()
+    }
+
+    /// The `limit` most recently registered jobs, oldest first.
+    pub async fn jobs(&self, limit: usize) -> Result<Vec<JobRecord>> {
+        let rows = sqlx::query(
+            "SELECT spec_json FROM brain_jobs ORDER BY created_ms DESC, job_id DESC LIMIT $1",
+        )
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows.iter().rev() {
+            let json: String = r.try_get("spec_json")?;
+            let spec: JobSpec = serde_json::from_str(&json)
+                .map_err(|e| BrainError::Internal(format!("stored spec: {e}")))?;
+            out.push(JobRecord {
+                config: self.latest_config(&spec.job_id).await?,
+                outcome: self.outcome(&spec.job_id).await?,
+                features: JobFeatures::of(&spec),
+                job_id: spec.job_id,
+            });
+        }
+        Ok(out)
     }
 
     /// Warm-start history: every job with at least one configuration, with its latest one,

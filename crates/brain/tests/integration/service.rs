@@ -180,6 +180,106 @@ async fn a_later_job_warm_starts_from_where_the_first_one_ran() {
     handle.await.unwrap();
 }
 
+/// Records how job `id` ended, ending on `a`.
+async fn finish(c: &mut BrainClient<Channel>, id: &str, status: &str, a: pb::Allocation) {
+    c.record_outcome(req(
+        pb::RecordOutcomeRequest {
+            job_id: id.into(),
+            status: status.into(),
+            final_allocation: Some(a),
+            throughput: 1000.0,
+            duration_s: 60.0,
+        },
+        TOKEN,
+    ))
+    .await
+    .unwrap();
+}
+
+fn alloc(workers: u32, ps: u32, cores: f64) -> pb::Allocation {
+    pb::Allocation {
+        workers,
+        ps,
+        worker_cpu: cores,
+        ps_cpu: cores,
+        worker_mem_gb: 8.0,
+        ps_mem_gb: 16.0,
+    }
+}
+
+/// DLRover-RM Algorithm 1 over recorded outcomes. Of three past jobs, one similar that
+/// finished, one identical to the new job that failed, and one of another kind (another
+/// model, scenario and user, sizes a thousand times off), the new job starts from the
+/// whole final allocation of the first: workers, PS and cores. Without the outcomes, the
+/// failed twin would have pulled the plan towards its own allocation.
+#[tokio::test]
+async fn a_new_job_starts_from_the_similar_job_that_finished_not_the_failed_or_the_dissimilar() {
+    let (mut c, stop, handle, _dir, _metrics) = start().await;
+    let mut similar = job("similar");
+    similar.dataset_samples /= 2;
+    warm_start(&mut c, similar).await;
+    let ran = alloc(12, 3, 6.0);
+    finish(&mut c, "similar", "succeeded", ran).await;
+    warm_start(&mut c, job("failed")).await;
+    finish(&mut c, "failed", "oom", alloc(2, 1, 1.0)).await;
+    let other = pb::JobSpec {
+        job_id: "other".into(),
+        model_type: "deepfm".into(),
+        tables: vec![pb::Table {
+            rows: 1_000_000_000,
+            dim: 128,
+        }],
+        dense_params: 500_000_000,
+        dataset_samples: 100_000_000_000,
+        scenario: "search".into(),
+        user: "v".into(),
+        ..job("other")
+    };
+    warm_start(&mut c, other).await;
+    finish(&mut c, "other", "succeeded", alloc(30, 8, 8.0)).await;
+
+    let plan = warm_start(&mut c, job("new")).await;
+    let a = plan.allocation.unwrap();
+    assert_eq!((a.workers, a.ps), (ran.workers, ran.ps), "{plan:?}");
+    assert_eq!(
+        (a.worker_cpu, a.ps_cpu),
+        (ran.worker_cpu, ran.ps_cpu),
+        "{plan:?}"
+    );
+    let reasons = plan.reasons.join("; ");
+    assert!(
+        reasons.contains("warm start from 1 similar jobs (most similar: similar at"),
+        "{reasons}"
+    );
+
+    // An outcome names a known job and one of the statuses the brain knows.
+    let bad = |id: &str, status: &str| pb::RecordOutcomeRequest {
+        job_id: id.into(),
+        status: status.into(),
+        final_allocation: None,
+        throughput: 0.0,
+        duration_s: 0.0,
+    };
+    let e = c
+        .record_outcome(req(bad("new", "exploded"), TOKEN))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("exploded"), "{}", e.message());
+    let e = c
+        .record_outcome(req(bad("nobody", "succeeded"), TOKEN))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    let e = c
+        .record_outcome(req(bad("new", "succeeded"), "wrong"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    let _ = stop.send(());
+    handle.await.unwrap();
+}
+
 #[tokio::test]
 async fn report_warm_start_plan_and_stream_over_grpc() {
     let (mut c, stop, handle, _dir, metrics) = start().await;

@@ -13,8 +13,16 @@ pub fn exe() -> &'static str {
     env!("CARGO_BIN_EXE_elastrec")
 }
 
+/// Where the processes the tests start keep per-user state (the in-process brain's
+/// database, `autoscale.brain_db`'s default): under the build's scratch directory, never
+/// in the home of the user who runs the tests.
+pub fn data_home() -> &'static str {
+    concat!(env!("CARGO_TARGET_TMPDIR"), "/data-home")
+}
+
 pub fn elastrec(args: &[&str]) -> Output {
     Command::new(exe())
+        .env("XDG_DATA_HOME", data_home())
         .args(args)
         .output()
         .expect("run elastrec")
@@ -58,6 +66,7 @@ impl Group {
     pub fn spawn_with_env(args: &[&str], log: &Path, env: &[(&str, &str)]) -> Self {
         let f = std::fs::File::create(log).unwrap();
         let child = Command::new(exe())
+            .env("XDG_DATA_HOME", data_home())
             .args(args)
             .envs(env.iter().copied())
             .stdout(f.try_clone().unwrap())

@@ -41,6 +41,9 @@ pub(super) async fn serve(
     autoscale: Option<AutoscaleStart>,
 ) -> anyhow::Result<JobResult> {
     let endpoints = Endpoints::start(&core, listener, &token, cfg, dir).await?;
+    let brain = autoscale
+        .as_ref()
+        .map(|a| (a.brain.clone(), a.brain_job_id.clone()));
     let autoscaler = spawn_loops(&core, cfg, autoscale)?;
     let mut used = Resources::default();
     let command = export_command(&core);
@@ -69,6 +72,9 @@ pub(super) async fn serve(
     };
     let mut result = job_result(&core, dir, &phase, used, export);
     result.validation = validator.map(|v| v.report());
+    if let Some((brain, brain_job_id)) = brain {
+        record_outcome(&core, &*brain, brain_job_id, &result).await;
+    }
     announce(&result);
     if let (Some(c), Phase::Finished) = (core.checkpoints(), &phase) {
         c.remove_shm();
@@ -83,6 +89,69 @@ pub(super) async fn serve(
         bail!("job failed: {m}");
     }
     Ok(result)
+}
+
+/// Tells the brain how the job ended and the allocation it ended on, which later jobs
+/// warm-start from (a failed one is left out). A brain that does not answer only costs
+/// the record: the job's result stands.
+async fn record_outcome(
+    core: &MasterCore,
+    brain: &dyn crate::brain_link::BrainLink,
+    brain_job_id: String,
+    result: &JobResult,
+) {
+    let status = match (
+        result.error.is_some(),
+        core.memory_kills.load(Ordering::Relaxed),
+    ) {
+        (false, _) => "succeeded",
+        (true, 0) => "failed",
+        (true, _) => "oom",
+    };
+    let final_allocation = final_allocation(core);
+    let req = elastrec_proto::brain::RecordOutcomeRequest {
+        job_id: brain_job_id,
+        status: status.into(),
+        final_allocation,
+        throughput: result.samples_per_s,
+        duration_s: result.wall_s,
+    };
+    match tokio::time::timeout(Duration::from_secs(10), brain.record_outcome(req)).await {
+        Ok(Ok(())) => event!(
+            "outcome_recorded",
+            status,
+            "autoscale: the {} recorded the job as {status}",
+            brain.describe()
+        ),
+        Ok(Err(s)) => event!(warn, "outcome_unrecorded", error = %s.message(),
+            "autoscale: the {} did not record the job's outcome: {}", brain.describe(), s.message()),
+        Err(_) => event!(
+            warn,
+            "outcome_unrecorded",
+            error = "timed out",
+            "autoscale: the {} did not record the job's outcome in 10 s",
+            brain.describe()
+        ),
+    }
+}
+
+/// The allocation the job ran with at its end: its worker and PS counts and the cores and
+/// memory its nodes were launched with.
+fn final_allocation(core: &MasterCore) -> Option<elastrec_proto::brain::Allocation> {
+    let launch = core.launch.get()?;
+    let (workers, ps) = {
+        let job = core.job.lock();
+        (job.target_workers(), job.policy().num_ps)
+    };
+    let gb = |role| launch.memory_mib(role) as f64 / 1024.0;
+    Some(elastrec_proto::brain::Allocation {
+        workers,
+        ps,
+        worker_cpu: launch.cpu(Role::Worker),
+        ps_cpu: launch.cpu(Role::Ps),
+        worker_mem_gb: gb(Role::Worker),
+        ps_mem_gb: gb(Role::Ps),
+    })
 }
 
 /// The job's gRPC server and its Prometheus endpoint.
@@ -644,6 +713,7 @@ async fn wind_down(core: &MasterCore, cfg: &JobConfig) {
 /// The engine killed node `id` for exceeding its memory: its role's next nodes (the
 /// relaunch included) ask for more, up to the role's `memory_gb_max`.
 fn out_of_memory(core: &MasterCore, id: u32, reason: &str) {
+    core.memory_kills.fetch_add(1, Ordering::Relaxed);
     let Some(role) = core.job.lock().node(id).map(|n| n.role) else {
         return;
     };

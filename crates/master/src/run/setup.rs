@@ -10,6 +10,7 @@ use anyhow::{bail, Context as _};
 use elastrec_job::config::JobConfig;
 use elastrec_job::distributed::SyncMode;
 use elastrec_job::stream::PartitionAssignment;
+use elastrec_proto::brain as pb;
 use elastrec_rpc::tls::TlsMaterial;
 use rand::Rng;
 
@@ -184,7 +185,7 @@ pub(super) fn file_pairs(files: &[FileRows]) -> Vec<(String, u64)> {
 
 /// What the autoscaling loop of a job starts with.
 pub struct AutoscaleStart {
-    pub(super) brain: Box<dyn crate::brain_link::BrainLink>,
+    pub(super) brain: Arc<dyn crate::brain_link::BrainLink>,
     pub(super) brain_job_id: String,
     pub(super) samples_total: u64,
     pub(super) registered: bool,
@@ -195,7 +196,7 @@ pub struct AutoscaleStart {
 
 /// Connects the job's brain and registers the job with it (`start`: a new job, else a
 /// resumed one). Returns the loop's start and, when `warm` is set and the brain answered,
-/// the start-up worker count. A brain that cannot be reached does not stop the job: it
+/// the start-up allocation. A brain that cannot be reached does not stop the job: it
 /// starts with `cluster.workers` and the loop registers it later.
 pub(super) async fn connect_brain(
     cfg: &JobConfig,
@@ -204,7 +205,7 @@ pub(super) async fn connect_brain(
     samples_total: u64,
     start: bool,
     warm: bool,
-) -> anyhow::Result<(AutoscaleStart, Option<u32>)> {
+) -> anyhow::Result<(AutoscaleStart, Option<pb::Allocation>)> {
     let brain = crate::brain_link::connect(
         &cfg.autoscale.brain,
         &cfg.autoscale.brain_db,
@@ -212,39 +213,53 @@ pub(super) async fn connect_brain(
         crate::autoscale_loop::brain_config(cfg),
     )
     .await?;
-    let (registered, workers) =
-        match crate::autoscale_loop::warm_start(&*brain, cfg, &brain_job_id, samples_total).await {
-            Ok(plan) => {
-                let w = plan.allocation.map(|a| a.workers);
-                if warm {
-                    event!(
+    let (registered, plan) = match crate::autoscale_loop::warm_start(
+        &*brain,
+        cfg,
+        &brain_job_id,
+        samples_total,
+    )
+    .await
+    {
+        Ok(plan) => {
+            let a = plan.allocation.filter(|_| warm);
+            if let Some(a) = &a {
+                event!(
                         "warm_start",
-                        workers = w.unwrap_or(cfg.cluster.workers),
-                        "autoscale: warm start from the {}: {} workers ({})",
+                        workers = a.workers,
+                        ps = a.ps,
+                        worker_cpu = a.worker_cpu,
+                        ps_cpu = a.ps_cpu,
+                        worker_mem_gb = a.worker_mem_gb,
+                        ps_mem_gb = a.ps_mem_gb,
+                        "autoscale: warm start from the {}: {} workers x {} cores, {} PS x {} cores ({})",
                         brain.describe(),
-                        w.unwrap_or(cfg.cluster.workers),
+                        a.workers,
+                        a.worker_cpu,
+                        a.ps,
+                        a.ps_cpu,
                         plan.reasons.join("; ")
                     );
-                }
-                (true, w.filter(|_| warm))
             }
-            Err(e) => {
-                event!(warn, "brain_unreachable", error = %e,
-                    "autoscale: {e}; starting with cluster.workers = {} and registering later",
-                    cfg.cluster.workers
-                );
-                (false, None)
-            }
-        };
+            (true, a)
+        }
+        Err(e) => {
+            event!(warn, "brain_unreachable", error = %e,
+                "autoscale: {e}; starting with cluster.workers = {} and registering later",
+                cfg.cluster.workers
+            );
+            (false, None)
+        }
+    };
     Ok((
         AutoscaleStart {
             brain,
             brain_job_id,
             samples_total,
             registered,
-            explore: start && workers.is_none(),
+            explore: start && plan.is_none(),
         },
-        workers,
+        plan,
     ))
 }
 

@@ -93,7 +93,7 @@ pub async fn start_job(
     // So are the dense features' statistics (`model.dense_norm`): one first pass, whose
     // values every process and model file of the job then share; and the batch size of
     // a job file that leaves it out, from the training rows.
-    let (cfg, resolved) = tokio::task::spawn_blocking(move || {
+    let (mut cfg, resolved) = tokio::task::spawn_blocking(move || {
         let r = elastrec_job::datasets::resolve_datasets(&mut cfg).and_then(|r| {
             let inferred = elastrec_job::prepare::resolve_schema(&mut cfg)?;
             let rows = elastrec_job::prepare::fill_dense_stats(&mut cfg)?;
@@ -210,6 +210,29 @@ pub async fn start_job(
     if crate::validation::wanted(&cfg) {
         crate::validation::create(&cfg, slice)?;
     }
+    // Tells this job's processes and shared memory from another job's of the same name.
+    let job_uid = random_hex(16);
+    let total_samples = files.iter().map(|f| f.rows).sum::<u64>() * cfg.train.epochs as u64;
+    // The brain's start-up plan sizes the job before anything is shaped by it (the job
+    // file every process reads, the checkpoint coordinator, the nodes' launch template).
+    let autoscale = if cfg.autoscale.enabled {
+        let (start, warm) = connect_brain(
+            &cfg,
+            &dir,
+            format!("{job_id}-{job_uid}"),
+            total_samples,
+            true,
+            cfg.autoscale.warm_start,
+        )
+        .await?;
+        if let Some(a) = warm {
+            crate::autoscale_loop::apply_warm_plan(&mut cfg, &a);
+        }
+        Some(start)
+    } else {
+        None
+    };
+    let cfg = cfg;
     // A job started from a checkpoint checks it before anything is created.
     let foreign = match &from {
         Some(f) => Some(
@@ -223,8 +246,6 @@ pub async fn start_job(
         None => None,
     };
     let token = random_hex(32);
-    // Tells this job's processes and shared memory from another job's of the same name.
-    let job_uid = random_hex(16);
     write_private(&dir.token(), &token)?;
     let tls = job_tls(&cfg, kind, path, &dir)?;
     let ip = bind_ip(&cfg)?;
@@ -261,7 +282,6 @@ pub async fn start_job(
     std::fs::write(dir.started_ms_file(), now_ms().to_string())?;
     let shm_ns = shm_namespace(&job_id, &job_uid);
     let fingerprint = Fingerprint::of(&cfg, &file_pairs(&files));
-    let total_samples = files.iter().map(|f| f.rows).sum::<u64>() * cfg.train.epochs as u64;
     let coordinator = if cfg.checkpoint.enabled {
         Some(Arc::new(Coordinator::new(
             &cfg,
@@ -319,22 +339,7 @@ pub async fn start_job(
     if cfg.data.follow {
         queue.follow();
     }
-    let mut workers = cfg.cluster.workers;
-    let autoscale = if cfg.autoscale.enabled {
-        let (start, warm) = connect_brain(
-            &cfg,
-            &dir,
-            format!("{job_id}-{job_uid}"),
-            total_samples,
-            true,
-            cfg.autoscale.warm_start,
-        )
-        .await?;
-        workers = warm.unwrap_or(workers);
-        Some(start)
-    } else {
-        None
-    };
+    let workers = cfg.cluster.workers;
     let mut cx = LiveCtx::now();
     let mut job = Job::start(policy(&cfg), queue, workers, &mut cx);
     if from.is_some() {
