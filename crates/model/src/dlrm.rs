@@ -822,6 +822,7 @@ impl DenseDlrm {
                         .task_labels
                         .get(r0 * extra..r1 * extra)
                         .unwrap_or(&[]),
+                    weights: inputs.weights.get(r0..r1).unwrap_or(&[]),
                     grad_scale: inputs.grad_scale,
                     tower: inputs.tower,
                     dropout: inputs.dropout.map(|d| Dropout {
@@ -853,6 +854,7 @@ impl DenseDlrm {
             emb,
             labels: &[],
             task_labels: &[],
+            weights: &[],
             grad_scale: 0.0,
             tower,
             dropout: None,
@@ -980,6 +982,32 @@ impl DenseDlrm {
         tower: Tower,
         ws: &mut Workspace,
     ) -> Result<f32> {
+        let labels = Labels {
+            labels,
+            task_labels,
+            weights: &[],
+        };
+        self.forward_backward_weighted(dense_x, emb, labels, tower, ws)
+    }
+
+    /// [`DenseDlrm::forward_backward_tower`] of a weighted loss: each sample's BCE counts
+    /// `labels.weights[i]` times (empty: once), and the loss (returned, and differentiated)
+    /// is the weighted mean, `sum(w l) / sum(w)` per task. Scaling every weight by the
+    /// same factor leaves the step unchanged; a weight of 0 leaves its sample out of the
+    /// gradient. A batch whose weights sum to 0 has loss 0 and a zero gradient.
+    pub fn forward_backward_weighted(
+        &self,
+        dense_x: &[f32],
+        emb: &[f32],
+        labels: Labels<'_>,
+        tower: Tower,
+        ws: &mut Workspace,
+    ) -> Result<f32> {
+        let Labels {
+            labels,
+            task_labels,
+            weights,
+        } = labels;
         if tower == Tower::Adapt && self.adapt.is_none() {
             return Err(ModelError::NoAdaptTower);
         }
@@ -998,6 +1026,24 @@ impl DenseDlrm {
                 got: task_labels.len(),
             });
         }
+        if !weights.is_empty() && weights.len() != n {
+            return Err(ModelError::Shape {
+                what: "weights (one per sample)",
+                expected: n,
+                got: weights.len(),
+            });
+        }
+        if let Some(i) = weights.iter().position(|w| !(w.is_finite() && *w >= 0.0)) {
+            return Err(ModelError::BadWeight {
+                row: i,
+                value: weights[i].to_string(),
+            });
+        }
+        let total_weight = if weights.is_empty() {
+            n as f64
+        } else {
+            weights.iter().map(|&w| f64::from(w)).sum()
+        };
         // Every training step draws new dropout masks (a function of the workspace's
         // stream and step count, so runs repeat exactly).
         ws.steps += 1;
@@ -1012,7 +1058,12 @@ impl DenseDlrm {
             emb,
             labels,
             task_labels,
-            grad_scale: 1.0 / n.max(1) as f32,
+            weights,
+            grad_scale: if total_weight > 0.0 {
+                (1.0 / total_weight) as f32
+            } else {
+                0.0
+            },
             tower,
             dropout,
             training: true,
@@ -1026,12 +1077,24 @@ impl DenseDlrm {
         ws.reduce_grads(used);
         // Block order, so the sum does not depend on the thread count.
         let loss_sum: f64 = ws.blocks[..used].iter().map(|b| b.loss_sum).sum();
-        Ok(if n == 0 {
-            0.0
+        Ok(if total_weight > 0.0 {
+            (loss_sum / total_weight) as f32
         } else {
-            (loss_sum / n as f64) as f32
+            0.0
         })
     }
+}
+
+/// What a training step learns from: task 0's labels `[n]`, the other tasks' `[n, T - 1]`
+/// (empty for one task) and each sample's weight `[n]` (empty: 1 each).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Labels<'a> {
+    /// Task 0's labels.
+    pub labels: &'a [f32],
+    /// Tasks `1..T`, row-major.
+    pub task_labels: &'a [f32],
+    /// Sample weights.
+    pub weights: &'a [f32],
 }
 
 /// Rows of the batch one task computes start to finish on one thread (a multiple of the
@@ -1049,7 +1112,10 @@ struct BlockInputs<'a> {
     labels: &'a [f32],
     /// The labels of tasks `1..T`, `[n, T - 1]` (empty for one task).
     task_labels: &'a [f32],
-    /// Factor of `dlogits` (`1 / batch`, so the blocks' gradients add up to the mean's).
+    /// Each sample's weight in the loss, `[n]` (empty: 1 each).
+    weights: &'a [f32],
+    /// Factor of `dlogits` (`1 / sum of the weights`, so the blocks' gradients add up to
+    /// the weighted mean's).
     grad_scale: f32,
     /// The tower whose logit is computed (and trained).
     tower: Tower,
@@ -1266,6 +1332,7 @@ impl Block {
             * bce_sum_with_logits(
                 &logits[..n],
                 x.labels,
+                x.weights,
                 x.grad_scale * w0,
                 &mut self.dlogits[..n],
             );
@@ -1325,7 +1392,7 @@ impl Block {
                         &mut self.grads,
                         head_in,
                         a,
-                        (x.task_labels, x.grad_scale),
+                        (x.task_labels, x.weights, x.grad_scale),
                         d_top_in,
                         &mut self.ga,
                         &mut self.gb,

@@ -59,6 +59,14 @@ pub enum ModelError {
         /// Given length.
         got: usize,
     },
+    /// A sample weight that is negative or not a number.
+    #[error("sample weight of batch row {row} is {value}: weights must be finite and >= 0")]
+    BadWeight {
+        /// Row in the batch.
+        row: usize,
+        /// The weight, as written (`NaN`, `-1`, ...).
+        value: String,
+    },
     /// The batch is larger than the workspace was sized for.
     #[error("batch of {batch} exceeds workspace capacity {capacity}")]
     BatchTooLarge {

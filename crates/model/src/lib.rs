@@ -54,7 +54,7 @@ pub mod schedule;
 
 pub use attention::{AttentionActs, AttentionConfig, TargetAttention};
 pub use cross::CrossNet;
-pub use dlrm::{DenseDlrm, DlrmConfig, FlopCount, Tower, Workspace};
+pub use dlrm::{DenseDlrm, DlrmConfig, FlopCount, Labels, Tower, Workspace};
 pub use error::{ModelError, Result};
 pub use interaction::{Interaction, InteractionKind};
 pub use layers::{sigmoid, Activation, Linear, Mlp};

@@ -15,22 +15,36 @@ pub fn bce_with_logits(logits: &[f32], labels: &[f32], dlogits: &mut [f32]) -> f
     if n == 0 {
         return 0.0;
     }
-    (bce_sum_with_logits(logits, labels, 1.0 / n as f32, dlogits) / n as f64) as f32
+    (bce_sum_with_logits(logits, labels, &[], 1.0 / n as f32, dlogits) / n as f64) as f32
 }
 
-/// The summed (not averaged) binary cross-entropy of a block of a batch, writing
-/// `dlogits[i] = (sigmoid(x_i) - y_i) * grad_scale`; with `grad_scale = 1 / batch` the
-/// blocks' gradients are those of the whole batch's mean loss.
+/// The summed (not averaged) binary cross-entropy of a block of a batch, each sample's
+/// term times its weight (`weights` empty: 1 each), writing
+/// `dlogits[i] = w_i (sigmoid(x_i) - y_i) * grad_scale`; with `grad_scale = 1 / sum(w)`
+/// the blocks' gradients are those of the whole batch's weighted mean loss.
 pub(crate) fn bce_sum_with_logits(
     logits: &[f32],
     labels: &[f32],
+    weights: &[f32],
     grad_scale: f32,
     dlogits: &mut [f32],
 ) -> f64 {
     let mut sum = 0.0f64;
-    for ((&x, &y), g) in logits.iter().zip(labels).zip(dlogits.iter_mut()) {
-        sum += bce_term(x, y) as f64;
-        *g = (sigmoid(x) - y) * grad_scale;
+    if weights.is_empty() {
+        for ((&x, &y), g) in logits.iter().zip(labels).zip(dlogits.iter_mut()) {
+            sum += bce_term(x, y) as f64;
+            *g = (sigmoid(x) - y) * grad_scale;
+        }
+        return sum;
+    }
+    for (((&x, &y), &w), g) in logits
+        .iter()
+        .zip(labels)
+        .zip(weights)
+        .zip(dlogits.iter_mut())
+    {
+        sum += f64::from(w) * bce_term(x, y) as f64;
+        *g = w * (sigmoid(x) - y) * grad_scale;
     }
     sum
 }

@@ -348,7 +348,7 @@ impl Mmoe {
         grads: &mut [f32],
         x: &[f32],
         acts: &mut MmoeActs,
-        (task_labels, grad_scale): (&[f32], f32),
+        (task_labels, weights, grad_scale): (&[f32], &[f32], f32),
         dx: &mut [f32],
         ga: &mut [f32],
         gb: &mut [f32],
@@ -370,6 +370,7 @@ impl Mmoe {
                 * bce_sum_with_logits(
                     &logits[..n],
                     &acts.labels[..n],
+                    weights,
                     grad_scale * w,
                     &mut acts.dlogits[..n],
                 );

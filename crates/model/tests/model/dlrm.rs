@@ -1266,3 +1266,157 @@ fn attention_in_row_blocks_equals_one_pass_over_the_batch() {
         "parameter gradients",
     );
 }
+
+/// `forward_backward_weighted` of `w` on rows `x`, `e`, labels `y` (task 0) and `ty`
+/// (the other tasks'): the loss, the dense gradient and the embedding gradient.
+fn weighted_step(
+    m: &DenseDlrm,
+    (x, e, y, ty): (&[f32], &[f32], &[f32], &[f32]),
+    w: &[f32],
+) -> (f32, Vec<f32>, Vec<f32>) {
+    let mut ws = m.workspace(8);
+    let labels = elastrec_model::Labels {
+        labels: y,
+        task_labels: ty,
+        weights: w,
+    };
+    let loss = m
+        .forward_backward_weighted(x, e, labels, Tower::Memory, &mut ws)
+        .unwrap();
+    (loss, ws.grads().to_vec(), ws.d_emb().to_vec())
+}
+
+fn assert_close(what: &str, a: &[f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-6 + 1e-4 * x.abs().max(y.abs()),
+            "{what}[{i}]: {x} vs {y}"
+        );
+    }
+}
+
+/// A sample weight multiplies its sample's loss in a weighted mean, for one task and for
+/// every task of a multi-task head: a weight of 0 is the sample left out of the batch,
+/// scaling every weight changes nothing, weights of 1 are the unweighted step, and the
+/// gradient is that of `sum(w l)` (finite differences).
+#[test]
+fn sample_weights_weigh_each_samples_loss_and_zero_leaves_it_out() {
+    for config in [
+        small(InteractionKind::Dot),
+        mmoe_small(InteractionKind::Dot, 0),
+    ] {
+        let m = DenseDlrm::new(config.clone()).unwrap();
+        let (n, width, extra) = (6, 3 * config.row_width(), m.tasks() - 1);
+        let mut g = rng(11);
+        let x = randv(&mut g, n * 5, 1.0);
+        let e = randv(&mut g, n * width, 1.0);
+        let y: Vec<f32> = (0..n).map(|i| (i % 2) as f32).collect();
+        let ty: Vec<f32> = (0..n * extra).map(|i| ((i / 2) % 2) as f32).collect();
+        let w = [2.0, 0.0, 1.0, 3.0, 0.0, 0.5];
+        let (loss, grads, d_emb) = weighted_step(&m, (&x, &e, &y, &ty), &w);
+
+        let kept: Vec<usize> = (0..n).filter(|&i| w[i] > 0.0).collect();
+        let pick = |v: &[f32], k: usize| -> Vec<f32> {
+            kept.iter()
+                .flat_map(|&i| v[i * k..(i + 1) * k].to_vec())
+                .collect()
+        };
+        let (x2, e2, y2, ty2, w2) = (
+            pick(&x, 5),
+            pick(&e, width),
+            pick(&y, 1),
+            pick(&ty, extra),
+            pick(&w, 1),
+        );
+        let (loss2, grads2, d_emb2) = weighted_step(&m, (&x2, &e2, &y2, &ty2), &w2);
+        assert!((loss - loss2).abs() < 1e-5, "{loss} vs {loss2}");
+        assert_close("dense gradient without the 0-weight rows", &grads, &grads2);
+        assert_close(
+            "their rows' embedding gradient",
+            &pick(&d_emb, width),
+            &d_emb2,
+        );
+        for i in (0..n).filter(|&i| w[i] == 0.0) {
+            assert!(d_emb[i * width..(i + 1) * width].iter().all(|&v| v == 0.0));
+        }
+
+        let w10: Vec<f32> = w.iter().map(|v| v * 10.0).collect();
+        let (loss10, grads10, _) = weighted_step(&m, (&x, &e, &y, &ty), &w10);
+        assert!((loss - loss10).abs() < 1e-5, "{loss} vs {loss10}");
+        assert_close("weights times 10", &grads, &grads10);
+
+        let (loss1, grads1, _) = weighted_step(&m, (&x, &e, &y, &ty), &[1.0; 6]);
+        let (loss0, grads0, _) = weighted_step(&m, (&x, &e, &y, &ty), &[]);
+        assert_eq!(loss1, loss0);
+        assert_close("weights of 1", &grads0, &grads1);
+
+        // Finite differences of sum(w l) over every task against sum(w) times the
+        // gradient of the weighted mean.
+        let total: f32 = w.iter().sum();
+        let gp: Vec<f32> = grads.iter().map(|v| v * total).collect();
+        let labels: Vec<Vec<f32>> = std::iter::once(y.clone())
+            .chain((0..extra).map(|t| ty.iter().skip(t).step_by(extra).copied().collect()))
+            .collect();
+        let mut mm = m.clone();
+        let mut ws = mm.workspace(8);
+        let p0 = mm.params().to_vec();
+        check_fd("weighted params", &p0, &gp, 2e-3, 1e-3, 2e-2, |p| {
+            mm.params_mut().copy_from_slice(p);
+            mm.forward(&x, &e, &mut ws).unwrap();
+            let weighted: Vec<Vec<f32>> = labels.clone();
+            let loss: f64 = (0..n)
+                .map(|i| {
+                    let row: Vec<Vec<f32>> = weighted.iter().map(|l| vec![l[i]]).collect();
+                    f64::from(w[i]) * row_bce(&mm, &ws, i, &row)
+                })
+                .sum();
+            (loss, relu_pattern(&mm, &ws))
+        });
+    }
+}
+
+/// The BCE of batch row `i` over every task (task weights applied), in f64.
+fn row_bce(m: &DenseDlrm, ws: &elastrec_model::Workspace, i: usize, labels: &[Vec<f32>]) -> f64 {
+    let bce = |l: f32, t: f32| {
+        let l = l as f64;
+        l.max(0.0) - l * t as f64 + (-l.abs()).exp().ln_1p()
+    };
+    let weight = |t: usize| m.mmoe().map_or(1.0, |h| f64::from(h.weights[t]));
+    labels
+        .iter()
+        .enumerate()
+        .map(|(t, y)| weight(t) * bce(ws.task_logits(t)[i], y[0]))
+        .sum()
+}
+
+/// A negative or non-finite weight, or one weight too few, is refused naming the row.
+#[test]
+fn bad_sample_weights_are_refused() {
+    let m = DenseDlrm::new(small(InteractionKind::Dot)).unwrap();
+    let mut ws = m.workspace(4);
+    let mut g = rng(5);
+    let x = randv(&mut g, 2 * 5, 1.0);
+    let e = randv(&mut g, 2 * 12, 1.0);
+    let step = |w: &[f32], ws: &mut elastrec_model::Workspace| {
+        let labels = elastrec_model::Labels {
+            labels: &[1.0, 0.0],
+            task_labels: &[],
+            weights: w,
+        };
+        m.forward_backward_weighted(&x, &e, labels, Tower::Memory, ws)
+    };
+    for bad in [-1.0, f32::NAN, f32::INFINITY] {
+        match step(&[1.0, bad], &mut ws) {
+            Err(ModelError::BadWeight { row: 1, .. }) => {}
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        step(&[1.0], &mut ws),
+        Err(ModelError::Shape { what, .. }) if what.starts_with("weights")
+    ));
+    // Weights that sum to 0: nothing to learn from.
+    assert_eq!(step(&[0.0, 0.0], &mut ws).unwrap(), 0.0);
+    assert!(ws.grads().iter().all(|&v| v == 0.0));
+}
