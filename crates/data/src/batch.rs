@@ -40,6 +40,9 @@ pub struct Batch {
     pub tasks: usize,
     /// The labels of tasks `1..tasks`, `len * (tasks - 1)` row-major (empty for one).
     pub task_labels: Vec<f32>,
+    /// Each sample's weight in the loss (`data.weight`), `len` values; empty when the data
+    /// has no weight column: 1 each.
+    pub weights: Vec<f32>,
     /// `len * NUM_DENSE` values, row-major, already transformed as `ln(1 + max(x, 0))`;
     /// an empty field is 0.
     pub dense: Vec<f32>,
@@ -178,6 +181,7 @@ impl Batch {
             labels: Vec::with_capacity(rows),
             tasks: 1,
             task_labels: Vec::new(),
+            weights: Vec::new(),
             dense: Vec::with_capacity(rows * dense_width),
             sparse: Vec::with_capacity(rows * sparse_width),
             dense_width,
@@ -200,6 +204,7 @@ impl Batch {
     pub fn clear(&mut self) {
         self.labels.clear();
         self.task_labels.clear();
+        self.weights.clear();
         self.dense.clear();
         self.sparse.clear();
         self.bags.iter_mut().for_each(Jagged::clear);
@@ -257,6 +262,14 @@ impl Batch {
         let x = other.tasks - 1;
         self.task_labels
             .extend_from_slice(&other.task_labels[range.start * x..range.end * x]);
+        // Weights are kept once either side has them (rows without count 1).
+        if !(self.weights.is_empty() && other.weights.is_empty()) {
+            self.weights.resize(self.len(), 1.0);
+            match other.weights.get(range.clone()) {
+                Some(w) if !other.weights.is_empty() => self.weights.extend_from_slice(w),
+                _ => self.weights.resize(self.len() + range.len(), 1.0),
+            }
+        }
         self.labels.extend_from_slice(&other.labels[range.clone()]);
         self.dense
             .extend_from_slice(&other.dense[range.start * d..range.end * d]);
@@ -272,6 +285,7 @@ impl Batch {
     pub fn truncate(&mut self, rows: usize) {
         self.labels.truncate(rows);
         self.task_labels.truncate(rows * (self.tasks - 1));
+        self.weights.truncate(rows);
         self.dense.truncate(rows * self.dense_width);
         self.sparse.truncate(rows * self.sparse_width);
         for bag in &mut self.bags {

@@ -250,6 +250,8 @@ pub enum FieldError {
     },
     /// A number field (dense value, weight) that is not a number.
     BadNumber(String),
+    /// A sample weight (`data.weight`) that is missing, negative or not finite.
+    BadWeight(String),
     /// A JSON sample of named features that does not fit the schema (the message names
     /// the column).
     Json(String),
@@ -291,6 +293,10 @@ impl fmt::Display for FieldError {
             FieldError::BadCategory(got) => write!(f, "expected 8 hex digits, got {got:?}"),
             FieldError::NotFinite(v) => write!(f, "a dense value must be finite, got {v}"),
             FieldError::BadNumber(got) => write!(f, "expected a number, got {got:?}"),
+            FieldError::BadWeight(got) => write!(
+                f,
+                "a sample weight must be a finite number >= 0, got {got}"
+            ),
             FieldError::Json(why) => write!(f, "{why}"),
             FieldError::FieldCount { expected, found } => write!(
                 f,

@@ -33,6 +33,8 @@ use std::sync::Arc;
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Columns {
     pub(crate) labels: Vec<usize>,
+    /// The sample weights' column.
+    pub(crate) weight: Option<usize>,
     pub(crate) dense: Vec<usize>,
     pub(crate) cats: Vec<usize>,
     /// Ids and, for a weighted bag, weights.
@@ -55,6 +57,7 @@ pub(crate) fn missing_column(path: &Path, name: &str, role: &str, have: &[&str])
 struct Staged {
     rows: usize,
     labels: Vec<Vec<f32>>,
+    sample_weights: Vec<f32>,
     dense: Vec<Vec<f32>>,
     cats: Vec<Vec<u64>>,
     lists: Vec<Jagged>,
@@ -130,6 +133,9 @@ impl Columns {
         for l in &schema.labels {
             out.labels.push(find(l, "label")?);
         }
+        if let Some(w) = &schema.weight {
+            out.weight = Some(find(w, "sample weight")?);
+        }
         for f in &schema.features {
             let i = find(f.column(), &format!("feature {:?}", f.name))?;
             match f.kind {
@@ -167,6 +173,9 @@ impl Columns {
                 ))
             }
         };
+        if let Some(i) = out.weight {
+            check(i, is_number, "a sample weight needs a number")?;
+        }
         for &i in &out.labels {
             check(
                 i,
@@ -203,6 +212,7 @@ impl Columns {
         let mut wanted: Vec<usize> = self
             .labels
             .iter()
+            .chain(&self.weight)
             .chain(&self.dense)
             .chain(&self.cats)
             .copied()
@@ -217,6 +227,7 @@ impl Columns {
         let pos = |c: &usize| wanted.binary_search(c).expect("column is decoded");
         let decoded = Columns {
             labels: self.labels.iter().map(pos).collect(),
+            weight: self.weight.as_ref().map(pos),
             dense: self.dense.iter().map(pos).collect(),
             cats: self.cats.iter().map(pos).collect(),
             lists: self
@@ -300,6 +311,9 @@ impl NamedParquetReader {
         batch
             .task_labels
             .extend(s.labels[1..].iter().map(|col| col[i]));
+        if let Some(&w) = s.sample_weights.get(i) {
+            batch.weights.push(w);
+        }
         batch.dense.extend(s.dense.iter().map(|col| col[i]));
         if s.dense.is_empty() {
             // No dense feature: the constant input of Schema::dense_width.
@@ -376,6 +390,22 @@ impl Staged {
                     0.0
                 }
             }));
+        }
+        self.sample_weights.clear();
+        if let (Some(col), Some(name)) = (c.weight, &schema.weight) {
+            let col = b.column(col);
+            numbers(col, &mut self.sample_weights);
+            for (r, w) in self.sample_weights.iter_mut().enumerate() {
+                if col.is_null(r) || !w.is_finite() || *w < 0.0 {
+                    let got = if col.is_null(r) {
+                        "null".to_string()
+                    } else {
+                        w.to_string()
+                    };
+                    flag(r, name, FieldError::BadWeight(got));
+                    *w = 0.0;
+                }
+            }
         }
         self.dense.resize_with(c.dense.len(), Vec::new);
         for ((dst, &col), f) in self.dense.iter_mut().zip(&c.dense).zip(schema.dense()) {

@@ -147,6 +147,8 @@ fn read_header(path: &Path, format: &CsvFormat) -> Result<(Vec<String>, u8)> {
 #[derive(Debug, Default)]
 struct RowScratch {
     labels: Vec<f32>,
+    /// The sample weight (1 without a weight column).
+    weight: f32,
     dense: Vec<f32>,
     cats: Vec<u64>,
     lists: Vec<Jagged>,
@@ -260,6 +262,10 @@ impl NamedCsvReader {
             row.labels
                 .push(parse_label(split.field(i)).map_err(|e| named(i, e))?);
         }
+        row.weight = match columns.weight {
+            Some(i) => parse_weight(split.field(i)).map_err(|e| named(i, e))?,
+            None => 1.0,
+        };
         row.dense.clear();
         for (&i, f) in columns.dense.iter().zip(schema.dense()) {
             let v = parse_number(split.field(i)).map_err(|e| named(i, e))?;
@@ -336,6 +342,9 @@ impl NamedCsvReader {
         let r = &self.row;
         batch.labels.push(r.labels[0]);
         batch.task_labels.extend_from_slice(&r.labels[1..]);
+        if self.columns.weight.is_some() {
+            batch.weights.push(r.weight);
+        }
         batch.dense.extend_from_slice(&r.dense);
         if r.dense.is_empty() {
             // No dense feature: the constant input of Schema::dense_width.
@@ -419,6 +428,21 @@ fn parse_label(t: &[u8]) -> std::result::Result<f32, FieldError> {
 }
 
 /// A dense value or weight: empty is 0; NaN and infinities are refused.
+/// A sample weight: a number >= 0, never empty.
+fn parse_weight(t: &[u8]) -> std::result::Result<f32, FieldError> {
+    let t = t.trim_ascii();
+    let bad = || FieldError::BadWeight(format!("{:?}", show_bytes(t)));
+    let v: f32 = std::str::from_utf8(t)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(bad)?;
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(bad())
+    }
+}
+
 fn parse_number(t: &[u8]) -> std::result::Result<f32, FieldError> {
     let t = t.trim_ascii();
     if t.is_empty() {

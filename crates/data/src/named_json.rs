@@ -52,6 +52,7 @@ fn push_features(
 ) -> Result<(), String> {
     let known = |name: &str| {
         schema.labels.iter().any(|l| l == name)
+            || schema.weight.as_deref() == Some(name)
             || schema
                 .features
                 .iter()
@@ -168,6 +169,23 @@ fn push_features(
                     batch.labels.push(y);
                 } else {
                     batch.task_labels.push(y);
+                }
+            }
+            if let Some(name) = &schema.weight {
+                let w = match row.get(name) {
+                    Some(Value::Number(n)) => n.as_f64().filter(|w| w.is_finite() && *w >= 0.0),
+                    _ => None,
+                };
+                match w {
+                    Some(w) => batch.weights.push(w as f32),
+                    None => {
+                        let got = row
+                            .get(name)
+                            .map_or("nothing".to_string(), |v| v.to_string());
+                        return Err(format!(
+                            "sample weight `{name}`: must be a number >= 0, got {got}"
+                        ));
+                    }
                 }
             }
         }

@@ -268,6 +268,9 @@ pub const DEFAULT_SCHEMA_TABLE_ROWS: u64 = 1 << 16;
 pub struct Schema {
     /// Label columns, one per task (task 0 first).
     pub labels: Vec<String>,
+    /// The column of each sample's weight in the loss (`data.weight`); none: 1 each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<String>,
     /// The features, in the order they fill a batch.
     pub features: Vec<FeatureSpec>,
     /// The tables; a feature's table not listed here gets [`DEFAULT_SCHEMA_TABLE_ROWS`].
@@ -284,6 +287,17 @@ impl Schema {
             return Err("names no label column (data.label)".into());
         }
         self.csv.validate()?;
+        if let Some(w) = &self.weight {
+            if self.labels.contains(w) {
+                return Err(format!("the weight column {w:?} is a label column"));
+            }
+            if let Some(f) = self.features.iter().find(|f| f.column() == w) {
+                return Err(format!(
+                    "the weight column {w:?} is also feature {:?}'s column",
+                    f.name
+                ));
+            }
+        }
         let mut names = HashSet::new();
         for f in &self.features {
             if !names.insert(f.name.as_str()) {
@@ -605,6 +619,8 @@ pub fn to_toml(schema: &Schema) -> String {
     #[derive(Serialize)]
     struct Data<'a> {
         label: LabelOut<'a>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        weight: Option<&'a str>,
         feature: &'a [FeatureSpec],
         table: &'a [TableSpec],
     }
@@ -625,6 +641,7 @@ pub fn to_toml(schema: &Schema) -> String {
     toml::to_string(&Doc {
         data: Data {
             label,
+            weight: schema.weight.as_deref(),
             feature: &schema.features,
             table: &schema.tables,
         },
@@ -642,6 +659,7 @@ mod tests {
         hist.max_len = Some(20);
         Schema {
             labels: vec!["click".into()],
+            weight: None,
             features: vec![
                 FeatureSpec::new("price", FeatureKind::Dense),
                 FeatureSpec::new("item_id", FeatureKind::Categorical),
@@ -655,6 +673,19 @@ mod tests {
             }],
             csv: Default::default(),
         }
+    }
+
+    /// The weight column is neither a label nor a feature's column.
+    #[test]
+    fn a_weight_column_is_no_label_and_no_feature() {
+        let mut s = schema();
+        s.weight = Some("w".into());
+        assert_eq!(s.validate(), Ok(()));
+        s.weight = Some(s.labels[0].clone());
+        assert!(s.validate().unwrap_err().contains("is a label column"));
+        s.weight = Some(s.features[0].column().to_string());
+        let err = s.validate().unwrap_err();
+        assert!(err.contains("is also feature"), "{err}");
     }
 
     #[test]

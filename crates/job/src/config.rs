@@ -119,6 +119,11 @@ pub struct DataConfig {
     /// (`elastrec train --print-config` shows them). Absent: the Criteo layout.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub label: Option<LabelColumns>,
+    /// The column of each sample's weight in the loss (named columns only): a number at
+    /// least 0; the loss is the weighted mean (`docs/data.md`, "Sample weights"). Absent:
+    /// 1 each.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight: Option<String>,
     /// The features of a data set with named columns (`[[data.feature]]`, see
     /// `docs/data.md`): name, kind (`dense`, `categorical`, `bag`, `sequence`), table,
     /// pooling, `max_len`, weights.
@@ -178,6 +183,7 @@ impl DataConfig {
                 .as_ref()
                 .map(LabelColumns::names)
                 .unwrap_or_default(),
+            weight: self.weight.clone(),
             features: self.feature.clone(),
             tables: self.table.clone(),
             csv: self.csv.clone(),
@@ -187,6 +193,7 @@ impl DataConfig {
     /// Makes `schema` the job's named features.
     pub fn set_schema(&mut self, schema: elastrec_data::Schema) {
         self.label = Some(LabelColumns::Many(schema.labels));
+        self.weight = schema.weight;
         self.feature = schema.features;
         self.table = schema.tables;
         self.csv = schema.csv;
@@ -213,6 +220,7 @@ impl Default for DataConfig {
             mix: None,
             source: Vec::new(),
             label: None,
+            weight: None,
             feature: Vec::new(),
             table: Vec::new(),
             csv: elastrec_data::CsvFormat::default(),
@@ -1473,6 +1481,14 @@ impl JobConfig {
             reason,
         };
         if !self.data.is_named() {
+            if self.data.weight.is_some() {
+                return Err(bad(
+                    "data.weight",
+                    "sample weights are a column of named features: add data.label (the \
+                     Criteo layout has no weight column)"
+                        .into(),
+                ));
+            }
             if !self.data.table.is_empty() {
                 return Err(bad(
                     "data.table",
@@ -1925,6 +1941,22 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("\"item\" is declared twice"), "{err}");
+        let err = parse("[data]\nweight = \"w\"\n").unwrap_err().to_string();
+        assert!(
+            err.contains("data.weight") && err.contains("data.label"),
+            "{err}"
+        );
+        let cfg = parse(&format!(
+            "[data]\nlabel = \"click\"\nweight = \"w\"\n{features}"
+        ))
+        .unwrap();
+        assert_eq!(cfg.data.schema().unwrap().weight.as_deref(), Some("w"));
+        let err = parse(&format!(
+            "[data]\nlabel = \"click\"\nweight = \"item\"\n{features}"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("weight column \"item\""), "{err}");
         let err = parse("[data]\nlabel = \"click\"\n[model]\ntable_rows = 1000\n")
             .unwrap_err()
             .to_string();

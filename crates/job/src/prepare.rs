@@ -107,6 +107,15 @@ pub fn resolve_schema(job: &mut JobConfig) -> Result<Option<elastrec_data::schem
         job.model.max_table_rows,
         &job.data.csv,
     )?;
+    let mut inferred = inferred;
+    if let Some(w) = &job.data.weight {
+        // The weight column is no feature; neither is a table only it used.
+        let s = &mut inferred.schema;
+        s.features.retain(|f| f.column() != w);
+        s.tables
+            .retain(|t| s.features.iter().any(|f| f.table() == t.name));
+        s.weight = Some(w.clone());
+    }
     job.data.feature = inferred.schema.features.clone();
     job.data.table = inferred.schema.tables.clone();
     Ok(Some(inferred))

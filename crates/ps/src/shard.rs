@@ -24,11 +24,13 @@ use crate::fail_points::fail_point_grow;
 use crate::layout::{Bitset, Layout, LayoutView, Phase};
 
 /// Gradients of one synchronous step collected so far, each contribution multiplied by
-/// its sample count (`weight` sums those counts; the flush divides by it).
+/// its loss weight: its sample count, or the sum of its samples' weights (`loss_weight`
+/// sums them; the flush divides by it). `samples` counts the step's samples.
 #[derive(Default)]
 pub(crate) struct Accum {
     count: u32,
-    weight: f64,
+    samples: f64,
+    loss_weight: f64,
     /// The schedule's multiplier of the step's latest push (0: none).
     lr_scale: f32,
     tables: Vec<u32>,
@@ -838,8 +840,10 @@ impl PsShard {
             }
             a.tables.extend_from_slice(&req.tables);
             a.rows.extend_from_slice(&req.rows);
-            let w = req.samples.max(1) as f32;
-            a.weight += f64::from(w);
+            a.samples += f64::from(req.samples.max(1));
+            let w = contribution_weight(req);
+            a.loss_weight += w;
+            let w = w as f32;
             a.grads.extend(req.grads.iter().map(|g| g * w));
             if a.dense.is_empty() {
                 a.dense = vec![0.0; held];
@@ -851,7 +855,7 @@ impl PsShard {
             }
             // The step is complete once every worker that trains has contributed, or once
             // it holds the job's (global) batch of samples.
-            if a.count >= req.contributors.max(1) || a.weight >= self.step_samples {
+            if a.count >= req.contributors.max(1) || a.samples >= self.step_samples {
                 self.flush(&mut st)?;
                 return Ok(self.version_locked(&st));
             }
@@ -869,8 +873,13 @@ impl PsShard {
 
     fn flush(&self, st: &mut State) -> Result<(), PsError> {
         let mut a = std::mem::take(&mut st.accum);
-        // The mean over the step's samples.
-        let inv = (1.0 / a.weight.max(1.0)) as f32;
+        // The (weighted) mean over the step's samples; weights that sum to 0 leave
+        // nothing to learn.
+        let inv = if a.loss_weight > 0.0 {
+            (1.0 / a.loss_weight) as f32
+        } else {
+            0.0
+        };
         for g in a.grads.iter_mut().chain(a.dense.iter_mut()) {
             *g *= inv;
         }
@@ -883,6 +892,16 @@ impl PsShard {
         self.apply_all(st, &a.tables, &a.rows, &a.grads, DenseGrad::Whole(&dense))?;
         self.version_tx.send_replace(self.version_locked(st));
         Ok(())
+    }
+}
+
+/// What a synchronous push's mean gradient counts for in its step: the sum of its
+/// samples' weights when the data has weights, else its sample count (0 counts as 1).
+/// A weight from the wire that is not a finite number >= 0 counts as its sample count.
+fn contribution_weight(req: &PushRequest) -> f64 {
+    match req.loss_weight {
+        Some(w) if w.is_finite() && w >= 0.0 => w,
+        _ => f64::from(req.samples.max(1)),
     }
 }
 
@@ -940,6 +959,7 @@ mod tests {
             layout_version: 0,
             dense_spans: vec![],
             lr_scale: 0.0,
+            loss_weight: None,
         }
     }
 
@@ -1084,6 +1104,7 @@ mod tests {
             layout_version: 0,
             dense_spans: vec![],
             lr_scale: 0.0,
+            loss_weight: None,
         };
         let n = before.dense.len();
         assert!(matches!(
@@ -1271,6 +1292,7 @@ mod tests {
                 layout_version: 0,
                 dense_spans: vec![],
                 lr_scale: 0.0,
+                loss_weight: None,
             };
             let values = || pull_row(&ps, row, false).values;
             ps.push(req(7, key(512))).await.unwrap();
@@ -1351,6 +1373,48 @@ mod tests {
         for (x, y) in after.iter().zip(&before) {
             assert!((y - x - 1.0).abs() < 1e-5, "{y} -> {x}");
         }
+    }
+
+    /// With sample weights (`data.weight`), a synchronous step's update is the mean
+    /// weighted by each contribution's sum of weights, not by its sample count; the
+    /// step still closes on the global batch of samples. Weights that sum to 0 move
+    /// nothing.
+    #[tokio::test]
+    async fn sync_step_weights_contributions_by_their_sample_weights() {
+        let mut job = job("sync");
+        job.train.batch_size = 100;
+        job.cluster.sync_timeout_ms = 5_000;
+        job.optimizer.dense = elastrec_model::DenseOptimizerConfig::Sgd {
+            lr: 1.0,
+            weight_decay: 0.0,
+        };
+        let ps = Arc::new(PsShard::new(&job, 0, 2).unwrap());
+        let start = ps.state.lock().dense.clone();
+        let n = ps.range().len();
+        let push = |w: u32, loss_weight: f64, grad: f32, base: u64| {
+            let ps = ps.clone();
+            async move {
+                let mut req = dense_push(w, vec![grad; n], base, 3, 50);
+                req.loss_weight = Some(loss_weight);
+                ps.push(req).await.unwrap().dense_version
+            }
+        };
+        let (a, b) = tokio::join!(
+            tokio::spawn(push(1, 30.0, 4.0, 0)),
+            tokio::spawn(push(2, 10.0, 0.0, 0))
+        );
+        assert_eq!((a.unwrap(), b.unwrap()), (1, 1));
+        // (30 * 4 + 10 * 0) / 40 = 3, where counting samples (50 each) would give 2.
+        let before = ps.state.lock().dense.clone();
+        for (x, y) in before.iter().zip(&start) {
+            assert!((y - x - 3.0).abs() < 1e-5, "{y} -> {x}");
+        }
+        let (c, d) = tokio::join!(
+            tokio::spawn(push(1, 0.0, 4.0, 1)),
+            tokio::spawn(push(2, 0.0, 2.0, 1))
+        );
+        assert_eq!((c.unwrap(), d.unwrap()), (2, 2));
+        assert_eq!(ps.state.lock().dense, before);
     }
 
     #[tokio::test]

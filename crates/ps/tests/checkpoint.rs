@@ -45,6 +45,7 @@ async fn push(ps: &PsShard, rows: &[u64], times: usize) {
             layout_version: 0,
             dense_spans: vec![],
             lr_scale: 0.0,
+            loss_weight: None,
         })
         .await
         .unwrap();

@@ -218,6 +218,7 @@ impl Layout<'_> {
             layout_version: self.version,
             dense_spans: vec![],
             lr_scale: 0.0,
+            loss_weight: None,
         }
     }
 
@@ -790,6 +791,7 @@ fn route_v0(b: &Batch, j: u32) -> PushRequest {
         layout_version: 0,
         dense_spans: vec![],
         lr_scale: 0.0,
+        loss_weight: None,
     }
 }
 
@@ -835,6 +837,7 @@ fn rest_of(b: &Batch, source: u32, old_count: u32, new: &Layout<'_>, j: u32) -> 
         layout_version: new.version,
         dense_spans,
         lr_scale: 0.0,
+        loss_weight: None,
     }
 }
 

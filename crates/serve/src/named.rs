@@ -65,6 +65,7 @@ mod tests {
         price.transform = elastrec_data::schema::DenseTransform::Log1p;
         Schema {
             labels: vec!["click".into()],
+            weight: None,
             features: vec![
                 price,
                 FeatureSpec::new("item", FeatureKind::Categorical),

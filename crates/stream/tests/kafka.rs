@@ -444,6 +444,7 @@ fn kafka_json_messages_of_named_features_fill_jagged_batches() {
     hist.table = Some("item".into());
     let schema = std::sync::Arc::new(Schema {
         labels: vec!["click".into()],
+        weight: None,
         features: vec![
             FeatureSpec::new("price", FeatureKind::Dense),
             FeatureSpec::new("item", FeatureKind::Categorical),

@@ -440,6 +440,7 @@ mod tests {
         hist.table = Some("item".into());
         let schema = Schema {
             labels: vec!["click".into()],
+            weight: None,
             features: vec![FeatureSpec::new("item", FeatureKind::Categorical), hist],
             tables: vec![TableSpec {
                 name: "item".into(),

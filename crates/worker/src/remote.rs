@@ -301,6 +301,8 @@ struct RemoteModel {
     /// `[optimizer.schedule]`'s multiplier for the next pushes, as the master last said
     /// (0: no schedule). Until its first reply, the schedule's start.
     lr_scale: f32,
+    /// The sum of the last batch's sample weights (none: the data has no weights).
+    loss_weight: Option<f64>,
 }
 
 impl RemoteModel {
@@ -348,6 +350,7 @@ impl RemoteModel {
             } else {
                 job.optimizer.schedule.scale(0, u64::MAX)
             },
+            loss_weight: None,
         };
         me.connect(layout)?;
         Ok(me)
@@ -673,14 +676,16 @@ impl RemoteModel {
         let n = batch.len();
         let emb = &self.emb[..n * self.dense.config().num_tables * self.dim];
         let tower = self.dense.tower_for(stream);
-        let loss = self.dense.forward_backward_tower(
-            &batch.dense,
-            emb,
-            &batch.labels,
-            &batch.task_labels,
-            tower,
-            &mut self.ws,
-        )?;
+        let labels = elastrec_model::Labels {
+            labels: &batch.labels,
+            task_labels: &batch.task_labels,
+            weights: &batch.weights,
+        };
+        self.loss_weight =
+            (!batch.weights.is_empty()).then(|| batch.weights.iter().map(|&w| f64::from(w)).sum());
+        let loss =
+            self.dense
+                .forward_backward_weighted(&batch.dense, emb, labels, tower, &mut self.ws)?;
         if !self.dense.attention().is_empty() {
             self.d_hist.resize(self.hist.len(), 0.0);
             self.dense.attend_backward(
@@ -755,6 +760,7 @@ impl RemoteModel {
             layout_version: self.layout,
             dense_spans,
             lr_scale: self.lr_scale,
+            loss_weight: self.loss_weight,
         }
     }
 

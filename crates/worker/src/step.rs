@@ -238,11 +238,16 @@ impl TrainStep {
         let emb = &mut self.emb[..n * self.model.tables() * self.model.dim()];
         self.model
             .embed(batch, emb, &mut self.lookups, &mut self.ws)?;
-        let loss = self.model.dense.forward_backward_tasks(
+        let labels = elastrec_model::Labels {
+            labels: &batch.labels,
+            task_labels: &batch.task_labels,
+            weights: &batch.weights,
+        };
+        let loss = self.model.dense.forward_backward_weighted(
             &batch.dense,
             emb,
-            &batch.labels,
-            &batch.task_labels,
+            labels,
+            elastrec_model::Tower::Memory,
             &mut self.ws,
         )?;
         self.model

@@ -8,4 +8,5 @@ mod named_csv;
 mod parquet_input;
 mod ranges;
 mod roundtrip;
+mod sample_weights;
 mod util;

@@ -99,6 +99,7 @@ pub(crate) fn schema() -> Schema {
     hist_head.max_len = Some(3);
     Schema {
         labels: vec!["click".into()],
+        weight: None,
         features: vec![
             price,
             FeatureSpec::new("user", FeatureKind::Categorical),
@@ -238,6 +239,7 @@ fn a_bad_label_names_file_row_and_column_and_skip_counts_it() {
     );
     let s = Arc::new(Schema {
         labels: vec!["click".into()],
+        weight: None,
         features: vec![FeatureSpec::new("user", FeatureKind::Categorical)],
         tables: Vec::new(),
         csv: Default::default(),
