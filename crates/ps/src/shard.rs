@@ -1326,11 +1326,9 @@ mod tests {
         }
     }
 
-    /// A synchronous step closes as soon as it holds the job's batch of samples, even when
-    /// the pushing workers expected more contributors; its update is the sample-weighted
-    /// mean; a push computed before the step closed joins the next one.
-    #[tokio::test]
-    async fn sync_step_closes_on_the_global_batch_and_weights_by_samples() {
+    /// A synchronous shard with a global batch of 100 samples whose dense update is SGD
+    /// with rate 1: a step moves every weight by minus the step's mean gradient.
+    fn sgd_sync_shard() -> Arc<PsShard> {
         let mut job = job("sync");
         job.train.batch_size = 100;
         job.cluster.sync_timeout_ms = 5_000;
@@ -1338,7 +1336,15 @@ mod tests {
             lr: 1.0,
             weight_decay: 0.0,
         };
-        let ps = Arc::new(PsShard::new(&job, 0, 2).unwrap());
+        Arc::new(PsShard::new(&job, 0, 2).unwrap())
+    }
+
+    /// A synchronous step closes as soon as it holds the job's batch of samples, even when
+    /// the pushing workers expected more contributors; its update is the sample-weighted
+    /// mean; a push computed before the step closed joins the next one.
+    #[tokio::test]
+    async fn sync_step_closes_on_the_global_batch_and_weights_by_samples() {
+        let ps = sgd_sync_shard();
         let start = ps.state.lock().dense.clone();
         let n = ps.range().len();
         let push = |w: u32, samples: u32, grad: f32, base: u64| {
@@ -1381,14 +1387,7 @@ mod tests {
     /// nothing.
     #[tokio::test]
     async fn sync_step_weights_contributions_by_their_sample_weights() {
-        let mut job = job("sync");
-        job.train.batch_size = 100;
-        job.cluster.sync_timeout_ms = 5_000;
-        job.optimizer.dense = elastrec_model::DenseOptimizerConfig::Sgd {
-            lr: 1.0,
-            weight_decay: 0.0,
-        };
-        let ps = Arc::new(PsShard::new(&job, 0, 2).unwrap());
+        let ps = sgd_sync_shard();
         let start = ps.state.lock().dense.clone();
         let n = ps.range().len();
         let push = |w: u32, loss_weight: f64, grad: f32, base: u64| {

@@ -717,20 +717,32 @@ fn mmoe_small(kind: InteractionKind, cross_layers: usize) -> DlrmConfig {
 /// The sum BCE, in f64, of the last forward's logits of every task against `labels`,
 /// weighted by the tasks' weights (1 for a one-task model).
 fn tasks_bce(m: &DenseDlrm, ws: &elastrec_model::Workspace, labels: &[Vec<f32>]) -> f64 {
+    weighted_tasks_bce(m, ws, labels, &[])
+}
+
+/// [`tasks_bce`] with each row's terms times its sample weight (`weights` empty: 1).
+fn weighted_tasks_bce(
+    m: &DenseDlrm,
+    ws: &elastrec_model::Workspace,
+    labels: &[Vec<f32>],
+    weights: &[f32],
+) -> f64 {
     let bce = |l: f32, t: f32| {
         let l = l as f64;
         l.max(0.0) - l * t as f64 + (-l.abs()).exp().ln_1p()
     };
-    let weight = |t: usize| m.mmoe().map_or(1.0, |h| f64::from(h.weights[t]));
+    let task_weight = |t: usize| m.mmoe().map_or(1.0, |h| f64::from(h.weights[t]));
+    let sample_weight = |i: usize| weights.get(i).map_or(1.0, |&w| f64::from(w));
     labels
         .iter()
         .enumerate()
         .map(|(t, y)| {
-            weight(t)
+            task_weight(t)
                 * ws.task_logits(t)
                     .iter()
                     .zip(y)
-                    .map(|(&l, &y)| bce(l, y))
+                    .enumerate()
+                    .map(|(i, (&l, &y))| sample_weight(i) * bce(l, y))
                     .sum::<f64>()
         })
         .sum()
@@ -1364,30 +1376,10 @@ fn sample_weights_weigh_each_samples_loss_and_zero_leaves_it_out() {
         check_fd("weighted params", &p0, &gp, 2e-3, 1e-3, 2e-2, |p| {
             mm.params_mut().copy_from_slice(p);
             mm.forward(&x, &e, &mut ws).unwrap();
-            let weighted: Vec<Vec<f32>> = labels.clone();
-            let loss: f64 = (0..n)
-                .map(|i| {
-                    let row: Vec<Vec<f32>> = weighted.iter().map(|l| vec![l[i]]).collect();
-                    f64::from(w[i]) * row_bce(&mm, &ws, i, &row)
-                })
-                .sum();
+            let loss = weighted_tasks_bce(&mm, &ws, &labels, &w);
             (loss, relu_pattern(&mm, &ws))
         });
     }
-}
-
-/// The BCE of batch row `i` over every task (task weights applied), in f64.
-fn row_bce(m: &DenseDlrm, ws: &elastrec_model::Workspace, i: usize, labels: &[Vec<f32>]) -> f64 {
-    let bce = |l: f32, t: f32| {
-        let l = l as f64;
-        l.max(0.0) - l * t as f64 + (-l.abs()).exp().ln_1p()
-    };
-    let weight = |t: usize| m.mmoe().map_or(1.0, |h| f64::from(h.weights[t]));
-    labels
-        .iter()
-        .enumerate()
-        .map(|(t, y)| weight(t) * bce(ws.task_logits(t)[i], y[0]))
-        .sum()
 }
 
 /// A negative or non-finite weight, or one weight too few, is refused naming the row.
