@@ -191,23 +191,31 @@ fn model_family(cfg: &JobConfig) -> String {
 }
 
 /// The warm-start plan, applied to the job before any node starts: its worker and PS
-/// counts and each role's cores and memory (the brain kept them within the bounds the
-/// job sent). A PS memory the job leaves to the model's size is sized again for the new
-/// PS count.
+/// counts and each role's cores and memory. The brain keeps them within the bounds the
+/// job sent; a plan from the wire is held to them again here (a value outside, or not a
+/// number, becomes the nearest bound). A PS memory the job leaves to the model's size is
+/// sized again for the new PS count.
 pub fn apply_warm_plan(cfg: &mut JobConfig, a: &pb::Allocation) {
-    cfg.cluster.workers = a.workers;
-    let ps_fixed = cfg.autoscale.ps == [0, 0];
-    if ps_fixed {
-        // The bounds were `cluster.ps` itself.
-        debug_assert_eq!(a.ps, cfg.cluster.ps);
-    } else {
-        cfg.cluster.ps = a.ps;
+    let within = |v: f64, lo: f64, hi: f64| {
+        if v.is_finite() {
+            v.clamp(lo, hi.max(lo))
+        } else {
+            lo
+        }
+    };
+    let s = &mut cfg.autoscale;
+    cfg.cluster.workers = a
+        .workers
+        .clamp(s.workers[0], s.workers[1].max(s.workers[0]));
+    // Bounds `[0, 0]` are `cluster.ps` itself: the count stays.
+    if s.ps != [0, 0] {
+        cfg.cluster.ps = a.ps.clamp(s.ps[0].max(1), s.ps[1].max(s.ps[0]).max(1));
     }
-    cfg.autoscale.worker_cpu = a.worker_cpu;
-    cfg.autoscale.ps_cpu = a.ps_cpu;
-    cfg.autoscale.worker_mem_gb = a.worker_mem_gb;
-    if cfg.autoscale.ps_mem_gb > 0.0 {
-        cfg.autoscale.ps_mem_gb = a.ps_mem_gb;
+    s.worker_cpu = within(a.worker_cpu, s.worker_cpu, s.worker_cpu_max);
+    s.ps_cpu = within(a.ps_cpu, s.ps_cpu, s.ps_cpu_max);
+    s.worker_mem_gb = within(a.worker_mem_gb, s.worker_mem_gb, s.worker_mem_gb_max);
+    if s.ps_mem_gb > 0.0 {
+        s.ps_mem_gb = within(a.ps_mem_gb, s.ps_mem_gb, s.ps_mem_gb_max);
     }
 }
 
@@ -694,4 +702,49 @@ fn resize_ps(core: &MasterCore, cpu: f64) -> anyhow::Result<()> {
         launch.set_role_cpu(Role::Ps, cpu);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(workers: u32, ps: u32, cores: f64, mem_gb: f64) -> pb::Allocation {
+        pb::Allocation {
+            workers,
+            ps,
+            worker_cpu: cores,
+            ps_cpu: cores,
+            worker_mem_gb: mem_gb,
+            ps_mem_gb: mem_gb,
+        }
+    }
+
+    /// A warm plan sets every resource it names within the job's bounds; one from the
+    /// wire outside them, or not a number, is held to the nearest bound; a fixed PS count
+    /// (`autoscale.ps = [0, 0]`) stays.
+    #[test]
+    fn a_warm_plan_sizes_the_job_within_its_bounds() {
+        let mut cfg = JobConfig::default();
+        cfg.cluster.ps = 2;
+        let a = &mut cfg.autoscale;
+        (a.workers, a.ps) = ([1, 8], [1, 4]);
+        (a.worker_cpu, a.worker_cpu_max, a.ps_cpu, a.ps_cpu_max) = (1.0, 4.0, 1.0, 2.0);
+        (a.worker_mem_gb, a.worker_mem_gb_max) = (2.0, 8.0);
+        let mut got = cfg.clone();
+        apply_warm_plan(&mut got, &plan(3, 3, 2.0, 4.0));
+        assert_eq!((got.cluster.workers, got.cluster.ps), (3, 3));
+        let a = &got.autoscale;
+        assert_eq!((a.worker_cpu, a.ps_cpu, a.worker_mem_gb), (2.0, 2.0, 4.0));
+        assert_eq!(a.ps_mem_gb, 0.0, "left to the model's size");
+
+        let mut got = cfg.clone();
+        apply_warm_plan(&mut got, &plan(1000, 1000, 1e9, f64::NAN));
+        assert_eq!((got.cluster.workers, got.cluster.ps), (8, 4));
+        let a = &got.autoscale;
+        assert_eq!((a.worker_cpu, a.ps_cpu, a.worker_mem_gb), (4.0, 2.0, 2.0));
+
+        cfg.autoscale.ps = [0, 0];
+        apply_warm_plan(&mut cfg, &plan(3, 3, 2.0, 4.0));
+        assert_eq!(cfg.cluster.ps, 2);
+    }
 }
