@@ -136,7 +136,8 @@ async fn record_outcome(
 }
 
 /// The allocation the job ran with at its end: its worker and PS counts and the cores and
-/// memory its nodes were launched with.
+/// memory its nodes were launched with. None where one of them is not a size the brain
+/// takes (no worker left, no memory limit): the outcome is then recorded without it.
 fn final_allocation(core: &MasterCore) -> Option<elastrec_proto::brain::Allocation> {
     let launch = core.launch.get()?;
     let (workers, ps) = {
@@ -144,14 +145,16 @@ fn final_allocation(core: &MasterCore) -> Option<elastrec_proto::brain::Allocati
         (job.target_workers(), job.policy().num_ps)
     };
     let gb = |role| launch.memory_mib(role) as f64 / 1024.0;
-    Some(elastrec_proto::brain::Allocation {
+    let a = elastrec_proto::brain::Allocation {
         workers,
         ps,
         worker_cpu: launch.cpu(Role::Worker),
         ps_cpu: launch.cpu(Role::Ps),
         worker_mem_gb: gb(Role::Worker),
         ps_mem_gb: gb(Role::Ps),
-    })
+    };
+    let sizes = [a.worker_cpu, a.ps_cpu, a.worker_mem_gb, a.ps_mem_gb];
+    (a.workers > 0 && a.ps > 0 && sizes.iter().all(|v| v.is_finite() && *v > 0.0)).then_some(a)
 }
 
 /// The job's gRPC server and its Prometheus endpoint.
