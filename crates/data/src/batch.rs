@@ -265,9 +265,11 @@ impl Batch {
         // Weights are kept once either side has them (rows without count 1).
         if !(self.weights.is_empty() && other.weights.is_empty()) {
             self.weights.resize(self.len(), 1.0);
-            match other.weights.get(range.clone()) {
-                Some(w) if !other.weights.is_empty() => self.weights.extend_from_slice(w),
-                _ => self.weights.resize(self.len() + range.len(), 1.0),
+            if other.weights.is_empty() {
+                self.weights.resize(self.len() + range.len(), 1.0);
+            } else {
+                self.weights
+                    .extend_from_slice(&other.weights[range.clone()]);
             }
         }
         self.labels.extend_from_slice(&other.labels[range.clone()]);

@@ -428,18 +428,12 @@ fn parse_label(t: &[u8]) -> std::result::Result<f32, FieldError> {
 }
 
 /// A dense value or weight: empty is 0; NaN and infinities are refused.
-/// A sample weight: a number >= 0, never empty.
+/// A sample weight: a number (as [`parse_number`] reads one) >= 0, never empty.
 fn parse_weight(t: &[u8]) -> std::result::Result<f32, FieldError> {
     let t = t.trim_ascii();
-    let bad = || FieldError::BadWeight(format!("{:?}", show_bytes(t)));
-    let v: f32 = std::str::from_utf8(t)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(bad)?;
-    if v.is_finite() && v >= 0.0 {
-        Ok(v)
-    } else {
-        Err(bad())
+    match parse_number(t) {
+        Ok(v) if !t.is_empty() && v >= 0.0 => Ok(v),
+        _ => Err(FieldError::BadWeight(format!("{:?}", show_bytes(t)))),
     }
 }
 
