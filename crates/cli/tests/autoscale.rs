@@ -39,10 +39,12 @@ fn run_job(job: &Path, log: &Path, env: &[(&str, &str)]) -> Group {
     Group::spawn_with_env(&["run", job.to_str().unwrap()], log, env)
 }
 
-/// A job started at 1 worker / 1 PS on a workload whose workers are the bottleneck scales
-/// up by itself (a cold start: probes that grow it while throughput keeps up, then the
-/// brain's fitted plan, which moves it or keeps it with its reasons) and finishes faster
-/// than the same job pinned at 1 worker; the ledger stays exact and the model as good.
+/// A job whose file leaves its worker count out (elastic by default: no `enabled`, no
+/// `cluster.workers`) starts at 1 worker / 1 PS on a workload whose workers are the
+/// bottleneck and scales up by itself (a cold start: probes that grow it while throughput
+/// keeps up, then the brain's fitted plan, which moves it or keeps it with its reasons).
+/// It finishes faster than the same job whose file pins 1 worker, which is not autoscaled
+/// at all; the ledger stays exact and the model as good.
 #[test]
 fn a_job_that_needs_more_workers_scales_up_by_itself_and_beats_the_pinned_job() {
     let _g = serial();
@@ -50,7 +52,12 @@ fn a_job_that_needs_more_workers_scales_up_by_itself_and_beats_the_pinned_job() 
         "pinned",
         "[cluster]\nps = 1\nworkers = 1\nwarmup_steps = 20\n[checkpoint]\nenabled = false\n",
     );
-    let (auto_job, auto_dir) = write_job("autoscaled", &autoscale_section("workers = [1, 4]"));
+    // Warm start off: the test's default database holds the other tests' jobs of this
+    // data, and this one is to start cold.
+    let by_default = autoscale_section("workers = [1, 4]\nwarm_start = false")
+        .replace("workers = 1\n", "")
+        .replace("enabled = true\n", "");
+    let (auto_job, auto_dir) = write_job("autoscaled", &by_default);
     let (pinned_log, auto_log) = (
         pinned_dir.with_extension("log"),
         auto_dir.with_extension("log"),
@@ -71,6 +78,11 @@ fn a_job_that_needs_more_workers_scales_up_by_itself_and_beats_the_pinned_job() 
     check_result(&auto_dir, &auto_log, 0.01);
     check_result(&pinned_dir, &pinned_log, 0.005);
     let (r_auto, r_pinned) = (result(&auto_dir), result(&pinned_dir));
+    assert!(
+        r_pinned["autoscale"].is_null(),
+        "a file that pins its workers is not autoscaled: {}",
+        r_pinned["autoscale"]
+    );
     let scaling = r_auto["autoscale"]["scaling"].as_array().unwrap().clone();
     let log = std::fs::read_to_string(&auto_log).unwrap();
     assert!(!scaling.is_empty(), "no scaling action\n{log}");

@@ -2,7 +2,7 @@
 //! the job master profiles the job, asks the brain for a plan and executes it. Read by
 //! `elastrec run`, ignored by `elastrec train`; unknown keys are errors naming the key.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -12,8 +12,10 @@ use crate::config::{ConfigError, JobConfig};
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AutoscaleConfig {
-    /// Let the master change the job's resources by itself (default false: the job keeps
-    /// `cluster.workers` / `cluster.ps` unless a person runs `elastrec scale`).
+    /// Let the master change the job's resources by itself. Default: on for a batch job
+    /// whose file leaves its worker count to the system (no `cluster.workers`, no
+    /// `resources.worker.count`); a file that pins the count keeps it (and `elastrec
+    /// scale` still changes it). Online jobs scale through `stream.autoscale` instead.
     pub enabled: bool,
     /// Smallest and largest number of workers the master may run.
     pub workers: [u32; 2],
@@ -29,14 +31,16 @@ pub struct AutoscaleConfig {
     /// database is `brain_db`), or `http://HOST:PORT` of an `elastrec brain` service
     /// (token from `ELASTREC_BRAIN_TOKEN`).
     pub brain: String,
-    /// Database of the in-process brain: empty for SQLite at `<output.dir>/brain.db`, or a
-    /// `sqlite://` / `postgres://` URL (a database shared by jobs lets warm start learn
-    /// from earlier jobs).
+    /// Database of the in-process brain: empty for the user's SQLite file
+    /// (`$XDG_DATA_HOME/elastrec/brain.db`, else `~/.local/share/elastrec/brain.db`), or a
+    /// `sqlite://` / `postgres://` URL (shared by a team's jobs).
     pub brain_db: String,
     /// Start from the brain's warm-start plan (Algorithm 1 over similar past jobs: their
     /// worker and PS counts, cores and memory, within this section's bounds) instead of
-    /// `cluster.workers` / `cluster.ps`.
-    pub warm_start: bool,
+    /// `cluster.workers` / `cluster.ps`. Default: on when there is a config database to
+    /// learn from (`brain` or `brain_db` is set, or the user's default database exists).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warm_start: Option<bool>,
     /// Business scenario of the job (e.g. `"feed-ctr"`): warm start counts jobs of one
     /// scenario as alike. Empty: `ELASTREC_SCENARIO` from the environment, else none.
     pub scenario: String,
@@ -107,7 +111,7 @@ impl Default for AutoscaleConfig {
             sample_s: 1.0,
             brain: String::new(),
             brain_db: String::new(),
-            warm_start: false,
+            warm_start: None,
             scenario: String::new(),
             user: String::new(),
             min_gain: 0.05,
@@ -132,6 +136,16 @@ impl Default for AutoscaleConfig {
 }
 
 impl AutoscaleConfig {
+    /// Whether the job starts from the brain's warm-start plan: as the file says, else
+    /// when a config database exists for the brain to find similar jobs in.
+    pub fn wants_warm_start(&self) -> bool {
+        self.warm_start.unwrap_or_else(|| {
+            !self.brain.is_empty()
+                || !self.brain_db.is_empty()
+                || default_brain_db().is_some_and(|db| db.exists())
+        })
+    }
+
     /// `scenario`, or the environment's when the file leaves it empty.
     pub fn scenario(&self) -> String {
         first_set(&self.scenario, &["ELASTREC_SCENARIO"])
@@ -150,6 +164,96 @@ impl AutoscaleConfig {
             self.ps
         }
     }
+}
+
+/// The in-process brain's database when the job names none: one SQLite file per user,
+/// `$XDG_DATA_HOME/elastrec/brain.db` (else `~/.local/share/elastrec/brain.db`), so that
+/// each job warm-starts from the user's earlier ones. `None` without a home directory.
+pub fn default_brain_db() -> Option<PathBuf> {
+    let data_home = std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| Path::new(&h).join(".local/share"))
+        })?;
+    Some(data_home.join("elastrec").join("brain.db"))
+}
+
+/// Elastic by default: a batch job whose file does not say whether the master may size it
+/// is autoscaled unless the file pins its worker count; the autoscaler's allotment of a
+/// role defaults to what `[resources]` asks for it. `given` is the file's own table.
+pub(crate) fn resolve_autoscale(job: &mut JobConfig, given: &toml::Table) {
+    let has = |section: &str, key: &str| {
+        given
+            .get(section)
+            .and_then(|s| s.as_table())
+            .is_some_and(|s| s.contains_key(key))
+    };
+    // One place per setting: what `[resources]` asks of a role is also where the
+    // autoscaler starts it, unless `[autoscale]` gives its own allotment.
+    let resources = given.get("resources").and_then(|r| r.as_table());
+    let from_resources = |role: &str, key: &str| {
+        resources
+            .and_then(|r| r.get(role))
+            .and_then(|r| r.get(key))
+            .is_some()
+    };
+    let r = job.resources.clone();
+    let a = &mut job.autoscale;
+    for (field, role, key, value, slot) in [
+        (
+            "worker_cpu",
+            "worker",
+            "cpu",
+            r.worker.cpu,
+            &mut a.worker_cpu,
+        ),
+        ("ps_cpu", "ps", "cpu", r.ps.cpu, &mut a.ps_cpu),
+        (
+            "worker_mem_gb",
+            "worker",
+            "memory_gb",
+            r.worker.memory_gb,
+            &mut a.worker_mem_gb,
+        ),
+        (
+            "ps_mem_gb",
+            "ps",
+            "memory_gb",
+            r.ps.memory_gb,
+            &mut a.ps_mem_gb,
+        ),
+        (
+            "worker_mem_gb_max",
+            "worker",
+            "memory_gb_max",
+            r.worker.memory_gb_max,
+            &mut a.worker_mem_gb_max,
+        ),
+        (
+            "ps_mem_gb_max",
+            "ps",
+            "memory_gb_max",
+            r.ps.memory_gb_max,
+            &mut a.ps_mem_gb_max,
+        ),
+    ] {
+        if !has("autoscale", field) && from_resources(role, key) {
+            *slot = value;
+        }
+    }
+    if has("autoscale", "enabled") {
+        return;
+    }
+    let worker_count_given = has("cluster", "workers")
+        || given
+            .get("resources")
+            .and_then(|r| r.get("worker"))
+            .and_then(|w| w.get("count"))
+            .is_some();
+    job.autoscale.enabled = job.stream.is_none() && !worker_count_given;
 }
 
 /// `value` when set, else the first of the environment variables `vars` that is.
@@ -186,7 +290,7 @@ pub(crate) fn validate_autoscale(job: &JobConfig, path: &Path) -> Result<(), Con
             format!("[{pmin}, {pmax}] must satisfy 1 <= min <= max <= 64"),
         ));
     }
-    if a.enabled && !a.warm_start && !(wmin..=wmax).contains(&job.cluster.workers) {
+    if a.enabled && a.warm_start != Some(true) && !(wmin..=wmax).contains(&job.cluster.workers) {
         return Err(bad(
             "cluster.workers",
             format!(
@@ -292,10 +396,63 @@ mod tests {
     }
 
     #[test]
-    fn defaults_are_off_with_the_fixed_ps_count() {
+    fn a_batch_job_is_elastic_unless_its_file_pins_the_workers() {
         let j = job("").unwrap();
-        assert!(!j.autoscale.enabled);
+        assert!(
+            j.autoscale.enabled,
+            "a file that leaves the workers out is sized by the master"
+        );
         assert_eq!(j.autoscale.ps_bounds(j.cluster.ps), [j.cluster.ps; 2]);
+        for pinned in [
+            "[cluster]\nworkers = 2\n",
+            "[resources.worker]\ncount = 2\n",
+        ] {
+            assert!(!job(pinned).unwrap().autoscale.enabled, "{pinned}");
+        }
+        let j = job("[cluster]\nworkers = 2\n[autoscale]\nenabled = true\n").unwrap();
+        assert!(
+            j.autoscale.enabled,
+            "a file that says so is autoscaled from its count"
+        );
+        assert!(
+            !job("[autoscale]\nenabled = false\n")
+                .unwrap()
+                .autoscale
+                .enabled
+        );
+        let back = job(&toml::to_string(&j).unwrap()).unwrap();
+        assert_eq!(
+            back.autoscale, j.autoscale,
+            "the resolved section survives the job file"
+        );
+    }
+
+    #[test]
+    fn the_autoscaler_starts_a_role_on_what_resources_asks_for_it() {
+        let j = job(
+            "[resources.worker]\ncpu = 4.0\nmemory_gb = 6.0\n[resources.ps]\nmemory_gb = 3.0\n",
+        )
+        .unwrap();
+        assert_eq!(j.autoscale.worker_cpu, 4.0);
+        assert_eq!(j.autoscale.worker_mem_gb, 6.0);
+        assert_eq!(j.autoscale.ps_mem_gb, 3.0);
+        assert_eq!(j.autoscale.ps_cpu, 1.0, "not given anywhere: the default");
+        let j = job("[resources.worker]\ncpu = 4.0\n[autoscale]\nworker_cpu = 2.0\n").unwrap();
+        assert_eq!(
+            j.autoscale.worker_cpu, 2.0,
+            "[autoscale]'s own allotment wins"
+        );
+    }
+
+    #[test]
+    fn warm_start_is_on_where_a_config_database_is_named() {
+        let j = job("[autoscale]\nbrain_db = \"sqlite:///tmp/x.db\"\n").unwrap();
+        assert!(j.autoscale.wants_warm_start());
+        let j =
+            job("[autoscale]\nbrain_db = \"sqlite:///tmp/x.db\"\nwarm_start = false\n").unwrap();
+        assert!(!j.autoscale.wants_warm_start(), "the file's word wins");
+        let j = job("[autoscale]\nbrain = \"http://127.0.0.1:50070\"\n").unwrap();
+        assert!(j.autoscale.wants_warm_start());
     }
 
     #[test]

@@ -805,6 +805,7 @@ impl JobConfig {
         // The fields the file itself sets (the struct above has every default filled in).
         let given: toml::Table = toml::from_str(text).unwrap_or_default();
         crate::resources::resolve_resources(&mut cfg, &given, path)?;
+        crate::autoscale::resolve_autoscale(&mut cfg, &given);
         cfg.apply_family_defaults(&given);
         cfg.check_dataset_fields(&given, path)?;
         cfg.validate(path)?;
@@ -1689,6 +1690,8 @@ mod tests {
         // from its rows where it starts (2048 on the quickstart's).
         let mut in_code = JobConfig::default();
         in_code.train.batch_size_auto = true;
+        // ... and its resources decided by the master: it pins no worker count.
+        in_code.autoscale.enabled = true;
         assert_eq!(cfg, in_code);
         assert_eq!(cfg.train.batch_size, 2048);
         assert_eq!(cfg.model.bottom_mlp, vec![512, 256, 64, 16]);

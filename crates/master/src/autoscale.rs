@@ -644,6 +644,37 @@ impl Autoscaler {
             };
             return Round::Probe(report, d);
         }
+        // Where a PS's cores cannot vary (fixed, or no room for one more), the PS term
+        // is identified by a second PS count: one more PS (an online re-sharding) measures
+        // what a server is worth. Without it a job that may grow its PS never does: plans
+        // for speed are refused while the profile holds one PS count.
+        let [_, pmax] = self.settings.ps;
+        let room = self.settings.allocation(v.workers, v.ps + 1).total_cpu()
+            <= self.settings.cluster_cpu + 1e-9;
+        if self.settings.send_capacity
+            && self.settings.ps_scaling
+            && room
+            && v.ps < pmax
+            && !v.recovering
+            && (self.seen_workers.len() >= 2 || v.workers >= wmax)
+            && (self.seen_cpu.len() >= 2 || cpu + 1.0 > self.settings.worker_cpu_max)
+            && self.seen_ps_cpu.len() < 2
+            && self.seen_ps.len() < 2
+        {
+            let d = Decision::Apply {
+                workers: v.workers,
+                worker_cpu: cpu,
+                ps: v.ps + 1,
+                ps_cpu,
+                predicted: None,
+                reasons: vec![format!(
+                    "probe: the profile holds only {} PS; {} measure what a server is worth (Eq. 2's w / (p ps_cpu), through online re-sharding)",
+                    v.ps,
+                    v.ps + 1
+                )],
+            };
+            return Round::Probe(report, d);
+        }
         if self.samples_taken < DLROVER_MIN_SAMPLES as u64 {
             // Too few windows for a fit with a held-out check: report them and wait.
             return Round::Report(report);
@@ -1732,6 +1763,43 @@ mod tests {
         assert!(
             matches!(d, Decision::Refuse(ref w) if w.contains("worker_cpu_max")),
             "{d:?}"
+        );
+    }
+
+    /// A job that may grow its PS but not their cores probes one PS more once its
+    /// workers are measured, so the fit can tell what a server is worth; without PS
+    /// scaling (synchronous mode) it does not.
+    #[test]
+    fn a_single_ps_count_is_probed_with_one_more_ps_where_the_job_can_reshard() {
+        let elastic_ps = Settings {
+            workers: [1, 1],
+            ps: [1, 2],
+            ps_scaling: true,
+            ..settings()
+        };
+        let mut a = Autoscaler::new(elastic_ps.clone(), 0);
+        let (mut t, mut s) = (0, 0);
+        run(&mut a, &mut t, &mut s, 1, 1000, 4);
+        let v = view(t, 1, s);
+        let Round::Probe(_, d) = a.next_round(&v) else {
+            panic!("expected a probe of the PS count")
+        };
+        assert!(
+            matches!(d, Decision::Apply { workers: 1, ps: 2, ref reasons, .. } if reasons[0].contains("only 1 PS")),
+            "{d:?}"
+        );
+        let mut sync = Autoscaler::new(
+            Settings {
+                ps_scaling: false,
+                ..elastic_ps
+            },
+            0,
+        );
+        let (mut t, mut s) = (0, 0);
+        run(&mut sync, &mut t, &mut s, 1, 1000, 4);
+        assert!(
+            !matches!(sync.next_round(&view(t, 1, s)), Round::Probe(..)),
+            "a job that cannot re-shard does not probe its PS count"
         );
     }
 

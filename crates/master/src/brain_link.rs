@@ -153,30 +153,22 @@ impl BrainLink for RemoteBrain {
     }
 }
 
-/// The in-process brain's database when the job names none: one SQLite file per user,
-/// `$XDG_DATA_HOME/elastrec/brain.db` (else `~/.local/share/elastrec/brain.db`), so that
-/// each job warm-starts from the user's earlier ones; `<job_dir>/brain.db` where there is
-/// no home directory.
+/// The in-process brain's database when the job names none: the user's
+/// ([`elastrec_job::autoscale::default_brain_db`]), created here; `<job_dir>/brain.db`
+/// where there is no home directory.
 pub fn default_brain_db(job_dir: &Path) -> anyhow::Result<std::path::PathBuf> {
-    let data_home = std::env::var_os("XDG_DATA_HOME")
-        .filter(|v| !v.is_empty())
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| Path::new(&h).join(".local/share"))
-        });
-    let Some(data_home) = data_home else {
+    let Some(db) = elastrec_job::autoscale::default_brain_db() else {
         return Ok(job_dir.join("brain.db"));
     };
-    let dir = data_home.join("elastrec");
-    std::fs::create_dir_all(&dir).with_context(|| {
-        format!(
-            "creating {} for the brain's database (or set autoscale.brain_db)",
-            dir.display()
-        )
-    })?;
-    Ok(dir.join("brain.db"))
+    if let Some(dir) = db.parent() {
+        std::fs::create_dir_all(dir).with_context(|| {
+            format!(
+                "creating {} for the brain's database (or set autoscale.brain_db)",
+                dir.display()
+            )
+        })?;
+    }
+    Ok(db)
 }
 
 /// The brain a job's `[autoscale]` section names: the service at `autoscale.brain` (token

@@ -222,7 +222,7 @@ pub async fn start_job(
             format!("{job_id}-{job_uid}"),
             total_samples,
             true,
-            cfg.autoscale.warm_start,
+            cfg.autoscale.wants_warm_start(),
         )
         .await?;
         if let Some(a) = warm {
