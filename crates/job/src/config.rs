@@ -1692,6 +1692,7 @@ mod tests {
         in_code.train.batch_size_auto = true;
         // ... and its resources decided by the master: it pins no worker count.
         in_code.autoscale.enabled = true;
+        in_code.autoscale.enforce = Some(false);
         assert_eq!(cfg, in_code);
         assert_eq!(cfg.train.batch_size, 2048);
         assert_eq!(cfg.model.bottom_mlp, vec![512, 256, 64, 16]);

@@ -262,6 +262,9 @@ pub struct Autoscaler {
     seen_workers: std::collections::BTreeSet<u32>,
     /// See `seen_workers`.
     seen_ps: std::collections::BTreeSet<u32>,
+    /// A plan wanted more PS for speed while the profile held one PS count: the next
+    /// round probes one PS more.
+    ps_probe_wanted: bool,
     /// Cores per worker the profile holds samples of.
     seen_cpu: std::collections::BTreeSet<u64>,
     /// Cores per PS (thousandths) the profile holds samples of.
@@ -354,6 +357,7 @@ impl Autoscaler {
             unreported: Vec::new(),
             seen_workers: Default::default(),
             seen_ps: Default::default(),
+            ps_probe_wanted: false,
             seen_cpu: Default::default(),
             seen_ps_cpu: Default::default(),
             samples_taken: 0,
@@ -644,14 +648,17 @@ impl Autoscaler {
             };
             return Round::Probe(report, d);
         }
-        // Where a PS's cores cannot vary (fixed, or no room for one more), the PS term
-        // is identified by a second PS count: one more PS (an online re-sharding) measures
-        // what a server is worth. Without it a job that may grow its PS never does: plans
-        // for speed are refused while the profile holds one PS count.
+        // A plan that wanted more PS for speed was refused while the profile held one PS
+        // count (and a PS's cores could not vary: fixed, or no room for one more): a
+        // second PS count identifies the PS term, so one more PS (an online re-sharding)
+        // measures what a server is worth. Without it a job that may grow its PS for
+        // speed never does. Only on the brain's word: a probe before it would pre-empt the
+        // memory and hot-PS changes with one that has no reason of its own.
         let [_, pmax] = self.settings.ps;
         let room = self.settings.allocation(v.workers, v.ps + 1).total_cpu()
             <= self.settings.cluster_cpu + 1e-9;
-        if self.settings.send_capacity
+        if self.ps_probe_wanted
+            && self.settings.send_capacity
             && self.settings.ps_scaling
             && room
             && v.ps < pmax
@@ -661,6 +668,7 @@ impl Autoscaler {
             && self.seen_ps_cpu.len() < 2
             && self.seen_ps.len() < 2
         {
+            self.ps_probe_wanted = false;
             let d = Decision::Apply {
                 workers: v.workers,
                 worker_cpu: cpu,
@@ -1091,6 +1099,12 @@ impl Autoscaler {
         self.last_plan = Some(plan.clone());
         self.plan_for_memory = plan.memory.iter().any(|m| m.step_at_limit > 0);
         let d = self.judge(plan, v);
+        // The brain sees a gain in more servers that the fit cannot predict yet (one PS
+        // count, one value of a PS's cores): the next round measures one more.
+        self.ps_probe_wanted = !self.plan_for_memory
+            && self.seen_ps.len() < 2
+            && self.seen_ps_cpu.len() < 2
+            && plan.allocation.is_some_and(|a| a.ps > v.ps);
         self.last_verdict = Some(match &d {
             Decision::Apply {
                 workers,
@@ -1766,40 +1780,52 @@ mod tests {
         );
     }
 
-    /// A job that may grow its PS but not their cores probes one PS more once its
-    /// workers are measured, so the fit can tell what a server is worth; without PS
-    /// scaling (synchronous mode) it does not.
+    /// A plan that wants more PS for speed while the profile holds one PS count (and a
+    /// PS's cores cannot vary) is held to the PS the job has, and the next round probes
+    /// one PS more so the fit can tell what a server is worth; without the plan's word,
+    /// or without PS scaling (synchronous mode), no PS probe.
     #[test]
-    fn a_single_ps_count_is_probed_with_one_more_ps_where_the_job_can_reshard() {
+    fn a_plan_for_more_ps_on_one_ps_count_is_followed_by_a_probe_of_one_ps_more() {
         let elastic_ps = Settings {
             workers: [1, 1],
             ps: [1, 2],
             ps_scaling: true,
             ..settings()
         };
-        let mut a = Autoscaler::new(elastic_ps.clone(), 0);
-        let (mut t, mut s) = (0, 0);
-        run(&mut a, &mut t, &mut s, 1, 1000, 4);
-        let v = view(t, 1, s);
-        let Round::Probe(_, d) = a.next_round(&v) else {
+        let wants_ps = |mut a: Autoscaler| {
+            let (mut t, mut s) = (0, 0);
+            run(&mut a, &mut t, &mut s, 1, 1000, 4);
+            let round = a.next_round(&view(t, 1, s));
+            assert!(
+                !matches!(round, Round::Probe(..)),
+                "no probe before a plan asks: {round:?}"
+            );
+            let d = a.review(&plan(1, 2, 1500.0), &view(t, 1, s));
+            assert!(
+                !matches!(d, Decision::Apply { ps: 2, .. }),
+                "a PS change the fit cannot predict is not executed: {d:?}"
+            );
+            run(&mut a, &mut t, &mut s, 1, 1000, 4);
+            a.next_round(&view(t, 1, s))
+        };
+        let Round::Probe(_, d) = wants_ps(Autoscaler::new(elastic_ps.clone(), 0)) else {
             panic!("expected a probe of the PS count")
         };
         assert!(
             matches!(d, Decision::Apply { workers: 1, ps: 2, ref reasons, .. } if reasons[0].contains("only 1 PS")),
             "{d:?}"
         );
-        let mut sync = Autoscaler::new(
+        let sync = Autoscaler::new(
             Settings {
                 ps_scaling: false,
                 ..elastic_ps
             },
             0,
         );
-        let (mut t, mut s) = (0, 0);
-        run(&mut sync, &mut t, &mut s, 1, 1000, 4);
+        let round = wants_ps(sync);
         assert!(
-            !matches!(sync.next_round(&view(t, 1, s)), Round::Probe(..)),
-            "a job that cannot re-shard does not probe its PS count"
+            !matches!(round, Round::Probe(..)),
+            "a job that cannot re-shard does not probe its PS count: {round:?}"
         );
     }
 

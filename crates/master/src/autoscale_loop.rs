@@ -75,7 +75,11 @@ pub fn size_nodes(template: &crate::launch::LaunchTemplate, cfg: &JobConfig) {
     let s = settings(cfg, "");
     let a = &cfg.autoscale;
     let mib = |gb: f64| (gb * 1024.0).ceil() as u64;
-    template.set_worker_threads(s.worker_cpu as usize);
+    // A job autoscaled by default shares the machine as a pinned one does: its workers
+    // keep every core (local) or their role's (elsewhere).
+    if cfg.autoscale.holds_nodes() {
+        template.set_worker_threads(s.worker_cpu as usize);
+    }
     template.set_role_size(
         Role::Worker,
         s.worker_cpu,
@@ -597,9 +601,13 @@ async fn execute(core: &MasterCore, auto: &mut Autoscaler, d: &Decision, v: &Vie
             }
             if *ps != v.ps {
                 let why = reasons.last().cloned().unwrap_or_default();
-                if let Err(e) =
-                    crate::reshard::change_ps(core, *ps, &format!("{source}: {why}")).await
-                {
+                // A probe's reasons already begin with "probe:".
+                let why = if why.starts_with(&format!("{source}:")) {
+                    why
+                } else {
+                    format!("{source}: {why}")
+                };
+                if let Err(e) = crate::reshard::change_ps(core, *ps, &why).await {
                     event!(warn, "reshard_failed", error = %format!("{e:#}"), "autoscale: {e:#}");
                     return;
                 }

@@ -88,7 +88,7 @@ pub(super) fn open_backend(
     template.tls = tls;
     crate::autoscale_loop::size_nodes(&template, cfg);
     let template = Arc::new(template);
-    let enforce = cfg.autoscale.enabled || cfg.engine.local.enforce_resources;
+    let enforce = cfg.autoscale.holds_nodes() || cfg.engine.local.enforce_resources;
     Ok((
         crate::backend::open(kind, template.clone(), &cfg.engine, enforce)?,
         template,
