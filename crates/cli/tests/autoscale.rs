@@ -103,6 +103,18 @@ fn a_job_that_needs_more_workers_scales_up_by_itself_and_beats_the_pinned_job() 
         plan["reasons"].as_array().is_some_and(|r| !r.is_empty()),
         "{plan}"
     );
+    // After the job, `status` shows the plans and actions as a person reads them.
+    let shown = elastrec_ok(&["status", auto_dir.to_str().unwrap()]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    for line in [
+        "master is not running",
+        "ledger: consumed",
+        "autoscale: workers in [1,4]",
+        "predicted",
+        "probe",
+    ] {
+        assert!(shown.contains(line), "status lacks {line:?}:\n{shown}");
+    }
     let (t_auto, t_pinned) = (
         r_auto["wall_s"].as_f64().unwrap(),
         r_pinned["wall_s"].as_f64().unwrap(),

@@ -233,7 +233,12 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         _ => {
             let dir = JobDir(args.job_dir.clone());
             if let Ok(text) = std::fs::read_to_string(dir.result()) {
-                println!("master is not running; result of the job:\n{text}");
+                if args.json {
+                    println!("{text}");
+                } else {
+                    println!("master is not running; result of the job (all of it: --json):");
+                    print_result(&text);
+                }
                 return Ok(());
             }
             let store = crate::store::MasterDb::open_read_only(&dir.db()).await?;
@@ -494,6 +499,56 @@ fn print_datasets(d: &serde_json::Value) {
             },
             p["waiting_s"].as_f64().unwrap_or(0.0)
         );
+    }
+}
+
+/// A finished job's `result.json` as `elastrec status` shows it: how it ended, its ledger
+/// and model, and the autoscaler's plans and actions.
+fn print_result(text: &str) {
+    let Ok(r) = serde_json::from_str::<serde_json::Value>(text) else {
+        println!("{text}");
+        return;
+    };
+    let num = |v: &serde_json::Value, digits: usize| {
+        v.as_f64()
+            .map_or("-".to_string(), |x| format!("{x:.digits$}"))
+    };
+    println!(
+        "job {}: {}{} in {} s, {} samples/s; {} workers and {} PS launched",
+        r["job_id"].as_str().unwrap_or("?"),
+        r["status"].as_str().unwrap_or("?"),
+        r["error"]
+            .as_str()
+            .map_or(String::new(), |e| format!(" ({e})")),
+        num(&r["wall_s"], 1),
+        num(&r["samples_per_s"], 0),
+        r["workers_launched"],
+        r["ps_launched"]
+    );
+    let l = &r["ledger"];
+    if l.is_object() {
+        println!(
+            "ledger: consumed {}, duplicated {}, missing {}",
+            l["consumed"], l["duplicated"], l["missing"]
+        );
+    }
+    if r["eval"].is_object() {
+        println!(
+            "eval: AUC {} logloss {}",
+            num(&r["eval"]["auc"], 4),
+            num(&r["eval"]["logloss"], 4)
+        );
+    }
+    for c in r["reshards"].as_array().into_iter().flatten() {
+        println!(
+            "PS {} -> {}: {}",
+            c["from"],
+            c["to"],
+            c["reason"].as_str().unwrap_or_default()
+        );
+    }
+    if r["autoscale"].is_object() {
+        print_autoscale(&r["autoscale"]);
     }
 }
 
