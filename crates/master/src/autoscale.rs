@@ -225,6 +225,9 @@ struct Growth {
     give_back: bool,
     /// The plan changed the PS for memory: an undo keeps its PS.
     for_memory: bool,
+    /// A probe of one PS more: judged as a plan, and one that does not pay is undone
+    /// without capping later plans (it measured the PS term, which the fit now has).
+    ps_probe: bool,
     /// This change is the halfway step of a growth that did not pay: the allocation that
     /// growth planned. Judged against the same allocation as the growth, it is undone
     /// for good when it does not pay either.
@@ -916,7 +919,10 @@ impl Autoscaler {
             ));
             let mid = halfway(&b, &after);
             let mid_cpu = mid.total_cpu();
-            if g.halfway_of.is_none() && mid_cpu > cores_before + 0.5 && mid_cpu < cores_after - 0.5
+            if g.halfway_of.is_none()
+                && !g.ps_probe
+                && mid_cpu > cores_before + 0.5
+                && mid_cpu < cores_after - 0.5
             {
                 reasons.push(format!(
                     "halfway: {} workers x {} cores and {} PS x {} cores ({mid_cpu} cores), judged against the {:.0} samples/s before the plan",
@@ -962,7 +968,9 @@ impl Autoscaler {
             }
             None => (b, g.measured_before),
         };
-        let capped = if after.workers > b.workers {
+        let capped = if g.ps_probe {
+            None
+        } else if after.workers > b.workers {
             self.max_workers = Some(self.max_workers.map_or(b.workers, |m| m.min(b.workers)));
             Some(format!("plans stay within {} workers", b.workers))
         } else if grew && after.ps_cpu > b.ps_cpu + 1e-9 {
@@ -1318,6 +1326,7 @@ impl Autoscaler {
                 .measured
                 .filter(|(_, w, p)| (*w, *p) == (v.workers, v.ps));
             let give_back = source == "probe" && after.total_cpu() < before.total_cpu() - 1e-9;
+            let ps_probe = source == "probe" && after.ps > before.ps;
             let halfway = self
                 .halfway
                 .take()
@@ -1325,13 +1334,14 @@ impl Autoscaler {
             self.growth = match halfway {
                 // Judged against the allocation before the growth it halves.
                 Some((_, step)) => Some(step),
-                None => (source == "plan" || give_back)
+                None => (source == "plan" || give_back || ps_probe)
                     .then_some(measured_here)
                     .flatten()
                     .map(|(tp, ..)| Growth {
                         before,
                         measured_before: tp,
                         give_back,
+                        ps_probe,
                         for_memory: source == "plan" && self.plan_for_memory,
                         halfway_of: None,
                     }),
@@ -1814,6 +1824,46 @@ mod tests {
         assert!(
             matches!(d, Decision::Apply { workers: 1, ps: 2, ref reasons, .. } if reasons[0].contains("only 1 PS")),
             "{d:?}"
+        );
+        // Judged as a plan: one more PS that slows the job down is undone at its first
+        // window, and later plans are not capped for it.
+        let mut a = Autoscaler::new(elastic_ps.clone(), 0);
+        let (mut t, mut s) = (0, 0);
+        run(&mut a, &mut t, &mut s, 1, 1000, 4);
+        a.next_round(&view(t, 1, s));
+        a.review(&plan(1, 2, 1500.0), &view(t, 1, s));
+        run(&mut a, &mut t, &mut s, 1, 1000, 4);
+        let Round::Probe(_, d) = a.next_round(&view(t, 1, s)) else {
+            panic!("expected the PS probe")
+        };
+        a.applied(&d, &view(t, 1, s), "probe");
+        let two_ps = |t: u64, s: u64| View {
+            ps: 2,
+            ..view(t, 1, s)
+        };
+        for _ in 0..20 {
+            t += 100;
+            s += 60;
+            a.observe(&two_ps(t, s));
+        }
+        let Round::Revert(_, back) = a.next_round(&two_ps(t, s)) else {
+            panic!("a PS probe that cost 40% is undone")
+        };
+        assert!(
+            matches!(
+                back,
+                Decision::Apply {
+                    workers: 1,
+                    ps: 1,
+                    ..
+                }
+            ),
+            "{back:?}"
+        );
+        assert_eq!(
+            (a.max_workers, a.max_cpu),
+            (None, None),
+            "no cap for a probe"
         );
         let sync = Autoscaler::new(
             Settings {
