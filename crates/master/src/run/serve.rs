@@ -647,6 +647,9 @@ async fn drive_checkpoints(core: &Arc<MasterCore>, c: &Arc<Coordinator>) -> anyh
 struct Progress {
     started: Instant,
     last: Instant,
+    /// Samples done at the last line: the rate shown is the job's own since then (the
+    /// workers' reported rates are 0 until their first heartbeat with one).
+    last_samples: u64,
 }
 
 impl Progress {
@@ -655,15 +658,19 @@ impl Progress {
         Self {
             started: now,
             last: now,
+            last_samples: 0,
         }
     }
 
     fn maybe_print(&mut self, core: &MasterCore) {
-        if self.last.elapsed() <= PROGRESS_EVERY {
+        let since = self.last.elapsed();
+        if since <= PROGRESS_EVERY {
             return;
         }
         self.last = Instant::now();
         let s = core.status();
+        let rate = s.samples_done.saturating_sub(self.last_samples) as f64 / since.as_secs_f64();
+        self.last_samples = s.samples_done;
         let workers = s
             .nodes
             .iter()
@@ -678,7 +685,7 @@ impl Progress {
             s.epochs,
             s.samples_done,
             s.samples_total,
-            s.samples_per_sec,
+            rate,
             s.shards_todo,
             s.shards_doing,
             s.shards_done,
