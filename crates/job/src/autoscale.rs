@@ -261,12 +261,7 @@ pub(crate) fn resolve_autoscale(job: &mut JobConfig, given: &toml::Table) {
         a.enforce.get_or_insert(true);
         return;
     }
-    let worker_count_given = has("cluster", "workers")
-        || given
-            .get("resources")
-            .and_then(|r| r.get("worker"))
-            .and_then(|w| w.get("count"))
-            .is_some();
+    let worker_count_given = has("cluster", "workers") || from_resources("worker", "count");
     job.autoscale.enabled = job.stream.is_none() && !worker_count_given;
     job.autoscale.enforce.get_or_insert(false);
 }

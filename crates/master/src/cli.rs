@@ -440,7 +440,7 @@ fn print_stream(st: &serde_json::Value) {
 /// The progressive-validation line of `status` (nothing when `w` is not a window).
 fn print_progressive(w: &serde_json::Value) {
     let num = |x: &serde_json::Value| x.as_f64().unwrap_or(f64::NAN);
-    let auc = |x: &serde_json::Value| x.as_f64().map_or("-".into(), |a| format!("{a:.4}"));
+    let auc = |x: &serde_json::Value| fixed(x, 4);
     if w.is_object() {
         println!(
             "  progressive validation at {:.0} s: AUC {} logloss {:.4} over the last {} samples",
@@ -502,6 +502,12 @@ fn print_datasets(d: &serde_json::Value) {
     }
 }
 
+/// A JSON number with `digits` decimals, `-` where there is none.
+fn fixed(v: &serde_json::Value, digits: usize) -> String {
+    v.as_f64()
+        .map_or("-".to_string(), |x| format!("{x:.digits$}"))
+}
+
 /// A finished job's `result.json` as `elastrec status` shows it: how it ended, its ledger
 /// and model, and the autoscaler's plans and actions.
 fn print_result(text: &str) {
@@ -509,10 +515,7 @@ fn print_result(text: &str) {
         println!("{text}");
         return;
     };
-    let num = |v: &serde_json::Value, digits: usize| {
-        v.as_f64()
-            .map_or("-".to_string(), |x| format!("{x:.digits$}"))
-    };
+    let num = fixed;
     println!(
         "job {}: {}{} in {} s, {} samples/s; {} workers and {} PS launched",
         r["job_id"].as_str().unwrap_or("?"),
@@ -554,7 +557,7 @@ fn print_result(text: &str) {
 
 /// The autoscaler's part of `elastrec status`.
 fn print_autoscale(a: &serde_json::Value) {
-    let num = |v: &serde_json::Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:.0}"));
+    let num = |v: &serde_json::Value| fixed(v, 0);
     println!(
         "autoscale: workers in {}, PS in {}; {} profile samples, measured {} samples/s",
         a["bounds"]["workers"],
@@ -569,9 +572,7 @@ fn print_autoscale(a: &serde_json::Value) {
             p["workers"],
             p["ps"],
             num(&p["predicted_samples_per_s"]),
-            p["fit_mape_percent"]
-                .as_f64()
-                .map_or("-".into(), |m| format!("{m:.1}"))
+            fixed(&p["fit_mape_percent"], 1)
         );
         for r in p["reasons"].as_array().into_iter().flatten() {
             println!("    - {}", r.as_str().unwrap_or_default());
