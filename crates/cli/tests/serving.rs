@@ -268,23 +268,40 @@ fn named_json_rows(file: &std::path::Path) -> (Vec<serde_json::Value>, Vec<u8>) 
 /// with a wrong type is refused naming both.
 #[test]
 fn a_named_feature_model_serves_json_rows_with_lists() {
+    serve_named("serve-named", "label = \"click\"");
+}
+
+/// As [`a_named_feature_model_serves_json_rows_with_lists`], with the click history read
+/// by a transformer against the candidate item: each request row's history list goes
+/// through the encoder.
+#[test]
+fn a_history_read_by_a_transformer_is_served_from_each_rows_list() {
+    serve_named(
+        "serve-transformer",
+        &named_features("max_len = 20\npooling = \"transformer\"\nquery = \"item_id\""),
+    );
+}
+
+fn serve_named(name: &str, features: &str) {
     let f = fixture();
-    let data = f.dir.join("serve-named-data");
+    let data = f.dir.join(format!("{name}-data"));
     gen_named(&data, 9000);
-    let job = f.dir.join("serve-named.toml");
+    let job = f.dir.join(format!("{name}.toml"));
     std::fs::write(
         &job,
-        "[data]\ndir = \"serve-named-data\"\ntrain = [\"day_0.parquet\", \"day_1.parquet\"]\n\
-         eval = [\"day_2.parquet\"]\nlabel = \"click\"\n[train]\nprogress = false\n\
-         [output]\ndir = \"serve-named\"\n",
+        format!(
+            "[data]\ndir = \"{name}-data\"\ntrain = [\"day_0.parquet\", \"day_1.parquet\"]\n\
+             eval = [\"day_2.parquet\"]\n{features}\n[train]\nprogress = false\n\
+             [output]\ndir = \"{name}\"\n"
+        ),
     )
     .unwrap();
     elastrec_ok(&["train", job.to_str().unwrap()]);
-    let model = f.dir.join("serve-named/model.bin");
+    let model = f.dir.join(format!("{name}/model.bin"));
     let day2 = data.join("day_2.parquet");
     let want = eval_model_on(&model, &day2)["auc"].as_f64().unwrap();
 
-    let log = f.dir.join("serve-named.log");
+    let log = f.dir.join(format!("{name}.log"));
     let s = start_server(&[model.to_str().unwrap(), "--max-batch", "500"], None, &log);
     let (rows, labels) = named_json_rows(&day2);
     assert_eq!(rows.len(), 3000);

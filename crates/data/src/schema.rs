@@ -137,6 +137,28 @@ pub enum Pooling {
     /// Target attention (DIN): each id's vector weighted by a learned score against the
     /// `query` feature's (the candidate item's) vector.
     Attention,
+    /// A transformer (BST) over the ids' vectors in order, then the `query` feature's
+    /// (the candidate item's); the candidate's output is the pooled vector.
+    Transformer,
+}
+
+impl Pooling {
+    /// Pooled by a unit of the model against a `query` feature (attention or a
+    /// transformer), not by a fixed weighting.
+    pub fn is_learned(self) -> bool {
+        matches!(self, Self::Attention | Self::Transformer)
+    }
+
+    /// Its name in a job file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sum => "sum",
+            Self::Mean => "mean",
+            Self::Sqrtn => "sqrtn",
+            Self::Attention => "attention",
+            Self::Transformer => "transformer",
+        }
+    }
 }
 
 /// The transform of a dense feature before standardization.
@@ -192,8 +214,8 @@ pub struct FeatureSpec {
     /// Bag only: a `list<float>` column of per-id weights, as long as the id list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weights: Option<String>,
-    /// `pooling = "attention"` only: the categorical feature the ids are scored against
-    /// (the candidate item, usually reading the same table).
+    /// `pooling = "attention"` or `"transformer"` only: the categorical feature the ids
+    /// are read against (the candidate item, usually reading the same table).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub query: Option<String>,
 }
@@ -380,26 +402,26 @@ impl Schema {
         self.of_kind(FeatureKind::Categorical)
     }
 
-    /// A feature's `query`, which exactly attention pooling needs: a categorical feature.
+    /// A feature's `query`, which exactly a learned pooling needs: a categorical feature.
     fn check_query(&self, f: &FeatureSpec) -> std::result::Result<(), String> {
-        let attends = f.is_list() && f.pooling == Pooling::Attention;
+        let attends = f.is_list() && f.pooling.is_learned();
+        let how = f.pooling.name();
         if attends && f.weights.is_some() {
             return Err(format!(
-                "feature {:?} pools by attention, which learns its own weights: drop \
-                 `weights`",
+                "feature {:?} pools by {how}, which learns its own weights: drop `weights`",
                 f.name
             ));
         }
         match (&f.query, attends) {
             (None, false) => Ok(()),
             (Some(_), false) => Err(format!(
-                "feature {:?} names a query, which is for `pooling = \"attention\"` of a bag \
-                 or sequence",
+                "feature {:?} names a query, which is for `pooling = \"attention\"` or \
+                 `\"transformer\"` of a bag or sequence",
                 f.name
             )),
             (None, true) => Err(format!(
-                "feature {:?} pools by attention and names no `query` (the categorical \
-                 feature its ids are scored against, e.g. the candidate item)",
+                "feature {:?} pools by {how} and names no `query` (the categorical feature \
+                 its ids are read against, e.g. the candidate item)",
                 f.name
             )),
             (Some(q), true) => match self.features.iter().find(|g| &g.name == q) {
@@ -416,17 +438,18 @@ impl Schema {
         }
     }
 
-    /// The attention-pooled lists as `(slot, query slot, max_len)`, in batch order.
-    pub fn attention_slots(&self) -> Vec<(usize, usize, usize)> {
+    /// The lists pooled by a unit of the model (attention or a transformer) as `(slot,
+    /// query slot, max_len, pooling)`, in batch order.
+    pub fn attention_slots(&self) -> Vec<(usize, usize, usize, Pooling)> {
         let slots = self.slot_features();
         slots
             .iter()
             .enumerate()
-            .filter(|(_, f)| f.is_list() && f.pooling == Pooling::Attention)
+            .filter(|(_, f)| f.is_list() && f.pooling.is_learned())
             .filter_map(|(s, f)| {
                 let q = f.query.as_deref()?;
                 let query = slots.iter().position(|g| g.name == q)?;
-                Some((s, query, f.max_len()))
+                Some((s, query, f.max_len(), f.pooling))
             })
             .collect()
     }
@@ -741,7 +764,14 @@ mod tests {
         hist(&mut s).query = Some("item_id".into());
         s.validate().unwrap();
         // Slots: item_id 0, user_id 1, genres 2, hist_items 3.
-        assert_eq!(s.attention_slots(), [(3, 0, 20)]);
+        assert_eq!(s.attention_slots(), [(3, 0, 20, Pooling::Attention)]);
+        hist(&mut s).pooling = Pooling::Transformer;
+        s.validate().unwrap();
+        assert_eq!(s.attention_slots(), [(3, 0, 20, Pooling::Transformer)]);
+        hist(&mut s).query = None;
+        assert!(s.validate().unwrap_err().contains("pools by transformer"));
+        hist(&mut s).query = Some("item_id".into());
+        hist(&mut s).pooling = Pooling::Attention;
         hist(&mut s).weights = Some("w".into());
         assert!(s.validate().unwrap_err().contains("weights"));
         let genres = s.features.iter_mut().find(|f| f.name == "genres").unwrap();

@@ -346,6 +346,53 @@ pub struct ModelConfig {
     /// `pooling = "attention"`: the scoring MLP's hidden sizes and the normalization.
     #[serde(skip_serializing_if = "is_default_attention")]
     pub attention: AttentionSettings,
+    /// The transformer (`[model.transformer]`) of the named features pooled by
+    /// `pooling = "transformer"` (BST): heads, layers, feed-forward width, positions.
+    #[serde(skip_serializing_if = "is_default_transformer")]
+    pub transformer: TransformerSettings,
+}
+
+/// `[model.transformer]`: the encoder over `[history…, candidate]` of BST.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransformerSettings {
+    /// Attention heads; they split `model.embedding_dim`, so they must divide it.
+    pub heads: usize,
+    /// Encoder layers.
+    pub layers: usize,
+    /// Hidden width of each layer's feed-forward network; 0: four times
+    /// `model.embedding_dim` (the transformer's usual ratio).
+    pub ffn: usize,
+    /// Learned embeddings of each item's recency (the newest item 1, the candidate 0)
+    /// added to the tokens; `false`: the encoder does not see the order.
+    pub positions: bool,
+}
+
+impl Default for TransformerSettings {
+    fn default() -> Self {
+        Self {
+            heads: 2,
+            layers: 1,
+            ffn: 0,
+            positions: true,
+        }
+    }
+}
+
+impl TransformerSettings {
+    /// The model's transformer for `d`-wide embeddings.
+    pub fn model_config(&self, d: usize) -> elastrec_model::TransformerConfig {
+        elastrec_model::TransformerConfig {
+            heads: self.heads,
+            layers: self.layers,
+            ffn: if self.ffn == 0 { 4 * d } else { self.ffn },
+            positions: self.positions,
+        }
+    }
+}
+
+fn is_default_transformer(t: &TransformerSettings) -> bool {
+    *t == TransformerSettings::default()
 }
 
 /// `[model.attention]`: how DIN's attention scores a history item against its query.
@@ -551,6 +598,7 @@ impl Default for ModelConfig {
             dynamic_embeddings: None,
             mmoe: None,
             attention: AttentionSettings::default(),
+            transformer: TransformerSettings::default(),
         }
     }
 }
@@ -1520,6 +1568,17 @@ impl JobConfig {
             schema
                 .validate()
                 .map_err(|e| bad("data.feature", format!("the schema {e}")))?;
+            let transforms = schema
+                .attention_slots()
+                .iter()
+                .any(|u| u.3 == elastrec_data::schema::Pooling::Transformer);
+            let d = self.model.embedding_dim;
+            if let Some(why) = transforms
+                .then(|| self.model.transformer.model_config(d).check(d))
+                .flatten()
+            {
+                return Err(bad("model.transformer", why));
+            }
         }
         for (set, field, why) in [
             (

@@ -422,13 +422,17 @@ pub fn dense_config(job: &JobConfig) -> DlrmConfig {
             .map(|s| s.attention_slots())
             .unwrap_or_default()
             .into_iter()
-            .map(|(slot, query, max_len)| elastrec_model::AttentionConfig {
-                slot,
-                query,
-                max_len,
-                mlp: m.attention.mlp.clone(),
-                softmax: m.attention.softmax,
-            })
+            .map(
+                |(slot, query, max_len, pooling)| elastrec_model::AttentionConfig {
+                    slot,
+                    query,
+                    max_len,
+                    mlp: m.attention.mlp.clone(),
+                    softmax: m.attention.softmax,
+                    transformer: (pooling == elastrec_data::schema::Pooling::Transformer)
+                        .then(|| m.transformer.model_config(m.embedding_dim)),
+                },
+            )
             .collect(),
     }
 }

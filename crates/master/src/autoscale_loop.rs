@@ -179,19 +179,21 @@ pub fn job_spec(cfg: &JobConfig, brain_job_id: &str, samples_total: u64) -> pb::
     }
 }
 
-/// The model family warm start compares: `model.type`, marked when the model pools a
-/// behaviour sequence by attention (a different cost per sample).
+/// The model family warm start compares: `model.type`, marked with each learned pooling
+/// of a behaviour sequence (attention, a transformer: a different cost per sample).
 fn model_family(cfg: &JobConfig) -> String {
-    let name = cfg.model.model_type.name();
-    let attends = cfg
+    let mut name = cfg.model.model_type.name().to_string();
+    let units = cfg
         .data
         .schema()
-        .is_some_and(|s| !s.attention_slots().is_empty());
-    if attends {
-        format!("{name}+attention")
-    } else {
-        name.to_string()
+        .map(|s| s.attention_slots())
+        .unwrap_or_default();
+    let mut poolings: Vec<&str> = units.iter().map(|u| u.3.name()).collect();
+    poolings.dedup();
+    for p in poolings {
+        name = format!("{name}+{p}");
     }
+    name
 }
 
 /// The warm-start plan, applied to the job before any node starts: its worker and PS

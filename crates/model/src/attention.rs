@@ -11,10 +11,15 @@
 //! embedding the MLP scores, the rest (a first-order weight) is pooled with the same
 //! weights.
 //!
+//! A unit may pool by a transformer instead ([`crate::transformer`], BST): the history and
+//! the candidate encoded together, the candidate's output as the pooled vector; a
+//! first-order float is then the mean of the items'.
+//!
 //! Inputs per unit: the histories `[n, max_len, row]` (zero-padded) and their lengths
 //! `[n]`, each at least 1 (an empty history is the table's null row, once).
 
 use crate::layers::{Activation, Linear, Mlp};
+use crate::transformer::{dot, softmax, SequenceTransformer, TransformerActs, TransformerConfig};
 use serde::{Deserialize, Serialize};
 
 /// One history pooled by target attention (`[model.attention]`, per feature).
@@ -32,6 +37,19 @@ pub struct AttentionConfig {
     /// Softmax-normalized weights; `false`: DIN's raw scores.
     #[serde(default)]
     pub softmax: bool,
+    /// Pool by a transformer over the history and the query (BST) instead of DIN's
+    /// scoring MLP (`mlp` and `softmax` are then unused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transformer: Option<TransformerConfig>,
+}
+
+/// What pools a unit's history.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Pooler {
+    /// DIN's scoring MLP over `[h, q, h − q, h ⊙ q]`.
+    Din(Mlp),
+    /// A transformer over `[history…, candidate]`.
+    Transformer(SequenceTransformer),
 }
 
 /// A target-attention unit with its parameters at an offset of the flat dense vector.
@@ -41,7 +59,7 @@ pub struct TargetAttention {
     pub config: AttentionConfig,
     /// Where its parameters start.
     offset: usize,
-    mlp: Mlp,
+    pooler: Pooler,
     /// Embedding width scored.
     d: usize,
     /// Floats per embedding row (`d`, or `d + 1` with a first-order weight).
@@ -65,28 +83,43 @@ pub struct AttentionActs {
     ga: Vec<f32>,
     gb: Vec<f32>,
     dx: Vec<f32>,
+    /// A transformer's forward values and buffers.
+    encoder: TransformerActs,
 }
 
 impl TargetAttention {
     /// A unit scoring `d`-wide embeddings in rows of `row` floats, its parameters from
     /// `offset`.
     pub fn new(config: AttentionConfig, d: usize, row: usize, offset: usize) -> Self {
-        let mut sizes = vec![4 * d];
-        sizes.extend_from_slice(&config.mlp);
-        sizes.push(1);
-        let mlp = Mlp::new(&sizes, offset, Activation::Relu, Activation::None);
+        let pooler = match &config.transformer {
+            Some(t) => Pooler::Transformer(SequenceTransformer::new(
+                t.clone(),
+                d,
+                config.max_len,
+                offset,
+            )),
+            None => {
+                let mut sizes = vec![4 * d];
+                sizes.extend_from_slice(&config.mlp);
+                sizes.push(1);
+                Pooler::Din(Mlp::new(&sizes, offset, Activation::Relu, Activation::None))
+            }
+        };
         Self {
             config,
             offset,
-            mlp,
+            pooler,
             d,
             row,
         }
     }
 
-    /// Parameters of the scoring MLP.
+    /// Parameters of the scoring MLP or the transformer.
     pub fn num_params(&self) -> usize {
-        self.mlp.num_params()
+        match &self.pooler {
+            Pooler::Din(mlp) => mlp.num_params(),
+            Pooler::Transformer(t) => t.num_params(),
+        }
     }
 
     /// Where its parameters lie in the flat dense vector.
@@ -100,9 +133,26 @@ impl TargetAttention {
         Self::new(self.config.clone(), self.d, self.row, 0)
     }
 
-    /// Its layers (for initialization).
+    /// Initializes its parameters, each linear layer from its own stream counted from
+    /// `stream`; returns the streams used.
+    pub fn init(&self, params: &mut [f32], seed: u64, stream: u64) -> u64 {
+        match &self.pooler {
+            Pooler::Din(mlp) => {
+                for (i, l) in mlp.layers.iter().enumerate() {
+                    l.init(params, seed, stream + i as u64);
+                }
+                mlp.layers.len() as u64
+            }
+            Pooler::Transformer(t) => t.init(params, seed, stream),
+        }
+    }
+
+    /// The scoring MLP's layers (none for a transformer).
     pub fn layers(&self) -> &[Linear] {
-        &self.mlp.layers
+        match &self.pooler {
+            Pooler::Din(mlp) => &mlp.layers,
+            Pooler::Transformer(_) => &[],
+        }
     }
 
     /// Floats of its input per row: `max_len` items of `row` floats.
@@ -122,6 +172,12 @@ impl TargetAttention {
         slots: usize,
         acts: &mut AttentionActs,
     ) {
+        let mlp = match &self.pooler {
+            Pooler::Din(mlp) => mlp,
+            Pooler::Transformer(t) => {
+                return self.encode(t, params, hist, lens, emb, slots, acts);
+            }
+        };
         let (d, row, t_max) = (self.d, self.row, self.config.max_len);
         acts.starts.clear();
         let mut pairs = 0;
@@ -146,11 +202,11 @@ impl TargetAttention {
                 }
             }
         }
-        acts.acts.resize_with(self.mlp.layers.len(), Vec::new);
-        for (a, l) in acts.acts.iter_mut().zip(&self.mlp.layers) {
+        acts.acts.resize_with(mlp.layers.len(), Vec::new);
+        for (a, l) in acts.acts.iter_mut().zip(&mlp.layers) {
             a.resize(pairs * l.out_dim, 0.0);
         }
-        self.mlp.forward(params, &acts.x, pairs, &mut acts.acts);
+        mlp.forward(params, &acts.x, pairs, &mut acts.acts);
         let scores = acts.acts.last().expect("an output layer");
         acts.weights.clear();
         acts.weights.extend_from_slice(&scores[..pairs]);
@@ -189,6 +245,12 @@ impl TargetAttention {
         slots: usize,
         acts: &mut AttentionActs,
     ) {
+        let mlp = match &self.pooler {
+            Pooler::Din(mlp) => mlp,
+            Pooler::Transformer(t) => {
+                return self.encode_backward(t, params, grads, lens, d_emb, d_hist, slots, acts);
+            }
+        };
         let (d, row, t_max) = (self.d, self.row, self.config.max_len);
         let pairs = acts.weights.len();
         // d score of each pair: dp · h_t, through the softmax when there is one.
@@ -209,11 +271,11 @@ impl TargetAttention {
                 }
             }
         }
-        let width = self.mlp.max_width();
+        let width = mlp.max_width();
         acts.ga.resize(pairs * width, 0.0);
         acts.gb.resize(pairs * width, 0.0);
         acts.dx.resize(pairs * 4 * d, 0.0);
-        self.mlp.backward(
+        mlp.backward(
             params,
             grads,
             &acts.x,
@@ -254,25 +316,93 @@ impl TargetAttention {
         }
     }
 
-    /// Forward FLOPs per history item (the scoring MLP's; the pooling is a few more).
+    /// The transformer's forward: the candidate's output fills the slot's first `d`
+    /// floats, the items' mean the rest of the row (a first-order weight).
+    #[allow(clippy::too_many_arguments)]
+    fn encode(
+        &self,
+        t: &SequenceTransformer,
+        params: &[f32],
+        hist: &[f32],
+        lens: &[u32],
+        emb: &mut [f32],
+        slots: usize,
+        acts: &mut AttentionActs,
+    ) {
+        let (d, row, t_max) = (self.d, self.row, self.config.max_len);
+        let (query, slot) = (self.config.query, self.config.slot);
+        {
+            let emb = &*emb;
+            let q = |r: usize| &emb[(r * slots + query) * row..][..d];
+            t.forward(params, hist, lens, row, q, &mut acts.encoder);
+        }
+        for (r, &l) in lens.iter().enumerate() {
+            let out = &mut emb[(r * slots + slot) * row..][..row];
+            out[..d].copy_from_slice(acts.encoder.output(r));
+            let rest = &mut out[d..];
+            rest.fill(0.0);
+            for item in 0..l as usize {
+                let h = &hist[(r * t_max + item) * row..][d..row];
+                for (o, &v) in rest.iter_mut().zip(h) {
+                    *o += v / l as f32;
+                }
+            }
+        }
+    }
+
+    /// The backward of [`TargetAttention::encode`].
+    #[allow(clippy::too_many_arguments)]
+    fn encode_backward(
+        &self,
+        t: &SequenceTransformer,
+        params: &[f32],
+        grads: &mut [f32],
+        lens: &[u32],
+        d_emb: &mut [f32],
+        d_hist: &mut [f32],
+        slots: usize,
+        acts: &mut AttentionActs,
+    ) {
+        let (d, row, t_max) = (self.d, self.row, self.config.max_len);
+        let (query, slot) = (self.config.query, self.config.slot);
+        let g = acts.encoder.output_grad();
+        for r in 0..lens.len() {
+            g[r * d..][..d].copy_from_slice(&d_emb[(r * slots + slot) * row..][..d]);
+        }
+        d_hist[..lens.len() * t_max * row].fill(0.0);
+        // The first-order floats of the items share the slot's equally.
+        for (r, &l) in lens.iter().enumerate() {
+            let dp = &d_emb[(r * slots + slot) * row..][d..row];
+            for item in 0..l as usize {
+                let dh = &mut d_hist[(r * t_max + item) * row..][d..row];
+                for (o, &v) in dh.iter_mut().zip(dp) {
+                    *o = v / l as f32;
+                }
+            }
+        }
+        let mut dq = vec![0.0f32; lens.len() * d];
+        t.backward(
+            params,
+            grads,
+            lens,
+            |r, item, g| d_hist[(r * t_max + item) * row..][..d].copy_from_slice(g),
+            |r, g| dq[r * d..][..d].copy_from_slice(g),
+            &mut acts.encoder,
+        );
+        for (r, g) in dq.chunks_exact(d).enumerate() {
+            for (o, &v) in d_emb[(r * slots + query) * row..][..d].iter_mut().zip(g) {
+                *o += v;
+            }
+        }
+    }
+
+    /// Forward FLOPs per history item (of a full history for a transformer; the DIN
+    /// pooling is a few more than its MLP's).
     pub fn flops_per_item(&self) -> u64 {
-        self.mlp.forward_flops()
-    }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
-fn softmax(v: &mut [f32]) {
-    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut total = 0.0;
-    for x in v.iter_mut() {
-        *x = (*x - max).exp();
-        total += *x;
-    }
-    for x in v.iter_mut() {
-        *x /= total;
+        match &self.pooler {
+            Pooler::Din(mlp) => mlp.forward_flops(),
+            Pooler::Transformer(t) => t.flops_per_item(self.config.max_len),
+        }
     }
 }
 
@@ -293,7 +423,7 @@ mod tests {
 
     const SLOTS: usize = 3;
 
-    fn case(softmax: bool, row_extra: usize) -> Case {
+    fn case(softmax: bool, row_extra: usize, transformer: Option<TransformerConfig>) -> Case {
         let (d, t_max) = (4, 3);
         let row = d + row_extra;
         let config = AttentionConfig {
@@ -302,12 +432,11 @@ mod tests {
             max_len: t_max,
             mlp: vec![5, 3],
             softmax,
+            transformer,
         };
         let unit = TargetAttention::new(config, d, row, 0);
         let mut params = vec![0.0; unit.num_params()];
-        for (i, l) in unit.layers().iter().enumerate() {
-            l.init(&mut params, 7, i as u64);
-        }
+        unit.init(&mut params, 7, 0);
         // Biases away from 0 keep the ReLUs off their kinks for finite differences.
         let mut rng = crate::init::InitRng::new(3, 0);
         let mut draw = |k: usize| (0..k).map(|_| rng.uniform_sym(1.0)).collect::<Vec<f32>>();
@@ -338,7 +467,11 @@ mod tests {
     }
 
     fn check(softmax: bool, row_extra: usize) {
-        let k = case(softmax, row_extra);
+        check_unit(case(softmax, row_extra, None));
+    }
+
+    fn check_unit(k: Case) {
+        let softmax = k.unit.config.softmax;
         let mut emb = k.emb.clone();
         let mut acts = AttentionActs::default();
         k.unit
@@ -419,6 +552,69 @@ mod tests {
         check(true, 1);
     }
 
+    fn transformer(heads: usize, layers: usize) -> Option<TransformerConfig> {
+        Some(TransformerConfig {
+            heads,
+            layers,
+            ffn: 6,
+            positions: true,
+        })
+    }
+
+    #[test]
+    fn a_transformer_of_one_layer_has_the_gradients_of_finite_differences() {
+        check_unit(case(false, 0, transformer(1, 1)));
+        check_unit(case(false, 0, transformer(2, 1)));
+    }
+
+    #[test]
+    fn a_transformer_of_two_layers_has_the_gradients_of_finite_differences() {
+        check_unit(case(false, 0, transformer(2, 2)));
+    }
+
+    #[test]
+    fn a_transformer_pools_a_first_order_float_by_the_items_mean() {
+        check_unit(case(false, 1, transformer(2, 1)));
+        let k = case(false, 1, transformer(2, 1));
+        let mut emb = k.emb.clone();
+        let mut acts = AttentionActs::default();
+        k.unit
+            .forward(&k.params, &k.hist, &k.lens, &mut emb, SLOTS, &mut acts);
+        let row = 5;
+        let mean = (k.hist[4] + k.hist[row + 4] + k.hist[2 * row + 4]) / 3.0;
+        assert!((emb[2 * row + 4] - mean).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_transformer_sees_the_order_of_the_history_through_its_positions() {
+        // The same items in another order pool to another vector with positions, and to
+        // the same one without.
+        for positions in [true, false] {
+            let mut k = case(false, 0, transformer(2, 1));
+            let mut config = k.unit.config.clone();
+            config
+                .transformer
+                .as_mut()
+                .expect("a transformer")
+                .positions = positions;
+            k.unit = TargetAttention::new(config, 4, 4, 0);
+            k.unit.init(&mut k.params, 7, 0);
+            let pooled = |hist: &[f32]| {
+                let mut emb = k.emb.clone();
+                let mut acts = AttentionActs::default();
+                k.unit
+                    .forward(&k.params, hist, &k.lens, &mut emb, SLOTS, &mut acts);
+                emb[2 * 4..3 * 4].to_vec()
+            };
+            let mut swapped = k.hist.clone();
+            let (first, rest) = swapped.split_at_mut(4);
+            first.swap_with_slice(&mut rest[4..8]);
+            let (a, b) = (pooled(&k.hist), pooled(&swapped));
+            let differ = a.iter().zip(&b).any(|(x, y)| (x - y).abs() > 1e-4);
+            assert_eq!(differ, positions, "{a:?} against {b:?}");
+        }
+    }
+
     #[test]
     fn the_item_like_the_query_weighs_most_under_softmax() {
         // With h ⊙ q as a feature, an MLP that sums it scores each item by h · q.
@@ -429,6 +625,7 @@ mod tests {
             max_len: 2,
             mlp: vec![],
             softmax: true,
+            transformer: None,
         };
         let unit = TargetAttention::new(config, d, d, 0);
         let mut params = vec![0.0; unit.num_params()];

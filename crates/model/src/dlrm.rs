@@ -275,6 +275,13 @@ impl DlrmConfig {
             if a.max_len == 0 || a.mlp.contains(&0) {
                 return bad("max_len and every MLP width must be at least 1".into());
             }
+            if let Some(why) = a
+                .transformer
+                .as_ref()
+                .and_then(|t| t.check(self.embedding_dim))
+            {
+                return bad(format!("the transformer of slot {}: {why}", a.slot));
+            }
         }
         if let Some(a) = self.attention.iter().find(|a| pooled.contains(&a.query)) {
             return bad(format!(
@@ -462,10 +469,13 @@ impl DenseDlrm {
             + adapt.as_ref().map_or(0, |a| a.layers.len())
             + cross.layers.len()
             + usize::from(wide.is_some());
-        let heads = mmoe.iter().flat_map(Mmoe::layers);
-        let units = attention.iter().flat_map(TargetAttention::layers);
-        for (i, l) in heads.chain(units).enumerate() {
-            l.init(&mut params, config.seed, (others + i) as u64);
+        let mut stream = others as u64;
+        for l in mmoe.iter().flat_map(Mmoe::layers) {
+            l.init(&mut params, config.seed, stream);
+            stream += 1;
+        }
+        for unit in &attention {
+            stream += unit.init(&mut params, config.seed, stream);
         }
         Ok(Self {
             config,

@@ -51,6 +51,7 @@ pub mod mmoe;
 pub mod norm;
 pub mod optim;
 pub mod schedule;
+pub mod transformer;
 
 pub use attention::{AttentionActs, AttentionConfig, TargetAttention};
 pub use cross::CrossNet;
@@ -64,3 +65,4 @@ pub use mmoe::{Mmoe, MmoeConfig, MAX_TASKS};
 pub use norm::{NormKind, NormMode};
 pub use optim::{Adagrad, Adam, DenseOptimizer, DenseOptimizerConfig, RunningAverages, Sgd};
 pub use schedule::{Decay, LrSchedule};
+pub use transformer::TransformerConfig;

@@ -23,8 +23,9 @@ pub struct SlotLayout {
     pub slot_tables: Vec<u32>,
     /// The pooling of each bag or sequence, in batch order.
     pub pooling: Vec<Pooling>,
-    /// For each bag or sequence pooled by attention, its longest history: its ids are
-    /// not pooled here but laid out for the model's attention unit (in this order).
+    /// For each bag or sequence pooled by attention or a transformer, its longest
+    /// history: its ids are not pooled here but laid out for the model's unit (in this
+    /// order).
     pub histories: Vec<Option<usize>>,
 }
 
@@ -40,7 +41,7 @@ impl SlotLayout {
             pooling: schema.lists().map(|f| f.pooling).collect(),
             histories: schema
                 .lists()
-                .map(|f| (f.pooling == Pooling::Attention).then(|| f.max_len()))
+                .map(|f| f.pooling.is_learned().then(|| f.max_len()))
                 .collect(),
         })
     }
@@ -224,7 +225,7 @@ fn pooling_norm(pooling: Pooling, weights: impl Iterator<Item = f32>) -> f32 {
     let inverse = |total: f32| if total > 0.0 { 1.0 / total } else { 0.0 };
     match pooling {
         // An attention unit weighs the ids itself.
-        Pooling::Sum | Pooling::Attention => 1.0,
+        Pooling::Sum | Pooling::Attention | Pooling::Transformer => 1.0,
         Pooling::Mean => inverse(weights.sum()),
         Pooling::Sqrtn => inverse(weights.map(|w| w * w).sum::<f32>().sqrt()),
     }

@@ -1166,6 +1166,7 @@ fn attention_units_extend_the_flat_vector_and_check_their_slots() {
         max_len: 2,
         mlp: vec![3],
         softmax: false,
+        transformer: None,
     };
     let plain = DenseDlrm::new(small(InteractionKind::Dot)).unwrap();
     let with = DenseDlrm::new(DlrmConfig {
@@ -1209,6 +1210,21 @@ fn attention_units_extend_the_flat_vector_and_check_their_slots() {
 /// pass of the unit over the whole batch gives.
 #[test]
 fn attention_in_row_blocks_equals_one_pass_over_the_batch() {
+    blocks_equal_one_pass(None);
+}
+
+/// As [`attention_in_row_blocks_equals_one_pass_over_the_batch`], for a transformer.
+#[test]
+fn a_transformer_in_row_blocks_equals_one_pass_over_the_batch() {
+    blocks_equal_one_pass(Some(elastrec_model::TransformerConfig {
+        heads: 2,
+        layers: 2,
+        ffn: 8,
+        positions: true,
+    }));
+}
+
+fn blocks_equal_one_pass(transformer: Option<elastrec_model::TransformerConfig>) {
     let config = DlrmConfig {
         attention: vec![elastrec_model::AttentionConfig {
             slot: 2,
@@ -1216,6 +1232,7 @@ fn attention_in_row_blocks_equals_one_pass_over_the_batch() {
             max_len: 3,
             mlp: vec![5],
             softmax: true,
+            transformer,
         }],
         ..small(InteractionKind::Dot)
     };
