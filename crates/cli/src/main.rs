@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 mod bench_mixture;
 mod bench_online;
 mod bench_preprocess;
+mod bench_sequence;
 mod bench_serve;
 mod bench_tasks;
 mod commands;
@@ -228,6 +229,10 @@ enum BenchCommand {
     /// The model server: queries per second and p50/p99 latency over HTTP/JSON and gRPC,
     /// for requests of 1 and 64 rows (docs/serving.md).
     Serve(bench_serve::BenchServeArgs),
+    /// A behaviour sequence pooled against its candidate, forward and backward: DIN's
+    /// target attention and the BST transformer, and with `--pytorch PYTHON` the same
+    /// layers in PyTorch, side by side (docs/models.md).
+    Sequence(bench_sequence::BenchSequenceArgs),
 }
 
 #[derive(clap::Args)]
@@ -419,6 +424,10 @@ fn main() -> anyhow::Result<()> {
             command: Some(BenchCommand::Serve(s)),
             ..
         }) => bench_serve::run(s),
+        Command::Bench(BenchArgs {
+            command: Some(BenchCommand::Sequence(s)),
+            ..
+        }) => bench_sequence::run(s),
         Command::Bench(a) => commands::bench(commands::Bench {
             steps: a.steps,
             batch_size: a.batch_size,

@@ -483,6 +483,45 @@ impl Drop for Spinners {
     }
 }
 
+/// `elastrec bench sequence` times DIN and the transformer on the same histories, and
+/// with `--pytorch` puts each beside the reference's samples/s (a stand-in Python here:
+/// torch is not installed by the test command): the ratio is ours over theirs.
+#[test]
+fn the_sequence_bench_reports_each_layer_beside_the_reference() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let python = tmp.path().join("python");
+    std::fs::write(
+        &python,
+        "#!/bin/sh\necho '{\"samples_per_s\": 1000.0, \"candidate_only_samples_per_s\": 500.0, \"torch\": \"stand-in\"}'\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = ok(&Command::new(env!("CARGO_BIN_EXE_elastrec"))
+        .args(["bench", "sequence", "--batch-size", "64", "--len", "10"])
+        .args(["--steps", "2", "--rounds", "1", "--max-foreign-load", "1.0"])
+        .args(["--json", "--pytorch"])
+        .arg(&python)
+        .output()
+        .unwrap());
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["torch_version"], "stand-in", "{r}");
+    let summary = r["summary"].as_array().unwrap();
+    let layers: Vec<&str> = summary
+        .iter()
+        .map(|s| s["layer"].as_str().unwrap())
+        .collect();
+    assert_eq!(layers, ["din", "transformer"]);
+    for s in summary {
+        let ours = s["elastrec"].as_f64().unwrap();
+        assert!(ours > 0.0, "{r}");
+        let ratio = s["ratio"].as_f64().unwrap();
+        assert!((ratio - ours / 1000.0).abs() < 1e-9 * ratio, "{r}");
+    }
+    let cand = summary[1]["ratio_candidate_only"].as_f64().unwrap();
+    assert!((cand - summary[1]["elastrec"].as_f64().unwrap() / 500.0).abs() < 1e-9 * cand);
+}
+
 /// `elastrec bench --pytorch` judges every round by the CPU other processes used: a ratio
 /// comes only from quiet rounds, and a run whose rounds were all disturbed reports none
 /// and fails, saying why.

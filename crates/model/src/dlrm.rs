@@ -1663,6 +1663,13 @@ impl Workspace {
         &mut self.grads
     }
 
+    /// The whole embedding-gradient buffer (`[capacity, T, d]`), for a caller that
+    /// drives [`DenseDlrm::attend_backward`] from a gradient of its own (a bench of the
+    /// attention units alone).
+    pub fn d_emb_mut(&mut self) -> &mut [f32] {
+        &mut self.d_emb
+    }
+
     /// Gradient w.r.t. the embedding input of the last `forward_backward` (`[n, T, d]`).
     pub fn d_emb(&self) -> &[f32] {
         let per = self.d_emb.len() / self.capacity.max(1);

@@ -3,17 +3,27 @@
 //!
 //! A row's tokens are its history items, oldest first, then the candidate (the query
 //! slot's embedding), each plus a learned embedding of its recency: the candidate is
-//! position 0, the newest history item 1, the oldest `len`. Each layer is a post-norm
-//! encoder block as in the paper:
+//! position 0, the newest history item 1, the oldest `len`. Each layer is a pre-norm
+//! encoder block:
 //!
 //! ```text
-//! A  = MultiHead(X W_q, X W_k, X W_v) W_o      softmax(q·k / sqrt(d/heads)) per head
-//! Y₁ = LayerNorm(X + A)
-//! Y  = LayerNorm(Y₁ + ReLU(Y₁ W₁ + b₁) W₂ + b₂)
+//! Y₁ = X + MultiHead(N₁ W_q, N₁ W_k, N₁ W_v) W_o    N₁ = LayerNorm(X);
+//!                                                 softmax(q·k / sqrt(d/heads)) per head
+//! Y  = Y₁ + ReLU(LayerNorm(Y₁) W₁ + b₁) W₂ + b₂
 //! ```
 //!
-//! Every token attends to every token of its own row (no causal mask: the paper's choice,
-//! and the history is all in the past of the candidate). The pooled vector is the
+//! BST places the norms after each residual sum (post-norm). Here the pooled vector fills
+//! an embedding slot that the interaction multiplies with the other slots, so it must
+//! live on the embeddings' scale: a post-norm output has unit variance whatever the
+//! embeddings' scale (which starts at ±1/√rows). Pre-norm keeps the candidate's own
+//! embedding on a residual path to the output, and with `W_o`, `W₂` and their biases
+//! starting at zero (the residual branches start as the identity, as in Fixup and
+//! ReZero) the unit starts as the candidate's embedding and learns what of the history
+//! to add. The position table starts at zero too, so the items' content, not their
+//! positions, leads the first steps.
+//!
+//! Every token attends to every token of its own row (no causal mask: BST's choice, and
+//! the history is all in the past of the candidate). The pooled vector is the
 //! candidate's output of the last layer, so that layer computes queries, attention and
 //! feed-forward for the candidate token alone; keys and values still come from all
 //! tokens. The rows of a block run as one set of GEMMs over all their tokens; only the
@@ -21,9 +31,8 @@
 //!
 //! Parameters, from the unit's offset: the position table `[max_len + 1, d]`, then per
 //! layer `W_q, W_k, W_v, W_o` (each `d × d` with a bias), the first layer norm, `W₁`
-//! (`d → ffn`), `W₂` (`ffn → d`) and the second layer norm.
+//! (`d → ffn`), `W₂` (`ffn → d`) and the second layer norm (`N₁` and `LayerNorm(Y₁)`).
 
-use crate::init::InitRng;
 use crate::layers::{Activation, Linear};
 use crate::norm::{LayerNorm, NormActs};
 use serde::{Deserialize, Serialize};
@@ -102,10 +111,6 @@ impl Block {
     fn end_offset(&self) -> usize {
         self.norm2.end_offset()
     }
-
-    fn linears(&self) -> [&Linear; 6] {
-        [&self.q, &self.k, &self.v, &self.o, &self.ffn1, &self.ffn2]
-    }
 }
 
 /// The encoder of one history unit; its parameters at an offset of the flat vector.
@@ -121,9 +126,12 @@ pub struct SequenceTransformer {
 /// One layer's forward values, kept for the backward.
 #[derive(Debug, Default, Clone)]
 struct LayerActs {
-    /// Input tokens `[tokens, d]`.
+    /// Input tokens `[tokens, d]`, and normalized (`N₁`).
     x: Vec<f32>,
-    /// The query tokens' inputs `[m, d]` (all tokens, or each row's candidate).
+    xn: Vec<f32>,
+    n1: NormActs,
+    /// The query tokens' normalized inputs `[m, d]` (all tokens, or each row's
+    /// candidate).
     xq: Vec<f32>,
     q: Vec<f32>,
     k: Vec<f32>,
@@ -133,15 +141,15 @@ struct LayerActs {
     /// Heads' outputs, concatenated `[m, d]`.
     c: Vec<f32>,
     o: Vec<f32>,
-    /// After the first norm `[m, d]`.
+    /// After the attention's residual sum `[m, d]`, and normalized.
     y1: Vec<f32>,
-    n1: NormActs,
+    y1n: Vec<f32>,
+    n2: NormActs,
     /// Feed-forward hidden `[m, ffn]` and output `[m, d]`.
     h: Vec<f32>,
     f: Vec<f32>,
     /// The layer's output `[m, d]`.
     y: Vec<f32>,
-    n2: NormActs,
 }
 
 /// Buffers of the backward, kept across batches.
@@ -151,14 +159,15 @@ struct Scratch {
     df: Vec<f32>,
     dh: Vec<f32>,
     dy1: Vec<f32>,
+    dy1n: Vec<f32>,
     dout: Vec<f32>,
     dc: Vec<f32>,
     dq: Vec<f32>,
     dk: Vec<f32>,
     dv: Vec<f32>,
     dxq: Vec<f32>,
-    dxq2: Vec<f32>,
-    dxk: Vec<f32>,
+    dxn: Vec<f32>,
+    dxv: Vec<f32>,
     dx: Vec<f32>,
 }
 
@@ -228,28 +237,24 @@ impl SequenceTransformer {
         self.offset..self.offset + (self.max_len + 1) * self.d
     }
 
-    /// Initializes its parameters: each linear layer from its own stream, counted from
-    /// `stream` (the streams used are returned), the norms as the identity, and the
-    /// position table small (`±0.05`) so the items' own embeddings lead at the start.
+    /// Initializes its parameters ([module docs](self)): `W_q, W_k, W_v, W₁` each from
+    /// its own stream, counted from `stream` (the streams used are returned); `W_o`, `W₂`,
+    /// their biases and the position table zero; the norms the identity.
     pub fn init(&self, params: &mut [f32], seed: u64, stream: u64) -> u64 {
         let mut next = stream;
         for b in &self.blocks {
-            for l in b.linears() {
+            for l in [&b.q, &b.k, &b.v, &b.ffn1] {
                 l.init(params, seed, next);
                 next += 1;
+            }
+            for l in [&b.o, &b.ffn2] {
+                params[l.w_offset..l.end_offset()].fill(0.0);
             }
             b.norm1.init(params);
             b.norm2.init(params);
         }
-        let mut rng = InitRng::new(seed, next);
-        for p in &mut params[self.positions()] {
-            *p = if self.config.positions {
-                rng.uniform_sym(0.05)
-            } else {
-                0.0
-            };
-        }
-        next + 1 - stream
+        params[self.positions()].fill(0.0);
+        next - stream
     }
 
     /// Encodes each row's history and candidate; row `r`'s pooled vector is then
@@ -287,10 +292,12 @@ impl SequenceTransformer {
                 } else {
                     &hist[(r * self.max_len + t) * row..][..d]
                 };
-                let p = &pos[(l - t) * d..][..d];
                 let dst = &mut x[(acts.starts[r] + t) * d..][..d];
-                for ((o, &a), &b) in dst.iter_mut().zip(src).zip(p) {
-                    *o = a + b;
+                dst.copy_from_slice(&src[..d]);
+                if self.config.positions {
+                    for (o, &p) in dst.iter_mut().zip(&pos[(l - t) * d..][..d]) {
+                        *o += p;
+                    }
                 }
             }
         }
@@ -326,12 +333,16 @@ impl SequenceTransformer {
             Queries::All => tokens,
             Queries::Candidates => lens.len(),
         };
+        a.xn.clear();
+        a.xn.extend_from_slice(&a.x);
+        norm_buffers(&mut a.n1, tokens, d);
+        b.norm1.forward(params, &mut a.xn, tokens, &mut a.n1);
         a.xq.clear();
         match queries {
-            Queries::All => a.xq.extend_from_slice(&a.x),
+            Queries::All => a.xq.extend_from_slice(&a.xn),
             Queries::Candidates => {
                 for (r, &l) in lens.iter().enumerate() {
-                    a.xq.extend_from_slice(&a.x[(starts[r] + l as usize) * d..][..d]);
+                    a.xq.extend_from_slice(&a.xn[(starts[r] + l as usize) * d..][..d]);
                 }
             }
         }
@@ -339,8 +350,8 @@ impl SequenceTransformer {
             buf.resize(rows * d, 0.0);
         }
         b.q.forward(params, &a.xq, m, &mut a.q);
-        b.k.forward(params, &a.x, tokens, &mut a.k);
-        b.v.forward(params, &a.x, tokens, &mut a.v);
+        b.k.forward(params, &a.xn, tokens, &mut a.k);
+        b.v.forward(params, &a.xn, tokens, &mut a.v);
         // Attention within each row.
         let heads = self.config.heads;
         let hd = d / heads;
@@ -377,17 +388,21 @@ impl SequenceTransformer {
         a.o.resize(m * d, 0.0);
         b.o.forward(params, &a.c, m, &mut a.o);
         a.y1.clear();
-        a.y1.extend(a.xq.iter().zip(&a.o).map(|(x, o)| x + o));
-        norm_buffers(&mut a.n1, m, d);
-        b.norm1.forward(params, &mut a.y1, m, &mut a.n1);
+        for i in 0..m {
+            let token = query_token(queries, i, starts, lens);
+            let x = &a.x[token * d..][..d];
+            a.y1.extend(x.iter().zip(&a.o[i * d..][..d]).map(|(x, o)| x + o));
+        }
+        a.y1n.clear();
+        a.y1n.extend_from_slice(&a.y1);
+        norm_buffers(&mut a.n2, m, d);
+        b.norm2.forward(params, &mut a.y1n, m, &mut a.n2);
         a.h.resize(m * self.config.ffn, 0.0);
-        b.ffn1.forward(params, &a.y1, m, &mut a.h);
+        b.ffn1.forward(params, &a.y1n, m, &mut a.h);
         a.f.resize(m * d, 0.0);
         b.ffn2.forward(params, &a.h, m, &mut a.f);
         a.y.clear();
         a.y.extend(a.y1.iter().zip(&a.f).map(|(x, f)| x + f));
-        norm_buffers(&mut a.n2, m, d);
-        b.norm2.forward(params, &mut a.y, m, &mut a.n2);
     }
 
     /// The backward of the last [`SequenceTransformer::forward`] with the same inputs:
@@ -459,61 +474,63 @@ impl SequenceTransformer {
         let d = self.d;
         let tokens = a.x.len() / d;
         let m = a.xq.len() / d;
-        // Y = LN₂(Y₁ + F): s.dy becomes d(Y₁ + F).
-        b.norm2.backward(params, grads, &mut s.dy, m, &a.n2);
+        // Y = Y₁ + FFN(LN(Y₁)).
         s.df.clear();
         s.df.extend_from_slice(&s.dy);
         s.dh.resize(m * self.config.ffn, 0.0);
         b.ffn2
             .backward(params, grads, &a.h, &a.f, &mut s.df, Some(&mut s.dh), m);
-        s.dy1.resize(m * d, 0.0);
+        s.dy1n.resize(m * d, 0.0);
         b.ffn1
-            .backward(params, grads, &a.y1, &a.h, &mut s.dh, Some(&mut s.dy1), m);
-        for (g, &v) in s.dy1.iter_mut().zip(&s.dy) {
-            *g += v;
-        }
-        // Y₁ = LN₁(X_q + A): s.dy1 becomes d(X_q + A).
-        b.norm1.backward(params, grads, &mut s.dy1, m, &a.n1);
+            .backward(params, grads, &a.y1n, &a.h, &mut s.dh, Some(&mut s.dy1n), m);
+        b.norm2.backward(params, grads, &mut s.dy1n, m, &a.n2);
+        s.dy1.clear();
+        s.dy1.extend(s.dy.iter().zip(&s.dy1n).map(|(a, b)| a + b));
+        // Y₁ = X_q + Attention(N₁) W_o.
         s.dout.clear();
         s.dout.extend_from_slice(&s.dy1);
         s.dc.resize(m * d, 0.0);
         b.o.backward(params, grads, &a.c, &a.o, &mut s.dout, Some(&mut s.dc), m);
         self.attention_backward(lens, starts, queries, a, s);
-        s.dxq.clear();
-        s.dxq.extend_from_slice(&s.dy1);
-        s.dxq2.resize(m * d, 0.0);
-        b.q.backward(params, grads, &a.xq, &a.q, &mut s.dq, Some(&mut s.dxq2), m);
-        s.dx.resize(tokens * d, 0.0);
-        s.dxk.resize(tokens * d, 0.0);
+        s.dxq.resize(m * d, 0.0);
+        b.q.backward(params, grads, &a.xq, &a.q, &mut s.dq, Some(&mut s.dxq), m);
+        s.dxn.resize(tokens * d, 0.0);
+        s.dxv.resize(tokens * d, 0.0);
         b.k.backward(
             params,
             grads,
-            &a.x,
+            &a.xn,
             &a.k,
             &mut s.dk,
-            Some(&mut s.dx),
+            Some(&mut s.dxn),
             tokens,
         );
         b.v.backward(
             params,
             grads,
-            &a.x,
+            &a.xn,
             &a.v,
             &mut s.dv,
-            Some(&mut s.dxk),
+            Some(&mut s.dxv),
             tokens,
         );
-        for (g, &v) in s.dx.iter_mut().zip(&s.dxk) {
+        for (g, &v) in s.dxn.iter_mut().zip(&s.dxv) {
             *g += v;
         }
         for i in 0..m {
-            let token = match queries {
-                Queries::All => i,
-                Queries::Candidates => starts[i] + lens[i] as usize,
-            };
-            let g = &mut s.dx[token * d..][..d];
-            for ((o, &u), &w) in g.iter_mut().zip(&s.dxq[i * d..]).zip(&s.dxq2[i * d..]) {
-                *o += u + w;
+            let token = query_token(queries, i, starts, lens);
+            for (o, &g) in s.dxn[token * d..][..d].iter_mut().zip(&s.dxq[i * d..][..d]) {
+                *o += g;
+            }
+        }
+        b.norm1.backward(params, grads, &mut s.dxn, tokens, &a.n1);
+        // The input's gradient: through N₁, plus the residual of the query tokens.
+        s.dx.clear();
+        s.dx.extend_from_slice(&s.dxn);
+        for i in 0..m {
+            let token = query_token(queries, i, starts, lens);
+            for (o, &g) in s.dx[token * d..][..d].iter_mut().zip(&s.dy1[i * d..][..d]) {
+                *o += g;
             }
         }
     }
@@ -584,6 +601,14 @@ impl SequenceTransformer {
         let (d, f, t) = (self.d as u64, self.config.ffn as u64, len as u64 + 1);
         let layer = 2 * 4 * d * d + 2 * 2 * d * f + 2 * 2 * t * d;
         layer * self.blocks.len() as u64
+    }
+}
+
+/// The token of query `i` of a layer.
+fn query_token(queries: Queries, i: usize, starts: &[usize], lens: &[u32]) -> usize {
+    match queries {
+        Queries::All => i,
+        Queries::Candidates => starts[i] + lens[i] as usize,
     }
 }
 
