@@ -18,7 +18,6 @@
 //! Inputs per unit: the histories `[n, max_len, row]` (zero-padded) and their lengths
 //! `[n]`, each at least 1 (an empty history is the table's null row, once).
 
-use crate::gemm::{sgemm, MatRef};
 use crate::layers::{Activation, Linear, Mlp};
 use crate::transformer::{dot, softmax, SequenceTransformer, TransformerActs, TransformerConfig};
 use serde::{Deserialize, Serialize};
@@ -47,9 +46,8 @@ pub struct AttentionConfig {
 /// What pools a unit's history.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Pooler {
-    /// DIN's scoring MLP over `[h, q, h − q, h ⊙ q]`, and its layers after the first
-    /// (the first runs factorized, [`TargetAttention::forward`]).
-    Din { mlp: Mlp, tail: Option<Mlp> },
+    /// DIN's scoring MLP over `[h, q, h − q, h ⊙ q]`.
+    Din(Mlp),
     /// A transformer over `[history…, candidate]`.
     Transformer(SequenceTransformer),
 }
@@ -76,15 +74,8 @@ pub struct AttentionActs {
     pub grads: Vec<f32>,
     /// Each row's first pair.
     starts: Vec<usize>,
-    /// The per-pair input of the first layer, `[h, h ⊙ q]` per (row, item) pair.
+    /// The MLP's input, one `[h, q, h − q, h ⊙ q]` per (row, item) pair.
     x: Vec<f32>,
-    /// The first layer's weights on `[h, h ⊙ q]` (`[m1, 2d]`: `W_h + W_d`, `W_p`) and on
-    /// the query (`W_q − W_d`, `[m1, d]`), and the gradient of the former.
-    fused: Vec<f32>,
-    fused_q: Vec<f32>,
-    d_fused: Vec<f32>,
-    /// The gradient of the first layer's pre-activation, per pair.
-    dz: Vec<f32>,
     acts: Vec<Vec<f32>>,
     /// The pooling weight of each pair.
     weights: Vec<f32>,
@@ -111,12 +102,7 @@ impl TargetAttention {
                 let mut sizes = vec![4 * d];
                 sizes.extend_from_slice(&config.mlp);
                 sizes.push(1);
-                let mlp = Mlp::new(&sizes, offset, Activation::Relu, Activation::None);
-                let tail = (mlp.layers.len() > 1).then(|| Mlp {
-                    layers: mlp.layers[1..].to_vec(),
-                    norms: Vec::new(),
-                });
-                Pooler::Din { mlp, tail }
+                Pooler::Din(Mlp::new(&sizes, offset, Activation::Relu, Activation::None))
             }
         };
         Self {
@@ -131,7 +117,7 @@ impl TargetAttention {
     /// Parameters of the scoring MLP or the transformer.
     pub fn num_params(&self) -> usize {
         match &self.pooler {
-            Pooler::Din { mlp, .. } => mlp.num_params(),
+            Pooler::Din(mlp) => mlp.num_params(),
             Pooler::Transformer(t) => t.num_params(),
         }
     }
@@ -151,7 +137,7 @@ impl TargetAttention {
     /// `stream`; returns the streams used.
     pub fn init(&self, params: &mut [f32], seed: u64, stream: u64) -> u64 {
         match &self.pooler {
-            Pooler::Din { mlp, .. } => {
+            Pooler::Din(mlp) => {
                 for (i, l) in mlp.layers.iter().enumerate() {
                     l.init(params, seed, stream + i as u64);
                 }
@@ -164,7 +150,7 @@ impl TargetAttention {
     /// The scoring MLP's layers (none for a transformer).
     pub fn layers(&self) -> &[Linear] {
         match &self.pooler {
-            Pooler::Din { mlp, .. } => &mlp.layers,
+            Pooler::Din(mlp) => &mlp.layers,
             Pooler::Transformer(_) => &[],
         }
     }
@@ -186,8 +172,8 @@ impl TargetAttention {
         slots: usize,
         acts: &mut AttentionActs,
     ) {
-        let (mlp, tail) = match &self.pooler {
-            Pooler::Din { mlp, tail } => (mlp, tail.as_ref()),
+        let mlp = match &self.pooler {
+            Pooler::Din(mlp) => mlp,
             Pooler::Transformer(t) => {
                 return self.encode(t, params, hist, lens, emb, slots, acts);
             }
@@ -199,72 +185,28 @@ impl TargetAttention {
             acts.starts.push(pairs);
             pairs += l as usize;
         }
-        // The first layer W [h, q, h − q, h ⊙ q] + b is (W_h + W_d) h + W_p (h ⊙ q)
-        // per pair plus (W_q − W_d) q + b per row: half the multiplies of the
-        // concatenation, and half its input to build.
-        let first = &mlp.layers[0];
-        let m1 = first.out_dim;
-        let (w, bias) = first.weights(params);
-        acts.fused.resize(m1 * 2 * d, 0.0);
-        acts.fused_q.resize(m1 * d, 0.0);
-        for o in 0..m1 {
-            let wr = &w[o * 4 * d..][..4 * d];
-            let (wh, rest) = wr.split_at(d);
-            let (wq, rest) = rest.split_at(d);
-            let (wd, wp) = rest.split_at(d);
-            let (fh, fp) = acts.fused[o * 2 * d..][..2 * d].split_at_mut(d);
-            let fq = &mut acts.fused_q[o * d..][..d];
-            for k in 0..d {
-                fh[k] = wh[k] + wd[k];
-                fp[k] = wp[k];
-                fq[k] = wq[k] - wd[k];
-            }
-        }
-        acts.x.resize(pairs * 2 * d, 0.0);
-        acts.acts.resize_with(mlp.layers.len(), Vec::new);
-        for (a, l) in acts.acts.iter_mut().zip(&mlp.layers) {
-            a.resize(pairs * l.out_dim, 0.0);
-        }
+        acts.x.resize(pairs * 4 * d, 0.0);
         for (r, &l) in lens.iter().enumerate() {
             let q = &emb[(r * slots + self.config.query) * row..][..d];
             for t in 0..l as usize {
                 let h = &hist[(r * t_max + t) * row..][..d];
-                let (xh, xp) = acts.x[(acts.starts[r] + t) * 2 * d..][..2 * d].split_at_mut(d);
+                let x = &mut acts.x[(acts.starts[r] + t) * 4 * d..][..4 * d];
+                let (xh, rest) = x.split_at_mut(d);
+                let (xq, rest) = rest.split_at_mut(d);
+                let (xdiff, xprod) = rest.split_at_mut(d);
                 for k in 0..d {
                     xh[k] = h[k];
-                    xp[k] = h[k] * q[k];
+                    xq[k] = q[k];
+                    xdiff[k] = h[k] - q[k];
+                    xprod[k] = h[k] * q[k];
                 }
             }
         }
-        let z = &mut acts.acts[0][..pairs * m1];
-        sgemm(
-            1.0,
-            MatRef::row_major(&acts.x, pairs, 2 * d),
-            MatRef::row_major_t(&acts.fused, m1, 2 * d),
-            0.0,
-            z,
-        );
-        let relu = first.act == Activation::Relu;
-        let mut per_row = vec![0.0f32; m1];
-        for (r, &l) in lens.iter().enumerate() {
-            let q = &emb[(r * slots + self.config.query) * row..][..d];
-            for (o, u) in per_row.iter_mut().enumerate() {
-                *u = bias[o] + dot(&acts.fused_q[o * d..][..d], q);
-            }
-            let rows = &mut z[acts.starts[r] * m1..][..l as usize * m1];
-            for zr in rows.chunks_exact_mut(m1) {
-                for (v, &u) in zr.iter_mut().zip(&per_row) {
-                    *v += u;
-                    if relu {
-                        *v = v.max(0.0);
-                    }
-                }
-            }
+        acts.acts.resize_with(mlp.layers.len(), Vec::new);
+        for (a, l) in acts.acts.iter_mut().zip(&mlp.layers) {
+            a.resize(pairs * l.out_dim, 0.0);
         }
-        if let Some(tail) = tail {
-            let (head, rest) = acts.acts.split_at_mut(1);
-            tail.forward(params, &head[0], pairs, rest);
-        }
+        mlp.forward(params, &acts.x, pairs, &mut acts.acts);
         let scores = acts.acts.last().expect("an output layer");
         acts.weights.clear();
         acts.weights.extend_from_slice(&scores[..pairs]);
@@ -303,8 +245,8 @@ impl TargetAttention {
         slots: usize,
         acts: &mut AttentionActs,
     ) {
-        let (mlp, tail) = match &self.pooler {
-            Pooler::Din { mlp, tail } => (mlp, tail.as_ref()),
+        let mlp = match &self.pooler {
+            Pooler::Din(mlp) => mlp,
             Pooler::Transformer(t) => {
                 return self.encode_backward(t, params, grads, lens, d_emb, d_hist, slots, acts);
             }
@@ -329,75 +271,27 @@ impl TargetAttention {
                 }
             }
         }
-        let first = &mlp.layers[0];
-        let m1 = first.out_dim;
-        // dz: the gradient of the first layer's pre-activation, per pair.
-        acts.dz.resize(pairs * m1, 0.0);
-        match tail {
-            Some(tail) => {
-                let width = tail.max_width();
-                acts.ga.resize(pairs * width, 0.0);
-                acts.gb.resize(pairs * width, 0.0);
-                tail.backward(
-                    params,
-                    grads,
-                    &acts.acts[0],
-                    &acts.acts[1..],
-                    &mut acts.dy,
-                    &mut acts.ga,
-                    &mut acts.gb,
-                    Some(&mut acts.dz),
-                    pairs,
-                );
-                for (g, &y) in acts.dz.iter_mut().zip(&acts.acts[0]) {
-                    if y <= 0.0 {
-                        *g = 0.0;
-                    }
-                }
-            }
-            None => acts.dz.copy_from_slice(&acts.dy[..pairs]),
-        }
-        // Per pair: d[h, h ⊙ q] = dz A; dA = dz^T [h, h ⊙ q]. Per row: s_r = Σ_t dz_t,
-        // whose outer product with q_r is the gradient of W_q − W_d.
-        acts.d_fused.resize(m1 * 2 * d, 0.0);
-        sgemm(
-            1.0,
-            MatRef::row_major_t(&acts.dz, pairs, m1),
-            MatRef::row_major(&acts.x, pairs, 2 * d),
-            0.0,
-            &mut acts.d_fused,
+        let width = mlp.max_width();
+        acts.ga.resize(pairs * width, 0.0);
+        acts.gb.resize(pairs * width, 0.0);
+        acts.dx.resize(pairs * 4 * d, 0.0);
+        mlp.backward(
+            params,
+            grads,
+            &acts.x,
+            &acts.acts,
+            &mut acts.dy,
+            &mut acts.ga,
+            &mut acts.gb,
+            Some(&mut acts.dx),
+            pairs,
         );
-        acts.dx.resize(pairs * 2 * d, 0.0);
-        sgemm(
-            1.0,
-            MatRef::row_major(&acts.dz, pairs, m1),
-            MatRef::row_major(&acts.fused, m1, 2 * d),
-            0.0,
-            &mut acts.dx,
-        );
-        let mut g_q = vec![0.0f32; m1 * d];
-        let mut db = vec![0.0f32; m1];
-        let mut s_r = vec![0.0f32; m1];
         d_hist[..lens.len() * t_max * row].fill(0.0);
         let mut dq = vec![0.0f32; d];
         for (r, &l) in lens.iter().enumerate() {
+            dq.fill(0.0);
             let q = &emb[(r * slots + self.config.query) * row..][..d];
             let dp = &d_emb[(r * slots + self.config.slot) * row..][..row];
-            s_r.fill(0.0);
-            for dz in acts.dz[acts.starts[r] * m1..][..l as usize * m1].chunks_exact(m1) {
-                for (s, &g) in s_r.iter_mut().zip(dz) {
-                    *s += g;
-                }
-            }
-            dq.fill(0.0);
-            for (o, &s) in s_r.iter().enumerate() {
-                db[o] += s;
-                let fq = &acts.fused_q[o * d..][..d];
-                for (k, g) in g_q[o * d..][..d].iter_mut().enumerate() {
-                    *g += s * q[k];
-                    dq[k] += s * fq[k];
-                }
-            }
             for t in 0..l as usize {
                 let pair = acts.starts[r] + t;
                 let w = acts.weights[pair];
@@ -406,10 +300,13 @@ impl TargetAttention {
                 for (g, &p) in dh.iter_mut().zip(dp) {
                     *g = w * p;
                 }
-                let (dxh, dxp) = acts.dx[pair * 2 * d..][..2 * d].split_at(d);
+                let dx = &acts.dx[pair * 4 * d..][..4 * d];
+                let (dxh, rest) = dx.split_at(d);
+                let (dxq, rest) = rest.split_at(d);
+                let (dxdiff, dxprod) = rest.split_at(d);
                 for k in 0..d {
-                    dh[k] += dxh[k] + dxp[k] * q[k];
-                    dq[k] += dxp[k] * h[k];
+                    dh[k] += dxh[k] + dxdiff[k] + dxprod[k] * q[k];
+                    dq[k] += dxq[k] - dxdiff[k] + dxprod[k] * h[k];
                 }
             }
             let dq_slot = &mut d_emb[(r * slots + self.config.query) * row..][..d];
@@ -417,20 +314,6 @@ impl TargetAttention {
                 *g += v;
             }
         }
-        // W = [W_h | W_q | W_d | W_p] from A = [W_h + W_d | W_p] and W_q − W_d.
-        let dw = &mut grads[first.w_offset..first.b_offset];
-        for o in 0..m1 {
-            let (gh, gp) = acts.d_fused[o * 2 * d..][..2 * d].split_at(d);
-            let gq = &g_q[o * d..][..d];
-            let row_w = &mut dw[o * 4 * d..][..4 * d];
-            for k in 0..d {
-                row_w[k] = gh[k];
-                row_w[d + k] = gq[k];
-                row_w[2 * d + k] = gh[k] - gq[k];
-                row_w[3 * d + k] = gp[k];
-            }
-        }
-        grads[first.b_offset..first.end_offset()].copy_from_slice(&db);
     }
 
     /// The transformer's forward: the candidate's output fills the slot's first `d`
@@ -517,7 +400,7 @@ impl TargetAttention {
     /// pooling is a few more than its MLP's).
     pub fn flops_per_item(&self) -> u64 {
         match &self.pooler {
-            Pooler::Din { mlp, .. } => mlp.forward_flops(),
+            Pooler::Din(mlp) => mlp.forward_flops(),
             Pooler::Transformer(t) => t.flops_per_item(self.config.max_len),
         }
     }
