@@ -8,15 +8,16 @@
 //! parameters, the histories and the candidates. No optimizer step: the model's own
 //! update is the same on every pooling and timed by `elastrec bench`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, ensure, Context, Result};
-use elastrec_common::quiet::LoadProbe;
+use anyhow::{ensure, Context, Result};
 use elastrec_model::{
     AttentionConfig, DenseDlrm, DlrmConfig, InteractionKind, TransformerConfig, Workspace,
 };
 use serde::Serialize;
+
+use crate::bench_rounds::{self, Round};
 
 /// Arguments of `elastrec bench sequence`.
 #[derive(clap::Args)]
@@ -64,19 +65,6 @@ pub struct BenchSequenceArgs {
 /// The layers compared.
 const LAYERS: [&str; 2] = ["din", "transformer"];
 
-#[derive(Serialize, Clone)]
-struct Round {
-    layer: String,
-    elastrec: f64,
-    pytorch: Option<f64>,
-    /// PyTorch's layer computing only the candidate's output in the last layer, as ours
-    /// does (the transformer only).
-    pytorch_candidate_only: Option<f64>,
-    foreign_load: Option<f64>,
-    /// `false`: other processes used more than `--max-foreign-load`; not used.
-    quiet: Option<bool>,
-}
-
 #[derive(Serialize)]
 struct Report {
     batch_size: usize,
@@ -107,41 +95,22 @@ pub fn run(a: BenchSequenceArgs) -> Result<()> {
         "pooling {} histories of {} items, width {}, {} timed steps per side, {} thread(s)",
         a.batch_size, a.len, a.dim, a.steps, a.threads
     );
-    let mut rounds = Vec::new();
-    let mut torch_version = None;
-    for round in 0..a.rounds {
-        for layer in LAYERS {
-            let probe = LoadProbe::start();
-            let ours = pool.install(|| time_ours(&a, layer))?;
-            let theirs = match &a.pytorch {
-                Some(py) => Some(time_pytorch(py, &a, layer)?),
-                None => None,
-            };
-            let load = probe.and_then(|p| p.stop());
-            let get = |k: &str| theirs.as_ref().and_then(|v| v[k].as_f64());
-            if torch_version.is_none() {
-                torch_version = theirs
-                    .as_ref()
-                    .and_then(|v| v["torch"].as_str().map(String::from));
-            }
-            eprintln!(
-                "round {}: {layer}: elastrec {ours:.0} samples/s{}",
-                round + 1,
-                get("samples_per_s").map_or(String::new(), |t| format!(
-                    ", PyTorch {t:.0} ({:.2}x)",
-                    ours / t
-                ))
-            );
-            rounds.push(Round {
-                layer: layer.into(),
-                elastrec: ours,
-                pytorch: get("samples_per_s"),
-                pytorch_candidate_only: get("candidate_only_samples_per_s"),
-                foreign_load: load.map(|l| l.foreign_share()),
-                quiet: load.map(|l| l.is_quiet(a.max_foreign_load)),
-            });
+    let cases: Vec<String> = LAYERS.iter().map(|l| l.to_string()).collect();
+    let reference = a.pytorch.as_ref().map(|py| {
+        |layer: &str| {
+            bench_rounds::python_reference(py, "pytorch_sequence.py", &reference_args(&a, layer))
         }
-    }
+    });
+    let rounds = bench_rounds::run(
+        &cases,
+        a.rounds,
+        a.max_foreign_load,
+        |layer| pool.install(|| time_ours(&a, layer)),
+        reference,
+    )?;
+    let torch_version = rounds
+        .iter()
+        .find_map(|r| r.reference.as_ref()?["torch"].as_str().map(String::from));
     let summary = LAYERS.iter().map(|l| summarize(l, &rounds)).collect();
     let report = Report {
         batch_size: a.batch_size,
@@ -157,38 +126,22 @@ pub fn run(a: BenchSequenceArgs) -> Result<()> {
     } else {
         print_table(&report);
     }
-    if report.summary.iter().any(|s| s["elastrec"].is_null()) {
-        bail!(
-            "other processes used more than {:.1}% of the CPU in every round of a layer; its \
-             numbers are not reported (null). Stop other work and run the bench again",
-            100.0 * a.max_foreign_load
-        );
-    }
-    Ok(())
+    bench_rounds::require_quiet(&report.rounds, &cases, a.max_foreign_load)
 }
 
-/// One layer's medians over its quiet rounds, and the median round's ratios.
+/// One layer's medians over the quiet rounds, and the median round's ratios.
 fn summarize(layer: &str, rounds: &[Round]) -> serde_json::Value {
-    let of = |f: &dyn Fn(&Round) -> Option<f64>| {
-        let quiet = rounds
-            .iter()
-            .filter(|r| r.layer == layer && r.quiet != Some(false));
-        median(quiet.filter_map(f))
-    };
+    let of = |f: &dyn Fn(&Round) -> Option<f64>| bench_rounds::median(rounds, layer, f);
+    let full = |r: &Round| r.reference_value("samples_per_s");
+    let cand = |r: &Round| r.reference_value("candidate_only_samples_per_s");
     serde_json::json!({
         "layer": layer,
         "elastrec": of(&|r| Some(r.elastrec)),
-        "pytorch": of(&|r| r.pytorch),
-        "pytorch_candidate_only": of(&|r| r.pytorch_candidate_only),
-        "ratio": of(&|r| r.pytorch.map(|t| r.elastrec / t)),
-        "ratio_candidate_only": of(&|r| r.pytorch_candidate_only.map(|t| r.elastrec / t)),
+        "pytorch": of(&full),
+        "pytorch_candidate_only": of(&cand),
+        "ratio": of(&|r| full(r).map(|t| r.elastrec / t)),
+        "ratio_candidate_only": of(&|r| cand(r).map(|t| r.elastrec / t)),
     })
-}
-
-fn median(values: impl Iterator<Item = f64>) -> Option<f64> {
-    let mut v: Vec<f64> = values.collect();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied()
 }
 
 fn print_table(r: &Report) {
@@ -221,10 +174,10 @@ fn print_table(r: &Report) {
             cell(s, "ratio_candidate_only", 2),
         );
     }
-    let disturbed = r.rounds.iter().filter(|x| x.quiet == Some(false)).count();
     println!(
-        "samples/s are medians over the quiet rounds ({disturbed} of {} disturbed by other \
+        "samples/s are medians over the quiet rounds ({} of {} disturbed by other \
          processes); a ratio is the median round's",
+        bench_rounds::disturbed(&r.rounds),
         r.rounds.len()
     );
 }
@@ -287,36 +240,21 @@ fn time_ours(a: &BenchSequenceArgs, layer: &str) -> Result<f64> {
     Ok((a.steps * n) as f64 / t0.elapsed().as_secs_f64())
 }
 
-/// Runs `bench/pytorch_sequence.py` for one layer; its JSON line.
-fn time_pytorch(python: &Path, a: &BenchSequenceArgs, layer: &str) -> Result<serde_json::Value> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/pytorch_sequence.py");
+/// The arguments of `bench/pytorch_sequence.py` for one layer of these sizes.
+fn reference_args(a: &BenchSequenceArgs, layer: &str) -> Vec<String> {
     let mlp: Vec<String> = a.din_mlp.iter().map(usize::to_string).collect();
-    let out = std::process::Command::new(python)
-        .arg(&script)
-        .args(["--layer", layer])
-        .args(["--batch", &a.batch_size.to_string()])
-        .args(["--len", &a.len.to_string()])
-        .args(["--dim", &a.dim.to_string()])
-        .args(["--din-mlp", &mlp.join(",")])
-        .args(["--heads", &a.heads.to_string()])
-        .args(["--layers", &a.layers.to_string()])
-        .args(["--steps", &a.steps.to_string()])
-        .args(["--threads", &a.threads.to_string()])
-        .output()
-        .with_context(|| format!("running {} {}", python.display(), script.display()))?;
-    if !out.status.success() {
-        bail!(
-            "the PyTorch layers failed ({}); is torch installed in that interpreter? See \
-             bench/README.md.\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .context("the PyTorch layers printed no JSON line")?;
-    Ok(serde_json::from_str(line)?)
+    [
+        ("--layer", layer.to_string()),
+        ("--batch", a.batch_size.to_string()),
+        ("--len", a.len.to_string()),
+        ("--dim", a.dim.to_string()),
+        ("--din-mlp", mlp.join(",")),
+        ("--heads", a.heads.to_string()),
+        ("--layers", a.layers.to_string()),
+        ("--steps", a.steps.to_string()),
+        ("--threads", a.threads.to_string()),
+    ]
+    .into_iter()
+    .flat_map(|(k, v)| [k.to_string(), v])
+    .collect()
 }

@@ -8,9 +8,11 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod bench_bags;
 mod bench_mixture;
 mod bench_online;
 mod bench_preprocess;
+mod bench_rounds;
 mod bench_sequence;
 mod bench_serve;
 mod bench_tasks;
@@ -233,6 +235,10 @@ enum BenchCommand {
     /// target attention and the BST transformer, and with `--pytorch PYTHON` the same
     /// layers in PyTorch, side by side (docs/models.md).
     Sequence(bench_sequence::BenchSequenceArgs),
+    /// Embedding bags: pooled lookups, their backward and the sparse optimizer's update
+    /// for bags of several mean lengths, and with `--pytorch PYTHON` the same through
+    /// `nn.EmbeddingBag`, side by side (docs/models.md).
+    Bags(bench_bags::BenchBagsArgs),
 }
 
 #[derive(clap::Args)]
@@ -428,6 +434,10 @@ fn main() -> anyhow::Result<()> {
             command: Some(BenchCommand::Sequence(s)),
             ..
         }) => bench_sequence::run(s),
+        Command::Bench(BenchArgs {
+            command: Some(BenchCommand::Bags(b)),
+            ..
+        }) => bench_bags::run(b),
         Command::Bench(a) => commands::bench(commands::Bench {
             steps: a.steps,
             batch_size: a.batch_size,

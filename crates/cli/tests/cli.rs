@@ -522,6 +522,52 @@ fn the_sequence_bench_reports_each_layer_beside_the_reference() {
     assert!((cand - summary[1]["elastrec"].as_f64().unwrap() / 500.0).abs() < 1e-9 * cand);
 }
 
+/// `elastrec bench bags` times every pooling and mean length asked for, and with
+/// `--pytorch` puts each beside the reference's samples/s (a stand-in Python here): the
+/// ratio is ours over theirs.
+#[test]
+fn the_bag_bench_reports_each_pooling_and_length_beside_the_reference() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let python = tmp.path().join("python");
+    std::fs::write(
+        &python,
+        "#!/bin/sh\necho '{\"samples_per_s\": 1000.0, \"torch\": \"stand-in\"}'\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = ok(&Command::new(env!("CARGO_BIN_EXE_elastrec"))
+        .args(["bench", "bags", "--batch-size", "64", "--rows", "1000"])
+        .args(["--lengths", "1,5", "--steps", "2", "--rounds", "1"])
+        .args(["--max-foreign-load", "1.0", "--json", "--pytorch"])
+        .arg(&python)
+        .output()
+        .unwrap());
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let summary = r["summary"].as_array().unwrap();
+    let cases: Vec<&str> = summary
+        .iter()
+        .map(|s| s["case"].as_str().unwrap())
+        .collect();
+    assert_eq!(cases, ["sum/1", "sum/5", "mean/1", "mean/5"]);
+    for s in summary {
+        let ours = s["elastrec"].as_f64().unwrap();
+        assert!(ours > 0.0, "{r}");
+        let ratio = s["ratio"].as_f64().unwrap();
+        assert!((ratio - ours / 1000.0).abs() < 1e-9 * ratio, "{r}");
+    }
+    let err = Command::new(env!("CARGO_BIN_EXE_elastrec"))
+        .args(["bench", "bags", "--poolings", "max"])
+        .output()
+        .unwrap();
+    assert!(!err.status.success());
+    assert!(
+        String::from_utf8_lossy(&err.stderr).contains("\"max\" is not sum or mean"),
+        "{}",
+        String::from_utf8_lossy(&err.stderr)
+    );
+}
+
 /// `elastrec bench --pytorch` judges every round by the CPU other processes used: a ratio
 /// comes only from quiet rounds, and a run whose rounds were all disturbed reports none
 /// and fails, saying why.

@@ -1,0 +1,136 @@
+//! Rounds of a layer benchmark against a Python reference (`elastrec bench sequence`,
+//! `elastrec bench bags`): each round times every case on our side, then in the
+//! reference, back to back, so both see the same machine speed; a round that other
+//! processes disturbed is kept in the report but not used.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use elastrec_common::quiet::LoadProbe;
+use serde::Serialize;
+
+/// One case of one round.
+#[derive(Serialize, Clone)]
+pub struct Round {
+    /// The case timed.
+    pub case: String,
+    /// Our samples per second.
+    pub elastrec: f64,
+    /// The reference's JSON line (its `samples_per_s` and whatever else it reports).
+    pub reference: Option<serde_json::Value>,
+    /// CPU other processes used, as a share of the machine.
+    pub foreign_load: Option<f64>,
+    /// `false`: that share was above the limit; the round is not used.
+    pub quiet: Option<bool>,
+}
+
+/// Runs `rounds` rounds over `cases`: `ours(case)` gives our samples/s, `reference(case)`
+/// the reference's JSON line.
+pub fn run(
+    cases: &[String],
+    rounds: usize,
+    max_foreign_load: f64,
+    mut ours: impl FnMut(&str) -> Result<f64>,
+    mut reference: Option<impl FnMut(&str) -> Result<serde_json::Value>>,
+) -> Result<Vec<Round>> {
+    let mut out = Vec::with_capacity(rounds * cases.len());
+    for round in 0..rounds {
+        for case in cases {
+            let probe = LoadProbe::start();
+            let mine = ours(case)?;
+            let theirs = match reference.as_mut() {
+                Some(f) => Some(f(case)?),
+                None => None,
+            };
+            let load = probe.and_then(|p| p.stop());
+            let r = Round {
+                case: case.clone(),
+                elastrec: mine,
+                reference: theirs,
+                foreign_load: load.map(|l| l.foreign_share()),
+                quiet: load.map(|l| l.is_quiet(max_foreign_load)),
+            };
+            let other = r.reference_value("samples_per_s");
+            eprintln!(
+                "round {}: {case}: elastrec {mine:.0} samples/s{}{}",
+                round + 1,
+                other.map_or(String::new(), |t| format!(
+                    ", reference {t:.0} ({:.2}x)",
+                    mine / t
+                )),
+                if r.quiet == Some(false) {
+                    " (disturbed by other processes: not used)"
+                } else {
+                    ""
+                }
+            );
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+impl Round {
+    /// A number the reference reported.
+    pub fn reference_value(&self, key: &str) -> Option<f64> {
+        self.reference.as_ref().and_then(|v| v[key].as_f64())
+    }
+}
+
+/// The median of `f` over the quiet rounds of `case`.
+pub fn median(rounds: &[Round], case: &str, f: impl Fn(&Round) -> Option<f64>) -> Option<f64> {
+    let mut v: Vec<f64> = rounds
+        .iter()
+        .filter(|r| r.case == case && r.quiet != Some(false))
+        .filter_map(f)
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
+}
+
+/// Disturbed rounds, of all.
+pub fn disturbed(rounds: &[Round]) -> usize {
+    rounds.iter().filter(|r| r.quiet == Some(false)).count()
+}
+
+/// Fails when some case has no quiet round, saying what to do.
+pub fn require_quiet(rounds: &[Round], cases: &[String], max_foreign_load: f64) -> Result<()> {
+    if let Some(case) = cases
+        .iter()
+        .find(|c| median(rounds, c, |r| Some(r.elastrec)).is_none())
+    {
+        bail!(
+            "other processes used more than {:.1}% of the CPU in every round of {case}; its \
+             numbers are not reported (null). Stop other work and run the bench again",
+            100.0 * max_foreign_load
+        );
+    }
+    Ok(())
+}
+
+/// Runs `bench/<script>` with `python` and `args`; its last JSON line.
+pub fn python_reference(python: &Path, script: &str, args: &[String]) -> Result<serde_json::Value> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../bench")
+        .join(script);
+    let out = std::process::Command::new(python)
+        .arg(&script)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {} {}", python.display(), script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "the PyTorch reference failed ({}); is torch installed in that interpreter? See \
+             bench/README.md.\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .context("the PyTorch reference printed no JSON line")?;
+    Ok(serde_json::from_str(line)?)
+}
