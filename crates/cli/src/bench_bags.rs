@@ -9,7 +9,6 @@
 //! are uniform in `1..=2L-1` (mean `L`), ids uniform over the table; each side draws its
 //! own with the same law.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
@@ -39,27 +38,8 @@ pub struct BenchBagsArgs {
     /// Rows of the table.
     #[arg(long, default_value_t = 1_000_000)]
     rows: u64,
-    /// Timed steps per side and round (after two warm-up steps).
-    #[arg(long, default_value_t = 20)]
-    steps: usize,
-    /// Math threads of each side.
-    #[arg(long, default_value_t = 2)]
-    threads: usize,
-    /// Rounds; each times every case on both sides back to back, and the median round's
-    /// ratio is reported.
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
-    /// A Python with torch installed: times the same bags through `nn.EmbeddingBag` in
-    /// each round.
-    #[arg(long)]
-    pytorch: Option<PathBuf>,
-    /// A round in which other processes used more than this share of the machine's CPU
-    /// is disturbed: its timings are kept in the report but not used.
-    #[arg(long, default_value_t = 0.05)]
-    max_foreign_load: f64,
-    /// Print the result as JSON.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    common: bench_rounds::RoundArgs,
 }
 
 #[derive(Serialize)]
@@ -78,8 +58,8 @@ struct Report {
 /// Runs the benchmark and prints its report.
 pub fn run(a: BenchBagsArgs) -> Result<()> {
     ensure!(
-        a.batch_size >= 1 && a.dim >= 1 && a.rows >= 1 && a.steps >= 1 && a.rounds >= 1,
-        "--batch-size, --dim, --rows, --steps and --rounds must be at least 1"
+        a.batch_size >= 1 && a.dim >= 1 && a.rows >= 1,
+        "--batch-size, --dim and --rows must be at least 1"
     );
     ensure!(
         !a.lengths.is_empty() && a.lengths.iter().all(|&l| l >= 1),
@@ -92,24 +72,22 @@ pub fn run(a: BenchBagsArgs) -> Result<()> {
             cases.push(format!("{p}/{l}"));
         }
     }
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(a.threads.max(1))
-        .build()
-        .context("starting the math threads")?;
+    a.common.check()?;
+    let pool = a.common.pool()?;
     eprintln!(
         "embedding bags: {} per step from a table of {} rows x {}, {} timed steps per side, \
          {} thread(s)",
-        a.batch_size, a.rows, a.dim, a.steps, a.threads
+        a.batch_size, a.rows, a.dim, a.common.steps, a.common.threads
     );
-    let reference = a.pytorch.as_ref().map(|py| {
+    let reference = a.common.pytorch.as_ref().map(|py| {
         |case: &str| {
             bench_rounds::python_reference(py, "pytorch_bags.py", &reference_args(&a, case))
         }
     });
     let rounds = bench_rounds::run(
         &cases,
-        a.rounds,
-        a.max_foreign_load,
+        a.common.rounds,
+        a.common.max_foreign_load,
         |case| pool.install(|| time_ours(&a, case)),
         reference,
     )?;
@@ -133,17 +111,13 @@ pub fn run(a: BenchBagsArgs) -> Result<()> {
         batch_size: a.batch_size,
         dim: a.dim,
         rows: a.rows,
-        threads: a.threads,
+        threads: a.common.threads,
         rounds,
         summary,
         torch_version,
     };
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_table(&report);
-    }
-    bench_rounds::require_quiet(&report.rounds, &cases, a.max_foreign_load)
+    a.common
+        .finish(&report, print_table, &report.rounds, &cases)
 }
 
 fn pooling(name: &str) -> Result<Pooling> {
@@ -176,10 +150,7 @@ fn print_table(r: &Report) {
         "{:<10} {:>16} {:>16} {:>8}",
         "bags", "elastrec (1/s)", "PyTorch (1/s)", "ratio"
     );
-    let cell = |v: &serde_json::Value, k: &str, digits: usize| {
-        v[k].as_f64()
-            .map_or("-".to_string(), |x| format!("{x:.digits$}"))
-    };
+    let cell = bench_rounds::cell;
     for s in &r.summary {
         println!(
             "{:<10} {:>16} {:>16} {:>8}",
@@ -251,25 +222,22 @@ fn time_ours(a: &BenchBagsArgs, case: &str) -> Result<f64> {
         step(i)?;
     }
     let t0 = Instant::now();
-    for i in 0..a.steps {
+    for i in 0..a.common.steps {
         step(i)?;
     }
-    Ok((a.steps * a.batch_size) as f64 / t0.elapsed().as_secs_f64())
+    Ok((a.common.steps * a.batch_size) as f64 / t0.elapsed().as_secs_f64())
 }
 
 /// The arguments of `bench/pytorch_bags.py` for one case.
-fn reference_args(a: &BenchBagsArgs, case: &str) -> Vec<String> {
+fn reference_args(a: &BenchBagsArgs, case: &str) -> Vec<std::ffi::OsString> {
     let (p, l) = case.split_once('/').unwrap_or((case, "1"));
-    [
+    bench_rounds::flags([
         ("--mode", p.to_string()),
         ("--mean-len", l.to_string()),
         ("--batch", a.batch_size.to_string()),
         ("--dim", a.dim.to_string()),
         ("--rows", a.rows.to_string()),
-        ("--steps", a.steps.to_string()),
-        ("--threads", a.threads.to_string()),
-    ]
-    .into_iter()
-    .flat_map(|(k, v)| [k.to_string(), v])
-    .collect()
+        ("--steps", a.common.steps.to_string()),
+        ("--threads", a.common.threads.to_string()),
+    ])
 }

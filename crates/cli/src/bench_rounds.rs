@@ -3,11 +3,79 @@
 //! reference, back to back, so both see the same machine speed; a round that other
 //! processes disturbed is kept in the report but not used.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use elastrec_common::quiet::LoadProbe;
 use serde::Serialize;
+
+/// What every such benchmark takes (`#[command(flatten)]`).
+#[derive(clap::Args)]
+pub struct RoundArgs {
+    /// Timed steps per side and round (after two warm-up steps).
+    #[arg(long, default_value_t = 20)]
+    pub steps: usize,
+    /// Math threads of each side.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Rounds; each times every case on both sides back to back, and the median round's
+    /// ratio is reported.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// A Python with torch installed: times the same in PyTorch in each round.
+    #[arg(long)]
+    pub pytorch: Option<PathBuf>,
+    /// A round in which other processes used more than this share of the machine's CPU
+    /// is disturbed: its timings are kept in the report but not used.
+    #[arg(long, default_value_t = 0.05)]
+    pub max_foreign_load: f64,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl RoundArgs {
+    /// Checks the counts.
+    pub fn check(&self) -> Result<()> {
+        anyhow::ensure!(
+            self.steps >= 1 && self.rounds >= 1,
+            "--steps and --rounds must be at least 1"
+        );
+        Ok(())
+    }
+
+    /// A pool of `--threads` math threads.
+    pub fn pool(&self) -> Result<rayon::ThreadPool> {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(self.threads.max(1))
+            .build()
+            .context("starting the math threads")
+    }
+
+    /// Prints `report` as JSON with `--json`, else through `table`; then fails when a
+    /// case had no quiet round.
+    pub fn finish<T: Serialize>(
+        &self,
+        report: &T,
+        table: impl FnOnce(&T),
+        rounds: &[Round],
+        cases: &[String],
+    ) -> Result<()> {
+        if self.json {
+            println!("{}", serde_json::to_string_pretty(report)?);
+        } else {
+            table(report);
+        }
+        require_quiet(rounds, cases, self.max_foreign_load)
+    }
+}
+
+/// A number of a summary as a table cell (`-` when absent).
+pub fn cell(v: &serde_json::Value, key: &str, digits: usize) -> String {
+    v[key]
+        .as_f64()
+        .map_or("-".to_string(), |x| format!("{x:.digits$}"))
+}
 
 /// One case of one round.
 #[derive(Serialize, Clone)]
@@ -108,8 +176,22 @@ pub fn require_quiet(rounds: &[Round], cases: &[String], max_foreign_load: f64) 
     Ok(())
 }
 
+/// `(flag, value)` pairs as command-line arguments.
+pub fn flags<V: Into<std::ffi::OsString>>(
+    pairs: impl IntoIterator<Item = (&'static str, V)>,
+) -> Vec<std::ffi::OsString> {
+    pairs
+        .into_iter()
+        .flat_map(|(k, v)| [k.into(), v.into()])
+        .collect()
+}
+
 /// Runs `bench/<script>` with `python` and `args`; its last JSON line.
-pub fn python_reference(python: &Path, script: &str, args: &[String]) -> Result<serde_json::Value> {
+pub fn python_reference(
+    python: &Path,
+    script: &str,
+    args: &[std::ffi::OsString],
+) -> Result<serde_json::Value> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../bench")
         .join(script);

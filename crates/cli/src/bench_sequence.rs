@@ -8,10 +8,9 @@
 //! parameters, the histories and the candidates. No optimizer step: the model's own
 //! update is the same on every pooling and timed by `elastrec bench`.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use elastrec_model::{
     AttentionConfig, DenseDlrm, DlrmConfig, InteractionKind, TransformerConfig, Workspace,
 };
@@ -40,26 +39,8 @@ pub struct BenchSequenceArgs {
     /// Transformer layers.
     #[arg(long, default_value_t = 1)]
     layers: usize,
-    /// Timed steps per side and round (after two warm-up steps).
-    #[arg(long, default_value_t = 20)]
-    steps: usize,
-    /// Math threads of each side.
-    #[arg(long, default_value_t = 2)]
-    threads: usize,
-    /// Rounds; each times every layer of both sides back to back, and the median
-    /// round's ratio is reported.
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
-    /// A Python with torch installed: times the same layers in PyTorch in each round.
-    #[arg(long)]
-    pytorch: Option<PathBuf>,
-    /// A round in which other processes used more than this share of the machine's CPU
-    /// is disturbed: its timings are kept in the report but not used.
-    #[arg(long, default_value_t = 0.05)]
-    max_foreign_load: f64,
-    /// Print the result as JSON.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    common: bench_rounds::RoundArgs,
 }
 
 /// The layers compared.
@@ -80,31 +61,29 @@ struct Report {
 /// Runs the benchmark and prints its report.
 pub fn run(a: BenchSequenceArgs) -> Result<()> {
     ensure!(
-        a.batch_size >= 1 && a.len >= 1 && a.dim >= 1 && a.steps >= 1 && a.rounds >= 1,
-        "--batch-size, --len, --dim, --steps and --rounds must be at least 1"
+        a.batch_size >= 1 && a.len >= 1 && a.dim >= 1,
+        "--batch-size, --len and --dim must be at least 1"
     );
     ensure!(
         a.heads >= 1 && a.layers >= 1 && a.dim.is_multiple_of(a.heads),
         "--heads must divide --dim, and --heads and --layers must be at least 1"
     );
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(a.threads.max(1))
-        .build()
-        .context("starting the math threads")?;
+    a.common.check()?;
+    let pool = a.common.pool()?;
     eprintln!(
         "pooling {} histories of {} items, width {}, {} timed steps per side, {} thread(s)",
-        a.batch_size, a.len, a.dim, a.steps, a.threads
+        a.batch_size, a.len, a.dim, a.common.steps, a.common.threads
     );
     let cases: Vec<String> = LAYERS.iter().map(|l| l.to_string()).collect();
-    let reference = a.pytorch.as_ref().map(|py| {
+    let reference = a.common.pytorch.as_ref().map(|py| {
         |layer: &str| {
             bench_rounds::python_reference(py, "pytorch_sequence.py", &reference_args(&a, layer))
         }
     });
     let rounds = bench_rounds::run(
         &cases,
-        a.rounds,
-        a.max_foreign_load,
+        a.common.rounds,
+        a.common.max_foreign_load,
         |layer| pool.install(|| time_ours(&a, layer)),
         reference,
     )?;
@@ -116,17 +95,13 @@ pub fn run(a: BenchSequenceArgs) -> Result<()> {
         batch_size: a.batch_size,
         len: a.len,
         dim: a.dim,
-        threads: a.threads,
+        threads: a.common.threads,
         rounds,
         summary,
         torch_version,
     };
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_table(&report);
-    }
-    bench_rounds::require_quiet(&report.rounds, &cases, a.max_foreign_load)
+    a.common
+        .finish(&report, print_table, &report.rounds, &cases)
 }
 
 /// One layer's medians over the quiet rounds, and the median round's ratios.
@@ -159,10 +134,7 @@ fn print_table(r: &Report) {
         "{:<12} {:>16} {:>16} {:>8} {:>22} {:>8}",
         "layer", "elastrec (1/s)", "PyTorch (1/s)", "ratio", "PyTorch cand.-only (1/s)", "ratio"
     );
-    let cell = |v: &serde_json::Value, k: &str, digits: usize| {
-        v[k].as_f64()
-            .map_or("-".to_string(), |x| format!("{x:.digits$}"))
-    };
+    let cell = bench_rounds::cell;
     for s in &r.summary {
         println!(
             "{:<12} {:>16} {:>16} {:>8} {:>22} {:>8}",
@@ -234,16 +206,16 @@ fn time_ours(a: &BenchSequenceArgs, layer: &str) -> Result<f64> {
         step(&mut ws)?;
     }
     let t0 = Instant::now();
-    for _ in 0..a.steps {
+    for _ in 0..a.common.steps {
         step(&mut ws)?;
     }
-    Ok((a.steps * n) as f64 / t0.elapsed().as_secs_f64())
+    Ok((a.common.steps * n) as f64 / t0.elapsed().as_secs_f64())
 }
 
 /// The arguments of `bench/pytorch_sequence.py` for one layer of these sizes.
-fn reference_args(a: &BenchSequenceArgs, layer: &str) -> Vec<String> {
+fn reference_args(a: &BenchSequenceArgs, layer: &str) -> Vec<std::ffi::OsString> {
     let mlp: Vec<String> = a.din_mlp.iter().map(usize::to_string).collect();
-    [
+    bench_rounds::flags([
         ("--layer", layer.to_string()),
         ("--batch", a.batch_size.to_string()),
         ("--len", a.len.to_string()),
@@ -251,10 +223,7 @@ fn reference_args(a: &BenchSequenceArgs, layer: &str) -> Vec<String> {
         ("--din-mlp", mlp.join(",")),
         ("--heads", a.heads.to_string()),
         ("--layers", a.layers.to_string()),
-        ("--steps", a.steps.to_string()),
-        ("--threads", a.threads.to_string()),
-    ]
-    .into_iter()
-    .flat_map(|(k, v)| [k.to_string(), v])
-    .collect()
+        ("--steps", a.common.steps.to_string()),
+        ("--threads", a.common.threads.to_string()),
+    ])
 }

@@ -336,33 +336,18 @@ fn pytorch_reference(
     opts: &elastrec_worker::bench::BenchOptions,
     threads: usize,
 ) -> Result<serde_json::Value> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/pytorch_dlrm.py");
     let data = elastrec_worker::bench::first_file(opts);
-    let out = std::process::Command::new(python)
-        .arg(&script)
-        .args(["--mode", mode, "--threads", &threads.to_string()])
-        .args(["--batch", &opts.batch_size.to_string()])
-        .args(["--max-rows", &opts.max_table_rows.to_string()])
-        .args(["--steps", &opts.steps.to_string()])
-        .args(["--warmup", &opts.warmup.to_string()])
-        .arg("--data")
-        .arg(&data)
-        .output()
-        .with_context(|| format!("running {} {}", python.display(), script.display()))?;
-    if !out.status.success() {
-        bail!(
-            "the PyTorch reference failed ({}); is torch installed in that interpreter? See bench/README.md.\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .context("the PyTorch reference printed no JSON line")?;
-    Ok(serde_json::from_str(line)?)
+    let args = [
+        ("--mode", mode.to_string()),
+        ("--threads", threads.to_string()),
+        ("--batch", opts.batch_size.to_string()),
+        ("--max-rows", opts.max_table_rows.to_string()),
+        ("--steps", opts.steps.to_string()),
+        ("--warmup", opts.warmup.to_string()),
+    ];
+    let mut args = crate::bench_rounds::flags(args);
+    args.extend(["--data".into(), data.into_os_string()]);
+    crate::bench_rounds::python_reference(python, "pytorch_dlrm.py", &args)
 }
 
 pub fn bench(a: Bench) -> Result<()> {
