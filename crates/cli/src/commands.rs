@@ -547,6 +547,17 @@ pub fn brain_plan(job: &Path, json: bool) -> Result<()> {
 }
 
 /// `elastrec brain history`: the jobs of a config database as a table (or JSON).
+/// How long ago, as a person reads it: `42 s ago`, `17 min ago`, `5 h ago`, `3 d ago`.
+fn age(ms: i64) -> String {
+    let s = ms.max(0) / 1000;
+    match s {
+        0..=119 => format!("{s} s ago"),
+        120..=7_199 => format!("{} min ago", s / 60),
+        7_200..=172_799 => format!("{} h ago", s / 3_600),
+        _ => format!("{} d ago", s / 86_400),
+    }
+}
+
 pub fn brain_history(db: Option<&str>, limit: usize, json: bool) -> Result<()> {
     let url = match db {
         Some(u) => u.to_string(),
@@ -576,6 +587,9 @@ pub fn brain_history(db: Option<&str>, limit: usize, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&jobs)?);
         return Ok(());
     }
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
     let rows: Vec<Vec<String>> = jobs
         .iter()
         .map(|j| {
@@ -592,7 +606,7 @@ pub fn brain_history(db: Option<&str>, limit: usize, json: bool) -> Result<()> {
             let (status, rate) = j
                 .outcome
                 .as_ref()
-                .map_or(("running?".into(), "-".into()), |o| {
+                .map_or(("no outcome".into(), "-".into()), |o| {
                     (o.status.clone(), format!("{:.0}", o.throughput))
                 });
             vec![
@@ -603,6 +617,7 @@ pub fn brain_history(db: Option<&str>, limit: usize, json: bool) -> Result<()> {
                 format!("{} / {}", f.table_count, f.total_rows),
                 f.dataset_samples.to_string(),
                 status,
+                age(now_ms.saturating_sub(j.last_report_ms)),
                 nodes,
                 cores,
                 rate,
@@ -620,6 +635,7 @@ pub fn brain_history(db: Option<&str>, limit: usize, json: bool) -> Result<()> {
             "tables / rows",
             "samples",
             "status",
+            "last report",
             "workers / PS (memory each)",
             "cores worker / PS",
             "samples/s",
@@ -685,4 +701,18 @@ pub fn on_runtime<T>(role: impl std::future::Future<Output = Result<T>>) -> Resu
         .build()
         .context("starting the async runtime")?
         .block_on(role)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_age_reads_in_the_unit_a_person_would_use() {
+        use super::age;
+        assert_eq!(age(-5), "0 s ago");
+        assert_eq!(age(42_000), "42 s ago");
+        assert_eq!(age(119_999), "119 s ago");
+        assert_eq!(age(120_000), "2 min ago");
+        assert_eq!(age(3 * 3_600_000), "3 h ago");
+        assert_eq!(age(49 * 3_600_000), "2 d ago");
+    }
 }

@@ -268,6 +268,8 @@ fn a_job_starts_on_the_allocation_of_the_similar_past_job_that_finished() {
     assert!(row("a-failed").contains(" failed |"), "{table}");
     assert!(row("warm-").contains(" succeeded |"), "{table}");
     assert!(row("warm-").contains(" 3 x 2.0 GiB / 2 x "), "{table}");
+    // Heard of within the test: a job silent for long without an outcome lost its master.
+    assert!(row("warm-").contains(" s ago |"), "{table}");
     assert!(table.contains("4 jobs;"), "{table}");
 }
 

@@ -52,6 +52,10 @@ pub struct JobRecord {
     pub config: Option<Allocation>,
     /// How it ended; none while it runs (or when its master died before telling).
     pub outcome: Option<Outcome>,
+    /// When the brain last heard of it (ms since the epoch): its registration, newest
+    /// configuration, profile or memory sample, or outcome. A job with no outcome that
+    /// has been silent for long lost its master.
+    pub last_report_ms: i64,
 }
 
 /// Every status an outcome may have: a finished job, and one stopped by a failure or by
@@ -454,11 +458,34 @@ impl ConfigDb {
             out.push(JobRecord {
                 config: self.latest_config(&spec.job_id).await?,
                 outcome: self.outcome(&spec.job_id).await?,
+                last_report_ms: self.last_report_ms(&spec.job_id).await?,
                 features: JobFeatures::of(&spec),
                 job_id: spec.job_id,
             });
         }
         Ok(out)
+    }
+
+    /// When the brain last heard of `job_id` ([`JobRecord::last_report_ms`]).
+    async fn last_report_ms(&self, job_id: &str) -> Result<i64> {
+        let mut last = 0i64;
+        // One query per table: the same SQL on SQLite and PostgreSQL.
+        for sql in [
+            "SELECT MAX(created_ms) AS ts FROM brain_jobs WHERE job_id = $1",
+            "SELECT MAX(ts_ms) AS ts FROM brain_job_configs WHERE job_id = $1",
+            "SELECT MAX(ts_ms) AS ts FROM brain_profile_samples WHERE job_id = $1",
+            "SELECT MAX(ts_ms) AS ts FROM brain_memory_samples WHERE job_id = $1",
+            "SELECT MAX(ts_ms) AS ts FROM brain_outcomes WHERE job_id = $1",
+        ] {
+            let row = sqlx::query(sql)
+                .bind(job_id.to_string())
+                .fetch_one(&self.pool)
+                .await?;
+            if let Some(ts) = row.try_get::<Option<i64>, _>("ts")? {
+                last = last.max(ts);
+            }
+        }
+        Ok(last)
     }
 
     /// Warm-start history: every job with at least one configuration, with its latest one,

@@ -34,7 +34,15 @@ pub fn alloc(workers: u32) -> Allocation {
     }
 }
 
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
 async fn suite(store: &ConfigDb) {
+    let start_ms = wall_ms();
     // Empty database: warm start falls back to the documented default.
     let cfg = BrainConfig::default();
     let history = store.history().await.unwrap();
@@ -141,6 +149,22 @@ async fn suite(store: &ConfigDb) {
     store.add_memory("a", &mem).await.unwrap();
     let back = store.memory("a").await.unwrap();
     assert_eq!(back, vec![mem[2], mem[1], mem[0]]);
+
+    // The history says when each job was last heard of: "b" has no outcome (as when its
+    // master dies) and fell silent at its last configuration; "a" reported since.
+    let end_ms = wall_ms();
+    let jobs = store.jobs(10).await.unwrap();
+    let job = |id: &str| jobs.iter().find(|j| j.job_id == id).unwrap();
+    assert!(job("b").outcome.is_none());
+    for j in &jobs {
+        assert!(
+            (start_ms..=end_ms).contains(&j.last_report_ms),
+            "{}: {} outside {start_ms}..={end_ms}",
+            j.job_id,
+            j.last_report_ms
+        );
+    }
+    assert!(job("a").last_report_ms >= job("b").last_report_ms);
 }
 
 #[tokio::test]
