@@ -207,6 +207,25 @@ enum Queries {
     Candidates,
 }
 
+impl Queries {
+    /// What layer `i` of `0..=last` computes: only the last needs just the candidates.
+    fn of_layer(i: usize, last: usize) -> Self {
+        if i == last {
+            Self::Candidates
+        } else {
+            Self::All
+        }
+    }
+
+    /// The queries of row `r`, whose `t_row` tokens start at token `start`.
+    fn of_row(self, r: usize, start: usize, t_row: usize) -> std::ops::Range<usize> {
+        match self {
+            Self::All => start..start + t_row,
+            Self::Candidates => r..r + 1,
+        }
+    }
+}
+
 impl SequenceTransformer {
     /// An encoder of `d`-wide tokens over histories of up to `max_len` items, its
     /// parameters from `offset`.
@@ -308,11 +327,7 @@ impl SequenceTransformer {
                 rest[0].x.clear();
                 rest[0].x.extend_from_slice(&before[i - 1].y);
             }
-            let queries = if i == last {
-                Queries::Candidates
-            } else {
-                Queries::All
-            };
+            let queries = Queries::of_layer(i, last);
             self.layer_forward(b, params, lens, &acts.starts, queries, &mut acts.layers[i]);
         }
         acts.d = d;
@@ -361,11 +376,7 @@ impl SequenceTransformer {
         a.p.clear();
         for (r, &l) in lens.iter().enumerate() {
             let (start, t_row) = (starts[r], l as usize + 1);
-            let rows_q = match queries {
-                Queries::All => start..start + t_row,
-                Queries::Candidates => r..r + 1,
-            };
-            for i in rows_q {
+            for i in queries.of_row(r, start, t_row) {
                 for h in 0..heads {
                     let qv = &a.q[i * d + h * hd..][..hd];
                     let at = a.p.len();
@@ -428,11 +439,7 @@ impl SequenceTransformer {
         } = acts;
         let last = self.blocks.len() - 1;
         for (i, b) in self.blocks.iter().enumerate().rev() {
-            let queries = if i == last {
-                Queries::Candidates
-            } else {
-                Queries::All
-            };
+            let queries = Queries::of_layer(i, last);
             self.layer_backward(b, params, grads, lens, starts, queries, &layers[i], s);
             // This layer's input gradient is the previous layer's output gradient.
             std::mem::swap(&mut s.dy, &mut s.dx);
@@ -560,11 +567,7 @@ impl SequenceTransformer {
         let mut at = 0;
         for (r, &l) in lens.iter().enumerate() {
             let (start, t_row) = (starts[r], l as usize + 1);
-            let rows_q = match queries {
-                Queries::All => start..start + t_row,
-                Queries::Candidates => r..r + 1,
-            };
-            for i in rows_q {
+            for i in queries.of_row(r, start, t_row) {
                 for h in 0..heads {
                     let p = &a.p[at..at + t_row];
                     at += t_row;
