@@ -72,28 +72,18 @@ pub fn run(a: BenchBagsArgs) -> Result<()> {
             cases.push(format!("{p}/{l}"));
         }
     }
-    a.common.check()?;
-    let pool = a.common.pool()?;
     eprintln!(
         "embedding bags: {} per step from a table of {} rows x {}, {} timed steps per side, \
          {} thread(s)",
         a.batch_size, a.rows, a.dim, a.common.steps, a.common.threads
     );
-    let reference = a.common.pytorch.as_ref().map(|py| {
-        |case: &str| {
-            bench_rounds::python_reference(py, "pytorch_bags.py", &reference_args(&a, case))
-        }
-    });
-    let rounds = bench_rounds::run(
+    let rounds = a.common.run_cases(
         &cases,
-        a.common.rounds,
-        a.common.max_foreign_load,
-        |case| pool.install(|| time_ours(&a, case)),
-        reference,
+        "pytorch_bags.py",
+        |case| reference_args(&a, case),
+        |case| time_ours(&a, case),
     )?;
-    let torch_version = rounds
-        .iter()
-        .find_map(|r| r.reference.as_ref()?["torch"].as_str().map(String::from));
+    let torch_version = bench_rounds::torch_version(&rounds);
     let summary = cases
         .iter()
         .map(|c| {

@@ -36,7 +36,7 @@ pub struct RoundArgs {
 
 impl RoundArgs {
     /// Checks the counts.
-    pub fn check(&self) -> Result<()> {
+    fn check(&self) -> Result<()> {
         anyhow::ensure!(
             self.steps >= 1 && self.rounds >= 1,
             "--steps and --rounds must be at least 1"
@@ -44,12 +44,32 @@ impl RoundArgs {
         Ok(())
     }
 
-    /// A pool of `--threads` math threads.
-    pub fn pool(&self) -> Result<rayon::ThreadPool> {
-        rayon::ThreadPoolBuilder::new()
+    /// Times `cases` in the rounds these arguments ask for: `ours(case)` on `--threads`
+    /// math threads, and with `--pytorch` the reference `bench/<script>` with
+    /// `reference_args(case)`.
+    pub fn run_cases(
+        &self,
+        cases: &[String],
+        script: &str,
+        reference_args: impl Fn(&str) -> Vec<std::ffi::OsString>,
+        ours: impl Fn(&str) -> Result<f64> + Sync,
+    ) -> Result<Vec<Round>> {
+        self.check()?;
+        let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(self.threads.max(1))
             .build()
-            .context("starting the math threads")
+            .context("starting the math threads")?;
+        let reference = self
+            .pytorch
+            .as_ref()
+            .map(|py| |case: &str| python_reference(py, script, &reference_args(case)));
+        run(
+            cases,
+            self.rounds,
+            self.max_foreign_load,
+            |case| pool.install(|| ours(case)),
+            reference,
+        )
     }
 
     /// Prints `report` as JSON with `--json`, else through `table`; then fails when a
@@ -154,6 +174,13 @@ pub fn median(rounds: &[Round], case: &str, f: impl Fn(&Round) -> Option<f64>) -
         .collect();
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied()
+}
+
+/// The torch version the reference reported, if it ran.
+pub fn torch_version(rounds: &[Round]) -> Option<String> {
+    rounds
+        .iter()
+        .find_map(|r| r.reference.as_ref()?["torch"].as_str().map(String::from))
 }
 
 /// Disturbed rounds, of all.

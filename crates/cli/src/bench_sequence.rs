@@ -68,28 +68,18 @@ pub fn run(a: BenchSequenceArgs) -> Result<()> {
         a.heads >= 1 && a.layers >= 1 && a.dim.is_multiple_of(a.heads),
         "--heads must divide --dim, and --heads and --layers must be at least 1"
     );
-    a.common.check()?;
-    let pool = a.common.pool()?;
     eprintln!(
         "pooling {} histories of {} items, width {}, {} timed steps per side, {} thread(s)",
         a.batch_size, a.len, a.dim, a.common.steps, a.common.threads
     );
     let cases: Vec<String> = LAYERS.iter().map(|l| l.to_string()).collect();
-    let reference = a.common.pytorch.as_ref().map(|py| {
-        |layer: &str| {
-            bench_rounds::python_reference(py, "pytorch_sequence.py", &reference_args(&a, layer))
-        }
-    });
-    let rounds = bench_rounds::run(
+    let rounds = a.common.run_cases(
         &cases,
-        a.common.rounds,
-        a.common.max_foreign_load,
-        |layer| pool.install(|| time_ours(&a, layer)),
-        reference,
+        "pytorch_sequence.py",
+        |layer| reference_args(&a, layer),
+        |layer| time_ours(&a, layer),
     )?;
-    let torch_version = rounds
-        .iter()
-        .find_map(|r| r.reference.as_ref()?["torch"].as_str().map(String::from));
+    let torch_version = bench_rounds::torch_version(&rounds);
     let summary = LAYERS.iter().map(|l| summarize(l, &rounds)).collect();
     let report = Report {
         batch_size: a.batch_size,
