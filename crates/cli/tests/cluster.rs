@@ -58,21 +58,27 @@ fn a_history_pooled_by_attention_trains_on_two_ps_as_in_one_process() {
     history_trains_on_two_ps_as_in_one_process(
         "attention",
         "attention = { mlp = [16], softmax = true }",
+        0,
     );
 }
 
 /// As [`a_history_pooled_by_attention_trains_on_two_ps_as_in_one_process`], with the
 /// history and the candidate read by a transformer (BST): its layers are dense
-/// parameters the PS hold, shard, checkpoint and export like the MLPs'.
+/// parameters the PS hold, shard, checkpoint and export like the MLPs'. The worker's
+/// rows come through two data executors (Primus's data workers), which parse the
+/// named features, lists and all, as the worker would.
 #[test]
 fn a_history_read_by_a_transformer_trains_on_two_ps_as_in_one_process() {
     history_trains_on_two_ps_as_in_one_process(
         "transformer",
         "transformer = { heads = 2, layers = 1, ffn = 32 }",
+        2,
     );
 }
 
-fn history_trains_on_two_ps_as_in_one_process(pooling: &str, settings: &str) {
+/// Trains the named data set with its history pooled by `pooling` in one process, then
+/// on two PS and one worker (reading through `executors` data executors, when any).
+fn history_trains_on_two_ps_as_in_one_process(pooling: &str, settings: &str, executors: u32) {
     let _g = serial();
     let f = fixture();
     let data = f.dir.join("named-attention");
@@ -107,13 +113,35 @@ dir = "{out}"
     let single = format!("{pooling}-single");
     let baseline = train_auc(&single, &text(&single, ""));
     assert!(baseline > 0.55, "{pooling} trains: AUC {baseline}");
-    let cluster = CLUSTER.replace("workers = 3", "workers = 1\nshuffle = false");
+    let cluster = CLUSTER.replace(
+        "workers = 3",
+        &format!("workers = 1\nshuffle = false\nexecutors = {executors}"),
+    );
     let run = format!("{pooling}-run");
     let (job, dir) = write_job_file(&run, &text(&run, &cluster));
     let log = dir.with_extension("log");
     let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
     g.wait_success(&log);
     check_result_against(&dir, &log, baseline, 0.001);
+    if executors > 0 {
+        let worker: String = std::fs::read_dir(dir.join("logs"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("worker-")
+            })
+            .map(|p| std::fs::read_to_string(p).unwrap())
+            .collect();
+        let served: u64 = worker
+            .lines()
+            .find_map(|l| l.strip_suffix(" samples came through the data executors"))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("the executors served the worker:\n{worker}"));
+        assert!(served > 0, "{worker}");
+    }
     let r = result(&dir);
     check_saved_model(&dir, &r, &data.join("day_2.parquet"));
 }

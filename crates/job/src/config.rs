@@ -1594,12 +1594,6 @@ impl JobConfig {
                  with named features",
             ),
             (
-                self.cluster.executors > 0 || self.cluster.max_executors > 0,
-                "cluster.executors",
-                "data executors ship Criteo-layout batches; the workers read named features \
-                 themselves",
-            ),
-            (
                 self.model.table_rows != TableRows::Auto,
                 "model.table_rows",
                 "named features size their tables in [[data.table]] (rows = ...), or by \

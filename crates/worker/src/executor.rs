@@ -20,13 +20,14 @@ use elastrec_data::{Batch, BatchReader};
 use elastrec_job::config::JobConfig;
 use elastrec_job::register::register_node;
 use elastrec_proto::executor::data_executor_server::{DataExecutor, DataExecutorServer};
-use elastrec_proto::executor::{ReadRequest, ReadResponse};
+use elastrec_proto::executor::{ListColumn, ReadRequest, ReadResponse};
 use elastrec_proto::master::{HeartbeatRequest, NodeAction, NodeProfile, Role};
 use elastrec_rpc::{self as rpc, check_version, is_transient, ServerAuth};
 use parking_lot::Mutex;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
+use crate::executor_reader::{ReadLayout, RowFormat};
 use crate::remote::{TaskFiles, WorkerArgs};
 
 /// Largest read a worker may ask for, samples (a batch is far smaller).
@@ -55,8 +56,9 @@ struct Counters {
 
 struct Executor {
     job: JobConfig,
-    /// The job's `[[preprocess]]` plan: executors serve preprocessed batches.
-    plan: Option<Arc<elastrec_preprocess::Plan>>,
+    /// How the job's rows become batches (its `[[preprocess]]` plan or its named
+    /// features): executors serve finished batches.
+    format: RowFormat,
     files: TaskFiles,
     /// Open readers by (file index, position).
     cursors: Mutex<HashMap<(u32, u64), Cursor>>,
@@ -120,10 +122,7 @@ impl Executor {
                     ..Default::default()
                 };
                 let (path, _) = self.files.resolve(&task)?;
-                let reader = elastrec_job::prepare::open_job_reader(
-                    self.plan.as_ref(),
-                    // `run` refuses named features (JobConfig::train_only_settings).
-                    None,
+                let reader = self.format.open(
                     &path,
                     req.start_row,
                     req.end_row,
@@ -171,6 +170,16 @@ impl Executor {
             labels: batch.labels,
             dense: batch.dense,
             sparse: batch.sparse,
+            weights: batch.weights,
+            lists: batch
+                .bags
+                .into_iter()
+                .map(|j| ListColumn {
+                    offsets: j.offsets,
+                    ids: j.ids,
+                    weights: j.weights,
+                })
+                .collect(),
             rows_consumed: consumed,
             rows_skipped: skipped,
             prefetched: hit,
@@ -259,7 +268,7 @@ pub async fn run_executor(args: WorkerArgs) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
     let executor = Arc::new(Executor {
         files: TaskFiles::of_blocking(&job).await?,
-        plan: elastrec_job::prepare::feature_plan(&job)?,
+        format: RowFormat::of(&job)?,
         job: job.clone(),
         cursors: Mutex::new(HashMap::new()),
         counters: Counters::default(),
@@ -307,13 +316,13 @@ pub async fn run_executor(args: WorkerArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Checks a read's answer before a worker trains on it: sizes from the wire are never
-/// trusted.
+/// Checks a read's answer before a worker trains on it: sizes and offsets from the wire
+/// are never trusted.
 pub(crate) fn check_response(
     r: &ReadResponse,
     max_rows: u32,
     left: u64,
-    (dense_width, sparse_width): (usize, usize),
+    layout: &ReadLayout,
 ) -> anyhow::Result<()> {
     let n = r.labels.len();
     let tasks = (r.tasks as usize).max(1);
@@ -324,15 +333,61 @@ pub(crate) fn check_response(
     );
     anyhow::ensure!(
         n <= max_rows as usize
-            && r.dense.len() == n * dense_width
-            && r.sparse.len() == n * sparse_width
+            && r.dense.len() == n * layout.dense_width
+            && r.sparse.len() == n * layout.sparse_width
+            && (r.weights.is_empty() || r.weights.len() == n)
             && r.rows_consumed >= n as u64 + r.rows_skipped
             && r.rows_consumed <= left
             && (n == 0 || r.rows_consumed > 0),
-        "the executor answered a malformed read ({n} samples, {} dense, {} sparse, {} rows consumed of {left})",
+        "the executor answered a malformed read ({n} samples, {} dense, {} sparse, {} weights, {} rows consumed of {left})",
         r.dense.len(),
         r.sparse.len(),
+        r.weights.len(),
         r.rows_consumed
+    );
+    anyhow::ensure!(
+        r.lists.len() == layout.list_max_lens.len(),
+        "the executor answered {} list features; the job has {}",
+        r.lists.len(),
+        layout.list_max_lens.len()
+    );
+    for (k, (col, &max_len)) in r.lists.iter().zip(&layout.list_max_lens).enumerate() {
+        check_list(col, n, max_len)
+            .with_context(|| format!("the executor answered a malformed list feature {k}"))?;
+    }
+    Ok(())
+}
+
+/// One list column of `n` samples: offsets from 0, rising by at most `max_len`, ending
+/// at the ids' count; weights none or one per id.
+fn check_list(col: &ListColumn, n: usize, max_len: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        col.offsets.len() == n + 1 && col.offsets[0] == 0,
+        "{} offsets for {n} samples",
+        col.offsets.len()
+    );
+    if let Some(w) = col
+        .offsets
+        .windows(2)
+        .position(|w| w[1] < w[0] || (w[1] - w[0]) as usize > max_len)
+    {
+        anyhow::bail!(
+            "sample {w} has offsets {}..{} (at most {max_len} ids a sample)",
+            col.offsets[w],
+            col.offsets[w + 1]
+        );
+    }
+    anyhow::ensure!(
+        col.offsets[n] as usize == col.ids.len(),
+        "offsets end at {}, with {} ids",
+        col.offsets[n],
+        col.ids.len()
+    );
+    anyhow::ensure!(
+        col.weights.is_empty() || col.weights.len() == col.ids.len(),
+        "{} weights for {} ids",
+        col.weights.len(),
+        col.ids.len()
     );
     Ok(())
 }
@@ -342,9 +397,14 @@ mod tests {
     use super::*;
     use crate::executor_reader::{ExecutorReader, Executors};
     use elastrec_data::{BadRowPolicy, NUM_DENSE, NUM_SPARSE};
+    use elastrec_proto::executor::ListColumn;
 
     const TOKEN: &str = "executortesttoken";
-    const CRITEO: (usize, usize) = (NUM_DENSE, NUM_SPARSE);
+
+    /// The Criteo layout every unlisted job reads.
+    fn criteo() -> ReadLayout {
+        RowFormat::default().layout()
+    }
 
     /// `rows` Criteo lines, the 7th malformed (a letter in an integer field).
     fn write_data(dir: &std::path::Path, rows: usize) -> std::path::PathBuf {
@@ -382,7 +442,7 @@ mod tests {
     fn start(job: &JobConfig) -> (String, impl Fn()) {
         let executor = Arc::new(Executor {
             files: TaskFiles::of(job).unwrap(),
-            plan: elastrec_job::prepare::feature_plan(job).unwrap(),
+            format: RowFormat::of(job).unwrap(),
             job: job.clone(),
             cursors: Mutex::new(HashMap::new()),
             counters: Counters::default(),
@@ -420,9 +480,10 @@ mod tests {
             if n == 0 {
                 break;
             }
-            all.labels.extend_from_slice(&b.labels);
-            all.dense.extend_from_slice(&b.dense);
-            all.sparse.extend_from_slice(&b.sparse);
+            if k == 0 {
+                all.take_layout(&b);
+            }
+            all.extend_from(&b, 0..n);
             between(k);
         }
         all
@@ -459,7 +520,7 @@ mod tests {
             from,
             end,
             BadRowPolicy::Skip,
-            None,
+            RowFormat::default(),
             0,
         );
         let got = tokio::task::block_in_place(|| {
@@ -476,6 +537,96 @@ mod tests {
             served,
             5 * 64,
             "the executors served the first five batches, the file the rest"
+        );
+    }
+
+    /// A job of named features: the executors serve its bags, sequences and sample
+    /// weights as the file holds them, rows whose weight is null skipped alike, and a
+    /// worker whose executor dies reads on from the same row.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn named_features_come_through_the_executors_as_from_the_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let spec = elastrec_data::gen::named::NamedSpec {
+            out: tmp.path().to_path_buf(),
+            rows: 700,
+            days: 1,
+            seed: 3,
+            csv: false,
+        };
+        let path = elastrec_data::gen::named::generate_named(&spec)
+            .unwrap()
+            .files[0]
+            .clone();
+        let text = format!(
+            r#"
+[data]
+dir = "{}"
+train = ["{}"]
+label = "click"
+weight = "price"
+on_bad_row = "skip"
+[[data.feature]]
+name = "item_id"
+kind = "categorical"
+[[data.feature]]
+name = "genres"
+kind = "bag"
+max_len = 3
+[[data.feature]]
+name = "hist_items"
+kind = "sequence"
+table = "item_id"
+max_len = 5
+"#,
+            tmp.path().display(),
+            path.file_name().unwrap().to_string_lossy()
+        );
+        let file = tmp.path().join("job.toml");
+        std::fs::write(&file, text).unwrap();
+        let job = JobConfig::load(&file).unwrap();
+        let format = RowFormat::of(&job).unwrap();
+        let (from, end) = (5u64, 690u64);
+        let mut local = format.open(&path, from, end, BadRowPolicy::Skip).unwrap();
+        let want = tokio::task::block_in_place(|| drain(local.as_mut(), 64, |_| {}));
+        let skipped = local.stats().rows_skipped;
+        assert!(skipped > 0, "the generator writes null prices");
+        assert_eq!(want.len() as u64 + skipped, end - from);
+        assert_eq!(want.bags.len(), 2);
+        assert_eq!(want.weights.len(), want.len());
+        assert!(
+            want.bags[1].ids.len() > want.len(),
+            "the histories hold items"
+        );
+
+        let (a, stop_a) = start(&job);
+        let (b, _stop_b) = start(&job);
+        let executors = Executors::default();
+        executors.set_credentials(TOKEN, 64 << 20);
+        executors.set(vec![a, b]);
+        let mut reader = ExecutorReader::new(
+            executors.clone(),
+            path.to_string_lossy().into_owned(),
+            0,
+            path.clone(),
+            from,
+            end,
+            BadRowPolicy::Skip,
+            format,
+            0,
+        );
+        let got = tokio::task::block_in_place(|| {
+            drain(&mut reader, 64, |k| {
+                if k == 2 {
+                    stop_a()
+                }
+            })
+        });
+        assert_eq!(got, want);
+        assert_eq!(reader.stats().rows_skipped, skipped);
+        assert_eq!(
+            executors.served.load(Ordering::Relaxed),
+            want.len() as u64,
+            "the second executor served the rest"
         );
     }
 
@@ -501,7 +652,7 @@ mod tests {
             0,
             300,
             BadRowPolicy::Skip,
-            None,
+            RowFormat::default(),
             0,
         );
         let mut got = Batch::default();
@@ -535,28 +686,29 @@ mod tests {
             sparse: vec![0; 2 * NUM_SPARSE],
             rows_consumed: 3,
             rows_skipped: 1,
-            prefetched: false,
-            tasks: 0,
-            task_labels: Vec::new(),
+            ..Default::default()
         };
-        assert!(check_response(&ok, 2, 10, CRITEO).is_ok());
+        assert!(check_response(&ok, 2, 10, &criteo()).is_ok());
         assert!(
-            check_response(&ok, 1, 10, CRITEO).is_err(),
+            check_response(&ok, 1, 10, &criteo()).is_err(),
             "more samples than asked"
         );
-        assert!(check_response(&ok, 2, 2, CRITEO).is_err(), "past the range");
+        assert!(
+            check_response(&ok, 2, 2, &criteo()).is_err(),
+            "past the range"
+        );
         let short = ReadResponse {
             dense: vec![0.0; NUM_DENSE],
             ..ok.clone()
         };
-        assert!(check_response(&short, 2, 10, CRITEO).is_err());
+        assert!(check_response(&short, 2, 10, &criteo()).is_err());
         // A multi-task batch: one label per sample for each task after the first.
         let two_tasks = ReadResponse {
             tasks: 2,
             task_labels: vec![0.0, 1.0],
             ..ok.clone()
         };
-        assert!(check_response(&two_tasks, 2, 10, CRITEO).is_ok());
+        assert!(check_response(&two_tasks, 2, 10, &criteo()).is_ok());
         for bad in [
             ReadResponse {
                 task_labels: vec![1.0],
@@ -568,7 +720,59 @@ mod tests {
                 ..ok.clone()
             },
         ] {
-            assert!(check_response(&bad, 2, 10, CRITEO).is_err());
+            assert!(check_response(&bad, 2, 10, &criteo()).is_err());
+        }
+    }
+
+    /// A list feature's offsets and weights from the wire are checked against the
+    /// samples, the ids and the feature's longest list before a worker indexes with them.
+    #[test]
+    fn malformed_list_features_are_refused() {
+        let layout = ReadLayout {
+            dense_width: 1,
+            sparse_width: 0,
+            list_max_lens: vec![3],
+        };
+        let ok = ReadResponse {
+            labels: vec![1.0; 2],
+            dense: vec![0.0; 2],
+            weights: vec![0.5, 2.0],
+            lists: vec![ListColumn {
+                offsets: vec![0, 2, 5],
+                ids: vec![1, 2, 3, 4, 5],
+                weights: Vec::new(),
+            }],
+            rows_consumed: 2,
+            ..Default::default()
+        };
+        assert!(check_response(&ok, 2, 10, &layout).is_ok());
+        let with = |f: &dyn Fn(&mut ReadResponse)| {
+            let mut r = ok.clone();
+            f(&mut r);
+            check_response(&r, 2, 10, &layout)
+                .expect_err("refused")
+                .to_string()
+        };
+        for (what, err) in [
+            ("no list", with(&|r| r.lists.clear())),
+            ("short offsets", with(&|r| r.lists[0].offsets = vec![0, 5])),
+            (
+                "offsets from 1",
+                with(&|r| r.lists[0].offsets = vec![1, 2, 5]),
+            ),
+            (
+                "falling offsets",
+                with(&|r| r.lists[0].offsets = vec![0, 3, 2]),
+            ),
+            (
+                "too long a list",
+                with(&|r| r.lists[0].offsets = vec![0, 1, 5]),
+            ),
+            ("past the ids", with(&|r| r.lists[0].ids.truncate(4))),
+            ("id weights", with(&|r| r.lists[0].weights = vec![1.0; 4])),
+            ("sample weights", with(&|r| r.weights = vec![1.0])),
+        ] {
+            assert!(err.contains("executor"), "{what}: {err}");
         }
     }
 }

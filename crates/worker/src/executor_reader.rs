@@ -10,7 +10,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use elastrec_data::{BadRowPolicy, Batch, BatchReader, ReadStats, NUM_DENSE, NUM_SPARSE};
+use elastrec_data::{BadRowPolicy, Batch, BatchReader, Jagged, ReadStats, Schema};
+use elastrec_data::{NUM_DENSE, NUM_SPARSE};
+use elastrec_job::config::JobConfig;
+use elastrec_preprocess::Plan;
 use elastrec_proto::executor::ReadRequest;
 use elastrec_rpc as rpc;
 use parking_lot::Mutex;
@@ -19,6 +22,72 @@ use crate::executor::check_response;
 
 /// How long one read may take before the executor is taken for gone.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How a job's rows become batches: its `[[preprocess]]` plan, its named features, or
+/// neither (the Criteo layout). What an executor parses with, and what a worker reading a
+/// file itself falls back to.
+#[derive(Clone, Default)]
+pub(crate) struct RowFormat {
+    pub(crate) plan: Option<Arc<Plan>>,
+    pub(crate) schema: Option<Arc<Schema>>,
+}
+
+impl RowFormat {
+    pub(crate) fn of(job: &JobConfig) -> anyhow::Result<Self> {
+        Ok(Self {
+            plan: elastrec_job::prepare::feature_plan(job)?,
+            schema: elastrec_job::prepare::job_schema(job),
+        })
+    }
+
+    /// A reader of rows `[start, end)` of `path`.
+    pub(crate) fn open(
+        &self,
+        path: &std::path::Path,
+        start: u64,
+        end: u64,
+        policy: BadRowPolicy,
+    ) -> elastrec_data::Result<Box<dyn BatchReader>> {
+        elastrec_job::prepare::open_job_reader(
+            self.plan.as_ref(),
+            self.schema.as_ref(),
+            path,
+            start,
+            end,
+            policy,
+        )
+    }
+
+    /// The layout of the batches it makes.
+    pub(crate) fn layout(&self) -> ReadLayout {
+        match (&self.plan, &self.schema) {
+            (Some(p), _) => ReadLayout {
+                dense_width: p.dense_width(),
+                sparse_width: p.sparse_width(),
+                list_max_lens: Vec::new(),
+            },
+            (None, Some(s)) => ReadLayout {
+                dense_width: s.dense_width(),
+                sparse_width: s.sparse_width(),
+                list_max_lens: s.lists().map(|f| f.max_len()).collect(),
+            },
+            (None, None) => ReadLayout {
+                dense_width: NUM_DENSE,
+                sparse_width: NUM_SPARSE,
+                list_max_lens: Vec::new(),
+            },
+        }
+    }
+}
+
+/// The layout a read's answer must have: values per sample, and each list feature's
+/// longest list (in batch order).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ReadLayout {
+    pub(crate) dense_width: usize,
+    pub(crate) sparse_width: usize,
+    pub(crate) list_max_lens: Vec<usize>,
+}
 
 /// What a worker knows of the data executors: their addresses (from the master's
 /// heartbeat replies) and the credentials to call them.
@@ -60,9 +129,10 @@ pub(crate) struct ExecutorReader {
     at: u64,
     end: u64,
     policy: BadRowPolicy,
-    /// The job's `[[preprocess]]` plan: the executors apply it, and so does this reader
+    /// How the rows become batches: the executors parse with it, and so does this reader
     /// when it reads the file itself.
-    plan: Option<Arc<elastrec_preprocess::Plan>>,
+    format: RowFormat,
+    layout: ReadLayout,
     /// Which executor to ask first (spreads workers over them).
     first: usize,
     /// Connections by address.
@@ -83,11 +153,12 @@ impl ExecutorReader {
         from: u64,
         end: u64,
         policy: BadRowPolicy,
-        plan: Option<Arc<elastrec_preprocess::Plan>>,
+        format: RowFormat,
         worker: u32,
     ) -> Self {
         Self {
-            plan,
+            layout: format.layout(),
+            format,
             executors,
             file,
             file_index,
@@ -101,13 +172,6 @@ impl ExecutorReader {
             stats: ReadStats::default(),
             worker,
         }
-    }
-
-    /// Dense and sparse columns per sample of the job's batches.
-    fn widths(&self) -> (usize, usize) {
-        self.plan.as_ref().map_or((NUM_DENSE, NUM_SPARSE), |p| {
-            (p.dense_width(), p.sparse_width())
-        })
     }
 
     fn client(&mut self, addr: &str) -> anyhow::Result<rpc::Executor> {
@@ -140,7 +204,7 @@ impl ExecutorReader {
             .block_on(async move { client.read(req).await })
             .map_err(|s| anyhow::anyhow!("executor {addr}: {}", s.message()))?
             .into_inner();
-        check_response(&r, max_rows, self.end - self.at, self.widths())?;
+        check_response(&r, max_rows, self.end - self.at, &self.layout)?;
         Ok(r)
     }
 }
@@ -151,7 +215,11 @@ impl BatchReader for ExecutorReader {
             return read_counted(local.as_mut(), batch, max_rows, &mut self.stats);
         }
         batch.clear();
-        (batch.dense_width, batch.sparse_width) = self.widths();
+        batch.dense_width = self.layout.dense_width;
+        batch.sparse_width = self.layout.sparse_width;
+        batch
+            .bags
+            .resize_with(self.layout.list_max_lens.len(), Jagged::default);
         if self.at >= self.end {
             return Ok(0);
         }
@@ -171,6 +239,13 @@ impl BatchReader for ExecutorReader {
                     batch.labels.extend_from_slice(&r.labels);
                     batch.dense.extend_from_slice(&r.dense);
                     batch.sparse.extend_from_slice(&r.sparse);
+                    batch.weights.extend_from_slice(&r.weights);
+                    for (mine, col) in batch.bags.iter_mut().zip(&r.lists) {
+                        mine.offsets.clear();
+                        mine.offsets.extend_from_slice(&col.offsets);
+                        mine.ids.extend_from_slice(&col.ids);
+                        mine.weights.extend_from_slice(&col.weights);
+                    }
                     self.at += r.rows_consumed;
                     self.stats.rows_read += n as u64;
                     self.stats.rows_skipped += r.rows_skipped;
@@ -194,15 +269,9 @@ impl BatchReader for ExecutorReader {
             "worker {}: no data executor answered ({why}); reading {} from row {} itself",
             self.worker, self.file, self.at
         );
-        let reader = elastrec_job::prepare::open_job_reader(
-            self.plan.as_ref(),
-            // `run` refuses named features (JobConfig::train_only_settings).
-            None,
-            &self.path,
-            self.at,
-            self.end,
-            self.policy,
-        )?;
+        let reader = self
+            .format
+            .open(&self.path, self.at, self.end, self.policy)?;
         let local = self.local.insert(reader);
         read_counted(local.as_mut(), batch, max_rows, &mut self.stats)
     }

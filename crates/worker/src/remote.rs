@@ -1032,6 +1032,10 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                 continue;
             }
             Some(Reply::Finished(f)) => {
+                let served = shared.executors.served.load(Ordering::Relaxed);
+                if served > 0 {
+                    eprintln!("worker {id}: {served} samples came through the data executors");
+                }
                 if f.evaluate {
                     let eval_job = &job;
                     let mut stats = elastrec_data::ReadStats::default();
@@ -1296,7 +1300,11 @@ fn open_task(
     let (path, index) = files.resolve(task)?;
     let mut open_range: elastrec_data::shuffled::RangeOpener = if executors.any() {
         // The job's data executors read and parse it (`cluster.executors`).
-        let (executors, file, plan) = (executors.clone(), task.file.clone(), plan.cloned());
+        let format = crate::executor_reader::RowFormat {
+            plan: plan.cloned(),
+            schema: elastrec_job::prepare::job_schema(job),
+        };
+        let (executors, file) = (executors.clone(), task.file.clone());
         Box::new(move |start, end| {
             Ok(Box::new(crate::executor_reader::ExecutorReader::new(
                 executors.clone(),
@@ -1306,7 +1314,7 @@ fn open_task(
                 start,
                 end,
                 policy,
-                plan.clone(),
+                format.clone(),
                 worker,
             )) as Box<dyn BatchReader>)
         })
