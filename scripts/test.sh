@@ -3,7 +3,8 @@
 # is already there is kept), then runs every test of the workspace:
 #   - Debian packages: PostgreSQL (the brain's database), Slurm (the Slurm backend),
 #     Chromium (the dashboard's page), stunnel4 (TLS in front of the Kafka broker);
-#   - PyPI: moto (an S3-compatible server for checkpoints);
+#   - PyPI: moto (an S3-compatible server for checkpoints), scikit-learn (the reference of
+#     the evaluation figures);
 #   - crates.io: Tansu (a Kafka-protocol broker), built once (~10-20 min on 2 cores) and
 #     cached in ~/.cache/elastrec-tools.
 # Every server that is installed is required (`ELASTREC_REQUIRE_*`): a test that needs it
@@ -46,6 +47,12 @@ if ! command -v moto_server >/dev/null 2>&1; then
     say "installing moto[server] (pip)"
     python3 -m pip install -q 'moto[server]' || say "could not install moto: the S3 tests will fail"
 fi
+# scikit-learn: the reference the evaluation figures are checked against.
+if ! python3 -c 'import sklearn' >/dev/null 2>&1; then
+    say "installing scikit-learn (pip)"
+    python3 -m pip install -q scikit-learn ||
+        say "could not install scikit-learn: the tests against it will be skipped and counted"
+fi
 
 TOOLS="$HOME/.cache/elastrec-tools"
 # Its memory engine for speed, its SQLite engine (libsql) for SCRAM users; the path must
@@ -66,6 +73,7 @@ command -v slurmctld >/dev/null 2>&1 && export ELASTREC_REQUIRE_SLURM=1
 command -v chromium >/dev/null 2>&1 && export ELASTREC_REQUIRE_CHROMIUM=1
 command -v stunnel4 >/dev/null 2>&1 && export ELASTREC_REQUIRE_STUNNEL=1
 [ -x "$ELASTREC_TANSU" ] && export ELASTREC_REQUIRE_TANSU=1
+python3 -c 'import sklearn' >/dev/null 2>&1 && export ELASTREC_REQUIRE_SKLEARN=1
 # Control groups need root and a writable cgroup tree; CI's machine gives them.
 if [ "${CI:-}" = true ]; then
     export ELASTREC_REQUIRE_CGROUPS=1

@@ -1,5 +1,6 @@
 //! Subcommand bodies: build a configuration, call one library function, print the result.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -70,6 +71,12 @@ pub fn train(config: &Path, print_config: bool) -> Result<()> {
     if let Some(e) = s.eval {
         println!("  eval AUC          {:>12.4}", e.auc);
         println!("  eval logloss      {:>12.4}", e.logloss);
+        if let Some(ne) = e.ne {
+            println!("  eval NE           {ne:>12.4}  (log loss over the click rate's entropy)");
+        }
+        if let Some(c) = e.calibration {
+            println!("  eval calibration  {c:>12.3}  (predicted over actual clicks)");
+        }
         println!("  eval samples      {:>12}", e.samples);
     }
     if let Some(t) = s.teacher_auc {
@@ -271,7 +278,13 @@ pub fn bad_row_policy(value: &str) -> Result<elastrec_data::BadRowPolicy> {
         .map_err(|e| anyhow::anyhow!("--on-bad-row {e}"))
 }
 
-pub fn eval(model: &Path, data: &[PathBuf], on_bad_row: &str, json: bool) -> Result<()> {
+pub fn eval(
+    model: &Path,
+    data: &[PathBuf],
+    on_bad_row: &str,
+    json: bool,
+    predictions: Option<&Path>,
+) -> Result<()> {
     let policy = bad_row_policy(on_bad_row)?;
     let (dlrm, mut job) = elastrec_worker::model_file::load(model)?;
     job.data.on_bad_row = policy;
@@ -279,29 +292,100 @@ pub fn eval(model: &Path, data: &[PathBuf], on_bad_row: &str, json: bool) -> Res
     let mut stats = elastrec_data::ReadStats::default();
     let batches = elastrec_worker::trainer::load_eval_set(&files, &job, &mut stats)?;
     let mut predictor = elastrec_worker::Predictor::new(&dlrm, job.train.batch_size);
-    let tasks = elastrec_worker::trainer::evaluate_tasks(&dlrm, &batches, &mut predictor)?;
+    let mut out = predictions
+        .map(|p| PredictionsFile::create(p, dlrm.dense.tasks()))
+        .transpose()?;
+    let tasks = elastrec_worker::trainer::evaluate_tasks_each(
+        &dlrm,
+        &batches,
+        &mut predictor,
+        |b, probs| out.as_mut().map_or(Ok(()), |o| o.write(b, probs)),
+    )?;
+    if let Some(o) = out {
+        o.finish()?;
+    }
     let r = tasks[0];
     if json {
-        let mut v = serde_json::json!({"auc": r.auc, "logloss": r.logloss, "samples": r.samples,
-            "rows_skipped": stats.rows_skipped, "files": files});
+        let mut v = serde_json::to_value(r)?;
+        v["rows_skipped"] = stats.rows_skipped.into();
+        v["files"] = serde_json::to_value(&files)?;
         if tasks.len() > 1 {
             v["tasks"] = serde_json::to_value(&tasks)?;
         }
         println!("{v}");
     } else {
-        println!("model    {}", model.display());
-        println!("files    {}", files.len());
-        println!("samples  {}", r.samples);
-        println!("AUC      {:.4}", r.auc);
-        println!("logloss  {:.4}", r.logloss);
+        println!("model        {}", model.display());
+        println!("files        {}", files.len());
+        println!("samples      {}", r.samples);
+        println!("AUC          {:.4}", r.auc);
+        println!("logloss      {:.4}", r.logloss);
+        if let Some(ne) = r.ne {
+            println!("NE           {ne:.4}  (log loss over the click rate's entropy)");
+        }
+        if let Some(c) = r.calibration {
+            println!("calibration  {c:.3}  (predicted over actual clicks)");
+        }
         for (t, e) in tasks.iter().enumerate().skip(1) {
-            println!("task {t}   AUC {:.4}  logloss {:.4}", e.auc, e.logloss);
+            println!("task {t}       {e}");
         }
         if stats.rows_skipped > 0 {
             println!("{stats}");
         }
     }
+    if let Some(p) = predictions {
+        eprintln!("predictions of {} rows in {}", r.samples, p.display());
+    }
     Ok(())
+}
+
+/// `elastrec eval --predictions`: a CSV of `label,weight,prediction` (then
+/// `label_1,prediction_1`, ... for a multi-task model's other tasks), one line per row.
+struct PredictionsFile {
+    path: PathBuf,
+    out: std::io::BufWriter<std::fs::File>,
+    tasks: usize,
+}
+
+impl PredictionsFile {
+    fn create(path: &Path, tasks: usize) -> Result<Self> {
+        let file = std::fs::File::create(path)
+            .with_context(|| format!("creating {} (--predictions)", path.display()))?;
+        let mut out = std::io::BufWriter::new(file);
+        let mut header = "label,weight,prediction".to_string();
+        for t in 1..tasks {
+            header += &format!(",label_{t},prediction_{t}");
+        }
+        writeln!(out, "{header}").with_context(|| format!("writing {}", path.display()))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            out,
+            tasks,
+        })
+    }
+
+    fn write(
+        &mut self,
+        b: &elastrec_data::Batch,
+        probs: &[f32],
+    ) -> elastrec_worker::error::Result<()> {
+        let t = self.tasks;
+        let lines = (0..b.len()).try_for_each(|i| {
+            let w = b.weights.get(i).copied().unwrap_or(1.0);
+            write!(self.out, "{},{w},{}", b.labels[i], probs[i * t])?;
+            for k in 1..t {
+                let y = b.task_labels[i * (t - 1) + k - 1];
+                write!(self.out, ",{y},{}", probs[i * t + k])?;
+            }
+            writeln!(self.out)
+        });
+        lines.map_err(|e| elastrec_worker::error::WorkerError::io(&self.path, e))
+    }
+
+    fn finish(mut self) -> Result<()> {
+        self.out
+            .flush()
+            .with_context(|| format!("writing {}", self.path.display()))
+    }
 }
 
 pub struct Bench {

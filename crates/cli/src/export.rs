@@ -136,10 +136,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
         );
         for (what, figures) in [("validation rows", &e.validation), ("eval files", &e.eval)] {
             if let Some(r) = figures.first() {
-                println!(
-                    "{what}: AUC {:.4} logloss {:.4} over {} samples",
-                    r.auc, r.logloss, r.samples
-                );
+                println!("{what}: {r} over {} samples", r.samples);
             }
         }
     }

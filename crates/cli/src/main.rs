@@ -168,6 +168,10 @@ struct EvalArgs {
     /// Print the result as JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also write every row's label, weight and prediction (one column per task) to this
+    /// CSV file, in the files' order: for a notebook, or a metric elastrec does not report.
+    #[arg(long, value_name = "FILE")]
+    predictions: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -363,7 +367,13 @@ fn main() -> anyhow::Result<()> {
             hourly_from: a.hourly_from,
             named: a.named,
         }),
-        Command::Eval(a) => commands::eval(&a.model, &a.data, &a.on_bad_row, a.json),
+        Command::Eval(a) => commands::eval(
+            &a.model,
+            &a.data,
+            &a.on_bad_row,
+            a.json,
+            a.predictions.as_deref(),
+        ),
         Command::Brain(a) => match a.command {
             Some(BrainCommand::Plan { job, json }) => commands::brain_plan(&job, json),
             Some(BrainCommand::History { db, limit, json }) => {

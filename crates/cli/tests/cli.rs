@@ -789,6 +789,129 @@ fn a_weight_column_of_zeros_leaves_corrupted_rows_out_and_ones_change_nothing() 
     );
 }
 
+/// The figures CTR teams report, weighted by `data.weight`: `eval` (and `train`'s
+/// summary) give the AUC, log loss, normalized entropy and calibration that
+/// scikit-learn computes from the predictions `eval --predictions` writes, with the
+/// same sample weights.
+#[test]
+fn eval_figures_with_sample_weights_match_scikit_learn() {
+    if Command::new("python3")
+        .args(["-c", "import sklearn"])
+        .output()
+        .map_or(true, |o| !o.status.success())
+    {
+        elastrec_common::skip::skip_test(
+            "SKLEARN",
+            "python3 cannot import sklearn (scripts/test.sh installs scikit-learn)",
+        );
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let gen = tmp.path().join("gen");
+    ok(&elastrec(&[
+        "gen-data",
+        "--named",
+        "--format",
+        "csv",
+        "--out",
+        gen.to_str().unwrap(),
+        "--rows",
+        "20000",
+        "--days",
+        "2",
+    ]));
+    // Weights 0, 0.5, ..., 2.5 by row, and a heavier weight on clicks of odd rows, so the
+    // weighted figures differ from the plain ones.
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    for day in 0..2 {
+        let text = std::fs::read_to_string(gen.join(format!("day_{day}.csv"))).unwrap();
+        let mut out = String::new();
+        for (i, line) in text.lines().enumerate() {
+            let w = if i == 0 {
+                "w".to_string()
+            } else if line.starts_with('1') && i % 2 == 1 {
+                "4".to_string()
+            } else {
+                format!("{}", (i % 6) as f32 / 2.0)
+            };
+            out += &format!("{line},{w}\n");
+        }
+        std::fs::write(data.join(format!("day_{day}.csv")), out).unwrap();
+    }
+    let job = tmp.path().join("job.toml");
+    std::fs::write(
+        &job,
+        format!(
+            "[data]\ndir = \"{}\"\ntrain = [\"day_0.csv\"]\neval = [\"day_1.csv\"]\n\
+             label = \"click\"\nweight = \"w\"\n[train]\nprogress = false\n\
+             [output]\ndir = \"{}\"\n",
+            data.display(),
+            tmp.path().join("run").display()
+        ),
+    )
+    .unwrap();
+    ok(&elastrec(&["train", job.to_str().unwrap()]));
+    let predictions = tmp.path().join("predictions.csv");
+    let got: serde_json::Value = serde_json::from_str(&ok(&elastrec(&[
+        "eval",
+        "--model",
+        tmp.path().join("run/model.bin").to_str().unwrap(),
+        "--data",
+        data.join("day_1.csv").to_str().unwrap(),
+        "--json",
+        "--predictions",
+        predictions.to_str().unwrap(),
+    ])))
+    .unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/eval_metrics.py");
+    let want: serde_json::Value = serde_json::from_str(&ok(&Command::new("python3")
+        .args([script, predictions.to_str().unwrap()])
+        .output()
+        .unwrap()))
+    .unwrap();
+    eprintln!("elastrec eval: {got}\nscikit-learn: {want}");
+    assert_eq!(got["samples"], want["rows"]);
+    for figure in ["auc", "logloss", "ne", "calibration"] {
+        let (g, w) = (
+            got[figure].as_f64().unwrap(),
+            want[figure].as_f64().unwrap(),
+        );
+        assert!(
+            (g - w).abs() < 1e-6,
+            "{figure}: elastrec {g} against scikit-learn {w}"
+        );
+    }
+    // The weights matter: the plain figures of the same predictions differ.
+    let plain: Vec<(f64, f64)> = std::fs::read_to_string(&predictions)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let v: Vec<f64> = l.split(',').map(|x| x.parse().unwrap()).collect();
+            (v[0], v[2])
+        })
+        .collect();
+    let plain_calibration =
+        plain.iter().map(|r| r.1).sum::<f64>() / plain.iter().map(|r| r.0).sum::<f64>();
+    assert!(
+        (plain_calibration - got["calibration"].as_f64().unwrap()).abs() > 0.01,
+        "unweighted calibration {plain_calibration} equals the weighted one"
+    );
+    // `train` reported the same figures for the same model and day.
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(tmp.path().join("run/summary.json")).unwrap(),
+    )
+    .unwrap();
+    for figure in ["auc", "logloss", "ne", "calibration"] {
+        let (s, g) = (
+            summary["eval"][figure].as_f64().unwrap(),
+            got[figure].as_f64().unwrap(),
+        );
+        assert!((s - g).abs() < 1e-9, "{figure}: train {s}, eval {g}");
+    }
+}
+
 /// The same log as CSV files with a header (one gzip-compressed) trains as its Parquet
 /// twin does: the same inferred features, the same keys, an AUC within 0.002, and
 /// `eval` of the model on the CSV day gives the job's own AUC.

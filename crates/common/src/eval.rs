@@ -3,7 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Held-out evaluation result.
+/// Held-out evaluation result. With sample weights (`data.weight`) every figure is the
+/// weighted one.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct EvalResult {
     /// Exact ROC AUC over the whole held-out set.
@@ -12,4 +13,26 @@ pub struct EvalResult {
     pub logloss: f64,
     /// Samples evaluated.
     pub samples: u64,
+    /// Normalized entropy: the log loss over the entropy of the held-out click rate
+    /// (below 1 beats always predicting that rate); absent with one class only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ne: Option<f64>,
+    /// Predicted over actual clicks (1: calibrated); absent without a click.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<f64>,
+}
+
+/// `AUC 0.7012  logloss 0.4413  NE 0.8120  calibration 1.021`, the figures a person reads
+/// (NE and calibration where defined).
+impl std::fmt::Display for EvalResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AUC {:.4}  logloss {:.4}", self.auc, self.logloss)?;
+        if let Some(ne) = self.ne {
+            write!(f, "  NE {ne:.4}")?;
+        }
+        if let Some(c) = self.calibration {
+            write!(f, "  calibration {c:.3}")?;
+        }
+        Ok(())
+    }
 }

@@ -27,6 +27,6 @@ pub mod splitmix;
 pub use auc::exact_auc;
 pub use caught::quiet_catch_unwind;
 pub use eval::EvalResult;
-pub use logloss::{logloss_term, LOGLOSS_EPS};
+pub use logloss::{logloss_term, normalized_entropy, LOGLOSS_EPS};
 pub use skip::skip_test;
 pub use splitmix::{mix64, splitmix64, SplitMix64};

@@ -12,6 +12,16 @@ pub fn logloss_term(p: f32, y: f32) -> f64 {
     -(y * p.ln() + (1.0 - y) * (1.0 - p).ln())
 }
 
+/// Normalized entropy (He et al., "Practical lessons from predicting clicks on ads at
+/// Facebook"): the mean log loss divided by the entropy of the data's own click rate
+/// `p`, `-(p ln p + (1 - p) ln(1 - p))`. Below 1, the model predicts better than always
+/// answering the average rate. `None` when the labels are all one class.
+pub fn normalized_entropy(logloss: f64, click_rate: f64) -> Option<f64> {
+    let p = click_rate;
+    let h = -(p * p.ln() + (1.0 - p) * (1.0 - p).ln());
+    (p > 0.0 && p < 1.0).then(|| logloss / h)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1902,6 +1902,8 @@ pub(crate) mod tests {
                                 auc: 0.7,
                                 logloss: 0.5,
                                 samples: 10,
+                                ne: None,
+                                calibration: None,
                             },
                             Vec::new(),
                             &mut cx,

@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use elastrec_common::{exact_auc, logloss_term};
+use elastrec_common::{exact_auc, logloss_term, normalized_entropy};
 use serde::Serialize;
 
 use crate::core::MasterCore;
@@ -27,18 +27,27 @@ pub fn record(core: &MasterCore, at_s: f64) {
     let Some(f) = figures else { return };
     core.metrics.observe_progressive(&f);
     let auc = |a: Option<f64>| a.map_or("- (one class)".to_string(), |a| format!("{a:.4}"));
+    let ne = |v: Option<f64>| v.map_or(String::new(), |v| format!(", NE {v:.4}"));
     let others: String = f
         .tasks
         .iter()
         .enumerate()
         .skip(1)
-        .map(|(t, w)| format!("; task {t}: AUC {}, logloss {:.4}", auc(w.auc), w.logloss))
+        .map(|(t, w)| {
+            format!(
+                "; task {t}: AUC {}, logloss {:.4}{}",
+                auc(w.auc),
+                w.logloss,
+                ne(w.ne)
+            )
+        })
         .collect();
     event!("progressive_eval", samples = f.samples, auc = ?f.auc, logloss = f.logloss,
-        "master: progressive validation over the last {} samples: AUC {}, logloss {:.4}{others}",
+        "master: progressive validation over the last {} samples: AUC {}, logloss {:.4}{}{others}",
         f.samples,
         auc(f.auc),
-        f.logloss
+        f.logloss,
+        ne(f.ne)
     );
 }
 
@@ -143,6 +152,11 @@ pub struct WindowFigures {
     pub logloss: f64,
     /// Share of positive labels in the window (the AUC's base rate).
     pub positive_rate: f64,
+    /// Normalized entropy over the window (the log loss over the entropy of
+    /// `positive_rate`); `None` while it holds only one class.
+    pub ne: Option<f64>,
+    /// Predicted over actual clicks in the window; `None` without a click.
+    pub calibration: Option<f64>,
     /// A multi-task model's figures of every task over the same samples, task 0 first
     /// (whose are also the fields above); empty for one task.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -158,6 +172,10 @@ pub struct TaskWindow {
     pub logloss: f64,
     /// Share of positive labels.
     pub positive_rate: f64,
+    /// Normalized entropy; `None` while the window holds only one class.
+    pub ne: Option<f64>,
+    /// Predicted over actual positives; `None` without a positive.
+    pub calibration: Option<f64>,
 }
 
 /// One task's last predictions with their labels.
@@ -188,15 +206,20 @@ impl TaskSamples {
 
     fn figures(&mut self) -> TaskWindow {
         let n = self.probs.len() as f64;
+        // The running sum drifts by rounding over billions of samples: never below 0.
+        let logloss = (self.loss_sum / n).max(0.0);
+        let positive_rate = self.positives as f64 / n;
+        let predicted: f64 = self.probs.iter().map(|&p| f64::from(p)).sum();
         TaskWindow {
             auc: exact_auc(
                 self.probs.make_contiguous(),
                 self.labels.make_contiguous(),
                 |y| y == 1,
             ),
-            // The running sum drifts by rounding over billions of samples: never below 0.
-            logloss: (self.loss_sum / n).max(0.0),
-            positive_rate: self.positives as f64 / n,
+            logloss,
+            positive_rate,
+            ne: normalized_entropy(logloss, positive_rate),
+            calibration: (self.positives > 0).then(|| predicted / self.positives as f64),
         }
     }
 }
@@ -262,6 +285,8 @@ impl ProgressiveEval {
             auc: first.auc,
             logloss: first.logloss,
             positive_rate: first.positive_rate,
+            ne: first.ne,
+            calibration: first.calibration,
             tasks: if tasks.len() > 1 { tasks } else { Vec::new() },
         })
     }
@@ -328,6 +353,9 @@ mod tests {
             "{} vs {expected}",
             f.logloss
         );
+        // The window's rate is 1/2, whose entropy is ln 2; 2.0 clicks predicted for 2.
+        assert!((f.ne.unwrap() - expected / std::f64::consts::LN_2).abs() < 1e-9);
+        assert!((f.calibration.unwrap() - 1.0).abs() < 1e-6);
         assert_eq!(e.seen(), 6);
     }
 

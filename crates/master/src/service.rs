@@ -262,36 +262,42 @@ impl Master for MasterService {
         let req = req.into_inner();
         check_version(&req.version)?;
         self.0.metrics.request("report_eval");
-        let eval = EvalResult {
-            auc: req.auc,
-            logloss: req.logloss,
-            samples: req.samples,
-        };
-        if req.task_auc.len() != req.task_logloss.len()
-            || req.task_auc.len() >= elastrec_model::MAX_TASKS
+        let n = req.task_auc.len();
+        if [&req.task_logloss, &req.task_ne, &req.task_calibration]
+            .iter()
+            .any(|v| v.len() != n)
+            || n >= elastrec_model::MAX_TASKS
         {
             return Err(MasterError::invalid(format!(
-                "evaluation: {} task AUCs and {} task log losses (at most {} tasks after the first, as many of each)",
-                req.task_auc.len(),
+                "evaluation: {n} task AUCs with {} log losses, {} NEs and {} calibrations (at most {} tasks after the first, as many of each)",
                 req.task_logloss.len(),
+                req.task_ne.len(),
+                req.task_calibration.len(),
                 elastrec_model::MAX_TASKS - 1
             ))
             .into());
         }
-        let tasks: Vec<EvalResult> = if req.task_auc.is_empty() {
+        let defined = |v: f64| Some(v).filter(|v| v.is_finite());
+        let result = |auc, logloss, ne, calibration| EvalResult {
+            auc,
+            logloss,
+            samples: req.samples,
+            ne: defined(ne),
+            calibration: defined(calibration),
+        };
+        let eval = result(req.auc, req.logloss, req.ne, req.calibration);
+        let tasks: Vec<EvalResult> = if n == 0 {
             Vec::new()
         } else {
             std::iter::once(eval)
-                .chain(
-                    req.task_auc
-                        .iter()
-                        .zip(&req.task_logloss)
-                        .map(|(&auc, &logloss)| EvalResult {
-                            auc,
-                            logloss,
-                            samples: req.samples,
-                        }),
-                )
+                .chain((0..n).map(|t| {
+                    result(
+                        req.task_auc[t],
+                        req.task_logloss[t],
+                        req.task_ne[t],
+                        req.task_calibration[t],
+                    )
+                }))
                 .collect()
         };
         self.0

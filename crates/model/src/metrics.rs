@@ -7,7 +7,7 @@ pub fn auc(scores: &[f32], labels: &[f32]) -> Option<f64> {
     elastrec_common::exact_auc(scores, labels, |y| y > 0.5)
 }
 
-pub use elastrec_common::{logloss_term, LOGLOSS_EPS};
+pub use elastrec_common::{logloss_term, normalized_entropy, LOGLOSS_EPS};
 
 /// Mean binary log-loss of probabilities `probs` against `labels` (clamped, see
 /// [`LOGLOSS_EPS`]). 0 for empty input.
@@ -24,14 +24,57 @@ pub fn logloss(probs: &[f32], labels: &[f32]) -> f64 {
         / probs.len() as f64
 }
 
+/// ROC AUC of `scores` against binary `labels` (`> 0.5` is positive) with each sample
+/// weighted by `weights` (empty: 1 each): the weighted share of (positive, negative) pairs
+/// ordered right, a tie counting half, each pair weighing the product of its samples'
+/// weights (scikit-learn's `roc_auc_score(..., sample_weight=w)`). `None` when either
+/// class weighs nothing.
+pub fn weighted_auc(scores: &[f32], labels: &[f32], weights: &[f32]) -> Option<f64> {
+    if weights.is_empty() {
+        return auc(scores, labels);
+    }
+    assert_eq!(scores.len(), labels.len());
+    assert_eq!(scores.len(), weights.len());
+    let mut order: Vec<(f32, bool, f32)> = scores
+        .iter()
+        .zip(labels)
+        .zip(weights)
+        .map(|((&s, &y), &w)| (s, y > 0.5, w))
+        .collect();
+    order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+    // Walking up the scores: each group of equal scores' positive weight, times the
+    // negative weight below it plus half its own.
+    let (mut right, mut neg_below, mut pos_total) = (0.0f64, 0.0f64, 0.0f64);
+    for group in order.chunk_by(|a, b| a.0.total_cmp(&b.0).is_eq()) {
+        let (mut pos, mut neg) = (0.0f64, 0.0f64);
+        for &(_, y, w) in group {
+            if y {
+                pos += f64::from(w);
+            } else {
+                neg += f64::from(w);
+            }
+        }
+        right += pos * (neg_below + neg / 2.0);
+        neg_below += neg;
+        pos_total += pos;
+    }
+    (pos_total > 0.0 && neg_below > 0.0).then(|| right / (pos_total * neg_below))
+}
+
 /// Streaming evaluation: feed batches of probabilities and labels, read AUC / logloss /
 /// accuracy over everything seen. Keeps all scores (exact AUC needs them: 8 bytes/sample).
 #[derive(Clone, Debug, Default)]
 pub struct EvalAccumulator {
     scores: Vec<f32>,
     labels: Vec<f32>,
+    /// Each sample's weight; empty while every sample weighed 1.
+    weights: Vec<f32>,
+    /// Weighted sums: log loss, correct answers at 0.5, weight, labels, predictions.
     loss_sum: f64,
-    correct: u64,
+    correct: f64,
+    weight_sum: f64,
+    label_sum: f64,
+    prob_sum: f64,
 }
 
 impl EvalAccumulator {
@@ -40,23 +83,54 @@ impl EvalAccumulator {
         Self::default()
     }
 
-    /// Adds a batch of probabilities and labels.
+    /// Adds a batch of probabilities and labels, each sample weighing 1.
     pub fn push(&mut self, probs: &[f32], labels: &[f32]) {
+        self.push_weighted(probs, labels, &[]);
+    }
+
+    /// Adds a batch of probabilities and labels with each sample's weight (`data.weight`;
+    /// empty: 1 each). Every figure is then the weighted one.
+    pub fn push_weighted(&mut self, probs: &[f32], labels: &[f32], weights: &[f32]) {
         assert_eq!(probs.len(), labels.len());
+        assert!(weights.is_empty() || weights.len() == probs.len());
+        if !weights.is_empty() || !self.weights.is_empty() {
+            self.weights.resize(self.scores.len(), 1.0);
+            if weights.is_empty() {
+                self.weights.resize(self.scores.len() + probs.len(), 1.0);
+            } else {
+                self.weights.extend_from_slice(weights);
+            }
+        }
         self.scores.extend_from_slice(probs);
         self.labels.extend_from_slice(labels);
-        for (&p, &y) in probs.iter().zip(labels) {
-            self.loss_sum += logloss_term(p, y);
-            self.correct += u64::from((p > 0.5) == (y > 0.5));
+        for (i, (&p, &y)) in probs.iter().zip(labels).enumerate() {
+            let w = weights.get(i).map_or(1.0, |&w| f64::from(w));
+            self.loss_sum += w * logloss_term(p, y);
+            self.correct += if (p > 0.5) == (y > 0.5) { w } else { 0.0 };
+            self.weight_sum += w;
+            self.label_sum += w * f64::from(y);
+            self.prob_sum += w * f64::from(p);
         }
     }
 
     /// Merges another accumulator (e.g. from another eval thread).
     pub fn merge(&mut self, other: &EvalAccumulator) {
+        if !other.weights.is_empty() || !self.weights.is_empty() {
+            self.weights.resize(self.scores.len(), 1.0);
+            if other.weights.is_empty() {
+                self.weights
+                    .resize(self.scores.len() + other.scores.len(), 1.0);
+            } else {
+                self.weights.extend_from_slice(&other.weights);
+            }
+        }
         self.scores.extend_from_slice(&other.scores);
         self.labels.extend_from_slice(&other.labels);
         self.loss_sum += other.loss_sum;
         self.correct += other.correct;
+        self.weight_sum += other.weight_sum;
+        self.label_sum += other.label_sum;
+        self.prob_sum += other.prob_sum;
     }
 
     /// Samples seen.
@@ -64,26 +138,52 @@ impl EvalAccumulator {
         self.scores.len()
     }
 
-    /// Mean logloss so far (0 if empty).
+    /// Mean (weighted) log loss so far (0 if empty).
     pub fn logloss(&self) -> f64 {
-        if self.scores.is_empty() {
-            0.0
+        if self.weight_sum > 0.0 {
+            self.loss_sum / self.weight_sum
         } else {
-            self.loss_sum / self.scores.len() as f64
+            0.0
         }
     }
 
-    /// Exact AUC so far (`None` if a class is missing).
+    /// Exact (weighted) AUC so far (`None` if a class is missing).
     pub fn auc(&self) -> Option<f64> {
-        auc(&self.scores, &self.labels)
+        weighted_auc(&self.scores, &self.labels, &self.weights)
     }
 
-    /// Accuracy at threshold 0.5 (0 if empty).
+    /// (Weighted) accuracy at threshold 0.5 (0 if empty).
     pub fn accuracy(&self) -> f64 {
-        if self.scores.is_empty() {
-            0.0
+        if self.weight_sum > 0.0 {
+            self.correct / self.weight_sum
         } else {
-            self.correct as f64 / self.scores.len() as f64
+            0.0
+        }
+    }
+
+    /// Normalized entropy so far (see [`normalized_entropy`]).
+    pub fn normalized_entropy(&self) -> Option<f64> {
+        if self.weight_sum > 0.0 {
+            normalized_entropy(self.logloss(), self.label_sum / self.weight_sum)
+        } else {
+            None
+        }
+    }
+
+    /// Calibration so far: predicted clicks over actual clicks (weighted), 1 for a model
+    /// whose average prediction is the click rate. `None` without a click.
+    pub fn calibration(&self) -> Option<f64> {
+        (self.label_sum > 0.0).then(|| self.prob_sum / self.label_sum)
+    }
+
+    /// Every figure, as the roles report it.
+    pub fn result(&self) -> elastrec_common::EvalResult {
+        elastrec_common::EvalResult {
+            auc: self.auc().unwrap_or(f64::NAN),
+            logloss: self.logloss(),
+            samples: self.count() as u64,
+            ne: self.normalized_entropy(),
+            calibration: self.calibration(),
         }
     }
 
@@ -91,7 +191,11 @@ impl EvalAccumulator {
     pub fn reset(&mut self) {
         self.scores.clear();
         self.labels.clear();
+        self.weights.clear();
         self.loss_sum = 0.0;
-        self.correct = 0;
+        self.correct = 0.0;
+        self.weight_sum = 0.0;
+        self.label_sum = 0.0;
+        self.prob_sum = 0.0;
     }
 }

@@ -1045,18 +1045,21 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                         &mut stats,
                     )?;
                     let accs = model.evaluate(&batches).await?;
-                    let acc = &accs[0];
+                    let results: Vec<_> = accs.iter().map(EvalAccumulator::result).collect();
+                    let (first, rest) = (results[0], &results[1..]);
+                    let nan = |v: Option<f64>| v.unwrap_or(f64::NAN);
                     let req = ReportEvalRequest {
                         version: rpc::version(),
                         node_id: id,
-                        auc: acc.auc().unwrap_or(f64::NAN),
-                        logloss: acc.logloss(),
-                        samples: acc.count() as u64,
-                        task_auc: accs[1..]
-                            .iter()
-                            .map(|a| a.auc().unwrap_or(f64::NAN))
-                            .collect(),
-                        task_logloss: accs[1..].iter().map(EvalAccumulator::logloss).collect(),
+                        auc: first.auc,
+                        logloss: first.logloss,
+                        samples: first.samples,
+                        ne: nan(first.ne),
+                        calibration: nan(first.calibration),
+                        task_auc: rest.iter().map(|r| r.auc).collect(),
+                        task_logloss: rest.iter().map(|r| r.logloss).collect(),
+                        task_ne: rest.iter().map(|r| nan(r.ne)).collect(),
+                        task_calibration: rest.iter().map(|r| nan(r.calibration)).collect(),
                     };
                     rpc::retry_transient(None, || {
                         let (mut m, req) = (master.clone(), req.clone());

@@ -158,7 +158,7 @@ impl Predictor {
 
 /// Adds a batch's predictions of every task (`probs [n, T]`, row-major, as
 /// [`Predictor::predict_tasks`] writes them) to each task's accumulator (`accs[t]`), with
-/// that task's labels.
+/// that task's labels and the samples' weights.
 pub(crate) fn push_task_figures(accs: &mut [EvalAccumulator], probs: &[f32], batch: &Batch) {
     let tasks = accs.len();
     let mut column = Vec::with_capacity(batch.len());
@@ -172,7 +172,7 @@ pub(crate) fn push_task_figures(accs: &mut [EvalAccumulator], probs: &[f32], bat
         } else {
             labels.extend(batch.task_labels.iter().skip(t - 1).step_by(tasks - 1));
         }
-        acc.push(&column, &labels);
+        acc.push_weighted(&column, &labels, &batch.weights);
     }
 }
 

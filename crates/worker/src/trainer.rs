@@ -150,6 +150,17 @@ pub fn evaluate_tasks(
     batches: &[Batch],
     predictor: &mut Predictor,
 ) -> Result<Vec<EvalResult>> {
+    evaluate_tasks_each(model, batches, predictor, |_, _| Ok(()))
+}
+
+/// [`evaluate_tasks`], handing each batch and its predictions (`[n, tasks]`, row-major)
+/// to `each` on the way (`elastrec eval --predictions` writes them out).
+pub fn evaluate_tasks_each(
+    model: &Dlrm,
+    batches: &[Batch],
+    predictor: &mut Predictor,
+    mut each: impl FnMut(&Batch, &[f32]) -> Result<()>,
+) -> Result<Vec<EvalResult>> {
     let tasks = model.dense.tasks();
     let mut accs: Vec<EvalAccumulator> = (0..tasks).map(|_| EvalAccumulator::new()).collect();
     let mut probs = Vec::new();
@@ -163,15 +174,9 @@ pub fn evaluate_tasks(
         }
         predictor.predict_tasks(model, b, &mut probs)?;
         crate::step::push_task_figures(&mut accs, &probs, b);
+        each(b, &probs)?;
     }
-    Ok(accs
-        .iter()
-        .map(|acc| EvalResult {
-            auc: acc.auc().unwrap_or(f64::NAN),
-            logloss: acc.logloss(),
-            samples: acc.count() as u64,
-        })
-        .collect())
+    Ok(accs.iter().map(EvalAccumulator::result).collect())
 }
 
 /// A batch in flight between the reader thread and the trainer: with a `[[preprocess]]`

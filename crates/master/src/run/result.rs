@@ -238,10 +238,8 @@ pub(super) fn announce(result: &JobResult) {
             auc = e.auc,
             logloss = e.logloss,
             samples = e.samples,
-            "job {}: final eval AUC {:.4} logloss {:.4} on {} samples",
+            "job {}: final eval {e} on {} samples",
             result.job_id,
-            e.auc,
-            e.logloss,
             e.samples
         );
     }

@@ -1,3 +1,4 @@
+use elastrec_model::metrics::{normalized_entropy, weighted_auc};
 use elastrec_model::{auc, logloss, EvalAccumulator};
 use rand::Rng;
 
@@ -86,4 +87,76 @@ fn streaming_matches_batch() {
     assert!((acc.accuracy() - acc_want as f64 / 1000.0).abs() < 1e-12);
     acc.reset();
     assert_eq!(acc.count(), 0);
+}
+
+/// A sample of integer weight k counts as k copies of it: the weighted AUC, log loss,
+/// NE and calibration equal the unweighted ones over the data with rows repeated.
+#[test]
+fn integer_weights_count_as_repeated_rows() {
+    let mut g = rng(29);
+    let n = 400;
+    let s: Vec<f32> = (0..n)
+        .map(|_| g.random_range(0..10) as f32 / 10.0)
+        .collect();
+    let y: Vec<f32> = s
+        .iter()
+        .map(|&v| f32::from(g.random_range(0.0..1.0f32) < 0.1 + 0.7 * v))
+        .collect();
+    let w: Vec<f32> = (0..n).map(|_| g.random_range(0..4) as f32).collect();
+    let (mut rs, mut ry) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        for _ in 0..w[i] as usize {
+            rs.push(s[i]);
+            ry.push(y[i]);
+        }
+    }
+    let mut weighted = EvalAccumulator::new();
+    // Weighted and unweighted pushes mix: an unweighted batch weighs 1 a row.
+    weighted.push_weighted(&s[..100], &y[..100], &w[..100]);
+    weighted.push_weighted(&s[100..], &y[100..], &w[100..]);
+    let mut repeated = EvalAccumulator::new();
+    repeated.push(&rs, &ry);
+    let a = weighted.auc().unwrap();
+    assert!((a - brute_auc(&rs, &ry)).abs() < 1e-9, "{a}");
+    assert!((a - weighted_auc(&s, &y, &w).unwrap()).abs() < 1e-12);
+    assert!((weighted.logloss() - repeated.logloss()).abs() < 1e-9);
+    let (ne, ne_rep) = (weighted.normalized_entropy(), repeated.normalized_entropy());
+    assert!((ne.unwrap() - ne_rep.unwrap()).abs() < 1e-9);
+    let (c, c_rep) = (weighted.calibration(), repeated.calibration());
+    assert!((c.unwrap() - c_rep.unwrap()).abs() < 1e-9);
+    assert!((weighted.accuracy() - repeated.accuracy()).abs() < 1e-9);
+    // An unweighted push after weighted ones weighs 1 a row, as a merge does.
+    let mut mixed = EvalAccumulator::new();
+    mixed.push_weighted(&s[..2], &y[..2], &[2.0, 3.0]);
+    mixed.push(&s[2..4], &y[2..4]);
+    let mut other = EvalAccumulator::new();
+    other.push_weighted(&s[..2], &y[..2], &[2.0, 3.0]);
+    let mut plain = EvalAccumulator::new();
+    plain.push(&s[2..4], &y[2..4]);
+    other.merge(&plain);
+    assert_eq!(mixed.auc(), other.auc());
+    assert!((mixed.logloss() - other.logloss()).abs() < 1e-12);
+}
+
+/// NE by hand: predicting the click rate itself scores exactly 1; calibration is the
+/// predicted clicks over the actual ones.
+#[test]
+fn normalized_entropy_and_calibration_by_hand() {
+    let y = [1.0, 0.0, 0.0, 0.0];
+    let mut acc = EvalAccumulator::new();
+    acc.push(&[0.25; 4], &y);
+    assert!((acc.normalized_entropy().unwrap() - 1.0).abs() < 1e-6);
+    assert!((acc.calibration().unwrap() - 1.0).abs() < 1e-6);
+    let mut acc = EvalAccumulator::new();
+    acc.push(&[0.9, 0.2, 0.1, 0.2], &y);
+    let ll = -(0.9f64.ln() + 0.8f64.ln() + 0.9f64.ln() + 0.8f64.ln()) / 4.0;
+    let h = -(0.25f64 * 0.25f64.ln() + 0.75 * 0.75f64.ln());
+    assert!((acc.normalized_entropy().unwrap() - ll / h).abs() < 1e-6);
+    assert!((acc.calibration().unwrap() - 1.4).abs() < 1e-6);
+    // One class: no entropy to normalize by; no click: nothing to calibrate against.
+    assert_eq!(normalized_entropy(0.3, 0.0), None);
+    let mut none = EvalAccumulator::new();
+    none.push(&[0.2, 0.3], &[0.0, 0.0]);
+    assert_eq!(none.normalized_entropy(), None);
+    assert_eq!(none.calibration(), None);
 }
