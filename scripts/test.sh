@@ -4,7 +4,7 @@
 #   - Debian packages: PostgreSQL (the brain's database), Slurm (the Slurm backend),
 #     Chromium (the dashboard's page), stunnel4 (TLS in front of the Kafka broker);
 #   - PyPI: moto (an S3-compatible server for checkpoints), scikit-learn (the reference of
-#     the evaluation figures);
+#     the evaluation figures), tensorboard (the reader of the jobs' event files);
 #   - crates.io: Tansu (a Kafka-protocol broker), built once (~10-20 min on 2 cores) and
 #     cached in ~/.cache/elastrec-tools.
 # Every server that is installed is required (`ELASTREC_REQUIRE_*`): a test that needs it
@@ -47,12 +47,15 @@ if ! command -v moto_server >/dev/null 2>&1; then
     say "installing moto[server] (pip)"
     python3 -m pip install -q 'moto[server]' || say "could not install moto: the S3 tests will fail"
 fi
-# scikit-learn: the reference the evaluation figures are checked against.
-if ! python3 -c 'import sklearn' >/dev/null 2>&1; then
-    say "installing scikit-learn (pip)"
-    python3 -m pip install -q scikit-learn ||
-        say "could not install scikit-learn: the tests against it will be skipped and counted"
-fi
+# scikit-learn: the reference the evaluation figures are checked against; tensorboard:
+# the reader of the event files jobs write.
+for pkg in sklearn:scikit-learn tensorboard:tensorboard; do
+    if ! python3 -c "import ${pkg%%:*}" >/dev/null 2>&1; then
+        say "installing ${pkg#*:} (pip)"
+        python3 -m pip install -q "${pkg#*:}" ||
+            say "could not install ${pkg#*:}: the tests that need it will be skipped and counted"
+    fi
+done
 
 TOOLS="$HOME/.cache/elastrec-tools"
 # Its memory engine for speed, its SQLite engine (libsql) for SCRAM users; the path must
@@ -74,6 +77,7 @@ command -v chromium >/dev/null 2>&1 && export ELASTREC_REQUIRE_CHROMIUM=1
 command -v stunnel4 >/dev/null 2>&1 && export ELASTREC_REQUIRE_STUNNEL=1
 [ -x "$ELASTREC_TANSU" ] && export ELASTREC_REQUIRE_TANSU=1
 python3 -c 'import sklearn' >/dev/null 2>&1 && export ELASTREC_REQUIRE_SKLEARN=1
+python3 -c 'import tensorboard' >/dev/null 2>&1 && export ELASTREC_REQUIRE_TENSORBOARD=1
 # Control groups need root and a writable cgroup tree; CI's machine gives them.
 if [ "${CI:-}" = true ]; then
     export ELASTREC_REQUIRE_CGROUPS=1

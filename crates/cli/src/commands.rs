@@ -70,6 +70,9 @@ pub fn train(config: &Path, print_config: bool) -> Result<()> {
     println!("  train loss        {:>12.4}", s.train_loss);
     if let Some(e) = s.eval {
         println!("  eval AUC          {:>12.4}", e.auc);
+        if let Some(g) = e.gauc {
+            println!("  eval GAUC         {g:>12.4}  (AUC within each user's rows, averaged)");
+        }
         println!("  eval logloss      {:>12.4}", e.logloss);
         if let Some(ne) = e.ne {
             println!("  eval NE           {ne:>12.4}  (log loss over the click rate's entropy)");
@@ -293,12 +296,13 @@ pub fn eval(
     let batches = elastrec_worker::trainer::load_eval_set(&files, &job, &mut stats)?;
     let mut predictor = elastrec_worker::Predictor::new(&dlrm, job.train.batch_size);
     let mut out = predictions
-        .map(|p| PredictionsFile::create(p, dlrm.dense.tasks()))
+        .map(|p| PredictionsFile::create(p, dlrm.dense.tasks(), job.data.user_slot()))
         .transpose()?;
     let tasks = elastrec_worker::trainer::evaluate_tasks_each(
         &dlrm,
         &batches,
         &mut predictor,
+        job.data.user_slot(),
         |b, probs| out.as_mut().map_or(Ok(()), |o| o.write(b, probs)),
     )?;
     if let Some(o) = out {
@@ -318,6 +322,9 @@ pub fn eval(
         println!("files        {}", files.len());
         println!("samples      {}", r.samples);
         println!("AUC          {:.4}", r.auc);
+        if let Some(g) = r.gauc {
+            println!("GAUC         {g:.4}  (AUC within each user's rows, averaged)");
+        }
         println!("logloss      {:.4}", r.logloss);
         if let Some(ne) = r.ne {
             println!("NE           {ne:.4}  (log loss over the click rate's entropy)");
@@ -339,15 +346,17 @@ pub fn eval(
 }
 
 /// `elastrec eval --predictions`: a CSV of `label,weight,prediction` (then
-/// `label_1,prediction_1`, ... for a multi-task model's other tasks), one line per row.
+/// `label_1,prediction_1`, ... for a multi-task model's other tasks, and `user`, the
+/// user column's id, when the job names one), one line per row.
 struct PredictionsFile {
     path: PathBuf,
     out: std::io::BufWriter<std::fs::File>,
     tasks: usize,
+    user: Option<usize>,
 }
 
 impl PredictionsFile {
-    fn create(path: &Path, tasks: usize) -> Result<Self> {
+    fn create(path: &Path, tasks: usize, user: Option<usize>) -> Result<Self> {
         let file = std::fs::File::create(path)
             .with_context(|| format!("creating {} (--predictions)", path.display()))?;
         let mut out = std::io::BufWriter::new(file);
@@ -355,11 +364,15 @@ impl PredictionsFile {
         for t in 1..tasks {
             header += &format!(",label_{t},prediction_{t}");
         }
+        if user.is_some() {
+            header += ",user";
+        }
         writeln!(out, "{header}").with_context(|| format!("writing {}", path.display()))?;
         Ok(Self {
             path: path.to_path_buf(),
             out,
             tasks,
+            user,
         })
     }
 
@@ -375,6 +388,9 @@ impl PredictionsFile {
             for k in 1..t {
                 let y = b.task_labels[i * (t - 1) + k - 1];
                 write!(self.out, ",{y},{}", probs[i * t + k])?;
+            }
+            if let Some(u) = self.user {
+                write!(self.out, ",{}", b.sparse[i * b.sparse_width + u])?;
             }
             writeln!(self.out)
         });

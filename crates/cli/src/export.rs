@@ -267,7 +267,12 @@ fn evaluate(
     let mut stats = elastrec_data::ReadStats::default();
     let mut figures = |batches: anyhow::Result<Vec<elastrec_data::Batch>>| match batches? {
         b if b.is_empty() => Ok(Vec::new()),
-        b => anyhow::Ok(evaluate_tasks(model, &b, &mut predictor)?),
+        b => anyhow::Ok(evaluate_tasks(
+            model,
+            &b,
+            &mut predictor,
+            job.data.user_slot(),
+        )?),
     };
     let validation = figures(
         load_slice(&judge.validation, &job, &mut stats).context("reading the validation rows"),

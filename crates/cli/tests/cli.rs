@@ -790,9 +790,9 @@ fn a_weight_column_of_zeros_leaves_corrupted_rows_out_and_ones_change_nothing() 
 }
 
 /// The figures CTR teams report, weighted by `data.weight`: `eval` (and `train`'s
-/// summary) give the AUC, log loss, normalized entropy and calibration that
-/// scikit-learn computes from the predictions `eval --predictions` writes, with the
-/// same sample weights.
+/// summary) give the AUC, log loss, normalized entropy, calibration and GAUC (over the
+/// `user_id` column, found by inference) that scikit-learn computes from the
+/// predictions `eval --predictions` writes, with the same sample weights.
 #[test]
 fn eval_figures_with_sample_weights_match_scikit_learn() {
     if Command::new("python3")
@@ -872,7 +872,7 @@ fn eval_figures_with_sample_weights_match_scikit_learn() {
     .unwrap();
     eprintln!("elastrec eval: {got}\nscikit-learn: {want}");
     assert_eq!(got["samples"], want["rows"]);
-    for figure in ["auc", "logloss", "ne", "calibration"] {
+    for figure in ["auc", "logloss", "ne", "calibration", "gauc"] {
         let (g, w) = (
             got[figure].as_f64().unwrap(),
             want[figure].as_f64().unwrap(),
@@ -903,7 +903,7 @@ fn eval_figures_with_sample_weights_match_scikit_learn() {
         &std::fs::read_to_string(tmp.path().join("run/summary.json")).unwrap(),
     )
     .unwrap();
-    for figure in ["auc", "logloss", "ne", "calibration"] {
+    for figure in ["auc", "logloss", "ne", "calibration", "gauc"] {
         let (s, g) = (
             summary["eval"][figure].as_f64().unwrap(),
             got[figure].as_f64().unwrap(),

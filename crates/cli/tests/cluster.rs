@@ -113,6 +113,24 @@ dir = "{out}"
     let single = format!("{pooling}-single");
     let baseline = train_auc(&single, &text(&single, ""));
     assert!(baseline > 0.55, "{pooling} trains: AUC {baseline}");
+    // TensorBoard's reader sees `train`'s evaluations and losses.
+    if let Some(board) = tensorboard_scalars(&f.dir.join(&single)) {
+        let auc = last_scalar(&board, "eval/auc");
+        assert!((auc - baseline).abs() < 1e-6, "{auc} against {baseline}");
+        for tag in [
+            "eval/logloss",
+            "eval/ne",
+            "train/loss",
+            "train/samples_per_s",
+        ] {
+            assert!(last_scalar(&board, tag) > 0.0, "{tag}");
+        }
+        assert_eq!(
+            board["eval/auc"].as_array().unwrap().len(),
+            2,
+            "one per epoch"
+        );
+    }
     let cluster = CLUSTER.replace(
         "workers = 3",
         &format!("workers = 1\nshuffle = false\nexecutors = {executors}"),
@@ -123,6 +141,16 @@ dir = "{out}"
     let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
     g.wait_success(&log);
     check_result_against(&dir, &log, baseline, 0.001);
+    // And `run`'s: the final evaluation and the job's throughput.
+    if let Some(board) = tensorboard_scalars(&dir) {
+        let r = result(&dir);
+        let auc = last_scalar(&board, "eval/auc");
+        assert!(
+            (auc - r["eval"]["auc"].as_f64().unwrap()).abs() < 1e-6,
+            "{auc}"
+        );
+        assert!(last_scalar(&board, "job/samples_per_s") > 0.0);
+    }
     if executors > 0 {
         let worker: String = std::fs::read_dir(dir.join("logs"))
             .unwrap()

@@ -124,6 +124,12 @@ pub struct DataConfig {
     /// 1 each.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub weight: Option<String>,
+    /// The categorical feature naming the user each row belongs to (named features
+    /// only): evaluation then also reports GAUC, each user's AUC over their own rows,
+    /// averaged over users weighted by their rows. Inferred as a categorical feature
+    /// named `user_id`, `userid`, `user` or `uid`. Absent: no GAUC.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
     /// The features of a data set with named columns (`[[data.feature]]`, see
     /// `docs/data.md`): name, kind (`dense`, `categorical`, `bag`, `sequence`), table,
     /// pooling, `max_len`, weights.
@@ -199,6 +205,34 @@ impl DataConfig {
         self.csv = schema.csv;
     }
 
+    /// The position of the user feature (`data.user`) among the single-id columns of a
+    /// batch; `None` without one.
+    pub fn user_slot(&self) -> Option<usize> {
+        let user = self.user.as_deref()?;
+        self.feature
+            .iter()
+            .filter(|f| f.kind == elastrec_data::FeatureKind::Categorical)
+            .position(|f| f.name == user)
+    }
+
+    /// Names `data.user` after a categorical feature called like a user id (`user_id`,
+    /// `userid`, `user`, `uid`, any case), when the job does not name one.
+    pub fn infer_user(&mut self) {
+        if self.user.is_some() {
+            return;
+        }
+        self.user = self
+            .feature
+            .iter()
+            .filter(|f| f.kind == elastrec_data::FeatureKind::Categorical)
+            .find(|f| {
+                ["user_id", "userid", "user", "uid"]
+                    .iter()
+                    .any(|n| f.name.eq_ignore_ascii_case(n))
+            })
+            .map(|f| f.name.clone());
+    }
+
     /// True when the job names its columns (features given or still to be inferred).
     pub fn is_named(&self) -> bool {
         self.label.is_some() || !self.feature.is_empty()
@@ -221,6 +255,7 @@ impl Default for DataConfig {
             source: Vec::new(),
             label: None,
             weight: None,
+            user: None,
             feature: Vec::new(),
             table: Vec::new(),
             csv: elastrec_data::CsvFormat::default(),
@@ -1538,6 +1573,14 @@ impl JobConfig {
                         .into(),
                 ));
             }
+            if self.data.user.is_some() {
+                return Err(bad(
+                    "data.user",
+                    "the user column is one of the named features: add data.label (the \
+                     Criteo layout names no user)"
+                        .into(),
+                ));
+            }
             if !self.data.table.is_empty() {
                 return Err(bad(
                     "data.table",
@@ -1568,6 +1611,17 @@ impl JobConfig {
             schema
                 .validate()
                 .map_err(|e| bad("data.feature", format!("the schema {e}")))?;
+            if let Some(user) = &self.data.user {
+                if self.data.user_slot().is_none() {
+                    return Err(bad(
+                        "data.user",
+                        format!(
+                            "{user:?} is not a categorical feature of the job; name one of \
+                             its [[data.feature]] of kind \"categorical\""
+                        ),
+                    ));
+                }
+            }
             let transforms = schema
                 .attention_slots()
                 .iter()
@@ -2014,6 +2068,30 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("weight column \"item\""), "{err}");
+        // The user column of GAUC: a categorical feature, named or found by its name.
+        let with_user = "[[data.feature]]\nname = \"User_Id\"\nkind = \"categorical\"\n\
+                         [[data.feature]]\nname = \"price\"\nkind = \"dense\"\n";
+        let mut cfg = parse(&format!("[data]\nlabel = \"click\"\n{features}{with_user}")).unwrap();
+        assert_eq!(cfg.data.user_slot(), None);
+        cfg.data.infer_user();
+        assert_eq!(cfg.data.user.as_deref(), Some("User_Id"));
+        assert_eq!(cfg.data.user_slot(), Some(1), "the second single-id column");
+        for (user, why) in [
+            ("price", "not a categorical"),
+            ("nobody", "not a categorical"),
+        ] {
+            let err = parse(&format!(
+                "[data]\nlabel = \"click\"\nuser = \"{user}\"\n{features}{with_user}"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("data.user") && err.contains(why), "{err}");
+        }
+        let err = parse("[data]\nuser = \"u\"\n").unwrap_err().to_string();
+        assert!(
+            err.contains("data.user") && err.contains("data.label"),
+            "{err}"
+        );
         let err = parse("[data]\nlabel = \"click\"\n[model]\ntable_rows = 1000\n")
             .unwrap_err()
             .to_string();

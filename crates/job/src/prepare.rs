@@ -90,6 +90,7 @@ pub fn resolve_schema(job: &mut JobConfig) -> Result<Option<elastrec_data::schem
         return Ok(None);
     };
     if !job.data.feature.is_empty() {
+        job.data.infer_user();
         return Ok(None);
     }
     let files = job.train_files();
@@ -118,6 +119,7 @@ pub fn resolve_schema(job: &mut JobConfig) -> Result<Option<elastrec_data::schem
     }
     job.data.feature = inferred.schema.features.clone();
     job.data.table = inferred.schema.tables.clone();
+    job.data.infer_user();
     Ok(Some(inferred))
 }
 

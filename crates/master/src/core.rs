@@ -144,9 +144,26 @@ pub struct MasterCore {
     /// Nodes killed for their memory (by the engine or the memory watchdog): a job that
     /// then fails ran out of memory, which its brain records as such.
     pub memory_kills: std::sync::atomic::AtomicU32,
+    /// The job's TensorBoard event file in its directory, once the job serves.
+    pub board: std::sync::OnceLock<Mutex<elastrec_metrics::tensorboard::EventWriter>>,
 }
 
 impl MasterCore {
+    /// Appends scalars at `samples` trained to the job's TensorBoard event file (a
+    /// no-op before it is open). A failed write is said once and costs only the file.
+    pub fn board_scalars(&self, samples: u64, values: &[(&str, f64)]) {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        if let Some(board) = self.board.get() {
+            let mut board = board.lock();
+            if let Err(e) = board.scalars(samples, values) {
+                let path = board.path().display().to_string();
+                SAID.call_once(|| {
+                    eprintln!("master: writing TensorBoard events to {path} failed: {e}")
+                });
+            }
+        }
+    }
+
     /// Wires the state machine to its writer and backend.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -187,6 +204,7 @@ impl MasterCore {
             reshards: Mutex::new(Vec::new()),
             keep_ps: std::sync::atomic::AtomicBool::new(false),
             memory_kills: std::sync::atomic::AtomicU32::new(0),
+            board: std::sync::OnceLock::new(),
         }
     }
 

@@ -1904,6 +1904,7 @@ pub(crate) mod tests {
                                 samples: 10,
                                 ne: None,
                                 calibration: None,
+                                gauc: None,
                             },
                             Vec::new(),
                             &mut cx,

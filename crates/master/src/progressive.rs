@@ -23,9 +23,16 @@ pub fn record(core: &MasterCore, at_s: f64) {
         .progressive
         .lock()
         .as_mut()
-        .and_then(|p| p.record(at_s));
-    let Some(f) = figures else { return };
+        .and_then(|p| Some((p.record(at_s)?, p.seen())));
+    let Some((f, seen)) = figures else { return };
     core.metrics.observe_progressive(&f);
+    let scalars = [
+        ("progressive/auc", f.auc.unwrap_or(f64::NAN)),
+        ("progressive/logloss", f.logloss),
+        ("progressive/ne", f.ne.unwrap_or(f64::NAN)),
+        ("progressive/calibration", f.calibration.unwrap_or(f64::NAN)),
+    ];
+    core.board_scalars(seen, &scalars);
     let auc = |a: Option<f64>| a.map_or("- (one class)".to_string(), |a| format!("{a:.4}"));
     let ne = |v: Option<f64>| v.map_or(String::new(), |v| format!(", NE {v:.4}"));
     let others: String = f

@@ -263,29 +263,36 @@ impl Master for MasterService {
         check_version(&req.version)?;
         self.0.metrics.request("report_eval");
         let n = req.task_auc.len();
-        if [&req.task_logloss, &req.task_ne, &req.task_calibration]
-            .iter()
-            .any(|v| v.len() != n)
+        if [
+            &req.task_logloss,
+            &req.task_ne,
+            &req.task_calibration,
+            &req.task_gauc,
+        ]
+        .iter()
+        .any(|v| v.len() != n)
             || n >= elastrec_model::MAX_TASKS
         {
             return Err(MasterError::invalid(format!(
-                "evaluation: {n} task AUCs with {} log losses, {} NEs and {} calibrations (at most {} tasks after the first, as many of each)",
+                "evaluation: {n} task AUCs with {} log losses, {} NEs, {} calibrations and {} GAUCs (at most {} tasks after the first, as many of each)",
                 req.task_logloss.len(),
                 req.task_ne.len(),
                 req.task_calibration.len(),
+                req.task_gauc.len(),
                 elastrec_model::MAX_TASKS - 1
             ))
             .into());
         }
         let defined = |v: f64| Some(v).filter(|v| v.is_finite());
-        let result = |auc, logloss, ne, calibration| EvalResult {
+        let result = |auc, logloss, ne, calibration, gauc| EvalResult {
             auc,
             logloss,
             samples: req.samples,
             ne: defined(ne),
             calibration: defined(calibration),
+            gauc: defined(gauc),
         };
-        let eval = result(req.auc, req.logloss, req.ne, req.calibration);
+        let eval = result(req.auc, req.logloss, req.ne, req.calibration, req.gauc);
         let tasks: Vec<EvalResult> = if n == 0 {
             Vec::new()
         } else {
@@ -296,6 +303,7 @@ impl Master for MasterService {
                         req.task_logloss[t],
                         req.task_ne[t],
                         req.task_calibration[t],
+                        req.task_gauc[t],
                     )
                 }))
                 .collect()

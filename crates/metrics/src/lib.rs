@@ -1,5 +1,6 @@
 //! The Prometheus `/metrics` endpoint of every elastrec process (master, PS, worker,
 //! brain): one implementation of binding, access control and the exposition format.
+//! [`tensorboard`] writes a job's scalars as TensorBoard event files.
 //!
 //! Access policy ([`Access::for_bind`]): an endpoint bound to a loopback address is open,
 //! so an operator on the machine can `curl localhost:PORT/metrics` and a local Prometheus
@@ -9,6 +10,7 @@
 //! token of the job (or of the brain), compared in constant time; others get 401.
 
 pub mod process;
+pub mod tensorboard;
 
 use std::io::{Read as _, Write as _};
 use std::net::{IpAddr, SocketAddr};

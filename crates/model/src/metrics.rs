@@ -42,10 +42,15 @@ pub fn weighted_auc(scores: &[f32], labels: &[f32], weights: &[f32]) -> Option<f
         .map(|((&s, &y), &w)| (s, y > 0.5, w))
         .collect();
     order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
-    // Walking up the scores: each group of equal scores' positive weight, times the
-    // negative weight below it plus half its own.
+    sorted_auc(&order).map(|(auc, _)| auc)
+}
+
+/// The weighted AUC of `(score, positive, weight)` samples sorted by score, and their
+/// total weight: walking up the scores, each group of equal scores adds its positive
+/// weight times the negative weight below it plus half its own.
+fn sorted_auc(sorted: &[(f32, bool, f32)]) -> Option<(f64, f64)> {
     let (mut right, mut neg_below, mut pos_total) = (0.0f64, 0.0f64, 0.0f64);
-    for group in order.chunk_by(|a, b| a.0.total_cmp(&b.0).is_eq()) {
+    for group in sorted.chunk_by(|a, b| a.0.total_cmp(&b.0).is_eq()) {
         let (mut pos, mut neg) = (0.0f64, 0.0f64);
         for &(_, y, w) in group {
             if y {
@@ -58,7 +63,35 @@ pub fn weighted_auc(scores: &[f32], labels: &[f32], weights: &[f32]) -> Option<f
         neg_below += neg;
         pos_total += pos;
     }
-    (pos_total > 0.0 && neg_below > 0.0).then(|| right / (pos_total * neg_below))
+    (pos_total > 0.0 && neg_below > 0.0)
+        .then(|| (right / (pos_total * neg_below), pos_total + neg_below))
+}
+
+/// Group AUC (the DIN paper's GAUC): the (weighted) AUC within each group's samples
+/// (a user's rows), averaged over the groups weighted by their samples' total weight.
+/// Groups with one class only have no AUC and are left out; `None` when none has both.
+pub fn group_auc(scores: &[f32], labels: &[f32], weights: &[f32], groups: &[u64]) -> Option<f64> {
+    assert_eq!(scores.len(), labels.len());
+    assert_eq!(scores.len(), groups.len());
+    assert!(weights.is_empty() || weights.len() == scores.len());
+    let mut order: Vec<(u64, (f32, bool, f32))> = (0..scores.len())
+        .map(|i| {
+            let w = weights.get(i).copied().unwrap_or(1.0);
+            (groups[i], (scores[i], labels[i] > 0.5, w))
+        })
+        .collect();
+    order.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1 .0.total_cmp(&b.1 .0)));
+    let mut samples = Vec::new();
+    let (mut sum, mut total) = (0.0f64, 0.0f64);
+    for group in order.chunk_by(|a, b| a.0 == b.0) {
+        samples.clear();
+        samples.extend(group.iter().map(|g| g.1));
+        if let Some((auc, weight)) = sorted_auc(&samples) {
+            sum += auc * weight;
+            total += weight;
+        }
+    }
+    (total > 0.0).then(|| sum / total)
 }
 
 /// Streaming evaluation: feed batches of probabilities and labels, read AUC / logloss /
@@ -69,6 +102,8 @@ pub struct EvalAccumulator {
     labels: Vec<f32>,
     /// Each sample's weight; empty while every sample weighed 1.
     weights: Vec<f32>,
+    /// Each sample's group (its user), for GAUC; empty when the data names no user.
+    groups: Vec<u64>,
     /// Weighted sums: log loss, correct answers at 0.5, weight, labels, predictions.
     loss_sum: f64,
     correct: f64,
@@ -85,14 +120,25 @@ impl EvalAccumulator {
 
     /// Adds a batch of probabilities and labels, each sample weighing 1.
     pub fn push(&mut self, probs: &[f32], labels: &[f32]) {
-        self.push_weighted(probs, labels, &[]);
+        self.push_rows(probs, labels, &[], &[]);
     }
 
     /// Adds a batch of probabilities and labels with each sample's weight (`data.weight`;
-    /// empty: 1 each). Every figure is then the weighted one.
-    pub fn push_weighted(&mut self, probs: &[f32], labels: &[f32], weights: &[f32]) {
+    /// empty: 1 each) and group (its user, `data.user`; empty: none). Every figure is then
+    /// the weighted one, and the groups give GAUC. Either every batch names groups or none.
+    pub fn push_rows(&mut self, probs: &[f32], labels: &[f32], weights: &[f32], groups: &[u64]) {
         assert_eq!(probs.len(), labels.len());
         assert!(weights.is_empty() || weights.len() == probs.len());
+        assert!(groups.is_empty() || groups.len() == probs.len());
+        let consistent = if groups.is_empty() {
+            self.groups.is_empty()
+        } else {
+            self.groups.len() == self.scores.len()
+        };
+        assert!(
+            probs.is_empty() || consistent,
+            "every batch names its groups, or none does"
+        );
         if !weights.is_empty() || !self.weights.is_empty() {
             self.weights.resize(self.scores.len(), 1.0);
             if weights.is_empty() {
@@ -101,6 +147,7 @@ impl EvalAccumulator {
                 self.weights.extend_from_slice(weights);
             }
         }
+        self.groups.extend_from_slice(groups);
         self.scores.extend_from_slice(probs);
         self.labels.extend_from_slice(labels);
         for (i, (&p, &y)) in probs.iter().zip(labels).enumerate() {
@@ -124,6 +171,7 @@ impl EvalAccumulator {
                 self.weights.extend_from_slice(&other.weights);
             }
         }
+        self.groups.extend_from_slice(&other.groups);
         self.scores.extend_from_slice(&other.scores);
         self.labels.extend_from_slice(&other.labels);
         self.loss_sum += other.loss_sum;
@@ -170,6 +218,15 @@ impl EvalAccumulator {
         }
     }
 
+    /// GAUC so far (see [`group_auc`]); `None` without groups, or when no group holds
+    /// both classes.
+    pub fn group_auc(&self) -> Option<f64> {
+        if self.groups.is_empty() {
+            return None;
+        }
+        group_auc(&self.scores, &self.labels, &self.weights, &self.groups)
+    }
+
     /// Calibration so far: predicted clicks over actual clicks (weighted), 1 for a model
     /// whose average prediction is the click rate. `None` without a click.
     pub fn calibration(&self) -> Option<f64> {
@@ -184,6 +241,7 @@ impl EvalAccumulator {
             samples: self.count() as u64,
             ne: self.normalized_entropy(),
             calibration: self.calibration(),
+            gauc: self.group_auc(),
         }
     }
 
@@ -192,6 +250,7 @@ impl EvalAccumulator {
         self.scores.clear();
         self.labels.clear();
         self.weights.clear();
+        self.groups.clear();
         self.loss_sum = 0.0;
         self.correct = 0.0;
         self.weight_sum = 0.0;

@@ -53,6 +53,10 @@ struct Header {
     /// Criteo layout. A reader of the model reads its files through them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     schema: Option<elastrec_data::Schema>,
+    /// The feature naming each row's user (`data.user`): `eval` of the model reports GAUC
+    /// over it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    user: Option<String>,
 }
 
 /// What a delta file says about itself.
@@ -315,6 +319,7 @@ pub fn save_exported(
         preprocess: job.preprocess.clone(),
         checkpoint,
         schema: job.data.schema(),
+        user: job.data.user.clone(),
     };
     let header = serde_json::to_vec(&header).expect("header serializes");
     let tables =
@@ -405,6 +410,17 @@ pub fn model_from_bytes(bytes: &[u8], path: &Path) -> Result<LoadedModel> {
             .validate()
             .map_err(|e| bad(format!("header: its features: the schema {e}")))?;
         job.data.set_schema(schema);
+        job.data.user = header.user;
+        if let Some(user) = job
+            .data
+            .user
+            .as_ref()
+            .filter(|_| job.data.user_slot().is_none())
+        {
+            return Err(bad(format!(
+                "header: its user column {user:?} is not one of its categorical features"
+            )));
+        }
     }
     let mut model = Dlrm::new(&job, header.table_rows)?;
     let n = file.dense_len().map_err(bad)?;

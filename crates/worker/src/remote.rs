@@ -872,7 +872,11 @@ impl RemoteModel {
 
     /// Forward-only evaluation over in-memory batches: one accumulator per task, task 0
     /// first.
-    async fn evaluate(&mut self, batches: &[Batch]) -> anyhow::Result<Vec<EvalAccumulator>> {
+    async fn evaluate(
+        &mut self,
+        batches: &[Batch],
+        user: Option<usize>,
+    ) -> anyhow::Result<Vec<EvalAccumulator>> {
         self.need_dense = true;
         let tasks = self.dense.tasks();
         let mut accs: Vec<EvalAccumulator> = (0..tasks).map(|_| EvalAccumulator::new()).collect();
@@ -886,7 +890,7 @@ impl RemoteModel {
             let emb = &self.emb[..n * self.dense.config().num_tables * self.dim];
             self.dense
                 .predict_tasks(&b.dense, emb, &mut self.ws, &mut probs)?;
-            crate::step::push_task_figures(&mut accs, &probs, b);
+            crate::step::push_task_figures(&mut accs, &probs, b, user);
         }
         Ok(accs)
     }
@@ -1044,7 +1048,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                         eval_job,
                         &mut stats,
                     )?;
-                    let accs = model.evaluate(&batches).await?;
+                    let accs = model.evaluate(&batches, eval_job.data.user_slot()).await?;
                     let results: Vec<_> = accs.iter().map(EvalAccumulator::result).collect();
                     let (first, rest) = (results[0], &results[1..]);
                     let nan = |v: Option<f64>| v.unwrap_or(f64::NAN);
@@ -1060,6 +1064,8 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                         task_logloss: rest.iter().map(|r| r.logloss).collect(),
                         task_ne: rest.iter().map(|r| nan(r.ne)).collect(),
                         task_calibration: rest.iter().map(|r| nan(r.calibration)).collect(),
+                        gauc: nan(first.gauc),
+                        task_gauc: rest.iter().map(|r| nan(r.gauc)).collect(),
                     };
                     rpc::retry_transient(None, || {
                         let (mut m, req) = (master.clone(), req.clone());

@@ -158,9 +158,24 @@ impl Predictor {
 
 /// Adds a batch's predictions of every task (`probs [n, T]`, row-major, as
 /// [`Predictor::predict_tasks`] writes them) to each task's accumulator (`accs[t]`), with
-/// that task's labels and the samples' weights.
-pub(crate) fn push_task_figures(accs: &mut [EvalAccumulator], probs: &[f32], batch: &Batch) {
+/// that task's labels, the samples' weights, and their users (the single-id column
+/// `user`, for GAUC).
+pub(crate) fn push_task_figures(
+    accs: &mut [EvalAccumulator],
+    probs: &[f32],
+    batch: &Batch,
+    user: Option<usize>,
+) {
     let tasks = accs.len();
+    let users: Vec<u64> = user.map_or_else(Vec::new, |k| {
+        batch
+            .sparse
+            .iter()
+            .skip(k)
+            .step_by(batch.sparse_width.max(1))
+            .copied()
+            .collect()
+    });
     let mut column = Vec::with_capacity(batch.len());
     let mut labels = Vec::with_capacity(batch.len());
     for (t, acc) in accs.iter_mut().enumerate() {
@@ -172,7 +187,7 @@ pub(crate) fn push_task_figures(accs: &mut [EvalAccumulator], probs: &[f32], bat
         } else {
             labels.extend(batch.task_labels.iter().skip(t - 1).step_by(tasks - 1));
         }
-        acc.push_weighted(&column, &labels, &batch.weights);
+        acc.push_rows(&column, &labels, &batch.weights, &users);
     }
 }
 

@@ -18,6 +18,7 @@ use elastrec_data::{Batch, BatchReader, RawColumns, ReadStats};
 use elastrec_job::config::{JobConfig, PreprocessOn};
 use elastrec_job::prepare::{count_train_rows, ensure_data, progress_bar, resolve_table_rows};
 use elastrec_job::JobError;
+use elastrec_metrics::tensorboard::EventWriter;
 use elastrec_model::EvalAccumulator;
 use indicatif::ProgressBar;
 use serde::Serialize;
@@ -141,16 +142,19 @@ fn read_batches(
 
 /// Exact AUC and log loss of `model` over `batches` (task 0's of a multi-task model).
 pub fn evaluate(model: &Dlrm, batches: &[Batch], predictor: &mut Predictor) -> Result<EvalResult> {
-    Ok(evaluate_tasks(model, batches, predictor)?[0])
+    Ok(evaluate_tasks(model, batches, predictor, None)?[0])
 }
 
-/// Exact AUC and log loss of every task of `model` over `batches`, task 0 first.
+/// Every figure ([`EvalResult`]) of every task of `model` over `batches`, task 0 first;
+/// with GAUC over the single-id column `user` (`JobConfig`'s `data.user_slot()`) when
+/// given.
 pub fn evaluate_tasks(
     model: &Dlrm,
     batches: &[Batch],
     predictor: &mut Predictor,
+    user: Option<usize>,
 ) -> Result<Vec<EvalResult>> {
-    evaluate_tasks_each(model, batches, predictor, |_, _| Ok(()))
+    evaluate_tasks_each(model, batches, predictor, user, |_, _| Ok(()))
 }
 
 /// [`evaluate_tasks`], handing each batch and its predictions (`[n, tasks]`, row-major)
@@ -159,6 +163,7 @@ pub fn evaluate_tasks_each(
     model: &Dlrm,
     batches: &[Batch],
     predictor: &mut Predictor,
+    user: Option<usize>,
     mut each: impl FnMut(&Batch, &[f32]) -> Result<()>,
 ) -> Result<Vec<EvalResult>> {
     let tasks = model.dense.tasks();
@@ -173,7 +178,7 @@ pub fn evaluate_tasks_each(
             }));
         }
         predictor.predict_tasks(model, b, &mut probs)?;
-        crate::step::push_task_figures(&mut accs, &probs, b);
+        crate::step::push_task_figures(&mut accs, &probs, b, user);
         each(b, &probs)?;
     }
     Ok(accs.iter().map(EvalAccumulator::result).collect())
@@ -482,6 +487,8 @@ impl Prefetcher {
 struct Evaluations {
     eval_set: Vec<Batch>,
     predictor: Predictor,
+    /// The user column for GAUC (`data.user`).
+    user: Option<usize>,
     metrics: MetricsLog,
     started: Instant,
     active: bool,
@@ -508,7 +515,7 @@ impl Evaluations {
         event: &str,
         at: &Position,
     ) -> Result<(EvalResult, bool)> {
-        let tasks = evaluate_tasks(model, &self.eval_set, &mut self.predictor)?;
+        let tasks = evaluate_tasks(model, &self.eval_set, &mut self.predictor, self.user)?;
         report_eval(pb, &mut self.metrics, event, at, &tasks, self.started)?;
         let r = tasks[0];
         self.last_tasks = tasks;
@@ -531,7 +538,7 @@ impl Evaluations {
         let validation = if self.validation.is_empty() {
             None
         } else {
-            let v = evaluate_tasks(model, &self.validation, &mut self.predictor)?;
+            let v = evaluate_tasks(model, &self.validation, &mut self.predictor, self.user)?;
             report_eval(pb, &mut self.metrics, "validation", at, &v, self.started)?;
             Some(v[0])
         };
@@ -597,10 +604,12 @@ fn say(pb: &ProgressBar, line: String) {
     }
 }
 
-/// Appends one JSON object per line to `metrics.jsonl`.
+/// Appends one JSON object per line to `metrics.jsonl`, and the same figures as scalars
+/// to a TensorBoard event file in the run directory.
 struct MetricsLog {
     file: std::fs::File,
     path: PathBuf,
+    board: EventWriter,
 }
 
 impl MetricsLog {
@@ -611,11 +620,19 @@ impl MetricsLog {
             .append(true)
             .open(&path)
             .map_err(|e| WorkerError::io(&path, e))?;
-        Ok(Self { file, path })
+        let board = EventWriter::create(dir).map_err(|e| WorkerError::io(dir, e))?;
+        Ok(Self { file, path, board })
     }
 
     fn write(&mut self, value: serde_json::Value) -> Result<()> {
         writeln!(self.file, "{value}").map_err(|e| WorkerError::io(&self.path, e))
+    }
+
+    /// Scalars at `samples` trained (TensorBoard's step).
+    fn scalars(&mut self, samples: u64, values: &[(&str, f64)]) -> Result<()> {
+        self.board
+            .scalars(samples, values)
+            .map_err(|e| WorkerError::io(self.board.path(), e))
     }
 }
 
@@ -761,17 +778,42 @@ fn report_eval(
         line += &format!("; task {t}: AUC {:.4} logloss {:.4}", e.auc, e.logloss);
     }
     say(pb, line);
+    let train_loss = at.loss.0 / at.loss.1.max(1) as f64;
+    let samples_per_s = at.samples as f64 / at.train_time.max(1e-9);
     let mut record = serde_json::json!({
         "event": event, "epoch": at.epoch, "samples": at.samples, "steps": at.steps,
-        "train_loss": at.loss.0 / at.loss.1.max(1) as f64,
-        "auc": r.auc, "logloss": r.logloss,
-        "samples_per_s": at.samples as f64 / at.train_time.max(1e-9),
+        "train_loss": train_loss,
+        "auc": r.auc, "logloss": r.logloss, "ne": r.ne, "calibration": r.calibration,
+        "samples_per_s": samples_per_s,
         "elapsed_s": started.elapsed().as_secs_f64(),
     });
+    if let Some(g) = r.gauc {
+        record["gauc"] = g.into();
+    }
     if tasks.len() > 1 {
         record["tasks"] = serde_json::to_value(tasks).expect("figures serialize");
     }
-    metrics.write(record)
+    metrics.write(record)?;
+    // TensorBoard: the validation slice's figures apart from the eval files'.
+    let set = if event == "validation" {
+        "validation"
+    } else {
+        "eval"
+    };
+    let mut scalars: Vec<(String, f64)> = Vec::new();
+    for (t, e) in tasks.iter().enumerate() {
+        let prefix = match t {
+            0 => set.to_string(),
+            t => format!("{set}/task_{t}"),
+        };
+        scalars.extend(e.scalars(&prefix));
+    }
+    if set == "eval" {
+        scalars.push(("train/loss".into(), train_loss));
+        scalars.push(("train/samples_per_s".into(), samples_per_s));
+    }
+    let values: Vec<(&str, f64)> = scalars.iter().map(|(t, v)| (t.as_str(), *v)).collect();
+    metrics.scalars(at.samples, &values)
 }
 
 /// Trains the job in this process and returns its summary (also written to
@@ -843,6 +885,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
     let mut evals = Evaluations {
         eval_set: load_eval_set(&job.eval_files(), job, &mut eval_stats)?,
         predictor: Predictor::new(&step.model, batch_size),
+        user: job.data.user_slot(),
         metrics,
         started,
         active: job.train.validation > 0.0 || job.train.early_stopping > 0,
@@ -961,7 +1004,12 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
     }
     pb.finish_and_clear();
     if last_eval.is_none_or(|e| e.samples == 0) && !evals.eval_set.is_empty() {
-        evals.last_tasks = evaluate_tasks(&step.model, &evals.eval_set, &mut evals.predictor)?;
+        evals.last_tasks = evaluate_tasks(
+            &step.model,
+            &evals.eval_set,
+            &mut evals.predictor,
+            evals.user,
+        )?;
         last_eval = Some(evals.last_tasks[0]);
     }
 

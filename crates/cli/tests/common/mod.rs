@@ -593,3 +593,44 @@ pub fn predictions(reply: &str) -> (Vec<f32>, serde_json::Value) {
         .collect();
     (p, v["checkpoint"].clone())
 }
+
+/// The scalars of the TensorBoard event files in `dir` as TensorBoard's own reader loads
+/// them (`tests/python/tensorboard_scalars.py`): tag to `[(step, value)]`. `None` (the
+/// test skipped, and counted) where Python has no `tensorboard` package.
+pub fn tensorboard_scalars(dir: &Path) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let has = Command::new("python3")
+        .args(["-c", "import tensorboard"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has {
+        elastrec_common::skip::skip_test(
+            "TENSORBOARD",
+            "python3 cannot import tensorboard (scripts/test.sh installs it)",
+        );
+        return None;
+    }
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/python/tensorboard_scalars.py"
+    );
+    let out = Command::new("python3")
+        .args([script, dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    Some(v.as_object().unwrap().clone())
+}
+
+/// The last value of `tag` in TensorBoard `scalars`.
+pub fn last_scalar(scalars: &serde_json::Map<String, serde_json::Value>, tag: &str) -> f64 {
+    let points = scalars
+        .get(tag)
+        .and_then(|v| v.as_array())
+        .unwrap_or_else(|| panic!("no {tag} among {:?}", scalars.keys()));
+    points.last().unwrap()[1].as_f64().unwrap()
+}

@@ -41,6 +41,15 @@ pub(super) async fn serve(
     autoscale: Option<AutoscaleStart>,
 ) -> anyhow::Result<JobResult> {
     let endpoints = Endpoints::start(&core, listener, &token, cfg, dir).await?;
+    match elastrec_metrics::tensorboard::EventWriter::create(&dir.0) {
+        Ok(w) => {
+            let _ = core.board.set(parking_lot::Mutex::new(w));
+        }
+        Err(e) => eprintln!(
+            "master: no TensorBoard events ({}: {e}); the job runs without them",
+            dir.0.display()
+        ),
+    }
     let brain = autoscale
         .as_ref()
         .map(|a| (a.brain.clone(), a.brain_job_id.clone()));
@@ -72,6 +81,13 @@ pub(super) async fn serve(
     };
     let mut result = job_result(&core, dir, &phase, used, export);
     result.validation = validator.map(|v| v.report());
+    // The job's own figures at its end: a job shorter than a progress line has these.
+    let mut scalars = vec![("job/samples_per_s".to_string(), result.samples_per_s)];
+    if let Some(e) = &result.eval {
+        scalars.extend(e.scalars("eval"));
+    }
+    let values: Vec<(&str, f64)> = scalars.iter().map(|(t, v)| (t.as_str(), *v)).collect();
+    core.board_scalars(result.ledger.consumed, &values);
     if let Some((brain, brain_job_id)) = brain {
         record_outcome(&core, &*brain, brain_job_id, &result).await;
     }
@@ -678,6 +694,21 @@ impl Progress {
                 n.role == elastrec_proto::master::Role::Worker as i32 && n.state == "running"
             })
             .count();
+        let ps = s
+            .nodes
+            .iter()
+            .filter(|n| n.role == elastrec_proto::master::Role::Ps as i32 && n.state == "running")
+            .count();
+        let lag = core.stream_stats.lock().as_ref().map(|st| st.lag_s);
+        core.board_scalars(
+            s.samples_done,
+            &[
+                ("job/samples_per_s", rate),
+                ("job/workers", workers as f64),
+                ("job/ps", ps as f64),
+                ("stream/lag_s", lag.unwrap_or(f64::NAN)),
+            ],
+        );
         eprintln!(
             "[{:>6.1}s] epoch {}/{} samples {}/{} ({:.0}/s) shards todo {} doing {} done {} workers {} ({})",
             self.started.elapsed().as_secs_f64(),

@@ -1,4 +1,4 @@
-use elastrec_model::metrics::{normalized_entropy, weighted_auc};
+use elastrec_model::metrics::{group_auc, normalized_entropy, weighted_auc};
 use elastrec_model::{auc, logloss, EvalAccumulator};
 use rand::Rng;
 
@@ -112,8 +112,8 @@ fn integer_weights_count_as_repeated_rows() {
     }
     let mut weighted = EvalAccumulator::new();
     // Weighted and unweighted pushes mix: an unweighted batch weighs 1 a row.
-    weighted.push_weighted(&s[..100], &y[..100], &w[..100]);
-    weighted.push_weighted(&s[100..], &y[100..], &w[100..]);
+    weighted.push_rows(&s[..100], &y[..100], &w[..100], &[]);
+    weighted.push_rows(&s[100..], &y[100..], &w[100..], &[]);
     let mut repeated = EvalAccumulator::new();
     repeated.push(&rs, &ry);
     let a = weighted.auc().unwrap();
@@ -127,10 +127,10 @@ fn integer_weights_count_as_repeated_rows() {
     assert!((weighted.accuracy() - repeated.accuracy()).abs() < 1e-9);
     // An unweighted push after weighted ones weighs 1 a row, as a merge does.
     let mut mixed = EvalAccumulator::new();
-    mixed.push_weighted(&s[..2], &y[..2], &[2.0, 3.0]);
+    mixed.push_rows(&s[..2], &y[..2], &[2.0, 3.0], &[]);
     mixed.push(&s[2..4], &y[2..4]);
     let mut other = EvalAccumulator::new();
-    other.push_weighted(&s[..2], &y[..2], &[2.0, 3.0]);
+    other.push_rows(&s[..2], &y[..2], &[2.0, 3.0], &[]);
     let mut plain = EvalAccumulator::new();
     plain.push(&s[2..4], &y[2..4]);
     other.merge(&plain);
@@ -159,4 +159,31 @@ fn normalized_entropy_and_calibration_by_hand() {
     none.push(&[0.2, 0.3], &[0.0, 0.0]);
     assert_eq!(none.normalized_entropy(), None);
     assert_eq!(none.calibration(), None);
+}
+
+/// GAUC by hand: two users ranked perfectly and backwards, weighted by their rows; a
+/// user with one class only has no AUC and does not count.
+#[test]
+fn group_auc_averages_each_users_auc_by_their_rows() {
+    let scores = [0.9, 0.1, 0.8, 0.2, 0.3, 0.7, 0.5];
+    let labels = [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0];
+    let users = [1, 1, 1, 1, 2, 2, 3];
+    // User 1: AUC 1 over 4 rows; user 2: AUC 0 over 2; user 3: clicks only.
+    let g = group_auc(&scores, &labels, &[], &users).unwrap();
+    assert!((g - 4.0 / 6.0).abs() < 1e-12, "{g}");
+    // Weights: user 2's rows weigh 3 each, so it counts 6 against user 1's 4.
+    let w = [1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 1.0];
+    let g = group_auc(&scores, &labels, &w, &users).unwrap();
+    assert!((g - 4.0 / 10.0).abs() < 1e-12, "{g}");
+    // Through the accumulator, in two batches.
+    let mut acc = EvalAccumulator::new();
+    acc.push_rows(&scores[..3], &labels[..3], &w[..3], &users[..3]);
+    acc.push_rows(&scores[3..], &labels[3..], &w[3..], &users[3..]);
+    assert!((acc.group_auc().unwrap() - 0.4).abs() < 1e-12);
+    assert_eq!(acc.result().gauc, acc.group_auc());
+    // One class in every group: none.
+    assert_eq!(group_auc(&[0.1, 0.2], &[1.0, 0.0], &[], &[1, 2]), None);
+    let mut plain = EvalAccumulator::new();
+    plain.push(&scores, &labels);
+    assert_eq!(plain.group_auc(), None, "no groups, no GAUC");
 }
