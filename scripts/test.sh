@@ -2,7 +2,8 @@
 # The README's test command. Installs the real servers the tests start on loopback (what
 # is already there is kept), then runs every test of the workspace:
 #   - Debian packages: PostgreSQL (the brain's database), Slurm (the Slurm backend),
-#     Chromium (the dashboard's page), stunnel4 (TLS in front of the Kafka broker);
+#     Chromium (the dashboard's page), stunnel4 (TLS in front of the Kafka broker),
+#     Prometheus and promtool (scraping the jobs' nodes, checking their metrics);
 #   - PyPI: moto (an S3-compatible server for checkpoints), scikit-learn (the reference of
 #     the evaluation figures), tensorboard (the reader of the jobs' event files);
 #   - crates.io: Tansu (a Kafka-protocol broker), built once (~10-20 min on 2 cores) and
@@ -35,6 +36,7 @@ fi
 want slurm-wlm slurmctld
 want chromium chromium
 want stunnel4 stunnel4
+want prometheus promtool
 if [ ${#need[@]} -gt 0 ]; then
     say "installing ${need[*]} (apt-get)"
     if ! { as_root apt-get update -qq &&
@@ -75,6 +77,8 @@ fi
 command -v slurmctld >/dev/null 2>&1 && export ELASTREC_REQUIRE_SLURM=1
 command -v chromium >/dev/null 2>&1 && export ELASTREC_REQUIRE_CHROMIUM=1
 command -v stunnel4 >/dev/null 2>&1 && export ELASTREC_REQUIRE_STUNNEL=1
+command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 &&
+    export ELASTREC_REQUIRE_PROMETHEUS=1
 [ -x "$ELASTREC_TANSU" ] && export ELASTREC_REQUIRE_TANSU=1
 python3 -c 'import sklearn' >/dev/null 2>&1 && export ELASTREC_REQUIRE_SKLEARN=1
 python3 -c 'import tensorboard' >/dev/null 2>&1 && export ELASTREC_REQUIRE_TENSORBOARD=1

@@ -174,6 +174,64 @@ dir = "{out}"
     check_saved_model(&dir, &r, &data.join("day_2.parquet"));
 }
 
+/// Prometheus, pointed at the job's `prometheus-targets.json` and nothing else, scrapes
+/// the master and every node of a 2-PS, 2-worker job; a worker added by `elastrec scale`
+/// while the job is held appears among its healthy targets on its own.
+#[test]
+fn prometheus_finds_and_scrapes_every_node_through_the_targets_file() {
+    let _g = serial();
+    let cluster = CLUSTER.replace("workers = 3", "workers = 2");
+    let (job, dir) = write_job("prometheus", &cluster);
+    let log = dir.with_extension("log");
+    let total = 2 * fixture().train_rows;
+    let mut g = Group::spawn(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--pause-at-samples",
+            &(total / 5).to_string(),
+        ],
+        &log,
+    );
+    wait_held(&dir);
+    let Some(prometheus) = Prometheus::start(&dir.join("prometheus-targets.json")) else {
+        return;
+    };
+    // The discovery file and Prometheus's scrapes are both its own loops: poll them.
+    let healthy = |want: usize| {
+        let mut seen = Vec::new();
+        wait_for(Duration::from_secs(60), || {
+            seen = prometheus.targets();
+            seen.len() == want && seen.iter().all(|t| t.2 == "up")
+        });
+        seen
+    };
+    let seen = healthy(5);
+    let roles =
+        |seen: &[(String, String, String)], role: &str| seen.iter().filter(|t| t.0 == role).count();
+    assert_eq!(
+        (
+            roles(&seen, "master"),
+            roles(&seen, "ps"),
+            roles(&seen, "worker")
+        ),
+        (1, 2, 2),
+        "{seen:?}\n{}",
+        prometheus.log()
+    );
+    elastrec_ok(&["scale", dir.to_str().unwrap(), "--workers", "3"]);
+    let added = Instant::now();
+    let seen = healthy(6);
+    eprintln!(
+        "the added worker was a healthy target {:.1} s after the scale",
+        added.elapsed().as_secs_f64()
+    );
+    assert_eq!(roles(&seen, "worker"), 3, "{seen:?}");
+    unpause(&dir);
+    g.wait_success(&log);
+    check_result(&dir, &log, MULTI_WORKER_AUC_TOLERANCE);
+}
+
 /// (a) 2 PS, 3 workers: completes with exactly-once ledger and single-process AUC. On the
 /// way, paused at a fifth of its samples, every node serves its role's metrics at the
 /// address `elastrec status` shows.
@@ -253,12 +311,27 @@ fn sample(body: &str, series: &str) -> Option<f64> {
 }
 
 /// Scrapes the master and every running node over plain HTTP (loopback: no token) and
-/// checks each serves OpenMetrics text with its role's metrics.
+/// checks each serves OpenMetrics text with its role's metrics, and to a client that
+/// does not ask for OpenMetrics (`curl`) the classic text format, which `promtool check
+/// metrics` passes (names, units, help).
 fn check_node_metrics(dir: &std::path::Path) {
+    // Every metric family any role serves, by the name its classic `# TYPE` gives.
+    let families = std::cell::RefCell::new(std::collections::BTreeSet::new());
     let scrape = |addr: &str| {
         let (code, body) = elastrec_metrics::http_get(addr, "/metrics", None).unwrap();
         assert_eq!(code, 200, "{addr}: {body}");
         elastrec_metrics::parse_exposition(&body).unwrap();
+        let (code, text) =
+            elastrec_metrics::http_get_accepting(addr, "/metrics", None, None).unwrap();
+        assert_eq!(code, 200, "{addr}: {text}");
+        if let Some(problems) = promtool_problems(&text) {
+            assert!(problems.is_empty(), "{addr}: {problems}\n{text}");
+        }
+        families.borrow_mut().extend(
+            text.lines()
+                .filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next())
+                .map(str::to_string),
+        );
         body
     };
     let master = std::fs::read_to_string(dir.join("metrics.addr")).unwrap();
@@ -307,6 +380,44 @@ fn check_node_metrics(dir: &std::path::Path) {
     }
     assert_eq!(ps_seen, 0b11, "{nodes:?}");
     assert!(worker_samples > 0.0);
+    check_grafana_dashboard(&families.into_inner());
+}
+
+/// The Grafana dashboard in the repository reads only metrics the roles serve
+/// (`families`), and each of its charts names its axis and unit.
+fn check_grafana_dashboard(families: &std::collections::BTreeSet<String>) {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/grafana/elastrec.json"
+    );
+    let dash: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let panels = dash["panels"].as_array().unwrap();
+    assert!(panels.len() >= 10, "{path}");
+    for p in panels {
+        let title = p["title"].as_str().unwrap();
+        let defaults = &p["fieldConfig"]["defaults"];
+        assert!(
+            defaults["custom"]["axisLabel"]
+                .as_str()
+                .is_some_and(|a| !a.is_empty())
+                && defaults["unit"].is_string(),
+            "{title}: an axis label and a unit"
+        );
+        for t in p["targets"].as_array().unwrap() {
+            let expr = t["expr"].as_str().unwrap();
+            let names = expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("elastrec_") && *w != "elastrec_job");
+            for name in names {
+                let family = name.strip_suffix("_bucket").unwrap_or(name);
+                assert!(
+                    families.contains(family),
+                    "{title}: {name} is served by no role: {families:?}"
+                );
+            }
+        }
+    }
 }
 
 /// (b) SIGKILL of random workers, three times (each while the job is paused at a fifth

@@ -77,6 +77,10 @@ pub struct ClusterConfig {
     pub master_port: u16,
     /// Port of the master's Prometheus `/metrics` endpoint (0: any free port).
     pub metrics_port: u16,
+    /// Fixed `/metrics` ports for the other nodes: node `N` (PS, worker) serves on this
+    /// port + N (0: any free port). Node ids grow as nodes are replaced or added, so keep
+    /// room above it. Prometheus finds either kind through `prometheus-targets.json`.
+    pub node_metrics_port_base: u16,
     /// Largest gRPC message accepted (bytes).
     pub max_message_bytes: usize,
     /// Deadline of a worker's call to a parameter server (pull, push), ms: a hung server
@@ -95,6 +99,20 @@ impl ClusterConfig {
     /// The deadline of a worker's PS call.
     pub fn rpc_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_millis(self.rpc_timeout_ms)
+    }
+
+    /// The `/metrics` port of node `node_id` (`node_metrics_port_base` + id; 0: any).
+    pub fn node_metrics_port(&self, node_id: u32) -> Result<u16, String> {
+        if self.node_metrics_port_base == 0 {
+            return Ok(0);
+        }
+        u16::try_from(u32::from(self.node_metrics_port_base) + node_id).map_err(|_| {
+            format!(
+                "node {node_id}'s metrics port would be {} + {node_id}, above 65535: lower \
+                 cluster.node_metrics_port_base",
+                self.node_metrics_port_base
+            )
+        })
     }
 }
 
@@ -123,6 +141,7 @@ impl Default for ClusterConfig {
             bind: "127.0.0.1".into(),
             master_port: 0,
             metrics_port: 0,
+            node_metrics_port_base: 0,
             max_message_bytes: 64 << 20,
             rpc_timeout_ms: 30_000,
         }

@@ -29,6 +29,7 @@ pub mod metrics;
 pub mod online_scale;
 pub mod online_scale_loop;
 pub mod progressive;
+pub mod prometheus_sd;
 pub mod push;
 pub mod reshard;
 pub mod run;

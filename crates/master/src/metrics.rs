@@ -9,6 +9,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 type Labels = Vec<(String, String)>;
+type FloatGauge = Gauge<f64, AtomicU64>;
 
 fn method_label(method: &str) -> Labels {
     vec![("method".to_string(), method.to_string())]
@@ -31,9 +32,64 @@ pub struct Metrics {
     /// Online jobs: per partition, the age of the oldest untrained message and backlog.
     partition_lag: Family<Labels, Gauge<f64, AtomicU64>>,
     partition_backlog: Family<Labels, Gauge>,
-    /// Online jobs: job-wide stream figures (KALE Table 3), by name.
-    stream: Family<Labels, Gauge<f64, AtomicU64>>,
+    /// Online jobs: job-wide stream figures (KALE Table 3), one gauge each.
+    stream: Vec<FloatGauge>,
+    /// Progressive validation over the window, by task (`task="0"` first).
+    progressive: Vec<Family<Labels, FloatGauge>>,
+    progressive_samples: Gauge,
+    /// Parameter servers running.
+    ps: Gauge,
+    /// The newest checkpoint's age, the interval in force, and CPR's portion of lost
+    /// samples (absent metrics while checkpoints are off).
+    checkpoint_age: FloatGauge,
+    checkpoint_interval: FloatGauge,
+    checkpoint_pls: FloatGauge,
+    process: elastrec_metrics::process::ProcessMetrics,
 }
+
+/// The stream gauges: name under `elastrec_master_`, help.
+const STREAM_GAUGES: [(&str, &str); 5] = [
+    (
+        "stream_lag_seconds",
+        "Online jobs: the job's lag, the largest partition lag",
+    ),
+    (
+        "stream_arrival_messages_per_second",
+        "Online jobs: messages arriving, all partitions",
+    ),
+    (
+        "stream_slo_violation_ratio",
+        "Online jobs: share of the observed time with the lag above the SLO",
+    ),
+    (
+        "stream_accumulated_lag_seconds",
+        "Online jobs: the lag integrated over time (seconds of lag per second, summed)",
+    ),
+    (
+        "stream_downtime_seconds",
+        "Online jobs: time messages waited while no worker trained",
+    ),
+];
+
+/// The progressive-validation gauges (by task): name under `elastrec_master_`, help.
+const PROGRESSIVE_GAUGES: [(&str, &str); 4] = [
+    (
+        "progressive_auc",
+        "Progressive validation: AUC over the window, by task (NaN: one class)",
+    ),
+    (
+        "progressive_logloss",
+        "Progressive validation: mean log loss over the window, by task",
+    ),
+    (
+        "progressive_normalized_entropy",
+        "Progressive validation: log loss over the entropy of the window's click rate, by task",
+    ),
+    (
+        "progressive_calibration_ratio",
+        "Progressive validation: predicted over actual clicks in the window, by task",
+    ),
+];
 
 /// The RPC methods counted by [`Metrics::request`].
 pub const METHODS: [&str; 7] = [
@@ -94,12 +150,56 @@ impl Metrics {
             "Online jobs: messages waiting, by partition",
             partition_backlog.clone(),
         );
-        let stream = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        let stream = STREAM_GAUGES
+            .iter()
+            .map(|&(name, help)| {
+                let g = Gauge::<f64, AtomicU64>::default();
+                registry.register(name, help, g.clone());
+                g
+            })
+            .collect();
+        let progressive: Vec<Family<Labels, FloatGauge>> = PROGRESSIVE_GAUGES
+            .iter()
+            .map(|&(name, help)| {
+                let f = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+                registry.register(name, help, f.clone());
+                f
+            })
+            .collect();
+        // Task 0's series exist from the start (NaN until the first window), so a
+        // dashboard shows a gap rather than no such metric.
+        for family in &progressive {
+            family
+                .get_or_create(&vec![("task".to_string(), "0".to_string())])
+                .set(f64::NAN);
+        }
+        let progressive_samples = Gauge::default();
         registry.register(
-            "stream",
-            "Online jobs: lag_seconds, arrival_rate, slo_violation_rate, accumulated_lag_seconds, downtime_seconds",
-            stream.clone(),
+            "progressive_window_samples",
+            "Progressive validation: samples in the window",
+            progressive_samples.clone(),
         );
+        let ps = Gauge::default();
+        registry.register("ps_active", "Parameter servers running", ps.clone());
+        let checkpoint_age = FloatGauge::default();
+        registry.register(
+            "checkpoint_age_seconds",
+            "Age of the newest checkpoint (0: none yet)",
+            checkpoint_age.clone(),
+        );
+        let checkpoint_interval = FloatGauge::default();
+        registry.register(
+            "checkpoint_interval_seconds",
+            "Checkpoint interval in force (CPR: from the target portion of lost samples)",
+            checkpoint_interval.clone(),
+        );
+        let checkpoint_pls = FloatGauge::default();
+        registry.register(
+            "checkpoint_lost_samples_ratio",
+            "Portion of lost samples so far (CPR's PLS, Eq. 3)",
+            checkpoint_pls.clone(),
+        );
+        let process = elastrec_metrics::process::ProcessMetrics::register(&mut registry);
         let by_method = METHODS
             .iter()
             .map(|&m| (m, requests.get_or_create(&method_label(m)).clone()))
@@ -117,6 +217,13 @@ impl Metrics {
             partition_lag,
             partition_backlog,
             stream,
+            progressive,
+            progressive_samples,
+            ps,
+            checkpoint_age,
+            checkpoint_interval,
+            checkpoint_pls,
+            process,
         }
     }
 
@@ -129,37 +236,41 @@ impl Metrics {
                 .get_or_create(&l)
                 .set(p.backlog as i64);
         }
-        for (name, v) in [
-            ("lag_seconds", st.lag_s),
-            ("arrival_rate", st.arrival_rate),
-            ("slo_violation_rate", st.slo_violation_rate),
-            ("accumulated_lag_seconds", st.accumulated_lag_s),
-            ("downtime_seconds", st.downtime_s),
-        ] {
-            self.stream
-                .get_or_create(&vec![("figure".to_string(), name.to_string())])
-                .set(v);
+        for (g, v) in self.stream.iter().zip([
+            st.lag_s,
+            st.arrival_rate,
+            st.slo_violation_rate,
+            st.accumulated_lag_s,
+            st.downtime_s,
+        ]) {
+            g.set(v);
         }
     }
 
-    /// Sets the progressive-validation gauges (`elastrec_master_stream{figure=window_*}`).
-    /// A multi-task job's tasks after the first have `task{t}_window_auc` and
-    /// `task{t}_window_logloss`.
+    /// Sets the progressive-validation gauges (`elastrec_master_progressive_*{task=...}`),
+    /// task 0's and, for a multi-task job, every other task's.
     pub fn observe_progressive(&self, f: &crate::progressive::WindowFigures) {
-        let mut figures = vec![
-            ("window_auc".to_string(), f.auc.unwrap_or(f64::NAN)),
-            ("window_logloss".to_string(), f.logloss),
-            ("window_samples".to_string(), f.samples as f64),
-        ];
-        for (t, w) in f.tasks.iter().enumerate().skip(1) {
-            figures.push((format!("task{t}_window_auc"), w.auc.unwrap_or(f64::NAN)));
-            figures.push((format!("task{t}_window_logloss"), w.logloss));
+        let first = crate::progressive::TaskWindow {
+            auc: f.auc,
+            logloss: f.logloss,
+            positive_rate: f.positive_rate,
+            ne: f.ne,
+            calibration: f.calibration,
+        };
+        let tasks = std::iter::once(&first).chain(f.tasks.iter().skip(1));
+        for (t, w) in tasks.enumerate() {
+            let task = vec![("task".to_string(), t.to_string())];
+            let nan = f64::NAN;
+            for (family, v) in self.progressive.iter().zip([
+                w.auc.unwrap_or(nan),
+                w.logloss,
+                w.ne.unwrap_or(nan),
+                w.calibration.unwrap_or(nan),
+            ]) {
+                family.get_or_create(&task).set(v);
+            }
         }
-        for (name, v) in figures {
-            self.stream
-                .get_or_create(&vec![("figure".to_string(), name)])
-                .set(v);
-        }
+        self.progressive_samples.set(f.samples as i64);
     }
 
     /// Counts one request.
@@ -197,10 +308,22 @@ impl Metrics {
             })
             .count();
         self.workers.set(active as i64);
+        let ps = s
+            .nodes
+            .iter()
+            .filter(|n| n.role == elastrec_proto::master::Role::Ps as i32 && n.state == "running")
+            .count();
+        self.ps.set(ps as i64);
+        if let Some(c) = &s.checkpoint {
+            self.checkpoint_age.set(c.last_age_s);
+            self.checkpoint_interval.set(c.interval_s);
+            self.checkpoint_pls.set(c.pls);
+        }
     }
 
     /// The text exposition format.
     pub fn render(&self) -> String {
+        self.process.refresh();
         elastrec_metrics::encode(&self.registry)
     }
 }

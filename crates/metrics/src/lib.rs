@@ -23,8 +23,12 @@ pub use prometheus_client;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-/// Content type of the OpenMetrics text format that `prometheus-client` writes.
+/// Content type of the OpenMetrics text format that `prometheus-client` writes, served
+/// to scrapers that ask for it (Prometheus does).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// Content type of the classic Prometheus text format, served to every other client
+/// (`curl`, `promtool check metrics`).
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Who may read an endpoint.
 #[derive(Clone)]
@@ -138,7 +142,56 @@ fn respond(access: &Access, headers: &HeaderMap, render: &dyn Fn() -> String) ->
         )
             .into_response();
     }
-    ([(header::CONTENT_TYPE, CONTENT_TYPE)], render()).into_response()
+    let openmetrics = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"));
+    if openmetrics {
+        ([(header::CONTENT_TYPE, CONTENT_TYPE)], render()).into_response()
+    } else {
+        let text = to_prometheus_text(&render());
+        ([(header::CONTENT_TYPE, TEXT_CONTENT_TYPE)], text).into_response()
+    }
+}
+
+/// The classic Prometheus text format (version 0.0.4) of OpenMetrics text as
+/// `prometheus-client` writes it. The two differ in the comments only: a counter's
+/// `# HELP` and `# TYPE` name its `_total` series and an info metric's its `_info`
+/// series (a gauge); `# UNIT` lines and the closing `# EOF` are OpenMetrics' own.
+pub fn to_prometheus_text(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    // A family's HELP comes before its TYPE, which says what to call it.
+    let mut help: Option<(&str, &str)> = None;
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            help = Some(rest.split_once(' ').unwrap_or((rest, "")));
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "untyped"));
+            let (series, kind) = match kind {
+                "counter" => (format!("{name}_total"), "counter"),
+                "info" => (format!("{name}_info"), "gauge"),
+                "unknown" => (name.to_string(), "untyped"),
+                other => (name.to_string(), other),
+            };
+            if let Some((_, text)) = help.take().filter(|(h, _)| *h == name) {
+                out += &format!("# HELP {series} {text}\n");
+            }
+            out += &format!("# TYPE {series} {kind}\n");
+            continue;
+        }
+        if let Some((name, text)) = help.take() {
+            out += &format!("# HELP {name} {text}\n");
+        }
+        out += line;
+        out.push('\n');
+    }
+    out
 }
 
 /// The OpenMetrics text of `registry`.
@@ -155,14 +208,28 @@ pub fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(50e-6, 2.0, 20))
 }
 
-/// A blocking `GET http://addr/path` with an optional bearer token, for tests and
-/// tools: returns the status code and the body. HTTP/1.0, so the reply is never chunked
-/// and ends with the connection.
+/// A blocking `GET http://addr/path` with an optional bearer token, asking for
+/// OpenMetrics as Prometheus does, for tests and tools: returns the status code and the
+/// body. HTTP/1.0, so the reply is never chunked and ends with the connection.
 pub fn http_get(addr: &str, path: &str, token: Option<&str>) -> std::io::Result<(u16, String)> {
+    http_get_accepting(addr, path, token, Some(CONTENT_TYPE))
+}
+
+/// [`http_get`] with the `Accept` header given (none: what `curl` sends).
+pub fn http_get_accepting(
+    addr: &str,
+    path: &str,
+    token: Option<&str>,
+    accept: Option<&str>,
+) -> std::io::Result<(u16, String)> {
     let mut s = std::net::TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{auth}\r\n")?;
+    let accept = accept.map_or(String::new(), |a| format!("Accept: {a}\r\n"));
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{auth}{accept}\r\n"
+    )?;
     let mut reply = String::new();
     s.read_to_string(&mut reply)?;
     let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed HTTP reply");
@@ -258,6 +325,58 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(code, 404);
+    }
+
+    /// A client that does not ask for OpenMetrics (`curl`, `promtool`) gets the classic
+    /// text format of the same samples: a counter's comments name its `_total` series.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_without_accept_gets_the_classic_text_format() {
+        let (r, c, h) = registry();
+        c.inc_by(3);
+        h.observe(0.002);
+        let ep = serve("127.0.0.1:0".parse().unwrap(), "tok", move || encode(&r))
+            .await
+            .unwrap();
+        let addr = ep.addr().to_string();
+        let (code, body) = tokio::task::spawn_blocking(move || {
+            http_get_accepting(&addr, "/metrics", None, None).unwrap()
+        })
+        .await
+        .unwrap();
+        assert_eq!(code, 200, "{body}");
+        assert!(!body.contains("# EOF"), "{body}");
+        assert!(
+            body.contains(
+                "# HELP elastrec_test_pulls_total Pulls served.\n\
+                 # TYPE elastrec_test_pulls_total counter\n\
+                 elastrec_test_pulls_total 3\n"
+            ),
+            "{body}"
+        );
+        assert!(
+            body.contains("# TYPE elastrec_test_pull_latency_seconds histogram\n"),
+            "{body}"
+        );
+        // The samples are the OpenMetrics ones, line for line.
+        let samples = |t: &str| -> Vec<String> {
+            t.lines()
+                .filter(|l| !l.starts_with('#'))
+                .map(str::to_string)
+                .collect()
+        };
+        let (_, open) = get(ep.addr(), None).await;
+        assert_eq!(samples(&body), samples(&open));
+    }
+
+    #[test]
+    fn info_and_unknown_families_become_their_classic_types() {
+        let om = "# HELP build Build.\n# TYPE build info\nbuild_info{v=\"1\"} 1\n\
+                  # TYPE x unknown\n# UNIT x seconds\nx 2\n# EOF\n";
+        assert_eq!(
+            to_prometheus_text(om),
+            "# HELP build_info Build.\n# TYPE build_info gauge\nbuild_info{v=\"1\"} 1\n\
+             # TYPE x untyped\nx 2\n"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -25,6 +25,48 @@ pub fn usage() -> Usage {
     Usage { cpu_s, rss_bytes }
 }
 
+/// The process's CPU time and memory on `/metrics` (`process_cpu_seconds_total`,
+/// `process_resident_memory_bytes` under the role's prefix), read again at each render.
+pub struct ProcessMetrics {
+    cpu: prometheus_client::metrics::counter::Counter<f64, std::sync::atomic::AtomicU64>,
+    rss: prometheus_client::metrics::gauge::Gauge,
+    /// CPU seconds counted so far (the counter only goes up by differences).
+    counted: std::sync::Mutex<f64>,
+}
+
+impl ProcessMetrics {
+    /// Registers both in `registry`.
+    pub fn register(registry: &mut prometheus_client::registry::Registry) -> Self {
+        let m = Self {
+            cpu: Default::default(),
+            rss: Default::default(),
+            counted: std::sync::Mutex::new(0.0),
+        };
+        registry.register(
+            "process_cpu_seconds",
+            "User and system CPU time of this process",
+            m.cpu.clone(),
+        );
+        registry.register(
+            "process_resident_memory_bytes",
+            "Resident memory of this process",
+            m.rss.clone(),
+        );
+        m
+    }
+
+    /// Reads `/proc/self` again.
+    pub fn refresh(&self) {
+        let u = usage();
+        let mut counted = self.counted.lock().unwrap_or_else(|e| e.into_inner());
+        if u.cpu_s > *counted {
+            self.cpu.inc_by(u.cpu_s - *counted);
+            *counted = u.cpu_s;
+        }
+        self.rss.set(i64::try_from(u.rss_bytes).unwrap_or(i64::MAX));
+    }
+}
+
 fn clock_ticks_per_s() -> f64 {
     // SAFETY: sysconf has no preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };

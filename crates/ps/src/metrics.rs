@@ -22,10 +22,11 @@ pub struct PsMetrics {
     pub(crate) repeated_pushes: Counter,
     pub(crate) checkpoints: Counter,
     pub(crate) replica_failures: Counter,
-    last_stall_ms: Gauge<f64, AtomicU64>,
+    last_stall_seconds: Gauge<f64, AtomicU64>,
     version: Gauge,
     rows_held: Gauge,
     layout_version: Gauge,
+    process: elastrec_metrics::process::ProcessMetrics,
 }
 
 impl PsMetrics {
@@ -35,7 +36,9 @@ impl PsMetrics {
             "elastrec_ps",
             [("ps".into(), index.to_string().into())].into_iter(),
         );
+        let process = elastrec_metrics::process::ProcessMetrics::register(&mut r);
         let m = Self {
+            process,
             pulls: Counter::default(),
             pushes: Counter::default(),
             rows_pulled: Counter::default(),
@@ -45,7 +48,7 @@ impl PsMetrics {
             repeated_pushes: Counter::default(),
             checkpoints: Counter::default(),
             replica_failures: Counter::default(),
-            last_stall_ms: Gauge::default(),
+            last_stall_seconds: Gauge::default(),
             version: Gauge::default(),
             rows_held: Gauge::default(),
             layout_version: Gauge::default(),
@@ -90,9 +93,9 @@ impl PsMetrics {
             m.checkpoints.clone(),
         );
         r.register(
-            "checkpoint_last_stall_ms",
-            "Training stall of the last checkpoint (state copied under the lock), ms",
-            m.last_stall_ms.clone(),
+            "checkpoint_last_stall_seconds",
+            "Training stall of the last checkpoint (state copied under the lock), seconds",
+            m.last_stall_seconds.clone(),
         );
         r.register(
             "version",
@@ -123,12 +126,13 @@ impl PsMetrics {
     /// Records a checkpoint whose copy stalled training for `stall`.
     pub(crate) fn checkpoint(&self, stall: Duration) {
         self.checkpoints.inc();
-        self.last_stall_ms.set(stall.as_secs_f64() * 1e3);
+        self.last_stall_seconds.set(stall.as_secs_f64());
     }
 
     /// The exposition, with the step as of `version`.
     pub fn render(&self, version: u64) -> String {
         self.version.set(version as i64);
+        self.process.refresh();
         elastrec_metrics::encode(&self.registry)
     }
 }
@@ -154,10 +158,12 @@ mod tests {
             "push_latency_seconds_count",
             "repeated_pushes_skipped_total",
             "checkpoints_total",
-            "checkpoint_last_stall_ms",
+            "checkpoint_last_stall_seconds",
             "version",
             "rows_held",
             "layout_version",
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
         ] {
             assert!(
                 names.contains(&format!("elastrec_ps_{name}")),
@@ -169,7 +175,7 @@ mod tests {
             "elastrec_ps_version{ps=\"1\"} 42\n",
             "elastrec_ps_rows_held{ps=\"1\"} 500\n",
             "elastrec_ps_checkpoints_total{ps=\"1\"} 1\n",
-            "elastrec_ps_checkpoint_last_stall_ms{ps=\"1\"} 2.5\n",
+            "elastrec_ps_checkpoint_last_stall_seconds{ps=\"1\"} 0.0025\n",
         ] {
             assert!(body.contains(line), "{line}: {body}");
         }

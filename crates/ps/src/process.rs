@@ -68,7 +68,11 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
         PsShard::in_layout(&job, args.index, num_ps, reg.layout_version)?
     });
     let mshard = shard.clone();
-    let metrics = elastrec_metrics::serve(SocketAddr::new(ip, 0), &token, move || {
+    let port = job
+        .cluster
+        .node_metrics_port(args.node_id)
+        .map_err(anyhow::Error::msg)?;
+    let metrics = elastrec_metrics::serve(SocketAddr::new(ip, port), &token, move || {
         mshard.metrics.render(mshard.version())
     })
     .await

@@ -61,6 +61,7 @@ pub struct WorkerMetrics {
     push_latency: Histogram,
     get_task_waits: Counter,
     task: Gauge,
+    process: elastrec_metrics::process::ProcessMetrics,
 }
 
 impl WorkerMetrics {
@@ -93,7 +94,9 @@ impl WorkerMetrics {
             get_task_waits.clone(),
         );
         registry.register("task", "Data task in progress (0: none)", task.clone());
+        let process = elastrec_metrics::process::ProcessMetrics::register(&mut registry);
         Self {
+            process,
             registry,
             samples,
             batches,
@@ -106,6 +109,7 @@ impl WorkerMetrics {
 
     /// The exposition.
     pub fn render(&self) -> String {
+        self.process.refresh();
         elastrec_metrics::encode(&self.registry)
     }
 }
@@ -954,10 +958,16 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let ip = elastrec_job::resources::bind_address(&job).map_err(anyhow::Error::msg)?;
     let metrics = Arc::new(WorkerMetrics::new(id));
     let m = metrics.clone();
+    let port = job
+        .cluster
+        .node_metrics_port(id)
+        .map_err(anyhow::Error::msg)?;
     let endpoint =
-        elastrec_metrics::serve(std::net::SocketAddr::new(ip, 0), &token, move || m.render())
-            .await
-            .context("binding the metrics endpoint")?;
+        elastrec_metrics::serve(std::net::SocketAddr::new(ip, port), &token, move || {
+            m.render()
+        })
+        .await
+        .with_context(|| format!("binding the metrics endpoint (port {port})"))?;
     let metrics_addr = elastrec_job::resources::advertise_for(&job.engine, endpoint.addr())
         .map_err(anyhow::Error::msg)?;
     eprintln!("worker {id}: metrics on http://{metrics_addr}/metrics");

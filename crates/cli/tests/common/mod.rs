@@ -634,3 +634,125 @@ pub fn last_scalar(scalars: &serde_json::Map<String, serde_json::Value>, tag: &s
         .unwrap_or_else(|| panic!("no {tag} among {:?}", scalars.keys()));
     points.last().unwrap()[1].as_f64().unwrap()
 }
+
+/// `promtool check metrics` over an exposition, as a user runs it on `curl`'s output:
+/// `Some(problems)` (empty: clean), or `None` (the test skipped, and counted) without
+/// `promtool`.
+pub fn promtool_problems(exposition: &str) -> Option<String> {
+    use std::io::Write as _;
+    let Ok(mut child) = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    else {
+        elastrec_common::skip::skip_test(
+            "PROMETHEUS",
+            "no promtool (scripts/test.sh installs the prometheus package)",
+        );
+        return None;
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(exposition.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(if out.status.success() {
+        String::new()
+    } else {
+        text
+    })
+}
+
+/// A real Prometheus server on loopback scraping the targets of one file-based service
+/// discovery file every second; killed when dropped.
+pub struct Prometheus {
+    child: Child,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    /// Starts one over `targets` (a `file_sd` JSON file); `None` (the test skipped, and
+    /// counted) without the `prometheus` binary.
+    pub fn start(targets: &Path) -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  \
+                 - job_name: elastrec\n    file_sd_configs:\n      - files: [\"{}\"]\n        \
+                 refresh_interval: 1s\n",
+                targets.display()
+            ),
+        )
+        .unwrap();
+        let addr = format!("127.0.0.1:{}", free_port());
+        let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
+        let spawned = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn();
+        let Ok(child) = spawned else {
+            elastrec_common::skip::skip_test(
+                "PROMETHEUS",
+                "no prometheus binary (scripts/test.sh installs the prometheus package)",
+            );
+            return None;
+        };
+        Some(Self {
+            child,
+            addr,
+            _dir: dir,
+        })
+    }
+
+    /// Its active targets as `(role, node, health)`, from its HTTP API; empty while it
+    /// is not answering yet.
+    pub fn targets(&self) -> Vec<(String, String, String)> {
+        let Ok((200, body)) =
+            elastrec_metrics::http_get_accepting(&self.addr, "/api/v1/targets", None, None)
+        else {
+            return Vec::new();
+        };
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["data"]["activeTargets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                let l = &t["labels"];
+                let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+                (s(&l["role"]), s(&l["node"]), s(&t["health"]))
+            })
+            .collect()
+    }
+
+    /// The log, for a failing assertion.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("prometheus.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

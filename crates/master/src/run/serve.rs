@@ -60,9 +60,11 @@ pub(super) async fn serve(
     let validator = validator(&core, cfg, command.clone())?;
     let saves_model = (cfg.output.save_model || validator.is_some()) && command.is_some();
     core.keep_ps.store(saves_model, Ordering::Release);
+    let mut targets = crate::prometheus_sd::TargetsFile::new(&dir.0);
     let loops = Loops {
         exporter: exporter.as_ref(),
         validator: validator.as_ref(),
+        targets: (&mut targets, endpoints.metrics.addr().to_string()),
     };
     let phase = control_loop(&core, cfg, dir, &mut used, loops).await?;
     let model = match phase {
@@ -491,6 +493,8 @@ struct Loops<'a> {
     exporter: Option<&'a Arc<Exporter>>,
     /// Model selection (`train.validation`, `train.early_stopping`).
     validator: Option<&'a Arc<Validator>>,
+    /// Prometheus's discovery file, and the master's own `/metrics` address.
+    targets: (&'a mut crate::prometheus_sd::TargetsFile, String),
 }
 
 /// Runs the job until it finishes or fails (returns its phase), or until SIGINT/SIGTERM
@@ -502,6 +506,8 @@ async fn control_loop(
     used: &mut Resources,
     loops: Loops<'_>,
 ) -> anyhow::Result<Phase> {
+    let (targets, master_metrics) = loops.targets;
+    let mut targets_failed = false;
     let mut progress = Progress::new();
     let mut last_tick = Instant::now();
     let mut tick = tokio::time::interval(TICK);
@@ -525,6 +531,14 @@ async fn control_loop(
         }
         account_live_nodes(&core.job.lock(), last_tick.elapsed(), used);
         last_tick = Instant::now();
+        let written = targets.update(&core.job_id, &master_metrics, &core.job.lock());
+        if let (Err(e), false) = (written, targets_failed) {
+            targets_failed = true;
+            eprintln!(
+                "master: writing Prometheus's targets to {} failed: {e}",
+                targets.path().display()
+            );
+        }
         let phase = advance(core).await?;
         if matches!(phase, Phase::Finished | Phase::Failed(_)) {
             return Ok(phase);
