@@ -129,6 +129,57 @@ fn train_beats_trivial_predictor_and_eval_reproduces_it() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("checksum mismatch"));
 }
 
+/// `elastrec plot` of a `train` run draws its loss and AUC over the samples trained, with
+/// labelled axes and tick labels as a person writes numbers.
+#[test]
+fn plot_of_a_train_run_draws_loss_and_auc_over_samples() {
+    let tmp = tempfile::tempdir().unwrap();
+    gen(&tmp.path().join("data"), 30_000, 3);
+    let job = tmp.path().join("job.toml");
+    std::fs::write(
+        &job,
+        "[data]\ndir = \"data\"\ntrain = [\"day_0.tsv\", \"day_1.tsv\"]\n\
+         eval = [\"day_2.tsv\"]\n[model]\nbottom_mlp = [32, 16]\ntop_mlp = [16, 1]\n\
+         [train]\nbatch_size = 256\nepochs = 2\neval_every = 5000\nprogress = false\n\
+         [output]\ndir = \"run\"\n",
+    )
+    .unwrap();
+    ok(&elastrec(&["train", job.to_str().unwrap()]));
+    let charts = tmp.path().join("charts");
+    let out = ok(&elastrec(&[
+        "plot",
+        tmp.path().join("run").to_str().unwrap(),
+        "--out",
+        charts.to_str().unwrap(),
+    ]));
+    for name in ["train-loss", "train-auc"] {
+        assert!(out.contains(&format!("{name}.png")), "{out}");
+        let png = std::fs::read(charts.join(format!("{name}.png"))).unwrap();
+        assert!(png.starts_with(b"\x89PNG"), "{name}.png is a PNG");
+        let svg = std::fs::read_to_string(charts.join(format!("{name}.svg"))).unwrap();
+        assert!(
+            svg.contains("samples trained"),
+            "{name}: the x axis says what it counts"
+        );
+        // Ticks of tens of thousands of samples are grouped, never float noise.
+        // The SVG's text contents: its lines that are not markup.
+        let texts: Vec<&str> = svg
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.starts_with('<'))
+            .collect();
+        assert!(texts.contains(&"10,000"), "{name}: grouped ticks");
+        assert!(
+            !texts
+                .iter()
+                .any(|t| t.ends_with(".0") || t.contains("000000")),
+            "{name}: float noise in a tick"
+        );
+    }
+    let auc = std::fs::read_to_string(charts.join("train-auc.svg")).unwrap();
+    assert!(auc.lines().any(|l| l.trim() == "AUC"), "the y axis");
+}
+
 #[test]
 fn bad_rows_fail_with_location_or_are_skipped_and_counted() {
     let tmp = tempfile::tempdir().unwrap();

@@ -54,6 +54,10 @@ pub fn charts_of(dir: &Path) -> Result<Vec<(String, Chart)>> {
     if streams.exists() {
         charts.extend(simulation_streams(&Table::read(&streams)?)?);
     }
+    let metrics = dir.join("metrics.jsonl");
+    if metrics.exists() {
+        charts.extend(train_charts(&read_jsonl(&metrics)?));
+    }
     let result = dir.join("result.json");
     if result.exists() {
         let text = std::fs::read_to_string(&result)
@@ -64,11 +68,91 @@ pub fn charts_of(dir: &Path) -> Result<Vec<(String, Chart)>> {
     }
     if charts.is_empty() {
         bail!(
-            "{} has nothing to plot: expected jobs.csv / streams.csv (elastrec simulate cluster --out) or result.json (a finished job's directory)",
+            "{} has nothing to plot: expected jobs.csv / streams.csv (elastrec simulate cluster --out), metrics.jsonl (a `train` run's directory) or result.json (a finished `run` job's directory)",
             dir.display()
         );
     }
     Ok(charts)
+}
+
+/// The records of a JSON-lines file; a line that is not JSON is an error naming it.
+fn read_jsonl(file: &Path) -> Result<Vec<serde_json::Value>> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .with_context(|| format!("{}:{}: not a JSON object", file.display(), i + 1))
+        })
+        .collect()
+}
+
+/// A `train` run's loss and AUC over the samples trained (its `metrics.jsonl`). A
+/// directory trained into twice holds both runs one after the other: the last is drawn.
+fn train_charts(records: &[serde_json::Value]) -> Vec<(String, Chart)> {
+    let samples = |r: &serde_json::Value| r["samples"].as_f64();
+    // The last run starts where the samples go back.
+    let start = (1..records.len())
+        .rev()
+        .find(|&i| samples(&records[i]) < samples(&records[i - 1]))
+        .unwrap_or(0);
+    let run = &records[start..];
+    let line = |name: &str, events: &[&str], key: &str| Series {
+        name: name.into(),
+        points: run
+            .iter()
+            .filter(|r| events.contains(&r["event"].as_str().unwrap_or_default()))
+            .filter_map(|r| Some((samples(r)?, r[key].as_f64()?)))
+            .collect(),
+    };
+    let evals = ["eval", "epoch"];
+    let keep = |series: Vec<Series>| -> Vec<Series> {
+        series
+            .into_iter()
+            .filter(|s| !s.points.is_empty())
+            .collect()
+    };
+    let mut charts = Vec::new();
+    let loss = keep(vec![
+        line(
+            "training loss (mean over the epoch so far)",
+            &evals,
+            "train_loss",
+        ),
+        line("held-out log loss", &evals, "logloss"),
+        line("validation log loss", &["validation"], "logloss"),
+    ]);
+    if !loss.is_empty() {
+        charts.push((
+            "train-loss".into(),
+            Chart::Line(LineChart {
+                title: "Loss over training".into(),
+                x_label: "samples trained".into(),
+                y_label: "log loss (nats per sample)".into(),
+                series: loss,
+                steps: false,
+            }),
+        ));
+    }
+    let auc = keep(vec![
+        line("held-out AUC", &evals, "auc"),
+        line("validation AUC", &["validation"], "auc"),
+    ]);
+    if !auc.is_empty() {
+        charts.push((
+            "train-auc".into(),
+            Chart::Line(LineChart {
+                title: "AUC over training".into(),
+                x_label: "samples trained".into(),
+                y_label: "AUC".into(),
+                series: auc,
+                steps: false,
+            }),
+        ));
+    }
+    charts
 }
 
 /// A CSV file read by header, with its name for errors.
@@ -405,6 +489,41 @@ fn progressive_chart(v: &serde_json::Value) -> Option<(String, Chart)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `train` run's records become its loss and AUC charts over the samples trained;
+    /// of a directory trained into twice, the second run.
+    #[test]
+    fn a_train_runs_metrics_become_loss_and_auc_over_samples() {
+        let rec = |event: &str, samples: u64, loss: f64, auc: f64| {
+            serde_json::json!({"event": event, "samples": samples, "train_loss": loss,
+                "logloss": loss + 0.01, "auc": auc})
+        };
+        let records = vec![
+            rec("epoch", 1000, 0.9, 0.5),
+            rec("eval", 500, 0.6, 0.7),
+            rec("eval", 1000, 0.5, 0.75),
+            rec("validation", 1000, 0.52, 0.74),
+            rec("epoch", 2000, 0.45, 0.78),
+        ];
+        let charts = train_charts(&records);
+        let names: Vec<&str> = charts.iter().map(|c| c.0.as_str()).collect();
+        assert_eq!(names, ["train-loss", "train-auc"]);
+        let Chart::Line(auc) = &charts[1].1 else {
+            panic!("a line chart")
+        };
+        assert_eq!(auc.x_label, "samples trained");
+        assert_eq!(
+            auc.series[0].points,
+            vec![(500.0, 0.7), (1000.0, 0.75), (2000.0, 0.78)],
+            "the second run's evaluations"
+        );
+        assert_eq!(auc.series[1].points, vec![(1000.0, 0.74)]);
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("metrics.jsonl");
+        std::fs::write(&f, "{\"samples\": 1}\nnot json\n").unwrap();
+        let err = read_jsonl(&f).unwrap_err().to_string();
+        assert!(err.contains("metrics.jsonl:2"), "{err}");
+    }
 
     #[test]
     fn a_missing_column_or_a_bad_number_names_the_file_and_line() {
