@@ -566,7 +566,8 @@ impl BrainService {
 
     async fn warm(&self, r: pb::WarmStartRequest) -> Result<pb::PlanResponse> {
         let spec = spec_from(r.job)?;
-        let history = self.store.history().await?;
+        let silent_ms = (self.cfg.warm.silent_after_s * 1e3) as i64;
+        let history = self.store.history(crate::db::now_ms(), silent_ms).await?;
         let plan = planner::warm_plan(&self.cfg, &spec, &history)?;
         self.store.upsert_job(&spec).await?;
         self.store

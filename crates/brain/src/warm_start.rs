@@ -101,8 +101,16 @@ pub struct WarmStartParams {
     pub mu: f64,
     /// Jobs less similar than this are ignored.
     pub min_similarity: f64,
+    /// A past job with no outcome that has not reported for this long lost its master
+    /// (perhaps to the configuration that is its last): it is not learned from. Seconds.
+    #[serde(default = "default_silent_after_s")]
+    pub silent_after_s: f64,
     /// Feature weights.
     pub weights: FeatureWeights,
+}
+
+fn default_silent_after_s() -> f64 {
+    3600.0
 }
 
 impl Default for WarmStartParams {
@@ -111,6 +119,7 @@ impl Default for WarmStartParams {
             k: 5,
             mu: 0.6,
             min_similarity: 0.3,
+            silent_after_s: default_silent_after_s(),
             weights: FeatureWeights::default(),
         }
     }

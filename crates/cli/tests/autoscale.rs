@@ -234,7 +234,10 @@ fn a_job_starts_on_the_allocation_of_the_similar_past_job_that_finished() {
 
     // The brain knows the job by its own file, and how it ended.
     rt.block_on(async {
-        let history = db.history().await.unwrap();
+        let history = db
+            .history(elastrec_brain::db::now_ms(), i64::MAX)
+            .await
+            .unwrap();
         let new = history
             .iter()
             .find(|h| h.job_id.starts_with("warm-"))

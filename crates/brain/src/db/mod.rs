@@ -75,7 +75,8 @@ pub struct ConfigDb {
     backend: Backend,
 }
 
-fn now_ms() -> i64 {
+/// The wall clock in ms since the epoch, as the database stamps its rows.
+pub fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
@@ -488,9 +489,13 @@ impl ConfigDb {
         Ok(last)
     }
 
-    /// Warm-start history: every job with at least one configuration, with its latest one,
-    /// except jobs whose outcome is in [`FAILED_STATUSES`].
-    pub async fn history(&self) -> Result<Vec<HistoricalJob>> {
+    /// Warm-start history as of `now_ms`: every job with at least one configuration, with
+    /// its latest one, except jobs whose outcome is in [`FAILED_STATUSES`] and jobs with no
+    /// outcome the brain has not heard of for `silent_after_ms`. Such a job's master died
+    /// without saying how it ended (as when it is killed for its memory), so its last
+    /// configuration may be the one that failed. A job with no outcome that still reports
+    /// is running, and its configuration stands.
+    pub async fn history(&self, now_ms: i64, silent_after_ms: i64) -> Result<Vec<HistoricalJob>> {
         let rows = sqlx::query(
             "SELECT j.spec_json, c.workers, c.ps, c.worker_cpu, c.ps_cpu, c.worker_mem_gb, c.ps_mem_gb, \
              COALESCE(o.status, '') AS status \
@@ -511,6 +516,11 @@ impl ConfigDb {
             let json: String = r.try_get("spec_json")?;
             let spec: JobSpec = serde_json::from_str(&json)
                 .map_err(|e| BrainError::Internal(format!("stored spec: {e}")))?;
+            if status.is_empty()
+                && now_ms.saturating_sub(self.last_report_ms(&spec.job_id).await?) > silent_after_ms
+            {
+                continue;
+            }
             out.push(HistoricalJob {
                 job_id: spec.job_id.clone(),
                 features: JobFeatures::of(&spec),

@@ -45,7 +45,7 @@ async fn suite(store: &ConfigDb) {
     let start_ms = wall_ms();
     // Empty database: warm start falls back to the documented default.
     let cfg = BrainConfig::default();
-    let history = store.history().await.unwrap();
+    let history = store.history(wall_ms(), i64::MAX).await.unwrap();
     assert!(history.is_empty());
     let p = warm_plan(&cfg, &spec("new", 1_000_000, "ads"), &history).unwrap();
     assert!(p.reasons[0].contains("default"), "{:?}", p.reasons);
@@ -92,9 +92,24 @@ async fn suite(store: &ConfigDb) {
         configs.iter().map(|c| c.0.workers).collect::<Vec<_>>(),
         vec![4, 10]
     );
-    let history = store.history().await.unwrap();
+    let history = store.history(wall_ms(), i64::MAX).await.unwrap();
     let ids: Vec<&str> = history.iter().map(|h| h.job_id.as_str()).collect();
     assert_eq!(ids, vec!["a", "b", "c"], "the OOM job is not learned from");
+    // Two hours on, with nothing heard of b and c (no outcome): their masters died without
+    // saying how the jobs ended, and only a, which finished, is learned from.
+    let later = wall_ms() + 2 * 3_600_000;
+    let ids: Vec<String> = store
+        .history(later, 3_600_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|h| h.job_id)
+        .collect();
+    assert_eq!(
+        ids,
+        vec!["a"],
+        "silent jobs without an outcome are left out"
+    );
     assert_eq!(history[0].config.workers, 10, "latest configuration");
     assert_eq!(
         store.job("b").await.unwrap().unwrap(),
@@ -179,7 +194,7 @@ async fn sqlite_suite() {
     // Reopening applies no migration twice and keeps the data.
     drop(store);
     let store = ConfigDb::connect(&url).await.unwrap();
-    assert_eq!(store.history().await.unwrap().len(), 3);
+    assert_eq!(store.history(wall_ms(), i64::MAX).await.unwrap().len(), 3);
 }
 
 #[tokio::test]
@@ -190,7 +205,7 @@ async fn postgres_suite() {
     suite(&store).await;
     drop(store);
     let store = ConfigDb::connect(&pg.url).await.unwrap();
-    assert_eq!(store.history().await.unwrap().len(), 3);
+    assert_eq!(store.history(wall_ms(), i64::MAX).await.unwrap().len(), 3);
     // A server-side failure (no such database) does not echo the password either.
     let server = &pg.url[..pg.url.rfind('/').unwrap()];
     let with_password = format!(
@@ -211,7 +226,7 @@ async fn sqlite_url_without_mode_creates_the_file() {
     let store = ConfigDb::connect(&format!("sqlite://{}", path.display()))
         .await
         .unwrap();
-    assert!(store.history().await.unwrap().is_empty());
+    assert!(store.history(wall_ms(), i64::MAX).await.unwrap().is_empty());
     assert!(path.exists());
 }
 
