@@ -139,14 +139,7 @@ impl EvalAccumulator {
             probs.is_empty() || consistent,
             "every batch names its groups, or none does"
         );
-        if !weights.is_empty() || !self.weights.is_empty() {
-            self.weights.resize(self.scores.len(), 1.0);
-            if weights.is_empty() {
-                self.weights.resize(self.scores.len() + probs.len(), 1.0);
-            } else {
-                self.weights.extend_from_slice(weights);
-            }
-        }
+        self.append_weights(weights, probs.len());
         self.groups.extend_from_slice(groups);
         self.scores.extend_from_slice(probs);
         self.labels.extend_from_slice(labels);
@@ -160,17 +153,24 @@ impl EvalAccumulator {
         }
     }
 
+    /// Appends the weights of `n` samples about to be added (`weights` empty: 1 each).
+    /// Weights are kept only once some sample weighs other than 1: the samples before
+    /// then get 1 each.
+    fn append_weights(&mut self, weights: &[f32], n: usize) {
+        if weights.is_empty() && self.weights.is_empty() {
+            return;
+        }
+        self.weights.resize(self.scores.len(), 1.0);
+        if weights.is_empty() {
+            self.weights.resize(self.scores.len() + n, 1.0);
+        } else {
+            self.weights.extend_from_slice(weights);
+        }
+    }
+
     /// Merges another accumulator (e.g. from another eval thread).
     pub fn merge(&mut self, other: &EvalAccumulator) {
-        if !other.weights.is_empty() || !self.weights.is_empty() {
-            self.weights.resize(self.scores.len(), 1.0);
-            if other.weights.is_empty() {
-                self.weights
-                    .resize(self.scores.len() + other.scores.len(), 1.0);
-            } else {
-                self.weights.extend_from_slice(&other.weights);
-            }
-        }
+        self.append_weights(&other.weights, other.scores.len());
         self.groups.extend_from_slice(&other.groups);
         self.scores.extend_from_slice(&other.scores);
         self.labels.extend_from_slice(&other.labels);
