@@ -5,7 +5,8 @@
 #     Chromium (the dashboard's page), stunnel4 (TLS in front of the Kafka broker),
 #     Prometheus and promtool (scraping the jobs' nodes, checking their metrics);
 #   - PyPI: moto (an S3-compatible server for checkpoints), scikit-learn (the reference of
-#     the evaluation figures), tensorboard (the reader of the jobs' event files);
+#     the evaluation figures), tensorboard (the reader of the jobs' event files),
+#     onnxruntime and safetensors (the readers of exported models);
 #   - crates.io: Tansu (a Kafka-protocol broker), built once (~10-20 min on 2 cores) and
 #     cached in ~/.cache/elastrec-tools.
 # Every server that is installed is required (`ELASTREC_REQUIRE_*`): a test that needs it
@@ -50,8 +51,10 @@ if ! command -v moto_server >/dev/null 2>&1; then
     python3 -m pip install -q 'moto[server]' || say "could not install moto: the S3 tests will fail"
 fi
 # scikit-learn: the reference the evaluation figures are checked against; tensorboard:
-# the reader of the event files jobs write.
-for pkg in sklearn:scikit-learn tensorboard:tensorboard; do
+# the reader of the event files jobs write; onnxruntime and safetensors: the readers of
+# the exported models.
+for pkg in sklearn:scikit-learn tensorboard:tensorboard onnxruntime:onnxruntime \
+    safetensors:safetensors; do
     if ! python3 -c "import ${pkg%%:*}" >/dev/null 2>&1; then
         say "installing ${pkg#*:} (pip)"
         python3 -m pip install -q "${pkg#*:}" ||
@@ -82,6 +85,9 @@ command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 &&
 [ -x "$ELASTREC_TANSU" ] && export ELASTREC_REQUIRE_TANSU=1
 python3 -c 'import sklearn' >/dev/null 2>&1 && export ELASTREC_REQUIRE_SKLEARN=1
 python3 -c 'import tensorboard' >/dev/null 2>&1 && export ELASTREC_REQUIRE_TENSORBOARD=1
+python3 -c 'import onnxruntime, safetensors, numpy' >/dev/null 2>&1 &&
+    export ELASTREC_REQUIRE_ONNXRUNTIME=1
+python3 -c 'import safetensors, numpy' >/dev/null 2>&1 && export ELASTREC_REQUIRE_SAFETENSORS=1
 # Control groups need root and a writable cgroup tree; CI's machine gives them.
 if [ "${CI:-}" = true ]; then
     export ELASTREC_REQUIRE_CGROUPS=1

@@ -287,6 +287,7 @@ pub fn eval(
     on_bad_row: &str,
     json: bool,
     predictions: Option<&Path>,
+    onnx_inputs: Option<&Path>,
 ) -> Result<()> {
     let policy = bad_row_policy(on_bad_row)?;
     let (dlrm, mut job) = elastrec_worker::model_file::load(model)?;
@@ -307,6 +308,20 @@ pub fn eval(
     )?;
     if let Some(o) = out {
         o.finish()?;
+    }
+    if let Some(path) = onnx_inputs {
+        let schema = job.data.schema();
+        let sig = elastrec_export::Signature::of(&dlrm, schema.as_ref())?;
+        let mut inputs = elastrec_export::Inputs::new(sig);
+        for b in &batches {
+            inputs.push(b)?;
+        }
+        inputs.write(path)?;
+        eprintln!(
+            "the ONNX inputs of {} rows in {}",
+            inputs.rows(),
+            path.display()
+        );
     }
     let r = tasks[0];
     if json {

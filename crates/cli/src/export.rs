@@ -28,11 +28,25 @@ use serde::Deserialize;
 
 /// `elastrec export` flags.
 #[derive(clap::Args)]
+#[command(group = clap::ArgGroup::new("source").required(true).args(["checkpoint", "model"]))]
 pub struct ExportArgs {
     /// Checkpoint storage of the job: a directory (`<output.dir>/checkpoints` by default)
     /// or `s3://bucket/prefix` (credentials from the environment).
     #[arg(long)]
-    pub checkpoint: String,
+    pub checkpoint: Option<String>,
+    /// A model file (`model.bin` of `train`, or an earlier export) to convert, instead of
+    /// a checkpoint; with `--format onnx` or `safetensors`.
+    #[arg(long, value_name = "FILE")]
+    pub model: Option<PathBuf>,
+    /// What to write: `bin` (elastrec's model file, which `eval` and `serve` read),
+    /// `onnx` (a graph ONNX Runtime runs, with `<out>.json` describing its inputs) or
+    /// `safetensors` (tables and dense weights by name, for PyTorch and numpy).
+    #[arg(long, value_enum, default_value_t = Format::Bin)]
+    pub format: Format,
+    /// `--format onnx`: keep the embedding tables in `<out>.data` beside the graph (ONNX
+    /// external data) instead of inside it; forced past 1 GiB of tables.
+    #[arg(long)]
+    pub external_data: bool,
     /// Checkpoint id to export (default: the newest intact one).
     #[arg(long)]
     pub id: Option<u64>,
@@ -61,6 +75,17 @@ pub struct ExportArgs {
     /// Print what was exported as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Formats `elastrec export` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// elastrec's model file.
+    Bin,
+    /// An ONNX graph (opset 17).
+    Onnx,
+    /// A safetensors file of tables and dense weights.
+    Safetensors,
 }
 
 /// `START:END:FILE` of `--validate` (the file last: a path may hold colons).
@@ -98,13 +123,21 @@ struct Described {
 
 /// Runs `elastrec export`.
 pub fn run(args: ExportArgs) -> anyhow::Result<()> {
+    if args.format != Format::Bin {
+        return convert(&args);
+    }
+    let Some(checkpoint) = args.checkpoint.as_deref() else {
+        bail!(
+            "--model is converted with --format onnx or safetensors; a model file is already `bin`"
+        );
+    };
     let judge = Judge {
         validation: args.validate,
         eval: args.eval_data,
         on_bad_row: crate::commands::bad_row_policy(&args.on_bad_row)?,
     };
     let e = crate::commands::on_runtime(export(
-        &args.checkpoint,
+        checkpoint,
         args.id,
         args.delta_from.as_deref().zip(args.delta_out.as_deref()),
         &args.out,
@@ -143,6 +176,67 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `elastrec export --format onnx|safetensors`: the model file or checkpoint in a format
+/// other tools read.
+fn convert(args: &ExportArgs) -> anyhow::Result<()> {
+    if args.delta_from.is_some() || !args.validate.is_empty() || !args.eval_data.is_empty() {
+        bail!("--delta-from, --validate and --eval-data go with --format bin");
+    }
+    let started = Instant::now();
+    let (model, job) = match (&args.model, &args.checkpoint) {
+        (Some(path), _) => elastrec_worker::model_file::load(path)?,
+        (None, Some(location)) => {
+            let r = crate::commands::on_runtime(restore(location, args.id))?;
+            (r.model, r.job)
+        }
+        (None, None) => bail!("name the model: --model FILE or --checkpoint DIR"),
+    };
+    let schema = job.data.schema();
+    let record = match args.format {
+        Format::Onnx => {
+            let opts = elastrec_export::OnnxOptions {
+                external_data: args.external_data,
+            };
+            let e = elastrec_export::onnx::write(&model, schema.as_ref(), &args.out, opts)?;
+            serde_json::json!({
+                "format": "onnx",
+                "path": e.path,
+                "data": e.data,
+                "signature": e.signature_file,
+                "bytes": e.bytes,
+                "nodes": e.nodes,
+            })
+        }
+        Format::Safetensors => {
+            let e = elastrec_export::tensors::write(&model, schema.as_ref(), &args.out)?;
+            serde_json::json!({
+                "format": "safetensors",
+                "path": e.path,
+                "bytes": e.bytes,
+                "tensors": e.tensors,
+            })
+        }
+        Format::Bin => unreachable!("handled by run"),
+    };
+    if args.json {
+        println!("{record}");
+    } else {
+        println!(
+            "wrote {} ({:.1} MB) in {:.2} s",
+            args.out.display(),
+            record["bytes"].as_u64().unwrap_or(0) as f64 / 1e6,
+            started.elapsed().as_secs_f64()
+        );
+        if args.format == Format::Onnx {
+            println!(
+                "its inputs are described in {}",
+                elastrec_export::onnx::side_file(&args.out).display()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Writes checkpoint `id` (default: the newest intact one) of the storage at `location`
 /// to the model file `out`, and with `delta` = `(earlier, path)` the delta from the
 /// earlier export `earlier` to `path`; evaluates the model on `judge`'s data.
@@ -154,6 +248,63 @@ pub async fn export(
     judge: &Judge,
 ) -> anyhow::Result<ExportRecord> {
     let started = Instant::now();
+    let Restored {
+        model,
+        job,
+        manifest: m,
+        chain,
+    } = restore(location, id).await?;
+    elastrec_worker::model_file::save_exported(&model, &job, Some(m.id), out)?;
+    let delta = match delta {
+        None => None,
+        Some((earlier, path)) => {
+            let prev = elastrec_worker::model_file::load_model(earlier)
+                .with_context(|| format!("reading the earlier export {}", earlier.display()))?;
+            let delta = ModelDelta::between(&prev, &model, m.id, m.samples).map_err(|e| {
+                anyhow::anyhow!("{} cannot be the base of a delta: {e}", earlier.display())
+            })?;
+            elastrec_worker::model_file::save_delta(&delta, path)?;
+            Some(DeltaRecord {
+                path: path.to_path_buf(),
+                from: delta.header.from,
+                rows: delta.rows(),
+                bytes: std::fs::metadata(path)
+                    .with_context(|| format!("{}", path.display()))?
+                    .len(),
+            })
+        }
+    };
+    let bytes = std::fs::metadata(out)
+        .with_context(|| format!("{}", out.display()))?
+        .len();
+    let (validation, eval) = evaluate(&model, &job, judge)?;
+    Ok(ExportRecord {
+        path: out.to_path_buf(),
+        checkpoint: m.id,
+        chain: chain.iter().map(|c| c.id).collect(),
+        samples: m.samples,
+        checkpoint_ms: m.created_ms,
+        rows: model.embeddings.config().rows.iter().sum(),
+        delta,
+        dense_params: model.dense.num_params(),
+        bytes,
+        seconds: started.elapsed().as_secs_f64(),
+        validation,
+        eval,
+    })
+}
+
+/// A checkpoint's model, rebuilt whole from its chain.
+struct Restored {
+    model: Dlrm,
+    job: JobConfig,
+    manifest: Manifest,
+    chain: Vec<Manifest>,
+}
+
+/// Applies the chain of checkpoint `id` (default: the newest intact one) of the storage
+/// at `location` onto one unsharded model.
+async fn restore(location: &str, id: Option<u64>) -> anyhow::Result<Restored> {
     let store = elastrec_master::checkpoint::open_store(location)?;
     let m = match id {
         // Every part read below is checked against the manifest's checksum, so a named
@@ -209,43 +360,11 @@ pub async fn export(
         .with_context(|| format!("{}: applying checkpoint {}", where_(), link.id))?;
     }
     let model = model.context("a checkpoint chain is never empty")?;
-    elastrec_worker::model_file::save_exported(&model, &job, Some(m.id), out)?;
-    let delta = match delta {
-        None => None,
-        Some((earlier, path)) => {
-            let prev = elastrec_worker::model_file::load_model(earlier)
-                .with_context(|| format!("reading the earlier export {}", earlier.display()))?;
-            let delta = ModelDelta::between(&prev, &model, m.id, m.samples).map_err(|e| {
-                anyhow::anyhow!("{} cannot be the base of a delta: {e}", earlier.display())
-            })?;
-            elastrec_worker::model_file::save_delta(&delta, path)?;
-            Some(DeltaRecord {
-                path: path.to_path_buf(),
-                from: delta.header.from,
-                rows: delta.rows(),
-                bytes: std::fs::metadata(path)
-                    .with_context(|| format!("{}", path.display()))?
-                    .len(),
-            })
-        }
-    };
-    let bytes = std::fs::metadata(out)
-        .with_context(|| format!("{}", out.display()))?
-        .len();
-    let (validation, eval) = evaluate(&model, &job, judge)?;
-    Ok(ExportRecord {
-        path: out.to_path_buf(),
-        checkpoint: m.id,
-        chain: chain.iter().map(|c| c.id).collect(),
-        samples: m.samples,
-        checkpoint_ms: m.created_ms,
-        rows: model.embeddings.config().rows.iter().sum(),
-        delta,
-        dense_params: model.dense.num_params(),
-        bytes,
-        seconds: started.elapsed().as_secs_f64(),
-        validation,
-        eval,
+    Ok(Restored {
+        model,
+        job,
+        manifest: m,
+        chain,
     })
 }
 

@@ -172,6 +172,11 @@ struct EvalArgs {
     /// CSV file, in the files' order: for a notebook, or a metric elastrec does not report.
     #[arg(long, value_name = "FILE")]
     predictions: Option<PathBuf>,
+    /// Also write every row as the model's ONNX graph reads it (`elastrec export --format
+    /// onnx`) to this safetensors file, in the files' order: feed it to ONNX Runtime to
+    /// get the same predictions.
+    #[arg(long, value_name = "FILE")]
+    onnx_inputs: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -373,6 +378,7 @@ fn main() -> anyhow::Result<()> {
             &a.on_bad_row,
             a.json,
             a.predictions.as_deref(),
+            a.onnx_inputs.as_deref(),
         ),
         Command::Brain(a) => match a.command {
             Some(BrainCommand::Plan { job, json }) => commands::brain_plan(&job, json),

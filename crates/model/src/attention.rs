@@ -122,6 +122,14 @@ impl TargetAttention {
         }
     }
 
+    /// DIN's scoring MLP over `[h, q, h − q, h ⊙ q]`; `None` for a transformer unit.
+    pub fn din_mlp(&self) -> Option<&Mlp> {
+        match &self.pooler {
+            Pooler::Din(mlp) => Some(mlp),
+            Pooler::Transformer(_) => None,
+        }
+    }
+
     /// Where its parameters lie in the flat dense vector.
     pub fn params_range(&self) -> std::ops::Range<usize> {
         self.offset..self.offset + self.num_params()

@@ -662,6 +662,12 @@ impl DenseDlrm {
         self.config.tasks()
     }
 
+    /// The first-order term's linear layer over the dense features (Wide & Deep's wide
+    /// part); `None` without [`DlrmConfig::first_order`].
+    pub fn wide(&self) -> Option<&Linear> {
+        self.wide.as_ref()
+    }
+
     /// MTRM's adapt tower, if this is one.
     pub fn adapt(&self) -> Option<&Mlp> {
         self.adapt.as_ref()

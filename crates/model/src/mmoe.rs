@@ -187,7 +187,7 @@ impl Mmoe {
 
     /// The experts task `t`'s gate mixes: (gate column, expert index) for the shared
     /// experts, then for the task's own.
-    fn gated(&self, t: usize) -> impl Iterator<Item = (usize, usize)> {
+    pub fn gated(&self, t: usize) -> impl Iterator<Item = (usize, usize)> {
         let (k, m) = (self.shared, self.per_task);
         (0..k)
             .map(|j| (j, j))

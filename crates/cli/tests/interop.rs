@@ -1,0 +1,363 @@
+//! Models in the formats other tools read. ONNX Runtime runs the graph of `elastrec
+//! export --format onnx` on the rows `elastrec eval --onnx-inputs` wrote and predicts
+//! what `eval` predicted, for every model family; the safetensors package opens
+//! `--format safetensors` and a DLRM rebuilt by hand from its tensors predicts the same.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{elastrec, elastrec_ok, gen_data, gen_named, named_features};
+
+/// Whether `python3` imports every module of `modules`; otherwise the test is skipped
+/// (and fails when `ELASTREC_REQUIRE_<require>` says the packages were installed).
+fn python_has(require: &str, modules: &str) -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", &format!("import {modules}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        elastrec_common::skip::skip_test(
+            require,
+            &format!("python3 cannot import {modules} (scripts/test.sh installs them)"),
+        );
+    }
+    ok
+}
+
+/// Runs a script of `tests/python` and parses the JSON it prints.
+fn python_json(script: &str, args: &[&Path]) -> serde_json::Value {
+    let path = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("python3")
+        .arg(path)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Where a family's data comes from.
+#[derive(Clone, Copy)]
+enum Data {
+    /// Criteo-layout TSV.
+    Criteo,
+    /// Criteo-layout TSV with a conversion label (two tasks).
+    Conversions,
+    /// `gen-data --named`: named columns, a bag and a history.
+    Named,
+}
+
+/// One model family to export.
+struct Family {
+    name: &'static str,
+    data: Data,
+    /// Lines of `[model]`.
+    model: &'static str,
+    /// Lines of `[optimizer.sparse]`, if any.
+    sparse: &'static str,
+    /// Lines added to the named features' history (`Data::Named`).
+    hist: &'static str,
+}
+
+const SMALL: &str = "embedding_dim = 8\nbottom_mlp = [16, 8]\ntop_mlp = [16, 1]\n";
+
+/// Generates `data` once into `dir`; returns the data directory.
+fn data_dir(root: &Path, data: Data) -> PathBuf {
+    let (name, eval) = match data {
+        Data::Criteo => ("criteo", "day_2.tsv"),
+        Data::Conversions => ("conversions", "day_2.tsv"),
+        Data::Named => ("named", "day_2.parquet"),
+    };
+    let dir = root.join(name);
+    if !dir.join(eval).exists() {
+        match data {
+            Data::Criteo => drop(gen_data(&dir, 30_000, &[])),
+            Data::Conversions => drop(gen_data(&dir, 30_000, &["--conversions"])),
+            Data::Named => gen_named(&dir, 30_000),
+        }
+    }
+    dir
+}
+
+/// Trains `family` on two days; returns its model file and the third day.
+fn train(root: &Path, family: &Family) -> (PathBuf, PathBuf) {
+    let data = data_dir(root, family.data);
+    let ext = match family.data {
+        Data::Named => "parquet",
+        _ => "tsv",
+    };
+    let features = match family.data {
+        Data::Named => named_features(family.hist),
+        _ => String::new(),
+    };
+    let out = root.join(family.name);
+    let sparse = if family.sparse.is_empty() {
+        String::new()
+    } else {
+        format!("[optimizer.sparse]\n{}\n", family.sparse)
+    };
+    let job = root.join(format!("{}.toml", family.name));
+    std::fs::write(
+        &job,
+        format!(
+            "[data]\ndir = \"{}\"\ntrain = [\"day_0.{ext}\", \"day_1.{ext}\"]\n\
+             eval = [\"day_2.{ext}\"]\n{features}\n[model]\n{SMALL}max_table_rows = 5000\n{}\n\
+             {sparse}[train]\nprogress = false\n[output]\ndir = \"{}\"\n",
+            data.display(),
+            family.model,
+            out.display()
+        ),
+    )
+    .unwrap();
+    elastrec_ok(&["train", job.to_str().unwrap()]);
+    (out.join("model.bin"), data.join(format!("day_2.{ext}")))
+}
+
+/// `eval` of `model` on `data` with its predictions and ONNX inputs written to `dir`.
+fn eval_with_inputs(model: &Path, data: &Path, dir: &Path) -> (PathBuf, PathBuf) {
+    let (predictions, inputs) = (dir.join("predictions.csv"), dir.join("inputs.safetensors"));
+    elastrec_ok(&[
+        "eval",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--predictions",
+        predictions.to_str().unwrap(),
+        "--onnx-inputs",
+        inputs.to_str().unwrap(),
+    ]);
+    (predictions, inputs)
+}
+
+#[test]
+fn onnx_runtime_predicts_what_eval_predicts_for_every_family() {
+    if !python_has("ONNXRUNTIME", "onnxruntime, safetensors, numpy") {
+        return;
+    }
+    let families = [
+        Family {
+            name: "dlrm",
+            data: Data::Criteo,
+            model: "",
+            sparse: "",
+            hist: "",
+        },
+        Family {
+            name: "dcn-layer-norm",
+            data: Data::Criteo,
+            model: "type = \"dcn_v2\"\ncross_layers = 2\ninteraction = \"concat\"\nlayer_norm = true",
+            sparse: "",
+            hist: "",
+        },
+        Family {
+            name: "deepfm-first-order-batch-norm",
+            data: Data::Criteo,
+            model: "type = \"deepfm\"\nfirst_order = true\nbatch_norm = true",
+            sparse: "type = \"adagrad\"",
+            hist: "",
+        },
+        Family {
+            name: "wide-deep",
+            data: Data::Criteo,
+            model: "type = \"wide_deep\"",
+            sparse: "type = \"adagrad\"",
+            hist: "",
+        },
+        Family {
+            name: "cgc",
+            data: Data::Conversions,
+            model: "type = \"mmoe\"\nmmoe = { tasks = 2, experts = 2, task_experts = 1, expert_mlp = [16] }",
+            sparse: "",
+            hist: "",
+        },
+        Family {
+            name: "named-sum",
+            data: Data::Named,
+            model: "",
+            sparse: "",
+            hist: "max_len = 20\npooling = \"sum\"",
+        },
+        Family {
+            name: "named-din",
+            data: Data::Named,
+            model: "",
+            sparse: "",
+            hist: "max_len = 20\npooling = \"attention\"\nquery = \"item_id\"",
+        },
+        Family {
+            name: "named-din-softmax-first-order",
+            data: Data::Named,
+            model: "type = \"wide_deep\"\n[model.attention]\nsoftmax = true\nmlp = [8]",
+            sparse: "type = \"adagrad\"",
+            hist: "max_len = 20\npooling = \"attention\"\nquery = \"item_id\"",
+        },
+        Family {
+            name: "named-sqrtn",
+            data: Data::Named,
+            model: "interaction = \"concat\"",
+            sparse: "",
+            hist: "max_len = 20\npooling = \"sqrtn\"",
+        },
+    ];
+    let tmp = tempfile::tempdir().unwrap();
+    for family in &families {
+        let (model, eval_file) = train(tmp.path(), family);
+        let dir = tmp.path().join(format!("{}-export", family.name));
+        std::fs::create_dir_all(&dir).unwrap();
+        let onnx = dir.join("model.onnx");
+        // The first family's tables go beside the graph, as a model past 1 GiB's would.
+        let mut args = vec![
+            "export",
+            "--model",
+            model.to_str().unwrap(),
+            "--format",
+            "onnx",
+            "--out",
+            onnx.to_str().unwrap(),
+            "--json",
+        ];
+        if family.name == "dlrm" {
+            args.push("--external-data");
+        }
+        let record: serde_json::Value = serde_json::from_slice(&elastrec_ok(&args).stdout).unwrap();
+        assert_eq!(record["format"], "onnx", "{record}");
+        assert_eq!(
+            dir.join("model.onnx.data").exists(),
+            family.name == "dlrm",
+            "external data only when asked for"
+        );
+        let side: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("model.onnx.json")).unwrap())
+                .unwrap();
+        assert!(side["rows"].as_str().unwrap().contains("xxh3_64"), "{side}");
+        let (predictions, inputs) = eval_with_inputs(&model, &eval_file, &dir);
+        let got = python_json("onnx_predictions.py", &[&onnx, &inputs, &predictions]);
+        eprintln!("{}: {got}", family.name);
+        assert_eq!(got["rows"], 10_000, "{}: {got}", family.name);
+        let tasks = if matches!(family.data, Data::Conversions) {
+            2
+        } else {
+            1
+        };
+        assert_eq!(got["tasks"], tasks, "{}: {got}", family.name);
+        let diff = got["max_abs_diff"].as_f64().unwrap();
+        assert!(
+            diff <= 1e-5,
+            "{}: ONNX Runtime's probabilities differ from eval's by {diff}",
+            family.name
+        );
+        // A model that predicts a constant would match trivially: this one does not.
+        let mean = got["mean_probability"].as_f64().unwrap();
+        assert!(mean > 0.01 && mean < 0.99, "{}: {got}", family.name);
+        if matches!(family.data, Data::Named) {
+            let names = got["inputs"].to_string();
+            for want in ["genres_rows", "hist_items_weights", "sparse_rows", "dense"] {
+                assert!(names.contains(want), "{}: {names}", family.name);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_dlrm_rebuilt_from_the_safetensors_export_predicts_what_eval_predicts() {
+    if !python_has("SAFETENSORS", "safetensors, numpy") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let family = Family {
+        name: "dlrm",
+        data: Data::Criteo,
+        model: "",
+        sparse: "",
+        hist: "",
+    };
+    let (model, eval_file) = train(tmp.path(), &family);
+    let tensors = tmp.path().join("model.safetensors");
+    let out = elastrec_ok(&[
+        "export",
+        "--model",
+        model.to_str().unwrap(),
+        "--format",
+        "safetensors",
+        "--out",
+        tensors.to_str().unwrap(),
+    ]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("wrote"));
+    let (predictions, inputs) = eval_with_inputs(&model, &eval_file, tmp.path());
+    let got = python_json("safetensors_dlrm.py", &[&tensors, &inputs, &predictions]);
+    eprintln!("safetensors: {got}");
+    assert_eq!(got["rows"], 10_000);
+    // 26 tables, the standardization, 2 + 2 layers of weights and biases.
+    assert_eq!(got["tensors"], 26 + 2 + 8, "{got}");
+    let diff = got["max_abs_diff"].as_f64().unwrap();
+    assert!(diff <= 1e-5, "the rebuilt DLRM differs from eval by {diff}");
+}
+
+#[test]
+fn exports_that_cannot_be_written_say_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A model file that is not one.
+    let bogus = tmp.path().join("model.bin");
+    std::fs::write(&bogus, b"not a model").unwrap();
+    let out = elastrec(&[
+        "export",
+        "--model",
+        bogus.to_str().unwrap(),
+        "--format",
+        "onnx",
+        "--out",
+        tmp.path().join("m.onnx").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("model.bin"), "{err}");
+    assert!(!tmp.path().join("m.onnx").exists());
+    // A model file is already `bin`.
+    let out = elastrec(&[
+        "export",
+        "--model",
+        bogus.to_str().unwrap(),
+        "--out",
+        tmp.path().join("m.bin").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--format onnx or safetensors"));
+    // A part the graph cannot express yet is named.
+    let data = tmp.path().join("named");
+    gen_named(&data, 3_000);
+    let family = Family {
+        name: "transformer",
+        data: Data::Named,
+        model: "",
+        sparse: "",
+        hist: "max_len = 20\npooling = \"transformer\"\nquery = \"item_id\"",
+    };
+    let (model, _) = train(tmp.path(), &family);
+    let out = elastrec(&[
+        "export",
+        "--model",
+        model.to_str().unwrap(),
+        "--format",
+        "onnx",
+        "--out",
+        tmp.path().join("t.onnx").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`hist_items`") && err.contains("transformer"),
+        "{err}"
+    );
+    assert!(err.contains("--format safetensors"), "{err}");
+    // Neither a model nor a checkpoint.
+    let out = elastrec(&["export", "--format", "onnx", "--out", "m.onnx"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--checkpoint"));
+}

@@ -1,0 +1,563 @@
+//! `elastrec export --format onnx`: the whole model as one ONNX graph (opset 17), which
+//! ONNX Runtime, Triton or any ONNX reader runs without elastrec.
+//!
+//! The graph reads what elastrec's reader makes of a row (see [`crate::signature`]):
+//! `dense [batch, D]` (the dense columns after their transforms), `sparse_rows
+//! [batch, S]` (each single id's row in its table) and, per bag or sequence, `<name>_rows`
+//! and `<name>_weights` `[batch, max_len]` (its ids' rows, and their weights: 1 each
+//! without a weight column, 0 on padding). Turning raw ids into rows is a hash ONNX has no
+//! operator for, so it stays outside, written down in the side file `<out>.json` and in
+//! the model's metadata (`elastrec.signature`, `elastrec.rows`).
+//!
+//! Inside: the embedding lookups are `Gather`s of the tables (constants `embedding.<t>`),
+//! a bag is the `ReduceSum` of its rows scaled by its pooling's weights (a history pooled
+//! by target attention, by DIN's scores of its items against the candidate), then the dense
+//! model as elastrec computes it: standardization, bottom MLP (with layer or batch
+//! norms), the dot or concatenation interaction, DCN-v2 cross layers, the MMoE/CGC head,
+//! the towers, the FM and first-order terms, MTRM's adapt tower. Outputs: `logit` and
+//! `probability`, `[batch, tasks]`. Constants carry the names of [`crate::params`], so
+//! they match the safetensors export.
+
+pub mod builder;
+pub mod proto;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use elastrec_data::{Pooling, Schema};
+use elastrec_model::norm::{Norm, EPS};
+use elastrec_model::{Activation, InteractionKind, Mlp};
+use elastrec_worker::Dlrm;
+use prost::Message;
+use serde::Serialize;
+
+use crate::error::{io, ExportError, Result};
+use crate::params::{self, bias, layer, norm_part, weight};
+use crate::signature::Signature;
+use builder::{float, int, Dim, Graph};
+use proto::{data_type, ModelProto, OperatorSetIdProto, StringStringEntryProto, TensorProto};
+
+/// The operator set the graph is written against.
+pub const OPSET: i64 = 17;
+/// ONNX IR version 8 (ONNX 1.10 on; read by every ONNX Runtime since 1.10).
+const IR_VERSION: i64 = 8;
+/// Above this many bytes of tables the tables go to an external data file whatever the
+/// options say: one protobuf message cannot exceed 2 GiB.
+const INLINE_LIMIT: u64 = 1 << 30;
+
+/// How to lay the graph out on disk.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OnnxOptions {
+    /// Put the embedding tables in `<out>.data` beside the graph (ONNX external data)
+    /// rather than inside it; forced past 1 GiB of tables.
+    pub external_data: bool,
+}
+
+/// What [`write`] wrote.
+#[derive(Debug, Clone, Serialize)]
+pub struct OnnxExport {
+    /// The graph.
+    pub path: PathBuf,
+    /// The tables' file, when external.
+    pub data: Option<PathBuf>,
+    /// The side file describing the inputs.
+    pub signature_file: PathBuf,
+    /// Bytes of the graph file (and of the data file).
+    pub bytes: u64,
+    /// Operators in the graph.
+    pub nodes: usize,
+    /// The inputs the graph reads.
+    pub signature: Signature,
+}
+
+/// How a raw id becomes the row an input holds (`elastrec.rows` in the metadata).
+pub const ROWS_RULE: &str = "row = xxh3_64_with_seed(key as 8 little-endian bytes, \
+seed = 0x656c617374726563 XOR table index) mod table rows; key of an integer id: its \
+64-bit two's complement; of a string: xxh3_64(UTF-8 bytes) >> 1, or the integer when the \
+text is a plain integer; of a null or missing id: 2^64 - 1. An empty list is one id, \
+the null key, with weight 1.";
+
+/// Writes `model` (its named features `schema`, if any) as an ONNX graph to `out`.
+pub fn write(
+    model: &Dlrm,
+    schema: Option<&Schema>,
+    out: &Path,
+    opts: OnnxOptions,
+) -> Result<OnnxExport> {
+    refuse_transformers(model, schema)?;
+    let sig = Signature::of(model, schema)?;
+    let mut g = Graph::default();
+    for p in params::dense_params(&model.dense) {
+        g.constant_f32(&p.name, &p.shape, &p.values);
+    }
+    let data = add_tables(&mut g, model, &sig, out, opts)?;
+    let logits = model_graph(&mut g, model, &sig);
+    let tasks = model.dense.tasks();
+    let batch = [Dim::Named("batch"), Dim::Fixed(tasks)];
+    g.output(
+        &logits,
+        "logit",
+        data_type::FLOAT,
+        &batch,
+        "each task's logit",
+    );
+    let probs = g.sigmoid(&logits);
+    g.output(
+        &probs,
+        "probability",
+        data_type::FLOAT,
+        &batch,
+        "each task's predicted probability (task 0: the click)",
+    );
+    let graph = g.finish("elastrec", "an elastrec model (docs/serving.md, \"ONNX\")");
+    let nodes = graph.node.len();
+    let signature_json = serde_json::to_string_pretty(&sig).expect("plain data");
+    let proto = ModelProto {
+        ir_version: IR_VERSION,
+        producer_name: "elastrec".into(),
+        producer_version: env!("CARGO_PKG_VERSION").into(),
+        doc_string: "A recommendation model trained by elastrec.".into(),
+        graph: Some(graph),
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: OPSET,
+        }],
+        metadata_props: vec![
+            entry("elastrec.signature", &signature_json),
+            entry("elastrec.rows", ROWS_RULE),
+            entry(
+                "elastrec.model",
+                &serde_json::to_string(model.dense.config()).expect("plain data"),
+            ),
+        ],
+    };
+    let bytes = proto.encode_to_vec();
+    write_atomically(out, &bytes)?;
+    let signature_file = side_file(out);
+    let side = serde_json::json!({
+        "graph": out.file_name().map(|n| n.to_string_lossy().to_string()),
+        "inputs": &sig,
+        "rows": ROWS_RULE,
+        "outputs": {"logit": "[batch, tasks]", "probability": "[batch, tasks]"},
+    });
+    write_atomically(
+        &signature_file,
+        serde_json::to_string_pretty(&side)
+            .expect("plain data")
+            .as_bytes(),
+    )?;
+    let data_bytes = data.as_ref().map_or(0, |(_, b)| *b);
+    Ok(OnnxExport {
+        path: out.to_path_buf(),
+        data: data.map(|(p, _)| p),
+        signature_file,
+        bytes: bytes.len() as u64 + data_bytes,
+        nodes,
+        signature: sig,
+    })
+}
+
+/// The side file of graph `out`: `<out>.json`.
+pub fn side_file(out: &Path) -> PathBuf {
+    let mut name = out.as_os_str().to_owned();
+    name.push(".json");
+    PathBuf::from(name)
+}
+
+fn refuse_transformers(model: &Dlrm, schema: Option<&Schema>) -> Result<()> {
+    let transformer = schema
+        .into_iter()
+        .flat_map(Schema::lists)
+        .find(|f| f.pooling == Pooling::Transformer);
+    if let Some(f) = transformer {
+        return Err(ExportError::Unsupported(format!(
+            "feature `{}` is pooled by a transformer, which the ONNX export does not write \
+             yet; export it with --format safetensors, or serve it with `elastrec serve`",
+            f.name
+        )));
+    }
+    if model
+        .dense
+        .attention()
+        .iter()
+        .any(|u| u.din_mlp().is_none())
+    {
+        return Err(ExportError::Unsupported(
+            "the model has a transformer unit, which the ONNX export does not write yet".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn entry(key: &str, value: &str) -> StringStringEntryProto {
+    StringStringEntryProto {
+        key: key.into(),
+        value: value.into(),
+    }
+}
+
+/// Adds every table as a constant `embedding.<name>`; returns the external data file
+/// and its bytes, when the tables went there.
+fn add_tables(
+    g: &mut Graph,
+    model: &Dlrm,
+    sig: &Signature,
+    out: &Path,
+    opts: OnnxOptions,
+) -> Result<Option<(PathBuf, u64)>> {
+    let width = model.embeddings.dim();
+    let total: u64 = sig.tables.iter().map(|t| t.rows * width as u64 * 4).sum();
+    let external = opts.external_data || total > INLINE_LIMIT;
+    let data_path = {
+        let mut name = out.as_os_str().to_owned();
+        name.push(".data");
+        PathBuf::from(name)
+    };
+    let location = data_path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let mut file = if external {
+        let tmp = data_path.with_extension("data.tmp");
+        Some((
+            std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io(&tmp))?),
+            tmp,
+        ))
+    } else {
+        None
+    };
+    let mut offset = 0u64;
+    for (t, info) in sig.tables.iter().enumerate() {
+        let rows = crate::tables::table_rows(model, t)?;
+        let bytes: &[u8] = bytemuck::cast_slice(&rows);
+        let mut tensor = TensorProto {
+            dims: vec![info.rows as i64, width as i64],
+            data_type: data_type::FLOAT,
+            name: table_constant(&info.name),
+            ..TensorProto::default()
+        };
+        match &mut file {
+            Some((w, tmp)) => {
+                w.write_all(bytes).map_err(io(tmp))?;
+                tensor.data_location = 1;
+                tensor.external_data = vec![
+                    entry("location", &location),
+                    entry("offset", &offset.to_string()),
+                    entry("length", &bytes.len().to_string()),
+                ];
+                offset += bytes.len() as u64;
+            }
+            None => tensor.raw_data = bytes.to_vec(),
+        }
+        g.constant_tensor(tensor);
+    }
+    match file {
+        Some((w, tmp)) => {
+            let f = w.into_inner().map_err(|e| io(&tmp)(e.into_error()))?;
+            f.sync_all().map_err(io(&tmp))?;
+            std::fs::rename(&tmp, &data_path).map_err(io(&data_path))?;
+            Ok(Some((data_path, offset)))
+        }
+        None => Ok(None),
+    }
+}
+
+/// The constant holding table `name`.
+pub fn table_constant(name: &str) -> String {
+    format!("embedding.{name}")
+}
+
+/// Declares the inputs and builds the model; returns the logits `[batch, tasks]`.
+fn model_graph(g: &mut Graph, model: &Dlrm, sig: &Signature) -> String {
+    let c = model.dense.config();
+    let (nd, d) = (c.num_dense(), c.embedding_dim);
+    let batch = Dim::Named("batch");
+    let dense = g.input(
+        "dense",
+        data_type::FLOAT,
+        &[batch.clone(), Dim::Fixed(nd)],
+        "the dense columns after their transforms (the side file lists them)",
+    );
+    let dense_x = if c.dense_shift.is_empty() {
+        dense
+    } else {
+        let centred = g.sub(&dense, "dense.shift");
+        g.mul(&centred, "dense.scale")
+    };
+    let emb = embeddings(g, model, sig);
+    // The interaction and the FM term read the rows without their first-order weights.
+    let emb_d = if c.first_order {
+        g.slice(&emb, 2, 0, d)
+    } else {
+        emb.clone()
+    };
+    let z = mlp(g, "bottom", model.dense.bottom(), &dense_x);
+    let t = c.num_tables;
+    let inter = match model.dense.interaction().kind {
+        InteractionKind::Dot => dot_interaction(g, &z, &emb_d, t),
+        InteractionKind::Concat => {
+            let flat = g.reshape(&emb_d, &[0, (t * d) as i64]);
+            g.concat(&[&z, &flat], 1)
+        }
+    };
+    let mut top_in = inter.clone();
+    for l in 0..model.dense.cross().layers.len() {
+        let prefix = layer("cross", l);
+        let u = g.gemm_t(&top_in, &weight(&prefix), &bias(&prefix));
+        let scaled = g.mul(&inter, &u);
+        top_in = g.add(&scaled, &top_in);
+    }
+    let mut task_logits = Vec::new();
+    if let Some(head) = model.dense.mmoe() {
+        let experts: Vec<String> = head
+            .experts
+            .iter()
+            .enumerate()
+            .map(|(j, e)| mlp(g, &format!("mmoe.expert.{j}"), e, &top_in))
+            .collect();
+        let mut mixes = Vec::new();
+        for task in 0..head.tasks() {
+            let prefix = format!("mmoe.gate.{task}");
+            let scores = g.gemm_t(&top_in, &weight(&prefix), &bias(&prefix));
+            let gate = g.softmax(&scores);
+            let stacked: Vec<String> = head
+                .gated(task)
+                .map(|(_, j)| g.unsqueeze(&experts[j], 1))
+                .collect();
+            let refs: Vec<&str> = stacked.iter().map(String::as_str).collect();
+            let stacked = g.concat(&refs, 1);
+            let row = g.unsqueeze(&gate, 1);
+            let mixed = g.matmul(&row, &stacked);
+            mixes.push(g.reshape(&mixed, &[0, -1]));
+        }
+        for (k, tower) in head.towers.iter().enumerate() {
+            let task = k + 1;
+            task_logits.push(mlp(g, &format!("mmoe.tower.{task}"), tower, &mixes[task]));
+        }
+        top_in = mixes.swap_remove(0);
+    }
+    let mut logit = mlp(g, "top", model.dense.top(), &top_in);
+    if c.fm {
+        let fm = fm_term(g, &emb_d);
+        logit = g.add(&logit, &fm);
+    }
+    if model.dense.wide().is_some() {
+        let linear = g.gemm_t(&dense_x, &weight("wide"), &bias("wide"));
+        let w = g.slice(&emb, 2, d, d + 1);
+        let first_order = g.reduce_sum(&w, &[1], false);
+        let wide = g.add(&linear, &first_order);
+        logit = g.add(&logit, &wide);
+    }
+    if let Some(adapt) = model.dense.adapt() {
+        // MTRM predicts from its adapt tower over [interaction, memory tower's logit].
+        let a_in = g.concat(&[&inter, &logit], 1);
+        logit = mlp(g, "adapt", adapt, &a_in);
+    }
+    if task_logits.is_empty() {
+        return logit;
+    }
+    let mut all = vec![logit.as_str()];
+    all.extend(task_logits.iter().map(String::as_str));
+    g.concat(&all, 1)
+}
+
+/// The embedding slots `[batch, slots, width]`: single ids, then pooled lists (a
+/// history pooled by target attention, by its unit).
+fn embeddings(g: &mut Graph, model: &Dlrm, sig: &Signature) -> String {
+    let batch = Dim::Named("batch");
+    let mut slots = Vec::new();
+    if !sig.singles.is_empty() {
+        let rows = g.input(
+            "sparse_rows",
+            data_type::INT64,
+            &[batch.clone(), Dim::Fixed(sig.singles.len())],
+            "each single-id feature's row in its table (the side file says how)",
+        );
+        for (s, slot) in sig.singles.iter().enumerate() {
+            let col = g.constant_i64("slot", &[1], &[s as i64]);
+            let idx = g.gather(&rows, &col, 1);
+            let table = table_constant(&sig.tables[slot.table].name);
+            slots.push(g.gather(&table, &idx, 0));
+        }
+    }
+    for (b, list) in sig.lists.iter().enumerate() {
+        let dims = [batch.clone(), Dim::Fixed(list.max_len)];
+        let rows = g.input(
+            &sig.list_rows(b),
+            data_type::INT64,
+            &dims,
+            "the list's ids' rows, padded with any row",
+        );
+        let weights = g.input(
+            &sig.list_weights(b),
+            data_type::FLOAT,
+            &dims,
+            "each id's weight (1 without a weight column), 0 on padding",
+        );
+        let table = table_constant(&sig.tables[list.table].name);
+        let vectors = g.gather(&table, &rows, 0);
+        let slot = sig.singles.len() + b;
+        let unit = model
+            .dense
+            .attention()
+            .iter()
+            .enumerate()
+            .find(|(_, u)| u.config.slot == slot);
+        let scale = match unit {
+            Some((u, unit)) => {
+                let query = &slots[unit.config.query];
+                let d = model.dense.config().embedding_dim;
+                target_attention(g, u, unit, &vectors, query, &weights, d)
+            }
+            None => pooling_scale(g, &weights, list.pooling),
+        };
+        let scale = g.unsqueeze(&scale, 2);
+        let scaled = g.mul(&vectors, &scale);
+        slots.push(g.reduce_sum(&scaled, &[1], true));
+    }
+    let refs: Vec<&str> = slots.iter().map(String::as_str).collect();
+    g.concat(&refs, 1)
+}
+
+/// Each id's factor in its bag's vector: its weight, divided by the weights' sum (mean)
+/// or their root sum of squares (sqrt-n); 0 when that is 0.
+fn pooling_scale(g: &mut Graph, weights: &str, pooling: Pooling) -> String {
+    let norm_of = |g: &mut Graph, total: String| {
+        let zero = g.scalar("zero", 0.0);
+        let positive = g.op("Greater", &[&total, &zero], vec![], None);
+        let inverse = g.op("Reciprocal", &[&total], vec![], None);
+        g.op("Where", &[&positive, &inverse, &zero], vec![], None)
+    };
+    match pooling {
+        Pooling::Mean => {
+            let total = g.reduce_sum(weights, &[1], true);
+            let norm = norm_of(g, total);
+            g.mul(weights, &norm)
+        }
+        Pooling::Sqrtn => {
+            let squares = g.mul(weights, weights);
+            let sum = g.reduce_sum(&squares, &[1], true);
+            let total = g.op("Sqrt", &[&sum], vec![], None);
+            let norm = norm_of(g, total);
+            g.mul(weights, &norm)
+        }
+        // Attention pools by its unit; transformers are refused before the graph is built.
+        Pooling::Sum | Pooling::Attention | Pooling::Transformer => weights.to_string(),
+    }
+}
+
+/// DIN's weights `[batch, max_len]` of a history's items (`vectors [batch, max_len,
+/// row]`) against the query slot (`[batch, 1, row]`): the unit's MLP scores `[h, q,
+/// h − q, h ⊙ q]` of each item's first `d` floats; padding (weight 0) gets 0, and with
+/// `softmax` the scores of the items present are normalized.
+fn target_attention(
+    g: &mut Graph,
+    u: usize,
+    unit: &elastrec_model::TargetAttention,
+    vectors: &str,
+    query: &str,
+    weights: &str,
+    d: usize,
+) -> String {
+    let cfg = &unit.config;
+    let h = g.slice(vectors, 2, 0, d);
+    let q = g.slice(query, 2, 0, d);
+    let shape = g.op("Shape", &[&h], vec![], None);
+    let q = g.op("Expand", &[&q, &shape], vec![], None);
+    let diff = g.sub(&h, &q);
+    let prod = g.mul(&h, &q);
+    let x = g.concat(&[&h, &q, &diff, &prod], 2);
+    let x = g.reshape(&x, &[-1, (4 * d) as i64]);
+    let mlp_ = unit.din_mlp().expect("transformers are refused before");
+    let scores = mlp(g, &format!("attention.{u}"), mlp_, &x);
+    let scores = g.reshape(&scores, &[-1, cfg.max_len as i64]);
+    let zero = g.scalar("zero", 0.0);
+    let present = g.op("Greater", &[weights, &zero], vec![], None);
+    if !cfg.softmax {
+        return g.op("Where", &[&present, &scores, &zero], vec![], None);
+    }
+    let lowest = g.scalar("lowest", f32::MIN);
+    let masked = g.op("Where", &[&present, &scores, &lowest], vec![], None);
+    let p = g.softmax(&masked);
+    g.op("Where", &[&present, &p, &zero], vec![], None)
+}
+
+/// An MLP's layers over `x [batch, in]`: `Gemm`, then the layer's activation, or its norm
+/// and a ReLU.
+fn mlp(g: &mut Graph, name: &str, m: &Mlp, x: &str) -> String {
+    let mut h = x.to_string();
+    for (i, l) in m.layers.iter().enumerate() {
+        let prefix = layer(name, i);
+        h = g.gemm_t(&h, &weight(&prefix), &bias(&prefix));
+        h = match l.act {
+            Activation::None => h,
+            Activation::Relu => g.relu(&h),
+            Activation::Sigmoid => g.sigmoid(&h),
+        };
+        if let Some(norm) = m.norms.get(i) {
+            let (scale, shift) = (norm_part(&prefix, "weight"), norm_part(&prefix, "bias"));
+            h = match norm {
+                Norm::Layer(_) => g.op(
+                    "LayerNormalization",
+                    &[&h, &scale, &shift],
+                    vec![int("axis", -1), float("epsilon", EPS)],
+                    None,
+                ),
+                Norm::Batch(_) => {
+                    let mean = norm_part(&prefix, "running_mean");
+                    let var = norm_part(&prefix, "running_var");
+                    g.op(
+                        "BatchNormalization",
+                        &[&h, &scale, &shift, &mean, &var],
+                        vec![float("epsilon", EPS)],
+                        None,
+                    )
+                }
+            };
+            h = g.relu(&h);
+        }
+    }
+    h
+}
+
+/// DLRM's dot interaction: `z` and each slot's vector as `T + 1` features, the dot
+/// product of every pair `(i, j < i)` in elastrec's order, after `z`.
+fn dot_interaction(g: &mut Graph, z: &str, emb: &str, t: usize) -> String {
+    let zf = g.unsqueeze(z, 1);
+    let features = g.concat(&[&zf, emb], 1);
+    let transposed = g.transpose(&features, &[0, 2, 1]);
+    let gram = g.matmul(&features, &transposed);
+    let flat = g.reshape(&gram, &[0, -1]);
+    let f = t + 1;
+    let pairs: Vec<i64> = (1..f)
+        .flat_map(|i| (0..i).map(move |j| (i * f + j) as i64))
+        .collect();
+    let idx = g.constant_i64("pairs", &[pairs.len()], &pairs);
+    let dots = g.gather(&flat, &idx, 1);
+    g.concat(&[z, &dots], 1)
+}
+
+/// The FM term `½ (‖Σ v‖² − Σ ‖v‖²)` of the slots `[batch, T, d]`, `[batch, 1]`.
+fn fm_term(g: &mut Graph, emb: &str) -> String {
+    let sum = g.reduce_sum(emb, &[1], false);
+    let sum_sq = g.mul(&sum, &sum);
+    let total = g.reduce_sum(&sum_sq, &[1], true);
+    let sq = g.mul(emb, emb);
+    let squares = g.reduce_sum(&sq, &[1, 2], false);
+    let squares = g.unsqueeze(&squares, 1);
+    let diff = g.sub(&total, &squares);
+    let half = g.scalar("half", 0.5);
+    g.mul(&diff, &half)
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename, so a reader never
+/// sees half a file.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
+    f.write_all(bytes).map_err(io(&tmp))?;
+    f.sync_all().map_err(io(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io(path))
+}
