@@ -199,6 +199,20 @@ fn onnx_runtime_predicts_what_eval_predicts_for_every_family() {
             hist: "max_len = 20\npooling = \"attention\"\nquery = \"item_id\"",
         },
         Family {
+            name: "named-transformer",
+            data: Data::Named,
+            model: "[model.transformer]\nheads = 2\nlayers = 2\nffn = 16",
+            sparse: "",
+            hist: "max_len = 20\npooling = \"transformer\"\nquery = \"item_id\"",
+        },
+        Family {
+            name: "named-transformer-first-order",
+            data: Data::Named,
+            model: "type = \"wide_deep\"\n[model.transformer]\nheads = 1\nlayers = 1\nffn = 8\npositions = false",
+            sparse: "type = \"adagrad\"",
+            hist: "max_len = 20\npooling = \"transformer\"\nquery = \"item_id\"",
+        },
+        Family {
             name: "named-sqrtn",
             data: Data::Named,
             model: "interaction = \"concat\"",
@@ -329,33 +343,34 @@ fn exports_that_cannot_be_written_say_why() {
     ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--format onnx or safetensors"));
-    // A part the graph cannot express yet is named.
-    let data = tmp.path().join("named");
-    gen_named(&data, 3_000);
+    // Dynamic tables have no row array: refused, saying so.
     let family = Family {
-        name: "transformer",
-        data: Data::Named,
-        model: "",
+        name: "dynamic",
+        data: Data::Criteo,
+        model: "table_rows = \"auto\"\n[model.dynamic_embeddings]\nadmit_count = 1",
         sparse: "",
-        hist: "max_len = 20\npooling = \"transformer\"\nquery = \"item_id\"",
+        hist: "",
     };
+    let data = tmp.path().join("criteo");
+    gen_data(&data, 3_000, &[]);
     let (model, _) = train(tmp.path(), &family);
-    let out = elastrec(&[
-        "export",
-        "--model",
-        model.to_str().unwrap(),
-        "--format",
-        "onnx",
-        "--out",
-        tmp.path().join("t.onnx").to_str().unwrap(),
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("`hist_items`") && err.contains("transformer"),
-        "{err}"
-    );
-    assert!(err.contains("--format safetensors"), "{err}");
+    for format in ["onnx", "safetensors"] {
+        let out = elastrec(&[
+            "export",
+            "--model",
+            model.to_str().unwrap(),
+            "--format",
+            format,
+            "--out",
+            tmp.path().join("dynamic.out").to_str().unwrap(),
+        ]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("dynamic") && err.contains("hashed tables"),
+            "{err}"
+        );
+    }
     // Neither a model nor a checkpoint.
     let out = elastrec(&["export", "--format", "onnx", "--out", "m.onnx"]);
     assert!(!out.status.success());

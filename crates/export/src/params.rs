@@ -6,8 +6,9 @@
 //! `.running_mean`, `.running_var` for a batch norm), `top.{i}...`, `adapt.{i}...`,
 //! `cross.{l}...`, `wide.weight [1, dense]`, `wide.bias`, `mmoe.expert.{j}.{i}...`,
 //! `mmoe.gate.{t}...`, `mmoe.tower.{t}.{i}...` (tasks 1 on; task 0's tower is `top`),
-//! `attention.{u}.{i}...` (a DIN unit's scoring MLP; a transformer unit's parameters
-//! flat, as `attention.{u}.params`), and `dense.shift`, `dense.scale`
+//! `attention.{u}.{i}...` (a DIN unit's scoring MLP), `attention.{u}.positions`
+//! `[max_len + 1, d]` and `attention.{u}.layer.{i}.{q,k,v,o,ffn1,ffn2}.{weight,bias}`,
+//! `...{norm1,norm2}.{weight,bias}` (a transformer unit's encoder), and `dense.shift`, `dense.scale`
 //! (the standardization of the dense input, when the model has one).
 
 use elastrec_model::norm::Norm;
@@ -51,6 +52,11 @@ pub fn norm_part(prefix: &str, part: &str) -> String {
     format!("{prefix}.norm.{part}")
 }
 
+/// Encoder layer `i` of the transformer unit `unit` (`attention.U`).
+pub fn encoder_layer(unit: &str, i: usize) -> String {
+    format!("{unit}.layer.{i}")
+}
+
 /// Layer `i` of the MLP named `mlp`.
 pub fn layer(mlp: &str, i: usize) -> String {
     format!("{mlp}.{i}")
@@ -89,15 +95,43 @@ pub fn dense_params(model: &DenseDlrm) -> Vec<Param> {
         }
     }
     for (u, unit) in model.attention().iter().enumerate() {
-        match unit.din_mlp() {
-            Some(mlp) => mlp_params(&mut out, &format!("attention.{u}"), mlp, p),
-            None => {
-                let range = unit.params_range();
-                out.push(Param::new(
-                    format!("attention.{u}.params"),
-                    vec![range.len()],
-                    &p[range],
-                ));
+        let prefix = format!("attention.{u}");
+        if let Some(mlp) = unit.din_mlp() {
+            mlp_params(&mut out, &prefix, mlp, p);
+        }
+        if let Some(t) = unit.transformer() {
+            let pos = t.positions();
+            let rows = unit.config.max_len + 1;
+            out.push(Param::new(
+                format!("{prefix}.positions"),
+                vec![rows, pos.len() / rows],
+                &p[pos],
+            ));
+            for (i, b) in t.blocks().iter().enumerate() {
+                let block = encoder_layer(&prefix, i);
+                for (name, l) in [
+                    ("q", &b.q),
+                    ("k", &b.k),
+                    ("v", &b.v),
+                    ("o", &b.o),
+                    ("ffn1", &b.ffn1),
+                    ("ffn2", &b.ffn2),
+                ] {
+                    linear_params(&mut out, &format!("{block}.{name}"), l, p);
+                }
+                for (name, n) in [("norm1", &b.norm1), ("norm2", &b.norm2)] {
+                    let at = n.offset;
+                    out.push(Param::new(
+                        format!("{block}.{name}.weight"),
+                        vec![n.width],
+                        &p[at..at + n.width],
+                    ));
+                    out.push(Param::new(
+                        format!("{block}.{name}.bias"),
+                        vec![n.width],
+                        &p[at + n.width..at + 2 * n.width],
+                    ));
+                }
             }
         }
     }
@@ -143,7 +177,8 @@ fn norm_params(out: &mut Vec<Param>, prefix: &str, norm: &Norm, p: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use elastrec_model::{DlrmConfig, InteractionKind, MmoeConfig};
+    use elastrec_model::TransformerConfig;
+    use elastrec_model::{AttentionConfig, DlrmConfig, InteractionKind, MmoeConfig};
 
     /// Every float of the flat dense vector is in exactly one named tensor, whatever
     /// parts the model has, so an export leaves nothing out and copies nothing twice.
@@ -181,6 +216,33 @@ mod tests {
             },
             DlrmConfig {
                 adapt: vec![3, 1],
+                ..base.clone()
+            },
+            DlrmConfig {
+                first_order: true,
+                attention: vec![
+                    AttentionConfig {
+                        slot: 2,
+                        query: 0,
+                        max_len: 5,
+                        mlp: vec![4],
+                        softmax: false,
+                        transformer: None,
+                    },
+                    AttentionConfig {
+                        slot: 1,
+                        query: 0,
+                        max_len: 3,
+                        mlp: Vec::new(),
+                        softmax: false,
+                        transformer: Some(TransformerConfig {
+                            heads: 2,
+                            layers: 2,
+                            ffn: 6,
+                            positions: true,
+                        }),
+                    },
+                ],
                 ..base
             },
         ];

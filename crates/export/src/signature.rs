@@ -65,6 +65,14 @@ pub struct TableInfo {
 impl Signature {
     /// The signature of `model`, whose named features (if any) are `schema`.
     pub fn of(model: &Dlrm, schema: Option<&Schema>) -> Result<Self> {
+        if model.embeddings.config().dynamic.is_some() {
+            return Err(ExportError::Unsupported(
+                "the model's tables are dynamic (model.dynamic_embeddings): their keys span \
+                 2^64, so they have no row array to export; train with hashed tables to \
+                 export this model"
+                    .into(),
+            ));
+        }
         let rows = &model.embeddings.config().rows;
         let nd = model.dense.config().num_dense();
         let slots = model.tables();

@@ -2,18 +2,13 @@
 
 use elastrec_worker::Dlrm;
 
-use crate::error::{ExportError, Result};
+use crate::error::Result;
 
 /// Every row of table `t` (`rows × row_width` floats: the embedding, then the
-/// first-order weight when the model has one). A hashed table stores every row.
+/// first-order weight when the model has one). A hashed table stores every row
+/// ([`crate::Signature::of`] refuses dynamic ones).
 pub fn table_rows(model: &Dlrm, t: usize) -> Result<Vec<f32>> {
     let table = model.embeddings.table(t)?;
-    if table.is_dynamic() {
-        return Err(ExportError::Unsupported(format!(
-            "table {t} is dynamic (model.dynamic_embeddings): its keys span 2^64, so it has \
-             no row array to export; train with hashed tables to export this model"
-        )));
-    }
     let width = model.embeddings.dim();
     let rows = model.embeddings.config().rows[t];
     let mut out = vec![0.0f32; rows as usize * width];

@@ -122,6 +122,14 @@ impl TargetAttention {
         }
     }
 
+    /// The transformer of a BST unit; `None` for a DIN unit.
+    pub fn transformer(&self) -> Option<&SequenceTransformer> {
+        match &self.pooler {
+            Pooler::Transformer(t) => Some(t),
+            Pooler::Din(_) => None,
+        }
+    }
+
     /// DIN's scoring MLP over `[h, q, h − q, h ⊙ q]`; `None` for a transformer unit.
     pub fn din_mlp(&self) -> Option<&Mlp> {
         match &self.pooler {

@@ -67,17 +67,25 @@ impl TransformerConfig {
     }
 }
 
-/// One encoder layer's parameters.
+/// One encoder layer's parameters (where each lies in the flat vector).
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Block {
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
-    norm1: LayerNorm,
-    ffn1: Linear,
-    ffn2: Linear,
-    norm2: LayerNorm,
+pub struct Block {
+    /// `W_q`, `W_k`, `W_v`, `W_o` with their biases.
+    pub q: Linear,
+    /// See `q`.
+    pub k: Linear,
+    /// See `q`.
+    pub v: Linear,
+    /// See `q`.
+    pub o: Linear,
+    /// The norm before the attention (`N₁`).
+    pub norm1: LayerNorm,
+    /// The feed-forward network: `d → ffn` (ReLU), `ffn → d`.
+    pub ffn1: Linear,
+    /// See `ffn1`.
+    pub ffn2: Linear,
+    /// The norm before the feed-forward network.
+    pub norm2: LayerNorm,
 }
 
 impl Block {
@@ -252,7 +260,19 @@ impl SequenceTransformer {
         self.blocks.last().map_or(0, Block::end_offset) - self.offset
     }
 
-    fn positions(&self) -> std::ops::Range<usize> {
+    /// Its settings.
+    pub fn config(&self) -> &TransformerConfig {
+        &self.config
+    }
+
+    /// Its encoder layers, first to last.
+    pub fn blocks(&self) -> &[Block] {
+        &self.blocks
+    }
+
+    /// Where the recency table `[max_len + 1, d]` lies in the flat vector (row `k`: the
+    /// token `k` places before the candidate, which is row 0).
+    pub fn positions(&self) -> std::ops::Range<usize> {
         self.offset..self.offset + (self.max_len + 1) * self.d
     }
 

@@ -31,7 +31,7 @@ use elastrec_worker::Dlrm;
 use prost::Message;
 use serde::Serialize;
 
-use crate::error::{io, ExportError, Result};
+use crate::error::{io, Result};
 use crate::params::{self, bias, layer, norm_part, weight};
 use crate::signature::Signature;
 use builder::{float, int, Dim, Graph};
@@ -84,7 +84,6 @@ pub fn write(
     out: &Path,
     opts: OnnxOptions,
 ) -> Result<OnnxExport> {
-    refuse_transformers(model, schema)?;
     let sig = Signature::of(model, schema)?;
     let mut g = Graph::default();
     for p in params::dense_params(&model.dense) {
@@ -162,31 +161,6 @@ pub fn side_file(out: &Path) -> PathBuf {
     let mut name = out.as_os_str().to_owned();
     name.push(".json");
     PathBuf::from(name)
-}
-
-fn refuse_transformers(model: &Dlrm, schema: Option<&Schema>) -> Result<()> {
-    let transformer = schema
-        .into_iter()
-        .flat_map(Schema::lists)
-        .find(|f| f.pooling == Pooling::Transformer);
-    if let Some(f) = transformer {
-        return Err(ExportError::Unsupported(format!(
-            "feature `{}` is pooled by a transformer, which the ONNX export does not write \
-             yet; export it with --format safetensors, or serve it with `elastrec serve`",
-            f.name
-        )));
-    }
-    if model
-        .dense
-        .attention()
-        .iter()
-        .any(|u| u.din_mlp().is_none())
-    {
-        return Err(ExportError::Unsupported(
-            "the model has a transformer unit, which the ONNX export does not write yet".into(),
-        ));
-    }
-    Ok(())
 }
 
 fn entry(key: &str, value: &str) -> StringStringEntryProto {
@@ -403,11 +377,17 @@ fn embeddings(g: &mut Graph, model: &Dlrm, sig: &Signature) -> String {
             .iter()
             .enumerate()
             .find(|(_, u)| u.config.slot == slot);
+        let d = model.dense.config().embedding_dim;
         let scale = match unit {
             Some((u, unit)) => {
-                let query = &slots[unit.config.query];
-                let d = model.dense.config().embedding_dim;
-                target_attention(g, u, unit, &vectors, query, &weights, d)
+                let query = slots[unit.config.query].clone();
+                if let Some(t) = unit.transformer() {
+                    let row = model.embeddings.dim();
+                    let pooled = transformer_pool(g, u, t, &vectors, &query, &weights, d, row);
+                    slots.push(pooled);
+                    continue;
+                }
+                target_attention(g, u, unit, &vectors, &query, &weights, d)
             }
             None => pooling_scale(g, &weights, list.pooling),
         };
@@ -480,6 +460,127 @@ fn target_attention(
     let masked = g.op("Where", &[&present, &scores, &lowest], vec![], None);
     let p = g.softmax(&masked);
     g.op("Where", &[&present, &p, &zero], vec![], None)
+}
+
+/// BST's pooled slot `[batch, 1, row]` of a history (`vectors [batch, max_len, row]`,
+/// items oldest first, padding weighing 0) and its candidate (`query [batch, 1, row]`):
+/// the tokens are the items then the candidate, each plus the embedding of its recency
+/// (the candidate 0, the newest item 1); each pre-norm encoder layer attends within the
+/// row's present tokens; the candidate's last output is the slot's first `d` floats, the
+/// items' mean first-order weight the rest.
+#[allow(clippy::too_many_arguments)]
+fn transformer_pool(
+    g: &mut Graph,
+    u: usize,
+    t: &elastrec_model::transformer::SequenceTransformer,
+    vectors: &str,
+    query: &str,
+    weights: &str,
+    d: usize,
+    row: usize,
+) -> String {
+    let cfg = t.config();
+    let unit = format!("attention.{u}");
+    let zero = g.scalar("zero", 0.0);
+    let present = g.op("Greater", &[weights, &zero], vec![], None);
+    let present_f = g.op(
+        "Cast",
+        &[&present],
+        vec![int("to", data_type::FLOAT.into())],
+        None,
+    );
+    let lens = g.reduce_sum(&present_f, &[1], true);
+    let items = g.slice(vectors, 2, 0, d);
+    let candidate = g.slice(query, 2, 0, d);
+    let (items, candidate) = if cfg.positions {
+        let table = format!("{unit}.positions");
+        let max_len = (t.positions().len() / d) - 1;
+        let steps: Vec<f32> = (0..max_len).map(|i| i as f32).collect();
+        let steps = {
+            let name = format!("{unit}.steps");
+            g.constant_f32(&name, &[1, max_len], &steps)
+        };
+        // Item t of a row of `len` items is `len - t` places before the candidate.
+        let recency = g.sub(&lens, &steps);
+        let recency = g.relu(&recency);
+        let recency = g.op(
+            "Cast",
+            &[&recency],
+            vec![int("to", data_type::INT64.into())],
+            None,
+        );
+        let item_pos = g.gather(&table, &recency, 0);
+        let first = g.constant_i64("candidate", &[1], &[0]);
+        let candidate_pos = g.gather(&table, &first, 0);
+        (g.add(&items, &item_pos), g.add(&candidate, &candidate_pos))
+    } else {
+        (items, candidate)
+    };
+    let mut x = g.concat(&[&items, &candidate], 1);
+    // Keys: the present items and the candidate; the others get a score no softmax keeps.
+    let blocked = g.scalar("blocked", -1e9);
+    let item_bias = g.op("Where", &[&present, &zero, &blocked], vec![], None);
+    let first_col = g.slice(weights, 1, 0, 1);
+    let candidate_bias = g.mul(&first_col, &zero);
+    let bias = g.concat(&[&item_bias, &candidate_bias], 1);
+    let bias = g.reshape(&bias, &[0, 1, 1, -1]);
+    let (heads, hd) = (cfg.heads, d / cfg.heads);
+    let scale = g.scalar("scale", 1.0 / (hd as f32).sqrt());
+    for i in 0..t.blocks().len() {
+        let block = params::encoder_layer(&unit, i);
+        let xn = layer_norm(g, &x, &format!("{block}.norm1"));
+        let split = |g: &mut Graph, name: &str, perm: &[i64]| {
+            let y = token_linear(g, &xn, &format!("{block}.{name}"));
+            let y = g.reshape(&y, &[0, 0, heads as i64, hd as i64]);
+            g.transpose(&y, perm)
+        };
+        let q = split(g, "q", &[0, 2, 1, 3]);
+        let k = split(g, "k", &[0, 2, 3, 1]);
+        let v = split(g, "v", &[0, 2, 1, 3]);
+        let scores = g.matmul(&q, &k);
+        let scores = g.mul(&scores, &scale);
+        let scores = g.add(&scores, &bias);
+        let p = g.softmax(&scores);
+        let c = g.matmul(&p, &v);
+        let c = g.transpose(&c, &[0, 2, 1, 3]);
+        let c = g.reshape(&c, &[0, 0, d as i64]);
+        let o = token_linear(g, &c, &format!("{block}.o"));
+        let y1 = g.add(&x, &o);
+        let y1n = layer_norm(g, &y1, &format!("{block}.norm2"));
+        let h = token_linear(g, &y1n, &format!("{block}.ffn1"));
+        let h = g.relu(&h);
+        let f = token_linear(g, &h, &format!("{block}.ffn2"));
+        x = g.add(&y1, &f);
+    }
+    let last = g.constant_i64("candidate", &[1], &[(t.positions().len() / d - 1) as i64]);
+    let out = g.gather(&x, &last, 1);
+    if row == d {
+        return out;
+    }
+    let first_order = g.slice(vectors, 2, d, row);
+    let mask = g.unsqueeze(&present_f, 2);
+    let first_order = g.mul(&first_order, &mask);
+    let total = g.reduce_sum(&first_order, &[1], true);
+    let lens = g.unsqueeze(&lens, 2);
+    let mean = g.op("Div", &[&total, &lens], vec![], None);
+    g.concat(&[&out, &mean], 2)
+}
+
+/// `x W^T + b` over the last axis of `x [.., in]` (layer `prefix`'s `W [out, in]`).
+fn token_linear(g: &mut Graph, x: &str, prefix: &str) -> String {
+    let w = g.transpose(&weight(prefix), &[1, 0]);
+    let y = g.matmul(x, &w);
+    g.add(&y, &bias(prefix))
+}
+
+/// Layer normalization over the last axis with `prefix.weight` and `prefix.bias`.
+fn layer_norm(g: &mut Graph, x: &str, prefix: &str) -> String {
+    g.op(
+        "LayerNormalization",
+        &[x, &weight(prefix), &bias(prefix)],
+        vec![int("axis", -1), float("epsilon", EPS)],
+        None,
+    )
 }
 
 /// An MLP's layers over `x [batch, in]`: `Gemm`, then the layer's activation, or its norm
