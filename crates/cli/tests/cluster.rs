@@ -287,6 +287,28 @@ fn export_refuses_damage(dir: &Path) {
         std::fs::read(dir.join("model.bin")).unwrap(),
         "the same checkpoint exports to the same bytes"
     );
+    // The checkpoint and the model file it gave convert to the same ONNX graph.
+    let (from_checkpoint, from_model) = (dir.join("checkpoint.onnx"), dir.join("model.onnx"));
+    let converted = run(&from_checkpoint, &["--format", "onnx"]);
+    assert!(
+        converted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&converted.stderr)
+    );
+    elastrec_ok(&[
+        "export",
+        "--model",
+        dir.join("model.bin").to_str().unwrap(),
+        "--format",
+        "onnx",
+        "--out",
+        from_model.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        std::fs::read(&from_checkpoint).unwrap(),
+        std::fs::read(&from_model).unwrap(),
+        "a checkpoint converts as the model file exported from it"
+    );
     let id = rec["checkpoint"].as_u64().unwrap();
     let part = ckpts.join(format!("ckpt-{id:012}/ps-1-of-2.bin"));
     let mut bytes = std::fs::read(&part).unwrap();
