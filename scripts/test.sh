@@ -6,7 +6,8 @@
 #     Prometheus and promtool (scraping the jobs' nodes, checking their metrics);
 #   - PyPI: moto (an S3-compatible server for checkpoints), scikit-learn (the reference of
 #     the evaluation figures), tensorboard (the reader of the jobs' event files),
-#     onnxruntime and safetensors (the readers of exported models);
+#     onnxruntime and safetensors (the readers of exported models), and this checkout's
+#     own Python package (pip install ./python, built by maturin);
 #   - crates.io: Tansu (a Kafka-protocol broker), built once (~10-20 min on 2 cores) and
 #     cached in ~/.cache/elastrec-tools.
 # Every server that is installed is required (`ELASTREC_REQUIRE_*`): a test that needs it
@@ -52,15 +53,26 @@ if ! command -v moto_server >/dev/null 2>&1; then
 fi
 # scikit-learn: the reference the evaluation figures are checked against; tensorboard:
 # the reader of the event files jobs write; onnxruntime and safetensors: the readers of
-# the exported models.
+# the exported models; pandas: the Python package's data frames.
 for pkg in sklearn:scikit-learn tensorboard:tensorboard onnxruntime:onnxruntime \
-    safetensors:safetensors; do
+    safetensors:safetensors pandas:pandas; do
     if ! python3 -c "import ${pkg%%:*}" >/dev/null 2>&1; then
         say "installing ${pkg#*:} (pip)"
         python3 -m pip install -q "${pkg#*:}" ||
             say "could not install ${pkg#*:}: the tests that need it will be skipped and counted"
     fi
 done
+
+# The `elastrec` Python package from this checkout (its walk-through in docs/python.md is
+# a test), built with the tests' profile and target directory so its crates are mostly
+# built already; always reinstalled: the checkout changes.
+if python3 -c 'import numpy' >/dev/null 2>&1; then
+    say "installing the elastrec Python package (pip install ./python)"
+    if ! MATURIN_PEP517_ARGS="--profile dev" python3 -m pip install -q --force-reinstall \
+        --no-deps ./python; then
+        say "could not install the elastrec Python package: its test will be skipped and counted"
+    fi
+fi
 
 TOOLS="$HOME/.cache/elastrec-tools"
 # Its memory engine for speed, its SQLite engine (libsql) for SCRAM users; the path must
@@ -88,6 +100,7 @@ python3 -c 'import tensorboard' >/dev/null 2>&1 && export ELASTREC_REQUIRE_TENSO
 python3 -c 'import onnxruntime, safetensors, numpy' >/dev/null 2>&1 &&
     export ELASTREC_REQUIRE_ONNXRUNTIME=1
 python3 -c 'import safetensors, numpy' >/dev/null 2>&1 && export ELASTREC_REQUIRE_SAFETENSORS=1
+python3 -c 'import elastrec' >/dev/null 2>&1 && export ELASTREC_REQUIRE_PYTHON_PACKAGE=1
 # Control groups need root and a writable cgroup tree; CI's machine gives them.
 if [ "${CI:-}" = true ]; then
     export ELASTREC_REQUIRE_CGROUPS=1

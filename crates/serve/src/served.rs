@@ -230,6 +230,16 @@ impl Served {
         self.predict_with(cur, &batch)
     }
 
+    /// `f` of the model served now and its named features (`None`: the Criteo layout);
+    /// `None` when no model is loaded. Predictions wait while `f` runs.
+    pub fn with_model<R>(
+        &self,
+        f: impl FnOnce(&Dlrm, Option<&elastrec_data::Schema>) -> R,
+    ) -> Option<R> {
+        let guard = self.current.read();
+        guard.as_ref().map(|c| f(&c.model, c.schema.as_deref()))
+    }
+
     /// The named features of the model served now; `None` for the Criteo features (or no
     /// model).
     pub fn schema(&self) -> Option<Arc<elastrec_data::Schema>> {
