@@ -846,15 +846,7 @@ fn a_weight_column_of_zeros_leaves_corrupted_rows_out_and_ones_change_nothing() 
 /// predictions `eval --predictions` writes, with the same sample weights.
 #[test]
 fn eval_figures_with_sample_weights_match_scikit_learn() {
-    if Command::new("python3")
-        .args(["-c", "import sklearn"])
-        .output()
-        .map_or(true, |o| !o.status.success())
-    {
-        elastrec_common::skip::skip_test(
-            "SKLEARN",
-            "python3 cannot import sklearn (scripts/test.sh installs scikit-learn)",
-        );
+    if !elastrec_common::skip::python_imports("SKLEARN", "sklearn") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

@@ -9,22 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{elastrec, elastrec_ok, gen_data, gen_named, named_features};
-
-/// Whether `python3` imports every module of `modules`; otherwise the test is skipped
-/// (and fails when `ELASTREC_REQUIRE_<require>` says the packages were installed).
-fn python_has(require: &str, modules: &str) -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", &format!("import {modules}")])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        elastrec_common::skip::skip_test(
-            require,
-            &format!("python3 cannot import {modules} (scripts/test.sh installs them)"),
-        );
-    }
-    ok
-}
+use elastrec_common::skip::python_imports;
 
 /// Runs a script of `tests/python` and parses the JSON it prints.
 fn python_json(script: &str, args: &[&Path]) -> serde_json::Value {
@@ -138,7 +123,7 @@ fn eval_with_inputs(model: &Path, data: &Path, dir: &Path) -> (PathBuf, PathBuf)
 
 #[test]
 fn onnx_runtime_predicts_what_eval_predicts_for_every_family() {
-    if !python_has("ONNXRUNTIME", "onnxruntime, safetensors, numpy") {
+    if !python_imports("ONNXRUNTIME", "onnxruntime, safetensors, numpy") {
         return;
     }
     let families = [
@@ -281,7 +266,7 @@ fn onnx_runtime_predicts_what_eval_predicts_for_every_family() {
 
 #[test]
 fn a_dlrm_rebuilt_from_the_safetensors_export_predicts_what_eval_predicts() {
-    if !python_has("SAFETENSORS", "safetensors, numpy") {
+    if !python_imports("SAFETENSORS", "safetensors, numpy") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

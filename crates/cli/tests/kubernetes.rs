@@ -37,6 +37,17 @@ image = "registry.example/elastrec:test"
 labels = { team = "ranking" }
 "#;
 
+/// [`CLUSTER`] with the directory of the data and the jobs mounted into the pods (as a
+/// PVC would be on a real cluster; the fake's pods share this machine's disk), which a
+/// job whose pods read files must declare.
+fn cluster() -> String {
+    format!(
+        "{CLUSTER}[[engine.kubernetes.volumes]]\nname = \"runs\"\nmount_path = \"{}\"\n\
+         claim = \"elastrec-runs\"\n",
+        fixture().dir.display()
+    )
+}
+
 /// The fake API server of one test and a kubeconfig that reaches it.
 struct Kube {
     fake: FakeCluster,
@@ -121,7 +132,7 @@ fn running_worker_ids(s: &serde_json::Value) -> Vec<u64> {
 fn kubernetes_job_trains_exactly_once_and_leaves_nothing() {
     let _g = serial();
     let kube = Kube::start("k8s-a");
-    let (job, dir) = write_job("k8s-a", CLUSTER);
+    let (job, dir) = write_job("k8s-a", &cluster());
     let log = dir.with_extension("log");
     let mut g = kube.run(&job, &log, &[]);
     let text = g.wait_success(&log);
@@ -162,7 +173,7 @@ fn kubernetes_job_trains_exactly_once_and_leaves_nothing() {
 fn kubernetes_oom_killed_worker_is_replaced() {
     let _g = serial();
     let kube = Kube::start("k8s-b");
-    let (job, dir) = write_job("k8s-b", CLUSTER);
+    let (job, dir) = write_job("k8s-b", &cluster());
     let log = dir.with_extension("log");
     let first = (2 * fixture().train_rows / 5).to_string();
     let mut g = kube.run(&job, &log, &["--pause-at-samples", &first]);
@@ -216,7 +227,7 @@ fn kubernetes_oom_killed_worker_is_replaced() {
 fn kubernetes_evicted_ps_is_recovered_from_a_checkpoint() {
     let _g = serial();
     let kube = Kube::start("k8s-f");
-    let cluster = CLUSTER.replace("workers = 3", "workers = 1")
+    let cluster = cluster().replace("workers = 3", "workers = 1")
         + "[checkpoint]\ninterval_s = 1000.0\nkeep = 3\n";
     let (job, dir) = write_job("k8s-f", &cluster);
     let log = dir.with_extension("log");
@@ -271,7 +282,7 @@ fn kubernetes_forbidden_at_start_stops_the_job_and_leaves_nothing() {
     let _g = serial();
     let kube = Kube::start("k8s-c");
     kube.fake.set_forbidden(true);
-    let (job, dir) = write_job("k8s-c", CLUSTER);
+    let (job, dir) = write_job("k8s-c", &cluster());
     let log = dir.with_extension("log");
     let mut g = kube.run(&job, &log, &[]);
     let st = g.wait(Duration::from_secs(120));
@@ -290,7 +301,7 @@ fn kubernetes_forbidden_at_start_stops_the_job_and_leaves_nothing() {
 fn kubernetes_bad_credentials_and_unreachable_server_are_named() {
     let _g = serial();
     let kube = Kube::start("k8s-e");
-    let (job, dir) = write_job("k8s-e", CLUSTER);
+    let (job, dir) = write_job("k8s-e", &cluster());
     let wrong = dir.with_extension("wrong-token.kubeconfig");
     let text = kube.fake.kubeconfig(NAMESPACE);
     std::fs::write(&wrong, text.replace(kube.fake.token(), "not-the-token")).unwrap();
@@ -334,7 +345,26 @@ fn run_with_kubeconfig(job: &Path, kubeconfig: &Path) -> String {
 #[test]
 fn kubernetes_dry_run_prints_manifests_and_starts_nothing() {
     let kube = Kube::start("k8s-d");
-    let (job, dir) = write_job("k8s-d", CLUSTER);
+    // Without a volume the pods would not see the data: refused, naming the fix.
+    let (bare, _) = write_job("k8s-d-bare", CLUSTER);
+    let out = Command::new(exe())
+        .args([
+            "run",
+            bare.to_str().unwrap(),
+            "--backend",
+            "kubernetes",
+            "--dry-run",
+        ])
+        .env("KUBECONFIG", &kube.kubeconfig)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("data.dir") && err.contains("[[engine.kubernetes.volumes]]"),
+        "{err}"
+    );
+    let (job, dir) = write_job("k8s-d", &cluster());
     let out = Command::new(exe())
         .args([
             "run",
@@ -378,6 +408,12 @@ fn kubernetes_dry_run_prints_manifests_and_starts_nothing() {
         "fieldPath: status.podIP",
         "image: registry.example/elastrec:test",
         "- /usr/local/bin/elastrec",
+        // The "restricted" Pod Security profile, and the volume.
+        "runAsNonRoot: true",
+        "allowPrivilegeEscalation: false",
+        "type: RuntimeDefault",
+        "claimName: elastrec-runs",
+        "mountPath: ",
     ] {
         assert!(yaml.contains(needle), "no `{needle}` in:\n{yaml}");
     }

@@ -32,15 +32,7 @@ fn walkthrough() -> String {
 
 #[test]
 fn the_python_walkthrough_in_the_docs_runs() {
-    let installed = Command::new("python3")
-        .args(["-c", "import elastrec, numpy"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !installed {
-        elastrec_common::skip::skip_test(
-            "PYTHON_PACKAGE",
-            "python3 cannot import elastrec (scripts/test.sh runs `pip install ./python`)",
-        );
+    if !elastrec_common::skip::python_imports("PYTHON_PACKAGE", "elastrec, numpy") {
         return;
     }
     let script = walkthrough();

@@ -28,3 +28,20 @@ pub fn skip_test(require: &str, why: &str) {
         }
     }
 }
+
+/// Whether `python3` imports every module of `modules` (`"onnxruntime, numpy"`);
+/// otherwise the running test is skipped ([`skip_test`] with `require`), saying which
+/// modules are missing and that `scripts/test.sh` installs them.
+pub fn python_imports(require: &str, modules: &str) -> bool {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", &format!("import {modules}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        skip_test(
+            require,
+            &format!("python3 cannot import {modules} (scripts/test.sh installs them)"),
+        );
+    }
+    ok
+}

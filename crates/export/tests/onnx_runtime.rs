@@ -36,15 +36,7 @@ fn batch(tasks: usize) -> Batch {
 
 /// Exports `job`'s freshly initialized model and checks ONNX Runtime against it.
 fn check(name: &str, job: &JobConfig) {
-    if Command::new("python3")
-        .args(["-c", "import onnxruntime, safetensors, numpy"])
-        .output()
-        .map_or(true, |o| !o.status.success())
-    {
-        elastrec_common::skip::skip_test(
-            "ONNXRUNTIME",
-            "python3 cannot import onnxruntime (scripts/test.sh installs it)",
-        );
+    if !elastrec_common::skip::python_imports("ONNXRUNTIME", "onnxruntime, safetensors, numpy") {
         return;
     }
     let model = Dlrm::new(job, vec![5000; 26]).unwrap();

@@ -225,6 +225,28 @@ pub struct KubernetesConfig {
     /// Kubeconfig file of the master; empty: `KUBECONFIG`, `~/.kube/config`, or the
     /// in-cluster service account when the master runs in a pod.
     pub kubeconfig: String,
+    /// Node labels a pod's node must have (`nodeSelector`), e.g. `{ pool = "training" }`.
+    pub node_selector: std::collections::BTreeMap<String, String>,
+    /// Taints the pods tolerate (`[[engine.kubernetes.tolerations]]`).
+    pub tolerations: Vec<Toleration>,
+    /// Secrets holding the registry credentials of `image` (`imagePullSecrets`).
+    pub image_pull_secrets: Vec<String>,
+    /// The pods' `priorityClassName`; empty: the cluster's default priority.
+    pub priority_class: String,
+    /// Run the pods under the "restricted" Pod Security profile: not as root (as
+    /// `run_as_user`), no privilege escalation, every capability dropped, the runtime's
+    /// default seccomp profile. `false`: the image's own user and the runtime's defaults.
+    pub restricted: bool,
+    /// The user id the containers run as when `restricted` (the image's files must be
+    /// readable by it); 65532 is the `nonroot` user of distroless images.
+    pub run_as_user: i64,
+    /// Volumes mounted into every pod (`[[engine.kubernetes.volumes]]`): where the data
+    /// files, a local checkpoint directory and the job directory live on the cluster.
+    pub volumes: Vec<Volume>,
+    /// Seconds a pod may wait to run (unscheduled, its image pulled, its container
+    /// created) before the master gives up on it as on a failed node; while it waits it
+    /// is queued, not silent, so `cluster.dead_after_ms` does not apply to it.
+    pub pending_timeout_s: u64,
 }
 
 impl Default for KubernetesConfig {
@@ -237,8 +259,57 @@ impl Default for KubernetesConfig {
             program: "/usr/local/bin/elastrec".into(),
             labels: Default::default(),
             kubeconfig: String::new(),
+            node_selector: Default::default(),
+            tolerations: Vec::new(),
+            image_pull_secrets: Vec::new(),
+            priority_class: String::new(),
+            restricted: true,
+            run_as_user: 65532,
+            volumes: Vec::new(),
+            pending_timeout_s: 600,
         }
     }
+}
+
+/// A taint the job's pods tolerate (Kubernetes `Toleration`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Toleration {
+    /// The taint's key; empty with `operator = "Exists"`: every taint.
+    pub key: String,
+    /// `Equal` (the default: the taint's value must be `value`) or `Exists`.
+    pub operator: String,
+    /// The taint's value (`Equal` only).
+    pub value: String,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`; empty: every effect.
+    pub effect: String,
+    /// With `NoExecute`: seconds a pod stays after the taint appears; none: for ever.
+    pub toleration_seconds: Option<i64>,
+}
+
+/// A volume mounted into every pod of the job.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Volume {
+    /// Its name in the pod (a DNS label: lowercase letters, digits, `-`).
+    pub name: String,
+    /// Where the containers see it (an absolute path).
+    pub mount_path: String,
+    /// Mounted read-only.
+    pub read_only: bool,
+    /// A PersistentVolumeClaim of the job's namespace: its name.
+    pub claim: String,
+    /// A directory of the node (`hostPath`): its path.
+    pub host_path: String,
+    /// An `emptyDir` (scratch for the pod's life, e.g. `/dev/shm` for a PS's flash
+    /// checkpoints): set `empty_dir = true`.
+    pub empty_dir: bool,
+    /// `emptyDir` only: `Memory` for a tmpfs (what `/dev/shm` needs); empty: the node's
+    /// disk.
+    pub medium: String,
+    /// `emptyDir` only: its size limit, as Kubernetes writes quantities (`2Gi`); empty:
+    /// none.
+    pub size: String,
 }
 
 /// The `[engine.slurm]` section: where the Slurm backend submits its steps and which

@@ -35,6 +35,9 @@ pub struct LaunchTemplate {
     pub resources: ResourcesConfig,
     /// Plain environment every node gets (e.g. the address to advertise).
     pub env: Vec<(String, String)>,
+    /// `cluster.node_metrics_port_base`: node `N` serves `/metrics` on this port + N (0:
+    /// any free port). A Kubernetes pod announces its port to Prometheus.
+    pub metrics_port_base: u16,
     /// Compute threads of the workers started from now on (0: the role's `cpu`, or every
     /// core on the local backend).
     worker_threads: AtomicUsize,
@@ -96,6 +99,7 @@ impl LaunchTemplate {
             resources,
             tls: None,
             env: Vec::new(),
+            metrics_port_base: 0,
             worker_threads: AtomicUsize::new(0),
             memory_mib: [AtomicU64::new(0), AtomicU64::new(0)],
             memory_max_mib: [AtomicU64::new(0), AtomicU64::new(0)],

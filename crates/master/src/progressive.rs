@@ -4,13 +4,15 @@
 //! seen, without holding any data out (`docs/online.md`). A batch job in `run` does the
 //! same over every batch (`train.progressive_window`): its loss and AUC curves. A
 //! multi-task model's workers send every task's predictions and labels, and each task has
-//! a window of its own.
+//! a window of its own. With sample weights (`data.weight`) every figure is weighted, as
+//! `eval`'s are: a sample of weight 2 counts as two of weight 1.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use elastrec_common::{exact_auc, logloss_term, normalized_entropy};
+use elastrec_model::metrics::weighted_auc;
 use serde::Serialize;
 
 use crate::core::MasterCore;
@@ -84,6 +86,8 @@ pub struct Checked<'a> {
     /// `samples × tasks`, row-major (task 0 first).
     probs: &'a [f32],
     labels: &'a [u8],
+    /// One per sample, or empty (1 each).
+    weights: &'a [f32],
     tasks: usize,
 }
 
@@ -100,11 +104,13 @@ impl Checked<'_> {
 }
 
 /// Checks one report's predictions as read from the wire: lists of equal length, at most
-/// [`MAX_PER_REPORT`], labels 0 or 1, probabilities in [0, 1], and `tasks` per sample (0
-/// on the wire is 1) as many as the job's model has (`expected`).
+/// [`MAX_PER_REPORT`], labels 0 or 1, probabilities in [0, 1], `tasks` per sample (0 on
+/// the wire is 1) as many as the job's model has (`expected`), and no weights or one
+/// finite weight of at least 0 per sample.
 pub fn check<'a>(
     probs: &'a [f32],
     labels: &'a [u8],
+    weights: &'a [f32],
     tasks: u32,
     expected: usize,
 ) -> Result<Checked<'a>, String> {
@@ -139,9 +145,22 @@ pub fn check<'a>(
     if let Some(p) = probs.iter().find(|p| !(0.0..=1.0).contains(*p)) {
         return Err(format!("probability {p} outside [0, 1]"));
     }
+    let samples = probs.len() / tasks;
+    if !weights.is_empty() && weights.len() != samples {
+        return Err(format!(
+            "{} weights for {samples} samples (one each, or none)",
+            weights.len()
+        ));
+    }
+    if let Some(w) = weights.iter().find(|w| !(w.is_finite() && **w >= 0.0)) {
+        return Err(format!(
+            "sample weight {w} (finite and at least 0 expected)"
+        ));
+    }
     Ok(Checked {
         probs,
         labels,
+        weights,
         tasks,
     })
 }
@@ -185,48 +204,88 @@ pub struct TaskWindow {
     pub calibration: Option<f64>,
 }
 
-/// One task's last predictions with their labels.
+/// One task's last predictions with their labels and weights.
 #[derive(Debug, Clone, Default)]
 struct TaskSamples {
     probs: VecDeque<f32>,
     labels: VecDeque<u8>,
-    /// Sum of the window's logloss terms, kept as samples enter and leave.
+    weights: VecDeque<f32>,
+    /// Weighted sums over the window, kept as samples enter and leave: the logloss
+    /// terms, the weights, the positives' weights.
     loss_sum: f64,
-    positives: u64,
+    weight_sum: f64,
+    positive_weight: f64,
+    /// Samples in the window whose weight is not 1: while there are none, the AUC takes
+    /// the unweighted path.
+    weighted: usize,
 }
 
 impl TaskSamples {
-    fn push(&mut self, p: f32, y: u8, window: usize) {
+    fn push(&mut self, p: f32, y: u8, w: f32, window: usize) {
         if self.probs.len() == window {
-            let (old_p, old_y) = (
+            let (old_p, old_y, old_w) = (
                 self.probs.pop_front().expect("full"),
                 self.labels.pop_front().expect("full"),
+                self.weights.pop_front().expect("full"),
             );
-            self.loss_sum -= logloss_term(old_p, f32::from(old_y));
-            self.positives -= u64::from(old_y);
+            self.count(old_p, old_y, old_w, false);
         }
         self.probs.push_back(p);
         self.labels.push_back(y);
-        self.loss_sum += logloss_term(p, f32::from(y));
-        self.positives += u64::from(y);
+        self.weights.push_back(w);
+        self.count(p, y, w, true);
+    }
+
+    /// Adds one sample's share to the running sums as it enters the window, or takes it
+    /// away as it leaves.
+    fn count(&mut self, p: f32, y: u8, w: f32, enters: bool) {
+        let sign = if enters { 1.0 } else { -1.0 };
+        let w64 = f64::from(w) * sign;
+        self.loss_sum += w64 * logloss_term(p, f32::from(y));
+        self.weight_sum += w64;
+        self.positive_weight += w64 * f64::from(y);
+        if w != 1.0 {
+            if enters {
+                self.weighted += 1;
+            } else {
+                self.weighted -= 1;
+            }
+        }
     }
 
     fn figures(&mut self) -> TaskWindow {
-        let n = self.probs.len() as f64;
-        // The running sum drifts by rounding over billions of samples: never below 0.
-        let logloss = (self.loss_sum / n).max(0.0);
-        let positive_rate = self.positives as f64 / n;
-        let predicted: f64 = self.probs.iter().map(|&p| f64::from(p)).sum();
-        TaskWindow {
-            auc: exact_auc(
+        // The running sums drift by rounding over billions of samples: never below 0.
+        let total = self.weight_sum.max(0.0);
+        let positives = self.positive_weight.max(0.0);
+        let ratio = |x: f64| if total > 0.0 { x / total } else { 0.0 };
+        let logloss = ratio(self.loss_sum).max(0.0);
+        let positive_rate = ratio(positives).min(1.0);
+        let predicted: f64 = self
+            .probs
+            .iter()
+            .zip(&self.weights)
+            .map(|(&p, &w)| f64::from(p) * f64::from(w))
+            .sum();
+        let auc = if self.weighted == 0 {
+            exact_auc(
                 self.probs.make_contiguous(),
                 self.labels.make_contiguous(),
                 |y| y == 1,
-            ),
+            )
+        } else {
+            let labels: Vec<f32> = self.labels.iter().map(|&y| f32::from(y)).collect();
+            weighted_auc(
+                self.probs.make_contiguous(),
+                &labels,
+                self.weights.make_contiguous(),
+            )
+        };
+        TaskWindow {
+            auc,
             logloss,
             positive_rate,
             ne: normalized_entropy(logloss, positive_rate),
-            calibration: (self.positives > 0).then(|| predicted / self.positives as f64),
+            calibration: (positives > 0.0).then(|| predicted / positives),
         }
     }
 }
@@ -266,13 +325,15 @@ impl ProgressiveEval {
     pub fn push(&mut self, report: Checked<'_>) {
         debug_assert!(report.is_empty() || report.tasks == self.tasks.len());
         let t = report.tasks;
-        for (probs, labels) in report
+        for (i, (probs, labels)) in report
             .probs
             .chunks_exact(t)
             .zip(report.labels.chunks_exact(t))
+            .enumerate()
         {
+            let w = report.weights.get(i).copied().unwrap_or(1.0);
             for ((task, &p), &y) in self.tasks.iter_mut().zip(probs).zip(labels) {
-                task.push(p, y, self.window);
+                task.push(p, y, w, self.window);
             }
         }
         self.seen += report.len() as u64;
@@ -335,7 +396,7 @@ mod tests {
     use super::*;
 
     fn push(e: &mut ProgressiveEval, probs: &[f32], labels: &[u8]) {
-        e.push(check(probs, labels, 0, 1).unwrap());
+        e.push(check(probs, labels, &[], 0, 1).unwrap());
     }
 
     #[test]
@@ -366,23 +427,77 @@ mod tests {
         assert_eq!(e.seen(), 6);
     }
 
+    /// A sample of weight `k` counts as `k` samples of weight 1 in every figure, and one
+    /// of weight 0 not at all, as in `eval`.
+    #[test]
+    fn weights_count_as_repeated_samples() {
+        let probs = [0.9f32, 0.2, 0.6, 0.4, 0.7, 0.1];
+        let labels = [1u8, 0, 1, 0, 0, 1];
+        let weights = [2.0f32, 1.0, 0.0, 3.0, 1.0, 1.0];
+        let mut weighted = ProgressiveEval::new(100, 1);
+        weighted.push(check(&probs, &labels, &weights, 1, 1).unwrap());
+        let (mut p, mut y) = (Vec::new(), Vec::new());
+        for i in 0..probs.len() {
+            for _ in 0..weights[i] as usize {
+                p.push(probs[i]);
+                y.push(labels[i]);
+            }
+        }
+        let mut repeated = ProgressiveEval::new(100, 1);
+        push(&mut repeated, &p, &y);
+        let (a, b) = (weighted.record(1.0).unwrap(), repeated.record(1.0).unwrap());
+        let close = |x: f64, y: f64| (x - y).abs() < 1e-9;
+        assert!(close(a.auc.unwrap(), b.auc.unwrap()), "{a:?} {b:?}");
+        assert!(close(a.logloss, b.logloss), "{a:?} {b:?}");
+        assert!(close(a.positive_rate, b.positive_rate), "{a:?} {b:?}");
+        assert!(close(a.ne.unwrap(), b.ne.unwrap()), "{a:?} {b:?}");
+        assert!(
+            close(a.calibration.unwrap(), b.calibration.unwrap()),
+            "{a:?} {b:?}"
+        );
+        // The weights matter: unweighted, the same samples give another AUC.
+        let mut plain = ProgressiveEval::new(100, 1);
+        push(&mut plain, &probs, &labels);
+        assert!(!close(
+            plain.record(1.0).unwrap().auc.unwrap(),
+            a.auc.unwrap()
+        ));
+        // The window counts samples; as weighted ones leave, their weight leaves too.
+        let mut sliding = ProgressiveEval::new(2, 1);
+        sliding.push(check(&probs, &labels, &weights, 1, 1).unwrap());
+        let last = sliding.record(1.0).unwrap();
+        assert_eq!(last.samples, 2);
+        assert!(close(last.positive_rate, 0.5), "{last:?}");
+    }
+
+    #[test]
+    fn malformed_weights_are_refused() {
+        assert!(check(&[0.5, 0.5], &[0, 1], &[1.0], 1, 1).is_err());
+        assert!(check(&[0.5], &[1], &[-1.0], 1, 1).is_err());
+        assert!(check(&[0.5], &[1], &[f32::NAN], 1, 1).is_err());
+        assert!(check(&[0.5], &[1], &[f32::INFINITY], 1, 1).is_err());
+        // A multi-task report has one weight per sample, not per task.
+        assert!(check(&[0.5, 0.5], &[0, 1], &[2.0], 2, 2).is_ok());
+        assert!(check(&[0.5, 0.5], &[0, 1], &[2.0, 2.0], 2, 2).is_err());
+    }
+
     #[test]
     fn malformed_reports_are_refused_whole() {
         // Only a checked report can be pushed, so a refused one adds nothing.
-        assert!(check(&[0.5, 0.5], &[1], 1, 1).is_err());
-        assert!(check(&[0.5], &[2], 1, 1).is_err());
-        assert!(check(&[1.5], &[1], 1, 1).is_err());
-        assert!(check(&[f32::NAN], &[1], 1, 1).is_err());
+        assert!(check(&[0.5, 0.5], &[1], &[], 1, 1).is_err());
+        assert!(check(&[0.5], &[2], &[], 1, 1).is_err());
+        assert!(check(&[1.5], &[1], &[], 1, 1).is_err());
+        assert!(check(&[f32::NAN], &[1], &[], 1, 1).is_err());
         let n = MAX_PER_REPORT + 1;
-        assert!(check(&vec![0.5; n], &vec![0; n], 1, 1).is_err());
-        assert_eq!(check(&[0.5, 1.0], &[0, 1], 1, 1).unwrap().len(), 2);
+        assert!(check(&vec![0.5; n], &vec![0; n], &[], 1, 1).is_err());
+        assert_eq!(check(&[0.5, 1.0], &[0, 1], &[], 1, 1).unwrap().len(), 2);
         // A multi-task job's reports carry its task count, in whole samples.
-        assert!(check(&[0.5, 1.0], &[0, 1], 1, 2).is_err());
-        assert!(check(&[0.5, 1.0], &[0, 1], 0, 2).is_err());
-        assert!(check(&[0.5, 1.0, 0.5], &[0, 1, 1], 2, 2).is_err());
-        assert!(check(&[0.5, 1.0], &[0, 1], 2, 1).is_err());
-        assert_eq!(check(&[0.5, 1.0], &[0, 1], 2, 2).unwrap().len(), 1);
-        assert!(check(&[], &[], 0, 2).unwrap().is_empty());
+        assert!(check(&[0.5, 1.0], &[0, 1], &[], 1, 2).is_err());
+        assert!(check(&[0.5, 1.0], &[0, 1], &[], 0, 2).is_err());
+        assert!(check(&[0.5, 1.0, 0.5], &[0, 1, 1], &[], 2, 2).is_err());
+        assert!(check(&[0.5, 1.0], &[0, 1], &[], 2, 1).is_err());
+        assert_eq!(check(&[0.5, 1.0], &[0, 1], &[], 2, 2).unwrap().len(), 1);
+        assert!(check(&[], &[], &[], 0, 2).unwrap().is_empty());
     }
 
     /// Each task of a multi-task job has its own window over the same samples: task 0's
@@ -394,7 +509,7 @@ mod tests {
         // ranked perfectly, task 1 backwards; the first sample leaves the window.
         let probs = [0.5, 0.5, 0.9, 0.2, 0.1, 0.8, 0.8, 0.3];
         let labels = [1, 1, 1, 1, 0, 0, 1, 1];
-        e.push(check(&probs, &labels, 2, 2).unwrap());
+        e.push(check(&probs, &labels, &[], 2, 2).unwrap());
         let f = e.record(1.0).unwrap();
         assert_eq!(f.samples, 3);
         assert_eq!(e.seen(), 4);

@@ -216,8 +216,9 @@ impl Master for MasterService {
         // Checked before the progress is accepted: a refused report changes nothing.
         let progressive = &self.0.progressive;
         let tasks = progressive.lock().as_ref().map_or(1, |p| p.tasks());
-        let predicted = crate::progressive::check(&req.predicted, &req.labels, req.tasks, tasks)
-            .map_err(|e| MasterError::invalid(format!("progress report: {e}")))?;
+        let predicted =
+            crate::progressive::check(&req.predicted, &req.labels, &req.weights, req.tasks, tasks)
+                .map_err(|e| MasterError::invalid(format!("progress report: {e}")))?;
         let schedule = self.0.lr_schedule.get();
         let (ack, lr_scale) = self
             .0

@@ -719,6 +719,7 @@ impl RemoteModel {
             probs,
             labels,
             tasks: tasks as u32,
+            weights: batch.weights.clone(),
         }
     }
 
@@ -908,6 +909,8 @@ struct Predictions {
     probs: Vec<f32>,
     labels: Vec<u8>,
     tasks: u32,
+    /// Each sample's weight; empty: 1 each.
+    weights: Vec<f32>,
 }
 
 /// Reports progress, retrying while the master is unreachable (e.g. restarting).
@@ -927,6 +930,7 @@ async fn report(
         predicted: predicted.probs,
         labels: predicted.labels,
         tasks: predicted.tasks,
+        weights: predicted.weights,
     };
     let r = rpc::retry_transient(Some(Duration::from_secs(300)), || {
         let (mut m, req) = (master.clone(), req.clone());

@@ -598,15 +598,7 @@ pub fn predictions(reply: &str) -> (Vec<f32>, serde_json::Value) {
 /// them (`tests/python/tensorboard_scalars.py`): tag to `[(step, value)]`. `None` (the
 /// test skipped, and counted) where Python has no `tensorboard` package.
 pub fn tensorboard_scalars(dir: &Path) -> Option<serde_json::Map<String, serde_json::Value>> {
-    let has = Command::new("python3")
-        .args(["-c", "import tensorboard"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has {
-        elastrec_common::skip::skip_test(
-            "TENSORBOARD",
-            "python3 cannot import tensorboard (scripts/test.sh installs it)",
-        );
+    if !elastrec_common::skip::python_imports("TENSORBOARD", "tensorboard") {
         return None;
     }
     let script = concat!(

@@ -86,6 +86,10 @@ pub(super) fn open_backend(
         cfg.resources.clone(),
     );
     template.tls = tls;
+    template.metrics_port_base = cfg.cluster.node_metrics_port_base;
+    if kind == BackendKind::Kubernetes {
+        crate::backend::kubernetes::manifests::check_paths(cfg)?;
+    }
     crate::autoscale_loop::size_nodes(&template, cfg);
     let template = Arc::new(template);
     let enforce = cfg.autoscale.holds_nodes() || cfg.engine.local.enforce_resources;

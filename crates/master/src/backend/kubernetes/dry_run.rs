@@ -69,7 +69,7 @@ fn render(cfg: &JobConfig, namespace: &str) -> anyhow::Result<String> {
         Some(host) => format!("{host}:<port bound at start>"),
         None => master,
     };
-    let template = LaunchTemplate::new(
+    let mut template = LaunchTemplate::new(
         cfg.engine.kubernetes.program.clone().into(),
         &job_id,
         &job_uid,
@@ -78,6 +78,8 @@ fn render(cfg: &JobConfig, namespace: &str) -> anyhow::Result<String> {
         "logs".into(),
         cfg.resources.clone(),
     );
+    template.metrics_port_base = cfg.cluster.node_metrics_port_base;
+    manifests::check_paths(cfg)?;
     crate::autoscale_loop::size_nodes(&template, cfg);
     let template = Arc::new(template);
     let objects = JobObjects {
@@ -85,6 +87,7 @@ fn render(cfg: &JobConfig, namespace: &str) -> anyhow::Result<String> {
         namespace: namespace.to_string(),
         job_uid: job_uid.clone(),
         secret_name: manifests::secret_name(&template.node_name(Role::Ps, 0)),
+        metrics_port_base: template.metrics_port_base,
     };
     let nodes = initial_nodes(cfg.cluster.ps, cfg.cluster.workers, cfg.cluster.executors);
     let entries = manifests::secret_entries(&template);
@@ -161,6 +164,15 @@ mod tests {
         cfg.cluster.executors = 1;
         cfg.cluster.master_port = 0;
         cfg.engine.kubernetes.image = "elastrec:test".into();
+        cfg.data.dir = "/data/quickstart".into();
+        cfg.output.dir = "/runs/quickstart".into();
+        let volume = |name: &str, path: &str| elastrec_job::resources::Volume {
+            name: name.into(),
+            mount_path: path.into(),
+            claim: name.into(),
+            ..Default::default()
+        };
+        cfg.engine.kubernetes.volumes = vec![volume("data", "/data"), volume("runs", "/runs")];
         let yaml = render(&cfg, "ml").unwrap();
         assert_eq!(yaml.matches("\nkind: Pod\n").count(), 4, "{yaml}");
         // A data executor's pod reads its own role's token from the Secret.

@@ -20,6 +20,7 @@ mod watch;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use elastrec_job::resources::KubernetesConfig;
@@ -79,6 +80,7 @@ impl KubernetesPods {
             namespace: namespace.clone(),
             job_uid: template.job_uid.clone(),
             secret_name: manifests::secret_name(&template.node_name(Role::Ps, 0)),
+            metrics_port_base: template.metrics_port_base,
         };
         let server = api.server.clone();
         // Reading first: an unreachable server, bad credentials or a missing permission
@@ -318,6 +320,11 @@ impl ClusterBackend for KubernetesPods {
                 node.id,
             );
         }
+    }
+
+    fn queued(&self) -> Vec<u32> {
+        let timeout = Duration::from_secs(self.objects.cfg.pending_timeout_s);
+        self.table.lock().queued(Instant::now(), timeout)
     }
 
     fn exited(&self) -> Vec<NodeExit> {

@@ -70,6 +70,38 @@ pub fn ended(pod: &Pod) -> Option<Ended> {
     }
 }
 
+/// Why a pod that has not ended does not run yet, if it does not: the scheduler's
+/// message while it is unscheduled (`0/3 nodes are available: 3 Insufficient cpu.`), or
+/// its container's waiting reason (`ContainerCreating`, an image being pulled). Such a
+/// pod is queued by the engine, not a silent node.
+pub fn waiting(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    if status.phase.as_deref().unwrap_or("Pending") != "Pending" {
+        return None;
+    }
+    let unscheduled = status.conditions.as_ref().and_then(|c| {
+        c.iter()
+            .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+    });
+    if let Some(c) = unscheduled {
+        let reason = c.reason.as_deref().unwrap_or("Unschedulable");
+        return Some(with_message(reason, c.message.as_deref()));
+    }
+    let waiting = status
+        .container_statuses
+        .as_ref()
+        .and_then(|c| c.first())
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.waiting.as_ref());
+    Some(match waiting {
+        Some(w) => with_message(
+            w.reason.as_deref().unwrap_or("Waiting"),
+            w.message.as_deref(),
+        ),
+        None => "Pending".into(),
+    })
+}
+
 /// The end of a node whose pod was deleted before it ended by itself: a drained or lost
 /// host, a preemption, someone's `kubectl delete`. The disruption condition the cluster
 /// sets (Kubernetes 1.26+) says which.

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::TryStreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
@@ -30,6 +30,16 @@ pub struct PodTable {
     reported: HashSet<u32>,
     /// Ends not yet taken by [`PodTable::take_exits`].
     exits: Vec<NodeExit>,
+    /// Nodes whose pod waits to run (unscheduled, its image pulled, its container
+    /// created): since when, and why.
+    waiting: HashMap<u32, Waiting>,
+}
+
+/// A pod the engine holds before it runs.
+struct Waiting {
+    since: Instant,
+    why: String,
+    name: String,
 }
 
 impl PodTable {
@@ -52,19 +62,73 @@ impl PodTable {
         match outcome::ended(pod) {
             Some(end) => {
                 self.live.remove(&id);
+                self.waiting.remove(&id);
                 self.ended.insert(id);
                 self.report(id, &name, end);
             }
             None => {
+                match outcome::waiting(pod) {
+                    Some(why) => self.wait(id, &name, why),
+                    None => drop(self.waiting.remove(&id)),
+                }
                 self.live.insert(id, name);
             }
         }
+    }
+
+    /// Notes that node `id`'s pod `name` waits to run, for `why`. A pod the scheduler
+    /// cannot place is told in the master's log once per reason.
+    fn wait(&mut self, id: u32, name: &str, why: String) {
+        let w = self.waiting.entry(id).or_insert_with(|| Waiting {
+            since: Instant::now(),
+            why: String::new(),
+            name: name.to_string(),
+        });
+        if w.why != why && why.starts_with("Unschedulable") {
+            event!(
+                "pod_waiting",
+                node = id,
+                pod = %name,
+                reason = %why,
+                "kubernetes: pod {name} (node {id}) is not scheduled yet: {why}"
+            );
+        }
+        w.why = why;
+    }
+
+    /// The nodes whose pods still wait to run; a pod that has waited longer than
+    /// `timeout` ends instead, with what it waited for (the master then replaces its
+    /// node or stops the job, as for any end).
+    pub fn queued(&mut self, now: Instant, timeout: Duration) -> Vec<u32> {
+        let expired: Vec<u32> = self
+            .waiting
+            .iter()
+            .filter(|(_, w)| now.saturating_duration_since(w.since) > timeout)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in expired {
+            let w = self.waiting.remove(&id).expect("listed");
+            let end = Ended {
+                reason: format!(
+                    "did not start within engine.kubernetes.pending_timeout_s ({} s): {}",
+                    timeout.as_secs(),
+                    w.why
+                ),
+                oom: false,
+                clean: false,
+            };
+            self.report(id, &w.name, end);
+        }
+        let mut ids: Vec<u32> = self.waiting.keys().copied().collect();
+        ids.sort_unstable();
+        ids
     }
 
     /// Takes in the deletion of a pod.
     pub fn observe_deleted(&mut self, pod: &Pod) {
         let Some(id) = node_of(pod) else { return };
         self.live.remove(&id);
+        self.waiting.remove(&id);
         if self.ended.insert(id) {
             let name = pod.metadata.name.clone().unwrap_or_default();
             self.report(id, &name, outcome::deleted(pod));
@@ -83,6 +147,7 @@ impl PodTable {
             .collect();
         for (id, name) in vanished {
             self.live.remove(&id);
+            self.waiting.remove(&id);
             self.ended.insert(id);
             let end = Ended {
                 reason: "pod deleted (while the watch was reconnecting)".into(),
@@ -244,6 +309,46 @@ mod tests {
         t.observe_deleted(&pod(2, "Running", None));
         assert!(t.take_exits().is_empty(), "the master stopped it");
         assert!(t.stop(1), "an ended pod is kept for its logs");
+    }
+
+    /// A pod the scheduler cannot place, or whose container is being created, is queued
+    /// (not silent) until `pending_timeout_s`, then ends saying what it waited for.
+    #[test]
+    fn waiting_pods_are_queued_until_their_timeout_then_end_saying_why() {
+        use k8s_openapi::api::core::v1::PodCondition;
+        let mut unscheduled = pod(5, "Pending", None);
+        unscheduled.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("Unschedulable".into()),
+            message: Some("0/3 nodes are available: 3 Insufficient cpu.".into()),
+            ..Default::default()
+        }]);
+        let mut t = PodTable::default();
+        t.observe(&unscheduled);
+        t.observe(&pod(6, "Pending", None));
+        t.observe(&pod(7, "Running", None));
+        let now = Instant::now();
+        let timeout = Duration::from_secs(600);
+        assert_eq!(t.queued(now, timeout), vec![5, 6]);
+        assert!(t.take_exits().is_empty());
+        // Node 6's pod starts: no longer queued.
+        t.observe(&pod(6, "Running", None));
+        assert_eq!(t.queued(now, timeout), vec![5]);
+        let later = now + Duration::from_secs(601);
+        assert!(t.queued(later, timeout).is_empty());
+        let exits = t.take_exits();
+        assert_eq!(exits.len(), 1, "{exits:?}");
+        assert_eq!(exits[0].id, 5);
+        assert!(
+            exits[0].reason.contains("pending_timeout_s (600 s)")
+                && exits[0].reason.contains("Insufficient cpu"),
+            "{}",
+            exits[0].reason
+        );
+        // Told once.
+        t.observe(&unscheduled);
+        assert!(t.take_exits().is_empty());
     }
 
     #[test]
