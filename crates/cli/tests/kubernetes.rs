@@ -345,19 +345,22 @@ fn run_with_kubeconfig(job: &Path, kubeconfig: &Path) -> String {
 #[test]
 fn kubernetes_dry_run_prints_manifests_and_starts_nothing() {
     let kube = Kube::start("k8s-d");
+    let dry_run = |job: &Path| {
+        Command::new(exe())
+            .args([
+                "run",
+                job.to_str().unwrap(),
+                "--backend",
+                "kubernetes",
+                "--dry-run",
+            ])
+            .env("KUBECONFIG", &kube.kubeconfig)
+            .output()
+            .unwrap()
+    };
     // Without a volume the pods would not see the data: refused, naming the fix.
     let (bare, _) = write_job("k8s-d-bare", CLUSTER);
-    let out = Command::new(exe())
-        .args([
-            "run",
-            bare.to_str().unwrap(),
-            "--backend",
-            "kubernetes",
-            "--dry-run",
-        ])
-        .env("KUBECONFIG", &kube.kubeconfig)
-        .output()
-        .unwrap();
+    let out = dry_run(&bare);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
@@ -365,17 +368,7 @@ fn kubernetes_dry_run_prints_manifests_and_starts_nothing() {
         "{err}"
     );
     let (job, dir) = write_job("k8s-d", &cluster());
-    let out = Command::new(exe())
-        .args([
-            "run",
-            job.to_str().unwrap(),
-            "--backend",
-            "kubernetes",
-            "--dry-run",
-        ])
-        .env("KUBECONFIG", &kube.kubeconfig)
-        .output()
-        .unwrap();
+    let out = dry_run(&job);
     let yaml = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),

@@ -598,12 +598,7 @@ fn mlp(g: &mut Graph, name: &str, m: &Mlp, x: &str) -> String {
         if let Some(norm) = m.norms.get(i) {
             let (scale, shift) = (norm_part(&prefix, "weight"), norm_part(&prefix, "bias"));
             h = match norm {
-                Norm::Layer(_) => g.op(
-                    "LayerNormalization",
-                    &[&h, &scale, &shift],
-                    vec![int("axis", -1), float("epsilon", EPS)],
-                    None,
-                ),
+                Norm::Layer(_) => layer_norm(g, &h, &format!("{prefix}.norm")),
                 Norm::Batch(_) => {
                     let mean = norm_part(&prefix, "running_mean");
                     let var = norm_part(&prefix, "running_var");
