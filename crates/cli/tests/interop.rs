@@ -6,26 +6,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use common::{elastrec, elastrec_ok, gen_data, gen_named, named_features};
+use common::{elastrec, elastrec_ok, gen_data, gen_named, named_features, python_json};
 use elastrec_common::skip::python_imports;
-
-/// Runs a script of `tests/python` and parses the JSON it prints.
-fn python_json(script: &str, args: &[&Path]) -> serde_json::Value {
-    let path = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new("python3")
-        .arg(path)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{script}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
 
 /// Where a family's data comes from.
 #[derive(Clone, Copy)]

@@ -22,6 +22,9 @@ pub enum ExportError {
         /// Why.
         source: std::io::Error,
     },
+    /// Writing a file in place (`elastrec_job::fsio`).
+    #[error(transparent)]
+    File(#[from] elastrec_job::JobError),
     /// The safetensors writer refused the tensors.
     #[error("writing {path}: {reason}")]
     Safetensors {

@@ -8,7 +8,7 @@ use std::path::Path;
 use elastrec_data::schema::NULL_KEY;
 use elastrec_data::Batch;
 use elastrec_embedding::row_of;
-use safetensors::tensor::{Dtype, TensorView};
+use safetensors::tensor::Dtype;
 
 use crate::error::{ExportError, Result};
 use crate::signature::Signature;
@@ -110,7 +110,7 @@ impl Inputs {
     pub fn write(&self, path: &Path) -> Result<()> {
         let sig = &self.sig;
         let n = self.rows;
-        let mut arrays: Vec<(String, Dtype, Vec<usize>, &[u8])> = vec![(
+        let mut arrays: Vec<crate::tensors::Array<'_>> = vec![(
             "dense".into(),
             Dtype::F32,
             vec![n, sig.dense.len()],
@@ -139,16 +139,7 @@ impl Inputs {
                 bytemuck::cast_slice(&self.list_weights[b]),
             ));
         }
-        let mut tensors = Vec::with_capacity(arrays.len());
-        for (name, dtype, shape, bytes) in arrays {
-            let view =
-                TensorView::new(dtype, shape, bytes).map_err(|e| ExportError::Safetensors {
-                    path: path.to_path_buf(),
-                    reason: format!("{name}: {e}"),
-                })?;
-            tensors.push((name, view));
-        }
         let meta = HashMap::from([("format".to_string(), "elastrec-onnx-inputs".to_string())]);
-        crate::tensors::write_tensors(tensors, meta, path)
+        crate::tensors::write_tensors(arrays, meta, path)
     }
 }

@@ -53,15 +53,17 @@ pub fn write(model: &Dlrm, schema: Option<&Schema>, path: &Path) -> Result<Tenso
     for p in crate::params::dense_params(&model.dense) {
         arrays.push((p.name, p.shape, p.values));
     }
-    let mut views = Vec::with_capacity(arrays.len());
-    for (name, shape, values) in &arrays {
-        let view = TensorView::new(Dtype::F32, shape.clone(), bytemuck::cast_slice(values))
-            .map_err(|e| ExportError::Safetensors {
-                path: path.to_path_buf(),
-                reason: format!("{name}: {e}"),
-            })?;
-        views.push((name.clone(), view));
-    }
+    let arrays: Vec<Array<'_>> = arrays
+        .iter()
+        .map(|(name, shape, values)| {
+            (
+                name.clone(),
+                Dtype::F32,
+                shape.clone(),
+                bytemuck::cast_slice(values),
+            )
+        })
+        .collect();
     let meta = HashMap::from([
         ("format".to_string(), "elastrec".to_string()),
         (
@@ -77,8 +79,8 @@ pub fn write(model: &Dlrm, schema: Option<&Schema>, path: &Path) -> Result<Tenso
             crate::onnx::ROWS_RULE.to_string(),
         ),
     ]);
-    let tensors = views.len();
-    write_tensors(views, meta, path)?;
+    let tensors = arrays.len();
+    write_tensors(arrays, meta, path)?;
     let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     Ok(TensorsExport {
         path: path.to_path_buf(),
@@ -87,17 +89,27 @@ pub fn write(model: &Dlrm, schema: Option<&Schema>, path: &Path) -> Result<Tenso
     })
 }
 
-/// Writes named tensor views with `meta` to `path`, atomically.
+/// A tensor to write: its name, element type, shape and little-endian bytes.
+pub(crate) type Array<'a> = (String, Dtype, Vec<usize>, &'a [u8]);
+
+/// Writes `arrays` with `meta` to `path` as one safetensors file, atomically; an array
+/// whose bytes do not fit its shape is refused by name.
 pub(crate) fn write_tensors(
-    views: Vec<(String, TensorView<'_>)>,
+    arrays: Vec<Array<'_>>,
     meta: HashMap<String, String>,
     path: &Path,
 ) -> Result<()> {
-    let bytes = safetensors::tensor::serialize(views, Some(meta)).map_err(|e| {
-        ExportError::Safetensors {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        }
-    })?;
-    crate::onnx::write_atomically(path, &bytes)
+    let failed = |reason: String| ExportError::Safetensors {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let mut views = Vec::with_capacity(arrays.len());
+    for (name, dtype, shape, bytes) in arrays {
+        let view =
+            TensorView::new(dtype, shape, bytes).map_err(|e| failed(format!("{name}: {e}")))?;
+        views.push((name, view));
+    }
+    let bytes =
+        safetensors::tensor::serialize(views, Some(meta)).map_err(|e| failed(e.to_string()))?;
+    Ok(elastrec_job::fsio::write_atomic(path, &bytes)?)
 }

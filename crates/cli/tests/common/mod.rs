@@ -601,21 +601,25 @@ pub fn tensorboard_scalars(dir: &Path) -> Option<serde_json::Map<String, serde_j
     if !elastrec_common::skip::python_imports("TENSORBOARD", "tensorboard") {
         return None;
     }
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/python/tensorboard_scalars.py"
-    );
+    let v = python_json("tensorboard_scalars.py", &[dir]);
+    Some(v.as_object().unwrap().clone())
+}
+
+/// Runs the script `script` of `tests/python` on `args` and parses the JSON it prints;
+/// a failing script fails the test with its error output.
+pub fn python_json(script: &str, args: &[&Path]) -> serde_json::Value {
+    let path = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
     let out = Command::new("python3")
-        .args([script, dir.to_str().unwrap()])
+        .arg(path)
+        .args(args)
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "{}",
+        "{script}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    Some(v.as_object().unwrap().clone())
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// The last value of `tag` in TensorBoard `scalars`.

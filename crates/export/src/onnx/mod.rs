@@ -21,7 +21,6 @@
 pub mod builder;
 pub mod proto;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use elastrec_data::{Pooling, Schema};
@@ -131,7 +130,7 @@ pub fn write(
         ],
     };
     let bytes = proto.encode_to_vec();
-    write_atomically(out, &bytes)?;
+    elastrec_job::fsio::write_atomic(out, &bytes)?;
     let signature_file = side_file(out);
     let side = serde_json::json!({
         "graph": out.file_name().map(|n| n.to_string_lossy().to_string()),
@@ -139,7 +138,7 @@ pub fn write(
         "rows": ROWS_RULE,
         "outputs": {"logit": "[batch, tasks]", "probability": "[batch, tasks]"},
     });
-    write_atomically(
+    elastrec_job::fsio::write_atomic(
         &signature_file,
         serde_json::to_string_pretty(&side)
             .expect("plain data")
@@ -181,7 +180,22 @@ fn add_tables(
 ) -> Result<Option<(PathBuf, u64)>> {
     let width = model.embeddings.dim();
     let total: u64 = sig.tables.iter().map(|t| t.rows * width as u64 * 4).sum();
-    let external = opts.external_data || total > INLINE_LIMIT;
+    let tensor = |info: &crate::signature::TableInfo| TensorProto {
+        dims: vec![info.rows as i64, width as i64],
+        data_type: data_type::FLOAT,
+        name: table_constant(&info.name),
+        ..TensorProto::default()
+    };
+    if !(opts.external_data || total > INLINE_LIMIT) {
+        for (t, info) in sig.tables.iter().enumerate() {
+            let rows = crate::tables::table_rows(model, t)?;
+            g.constant_tensor(TensorProto {
+                raw_data: bytemuck::cast_slice(&rows).to_vec(),
+                ..tensor(info)
+            });
+        }
+        return Ok(None);
+    }
     let data_path = {
         let mut name = out.as_os_str().to_owned();
         name.push(".data");
@@ -191,49 +205,26 @@ fn add_tables(
         .file_name()
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_default();
-    let mut file = if external {
-        let tmp = data_path.with_extension("data.tmp");
-        Some((
-            std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io(&tmp))?),
-            tmp,
-        ))
-    } else {
-        None
-    };
     let mut offset = 0u64;
-    for (t, info) in sig.tables.iter().enumerate() {
-        let rows = crate::tables::table_rows(model, t)?;
-        let bytes: &[u8] = bytemuck::cast_slice(&rows);
-        let mut tensor = TensorProto {
-            dims: vec![info.rows as i64, width as i64],
-            data_type: data_type::FLOAT,
-            name: table_constant(&info.name),
-            ..TensorProto::default()
-        };
-        match &mut file {
-            Some((w, tmp)) => {
-                w.write_all(bytes).map_err(io(tmp))?;
-                tensor.data_location = 1;
-                tensor.external_data = vec![
+    elastrec_job::fsio::write_atomic_with(&data_path, |w| -> Result<()> {
+        for (t, info) in sig.tables.iter().enumerate() {
+            let rows = crate::tables::table_rows(model, t)?;
+            let bytes: &[u8] = bytemuck::cast_slice(&rows);
+            w.write_all(bytes).map_err(io(&data_path))?;
+            g.constant_tensor(TensorProto {
+                data_location: 1,
+                external_data: vec![
                     entry("location", &location),
                     entry("offset", &offset.to_string()),
                     entry("length", &bytes.len().to_string()),
-                ];
-                offset += bytes.len() as u64;
-            }
-            None => tensor.raw_data = bytes.to_vec(),
+                ],
+                ..tensor(info)
+            });
+            offset += bytes.len() as u64;
         }
-        g.constant_tensor(tensor);
-    }
-    match file {
-        Some((w, tmp)) => {
-            let f = w.into_inner().map_err(|e| io(&tmp)(e.into_error()))?;
-            f.sync_all().map_err(io(&tmp))?;
-            std::fs::rename(&tmp, &data_path).map_err(io(&data_path))?;
-            Ok(Some((data_path, offset)))
-        }
-        None => Ok(None),
-    }
+        Ok(())
+    })?;
+    Ok(Some((data_path, offset)))
 }
 
 /// The constant holding table `name`.
@@ -644,16 +635,4 @@ fn fm_term(g: &mut Graph, emb: &str) -> String {
     let diff = g.sub(&total, &squares);
     let half = g.scalar("half", 0.5);
     g.mul(&diff, &half)
-}
-
-/// Writes `bytes` to `path` through a temporary file and a rename, so a reader never
-/// sees half a file.
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-    f.write_all(bytes).map_err(io(&tmp))?;
-    f.sync_all().map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))
 }
