@@ -6,8 +6,8 @@
 #     Prometheus and promtool (scraping the jobs' nodes, checking their metrics);
 #   - PyPI: moto (an S3-compatible server for checkpoints), scikit-learn (the reference of
 #     the evaluation figures), tensorboard (the reader of the jobs' event files),
-#     onnxruntime and safetensors (the readers of exported models), and this checkout's
-#     own Python package (pip install ./python, built by maturin);
+#     onnxruntime and safetensors (the readers of exported models), pandas (the Python
+#     package's data frames);
 #   - crates.io: Tansu (a Kafka-protocol broker), built once (~10-20 min on 2 cores) and
 #     cached in ~/.cache/elastrec-tools.
 # Every server that is installed is required (`ELASTREC_REQUIRE_*`): a test that needs it
@@ -63,17 +63,6 @@ for pkg in sklearn:scikit-learn tensorboard:tensorboard onnxruntime:onnxruntime 
     fi
 done
 
-# The `elastrec` Python package from this checkout (its walk-through in docs/python.md is
-# a test), built with the tests' profile and target directory so its crates are mostly
-# built already; always reinstalled: the checkout changes.
-if python3 -c 'import numpy' >/dev/null 2>&1; then
-    say "installing the elastrec Python package (pip install ./python)"
-    if ! MATURIN_PEP517_ARGS="--profile dev" python3 -m pip install -q --force-reinstall \
-        --no-deps ./python; then
-        say "could not install the elastrec Python package: its test will be skipped and counted"
-    fi
-fi
-
 TOOLS="$HOME/.cache/elastrec-tools"
 # Its memory engine for speed, its SQLite engine (libsql) for SCRAM users; the path must
 # match elastrec_stream::tansu::INSTALL_DIR.
@@ -100,7 +89,8 @@ python3 -c 'import tensorboard' >/dev/null 2>&1 && export ELASTREC_REQUIRE_TENSO
 python3 -c 'import onnxruntime, safetensors, numpy' >/dev/null 2>&1 &&
     export ELASTREC_REQUIRE_ONNXRUNTIME=1
 python3 -c 'import safetensors, numpy' >/dev/null 2>&1 && export ELASTREC_REQUIRE_SAFETENSORS=1
-python3 -c 'import elastrec' >/dev/null 2>&1 && export ELASTREC_REQUIRE_PYTHON_PACKAGE=1
+# The native module is built below only for a whole-workspace run.
+[ $# -eq 0 ] && python3 -c 'import numpy' >/dev/null 2>&1 && export ELASTREC_REQUIRE_PYTHON_PACKAGE=1
 # Control groups need root and a writable cgroup tree; CI's machine gives them.
 if [ "${CI:-}" = true ]; then
     export ELASTREC_REQUIRE_CGROUPS=1
@@ -110,7 +100,13 @@ skip_log="$(mktemp)"
 trap 'rm -f "$skip_log"' EXIT
 export ELASTREC_SKIP_LOG="$skip_log"
 status=0
-cargo test --workspace "$@" || status=$?
+# The Python package's native module is a library no test binary links (`crates/python`):
+# built here with the tests' features, so its test runs against this checkout and cargo
+# compiles the workspace once.
+if [ $# -eq 0 ]; then
+    cargo build --workspace --lib --tests || status=$?
+fi
+[ "$status" -eq 0 ] && { cargo test --workspace "$@" || status=$?; }
 
 skipped=$(wc -l <"$skip_log")
 if [ "$skipped" -gt 0 ]; then

@@ -290,6 +290,10 @@ pub struct Autoscaler {
     brain_error: Option<String>,
     /// PS memory readings not yet reported: (ps index, step, GiB).
     memory: Vec<pb::MemorySample>,
+    /// Every PS's latest reading at each of the last [`MEMORY_STEPS_KEPT`] steps (PS
+    /// index -> GiB): the servers' total, which re-sharding does not change, says how
+    /// many PS the job's state will need by its end.
+    memory_by_step: std::collections::VecDeque<(u64, std::collections::BTreeMap<u32, f64>)>,
     /// Each PS node's cumulative (requests, seconds serving) at the last hot-PS check.
     served: std::collections::BTreeMap<u32, (u64, f64)>,
     /// The PS index found hot at the last check and how many checks in a row.
@@ -324,6 +328,9 @@ pub struct PsLoad {
     /// Seconds spent serving them.
     pub serve_s: f64,
 }
+
+/// Steps whose PS memory readings the autoscaler keeps for its own OOM check.
+const MEMORY_STEPS_KEPT: usize = 64;
 
 /// Fewest requests of a PS in a window for its mean time per request to count.
 const HOT_MIN_REQUESTS: u64 = 20;
@@ -374,6 +381,7 @@ impl Autoscaler {
             last_verdict: None,
             brain_error: None,
             memory: Vec::new(),
+            memory_by_step: Default::default(),
             served: Default::default(),
             hot_streak: None,
             growth: None,
@@ -508,13 +516,63 @@ impl Autoscaler {
 
     /// A PS memory reading (resident memory of PS `index` at global step `step`).
     pub fn observe_memory(&mut self, index: u32, step: u64, mem_gb: f64) {
-        if mem_gb.is_finite() && mem_gb > 0.0 {
-            self.memory.push(pb::MemorySample {
-                ps_index: index,
-                step,
-                mem_gb,
-            });
+        if !(mem_gb.is_finite() && mem_gb > 0.0) {
+            return;
         }
+        self.memory.push(pb::MemorySample {
+            ps_index: index,
+            step,
+            mem_gb,
+        });
+        match self.memory_by_step.back_mut() {
+            Some((s, by_ps)) if *s == step => {
+                by_ps.insert(index, mem_gb);
+            }
+            Some((s, _)) if *s > step => {}
+            _ => {
+                self.memory_by_step
+                    .push_back((step, [(index, mem_gb)].into_iter().collect()));
+                if self.memory_by_step.len() > MEMORY_STEPS_KEPT {
+                    self.memory_by_step.pop_front();
+                }
+            }
+        }
+    }
+
+    /// The PS count the servers' memory needs by the job's end: their total memory
+    /// (DLRover-RM's growth model, `a + b s + c sqrt(s)`, fitted to the summed readings)
+    /// predicted at the last step, over [`OomPolicy::trigger_fraction`] of a PS's limit;
+    /// with why. `None` until enough steps are read.
+    ///
+    /// [`OomPolicy::trigger_fraction`]: elastrec_brain::oom::OomPolicy
+    fn ps_needed_for_memory(&self, v: &View) -> Option<(u32, String)> {
+        let totals: Vec<elastrec_brain::oom::MemorySample> = self
+            .memory_by_step
+            .iter()
+            .map(|(step, by_ps)| elastrec_brain::oom::MemorySample {
+                ps_index: 0,
+                step: *step,
+                mem_gb: by_ps.values().sum(),
+            })
+            .collect();
+        let growth = elastrec_brain::oom::fit_growth(&totals).ok()?;
+        let m = u64::from(self.settings.batch_size.max(1));
+        let last_step = v.samples_total.div_ceil(m);
+        let peak = growth.at(last_step);
+        let per_ps =
+            elastrec_brain::oom::OomPolicy::default().trigger_fraction * self.settings.ps_mem_gb;
+        if per_ps <= 0.0 {
+            return None;
+        }
+        let need = (peak / per_ps).ceil().max(1.0) as u32;
+        Some((
+            need,
+            format!(
+                "PS memory: the servers' memory grows to {peak:.2} GiB in total by step {last_step} (OOM prediction over {} readings); {need} PS of {:.2} GiB hold it",
+                totals.len(),
+                self.settings.ps_mem_gb
+            ),
+        ))
     }
 
     /// Throughput of the latest window, samples/s.
@@ -989,18 +1047,35 @@ impl Autoscaler {
             reasons.push(c);
             self.cap_reason = Some(reasons.join("; "));
         }
-        // A PS count changed for memory stays: only the rest of the plan is undone.
-        let ps = if g.for_memory { after.ps } else { b.ps };
+        // A PS count changed for memory stays, and so does one that grew for speed where
+        // the servers' memory will need it by the job's end: only the rest is undone.
+        let memory_need = (b.ps < after.ps && !g.for_memory)
+            .then(|| self.ps_needed_for_memory(v))
+            .flatten()
+            .filter(|(need, _)| *need > b.ps);
+        let ps = if g.for_memory {
+            after.ps
+        } else if let Some((need, _)) = &memory_need {
+            after.ps.min(*need)
+        } else {
+            b.ps
+        };
+        let stays = if g.for_memory {
+            " (the PS count, changed for memory, stays)".to_string()
+        } else if let Some((_, why)) = &memory_need {
+            format!(" (the PS count stays: {why})")
+        } else {
+            String::new()
+        };
+        if (b.workers, b.worker_cpu, ps, b.ps_cpu)
+            == (after.workers, after.worker_cpu, after.ps, after.ps_cpu)
+        {
+            reasons.push(format!("kept{stays}"));
+            return Some(Decision::Keep(reasons.join("; ")));
+        }
         reasons.push(format!(
-            "back to {} workers x {} cores and {ps} PS x {} cores{}",
-            b.workers,
-            b.worker_cpu,
-            b.ps_cpu,
-            if g.for_memory {
-                " (the PS count, changed for memory, stays)"
-            } else {
-                ""
-            }
+            "back to {} workers x {} cores and {ps} PS x {} cores{stays}",
+            b.workers, b.worker_cpu, b.ps_cpu,
         ));
         Some(Decision::Apply {
             workers: b.workers,
@@ -1790,6 +1865,78 @@ mod tests {
         );
     }
 
+    fn two_ps(t: u64, s: u64) -> View {
+        View {
+            ps: 2,
+            ..view(t, 1, s)
+        }
+    }
+
+    /// An autoscaler of one worker whose plan wanted a second PS for speed, after the
+    /// probe that added it and a window at 60% of the throughput before; `during` sees
+    /// each round of that window (time, samples).
+    fn slower_ps_probe(
+        settings: Settings,
+        mut during: impl FnMut(&mut Autoscaler, u64),
+    ) -> (Autoscaler, u64, u64) {
+        let mut a = Autoscaler::new(settings, 0);
+        let (mut t, mut s) = (0, 0);
+        run(&mut a, &mut t, &mut s, 1, 1000, 4);
+        a.next_round(&view(t, 1, s));
+        a.review(&plan(1, 2, 1500.0), &view(t, 1, s));
+        run(&mut a, &mut t, &mut s, 1, 1000, 4);
+        let Round::Probe(_, d) = a.next_round(&view(t, 1, s)) else {
+            panic!("expected the PS probe")
+        };
+        a.applied(&d, &view(t, 1, s), "probe");
+        for _ in 0..20 {
+            t += 100;
+            s += 60;
+            a.observe(&two_ps(t, s));
+            during(&mut a, s);
+        }
+        (a, t, s)
+    }
+
+    /// The same PS probe that did not pay for speed stays where the servers' memory,
+    /// growing, will need two PS by the job's end (DLRover-RM's OOM prediction on their
+    /// total): undoing it would stop the job at its memory limit.
+    #[test]
+    fn an_unpaid_ps_probe_stays_when_the_memory_will_need_it() {
+        let elastic_ps = Settings {
+            workers: [1, 1],
+            ps: [1, 2],
+            ps_scaling: true,
+            ..settings()
+        };
+        // 0.2 GiB + 0.3 GiB per 1,000 steps over both PS: 3.2 GiB at the last of 10,000
+        // steps, above one PS's 0.9 x 2 GiB.
+        let growing = |a: &mut Autoscaler, samples: u64| {
+            let step = samples / 100;
+            let total = 0.2 + 0.0003 * step as f64;
+            a.observe_memory(0, step, total / 2.0);
+            a.observe_memory(1, step, total / 2.0);
+        };
+        let (mut a, t, s) = slower_ps_probe(elastic_ps.clone(), growing);
+        let Round::Revert(_, kept) = a.next_round(&two_ps(t, s)) else {
+            panic!("the unpaid probe is judged")
+        };
+        assert!(
+            matches!(&kept, Decision::Keep(why) if why.contains("PS count stays") && why.contains("2 PS of 2.00 GiB")),
+            "{kept:?}"
+        );
+        // Flat memory needs one PS: the probe is undone.
+        let flat = |a: &mut Autoscaler, samples: u64| {
+            a.observe_memory(0, samples / 100, 0.3);
+            a.observe_memory(1, samples / 100, 0.3);
+        };
+        let (mut a, t, s) = slower_ps_probe(elastic_ps, flat);
+        let Round::Revert(_, back) = a.next_round(&two_ps(t, s)) else {
+            panic!("the unpaid probe is judged")
+        };
+        assert!(matches!(back, Decision::Apply { ps: 1, .. }), "{back:?}");
+    }
+
     /// A plan that wants more PS for speed while the profile holds one PS count (and a
     /// PS's cores cannot vary) is held to the PS the job has, and the next round probes
     /// one PS more so the fit can tell what a server is worth; without the plan's word,
@@ -1827,25 +1974,7 @@ mod tests {
         );
         // Judged as a plan: one more PS that slows the job down is undone at its first
         // window, and later plans are not capped for it.
-        let mut a = Autoscaler::new(elastic_ps.clone(), 0);
-        let (mut t, mut s) = (0, 0);
-        run(&mut a, &mut t, &mut s, 1, 1000, 4);
-        a.next_round(&view(t, 1, s));
-        a.review(&plan(1, 2, 1500.0), &view(t, 1, s));
-        run(&mut a, &mut t, &mut s, 1, 1000, 4);
-        let Round::Probe(_, d) = a.next_round(&view(t, 1, s)) else {
-            panic!("expected the PS probe")
-        };
-        a.applied(&d, &view(t, 1, s), "probe");
-        let two_ps = |t: u64, s: u64| View {
-            ps: 2,
-            ..view(t, 1, s)
-        };
-        for _ in 0..20 {
-            t += 100;
-            s += 60;
-            a.observe(&two_ps(t, s));
-        }
+        let (mut a, t, s) = slower_ps_probe(elastic_ps.clone(), |_, _| {});
         let Round::Revert(_, back) = a.next_round(&two_ps(t, s)) else {
             panic!("a PS probe that cost 40% is undone")
         };

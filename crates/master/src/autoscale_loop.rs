@@ -674,6 +674,10 @@ async fn execute(core: &MasterCore, auto: &mut Autoscaler, d: &Decision, v: &Vie
                 }
             }
         }
+        // An unpaid change kept (for the memory it will need) is a decision a user sees.
+        Decision::Keep(why) if source == "revert" => {
+            event!("change_kept", reason = %why, "autoscale: {why}")
+        }
         Decision::Keep(why) => tracing::debug!(%why, "autoscale: keep"),
         Decision::Refuse(why) => {
             event!("plan_refused", reason = %why, "autoscale: plan refused: {why}")

@@ -14,10 +14,42 @@ pub fn exe() -> &'static str {
 }
 
 /// Where the processes the tests start keep per-user state (the in-process brain's
-/// database, `autoscale.brain_db`'s default): under the build's scratch directory, never
-/// in the home of the user who runs the tests.
-pub fn data_home() -> &'static str {
-    concat!(env!("CARGO_TARGET_TMPDIR"), "/data-home")
+/// database, `autoscale.brain_db`'s default): never the home of the user who runs the
+/// tests, and one per test process, so that no run warm-starts from the jobs of an
+/// earlier one (the brain's past jobs change its plans).
+pub fn data_home() -> &'static Path {
+    static HOME: OnceLock<PathBuf> = OnceLock::new();
+    HOME.get_or_init(|| scratch_dir("elastrec-data-home"))
+}
+
+/// Directories this test process made, removed when it exits (tests are threads of one
+/// process, and a static is never dropped).
+static SCRATCH: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+extern "C" fn remove_scratch_at_exit() {
+    if let Ok(dirs) = SCRATCH.lock() {
+        for dir in dirs.iter() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// A new temporary directory that lives until this test process exits.
+fn scratch_dir(prefix: &str) -> PathBuf {
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .unwrap()
+        .keep();
+    let mut dirs = SCRATCH.lock().unwrap_or_else(|e| e.into_inner());
+    if dirs.is_empty() {
+        // SAFETY: `remove_scratch_at_exit` is an `extern "C" fn()` that never unwinds.
+        unsafe {
+            libc::atexit(remove_scratch_at_exit);
+        }
+    }
+    dirs.push(dir.clone());
+    dir
 }
 
 pub fn elastrec(args: &[&str]) -> Output {
@@ -122,26 +154,12 @@ pub struct Fixture {
 
 pub const ROWS: u64 = 90_000;
 
-/// The shared data set's directory, for [`remove_fixture_at_exit`].
-static FIXTURE_DIR: OnceLock<PathBuf> = OnceLock::new();
-
-extern "C" fn remove_fixture_at_exit() {
-    if let Some(dir) = FIXTURE_DIR.get() {
-        let _ = std::fs::remove_dir_all(dir);
-    }
-}
-
 pub fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap().keep();
         // Kept for every test of this binary, removed when it exits: each run leaves
         // tens of megabytes of data and job outputs otherwise.
-        let _ = FIXTURE_DIR.set(dir.clone());
-        // SAFETY: `remove_fixture_at_exit` is an `extern "C" fn()` that never unwinds.
-        unsafe {
-            libc::atexit(remove_fixture_at_exit);
-        }
+        let dir = scratch_dir("elastrec-fixture");
         gen_data(&dir.join("data"), ROWS, &[]);
         let job = dir.join("single.toml");
         std::fs::write(&job, job_text("single", "")).unwrap();
