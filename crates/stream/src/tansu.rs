@@ -56,9 +56,11 @@ pub struct TansuOptions {
     /// The address clients are told to connect to (a TLS terminator in front of the
     /// broker); default: the broker's own.
     pub advertised: Option<String>,
-    /// Where it keeps topics and users: `memory://tansu/` (the default), or a SQLite file
-    /// (`sqlite://NAME.db`, in the directory of the log), which outlives the process and
-    /// is the engine that keeps SCRAM users.
+    /// Where it keeps topics and users: a SQLite file (`sqlite://NAME.db`, in the
+    /// directory of the log; default: the log's name with `.db`), which outlives the
+    /// process and keeps SCRAM users, or `memory://tansu/`. Tansu 0.6's memory engine
+    /// moves a partition's high watermark by one per produce request whatever its record
+    /// count, so batched producers outrun it; its SQLite engine counts every record.
     pub storage: Option<String>,
     /// Extra environment of the broker process.
     pub env: Vec<(String, String)>,
@@ -86,12 +88,16 @@ impl Tansu {
         if let Some(dir) = log.parent().filter(|d| !d.as_os_str().is_empty()) {
             cmd.current_dir(dir);
         }
+        let storage = options.storage.clone().unwrap_or_else(|| {
+            let name = log.with_extension("db");
+            let name = name
+                .file_name()
+                .map_or_else(|| "tansu.db".into(), |n| n.to_string_lossy().into_owned());
+            format!("sqlite://{name}")
+        });
         cmd.args(["broker", "--listener-url", &listener])
             .args(["--advertised-listener-url", &advertised])
-            .args([
-                "--storage-engine",
-                options.storage.as_deref().unwrap_or("memory://tansu/"),
-            ])
+            .args(["--storage-engine", &storage])
             .envs(options.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out)
@@ -135,14 +141,9 @@ impl Tansu {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// A connection to this broker for producers. Tansu 0.6's memory engine moves a
-    /// partition's high watermark by one per produce request, whatever its record count
-    /// (the records keep their own offsets), so its producers send one message per request.
+    /// A connection to this broker.
     pub fn connection(&self) -> crate::Connection {
-        let mut conn = crate::Connection::new(self.address());
-        conn.properties
-            .insert("batch.num.messages".into(), "1".into());
-        conn
+        crate::Connection::new(self.address())
     }
 
     /// Its port.

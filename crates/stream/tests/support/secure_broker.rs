@@ -99,7 +99,6 @@ impl SecureBroker {
             ("sasl.password", password.to_string()),
             ("compression.type", "zstd".to_string()),
             ("request.timeout.ms", "5000".to_string()),
-            ("batch.num.messages", "1".to_string()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
