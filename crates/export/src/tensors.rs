@@ -109,7 +109,73 @@ pub(crate) fn write_tensors(
             TensorView::new(dtype, shape, bytes).map_err(|e| failed(format!("{name}: {e}")))?;
         views.push((name, view));
     }
-    let bytes =
+    let mut bytes =
         safetensors::tensor::serialize(views, Some(meta)).map_err(|e| failed(e.to_string()))?;
+    sort_header(&mut bytes).map_err(failed)?;
     Ok(elastrec_job::fsio::write_atomic(path, &bytes)?)
+}
+
+/// Rewrites the JSON header of the safetensors file `bytes` with its keys sorted, so that
+/// two exports of one model are the same bytes (the library writes its metadata from a
+/// `HashMap`, in an order that changes from run to run). Every tensor's entry carries
+/// its own data offsets, so the order of the keys is free; the header keeps its length.
+fn sort_header(bytes: &mut [u8]) -> std::result::Result<(), String> {
+    let len = bytes
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
+        .ok_or("no header length")?;
+    let header = bytes.get_mut(8..8 + len).ok_or("a header past the end")?;
+    // serde_json's maps are sorted by key (its `preserve_order` feature is off).
+    let value: serde_json::Value =
+        serde_json::from_slice(header).map_err(|e| format!("header: {e}"))?;
+    let sorted = serde_json::to_vec(&value).map_err(|e| format!("header: {e}"))?;
+    if sorted.len() > header.len() {
+        return Err("the sorted header is longer than the written one".into());
+    }
+    header[..sorted.len()].copy_from_slice(&sorted);
+    header[sorted.len()..].fill(b' ');
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The library writes the metadata in a `HashMap`'s order; the file does not depend
+    /// on it.
+    #[test]
+    fn two_writes_of_the_same_tensors_are_the_same_bytes_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let values = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let write = |name: &str| {
+            let meta: HashMap<String, String> = (0..8)
+                .map(|i| (format!("key{i}"), format!("value {i}")))
+                .collect();
+            let arrays: Vec<Array<'_>> = vec![
+                (
+                    "b".into(),
+                    Dtype::F32,
+                    vec![2, 3],
+                    bytemuck::cast_slice(&values),
+                ),
+                (
+                    "a".into(),
+                    Dtype::F32,
+                    vec![6],
+                    bytemuck::cast_slice(&values),
+                ),
+            ];
+            let path = dir.path().join(name);
+            write_tensors(arrays, meta, &path).unwrap();
+            std::fs::read(path).unwrap()
+        };
+        let (one, two) = (write("one.safetensors"), write("two.safetensors"));
+        assert_eq!(one, two);
+        let (_, header) = safetensors::SafeTensors::read_metadata(&one).unwrap();
+        assert_eq!(header.metadata().as_ref().unwrap()["key7"], "value 7");
+        let read = safetensors::SafeTensors::deserialize(&one).unwrap();
+        let b = read.tensor("b").unwrap();
+        assert_eq!(b.shape(), [2, 3]);
+        assert_eq!(b.data(), bytemuck::cast_slice::<f32, u8>(&values));
+    }
 }
