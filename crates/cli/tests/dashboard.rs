@@ -128,12 +128,25 @@ fn page_state(page: &mut Page) -> Value {
             charts: Array.from(document.querySelectorAll('svg.chart-svg')).map(s => Number(s.dataset.points)),
             titles: Array.from(document.querySelectorAll('.chart h3')).map(h => h.textContent),
             legends: Object.fromEntries(Array.from(document.querySelectorAll('.chart')).map(c => [c.querySelector('h3').textContent, c.querySelector('.legend').textContent])),
+            axes: Array.from(document.querySelectorAll('.chart')).map(c => ({
+                title: c.querySelector('h3').textContent,
+                x: Array.from(c.querySelectorAll('text.tick-x')).map(t => t.textContent),
+                y: Array.from(c.querySelectorAll('text.tick-y')).map(t => t.textContent),
+                names: Array.from(c.querySelectorAll('text.axis-title')).map(t => t.textContent),
+            })),
             connection: document.getElementById('connection').textContent,
         })",
     )
     .as_str()
     .map(|s| serde_json::from_str(s).unwrap())
     .unwrap_or(Value::Null)
+}
+
+/// The points of history the job's master has written so far.
+fn history_points(dir: &Path) -> usize {
+    std::fs::read_to_string(dir.join("history.jsonl"))
+        .map(|t| t.lines().filter(|l| l.ends_with('}')).count())
+        .unwrap_or(0)
 }
 
 /// Starts Chromium on `url` with DevTools on a free port; returns it and the page's
@@ -247,6 +260,13 @@ fn the_dashboard_shows_a_running_job_and_follows_it_when_it_scales() {
     );
     // Held at its pause point, the job cannot end before the page has been checked.
     wait_held(&dir);
+    // The master keeps the job's history (a point with each progress line, also while it
+    // is held): the dashboard, started now, draws the job from before it started.
+    wait_for(Duration::from_secs(60), || history_points(&dir) >= 2);
+    let dashboard_started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
 
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
@@ -262,12 +282,23 @@ fn the_dashboard_shows_a_running_job_and_follows_it_when_it_scales() {
         ],
         &dash_log,
     );
+    let mut snapshot = Value::Null;
     wait_for(Duration::from_secs(60), || {
         TcpStream::connect(&addr).is_ok() && {
             let (code, body) = http(&addr, "GET", "/api/snapshot", None, b"");
+            snapshot = serde_json::from_str(&body).unwrap_or(Value::Null);
             code == 200 && body.contains("\"state\":\"live\"")
         }
     });
+    let history = snapshot["jobs"][0]["history"].as_array().unwrap();
+    let earlier = history
+        .iter()
+        .filter(|p| p["t_s"].as_f64().unwrap() < dashboard_started)
+        .count();
+    assert!(
+        earlier >= 2,
+        "no history from before the dashboard: {snapshot}"
+    );
 
     let (_browser, ws) = open(&chromium, &format!("http://{addr}/"));
     let mut page = Page::connect(&ws);
@@ -291,6 +322,36 @@ fn the_dashboard_shows_a_running_job_and_follows_it_when_it_scales() {
                 .iter()
                 .all(|t| state["titles"].as_array().is_some_and(|a| a.contains(&json!(t))))
     });
+    // Every chart reads as a chart: clock times across, values up, both axes named, and
+    // tick labels without float noise (`5,000`, `0.75`, never `0.30000000000000004`).
+    let axes = state["axes"].as_array().unwrap();
+    assert!(axes.len() >= 4, "{state}");
+    for a in axes {
+        let ticks = |k: &str| -> Vec<String> {
+            a[k].as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_str().unwrap().to_string())
+                .collect()
+        };
+        let (x, y) = (ticks("x"), ticks("y"));
+        assert!(x.len() >= 2 && y.len() >= 2, "{a}");
+        assert!(
+            x.iter()
+                .all(|t| t.len() >= 5 && t.chars().all(|c| c.is_ascii_digit() || c == ':')),
+            "clock times: {a}"
+        );
+        let decimals = |t: &String| t.split_once('.').map_or(0, |(_, d)| d.len());
+        assert!(
+            y.iter().all(|t| decimals(t) <= 4 && !t.contains('e')),
+            "tick labels: {a}"
+        );
+        assert!(
+            y.iter().all(|t| t.replace(',', "").parse::<f64>().is_ok()),
+            "tick labels: {a}"
+        );
+        assert_eq!(a["names"].as_array().unwrap().len(), 2, "axis titles: {a}");
+    }
     // A line per task of the two-task model.
     for chart in ["progressive logloss", "progressive AUC"] {
         let legend = state["legends"][chart].as_str().unwrap_or("");

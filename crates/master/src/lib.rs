@@ -21,6 +21,7 @@ pub mod error;
 pub mod events;
 pub mod executor_scale;
 pub mod export;
+pub mod history;
 pub mod job;
 pub mod launch;
 pub mod ledger;

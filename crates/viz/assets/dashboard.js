@@ -17,28 +17,92 @@ const num = (v, digits = 0) =>
     : Number(v).toLocaleString("en-US", { maximumFractionDigits: digits, minimumFractionDigits: digits });
 const badge = (text) => `<span class="badge ${esc(text)}">${esc(text)}</span>`;
 
-const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c"];
+// Distinguishable on white and for the common colour-vision deficiencies (Okabe-Ito).
+const COLORS = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9"];
 
-// A small line chart of `series` ([{name, points: [[x, y]...]}]) as inline SVG.
-function chart(title, series, unit = "") {
-  const W = 320, H = 120, P = 4;
+// A step of 1, 2 or 5 x 10^k that cuts `span` into about `n` parts.
+function niceStep(span, n) {
+  const raw = span / Math.max(1, n);
+  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const f = raw / mag;
+  return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * mag;
+}
+
+// A tick label without float noise: as many decimals as the step needs, thousands grouped.
+function tickLabel(v, step) {
+  const digits = Math.min(6, Math.max(0, -Math.floor(Math.log10(step) + 1e-9)));
+  return Number(v.toFixed(digits)).toLocaleString("en-US", { maximumFractionDigits: digits });
+}
+
+// The value axis: linear ticks (from 0 when `zero`), or decades on a log scale where the
+// values span more than 20x (all of them positive).
+function valueAxis(ys, zero = true) {
+  const lo = Math.min(...ys), hi = Math.max(...ys);
+  if (lo > 0 && hi / lo > 20) {
+    const a = Math.floor(Math.log10(lo)), b = Math.ceil(Math.log10(hi));
+    const ticks = [];
+    for (let k = a; k <= b; k++) ticks.push(Math.pow(10, k));
+    return { log: true, y0: Math.pow(10, a), y1: Math.pow(10, b), ticks, label: (v) => tickLabel(v, Math.min(1, v)) };
+  }
+  let y0 = zero ? Math.min(0, lo) : lo;
+  let y1 = hi > y0 ? hi : y0 + (Math.abs(y0) * 0.01 || 1);
+  const step = niceStep(y1 - y0, 4);
+  y0 = Math.floor(y0 / step) * step;
+  y1 = Math.ceil(y1 / step) * step;
+  const ticks = [];
+  for (let v = y0; v <= y1 + step / 2; v += step) ticks.push(v);
+  return { log: false, y0, y1, ticks, label: (v) => tickLabel(v, step) };
+}
+
+// The time axis (the x values are seconds since the Unix epoch): ticks at round clock
+// times, the range widened to the ticks around the data, so there are always two.
+const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400];
+function timeAxis(lo, hi) {
+  const step = TIME_STEPS.find((s) => (hi - lo) / s <= 4) || 86400;
+  const x0 = Math.floor(lo / step) * step;
+  const x1 = Math.max(Math.ceil(hi / step) * step, x0 + step);
+  const ticks = [];
+  for (let t = x0; t <= x1 + step / 2; t += step) ticks.push(t);
+  const seconds = step < 60;
+  const label = (t) =>
+    new Date(t * 1000).toLocaleTimeString("en-GB", { hour: "2-digit", minute: "2-digit", second: seconds ? "2-digit" : undefined });
+  return { x0, x1, ticks, label };
+}
+
+// A line chart of `series` ([{name, points: [[unix_s, y]...]}]) as inline SVG with
+// labelled axes: clock time across, `unit` up (from 0 unless `zero` is false: the AUC
+// and logloss charts show their changes, not their distance from 0).
+function chart(title, series, unit, { zero = true } = {}) {
+  const W = 380, H = 200, L = 56, R = 28, T = 10, B = 38;
   const all = series.flatMap((s) => s.points).filter((p) => Number.isFinite(p[1]));
   let body = "";
   if (all.length === 0) {
-    body = `<text x="${W / 2}" y="${H / 2}" text-anchor="middle" fill="#9ca3af">no data yet</text>`;
+    body = `<text x="${W / 2}" y="${H / 2}" text-anchor="middle" fill="#6b7280">no data yet</text>`;
   } else {
-    const xs = all.map((p) => p[0]), ys = all.map((p) => p[1]);
-    const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1);
-    const y0 = Math.min(0, ...ys), y1 = Math.max(...ys, y0 + 1e-9) * 1.08 || 1;
-    const sx = (x) => P + ((x - x0) / (x1 - x0)) * (W - 2 * P);
-    const sy = (y) => H - P - ((y - y0) / (y1 - y0)) * (H - 2 * P);
-    body = series
+    const xs = all.map((p) => p[0]);
+    const time = timeAxis(Math.min(...xs), Math.max(...xs));
+    const { x0, x1 } = time;
+    const ax = valueAxis(all.map((p) => p[1]), zero);
+    const f = (y) => (ax.log ? Math.log10(Math.max(y, ax.y0)) : y);
+    const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
+    const sy = (y) => H - B - ((f(y) - f(ax.y0)) / (f(ax.y1) - f(ax.y0) || 1)) * (H - T - B);
+    body += ax.ticks
+      .map((v) => `<line x1="${L}" x2="${W - R}" y1="${sy(v).toFixed(1)}" y2="${sy(v).toFixed(1)}" stroke="#e5e7eb"/>
+        <text class="tick-y" x="${L - 6}" y="${(sy(v) + 4).toFixed(1)}" text-anchor="end">${esc(ax.label(v))}</text>`)
+      .join("");
+    body += time.ticks
+      .map((t) => `<line x1="${sx(t).toFixed(1)}" x2="${sx(t).toFixed(1)}" y1="${H - B}" y2="${H - B + 4}" stroke="#6b7280"/>
+        <text class="tick-x" x="${sx(t).toFixed(1)}" y="${H - B + 16}" text-anchor="middle">${esc(time.label(t))}</text>`)
+      .join("");
+    body += `<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#6b7280"/><line x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#6b7280"/>`;
+    body += `<text class="axis-title" x="${(L + W - R) / 2}" y="${H - 4}" text-anchor="middle">time (local clock)</text>`;
+    body += `<text class="axis-title" transform="translate(12 ${(T + H - B) / 2}) rotate(-90)" text-anchor="middle">${esc(unit)}${ax.log ? " (log)" : ""}</text>`;
+    body += series
       .map((s, i) => {
         const pts = s.points.filter((p) => Number.isFinite(p[1])).map((p) => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`);
         return pts.length ? `<polyline fill="none" stroke="${COLORS[i % COLORS.length]}" stroke-width="2" points="${pts.join(" ")}"/>` : "";
       })
       .join("");
-    body += `<text x="${W - P}" y="12" text-anchor="end" font-size="11" fill="#6b7280">max ${esc(num(Math.max(...ys), 2))}${esc(unit)}</text>`;
   }
   const legend = series
     .map((s, i) => {
@@ -46,7 +110,7 @@ function chart(title, series, unit = "") {
       return `<span style="color:${COLORS[i % COLORS.length]}">● ${esc(s.name)} ${esc(num(last, 2))}</span>`;
     })
     .join("");
-  return `<div class="chart"><h3>${esc(title)}</h3><svg class="chart-svg" viewBox="0 0 ${W} ${H}" preserveAspectRatio="none" data-points="${all.length}">${body}</svg><div class="legend">${legend}</div></div>`;
+  return `<div class="chart"><h3>${esc(title)}</h3><svg class="chart-svg" viewBox="0 0 ${W} ${H}" data-points="${all.length}">${body}</svg><div class="legend">${legend}</div></div>`;
 }
 
 // The points of `get` over the history (readings without a value left out).
@@ -140,14 +204,14 @@ function jobCard(job) {
     if (s.checkpoint && s.checkpoint.recovery) html += `<p class="reasons">Recovery policy: ${esc(s.checkpoint.recovery)}</p>`;
   }
   if (h.length > 0) {
-    let charts = chart("samples/s", [{ name: "samples/s", points: line(h, "samples_per_s") }]);
+    let charts = chart("training speed", [{ name: "samples/s", points: line(h, "samples_per_s") }], "samples/s");
     charts += chart("workers", [
       { name: "running", points: line(h, "workers") },
       { name: "target", points: line(h, "target_workers") },
-    ]);
+    ], "workers");
     if (h.some((p) => p.arrival_rate !== null)) {
-      charts += chart("traffic (msg/s)", [{ name: "arriving", points: line(h, "arrival_rate") }]);
-      charts += chart("lag (s)", [{ name: "lag", points: line(h, "lag_s") }], " s");
+      charts += chart("traffic", [{ name: "arriving", points: line(h, "arrival_rate") }], "messages/s");
+      charts += chart("lag", [{ name: "lag", points: line(h, "lag_s") }], "seconds");
     }
     // A multi-task job: a line per task on each progressive chart.
     const tasks = Math.max(0, ...h.map((p) => (p.tasks || []).length));
@@ -158,9 +222,9 @@ function jobCard(job) {
             points: values(h, (p) => (p.tasks || [])[t]?.[key]),
           }))
         : [{ name, points: line(h, key) }];
-    if (h.some((p) => p.logloss !== null)) charts += chart("progressive logloss", perTask("logloss", "logloss"));
-    if (h.some((p) => p.auc !== null)) charts += chart("progressive AUC", perTask("auc", "AUC"));
-    if (h.some((p) => p.pls !== null)) charts += chart("portion of lost samples", [{ name: "PLS", points: line(h, "pls") }]);
+    if (h.some((p) => p.logloss !== null)) charts += chart("progressive logloss", perTask("logloss", "logloss"), "logloss", { zero: false });
+    if (h.some((p) => p.auc !== null)) charts += chart("progressive AUC", perTask("auc", "AUC"), "AUC", { zero: false });
+    if (h.some((p) => p.pls !== null)) charts += chart("portion of lost samples", [{ name: "PLS", points: line(h, "pls") }], "share of samples");
     html += `<div class="charts">${charts}</div>`;
   }
   if (s) {

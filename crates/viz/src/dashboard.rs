@@ -14,7 +14,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use axum::extract::{Query, Request, State};
@@ -26,6 +26,7 @@ use axum::routing::get;
 use axum::Router;
 use clap::Args;
 use elastrec_master::cli::StatusReader;
+use elastrec_master::history::{self, Point};
 use elastrec_master::run::JobDir;
 use futures::Stream;
 use serde::Serialize;
@@ -61,45 +62,6 @@ pub struct DashboardArgs {
     pub token_file: Option<PathBuf>,
 }
 
-/// One reading of a job, kept for its charts.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Point {
-    /// Seconds since the dashboard started.
-    pub t_s: f64,
-    /// Samples trained per second (the master's recent rate).
-    pub samples_per_s: f64,
-    /// Workers running.
-    pub workers: u32,
-    /// Workers the job wants.
-    pub target_workers: u32,
-    /// Parameter servers running.
-    pub ps: u32,
-    /// Online jobs: messages arriving per second and the lag of the oldest untrained
-    /// one; every job: the progressive AUC and logloss (`train.progressive_window`,
-    /// `stream.eval_window`).
-    pub arrival_rate: Option<f64>,
-    /// See `arrival_rate`.
-    pub lag_s: Option<f64>,
-    /// See `arrival_rate`.
-    pub auc: Option<f64>,
-    /// See `arrival_rate`.
-    pub logloss: Option<f64>,
-    /// Portion of lost samples so far (CPR).
-    pub pls: Option<f64>,
-    /// A multi-task model's progressive figures of every task, task 0 first (whose are
-    /// also `auc` and `logloss`); empty for one task.
-    pub tasks: Vec<TaskPoint>,
-}
-
-/// One task's progressive figures in a [`Point`].
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
-pub struct TaskPoint {
-    /// AUC over the window (`None` while it holds one class of the task's label).
-    pub auc: Option<f64>,
-    /// Mean logloss over the window.
-    pub logloss: Option<f64>,
-}
-
 /// A job as the page shows it.
 #[derive(Debug, Clone, Serialize)]
 struct JobView {
@@ -113,44 +75,27 @@ struct JobView {
     history: VecDeque<Point>,
 }
 
-/// The point a status reading adds to a job's history.
-pub fn point_of(status: &Value, t_s: f64) -> Point {
-    let nodes = status["nodes"].as_array().map(Vec::as_slice).unwrap_or(&[]);
-    let running = |role: &str| {
-        nodes
-            .iter()
-            .filter(|n| n["role"] == role && n["state"] == "running")
-            .count() as u32
-    };
-    let stream = &status["stream"];
-    // An online job's window is its stream's; a batch job's is the status's own.
-    let window = if stream["progressive"].is_object() {
-        &stream["progressive"]
-    } else {
-        &status["progressive"]
-    };
-    let num = |v: &Value| v.as_f64().filter(|x| x.is_finite());
-    Point {
-        t_s,
-        samples_per_s: num(&status["samples_per_sec"]).unwrap_or(0.0),
-        workers: running("worker"),
-        target_workers: status["target_workers"].as_u64().unwrap_or(0) as u32,
-        ps: running("ps"),
-        arrival_rate: num(&stream["arrival_rate"]),
-        lag_s: num(&stream["lag_s"]),
-        auc: num(&window["auc"]),
-        logloss: num(&window["logloss"]),
-        pls: num(&status["checkpoint"]["pls"]),
-        tasks: window["tasks"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or(&[])
-            .iter()
-            .map(|t| TaskPoint {
-                auc: num(&t["auc"]),
-                logloss: num(&t["logloss"]),
-            })
-            .collect(),
+/// The points the job's master wrote before the dashboard started (its
+/// `history.jsonl`), so that the charts begin at the job's start.
+fn earlier_history(dir: &Path) -> VecDeque<Point> {
+    match history::read(dir, HISTORY) {
+        Ok((points, skipped)) => {
+            if skipped > 0 {
+                eprintln!(
+                    "dashboard: {} lines of {} are not readings; left out",
+                    skipped,
+                    history::path(dir).display()
+                );
+            }
+            points.into()
+        }
+        Err(e) => {
+            eprintln!(
+                "dashboard: no earlier history of {}: {e}",
+                history::path(dir).display()
+            );
+            VecDeque::new()
+        }
     }
 }
 
@@ -175,7 +120,6 @@ fn check_job_dir(dir: &Path) -> Result<()> {
 /// Reads every job once per `every` and publishes the snapshot, until the receivers
 /// are gone.
 async fn poll(dirs: Vec<PathBuf>, every: Duration, tx: watch::Sender<Arc<String>>) {
-    let started = Instant::now();
     let mut jobs: Vec<JobView> = dirs
         .iter()
         .map(|d| JobView {
@@ -184,7 +128,7 @@ async fn poll(dirs: Vec<PathBuf>, every: Duration, tx: watch::Sender<Arc<String>
             status: None,
             result: None,
             error: None,
-            history: VecDeque::new(),
+            history: earlier_history(d),
         })
         .collect();
     let wait = every
@@ -199,11 +143,11 @@ async fn poll(dirs: Vec<PathBuf>, every: Duration, tx: watch::Sender<Arc<String>
     loop {
         tick.tick().await;
         let reads = futures::future::join_all(readers.iter_mut().map(StatusReader::read)).await;
-        let t_s = started.elapsed().as_secs_f64();
+        let t_s = history::unix_now_s();
         for ((job, dir), read) in jobs.iter_mut().zip(&dirs).zip(reads) {
             match read {
                 Ok(Some(status)) => {
-                    job.history.push_back(point_of(&status, t_s));
+                    job.history.push_back(history::point_of(&status, t_s));
                     if job.history.len() > HISTORY {
                         job.history.pop_front();
                     }
@@ -459,66 +403,6 @@ pub fn run(args: &DashboardArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_reading_becomes_a_point_with_running_nodes_counted() {
-        let status = serde_json::json!({
-            "samples_per_sec": 1500.0, "target_workers": 3,
-            "nodes": [
-                {"role": "worker", "state": "running"},
-                {"role": "worker", "state": "running"},
-                {"role": "worker", "state": "dead"},
-                {"role": "ps", "state": "running"},
-            ],
-            "checkpoint": {"pls": 0.02},
-            "stream": {"arrival_rate": 800.0, "lag_s": 1.5, "progressive": {"auc": 0.71, "logloss": 0.5}},
-        });
-        let p = point_of(&status, 4.0);
-        assert_eq!((p.workers, p.target_workers, p.ps), (2, 3, 1));
-        assert_eq!(p.samples_per_s, 1500.0);
-        assert_eq!(
-            (p.arrival_rate, p.lag_s, p.auc),
-            (Some(800.0), Some(1.5), Some(0.71))
-        );
-        assert_eq!(p.pls, Some(0.02));
-        let batch = point_of(
-            &serde_json::json!({"samples_per_sec": 10.0, "nodes": []}),
-            1.0,
-        );
-        assert_eq!(
-            (batch.arrival_rate, batch.pls, batch.auc),
-            (None, None, None)
-        );
-        // A batch job's progressive window is the status's own.
-        let batch = point_of(
-            &serde_json::json!({"samples_per_sec": 10.0, "nodes": [],
-                "progressive": {"auc": 0.75, "logloss": 0.45}}),
-            2.0,
-        );
-        assert_eq!((batch.auc, batch.logloss), (Some(0.75), Some(0.45)));
-        assert!(batch.tasks.is_empty());
-        // A multi-task job's point holds every task's window.
-        let mmoe = point_of(
-            &serde_json::json!({"samples_per_sec": 10.0, "nodes": [],
-                "progressive": {"auc": 0.75, "logloss": 0.45, "tasks": [
-                    {"auc": 0.75, "logloss": 0.45, "positive_rate": 0.2},
-                    {"auc": null, "logloss": 0.1, "positive_rate": 0.0}]}}),
-            3.0,
-        );
-        assert_eq!(
-            mmoe.tasks,
-            vec![
-                TaskPoint {
-                    auc: Some(0.75),
-                    logloss: Some(0.45)
-                },
-                TaskPoint {
-                    auc: None,
-                    logloss: Some(0.1)
-                }
-            ]
-        );
-    }
 
     #[test]
     fn beyond_loopback_a_token_file_is_required() {

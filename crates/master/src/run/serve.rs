@@ -508,7 +508,7 @@ async fn control_loop(
 ) -> anyhow::Result<Phase> {
     let (targets, master_metrics) = loops.targets;
     let mut targets_failed = false;
-    let mut progress = Progress::new();
+    let mut progress = Progress::new(dir);
     let mut last_tick = Instant::now();
     let mut tick = tokio::time::interval(TICK);
     // Both streams are made once, before the loop: a stream keeps a signal that arrives
@@ -673,22 +673,44 @@ async fn drive_checkpoints(core: &Arc<MasterCore>, c: &Arc<Coordinator>) -> anyh
     Ok(true)
 }
 
-/// The progress line, printed every [`PROGRESS_EVERY`].
+/// The progress line, printed every [`PROGRESS_EVERY`], with a point of the job's
+/// history (`crate::history`) for the dashboard's charts.
 struct Progress {
     started: Instant,
     last: Instant,
     /// Samples done at the last line: the rate shown is the job's own since then (the
     /// workers' reported rates are 0 until their first heartbeat with one).
     last_samples: u64,
+    /// Where the history goes; `None` once writing it failed (said once).
+    history_dir: Option<std::path::PathBuf>,
 }
 
 impl Progress {
-    fn new() -> Self {
+    fn new(dir: &JobDir) -> Self {
         let now = Instant::now();
         Self {
             started: now,
             last: now,
             last_samples: 0,
+            history_dir: Some(dir.0.clone()),
+        }
+    }
+
+    /// Appends the job's status now to its history.
+    fn record_history(&mut self, core: &MasterCore) {
+        let Some(dir) = &self.history_dir else { return };
+        let point = crate::cli::status_value(&core.status())
+            .map(|status| crate::history::point_of(&status, crate::history::unix_now_s()));
+        let written = match point {
+            Ok(p) => crate::history::append(dir, &p).map_err(anyhow::Error::from),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            eprintln!(
+                "master: not writing the job's history any more ({}: {e:#}); the dashboard's charts start when it opens",
+                crate::history::path(dir).display()
+            );
+            self.history_dir = None;
         }
     }
 
@@ -698,6 +720,7 @@ impl Progress {
             return;
         }
         self.last = Instant::now();
+        self.record_history(core);
         let s = core.status();
         let rate = s.samples_done.saturating_sub(self.last_samples) as f64 / since.as_secs_f64();
         self.last_samples = s.samples_done;
