@@ -29,6 +29,7 @@ import json
 import math
 import os
 import platform
+import re
 import time
 
 import numpy as np
@@ -178,6 +179,32 @@ def tsv_batches(path, count, n, num_dense, rows):
     return [(d[s:s + n], i[s:s + n], y[s:s + n]) for s in range(0, need, n)]
 
 
+def cpu_list(cpus):
+    """A CPU set as the kernel writes one: 0-3,6."""
+    cpus, parts, i = sorted(cpus), [], 0
+    while i < len(cpus):
+        start = cpus[i]
+        while i + 1 < len(cpus) and cpus[i + 1] == cpus[i] + 1:
+            i += 1
+        parts.append(str(start) if cpus[i] == start else f"{start}-{cpus[i]}")
+        i += 1
+    return ",".join(parts)
+
+
+def backend():
+    """What this torch build computes with: its vector path, its BLAS and its oneDNN
+    (from `torch.__config__.show()`: "BLAS_INFO=mkl", "Intel(R) MKL-DNN v3.x ...")."""
+    config = torch.__config__.show()
+    blas = re.search(r"BLAS_INFO=([^,\s]+)", config)
+    onednn = re.search(r"(?:oneDNN|MKL-DNN) (v[\d.]+)", config)
+    capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: None)()
+    return {
+        "cpu_capability": capability,
+        "blas": blas.group(1) if blas else None,
+        "onednn": onednn.group(1) if onednn and torch.backends.mkldnn.is_available() else None,
+    }
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
@@ -265,6 +292,9 @@ def main():
         "last_loss": round(last, 5),
         "torch": torch.__version__,
         "cpu": platform.processor() or platform.machine(),
+        "threads_used": torch.get_num_threads(),
+        "cpus": cpu_list(os.sched_getaffinity(0)),
+        **backend(),
     }))
 
 

@@ -136,7 +136,7 @@ impl SsuList {
     /// if this call is a sampled one: calls 0, `p`, `2p`, … with `p = sample_period`.
     /// Duplicates are stored once. Indices `≥ u32::MAX` are ignored.
     pub fn observe(&mut self, rows: &[usize]) {
-        let sampled = self.calls % u64::from(self.sample_period) == 0;
+        let sampled = self.calls.is_multiple_of(u64::from(self.sample_period));
         self.calls += 1;
         if !sampled || self.cap == 0 {
             return;

@@ -4,6 +4,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use elastrec_common::machine;
 use elastrec_common::quiet::{Load, LoadProbe};
 use elastrec_data::{GenSpec, OutputFormat};
 use elastrec_job::config::JobConfig;
@@ -423,6 +424,7 @@ pub struct Bench {
     pub steps: usize,
     pub batch_size: usize,
     pub threads: usize,
+    pub cpus: Option<String>,
     pub max_table_rows: u64,
     pub data_dir: PathBuf,
     pub pytorch: Option<PathBuf>,
@@ -465,8 +467,54 @@ fn pytorch_reference(
     crate::bench_rounds::python_reference(python, "pytorch_dlrm.py", &args)
 }
 
+/// The CPUs `elastrec bench` confines itself (and so the PyTorch reference) to:
+/// `--cpus`, else the first `threads` CPUs it may use; `None`: every allowed CPU.
+fn bench_cpus(cpus: Option<&str>, threads: usize) -> Result<Option<Vec<usize>>> {
+    let allowed = machine::allowed_cpus();
+    match cpus.map(str::trim) {
+        Some("all") => Ok(None),
+        Some(list) => {
+            let cpus = machine::parse_cpu_list(list).map_err(|e| anyhow::anyhow!("--cpus: {e}"))?;
+            if let Some(c) = cpus.iter().find(|c| !allowed.contains(c)) {
+                bail!(
+                    "--cpus: CPU {c} is not one this process may run on ({}); pick from those",
+                    machine::format_cpu_list(&allowed)
+                );
+            }
+            Ok(Some(cpus))
+        }
+        None if threads > 0 && threads <= allowed.len() => Ok(Some(allowed[..threads].to_vec())),
+        None => Ok(None),
+    }
+}
+
 pub fn bench(a: Bench) -> Result<()> {
-    init_threads(a.threads)?;
+    // Pinned before any thread pool starts: threads and child processes inherit it.
+    let pinned = bench_cpus(a.cpus.as_deref(), a.threads)?;
+    if let Some(cpus) = &pinned {
+        machine::pin_to(cpus).with_context(|| {
+            format!(
+                "confining the bench to CPUs {}",
+                machine::format_cpu_list(cpus)
+            )
+        })?;
+    }
+    let threads = match (&pinned, a.threads) {
+        (Some(cpus), 0) => cpus.len(),
+        (_, t) => t,
+    };
+    init_threads(threads)?;
+    let cpu = machine::CpuInfo::of_this_machine();
+    let cpus = machine::format_cpu_list(&machine::allowed_cpus());
+    if let Some(c) = &cpu {
+        eprintln!(
+            "CPU: {} ({} logical CPUs; {}; GEMM kernels: {}); running on CPUs {cpus}",
+            c.model,
+            c.logical_cpus,
+            c.simd.join(" "),
+            c.gemm_kernels
+        );
+    }
     let opts = elastrec_worker::bench::BenchOptions {
         steps: a.steps,
         batch_size: a.batch_size,
@@ -485,6 +533,7 @@ pub fn bench(a: Bench) -> Result<()> {
     let r = elastrec_worker::bench::run(&opts, &data)?;
     let first_load = probe.and_then(|p| p.stop());
     let mut out = serde_json::to_value(&r)?;
+    out["machine"] = serde_json::json!({ "cpu": cpu, "cpus": cpus });
     let mut disturbed = None;
     if let Some(py) = &a.pytorch {
         let sps = |v: &serde_json::Value| v["samples_per_s"].as_f64().unwrap_or(f64::NAN);
@@ -536,6 +585,13 @@ pub fn bench(a: Bench) -> Result<()> {
         let (dense_foreign, dense_ok) = judge(probe.and_then(|p| p.stop()), a.max_foreign_load);
         let (first_foreign, first_ok) = judge(first_load, a.max_foreign_load);
         let dense_quiet = dense_ok != Some(false) && first_ok != Some(false);
+        // The reference says what it ran with; it inherited this process's CPUs.
+        if let Some(theirs) = full["cpus"].as_str().filter(|c| *c != cpus) {
+            eprintln!(
+                "warning: the PyTorch reference ran on CPUs {theirs}, elastrec on {cpus}: the \
+                 ratio compares different cores"
+            );
+        }
         out["pytorch_full"] = full;
         out["pytorch_dense"] = dense.clone();
         out["full_step_rounds"] = per_round.into();
@@ -578,6 +634,27 @@ fn print_bench_table(
 ) {
     println!("| measurement | value |");
     println!("|---|---|");
+    let m = &out["machine"];
+    if let Some(cpu) = m["cpu"].as_object() {
+        let s = |k: &str| {
+            cpu.get(k)
+                .and_then(|v| v.as_str())
+                .unwrap_or("-")
+                .to_string()
+        };
+        let simd: Vec<&str> = cpu
+            .get("simd")
+            .and_then(|v| v.as_array())
+            .map(|a| a.iter().filter_map(|f| f.as_str()).collect())
+            .unwrap_or_default();
+        println!("| CPU | {} |", s("model"));
+        println!("| vector extensions | {} |", simd.join(" "));
+        println!("| elastrec GEMM kernels | {} |", s("gemm_kernels"));
+    }
+    println!(
+        "| CPUs (affinity of both sides) | {} |",
+        m["cpus"].as_str().unwrap_or("-")
+    );
     println!("| threads | {} |", r.threads);
     println!(
         "| training samples/s, in memory | {:.0} |",
@@ -630,6 +707,21 @@ fn print_bench_table(
                 g("ratio")
             );
         }
+        let t = &out["pytorch_full"];
+        let field = |k: &str| match &t[k] {
+            serde_json::Value::Null => "-".to_string(),
+            serde_json::Value::String(v) => v.clone(),
+            v => v.to_string(),
+        };
+        println!(
+            "| PyTorch | {} (CPU capability {}, BLAS {}, oneDNN {}), {} threads on CPUs {} |",
+            field("torch"),
+            field("cpu_capability"),
+            field("blas"),
+            field("onednn"),
+            field("threads_used"),
+            field("cpus")
+        );
         let quiet_rounds = rounds.iter().filter(|r| r["quiet"] != false).count();
         println!(
             "| PyTorch dense part samples/s | {:.0} |",

@@ -190,9 +190,15 @@ struct BenchArgs {
     /// Batch size.
     #[arg(long, default_value_t = 2048)]
     batch_size: usize,
-    /// Math threads (0: all cores).
+    /// Math threads (0: all cores, or every CPU of `--cpus`).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// CPUs both sides run on, as a kernel CPU list (`0-3,6`), or `all` (no pinning).
+    /// Default: the first `--threads` CPUs this process may use (all of them with
+    /// `--threads 0`); the PyTorch reference inherits them, so both sides run with the
+    /// same threads on the same cores.
+    #[arg(long)]
+    cpus: Option<String>,
     /// Cap on every table's rows (Criteo Kaggle cardinalities are used below it).
     #[arg(long, default_value_t = 1_000_000)]
     max_table_rows: u64,
@@ -458,6 +464,7 @@ fn main() -> anyhow::Result<()> {
             steps: a.steps,
             batch_size: a.batch_size,
             threads: a.threads,
+            cpus: a.cpus,
             max_table_rows: a.max_table_rows,
             data_dir: a.data_dir,
             pytorch: a.pytorch,

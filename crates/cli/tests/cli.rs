@@ -515,7 +515,8 @@ if [ -n "$SPIN_PIDFILE" ]; then
   echo $! >> "$SPIN_PIDFILE"
   i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done
 fi
-echo '{"samples_per_s": 1000.0}'
+cpus=$(awk '/^Cpus_allowed_list/ {print $2}' /proc/self/status)
+echo "{\"samples_per_s\": 1000.0, \"cpus\": \"$cpus\"}"
 "#;
 
 /// Kills the spinners a fake reference started, even when an assertion fails.
@@ -632,7 +633,15 @@ fn bench_reports_a_ratio_only_from_rounds_nothing_else_disturbed() {
     let data = tmp.path().join("data");
     let bench = |max_load: &str, env: &[(&str, &Path)]| {
         Command::new(env!("CARGO_BIN_EXE_elastrec"))
-            .args(["bench", "--steps", "3", "--batch-size", "64"])
+            .args([
+                "bench",
+                "--steps",
+                "3",
+                "--batch-size",
+                "64",
+                "--threads",
+                "1",
+            ])
             .args([
                 "--max-table-rows",
                 "1000",
@@ -656,6 +665,17 @@ fn bench_reports_a_ratio_only_from_rounds_nothing_else_disturbed() {
     assert!(rounds.iter().all(|x| x["quiet"] == true), "{r}");
     let ratio = r["ratio_full_vs_pytorch"].as_f64().unwrap();
     assert!(rounds.iter().any(|x| x["ratio"] == ratio), "{r}");
+    // One thread: both sides confined to the same one CPU (the reference inherits it),
+    // and the report names the CPU and the GEMM kernels picked for it.
+    let machine = &r["machine"];
+    let cpus = machine["cpus"].as_str().unwrap();
+    assert!(cpus.parse::<usize>().is_ok(), "one CPU: {machine}");
+    assert_eq!(r["pytorch_full"]["cpus"], cpus, "{r}");
+    assert!(machine["cpu"]["model"].as_str().is_some(), "{machine}");
+    assert!(
+        machine["cpu"]["gemm_kernels"].as_str().is_some(),
+        "{machine}"
+    );
 
     // A spinner outside the bench's process tree burns a core in every round.
     let pids = tmp.path().join("spinners");

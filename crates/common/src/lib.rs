@@ -15,11 +15,14 @@
 //! * [`caught`]: a dependency's panic on corrupt input, caught as an error message.
 //! * [`quiet`]: the foreign CPU load while a benchmark round ran, so that no benchmark
 //!   reports a ratio measured on a busy machine.
+//! * [`machine`]: the CPU a benchmark ran on (model, vector extensions, the GEMM kernels
+//!   picked for it) and the CPUs it was confined to.
 
 pub mod auc;
 pub mod caught;
 pub mod eval;
 pub mod logloss;
+pub mod machine;
 pub mod quiet;
 pub mod skip;
 pub mod splitmix;

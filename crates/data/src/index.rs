@@ -179,12 +179,12 @@ impl LineIndex {
                 rows += chunk.iter().filter(|&&b| b == b'\n').count() as u64;
             } else {
                 // The line starting at the beginning of this chunk, if any.
-                if at_line_start && rows % STRIDE == 0 {
+                if at_line_start && rows.is_multiple_of(STRIDE) {
                     offsets.push(pos);
                 }
                 for (i, _) in chunk.iter().enumerate().filter(|(_, &b)| b == b'\n') {
                     rows += 1;
-                    if rows % STRIDE == 0 && (i + 1) < n {
+                    if rows.is_multiple_of(STRIDE) && (i + 1) < n {
                         offsets.push(pos + i as u64 + 1);
                     }
                 }

@@ -317,7 +317,7 @@ impl DynamicRows {
     pub fn begin_update(&mut self) -> Vec<usize> {
         self.step = self.step.wrapping_add(1);
         let ttl = self.config.ttl_steps;
-        if ttl == 0 || self.step % (ttl / 4).max(1) != 0 {
+        if ttl == 0 || !self.step.is_multiple_of((ttl / 4).max(1)) {
             return Vec::new();
         }
         let step = self.step;

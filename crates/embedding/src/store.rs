@@ -142,7 +142,7 @@ impl EmbeddingStore {
 
     fn batch_len(&self, ids: usize) -> Result<usize> {
         let t = self.tables.len();
-        if ids % t != 0 {
+        if !ids.is_multiple_of(t) {
             return Err(EmbeddingError::Shape {
                 what: "ids (n x tables)",
                 expected: ids.next_multiple_of(t),

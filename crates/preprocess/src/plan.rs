@@ -808,7 +808,7 @@ mod tests {
             }
             for c in row.cats.iter_mut() {
                 z = elastrec_common::splitmix::splitmix64(z);
-                *c = (z % 5 != 0).then_some(z as u32);
+                *c = (!z.is_multiple_of(5)).then_some(z as u32);
             }
             cols.push(&row);
         }

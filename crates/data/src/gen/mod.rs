@@ -360,7 +360,7 @@ impl World {
             let p = sigmoid(logit);
             row.label = u8::from(rng.f64() < p);
             clicks += row.label as u64;
-            if i as u64 % self.auc_stride == 0 {
+            if (i as u64).is_multiple_of(self.auc_stride) {
                 auc_probs.push(p as f32);
                 auc_labels.push(row.label);
             }
@@ -370,7 +370,7 @@ impl World {
                 row.extra_tasks = 1;
                 row.extra_labels = u8::from(converted) & row.label;
                 conversions += u64::from(row.extra_labels);
-                if i as u64 % self.auc_stride == 0 {
+                if (i as u64).is_multiple_of(self.auc_stride) {
                     conv_probs.push((p * q) as f32);
                     conv_labels.push(row.extra_labels);
                 }

@@ -36,7 +36,7 @@ pub fn random_rows(n: usize, seed: u64) -> RawBatch {
             };
         }
         for f in 0..NUM_SPARSE {
-            r.cats[f] = if rng.next() % 7 == 0 {
+            r.cats[f] = if rng.next().is_multiple_of(7) {
                 None
             } else {
                 Some(rng.next() as u32)

@@ -271,7 +271,7 @@ impl<'p> Run<'p> {
         if !self.plan.inject {
             return Ok(());
         }
-        let period_end = self.next_tick % self.ticks_per_period == 0;
+        let period_end = self.next_tick.is_multiple_of(self.ticks_per_period);
         self.checkpoints += 1;
         if let Some(img) = &mut self.full_image {
             img.update(&self.trainee, batches, pos);
