@@ -696,10 +696,10 @@ impl Progress {
         }
     }
 
-    /// Appends the job's status now to its history.
-    fn record_history(&mut self, core: &MasterCore) {
+    /// Appends the job's status `s` to its history.
+    fn record_history(&mut self, s: &elastrec_proto::master::StatusResponse) {
         let Some(dir) = &self.history_dir else { return };
-        let point = crate::cli::status_value(&core.status())
+        let point = crate::cli::status_value(s)
             .map(|status| crate::history::point_of(&status, crate::history::unix_now_s()));
         let written = match point {
             Ok(p) => crate::history::append(dir, &p).map_err(anyhow::Error::from),
@@ -720,8 +720,8 @@ impl Progress {
             return;
         }
         self.last = Instant::now();
-        self.record_history(core);
         let s = core.status();
+        self.record_history(&s);
         let rate = s.samples_done.saturating_sub(self.last_samples) as f64 / since.as_secs_f64();
         self.last_samples = s.samples_done;
         let workers = s
