@@ -20,9 +20,11 @@ pub enum BrainError {
     #[error("unknown job `{0}`")]
     UnknownJob(String),
     /// The config database failed.
+    #[cfg(feature = "service")]
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
     /// Applying the schema migrations failed.
+    #[cfg(feature = "service")]
     #[error("database migration: {0}")]
     Migration(#[from] sqlx::migrate::MigrateError),
     /// Reading a file failed.
@@ -33,6 +35,7 @@ pub enum BrainError {
         source: std::io::Error,
     },
     /// The gRPC transport failed (bind, serve).
+    #[cfg(feature = "service")]
     #[error("transport: {0}")]
     Transport(#[from] tonic::transport::Error),
     /// An invariant of the brain broke: likely a bug.

@@ -31,7 +31,10 @@ pub mod warm_start;
 pub use job::{JobFile, JobSpec, TableSpec};
 pub use plan::{Plan, PlanKind, StreamPlan};
 pub use planner::{plan_for_job, plan_for_job_file, BrainConfig};
+#[cfg(feature = "service")]
 pub mod db;
+#[cfg(feature = "service")]
 pub mod service;
 
+#[cfg(feature = "service")]
 pub use service::{serve, serve_with_listener, BrainServeOptions};

@@ -177,6 +177,109 @@ pub struct ReplanInput<'a> {
     pub max_workers: Option<u32>,
 }
 
+/// Profile samples a re-plan fits on at most (the most recent).
+pub const FIT_WINDOW: usize = 2_000;
+
+/// What a job's master asks of a re-plan: where the job stands and what it measured. The
+/// service reads it from the wire's `PlanRequest`; the simulator builds it directly.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlanAsk {
+    /// What the job runs with now (absent: the last allocation the brain recorded).
+    pub current: Option<Allocation>,
+    /// Samples still to train (0: the whole dataset).
+    pub remaining_samples: u64,
+    /// Global step now.
+    pub current_step: u64,
+    /// Steps of the whole job (0: unknown, no OOM prediction).
+    pub total_steps: u64,
+    /// Seconds a new worker took to start, as the job measured it (0: the configured
+    /// default of Eq. 8).
+    pub worker_start_s: f64,
+    /// Seconds a PS migration paused the job (0: the configured default).
+    pub ps_migration_s: f64,
+    /// The job's expected remaining time, over which a plan's gain must repay its
+    /// overhead (0: the configured default).
+    pub horizon_s: f64,
+    /// Free cores besides the job's allocation, when the job plans its own machine
+    /// (absent: it shares the brain's cluster with the other active jobs).
+    pub free_cpu: Option<f64>,
+    /// Free memory besides the job's allocation, GiB (see `free_cpu`).
+    pub free_mem_gb: Option<f64>,
+    /// Most cores the job's plans may hold: a growth beyond them did not pay.
+    pub max_cpu: Option<f64>,
+    /// Most workers the job's plans may hold, for the same reason.
+    pub max_workers: Option<u32>,
+}
+
+impl PlanAsk {
+    /// Whether the job shares the cluster with the other active jobs (it sent no capacity
+    /// of its own).
+    pub fn shared(&self) -> bool {
+        self.free_cpu.is_none() && self.free_mem_gb.is_none()
+    }
+
+    /// The settings this re-plan runs with: `base`, with the job's measured scaling
+    /// overheads and horizon, and its free capacity when it sent one.
+    pub fn settings(&self, base: &BrainConfig) -> Result<BrainConfig> {
+        let mut cfg = *base;
+        if self.total_steps < self.current_step {
+            return Err(BrainError::invalid("total_steps", "is before current_step"));
+        }
+        for (field, v, slot) in [
+            (
+                "worker_start_s",
+                self.worker_start_s,
+                &mut cfg.overhead.worker_start_s,
+            ),
+            (
+                "ps_migration_s",
+                self.ps_migration_s,
+                &mut cfg.overhead.ps_migration_s,
+            ),
+            ("horizon_s", self.horizon_s, &mut cfg.overhead.horizon_s),
+        ] {
+            check_non_negative(field, v)?;
+            if v > 0.0 {
+                *slot = v;
+            }
+        }
+        for (field, v, slot) in [
+            ("free_cpu", self.free_cpu, &mut cfg.capacity.cpu),
+            ("free_mem_gb", self.free_mem_gb, &mut cfg.capacity.mem_gb),
+        ] {
+            if let Some(v) = v {
+                check_non_negative(field, v)?;
+                *slot = v;
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// The planner's input for `spec` with the job's stored profile and memory readings.
+    pub fn input<'a>(
+        &self,
+        spec: &'a JobSpec,
+        samples: &'a [ProfileSample],
+        memory: &'a [MemorySample],
+    ) -> ReplanInput<'a> {
+        let remaining = if self.remaining_samples == 0 {
+            spec.dataset_samples
+        } else {
+            self.remaining_samples
+        };
+        ReplanInput {
+            spec,
+            samples,
+            current: self.current,
+            remaining_samples: remaining as f64,
+            memory,
+            steps: (self.total_steps > 0).then_some((self.current_step, self.total_steps)),
+            max_cpu: self.max_cpu,
+            max_workers: self.max_workers,
+        }
+    }
+}
+
 /// What [`fit_front`] learns about one job: its fitted model and its NSGA-II front.
 #[derive(Debug, Clone)]
 pub struct JobFront {

@@ -19,7 +19,7 @@ use crate::error::{BrainError, Result};
 use crate::job::{JobSpec, TableSpec};
 use crate::oom::MemorySample;
 use crate::plan::{Plan, PlanKind, StreamPlan};
-use crate::planner::{self, BrainConfig, Mode, ReplanInput, StreamInput};
+use crate::planner::{self, BrainConfig, Mode, PlanAsk, StreamInput};
 use crate::shared::{ActiveJobs, Clock, SystemClock};
 use crate::throughput::{FitReport, ProfileSample};
 
@@ -27,8 +27,7 @@ use crate::throughput::{FitReport, ProfileSample};
 pub const MAX_REPORT: usize = 100_000;
 /// Most traffic values accepted in one streaming request.
 pub const MAX_TRAFFIC: usize = 100_000;
-/// Profile samples a re-plan fits on (the latest ones).
-pub const FIT_WINDOW: usize = 2_000;
+pub use crate::planner::FIT_WINDOW;
 /// Default listen address (loopback only).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50070";
 /// Default `/metrics` address: loopback, any free port (logged at start).
@@ -406,45 +405,66 @@ pub fn profile_from(
     Ok((samples, memory))
 }
 
-/// The settings one `Plan` request runs with: the service's, with the request's measured
-/// scaling overheads and horizon, and its free capacity when it sends one. The flag is
-/// whether the job shares the cluster (it sent no capacity of its own).
-pub fn plan_settings(base: &BrainConfig, r: &pb::PlanRequest) -> Result<(BrainConfig, bool)> {
-    let mut cfg = *base;
-    // A job that knows its own free capacity plans alone; the others share the cluster.
-    let shared = r.free_cpu.is_none() && r.free_mem_gb.is_none();
-    for (field, v, slot) in [
-        (
-            "worker_start_s",
-            r.worker_start_s,
-            &mut cfg.overhead.worker_start_s,
-        ),
-        (
-            "ps_migration_s",
-            r.ps_migration_s,
-            &mut cfg.overhead.ps_migration_s,
-        ),
-        ("horizon_s", r.horizon_s, &mut cfg.overhead.horizon_s),
-    ] {
-        if !(v.is_finite() && v >= 0.0) {
-            return Err(BrainError::invalid(field, format!("must be >= 0, got {v}")));
-        }
-        if v > 0.0 {
-            *slot = v;
-        }
+/// The wire form of a profile report.
+pub fn profile_to(
+    job_id: &str,
+    samples: &[ProfileSample],
+    memory: &[MemorySample],
+) -> pb::ReportProfileRequest {
+    pb::ReportProfileRequest {
+        job_id: job_id.into(),
+        samples: samples
+            .iter()
+            .map(|s| pb::ProfileSample {
+                allocation: Some(alloc_to(&s.alloc)),
+                batch_size: s.batch_size,
+                iter_time_s: s.iter_time_s,
+            })
+            .collect(),
+        memory: memory
+            .iter()
+            .map(|m| pb::MemorySample {
+                ps_index: m.ps_index,
+                step: m.step,
+                mem_gb: m.mem_gb,
+            })
+            .collect(),
     }
-    for (field, v, slot) in [
-        ("free_cpu", r.free_cpu, &mut cfg.capacity.cpu),
-        ("free_mem_gb", r.free_mem_gb, &mut cfg.capacity.mem_gb),
-    ] {
-        if let Some(v) = v {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(BrainError::invalid(field, format!("must be >= 0, got {v}")));
-            }
-            *slot = v;
-        }
+}
+
+/// The domain form of a `Plan` request (its allocation checked).
+pub fn ask_from(r: &pb::PlanRequest) -> Result<PlanAsk> {
+    Ok(PlanAsk {
+        current: alloc_from("current", r.current)?,
+        remaining_samples: r.remaining_samples,
+        current_step: r.current_step,
+        total_steps: r.total_steps,
+        worker_start_s: r.worker_start_s,
+        ps_migration_s: r.ps_migration_s,
+        horizon_s: r.horizon_s,
+        free_cpu: r.free_cpu,
+        free_mem_gb: r.free_mem_gb,
+        max_cpu: r.max_cpu,
+        max_workers: r.max_workers,
+    })
+}
+
+/// The wire form of a `Plan` request.
+pub fn ask_to(job_id: &str, a: &PlanAsk) -> pb::PlanRequest {
+    pb::PlanRequest {
+        job_id: job_id.into(),
+        current: a.current.as_ref().map(alloc_to),
+        remaining_samples: a.remaining_samples,
+        current_step: a.current_step,
+        total_steps: a.total_steps,
+        worker_start_s: a.worker_start_s,
+        ps_migration_s: a.ps_migration_s,
+        horizon_s: a.horizon_s,
+        free_cpu: a.free_cpu,
+        free_mem_gb: a.free_mem_gb,
+        max_cpu: a.max_cpu,
+        max_workers: a.max_workers,
     }
-    Ok((cfg, shared))
 }
 
 /// The wire form of a plan.
@@ -608,31 +628,15 @@ impl BrainService {
     async fn replan(&self, r: pb::PlanRequest) -> Result<pb::PlanResponse> {
         check_job_id(&r.job_id)?;
         let spec = self.store.require_job(&r.job_id).await?;
-        let current = match alloc_from("current", r.current)? {
-            Some(c) => Some(c),
-            None => self.store.configs(&r.job_id).await?.last().map(|c| c.0),
-        };
-        if r.total_steps < r.current_step {
-            return Err(BrainError::invalid("total_steps", "is before current_step"));
+        let mut ask = ask_from(&r)?;
+        if ask.current.is_none() {
+            ask.current = self.store.configs(&r.job_id).await?.last().map(|c| c.0);
         }
-        let (cfg, shared) = plan_settings(&self.cfg, &r)?;
+        let cfg = ask.settings(&self.cfg)?;
+        let shared = ask.shared();
         let samples = self.store.samples(&r.job_id, FIT_WINDOW).await?;
         let memory = self.store.memory(&r.job_id).await?;
-        let remaining = if r.remaining_samples == 0 {
-            spec.dataset_samples
-        } else {
-            r.remaining_samples
-        };
-        let input = ReplanInput {
-            spec: &spec,
-            samples: &samples,
-            current,
-            remaining_samples: remaining as f64,
-            memory: &memory,
-            steps: (r.total_steps > 0).then_some((r.current_step, r.total_steps)),
-            max_cpu: r.max_cpu,
-            max_workers: r.max_workers,
-        };
+        let input = ask.input(&spec, &samples, &memory);
         if shared {
             // Heard from, even when the fit below fails.
             let now = self.clock.now();

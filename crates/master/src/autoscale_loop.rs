@@ -10,22 +10,24 @@ use elastrec_brain::planner::BrainConfig;
 use elastrec_job::config::JobConfig;
 use elastrec_proto::brain as pb;
 
-use crate::autoscale::{Autoscaler, Decision, Round, Settings, View};
+use elastrec_brain::service::{ask_to, profile_to};
+use elastrec_control::autoscale::{Autoscaler, Decision, ProfileReport, Round, Settings, View};
+use elastrec_control::memory_limits::MemoryLimits;
+
 use crate::brain_link::BrainLink;
 use crate::core::{monotonic_ms, MasterCore};
 use crate::events::event;
 use crate::job::{Phase, Role};
-use crate::memory_limits::MemoryLimits;
+use crate::wire::proposal_from;
 
 /// Observations per second: windows close within 100 ms of their length.
 const TICK: Duration = Duration::from_millis(100);
 
 /// The policy settings of a job.
-pub fn settings(cfg: &JobConfig, brain_job_id: &str) -> Settings {
+pub fn settings(cfg: &JobConfig) -> Settings {
     let a = &cfg.autoscale;
     let host_cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     Settings {
-        job_id: brain_job_id.to_string(),
         workers: a.workers,
         ps: a.ps_bounds(cfg.cluster.ps),
         interval_ms: (a.interval_s * 1000.0) as u64,
@@ -72,7 +74,7 @@ pub fn size_nodes(template: &crate::launch::LaunchTemplate, cfg: &JobConfig) {
     if !cfg.autoscale.enabled {
         return;
     }
-    let s = settings(cfg, "");
+    let s = settings(cfg);
     let a = &cfg.autoscale;
     let mib = |gb: f64| (gb * 1024.0).ceil() as u64;
     // A job autoscaled by default shares the machine as a pinned one does: its workers
@@ -234,7 +236,7 @@ fn settings_bounds(cfg: &JobConfig) -> ([u32; 2], [u32; 2]) {
 
 /// The brain's policy settings for an in-process brain of this job.
 pub fn brain_config(cfg: &JobConfig) -> BrainConfig {
-    let s = settings(cfg, "");
+    let s = settings(cfg);
     let mut b = BrainConfig::default();
     b.capacity.cpu = s.cluster_cpu;
     b.capacity.mem_gb = s.cluster_mem_gb;
@@ -283,7 +285,7 @@ pub async fn run(
     mut registered: bool,
     explore: bool,
 ) {
-    let mut settings = settings(&cfg, &brain_job_id);
+    let mut settings = settings(&cfg);
     settings.explore = explore;
     if settings.ps_cpu_max > settings.ps_cpu && !core.backend().resizes_in_place() {
         event!(warn, "ps_cores_fixed", ps_cpu = settings.ps_cpu,
@@ -386,7 +388,7 @@ pub async fn run(
         enum Next {
             Probe(Decision),
             Revert(Decision),
-            Plan(pb::PlanRequest),
+            Plan(elastrec_brain::planner::PlanAsk),
         }
         let (report, next) = match round {
             Round::Idle => (None, None),
@@ -402,6 +404,7 @@ pub async fn run(
                 report,
                 &mut registered,
                 &cfg,
+                &brain_job_id,
                 samples_total,
             )
             .await;
@@ -410,11 +413,21 @@ pub async fn run(
             None => {}
             Some(Next::Probe(d)) => execute(&core, &mut auto, &d, &view, "probe").await,
             Some(Next::Revert(d)) => execute(&core, &mut auto, &d, &view, "revert").await,
-            Some(Next::Plan(req)) => match brain.plan(req).await {
-                Ok(plan) => {
-                    let d = auto.review(&plan, &view);
-                    execute(&core, &mut auto, &d, &view, "plan").await;
-                }
+            Some(Next::Plan(ask)) => match brain.plan(ask_to(&brain_job_id, &ask)).await {
+                Ok(plan) => match proposal_from(&plan) {
+                    Ok(plan) => {
+                        let d = auto.review(&plan, &view);
+                        execute(&core, &mut auto, &d, &view, "plan").await;
+                    }
+                    Err(e) => {
+                        let msg = format!("{}: {e}", brain.describe());
+                        event!(warn, "no_plan", error = %msg, workers = view.workers,
+                            "autoscale: no plan this round ({msg}); keeping {} workers",
+                            view.workers
+                        );
+                        auto.brain_failed(msg);
+                    }
+                },
                 Err(s) => {
                     let msg = format!("{}: {}", brain.describe(), s.message());
                     event!(warn, "no_plan", error = %msg, workers = view.workers,
@@ -444,7 +457,7 @@ async fn enforce_memory_limits(core: &MasterCore, limits: &MemoryLimits) {
             .filter_map(|n| {
                 let p = profiles.get(&n.id)?;
                 let is_ps = n.role == Role::Ps;
-                let why = crate::autoscale::memory_verdict(
+                let why = elastrec_control::autoscale::memory_verdict(
                     limits.limit_gb(n.id, is_ps),
                     is_ps,
                     p.rss_bytes,
@@ -542,13 +555,14 @@ fn follow_memory_use(
 async fn report_profile(
     brain: &dyn BrainLink,
     auto: &mut Autoscaler,
-    report: pb::ReportProfileRequest,
+    report: ProfileReport,
     registered: &mut bool,
     cfg: &JobConfig,
+    brain_job_id: &str,
     samples_total: u64,
 ) {
     if !*registered {
-        match warm_start(brain, cfg, &auto.settings().job_id, samples_total).await {
+        match warm_start(brain, cfg, brain_job_id, samples_total).await {
             Ok(_) => *registered = true,
             Err(e) => {
                 auto.brain_failed(e);
@@ -560,7 +574,8 @@ async fn report_profile(
     if report.samples.is_empty() && report.memory.is_empty() {
         return;
     }
-    match brain.report_profile(report.clone()).await {
+    let wire = profile_to(brain_job_id, &report.samples, &report.memory);
+    match brain.report_profile(wire).await {
         Ok(_) => auto.brain_ok(),
         Err(s) => {
             if s.code() == tonic::Code::NotFound {

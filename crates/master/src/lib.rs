@@ -2,14 +2,13 @@
 //! and sample ledger), elastic scaling and failure policy, persisted in SQLite.
 //!
 //! Layout follows logic / service / process: [`ledger`], [`tasks`] and [`job`] are pure
-//! state machines (side effects reach them through [`job::Context`]), as are the
-//! autoscaler's ([`autoscale`]) and checkpoints' ([`checkpoint::CheckpointPolicy`])
-//! decisions; [`store`] persists the state machine's changes; [`core`] is what handlers and
+//! state machines (side effects reach them through [`job::Context`]), as are checkpoints'
+//! decisions ([`checkpoint::CheckpointPolicy`]); the scalers' policies live in
+//! `elastrec-control`, and [`wire`] turns the brain's answers into its types; [`store`] persists the state machine's changes; [`core`] is what handlers and
 //! loops share; [`service`] holds the thin gRPC handlers, [`error`] what they refuse with;
 //! [`events`] records the job's events; [`run`] wires the process (`elastrec run`),
 //! [`backend`] starts role processes, [`cli`] backs the subcommands.
 
-pub mod autoscale;
 pub mod autoscale_loop;
 pub mod backend;
 pub mod brain_link;
@@ -19,15 +18,12 @@ pub mod core;
 pub mod dataset_watch;
 pub mod error;
 pub mod events;
-pub mod executor_scale;
 pub mod export;
 pub mod history;
 pub mod job;
 pub mod launch;
 pub mod ledger;
-pub mod memory_limits;
 pub mod metrics;
-pub mod online_scale;
 pub mod online_scale_loop;
 pub mod progressive;
 pub mod prometheus_sd;
@@ -40,5 +36,6 @@ pub mod stream_stats;
 pub mod stream_watch;
 pub mod tasks;
 pub mod validation;
+pub mod wire;
 
 pub use elastrec_orchestrate::serving;

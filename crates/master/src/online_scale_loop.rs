@@ -6,13 +6,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use elastrec_job::stream::StreamConfig;
+use elastrec_control::online_scale::{Decision, Observation, OnlineScaler, OnlineSettings, Rule};
+use elastrec_job::stream::{StreamConfig, StreamScaling};
 use serde::Serialize;
 
 use crate::core::MasterCore;
 use crate::events::event;
 use crate::job::Phase;
-use crate::online_scale::{Decision, Observation, OnlineScaler};
 use elastrec_brain::traffic::TrafficHistory;
 
 /// One decision, with when it was taken.
@@ -31,9 +31,30 @@ pub const TRAFFIC_KEY: &str = "traffic_history";
 /// this much of it.
 const PERSIST_EVERY_S: f64 = 60.0;
 
+/// The scaler's settings from the job's `[stream]` section (`sync` picks KALE's
+/// synchronous model).
+pub fn settings_of(cfg: &StreamConfig, sync: bool) -> OnlineSettings {
+    OnlineSettings {
+        rule: match cfg.autoscale {
+            StreamScaling::Off => Rule::Off,
+            StreamScaling::Kale => Rule::Kale,
+            StreamScaling::Hpa => Rule::Hpa,
+        },
+        workers: cfg.workers,
+        interval_s: cfg.interval_s,
+        slo_lag_s: cfg.slo_lag_s,
+        horizon_s: cfg.horizon_s,
+        season_s: cfg.season_s,
+        rho: cfg.rho,
+        tau_s: cfg.tau_s,
+        rescale_s: cfg.rescale_s,
+        sync,
+    }
+}
+
 /// Runs until the job leaves training. `sync` picks KALE's synchronous model.
 pub async fn run(core: Arc<MasterCore>, cfg: StreamConfig, sync: bool) {
-    let mut scaler = OnlineScaler::new(&cfg, sync);
+    let mut scaler = OnlineScaler::new(&settings_of(&cfg, sync));
     if let Some(text) = core.resumed_traffic.get() {
         match serde_json::from_str::<TrafficHistory>(text) {
             Ok(h) => {

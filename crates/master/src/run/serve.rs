@@ -299,10 +299,10 @@ fn spawn_loops(
     Ok(autoscaler)
 }
 
-/// Scales the data executors by Primus Eq. 1 (`crate::executor_scale`) every
+/// Scales the data executors by Primus Eq. 1 (`elastrec_control::executor_scale`) every
 /// `executor_interval_s` while the job trains.
 async fn scale_executors(core: Arc<MasterCore>, c: elastrec_job::distributed::ClusterConfig) {
-    use crate::executor_scale::{ExecutorPolicy, ExecutorSample, ExecutorScaler};
+    use elastrec_control::executor_scale::{ExecutorPolicy, ExecutorSample, ExecutorScaler};
     let (cores, memory_bytes) = core.launch.get().map_or((1.0, 0.0), |t| {
         (
             t.cpu(Role::Executor),

@@ -15,15 +15,16 @@ use std::time::{Duration, Instant};
 
 use elastrec_brain::alloc::Range;
 use elastrec_brain::oom::MemorySample;
-use elastrec_brain::planner::{self, BrainConfig, ReplanInput};
-use elastrec_brain::service::{alloc_from, plan_settings, plan_to, profile_from};
+use elastrec_brain::planner::{self, BrainConfig, PlanAsk, FIT_WINDOW};
 use elastrec_brain::shared::ActiveJobs;
 use elastrec_brain::throughput::ProfileSample;
 use elastrec_brain::warm_start::{HistoricalJob, JobFeatures};
 use elastrec_brain::{Allocation, Bounds, JobSpec, TableSpec};
 use elastrec_checkpoint::cpr::{self, CprCosts, RecoveryMode};
-use elastrec_master::autoscale::{Autoscaler, Decision, Round, Settings, View};
-use elastrec_master::memory_limits::MemoryLimits;
+use elastrec_control::autoscale::{
+    Autoscaler, Decision, ProfileReport, Proposal, Round, Settings, View,
+};
+use elastrec_control::memory_limits::MemoryLimits;
 use rand::rngs::StdRng;
 use rand::Rng;
 use rayon::prelude::*;
@@ -423,7 +424,6 @@ impl<'a> Sim<'a> {
         // The live master's defaults (`[autoscale]`).
         let live = elastrec_job::autoscale::AutoscaleConfig::default();
         Settings {
-            job_id: spec.job_id.clone(),
             workers: [spec.bounds.workers.min, spec.bounds.workers.max],
             ps: [spec.bounds.ps.min, spec.bounds.ps.max],
             interval_ms: ms(self.s.plan_interval_s),
@@ -675,7 +675,7 @@ impl<'a> Sim<'a> {
 
     fn elastrec_round(&mut self, t: f64) {
         // The masters observe and decide, one job at a time (each has its own master).
-        let mut plans: Vec<(usize, View, elastrec_proto::brain::PlanRequest)> = Vec::new();
+        let mut plans: Vec<(usize, View, PlanAsk)> = Vec::new();
         for i in self.running.clone() {
             self.follow_memory_use(i, t);
             let mut v = self.view(i, t);
@@ -733,15 +733,14 @@ impl<'a> Sim<'a> {
                 let Ctl::Elastrec(ctl) = &j.ctl else {
                     unreachable!()
                 };
-                let (cfg, _) = plan_settings(&brain, req).expect("the master's request is valid");
+                let cfg = req.settings(&brain).expect("the master's request is valid");
                 (cfg, &ctl.spec, &ctl.samples, &ctl.memory, req)
             })
             .collect();
         let fits: Vec<_> = inputs
             .par_iter()
             .map(|(cfg, spec, samples, memory, req)| {
-                let input = replan_input(spec, samples, memory, req);
-                planner::fit_front(cfg, &input)
+                planner::fit_front(cfg, &req.input(spec, samples, memory))
             })
             .collect();
         let cfgs: Vec<BrainConfig> = inputs.iter().map(|x| x.0).collect();
@@ -754,7 +753,7 @@ impl<'a> Sim<'a> {
                 let Ctl::Elastrec(ctl) = &j.ctl else {
                     unreachable!()
                 };
-                let input = replan_input(&ctl.spec, &ctl.samples, &ctl.memory, &req);
+                let input = req.input(&ctl.spec, &ctl.samples, &ctl.memory);
                 fit.and_then(|fit| planner::replan_shared(&cfg, &mut self.active, &input, fit, now))
             };
             let j = self.jobs[i].as_mut().expect("running");
@@ -763,7 +762,7 @@ impl<'a> Sim<'a> {
             };
             match plan {
                 Ok(plan) => {
-                    let d = ctl.scaler.review(&plan_to(&plan), &v);
+                    let d = ctl.scaler.review(&Proposal::from(&plan), &v);
                     self.apply_elastrec(i, &d, &v, t, "plan");
                 }
                 Err(e) => ctl.scaler.brain_failed(e.to_string()),
@@ -1025,34 +1024,18 @@ impl<'a> Sim<'a> {
     }
 }
 
-fn absorb(ctl: &mut ElastrecCtl, r: &elastrec_proto::brain::ReportProfileRequest) {
-    // What the service's ReportProfile stores.
-    if let Ok((samples, memory)) = profile_from(r) {
-        ctl.samples.extend(samples);
-        ctl.memory.extend(memory);
-        let keep = elastrec_brain::service::FIT_WINDOW;
-        if ctl.samples.len() > keep {
-            ctl.samples.drain(..ctl.samples.len() - keep);
+fn absorb(ctl: &mut ElastrecCtl, r: &ProfileReport) {
+    // What the service's ReportProfile stores: a report with an invalid sample is refused
+    // whole.
+    if r.samples
+        .iter()
+        .enumerate()
+        .all(|(i, p)| p.validate(i).is_ok())
+    {
+        ctl.samples.extend_from_slice(&r.samples);
+        ctl.memory.extend_from_slice(&r.memory);
+        if ctl.samples.len() > FIT_WINDOW {
+            ctl.samples.drain(..ctl.samples.len() - FIT_WINDOW);
         }
-    }
-}
-
-fn replan_input<'b>(
-    spec: &'b JobSpec,
-    samples: &'b [ProfileSample],
-    memory: &'b [MemorySample],
-    r: &elastrec_proto::brain::PlanRequest,
-) -> ReplanInput<'b> {
-    // The master's own allocation: always valid, so a refusal would be a bug here.
-    let current = alloc_from("current", r.current).expect("the master's allocation is valid");
-    ReplanInput {
-        spec,
-        samples,
-        current,
-        remaining_samples: r.remaining_samples as f64,
-        memory,
-        steps: (r.total_steps > 0).then_some((r.current_step, r.total_steps)),
-        max_cpu: r.max_cpu,
-        max_workers: r.max_workers,
     }
 }

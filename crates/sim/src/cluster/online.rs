@@ -9,8 +9,7 @@
 //! the consumer group: KALE §2), which is the downtime.
 
 use elastrec_brain::forecast::diurnal_trace;
-use elastrec_job::stream::{StreamConfig, StreamScaling};
-use elastrec_master::online_scale::{Observation, OnlineScaler};
+use elastrec_control::online_scale::{Observation, OnlineScaler, OnlineSettings, Rule};
 use rand::Rng;
 
 use super::nodes::{Nodes, Pod};
@@ -87,9 +86,9 @@ struct Stream<'a> {
 }
 
 /// The live scaler's settings for a simulated stream.
-pub fn stream_config(kind: StreamScaling, s: &SimSettings) -> StreamConfig {
-    StreamConfig {
-        autoscale: kind,
+pub fn scaler_settings(rule: Rule, s: &SimSettings) -> OnlineSettings {
+    OnlineSettings {
+        rule,
         workers: [1, 64],
         interval_s: s.control_s,
         slo_lag_s: s.slo_lag_s,
@@ -99,7 +98,7 @@ pub fn stream_config(kind: StreamScaling, s: &SimSettings) -> StreamConfig {
         rho: 2,
         tau_s: 1800.0,
         rescale_s: s.rescale_s,
-        ..StreamConfig::default()
+        sync: false,
     }
 }
 
@@ -120,14 +119,8 @@ pub fn run(
             let days = (rec.duration_s / 86_400.0).ceil().max(1.0) as usize;
             let traffic = diurnal_trace(days, per_day, rec.peak_rate / 1.75, 0.05, rng.random());
             let scaler = match policy {
-                OnlinePolicy::Kale => Some(OnlineScaler::new(
-                    &stream_config(StreamScaling::Kale, s),
-                    false,
-                )),
-                OnlinePolicy::Hpa => Some(OnlineScaler::new(
-                    &stream_config(StreamScaling::Hpa, s),
-                    false,
-                )),
+                OnlinePolicy::Kale => Some(OnlineScaler::new(&scaler_settings(Rule::Kale, s))),
+                OnlinePolicy::Hpa => Some(OnlineScaler::new(&scaler_settings(Rule::Hpa, s))),
                 OnlinePolicy::Adequate | OnlinePolicy::StaticUser => None,
             };
             let workers = match policy {

@@ -1,6 +1,6 @@
 //! Worker counts for online jobs from their traffic (KALE §3.2-3.4), and the reactive
-//! HPA-like rule it is measured against. Pure policy: the loop in
-//! [`crate::online_scale_loop`] measures and applies.
+//! HPA-like rule it is measured against. Pure policy: the master's online scale loop
+//! measures and applies, and the cluster simulator drives the same code.
 //!
 //! KALE, every `interval_s`:
 //! 1. the arrival rate joins its history; a window in which every worker was measured
@@ -28,8 +28,44 @@ use elastrec_brain::alloc::Range;
 use elastrec_brain::streaming::{plan_series, stabilize, Stabilization};
 use elastrec_brain::throughput::kale::{KaleModel, KaleSample, KaleVariant};
 use elastrec_brain::traffic::TrafficHistory;
-use elastrec_job::stream::{StreamConfig, StreamScaling};
 use serde::Serialize;
+
+/// Which rule picks the worker count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// Workers change only on request.
+    Off,
+    /// KALE: forecast, throughput model, Algorithm 1, threshold fallback.
+    Kale,
+    /// A reactive rule on utilization and lag (Kubernetes HPA-like).
+    Hpa,
+}
+
+/// The scaler's settings (the job file's `[stream]` section holds them and their
+/// defaults).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OnlineSettings {
+    /// The rule.
+    pub rule: Rule,
+    /// Fewest and most workers.
+    pub workers: [u32; 2],
+    /// Seconds between decisions.
+    pub interval_s: f64,
+    /// The lag objective, seconds.
+    pub slo_lag_s: f64,
+    /// Seconds a plan looks ahead.
+    pub horizon_s: f64,
+    /// The traffic's season for Holt-Winters, seconds (0: none, a damped trend only).
+    pub season_s: f64,
+    /// Algorithm 1's `rho`: the smallest change of the plan examined.
+    pub rho: u32,
+    /// Algorithm 1's `tau`: a planned level lasting less than this is calibrated away, s.
+    pub tau_s: f64,
+    /// Seconds a change of the worker count stops training.
+    pub rescale_s: f64,
+    /// Synchronous training: KALE's Eq. 6 instead of Eq. 9.
+    pub sync: bool,
+}
 
 /// Throughput samples kept (the most recent).
 const MAX_SAMPLES: usize = 240;
@@ -97,7 +133,7 @@ pub struct Decision {
 /// The online autoscaler's state.
 #[derive(Debug, Clone)]
 pub struct OnlineScaler {
-    kind: StreamScaling,
+    rule: Rule,
     bounds: Range<u32>,
     interval_s: f64,
     slo_lag_s: f64,
@@ -118,11 +154,11 @@ pub struct OnlineScaler {
 }
 
 impl OnlineScaler {
-    /// A scaler for `cfg` (`sync`: synchronous training, KALE's Eq. 6 instead of Eq. 9).
-    pub fn new(cfg: &StreamConfig, sync: bool) -> Self {
+    /// A scaler with these settings.
+    pub fn new(cfg: &OnlineSettings) -> Self {
         let steps = |s: f64| (s / cfg.interval_s).ceil().max(1.0) as usize;
         Self {
-            kind: cfg.autoscale,
+            rule: cfg.rule,
             bounds: Range {
                 min: cfg.workers[0],
                 max: cfg.workers[1],
@@ -140,7 +176,7 @@ impl OnlineScaler {
                 tau_s: cfg.tau_s,
             },
             rescale_s: cfg.rescale_s,
-            sync,
+            sync: cfg.sync,
             samples: Vec::new(),
             over_slo: 0,
             idle: 0,
@@ -306,16 +342,16 @@ impl OnlineScaler {
         // Whether the backlog fell since the last check (a job catching up on its own).
         let draining = self.last_backlog.is_some_and(|b| obs.backlog < b);
         self.last_backlog = Some(obs.backlog);
-        let d = match self.kind {
-            StreamScaling::Off => Decision {
+        let d = match self.rule {
+            Rule::Off => Decision {
                 workers: obs.workers,
                 raw: obs.workers,
                 target: obs.workers,
                 load: obs.arrival_rate,
                 reason: "autoscaling off".into(),
             },
-            StreamScaling::Hpa => self.hpa(obs),
-            StreamScaling::Kale => self.kale(obs, draining),
+            Rule::Hpa => self.hpa(obs),
+            Rule::Kale => self.kale(obs, draining),
         };
         if self.last_raw.is_some_and(|r| r != d.raw) {
             self.raw_changes += 1;
@@ -501,16 +537,18 @@ impl OnlineScaler {
 mod tests {
     use super::*;
 
-    fn cfg(kind: StreamScaling) -> StreamConfig {
-        StreamConfig {
-            topics: vec!["t".into()],
-            autoscale: kind,
+    fn cfg(rule: Rule) -> OnlineSettings {
+        OnlineSettings {
+            rule,
             workers: [1, 6],
             interval_s: 5.0,
-            horizon_s: 15.0,
-            tau_s: 12.0,
             slo_lag_s: 10.0,
-            ..StreamConfig::default()
+            horizon_s: 15.0,
+            season_s: 0.0,
+            rho: 1,
+            tau_s: 12.0,
+            rescale_s: 5.0,
+            sync: false,
         }
     }
 
@@ -533,7 +571,7 @@ mod tests {
 
     #[test]
     fn kale_runs_the_fewest_workers_that_keep_up_with_the_traffic() {
-        let mut s = OnlineScaler::new(&cfg(StreamScaling::Kale), false);
+        let mut s = OnlineScaler::new(&cfg(Rule::Kale));
         let mut w = 1;
         for _ in 0..6 {
             w = s.decide(&obs(w, 2500.0, 0.0)).target;
@@ -547,7 +585,7 @@ mod tests {
 
     #[test]
     fn a_one_interval_spike_does_not_move_a_stabilized_plan() {
-        let mut s = OnlineScaler::new(&cfg(StreamScaling::Kale), false);
+        let mut s = OnlineScaler::new(&cfg(Rule::Kale));
         let mut w = 2;
         let mut targets = Vec::new();
         for i in 0..12 {
@@ -569,7 +607,7 @@ mod tests {
 
     #[test]
     fn lag_above_the_slo_adds_a_worker_whatever_the_forecast() {
-        let mut s = OnlineScaler::new(&cfg(StreamScaling::Kale), false);
+        let mut s = OnlineScaler::new(&cfg(Rule::Kale));
         // The measured capacity looks ample (a wrong model), but the lag grows.
         let o = Observation {
             workers: 2,
@@ -586,16 +624,16 @@ mod tests {
         assert!(second.reason.starts_with("fallback"), "{}", second.reason);
     }
 
-    fn with_stop(rescale_s: f64) -> StreamConfig {
-        StreamConfig {
+    fn with_stop(rescale_s: f64) -> OnlineSettings {
+        OnlineSettings {
             rescale_s,
-            ..cfg(StreamScaling::Kale)
+            ..cfg(Rule::Kale)
         }
     }
 
     #[test]
     fn a_backlog_is_drained_by_one_jump_not_one_worker_per_check() {
-        let mut s = OnlineScaler::new(&with_stop(10.0), false);
+        let mut s = OnlineScaler::new(&with_stop(10.0));
         // 2500/s arriving on one worker (1000/s), 20 s behind: draining 50,000 within
         // half the 10 s SLO needs every worker allowed.
         let d = s.decide(&obs(1, 2500.0, 50_000.0));
@@ -607,7 +645,7 @@ mod tests {
         // Three workers carry 1900/s; two (2000/s) would too, but a 30 s stop leaves
         // 57,000 messages that a 100/s surplus cannot drain within the window judged.
         let decide = |rescale_s: f64| {
-            let mut s = OnlineScaler::new(&with_stop(rescale_s), false);
+            let mut s = OnlineScaler::new(&with_stop(rescale_s));
             let mut d = s.decide(&obs(3, 1900.0, 0.0));
             for _ in 0..3 {
                 d = s.decide(&obs(3, 1900.0, 0.0));
@@ -625,7 +663,7 @@ mod tests {
         // Two workers (2000/s) for 1900/s, 3 s behind the 10 s SLO: the backlog drain
         // asks for four, but a 30 s stop would put the job 30 s behind.
         let decide = |rescale_s: f64| {
-            let mut s = OnlineScaler::new(&with_stop(rescale_s), false);
+            let mut s = OnlineScaler::new(&with_stop(rescale_s));
             s.decide(&obs(2, 1900.0, 5700.0))
         };
         let costly = decide(30.0);
@@ -635,7 +673,7 @@ mod tests {
 
     #[test]
     fn hpa_reacts_to_utilization_after_the_fact() {
-        let mut s = OnlineScaler::new(&cfg(StreamScaling::Hpa), false);
+        let mut s = OnlineScaler::new(&cfg(Rule::Hpa));
         assert_eq!(s.decide(&obs(1, 2500.0, 5000.0)).target, 2);
         assert_eq!(s.decide(&obs(2, 2500.0, 2000.0)).target, 3);
         // Idle: one step down only after two idle checks.
