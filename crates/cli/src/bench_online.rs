@@ -6,7 +6,8 @@
 //! loopback port; each policy gets its own topic, so every run reads exactly the traffic
 //! it was sent. Workers are slowed by the `ELASTREC_FAIL_SLOW_WORKER` fail point
 //! (`--slow-ms` per batch) so that the worker count, not this machine's cores, sets the
-//! capacity: on a 2-core machine four real workers cannot train four times faster.
+//! capacity: on a 2-core machine four real workers cannot train four times faster. Fail
+//! points are in a binary built with the `fail-points` feature only.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -108,6 +109,12 @@ struct PolicyResult {
 
 /// Runs `elastrec bench online`.
 pub fn run(a: BenchOnlineArgs) -> Result<()> {
+    if a.slow_ms > 0 && !elastrec_common::fail_points::ENABLED {
+        bail!(
+            "--slow-ms {} slows the workers through a test fail point, which this binary lacks; build one with them: `cargo build --release -p elastrec-cli --features fail-points` (or pass --slow-ms 0 to measure this machine's own speed)",
+            a.slow_ms
+        );
+    }
     let [lo, hi] = a.workers[..] else {
         bail!("--workers takes two numbers: MIN MAX");
     };

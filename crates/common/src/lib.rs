@@ -21,6 +21,7 @@
 pub mod auc;
 pub mod caught;
 pub mod eval;
+pub mod fail_points;
 pub mod logloss;
 pub mod machine;
 pub mod quiet;

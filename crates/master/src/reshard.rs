@@ -348,7 +348,7 @@ pub async fn abort_uncommitted(core: &MasterCore) {
 /// freezing round, with every old server frozen and nothing committed, the worst moment
 /// to lose it; a test kills it there and resumes the job.
 async fn hold_for_test() {
-    if std::env::var_os("ELASTREC_FAIL_HOLD_RESHARD").is_some() {
+    if elastrec_common::fail_points::is_set("ELASTREC_FAIL_HOLD_RESHARD") {
         event!(
             "fail_point",
             name = "reshard_before_commit",

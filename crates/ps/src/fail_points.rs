@@ -1,7 +1,9 @@
-//! Test fail points of the PS process, set by environment variables (tests hold or slow a
-//! server at a known point with them instead of racing it).
+//! Test fail points of the PS process (`elastrec_common::fail_points`: set by environment
+//! variables, compiled in only for tests).
 
 use std::time::Duration;
+
+use elastrec_common::fail_points;
 
 /// Test fail point `ELASTREC_FAIL_PS_GROWTH=BYTES`: every pushed row makes this server
 /// hold `BYTES` more memory, as a server whose embedding tables grow with new ids does
@@ -10,12 +12,8 @@ use std::time::Duration;
 pub(crate) fn fail_point_grow(rows: usize) {
     static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     static HELD: parking_lot::Mutex<Vec<Vec<u8>>> = parking_lot::Mutex::new(Vec::new());
-    let per_row = *BYTES.get_or_init(|| {
-        std::env::var("ELASTREC_FAIL_PS_GROWTH")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    });
+    let per_row = *BYTES
+        .get_or_init(|| fail_points::number("ELASTREC_FAIL_PS_GROWTH").map_or(0, |b| b as usize));
     if per_row > 0 && rows > 0 {
         // Written, so the pages are resident.
         HELD.lock().push(vec![1u8; rows * per_row]);
@@ -30,13 +28,7 @@ pub(crate) static NODE_ID: std::sync::OnceLock<u32> = std::sync::OnceLock::new()
 /// would (a server started later, even for the same index, is another node).
 pub(crate) async fn fail_point_slow_rows(rows: u64) {
     static US: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    let us = *US.get_or_init(|| {
-        let v = std::env::var("ELASTREC_FAIL_SLOW_PS").ok()?;
-        let (who, us) = v.split_once(':')?;
-        (Some(&who.parse::<u32>().ok()?) == NODE_ID.get())
-            .then(|| us.parse().ok())
-            .flatten()
-    });
+    let us = *US.get_or_init(|| fail_points::for_node("ELASTREC_FAIL_SLOW_PS", *NODE_ID.get()?));
     if let Some(us) = us.filter(|_| rows > 0) {
         tokio::time::sleep(Duration::from_micros(us * rows)).await;
     }
@@ -46,9 +38,6 @@ pub(crate) async fn fail_point_slow_rows(rows: u64) {
 /// first checkpoint request (a hung server), and answers later ones normally.
 pub(crate) fn fail_point_hang_checkpoint(index: u32) -> bool {
     static USED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    std::env::var("ELASTREC_FAIL_HANG_CHECKPOINT")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        == Some(index)
+    fail_points::number("ELASTREC_FAIL_HANG_CHECKPOINT") == Some(u64::from(index))
         && !USED.swap(true, std::sync::atomic::Ordering::AcqRel)
 }

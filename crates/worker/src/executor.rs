@@ -70,9 +70,7 @@ struct Executor {
 fn slow_parse() -> Option<Duration> {
     static SLOW: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
     *SLOW.get_or_init(|| {
-        std::env::var("ELASTREC_FAIL_SLOW_EXECUTOR")
-            .ok()
-            .and_then(|v| v.parse().ok())
+        elastrec_common::fail_points::number("ELASTREC_FAIL_SLOW_EXECUTOR")
             .map(Duration::from_millis)
     })
 }

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
+use elastrec_common::fail_points;
 use elastrec_data::{Batch, BatchReader};
 use elastrec_embedding::{row_of, shard_of};
 use elastrec_job::distributed::SyncMode;
@@ -1390,27 +1391,14 @@ fn local_batch_size(job: &JobConfig, shared: &Shared) -> usize {
 /// The value of a test fail point `NAME=NODE:N[,NODE:N...]` for this node: the first entry
 /// that names it (`*` names every node). Other nodes, and relaunched workers (new node ids),
 /// ignore it.
-fn fail_point(name: &str, node: u32) -> Option<u64> {
-    fail_point_value(&std::env::var(name).ok()?, node)
-}
-
-fn fail_point_value(spec: &str, node: u32) -> Option<u64> {
-    spec.split(',').find_map(|entry| {
-        let (who, n) = entry.trim().split_once(':')?;
-        (who == "*" || who.parse::<u32>().ok()? == node)
-            .then(|| n.parse::<u64>().ok())
-            .flatten()
-    })
-}
-
 /// Test fail point `ELASTREC_FAIL_EXIT_AFTER_PUSH=NODE:N`: worker `NODE` exits right
 /// after the PS accepted its `N`-th push, before reporting it to the master (the window in
 /// which a batch's gradients are applied but its samples are not counted).
 fn fail_point_exit_after_push(node: u32) -> Option<u64> {
-    fail_point("ELASTREC_FAIL_EXIT_AFTER_PUSH", node).filter(|&n| n > 0)
+    fail_points::for_node("ELASTREC_FAIL_EXIT_AFTER_PUSH", node).filter(|&n| n > 0)
 }
 
-/// Test hook `ELASTREC_TEST_TRACE_ROWS=DIR`: every worker appends the rows the master
+/// Test fail point `ELASTREC_TEST_TRACE_ROWS=DIR`: every worker appends the rows the master
 /// accepted (reported batches) to `DIR/worker-<id>.tsv`, one line per row: epoch, task id,
 /// the row's first dense value (`ln(1 + x)` of the file's first integer). What a test needs
 /// to see the order rows were trained in, which nothing else records.
@@ -1418,7 +1406,7 @@ struct RowTrace(std::io::BufWriter<std::fs::File>);
 
 impl RowTrace {
     fn open(node: u32) -> anyhow::Result<Option<Self>> {
-        let Some(dir) = std::env::var_os("ELASTREC_TEST_TRACE_ROWS") else {
+        let Some(dir) = fail_points::value("ELASTREC_TEST_TRACE_ROWS") else {
             return Ok(None);
         };
         let path = Path::new(&dir).join(format!("worker-{node}.tsv"));
@@ -1448,7 +1436,7 @@ impl RowTrace {
 /// for every worker, a job whose workers are the bottleneck).
 /// `5:250,*:20` slows worker 5 by 250 ms and every other worker by 20 ms.
 fn fail_point_slow_batch(node: u32) -> Option<Duration> {
-    fail_point("ELASTREC_FAIL_SLOW_WORKER", node).map(Duration::from_millis)
+    fail_points::for_node("ELASTREC_FAIL_SLOW_WORKER", node).map(Duration::from_millis)
 }
 
 #[cfg(test)]
@@ -1466,14 +1454,6 @@ mod tests {
 
     const TOKEN: &str = "remotetest";
 
-    #[test]
-    fn a_fail_point_list_applies_its_first_entry_naming_the_node() {
-        assert_eq!(fail_point_value("5:250,*:20", 5), Some(250));
-        assert_eq!(fail_point_value("5:250,*:20", 3), Some(20));
-        assert_eq!(fail_point_value("5:250", 3), None);
-        assert_eq!(fail_point_value("x:1,4:7", 4), Some(7));
-        assert_eq!(fail_point_value("4:slow", 4), None);
-    }
     const DIM: usize = 4;
 
     /// A scripted parameter server: records the pulls and pushes it gets, answers pulls
