@@ -2176,7 +2176,7 @@ mod tests {
         assert_eq!(crate::mix::train_file_sources(&cfg), vec![1, 1, 0]);
         assert_eq!(
             crate::mix::serving(&cfg),
-            elastrec_orchestrate::serving::Serving::Weighted {
+            elastrec_control::serving::Serving::Weighted {
                 weights: vec![3.0, 1.0]
             }
         );
@@ -2187,7 +2187,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             crate::mix::serving(&cfg),
-            elastrec_orchestrate::serving::Serving::Sequential
+            elastrec_control::serving::Serving::Sequential
         );
         let reason_of = |text: String| match parse(&text).unwrap_err() {
             ConfigError::Invalid { field, reason, .. } => {

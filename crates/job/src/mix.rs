@@ -8,11 +8,11 @@
 //!   and its stream in one job, one model and one ledger.
 //!
 //! [`serving`] turns both into the policy that the master's queue and `elastrec train`'s
-//! reader apply (`elastrec_orchestrate::serving`).
+//! reader apply (`elastrec_control::serving`).
 
 use serde::{Deserialize, Serialize};
 
-use elastrec_orchestrate::serving::Serving;
+use elastrec_control::serving::Serving;
 
 use crate::config::JobConfig;
 

@@ -74,12 +74,6 @@ impl From<MasterError> for Status {
     }
 }
 
-impl From<JobError> for Status {
-    fn from(e: JobError) -> Self {
-        MasterError::Job(e).into()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

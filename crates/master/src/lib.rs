@@ -1,13 +1,13 @@
-//! The job master: node table (membership, heartbeats), dynamic data sharding (task queue
-//! and sample ledger), elastic scaling and failure policy, persisted in SQLite.
+//! The job master: the `elastrec run` process around the job's state machine.
 //!
-//! Layout follows logic / service / process: [`ledger`], [`tasks`] and [`job`] are pure
-//! state machines (side effects reach them through [`job::Context`]), as are checkpoints'
-//! decisions ([`checkpoint::CheckpointPolicy`]); the scalers' policies live in
-//! `elastrec-control`, and [`wire`] turns the brain's answers into its types; [`store`] persists the state machine's changes; [`core`] is what handlers and
-//! loops share; [`service`] holds the thin gRPC handlers, [`error`] what they refuse with;
-//! [`events`] records the job's events; [`run`] wires the process (`elastrec run`),
-//! [`backend`] starts role processes, [`cli`] backs the subcommands.
+//! The decisions are `elastrec-control`'s: the node table ([`job`], side effects through
+//! [`job::Context`]), the task queue ([`tasks`]), the ledger ([`ledger`]) and the scalers'
+//! policies; checkpoints' decisions are [`checkpoint::CheckpointPolicy`]. Here: [`store`]
+//! persists the state machine's changes in SQLite; [`core`] is what handlers and loops
+//! share; [`service`] holds the thin gRPC handlers, [`error`] what they refuse with, and
+//! [`wire`] turns the brain's answers into `control`'s types; [`events`] records the
+//! job's events; [`run`] wires the process, [`backend`] starts role processes, [`cli`]
+//! backs the subcommands.
 
 pub mod autoscale_loop;
 pub mod backend;
@@ -20,9 +20,7 @@ pub mod error;
 pub mod events;
 pub mod export;
 pub mod history;
-pub mod job;
 pub mod launch;
-pub mod ledger;
 pub mod metrics;
 pub mod online_scale_loop;
 pub mod progressive;
@@ -34,8 +32,8 @@ pub mod service;
 pub mod store;
 pub mod stream_stats;
 pub mod stream_watch;
-pub mod tasks;
 pub mod validation;
 pub mod wire;
 
-pub use elastrec_orchestrate::serving;
+// The state machine the master serves, at the paths its modules name it by.
+pub use elastrec_control::{job, ledger, serving, tasks};

@@ -91,7 +91,8 @@ impl Master for MasterService {
                     index,
                 ))
             })
-            .await??;
+            .await?
+            .map_err(MasterError::from)?;
         let recovering = role == Role::Ps && !joining;
         let coordinator = self.0.checkpoints().filter(|_| recovering);
         if let Some(c) = coordinator.filter(|_| req.restore_s > 0.0 || req.dense_rewound) {
@@ -184,7 +185,8 @@ impl Master for MasterService {
                 };
                 Ok::<_, JobError>((reply, shuffle))
             })
-            .await??;
+            .await?
+            .map_err(MasterError::from)?;
         let reply = match reply {
             TaskReply::Task(t) => Reply::Task(pb::Task {
                 task_id: t.id,
@@ -311,7 +313,8 @@ impl Master for MasterService {
         };
         self.0
             .run(|job, cx| job.report_eval(req.node_id, eval, tasks, cx))
-            .await??;
+            .await?
+            .map_err(MasterError::from)?;
         Ok(Response::new(ReportEvalResponse {}))
     }
 

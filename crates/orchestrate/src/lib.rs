@@ -12,14 +12,13 @@
 //! DataTask { partition, files first..end }, oldest time first
 //! ```
 //!
-//! The tasks then wait in [`serving::Buffers`], one per source, served by weight or by
-//! Primus's priority (Algorithm 2).
+//! The tasks then wait in `elastrec_control::serving::Buffers`, one per source, served by
+//! weight or by Primus's priority (Algorithm 2).
 
 pub mod definition;
 pub mod error;
 pub mod graph;
 pub mod listing;
-pub mod serving;
 pub mod template;
 pub mod window;
 

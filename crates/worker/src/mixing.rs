@@ -1,11 +1,11 @@
 //! The read order of `elastrec train` over several `[[data.source]]`s: each source's rows
 //! are cut into chunks the size of a `run` task, and the chunks are dealt by the same
-//! serving policy that the master's queue applies (`elastrec_orchestrate::serving`), so
+//! serving policy that the master's queue applies (`elastrec_control::serving`), so
 //! one job mixes its sources alike in one process and on a cluster.
 
 use std::path::PathBuf;
 
-use elastrec_orchestrate::serving::{Buffers, Served, Serving};
+use elastrec_control::serving::{Buffers, Served, Serving};
 
 /// Rows `start..end` of one file (`end = u64::MAX`: to the file's end).
 #[derive(Debug, Clone, PartialEq, Eq)]

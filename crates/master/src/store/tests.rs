@@ -1,7 +1,7 @@
 //! The database and the group-commit writer against each other and against a restart.
 
 use super::*;
-use crate::job::tests::Rec;
+use crate::job::Recorder;
 use crate::job::{Job, Policy, TaskReply};
 use crate::tasks::{DataSharding, TaskQueue};
 
@@ -269,7 +269,7 @@ async fn master_restart_from_sqlite_loses_nothing() {
     let path = dir.path().join("master.db");
     let files = vec![333u64, 120];
     let store = MasterDb::open(&path, true).await.unwrap();
-    let mut cx = Rec::default();
+    let mut cx = Recorder::default();
     let mut job = Job::start(policy(), TaskQueue::new(spec(), files.clone()), 2, &mut cx);
     for n in cx.launched.clone() {
         job.register(n.id, n.role, "127.0.0.1:1", "", 1, &mut cx)
