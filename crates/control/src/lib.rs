@@ -11,6 +11,8 @@
 //!   growing datasets, positions to restore from.
 //! - [`ledger`]: every consumed row range, with the proof each sample trained once.
 //! - [`serving`]: the order the sources' buffers are served in (Primus Eq. 4).
+//! - [`checkpoint`]: when a checkpoint falls due and how a lost PS is recovered, from
+//!   CPR's cost model and portion of lost samples ([`cpr`]).
 //! - [`autoscale`]: the batch autoscaler (DLRover-RM): profile windows, probes, the
 //!   verdict on the brain's plans, undoing a growth that did not pay, hot and full PS.
 //! - [`online_scale`]: worker counts for online jobs from their traffic (KALE).
@@ -18,6 +20,8 @@
 //! - [`executor_scale`]: the number of data executors (Primus Eq. 1).
 
 pub mod autoscale;
+pub mod checkpoint;
+pub mod cpr;
 pub mod executor_scale;
 pub mod job;
 pub mod ledger;

@@ -148,32 +148,8 @@ impl Default for ClusterConfig {
     }
 }
 
-/// Which recovery a parameter-server failure gets (CPR).
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum RecoveryChoice {
-    /// Every PS and the data position return to the last checkpoint.
-    Full,
-    /// Only the failed PS reloads its shard; everything else keeps its progress.
-    Partial,
-    /// CPR's rule: compare the expected overheads of full (Eq. 1) and partial (Eq. 2)
-    /// recovery from measured costs and the mean time between failures.
-    #[default]
-    Auto,
-}
-
-/// Which embedding rows a delta checkpoint saves first (CPR §4.3).
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum SavePriority {
-    /// Every checkpoint saves every row.
-    #[default]
-    None,
-    /// Most frequently used rows (a 4-byte access counter per row of the large tables).
-    Mfu,
-    /// Sub-sampled used rows (a list of `ratio × rows` entries per large table).
-    Ssu,
-}
+// The recovery modes and save priorities are the checkpoint policy's own types.
+pub use elastrec_control::checkpoint::{RecoveryChoice, SavePriority};
 
 /// The `[checkpoint]` section: flash checkpoints, recovery, CPR policies.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -218,6 +194,20 @@ pub struct CheckpointConfig {
 }
 
 impl CheckpointConfig {
+    /// What the checkpoint policy reads of this section.
+    pub fn policy_settings(&self) -> elastrec_control::checkpoint::CheckpointSettings {
+        elastrec_control::checkpoint::CheckpointSettings {
+            enabled: self.enabled,
+            interval_s: self.interval_s,
+            recovery: self.recovery,
+            target_pls: self.target_pls,
+            mtbf_s: self.mtbf_s,
+            min_benefit: self.min_benefit,
+            priority: self.priority,
+            ratio: self.ratio,
+        }
+    }
+
     /// The deadline of one checkpoint.
     pub fn timeout(&self) -> std::time::Duration {
         std::time::Duration::from_secs_f64(self.timeout_s)

@@ -19,7 +19,6 @@ pub mod dataset_watch;
 pub mod error;
 pub mod events;
 pub mod export;
-pub mod history;
 pub mod launch;
 pub mod metrics;
 pub mod online_scale_loop;

@@ -5,7 +5,7 @@
 //!   DLRM on generated data while `N_emb` virtual parameter servers fail at seeded sample
 //!   positions, and compares full recovery, partial recovery, CPR-vanilla, CPR-MFU and
 //!   CPR-SSU on emulated overhead and final AUC ([`cpr::run_cpr_emulation`]). The
-//!   policies come from `elastrec_checkpoint::{cpr, priority}`.
+//!   policies come from `elastrec_control::cpr` and `elastrec_checkpoint::priority`.
 //! * [`cluster`]: the cluster simulation (`elastrec simulate cluster`): batch and online
 //!   jobs on simulated nodes, scheduled by the brain's and master's policy code and by the
 //!   papers' baselines on one trace ([`cluster::run_cluster`]).

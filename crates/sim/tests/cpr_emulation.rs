@@ -1,7 +1,7 @@
 //! A tiny CPR emulation end to end: generated data, every strategy, the checks a user
 //! would make on the table.
 
-use elastrec_checkpoint::cpr::RecoveryMode;
+use elastrec_control::cpr::RecoveryMode;
 use elastrec_job::config::TableRows;
 use elastrec_sim::cpr::{run_cpr_emulation, CprEmulationConfig, CprReport, Strategy};
 

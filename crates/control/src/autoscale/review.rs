@@ -56,46 +56,11 @@ impl Autoscaler {
         let Some(a) = plan.allocation else {
             return Decision::Refuse("the brain's plan has no allocation".into());
         };
-        let [wmin, wmax] = self.settings.workers;
-        let [pmin, pmax] = self.settings.ps;
-        let cpu_max = self.settings.worker_cpu_max;
+        if let Some(refused) = self.out_of_bounds(&a, plan, v) {
+            return refused;
+        }
         let cpu = a.worker_cpu.round();
-        if !(a.worker_cpu.is_finite() && (1.0..=cpu_max + 1e-9).contains(&cpu)) {
-            return Decision::Refuse(format!(
-                "the plan's {} cores per worker are outside [1, {cpu_max}] (autoscale.worker_cpu_max)",
-                a.worker_cpu
-            ));
-        }
-        if !(wmin..=wmax).contains(&a.workers) {
-            return Decision::Refuse(format!(
-                "the plan's {} workers are outside autoscale.workers [{wmin}, {wmax}]",
-                a.workers
-            ));
-        }
-        let ps_cpu_max = self.settings.ps_cpu_max.max(self.settings.ps_cpu);
-        if !(a.ps_cpu.is_finite() && a.ps_cpu > 0.0 && a.ps_cpu <= ps_cpu_max + 1e-9) {
-            return Decision::Refuse(format!(
-                "the plan's {} cores per PS are outside (0, {ps_cpu_max}] (autoscale.ps_cpu_max)",
-                a.ps_cpu
-            ));
-        }
-        if !(pmin..=pmax).contains(&a.ps) {
-            return Decision::Refuse(format!(
-                "the plan's {} PS are outside autoscale.ps [{pmin}, {pmax}]",
-                a.ps
-            ));
-        }
         let tp = plan.predicted_throughput;
-        if !(tp.is_finite() && tp >= 0.0) {
-            return Decision::Refuse(format!(
-                "the plan's predicted throughput {tp} is not a number of samples/s"
-            ));
-        }
-        if v.recovering {
-            return Decision::Refuse(
-                "a parameter server is being recovered; scaling waits until it runs".into(),
-            );
-        }
         let (workers, guessed) = self.trusted_workers(a.workers);
         // A PS change for memory (a server would reach its limit before the job ends) is
         // always made. One for speed only once the profile spans two PS counts or two
@@ -215,6 +180,52 @@ impl Autoscaler {
             predicted,
             reasons,
         }
+    }
+
+    /// The refusal of a plan outside the job's bounds, or one that comes while a PS is
+    /// being recovered.
+    fn out_of_bounds(&self, a: &Allocation, plan: &Proposal, v: &View) -> Option<Decision> {
+        let [wmin, wmax] = self.settings.workers;
+        let [pmin, pmax] = self.settings.ps;
+        let cpu_max = self.settings.worker_cpu_max;
+        let cpu = a.worker_cpu.round();
+        if !(a.worker_cpu.is_finite() && (1.0..=cpu_max + 1e-9).contains(&cpu)) {
+            return Some(Decision::Refuse(format!(
+                "the plan's {} cores per worker are outside [1, {cpu_max}] (autoscale.worker_cpu_max)",
+                a.worker_cpu
+            )));
+        }
+        if !(wmin..=wmax).contains(&a.workers) {
+            return Some(Decision::Refuse(format!(
+                "the plan's {} workers are outside autoscale.workers [{wmin}, {wmax}]",
+                a.workers
+            )));
+        }
+        let ps_cpu_max = self.settings.ps_cpu_max.max(self.settings.ps_cpu);
+        if !(a.ps_cpu.is_finite() && a.ps_cpu > 0.0 && a.ps_cpu <= ps_cpu_max + 1e-9) {
+            return Some(Decision::Refuse(format!(
+                "the plan's {} cores per PS are outside (0, {ps_cpu_max}] (autoscale.ps_cpu_max)",
+                a.ps_cpu
+            )));
+        }
+        if !(pmin..=pmax).contains(&a.ps) {
+            return Some(Decision::Refuse(format!(
+                "the plan's {} PS are outside autoscale.ps [{pmin}, {pmax}]",
+                a.ps
+            )));
+        }
+        let tp = plan.predicted_throughput;
+        if !(tp.is_finite() && tp >= 0.0) {
+            return Some(Decision::Refuse(format!(
+                "the plan's predicted throughput {tp} is not a number of samples/s"
+            )));
+        }
+        if v.recovering {
+            return Some(Decision::Refuse(
+                "a parameter server is being recovered; scaling waits until it runs".into(),
+            ));
+        }
+        None
     }
 
     /// The plan's worker count, or the nearest one the fit can be trusted with: within

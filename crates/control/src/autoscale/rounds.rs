@@ -83,6 +83,23 @@ impl Autoscaler {
                 None => self.exploring = false,
             }
         }
+        if let Some(d) = self.identifying_probe(v) {
+            return Round::Probe(report, d);
+        }
+        if self.samples_taken < DLROVER_MIN_SAMPLES as u64 {
+            // Too few windows for a fit with a held-out check: report them and wait.
+            return Round::Report(report);
+        }
+        let plan = self.plan_ask(v);
+        self.measure_next = false;
+        Round::Plan(report, plan)
+    }
+
+    /// A probe that identifies a term of Eq. 2 the profile cannot tell yet, once the
+    /// workers are measured: one core more per worker, one core more per PS, or (on the
+    /// brain's word) one PS more. Only where the job plans its own capacity.
+    fn identifying_probe(&mut self, v: &View) -> Option<Decision> {
+        let [_, wmax] = self.settings.workers;
         // Vertical: the cores of a worker (Eq. 2's `l_w`) are identified only once the profile
         // holds two values; probe one core more when the bounds allow it.
         let cpu = self.settings.worker_cpu;
@@ -104,7 +121,7 @@ impl Autoscaler {
                     "probe: the profile holds only {cpu} core(s) per worker; one more measures what a worker's cores are worth (Eq. 2)"
                 )],
             };
-            return Round::Probe(report, d);
+            return Some(d);
         }
         // A PS's cores enter Eq. 2 only as `w / (p * ps_cpu)`: from one PS count and one
         // value of them, the fit cannot tell that term from the workers' own; one core
@@ -130,7 +147,7 @@ impl Autoscaler {
                     "probe: the profile holds only {ps_cpu} core(s) per PS; one more measures what a server's cores are worth (Eq. 2, changed in place)"
                 )],
             };
-            return Round::Probe(report, d);
+            return Some(d);
         }
         // A plan that wanted more PS for speed was refused while the profile held one PS
         // count (and a PS's cores could not vary: fixed, or no room for one more): a
@@ -165,12 +182,14 @@ impl Autoscaler {
                     v.ps + 1
                 )],
             };
-            return Round::Probe(report, d);
+            return Some(d);
         }
-        if self.samples_taken < DLROVER_MIN_SAMPLES as u64 {
-            // Too few windows for a fit with a held-out check: report them and wait.
-            return Round::Report(report);
-        }
+        None
+    }
+
+    /// The re-plan the brain is asked for: where the job stands, what it measured and the
+    /// limits it learned.
+    fn plan_ask(&self, v: &View) -> PlanAsk {
         let remaining = v.samples_total.saturating_sub(v.samples_done);
         let current = self.settings.allocation(v.workers, v.ps);
         let horizon_s = self
@@ -178,7 +197,7 @@ impl Autoscaler {
             .filter(|t| *t > 0.0)
             .map_or(0.0, |t| remaining as f64 / t);
         let m = u64::from(self.settings.batch_size.max(1));
-        let plan = PlanAsk {
+        PlanAsk {
             current: Some(current),
             remaining_samples: remaining.max(1),
             current_step: v.samples_done / m,
@@ -196,9 +215,7 @@ impl Autoscaler {
                 .then(|| (self.settings.cluster_mem_gb - current.total_mem_gb()).max(0.0)),
             max_cpu: self.max_cpu,
             max_workers: self.max_workers,
-        };
-        self.measure_next = false;
-        Round::Plan(report, plan)
+        }
     }
 
     /// On a shared brain service a job measures by giving back, never by taking (every

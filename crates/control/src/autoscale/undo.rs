@@ -50,27 +50,7 @@ impl Autoscaler {
         let b = g.before;
         let (cores_before, cores_after) = (b.total_cpu(), after.total_cpu());
         if g.give_back {
-            // What the cores given back were worth: the growth from here back to them.
-            let added = cores_before / cores_after - 1.0;
-            let gained = g.measured_before / now - 1.0;
-            if b.workers > after.workers && gained < self.settings.growth_efficiency * added {
-                self.max_workers = Some(
-                    self.max_workers
-                        .map_or(after.workers, |m| m.min(after.workers)),
-                );
-                self.cap_reason = Some(format!(
-                    "probe: {} -> {} workers ({cores_after} -> {cores_before} cores, {:+.0}%) is worth {:+.1}% throughput ({:.0} -> {:.0} samples/s), {:.0}% of proportional, below autoscale.growth_efficiency ({:.0}%): plans stay within {} workers",
-                    after.workers,
-                    b.workers,
-                    added * 100.0,
-                    gained * 100.0,
-                    now,
-                    g.measured_before,
-                    gained / added * 100.0,
-                    self.settings.growth_efficiency * 100.0,
-                    after.workers
-                ));
-            }
+            self.judge_give_back(&g, &after, now);
             return None;
         }
         let cores = cores_after / cores_before;
@@ -84,29 +64,7 @@ impl Autoscaler {
         };
         if paid {
             if let Some(planned) = g.halfway_of {
-                // Below the growth that did not pay: a later plan may search between.
-                let mut limits = Vec::new();
-                if planned.workers > after.workers {
-                    let below = planned.workers - 1;
-                    self.max_workers = Some(self.max_workers.map_or(below, |m| m.min(below)));
-                    limits.push(format!("{below} workers"));
-                }
-                let below = planned.total_cpu() - 1.0;
-                self.max_cpu = Some(self.max_cpu.map_or(below, |m| m.min(below)));
-                limits.push(format!("{below} cores"));
-                self.cap_reason = Some(format!(
-                    "the halfway step to {} workers x {} cores and {} PS x {} cores ({cores_before} -> {cores_after} cores) raised throughput {:.0} -> {now:.0} samples/s ({:+.1}%), at least autoscale.growth_efficiency ({:.0}%) of proportional, where {} workers and {} cores did not: plans stay within {}",
-                    after.workers,
-                    after.worker_cpu,
-                    after.ps,
-                    after.ps_cpu,
-                    g.measured_before,
-                    (speed - 1.0) * 100.0,
-                    self.settings.growth_efficiency * 100.0,
-                    planned.workers,
-                    planned.total_cpu(),
-                    limits.join(" and ")
-                ));
+                self.cap_below_growth(&planned, &g, &after, now);
             }
             return None;
         }
@@ -177,6 +135,81 @@ impl Autoscaler {
             }
             None => (b, g.measured_before),
         };
+        Some(self.go_back(v, &g, &b, &after, back_to, reasons))
+    }
+
+    /// A give-back probe is judged, never undone: workers given back that were worth less
+    /// than [`Settings::growth_efficiency`] of proportional cap later plans at the fewer.
+    fn judge_give_back(&mut self, g: &Growth, after: &Allocation, now: f64) {
+        let b = g.before;
+        let (cores_before, cores_after) = (b.total_cpu(), after.total_cpu());
+        // What the cores given back were worth: the growth from here back to them.
+        let added = cores_before / cores_after - 1.0;
+        let gained = g.measured_before / now - 1.0;
+        if b.workers > after.workers && gained < self.settings.growth_efficiency * added {
+            self.max_workers = Some(
+                self.max_workers
+                    .map_or(after.workers, |m| m.min(after.workers)),
+            );
+            self.cap_reason = Some(format!(
+                "probe: {} -> {} workers ({cores_after} -> {cores_before} cores, {:+.0}%) is worth {:+.1}% throughput ({:.0} -> {:.0} samples/s), {:.0}% of proportional, below autoscale.growth_efficiency ({:.0}%): plans stay within {} workers",
+                after.workers,
+                b.workers,
+                added * 100.0,
+                gained * 100.0,
+                now,
+                g.measured_before,
+                gained / added * 100.0,
+                self.settings.growth_efficiency * 100.0,
+                after.workers
+            ));
+        }
+    }
+
+    /// The halfway step of a growth that did not pay paid: later plans stay below the
+    /// workers and cores of that growth (`planned`), and may search between.
+    fn cap_below_growth(&mut self, planned: &Allocation, g: &Growth, after: &Allocation, now: f64) {
+        let (cores_before, cores_after) = (g.before.total_cpu(), after.total_cpu());
+        let speed = now / g.measured_before;
+        // Below the growth that did not pay: a later plan may search between.
+        let mut limits = Vec::new();
+        if planned.workers > after.workers {
+            let below = planned.workers - 1;
+            self.max_workers = Some(self.max_workers.map_or(below, |m| m.min(below)));
+            limits.push(format!("{below} workers"));
+        }
+        let below = planned.total_cpu() - 1.0;
+        self.max_cpu = Some(self.max_cpu.map_or(below, |m| m.min(below)));
+        limits.push(format!("{below} cores"));
+        self.cap_reason = Some(format!(
+            "the halfway step to {} workers x {} cores and {} PS x {} cores ({cores_before} -> {cores_after} cores) raised throughput {:.0} -> {now:.0} samples/s ({:+.1}%), at least autoscale.growth_efficiency ({:.0}%) of proportional, where {} workers and {} cores did not: plans stay within {}",
+            after.workers,
+            after.worker_cpu,
+            after.ps,
+            after.ps_cpu,
+            g.measured_before,
+            (speed - 1.0) * 100.0,
+            self.settings.growth_efficiency * 100.0,
+            planned.workers,
+            planned.total_cpu(),
+            limits.join(" and ")
+        ));
+    }
+
+    /// Undoes the growth `g` to `b` (measured at `back_to` samples/s), capping later plans
+    /// at what it measured to pay; a PS count changed for memory, or one the servers'
+    /// memory will need by the job's end, stays.
+    fn go_back(
+        &mut self,
+        v: &View,
+        g: &Growth,
+        b: &Allocation,
+        after: &Allocation,
+        back_to: f64,
+        mut reasons: Vec<String>,
+    ) -> Decision {
+        let cores_before = g.before.total_cpu();
+        let grew = after.total_cpu() > cores_before * (1.0 + 1e-9);
         let capped = if g.ps_probe {
             None
         } else if after.workers > b.workers {
@@ -222,20 +255,20 @@ impl Autoscaler {
             == (after.workers, after.worker_cpu, after.ps, after.ps_cpu)
         {
             reasons.push(format!("kept{stays}"));
-            return Some(Decision::Keep(reasons.join("; ")));
+            return Decision::Keep(reasons.join("; "));
         }
         reasons.push(format!(
             "back to {} workers x {} cores and {ps} PS x {} cores{stays}",
             b.workers, b.worker_cpu, b.ps_cpu,
         ));
-        Some(Decision::Apply {
+        Decision::Apply {
             workers: b.workers,
             worker_cpu: b.worker_cpu,
             ps,
             ps_cpu: b.ps_cpu,
             predicted: Some(back_to),
             reasons,
-        })
+        }
     }
 
     /// The allocation between `before` and the unpaid `after` (more cores than `before`,

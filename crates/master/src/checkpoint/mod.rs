@@ -9,21 +9,21 @@
 //! the same window as a worker death; see docs/checkpoints.md).
 
 mod fingerprint;
-mod policy;
 
 use fingerprint::file_names;
 pub use fingerprint::Fingerprint;
-pub use policy::{CheckpointPolicy, CheckpointStats, Commit, RecoveryRecord};
+// The policy this coordinator executes.
+pub use elastrec_control::checkpoint::{CheckpointPolicy, CheckpointStats, Commit, RecoveryRecord};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context as _};
-use elastrec_checkpoint::cpr::{PlsTracker, RecoveryDecision, RecoveryMode};
 use elastrec_checkpoint::format::{CheckpointKind, Manifest, PartMeta};
 use elastrec_checkpoint::shm::ShmRoot;
 use elastrec_checkpoint::store::{redact_location, CheckpointStore};
+use elastrec_control::cpr::{PlsTracker, RecoveryDecision, RecoveryMode};
 use elastrec_job::config::JobConfig;
 use elastrec_job::distributed::CheckpointConfig;
 use elastrec_proto::master::{CheckpointStatus, RestorePlan};
@@ -32,7 +32,7 @@ use elastrec_rpc as rpc;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use crate::core::{now_ms, MasterCore};
+use crate::core::{monotonic_ms, now_ms, MasterCore};
 use crate::events::event;
 use crate::job::{Change, PsFailure};
 use crate::tasks::{DataPosition, TaskQueue};
@@ -99,11 +99,11 @@ impl Coordinator {
             max_bytes: job.cluster.max_message_bytes,
             fingerprint: Mutex::new(fingerprint),
             policy: Mutex::new(CheckpointPolicy::new(
-                job.checkpoint.clone(),
+                job.checkpoint.policy_settings(),
                 job.cluster.ps,
                 total_samples,
                 stats,
-                Instant::now(),
+                monotonic_ms(),
             )),
             running: tokio::sync::Mutex::new(()),
             dense_from_replica: Mutex::new(Default::default()),
@@ -144,12 +144,12 @@ impl Coordinator {
 
     /// CPR's decision now (`samples_done` estimates the job length).
     pub fn decision(&self, samples_done: u64) -> RecoveryDecision {
-        self.policy.lock().decision(Instant::now(), samples_done)
+        self.policy.lock().decision(monotonic_ms(), samples_done)
     }
 
     /// Seconds between full checkpoints now.
     pub fn interval_s(&self, samples_done: u64) -> f64 {
-        self.policy.lock().interval_s(Instant::now(), samples_done)
+        self.policy.lock().interval_s(monotonic_ms(), samples_done)
     }
 
     /// PS count of the layout in force.
@@ -170,11 +170,11 @@ impl Coordinator {
 
     /// True when a checkpoint is due and none is running.
     pub fn due(&self, samples_done: u64) -> bool {
-        self.due_at(Instant::now(), samples_done)
+        self.due_at(monotonic_ms(), samples_done)
     }
 
     /// [`Coordinator::due`] at clock reading `now`.
-    fn due_at(&self, now: Instant, samples_done: u64) -> bool {
+    fn due_at(&self, now: u64, samples_done: u64) -> bool {
         !self.busy() && self.policy.lock().due(now, samples_done)
     }
 
@@ -313,7 +313,7 @@ impl Coordinator {
         let snapshot = {
             let mut p = self.policy.lock();
             p.committed(
-                Instant::now(),
+                monotonic_ms(),
                 &Commit {
                     id,
                     created_ms: manifest.created_ms,
@@ -450,7 +450,7 @@ impl Coordinator {
         let decision = self
             .policy
             .lock()
-            .recovery_decision(Instant::now(), samples_now, force);
+            .recovery_decision(monotonic_ms(), samples_now, force);
         let latest = self.latest().await?;
         let (ckpt, plan, pos) = match latest {
             Some((m, plan, pos)) => (Some(m.id), Some(plan), pos),
@@ -533,7 +533,7 @@ impl Coordinator {
         );
         let snapshot = {
             let mut p = self.policy.lock();
-            p.recovery_started(Instant::now(), record, decision);
+            p.recovery_started(monotonic_ms(), record, decision);
             p.stats().clone()
         };
         self.persist(core, &snapshot).await;
@@ -547,7 +547,7 @@ impl Coordinator {
         }
         let Some((secs, snapshot)) = ({
             let mut p = self.policy.lock();
-            p.recovered(Instant::now()).map(|s| (s, p.stats().clone()))
+            p.recovered(monotonic_ms()).map(|s| (s, p.stats().clone()))
         }) else {
             return;
         };

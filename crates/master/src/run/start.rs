@@ -10,7 +10,7 @@ use elastrec_job::config::JobConfig;
 use elastrec_rpc::tls::TlsMaterial;
 use elastrec_rpc::{role_token, Caller};
 
-use super::job_dir::{write_private, FileRows, JobDir};
+use super::job_dir::{self, write_private, FileRows, JobDir};
 use super::result::JobResult;
 use super::serve::serve;
 use super::setup::*;
@@ -206,7 +206,7 @@ pub async fn start_job(
     }
     let stream_starts = stream_starts.map(|(_, starts)| starts);
     std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
-    dir.attach_events()?;
+    job_dir::attach_events(&dir)?;
     if crate::validation::wanted(&cfg) {
         crate::validation::create(&cfg, slice)?;
     }
@@ -402,7 +402,7 @@ pub async fn resume_job(
     elastrec_rpc::check_token(&token)
         .with_context(|| format!("{} is corrupt", dir.token().display()))?;
     let store = MasterDb::open(&dir.db(), false).await?;
-    dir.attach_events()?;
+    job_dir::attach_events(&dir)?;
     let snap = store.load().await?;
     let meta = |k: &str| {
         snap.meta

@@ -20,10 +20,11 @@ use elastrec_brain::shared::ActiveJobs;
 use elastrec_brain::throughput::ProfileSample;
 use elastrec_brain::warm_start::{HistoricalJob, JobFeatures};
 use elastrec_brain::{Allocation, Bounds, JobSpec, TableSpec};
-use elastrec_checkpoint::cpr::{self, CprCosts, RecoveryMode};
 use elastrec_control::autoscale::{
     Autoscaler, Decision, ProfileReport, Proposal, Round, Settings, View,
 };
+use elastrec_control::checkpoint::{CheckpointPolicy, Commit, RecoveryRecord};
+use elastrec_control::cpr::{CprCosts, RecoveryMode};
 use elastrec_control::memory_limits::MemoryLimits;
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -100,6 +101,9 @@ struct ElastrecCtl {
     /// The workers' and the PS's memory limits, following their use (the live master's
     /// vertical scaling, `autoscale.*_mem_gb_max`).
     limits: MemoryLimits,
+    /// The live checkpoint coordinator's policy: CPR's interval from the checkpoints and
+    /// recoveries it saw, and the recovery mode of a lost PS.
+    checkpoints: CheckpointPolicy,
 }
 
 /// Node ids of the two roles in [`ElastrecCtl::limits`]: every node of a role uses the
@@ -143,6 +147,11 @@ enum Event {
 
 fn ms(s: f64) -> u64 {
     (s * 1000.0).round() as u64
+}
+
+/// Seconds a checkpoint of the job's state takes to reach storage.
+fn disk_save_s(j: &Job<'_>) -> f64 {
+    10.0 + 2.0 * j.truth.state_gb
 }
 
 /// Most cores a plan may give one worker or PS.
@@ -322,6 +331,18 @@ impl<'a> Sim<'a> {
                 let a = plan.allocation;
                 let settings = self.autoscale_settings(&spec, &a);
                 let scaler = Autoscaler::new(settings, ms(t));
+                // The job file's `[checkpoint]` defaults, with the simulation's PLS target.
+                let checkpoint = elastrec_job::distributed::CheckpointConfig {
+                    target_pls: self.s.target_pls,
+                    ..Default::default()
+                };
+                let checkpoints = CheckpointPolicy::new(
+                    checkpoint.policy_settings(),
+                    a.ps,
+                    rec.samples,
+                    None,
+                    ms(t),
+                );
                 (
                     a,
                     Ctl::Elastrec(Box::new(ElastrecCtl {
@@ -330,6 +351,7 @@ impl<'a> Sim<'a> {
                         samples: Vec::new(),
                         memory: Vec::new(),
                         limits: self.memory_limits(),
+                        checkpoints,
                     })),
                 )
             }
@@ -498,25 +520,25 @@ impl<'a> Sim<'a> {
             let j = self.jobs[i].as_ref().expect("job");
             self.rate_of(j, &j.alloc)
         };
-        let (lambda, costs, n_ps) = {
+        let lambda = {
             let j = self.jobs[i].as_ref().expect("job");
             let pods = f64::from(j.alloc.workers + j.alloc.ps);
-            let lambda = self.s.failures_per_pod_hour * pods / 3600.0;
-            (lambda, self.costs(j), j.alloc.ps)
+            self.s.failures_per_pod_hour * pods / 3600.0
         };
-        let policy = self.policy;
-        let target_pls = self.s.target_pls;
         let baseline_ckpt = self.s.baseline_ckpt_s;
         let j = self.jobs[i].as_mut().expect("job");
         if !keep_rate {
             j.rate = rate;
         }
         j.version += 1;
-        j.ckpt_every_s = match policy {
-            // CPR: the interval of the recovery mode its cost model picks.
-            BatchPolicy::Elastrec => {
-                let mode = cpr::decide(&costs, 3600.0, n_ps, target_pls, 0.1).mode;
-                cpr::checkpoint_interval(mode, &costs, n_ps, target_pls).clamp(60.0, 6.0 * 3600.0)
+        j.ckpt_every_s = match &mut j.ctl {
+            // The live policy: CPR's interval from what the job's checkpoints and
+            // recoveries measured; a new PS count writes a full checkpoint next.
+            Ctl::Elastrec(ctl) => {
+                if ctl.checkpoints.num_ps() != j.alloc.ps {
+                    ctl.checkpoints.layout_changed(j.alloc.ps);
+                }
+                ctl.checkpoints.interval_s(ms(t), j.done as u64)
             }
             _ => baseline_ckpt,
         };
@@ -530,7 +552,7 @@ impl<'a> Sim<'a> {
     }
 
     fn costs(&self, j: &Job<'_>) -> CprCosts {
-        let disk_save = 10.0 + 2.0 * j.truth.state_gb;
+        let disk_save = disk_save_s(j);
         let pods = f64::from(j.alloc.workers + j.alloc.ps);
         CprCosts {
             // Flash checkpoints: memory first, disk in the background.
@@ -936,7 +958,6 @@ impl<'a> Sim<'a> {
         let costs = self.costs(self.jobs[i].as_ref().expect("running"));
         let policy = self.policy;
         let s = self.s;
-        let target_pls = s.target_pls;
         let degraded = {
             let j = self.jobs[i].as_ref().expect("running");
             let a = j.alloc;
@@ -959,17 +980,43 @@ impl<'a> Sim<'a> {
                 j.switch = Some((t + s.worker_start_s, full));
             }
             (BatchPolicy::Elastrec, true) => {
-                let d = cpr::decide(&costs, 3600.0, a.ps, target_pls, 0.1);
-                j.paused_until = j.paused_until.max(t + costs.o_res_s + costs.o_load_s);
+                let Ctl::Elastrec(ctl) = &mut j.ctl else {
+                    unreachable!("an elastrec job has its controls")
+                };
+                let p = &mut ctl.checkpoints;
+                let done = j.done as u64;
+                let d = p.recovery_decision(ms(t), done, None);
+                let back_s = t + costs.o_res_s + costs.o_load_s;
+                j.paused_until = j.paused_until.max(back_s);
+                let mut record = RecoveryRecord {
+                    at_ms: ms(t),
+                    ps: vec![0],
+                    reason: "node lost".into(),
+                    mode: d.mode,
+                    checkpoint: None,
+                    samples_at_failure: done,
+                    samples_at_checkpoint: j.ckpt_done as u64,
+                    pls_added: 0.0,
+                    seconds: None,
+                    load_s: None,
+                    dense_rewound: false,
+                    decision: d.reason.clone(),
+                };
                 if d.mode == RecoveryMode::Partial {
                     // Only the failed PS reloads: its updates since the checkpoint are lost.
                     self.totals.partial_recoveries += 1;
-                    self.totals.pls +=
-                        (j.done - j.ckpt_done).max(0.0) / (j.rec.samples as f64 * f64::from(a.ps));
+                    record.pls_added = p.partial_loss(done, 1);
+                    self.totals.pls += record.pls_added;
                 } else {
-                    j.out.retrained += j.done - j.ckpt_done;
+                    let again = j.done - j.ckpt_done;
+                    j.out.retrained += again;
+                    p.retrained(again as u64);
                     j.done = j.ckpt_done;
                 }
+                // The recovery's time is known here: the master measures it the same way.
+                p.recovery_started(ms(t), record, d);
+                p.loaded(costs.o_load_s);
+                p.recovered(ms(back_s));
             }
             _ => {
                 j.out.retrained += j.done - j.ckpt_done;
@@ -1015,10 +1062,34 @@ impl<'a> Sim<'a> {
         if !self.still_running(i, v, t) {
             return;
         }
-        let save = self.costs(self.jobs[i].as_ref().expect("running")).o_save_s;
+        let (save, persist_s, bytes) = {
+            let j = self.jobs[i].as_ref().expect("running");
+            let save = self.costs(j).o_save_s;
+            (save, disk_save_s(j), (j.truth.state_gb * 1e9) as u64)
+        };
         let j = self.jobs[i].as_mut().expect("running");
         j.ckpt_done = j.done;
         j.paused_until = j.paused_until.max(t + save);
+        if let Ctl::Elastrec(ctl) = &mut j.ctl {
+            // What the coordinator hears of a flash checkpoint: the training stall, then
+            // the background persistence.
+            let p = &mut ctl.checkpoints;
+            let id = p.stats().last_id + 1;
+            p.committed(
+                ms(t),
+                &Commit {
+                    id,
+                    created_ms: ms(t),
+                    delta: false,
+                    samples: j.done as u64,
+                    stall_us: (save * 1e6) as u64,
+                    memcpy_us: (save * 1e6) as u64,
+                    persist_us: (persist_s * 1e6) as u64,
+                    bytes,
+                },
+            );
+            j.ckpt_every_s = p.interval_s(ms(t), j.done as u64);
+        }
         let next = t + j.ckpt_every_s;
         self.push(next, Event::Checkpoint(i, v));
     }

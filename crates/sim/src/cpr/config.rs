@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use elastrec_checkpoint::cpr::CprCosts;
+use elastrec_control::cpr::CprCosts;
 use elastrec_job::config::{GenerateConfig, JobConfig};
 use serde::{Deserialize, Serialize};
 
@@ -266,7 +266,7 @@ impl CprEmulationConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use elastrec_checkpoint::cpr::{interval_full, overhead_full, overhead_partial};
+    use elastrec_control::cpr::{interval_full, overhead_full, overhead_partial};
 
     #[test]
     fn defaults_reproduce_the_papers_overheads() {

@@ -18,7 +18,7 @@
 //! in emulated seconds, so the overhead of a run is
 //! `O_save·(checkpoints, in full-checkpoint units) + (O_load + O_res)·failures +
 //! re-trained samples · seconds per sample`, reported as a share of the failure-free job.
-//! Intervals come from `elastrec_checkpoint::cpr` (Eq. 1-4, the decision) and the rows of
+//! Intervals come from `elastrec_control::cpr` (Eq. 1-4, the decision) and the rows of
 //! CPR-MFU/SSU from `elastrec_checkpoint::priority`, the code the live master and
 //! parameter servers run.
 //!
@@ -35,7 +35,7 @@ mod state;
 
 use std::time::Instant;
 
-use elastrec_checkpoint::cpr::decide;
+use elastrec_control::cpr::decide;
 use elastrec_data::{Batch, ReadStats};
 use elastrec_job::config::JobConfig;
 use elastrec_job::prepare::{ensure_data, resolve_table_rows};
@@ -97,20 +97,20 @@ pub fn run_cpr_emulation(config: &CprEmulationConfig) -> Result<CprReport> {
         config.target_pls / f64::from(config.failed_ps),
         config.min_benefit,
     );
-    let t_full = elastrec_checkpoint::cpr::interval_full(costs.o_save_s, costs.t_fail_s);
+    let t_full = elastrec_control::cpr::interval_full(costs.o_save_s, costs.t_fail_s);
     let cpr = |priority| Plan {
         recovery: decision.mode,
         t_save_s: Some(decision.t_save_s()),
         priority: match decision.mode {
-            elastrec_checkpoint::cpr::RecoveryMode::Partial => priority,
-            elastrec_checkpoint::cpr::RecoveryMode::Full => None,
+            elastrec_control::cpr::RecoveryMode::Partial => priority,
+            elastrec_control::cpr::RecoveryMode::Full => None,
         },
         inject: true,
     };
     let mut results = Vec::new();
     let runs = std::iter::once(Strategy::NoFailures).chain(config.strategies.iter().copied());
     for strategy in runs {
-        use elastrec_checkpoint::cpr::RecoveryMode::{Full, Partial};
+        use elastrec_control::cpr::RecoveryMode::{Full, Partial};
         let plan = match strategy {
             Strategy::NoFailures => Plan {
                 recovery: Full,

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use elastrec_checkpoint::cpr::{CprCosts, RecoveryDecision, RecoveryMode};
+use elastrec_control::cpr::{CprCosts, RecoveryDecision, RecoveryMode};
 use serde::{Deserialize, Serialize};
 
 use super::config::{CprEmulationConfig, Strategy};

@@ -2,10 +2,10 @@
 
 use std::time::Instant;
 
-use elastrec_checkpoint::cpr::{
+use elastrec_checkpoint::priority::{clear_counts, mfu_memory_bytes, select_mfu, SsuList};
+use elastrec_control::cpr::{
     expected_pls, overhead_full, overhead_partial, PlsTracker, RecoveryMode,
 };
-use elastrec_checkpoint::priority::{clear_counts, mfu_memory_bytes, select_mfu, SsuList};
 use elastrec_data::{Batch, NUM_SPARSE};
 use elastrec_embedding::EmbeddingStore;
 use elastrec_worker::step::Predictor;

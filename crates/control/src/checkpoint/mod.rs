@@ -1,14 +1,60 @@
-//! The coordinator's decisions, pure: when the next checkpoint falls due (CPR's interval
-//! from measured costs, or the configured one), whether it is a delta, and how a failed
-//! parameter server is recovered. Every clock reading is an argument, so a test drives a
-//! whole job's schedule and recoveries without waiting; the [`super::Coordinator`]
-//! executes what this decides.
+//! The checkpoint coordinator's decisions, pure: when the next checkpoint falls due
+//! (CPR's interval from measured costs, or the configured one), whether it is a delta, and
+//! how a failed parameter server is recovered. Every clock reading is an argument (ms on a
+//! monotonic clock), so a test or the cluster simulator drives a whole job's schedule and
+//! recoveries without waiting; the master's coordinator executes what this decides.
 
-use std::time::Instant;
-
-use elastrec_checkpoint::cpr::{decide, CprCosts, PlsTracker, RecoveryDecision, RecoveryMode};
-use elastrec_job::distributed::{CheckpointConfig, RecoveryChoice, SavePriority};
 use serde::{Deserialize, Serialize};
+
+use crate::cpr::{decide, CprCosts, PlsTracker, RecoveryDecision, RecoveryMode};
+
+/// Which recovery a parameter-server failure gets (CPR).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RecoveryChoice {
+    /// Every PS and the data position return to the last checkpoint.
+    Full,
+    /// Only the failed PS reloads its shard; everything else keeps its progress.
+    Partial,
+    /// CPR's rule: compare the expected overheads of full (Eq. 1) and partial (Eq. 2)
+    /// recovery from measured costs and the mean time between failures.
+    #[default]
+    Auto,
+}
+
+/// Which embedding rows a delta checkpoint saves first (CPR §4.3).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SavePriority {
+    /// Every checkpoint saves every row.
+    #[default]
+    None,
+    /// Most frequently used rows (a 4-byte access counter per row of the large tables).
+    Mfu,
+    /// Sub-sampled used rows (a list of `ratio × rows` entries per large table).
+    Ssu,
+}
+
+/// What the policy reads of the job's `[checkpoint]` section (its defaults are there).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CheckpointSettings {
+    /// Take checkpoints at all.
+    pub enabled: bool,
+    /// Seconds between full checkpoints (0: CPR's interval from measured costs).
+    pub interval_s: f64,
+    /// Full, partial or CPR's choice.
+    pub recovery: RecoveryChoice,
+    /// The portion of lost samples a partial recovery may add (CPR's target).
+    pub target_pls: f64,
+    /// Mean time between PS failures assumed until failures are observed, seconds.
+    pub mtbf_s: f64,
+    /// Least relative saving partial recovery must promise over full.
+    pub min_benefit: f64,
+    /// Rows a delta saves first (none: every checkpoint is full).
+    pub priority: SavePriority,
+    /// Share of a large table's rows a delta saves; `1/ratio - 1` deltas follow a full one.
+    pub ratio: f64,
+}
 
 /// Until one checkpoint measured it, the training stall of a checkpoint is assumed to be
 /// this long (s) when choosing the interval.
@@ -17,7 +63,7 @@ const ASSUMED_SAVE_S: f64 = 0.05;
 const ASSUMED_RESCHEDULE_S: f64 = 1.0;
 /// The first checkpoint comes this soon (s) when the interval is chosen by the policy: it
 /// measures the save cost the policy needs.
-pub(super) const FIRST_CHECKPOINT_S: f64 = 10.0;
+pub const FIRST_CHECKPOINT_S: f64 = 10.0;
 /// Bounds of a policy-chosen interval (s).
 const INTERVAL_BOUNDS_S: (f64, f64) = (2.0, 6.0 * 3600.0);
 /// The job length CPR plans an online job's checkpoints over (it never ends), seconds.
@@ -139,7 +185,7 @@ pub struct Commit {
 /// When to checkpoint and how to recover, from the job's measurements.
 #[derive(Debug, Clone)]
 pub struct CheckpointPolicy {
-    cfg: CheckpointConfig,
+    cfg: CheckpointSettings,
     /// Samples the job trains (1 for an online job, which never ends).
     total_samples: u64,
     /// PS count of the layout in force (changes with online re-sharding).
@@ -147,27 +193,27 @@ pub struct CheckpointPolicy {
     /// The next checkpoint must be full (the PS layout changed: a delta's base was written
     /// by other servers).
     force_full: bool,
-    /// When this master started.
-    started: Instant,
+    /// When this master started (ms, monotonic).
+    started_ms: u64,
     /// When this master last committed a checkpoint (monotonic: the interval must not
     /// depend on wall-clock steps).
-    last_commit: Option<Instant>,
-    /// A recovery in progress: (record index, when it started).
-    pending: Option<(usize, Instant)>,
+    last_commit_ms: Option<u64>,
+    /// A recovery in progress: (record index, when it started, ms).
+    pending: Option<(usize, u64)>,
     /// The longest load time a server relaunched by it reported (s).
     pending_load_s: Option<f64>,
     stats: CheckpointStats,
 }
 
 impl CheckpointPolicy {
-    /// The policy of a job training `total_samples` on `num_ps` servers, started at `now`;
-    /// `stats` come from the master database after a restart.
+    /// The policy of a job training `total_samples` on `num_ps` servers, started at
+    /// `now_ms`; `stats` come from the master database after a restart.
     pub fn new(
-        cfg: CheckpointConfig,
+        cfg: CheckpointSettings,
         num_ps: u32,
         total_samples: u64,
         stats: Option<CheckpointStats>,
-        now: Instant,
+        now_ms: u64,
     ) -> Self {
         let total_samples = total_samples.max(1);
         let mut stats = stats.unwrap_or_default();
@@ -179,8 +225,8 @@ impl CheckpointPolicy {
             total_samples,
             num_ps,
             force_full: false,
-            started: now,
-            last_commit: None,
+            started_ms: now_ms,
+            last_commit_ms: None,
             pending: None,
             pending_load_s: None,
             stats,
@@ -197,12 +243,12 @@ impl CheckpointPolicy {
         self.num_ps
     }
 
-    /// Seconds since this policy started, on the clock reading `now`.
-    fn elapsed_s(&self, now: Instant) -> f64 {
-        now.saturating_duration_since(self.started).as_secs_f64()
+    /// Seconds since this policy started, on the clock reading `now_ms`.
+    fn elapsed_s(&self, now_ms: u64) -> f64 {
+        seconds_between(self.started_ms, now_ms)
     }
 
-    fn costs(&self, now: Instant) -> CprCosts {
+    fn costs(&self, now: u64) -> CprCosts {
         let st = &self.stats;
         let o_save_s = if st.count > 0 {
             st.stall_ms() / 1e3
@@ -234,7 +280,7 @@ impl CheckpointPolicy {
 
     /// CPR's decision at `now` (`samples_done` estimates the job length), with the
     /// configured mode forced unless `recovery = "auto"`.
-    pub fn decision(&self, now: Instant, samples_done: u64) -> RecoveryDecision {
+    pub fn decision(&self, now: u64, samples_done: u64) -> RecoveryDecision {
         let c = self.costs(now);
         let elapsed = self.elapsed_s(now).max(1.0);
         let rate = samples_done as f64 / elapsed;
@@ -273,7 +319,7 @@ impl CheckpointPolicy {
     /// given (the whole job restarted: nothing else kept its progress).
     pub fn recovery_decision(
         &self,
-        now: Instant,
+        now: u64,
         samples_done: u64,
         force: Option<RecoveryMode>,
     ) -> RecoveryDecision {
@@ -291,7 +337,7 @@ impl CheckpointPolicy {
     }
 
     /// Seconds between full checkpoints at `now`.
-    pub fn interval_s(&self, now: Instant, samples_done: u64) -> f64 {
+    pub fn interval_s(&self, now: u64, samples_done: u64) -> f64 {
         if self.cfg.interval_s > 0.0 {
             return self.cfg.interval_s;
         }
@@ -309,7 +355,7 @@ impl CheckpointPolicy {
     }
 
     /// Seconds between checkpoints of any kind (deltas come `1/ratio` times as often).
-    fn period_s(&self, now: Instant, samples_done: u64) -> f64 {
+    fn period_s(&self, now: u64, samples_done: u64) -> f64 {
         let full = self.interval_s(now, samples_done);
         match self.cfg.priority {
             SavePriority::None => full,
@@ -318,12 +364,12 @@ impl CheckpointPolicy {
     }
 
     /// True when a checkpoint is due at `now` (the caller knows whether one runs).
-    pub fn due(&self, now: Instant, samples_done: u64) -> bool {
+    pub fn due(&self, now: u64, samples_done: u64) -> bool {
         if !self.cfg.enabled {
             return false;
         }
-        let last = self.last_commit.unwrap_or(self.started);
-        let since = now.saturating_duration_since(last).as_secs_f64();
+        let last = self.last_commit_ms.unwrap_or(self.started_ms);
+        let since = seconds_between(last, now);
         since >= self.period_s(now, samples_done)
     }
 
@@ -350,7 +396,7 @@ impl CheckpointPolicy {
     }
 
     /// A checkpoint was committed at `now`.
-    pub fn committed(&mut self, now: Instant, c: &Commit) {
+    pub fn committed(&mut self, now: u64, c: &Commit) {
         let st = &mut self.stats;
         st.count += 1;
         st.last_id = c.id;
@@ -366,7 +412,7 @@ impl CheckpointPolicy {
         if let Some(p) = st.pls.as_mut().filter(|_| !c.delta) {
             p.on_checkpoint(c.samples);
         }
-        self.last_commit = Some(now);
+        self.last_commit_ms = Some(now);
     }
 
     /// `failed` servers are recovered partially at `samples_done`: the updates since their
@@ -386,7 +432,7 @@ impl CheckpointPolicy {
     /// A recovery started at `now`, decided by `decision`.
     pub fn recovery_started(
         &mut self,
-        now: Instant,
+        now: u64,
         record: RecoveryRecord,
         decision: RecoveryDecision,
     ) {
@@ -423,9 +469,9 @@ impl CheckpointPolicy {
     /// long it took (s). Eq. 1 and 2 add `O_load` and `O_res`, so the time is split, not
     /// counted twice: the relaunched servers' reported load time is `O_load`, the rest
     /// (detection, rescheduling, start-up) `O_res`.
-    pub fn recovered(&mut self, now: Instant) -> Option<f64> {
+    pub fn recovered(&mut self, now: u64) -> Option<f64> {
         let (i, t0) = self.pending.take()?;
-        let secs = now.saturating_duration_since(t0).as_secs_f64();
+        let secs = seconds_between(t0, now);
         let load = self.pending_load_s.take().unwrap_or(0.0).min(secs);
         if let Some(r) = self.stats.recoveries.get_mut(i) {
             r.seconds = Some(secs);
@@ -436,3 +482,11 @@ impl CheckpointPolicy {
         Some(secs)
     }
 }
+
+/// Seconds from `from_ms` to `to_ms` (0 when the second is earlier).
+fn seconds_between(from_ms: u64, to_ms: u64) -> f64 {
+    to_ms.saturating_sub(from_ms) as f64 / 1e3
+}
+
+#[cfg(test)]
+mod tests;
