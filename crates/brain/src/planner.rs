@@ -533,7 +533,7 @@ pub fn finish_plan(
 }
 
 /// A re-plan of a job on a brain shared by several jobs ([`crate::shared`]): records the
-/// job's front, allocation and remaining samples at `now`, runs the weighted greedy over
+/// job's front, allocation and remaining samples at `now_ms`, runs the weighted greedy over
 /// every active job under the cluster capacity `cfg.capacity`, finishes the job's plan
 /// ([`finish_plan`]) and records it as granted. The service and the cluster simulator
 /// both call this.
@@ -542,7 +542,7 @@ pub fn replan_shared(
     jobs: &mut crate::shared::ActiveJobs,
     input: &ReplanInput<'_>,
     fit: JobFront,
-    now: std::time::Instant,
+    now_ms: u64,
 ) -> Result<Plan> {
     let id = &input.spec.job_id;
     jobs.update(
@@ -550,7 +550,7 @@ pub fn replan_shared(
         fit.front.clone(),
         input.current,
         input.remaining_samples,
-        now,
+        now_ms,
     );
     let capacity = Resources {
         cpu: cfg.capacity.cpu,

@@ -546,7 +546,7 @@ impl BrainService {
             .shared
             .lock()
             .map_err(|_| BrainError::Internal("the shared plan's lock is poisoned".into()))?;
-        for id in jobs.expire(self.clock.now(), self.inactive_after) {
+        for id in jobs.expire(self.clock.now_ms(), self.inactive_after) {
             tracing::info!(job = %id, after_s = self.inactive_after.as_secs_f64(), "job stopped calling: dropped from the shared plan");
         }
         Ok(jobs)
@@ -575,7 +575,7 @@ impl BrainService {
             }
         }
         {
-            let now = self.clock.now();
+            let now = self.clock.now_ms();
             self.active_jobs()?.touch(&r.job_id, now);
         }
         Ok(pb::ReportProfileResponse {
@@ -595,7 +595,7 @@ impl BrainService {
             .await?;
         // From now on its start-up allocation counts against the shared cluster; it takes
         // part in the greedy once its first re-plan brings a front.
-        let now = self.clock.now();
+        let now = self.clock.now_ms();
         self.active_jobs()?.update(
             &spec.job_id,
             vec![],
@@ -639,13 +639,13 @@ impl BrainService {
         let input = ask.input(&spec, &samples, &memory);
         if shared {
             // Heard from, even when the fit below fails.
-            let now = self.clock.now();
+            let now = self.clock.now_ms();
             self.active_jobs()?.touch(&r.job_id, now);
         }
         let fit = planner::fit_front(&cfg, &input)?;
         let plan = if shared {
             let mut jobs = self.active_jobs()?;
-            let now = self.clock.now();
+            let now = self.clock.now_ms();
             planner::replan_shared(&cfg, &mut jobs, &input, fit, now)?
         } else {
             if self.active_jobs()?.remove(&r.job_id) {

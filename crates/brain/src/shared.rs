@@ -24,7 +24,7 @@
 //! - **Pure.** Time comes in as an argument, so the expiry is tested without a clock.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::alloc::{Allocation, Resources};
 use crate::error::{BrainError, Result};
@@ -32,10 +32,11 @@ use crate::greedy::{weighted_greedy, weighted_greedy_holding, GreedyParams, JobO
 use crate::nsga2::Candidate;
 use crate::planner::Pick;
 
-/// Where the service's time comes from (tests drive their own).
+/// Where the service's time comes from (tests drive their own): milliseconds on a
+/// monotonic clock, as every policy reads time (`elastrec_common::clock`).
 pub trait Clock: Send + Sync {
-    /// The current instant.
-    fn now(&self) -> Instant;
+    /// The current reading, ms.
+    fn now_ms(&self) -> u64;
 }
 
 /// The system's monotonic clock.
@@ -43,8 +44,8 @@ pub trait Clock: Send + Sync {
 pub struct SystemClock;
 
 impl Clock for SystemClock {
-    fn now(&self) -> Instant {
-        Instant::now()
+    fn now_ms(&self) -> u64 {
+        elastrec_common::clock::monotonic_ms()
     }
 }
 
@@ -59,8 +60,8 @@ pub struct ActiveJob {
     pub remaining_samples: f64,
     /// The allocation of the plan the brain last returned to it.
     pub granted: Option<Allocation>,
-    /// When it last called `Plan` or `ReportProfile`.
-    pub last_seen: Instant,
+    /// When it last called `Plan` or `ReportProfile` (ms, monotonic).
+    pub last_seen_ms: u64,
 }
 
 impl ActiveJob {
@@ -185,12 +186,15 @@ impl ActiveJobs {
         self.jobs.keys().map(String::as_str)
     }
 
-    /// Drops the jobs last heard from more than `timeout` before `now`; returns their ids.
-    pub fn expire(&mut self, now: Instant, timeout: Duration) -> Vec<String> {
+    /// Drops the jobs last heard from more than `timeout` before `now_ms`; returns their
+    /// ids.
+    pub fn expire(&mut self, now_ms: u64, timeout: Duration) -> Vec<String> {
         let gone: Vec<String> = self
             .jobs
             .iter()
-            .filter(|(_, j)| now.saturating_duration_since(j.last_seen) > timeout)
+            .filter(|(_, j)| {
+                u128::from(now_ms.saturating_sub(j.last_seen_ms)) > timeout.as_millis()
+            })
             .map(|(id, _)| id.clone())
             .collect();
         for id in &gone {
@@ -199,19 +203,19 @@ impl ActiveJobs {
         gone
     }
 
-    /// Records that `job_id` was heard from at `now` (a profile report); `false` when it is
+    /// Records that `job_id` was heard from at `now_ms` (a profile report); `false` when it is
     /// not active (it has not re-planned yet, or it expired).
-    pub fn touch(&mut self, job_id: &str, now: Instant) -> bool {
+    pub fn touch(&mut self, job_id: &str, now_ms: u64) -> bool {
         match self.jobs.get_mut(job_id) {
             Some(j) => {
-                j.last_seen = j.last_seen.max(now);
+                j.last_seen_ms = j.last_seen_ms.max(now_ms);
                 true
             }
             None => false,
         }
     }
 
-    /// Records `job_id`'s latest re-plan at `now`: its front, the allocation it reports and
+    /// Records `job_id`'s latest re-plan at `now_ms`: its front, the allocation it reports and
     /// its remaining samples. Its previous grant is superseded: it re-plans from what it
     /// reports it runs with.
     pub fn update(
@@ -220,7 +224,7 @@ impl ActiveJobs {
         front: Vec<Candidate>,
         current: Option<Allocation>,
         remaining_samples: f64,
-        now: Instant,
+        now_ms: u64,
     ) {
         self.jobs.insert(
             job_id.to_string(),
@@ -229,7 +233,7 @@ impl ActiveJobs {
                 current,
                 remaining_samples,
                 granted: None,
-                last_seen: now,
+                last_seen_ms: now_ms,
             },
         );
     }
@@ -454,7 +458,7 @@ mod tests {
     /// both get the same shares whoever asks, and the shares fit the cluster.
     #[test]
     fn shared_plan_favours_the_better_job_and_fits_the_cluster() {
-        let t0 = Instant::now();
+        let t0: u64 = 1_000;
         let mut jobs = ActiveJobs::new();
         jobs.update("a", front(1000.0, 15), Some(alloc(2)), 1e8, t0);
         jobs.update("b", front(400.0, 40), Some(alloc(2)), 1e8, t0);
@@ -489,7 +493,7 @@ mod tests {
     /// room back to the joint plan.
     #[test]
     fn grants_count_until_the_job_re_plans() {
-        let t0 = Instant::now();
+        let t0: u64 = 1_000;
         let mut jobs = ActiveJobs::new();
         jobs.update("b", front(400.0, 15), Some(alloc(2)), 1e8, t0);
         let first = jobs.plan("b", CAP, P).unwrap().pick.chosen.unwrap().alloc;
@@ -518,7 +522,7 @@ mod tests {
     /// fit beside it now.
     #[test]
     fn a_pick_fits_beside_what_other_jobs_still_hold() {
-        let t0 = Instant::now();
+        let t0: u64 = 1_000;
         let mut jobs = ActiveJobs::new();
         jobs.update("a", front(1000.0, 10), Some(alloc(2)), 1e8, t0);
         jobs.grant("a", alloc(15));
@@ -540,7 +544,7 @@ mod tests {
     /// jobs still calling; a profile report keeps a job active.
     #[test]
     fn a_job_that_stops_calling_is_dropped_after_the_timeout() {
-        let t0 = Instant::now();
+        let t0: u64 = 1_000;
         let timeout = Duration::from_secs(600);
         let mut jobs = ActiveJobs::new();
         jobs.update("big", vec![], Some(alloc(20)), 1e8, t0);
@@ -548,13 +552,14 @@ mod tests {
         let before = workers(&jobs.plan("a", CAP, P).unwrap(), "a");
         assert_eq!(before, 3, "beside big's 84 CPU");
         // Five minutes on, a reports a profile; big says nothing.
-        assert!(jobs.touch("a", t0 + Duration::from_secs(300)));
+        assert!(jobs.touch("a", t0 + 300_000));
         assert!(!jobs.touch("never-planned", t0));
         assert!(
-            jobs.expire(t0 + timeout, timeout).is_empty(),
+            jobs.expire(t0 + timeout.as_millis() as u64, timeout)
+                .is_empty(),
             "at the limit"
         );
-        let gone = jobs.expire(t0 + timeout + Duration::from_secs(1), timeout);
+        let gone = jobs.expire(t0 + timeout.as_millis() as u64 + 1_000, timeout);
         assert_eq!(gone, vec!["big".to_string()]);
         assert_eq!(jobs.ids().collect::<Vec<_>>(), vec!["a"]);
         let pa = jobs.plan("a", CAP, P).unwrap();
@@ -565,7 +570,7 @@ mod tests {
             pa.pick.reasons
         );
         // a expires ten minutes after its report.
-        let gone = jobs.expire(t0 + Duration::from_secs(901), timeout);
+        let gone = jobs.expire(t0 + 901_000, timeout);
         assert_eq!(gone, vec!["a".to_string()]);
         assert!(jobs.is_empty());
         assert!(jobs.plan("a", CAP, P).is_err());
@@ -574,7 +579,7 @@ mod tests {
     /// Jobs that hold more than the cluster keep it, and nobody grows.
     #[test]
     fn an_overcommitted_cluster_grows_nobody() {
-        let t0 = Instant::now();
+        let t0: u64 = 1_000;
         let mut jobs = ActiveJobs::new();
         jobs.update("a", front(1000.0, 40), Some(alloc(2)), 1e8, t0);
         jobs.update("b", vec![], Some(alloc(30)), 1e8, t0);

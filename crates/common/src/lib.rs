@@ -20,6 +20,7 @@
 
 pub mod auc;
 pub mod caught;
+pub mod clock;
 pub mod eval;
 pub mod fail_points;
 pub mod logloss;

@@ -30,15 +30,7 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Milliseconds on this master process's monotonic clock: liveness and rates are measured
-/// on it, so a step of the wall clock (NTP, a VM resume, an operator) cannot declare every
-/// node dead at once. Its origin is the first call, so values do not survive a restart:
-/// [`Job::restore`] resets the node times it loads.
-pub fn monotonic_ms() -> u64 {
-    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    // Offset by one so that 0 keeps meaning "never".
-    ORIGIN.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
-}
+pub use elastrec_common::clock::monotonic_ms;
 
 /// Side effects collected while the state lock is held, executed after it is released.
 #[derive(Default)]

@@ -610,18 +610,18 @@ async fn jobs_sharing_the_brain_are_planned_together() {
     handle.await.unwrap();
 }
 
-/// A clock the test moves by hand.
-struct TestClock(std::sync::Mutex<std::time::Instant>);
+/// A clock the test moves by hand (ms).
+struct TestClock(std::sync::Mutex<u64>);
 
 impl elastrec_brain::shared::Clock for TestClock {
-    fn now(&self) -> std::time::Instant {
+    fn now_ms(&self) -> u64 {
         *self.0.lock().unwrap()
     }
 }
 
 impl TestClock {
     fn advance(&self, secs: u64) {
-        *self.0.lock().unwrap() += std::time::Duration::from_secs(secs);
+        *self.0.lock().unwrap() += secs * 1000;
     }
 }
 
@@ -637,7 +637,7 @@ async fn a_job_that_stops_calling_leaves_the_shared_plan() {
         "sqlite://{}?mode=rwc",
         dir.path().join("brain.db").display()
     );
-    let clock = std::sync::Arc::new(TestClock(std::sync::Mutex::new(std::time::Instant::now())));
+    let clock = std::sync::Arc::new(TestClock(std::sync::Mutex::new(1_000)));
     // Room for one job's 40 CPU, but not beside the other's 20 CPU start-up plan.
     let mut cfg = shared_config();
     cfg.capacity.cpu = 48.0;

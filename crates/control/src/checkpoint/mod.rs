@@ -4,6 +4,7 @@
 //! monotonic clock), so a test or the cluster simulator drives a whole job's schedule and
 //! recoveries without waiting; the master's coordinator executes what this decides.
 
+use elastrec_common::clock::seconds_between;
 use serde::{Deserialize, Serialize};
 
 use crate::cpr::{decide, CprCosts, PlsTracker, RecoveryDecision, RecoveryMode};
@@ -481,11 +482,6 @@ impl CheckpointPolicy {
         self.stats.o_res_s = Some(secs - load);
         Some(secs)
     }
-}
-
-/// Seconds from `from_ms` to `to_ms` (0 when the second is earlier).
-fn seconds_between(from_ms: u64, to_ms: u64) -> f64 {
-    to_ms.saturating_sub(from_ms) as f64 / 1e3
 }
 
 #[cfg(test)]

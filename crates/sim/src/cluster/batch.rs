@@ -11,7 +11,6 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use std::time::{Duration, Instant};
 
 use elastrec_brain::alloc::Range;
 use elastrec_brain::oom::MemorySample;
@@ -201,7 +200,6 @@ struct Sim<'a> {
     brain: BrainConfig,
     active: ActiveJobs,
     history: Vec<HistoricalJob>,
-    epoch: Instant,
     outcomes: Vec<JobOutcome>,
     totals: BatchTotals,
     last_tick_s: f64,
@@ -234,7 +232,6 @@ pub fn run(
         brain,
         active: ActiveJobs::new(),
         history: Vec::new(),
-        epoch: Instant::now(),
         outcomes: trace
             .iter()
             .map(|r| JobOutcome {
@@ -298,10 +295,6 @@ impl<'a> Sim<'a> {
         self.heap.push(Reverse((ms(t), self.seq, ev)));
     }
 
-    fn now(&self, t: f64) -> Instant {
-        self.epoch + Duration::from_secs_f64(t)
-    }
-
     fn ensure_tick(&mut self, t: f64) {
         if !self.tick_pending {
             let c = self.s.control_s;
@@ -322,7 +315,7 @@ impl<'a> Sim<'a> {
                 // What the service's WarmStart does: Algorithm 1 over the jobs that ended.
                 let plan = planner::warm_plan(&self.brain, &spec, &self.history)
                     .expect("a valid generated spec");
-                let now = self.now(t);
+                let now = ms(t);
                 self.active.update(
                     &spec.job_id,
                     vec![],

@@ -177,7 +177,7 @@ impl Sim<'_> {
         drop(inputs);
         for (((i, v, req), fit), cfg) in plans.into_iter().zip(fits).zip(cfgs) {
             self.totals.plans += 1;
-            let now = self.now(t);
+            let now = ms(t);
             let plan = {
                 let j = self.jobs[i].as_ref().expect("running");
                 let Ctl::Elastrec(ctl) = &j.ctl else {
