@@ -6,7 +6,7 @@
 //! parsed ahead while the worker trained the previous one). Low, the workers ask before
 //! the next chunk is ready: parsing is the bottleneck and an executor is added. High, data
 //! waits for the workers: one can go. A band around `L_θ` keeps the count from flapping.
-//! Pure: the loop that feeds it lives in `run/serve.rs`.
+//! Pure: the loop that feeds it lives in the master (`run/serve.rs`).
 
 use std::collections::HashMap;
 

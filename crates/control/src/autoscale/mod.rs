@@ -1,7 +1,7 @@
 //! The autoscaler's policy: turns what the master observes into profile samples, asks the
 //! brain for plans and decides whether a plan is executed. Pure (no clock, no I/O, no
-//! locks): the control loop in `autoscale_loop` feeds it [`View`]s and brain replies and
-//! executes its [`Decision`]s, and a simulator can drive the same code.
+//! locks): the master's control loop (`autoscale_loop`) feeds it [`View`]s and brain
+//! replies and executes its [`Decision`]s, and the cluster simulator drives the same code.
 //!
 //! A profile sample is one window of `sample_s` seconds in which the allocation stood
 //! still (every planned worker running, no pause, no warm-up, no recovery): the job's
