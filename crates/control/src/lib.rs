@@ -11,6 +11,7 @@
 //!   growing datasets, positions to restore from.
 //! - [`ledger`]: every consumed row range, with the proof each sample trained once.
 //! - [`serving`]: the order the sources' buffers are served in (Primus Eq. 4).
+//! - [`progressive`]: progressive validation's windows (AUC, logloss, NE per task).
 //! - [`checkpoint`]: when a checkpoint falls due and how a lost PS is recovered, from
 //!   CPR's cost model and portion of lost samples ([`cpr`]).
 //! - [`autoscale`]: the batch autoscaler (DLRover-RM): profile windows, probes, the
@@ -27,5 +28,6 @@ pub mod job;
 pub mod ledger;
 pub mod memory_limits;
 pub mod online_scale;
+pub mod progressive;
 pub mod serving;
 pub mod tasks;
