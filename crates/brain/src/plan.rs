@@ -30,6 +30,13 @@ impl PlanKind {
             Self::Keep => "keep",
         }
     }
+
+    /// The kind named `name` on the wire ([`PlanKind::as_str`]'s inverse).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::WarmStart, Self::Replan, Self::Keep]
+            .into_iter()
+            .find(|k| k.as_str() == name)
+    }
 }
 
 /// A resource plan for one job.

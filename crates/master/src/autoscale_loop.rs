@@ -413,8 +413,19 @@ pub async fn run(
             None => {}
             Some(Next::Probe(d)) => execute(&core, &mut auto, &d, &view, "probe").await,
             Some(Next::Revert(d)) => execute(&core, &mut auto, &d, &view, "revert").await,
-            Some(Next::Plan(ask)) => match brain.plan(ask_to(&brain_job_id, &ask)).await {
-                Ok(plan) => match proposal_from(&plan) {
+            Some(Next::Plan(ask)) => {
+                let answer = brain.plan(ask_to(&brain_job_id, &ask)).await;
+                if answer
+                    .as_ref()
+                    .is_err_and(|s| s.code() == tonic::Code::NotFound)
+                {
+                    registered = false;
+                }
+                // A refused call and an answer no brain of this version sends end alike.
+                let plan = answer
+                    .map_err(|s| s.message().to_string())
+                    .and_then(|p| proposal_from(&p));
+                match plan {
                     Ok(plan) => {
                         let d = auto.review(&plan, &view);
                         execute(&core, &mut auto, &d, &view, "plan").await;
@@ -427,19 +438,8 @@ pub async fn run(
                         );
                         auto.brain_failed(msg);
                     }
-                },
-                Err(s) => {
-                    let msg = format!("{}: {}", brain.describe(), s.message());
-                    event!(warn, "no_plan", error = %msg, workers = view.workers,
-                        "autoscale: no plan this round ({msg}); keeping {} workers",
-                        view.workers
-                    );
-                    if s.code() == tonic::Code::NotFound {
-                        registered = false;
-                    }
-                    auto.brain_failed(msg);
                 }
-            },
+            }
         }
         *core.autoscale_status.lock() = Some(status(&auto, &limits));
     }

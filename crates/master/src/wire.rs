@@ -10,12 +10,8 @@ use elastrec_proto::brain as pb;
 /// The part of a brain's plan the autoscaler judges; an error names what the brain sent
 /// that no brain of this version sends.
 pub fn proposal_from(p: &pb::PlanResponse) -> Result<Proposal, String> {
-    let kind = match p.kind.as_str() {
-        "warm-start" => PlanKind::WarmStart,
-        "re-plan" => PlanKind::Replan,
-        "keep" => PlanKind::Keep,
-        other => return Err(format!("the brain's plan has an unknown kind `{other}`")),
-    };
+    let kind = PlanKind::from_name(&p.kind)
+        .ok_or_else(|| format!("the brain's plan has an unknown kind `{}`", p.kind))?;
     // An allocation that is not one (NaN cores, absurd counts) is refused as missing.
     let allocation = alloc_from("allocation", p.allocation).map_err(|e| e.to_string())?;
     Ok(Proposal {
