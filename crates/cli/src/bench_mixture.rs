@@ -173,6 +173,7 @@ pub fn run(a: BenchMixtureArgs) -> Result<()> {
             conn: place.connection(),
             topic: topic.clone(),
             files: vec![stream_day.clone()],
+            schema: None,
             repeat: false,
             format: MessageFormat::Tsv,
             samples_per_message: 1,

@@ -275,6 +275,7 @@ fn run_policy(
         conn: conn.clone(),
         topic: topic.to_string(),
         files: files.to_vec(),
+        schema: None,
         repeat: true,
         format: MessageFormat::Tsv,
         samples_per_message: 1,

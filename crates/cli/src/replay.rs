@@ -3,15 +3,20 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use elastrec_data::Schema;
+use elastrec_job::config::JobConfig;
 use elastrec_stream::{replay, Connection, MessageFormat, Partitioner, ReplaySpec, Trace};
+use std::sync::Arc;
 
-/// Replays Criteo-layout rows into a Kafka topic at the rates of a trace.
+/// Replays a log into a Kafka topic at the rates of a trace: Criteo-layout rows, or a
+/// named log (Parquet, CSV) as JSON objects of its features (`--format json --job`).
 #[derive(clap::Args)]
 pub struct ReplayArgs {
     /// Destination: `kafka://HOST:PORT[,HOST:PORT...]/TOPIC` (the topic must exist).
     #[arg(long, value_name = "URL")]
     to: String,
-    /// Criteo TSV files (plain or gzip), or directories whose `day_*` files are all read.
+    /// Criteo TSV files (plain or gzip), or with `--format json` a named log's Parquet or
+    /// CSV files; directories: their `day_*` files, all read in name order.
     #[arg(long, value_name = "PATH", required = true, num_args = 1..)]
     data: Vec<PathBuf>,
     /// Rates over time: a CSV of `t_s,qps` points, linear in between (a header line and
@@ -27,12 +32,19 @@ pub struct ReplayArgs {
     /// Play the trace this many times faster (rates up, times down).
     #[arg(long, default_value_t = 1.0)]
     speedup: f64,
-    /// Message encoding: `tsv` (one sample per message) or `batch` (the binary format).
-    #[arg(long, default_value = "tsv", value_parser = ["tsv", "batch"])]
+    /// Message encoding: `tsv` (one sample per message), `batch` (the binary format) or
+    /// `json` (a named log's rows as JSON objects of the features `--job` names).
+    #[arg(long, default_value = "tsv", value_parser = ["tsv", "batch", "json"])]
     format: String,
-    /// Samples per message with `--format batch`.
-    #[arg(long, default_value_t = 256)]
-    samples_per_message: u32,
+    /// The job file whose `[data]` names the label and features (`[[data.feature]]`, or
+    /// the label alone: the features are then inferred from the first `--data` file) that
+    /// `--format json` messages carry: the online job's own file.
+    #[arg(long, value_name = "JOB.toml")]
+    job: Option<PathBuf>,
+    /// Samples per message with `--format batch` (default 256) and `--format json`
+    /// (default 1: one object per message; more: an array of objects).
+    #[arg(long)]
+    samples_per_message: Option<u32>,
     /// Start over from the first file when the data runs out before the trace.
     #[arg(long)]
     repeat: bool,
@@ -73,6 +85,28 @@ fn parse_target(url: &str) -> Result<(String, String)> {
     Ok((brokers.to_string(), topic.to_string()))
 }
 
+/// The named features `--format json` sends: the job file's `[[data.feature]]`, or with
+/// only a label, those inferred from the first replayed file (as `train` infers them from
+/// its first training file).
+fn named_schema(job: &std::path::Path, files: &[PathBuf]) -> Result<Schema> {
+    let mut config = JobConfig::load(job)?;
+    if config.data.schema().is_none() {
+        if config.data.label.is_none() {
+            bail!(
+                "{}: names no data.label: --format json sends named features, which the job \
+                 file's [data] names (label, and [[data.feature]] or nothing to infer them)",
+                job.display()
+            );
+        }
+        let first = files.first().context("no files to replay")?;
+        elastrec_job::prepare::infer_schema_from(&mut config, first)?;
+    }
+    config
+        .data
+        .schema()
+        .context("the job file's features could not be read")
+}
+
 /// Runs `elastrec replay`.
 pub fn run(a: ReplayArgs) -> Result<()> {
     let (brokers, topic) = parse_target(&a.to)?;
@@ -100,17 +134,32 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         conn.properties
             .insert(k.trim().to_string(), v.trim().to_string());
     }
+    let files = crate::commands::data_files(&a.data)?;
+    let format = match a.format.as_str() {
+        "batch" => MessageFormat::Batch,
+        "json" => MessageFormat::Json,
+        _ => MessageFormat::Tsv,
+    };
+    let schema = match (format, &a.job) {
+        (MessageFormat::Json, Some(job)) => Some(Arc::new(named_schema(job, &files)?)),
+        (MessageFormat::Json, None) => bail!(
+            "--format json sends a named log's features: give the job file that names them \
+             (--job JOB.toml, the online job's own)"
+        ),
+        (_, Some(_)) => bail!("--job goes with --format json"),
+        (_, None) => None,
+    };
     let spec = ReplaySpec {
         conn,
         topic,
-        files: crate::commands::data_files(&a.data)?,
+        files,
+        schema,
         repeat: a.repeat,
-        format: if a.format == "batch" {
-            MessageFormat::Batch
-        } else {
-            MessageFormat::Tsv
-        },
-        samples_per_message: a.samples_per_message,
+        format,
+        samples_per_message: a.samples_per_message.unwrap_or(match format {
+            MessageFormat::Batch => 256,
+            _ => 1,
+        }),
         trace,
         partitioner: Partitioner::skewed(a.skew_partition, a.hot_share, a.skew_share)?,
         seed: a.seed,

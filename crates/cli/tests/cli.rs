@@ -291,6 +291,39 @@ fn bad_job_files_are_rejected_naming_the_field() {
     assert!(!tmp.path().join("run/master.db").exists());
 }
 
+/// `replay --format json` sends a named log's features, so it needs the job file that
+/// names them; what is missing is said before any broker is reached.
+#[test]
+fn replay_as_json_needs_the_job_file_naming_the_features() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log.csv");
+    std::fs::write(&log, "click,user,item\n1,7,a\n0,8,b\n").unwrap();
+    let replay = |extra: &[&str]| {
+        let mut args = vec![
+            "replay",
+            "--to",
+            "kafka://127.0.0.1:9/clicks",
+            "--qps",
+            "10",
+            "--data",
+            log.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let out = elastrec(&args);
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = replay(&["--format", "json"]);
+    assert!(err.contains("--job JOB.toml"), "{err}");
+    let job = dir.path().join("job.toml");
+    // A Criteo-layout job: no label column, no named features.
+    std::fs::write(&job, "[data]\ndir = \".\"\ntrain = [\"log.csv\"]\n").unwrap();
+    let err = replay(&["--format", "json", "--job", job.to_str().unwrap()]);
+    assert!(err.contains("job.toml: names no data.label"), "{err}");
+    let err = replay(&["--job", job.to_str().unwrap()]);
+    assert!(err.contains("--job goes with --format json"), "{err}");
+}
+
 #[test]
 fn every_subcommand_has_help() {
     for sub in ["train", "gen-data", "eval", "bench", "export"] {

@@ -863,37 +863,6 @@ fn kafka_an_online_job_pushes_its_exports_to_a_running_server_as_deltas() {
     drop(server);
 }
 
-/// The rows of a `gen-data --named --format csv` file as JSON objects, `per` to a message.
-fn json_messages(csv: &Path, per: usize) -> Vec<Vec<u8>> {
-    let text = std::fs::read_to_string(csv).unwrap();
-    let list = |field: &str| -> serde_json::Value {
-        field
-            .split('|')
-            .filter(|s| !s.is_empty())
-            .map(serde_json::Value::from)
-            .collect()
-    };
-    let rows: Vec<serde_json::Value> = text
-        .lines()
-        .skip(1)
-        .map(|line| {
-            let f: Vec<&str> = line.split(',').collect();
-            serde_json::json!({
-                "click": f[0].parse::<u8>().unwrap(),
-                "user_id": f[1].parse::<i64>().unwrap(),
-                "item_id": f[2],
-                "device": f[3],
-                "price": f[4].parse::<f64>().ok(),
-                "genres": list(f[5]),
-                "hist_items": list(f[6]),
-            })
-        })
-        .collect();
-    rows.chunks(per)
-        .map(|c| serde_json::to_vec(c).unwrap())
-        .collect()
-}
-
 /// A service's own log as a stream: JSON messages of named features (an array of
 /// samples each, string and integer ids, a genre list, a click history sharing the item
 /// table) train an online job exactly once, and the model it evaluates on a held-out CSV
@@ -918,19 +887,6 @@ fn kafka_an_online_job_trains_json_messages_of_named_features_exactly_once() {
         "--days",
         "3",
     ]);
-    let conn = elastrec_stream::Connection::new(brokers.as_str());
-    let (mut messages, mut samples) = (0u64, 0u64);
-    // One message a produce request (Tansu's memory engine moves the watermark by one a
-    // request), spread over the three partitions.
-    for d in 0..2 {
-        for m in json_messages(&data.join(format!("day_{d}.csv")), 100) {
-            let p = format!("kafka:clicks/{}", messages % 3);
-            let p = elastrec_stream::PartitionId::parse(&p).unwrap();
-            elastrec_stream::produce(&conn, &p, vec![m]).unwrap();
-            messages += 1;
-        }
-        samples += 20_000;
-    }
     let features = format!("\n{}", named_features("max_len = 30"));
     let (job, dir) = online_job_with("online-json", &brokers, "", "", "format = \"json\"");
     let text = std::fs::read_to_string(&job)
@@ -942,6 +898,35 @@ fn kafka_an_online_job_trains_json_messages_of_named_features_exactly_once() {
         )
         .replace("max_table_rows = 4000\n", "");
     std::fs::write(&job, text).unwrap();
+    // The log as its service would send it: `replay` reads the CSV days through the job's
+    // features and sends 100 rows a message as a JSON array.
+    let days = [data.join("day_0.csv"), data.join("day_1.csv")];
+    let sent = elastrec_ok(&[
+        "replay",
+        "--to",
+        &format!("kafka://{brokers}/clicks"),
+        "--format",
+        "json",
+        "--job",
+        job.to_str().unwrap(),
+        "--samples-per-message",
+        "100",
+        "--qps",
+        "1000000",
+        "--seconds",
+        "30",
+        "--json",
+        "--data",
+        days[0].to_str().unwrap(),
+        days[1].to_str().unwrap(),
+    ]);
+    let sent: serde_json::Value = serde_json::from_slice(&sent.stdout).unwrap();
+    let (messages, samples) = (
+        sent["messages"].as_u64().unwrap(),
+        sent["samples"].as_u64().unwrap(),
+    );
+    // Round robin over 3 partitions: 13,334 + 13,333 + 13,333 rows, 134 messages each.
+    assert_eq!((messages, samples), (402, 40_000), "{sent}");
     let log = f.dir.join("online-json.log");
     let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);
     // A stream's ledger counts offsets: every message exactly once, whatever it holds.

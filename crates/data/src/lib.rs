@@ -22,6 +22,7 @@ pub mod columns;
 pub mod error;
 pub mod gen;
 pub mod index;
+pub mod json_rows;
 pub mod named;
 pub mod named_csv;
 pub mod named_json;

@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 /// Splits a line into fields: a plain split where the line has no quote, RFC 4180
 /// unquoting (through `csv-core`) where it has.
-struct Splitter {
+pub(crate) struct Splitter {
     delimiter: u8,
     core: csv_core::Reader,
     /// The fields' bytes, back to back.
@@ -40,7 +40,7 @@ struct Splitter {
 }
 
 impl Splitter {
-    fn new(delimiter: u8) -> Self {
+    pub(crate) fn new(delimiter: u8) -> Self {
         Self {
             delimiter,
             core: csv_core::ReaderBuilder::new().delimiter(delimiter).build(),
@@ -49,7 +49,7 @@ impl Splitter {
         }
     }
 
-    fn split(&mut self, line: &[u8]) {
+    pub(crate) fn split(&mut self, line: &[u8]) {
         self.buf.clear();
         self.ends.clear();
         if !line.contains(&b'"') {
@@ -90,11 +90,11 @@ impl Splitter {
         self.ends.truncate(end);
     }
 
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.ends.len()
     }
 
-    fn field(&self, i: usize) -> &[u8] {
+    pub(crate) fn field(&self, i: usize) -> &[u8] {
         let start = if i == 0 { 0 } else { self.ends[i - 1] };
         self.buf[start..self.ends[i]].trim_ascii()
     }
@@ -102,7 +102,7 @@ impl Splitter {
 
 /// The header of `path`: its column names and the delimiter (`format`'s, or a tab when
 /// the header holds one, else a comma).
-fn read_header(path: &Path, format: &CsvFormat) -> Result<(Vec<String>, u8)> {
+pub(crate) fn read_header(path: &Path, format: &CsvFormat) -> Result<(Vec<String>, u8)> {
     let (input, _) = open_input(path)?;
     let mut lines = Lines::new(path, input, 1, 1, None);
     let line = match lines.next()? {
@@ -407,7 +407,7 @@ impl BatchReader for NamedCsvReader {
     }
 }
 
-fn parse_label(t: &[u8]) -> std::result::Result<f32, FieldError> {
+pub(crate) fn parse_label(t: &[u8]) -> std::result::Result<f32, FieldError> {
     match t {
         [] => Err(FieldError::EmptyLabel),
         b"true" => Ok(1.0),
@@ -429,7 +429,7 @@ fn parse_label(t: &[u8]) -> std::result::Result<f32, FieldError> {
 
 /// A dense value or weight: empty is 0; NaN and infinities are refused.
 /// A sample weight: a number (as [`parse_number`] reads one) >= 0, never empty.
-fn parse_weight(t: &[u8]) -> std::result::Result<f32, FieldError> {
+pub(crate) fn parse_weight(t: &[u8]) -> std::result::Result<f32, FieldError> {
     let t = t.trim_ascii();
     match parse_number(t) {
         Ok(v) if !t.is_empty() && v >= 0.0 => Ok(v),
@@ -437,7 +437,7 @@ fn parse_weight(t: &[u8]) -> std::result::Result<f32, FieldError> {
     }
 }
 
-fn parse_number(t: &[u8]) -> std::result::Result<f32, FieldError> {
+pub(crate) fn parse_number(t: &[u8]) -> std::result::Result<f32, FieldError> {
     let t = t.trim_ascii();
     if t.is_empty() {
         return Ok(0.0);

@@ -46,7 +46,7 @@ pub fn string_key(s: &[u8]) -> u64 {
 
 /// `s` as an `i64` when it is written the one plain way (no sign but `-`, no leading
 /// zero, no spaces): `"007"` stays text, so two spellings never share a key.
-fn plain_integer(s: &[u8]) -> Option<i64> {
+pub(crate) fn plain_integer(s: &[u8]) -> Option<i64> {
     let digits = s.strip_prefix(b"-").unwrap_or(s);
     let plain = match digits {
         [] => false,

@@ -3,7 +3,7 @@
 //! workers): its data (generated when missing, rows counted per file), the rows of its
 //! embedding tables and its dense model.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use elastrec_data::{BatchReader, GenSpec, OutputFormat, NUM_DENSE, NUM_SPARSE};
@@ -86,9 +86,9 @@ fn row_counts(job: &JobConfig, files: &[PathBuf]) -> Result<Vec<(PathBuf, u64)>>
 /// Called once where a job starts, before anything reads the data, so the trainer, the
 /// model file and a printed configuration all see one schema.
 pub fn resolve_schema(job: &mut JobConfig) -> Result<Option<elastrec_data::schema::Inferred>> {
-    let Some(label) = &job.data.label else {
+    if job.data.label.is_none() {
         return Ok(None);
-    };
+    }
     if !job.data.feature.is_empty() {
         job.data.infer_user();
         return Ok(None);
@@ -102,13 +102,25 @@ pub fn resolve_schema(job: &mut JobConfig) -> Result<Option<elastrec_data::schem
                 .into(),
         });
     };
-    let inferred = elastrec_data::schema::infer(
-        first,
-        &label.names(),
-        job.model.max_table_rows,
-        &job.data.csv,
-    )?;
-    let mut inferred = inferred;
+    let first = first.clone();
+    infer_schema_from(job, &first).map(Some)
+}
+
+/// Infers the features of a job that names only its label from `file` (a training file,
+/// or the log `elastrec replay` sends) and writes them into the job; its sample-weight
+/// column is left out of the features.
+pub fn infer_schema_from(
+    job: &mut JobConfig,
+    file: &Path,
+) -> Result<elastrec_data::schema::Inferred> {
+    let labels = job
+        .data
+        .label
+        .as_ref()
+        .map(|l| l.names())
+        .unwrap_or_default();
+    let mut inferred =
+        elastrec_data::schema::infer(file, &labels, job.model.max_table_rows, &job.data.csv)?;
     if let Some(w) = &job.data.weight {
         // The weight column is no feature; neither is a table only it used.
         let s = &mut inferred.schema;
@@ -120,7 +132,7 @@ pub fn resolve_schema(job: &mut JobConfig) -> Result<Option<elastrec_data::schem
     job.data.feature = inferred.schema.features.clone();
     job.data.table = inferred.schema.tables.clone();
     job.data.infer_user();
-    Ok(Some(inferred))
+    Ok(inferred)
 }
 
 /// The job's named-feature schema, shared by its readers; `None` for the Criteo layout.

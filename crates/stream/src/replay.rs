@@ -1,13 +1,17 @@
-//! The traffic generator: replays Criteo-layout rows into a topic at the rates of a trace
-//! (`elastrec replay`), so online jobs can be tested and benchmarked on a known load.
+//! The traffic generator: replays a log into a topic at the rates of a trace (`elastrec
+//! replay`), so online jobs can be tested and benchmarked on a known load: Criteo-layout
+//! rows as TSV or binary batch messages, or a named log (Parquet, CSV) as JSON objects of
+//! its schema's columns, what a service that logs its impressions sends.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use elastrec_data::{BadRowPolicy, RawRow, TsvReader};
+use elastrec_data::json_rows::JsonRows;
+use elastrec_data::{BadRowPolicy, RawRow, Schema, TsvReader};
 use rskafka::client::partition::PartitionClient;
 use rskafka::record::Record;
+use serde_json::{Map, Value};
 
 use crate::client::{block_on, Kafka};
 use crate::error::{Result, StreamError};
@@ -179,13 +183,18 @@ pub struct ReplaySpec {
     pub conn: Connection,
     /// Destination topic (it must exist).
     pub topic: String,
-    /// Criteo TSV files (plain or gzip), replayed in order.
+    /// The files, replayed in order: Criteo TSV (plain or gzip), or with `schema` a named
+    /// log (Parquet, CSV or TSV with a header).
     pub files: Vec<PathBuf>,
+    /// The named log's features, for [`MessageFormat::Json`]: the columns each message
+    /// carries (labels, sample weight, features, per-id weights).
+    pub schema: Option<Arc<Schema>>,
     /// Start over from the first file when the data runs out before the trace.
     pub repeat: bool,
     /// Message encoding.
     pub format: MessageFormat,
-    /// Samples per message with [`MessageFormat::Batch`].
+    /// Samples per message with [`MessageFormat::Batch`], and with
+    /// [`MessageFormat::Json`] (more than one: a JSON array of objects).
     pub samples_per_message: u32,
     /// The rates.
     pub trace: Trace,
@@ -218,28 +227,42 @@ pub fn replay(spec: &ReplaySpec, mut progress: impl FnMut(&ReplayReport)) -> Res
     }
     let per_msg = match spec.format {
         MessageFormat::Tsv => 1,
-        MessageFormat::Batch => spec.samples_per_message.clamp(1, MAX_BATCH_SAMPLES) as usize,
-        MessageFormat::Json => {
+        MessageFormat::Batch | MessageFormat::Json => {
+            spec.samples_per_message.clamp(1, MAX_BATCH_SAMPLES) as usize
+        }
+    };
+    let mut rows = match (spec.format, &spec.schema) {
+        (MessageFormat::Json, Some(schema)) => {
+            Samples::Named(NamedSource::new(&spec.files, spec.repeat, schema.clone()))
+        }
+        (MessageFormat::Json, None) => {
             return Err(StreamError::Invalid(
-                "replay writes Criteo rows as tsv or batch messages; JSON messages of named \
-                 features come from the service that logs them"
+                "JSON messages carry a named log's features: give its schema (the job file \
+                 whose [data] names the label and features)"
                     .into(),
             ))
         }
+        (_, Some(_)) => {
+            return Err(StreamError::Invalid(
+                "a named log is replayed as JSON messages (format json); tsv and batch \
+                 messages carry Criteo-layout rows"
+                    .into(),
+            ))
+        }
+        (_, None) => Samples::Criteo(RowSource::new(&spec.files, spec.repeat)?),
     };
     let watch = TopicWatch::new(&spec.conn, "elastrec-replay", Duration::from_secs(10))?;
     let partitions = watch.partitions(std::slice::from_ref(&spec.topic))?;
     let n = partitions.len();
     let mut producer = Producer::new(&spec.conn, &spec.topic, &partitions)?;
-    let mut rows = RowSource::new(&spec.files, spec.repeat)?;
     let mut report = ReplayReport {
         per_partition: vec![0; n],
         positives_per_partition: vec![0; n],
         ..ReplayReport::default()
     };
     let mut dealer = Dealer::new(spec.partitioner, spec.seed, n);
-    // Samples waiting for their partition's next message (batch format).
-    let mut open: Vec<Vec<RawRow>> = vec![Vec::new(); n];
+    // Samples waiting for their partition's next message (batch and JSON arrays).
+    let mut open: Vec<Vec<Sample>> = (0..n).map(|_| Vec::new()).collect();
     let started = Instant::now();
     let mut last_progress = Instant::now();
     let end = spec.trace.duration_s();
@@ -250,10 +273,11 @@ pub fn replay(spec: &ReplaySpec, mut progress: impl FnMut(&ReplayReport)) -> Res
             let Some(row) = rows.next()? else {
                 break 'outer;
             };
-            let p = dealer.partition(row.label == 1);
+            let positive = rows.positive(&row);
+            let p = dealer.partition(positive);
             report.samples += 1;
             report.per_partition[p] += 1;
-            report.positives_per_partition[p] += u64::from(row.label);
+            report.positives_per_partition[p] += u64::from(positive);
             open[p].push(row);
             if open[p].len() >= per_msg {
                 report.messages += producer.queue(p, spec.format, &mut open[p]);
@@ -320,8 +344,8 @@ impl Producer {
     }
 
     /// Queues `rows` as messages of partition index `p` (one per sample in TSV, one in
-    /// all in the batch format); returns how many.
-    fn queue(&mut self, p: usize, format: MessageFormat, rows: &mut Vec<RawRow>) -> u64 {
+    /// all in the batch format, an object or an array of them in JSON); returns how many.
+    fn queue(&mut self, p: usize, format: MessageFormat, rows: &mut Vec<Sample>) -> u64 {
         let record = |buf: Vec<u8>| Record {
             key: None,
             value: Some(buf),
@@ -329,21 +353,47 @@ impl Producer {
             timestamp: chrono::Utc::now(),
         };
         let before = self.queued[p].len();
+        // A source gives one kind of sample, the kind its format sends.
+        let samples = std::mem::take(rows);
+        let criteo = |samples: Vec<Sample>| -> Vec<RawRow> {
+            samples
+                .into_iter()
+                .filter_map(|s| match s {
+                    Sample::Row(r) => Some(r),
+                    Sample::Named(_) => None,
+                })
+                .collect()
+        };
         match format {
             MessageFormat::Tsv => {
-                for r in rows.iter() {
+                for r in criteo(samples) {
                     let mut buf = Vec::new();
-                    encode(std::slice::from_ref(r), MessageFormat::Tsv, &mut buf);
+                    encode(std::slice::from_ref(&r), MessageFormat::Tsv, &mut buf);
                     self.queued[p].push(record(buf));
                 }
             }
-            MessageFormat::Batch | MessageFormat::Json => {
+            MessageFormat::Batch => {
                 let mut buf = Vec::new();
-                encode(rows, MessageFormat::Batch, &mut buf);
+                encode(&criteo(samples), MessageFormat::Batch, &mut buf);
+                self.queued[p].push(record(buf));
+            }
+            MessageFormat::Json => {
+                let mut objects: Vec<Value> = samples
+                    .into_iter()
+                    .filter_map(|s| match s {
+                        Sample::Named(m) => Some(Value::Object(m)),
+                        Sample::Row(_) => None,
+                    })
+                    .collect();
+                let value = if objects.len() == 1 {
+                    objects.pop().expect("one object")
+                } else {
+                    Value::Array(objects)
+                };
+                let buf = serde_json::to_vec(&value).expect("JSON values serialize");
                 self.queued[p].push(record(buf));
             }
         }
-        rows.clear();
         (self.queued[p].len() - before) as u64
     }
 
@@ -424,6 +474,91 @@ impl Dealer {
 
     fn flip(&mut self, share: f64) -> bool {
         share > 0.0 && ((self.coin.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < share
+    }
+}
+
+/// One sample to send: a Criteo row, or a named log's row as a JSON object. A replay
+/// queues one kind only, each by value as the message encoders take it.
+#[allow(clippy::large_enum_variant)]
+enum Sample {
+    Row(RawRow),
+    Named(Map<String, Value>),
+}
+
+/// Where the samples come from.
+enum Samples {
+    Criteo(RowSource),
+    Named(NamedSource),
+}
+
+impl Samples {
+    fn next(&mut self) -> Result<Option<Sample>> {
+        Ok(match self {
+            Samples::Criteo(rows) => rows.next()?.map(Sample::Row),
+            Samples::Named(rows) => rows.next()?.map(Sample::Named),
+        })
+    }
+
+    /// Whether the sample's (first) label is a click.
+    fn positive(&self, sample: &Sample) -> bool {
+        match (self, sample) {
+            (_, Sample::Row(r)) => r.label == 1,
+            (Samples::Named(src), Sample::Named(m)) => src.schema.labels.first().is_some_and(|l| {
+                matches!(m.get(l), Some(v) if v.as_f64() == Some(1.0) || v.as_bool() == Some(true))
+            }),
+            (Samples::Criteo(_), Sample::Named(_)) => false,
+        }
+    }
+}
+
+/// A named log's files, row by row as JSON objects of the schema's columns.
+struct NamedSource {
+    files: Vec<PathBuf>,
+    at: usize,
+    reader: Option<JsonRows>,
+    repeat: bool,
+    rows_this_pass: u64,
+    schema: Arc<Schema>,
+}
+
+impl NamedSource {
+    fn new(files: &[PathBuf], repeat: bool, schema: Arc<Schema>) -> Self {
+        Self {
+            files: files.to_vec(),
+            at: 0,
+            reader: None,
+            repeat,
+            rows_this_pass: 0,
+            schema,
+        }
+    }
+
+    fn next(&mut self) -> Result<Option<Map<String, Value>>> {
+        loop {
+            if self.reader.is_none() {
+                if self.at == self.files.len() {
+                    if !self.repeat || self.rows_this_pass == 0 {
+                        return Ok(None);
+                    }
+                    self.at = 0;
+                    self.rows_this_pass = 0;
+                }
+                self.reader = Some(
+                    JsonRows::open(&self.files[self.at], &self.schema)
+                        .map_err(|e| StreamError::Invalid(e.to_string()))?,
+                );
+            }
+            let r = self.reader.as_mut().expect("opened above");
+            if let Some(row) = r
+                .next_row()
+                .map_err(|e| StreamError::Invalid(e.to_string()))?
+            {
+                self.rows_this_pass += 1;
+                return Ok(Some(row));
+            }
+            self.reader = None;
+            self.at += 1;
+        }
     }
 }
 

@@ -86,6 +86,7 @@ fn spec(conn: &Connection, topic: &str, file: PathBuf, format: MessageFormat) ->
         conn: conn.clone(),
         topic: topic.into(),
         files: vec![file],
+        schema: None,
         repeat: false,
         format,
         samples_per_message: 7,

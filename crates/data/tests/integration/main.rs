@@ -3,6 +3,7 @@
 mod bad_rows;
 mod corrupt_parquet;
 mod gen;
+mod json_rows;
 mod named;
 mod named_csv;
 mod parquet_input;
