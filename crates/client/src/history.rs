@@ -4,7 +4,7 @@
 //! readings after those.
 
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -89,32 +89,73 @@ pub fn point_of(status: &Value, t_s: f64) -> Point {
     }
 }
 
+/// Size past which the history file is rotated: about a day of an online job's points
+/// (one every 2 s, about 200 bytes each). One rotated file is kept, so a job that runs for
+/// months holds at most twice this on disk, and the dashboard still finds the last hour
+/// right after a rotation.
+pub const ROTATE_BYTES: u64 = 8 << 20;
+
 /// The history file of the job directory `dir`.
-pub fn path(dir: &Path) -> std::path::PathBuf {
+pub fn path(dir: &Path) -> PathBuf {
     dir.join("history.jsonl")
 }
 
-/// Appends `point` to the history of the job directory `dir`, as one JSON line.
-pub fn append(dir: &Path, point: &Point) -> std::io::Result<()> {
-    let mut line = serde_json::to_vec(point).map_err(std::io::Error::other)?;
-    line.push(b'\n');
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path(dir))?
-        .write_all(&line)
+/// The history file's previous generation, the points before its last rotation.
+pub fn rotated_path(dir: &Path) -> PathBuf {
+    dir.join("history.1.jsonl")
 }
 
-/// The last `keep` points of the history of the job directory `dir` (none without one),
-/// and how many lines were not points (a line cut short by a crash, another tool's).
+/// Appends `point` to the history of the job directory `dir`, as one JSON line; a file
+/// that would grow past [`ROTATE_BYTES`] becomes [`rotated_path`] first (replacing the
+/// generation before it).
+pub fn append(dir: &Path, point: &Point) -> std::io::Result<()> {
+    append_within(dir, point, ROTATE_BYTES)
+}
+
+fn append_within(dir: &Path, point: &Point, limit: u64) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(point).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    let open = || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path(dir))
+    };
+    let mut file = open()?;
+    let len = file.metadata()?.len();
+    if len > 0 && len + line.len() as u64 > limit {
+        drop(file);
+        std::fs::rename(path(dir), rotated_path(dir))?;
+        file = open()?;
+    }
+    file.write_all(&line)
+}
+
+/// The last `keep` points of the history of the job directory `dir` (from the rotated
+/// generation too when the current file holds fewer; none without a history), and how
+/// many lines were not points (a line cut short by a crash, another tool's).
 pub fn read(dir: &Path, keep: usize) -> std::io::Result<(Vec<Point>, usize)> {
-    let text = match std::fs::read_to_string(path(dir)) {
+    let (mut points, mut skipped) = read_file(&path(dir))?;
+    if points.len() < keep {
+        let (mut earlier, bad) = read_file(&rotated_path(dir))?;
+        skipped += bad;
+        earlier.append(&mut points);
+        points = earlier;
+    }
+    let cut = points.len().saturating_sub(keep);
+    points.drain(..cut);
+    Ok((points, skipped))
+}
+
+/// Every point of one history file, and its lines that are not points.
+fn read_file(file: &Path) -> std::io::Result<(Vec<Point>, usize)> {
+    let text = match std::fs::read_to_string(file) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
         Err(e) => return Err(e),
     };
     let mut skipped = 0;
-    let mut points: Vec<Point> = text
+    let points = text
         .lines()
         .filter(|l| !l.trim().is_empty())
         .filter_map(|l| {
@@ -123,8 +164,6 @@ pub fn read(dir: &Path, keep: usize) -> std::io::Result<(Vec<Point>, usize)> {
             p
         })
         .collect();
-    let cut = points.len().saturating_sub(keep);
-    points.drain(..cut);
     Ok((points, skipped))
 }
 
@@ -169,6 +208,33 @@ mod tests {
         assert_eq!(points[0].t_s, 1_700_000_002.0);
         assert_eq!(points[2].workers, 1);
         assert_eq!(points[2].auc, Some(0.75));
+    }
+
+    /// A history past its size limit moves to one rotated file: the disk holds at most
+    /// two files' worth, and the last points read back in order across the boundary.
+    #[test]
+    fn a_long_history_rotates_and_reads_back_across_the_rotation() {
+        let dir = tempfile::tempdir().unwrap();
+        let status = serde_json::json!({"samples_per_sec": 1.0, "nodes": []});
+        let point = |t: u32| point_of(&status, f64::from(t));
+        let line = serde_json::to_vec(&point(1_000)).unwrap().len() as u64 + 1;
+        let limit = 10 * line;
+        for t in 1_000..1_025 {
+            append_within(dir.path(), &point(t), limit).unwrap();
+        }
+        let size = |p: PathBuf| std::fs::metadata(p).unwrap().len();
+        // 25 points of 10 a file: two rotations, the 5 newest in the current file.
+        assert_eq!(size(path(dir.path())), 5 * line);
+        assert_eq!(size(rotated_path(dir.path())), 10 * line);
+        let (points, skipped) = read(dir.path(), 12).unwrap();
+        assert_eq!(skipped, 0);
+        let times: Vec<f64> = points.iter().map(|p| p.t_s).collect();
+        let want: Vec<f64> = (1_013..1_025).map(f64::from).collect();
+        assert_eq!(times, want);
+        // What the current file holds is enough: the rotated one is not read.
+        std::fs::write(rotated_path(dir.path()), "not a point\n").unwrap();
+        assert_eq!(read(dir.path(), 5).unwrap().1, 0);
+        assert_eq!(read(dir.path(), 6).unwrap().1, 1);
     }
 
     #[test]
