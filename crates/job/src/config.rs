@@ -15,6 +15,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::distributed::{CheckpointConfig, ClusterConfig};
 
+/// A failed check: the field, and why.
+type Invalid = (&'static str, String);
+
+/// One section's checks of a job file.
+type Check = fn(&JobConfig) -> Result<(), Invalid>;
+
 /// A whole training job: one file for `elastrec train` (single process) and `elastrec run`
 /// (distributed; `[cluster]` and `[checkpoint]` apply there and are ignored by `train`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -1140,13 +1146,36 @@ impl JobConfig {
             .unwrap_or(std::time::Duration::from_secs(60))
     }
 
-    /// Range checks that serde's types cannot express.
+    /// Range checks that serde's types cannot express, section by section; the first
+    /// failure names its field.
     pub fn validate(&self, path: &Path) -> Result<(), ConfigError> {
         let bad = |field: &'static str, reason: String| ConfigError::Invalid {
             path: path.to_path_buf(),
             field,
             reason,
         };
+        let sections: [Check; 9] = [
+            Self::check_dashboard,
+            Self::check_train_loop,
+            Self::check_data_sources,
+            Self::check_model_shape,
+            Self::check_model_combinations,
+            Self::check_feature_widths,
+            Self::check_output,
+            Self::check_stream,
+            Self::check_optimizer,
+        ];
+        for check in sections {
+            check(self).map_err(|(field, reason)| bad(field, reason))?;
+        }
+        self.validate_named(path)?;
+        crate::distributed::validate_distributed(self, path)?;
+        crate::autoscale::validate_autoscale(self, path)
+    }
+
+    /// `[dashboard]`: a listen address and a polling interval.
+    fn check_dashboard(&self) -> Result<(), Invalid> {
+        let bad = |field: &'static str, reason: String| (field, reason);
         if let Some(d) = &self.dashboard {
             d.listen.parse::<std::net::SocketAddr>().map_err(|e| {
                 bad(
@@ -1158,6 +1187,12 @@ impl JobConfig {
                 return Err(bad("dashboard.every_ms", "must be at least 1".into()));
             }
         }
+        Ok(())
+    }
+
+    /// `[train]`: shuffling, batches, epochs, validation and progressive windows.
+    fn check_train_loop(&self) -> Result<(), Invalid> {
+        let bad = |field: &'static str, reason: String| (field, reason);
         if self.train.shuffle_buffer > 0 {
             if self.stream.is_some() && !self.is_mixture() {
                 return Err(bad(
@@ -1197,6 +1232,25 @@ impl JobConfig {
                 format!("must be a number of seconds > 0, got {every}"),
             ));
         }
+        if self.train.batch_size == 0 {
+            return Err(bad("train.batch_size", "must be at least 1".into()));
+        }
+        let v = self.train.validation;
+        if !(v.is_finite() && (0.0..0.5).contains(&v)) {
+            return Err(bad(
+                "train.validation",
+                format!("a share of the training rows in [0, 0.5), got {v}"),
+            ));
+        }
+        if self.train.epochs == 0 {
+            return Err(bad("train.epochs", "must be at least 1".into()));
+        }
+        Ok(())
+    }
+
+    /// `[data]`: datasets, the mixture, sources, the clock, following, something to train on, generated data.
+    fn check_data_sources(&self) -> Result<(), Invalid> {
+        let bad = |field: &'static str, reason: String| (field, reason);
         let mut names = std::collections::HashSet::new();
         for (i, d) in self.data.dataset.iter().enumerate() {
             d.check(i).map_err(|e| bad("data.dataset", e.to_string()))?;
@@ -1215,6 +1269,35 @@ impl JobConfig {
         }
         self.check_follow()
             .map_err(|(field, reason)| bad(field, reason))?;
+        let train_datasets = self
+            .data
+            .has_dataset(elastrec_orchestrate::DatasetRole::Train);
+        if self.data.train.is_empty() && self.stream.is_none() && !train_datasets {
+            return Err(bad(
+                "data.train",
+                "names no training file (and there is no [stream] to train from)".into(),
+            ));
+        }
+        if let Some(g) = &self.data.generate {
+            if g.rows == 0 || g.days == 0 {
+                return Err(bad(
+                    "data.generate",
+                    "rows and days must be at least 1".into(),
+                ));
+            }
+            if !(g.scale.is_finite() && g.scale > 0.0) {
+                return Err(bad(
+                    "data.generate.scale",
+                    format!("must be a positive number, got {}", g.scale),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// `[model]`: layer sizes, the model family's own settings, dense normalization.
+    fn check_model_shape(&self) -> Result<(), Invalid> {
+        let bad = |field: &'static str, reason: String| (field, reason);
         let m = &self.model;
         if m.embedding_dim == 0 {
             return Err(bad("model.embedding_dim", "must be at least 1".into()));
@@ -1346,6 +1429,13 @@ impl JobConfig {
                 "is used only with model.dense_norm = \"standardize\" (or \"auto\")".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// `[model]` settings that exclude each other or an optimizer setting.
+    fn check_model_combinations(&self) -> Result<(), Invalid> {
+        let bad = |field: &'static str, reason: String| (field, reason);
+        let m = &self.model;
         if self.optimizer.dense.weight_decay() != 0.0 && !m.adapt_mlp.is_empty() {
             return Err(bad(
                 "optimizer.dense.weight_decay",
@@ -1420,6 +1510,13 @@ impl JobConfig {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// The model's inputs as the preprocessing or the data layout give them, against the sizes the model file states.
+    fn check_feature_widths(&self) -> Result<(), Invalid> {
+        let bad = |field: &'static str, reason: String| (field, reason);
+        let m = &self.model;
         let (dense_width, sparse_width) = match crate::prepare::feature_plan(self) {
             Ok(Some(plan)) => (plan.dense_width(), plan.sparse_width()),
             Ok(None) => crate::prepare::feature_widths(self),
@@ -1456,16 +1553,12 @@ impl JobConfig {
         if m.max_table_rows == 0 {
             return Err(bad("model.max_table_rows", "must be at least 1".into()));
         }
-        if self.train.batch_size == 0 {
-            return Err(bad("train.batch_size", "must be at least 1".into()));
-        }
-        let v = self.train.validation;
-        if !(v.is_finite() && (0.0..0.5).contains(&v)) {
-            return Err(bad(
-                "train.validation",
-                format!("a share of the training rows in [0, 0.5), got {v}"),
-            ));
-        }
+        Ok(())
+    }
+
+    /// `[output]`: periodic exports and where they are pushed.
+    fn check_output(&self) -> Result<(), Invalid> {
+        let bad = |field: &'static str, reason: String| (field, reason);
         let o = &self.output;
         if !(o.export_every_s.is_finite() && o.export_every_s >= 0.0) {
             return Err(bad(
@@ -1496,18 +1589,12 @@ impl JobConfig {
                 "must be at least 1 (the newest export is what serving reads)".into(),
             ));
         }
-        if self.train.epochs == 0 {
-            return Err(bad("train.epochs", "must be at least 1".into()));
-        }
-        let train_datasets = self
-            .data
-            .has_dataset(elastrec_orchestrate::DatasetRole::Train);
-        if self.data.train.is_empty() && self.stream.is_none() && !train_datasets {
-            return Err(bad(
-                "data.train",
-                "names no training file (and there is no [stream] to train from)".into(),
-            ));
-        }
+        Ok(())
+    }
+
+    /// `[stream]`, and no batch autoscaler beside it.
+    fn check_stream(&self) -> Result<(), Invalid> {
+        let bad = |field: &'static str, reason: String| (field, reason);
         if let Some(s) = &self.stream {
             s.validate().map_err(|(field, reason)| bad(field, reason))?;
             if self.autoscale.enabled {
@@ -1519,6 +1606,12 @@ impl JobConfig {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// `[optimizer]`: the schedule and the learning rates.
+    fn check_optimizer(&self) -> Result<(), Invalid> {
+        let bad = |field: &'static str, reason: String| (field, reason);
         self.optimizer
             .schedule
             .validate()
@@ -1537,23 +1630,7 @@ impl JobConfig {
         if let Err(e) = self.optimizer.sparse.validate() {
             return Err(bad("optimizer.sparse", e.to_string()));
         }
-        self.validate_named(path)?;
-        if let Some(g) = &self.data.generate {
-            if g.rows == 0 || g.days == 0 {
-                return Err(bad(
-                    "data.generate",
-                    "rows and days must be at least 1".into(),
-                ));
-            }
-            if !(g.scale.is_finite() && g.scale > 0.0) {
-                return Err(bad(
-                    "data.generate.scale",
-                    format!("must be a positive number, got {}", g.scale),
-                ));
-            }
-        }
-        crate::distributed::validate_distributed(self, path)?;
-        crate::autoscale::validate_autoscale(self, path)
+        Ok(())
     }
 
     /// Checks a named-feature job: a label for its features, a schema that holds
