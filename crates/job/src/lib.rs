@@ -11,6 +11,7 @@
 //! early stopping both `train` and `run` apply.
 
 pub mod autoscale;
+mod checks;
 pub mod config;
 pub mod datasets;
 pub mod distributed;
