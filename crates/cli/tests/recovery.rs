@@ -117,6 +117,42 @@ fn spawn_paused(job: &Path, log: &Path, env: &[(&str, &str)]) -> Group {
     )
 }
 
+/// A PS whose heartbeats stop reaching the master while it serves (here muted by a fail
+/// point for its first 4.5 s, over two `dead_after_ms` of 2 s) is suspected, probed
+/// directly, answers, and is kept: no node is declared dead, nothing is recovered, and
+/// the job ends with an exact ledger and the single-process AUC. Before suspicion
+/// existed, this PS was killed and recovered from its initialization.
+#[test]
+fn a_ps_whose_heartbeats_stop_but_that_answers_its_probe_is_kept() {
+    let _g = serial();
+    let (job, dir) = write_job("probe-kept", &cluster("partial", 3600.0));
+    let log = dir.with_extension("log");
+    // PS 0 is the job's first node.
+    let mut g = spawn_paused(&job, &log, &[("ELASTREC_FAIL_MUTE_HEARTBEAT", "1:4500")]);
+    wait_held(&dir);
+    // Held at its pause point, the job cannot end before the PS's silence is judged.
+    wait_for(Duration::from_secs(60), || {
+        !events(&dir, "probe_answered").is_empty()
+    });
+    unpause(&dir);
+    g.wait_success(&log);
+    check_result(&dir, &log, 0.005);
+    let answered = events(&dir, "probe_answered");
+    assert!(answered.iter().all(|e| e["node"] == 1), "{answered:?}");
+    assert!(
+        events(&dir, "node_dead").is_empty(),
+        "{:?}",
+        events(&dir, "node_dead")
+    );
+    let r = result(&dir);
+    assert!(
+        r["checkpoint"]["recoveries"]
+            .as_array()
+            .is_none_or(|v| v.is_empty()),
+        "{r}"
+    );
+}
+
 /// Runs job `name` with `cluster` settings, kills PS 1 midway, and checks that the job
 /// finished with an exact ledger and the single-process AUC after exactly one recovery of
 /// PS 1 in `mode`. Returns the result JSON, that recovery's record and the master's log.

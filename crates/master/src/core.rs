@@ -40,6 +40,7 @@ pub struct LiveCtx {
     launches: Vec<Node>,
     kills: Vec<Node>,
     events: Vec<Event>,
+    probes: Vec<Node>,
 }
 
 impl LiveCtx {
@@ -73,6 +74,9 @@ impl Context for LiveCtx {
     fn event(&mut self, event: Event) {
         self.events.push(event);
     }
+    fn probe(&mut self, node: &Node) {
+        self.probes.push(node.clone());
+    }
 }
 
 /// Everything the handlers and the control loop share.
@@ -92,6 +96,8 @@ pub struct MasterCore {
     pub job_id: String,
     /// Nodes whose launch failed (fed back as exits by the control loop).
     failed_launches: Mutex<Vec<u32>>,
+    /// Suspected nodes the control loop is to probe (`crate::probe`).
+    probes_due: Mutex<Vec<Node>>,
     /// (time, samples done) samples for the recent rate.
     rate: Mutex<VecDeque<(Instant, u64)>>,
     /// Set when the job reached a terminal phase.
@@ -177,6 +183,7 @@ impl MasterCore {
             metrics: Metrics::new(),
             job_id,
             failed_launches: Mutex::new(Vec::new()),
+            probes_due: Mutex::new(Vec::new()),
             rate: Mutex::new(VecDeque::new()),
             done: tokio::sync::Notify::new(),
             restore_plan: Mutex::new(None),
@@ -275,6 +282,7 @@ impl MasterCore {
     /// Runs the state machine with a context whose effects are executed immediately (used
     /// once, before serving, to launch the initial nodes).
     pub fn effects(&self, cx: LiveCtx) {
+        self.probes_due.lock().extend(cx.probes);
         for n in &cx.kills {
             self.backend.stop(n);
         }
@@ -319,6 +327,34 @@ impl MasterCore {
                     );
                     self.metrics.node_deaths.inc();
                 }
+                Event::NodeSuspected {
+                    id,
+                    role,
+                    silent_ms,
+                } => {
+                    event!(
+                        warn,
+                        "node_suspected",
+                        node = *id,
+                        role = ?role,
+                        silent_ms = *silent_ms,
+                        "master: node {id} ({role:?}) sent nothing for {silent_ms} ms; probing it directly",
+                    );
+                }
+                Event::ProbeAnswered {
+                    id,
+                    role,
+                    silent_ms,
+                } => {
+                    event!(
+                        "probe_answered",
+                        node = *id,
+                        role = ?role,
+                        silent_ms = *silent_ms,
+                        "master: node {id} ({role:?}) answered its probe after {silent_ms} ms of silence: alive, kept",
+                    );
+                    self.metrics.probe_saves.inc();
+                }
                 Event::Requeued { worker, task } => {
                     tracing::info!(worker, task, "unreported remainder requeued");
                     self.metrics.requeues.inc();
@@ -352,6 +388,11 @@ impl MasterCore {
                 Event::JobEnded(_) => self.done.notify_one(),
             }
         }
+    }
+
+    /// Suspected nodes to probe since the last call.
+    pub fn take_probes(&self) -> Vec<Node> {
+        std::mem::take(&mut *self.probes_due.lock())
     }
 
     /// Launch failures since the last call.

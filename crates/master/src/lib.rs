@@ -22,6 +22,7 @@ pub mod export;
 pub mod launch;
 pub mod metrics;
 pub mod online_scale_loop;
+pub mod probe;
 pub mod progressive;
 pub mod prometheus_sd;
 pub mod push;

@@ -25,6 +25,8 @@ pub struct Metrics {
     workers: Gauge,
     /// Nodes declared dead.
     pub node_deaths: Counter,
+    /// Silent nodes that answered a direct probe and were kept.
+    pub probe_saves: Counter,
     /// Unreported remainders returned to the queue.
     pub requeues: Counter,
     /// The per-method request counters, resolved once (no allocation per request).
@@ -132,6 +134,12 @@ impl Metrics {
         registry.register("workers_active", "Workers training", workers.clone());
         let node_deaths = Counter::default();
         registry.register("node_deaths", "Nodes declared dead", node_deaths.clone());
+        let probe_saves = Counter::default();
+        registry.register(
+            "probe_saves",
+            "Silent nodes that answered a direct probe and were kept",
+            probe_saves.clone(),
+        );
         let requeues = Counter::default();
         registry.register(
             "requeues",
@@ -213,6 +221,7 @@ impl Metrics {
             samples_per_sec,
             workers,
             node_deaths,
+            probe_saves,
             requeues,
             partition_lag,
             partition_backlog,

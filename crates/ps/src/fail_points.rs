@@ -41,3 +41,13 @@ pub(crate) fn fail_point_hang_checkpoint(index: u32) -> bool {
     fail_points::number("ELASTREC_FAIL_HANG_CHECKPOINT") == Some(u64::from(index))
         && !USED.swap(true, std::sync::atomic::Ordering::AcqRel)
 }
+
+/// Test fail point `ELASTREC_FAIL_MUTE_HEARTBEAT=NODE:MS`: PS process `NODE` sends no
+/// heartbeat for its first `MS` milliseconds of serving, while it serves as usual, as a
+/// server whose heartbeats are starved or lost on the way to the master would.
+pub(crate) fn fail_point_heartbeat_muted(serving_since: std::time::Instant) -> bool {
+    static MS: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    let ms =
+        *MS.get_or_init(|| fail_points::for_node("ELASTREC_FAIL_MUTE_HEARTBEAT", *NODE_ID.get()?));
+    ms.is_some_and(|ms| serving_since.elapsed() < Duration::from_millis(ms))
+}

@@ -10,7 +10,7 @@ use elastrec_job::register::{register_node, register_request};
 use elastrec_proto::master::{HeartbeatRequest, NodeAction, RegisterRequest, Role};
 use elastrec_rpc::{self as rpc, is_transient};
 
-use crate::fail_points::NODE_ID;
+use crate::fail_points::{fail_point_heartbeat_muted, NODE_ID};
 use crate::service::{ps_profile, serve};
 use crate::shard::PsShard;
 
@@ -149,9 +149,13 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     let (replies_tx, mut replies) = tokio::sync::mpsc::unbounded_channel();
     let mut tick = tokio::time::interval(Duration::from_millis(hb_ms.max(1)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let serving_since = std::time::Instant::now();
     loop {
         tokio::select! {
             _ = tick.tick() => {
+                if fail_point_heartbeat_muted(serving_since) {
+                    continue;
+                }
                 let req = HeartbeatRequest {
                     version: rpc::version(),
                     node_id: args.node_id,

@@ -6,6 +6,8 @@ use super::*;
 impl Job {
     pub(super) fn live_node(&mut self, id: u32, cx: &impl Context) -> Result<&mut Node, JobError> {
         let now = cx.now_ms();
+        // Any request from a node is word from it: a suspicion of it ends.
+        self.suspects.remove(&id);
         match self.nodes.get_mut(&id) {
             Some(n) if n.state.is_live() => {
                 n.last_seen_ms = now;
@@ -198,29 +200,13 @@ impl Job {
         }
     }
 
-    /// Periodic check: declares silent nodes dead and applies the failure policy.
-    pub fn tick(&mut self, cx: &mut impl Context) {
-        let now = cx.now_ms();
-        let silent: Vec<u32> = self
-            .nodes
-            .values()
-            .filter(|n| {
-                n.state.is_live() && now.saturating_sub(n.last_seen_ms) > self.policy.dead_after_ms
-            })
-            .map(|n| n.id)
-            .collect();
-        for id in silent {
-            let ms = now - self.nodes[&id].last_seen_ms;
-            self.declare_dead(id, format!("no heartbeat for {ms} ms"), cx);
-        }
-    }
-
     pub(super) fn declare_dead(&mut self, id: u32, reason: String, cx: &mut impl Context) {
         let Some(n) = self.nodes.get_mut(&id) else {
             return;
         };
         let was_stopping = n.state == NodeState::Stopping;
         n.state = NodeState::Dead;
+        self.suspects.remove(&id);
         let node = n.clone();
         cx.persist(Change::Node(node.clone()));
         cx.kill(&node);

@@ -11,11 +11,13 @@ pub use elastrec_common::EvalResult;
 use crate::ledger::{ConsumedRange, LedgerSummary};
 use crate::tasks::{Assignment, DataPosition, Pin, ReportError, Reported, Task, TaskQueue};
 
+mod liveness;
 mod membership;
 mod recorder;
 mod reshard;
 mod work;
 
+pub use liveness::MAX_PROBE_SAVES;
 pub use recorder::Recorder;
 
 /// Parameter-server failures recovered over a job before it gives up (a PS that keeps
@@ -188,6 +190,24 @@ pub enum Event {
         /// Why.
         reason: String,
     },
+    /// A node sent nothing for `dead_after_ms`: it is probed before any verdict.
+    NodeSuspected {
+        /// Node id.
+        id: u32,
+        /// Role.
+        role: Role,
+        /// How long it has been silent.
+        silent_ms: u64,
+    },
+    /// A suspected node answered its probe: alive, and kept.
+    ProbeAnswered {
+        /// Node id.
+        id: u32,
+        /// Role.
+        role: Role,
+        /// How long it had been silent.
+        silent_ms: u64,
+    },
     /// A worker's remainder went back to the queue.
     Requeued {
         /// Worker.
@@ -235,6 +255,9 @@ pub trait Context {
     fn kill(&mut self, node: &Node);
     /// Reports an event (log line and metric).
     fn event(&mut self, event: Event);
+    /// Probes `node` directly (its metrics endpoint); the answer comes back as
+    /// [`Job::probe_answered`] or [`Job::probe_failed`].
+    fn probe(&mut self, node: &Node);
 }
 
 /// Answer to a worker's heartbeat.
@@ -309,6 +332,8 @@ pub struct Job {
     layout_version: u64,
     /// A change of the PS count in progress.
     reshard: Option<Reshard>,
+    /// Silent nodes being probed before a verdict (`liveness`).
+    suspects: BTreeMap<u32, liveness::Suspect>,
 }
 
 /// A change of the PS layout in progress (the master's `reshard` protocol drives it).
@@ -380,6 +405,7 @@ impl Job {
             pause_at: None,
             layout_version: 0,
             reshard: None,
+            suspects: BTreeMap::new(),
         };
         for i in 0..job.policy.num_ps {
             job.launch(Role::Ps, i, 0, cx);
@@ -430,6 +456,7 @@ impl Job {
             pause_at: None,
             layout_version: 0,
             reshard: None,
+            suspects: BTreeMap::new(),
         };
         for mut n in nodes {
             job.next_node = job.next_node.max(n.id + 1);

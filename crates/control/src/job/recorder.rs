@@ -4,7 +4,7 @@
 
 use super::{Change, Context, Event, Node};
 
-/// Records every change, launch, kill and event; `now` is the clock.
+/// Records every change, launch, kill, event and probe; `now` is the clock.
 #[derive(Debug, Default)]
 pub struct Recorder {
     /// The clock, ms.
@@ -17,6 +17,8 @@ pub struct Recorder {
     pub killed: Vec<u32>,
     /// Events logged, in order.
     pub events: Vec<Event>,
+    /// Ids of the nodes probed, in order.
+    pub probed: Vec<u32>,
 }
 
 impl Context for Recorder {
@@ -34,5 +36,8 @@ impl Context for Recorder {
     }
     fn event(&mut self, e: Event) {
         self.events.push(e);
+    }
+    fn probe(&mut self, n: &Node) {
+        self.probed.push(n.id);
     }
 }

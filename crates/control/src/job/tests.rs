@@ -463,3 +463,125 @@ fn straggler_detection_uses_peer_median() {
     assert_eq!(t.len(), 50);
     assert!(cx.events.contains(&Event::Straggler { id: 5, slow: true }));
 }
+
+/// A job whose nodes gave metrics addresses, so a silent one can be probed.
+fn probed_job(cx: &mut Recorder, workers: u32) -> Job {
+    let mut j = Job::start(policy(), queue(), workers, cx);
+    for n in cx.launched.clone() {
+        let metrics = format!("127.0.0.1:{}", 9100 + n.id);
+        j.register(n.id, n.role, "127.0.0.1:9000", &metrics, 100 + n.id, cx)
+            .unwrap();
+    }
+    j
+}
+
+/// Silence is a suspicion, not a verdict: a silent node that answers the master's direct
+/// probe stays (a busy machine); one that does not answer, or whose probe fails, is
+/// declared dead, and the reason says which.
+#[test]
+fn a_silent_node_is_probed_and_kept_when_it_answers() {
+    let mut cx = Recorder::default();
+    let mut j = probed_job(&mut cx, 1);
+    let worker = 3;
+    let beat_others = |j: &mut Job, cx: &mut Recorder| {
+        for id in [1, 2] {
+            j.heartbeat(id, 0, 0, cx);
+        }
+    };
+    cx.now = 1200;
+    beat_others(&mut j, &mut cx);
+    j.tick(&mut cx);
+    assert_eq!(cx.probed, vec![worker]);
+    assert_eq!(j.node(worker).unwrap().state, NodeState::Running);
+    assert!(cx
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::NodeSuspected { id: 3, silent_ms, .. } if *silent_ms == 1200)));
+    // A tick while the probe is out changes nothing, and probes no second time.
+    cx.now = 1500;
+    j.tick(&mut cx);
+    assert_eq!(cx.probed, vec![worker]);
+    j.probe_answered(worker, &mut cx);
+    assert!(cx
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::ProbeAnswered { id: 3, .. })));
+    cx.now = 2400;
+    beat_others(&mut j, &mut cx);
+    j.tick(&mut cx);
+    assert_eq!(j.node(worker).unwrap().state, NodeState::Running);
+    // Silent again, probed again; this time nothing answers within dead_after_ms.
+    cx.now = 2600;
+    beat_others(&mut j, &mut cx);
+    j.tick(&mut cx);
+    assert_eq!(cx.probed, vec![worker, worker]);
+    cx.now = 3700;
+    beat_others(&mut j, &mut cx);
+    j.tick(&mut cx);
+    assert_eq!(j.node(worker).unwrap().state, NodeState::Dead);
+    let reason = cx
+        .events
+        .iter()
+        .find_map(|e| match e {
+            Event::NodeDead { id: 3, reason, .. } => Some(reason.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert!(
+        reason.contains("no answer to a direct probe of 127.0.0.1:9103"),
+        "{reason}"
+    );
+    assert!(cx.killed.contains(&worker));
+}
+
+#[test]
+fn a_failed_probe_is_a_death_and_a_heartbeat_ends_a_suspicion() {
+    let mut cx = Recorder::default();
+    let mut j = probed_job(&mut cx, 2);
+    cx.now = 1200;
+    for id in [1, 2] {
+        j.heartbeat(id, 0, 0, &mut cx);
+    }
+    j.tick(&mut cx);
+    assert_eq!(j.suspected(), vec![3, 4]);
+    // Worker 4's heartbeat arrives after all: no longer suspected, and a late probe
+    // answer or failure about it changes nothing.
+    j.heartbeat(4, 0, 0, &mut cx);
+    assert_eq!(j.suspected(), vec![3]);
+    j.probe_failed(4, "connection refused", &mut cx);
+    assert_eq!(j.node(4).unwrap().state, NodeState::Running);
+    j.probe_failed(3, "connection refused", &mut cx);
+    assert_eq!(j.node(3).unwrap().state, NodeState::Dead);
+    assert!(cx.events.iter().any(|e| matches!(e,
+        Event::NodeDead { id: 3, reason, .. } if reason.contains("probe of 127.0.0.1:9103 failed: connection refused"))));
+    assert!(j.suspected().is_empty());
+}
+
+/// A node that answers probes but never beats again does no work: after
+/// MAX_PROBE_SAVES answers in a row its next silence is a death.
+#[test]
+fn a_node_that_only_answers_probes_is_declared_dead() {
+    let mut cx = Recorder::default();
+    let mut j = probed_job(&mut cx, 1);
+    let mut t = 0;
+    for round in 0..=MAX_PROBE_SAVES {
+        t += 1100;
+        cx.now = t;
+        for id in [1, 2] {
+            j.heartbeat(id, 0, 0, &mut cx);
+        }
+        j.tick(&mut cx);
+        if round < MAX_PROBE_SAVES {
+            assert_eq!(
+                j.node(3).unwrap().state,
+                NodeState::Running,
+                "round {round}"
+            );
+            j.probe_answered(3, &mut cx);
+        }
+    }
+    assert_eq!(cx.probed.len(), MAX_PROBE_SAVES as usize);
+    assert_eq!(j.node(3).unwrap().state, NodeState::Dead);
+    assert!(cx.events.iter().any(|e| matches!(e,
+        Event::NodeDead { id: 3, reason, .. } if reason.contains("answered 3 probes in a row"))));
+}

@@ -632,6 +632,7 @@ async fn advance(core: &Arc<MasterCore>) -> anyhow::Result<Phase> {
     })
     .await
     .context("master state")
+    .inspect(|_| crate::probe::start_due(core))
 }
 
 /// Recovers failed parameter servers, closes a finished recovery and starts a checkpoint
