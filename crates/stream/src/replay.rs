@@ -511,24 +511,62 @@ impl Samples {
     }
 }
 
-/// A named log's files, row by row as JSON objects of the schema's columns.
-struct NamedSource {
+/// The replayed files in order; with `repeat`, over again once a pass read rows.
+struct FileCycle {
     files: Vec<PathBuf>,
     at: usize,
-    reader: Option<JsonRows>,
     repeat: bool,
     rows_this_pass: u64,
+}
+
+impl FileCycle {
+    fn new(files: &[PathBuf], repeat: bool) -> Self {
+        Self {
+            files: files.to_vec(),
+            at: 0,
+            repeat,
+            rows_this_pass: 0,
+        }
+    }
+
+    /// The file to open next; `None` when the data is done.
+    fn next_file(&mut self) -> Option<&Path> {
+        if self.at == self.files.len() {
+            if !self.repeat || self.rows_this_pass == 0 {
+                return None;
+            }
+            self.at = 0;
+            self.rows_this_pass = 0;
+        }
+        Some(&self.files[self.at])
+    }
+
+    /// The file being read.
+    fn current(&self) -> &Path {
+        &self.files[self.at]
+    }
+
+    fn row_read(&mut self) {
+        self.rows_this_pass += 1;
+    }
+
+    fn file_done(&mut self) {
+        self.at += 1;
+    }
+}
+
+/// A named log's files, row by row as JSON objects of the schema's columns.
+struct NamedSource {
+    files: FileCycle,
+    reader: Option<JsonRows>,
     schema: Arc<Schema>,
 }
 
 impl NamedSource {
     fn new(files: &[PathBuf], repeat: bool, schema: Arc<Schema>) -> Self {
         Self {
-            files: files.to_vec(),
-            at: 0,
+            files: FileCycle::new(files, repeat),
             reader: None,
-            repeat,
-            rows_this_pass: 0,
             schema,
         }
     }
@@ -536,15 +574,11 @@ impl NamedSource {
     fn next(&mut self) -> Result<Option<Map<String, Value>>> {
         loop {
             if self.reader.is_none() {
-                if self.at == self.files.len() {
-                    if !self.repeat || self.rows_this_pass == 0 {
-                        return Ok(None);
-                    }
-                    self.at = 0;
-                    self.rows_this_pass = 0;
-                }
+                let Some(path) = self.files.next_file() else {
+                    return Ok(None);
+                };
                 self.reader = Some(
-                    JsonRows::open(&self.files[self.at], &self.schema)
+                    JsonRows::open(path, &self.schema)
                         .map_err(|e| StreamError::Invalid(e.to_string()))?,
                 );
             }
@@ -553,22 +587,19 @@ impl NamedSource {
                 .next_row()
                 .map_err(|e| StreamError::Invalid(e.to_string()))?
             {
-                self.rows_this_pass += 1;
+                self.files.row_read();
                 return Ok(Some(row));
             }
             self.reader = None;
-            self.at += 1;
+            self.files.file_done();
         }
     }
 }
 
-/// Rows of the data files in order, optionally starting over.
+/// Criteo rows of the data files in order, optionally starting over.
 struct RowSource {
-    files: Vec<PathBuf>,
-    at: usize,
+    files: FileCycle,
     reader: Option<TsvReader>,
-    repeat: bool,
-    rows_this_pass: u64,
     /// Labels per row of the first file: every file must carry as many (a topic's
     /// consumers expect one count, and a batch message holds one).
     tasks: Option<usize>,
@@ -577,11 +608,8 @@ struct RowSource {
 impl RowSource {
     fn new(files: &[PathBuf], repeat: bool) -> Result<Self> {
         Ok(Self {
-            files: files.to_vec(),
-            at: 0,
+            files: FileCycle::new(files, repeat),
             reader: None,
-            repeat,
-            rows_this_pass: 0,
             tasks: None,
         })
     }
@@ -590,14 +618,9 @@ impl RowSource {
         let mut row = RawRow::default();
         loop {
             if self.reader.is_none() {
-                if self.at == self.files.len() {
-                    if !self.repeat || self.rows_this_pass == 0 {
-                        return Ok(None);
-                    }
-                    self.at = 0;
-                    self.rows_this_pass = 0;
-                }
-                let path = &self.files[self.at];
+                let Some(path) = self.files.next_file() else {
+                    return Ok(None);
+                };
                 self.reader = Some(
                     TsvReader::open(path, BadRowPolicy::Fail)
                         .map_err(|e| StreamError::Invalid(e.to_string()))?,
@@ -612,15 +635,15 @@ impl RowSource {
                     return Err(StreamError::Invalid(format!(
                         "{}: rows carry {} label(s), the files before it {first}: replay \
                          files of one label count into a topic",
-                        self.files[self.at].display(),
+                        self.files.current().display(),
                         row.tasks()
                     )));
                 }
-                self.rows_this_pass += 1;
+                self.files.row_read();
                 return Ok(Some(row));
             }
             self.reader = None;
-            self.at += 1;
+            self.files.file_done();
         }
     }
 }
