@@ -153,6 +153,33 @@ fn a_ps_whose_heartbeats_stop_but_that_answers_its_probe_is_kept() {
     );
 }
 
+/// A PS that takes longer to build its tables than `dead_after_ms` (here 5 s of a 2 s
+/// limit, through a fail point, as very large tables would) beats while it builds them:
+/// it is not declared dead, and the job ends with an exact ledger.
+#[test]
+fn a_ps_building_its_tables_for_longer_than_dead_after_is_not_declared_dead() {
+    let _g = serial();
+    let (job, dir) = write_job("slow-build", &cluster("partial", 3600.0));
+    let log = dir.with_extension("log");
+    let mut g = Group::spawn_with_env(
+        &["run", job.to_str().unwrap()],
+        &log,
+        &[("ELASTREC_FAIL_SLOW_BUILD", "1:5000")],
+    );
+    g.wait_success(&log);
+    check_result(&dir, &log, 0.005);
+    assert!(
+        events(&dir, "node_dead").is_empty(),
+        "{:?}",
+        events(&dir, "node_dead")
+    );
+    assert!(
+        events(&dir, "node_suspected").is_empty(),
+        "{:?}",
+        events(&dir, "node_suspected")
+    );
+}
+
 /// Runs job `name` with `cluster` settings, kills PS 1 midway, and checks that the job
 /// finished with an exact ledger and the single-process AUC after exactly one recovery of
 /// PS 1 in `mode`. Returns the result JSON, that recovery's record and the master's log.

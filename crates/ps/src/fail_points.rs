@@ -51,3 +51,14 @@ pub(crate) fn fail_point_heartbeat_muted(serving_since: std::time::Instant) -> b
         *MS.get_or_init(|| fail_points::for_node("ELASTREC_FAIL_MUTE_HEARTBEAT", *NODE_ID.get()?));
     ms.is_some_and(|ms| serving_since.elapsed() < Duration::from_millis(ms))
 }
+
+/// Test fail point `ELASTREC_FAIL_SLOW_BUILD=NODE:MS`: PS process `NODE` takes `MS`
+/// milliseconds more to build its tables, as a server of very large tables does.
+pub(crate) fn fail_point_slow_build() {
+    if let Some(ms) = NODE_ID
+        .get()
+        .and_then(|&node| fail_points::for_node("ELASTREC_FAIL_SLOW_BUILD", node))
+    {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+}

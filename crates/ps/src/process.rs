@@ -10,7 +10,7 @@ use elastrec_job::register::{register_node, register_request};
 use elastrec_proto::master::{HeartbeatRequest, NodeAction, RegisterRequest, Role};
 use elastrec_rpc::{self as rpc, is_transient};
 
-use crate::fail_points::{fail_point_heartbeat_muted, NODE_ID};
+use crate::fail_points::{fail_point_heartbeat_muted, fail_point_slow_build, NODE_ID};
 use crate::service::{ps_profile, serve};
 use crate::shard::PsShard;
 
@@ -40,6 +40,9 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     let mut master = rpc::master_client(&args.master, &token, 64 << 20)?;
     // Learn the job first (bind address), then register with the real address.
     let reg = register_node(&mut master, Role::Ps, args.node_id, "", "", false).await?;
+    // Building the tables and restoring a checkpoint take as long as they take: the
+    // master hears from this server all along, so neither looks like a dead one.
+    let keepalive = keep_beating(master.clone(), args.node_id, reg.heartbeat_ms);
     let (job, plan) = (reg.job, reg.restore);
     let (peer_addrs, dense_from_replica) = (reg.peer_addrs, reg.dense_from_replica);
     let ip = elastrec_job::resources::bind_address(&job).map_err(anyhow::Error::msg)?;
@@ -58,15 +61,28 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     } else {
         job.cluster.ps
     };
-    let shard = Arc::new(if reg.joining {
+    if reg.joining {
         eprintln!(
             "PS {}: joining layout {} as server {} of {num_ps}",
             args.index, reg.layout_version, args.index
         );
-        PsShard::joining(&job, args.index, num_ps, reg.layout_version)?
-    } else {
-        PsShard::in_layout(&job, args.index, num_ps, reg.layout_version)?
-    });
+    }
+    // Initializing large tables is long CPU work: off the runtime's threads, so the
+    // heartbeats go on even where the runtime has one.
+    let (built, index, joining, layout) =
+        (job.clone(), args.index, reg.joining, reg.layout_version);
+    let shard = Arc::new(
+        tokio::task::spawn_blocking(move || {
+            fail_point_slow_build();
+            if joining {
+                PsShard::joining(&built, index, num_ps, layout)
+            } else {
+                PsShard::in_layout(&built, index, num_ps, layout)
+            }
+        })
+        .await
+        .context("building the tables")??,
+    );
     let mshard = shard.clone();
     let port = job
         .cluster
@@ -141,6 +157,7 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
         false,
     )
     .await?;
+    keepalive.abort();
     let hb_ms = reg.heartbeat_ms;
     shard.set_peers(reg.layout_version, reg.peer_addrs);
     // A heartbeat every `hb_ms` whether or not the previous one was answered: the master
@@ -191,4 +208,29 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     drop(metrics);
     eprintln!("{}", shard.summary());
     Ok(())
+}
+
+/// Heartbeats every `every_ms` until aborted, for a server that registered and does not
+/// serve yet; replies are left to the heartbeats that follow once it serves.
+fn keep_beating(master: rpc::Master, node_id: u32, every_ms: u64) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(every_ms.max(1)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let req = HeartbeatRequest {
+                version: rpc::version(),
+                node_id,
+                task_id: 0,
+                offset: 0,
+                samples: 0,
+                step: 0,
+                profile: Some(ps_profile()),
+            };
+            let mut m = master.clone();
+            tokio::spawn(async move {
+                let _ = m.heartbeat(req).await;
+            });
+        }
+    })
 }
