@@ -53,36 +53,14 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     // interfaces.
     let addr = elastrec_job::resources::advertise_for(&job.engine, listener.local_addr()?)
         .map_err(anyhow::Error::msg)?;
-    // The layout the master places this server in: the job's first one, the current one
-    // (a replaced server), or one being formed by a re-sharding (`joining`: the rows come
-    // from the servers of the previous layout).
-    let num_ps = if reg.num_ps > 0 {
-        reg.num_ps
-    } else {
-        job.cluster.ps
-    };
-    if reg.joining {
-        eprintln!(
-            "PS {}: joining layout {} as server {} of {num_ps}",
-            args.index, reg.layout_version, args.index
-        );
-    }
-    // Initializing large tables is long CPU work: off the runtime's threads, so the
-    // heartbeats go on even where the runtime has one.
-    let (built, index, joining, layout) =
-        (job.clone(), args.index, reg.joining, reg.layout_version);
-    let shard = Arc::new(
-        tokio::task::spawn_blocking(move || {
-            fail_point_slow_build();
-            if joining {
-                PsShard::joining(&built, index, num_ps, layout)
-            } else {
-                PsShard::in_layout(&built, index, num_ps, layout)
-            }
-        })
-        .await
-        .context("building the tables")??,
-    );
+    let shard = build_shard(
+        &job,
+        args.index,
+        reg.num_ps,
+        reg.joining,
+        reg.layout_version,
+    )
+    .await?;
     let mshard = shard.clone();
     let port = job
         .cluster
@@ -98,42 +76,14 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
         args.index,
         metrics.addr()
     );
-    let t0 = std::time::Instant::now();
-    if let Some(plan) = plan.filter(|p| !p.chain.is_empty() && !reg.joining) {
-        let (version, shm, storage) = shard.restore(&plan).await.with_context(|| {
-            format!(
-                "PS {}: restoring checkpoint {:?} from {}",
-                args.index, plan.chain, plan.location
-            )
-        })?;
-        eprintln!(
-            "PS {}: restored checkpoint {:?} (written by {} PS) in {:.3} s: {shm} parts from shared memory, {storage} from storage; dense version {version}",
-            args.index,
-            plan.chain,
-            plan.num_ps,
-            t0.elapsed().as_secs_f64()
-        );
-    }
-    let mut dense_rewound = false;
-    if dense_from_replica && !reg.joining {
-        match shard.take_dense_replica(&peer_addrs, &token).await {
-            Ok(version) => eprintln!(
-                "PS {}: dense slice and optimizer state taken from the successor's replica: \
-                 dense version {version}",
-                args.index
-            ),
-            Err(why) => {
-                dense_rewound = true;
-                eprintln!(
-                    "PS {}: warning: the dense slice stays at the checkpoint's version {}, \
-                     behind the rest of the dense model: {why}",
-                    args.index,
-                    shard.version()
-                );
-            }
-        }
-    }
-    let restore_s = t0.elapsed().as_secs_f64();
+    let (restore_s, dense_rewound) = restore_state(
+        &shard,
+        args.index,
+        plan.filter(|_| !reg.joining),
+        (dense_from_replica && !reg.joining).then_some(peer_addrs.as_slice()),
+        &token,
+    )
+    .await?;
     let server = tokio::spawn(serve(
         shard.clone(),
         listener,
@@ -233,4 +183,80 @@ fn keep_beating(master: rpc::Master, node_id: u32, every_ms: u64) -> tokio::task
             });
         }
     })
+}
+
+/// Builds this server's tables in the layout the master places it in: the job's first
+/// one, the current one (a replaced server), or one being formed by a re-sharding
+/// (`joining`: the rows come from the servers of the previous layout).
+async fn build_shard(
+    job: &elastrec_job::config::JobConfig,
+    index: u32,
+    num_ps: u32,
+    joining: bool,
+    layout: u64,
+) -> anyhow::Result<Arc<PsShard>> {
+    let num_ps = if num_ps > 0 { num_ps } else { job.cluster.ps };
+    if joining {
+        eprintln!("PS {index}: joining layout {layout} as server {index} of {num_ps}");
+    }
+    // Initializing large tables is long CPU work: off the runtime's threads, so the
+    // heartbeats go on even where the runtime has one.
+    let job = job.clone();
+    let shard = tokio::task::spawn_blocking(move || {
+        fail_point_slow_build();
+        if joining {
+            PsShard::joining(&job, index, num_ps, layout)
+        } else {
+            PsShard::in_layout(&job, index, num_ps, layout)
+        }
+    })
+    .await
+    .context("building the tables")??;
+    Ok(Arc::new(shard))
+}
+
+/// Loads the checkpoint `plan` names (a replaced server), then the dense slice from the
+/// successor's replica when `replica_peers` are given (a partial recovery). Returns the
+/// seconds it took, and whether the dense slice stayed at the checkpoint's version (no
+/// replica could give it).
+async fn restore_state(
+    shard: &PsShard,
+    index: u32,
+    plan: Option<elastrec_proto::master::RestorePlan>,
+    replica_peers: Option<&[String]>,
+    token: &str,
+) -> anyhow::Result<(f64, bool)> {
+    let t0 = std::time::Instant::now();
+    if let Some(plan) = plan.filter(|p| !p.chain.is_empty()) {
+        let (version, shm, storage) = shard.restore(&plan).await.with_context(|| {
+            format!(
+                "PS {index}: restoring checkpoint {:?} from {}",
+                plan.chain, plan.location
+            )
+        })?;
+        eprintln!(
+            "PS {index}: restored checkpoint {:?} (written by {} PS) in {:.3} s: {shm} parts from shared memory, {storage} from storage; dense version {version}",
+            plan.chain,
+            plan.num_ps,
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    let mut dense_rewound = false;
+    if let Some(peers) = replica_peers {
+        match shard.take_dense_replica(peers, token).await {
+            Ok(version) => eprintln!(
+                "PS {index}: dense slice and optimizer state taken from the successor's \
+                 replica: dense version {version}"
+            ),
+            Err(why) => {
+                dense_rewound = true;
+                eprintln!(
+                    "PS {index}: warning: the dense slice stays at the checkpoint's version {}, \
+                     behind the rest of the dense model: {why}",
+                    shard.version()
+                );
+            }
+        }
+    }
+    Ok((t0.elapsed().as_secs_f64(), dense_rewound))
 }
