@@ -61,15 +61,11 @@ pub fn validate_job(path: &Path) -> anyhow::Result<JobConfig> {
     Ok(cfg)
 }
 
-/// Starts a new job from its file (optionally from another job's checkpoint) and runs it
-/// to the end.
-pub async fn start_job(
-    path: &Path,
-    exe: PathBuf,
-    from: Option<FromCheckpoint>,
-    pause_at: Option<u64>,
-    kind: BackendKind,
-) -> anyhow::Result<JobResult> {
+/// The job file at `path` as every process of the job will read it: checked, refused
+/// where `run` cannot carry a setting out, its data generated where the file asks, its
+/// datasets resolved into files, its features inferred, its dense statistics and batch
+/// size filled in; each decision logged as an event.
+async fn resolve_job(path: &Path) -> anyhow::Result<JobConfig> {
     let mut cfg = validate_job(path)?;
     let train_only = cfg.train_only_settings();
     let (verb, them) = if train_only.len() == 1 {
@@ -93,7 +89,7 @@ pub async fn start_job(
     // So are the dense features' statistics (`model.dense_norm`): one first pass, whose
     // values every process and model file of the job then share; and the batch size of
     // a job file that leaves it out, from the training rows.
-    let (mut cfg, resolved) = tokio::task::spawn_blocking(move || {
+    let (cfg, resolved) = tokio::task::spawn_blocking(move || {
         let r = elastrec_job::datasets::resolve_datasets(&mut cfg).and_then(|r| {
             let inferred = elastrec_job::prepare::resolve_schema(&mut cfg)?;
             let rows = elastrec_job::prepare::fill_dense_stats(&mut cfg)?;
@@ -151,24 +147,28 @@ pub async fn start_job(
             "master: {line}"
         );
     }
-    let dir = JobDir(cfg.output.dir.clone());
-    if dir.db().exists() {
-        bail!(
-            "{} already holds a job; resume it with `elastrec run --resume {}` or set another output.dir",
-            dir.0.display(),
-            dir.0.display()
-        );
-    }
-    // Before anything is created: an empty training set is an error naming the files, and
-    // an online job's brokers and topics must answer.
-    let job_id = dir
-        .0
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "job".into());
+    Ok(cfg)
+}
+
+/// What a new job trains on: its history's files (the validation slice carved off their
+/// end) followed by its stream's partitions.
+struct JobFiles {
+    files: Vec<FileRows>,
+    /// The validation slice: (file, first row, end row).
+    slice: Vec<(PathBuf, u64, u64)>,
+    /// Index of the first stream partition in `files`.
+    stream_from: usize,
+    /// The offset each of the stream's partitions starts at (an online job).
+    stream_starts: Option<Vec<u64>>,
+}
+
+/// Counts the history's rows and, for an online job, asks its brokers where each
+/// partition starts: an empty training set is an error naming the files, and brokers
+/// and topics that do not answer stop the job before anything is created.
+async fn job_files(cfg: &JobConfig, job_id: &str) -> anyhow::Result<JobFiles> {
     let stream_starts = match &cfg.stream {
         Some(s) => {
-            let (s, group) = (s.clone(), s.group_for(&job_id));
+            let (s, group) = (s.clone(), s.group_for(job_id));
             Some(
                 tokio::task::spawn_blocking(move || crate::stream_watch::resolve(&s, &group))
                     .await??,
@@ -178,9 +178,9 @@ pub async fn start_job(
     };
     // A mixture's history files come first, then the stream's partitions.
     let history: Vec<FileRows> = if stream_starts.is_none() || cfg.is_mixture() {
-        elastrec_job::prepare::count_train_rows(&cfg)?
+        elastrec_job::prepare::count_train_rows(cfg)?
             .into_iter()
-            .zip(elastrec_job::mix::train_file_sources(&cfg))
+            .zip(elastrec_job::mix::train_file_sources(cfg))
             .map(|((f, rows), source)| FileRows {
                 path: f.to_string_lossy().into_owned(),
                 rows,
@@ -205,6 +205,45 @@ pub async fn start_job(
         }));
     }
     let stream_starts = stream_starts.map(|(_, starts)| starts);
+    Ok(JobFiles {
+        files,
+        slice,
+        stream_from,
+        stream_starts,
+    })
+}
+
+/// Starts a new job from its file (optionally from another job's checkpoint) and runs it
+/// to the end.
+pub async fn start_job(
+    path: &Path,
+    exe: PathBuf,
+    from: Option<FromCheckpoint>,
+    pause_at: Option<u64>,
+    kind: BackendKind,
+) -> anyhow::Result<JobResult> {
+    let mut cfg = resolve_job(path).await?;
+    let dir = JobDir(cfg.output.dir.clone());
+    if dir.db().exists() {
+        bail!(
+            "{} already holds a job; resume it with `elastrec run --resume {}` or set another output.dir",
+            dir.0.display(),
+            dir.0.display()
+        );
+    }
+    // Before anything is created: an empty training set is an error naming the files, and
+    // an online job's brokers and topics must answer.
+    let job_id = dir
+        .0
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "job".into());
+    let JobFiles {
+        files,
+        slice,
+        stream_from,
+        stream_starts,
+    } = job_files(&cfg, &job_id).await?;
     std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
     job_dir::attach_events(&dir)?;
     if crate::validation::wanted(&cfg) {
