@@ -465,46 +465,7 @@ pub async fn resume_job(
             u
         }
     };
-    let generated: u32 = meta("generated_epochs")?.parse()?;
-    let mut queue = match snap.meta.get("stream_starts") {
-        Some(starts) => {
-            // A job from before mixtures existed has only partitions.
-            let from: usize = match snap.meta.get("stream_from") {
-                Some(f) => f.parse()?,
-                None => 0,
-            };
-            let starts: Vec<u64> = serde_json::from_str(starts)?;
-            anyhow::ensure!(
-                from + starts.len() == files.len(),
-                "master.db is corrupt: {from} history files and {} partitions are not its {} files",
-                starts.len(),
-                files.len()
-            );
-            TaskQueue::restore_mixed(
-                data_sharding(&cfg),
-                files[..from].iter().map(|f| f.rows).collect(),
-                starts,
-                snap.tasks,
-                &snap.ranges,
-                generated,
-            )
-        }
-        None => TaskQueue::restore(
-            data_sharding(&cfg),
-            files.iter().map(|f| f.rows).collect(),
-            snap.tasks,
-            &snap.ranges,
-            generated,
-        ),
-    };
-    if let Some(adj) = snap.meta.get("ledger_adjust") {
-        queue.adjust_ledger(&serde_json::from_str::<Vec<(u32, u64, u64)>>(adj)?);
-    }
-    set_buffers(&mut queue, &cfg, &files);
-    if cfg.data.follow {
-        // Files stored just before the previous master stopped get their tasks.
-        queue.follow();
-    }
+    let queue = restored_queue(&snap.meta, snap.tasks, &snap.ranges, &cfg, &files)?;
     let stats: Option<CheckpointStats> = snap
         .meta
         .get("checkpoint_stats")
@@ -538,17 +499,7 @@ pub async fn resume_job(
     store.apply(&cx.take_changes()).await?;
     // The same address, so live nodes find the new master.
     let sock: SocketAddr = snap.meta.get("master_bind").unwrap_or(&addr).parse()?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let listener = loop {
-        match tokio::net::TcpListener::bind(sock).await {
-            Ok(l) => break l,
-            Err(e) if Instant::now() < deadline => {
-                tracing::warn!(error = %e, "master address busy; retrying");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => return Err(e).context("rebinding the master address"),
-        }
-    };
+    let listener = rebind(sock).await?;
     let (todo, doing, done) = job.tasks().counts();
     let tls = TlsMaterial::load(&dir.tls())?;
     if let Some(m) = &tls {
@@ -651,6 +602,77 @@ pub async fn resume_job(
         None
     };
     serve(core, listener, token, &cfg, &dir, autoscale).await
+}
+
+/// The task queue as the previous master left it (`master.db`'s tasks, ledger ranges
+/// and metadata), its buffers as the job configures them.
+fn restored_queue(
+    meta: &std::collections::HashMap<String, String>,
+    tasks: Vec<crate::tasks::Task>,
+    ranges: &[crate::ledger::ConsumedRange],
+    cfg: &JobConfig,
+    files: &[FileRows],
+) -> anyhow::Result<TaskQueue> {
+    let generated: u32 = meta
+        .get("generated_epochs")
+        .context("master.db lacks `generated_epochs`")?
+        .parse()?;
+    let mut queue = match meta.get("stream_starts") {
+        Some(starts) => {
+            // A job from before mixtures existed has only partitions.
+            let from: usize = match meta.get("stream_from") {
+                Some(f) => f.parse()?,
+                None => 0,
+            };
+            let starts: Vec<u64> = serde_json::from_str(starts)?;
+            anyhow::ensure!(
+                from + starts.len() == files.len(),
+                "master.db is corrupt: {from} history files and {} partitions are not its {} files",
+                starts.len(),
+                files.len()
+            );
+            TaskQueue::restore_mixed(
+                data_sharding(cfg),
+                files[..from].iter().map(|f| f.rows).collect(),
+                starts,
+                tasks,
+                ranges,
+                generated,
+            )
+        }
+        None => TaskQueue::restore(
+            data_sharding(cfg),
+            files.iter().map(|f| f.rows).collect(),
+            tasks,
+            ranges,
+            generated,
+        ),
+    };
+    if let Some(adj) = meta.get("ledger_adjust") {
+        queue.adjust_ledger(&serde_json::from_str::<Vec<(u32, u64, u64)>>(adj)?);
+    }
+    set_buffers(&mut queue, cfg, files);
+    if cfg.data.follow {
+        // Files stored just before the previous master stopped get their tasks.
+        queue.follow();
+    }
+    Ok(queue)
+}
+
+/// Binds the previous master's address again, so that live nodes find the new master;
+/// the old socket may linger a little.
+async fn rebind(sock: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match tokio::net::TcpListener::bind(sock).await {
+            Ok(l) => return Ok(l),
+            Err(e) if Instant::now() < deadline => {
+                tracing::warn!(error = %e, "master address busy; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e).context("rebinding the master address"),
+        }
+    }
 }
 
 /// The queue's serving buffers as the job configures them: its history dealt into the
