@@ -7,7 +7,8 @@
 //! boolean), a list as an array (null items kept as `null`, which the decoder drops), a
 //! label as 0 or 1. A CSV field is written as its kind reads it: numbers as numbers, a
 //! plainly written integer id as that integer, other ids as strings, a list field split
-//! at the list separator (empty items left out). Only the schema's columns are written:
+//! at the list separator (an empty item as `null`, which the decoder drops and counts as
+//! the CSV reader does). Only the schema's columns are written:
 //! its labels, sample weight, features and per-id weights.
 //!
 //! A value the decoder could not read back the same (NaN, an infinity, a bad label) is an
@@ -106,25 +107,15 @@ impl std::fmt::Debug for JsonRows {
 }
 
 impl JsonRows {
-    /// Opens `path`, checking that it holds every column of `schema` (an error names the
-    /// file and the missing column, and lists the file's).
+    /// Opens `path`, checking that it holds every column of `schema`, each of a type its
+    /// kind takes (an error names the file and the column), as the file reader does.
     pub fn open(path: &Path, schema: &Schema) -> Result<Self> {
         let columns = columns_of(schema);
         let source = if detect_format(path)? == FileFormat::Parquet {
+            // The file reader's own checks: every column there, each of a type its kind
+            // takes; and its projection.
             let opened = open_projected(path, None, |file| {
-                Columns::locate(schema, |name, role| {
-                    file.index_of(name).map_err(|_| {
-                        let have: Vec<&str> =
-                            file.fields().iter().map(|f| f.name().as_str()).collect();
-                        missing_column(path, name, role, &have)
-                    })
-                })?;
-                let mut wanted: Vec<usize> = columns
-                    .iter()
-                    .map(|(n, _)| file.index_of(n).expect("located above"))
-                    .collect();
-                wanted.sort_unstable();
-                Ok(wanted)
+                Ok(Columns::resolve(path, file, schema)?.project().0)
             })?;
             Source::Parquet {
                 inner: opened.inner,

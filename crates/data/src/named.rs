@@ -154,7 +154,11 @@ impl Columns {
     }
 
     /// Finds and type-checks every column of `schema` in the file's Arrow schema.
-    fn resolve(path: &Path, file: &arrow_schema::Schema, schema: &Schema) -> Result<Self> {
+    pub(crate) fn resolve(
+        path: &Path,
+        file: &arrow_schema::Schema,
+        schema: &Schema,
+    ) -> Result<Self> {
         let out = Self::locate(schema, |name, role| {
             file.index_of(name).map_err(|_| {
                 let have: Vec<&str> = file.fields().iter().map(|f| f.name().as_str()).collect();
@@ -208,7 +212,7 @@ impl Columns {
 
     /// The file columns to decode, sorted, and `self` re-addressed into the decoded
     /// batches (which hold only those columns, in file order).
-    fn project(&self) -> (Vec<usize>, Columns) {
+    pub(crate) fn project(&self) -> (Vec<usize>, Columns) {
         let mut wanted: Vec<usize> = self
             .labels
             .iter()
