@@ -270,10 +270,9 @@ pub fn replay(spec: &ReplaySpec, mut progress: impl FnMut(&ReplayReport)) -> Res
         let t = started.elapsed().as_secs_f64();
         let due = spec.trace.due_by(t.min(end)).floor() as u64;
         while report.samples < due {
-            let Some(row) = rows.next()? else {
+            let Some((row, positive)) = rows.next()? else {
                 break 'outer;
             };
-            let positive = rows.positive(&row);
             let p = dealer.partition(positive);
             report.samples += 1;
             report.per_partition[p] += 1;
@@ -492,22 +491,20 @@ enum Samples {
 }
 
 impl Samples {
-    fn next(&mut self) -> Result<Option<Sample>> {
+    /// The next sample, and whether its (first) label is a click.
+    fn next(&mut self) -> Result<Option<(Sample, bool)>> {
         Ok(match self {
-            Samples::Criteo(rows) => rows.next()?.map(Sample::Row),
-            Samples::Named(rows) => rows.next()?.map(Sample::Named),
-        })
-    }
-
-    /// Whether the sample's (first) label is a click.
-    fn positive(&self, sample: &Sample) -> bool {
-        match (self, sample) {
-            (_, Sample::Row(r)) => r.label == 1,
-            (Samples::Named(src), Sample::Named(m)) => src.schema.labels.first().is_some_and(|l| {
-                matches!(m.get(l), Some(v) if v.as_f64() == Some(1.0) || v.as_bool() == Some(true))
+            Samples::Criteo(rows) => rows.next()?.map(|r| {
+                let positive = r.label == 1;
+                (Sample::Row(r), positive)
             }),
-            (Samples::Criteo(_), Sample::Named(_)) => false,
-        }
+            Samples::Named(rows) => rows.next()?.map(|m| {
+                // `JsonRows` writes every label as the number 0 or 1.
+                let positive =
+                    rows.schema.labels.first().and_then(|l| m.get(l)) == Some(&Value::from(1u8));
+                (Sample::Named(m), positive)
+            }),
+        })
     }
 }
 
