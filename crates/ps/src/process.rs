@@ -123,16 +123,8 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
                 if fail_point_heartbeat_muted(serving_since) {
                     continue;
                 }
-                let req = HeartbeatRequest {
-                    version: rpc::version(),
-                    node_id: args.node_id,
-                    task_id: 0,
-                    offset: 0,
-                    samples: 0,
-                    // Read without the state lock: a heartbeat must not wait for a checkpoint.
-                    step: shard.version(),
-                    profile: Some(ps_profile()),
-                };
+                // Read without the state lock: a heartbeat must not wait for a checkpoint.
+                let req = heartbeat(args.node_id, shard.version());
                 let (mut m, tx) = (master.clone(), replies_tx.clone());
                 tokio::spawn(async move {
                     let _ = tx.send(m.heartbeat(req).await);
@@ -168,15 +160,7 @@ fn keep_beating(master: rpc::Master, node_id: u32, every_ms: u64) -> tokio::task
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let req = HeartbeatRequest {
-                version: rpc::version(),
-                node_id,
-                task_id: 0,
-                offset: 0,
-                samples: 0,
-                step: 0,
-                profile: Some(ps_profile()),
-            };
+            let req = heartbeat(node_id, 0);
             let mut m = master.clone();
             tokio::spawn(async move {
                 let _ = m.heartbeat(req).await;
@@ -259,4 +243,17 @@ async fn restore_state(
         }
     }
     Ok((t0.elapsed().as_secs_f64(), dense_rewound))
+}
+
+/// A PS's heartbeat: its dense step and its process profile (a PS trains no task).
+fn heartbeat(node_id: u32, step: u64) -> HeartbeatRequest {
+    HeartbeatRequest {
+        version: rpc::version(),
+        node_id,
+        task_id: 0,
+        offset: 0,
+        samples: 0,
+        step,
+        profile: Some(ps_profile()),
+    }
 }
