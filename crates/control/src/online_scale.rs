@@ -73,7 +73,9 @@ const MAX_SAMPLES: usize = 240;
 const UTIL_LOW: f64 = 0.3;
 /// Utilization above which the HPA rule adds a worker.
 const UTIL_HIGH: f64 = 0.8;
-/// Fraction of the SLO above which a job is still catching up (no shrinking).
+/// Fraction of the SLO above which a job is still catching up: its backlog would take
+/// its workers longer than this to train (no shrinking), or a change's replay leaves it
+/// that far behind at the end.
 const CATCHING_UP: f64 = 0.1;
 /// Checks in a row a condition must hold before a fallback step or an HPA scale-down.
 const PERSIST: u32 = 2;
@@ -487,14 +489,19 @@ impl OnlineScaler {
                 "fallback: lag {:.1} s above the SLO ({} s), not shrinking",
                 obs.lag_s, self.slo_lag_s
             );
-        } else if obs.lag_s > CATCHING_UP * self.slo_lag_s && target < w {
+        } else if obs.backlog / f(w).max(1e-9) > CATCHING_UP * self.slo_lag_s && target < w {
             // Shrinking while a backlog drains trades a worker for a stop and a slower
             // drain, and the next check grows the job again: the flapping KALE's
-            // stabilization is meant to prevent.
+            // stabilization is meant to prevent. The backlog is judged as work (seconds of
+            // the workers' training), not by its age: a job that keeps up still has the
+            // messages of its pipeline waiting (lingering, dealt, in a batch), whose age
+            // is the same at every load, and whose training takes the workers no time.
             target = w;
             reason = format!(
-                "lag {:.1} s still draining (above {CATCHING_UP} of the SLO), not shrinking",
-                obs.lag_s
+                "backlog {:.0} is {:.1} s of the {w} workers' training (above {CATCHING_UP} \
+                 of the SLO): still draining, not shrinking",
+                obs.backlog,
+                obs.backlog / f(w).max(1e-9)
             );
         } else if self.idle >= PERSIST && target > w {
             target = w;
@@ -669,6 +676,50 @@ mod tests {
         let costly = decide(30.0);
         assert_eq!(costly.target, 2, "{}", costly.reason);
         assert!(decide(0.0).target > 2);
+    }
+
+    /// What a job that keeps up measures: its pipeline's messages (lingering, dealt, in
+    /// a batch) always waiting, `floor_s` old at any load.
+    fn keeping_up(w: u32, rate: f64, floor_s: f64) -> Observation {
+        Observation {
+            backlog: rate * floor_s,
+            lag_s: floor_s,
+            ..obs(w, rate, 0.0)
+        }
+    }
+
+    #[test]
+    fn a_job_whose_pipeline_lag_is_above_a_tenth_of_the_slo_still_shrinks_after_a_peak() {
+        // 1.4 s of pipeline latency against a 10 s SLO, at every load: after a peak
+        // that needed three workers, 200/s needs one.
+        let mut s = OnlineScaler::new(&with_stop(0.0));
+        let mut w = 1;
+        for _ in 0..6 {
+            w = s.decide(&keeping_up(w, 2500.0, 1.4)).target;
+        }
+        let peak = w;
+        assert!(peak >= 3, "F(2) = 2000/s is below the peak");
+        let mut last = None;
+        for _ in 0..10 {
+            let d = s.decide(&keeping_up(w, 200.0, 1.4));
+            w = d.target;
+            last = Some(d);
+        }
+        assert!(w < peak, "{}", last.unwrap().reason);
+    }
+
+    #[test]
+    fn a_job_draining_a_backlog_does_not_shrink_until_it_is_drained() {
+        // Three workers (3000/s) for 1200/s, which two carry, 3,600 behind (3 s of the
+        // 1200/s, under the 10 s SLO; draining it within half the SLO needs two): 1.2 s of
+        // the three workers' training, above a tenth of the SLO.
+        let mut s = OnlineScaler::new(&with_stop(0.0));
+        for _ in 0..3 {
+            s.decide(&keeping_up(3, 1200.0, 0.0));
+        }
+        let d = s.decide(&obs(3, 1200.0, 3600.0));
+        assert_eq!(d.target, 3, "{}", d.reason);
+        assert!(d.reason.contains("still draining"), "{}", d.reason);
     }
 
     #[test]
