@@ -3,7 +3,8 @@
 # is already there is kept), then runs every test of the workspace:
 #   - Debian packages: PostgreSQL (the brain's database), Slurm (the Slurm backend),
 #     Chromium (the dashboard's page), stunnel4 (TLS in front of the Kafka broker),
-#     Prometheus and promtool (scraping the jobs' nodes, checking their metrics);
+#     Prometheus and promtool (scraping the jobs' nodes, checking their metrics),
+#     iproute2 and nftables (test hosts in network namespaces, and faults between them);
 #   - PyPI: moto (an S3-compatible server for checkpoints), scikit-learn (the reference of
 #     the evaluation figures), tensorboard (the reader of the jobs' event files),
 #     onnxruntime and safetensors (the readers of exported models), pandas (the Python
@@ -39,6 +40,10 @@ want slurm-wlm slurmctld
 want chromium chromium
 want stunnel4 stunnel4
 want prometheus promtool
+# The test hosts of the network tests: namespaces and veth pairs (iproute2), partitions
+# (nftables).
+want iproute2 ip
+want nftables nft
 if [ ${#need[@]} -gt 0 ]; then
     say "installing ${need[*]} (apt-get)"
     if ! { as_root apt-get update -qq &&
@@ -91,9 +96,11 @@ python3 -c 'import onnxruntime, safetensors, numpy' >/dev/null 2>&1 &&
 python3 -c 'import safetensors, numpy' >/dev/null 2>&1 && export ELASTREC_REQUIRE_SAFETENSORS=1
 # The native module is built below only for a whole-workspace run.
 [ $# -eq 0 ] && python3 -c 'import numpy' >/dev/null 2>&1 && export ELASTREC_REQUIRE_PYTHON_PACKAGE=1
-# Control groups need root and a writable cgroup tree; CI's machine gives them.
+# Control groups need root and a writable cgroup tree, network namespaces root and the
+# two tools above; CI's machine gives them.
 if [ "${CI:-}" = true ]; then
     export ELASTREC_REQUIRE_CGROUPS=1
+    export ELASTREC_REQUIRE_NETNS=1
 fi
 
 skip_log="$(mktemp)"

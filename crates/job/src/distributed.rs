@@ -317,6 +317,32 @@ pub(crate) fn validate_distributed(job: &JobConfig, path: &Path) -> Result<(), C
             ));
         }
     }
+    let netns = &job.engine.local.netns;
+    if !netns.is_empty() {
+        crate::resources::check_netns_template(netns).map_err(|why| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            field: "engine.local.netns",
+            reason: why,
+        })?;
+        // Each node is a host of its own: loopback is its own, which no peer reaches.
+        let node_bind = if n.bind.is_empty() { &c.bind } else { &n.bind };
+        for (field, value) in [
+            ("cluster.bind", &c.bind),
+            ("engine.network.bind", node_bind),
+        ] {
+            if value
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+            {
+                return Err(bad(
+                    field,
+                    "is a loopback address, which nodes in their own network namespaces \
+                     (engine.local.netns) cannot reach: bind 0.0.0.0 or an address of the \
+                     namespace's interface",
+                ));
+            }
+        }
+    }
     if !(1 << 20..=MAX_MESSAGE_BYTES_LIMIT).contains(&c.max_message_bytes) {
         return Err(bad(
             "cluster.max_message_bytes",
@@ -465,6 +491,36 @@ mod tests {
         }
         let c = parse("[cluster]\nrpc_timeout_ms = 5000\nsync_timeout_ms = 500\n").unwrap();
         assert_eq!(c.cluster.rpc_timeout().as_millis(), 5000);
+    }
+
+    #[test]
+    fn nodes_in_network_namespaces_must_bind_an_address_peers_reach() {
+        let ok =
+            parse("[cluster]\nbind = \"0.0.0.0\"\n[engine.local]\nnetns = \"h-{role}{index}\"\n")
+                .unwrap();
+        assert_eq!(
+            crate::resources::netns_name(&ok.engine.local.netns, "ps", 1),
+            "h-ps1"
+        );
+        for (text, field) in [
+            ("[engine.local]\nnetns = \"h-{index}\"\n", "cluster.bind"),
+            (
+                "[cluster]\nbind = \"0.0.0.0\"\n[engine.network]\nbind = \"127.0.0.1\"\n\
+                 [engine.local]\nnetns = \"h-{index}\"\n",
+                "engine.network.bind",
+            ),
+            (
+                "[cluster]\nbind = \"0.0.0.0\"\n[engine.local]\nnetns = \"../h{index}\"\n",
+                "engine.local.netns",
+            ),
+            (
+                "[cluster]\nbind = \"0.0.0.0\"\n[engine.local]\nnetns = \"h {index}\"\n",
+                "engine.local.netns",
+            ),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(field), "{text}: {e}");
+        }
     }
 
     #[test]

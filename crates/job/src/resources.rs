@@ -186,6 +186,41 @@ pub struct LocalConfig {
     /// Hold every node to its role's `[resources]` (cores and memory) even without
     /// `[autoscale]`; by default a local job without autoscaling uses the machine freely.
     pub enforce_resources: bool,
+    /// The Linux network namespace each node runs in, as a hosts' stand-in: a name
+    /// template where `{role}` becomes `ps`, `worker` or `executor` and `{index}` the
+    /// node's index (a PS's shard, a worker's launch number), e.g. `"h-{role}{index}"`.
+    /// The namespaces must exist (`ip netns add`, root only); a relaunched PS returns to
+    /// its shard's. Empty (the default): every node shares the master's network stack.
+    pub netns: String,
+}
+
+/// Longest network namespace name: a file name under `/run/netns`.
+pub const MAX_NETNS_NAME: usize = 255;
+
+/// The network namespace `template` (`engine.local.netns`) names for the node `index` of
+/// `role` (`ps`, `worker`, `executor`).
+pub fn netns_name(template: &str, role: &str, index: u32) -> String {
+    template
+        .replace("{role}", role)
+        .replace("{index}", &index.to_string())
+}
+
+/// Why `template` cannot be `engine.local.netns`: a name it makes must be one file name
+/// under `/run/netns` (letters, digits, `.`, `-`, `_`).
+pub fn check_netns_template(template: &str) -> Result<(), String> {
+    let sample = netns_name(template, "executor", u32::MAX);
+    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
+    if let Some(c) = sample.chars().find(|&c| !plain(c)) {
+        return Err(format!(
+            "`{template}` makes names with {c:?}: a namespace name has letters, digits,              `.`, `-` and `_`, and `{{role}}` and `{{index}}` where the node's go"
+        ));
+    }
+    if sample.starts_with('.') || sample.len() > MAX_NETNS_NAME {
+        return Err(format!(
+            "`{template}` makes names that are not a file name under /run/netns (a leading              `.`, or over {MAX_NETNS_NAME} bytes)"
+        ));
+    }
+    Ok(())
 }
 
 /// `engine.local.cgroups`.

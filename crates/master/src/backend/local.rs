@@ -8,6 +8,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::cgroup::{self, Cgroups, Limits};
+use super::netns::{self, NetnsPlacement};
 use super::{ClusterBackend, NodeExit, Resize};
 use crate::job::Node;
 use crate::launch::LaunchTemplate;
@@ -25,6 +26,7 @@ pub struct LocalProcesses {
     template: Arc<LaunchTemplate>,
     children: Mutex<HashMap<u32, Child>>,
     cgroups: Option<Cgroups>,
+    netns: Option<NetnsPlacement>,
 }
 
 impl LocalProcesses {
@@ -35,7 +37,14 @@ impl LocalProcesses {
             template,
             children: Mutex::new(HashMap::new()),
             cgroups,
+            netns: None,
         }
+    }
+
+    /// Runs each node in its network namespace of `placement` (`engine.local.netns`).
+    pub fn with_netns(mut self, placement: Option<NetnsPlacement>) -> Self {
+        self.netns = placement;
+        self
     }
 
     /// The limits of a node started from `spec`.
@@ -84,6 +93,17 @@ impl ClusterBackend for LocalProcesses {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
+        // Opened before anything else is made for the node, where a missing namespace is
+        // an error naming it; held until the child has exec'd (the descriptor closes on
+        // exec).
+        let netns = self.netns.as_ref().map(|p| p.open(node)).transpose()?;
+        if let Some(ns) = &netns {
+            let fd = ns.fd();
+            // SAFETY: the closure makes one async-signal-safe system call (setns).
+            unsafe {
+                cmd.pre_exec(move || netns::enter(fd));
+            }
+        }
         if let Some(groups) = &self.cgroups {
             let procs = groups.create(node.id, Self::limits(&spec))?;
             // The child joins its group before it runs a single instruction of the
@@ -94,13 +114,23 @@ impl ClusterBackend for LocalProcesses {
             }
         }
         let child = cmd.spawn();
+        drop(netns);
         let child = match child {
             Ok(c) => c,
             Err(e) => {
                 if let Some(groups) = &self.cgroups {
                     groups.remove(node.id);
                 }
-                return Err(e.into());
+                return Err(match (&self.netns, e.raw_os_error()) {
+                    (Some(p), Some(libc::EPERM)) => anyhow::anyhow!(
+                        "starting {} {} in network namespace `{}` (engine.local.netns): {e}; \
+                         entering a namespace takes root (CAP_SYS_ADMIN)",
+                        crate::launch::role_name(node.role),
+                        node.index,
+                        p.name(node)
+                    ),
+                    _ => e.into(),
+                });
             }
         };
         let pid = child.id();

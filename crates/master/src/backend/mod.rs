@@ -6,6 +6,7 @@
 pub mod cgroup;
 pub mod kubernetes;
 mod local;
+pub mod netns;
 mod slurm;
 
 pub use kubernetes::KubernetesPods;
@@ -148,7 +149,10 @@ pub fn open(
             } else {
                 None
             };
-            Ok(std::sync::Arc::new(LocalProcesses::new(template, groups)))
+            let placement = netns::NetnsPlacement::new(&engine.local.netns);
+            Ok(std::sync::Arc::new(
+                LocalProcesses::new(template, groups).with_netns(placement),
+            ))
         }
         BackendKind::Slurm => Ok(std::sync::Arc::new(SlurmSteps::open(
             template,
