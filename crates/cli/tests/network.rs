@@ -8,8 +8,8 @@
 mod common;
 mod netns_harness;
 
-use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::path::Path;
+use std::process::Output;
 use std::time::Duration;
 
 use common::*;
@@ -60,23 +60,13 @@ fn status_on(net: &Net, dir: &Path) -> Option<serde_json::Value> {
 
 /// Starts `job` on the master's host, held at a third of its first epoch.
 fn spawn_held(net: &Net, job: &Path, log: &Path) -> Group {
-    use std::os::unix::process::CommandExt;
     let at = (fixture().train_rows / 3).to_string();
-    let f = std::fs::File::create(log).unwrap();
-    let child = net
-        .command(
-            "master",
-            exe(),
-            &["run", job.to_str().unwrap(), "--pause-at-samples", &at],
-        )
-        .env("XDG_DATA_HOME", data_home())
-        .stdout(f.try_clone().unwrap())
-        .stderr(f)
-        .stdin(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("spawn elastrec run");
-    Group(child)
+    let cmd = net.command(
+        "master",
+        exe(),
+        &["run", job.to_str().unwrap(), "--pause-at-samples", &at],
+    );
+    Group::spawn_command(cmd, log)
 }
 
 /// Waits until the job stands at its pause point; returns its status then.
@@ -119,7 +109,7 @@ fn node_on<'a>(s: &'a serde_json::Value, net: &Net, host: &str) -> (u64, &'a ser
 
 /// Waits for the job to succeed, then checks the ledger, the AUC and that nothing it
 /// started still runs on any host.
-fn finish(net: &Net, mut g: Group, dir: &Path, log: &PathBuf) {
+fn finish(net: &Net, mut g: Group, dir: &Path, log: &Path) {
     g.wait_success(log);
     check_result(dir, log, AUC_TOLERANCE);
     drop(g);
@@ -170,36 +160,45 @@ fn netns_a_job_whose_nodes_are_hosts_of_their_own_trains_every_sample_once() {
 /// replaced on another host; its task is dealt again, and every sample trains once.
 #[test]
 fn netns_a_worker_cut_off_from_the_master_is_replaced_and_every_sample_trains_once() {
+    a_worker_the_master_loses_is_replaced("netns-worker-cut", "worker0", |net| {
+        net.partition("worker0", "master")
+    });
+}
+
+/// Runs a job on hosts of their own, makes `fault` between the master and the worker on
+/// `host` once the job is held, and checks that this worker alone was suspected, then
+/// declared dead (the job cannot end while it holds a task it cannot report), and that
+/// the job, healed, ends with an exact ledger.
+fn a_worker_the_master_loses_is_replaced(name: &str, host: &str, fault: impl FnOnce(&Net)) {
     let _g = serial();
     let Some(net) = Net::create(HOSTS) else {
         return;
     };
-    let (job, dir) = write_job("netns-worker-cut", &on_hosts(&net));
+    let (job, dir) = write_job(name, &on_hosts(&net));
     let log = dir.with_extension("log");
     let g = spawn_held(&net, &job, &log);
     let s = wait_held_on(&net, &dir);
-    let (cut, _) = node_on(&s, &net, "worker0");
-    net.partition("worker0", "master");
+    let (lost, _) = node_on(&s, &net, host);
+    fault(&net);
     unpause_on(&net, &dir);
-    // The job cannot end while the cut-off worker holds a task it cannot report.
     wait_for(Duration::from_secs(120), || {
         events(&dir, "node_dead")
             .iter()
-            .any(|e| e["node"].as_u64() == Some(cut))
+            .any(|e| e["node"].as_u64() == Some(lost))
     });
-    net.heal("worker0");
+    net.heal(host);
     net.heal("master");
     finish(&net, g, &dir, &log);
     let suspected = events(&dir, "node_suspected");
     assert!(
-        suspected.iter().any(|e| e["node"].as_u64() == Some(cut)),
+        suspected.iter().any(|e| e["node"].as_u64() == Some(lost)),
         "the silence was a suspicion first: {suspected:?}"
     );
     let dead: Vec<_> = events(&dir, "node_dead")
         .into_iter()
         .map(|e| e["node"].as_u64().unwrap())
         .collect();
-    assert_eq!(dead, vec![cut], "only the cut-off worker was declared dead");
+    assert_eq!(dead, vec![lost], "only the lost worker was declared dead");
 }
 
 /// One packet in a hundred lost on every link, at random, for the whole job: TCP carries
@@ -224,24 +223,9 @@ fn netns_a_job_losing_one_packet_in_a_hundred_on_every_link_trains_every_sample_
 /// The worker is declared dead and replaced, and every sample trains once.
 #[test]
 fn netns_a_worker_that_the_master_reaches_but_that_cannot_reach_the_master_is_replaced() {
-    let _g = serial();
-    let Some(net) = Net::create(HOSTS) else {
-        return;
-    };
-    let (job, dir) = write_job("netns-one-way", &on_hosts(&net));
-    let log = dir.with_extension("log");
-    let g = spawn_held(&net, &job, &log);
-    let s = wait_held_on(&net, &dir);
-    let (cut, _) = node_on(&s, &net, "worker1");
-    net.cut("worker1", "master");
-    unpause_on(&net, &dir);
-    wait_for(Duration::from_secs(120), || {
-        events(&dir, "node_dead")
-            .iter()
-            .any(|e| e["node"].as_u64() == Some(cut))
+    a_worker_the_master_loses_is_replaced("netns-one-way", "worker1", |net| {
+        net.cut("worker1", "master")
     });
-    net.heal("master");
-    finish(&net, g, &dir, &log);
 }
 
 /// The master cut off from every node, both ways, for as long as it takes it to declare

@@ -96,11 +96,17 @@ impl Group {
 
     /// Like [`Group::spawn`], with extra environment variables (inherited by every node).
     pub fn spawn_with_env(args: &[&str], log: &Path, env: &[(&str, &str)]) -> Self {
+        let mut cmd = Command::new(exe());
+        cmd.args(args).envs(env.iter().copied());
+        Self::spawn_command(cmd, log)
+    }
+
+    /// Starts `cmd` (an `elastrec` command line, perhaps behind a wrapper that execs it)
+    /// as the leader of a new process group, its output in `log`.
+    pub fn spawn_command(mut cmd: Command, log: &Path) -> Self {
         let f = std::fs::File::create(log).unwrap();
-        let child = Command::new(exe())
+        let child = cmd
             .env("XDG_DATA_HOME", data_home())
-            .args(args)
-            .envs(env.iter().copied())
             .stdout(f.try_clone().unwrap())
             .stderr(f)
             .stdin(Stdio::null())

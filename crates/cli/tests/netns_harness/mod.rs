@@ -303,9 +303,13 @@ impl Net {
         }
     }
 
-    /// Ends every fault made on host `name` (what it was made to lose).
+    /// Ends every fault made on host `name` (what it was made to lose), if any.
     pub fn heal(&self, name: &str) {
-        self.nft(name, "delete table inet elastrec_fault\n");
+        // Declared first, so that a host without faults has a table to delete.
+        self.nft(
+            name,
+            "add table inet elastrec_fault\ndelete table inet elastrec_fault\n",
+        );
     }
 
     /// Adds `rule` to the input filter of host `name`.
