@@ -180,6 +180,32 @@ fn a_ps_building_its_tables_for_longer_than_dead_after_is_not_declared_dead() {
     );
 }
 
+/// A PS whose main runtime is blocked for longer than `dead_after_ms` (here every one of
+/// its threads for 5 s of a 2 s limit, through a fail point, as a long synchronous step or
+/// a lock held across a copy would) neither serves nor answers a probe meanwhile, but its
+/// heartbeats go on from their own thread: it is not even suspected, and the job ends with
+/// an exact ledger.
+#[test]
+fn a_ps_whose_runtime_is_blocked_for_longer_than_dead_after_is_not_declared_dead() {
+    let _g = serial();
+    let (job, dir) = write_job("blocked-runtime", &cluster("partial", 3600.0));
+    let log = dir.with_extension("log");
+    let mut g = Group::spawn_with_env(
+        &["run", job.to_str().unwrap()],
+        &log,
+        &[("ELASTREC_FAIL_BLOCK_RUNTIME", "1:5000")],
+    );
+    g.wait_success(&log);
+    check_result(&dir, &log, 0.005);
+    for kind in ["node_suspected", "node_dead"] {
+        assert!(
+            events(&dir, kind).is_empty(),
+            "{kind}: {:?}",
+            events(&dir, kind)
+        );
+    }
+}
+
 /// Runs job `name` with `cluster` settings, kills PS 1 midway, and checks that the job
 /// finished with an exact ledger and the single-process AUC after exactly one recovery of
 /// PS 1 in `mode`. Returns the result JSON, that recovery's record and the master's log.

@@ -62,3 +62,19 @@ pub(crate) fn fail_point_slow_build() {
         std::thread::sleep(Duration::from_millis(ms));
     }
 }
+
+/// Test fail point `ELASTREC_FAIL_BLOCK_RUNTIME=NODE:MS`: once PS process `NODE` serves,
+/// every thread of its main runtime is blocked for `MS` milliseconds (a long synchronous
+/// step, a lock held across a copy): it neither serves nor answers a probe meanwhile.
+pub(crate) fn fail_point_block_runtime() {
+    let Some(ms) = NODE_ID
+        .get()
+        .and_then(|&node| fail_points::for_node("ELASTREC_FAIL_BLOCK_RUNTIME", node))
+    else {
+        return;
+    };
+    // One blocking task per worker thread of the runtime: an idle worker takes each.
+    for _ in 0..tokio::runtime::Handle::current().metrics().num_workers() {
+        tokio::spawn(async move { std::thread::sleep(Duration::from_millis(ms)) });
+    }
+}

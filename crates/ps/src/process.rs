@@ -10,7 +10,9 @@ use elastrec_job::register::{register_node, register_request};
 use elastrec_proto::master::{HeartbeatRequest, NodeAction, RegisterRequest, Role};
 use elastrec_rpc::{self as rpc, is_transient};
 
-use crate::fail_points::{fail_point_heartbeat_muted, fail_point_slow_build, NODE_ID};
+use crate::fail_points::{
+    fail_point_block_runtime, fail_point_heartbeat_muted, fail_point_slow_build, NODE_ID,
+};
 use crate::service::{ps_profile, serve};
 use crate::shard::PsShard;
 
@@ -42,7 +44,7 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     let reg = register_node(&mut master, Role::Ps, args.node_id, "", "", false).await?;
     // Building the tables and restoring a checkpoint take as long as they take: the
     // master hears from this server all along, so neither looks like a dead one.
-    let keepalive = keep_beating(master.clone(), args.node_id, reg.heartbeat_ms);
+    let keepalive = keep_beating(&args.master, &token, args.node_id, reg.heartbeat_ms)?;
     let (job, plan) = (reg.job, reg.restore);
     let (peer_addrs, dense_from_replica) = (reg.peer_addrs, reg.dense_from_replica);
     let ip = elastrec_job::resources::bind_address(&job).map_err(anyhow::Error::msg)?;
@@ -107,40 +109,47 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
         false,
     )
     .await?;
-    keepalive.abort();
+    drop(keepalive);
     let hb_ms = reg.heartbeat_ms;
     shard.set_peers(reg.layout_version, reg.peer_addrs);
-    // A heartbeat every `hb_ms` whether or not the previous one was answered: the master
-    // counts a node alive when a heartbeat arrives, and a reply may wait for the master's
-    // disk; waiting for it before the next beat let a slow master disk kill a live PS.
+    // On a thread of their own (`rpc::beats`), so that serving, checkpoint copies and
+    // recoveries on this runtime never hold them back; the replies come back here.
     let (replies_tx, mut replies) = tokio::sync::mpsc::unbounded_channel();
-    let mut tick = tokio::time::interval(Duration::from_millis(hb_ms.max(1)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let serving_since = std::time::Instant::now();
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                if fail_point_heartbeat_muted(serving_since) {
-                    continue;
-                }
-                // Read without the state lock: a heartbeat must not wait for a checkpoint.
-                let req = heartbeat(args.node_id, shard.version());
-                let (mut m, tx) = (master.clone(), replies_tx.clone());
-                tokio::spawn(async move {
+    let beat_shard = shard.clone();
+    let node_id = args.node_id;
+    let _beats = rpc::beats::spawn(
+        "heartbeats",
+        &args.master,
+        &token,
+        Duration::from_millis(hb_ms.max(1)),
+        move |mut m, _| {
+            // Read without the state lock: a heartbeat must not wait for a checkpoint.
+            let req = (!fail_point_heartbeat_muted(serving_since))
+                .then(|| heartbeat(node_id, beat_shard.version()));
+            let tx = replies_tx.clone();
+            async move {
+                if let Some(req) = req {
                     let _ = tx.send(m.heartbeat(req).await);
-                });
-            }
-            Some(r) = replies.recv() => match r {
-                Ok(r) => {
-                    let r = r.into_inner();
-                    if matches!(r.action(), NodeAction::Stop | NodeAction::Unknown) {
-                        break;
-                    }
-                    shard.set_peers(r.layout_version, r.ps_addrs);
                 }
-                Err(s) if is_transient(&s) => {}
-                Err(s) => anyhow::bail!("heartbeat refused: {s}"),
-            },
+            }
+        },
+    )?;
+    fail_point_block_runtime();
+    loop {
+        let Some(r) = replies.recv().await else {
+            anyhow::bail!("the heartbeat thread ended");
+        };
+        match r {
+            Ok(r) => {
+                let r = r.into_inner();
+                if matches!(r.action(), NodeAction::Stop | NodeAction::Unknown) {
+                    break;
+                }
+                shard.set_peers(r.layout_version, r.ps_addrs);
+            }
+            Err(s) if is_transient(&s) => {}
+            Err(s) => anyhow::bail!("heartbeat refused: {s}"),
         }
         if server.is_finished() {
             anyhow::bail!("PS server stopped");
@@ -152,21 +161,23 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Heartbeats every `every_ms` until aborted, for a server that registered and does not
+/// Heartbeats every `every_ms` until dropped, for a server that registered and does not
 /// serve yet; replies are left to the heartbeats that follow once it serves.
-fn keep_beating(master: rpc::Master, node_id: u32, every_ms: u64) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_millis(every_ms.max(1)));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let req = heartbeat(node_id, 0);
-            let mut m = master.clone();
-            tokio::spawn(async move {
-                let _ = m.heartbeat(req).await;
-            });
-        }
-    })
+fn keep_beating(
+    master: &str,
+    token: &str,
+    node_id: u32,
+    every_ms: u64,
+) -> anyhow::Result<rpc::beats::Beats> {
+    rpc::beats::spawn(
+        "heartbeats",
+        master,
+        token,
+        Duration::from_millis(every_ms.max(1)),
+        move |mut m, _| async move {
+            let _ = m.heartbeat(heartbeat(node_id, 0)).await;
+        },
+    )
 }
 
 /// Builds this server's tables in the layout the master places it in: the job's first

@@ -3,6 +3,7 @@
 //! records the caller's role), the per-job mutual TLS (`tls`), the protocol version
 //! check, client channels with deadlines and keepalive, servers, and retries.
 
+pub mod beats;
 pub mod tls;
 
 use std::time::Duration;

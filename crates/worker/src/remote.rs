@@ -180,33 +180,20 @@ impl Shared {
     }
 }
 
-/// Sends a heartbeat every `every`, whether or not the previous one was answered: the
-/// master counts a node alive when a heartbeat *arrives*, and a reply can be slow (it waits
-/// until the master's queued node changes are on disk). Waiting for it before the next beat
-/// let a master with a slow disk declare live nodes dead. Replies are applied in order;
-/// one overtaken by a newer reply is dropped.
-async fn heartbeat_loop(master: Master, id: u32, every: Duration, shared: Arc<Shared>) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    for seq in 1u64.. {
-        tick.tick().await;
-        let req = HeartbeatRequest {
-            version: rpc::version(),
-            node_id: id,
-            task_id: shared.task.load(Ordering::Relaxed),
-            offset: shared.offset.load(Ordering::Relaxed),
-            samples: shared.samples.load(Ordering::Relaxed),
-            step: shared.steps.load(Ordering::Relaxed),
-            profile: Some(shared.profile.snapshot()),
-        };
-        let (mut m, shared) = (master.clone(), shared.clone());
-        tokio::spawn(async move {
-            let r = m.heartbeat(req).await;
-            apply_heartbeat_reply(r, seq, id, &shared);
-        });
+/// This worker's heartbeat now: its task, progress and process profile.
+fn heartbeat_request(id: u32, shared: &Shared) -> HeartbeatRequest {
+    HeartbeatRequest {
+        version: rpc::version(),
+        node_id: id,
+        task_id: shared.task.load(Ordering::Relaxed),
+        offset: shared.offset.load(Ordering::Relaxed),
+        samples: shared.samples.load(Ordering::Relaxed),
+        step: shared.steps.load(Ordering::Relaxed),
+        profile: Some(shared.profile.snapshot()),
     }
 }
 
+/// Applies heartbeat reply `seq` in order: one overtaken by a newer reply is dropped.
 fn apply_heartbeat_reply(
     r: Result<tonic::Response<elastrec_proto::master::HeartbeatResponse>, tonic::Status>,
     seq: u64,
@@ -988,12 +975,23 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     shared.executors.set_credentials(&token, max);
     *shared.ps_layout.lock() = layout.clone();
     *shared.last_ack.lock() = Some(Instant::now());
-    tokio::spawn(heartbeat_loop(
-        master.clone(),
-        id,
+    // On a thread of their own (`rpc::beats`): training, reading and pushing keep this
+    // runtime busy, and the master must hear from the worker all the same.
+    let beat_shared = shared.clone();
+    let _beats = rpc::beats::spawn(
+        "heartbeats",
+        &args.master,
+        &token,
         Duration::from_millis(hb_ms.max(1)),
-        shared.clone(),
-    ));
+        move |mut m, seq| {
+            let req = heartbeat_request(id, &beat_shared);
+            let shared = beat_shared.clone();
+            async move {
+                let r = m.heartbeat(req).await;
+                apply_heartbeat_reply(r, seq, id, &shared);
+            }
+        },
+    )?;
     // The master declares a node dead after `dead_after_ms` of silence; stop pushing well
     // before that so a worker it gave up on never trains reassigned samples.
     let lease = Duration::from_millis(
