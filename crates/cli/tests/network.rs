@@ -248,11 +248,8 @@ fn netns_a_master_cut_off_from_every_node_replaces_them_once_healed() {
         "checkpoint: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let nodes: Vec<u64> = ["ps0", "ps1", "worker0", "worker1"]
-        .iter()
-        .map(|h| node_on(&s, &net, h).0)
-        .collect();
     let others = ["ps0", "ps1", "worker0", "worker1"];
+    let nodes: Vec<u64> = others.iter().map(|h| node_on(&s, &net, h).0).collect();
     for h in others {
         net.partition("master", h);
     }

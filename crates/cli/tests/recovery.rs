@@ -158,26 +158,7 @@ fn a_ps_whose_heartbeats_stop_but_that_answers_its_probe_is_kept() {
 /// it is not declared dead, and the job ends with an exact ledger.
 #[test]
 fn a_ps_building_its_tables_for_longer_than_dead_after_is_not_declared_dead() {
-    let _g = serial();
-    let (job, dir) = write_job("slow-build", &cluster("partial", 3600.0));
-    let log = dir.with_extension("log");
-    let mut g = Group::spawn_with_env(
-        &["run", job.to_str().unwrap()],
-        &log,
-        &[("ELASTREC_FAIL_SLOW_BUILD", "1:5000")],
-    );
-    g.wait_success(&log);
-    check_result(&dir, &log, 0.005);
-    assert!(
-        events(&dir, "node_dead").is_empty(),
-        "{:?}",
-        events(&dir, "node_dead")
-    );
-    assert!(
-        events(&dir, "node_suspected").is_empty(),
-        "{:?}",
-        events(&dir, "node_suspected")
-    );
+    no_node_suspected_under("slow-build", ("ELASTREC_FAIL_SLOW_BUILD", "1:5000"));
 }
 
 /// A PS whose main runtime is blocked for longer than `dead_after_ms` (here every one of
@@ -187,14 +168,16 @@ fn a_ps_building_its_tables_for_longer_than_dead_after_is_not_declared_dead() {
 /// an exact ledger.
 #[test]
 fn a_ps_whose_runtime_is_blocked_for_longer_than_dead_after_is_not_declared_dead() {
+    no_node_suspected_under("blocked-runtime", ("ELASTREC_FAIL_BLOCK_RUNTIME", "1:5000"));
+}
+
+/// Runs job `name` with the fail point `fail` set and checks an exact ledger, the
+/// single-process AUC, and that no node was suspected or declared dead.
+fn no_node_suspected_under(name: &str, fail: (&str, &str)) {
     let _g = serial();
-    let (job, dir) = write_job("blocked-runtime", &cluster("partial", 3600.0));
+    let (job, dir) = write_job(name, &cluster("partial", 3600.0));
     let log = dir.with_extension("log");
-    let mut g = Group::spawn_with_env(
-        &["run", job.to_str().unwrap()],
-        &log,
-        &[("ELASTREC_FAIL_BLOCK_RUNTIME", "1:5000")],
-    );
+    let mut g = Group::spawn_with_env(&["run", job.to_str().unwrap()], &log, &[fail]);
     g.wait_success(&log);
     check_result(&dir, &log, 0.005);
     for kind in ["node_suspected", "node_dead"] {

@@ -457,6 +457,8 @@ impl OnlineScaler {
             ));
         }
         let stay = self.replay(&f, &traffic, obs.backlog, w, w);
+        // The backlog as work: seconds of the current workers' training.
+        let backlog_s = obs.backlog / f(w).max(1e-9);
         if self.over_slo >= PERSIST && target <= w {
             let (to, expected) = self.catch_up(&f, &traffic, obs.backlog, w);
             if !draining || expected.better_than(&stay) {
@@ -489,7 +491,7 @@ impl OnlineScaler {
                 "fallback: lag {:.1} s above the SLO ({} s), not shrinking",
                 obs.lag_s, self.slo_lag_s
             );
-        } else if obs.backlog / f(w).max(1e-9) > CATCHING_UP * self.slo_lag_s && target < w {
+        } else if backlog_s > CATCHING_UP * self.slo_lag_s && target < w {
             // Shrinking while a backlog drains trades a worker for a stop and a slower
             // drain, and the next check grows the job again: the flapping KALE's
             // stabilization is meant to prevent. The backlog is judged as work (seconds of
@@ -500,8 +502,7 @@ impl OnlineScaler {
             reason = format!(
                 "backlog {:.0} is {:.1} s of the {w} workers' training (above {CATCHING_UP} \
                  of the SLO): still draining, not shrinking",
-                obs.backlog,
-                obs.backlog / f(w).max(1e-9)
+                obs.backlog, backlog_s
             );
         } else if self.idle >= PERSIST && target > w {
             target = w;

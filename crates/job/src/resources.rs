@@ -212,12 +212,14 @@ pub fn check_netns_template(template: &str) -> Result<(), String> {
     let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
     if let Some(c) = sample.chars().find(|&c| !plain(c)) {
         return Err(format!(
-            "`{template}` makes names with {c:?}: a namespace name has letters, digits,              `.`, `-` and `_`, and `{{role}}` and `{{index}}` where the node's go"
+            "`{template}` makes names with {c:?}: a namespace name has letters, digits, \
+             `.`, `-` and `_`, and `{{role}}` and `{{index}}` where the node's go"
         ));
     }
     if sample.starts_with('.') || sample.len() > MAX_NETNS_NAME {
         return Err(format!(
-            "`{template}` makes names that are not a file name under /run/netns (a leading              `.`, or over {MAX_NETNS_NAME} bytes)"
+            "`{template}` makes names that are not a file name under /run/netns (a leading \
+             `.`, or over {MAX_NETNS_NAME} bytes)"
         ));
     }
     Ok(())

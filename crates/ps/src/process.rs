@@ -122,7 +122,7 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
         "heartbeats",
         &args.master,
         &token,
-        Duration::from_millis(hb_ms.max(1)),
+        Duration::from_millis(hb_ms),
         move |mut m, _| {
             // Read without the state lock: a heartbeat must not wait for a checkpoint.
             let req = (!fail_point_heartbeat_muted(serving_since))
@@ -173,7 +173,7 @@ fn keep_beating(
         "heartbeats",
         master,
         token,
-        Duration::from_millis(every_ms.max(1)),
+        Duration::from_millis(every_ms),
         move |mut m, _| async move {
             let _ = m.heartbeat(heartbeat(node_id, 0)).await;
         },

@@ -19,7 +19,7 @@ pub struct Beats {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// Calls `beat(master, seq)` every `every` (seq 1, 2, ...) on a thread named `name`, with
+/// Calls `beat(master, seq)` every `every` (at least 1 ms; seq 1, 2, ...) on a thread named `name`, with
 /// a client of the master at `addr` made there: whether or not the previous beat was
 /// answered, since a reply may wait for the master's disk, and waiting for it before the
 /// next beat let a slow master declare live nodes dead. Each beat runs as a task of that

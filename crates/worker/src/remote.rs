@@ -982,7 +982,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         "heartbeats",
         &args.master,
         &token,
-        Duration::from_millis(hb_ms.max(1)),
+        Duration::from_millis(hb_ms),
         move |mut m, seq| {
             let req = heartbeat_request(id, &beat_shared);
             let shared = beat_shared.clone();
