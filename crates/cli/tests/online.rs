@@ -302,9 +302,11 @@ fn kafka_kale_adds_workers_for_a_traffic_peak_and_removes_them_after() {
     let Some((_broker, brokers)) = broker_with_clicks_on("kale", 4, &memory) else {
         return;
     };
-    // Workers made slow (100 ms more per batch of 128: at most ~1,280 samples/s each), so
-    // that workers, not this machine's two cores, set the capacity, and the 3,000/s peak
-    // needs three of them.
+    // Workers made slow (100 ms more per batch of 128: at most ~1,280 samples/s each, about
+    // 700/s measured on two cores shared with the broker and the replayer), so that
+    // workers set the capacity, and the 2,000/s peak needs two or three of them. (A
+    // 3,000/s peak was never reached: the replayer's one-message requests topped out near
+    // 2,100/s here, with the broker and every node starved of CPU.)
     let (job, dir) = online_job_with(
         "online-kale",
         &brokers,
@@ -320,7 +322,7 @@ fn kafka_kale_adds_workers_for_a_traffic_peak_and_removes_them_after() {
     let trace = f.dir.join("peak.csv");
     std::fs::write(
         &trace,
-        "t_s,qps\n0,500\n10,500\n20,3000\n35,3000\n40,200\n80,200\n",
+        "t_s,qps\n0,500\n10,500\n20,2000\n35,2000\n40,200\n80,200\n",
     )
     .unwrap();
     let log = f.dir.join("online-kale.log");
@@ -349,6 +351,19 @@ fn kafka_kale_adds_workers_for_a_traffic_peak_and_removes_them_after() {
     assert_progressive(&r, total);
     let online = &r["online"];
     let decisions = online["decisions"].as_array().unwrap();
+    // The scaler's reasoning, for whoever reads a failure of the assertions below.
+    for d in decisions {
+        eprintln!(
+            "{:>6.1} s  {} -> {} (raw {}, planned {})  load {:>5.0}/s  {}",
+            d["at_s"].as_f64().unwrap_or(f64::NAN),
+            d["workers"],
+            d["target"],
+            d["raw"],
+            d["planned"],
+            d["load"].as_f64().unwrap_or(f64::NAN),
+            d["reason"].as_str().unwrap_or("")
+        );
+    }
     let most = decisions
         .iter()
         .map(|d| d["target"].as_u64().unwrap())
@@ -366,14 +381,15 @@ fn kafka_kale_adds_workers_for_a_traffic_peak_and_removes_them_after() {
         "workers were removed after the peak: {online}"
     );
     assert!(
-        online["scaling_changes"].as_u64() <= online["raw_plan_changes"].as_u64(),
+        online["planned_changes"].as_u64() <= online["raw_plan_changes"].as_u64(),
         "the stabilized plan changes no more often than the raw one: {online}"
     );
     let st = &online["stream"];
+    eprintln!("stream: {st}");
     assert!(st["observed_s"].as_f64().unwrap() > 60.0, "{st}");
     assert!(
         st["slo_violation_rate"].as_f64().unwrap() <= 0.05,
-        "the lag stayed under the SLO at least 95% of the time: {st}"
+        "the lag stayed under the SLO at least 95% of the time: {st}\n{text}"
     );
     assert_eq!(st["partitions"].as_array().unwrap().len(), 4);
 }

@@ -65,6 +65,10 @@ pub struct OnlineSettings {
     pub rescale_s: f64,
     /// Synchronous training: KALE's Eq. 6 instead of Eq. 9.
     pub sync: bool,
+    /// A change stops every worker for `rescale_s` (KALE's pause-and-restart, and
+    /// synchronous steps waiting on a joining worker) rather than only delaying the joining
+    /// one while the others train on (asynchronous workers that come and go).
+    pub change_stops_all: bool,
 }
 
 /// Throughput samples kept (the most recent).
@@ -124,6 +128,9 @@ pub struct Decision {
     pub workers: u32,
     /// The raw plan's count for the next interval (before stabilization and fallback).
     pub raw: u32,
+    /// The plan's count after Algorithm 1's stabilization (before the backlog's drain,
+    /// the change's cost and the fallback).
+    pub planned: u32,
     /// Workers to run.
     pub target: u32,
     /// The load planned for, messages/s (forecast plus backlog drain).
@@ -143,6 +150,7 @@ pub struct OnlineScaler {
     stab: Stabilization,
     rescale_s: f64,
     sync: bool,
+    change_stops_all: bool,
     history: TrafficHistory,
     samples: Vec<KaleSample>,
     over_slo: u32,
@@ -179,6 +187,7 @@ impl OnlineScaler {
             },
             rescale_s: cfg.rescale_s,
             sync: cfg.sync,
+            change_stops_all: cfg.change_stops_all,
             samples: Vec::new(),
             over_slo: 0,
             idle: 0,
@@ -259,11 +268,11 @@ impl OnlineScaler {
         self.horizon.max(need.ceil() as usize)
     }
 
-    /// What a job with `backlog` waiting that runs `to` workers from now on (stopped for
-    /// `rescale_s` first when `to` differs from `from`) is expected to see over `traffic`
-    /// (messages/s, one value per interval). A fluid replay: each interval the backlog
-    /// gains the arrivals and loses what `F` trains while up; the lag is the backlog over
-    /// the arrival rate (FIFO).
+    /// What a job with `backlog` waiting that runs `to` workers from now on is expected
+    /// to see over `traffic` (messages/s, one value per interval). For `rescale_s` after a
+    /// change only the workers common to both counts train (none when a change stops
+    /// them all). A fluid replay: each interval the backlog gains the arrivals and loses
+    /// what `F` trains; the lag is the backlog over the arrival rate (FIFO).
     fn replay(
         &self,
         f: &dyn Fn(u32) -> f64,
@@ -275,12 +284,17 @@ impl OnlineScaler {
         let dt = self.interval_s;
         let mut down = if to == from { 0.0 } else { self.rescale_s };
         let capacity = f(to);
+        let settling = if self.change_stops_all {
+            0.0
+        } else {
+            f(from.min(to))
+        };
         let mut b = backlog;
         let mut e = Expected::default();
         for &rate in traffic {
             let up = (dt - down).max(0.0);
             down = (down - dt).max(0.0);
-            b = (b + rate * dt - capacity * up).max(0.0);
+            b = (b + rate * dt - capacity * up - settling * (dt - up)).max(0.0);
             let lag = b / rate.max(1e-9);
             e.lag_s2 += lag * dt;
             e.end_lag_s = lag;
@@ -348,6 +362,7 @@ impl OnlineScaler {
             Rule::Off => Decision {
                 workers: obs.workers,
                 raw: obs.workers,
+                planned: obs.workers,
                 target: obs.workers,
                 load: obs.arrival_rate,
                 reason: "autoscaling off".into(),
@@ -395,6 +410,7 @@ impl OnlineScaler {
         Decision {
             workers: w,
             raw: target,
+            planned: target,
             target,
             load: obs.arrival_rate,
             reason,
@@ -407,6 +423,7 @@ impl OnlineScaler {
             return Decision {
                 workers: w,
                 raw: w,
+                planned: w,
                 target: w,
                 load: obs.arrival_rate,
                 reason: "measuring the workers' throughput".into(),
@@ -421,6 +438,7 @@ impl OnlineScaler {
                 return Decision {
                     workers: w,
                     raw: w,
+                    planned: w,
                     target: w,
                     load: obs.arrival_rate,
                     reason: format!("no plan: {e}"),
@@ -432,11 +450,21 @@ impl OnlineScaler {
         with_now.push(w);
         with_now.extend_from_slice(&plan);
         let stable = stabilize(&with_now, self.interval_s, self.stab).unwrap_or(with_now);
-        // The backlog is drained within half the SLO (so that the stop this change may
-        // cause, or the next burst, still finds the job inside it). It is work to do, not
-        // a short peak: it bypasses the stabilization, which would calibrate it away.
+        let stay = self.replay(&f, &traffic, obs.backlog, w, w);
+        // A job catching up: staying would violate the SLO, or still be behind at the end
+        // of the window judged. Its backlog is drained within half the SLO (so that the
+        // stop this change may cause, or the next burst, still finds the job inside it).
+        // It is work to do, not a short peak: it bypasses the stabilization, which would
+        // calibrate it away. A job that keeps up has a backlog too (its pipeline's
+        // messages, a queue at high utilization) which its workers clear as fast as it
+        // refills: draining that would add a worker to shed it at the next check.
+        let catching_up = stay.violation_s > 0.0 || stay.end_lag_s > CATCHING_UP * self.slo_lag_s;
         let drain_s = self.slo_lag_s / 2.0;
-        let drain = obs.backlog / drain_s;
+        let drain = if catching_up {
+            obs.backlog / drain_s
+        } else {
+            0.0
+        };
         let drain_steps = ((drain_s / self.interval_s).ceil() as usize).clamp(1, loads.len());
         let peak = loads[..drain_steps].iter().copied().fold(0.0, f64::max);
         let drain_need = plan_series(&f, &[peak + drain], self.bounds)
@@ -456,7 +484,6 @@ impl OnlineScaler {
                 self.bounds.max
             ));
         }
-        let stay = self.replay(&f, &traffic, obs.backlog, w, w);
         // The backlog as work: seconds of the current workers' training.
         let backlog_s = obs.backlog / f(w).max(1e-9);
         if self.over_slo >= PERSIST && target <= w {
@@ -534,6 +561,7 @@ impl OnlineScaler {
         Decision {
             workers: w,
             raw,
+            planned: stable[1],
             target,
             load: loads[0],
             reason,
@@ -557,6 +585,7 @@ mod tests {
             tau_s: 12.0,
             rescale_s: 5.0,
             sync: false,
+            change_stops_all: false,
         }
     }
 
@@ -639,6 +668,14 @@ mod tests {
         }
     }
 
+    /// A job whose changes stop every worker for `rescale_s` (pause-and-restart).
+    fn with_world_stop(rescale_s: f64) -> OnlineSettings {
+        OnlineSettings {
+            change_stops_all: true,
+            ..with_stop(rescale_s)
+        }
+    }
+
     #[test]
     fn a_backlog_is_drained_by_one_jump_not_one_worker_per_check() {
         let mut s = OnlineScaler::new(&with_stop(10.0));
@@ -653,7 +690,7 @@ mod tests {
         // Three workers carry 1900/s; two (2000/s) would too, but a 30 s stop leaves
         // 57,000 messages that a 100/s surplus cannot drain within the window judged.
         let decide = |rescale_s: f64| {
-            let mut s = OnlineScaler::new(&with_stop(rescale_s));
+            let mut s = OnlineScaler::new(&with_world_stop(rescale_s));
             let mut d = s.decide(&obs(3, 1900.0, 0.0));
             for _ in 0..3 {
                 d = s.decide(&obs(3, 1900.0, 0.0));
@@ -671,12 +708,33 @@ mod tests {
         // Two workers (2000/s) for 1900/s, 3 s behind the 10 s SLO: the backlog drain
         // asks for four, but a 30 s stop would put the job 30 s behind.
         let decide = |rescale_s: f64| {
-            let mut s = OnlineScaler::new(&with_stop(rescale_s));
+            let mut s = OnlineScaler::new(&with_world_stop(rescale_s));
             s.decide(&obs(2, 1900.0, 5700.0))
         };
         let costly = decide(30.0);
         assert_eq!(costly.target, 2, "{}", costly.reason);
         assert!(decide(0.0).target > 2);
+    }
+
+    #[test]
+    fn an_asynchronous_job_grows_however_long_its_new_workers_take_to_start() {
+        // Two workers (2000/s) for 2100/s, 8 s behind the 10 s SLO: staying crosses it.
+        // A 30 s stop of every worker would put the job 38 s behind; workers that come and
+        // go while the others train lose only the new workers' share of those 30 s.
+        let behind = obs(2, 2100.0, 8.0 * 2100.0);
+        let mut s = OnlineScaler::new(&with_world_stop(30.0));
+        let d = s.decide(&behind);
+        assert_eq!(d.target, 2, "{}", d.reason);
+        let mut s = OnlineScaler::new(&with_stop(30.0));
+        let d = s.decide(&behind);
+        assert!(d.target > 2, "{}", d.reason);
+        // And a shrink costs only the leaving worker's share, however long the change.
+        let mut s = OnlineScaler::new(&with_stop(30.0));
+        let mut d = s.decide(&obs(3, 1900.0, 0.0));
+        for _ in 0..3 {
+            d = s.decide(&obs(3, 1900.0, 0.0));
+        }
+        assert_eq!(d.target, 2, "{}", d.reason);
     }
 
     /// What a job that keeps up measures: its pipeline's messages (lingering, dealt, in
@@ -721,6 +779,18 @@ mod tests {
         let d = s.decide(&obs(3, 1200.0, 3600.0));
         assert_eq!(d.target, 3, "{}", d.reason);
         assert!(d.reason.contains("still draining"), "{}", d.reason);
+    }
+
+    #[test]
+    fn a_steady_backlog_that_the_workers_keep_clearing_adds_no_worker() {
+        // One worker (1000/s) for 900/s, always 1,500 messages (1.5 s of training) behind
+        // a 10 s SLO: its queue at 90% utilization, not a deficit. One worker carries the
+        // forecast, and staying clears the backlog within the window judged.
+        let mut s = OnlineScaler::new(&with_stop(0.0));
+        for _ in 0..6 {
+            let d = s.decide(&obs(1, 900.0, 1500.0));
+            assert_eq!(d.target, 1, "{}", d.reason);
+        }
     }
 
     #[test]

@@ -49,6 +49,9 @@ pub fn settings_of(cfg: &StreamConfig, sync: bool) -> OnlineSettings {
         tau_s: cfg.tau_s,
         rescale_s: cfg.rescale_s,
         sync,
+        // Asynchronous workers join and leave while the others train; a synchronous step
+        // waits for every worker it counts, a joining one included.
+        change_stops_all: sync,
     }
 }
 

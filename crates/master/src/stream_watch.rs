@@ -15,6 +15,8 @@ use crate::stream_stats::StreamStats;
 
 /// How long one metadata or offset query may take.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// A step of the watch slower than this is reported: the stream's lag grows meanwhile.
+const SLOW_STEP: Duration = Duration::from_secs(1);
 /// An unreachable broker is reported again after this long.
 const REPORT_EVERY: Duration = Duration::from_secs(30);
 
@@ -84,11 +86,13 @@ pub async fn run(
             break;
         }
         let (w, p) = (watch.clone(), parts.clone());
+        let asked = Instant::now();
         let marks = match tokio::task::spawn_blocking(move || w.watermarks(&p)).await {
             Ok(Ok(m)) => {
                 if last_report.take().is_some() {
                     event!("brokers_back", "master: the stream's brokers answer again");
                 }
+                report_slow("the brokers' watermarks", asked.elapsed());
                 m
             }
             Ok(Err(e)) => {
@@ -125,6 +129,7 @@ pub async fn run(
                 })
                 .collect()
         };
+        let dealing = Instant::now();
         let Ok(left) = core
             .run(|job, cx| {
                 plan.iter()
@@ -138,6 +143,10 @@ pub async fn run(
         else {
             break;
         };
+        report_slow(
+            "dealing the new messages (the job's state and database)",
+            dealing.elapsed(),
+        );
         {
             let (trained, consumed) = {
                 let job = core.job.lock();
@@ -166,5 +175,20 @@ pub async fn run(
             last_eval = Instant::now();
             crate::progressive::record(&core, started.elapsed().as_secs_f64());
         }
+    }
+}
+
+/// Says so when one step of the watch took a second or more: the lag and the SLO
+/// violations of that stretch are then the source's or the master's, not the workers'.
+fn report_slow(what: &str, took: Duration) {
+    if took >= SLOW_STEP {
+        event!(
+            warn,
+            "stream_watch_slow",
+            step = what,
+            seconds = took.as_secs_f64(),
+            "master: the stream watch waited {:.1} s for {what}",
+            took.as_secs_f64()
+        );
     }
 }

@@ -98,6 +98,10 @@ pub(super) fn online_result(core: &MasterCore, worker_node_s: f64) -> Option<ser
         .windows(2)
         .filter(|w| w[0].decision.raw != w[1].decision.raw)
         .count();
+    let planned_changes = decisions
+        .windows(2)
+        .filter(|w| w[0].decision.planned != w[1].decision.planned)
+        .count();
     let changes = decisions
         .iter()
         .filter(|d| d.decision.target != d.decision.workers)
@@ -112,6 +116,7 @@ pub(super) fn online_result(core: &MasterCore, worker_node_s: f64) -> Option<ser
         "progressive": progressive,
         "worker_hours": worker_node_s / 3600.0,
         "raw_plan_changes": raw_changes,
+        "planned_changes": planned_changes,
         "scaling_changes": changes,
         "decisions": decisions,
     }))

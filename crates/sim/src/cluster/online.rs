@@ -99,6 +99,8 @@ pub fn scaler_settings(rule: Rule, s: &SimSettings) -> OnlineSettings {
         tau_s: 1800.0,
         rescale_s: s.rescale_s,
         sync: false,
+        // The simulated jobs pause and restart on every change (KALE §3.3).
+        change_stops_all: true,
     }
 }
 
