@@ -236,15 +236,25 @@ impl Default for CheckpointConfig {
     }
 }
 
-/// Range checks of the `[cluster]` and `[checkpoint]` sections (part of
-/// [`JobConfig::validate`]).
+/// Range checks of the `[cluster]`, `[engine.network]` and `[checkpoint]` sections (part
+/// of [`JobConfig::validate`]).
 pub(crate) fn validate_distributed(job: &JobConfig, path: &Path) -> Result<(), ConfigError> {
-    let bad = |field: &'static str, reason: &str| ConfigError::Invalid {
+    validate_cluster(&job.cluster, path)?;
+    validate_network(job, path)?;
+    validate_checkpoint(&job.checkpoint, path)
+}
+
+/// The error of `field` in the job file at `path`.
+fn invalid(path: &Path) -> impl Fn(&'static str, &str) -> ConfigError + '_ {
+    move |field, reason| ConfigError::Invalid {
         path: path.to_path_buf(),
         field,
         reason: reason.to_string(),
-    };
-    let c = &job.cluster;
+    }
+}
+
+fn validate_cluster(c: &ClusterConfig, path: &Path) -> Result<(), ConfigError> {
+    let bad = invalid(path);
     if c.ps == 0 || c.ps > 64 {
         return Err(bad("cluster.ps", "must be between 1 and 64"));
     }
@@ -304,6 +314,31 @@ pub(crate) fn validate_distributed(job: &JobConfig, path: &Path) -> Result<(), C
             "must be an IP address such as 127.0.0.1",
         ));
     }
+    if !(1 << 20..=MAX_MESSAGE_BYTES_LIMIT).contains(&c.max_message_bytes) {
+        return Err(bad(
+            "cluster.max_message_bytes",
+            "must be between 1 MiB and 1 GiB",
+        ));
+    }
+    if c.sync_timeout_ms == 0 || c.sync_timeout_ms > MAX_TIMEOUT_MS {
+        return Err(bad(
+            "cluster.sync_timeout_ms",
+            "must be between 1 and 600000 (10 minutes)",
+        ));
+    }
+    if c.rpc_timeout_ms <= c.sync_timeout_ms || c.rpc_timeout_ms > MAX_TIMEOUT_MS {
+        return Err(bad(
+            "cluster.rpc_timeout_ms",
+            "must exceed cluster.sync_timeout_ms and be at most 600000 (10 minutes)",
+        ));
+    }
+    Ok(())
+}
+
+/// The nodes' addresses, and the network namespaces of `[engine.local]`.
+fn validate_network(job: &JobConfig, path: &Path) -> Result<(), ConfigError> {
+    let bad = invalid(path);
+    let c = &job.cluster;
     let n = &job.engine.network;
     for (field, value) in [
         ("engine.network.bind", &n.bind),
@@ -343,25 +378,11 @@ pub(crate) fn validate_distributed(job: &JobConfig, path: &Path) -> Result<(), C
             }
         }
     }
-    if !(1 << 20..=MAX_MESSAGE_BYTES_LIMIT).contains(&c.max_message_bytes) {
-        return Err(bad(
-            "cluster.max_message_bytes",
-            "must be between 1 MiB and 1 GiB",
-        ));
-    }
-    if c.sync_timeout_ms == 0 || c.sync_timeout_ms > MAX_TIMEOUT_MS {
-        return Err(bad(
-            "cluster.sync_timeout_ms",
-            "must be between 1 and 600000 (10 minutes)",
-        ));
-    }
-    if c.rpc_timeout_ms <= c.sync_timeout_ms || c.rpc_timeout_ms > MAX_TIMEOUT_MS {
-        return Err(bad(
-            "cluster.rpc_timeout_ms",
-            "must exceed cluster.sync_timeout_ms and be at most 600000 (10 minutes)",
-        ));
-    }
-    let k = &job.checkpoint;
+    Ok(())
+}
+
+fn validate_checkpoint(k: &CheckpointConfig, path: &Path) -> Result<(), ConfigError> {
+    let bad = invalid(path);
     let positive = |v: f64| v.is_finite() && v > 0.0;
     if !(k.interval_s.is_finite() && k.interval_s >= 0.0) {
         return Err(bad(

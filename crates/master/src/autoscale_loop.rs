@@ -321,25 +321,7 @@ pub async fn run(
     );
     loop {
         tick.tick().await;
-        let (view, ps_nodes, phase) = {
-            let job = core.job.lock();
-            let view = View {
-                now_ms: monotonic_ms(),
-                workers: job.running_workers(),
-                target_workers: job.target_workers(),
-                ps: job.policy().num_ps,
-                steady: job.steady(),
-                recovering: job.recovering(),
-                samples_done: job.samples_done(),
-                samples_total,
-            };
-            let ps: Vec<(u32, u32)> = job
-                .nodes()
-                .filter(|n| n.role == Role::Ps && n.state.is_live())
-                .map(|n| (n.id, n.index))
-                .collect();
-            (view, ps, job.phase().clone())
-        };
+        let (view, ps_nodes, phase) = view_of(&core, samples_total);
         if phase != Phase::Training {
             *core.autoscale_status.lock() = Some(status(&auto, &limits));
             return;
@@ -414,35 +396,69 @@ pub async fn run(
             Some(Next::Probe(d)) => execute(&core, &mut auto, &d, &view, "probe").await,
             Some(Next::Revert(d)) => execute(&core, &mut auto, &d, &view, "revert").await,
             Some(Next::Plan(ask)) => {
-                let answer = brain.plan(ask_to(&brain_job_id, &ask)).await;
-                if answer
-                    .as_ref()
-                    .is_err_and(|s| s.code() == tonic::Code::NotFound)
-                {
-                    registered = false;
-                }
-                // A refused call and an answer no brain of this version sends end alike.
-                let plan = answer
-                    .map_err(|s| s.message().to_string())
-                    .and_then(|p| proposal_from(&p));
-                match plan {
-                    Ok(plan) => {
-                        let d = auto.review(&plan, &view);
-                        execute(&core, &mut auto, &d, &view, "plan").await;
-                    }
-                    Err(e) => {
-                        let msg = format!("{}: {e}", brain.describe());
-                        event!(warn, "no_plan", error = %msg, workers = view.workers,
-                            "autoscale: no plan this round ({msg}); keeping {} workers",
-                            view.workers
-                        );
-                        auto.brain_failed(msg);
-                    }
-                }
+                let known = plan_round(&core, &*brain, &mut auto, &view, &ask, &brain_job_id);
+                registered &= known.await;
             }
         }
         *core.autoscale_status.lock() = Some(status(&auto, &limits));
     }
+}
+
+/// What the autoscaler sees of the job now, the live PS `(node id, index)`, and the phase.
+fn view_of(core: &MasterCore, samples_total: u64) -> (View, Vec<(u32, u32)>, Phase) {
+    let job = core.job.lock();
+    let view = View {
+        now_ms: monotonic_ms(),
+        workers: job.running_workers(),
+        target_workers: job.target_workers(),
+        ps: job.policy().num_ps,
+        steady: job.steady(),
+        recovering: job.recovering(),
+        samples_done: job.samples_done(),
+        samples_total,
+    };
+    let ps: Vec<(u32, u32)> = job
+        .nodes()
+        .filter(|n| n.role == Role::Ps && n.state.is_live())
+        .map(|n| (n.id, n.index))
+        .collect();
+    (view, ps, job.phase().clone())
+}
+
+/// Asks the brain for a plan, reviews it and executes what the review decides; a failed
+/// call keeps the job as it is. False when the brain no longer knows the job (it must be
+/// registered again).
+async fn plan_round(
+    core: &MasterCore,
+    brain: &dyn BrainLink,
+    auto: &mut Autoscaler,
+    view: &View,
+    ask: &elastrec_brain::planner::PlanAsk,
+    brain_job_id: &str,
+) -> bool {
+    let answer = brain.plan(ask_to(brain_job_id, ask)).await;
+    let known = !answer
+        .as_ref()
+        .is_err_and(|s| s.code() == tonic::Code::NotFound);
+    // A refused call and an answer no brain of this version sends end alike.
+    let plan = answer
+        .map_err(|s| s.message().to_string())
+        .and_then(|p| proposal_from(&p));
+    match plan {
+        Ok(plan) => {
+            let d = auto.review(&plan, view);
+            execute(core, auto, &d, view, "plan").await;
+        }
+        Err(e) => {
+            let msg = format!("{}: {e}", brain.describe());
+            event!(warn, "no_plan", error = %msg, workers = view.workers,
+                "autoscale: no plan this round ({msg}); keeping {} workers",
+                view.workers
+            );
+            auto.brain_failed(msg);
+        }
+    }
+    known
 }
 
 /// Stops every live node whose resident memory is above its role's limit. The stop is a

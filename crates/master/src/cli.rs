@@ -615,18 +615,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             ))
         })
         .collect();
-    let setup = Instant::now();
-    while flags.registered.load(Relaxed) < args.clients {
-        anyhow::ensure!(
-            setup.elapsed() < Duration::from_secs(30),
-            "the clients did not register within 30 s"
-        );
-        if let Some(w) = workers.iter_mut().find(|w| w.is_finished()) {
-            w.await??;
-            anyhow::bail!("a client stopped before the measurement");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_registered(&flags, &mut workers, args.clients).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let snapshot = || {
@@ -653,45 +642,20 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     }
 
     lat.sort_unstable();
-    let pct = |p: f64| {
-        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or(0)
-    };
-    let secs = (t1 - t0).as_secs_f64();
-    let answered = answered1 - answered0;
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    println!(
-        "master bench: {} clients over {} HTTP/2 connection(s); master runtime {} thread(s); {cpus} CPU(s); durability {:?}",
-        args.clients, connections, args.server_threads, args.durability,
-    );
-    println!(
-        "  {answered} requests answered in {secs:.2} s = {:.0} req/s (the master counted {}); latency p50 {} us, p99 {} us, p99.9 {} us, max {} us",
-        answered as f64 / secs,
-        counted1 - counted0,
-        pct(0.5),
-        pct(0.99),
-        pct(0.999),
-        lat.last().copied().unwrap_or(0),
-    );
-    if let (Some((m0, c0)), Some((m1, c1))) = (cpu0, cpu1) {
-        let per = |cpu: f64| cpu * 1e6 / answered.max(1) as f64;
-        println!(
-            "  CPU: master {:.2} s ({:.0} us/request), clients {:.2} s ({:.0} us/request); {:.0}% of {cpus} CPU(s) busy",
-            m1 - m0,
-            per(m1 - m0),
-            c1 - c0,
-            per(c1 - c0),
-            100.0 * (m1 - m0 + c1 - c0) / (secs * cpus as f64),
-        );
-    }
-    let (txs, subs) = (
-        writes1.transactions - writes0.transactions,
-        writes1.submissions - writes0.submissions,
-    );
-    println!(
-        "  SQLite: {txs} transactions for {subs} requests that changed state ({:.1} per transaction)",
-        subs as f64 / txs.max(1) as f64
+    print_bench_window(
+        &args,
+        connections,
+        &BenchWindow {
+            secs: (t1 - t0).as_secs_f64(),
+            answered: answered1 - answered0,
+            counted: counted1 - counted0,
+            latencies_us: lat,
+            cpu: cpu0
+                .zip(cpu1)
+                .map(|((m0, c0), (m1, c1))| (m1 - m0, c1 - c0)),
+            transactions: writes1.transactions - writes0.transactions,
+            submissions: writes1.submissions - writes0.submissions,
+        },
     );
 
     // Every acknowledged report is in the ledger exactly once, in memory and on disk.
@@ -715,6 +679,85 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         "the ledger is not exact"
     );
     Ok(())
+}
+
+/// Waits until every simulated worker registered (at most 30 s); an error when one
+/// stopped first.
+async fn wait_registered(
+    flags: &BenchFlags,
+    workers: &mut [tokio::task::JoinHandle<ClientResult>],
+    clients: u32,
+) -> anyhow::Result<()> {
+    let setup = Instant::now();
+    while flags.registered.load(std::sync::atomic::Ordering::Relaxed) < clients {
+        anyhow::ensure!(
+            setup.elapsed() < Duration::from_secs(30),
+            "the clients did not register within 30 s"
+        );
+        if let Some(w) = workers.iter_mut().find(|w| w.is_finished()) {
+            w.await??;
+            anyhow::bail!("a client stopped before the measurement");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+/// A simulated worker's latencies (us) and the rows it saw acknowledged.
+type ClientResult = anyhow::Result<(Vec<u32>, u64)>;
+
+/// What the master bench measured over its window.
+struct BenchWindow {
+    secs: f64,
+    /// Requests the clients saw answered.
+    answered: u64,
+    /// Requests the master counted.
+    counted: u64,
+    /// Sorted.
+    latencies_us: Vec<u32>,
+    /// CPU seconds of the master and of the clients, where the OS says.
+    cpu: Option<(f64, f64)>,
+    transactions: u64,
+    /// Requests that changed state.
+    submissions: u64,
+}
+
+fn print_bench_window(args: &BenchArgs, connections: u32, w: &BenchWindow) {
+    let lat = &w.latencies_us;
+    let pct = |p: f64| {
+        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
+    let (secs, answered) = (w.secs, w.answered);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "master bench: {} clients over {} HTTP/2 connection(s); master runtime {} thread(s); {cpus} CPU(s); durability {:?}",
+        args.clients, connections, args.server_threads, args.durability,
+    );
+    println!(
+        "  {answered} requests answered in {secs:.2} s = {:.0} req/s (the master counted {}); latency p50 {} us, p99 {} us, p99.9 {} us, max {} us",
+        answered as f64 / secs,
+        w.counted,
+        pct(0.5),
+        pct(0.99),
+        pct(0.999),
+        lat.last().copied().unwrap_or(0),
+    );
+    if let Some((master, clients)) = w.cpu {
+        let per = |cpu: f64| cpu * 1e6 / answered.max(1) as f64;
+        println!(
+            "  CPU: master {master:.2} s ({:.0} us/request), clients {clients:.2} s ({:.0} us/request); {:.0}% of {cpus} CPU(s) busy",
+            per(master),
+            per(clients),
+            100.0 * (master + clients) / (secs * cpus as f64),
+        );
+    }
+    let (txs, subs) = (w.transactions, w.submissions);
+    println!(
+        "  SQLite: {txs} transactions for {subs} requests that changed state ({:.1} per transaction)",
+        subs as f64 / txs.max(1) as f64
+    );
 }
 
 /// The distributed-training subcommands, flattened into the `elastrec` command line.

@@ -153,6 +153,56 @@ pub async fn change_ps(
     }
 }
 
+/// Waits until no checkpoint copies a server's state (new ones are held back by the state
+/// machine from now on; one already running is waited for), then until the new layout's
+/// servers registered. Their addresses, by index.
+async fn new_layout_ready(core: &MasterCore) -> anyhow::Result<Vec<String>> {
+    if let Some(c) = core.checkpoints() {
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        while c.busy() {
+            anyhow::ensure!(Instant::now() < deadline, "a checkpoint did not finish");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let deadline = Instant::now() + JOIN_TIMEOUT;
+    loop {
+        let t = core.job.lock().reshard_targets();
+        match t {
+            Ok(Some(t)) => return Ok(t),
+            Ok(None) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Ok(None) => bail!("the new servers did not register within {JOIN_TIMEOUT:?}"),
+            Err(e) => bail!("{e}"),
+        }
+    }
+}
+
+/// Tells every server in `addrs` to drop layout `version`; one that cannot be told is
+/// reported.
+async fn abort_layout_on(addrs: &[String], access: &PsAccess, version: u64) {
+    let calls = addrs.iter().map(|a| {
+        let c = rpc::ps_client(a, &access.token, access.max_bytes, STEP_TIMEOUT);
+        let req = AbortRequest {
+            version: rpc::version(),
+            layout_version: version,
+        };
+        async move { c?.abort_layout(req).await.map_err(anyhow::Error::from) }
+    });
+    for (a, r) in addrs.iter().zip(rpc::join_all(calls).await) {
+        if let Err(e) = r {
+            event!(
+                warn,
+                "reshard_abort_failed",
+                version,
+                ps = %a,
+                error = %format!("{e:#}"),
+                "master: aborting layout {version} on {a}: {e:#}",
+            );
+        }
+    }
+}
+
 /// Steps 2 and 3 (and 4 on failure). Returns the Reshard replies and the training
 /// pause.
 async fn run_protocol(
@@ -162,27 +212,7 @@ async fn run_protocol(
     from: u32,
     to: u32,
 ) -> anyhow::Result<(Vec<ReshardResponse>, Duration)> {
-    // No checkpoint may be copying a server's state while it freezes: new ones are held
-    // back by the state machine from now on; one already running is waited for.
-    if let Some(c) = core.checkpoints() {
-        let deadline = Instant::now() + STEP_TIMEOUT;
-        while c.busy() {
-            anyhow::ensure!(Instant::now() < deadline, "a checkpoint did not finish");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    let deadline = Instant::now() + JOIN_TIMEOUT;
-    let targets = loop {
-        let t = core.job.lock().reshard_targets();
-        match t {
-            Ok(Some(t)) => break t,
-            Ok(None) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await
-            }
-            Ok(None) => bail!("the new servers did not register within {JOIN_TIMEOUT:?}"),
-            Err(e) => bail!("{e}"),
-        }
-    };
+    let targets = new_layout_ready(core).await?;
     let olds: Vec<String> = {
         let job = core.job.lock();
         let mut addrs = vec![String::new(); from as usize];
@@ -251,26 +281,7 @@ async fn run_protocol(
         }
     }
     if let Some(why) = failed {
-        let calls = everyone.iter().map(|a| {
-            let c = client(a);
-            let req = AbortRequest {
-                version: rpc::version(),
-                layout_version: version,
-            };
-            async move { c?.abort_layout(req).await.map_err(anyhow::Error::from) }
-        });
-        for (a, r) in everyone.iter().zip(rpc::join_all(calls).await) {
-            if let Err(e) = r {
-                event!(
-                    warn,
-                    "reshard_abort_failed",
-                    version,
-                    ps = %a,
-                    error = %format!("{e:#}"),
-                    "master: aborting layout {version} on {a}: {e:#}",
-                );
-            }
-        }
+        abort_layout_on(&everyone, access, version).await;
         bail!("re-sharding failed: {why}");
     }
     hold_for_test().await;

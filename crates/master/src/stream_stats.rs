@@ -104,6 +104,10 @@ pub struct StreamStats {
     pub downtime_s: f64,
     /// Worker-seconds spent (the master adds them).
     pub worker_s: f64,
+    /// Seconds the brokers did not answer the watch (unreachable, or a query that took a
+    /// second or more): the source's outages. The lag, the violations and the downtime
+    /// include them; a job cannot train what its brokers do not serve.
+    pub source_stall_s: f64,
     #[serde(skip)]
     arrivals: Vec<Arrivals>,
     #[serde(skip)]
@@ -131,6 +135,13 @@ impl StreamStats {
                 })
                 .collect(),
             ..Self::default()
+        }
+    }
+
+    /// The brokers did not answer for `seconds`.
+    pub fn source_stalled(&mut self, seconds: f64) {
+        if seconds.is_finite() && seconds > 0.0 {
+            self.source_stall_s += seconds;
         }
     }
 

@@ -72,6 +72,8 @@ pub async fn run(
     let eval_every = Duration::from_secs_f64(cfg.eval_every_s);
     let mut last_eval = Instant::now();
     let mut last_report: Option<Instant> = None;
+    // When the brokers stopped answering (a failed query), until one answers again.
+    let mut outage_since: Option<Instant> = None;
     let started = Instant::now();
     let mut consumed_before = core.job.lock().tasks().ledger().consumed();
     // A mixture job's partitions follow its history files in the queue.
@@ -92,10 +94,23 @@ pub async fn run(
                 if last_report.take().is_some() {
                     event!("brokers_back", "master: the stream's brokers answer again");
                 }
-                report_slow("the brokers' watermarks", asked.elapsed());
+                let took = asked.elapsed();
+                report_slow("the brokers' watermarks", took);
+                let stalled = outage_since.take().map_or(
+                    if took >= SLOW_STEP {
+                        took
+                    } else {
+                        Duration::ZERO
+                    },
+                    |t| t.elapsed(),
+                );
+                if let Some(st) = core.stream_stats.lock().as_mut() {
+                    st.source_stalled(stalled.as_secs_f64());
+                }
                 m
             }
             Ok(Err(e)) => {
+                outage_since.get_or_insert(asked);
                 if last_report.is_none_or(|t| t.elapsed() >= REPORT_EVERY) {
                     event!(
                         warn,

@@ -1353,28 +1353,7 @@ impl Block {
                 &mut self.dlogits[..n],
             );
         match (x.tower, &m.adapt) {
-            (Tower::Adapt, Some(adapt)) => {
-                adapt.backward(
-                    p,
-                    &mut self.grads,
-                    &self.adapt_in,
-                    &self.adapt_acts,
-                    &mut self.dlogits,
-                    &mut self.ga,
-                    &mut self.gb,
-                    Some(&mut self.d_adapt_in),
-                    n,
-                );
-                // h_M's column is dropped: no gradient reaches the memory tower.
-                let w = m.interaction.out_dim();
-                for (d, g) in self.d_inter[..n * w]
-                    .chunks_exact_mut(w)
-                    .zip(self.d_adapt_in.chunks_exact(w + 1))
-                {
-                    d.copy_from_slice(&g[..w]);
-                }
-                self.grads[m.tower_range(Tower::Memory)].fill(0.0);
-            }
+            (Tower::Adapt, Some(adapt)) => self.backward_adapt(m, adapt, n),
             _ => {
                 let crossed = !m.cross.layers.is_empty();
                 let d_top_in = if crossed {
@@ -1489,6 +1468,30 @@ impl Block {
             n,
             None,
         );
+    }
+
+    /// The adapt tower's share of [`Block::backward`]: its gradient, and the
+    /// interaction's from it (the memory tower's `h_M` column gets none).
+    fn backward_adapt(&mut self, m: &DenseDlrm, adapt: &Mlp, n: usize) {
+        adapt.backward(
+            &m.params,
+            &mut self.grads,
+            &self.adapt_in,
+            &self.adapt_acts,
+            &mut self.dlogits,
+            &mut self.ga,
+            &mut self.gb,
+            Some(&mut self.d_adapt_in),
+            n,
+        );
+        let w = m.interaction.out_dim();
+        for (d, g) in self.d_inter[..n * w]
+            .chunks_exact_mut(w)
+            .zip(self.d_adapt_in.chunks_exact(w + 1))
+        {
+            d.copy_from_slice(&g[..w]);
+        }
+        self.grads[m.tower_range(Tower::Memory)].fill(0.0);
     }
 
     /// Rows this block holds activations for.

@@ -938,6 +938,44 @@ async fn report(
     }
 }
 
+/// The evaluation the master asked for at the job's end: the model as the PS hold it,
+/// judged on the job's evaluation files, reported per task.
+async fn evaluate_and_report(
+    job: &JobConfig,
+    model: &mut RemoteModel,
+    master: &Master,
+    id: u32,
+) -> anyhow::Result<()> {
+    let mut stats = elastrec_data::ReadStats::default();
+    let batches = crate::trainer::load_eval_set(&job.eval_files(), job, &mut stats)?;
+    let accs = model.evaluate(&batches, job.data.user_slot()).await?;
+    let results: Vec<_> = accs.iter().map(EvalAccumulator::result).collect();
+    let (first, rest) = (results[0], &results[1..]);
+    let nan = |v: Option<f64>| v.unwrap_or(f64::NAN);
+    let req = ReportEvalRequest {
+        version: rpc::version(),
+        node_id: id,
+        auc: first.auc,
+        logloss: first.logloss,
+        samples: first.samples,
+        ne: nan(first.ne),
+        calibration: nan(first.calibration),
+        task_auc: rest.iter().map(|r| r.auc).collect(),
+        task_logloss: rest.iter().map(|r| r.logloss).collect(),
+        task_ne: rest.iter().map(|r| nan(r.ne)).collect(),
+        task_calibration: rest.iter().map(|r| nan(r.calibration)).collect(),
+        gauc: nan(first.gauc),
+        task_gauc: rest.iter().map(|r| nan(r.gauc)).collect(),
+    };
+    rpc::retry_transient(None, || {
+        let (mut m, req) = (master.clone(), req.clone());
+        async move { m.report_eval(req).await }
+    })
+    .await
+    .map_err(|s| anyhow::anyhow!("report eval: {s}"))?;
+    Ok(())
+}
+
 /// The worker process.
 pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let token = rpc::token_from_env()?;
@@ -1054,38 +1092,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                     eprintln!("worker {id}: {served} samples came through the data executors");
                 }
                 if f.evaluate {
-                    let eval_job = &job;
-                    let mut stats = elastrec_data::ReadStats::default();
-                    let batches = crate::trainer::load_eval_set(
-                        &eval_job.eval_files(),
-                        eval_job,
-                        &mut stats,
-                    )?;
-                    let accs = model.evaluate(&batches, eval_job.data.user_slot()).await?;
-                    let results: Vec<_> = accs.iter().map(EvalAccumulator::result).collect();
-                    let (first, rest) = (results[0], &results[1..]);
-                    let nan = |v: Option<f64>| v.unwrap_or(f64::NAN);
-                    let req = ReportEvalRequest {
-                        version: rpc::version(),
-                        node_id: id,
-                        auc: first.auc,
-                        logloss: first.logloss,
-                        samples: first.samples,
-                        ne: nan(first.ne),
-                        calibration: nan(first.calibration),
-                        task_auc: rest.iter().map(|r| r.auc).collect(),
-                        task_logloss: rest.iter().map(|r| r.logloss).collect(),
-                        task_ne: rest.iter().map(|r| nan(r.ne)).collect(),
-                        task_calibration: rest.iter().map(|r| nan(r.calibration)).collect(),
-                        gauc: nan(first.gauc),
-                        task_gauc: rest.iter().map(|r| nan(r.gauc)).collect(),
-                    };
-                    rpc::retry_transient(None, || {
-                        let (mut m, req) = (master.clone(), req.clone());
-                        async move { m.report_eval(req).await }
-                    })
-                    .await
-                    .map_err(|s| anyhow::anyhow!("report eval: {s}"))?;
+                    evaluate_and_report(&job, &mut model, &master, id).await?;
                 }
                 return Ok(());
             }

@@ -504,7 +504,70 @@ struct Evaluations {
     best_tasks: Vec<EvalResult>,
 }
 
+/// The figures of a finished training run ([`Evaluations::concluded`]).
+struct Concluded {
+    eval: Option<EvalResult>,
+    /// Every task's, when the model has several.
+    task_evals: Option<Vec<EvalResult>>,
+    /// Model selection's pick.
+    best: Option<Best>,
+}
+
 impl Evaluations {
+    /// The job's evaluation files and validation `slice` loaded (their read statistics
+    /// into `stats`), nothing judged yet.
+    fn new(
+        job: &JobConfig,
+        model: &Dlrm,
+        slice: &[(PathBuf, u64, u64)],
+        metrics: MetricsLog,
+        started: Instant,
+        stats: &mut ReadStats,
+    ) -> Result<Self> {
+        Ok(Self {
+            eval_set: load_eval_set(&job.eval_files(), job, stats)?,
+            predictor: Predictor::new(model, job.train.batch_size),
+            user: job.data.user_slot(),
+            metrics,
+            started,
+            active: job.train.validation > 0.0 || job.train.early_stopping > 0,
+            selection: Selection::new(job.train.early_stopping),
+            validation: load_slice(slice, job, stats)?,
+            save: job
+                .output
+                .save_model
+                .then(|| job.output.dir.join("model.bin")),
+            best_validation: None,
+            last_tasks: Vec::new(),
+            best_tasks: Vec::new(),
+        })
+    }
+
+    /// What the summary reports once training ended: the last evaluation (one made now
+    /// when none was), every task's figures when the model has several, and with model
+    /// selection the kept (best) model's figures and the pick.
+    fn concluded(&mut self, model: &Dlrm, mut last: Option<EvalResult>) -> Result<Concluded> {
+        if last.is_none_or(|e| e.samples == 0) && !self.eval_set.is_empty() {
+            self.last_tasks =
+                evaluate_tasks(model, &self.eval_set, &mut self.predictor, self.user)?;
+            last = Some(self.last_tasks[0]);
+        }
+        let best = self.active.then(|| self.selection.best()).flatten();
+        if best.is_some() {
+            if let Some(&b) = self.best_tasks.first() {
+                last = Some(b);
+                self.last_tasks = std::mem::take(&mut self.best_tasks);
+            }
+        }
+        let task_evals = (model.dense.tasks() > 1 && !self.last_tasks.is_empty())
+            .then(|| self.last_tasks.clone());
+        Ok(Concluded {
+            eval: last,
+            task_evals,
+            best,
+        })
+    }
+
     /// Evaluates `model` on the eval files at `at` (logged as `event`) and judges it;
     /// true: stop training.
     fn at(
@@ -816,12 +879,10 @@ fn report_eval(
     metrics.scalars(at.samples, &values)
 }
 
-/// Trains the job in this process and returns its summary (also written to
-/// `<output.dir>/summary.json`).
-pub fn train(job: &JobConfig) -> Result<Summary> {
-    let started = Instant::now();
-    let progress = job.train.progress;
-    ensure_data(job, progress)?;
+/// The job as trained: its datasets resolved, its files checked, its schema inferred
+/// where the job leaves it open, dense statistics and an automatic batch size filled in
+/// (each said on stderr).
+fn prepared(job: &JobConfig) -> Result<JobConfig> {
     let mut job = job.clone();
     for line in
         elastrec_job::datasets::describe(&elastrec_job::datasets::resolve_datasets(&mut job)?)
@@ -867,7 +928,16 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
             elastrec_job::prepare::AUTO_STEPS_PER_EPOCH
         );
     }
-    let job = &job;
+    Ok(job)
+}
+
+/// Trains the job in this process and returns its summary (also written to
+/// `<output.dir>/summary.json`).
+pub fn train(job: &JobConfig) -> Result<Summary> {
+    let started = Instant::now();
+    let progress = job.train.progress;
+    ensure_data(job, progress)?;
+    let job = &prepared(job)?;
     let counts = count_train_rows(job)?;
     let (train_files, slice) = crate::selection::split_validation(&counts, job.train.validation);
     let (train_segments, mix) = read_order(job, train_files, &counts);
@@ -882,43 +952,23 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
     let mut step = TrainStep::new(model, &job.optimizer.dense, batch_size);
 
     let mut eval_stats = ReadStats::default();
-    let mut evals = Evaluations {
-        eval_set: load_eval_set(&job.eval_files(), job, &mut eval_stats)?,
-        predictor: Predictor::new(&step.model, batch_size),
-        user: job.data.user_slot(),
-        metrics,
-        started,
-        active: job.train.validation > 0.0 || job.train.early_stopping > 0,
-        selection: Selection::new(job.train.early_stopping),
-        validation: load_slice(&slice, job, &mut eval_stats)?,
-        save: job
-            .output
-            .save_model
-            .then(|| job.output.dir.join("model.bin")),
-        best_validation: None,
-        last_tasks: Vec::new(),
-        best_tasks: Vec::new(),
-    };
+    let mut evals = Evaluations::new(job, &step.model, &slice, metrics, started, &mut eval_stats)?;
     let mut early_stopped = false;
-    let mut budget = train_rows * job.train.epochs as u64;
-    if job.train.max_samples > 0 {
-        budget = budget.min(job.train.max_samples);
-    }
+    let budget = match job.train.max_samples {
+        0 => train_rows * job.train.epochs as u64,
+        max => (train_rows * job.train.epochs as u64).min(max),
+    };
 
     let schedule = job.optimizer.schedule;
     let pb = progress_bar(progress, budget, "training");
-    let mut samples = 0u64;
-    let mut steps = 0u64;
+    let (mut samples, mut steps) = (0u64, 0u64);
     let mut train_time = 0.0f64;
     let mut last_eval = None;
-    let mut next_eval = if job.train.eval_every > 0 {
-        job.train.eval_every
-    } else {
-        u64::MAX
-    };
+    let mut next_eval = Some(job.train.eval_every)
+        .filter(|&e| e > 0)
+        .unwrap_or(u64::MAX);
     let mut read_stats = ReadStats::default();
-    let mut epoch_loss = (0.0f64, 0u64);
-    let mut epochs_run = 0;
+    let (mut epoch_loss, mut epochs_run) = ((0.0f64, 0u64), 0);
     let mut preprocess = None;
     'epochs: for epoch in 0..job.train.epochs {
         epochs_run = epoch + 1;
@@ -977,16 +1027,7 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
         train_time += t0.elapsed().as_secs_f64();
         reader.finish(&mut preprocess, &mut read_stats);
         if samples == 0 {
-            // The files have rows (checked above), but `on_bad_row = "skip"` dropped them all.
-            return Err(JobError::NoTrainingData {
-                files: job.train_files(),
-                reason: format!(
-                    "all {} rows were skipped as malformed (on_bad_row = \"skip\"), the first as {}",
-                    read_stats.rows_skipped,
-                    read_stats.first_errors.first().map_or("?", String::as_str)
-                ),
-            }
-            .into());
+            return Err(all_rows_skipped(job, &read_stats));
         }
         let at = Position {
             epoch,
@@ -1003,36 +1044,12 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
         }
     }
     pb.finish_and_clear();
-    if last_eval.is_none_or(|e| e.samples == 0) && !evals.eval_set.is_empty() {
-        evals.last_tasks = evaluate_tasks(
-            &step.model,
-            &evals.eval_set,
-            &mut evals.predictor,
-            evals.user,
-        )?;
-        last_eval = Some(evals.last_tasks[0]);
-    }
-
-    let best = evals.active.then(|| evals.selection.best()).flatten();
-    let model_path = if job.output.save_model {
-        let p = job.output.dir.join("model.bin");
-        // With model selection, model.bin was written when the best model was seen.
-        if best.is_none() {
-            model_file::save(&step.model, job, &p)?;
-        }
-        Some(p)
-    } else {
-        None
-    };
-    if best.is_some() {
-        // The summary describes the model that is kept.
-        if let Some(&b) = evals.best_tasks.first() {
-            last_eval = Some(b);
-            evals.last_tasks = std::mem::take(&mut evals.best_tasks);
-        }
-    }
-    let task_evals = (step.model.dense.tasks() > 1 && !evals.last_tasks.is_empty())
-        .then(|| evals.last_tasks.clone());
+    let Concluded {
+        eval: last_eval,
+        task_evals,
+        best,
+    } = evals.concluded(&step.model, last_eval)?;
+    let model_path = save_final_model(&step.model, job, best.is_some())?;
     read_stats.merge(&eval_stats);
     let summary = Summary {
         samples,
@@ -1061,11 +1078,44 @@ pub fn train(job: &JobConfig) -> Result<Summary> {
         early_stopped,
         mix,
     };
-    let path = job.output.dir.join("summary.json");
-    let text = serde_json::to_string_pretty(&summary).expect("summary serializes");
-    // Atomic: scripts and dashboards read summary.json as the run's result.
-    elastrec_job::fsio::write_atomic(&path, text.as_bytes())?;
+    write_summary(job, &summary)?;
     Ok(summary)
+}
+
+/// `<output.dir>/summary.json`, written atomically: scripts and dashboards read it as the
+/// run's result.
+fn write_summary(job: &JobConfig, summary: &Summary) -> Result<()> {
+    let path = job.output.dir.join("summary.json");
+    let text = serde_json::to_string_pretty(summary).expect("summary serializes");
+    elastrec_job::fsio::write_atomic(&path, text.as_bytes())?;
+    Ok(())
+}
+
+/// The files have rows (checked before training), but `on_bad_row = "skip"` dropped them
+/// all.
+fn all_rows_skipped(job: &JobConfig, read_stats: &ReadStats) -> WorkerError {
+    JobError::NoTrainingData {
+        files: job.train_files(),
+        reason: format!(
+            "all {} rows were skipped as malformed (on_bad_row = \"skip\"), the first as {}",
+            read_stats.rows_skipped,
+            read_stats.first_errors.first().map_or("?", String::as_str)
+        ),
+    }
+    .into()
+}
+
+/// Writes `model.bin` when the job saves its model, unless model selection already wrote
+/// the best one there; its path.
+fn save_final_model(model: &Dlrm, job: &JobConfig, selected: bool) -> Result<Option<PathBuf>> {
+    if !job.output.save_model {
+        return Ok(None);
+    }
+    let p = job.output.dir.join("model.bin");
+    if !selected {
+        model_file::save(model, job, &p)?;
+    }
+    Ok(Some(p))
 }
 
 /// Keeps the first `n` samples of `batch`.

@@ -14,13 +14,17 @@ use super::job_dir::{self, write_private, FileRows, JobDir};
 use super::result::JobResult;
 use super::serve::serve;
 use super::setup::*;
-use crate::backend::BackendKind;
+use crate::backend::{BackendKind, ClusterBackend};
 use crate::checkpoint::{CheckpointStats, Coordinator, Fingerprint};
 use crate::core::{now_ms, LiveCtx, MasterCore};
 use crate::events::event;
-use crate::job::{Job, Phase, Role};
+use crate::job::{Job, Node, Phase, Role};
+use crate::launch::LaunchTemplate;
+use crate::ledger::LedgerSummary;
 use crate::store::{MasterDb, Writer};
-use crate::tasks::TaskQueue;
+use crate::tasks::{DataPosition, TaskQueue};
+use elastrec_checkpoint::format::Manifest;
+use elastrec_proto::master::RestorePlan;
 
 /// Where a new job's model and data position come from (`--from-checkpoint`).
 #[derive(Debug, Clone)]
@@ -233,11 +237,7 @@ pub async fn start_job(
     }
     // Before anything is created: an empty training set is an error naming the files, and
     // an online job's brokers and topics must answer.
-    let job_id = dir
-        .0
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "job".into());
+    let job_id = job_name(&dir);
     let JobFiles {
         files,
         slice,
@@ -252,36 +252,13 @@ pub async fn start_job(
     // Tells this job's processes and shared memory from another job's of the same name.
     let job_uid = random_hex(16);
     let total_samples = files.iter().map(|f| f.rows).sum::<u64>() * cfg.train.epochs as u64;
-    // The brain's start-up plan sizes the job before anything is shaped by it (the job
-    // file every process reads, the checkpoint coordinator, the nodes' launch template).
-    let autoscale = if cfg.autoscale.enabled {
-        let (start, warm) = connect_brain(
-            &cfg,
-            &dir,
-            format!("{job_id}-{job_uid}"),
-            total_samples,
-            true,
-            cfg.autoscale.wants_warm_start(),
-        )
-        .await?;
-        if let Some(a) = warm {
-            crate::autoscale_loop::apply_warm_plan(&mut cfg, &a);
-        }
-        Some(start)
-    } else {
-        None
-    };
+    let autoscale =
+        brain_at_start(&mut cfg, &dir, format!("{job_id}-{job_uid}"), total_samples).await?;
     let cfg = cfg;
+    let fingerprint = Fingerprint::of(&cfg, &file_pairs(&files));
     // A job started from a checkpoint checks it before anything is created.
     let foreign = match &from {
-        Some(f) => Some(
-            crate::checkpoint::load_foreign(
-                &f.location,
-                f.id,
-                &Fingerprint::of(&cfg, &file_pairs(&files)),
-            )
-            .await?,
-        ),
+        Some(f) => Some(crate::checkpoint::load_foreign(&f.location, f.id, &fingerprint).await?),
         None => None,
     };
     let token = random_hex(32);
@@ -301,76 +278,47 @@ pub async fn start_job(
     let master_token = role_token(&token, Caller::Master);
     let job_toml = toml::to_string(&shipped(&cfg))?;
     let store = MasterDb::open(&dir.db(), true).await?;
-    store.set_meta("job_toml", job_toml.clone()).await?;
-    store
-        .set_meta("files", serde_json::to_string(&files)?)
-        .await?;
-    store.set_meta("job_id", job_id.clone()).await?;
-    store.set_meta("job_uid", job_uid.clone()).await?;
-    if let Some(starts) = &stream_starts {
-        store
-            .set_meta("stream_starts", serde_json::to_string(starts)?)
-            .await?;
-        store
-            .set_meta("stream_from", stream_from.to_string())
-            .await?;
-    }
-    store.set_meta("master_addr", addr.clone()).await?;
-    store.set_meta("master_bind", bound.to_string()).await?;
-    store.set_meta("backend", kind.name().to_string()).await?;
+    record_new_job(
+        &store,
+        &NewJob {
+            job_toml: &job_toml,
+            files: &files,
+            job_id: &job_id,
+            job_uid: &job_uid,
+            stream: stream_starts.as_deref().map(|s| (s, stream_from)),
+            addr: &addr,
+            bound,
+            backend: kind.name(),
+        },
+    )
+    .await?;
     std::fs::write(dir.started_ms_file(), now_ms().to_string())?;
     let shm_ns = shm_namespace(&job_id, &job_uid);
-    let fingerprint = Fingerprint::of(&cfg, &file_pairs(&files));
-    let coordinator = if cfg.checkpoint.enabled {
-        Some(Arc::new(Coordinator::new(
-            &cfg,
-            fingerprint.clone(),
-            total_samples,
-            &master_token,
-            shm_ns.clone(),
-            None,
-        )?))
-    } else {
-        None
-    };
-    let mut queue = match &stream_starts {
-        Some(starts) => TaskQueue::new_mixed(
-            data_sharding(&cfg),
-            files[..stream_from].iter().map(|f| f.rows).collect(),
-            starts.clone(),
-        ),
-        None => TaskQueue::new(data_sharding(&cfg), files.iter().map(|f| f.rows).collect()),
-    };
+    let coordinator = cfg
+        .checkpoint
+        .enabled
+        .then(|| {
+            Coordinator::new(
+                &cfg,
+                fingerprint,
+                total_samples,
+                &master_token,
+                shm_ns,
+                None,
+            )
+        })
+        .transpose()?
+        .map(Arc::new);
+    let mut queue = fresh_queue(&cfg, &files, stream_from, stream_starts.as_deref());
     let mut initial_plan = None;
     let mut closed = Vec::new();
-    if let Some(from) = &from {
-        let (m, plan, pos) = foreign.clone().expect("loaded with --from-checkpoint");
-        event!(
-            "from_checkpoint",
-            checkpoint = m.id,
-            num_ps = m.num_ps,
-            samples = m.samples,
-            "job {job_id}: starting from checkpoint {} of {} ({} PS, {} samples trained)",
-            m.id,
-            elastrec_checkpoint::store::redact_location(&from.location),
-            m.num_ps,
-            m.samples
-        );
-        queue = TaskQueue::from_position(
-            data_sharding(&cfg),
-            files.iter().map(|f| f.rows).collect(),
-            &pos,
-        );
-        store
-            .set_meta(
-                "ledger_adjust",
-                serde_json::to_string(&pos.ledger_adjustments())?,
-            )
-            .await?;
-        closed = pos.epochs_closed.clone();
-        initial_plan = Some(plan.clone());
+    if let (Some(from), Some(origin)) = (&from, foreign) {
+        let at = start_at_checkpoint(&cfg, &files, &job_id, from, origin, &store).await?;
+        queue = at.queue;
+        closed = at.closed;
+        initial_plan = Some(at.origin.1.clone());
         if let Some(c) = &coordinator {
-            c.set_origin((m, plan, pos));
+            c.set_origin(at.origin);
         }
     }
     // The queue the job starts with (fresh, or at the checkpoint's position).
@@ -398,22 +346,20 @@ pub async fn start_job(
         job.tasks().spec().rows_per_shard,
         dir.db().display()
     );
-    let core = Arc::new(MasterCore::new(
-        job,
-        Writer::spawn(store),
-        backend,
-        job_toml,
-        files.into_iter().map(|f| f.path).collect(),
-        cfg.cluster.heartbeat_ms as u32,
-        job_id,
-    ));
+    let core = master_core(
+        CoreParts {
+            job,
+            store,
+            backend,
+            launch,
+            job_toml,
+            files,
+            job_id,
+            master_token,
+        },
+        &cfg,
+    );
     core.set_restore_plan(initial_plan);
-    let _ = core.launch.set(launch.clone());
-    let _ = core.source_names.set(elastrec_job::mix::source_names(&cfg));
-    let _ = core.ps_access.set(crate::reshard::PsAccess {
-        token: master_token.clone(),
-        max_bytes: cfg.cluster.max_message_bytes,
-    });
     if let Some(c) = coordinator {
         core.set_checkpoints(c);
     }
@@ -472,30 +418,7 @@ pub async fn resume_job(
         .map(|t| serde_json::from_str(t))
         .transpose()?;
     let mut cx = LiveCtx::now();
-    let mut job = Job::restore(
-        policy(&cfg),
-        queue,
-        snap.nodes,
-        meta("target_workers")?.parse()?,
-        meta("restarts_used")?.parse()?,
-        serde_json::from_str(&meta("phase")?)?,
-        serde_json::from_str(&meta("eval")?)?,
-        serde_json::from_str(&meta("epochs_closed")?)?,
-        &mut cx,
-    );
-    if let Some(t) = snap.meta.get("task_evals") {
-        job.restore_task_evals(serde_json::from_str(t)?);
-    }
-    if let Some(p) = snap.meta.get("pause_at") {
-        job.restore_pause(serde_json::from_str(p)?);
-    }
-    // The PS layout in force when the previous master stopped (after online re-sharding);
-    // servers it had started for a layout it never committed are stopped.
-    if let Some(l) = snap.meta.get("ps_layout") {
-        let (version, num_ps): (u64, u32) = serde_json::from_str(l)?;
-        job.set_layout(version, num_ps);
-    }
-    job.drop_uncommitted_servers(&mut cx);
+    let job = restored_job(&cfg, queue, snap.nodes, &snap.meta, &mut cx)?;
     store.apply(&cx.take_changes()).await?;
     // The same address, so live nodes find the new master.
     let sock: SocketAddr = snap.meta.get("master_bind").unwrap_or(&addr).parse()?;
@@ -531,21 +454,19 @@ pub async fn resume_job(
         }
     );
     let num_ps = job.policy().num_ps;
-    let core = Arc::new(MasterCore::new(
-        job,
-        Writer::spawn(store),
-        backend,
-        job_toml,
-        files.into_iter().map(|f| f.path).collect(),
-        cfg.cluster.heartbeat_ms as u32,
-        job_id.clone(),
-    ));
-    let _ = core.launch.set(launch.clone());
-    let _ = core.source_names.set(elastrec_job::mix::source_names(&cfg));
-    let _ = core.ps_access.set(crate::reshard::PsAccess {
-        token: master_token.clone(),
-        max_bytes: cfg.cluster.max_message_bytes,
-    });
+    let core = master_core(
+        CoreParts {
+            job,
+            store,
+            backend,
+            launch,
+            job_toml,
+            files,
+            job_id: job_id.clone(),
+            master_token: master_token.clone(),
+        },
+        &cfg,
+    );
     if let Some(t) = snap.meta.get(crate::online_scale_loop::TRAFFIC_KEY) {
         let _ = core.resumed_traffic.set(t.clone());
     }
@@ -553,11 +474,10 @@ pub async fn resume_job(
     // for the next layout go back to the one in force.
     crate::reshard::abort_uncommitted(&core).await;
     if cfg.checkpoint.enabled {
-        let total_samples = files_rows_total(&core) * cfg.train.epochs as u64;
         let c = Arc::new(Coordinator::new(
             &cfg,
             Fingerprint::of(&cfg, &core_file_pairs(&core)),
-            total_samples,
+            files_rows_total(&core) * cfg.train.epochs as u64,
             &master_token,
             shm_namespace(&job_id, &job_uid),
             stats,
@@ -568,16 +488,7 @@ pub async fn resume_job(
         core.set_checkpoints(c.clone());
         core.effects(cx);
         if !ps_gone.is_empty() && training {
-            let failures = ps_gone
-                .iter()
-                .map(|&index| crate::job::PsFailure {
-                    index,
-                    node: 0,
-                    reason: "gone after a restart of the whole job".into(),
-                    samples: 0,
-                })
-                .collect();
-            c.recover_full(&core, failures).await?;
+            recover_gone_servers(&core, &c, &ps_gone).await?;
         }
     } else {
         core.effects(cx);
@@ -586,22 +497,235 @@ pub async fn resume_job(
     // the brain's database already, and its windows are re-measured here.
     let autoscale = if cfg.autoscale.enabled {
         let total = files_rows_total(&core) * cfg.train.epochs as u64;
+        let brain_job_id = format!("{job_id}-{job_uid}");
         Some(
-            connect_brain(
-                &cfg,
-                &dir,
-                format!("{job_id}-{job_uid}"),
-                total,
-                false,
-                false,
-            )
-            .await?
-            .0,
+            connect_brain(&cfg, &dir, brain_job_id, total, false, false)
+                .await?
+                .0,
         )
     } else {
         None
     };
     serve(core, listener, token, &cfg, &dir, autoscale).await
+}
+
+/// A job is named after its directory.
+fn job_name(dir: &JobDir) -> String {
+    dir.0
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "job".into())
+}
+
+/// With autoscaling, the brain's start-up plan sizes the job before anything is shaped by
+/// it (the job file every process reads, the checkpoint coordinator, the nodes' launch
+/// template): a warm start's plan is applied to `cfg`.
+async fn brain_at_start(
+    cfg: &mut JobConfig,
+    dir: &JobDir,
+    brain_job_id: String,
+    total_samples: u64,
+) -> anyhow::Result<Option<AutoscaleStart>> {
+    if !cfg.autoscale.enabled {
+        return Ok(None);
+    }
+    let warm = cfg.autoscale.wants_warm_start();
+    let (start, plan) = connect_brain(cfg, dir, brain_job_id, total_samples, true, warm).await?;
+    if let Some(a) = plan {
+        crate::autoscale_loop::apply_warm_plan(cfg, &a);
+    }
+    Ok(Some(start))
+}
+
+/// A new job's queue: its files, then an online job's partitions from their start
+/// offsets.
+fn fresh_queue(
+    cfg: &JobConfig,
+    files: &[FileRows],
+    stream_from: usize,
+    stream_starts: Option<&[u64]>,
+) -> TaskQueue {
+    match stream_starts {
+        Some(starts) => TaskQueue::new_mixed(
+            data_sharding(cfg),
+            files[..stream_from].iter().map(|f| f.rows).collect(),
+            starts.to_vec(),
+        ),
+        None => TaskQueue::new(data_sharding(cfg), files.iter().map(|f| f.rows).collect()),
+    }
+}
+
+/// After a crash of the whole job: the servers `gone` (indices) come back from the last
+/// checkpoint, with the data position it holds.
+async fn recover_gone_servers(
+    core: &Arc<MasterCore>,
+    c: &Coordinator,
+    gone: &[u32],
+) -> anyhow::Result<()> {
+    let failures = gone
+        .iter()
+        .map(|&index| crate::job::PsFailure {
+            index,
+            node: 0,
+            reason: "gone after a restart of the whole job".into(),
+            samples: 0,
+        })
+        .collect();
+    c.recover_full(core, failures).await
+}
+
+/// What a new job's database records for a resumed master to rebuild it from.
+struct NewJob<'a> {
+    job_toml: &'a str,
+    files: &'a [FileRows],
+    job_id: &'a str,
+    job_uid: &'a str,
+    /// An online job's partitions' start offsets and the index of its first partition.
+    stream: Option<(&'a [u64], usize)>,
+    addr: &'a str,
+    bound: SocketAddr,
+    backend: &'a str,
+}
+
+async fn record_new_job(store: &MasterDb, j: &NewJob<'_>) -> anyhow::Result<()> {
+    store.set_meta("job_toml", j.job_toml.to_string()).await?;
+    store
+        .set_meta("files", serde_json::to_string(j.files)?)
+        .await?;
+    store.set_meta("job_id", j.job_id.to_string()).await?;
+    store.set_meta("job_uid", j.job_uid.to_string()).await?;
+    if let Some((starts, stream_from)) = j.stream {
+        store
+            .set_meta("stream_starts", serde_json::to_string(starts)?)
+            .await?;
+        store
+            .set_meta("stream_from", stream_from.to_string())
+            .await?;
+    }
+    store.set_meta("master_addr", j.addr.to_string()).await?;
+    store.set_meta("master_bind", j.bound.to_string()).await?;
+    store.set_meta("backend", j.backend.to_string()).await?;
+    Ok(())
+}
+
+/// A new job started from another job's checkpoint: its queue at the checkpoint's data
+/// position, the epochs that position had closed, and the checkpoint itself.
+struct AtCheckpoint {
+    queue: TaskQueue,
+    closed: Vec<(u32, LedgerSummary)>,
+    origin: (Manifest, RestorePlan, DataPosition),
+}
+
+async fn start_at_checkpoint(
+    cfg: &JobConfig,
+    files: &[FileRows],
+    job_id: &str,
+    from: &FromCheckpoint,
+    origin: (Manifest, RestorePlan, DataPosition),
+    store: &MasterDb,
+) -> anyhow::Result<AtCheckpoint> {
+    let (m, _, pos) = &origin;
+    event!(
+        "from_checkpoint",
+        checkpoint = m.id,
+        num_ps = m.num_ps,
+        samples = m.samples,
+        "job {job_id}: starting from checkpoint {} of {} ({} PS, {} samples trained)",
+        m.id,
+        elastrec_checkpoint::store::redact_location(&from.location),
+        m.num_ps,
+        m.samples
+    );
+    let queue = TaskQueue::from_position(
+        data_sharding(cfg),
+        files.iter().map(|f| f.rows).collect(),
+        pos,
+    );
+    store
+        .set_meta(
+            "ledger_adjust",
+            serde_json::to_string(&pos.ledger_adjustments())?,
+        )
+        .await?;
+    Ok(AtCheckpoint {
+        queue,
+        closed: pos.epochs_closed.clone(),
+        origin,
+    })
+}
+
+/// What the master's shared state is built from, whether the job starts or resumes.
+struct CoreParts {
+    job: Job,
+    store: MasterDb,
+    backend: Arc<dyn ClusterBackend>,
+    launch: Arc<LaunchTemplate>,
+    job_toml: String,
+    files: Vec<FileRows>,
+    job_id: String,
+    master_token: String,
+}
+
+/// The master's shared state: the job, its database writer and backend, and what node
+/// launches and calls to the PS need.
+fn master_core(p: CoreParts, cfg: &JobConfig) -> Arc<MasterCore> {
+    let core = Arc::new(MasterCore::new(
+        p.job,
+        Writer::spawn(p.store),
+        p.backend,
+        p.job_toml,
+        p.files.into_iter().map(|f| f.path).collect(),
+        cfg.cluster.heartbeat_ms as u32,
+        p.job_id,
+    ));
+    let _ = core.launch.set(p.launch);
+    let _ = core.source_names.set(elastrec_job::mix::source_names(cfg));
+    let _ = core.ps_access.set(crate::reshard::PsAccess {
+        token: p.master_token,
+        max_bytes: cfg.cluster.max_message_bytes,
+    });
+    core
+}
+
+/// The job as the previous master left it: its nodes, target, phase and evaluation from
+/// `master.db`'s metadata, around the restored `queue`. Servers started for a PS layout
+/// that was never committed are stopped (through `cx`).
+fn restored_job(
+    cfg: &JobConfig,
+    queue: TaskQueue,
+    nodes: Vec<Node>,
+    meta: &std::collections::HashMap<String, String>,
+    cx: &mut LiveCtx,
+) -> anyhow::Result<Job> {
+    let get = |k: &str| {
+        meta.get(k)
+            .cloned()
+            .with_context(|| format!("master.db lacks `{k}`"))
+    };
+    let mut job = Job::restore(
+        policy(cfg),
+        queue,
+        nodes,
+        get("target_workers")?.parse()?,
+        get("restarts_used")?.parse()?,
+        serde_json::from_str(&get("phase")?)?,
+        serde_json::from_str(&get("eval")?)?,
+        serde_json::from_str(&get("epochs_closed")?)?,
+        cx,
+    );
+    if let Some(t) = meta.get("task_evals") {
+        job.restore_task_evals(serde_json::from_str(t)?);
+    }
+    if let Some(p) = meta.get("pause_at") {
+        job.restore_pause(serde_json::from_str(p)?);
+    }
+    // The PS layout in force when the previous master stopped (after online re-sharding).
+    if let Some(l) = meta.get("ps_layout") {
+        let (version, num_ps): (u64, u32) = serde_json::from_str(l)?;
+        job.set_layout(version, num_ps);
+    }
+    job.drop_uncommitted_servers(cx);
+    Ok(job)
 }
 
 /// The task queue as the previous master left it (`master.db`'s tasks, ledger ranges
