@@ -89,25 +89,13 @@ pub async fn run(
         }
         let (w, p) = (watch.clone(), parts.clone());
         let asked = Instant::now();
-        let marks = match tokio::task::spawn_blocking(move || w.watermarks(&p)).await {
+        let (marks, stalled) = match tokio::task::spawn_blocking(move || w.watermarks(&p)).await {
             Ok(Ok(m)) => {
                 if last_report.take().is_some() {
                     event!("brokers_back", "master: the stream's brokers answer again");
                 }
-                let took = asked.elapsed();
-                report_slow("the brokers' watermarks", took);
-                let stalled = outage_since.take().map_or(
-                    if took >= SLOW_STEP {
-                        took
-                    } else {
-                        Duration::ZERO
-                    },
-                    |t| t.elapsed(),
-                );
-                if let Some(st) = core.stream_stats.lock().as_mut() {
-                    st.source_stalled(stalled.as_secs_f64());
-                }
-                m
+                let slow = report_slow("the brokers' watermarks", asked.elapsed());
+                (m, outage_since.take().map_or(slow, |t| t.elapsed()))
             }
             Ok(Err(e)) => {
                 outage_since.get_or_insert(asked);
@@ -173,6 +161,7 @@ pub async fn run(
             let highs: Vec<u64> = marks.iter().map(|m| m.1).collect();
             let at_ms = now.duration_since(started).as_millis() as u64;
             if let Some(st) = core.stream_stats.lock().as_mut() {
+                st.source_stalled(stalled.as_secs_f64());
                 st.observe(at_ms, &highs, &trained, consumed > consumed_before);
                 core.metrics.observe_stream(st);
             }
@@ -195,15 +184,18 @@ pub async fn run(
 
 /// Says so when one step of the watch took a second or more: the lag and the SLO
 /// violations of that stretch are then the source's or the master's, not the workers'.
-fn report_slow(what: &str, took: Duration) {
-    if took >= SLOW_STEP {
-        event!(
-            warn,
-            "stream_watch_slow",
-            step = what,
-            seconds = took.as_secs_f64(),
-            "master: the stream watch waited {:.1} s for {what}",
-            took.as_secs_f64()
-        );
+/// Returns the time of a slow step (zero for one that was not).
+fn report_slow(what: &str, took: Duration) -> Duration {
+    if took < SLOW_STEP {
+        return Duration::ZERO;
     }
+    event!(
+        warn,
+        "stream_watch_slow",
+        step = what,
+        seconds = took.as_secs_f64(),
+        "master: the stream watch waited {:.1} s for {what}",
+        took.as_secs_f64()
+    );
+    took
 }
