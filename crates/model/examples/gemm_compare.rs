@@ -53,12 +53,12 @@ fn run_gemm(op: Op, a: &[f32], b: &[f32], c: &mut [f32], threads: usize) {
     let (rsa, csa) = strides(op.m, op.k, op.at);
     let (rsb, csb) = strides(op.k, op.n, op.bt);
     let par = if threads > 1 {
-        gemm::Parallelism::Rayon(threads)
+        gemm_common::Parallelism::Rayon(threads)
     } else {
-        gemm::Parallelism::None
+        gemm_common::Parallelism::None
     };
     unsafe {
-        gemm::gemm(
+        gemm_f32::gemm::f32::get_gemm_fn()(
             op.m,
             op.n,
             op.k,

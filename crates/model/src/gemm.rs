@@ -1,4 +1,5 @@
-//! Thin, bounds-checked wrapper over the SGEMM backend, the `gemm` crate.
+//! Thin, bounds-checked wrapper over the SGEMM backend, the `gemm` crate's f32 kernels
+//! (`gemm-f32`).
 //! (`examples/gemm_compare.rs` measures it against `matrixmultiply` on this model's
 //! shapes.) The layers call [`sgemm`] on one thread: the model splits a batch into row
 //! blocks, one per task, because on this model's shapes one core's kernel runs near its
@@ -52,7 +53,7 @@ impl<'a> MatRef<'a> {
 /// `C = alpha * A * B + beta * C` with `C` row-major contiguous (`a.rows x b.cols`), on
 /// the calling thread.
 pub(crate) fn sgemm(alpha: f32, a: MatRef<'_>, b: MatRef<'_>, beta: f32, c: &mut [f32]) {
-    sgemm_with(alpha, a, b, beta, c, gemm::Parallelism::None);
+    sgemm_with(alpha, a, b, beta, c, gemm_common::Parallelism::None);
 }
 
 fn sgemm_with(
@@ -61,7 +62,7 @@ fn sgemm_with(
     b: MatRef<'_>,
     beta: f32,
     c: &mut [f32],
-    par: gemm::Parallelism,
+    par: gemm_common::Parallelism,
 ) {
     assert_eq!(a.cols, b.rows, "inner dimensions differ");
     let (m, k, n) = (a.rows, a.cols, b.cols);
@@ -90,12 +91,12 @@ pub fn matmul(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize)
 }
 
 /// All rayon threads, so no second pool spins (or yields) while rayon's works.
-fn all_threads() -> gemm::Parallelism {
+fn all_threads() -> gemm_common::Parallelism {
     let t = rayon::current_num_threads();
     if t > 1 {
-        gemm::Parallelism::Rayon(t)
+        gemm_common::Parallelism::Rayon(t)
     } else {
-        gemm::Parallelism::None
+        gemm_common::Parallelism::None
     }
 }
 
@@ -109,10 +110,10 @@ unsafe fn ge(
     m: usize,
     k: usize,
     n: usize,
-    par: gemm::Parallelism,
+    par: gemm_common::Parallelism,
 ) {
     // gemm computes dst = alpha * dst + beta * lhs * rhs (note the swapped names).
-    gemm::gemm(
+    gemm_f32::gemm::f32::get_gemm_fn()(
         m,
         n,
         k,

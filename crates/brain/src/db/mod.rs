@@ -16,7 +16,33 @@ use crate::oom::MemorySample;
 use crate::throughput::ProfileSample;
 use crate::warm_start::{HistoricalJob, JobFeatures};
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+/// A migrator over SQL files compiled into the binary: `(version, description, sql)`.
+///
+/// This is what `sqlx::migrate!` builds, without the macro: the macro needs sqlx's
+/// `macros` feature, which compiles a second sqlx, both database drivers and SQLite's C
+/// source once more for the build host. The checksum of each migration is the same
+/// (SHA-384 of its text), so databases migrated by either open with the other.
+pub fn embedded_migrator(files: &[(i64, &'static str, &'static str)]) -> sqlx::migrate::Migrator {
+    use sqlx::migrate::{Migration, MigrationType, Migrator};
+    Migrator::with_migrations(
+        files
+            .iter()
+            .map(|&(version, description, sql)| {
+                Migration::new(
+                    version,
+                    description.into(),
+                    MigrationType::Simple,
+                    sqlx::SqlStr::from_static(sql),
+                    false,
+                )
+            })
+            .collect(),
+    )
+}
+
+fn migrator() -> sqlx::migrate::Migrator {
+    embedded_migrator(&[(1, "init", include_str!("../../migrations/0001_init.sql"))])
+}
 
 /// Which database a [`ConfigDb`] talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,7 +196,7 @@ impl ConfigDb {
             .max_connections(max)
             .connect(url)
             .await?;
-        MIGRATOR.run(&pool).await?;
+        migrator().run(&pool).await?;
         Ok(Self { pool, backend })
     }
 

@@ -135,7 +135,20 @@ impl MasterDb {
             .max_connections(2)
             .connect_with(opts)
             .await?;
-        sqlx::migrate!("./migrations").run(&pool).await?;
+        elastrec_brain::db::embedded_migrator(&[
+            (
+                1,
+                "master state",
+                include_str!("../../migrations/0001_master_state.sql"),
+            ),
+            (
+                2,
+                "node metrics addr",
+                include_str!("../../migrations/0002_node_metrics_addr.sql"),
+            ),
+        ])
+        .run(&pool)
+        .await?;
         Ok(Self { pool })
     }
 
