@@ -2,7 +2,9 @@
 //! integer ids, a float, a genre list and a history of up to 30 items per row) into
 //! jagged batches, beside the Criteo-layout Parquet reader on the same machine; and the
 //! bytes the named reader allocates per row once its buffers have grown. The same log as
-//! CSV with a header, read through the same schema.
+//! CSV with a header, read through the same schema. The generated file has 13 row
+//! groups, which the reader decodes on up to 4 threads; the same rows rewritten as one
+//! row group are decoded on the reading thread alone, the serial peer.
 //!
 //! `cargo bench -p elastrec-data --bench named`
 
@@ -46,6 +48,27 @@ static GLOBAL: Counting = Counting;
 const ROWS: u64 = 200_000;
 const BATCH: usize = 4096;
 
+/// `src` rewritten to `dst` as a single row group.
+fn one_row_group(src: &Path, dst: &Path) {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(src).unwrap())
+        .unwrap()
+        .build()
+        .unwrap();
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(ROWS as usize))
+        .build();
+    let out = std::fs::File::create(dst).unwrap();
+    let schema = arrow_array::RecordBatchReader::schema(&reader);
+    let mut w = ArrowWriter::try_new(out, schema, Some(props)).unwrap();
+    for b in reader {
+        w.write(&b.unwrap()).unwrap();
+    }
+    w.close().unwrap();
+}
+
 /// Reads `path` whole; returns its rows and list items.
 fn drain(path: &Path, schema: Option<&Arc<Schema>>, batch: &mut Batch) -> (usize, usize) {
     let mut r = open_source(path, None, BadRowPolicy::Fail, schema).unwrap();
@@ -86,6 +109,8 @@ fn named(c: &mut Criterion) {
             .unwrap()
             .schema,
     );
+    let serial = dir.path().join("one-row-group.parquet");
+    one_row_group(&file, &serial);
     let criteo_dir = dir.path().join("criteo");
     generate(&GenSpec {
         out: criteo_dir.clone(),
@@ -121,11 +146,14 @@ fn named(c: &mut Criterion) {
         bytes as f64 / n as f64
     );
 
-    let mut g = c.benchmark_group("read_rows_one_thread");
+    let mut g = c.benchmark_group("read_rows");
     g.sample_size(10);
     g.throughput(Throughput::Elements(ROWS));
     g.bench_function("named_with_lists", |b| {
         b.iter(|| assert_eq!(drain(&file, Some(&schema), &mut batch).0 as u64, ROWS))
+    });
+    g.bench_function("named_with_lists_one_row_group", |b| {
+        b.iter(|| assert_eq!(drain(&serial, Some(&schema), &mut batch).0 as u64, ROWS))
     });
     g.bench_function("named_with_lists_csv", |b| {
         b.iter(|| assert_eq!(drain(&csv, Some(&schema), &mut batch).0 as u64, ROWS))

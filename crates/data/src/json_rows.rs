@@ -17,7 +17,7 @@
 use crate::error::{DataError, FieldError, Result};
 use crate::named::{missing_column, Columns};
 use crate::named_csv::{parse_label, parse_number, parse_weight, read_header, Splitter};
-use crate::parquet_io::{decode_label, guarded, open_projected};
+use crate::parquet_io::{decode_label, open_projected};
 use crate::reader::{detect_format, FileFormat};
 use crate::schema::{plain_integer, FeatureKind, Schema};
 use crate::text::{open_input, Line, Lines};
@@ -25,7 +25,6 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::*;
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::DataType;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReader;
 use serde_json::{Map, Number, Value};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -84,7 +83,7 @@ pub struct JsonRows {
 #[allow(clippy::large_enum_variant)]
 enum Source {
     Parquet {
-        inner: Option<ParquetRecordBatchReader>,
+        inner: Option<crate::row_groups::Decoder>,
         /// 0-based file row of the next decoded batch's first row.
         next_row: u64,
     },
@@ -163,13 +162,7 @@ impl JsonRows {
                     };
                     let what = format!("decoding the rows from {next_row}");
                     let path = &self.path;
-                    let batch = guarded(path, &what, || {
-                        reader
-                            .next()
-                            .transpose()
-                            .map_err(|e| DataError::parquet(path, e))
-                    });
-                    match batch {
+                    match reader.next_batch(path, &what).transpose() {
                         Ok(Some(b)) => {
                             let first = *next_row;
                             *next_row += b.num_rows() as u64;

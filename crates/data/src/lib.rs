@@ -29,6 +29,7 @@ pub mod named_json;
 pub mod parquet_io;
 pub mod raw;
 pub mod reader;
+pub(crate) mod row_groups;
 pub mod schema;
 pub mod shuffled;
 pub mod text;

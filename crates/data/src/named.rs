@@ -25,7 +25,6 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::*;
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::DataType;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReader;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -72,7 +71,7 @@ struct Staged {
 pub struct NamedParquetReader {
     path: PathBuf,
     schema: Arc<Schema>,
-    inner: Option<ParquetRecordBatchReader>,
+    inner: Option<crate::row_groups::Decoder>,
     columns: Columns,
     staged: Staged,
     cursor: usize,
@@ -283,14 +282,14 @@ impl NamedParquetReader {
             &mut self.staged,
             &mut self.stats,
         );
-        let decoded = guarded(&self.path, &what, || match inner.next() {
+        let decoded = match inner.next_batch(&self.path, &what) {
             None => Ok(false),
-            Some(Err(e)) => Err(DataError::parquet(&self.path, e)),
-            Some(Ok(b)) => {
+            Some(Err(e)) => Err(e),
+            Some(Ok(b)) => guarded(&self.path, &what, || {
                 staged.fill(&b, schema, columns, stats);
                 Ok(true)
-            }
-        });
+            }),
+        };
         match decoded {
             Ok(true) => {
                 self.cursor = 0;
@@ -694,12 +693,9 @@ pub(crate) fn infer_parquet(path: &Path, labels: &[String], max_rows: u64) -> Re
     if let Some(mut inner) = opened.inner {
         let (mut nums, mut ids) = (Vec::new(), Vec::new());
         while (sampled as usize) < INFER_SAMPLE_ROWS {
-            let next = guarded(path, "sampling rows to infer the schema", || {
-                inner
-                    .next()
-                    .transpose()
-                    .map_err(|e| DataError::parquet(path, e))
-            })?;
+            let next = inner
+                .next_batch(path, "sampling rows to infer the schema")
+                .transpose()?;
             let Some(b) = next else { break };
             for ((f, s), p) in schema.features.iter().zip(&mut samples).zip(&positions) {
                 let col = b.column(order.binary_search(p).expect("decoded"));

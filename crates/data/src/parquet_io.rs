@@ -22,13 +22,16 @@ use crate::columns::RawColumns;
 use crate::error::{show_bytes, DataError, FieldError, Result};
 use crate::raw::{RawBatch, RawRow};
 use crate::reader::{BadRowPolicy, BatchReader, ReadStats, RowSink};
+use crate::row_groups::{decode_threads, spans, Decoder};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
     Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt32Type, UInt8Type,
 };
 use arrow_array::{Array, ArrayRef, Int32Array, Int64Array, RecordBatch, UInt32Array};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::Compression;
 use parquet::file::metadata::ParquetMetaData;
@@ -230,12 +233,13 @@ pub(crate) fn guarded<T>(path: &Path, what: &str, f: impl FnOnce() -> Result<T>)
 /// A Parquet file opened for decoding: the decoder (`None` for an empty range) and the
 /// file row number of its first row.
 pub(crate) struct Opened {
-    pub inner: Option<ParquetRecordBatchReader>,
+    pub inner: Option<Decoder>,
     pub next_row: u64,
 }
 
 /// Opens rows `range` (all with `None`) of `path`, decoding only the root columns `select`
-/// picks from the file's Arrow schema, in batches of [`DECODE_BATCH`] rows.
+/// picks from the file's Arrow schema, in batches of [`DECODE_BATCH`] rows, with its row
+/// groups on up to [`decode_threads`] threads.
 ///
 /// Row ranges select the row groups that overlap the range and skip inside the first one.
 pub(crate) fn open_projected(
@@ -243,17 +247,24 @@ pub(crate) fn open_projected(
     range: Option<(u64, u64)>,
     select: impl FnOnce(&Schema) -> Result<Vec<usize>>,
 ) -> Result<Opened> {
+    open_projected_on(path, range, select, decode_threads())
+}
+
+/// [`open_projected`] on at most `threads` decoding threads.
+pub(crate) fn open_projected_on(
+    path: &Path,
+    range: Option<(u64, u64)>,
+    select: impl FnOnce(&Schema) -> Result<Vec<usize>>,
+    threads: usize,
+) -> Result<Opened> {
     let file = File::open(path).map_err(|e| DataError::io(path, e))?;
-    let mut builder = guarded(path, "reading the footer", || {
-        ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| DataError::parquet(path, e))
-    })?
-    .with_batch_size(DECODE_BATCH);
-    let columns = select(builder.schema())?;
-    let mask = ProjectionMask::roots(builder.parquet_schema(), columns);
-    builder = builder.with_projection(mask);
-    let (rows, group_rows) = footer_rows(path, builder.metadata())?;
-    let mut next_row = 0;
-    let mut empty = false;
+    let meta = guarded(path, "reading the footer", || {
+        ArrowReaderMetadata::load(&file, ArrowReaderOptions::default())
+            .map_err(|e| DataError::parquet(path, e))
+    })?;
+    let columns = select(meta.schema())?;
+    let mask = ProjectionMask::roots(meta.parquet_schema(), columns);
+    let (rows, group_rows) = footer_rows(path, meta.metadata())?;
     if let Some((start, end)) = range {
         if start > end || end > rows {
             return Err(DataError::InvalidRange {
@@ -263,30 +274,20 @@ pub(crate) fn open_projected(
                 rows,
             });
         }
-        let mut groups = Vec::new();
-        let mut first_group_start = None;
-        let mut cum = 0u64;
-        for (g, &n) in group_rows.iter().enumerate() {
-            if cum + n > start && cum < end {
-                groups.push(g);
-                first_group_start.get_or_insert(cum);
-            }
-            cum += n;
-        }
-        empty = start == end;
-        let offset = (start - first_group_start.unwrap_or(start)) as usize;
-        builder = builder
-            .with_row_groups(groups)
-            .with_offset(offset)
-            .with_limit((end - start) as usize);
-        next_row = start;
     }
-    let inner = if empty {
+    let next_row = range.map_or(0, |(start, _)| start);
+    let spans = spans(&group_rows, range);
+    let inner = if spans.is_empty() {
         None
     } else {
-        Some(guarded(path, "opening the row groups", || {
-            builder.build().map_err(|e| DataError::parquet(path, e))
-        })?)
+        Some(Decoder::open(
+            path,
+            meta,
+            mask,
+            DECODE_BATCH,
+            spans,
+            threads,
+        )?)
     };
     Ok(Opened { inner, next_row })
 }
@@ -422,7 +423,7 @@ impl Projection {
 /// Reads Parquet files with the Criteo columns into [`Batch`]es.
 pub struct ParquetReader {
     path: PathBuf,
-    inner: Option<ParquetRecordBatchReader>,
+    inner: Option<Decoder>,
     projection: Projection,
     /// The current decoded Arrow batch, converted column-wise to raw rows.
     staged: RawBatch,
@@ -495,14 +496,14 @@ impl ParquetReader {
                 let what = format!("decoding the rows from {}", self.next_row);
                 let (projection, staged, errs) =
                     (&self.projection, &mut self.staged, &mut self.staged_err);
-                let decoded = guarded(&self.path, &what, || match inner.next() {
+                let decoded = match inner.next_batch(&self.path, &what) {
                     None => Ok(false),
-                    Some(Err(e)) => Err(DataError::parquet(&self.path, e)),
-                    Some(Ok(b)) => {
+                    Some(Err(e)) => Err(e),
+                    Some(Ok(b)) => guarded(&self.path, &what, || {
                         stage(&b, projection, staged, errs);
                         Ok(true)
-                    }
-                });
+                    }),
+                };
                 match decoded {
                     Ok(true) => {
                         self.cursor = 0;

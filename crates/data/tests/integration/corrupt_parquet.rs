@@ -97,6 +97,26 @@ fn flipped_bytes_give_errors_naming_the_file_never_panics() {
     assert!(failed > 0, "no mutant was detected at all");
 }
 
+/// The same for a file of many row groups, which several threads decode at once: an
+/// error in one thread's group stops the read naming the file.
+#[test]
+fn flipped_bytes_in_a_file_of_many_row_groups_give_errors_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("groups.parquet");
+    let options = elastrec_data::ParquetOptions {
+        row_group_rows: 300,
+        snappy: true,
+    };
+    let mut w = elastrec_data::ParquetWriter::create(&path, options).unwrap();
+    w.write(&crate::util::random_rows(2_100, 5)).unwrap();
+    w.finish().unwrap();
+    let good = std::fs::read(&path).unwrap();
+    assert!(read_every_way(&path).is_empty());
+    let bad = dir.path().join("mutant.parquet");
+    let failed = mutants(&good, &bad, 389, read_every_way);
+    assert!(failed > 0, "no mutant was detected at all");
+}
+
 /// The same for a file with named columns and lists, read through its inferred schema
 /// (inference included): every mutant reads or fails naming the file.
 #[test]
