@@ -73,9 +73,13 @@ impl Access {
 }
 
 /// A running endpoint; dropping it stops serving.
+///
+/// It serves from a thread and runtime of its own, not the process's: a node whose
+/// runtime is saturated by training, a checkpoint copy or a blocking call still answers a
+/// scrape, which is when an operator needs its figures most.
 pub struct Endpoint {
     addr: SocketAddr,
-    task: tokio::task::JoinHandle<()>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Endpoint {
@@ -87,7 +91,9 @@ impl Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
     }
 }
 
@@ -125,12 +131,35 @@ pub fn serve_on(
             async move { respond(&access, &headers, &*render) }
         }),
     );
-    let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            eprintln!("metrics endpoint {addr} stopped: {e}");
-        }
-    });
-    Ok(Endpoint { addr, task })
+    let listener = listener.into_std()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("elastrec-metrics".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let served = tokio::net::TcpListener::from_std(listener);
+                let result = match served {
+                    Ok(listener) => {
+                        axum::serve(listener, app)
+                            .with_graceful_shutdown(async {
+                                let _ = stopped.await;
+                            })
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = result {
+                    eprintln!("metrics endpoint {addr} stopped: {e}");
+                }
+            })
+        })?;
+    Ok(Endpoint {
+        addr,
+        stop: Some(stop),
+    })
 }
 
 fn respond(access: &Access, headers: &HeaderMap, render: &dyn Fn() -> String) -> Response {
@@ -325,6 +354,42 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(code, 404);
+    }
+
+    /// The endpoint answers while the runtime that started it cannot run anything: here
+    /// its only thread is inside a blocking call (the scrape itself), which on the
+    /// caller's runtime would wait for ever.
+    #[tokio::test(flavor = "current_thread")]
+    async fn it_answers_while_the_callers_runtime_is_blocked() {
+        let (r, c, _) = registry();
+        c.inc_by(5);
+        let ep = serve("127.0.0.1:0".parse().unwrap(), "", move || encode(&r))
+            .await
+            .unwrap();
+        let (code, body) = http_get(&ep.addr().to_string(), "/metrics", None).unwrap();
+        assert_eq!(code, 200, "{body}");
+        assert!(body.contains("elastrec_test_pulls_total 5\n"), "{body}");
+    }
+
+    /// Dropping the endpoint closes its port.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_dropped_endpoint_stops_serving() {
+        let ep = serve("127.0.0.1:0".parse().unwrap(), "", String::new)
+            .await
+            .unwrap();
+        let addr = ep.addr();
+        drop(ep);
+        let closed = tokio::task::spawn_blocking(move || {
+            // The server thread closes the listener once it has seen the stop; until
+            // then a connection may still be accepted, never answered by a new request.
+            loop {
+                if std::net::TcpStream::connect(addr).is_err() {
+                    return true;
+                }
+                std::thread::yield_now();
+            }
+        });
+        assert!(closed.await.unwrap());
     }
 
     /// A client that does not ask for OpenMetrics (`curl`, `promtool`) gets the classic
