@@ -655,31 +655,34 @@ pub fn last_scalar(scalars: &serde_json::Map<String, serde_json::Value>, tag: &s
     points.last().unwrap()[1].as_f64().unwrap()
 }
 
+/// Runs `command` with `input` on its standard input; its output and status (stdout and
+/// stderr captured). Err: it could not be started.
+pub fn output_with_stdin(command: &mut Command, input: &[u8]) -> std::io::Result<Output> {
+    use std::io::Write as _;
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    // A child that exits without reading all of it leaves a broken pipe: its status says
+    // what went wrong, not the write.
+    let _ = child.stdin.take().expect("piped").write_all(input);
+    child.wait_with_output()
+}
+
 /// `promtool check metrics` over an exposition, as a user runs it on `curl`'s output:
 /// `Some(problems)` (empty: clean), or `None` (the test skipped, and counted) without
 /// `promtool`.
 pub fn promtool_problems(exposition: &str) -> Option<String> {
-    use std::io::Write as _;
-    let Ok(mut child) = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    else {
+    let mut promtool = Command::new("promtool");
+    promtool.args(["check", "metrics"]);
+    let Ok(out) = output_with_stdin(&mut promtool, exposition.as_bytes()) else {
         elastrec_common::skip::skip_test(
             "PROMETHEUS",
             "no promtool (scripts/test.sh installs the prometheus package)",
         );
         return None;
     };
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(exposition.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -325,20 +325,8 @@ impl Net {
 
     /// Loads `rules` into host `name`'s nftables.
     fn nft(&self, name: &str, rules: &str) {
-        use std::io::Write;
-        let mut child = self
-            .command(name, "nft", &["-f", "-"])
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run nft");
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(rules.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let mut nft = self.command(name, "nft", &["-f", "-"]);
+        let out = crate::common::output_with_stdin(&mut nft, rules.as_bytes()).expect("run nft");
         assert!(
             out.status.success(),
             "nft on {name}: {}\n{rules}",
