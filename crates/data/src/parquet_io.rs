@@ -282,6 +282,7 @@ pub(crate) fn open_projected_on(
     } else {
         Some(Decoder::open(
             path,
+            file,
             meta,
             mask,
             DECODE_BATCH,

@@ -73,10 +73,12 @@ pub(crate) enum Decoder {
 }
 
 impl Decoder {
-    /// Opens `spans` of `path` with the columns `mask` selects, in batches of `batch`
-    /// rows, on up to `threads` threads (one decoder on this thread for a single span).
+    /// Opens `spans` of `path` (open as `file`, whose footer gave `meta`) with the columns
+    /// `mask` selects, in batches of `batch` rows, on up to `threads` threads (one decoder
+    /// on this thread, reading `file`, for a single span or a single thread).
     pub(crate) fn open(
         path: &Path,
+        file: File,
         meta: ArrowReaderMetadata,
         mask: ProjectionMask,
         batch: usize,
@@ -85,7 +87,6 @@ impl Decoder {
     ) -> Result<Self> {
         let lanes = threads.min(spans.len());
         if lanes <= 1 {
-            let file = File::open(path).map_err(|e| DataError::io(path, e))?;
             let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta)
                 .with_projection(mask)
                 .with_batch_size(batch)

@@ -139,22 +139,18 @@ pub fn serve_on(
     std::thread::Builder::new()
         .name("elastrec-metrics".into())
         .spawn(move || {
-            runtime.block_on(async move {
-                let served = tokio::net::TcpListener::from_std(listener);
-                let result = match served {
-                    Ok(listener) => {
-                        axum::serve(listener, app)
-                            .with_graceful_shutdown(async {
-                                let _ = stopped.await;
-                            })
-                            .await
-                    }
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = result {
-                    eprintln!("metrics endpoint {addr} stopped: {e}");
-                }
-            })
+            let served = runtime.block_on(async move {
+                // Registered with this thread's runtime, which alone polls it.
+                let listener = tokio::net::TcpListener::from_std(listener)?;
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(async {
+                        let _ = stopped.await;
+                    })
+                    .await
+            });
+            if let Err(e) = served {
+                eprintln!("metrics endpoint {addr} stopped: {e}");
+            }
         })?;
     Ok(Endpoint {
         addr,
