@@ -157,7 +157,7 @@ fn netns_a_job_whose_nodes_are_hosts_of_their_own_trains_every_sample_once() {
 
 /// A worker that the master cannot hear (its heartbeats and the master's probes are lost
 /// between the two hosts) while it still reaches the PS is declared dead, stopped and
-/// replaced on another host; its task is dealt again, and every sample trains once.
+/// replaced on another host, and every sample trains once.
 #[test]
 fn netns_a_worker_cut_off_from_the_master_is_replaced_and_every_sample_trains_once() {
     a_worker_the_master_loses_is_replaced("netns-worker-cut", "worker0", |net| {
@@ -167,8 +167,9 @@ fn netns_a_worker_cut_off_from_the_master_is_replaced_and_every_sample_trains_on
 
 /// Runs a job on hosts of their own, makes `fault` between the master and the worker on
 /// `host` once the job is held, and checks that this worker alone was suspected, then
-/// declared dead (the job cannot end while it holds a task it cannot report), and that
-/// the job, healed, ends with an exact ledger.
+/// declared dead, and that the job, healed, ends with an exact ledger. The verdict is
+/// awaited while the job is still held: a held job has dealt every task it gave out, so
+/// once running it could end on the other worker alone before the verdict came.
 fn a_worker_the_master_loses_is_replaced(name: &str, host: &str, fault: impl FnOnce(&Net)) {
     let _g = serial();
     let Some(net) = Net::create(HOSTS) else {
@@ -180,7 +181,6 @@ fn a_worker_the_master_loses_is_replaced(name: &str, host: &str, fault: impl FnO
     let s = wait_held_on(&net, &dir);
     let (lost, _) = node_on(&s, &net, host);
     fault(&net);
-    unpause_on(&net, &dir);
     wait_for(Duration::from_secs(120), || {
         events(&dir, "node_dead")
             .iter()
@@ -188,6 +188,7 @@ fn a_worker_the_master_loses_is_replaced(name: &str, host: &str, fault: impl FnO
     });
     net.heal(host);
     net.heal("master");
+    unpause_on(&net, &dir);
     finish(&net, g, &dir, &log);
     let suspected = events(&dir, "node_suspected");
     assert!(
@@ -281,6 +282,87 @@ fn netns_a_master_cut_off_from_every_node_replaces_them_once_healed() {
         "both PS came back from the checkpoint: {r}"
     );
     assert_eq!(r["workers_dead"], 2, "{r}");
+}
+
+/// A PS cut off from every host, both ways, for longer than `dead_after_ms`, whose stop
+/// never reaches it (a fail point: as when the master cannot reach its host). Its lease
+/// runs out before the master's verdict, so it serves and sends nothing once its
+/// replacement may start; healed, it hears that the master no longer knows it and exits
+/// by itself. Its replacement (node 3, on the same host) comes back from the checkpoint
+/// and the successor's dense replica, and the job ends as a clean one does.
+#[test]
+fn netns_a_ps_cut_off_past_dead_after_ms_fences_itself_before_it_is_replaced() {
+    let _g = serial();
+    let Some(net) = Net::create(HOSTS) else {
+        return;
+    };
+    let cluster = format!("{}[checkpoint]\nrecovery = \"partial\"\n", on_hosts(&net));
+    let (job, dir) = write_job("netns-ps-cut", &cluster);
+    let log = dir.with_extension("log");
+    // Node ids: the 2 PS are 1 and 2 (index 0 and 1), then the workers.
+    let at = (fixture().train_rows / 3).to_string();
+    let mut cmd = net.command(
+        "master",
+        exe(),
+        &["run", job.to_str().unwrap(), "--pause-at-samples", &at],
+    );
+    cmd.env("ELASTREC_FAIL_LOST_STOP", "1:1");
+    let g = Group::spawn_command(cmd, &log);
+    let s = wait_held_on(&net, &dir);
+    let (cut, _) = node_on(&s, &net, "ps0");
+    assert_eq!(cut, 1, "{s}");
+    let out = elastrec_on(&net, "master", &["checkpoint", dir.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "checkpoint: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let others = [
+        "master", "ps1", "worker0", "worker1", "worker2", "worker3", "worker4",
+    ];
+    for h in others {
+        net.partition("ps0", h);
+    }
+    unpause_on(&net, &dir);
+    wait_for(Duration::from_secs(120), || {
+        events(&dir, "node_dead")
+            .iter()
+            .any(|e| e["node"].as_u64() == Some(cut))
+    });
+    let node_log = |id: u64| {
+        std::fs::read_to_string(dir.join("logs").join(format!("ps-{id}.log"))).unwrap_or_default()
+    };
+    // Written on the server's heartbeat thread as the lease ran out, which is before the
+    // verdict could come: it is in the log by now.
+    assert!(
+        node_log(cut).contains("fenced: the master acknowledged no heartbeat"),
+        "PS node {cut} did not fence itself: {}",
+        node_log(cut)
+    );
+    net.heal("ps0");
+    for h in others {
+        net.heal(h);
+    }
+    finish(&net, g, &dir, &log);
+    assert!(
+        node_log(cut).contains("the master no longer knows this node"),
+        "PS node {cut} did not exit on its own once healed: {}",
+        node_log(cut)
+    );
+    let dead: Vec<_> = events(&dir, "node_dead")
+        .into_iter()
+        .map(|e| e["node"].as_u64().unwrap())
+        .collect();
+    assert_eq!(dead, vec![cut], "only the cut-off PS was declared dead");
+    let r = result(&dir);
+    let recovered: Vec<u64> = r["checkpoint"]["recoveries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|rec| rec["ps"].as_array().cloned().unwrap_or_default())
+        .map(|p| p.as_u64().unwrap())
+        .collect();
+    assert_eq!(recovered, vec![0], "PS 0 alone was recovered: {r}");
 }
 
 /// Every packet held 5 ms on its way between two hosts: a 10 ms round trip, as between

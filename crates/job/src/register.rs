@@ -30,6 +30,8 @@ pub struct Registration {
     pub joining: bool,
     /// PS: the running servers' addresses by index ("" where one is not running).
     pub peer_addrs: Vec<String>,
+    /// PS: the node ids of `peer_addrs` (0 where one is not running).
+    pub peer_nodes: Vec<u32>,
     /// PS: relaunched by a partial recovery, it takes its dense slice from the replica its
     /// successor keeps.
     pub dense_from_replica: bool,
@@ -96,6 +98,7 @@ pub async fn register_request(
                         num_ps: r.num_ps,
                         joining: r.joining,
                         peer_addrs: r.peer_addrs,
+                        peer_nodes: r.peer_nodes,
                         dense_from_replica: r.dense_from_replica,
                     });
                 }

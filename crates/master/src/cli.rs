@@ -542,6 +542,7 @@ async fn simulated_worker(
                 samples: 0,
                 step: 0,
                 profile: None,
+                fenced: false,
             })
             .await?;
             done(t0, measured, &mut lat);

@@ -67,7 +67,7 @@ impl Master for MasterService {
         {
             return Err(MasterError::invalid("metrics_addr must be host:port").into());
         }
-        let (ps_addrs, layout_version, num_ps, joining, peer_addrs, ps_index) = self
+        let (ps_addrs, layout_version, num_ps, joining, (peer_addrs, peer_nodes), ps_index) = self
             .0
             .run(|job, cx| {
                 job.register(req.node_id, role, &req.addr, &req.metrics_addr, req.pid, cx)?;
@@ -77,9 +77,9 @@ impl Master for MasterService {
                     _ => (job.layout_version(), job.policy().num_ps, false),
                 };
                 let peers = if role == Role::Ps {
-                    job.running_ps_addrs()
+                    (job.running_ps_addrs(), job.running_ps_nodes())
                 } else {
-                    Vec::new()
+                    Default::default()
                 };
                 let index = job.node(req.node_id).map(|n| n.index);
                 Ok::<_, JobError>((
@@ -114,6 +114,7 @@ impl Master for MasterService {
             joining,
             peer_addrs,
             dense_from_replica,
+            peer_nodes,
         }))
     }
 
@@ -131,17 +132,22 @@ impl Master for MasterService {
             self.0.profiles.lock().insert(req.node_id, p);
         }
         let keep_ps = self.0.keep_ps.load(std::sync::atomic::Ordering::Acquire);
-        let (d, ps_addrs, active, layout_version, executor_addrs) = self
+        let (d, ps_addrs, active, layout_version, executor_addrs, ps_nodes) = self
             .0
             .run_depending(Depends::Nodes, |job, cx| {
-                let mut d = job.heartbeat(req.node_id, req.samples, req.step, cx);
+                let mut d = if req.fenced {
+                    job.fenced_heartbeat(req.node_id)
+                } else {
+                    job.heartbeat(req.node_id, req.samples, req.step, cx)
+                };
                 // Parameter servers stop with the job (after its final model is saved).
                 let ended = match job.phase() {
                     Phase::Finished => !keep_ps,
                     Phase::Failed(_) => true,
                     _ => false,
                 };
-                if ended && job.node(req.node_id).is_some_and(|n| n.role == Role::Ps) {
+                let is_ps = job.node(req.node_id).is_some_and(|n| n.role == Role::Ps);
+                if ended && is_ps {
                     d = Directive::Stop;
                 }
                 (
@@ -150,6 +156,11 @@ impl Master for MasterService {
                     job.training_workers(),
                     job.layout_version(),
                     job.executor_addrs(),
+                    if is_ps {
+                        job.running_ps_nodes()
+                    } else {
+                        Vec::new()
+                    },
                 )
             })
             .await?;
@@ -164,6 +175,7 @@ impl Master for MasterService {
             active_workers: active,
             layout_version,
             executor_addrs,
+            ps_nodes,
         }))
     }
 

@@ -149,6 +149,7 @@ impl PsShard {
         if req.delta && !(req.ratio.is_finite() && req.ratio > 0.0 && req.ratio <= 1.0) {
             return Err(PsError::BadRatio(req.ratio));
         }
+        self.lease.check()?;
         let store = self.stores.get(&req.location)?;
         let shard = self.clone();
         let (delta, ratio) = (req.delta, req.ratio);
@@ -186,6 +187,9 @@ impl PsShard {
         })
         .await?;
         let name = part_name(index, count);
+        // Persisting took a while: a server replaced meanwhile must not write a part that
+        // its replacement may write for the same checkpoint id.
+        self.lease.check()?;
         let meta = store
             .put_part(req.id, &name, bytes::Bytes::from(bytes))
             .await?;

@@ -161,6 +161,31 @@ pub enum PsError {
     #[error("embedding store: {0}")]
     Embedding(#[from] EmbeddingError),
 
+    /// This server's lease from the master ran out (see `lease.rs`): it may have been
+    /// declared dead and replaced, so it changes and serves nothing until the master
+    /// acknowledges it again. `UNAVAILABLE`, with a message starting with
+    /// [`elastrec_rpc::FENCE_REFUSAL`]: the caller retries, or follows a replacement.
+    #[error(
+        "the master has not acknowledged this server for {since_ms} ms, past its lease; \
+         it serves nothing until the master answers again (or a replacement takes over)"
+    )]
+    Fenced {
+        /// Since the last acknowledged heartbeat was sent.
+        since_ms: u64,
+    },
+
+    /// A server's request that an older generation of that server sent: the master
+    /// replaced it since (`replica.rs`).
+    #[error("PS {index}'s node {node} was replaced by node {current}; its request is refused")]
+    StaleGeneration {
+        /// The server index the request speaks for.
+        index: u32,
+        /// The node that sent it.
+        node: u32,
+        /// The oldest node this server still accepts for that index.
+        current: u32,
+    },
+
     /// A background (blocking) task of the request panicked or was cancelled.
     #[error("background task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -176,7 +201,10 @@ impl From<PsError> for Status {
                 ..
             } => elastrec_rpc::layout_refusal_naming(msg, (v, &addrs)),
             PsError::LayoutRefused { .. } => elastrec_rpc::layout_refusal(msg),
-            PsError::Reshard(_) => Status::failed_precondition(msg),
+            PsError::Fenced { .. } => elastrec_rpc::fence_refusal(msg),
+            PsError::Reshard(_) | PsError::StaleGeneration { .. } => {
+                Status::failed_precondition(msg)
+            }
             PsError::Peer {
                 transient: true, ..
             } => Status::unavailable(msg),
@@ -243,5 +271,16 @@ mod tests {
         });
         assert_eq!(field.code(), tonic::Code::InvalidArgument);
         assert!(field.message().starts_with("ImportShard field `rows`: "));
+        let fenced = Status::from(PsError::Fenced { since_ms: 4200 });
+        assert!(elastrec_rpc::is_fence_refusal(&fenced), "{fenced:?}");
+        assert!(elastrec_rpc::is_transient(&fenced));
+        assert!(fenced.message().contains("4200 ms"), "{fenced:?}");
+        let stale = Status::from(PsError::StaleGeneration {
+            index: 1,
+            node: 4,
+            current: 9,
+        });
+        assert_eq!(stale.code(), tonic::Code::FailedPrecondition);
+        assert!(!elastrec_rpc::is_fence_refusal(&stale));
     }
 }

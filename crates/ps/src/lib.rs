@@ -11,6 +11,7 @@ pub mod error;
 mod fail_points;
 pub mod image;
 pub mod layout;
+pub mod lease;
 pub mod metrics;
 pub mod process;
 mod replica;

@@ -2,6 +2,7 @@
 //! until told to stop.
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use elastrec_rpc::{self as rpc, is_transient};
 use crate::fail_points::{
     fail_point_block_runtime, fail_point_heartbeat_muted, fail_point_slow_build, NODE_ID,
 };
+use crate::lease::lease_length;
 use crate::service::{ps_profile, serve};
 use crate::shard::PsShard;
 
@@ -94,6 +96,8 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     ));
     let metrics_addr = elastrec_job::resources::advertise_for(&job.engine, metrics.addr())
         .map_err(anyhow::Error::msg)?;
+    // The lease counts from before the registration was sent (see `lease.rs`).
+    let registering = std::time::Instant::now();
     let reg = register_request(
         &mut master,
         RegisterRequest {
@@ -111,30 +115,14 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     .await?;
     drop(keepalive);
     let hb_ms = reg.heartbeat_ms;
+    shard.set_node(args.node_id);
+    shard.fence_peers(&reg.peer_nodes);
+    shard
+        .lease
+        .arm(lease_length(job.cluster.dead_after_ms, hb_ms), registering);
     shard.set_peers(reg.layout_version, reg.peer_addrs);
-    // On a thread of their own (`rpc::beats`), so that serving, checkpoint copies and
-    // recoveries on this runtime never hold them back; the replies come back here.
     let (replies_tx, mut replies) = tokio::sync::mpsc::unbounded_channel();
-    let serving_since = std::time::Instant::now();
-    let beat_shard = shard.clone();
-    let node_id = args.node_id;
-    let _beats = rpc::beats::spawn(
-        "heartbeats",
-        &args.master,
-        &token,
-        Duration::from_millis(hb_ms),
-        move |mut m, _| {
-            // Read without the state lock: a heartbeat must not wait for a checkpoint.
-            let req = (!fail_point_heartbeat_muted(serving_since))
-                .then(|| heartbeat(node_id, beat_shard.version()));
-            let tx = replies_tx.clone();
-            async move {
-                if let Some(req) = req {
-                    let _ = tx.send(m.heartbeat(req).await);
-                }
-            }
-        },
-    )?;
+    let _beats = beat_while_serving(&args, &token, &shard, hb_ms, replies_tx)?;
     fail_point_block_runtime();
     loop {
         let Some(r) = replies.recv().await else {
@@ -143,9 +131,18 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
         match r {
             Ok(r) => {
                 let r = r.into_inner();
-                if matches!(r.action(), NodeAction::Stop | NodeAction::Unknown) {
+                if r.action() == NodeAction::Unknown {
+                    eprintln!(
+                        "PS {}: the master no longer knows this node (declared dead and \
+                         replaced); exiting",
+                        args.index
+                    );
                     break;
                 }
+                if r.action() == NodeAction::Stop {
+                    break;
+                }
+                shard.fence_peers(&r.ps_nodes);
                 shard.set_peers(r.layout_version, r.ps_addrs);
             }
             Err(s) if is_transient(&s) => {}
@@ -161,6 +158,63 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The heartbeats of a serving server, on a thread of their own (`rpc::beats`), so that
+/// serving, checkpoint copies and recoveries on this runtime never hold them back; the
+/// replies go to `replies`. Each acknowledged one renews the server's lease there too (a
+/// busy runtime does not let the lease run out while the master answers), and the lease's
+/// running out, and its renewal, are logged.
+fn beat_while_serving(
+    args: &PsArgs,
+    token: &str,
+    shard: &Arc<PsShard>,
+    hb_ms: u64,
+    replies: tokio::sync::mpsc::UnboundedSender<HeartbeatReply>,
+) -> anyhow::Result<rpc::beats::Beats> {
+    let serving_since = std::time::Instant::now();
+    let shard = shard.clone();
+    let (node_id, index) = (args.node_id, args.index);
+    let was_fenced = std::sync::atomic::AtomicBool::new(false);
+    rpc::beats::spawn(
+        "heartbeats",
+        &args.master,
+        token,
+        Duration::from_millis(hb_ms),
+        move |mut m, _| {
+            // Read without the state lock: a heartbeat must not wait for a checkpoint.
+            let fenced = shard.lease.expired();
+            if fenced.is_some() != was_fenced.swap(fenced.is_some(), Ordering::AcqRel) {
+                match fenced {
+                    Some(since) => eprintln!(
+                        "PS {index}: fenced: the master acknowledged no heartbeat for {} ms, \
+                         past the lease; serving nothing until it answers",
+                        since.as_millis()
+                    ),
+                    None => eprintln!("PS {index}: the master answers again; serving"),
+                }
+            }
+            let req = (!fail_point_heartbeat_muted(serving_since))
+                .then(|| heartbeat(node_id, shard.version(), fenced.is_some()));
+            let (tx, shard) = (replies.clone(), shard.clone());
+            async move {
+                if let Some(req) = req {
+                    let sent = std::time::Instant::now();
+                    let r = m.heartbeat(req).await;
+                    if r.as_ref()
+                        .is_ok_and(|r| r.get_ref().action() == NodeAction::Continue)
+                    {
+                        shard.lease.renew(sent);
+                    }
+                    let _ = tx.send(r);
+                }
+            }
+        },
+    )
+}
+
+/// A heartbeat's outcome, as the serving loop receives it.
+type HeartbeatReply =
+    Result<tonic::Response<elastrec_proto::master::HeartbeatResponse>, tonic::Status>;
+
 /// Heartbeats every `every_ms` until dropped, for a server that registered and does not
 /// serve yet; replies are left to the heartbeats that follow once it serves.
 fn keep_beating(
@@ -175,7 +229,7 @@ fn keep_beating(
         token,
         Duration::from_millis(every_ms),
         move |mut m, _| async move {
-            let _ = m.heartbeat(heartbeat(node_id, 0)).await;
+            let _ = m.heartbeat(heartbeat(node_id, 0, false)).await;
         },
     )
 }
@@ -257,7 +311,7 @@ async fn restore_state(
 }
 
 /// A PS's heartbeat: its dense step and its process profile (a PS trains no task).
-fn heartbeat(node_id: u32, step: u64) -> HeartbeatRequest {
+fn heartbeat(node_id: u32, step: u64, fenced: bool) -> HeartbeatRequest {
     HeartbeatRequest {
         version: rpc::version(),
         node_id,
@@ -266,5 +320,6 @@ fn heartbeat(node_id: u32, step: u64) -> HeartbeatRequest {
         samples: 0,
         step,
         profile: Some(ps_profile()),
+        fenced,
     }
 }

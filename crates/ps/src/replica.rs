@@ -16,7 +16,7 @@
 //! sends a whole seed (slice and optimizer state) once it can reach it again.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,11 +70,18 @@ pub(crate) struct Replication {
     peers: watch::Sender<(u64, Vec<String>)>,
     /// The replica this server keeps of its predecessor's slice.
     held: Mutex<Option<Replica>>,
+    /// This server's node id, sent with its updates (0: started without a master).
+    node: AtomicU32,
+    /// Per server index, the oldest node whose replica requests are still taken: a
+    /// request from an older one comes from a server that was declared dead and replaced.
+    floors: Mutex<Vec<u32>>,
 }
 
 /// A replica of another server's dense slice.
 struct Replica {
     owner: u32,
+    /// The owner's node id (its generation) that sent the replica.
+    owner_node: u32,
     layout: u64,
     range: Range<usize>,
     dense: Vec<f32>,
@@ -100,7 +107,54 @@ impl Replication {
             .0,
             peers: watch::channel((0, Vec::new())).0,
             held: Mutex::new(None),
+            node: AtomicU32::new(0),
+            floors: Mutex::new(Vec::new()),
         }
+    }
+
+    /// This server's node id, which the master assigned to its process.
+    pub(crate) fn set_node(&self, node: u32) {
+        self.node.store(node, Ordering::Release);
+    }
+
+    /// The master published the node of each index (0 where none runs; see
+    /// `HeartbeatResponse.ps_nodes`). A running node fences every older node of its index;
+    /// an index where none runs fences the node this server holds a replica from, which
+    /// the master no longer counts as running.
+    pub(crate) fn fence(&self, nodes: &[u32]) {
+        let held = self.held.lock().as_ref().map(|r| (r.owner, r.owner_node));
+        let mut floors = self.floors.lock();
+        if floors.len() < nodes.len() {
+            floors.resize(nodes.len(), 0);
+        }
+        for (i, &n) in nodes.iter().enumerate() {
+            let floor = match held {
+                Some((owner, owner_node)) if n == 0 && owner as usize == i && owner_node > 0 => {
+                    owner_node + 1
+                }
+                _ => n,
+            };
+            floors[i] = floors[i].max(floor);
+        }
+    }
+
+    /// Refuses a request of `node` for index `index` when a newer node of that index is
+    /// known; otherwise `node` becomes the oldest one taken.
+    fn admit(&self, index: u32, node: u32) -> Result<(), PsError> {
+        let mut floors = self.floors.lock();
+        let i = index as usize;
+        if floors.len() <= i {
+            floors.resize(i + 1, 0);
+        }
+        if node < floors[i] {
+            return Err(PsError::StaleGeneration {
+                index,
+                node,
+                current: floors[i],
+            });
+        }
+        floors[i] = node;
+        Ok(())
     }
 
     /// The master published the servers of layout `layout` (by index, "" where one is not
@@ -190,12 +244,14 @@ impl Replication {
         req: ReplicateRequest,
     ) -> Result<ReplicateResponse, PsError> {
         let mut held = self.held.lock();
+        self.admit(req.owner, req.owner_node)?;
         if let Some(seed) = req.seed {
             let range = check_range(shard, &seed)?;
             let mut opt = shard.config.dense_optimizer_for(&range);
             put_state(opt.as_mut(), &seed, range.len())?;
             *held = Some(Replica {
                 owner: req.owner,
+                owner_node: req.owner_node,
                 layout: req.layout_version,
                 range,
                 dense: seed.dense,
@@ -207,10 +263,11 @@ impl Replication {
             dense_version: 0,
             needs_seed: true,
         };
-        let Some(r) = held
-            .as_mut()
-            .filter(|r| r.owner == req.owner && r.layout == req.layout_version)
-        else {
+        // Updates apply only to a replica their own node seeded: a new node of the index
+        // seeds its own first.
+        let Some(r) = held.as_mut().filter(|r| {
+            r.owner == req.owner && r.owner_node == req.owner_node && r.layout == req.layout_version
+        }) else {
             return Ok(needs_seed);
         };
         for u in &req.updates {
@@ -416,6 +473,7 @@ async fn forward(me: Arc<PsShard>, mut rx: mpsc::UnboundedReceiver<Recorded>) {
             layout_version: layout,
             seed: None,
             updates: batch.into_iter().map(|r| r.update).collect(),
+            owner_node: rep.node.load(Ordering::Acquire),
         };
         match send(&me, &mut link, layout, req).await {
             Ok(()) => {}
@@ -452,6 +510,7 @@ async fn seed(
         layout_version: layout,
         seed: Some(state),
         updates: Vec::new(),
+        owner_node: me.replication.node.load(Ordering::Acquire),
     };
     send(me, link, layout, req).await?;
     me.replication.progress.send_modify(|p| {
@@ -468,6 +527,10 @@ async fn send(
     layout: u64,
     req: ReplicateRequest,
 ) -> Result<(), SendError> {
+    // A server whose lease ran out may have been replaced: it sends nothing.
+    me.lease
+        .check()
+        .map_err(|e| SendError::Unreachable(e.to_string()))?;
     let view = me.layout();
     let (index, count) = (view.layout.index, view.layout.count);
     if count < 2 {
@@ -528,6 +591,17 @@ impl PsShard {
     /// running): where this server's dense replica goes.
     pub fn set_peers(&self, layout: u64, addrs: Vec<String>) {
         self.replication.set_peers(layout, addrs);
+    }
+
+    /// This server's node id (its generation), which the master assigned to its process.
+    pub fn set_node(&self, node: u32) {
+        self.replication.set_node(node);
+    }
+
+    /// The master published the node of each server index (0 where none runs): replica
+    /// requests from older nodes of an index are refused from now on.
+    pub fn fence_peers(&self, nodes: &[u32]) {
+        self.replication.fence(nodes);
     }
 
     /// A server relaunched by a partial recovery takes its dense slice and optimizer state

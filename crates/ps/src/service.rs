@@ -31,6 +31,7 @@ impl ParameterServer for Service {
         let t0 = Instant::now();
         let req = req.into_inner();
         check_version(&req.version)?;
+        self.0.lease.check()?;
         let rows = req.rows.len() as u64;
         let shard = self.0.clone();
         let out = tokio::task::spawn_blocking(move || shard.pull(&req))

@@ -231,6 +231,8 @@ pub struct PsShard {
     /// The replica of this server's dense slice on its successor, and the one it keeps of
     /// its predecessor's.
     pub(crate) replication: crate::replica::Replication,
+    /// The master's lease on this server (armed by the PS process once it registered).
+    pub lease: crate::lease::Lease,
     /// Served on `/metrics`.
     pub metrics: crate::metrics::PsMetrics,
 }
@@ -366,6 +368,7 @@ impl PsShard {
             max_message_bytes: job.cluster.max_message_bytes,
             call_timeout: job.cluster.rpc_timeout(),
             peer_token: OnceLock::new(),
+            lease: crate::lease::Lease::default(),
             // Full recovery rewinds every server together: only a partial one needs it.
             replication: crate::replica::Replication::new(
                 job.checkpoint.dense_replica
@@ -773,6 +776,7 @@ impl PsShard {
     /// Applies a push: at once (async), or as part of its synchronous step. It is answered
     /// once the update it joined is replicated (see [`crate::replica`]).
     pub async fn push(&self, req: PushRequest) -> Result<PushResponse, PsError> {
+        self.lease.check()?;
         let view = self.layout();
         view.check(req.layout_version)?;
         self.validate_push(&view.layout, &req)?;
@@ -790,6 +794,8 @@ impl PsShard {
     fn push_async(&self, req: &PushRequest, view: &LayoutView) -> Result<u64, PsError> {
         let mut st = self.state.lock();
         st.check_layout(req.layout_version)?;
+        // Again under the lock: the lease may have run out while the push waited for it.
+        self.lease.check()?;
         if self.already_applied(&mut st, req) {
             return Ok(self.version_locked(&st));
         }

@@ -224,3 +224,160 @@ async fn a_dead_successor_is_seeded_again_once_replaced() {
         .unwrap();
     assert!(failures >= 1.0, "{metrics}");
 }
+
+/// One push of a deterministic dense gradient straight to `server` (as a worker that still
+/// routes by an old address would send it); the call's outcome.
+async fn push_to(
+    server: &Server,
+    total: usize,
+    index: usize,
+    step: u64,
+) -> Result<(), tonic::Status> {
+    let grad: Vec<f32> = dense_slice(total, 2, index)
+        .map(|i| ((i as u64 * 7 + step) % 11) as f32 / 11.0 - 0.5)
+        .collect();
+    server
+        .client()
+        .push(PushRequest {
+            version: rpc::version(),
+            worker_id: 2,
+            dense_grad: grad,
+            contributors: 1,
+            batch: Some(BatchKey {
+                epoch: 1,
+                file: 1,
+                start_row: step,
+            }),
+            samples: 1,
+            ..Default::default()
+        })
+        .await
+        .map(|_| ())
+}
+
+/// PS 0 (node 3) is replaced by node 5 while node 3 still runs (cut off, its kill lost).
+/// Whatever node 3 applies afterwards never reaches the replica its successor keeps of
+/// index 0: the replacement's seed fenced it (`fenced_by_publication`: the master's
+/// publication that no node runs index 0 fenced it before the replacement spoke).
+async fn an_old_node_cannot_overwrite_its_replacements_replica(fenced_by_publication: bool) {
+    let job = job("async");
+    let a = Server::start(PsShard::new(&job, 0, 2).unwrap()).await;
+    let b = Server::start(PsShard::new(&job, 1, 2).unwrap()).await;
+    a.shard.set_node(3);
+    b.shard.set_node(4);
+    publish(&[&a, &b]);
+    train(&[&a, &b], 0, 4).await;
+    let total = a.shard.range().len() + b.shard.range().len();
+    if fenced_by_publication {
+        b.shard.fence_peers(&[0, 4]);
+        push_to(&a, total, 0, 100).await.unwrap();
+        assert_ne!(
+            a.shard.snapshot().dense_version,
+            replica_on(&b, 0).await.3,
+            "node 3's update after the master stopped counting it reached the replica"
+        );
+    }
+    let a2 = Server::start(PsShard::new(&job, 0, 2).unwrap()).await;
+    a2.shard.set_node(5);
+    a2.shard
+        .take_dense_replica(&[String::new(), b.addr.clone()], TOKEN)
+        .await
+        .unwrap();
+    let addrs = vec![a2.addr.clone(), b.addr.clone()];
+    a2.shard.set_peers(0, addrs.clone());
+    b.shard.set_peers(0, addrs);
+    train(&[&a2, &b], 4, 3).await;
+    let before = a.shard.snapshot().dense_version;
+    // Node 3 takes more pushes and replicates them under index 0: refused by the successor.
+    for step in 200..203 {
+        push_to(&a, total, 0, step).await.unwrap();
+    }
+    assert_eq!(a.shard.snapshot().dense_version, before + 3);
+    assert_same(
+        "PS 0's replica on PS 1 after node 3 pushed",
+        replica_on(&b, 0).await,
+        owned(&a2.shard.snapshot()),
+    );
+    let metrics = a.shard.metrics.render(a.shard.version());
+    assert!(
+        metrics.lines().any(|l| l
+            .starts_with("elastrec_ps_dense_replica_failures_total{ps=\"0\"} ")
+            && !l.ends_with(" 0")),
+        "the refused node counts its replica as failed: {metrics}"
+    );
+    // The replacement goes on replicating as before.
+    train(&[&a2, &b], 7, 2).await;
+    assert_same(
+        "PS 0's replica on PS 1 after the replacement pushed again",
+        replica_on(&b, 0).await,
+        owned(&a2.shard.snapshot()),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_nodes_updates_are_refused_once_its_replacement_seeded_the_replica() {
+    an_old_node_cannot_overwrite_its_replacements_replica(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_the_master_no_longer_counts_is_refused_before_its_replacement_speaks() {
+    an_old_node_cannot_overwrite_its_replacements_replica(true).await;
+}
+
+/// A server whose lease from the master ran out (cut off from it for longer than the
+/// lease) refuses pulls, pushes and checkpoints with a refusal the worker retries, and
+/// changes nothing; an acknowledged heartbeat lets it serve again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_past_its_lease_serves_nothing_until_renewed() {
+    let job = job("async");
+    let a = Server::start(PsShard::new(&job, 0, 2).unwrap()).await;
+    let b = Server::start(PsShard::new(&job, 1, 2).unwrap()).await;
+    publish(&[&a, &b]);
+    train(&[&a, &b], 0, 2).await;
+    let total = a.shard.range().len() + b.shard.range().len();
+    let before = owned(&a.shard.snapshot());
+    let long_ago = std::time::Instant::now() - Duration::from_secs(10);
+    a.shard.lease.arm(Duration::from_secs(3), long_ago);
+    let refused = push_to(&a, total, 0, 50).await.unwrap_err();
+    assert!(rpc::is_fence_refusal(&refused), "{refused:?}");
+    assert!(
+        rpc::is_transient(&refused),
+        "a worker retries it: {refused:?}"
+    );
+    assert!(refused.message().contains("ms"), "{refused:?}");
+    let pull = a
+        .client()
+        .pull(elastrec_proto::ps::PullRequest {
+            version: rpc::version(),
+            tables: vec![0],
+            rows: vec![0],
+            want_dense: true,
+            layout_version: 0,
+        })
+        .await
+        .unwrap_err();
+    assert!(rpc::is_fence_refusal(&pull), "{pull:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = a
+        .client()
+        .checkpoint(elastrec_proto::ps::CheckpointRequest {
+            version: rpc::version(),
+            id: 1,
+            location: dir.path().display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(rpc::is_fence_refusal(&ckpt), "{ckpt:?}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "a fenced server wrote checkpoint data"
+    );
+    let version = before.3;
+    assert_same("PS 0 while fenced", owned(&a.shard.snapshot()), before);
+    // The master answers again: the lease is renewed and the push goes through.
+    a.shard.lease.renew(std::time::Instant::now());
+    push_to(&a, total, 0, 51).await.unwrap();
+    assert_eq!(a.shard.snapshot().dense_version, version + 1);
+}

@@ -400,6 +400,22 @@ pub fn layout_refusal(detail: impl std::fmt::Display) -> Status {
     Status::aborted(format!("{LAYOUT_REFUSAL}: {detail}"))
 }
 
+/// Start of the message of a parameter server's refusal while its lease from the master
+/// has run out (code `UNAVAILABLE`; see [`is_fence_refusal`]).
+pub const FENCE_REFUSAL: &str = "fenced";
+
+/// A parameter server's refusal because the master has not acknowledged it for longer
+/// than its lease: it may have been declared dead and replaced. The caller retries the
+/// same server a little later, or switches to a replacement the master publishes.
+pub fn fence_refusal(detail: impl std::fmt::Display) -> Status {
+    Status::unavailable(format!("{FENCE_REFUSAL}: {detail}"))
+}
+
+/// True for a refusal made by [`fence_refusal`].
+pub fn is_fence_refusal(s: &Status) -> bool {
+    s.code() == tonic::Code::Unavailable && s.message().starts_with(FENCE_REFUSAL)
+}
+
 /// Metadata of a layout refusal naming a newer committed layout: its version and its
 /// servers' addresses by index, comma-separated.
 const LAYOUT_VERSION_KEY: &str = "elastrec-layout-version";

@@ -9,6 +9,7 @@ pub mod bench;
 pub mod error;
 pub mod executor;
 mod executor_reader;
+mod fail_points;
 pub mod layout;
 pub mod mixing;
 pub mod model_file;

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use elastrec_common::fail_points;
 use elastrec_data::{Batch, BatchReader};
 use elastrec_embedding::{row_of, shard_of};
 use elastrec_job::distributed::SyncMode;
@@ -35,6 +34,7 @@ use elastrec_rpc::{self as rpc, dense_slice, is_transient, Master, Ps};
 use parking_lot::Mutex;
 use tonic::Code;
 
+use crate::fail_points::{fail_point_exit_after_push, fail_point_slow_batch, RowTrace};
 use crate::layout::{split_parts, PsLayout, PushPart};
 use crate::pooling::{LookupPlan, SlotLayout};
 
@@ -190,6 +190,7 @@ fn heartbeat_request(id: u32, shared: &Shared) -> HeartbeatRequest {
         samples: shared.samples.load(Ordering::Relaxed),
         step: shared.steps.load(Ordering::Relaxed),
         profile: Some(shared.profile.snapshot()),
+        fenced: false,
     }
 }
 
@@ -251,6 +252,12 @@ enum Refusal {
     Layout(usize, tonic::Status),
 }
 
+/// How long a worker waits for a replacement of a fenced server (see `elastrec_ps::lease`)
+/// before it calls that server again.
+const FENCE_POLL: Duration = Duration::from_millis(200);
+/// How often a worker says that a server still refuses it as fenced.
+const FENCE_LOG_EVERY: Duration = Duration::from_secs(5);
+
 /// How long a worker waits for the master to publish a new layout after a server refused
 /// its layout before it tries the servers again (they may be finishing their commit).
 const LAYOUT_POLL: Duration = Duration::from_millis(50);
@@ -295,6 +302,8 @@ struct RemoteModel {
     lr_scale: f32,
     /// The sum of the last batch's sample weights (none: the data has no weights).
     loss_weight: Option<f64>,
+    /// When a fenced server's refusal was last logged.
+    fence_logged: Option<Instant>,
 }
 
 impl RemoteModel {
@@ -343,6 +352,7 @@ impl RemoteModel {
                 job.optimizer.schedule.scale(0, u64::MAX)
             },
             loss_weight: None,
+            fence_logged: None,
         };
         me.connect(layout)?;
         Ok(me)
@@ -392,13 +402,28 @@ impl RemoteModel {
     /// for two minutes ends the worker (the master stops the job or recovers it fully).
     /// A new layout published meanwhile is taken instead.
     async fn await_replacement(&mut self, i: usize, why: &tonic::Status) -> anyhow::Result<()> {
-        eprintln!(
-            "worker {}: PS {i} at {} failed ({}); waiting for its replacement",
-            self.worker_id,
-            self.addrs[i],
-            why.message()
-        );
-        let deadline = Instant::now() + Duration::from_secs(120);
+        // A fenced server is alive but lost the master's lease: it serves again once the
+        // master answers it, or the master replaces it. Either way the master settles it
+        // (a fenced server's heartbeats are no sign of life), so the call is retried
+        // every `FENCE_POLL` until then, with no deadline of its own.
+        let fenced = rpc::is_fence_refusal(why);
+        if !fenced
+            || self
+                .fence_logged
+                .is_none_or(|t| t.elapsed() > FENCE_LOG_EVERY)
+        {
+            eprintln!(
+                "worker {}: PS {i} at {} failed ({}); waiting for it or its replacement",
+                self.worker_id,
+                self.addrs[i],
+                why.message()
+            );
+            if fenced {
+                self.fence_logged = Some(Instant::now());
+            }
+        }
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(120);
         loop {
             if self.follow_layout()? {
                 return Ok(());
@@ -421,6 +446,9 @@ impl RemoteModel {
                     "worker {}: PS {i} is back at {}",
                     self.worker_id, self.addrs[i]
                 );
+                return Ok(());
+            }
+            if fenced && started.elapsed() >= FENCE_POLL {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -1391,57 +1419,6 @@ fn local_batch_size(job: &JobConfig, shared: &Shared) -> usize {
             batch.div_ceil(workers)
         }
     }
-}
-
-/// The value of a test fail point `NAME=NODE:N[,NODE:N...]` for this node: the first entry
-/// that names it (`*` names every node). Other nodes, and relaunched workers (new node ids),
-/// ignore it.
-/// Test fail point `ELASTREC_FAIL_EXIT_AFTER_PUSH=NODE:N`: worker `NODE` exits right
-/// after the PS accepted its `N`-th push, before reporting it to the master (the window in
-/// which a batch's gradients are applied but its samples are not counted).
-fn fail_point_exit_after_push(node: u32) -> Option<u64> {
-    fail_points::for_node("ELASTREC_FAIL_EXIT_AFTER_PUSH", node).filter(|&n| n > 0)
-}
-
-/// Test fail point `ELASTREC_TEST_TRACE_ROWS=DIR`: every worker appends the rows the master
-/// accepted (reported batches) to `DIR/worker-<id>.tsv`, one line per row: epoch, task id,
-/// the row's first dense value (`ln(1 + x)` of the file's first integer). What a test needs
-/// to see the order rows were trained in, which nothing else records.
-struct RowTrace(std::io::BufWriter<std::fs::File>);
-
-impl RowTrace {
-    fn open(node: u32) -> anyhow::Result<Option<Self>> {
-        let Some(dir) = fail_points::value("ELASTREC_TEST_TRACE_ROWS") else {
-            return Ok(None);
-        };
-        let path = Path::new(&dir).join(format!("worker-{node}.tsv"));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .with_context(|| format!("row trace {}", path.display()))?;
-        Ok(Some(Self(std::io::BufWriter::new(file))))
-    }
-
-    fn record(&mut self, task: &elastrec_proto::master::Task, batch: &Batch) -> anyhow::Result<()> {
-        use std::io::Write as _;
-        for i in 0..batch.len() {
-            let first = batch.dense_row(i).first().copied().unwrap_or(f32::NAN);
-            writeln!(self.0, "{}\t{}\t{first:?}", task.epoch, task.task_id)?;
-        }
-        // A worker may be killed at any point: what was reported is on disk.
-        self.0.flush()?;
-        Ok(())
-    }
-}
-
-/// Test fail point `ELASTREC_FAIL_SLOW_WORKER=NODE:MS`: worker `NODE` (`*`: every worker)
-/// spends `MS` more milliseconds per `train.batch_size` samples trained (a batch of
-/// another size in proportion), as a worker on a slow or overloaded machine would (or,
-/// for every worker, a job whose workers are the bottleneck).
-/// `5:250,*:20` slows worker 5 by 250 ms and every other worker by 20 ms.
-fn fail_point_slow_batch(node: u32) -> Option<Duration> {
-    fail_points::for_node("ELASTREC_FAIL_SLOW_WORKER", node).map(Duration::from_millis)
 }
 
 #[cfg(test)]

@@ -75,6 +75,17 @@ impl Job {
         }
     }
 
+    /// A heartbeat from a node that says it is fenced (its lease from the master ran out:
+    /// it hears no replies). It is no sign of life, so the node's silence goes on counting
+    /// and ends in a probe and a verdict as silence does; the node is only told what to do.
+    pub fn fenced_heartbeat(&self, id: u32) -> Directive {
+        match self.nodes.get(&id) {
+            Some(n) if n.state == NodeState::Stopping => Directive::Stop,
+            Some(n) if n.state.is_live() => Directive::Continue,
+            _ => Directive::Unknown,
+        }
+    }
+
     /// Recent rate (samples/s) of a worker, once it has been watched for a whole window.
     /// Before that it is unknown: a rate since launch mostly measures process start-up
     /// and would flag a worker that merely started a little later than its peers.

@@ -741,6 +741,23 @@ impl Job {
         addrs
     }
 
+    /// The node ids of the layout's running parameter servers by index, 0 where one is not
+    /// running (the same servers as [`Job::running_ps_addrs`]): a server refuses the
+    /// requests of an older node of an index, which was replaced.
+    pub fn running_ps_nodes(&self) -> Vec<u32> {
+        let mut nodes = vec![0; self.policy.num_ps as usize];
+        for n in self.nodes.values() {
+            if n.role == Role::Ps
+                && n.state == NodeState::Running
+                && n.index < self.policy.num_ps
+                && !self.is_joining(n.id)
+            {
+                nodes[n.index as usize] = n.id;
+            }
+        }
+        nodes
+    }
+
     /// Version of the PS layout in force.
     pub fn layout_version(&self) -> u64 {
         self.layout_version

@@ -585,3 +585,38 @@ fn a_node_that_only_answers_probes_is_declared_dead() {
     assert!(cx.events.iter().any(|e| matches!(e,
         Event::NodeDead { id: 3, reason, .. } if reason.contains("answered 3 probes in a row"))));
 }
+
+/// A server whose lease ran out says so in its heartbeats (it hears no replies: an
+/// asymmetric partition). Those heartbeats are no sign of life: it is suspected, probed
+/// and declared dead as a silent node is, instead of staying fenced for ever; its
+/// heartbeats are answered meanwhile, and "unknown" once it is dead.
+#[test]
+fn a_fenced_servers_heartbeats_do_not_keep_it_alive() {
+    let mut cx = Recorder::default();
+    let mut j = probed_job(&mut cx, 1);
+    let ps = 1;
+    assert_eq!(j.node(ps).unwrap().role, Role::Ps);
+    cx.now = 600;
+    assert_eq!(j.fenced_heartbeat(ps), Directive::Continue);
+    cx.now = 1200;
+    assert_eq!(j.fenced_heartbeat(ps), Directive::Continue);
+    for id in [2, 3] {
+        j.heartbeat(id, 0, 0, &mut cx);
+    }
+    j.tick(&mut cx);
+    assert_eq!(j.suspected(), vec![ps]);
+    assert_eq!(j.fenced_heartbeat(ps), Directive::Continue);
+    assert_eq!(
+        j.suspected(),
+        vec![ps],
+        "a fenced heartbeat ended the suspicion"
+    );
+    j.probe_failed(ps, "no route to host", &mut cx);
+    assert_eq!(j.node(ps).unwrap().state, NodeState::Dead);
+    assert_eq!(j.fenced_heartbeat(ps), Directive::Unknown);
+    assert_eq!(
+        j.running_ps_nodes()[0],
+        0,
+        "a dead server is still published"
+    );
+}

@@ -166,6 +166,12 @@ impl ClusterBackend for LocalProcesses {
     }
 
     fn stop(&self, node: &Node) {
+        // Test fail point: the stop never reaches the node, as when its host is cut off
+        // (the node must then fence itself and exit on its own).
+        if elastrec_common::fail_points::for_node("ELASTREC_FAIL_LOST_STOP", node.id).is_some() {
+            eprintln!("master: fail point: the stop of node {} is lost", node.id);
+            return;
+        }
         if let Some(mut c) = self.children.lock().remove(&node.id) {
             let _ = c.kill();
             let _ = c.wait();

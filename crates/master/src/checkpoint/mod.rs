@@ -78,6 +78,10 @@ pub struct Coordinator {
     /// Servers relaunched by the partial recovery in progress: they take their dense slice
     /// from their successor's replica (see `elastrec_ps`'s dense replicas).
     dense_from_replica: Mutex<std::collections::BTreeSet<u32>>,
+    /// The highest checkpoint id this master asked the servers for: an id is never asked
+    /// for twice, even when its attempt failed before any part reached storage (a
+    /// server that was cut off may still write its part of that id later).
+    attempted: std::sync::atomic::AtomicU64,
 }
 
 impl Coordinator {
@@ -108,6 +112,7 @@ impl Coordinator {
             running: tokio::sync::Mutex::new(()),
             dense_from_replica: Mutex::new(Default::default()),
             origin: Mutex::new(None),
+            attempted: Default::default(),
         })
     }
 
@@ -235,7 +240,7 @@ impl Coordinator {
             (job.data_position(), step, job.ps_addrs())
         };
         let addrs = addrs.context("not every parameter server is up")?;
-        let id = self.store.next_id().await?;
+        let id = self.fresh_id().await?;
         let ratio = self.cfg.ratio;
         let delta = self.policy.lock().next_is_delta();
         let shm_namespace = if self.cfg.shm {
@@ -353,6 +358,16 @@ impl Coordinator {
             }
         );
         Ok(manifest)
+    }
+
+    /// The id of the next checkpoint: past every one in storage and every one attempted
+    /// (checkpoints are taken one at a time, under `running`).
+    async fn fresh_id(&self) -> anyhow::Result<u64> {
+        use std::sync::atomic::Ordering;
+        let stored = self.store.next_id().await?;
+        let id = stored.max(self.attempted.load(Ordering::Acquire) + 1);
+        self.attempted.store(id, Ordering::Release);
+        Ok(id)
     }
 
     async fn persist(&self, core: &MasterCore, stats: &CheckpointStats) {
