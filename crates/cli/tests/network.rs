@@ -60,13 +60,40 @@ fn status_on(net: &Net, dir: &Path) -> Option<serde_json::Value> {
 
 /// Starts `job` on the master's host, held at a third of its first epoch.
 fn spawn_held(net: &Net, job: &Path, log: &Path) -> Group {
+    spawn_held_with(net, job, log, &[])
+}
+
+/// [`spawn_held`] with environment variables `env` (fail points) for the master.
+fn spawn_held_with(net: &Net, job: &Path, log: &Path, env: &[(&str, &str)]) -> Group {
     let at = (fixture().train_rows / 3).to_string();
-    let cmd = net.command(
+    let mut cmd = net.command(
         "master",
         exe(),
         &["run", job.to_str().unwrap(), "--pause-at-samples", &at],
     );
+    cmd.envs(env.iter().copied());
     Group::spawn_command(cmd, log)
+}
+
+/// Takes a checkpoint of the job now (through its master, from the master's host).
+fn checkpoint_on(net: &Net, dir: &Path) {
+    let out = elastrec_on(net, "master", &["checkpoint", dir.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "checkpoint: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The PS indices the job's recoveries brought back, in the order of the recoveries.
+fn recovered_ps(result: &serde_json::Value) -> Vec<u64> {
+    result["checkpoint"]["recoveries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|rec| rec["ps"].as_array().cloned().unwrap_or_default())
+        .map(|p| p.as_u64().unwrap())
+        .collect()
 }
 
 /// Waits until the job stands at its pause point; returns its status then.
@@ -243,12 +270,7 @@ fn netns_a_master_cut_off_from_every_node_replaces_them_once_healed() {
     let log = dir.with_extension("log");
     let g = spawn_held(&net, &job, &log);
     let s = wait_held_on(&net, &dir);
-    let out = elastrec_on(&net, "master", &["checkpoint", dir.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "checkpoint: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    checkpoint_on(&net, &dir);
     let others = ["ps0", "ps1", "worker0", "worker1"];
     let nodes: Vec<u64> = others.iter().map(|h| node_on(&s, &net, h).0).collect();
     for h in others {
@@ -267,13 +289,7 @@ fn netns_a_master_cut_off_from_every_node_replaces_them_once_healed() {
     unpause_on(&net, &dir);
     finish(&net, g, &dir, &log);
     let r = result(&dir);
-    let mut recovered: Vec<u64> = r["checkpoint"]["recoveries"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|rec| rec["ps"].as_array().cloned().unwrap_or_default())
-        .map(|p| p.as_u64().unwrap())
-        .collect();
+    let mut recovered = recovered_ps(&r);
     recovered.sort_unstable();
     recovered.dedup();
     assert_eq!(
@@ -300,23 +316,11 @@ fn netns_a_ps_cut_off_past_dead_after_ms_fences_itself_before_it_is_replaced() {
     let (job, dir) = write_job("netns-ps-cut", &cluster);
     let log = dir.with_extension("log");
     // Node ids: the 2 PS are 1 and 2 (index 0 and 1), then the workers.
-    let at = (fixture().train_rows / 3).to_string();
-    let mut cmd = net.command(
-        "master",
-        exe(),
-        &["run", job.to_str().unwrap(), "--pause-at-samples", &at],
-    );
-    cmd.env("ELASTREC_FAIL_LOST_STOP", "1:1");
-    let g = Group::spawn_command(cmd, &log);
+    let g = spawn_held_with(&net, &job, &log, &[("ELASTREC_FAIL_LOST_STOP", "1:1")]);
     let s = wait_held_on(&net, &dir);
     let (cut, _) = node_on(&s, &net, "ps0");
     assert_eq!(cut, 1, "{s}");
-    let out = elastrec_on(&net, "master", &["checkpoint", dir.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "checkpoint: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    checkpoint_on(&net, &dir);
     let others = [
         "master", "ps1", "worker0", "worker1", "worker2", "worker3", "worker4",
     ];
@@ -355,14 +359,7 @@ fn netns_a_ps_cut_off_past_dead_after_ms_fences_itself_before_it_is_replaced() {
         .collect();
     assert_eq!(dead, vec![cut], "only the cut-off PS was declared dead");
     let r = result(&dir);
-    let recovered: Vec<u64> = r["checkpoint"]["recoveries"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|rec| rec["ps"].as_array().cloned().unwrap_or_default())
-        .map(|p| p.as_u64().unwrap())
-        .collect();
-    assert_eq!(recovered, vec![0], "PS 0 alone was recovered: {r}");
+    assert_eq!(recovered_ps(&r), vec![0], "PS 0 alone was recovered: {r}");
 }
 
 /// Every packet held 5 ms on its way between two hosts: a 10 ms round trip, as between
