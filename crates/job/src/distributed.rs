@@ -96,6 +96,19 @@ pub const MAX_MESSAGE_BYTES_LIMIT: usize = 1 << 30;
 pub const MAX_TIMEOUT_MS: u64 = 600_000;
 
 impl ClusterConfig {
+    /// The lease a worker or PS holds from the master, counted from the send of its last
+    /// acknowledged heartbeat (`heartbeat_ms`: the interval the master gave it). Past it the
+    /// node stops changing anything. Two heartbeats short of `dead_after_ms`, the silence
+    /// after which the master declares a node dead (timer slack), so the lease runs out
+    /// before that verdict can come; never under one heartbeat, or no renewal could keep it.
+    pub fn lease(&self, heartbeat_ms: u64) -> std::time::Duration {
+        std::time::Duration::from_millis(
+            self.dead_after_ms
+                .saturating_sub(2 * heartbeat_ms)
+                .max(heartbeat_ms),
+        )
+    }
+
     /// The deadline of a worker's PS call.
     pub fn rpc_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_millis(self.rpc_timeout_ms)
@@ -460,6 +473,21 @@ mod tests {
 
     fn parse(text: &str) -> Result<JobConfig, ConfigError> {
         JobConfig::from_toml(text, Path::new("job.toml"))
+    }
+
+    #[test]
+    fn the_lease_ends_before_the_masters_verdict_can_come() {
+        let lease = |dead_after_ms, heartbeat_ms| {
+            ClusterConfig {
+                dead_after_ms,
+                ..ClusterConfig::default()
+            }
+            .lease(heartbeat_ms)
+        };
+        assert_eq!(lease(5000, 1000), std::time::Duration::from_millis(3000));
+        assert_eq!(lease(3000, 500), std::time::Duration::from_millis(2000));
+        // Never under a heartbeat, or no renewal could keep it.
+        assert_eq!(lease(1000, 500), std::time::Duration::from_millis(500));
     }
 
     #[test]

@@ -5,11 +5,11 @@
 //! The master declares a server dead only after hearing nothing from it for
 //! `cluster.dead_after_ms` (then probing it). The server measures its lease from the moment
 //! it *sent* the last heartbeat the master acknowledged, which is no later than the moment
-//! the master received it, so with a lease no longer than `dead_after_ms` the server's
-//! lease runs out before the master's verdict can come. From then on it refuses pulls,
-//! pushes, checkpoints and sends no replica updates, until an acknowledged heartbeat
-//! renews the lease; the reply to a dead server's heartbeat says "unknown" and never
-//! renews it, so the server exits without serving again.
+//! the master received it, so with a lease shorter than `dead_after_ms`
+//! (`ClusterConfig::lease`) the server's lease runs out before the master's verdict can
+//! come. From then on it refuses pulls, pushes and checkpoints and sends no replica
+//! updates, until an acknowledged heartbeat renews the lease; the reply to a dead server's
+//! heartbeat says "unknown" and never renews it, so the server exits without serving again.
 //!
 //! The lease is a local safeguard against a server that was cut off (a partition, a
 //! long stall). Against a process that stalls *between* checking its lease and acting,
@@ -84,17 +84,6 @@ impl Lease {
     }
 }
 
-/// The lease a server takes for a job whose master declares nodes dead after
-/// `dead_after_ms` and expects heartbeats every `heartbeat_ms`: two heartbeats short of
-/// the verdict (timer slack), and never under one heartbeat.
-pub fn lease_length(dead_after_ms: u64, heartbeat_ms: u64) -> Duration {
-    Duration::from_millis(
-        dead_after_ms
-            .saturating_sub(2 * heartbeat_ms)
-            .max(heartbeat_ms),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,13 +110,5 @@ mod tests {
         lease.renew(Instant::now());
         lease.renew(long_ago);
         assert!(lease.check().is_ok());
-    }
-
-    #[test]
-    fn the_lease_ends_before_the_masters_verdict_can_come() {
-        assert_eq!(lease_length(5000, 1000), Duration::from_millis(3000));
-        assert_eq!(lease_length(3000, 500), Duration::from_millis(2000));
-        // Never under a heartbeat, or no renewal could keep it.
-        assert_eq!(lease_length(1000, 500), Duration::from_millis(500));
     }
 }

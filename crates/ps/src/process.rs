@@ -14,7 +14,6 @@ use elastrec_rpc::{self as rpc, is_transient};
 use crate::fail_points::{
     fail_point_block_runtime, fail_point_heartbeat_muted, fail_point_slow_build, NODE_ID,
 };
-use crate::lease::lease_length;
 use crate::service::{ps_profile, serve};
 use crate::shard::PsShard;
 
@@ -117,9 +116,7 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     let hb_ms = reg.heartbeat_ms;
     shard.set_node(args.node_id);
     shard.fence_peers(&reg.peer_nodes);
-    shard
-        .lease
-        .arm(lease_length(job.cluster.dead_after_ms, hb_ms), registering);
+    shard.lease.arm(job.cluster.lease(hb_ms), registering);
     shard.set_peers(reg.layout_version, reg.peer_addrs);
     let (replies_tx, mut replies) = tokio::sync::mpsc::unbounded_channel();
     let _beats = beat_while_serving(&args, &token, &shard, hb_ms, replies_tx)?;

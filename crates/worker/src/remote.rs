@@ -400,7 +400,8 @@ impl RemoteModel {
     /// PS `i` failed a call: waits until the master publishes a replacement (a new
     /// address), reconnects, and asks for fresh dense parameters. A PS that stays away
     /// for two minutes ends the worker (the master stops the job or recovers it fully).
-    /// A new layout published meanwhile is taken instead.
+    /// A new layout published meanwhile is taken instead. A fenced PS (alive, past its
+    /// lease) is called again after `FENCE_POLL` unless replaced by then.
     async fn await_replacement(&mut self, i: usize, why: &tonic::Status) -> anyhow::Result<()> {
         // A fenced server is alive but lost the master's lease: it serves again once the
         // master answers it, or the master replaces it. Either way the master settles it
@@ -1060,12 +1061,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     )?;
     // The master declares a node dead after `dead_after_ms` of silence; stop pushing well
     // before that so a worker it gave up on never trains reassigned samples.
-    let lease = Duration::from_millis(
-        job.cluster
-            .dead_after_ms
-            .saturating_sub(2 * hb_ms)
-            .max(hb_ms),
-    );
+    let lease = job.cluster.lease(hb_ms);
     let mut model = RemoteModel::new(&job, layout, token.clone(), shared.clone(), id)?;
     let batch_size = job.train.batch_size;
     let files = TaskFiles::of_blocking(&job).await?;
