@@ -11,12 +11,12 @@ const MAX_FILE_LINES: usize = 1000;
 
 /// `(file, function) -> lines` of the functions still over [`MAX_FN_LINES`].
 const LONG_FUNCTIONS: [(&str, &str, usize); 1] =
-    [("crates/worker/src/remote.rs", "run_worker", 248)];
+    [("crates/worker/src/remote.rs", "run_worker", 241)];
 
 /// `file -> non-test lines` of the files still over [`MAX_FILE_LINES`].
 const LONG_FILES: [(&str, usize); 3] = [
     ("crates/model/src/dlrm.rs", 1727),
-    ("crates/worker/src/remote.rs", 1446),
+    ("crates/worker/src/remote.rs", 1265),
     ("crates/worker/src/trainer.rs", 1127),
 ];
 

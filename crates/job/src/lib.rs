@@ -8,7 +8,8 @@
 //! the job's data, the rows of its embedding tables, its dense model). A parameter server
 //! or worker learns its job from the master (`register`). `fsio` writes the run
 //! directory's files crash-safely. `selection`: the validation slice, model selection and
-//! early stopping both `train` and `run` apply.
+//! early stopping both `train` and `run` apply. `split`: the typed rows of a task (a
+//! file's row range or a partition's offset range), as master and workers exchange them.
 
 pub mod autoscale;
 mod checks;
@@ -23,6 +24,7 @@ pub mod prepare;
 pub mod register;
 pub mod resources;
 pub mod selection;
+pub mod split;
 pub mod stream;
 
 pub use config::JobConfig;

@@ -436,7 +436,7 @@ async fn start_bench_master(
         Writer::spawn(store),
         Arc::new(NoProcesses),
         String::new(),
-        vec!["bench".into()],
+        vec![elastrec_job::split::Source::File("bench".into())],
         1000,
         "bench".into(),
     ));
@@ -514,7 +514,9 @@ async fn simulated_worker(
                     .await?
                     .into_inner();
                 if let Some(Reply::Task(t)) = r.reply {
-                    task = Some((t.task_id, t.offset, t.end_row - t.start_row));
+                    let split = elastrec_job::split::Split::from_proto(t.split.as_ref())
+                        .map_err(anyhow::Error::msg)?;
+                    task = Some((t.task_id, t.offset, split.len()));
                 }
             }
             Some((tid, off, len)) => {

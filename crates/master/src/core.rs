@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use elastrec_job::split::Source;
 use elastrec_proto::master::{self as pb, NodeStatus, RestorePlan, StatusResponse};
 use parking_lot::Mutex;
 
@@ -87,8 +88,9 @@ pub struct MasterCore {
     backend: Arc<dyn ClusterBackend>,
     /// Job file every node trains with.
     pub job_toml: String,
-    /// Training file paths by index (a following job's list grows as partitions land).
-    pub files: parking_lot::RwLock<Vec<String>>,
+    /// The job's data sources by index: its training files, then its stream's partitions
+    /// (a following job's list grows as partitions land).
+    pub sources: parking_lot::RwLock<Vec<Source>>,
     pub(crate) heartbeat_ms: u32,
     /// Prometheus metrics.
     pub metrics: Metrics,
@@ -169,7 +171,7 @@ impl MasterCore {
         writer: Writer,
         backend: Arc<dyn ClusterBackend>,
         job_toml: String,
-        files: Vec<String>,
+        sources: Vec<Source>,
         heartbeat_ms: u32,
         job_id: String,
     ) -> Self {
@@ -178,7 +180,7 @@ impl MasterCore {
             writer,
             backend,
             job_toml,
-            files: parking_lot::RwLock::new(files),
+            sources: parking_lot::RwLock::new(sources),
             heartbeat_ms,
             metrics: Metrics::new(),
             job_id,

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use elastrec_job::config::JobConfig;
 use elastrec_job::datasets::{Follower, Landed};
+use elastrec_job::split::Source;
 
 use crate::core::MasterCore;
 use crate::events::event;
@@ -24,7 +25,7 @@ const REPORT_EVERY: Duration = Duration::from_secs(30);
 
 /// Follows the datasets until the job leaves training.
 pub async fn run(core: Arc<MasterCore>, cfg: JobConfig) {
-    let known = core.files.read().clone();
+    let known: Vec<String> = core.sources.read().iter().map(Source::to_string).collect();
     let job = cfg.clone();
     let mut follower = match tokio::task::spawn_blocking(move || Follower::new(&job, known)).await {
         Ok(Ok(f)) => f,
@@ -136,9 +137,9 @@ async fn queue_files(core: &MasterCore, landed: &Landed) -> Result<(), ()> {
         return Err(());
     }
     // Paths first: a task handed out names a file the service can resolve.
-    core.files
+    core.sources
         .write()
-        .extend(landed.files.iter().map(|(p, _)| p.clone()));
+        .extend(landed.files.iter().map(|(p, _)| Source::File(p.clone())));
     let rows: Vec<u64> = landed.files.iter().map(|f| f.1).collect();
     if core
         .run(|job, cx| job.append_files(&rows, &landed.sources, cx))

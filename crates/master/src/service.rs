@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use elastrec_job::split::Split;
 use elastrec_proto::master::master_server::Master;
 use elastrec_proto::master::{
     self as pb, get_task_response::Reply, GetTaskRequest, GetTaskResponse, HeartbeatRequest,
@@ -200,18 +201,20 @@ impl Master for MasterService {
             .await?
             .map_err(MasterError::from)?;
         let reply = match reply {
-            TaskReply::Task(t) => Reply::Task(pb::Task {
-                task_id: t.id,
-                file: self.0.files.read()[t.file as usize].clone(),
-                start_row: t.start,
-                end_row: t.end,
-                epoch: t.epoch,
-                offset: t.offset,
-                file_index: t.file,
-                shuffle_block: shuffle.map_or(0, |s| s.block_rows),
-                shuffle_file_rows: shuffle.map_or(0, |s| s.file_rows),
-                shuffle_seed: shuffle.map_or(0, |s| s.seed),
-            }),
+            TaskReply::Task(t) => {
+                let split = Split {
+                    source: self.0.sources.read()[t.file as usize].clone(),
+                    range: t.start..t.end,
+                    shuffle,
+                };
+                Reply::Task(pb::Task {
+                    task_id: t.id,
+                    epoch: t.epoch,
+                    offset: t.offset,
+                    source_index: t.file,
+                    split: Some(split.to_proto()),
+                })
+            }
             TaskReply::Wait => Reply::WaitMs(200),
             TaskReply::Finished { evaluate } => Reply::Finished(pb::Finished { evaluate }),
             TaskReply::Stop => Reply::Stop(true),

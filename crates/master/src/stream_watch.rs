@@ -33,14 +33,6 @@ pub fn resolve(cfg: &StreamConfig, group: &str) -> anyhow::Result<(Vec<Partition
     Ok((partitions, starts))
 }
 
-/// Partitions named as the job's files (`kafka:topic/partition`).
-pub fn partitions_of(files: &[String]) -> anyhow::Result<Vec<PartitionId>> {
-    files
-        .iter()
-        .map(|f| PartitionId::parse(f).with_context(|| format!("{f:?} does not name a partition")))
-        .collect()
-}
-
 /// Watches the partitions until the job leaves training: every `poll_ms` it reads their
 /// high watermarks and deals the new messages (whole shards at once, a remainder once it
 /// has lingered `linger_ms`). Broker outages are reported and waited out: training goes

@@ -5,7 +5,7 @@
 //! `proto/` and a `pub mod` line here.
 
 /// Major version of the wire protocol. Bumped on incompatible message changes.
-pub const PROTOCOL_MAJOR: u32 = 1;
+pub const PROTOCOL_MAJOR: u32 = 2;
 
 /// Messages shared by all services.
 pub mod common {

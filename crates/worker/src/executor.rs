@@ -28,7 +28,8 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use crate::executor_reader::{ReadLayout, RowFormat};
-use crate::remote::{TaskFiles, WorkerArgs};
+use crate::remote::WorkerArgs;
+use crate::split_source::TaskFiles;
 
 /// Largest read a worker may ask for, samples (a batch is far smaller).
 const MAX_READ_ROWS: u32 = 1 << 20;
@@ -112,14 +113,7 @@ impl Executor {
         let mut cursor = match cursor {
             Some(c) => c,
             None => {
-                let task = elastrec_proto::master::Task {
-                    file: req.file.clone(),
-                    file_index: req.file_index,
-                    start_row: req.start_row,
-                    end_row: req.end_row,
-                    ..Default::default()
-                };
-                let (path, _) = self.files.resolve(&task)?;
+                let (path, _) = self.files.resolve(&req.file, req.file_index)?;
                 let reader = self.format.open(
                     &path,
                     req.start_row,

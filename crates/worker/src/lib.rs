@@ -19,6 +19,7 @@ pub mod remote;
 /// Model selection lives in the job crate: the master applies it in `elastrec run` too.
 pub use elastrec_job::selection;
 pub mod shuffle;
+mod split_source;
 pub mod step;
 pub mod trainer;
 

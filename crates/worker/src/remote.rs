@@ -8,7 +8,7 @@
 //! worker the master declared dead cannot train samples that were handed to another).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,6 +37,7 @@ use tonic::Code;
 use crate::fail_points::{fail_point_exit_after_push, fail_point_slow_batch, RowTrace};
 use crate::layout::{split_parts, PsLayout, PushPart};
 use crate::pooling::{LookupPlan, SlotLayout};
+use crate::split_source::{open_split, task_split, TaskFiles};
 
 /// Arguments of the hidden `elastrec worker` role command.
 #[derive(Debug, Clone, clap::Args)]
@@ -1123,27 +1124,25 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             Some(Reply::Stop(_)) | None => return Ok(()),
         };
         TimeSplit::add(&shared.profile.master_us, t_ask);
-        // The master's copy of the task says how far it was reported.
-        anyhow::ensure!(
-            task.start_row <= task.end_row && task.offset <= task.end_row - task.start_row,
-            "task {} has an invalid row range",
-            task.task_id
-        );
-        let held = task.end_row - task.start_row;
+        let split = task_split(&task)?;
+        let (held, start) = (split.len(), split.range.start);
         let mut offset = task.offset;
-        let (file, file_index, mut reader) = open_task(
+        let (file_index, mut reader) = open_split(
             &job,
             &files,
             plan.as_ref(),
             &shared.executors,
             &mut stream,
-            &task,
-            task.start_row + offset,
+            &split,
+            task.source_index,
+            start + offset,
             id,
-        )?;
+        )
+        .with_context(|| format!("task {}", task.task_id))?;
+        let file = split.source.to_string();
         // Progressive validation judges the model on the stream only, not on the history
         // a mixture job also trains.
-        let from_stream = elastrec_stream::PartitionId::parse(&file).is_some();
+        let from_stream = split.is_stream();
         let validate = progressive && (from_stream || job.stream.is_none());
         shared.task.store(task.task_id, Ordering::Relaxed);
         metrics.task.set(task.task_id as i64);
@@ -1160,11 +1159,11 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             skipped_before = reader.stats().rows_skipped;
             // Files count rows; a stream counts offsets (whole messages delivered).
             let physical = match reader.position() {
-                Some(at) => at.saturating_sub(task.start_row + offset),
+                Some(at) => at.saturating_sub(start + offset),
                 None => n as u64 + skipped,
             };
             if n == 0 && physical == 0 {
-                bail!("file {} ended before row {}", file, task.start_row + offset);
+                bail!("{} ended before row {}", file, start + offset);
             }
             if n > 0 {
                 if let Some(pause) = slow_batch {
@@ -1198,7 +1197,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                 let key = BatchKey {
                     epoch: task.epoch,
                     file: file_index,
-                    start_row: task.start_row + offset,
+                    start_row: start + offset,
                 };
                 let t0 = Instant::now();
                 model.push(&routing, contributors, key, n as u32).await?;
@@ -1248,159 +1247,6 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         shared.task.store(0, Ordering::Relaxed);
         metrics.task.set(0);
     }
-}
-
-/// The data files a worker may open: the job's list or, in a following job (whose master
-/// appends files as partitions land), any file under its datasets' roots.
-pub(crate) struct TaskFiles {
-    listed: Vec<PathBuf>,
-    roots: Vec<PathBuf>,
-}
-
-impl TaskFiles {
-    /// [`TaskFiles::of`] off the runtime's async threads: an object-store dataset's
-    /// lister owns a runtime of its own, which may not be dropped inside async code.
-    pub(crate) async fn of_blocking(job: &JobConfig) -> anyhow::Result<Self> {
-        let job = job.clone();
-        tokio::task::spawn_blocking(move || Self::of(&job)).await?
-    }
-
-    pub(crate) fn of(job: &JobConfig) -> anyhow::Result<Self> {
-        Ok(Self {
-            listed: job.train_files(),
-            roots: if job.data.follow {
-                elastrec_job::datasets::follow_roots(job)?
-            } else {
-                Vec::new()
-            },
-        })
-    }
-
-    /// The file a task names and its index in the job's files. A name from the wire is
-    /// trusted only inside the job's data: listed, or (following) an absolute path under
-    /// a dataset root without `..`, past the listed files' indices.
-    pub(crate) fn resolve(
-        &self,
-        task: &elastrec_proto::master::Task,
-    ) -> anyhow::Result<(PathBuf, u32)> {
-        if let Some(i) = self
-            .listed
-            .iter()
-            .position(|f| f.as_os_str() == task.file.as_str())
-        {
-            return Ok((self.listed[i].clone(), i as u32));
-        }
-        let path = PathBuf::from(&task.file);
-        let inside = path.is_absolute()
-            && !path
-                .components()
-                .any(|c| matches!(c, std::path::Component::ParentDir))
-            && self.roots.iter().any(|r| path.starts_with(r));
-        anyhow::ensure!(
-            inside && task.file_index as usize >= self.listed.len(),
-            "task {} names unknown file {}",
-            task.task_id,
-            task.file
-        );
-        Ok((path, task.file_index))
-    }
-}
-
-/// Opens the data of `task` from row (or offset) `from`: one of the job's training files,
-/// or an offset range of one of its stream partitions. Names from the wire are checked:
-/// only the job's own files, or partitions of its own topics. The rows go through the job's
-/// `[[preprocess]]` plan, when it has one.
-#[allow(clippy::too_many_arguments)]
-fn open_task(
-    job: &JobConfig,
-    files: &TaskFiles,
-    plan: Option<&Arc<elastrec_preprocess::Plan>>,
-    executors: &crate::executor_reader::Executors,
-    stream: &mut Option<elastrec_stream::StreamInput>,
-    task: &elastrec_proto::master::Task,
-    from: u64,
-    worker: u32,
-) -> anyhow::Result<(String, u32, Box<dyn BatchReader>)> {
-    let policy = job.data.on_bad_row;
-    // A mixture job's tasks name either a partition or one of its history files.
-    let partition = job.stream.as_ref().and_then(|cfg| {
-        elastrec_stream::PartitionId::parse(&task.file).filter(|p| cfg.topics.contains(&p.topic))
-    });
-    if let Some(cfg) = job
-        .stream
-        .as_ref()
-        .filter(|_| !job.is_mixture() || partition.is_some())
-    {
-        let partition = partition.with_context(|| {
-            format!(
-                "task {} names {:?}, not a partition of the job's topics",
-                task.task_id, task.file
-            )
-        })?;
-        if stream.is_none() {
-            let group = format!("{}-worker", cfg.group_for("job"));
-            *stream = Some(
-                elastrec_stream::StreamInput::new(&cfg.connection(), &group, cfg.format)?
-                    .with_tasks(job.model.tasks())
-                    .with_schema(elastrec_job::prepare::job_schema(job)),
-            );
-        }
-        let input = stream.as_ref().expect("made above");
-        let reader = input.range(&partition, from, task.end_row, policy)?;
-        let reader = elastrec_job::prepare::preprocessed(Box::new(reader), plan);
-        return Ok((task.file.clone(), task.file_index, reader));
-    }
-    let (path, index) = files.resolve(task)?;
-    let mut open_range: elastrec_data::shuffled::RangeOpener = if executors.any() {
-        // The job's data executors read and parse it (`cluster.executors`).
-        let format = crate::executor_reader::RowFormat {
-            plan: plan.cloned(),
-            schema: elastrec_job::prepare::job_schema(job),
-        };
-        let (executors, file) = (executors.clone(), task.file.clone());
-        Box::new(move |start, end| {
-            Ok(Box::new(crate::executor_reader::ExecutorReader::new(
-                executors.clone(),
-                file.clone(),
-                index,
-                path.clone(),
-                start,
-                end,
-                policy,
-                format.clone(),
-                worker,
-            )) as Box<dyn BatchReader>)
-        })
-    } else {
-        let plan = plan.cloned();
-        let schema = elastrec_job::prepare::job_schema(job);
-        Box::new(move |start, end| {
-            elastrec_job::prepare::open_job_reader(
-                plan.as_ref(),
-                schema.as_ref(),
-                &path,
-                start,
-                end,
-                policy,
-            )
-        })
-    };
-    let reader = match task.shuffle_block {
-        0 => open_range(from, task.end_row)?,
-        block_rows => {
-            // The task's rows count slots of a seeded order (`train.shuffle_buffer`).
-            let shuffle = elastrec_data::RowShuffle {
-                block_rows,
-                file_rows: task.shuffle_file_rows,
-                seed: task.shuffle_seed,
-            };
-            let reader =
-                elastrec_data::ShuffledReader::new(open_range, shuffle, from, task.end_row)
-                    .with_context(|| format!("task {} of {}", task.task_id, task.file))?;
-            Box::new(reader)
-        }
-    };
-    Ok((task.file.clone(), index, reader))
 }
 
 /// Rows of this worker's next batch. Asynchronous: `train.batch_size`. Synchronous: the

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use elastrec_job::config::JobConfig;
+use elastrec_job::split::Source;
 use elastrec_proto::master::master_server::MasterServer;
 use elastrec_rpc::ServerAuth;
 use tonic::service::interceptor::InterceptedService;
@@ -280,8 +281,13 @@ fn spawn_loops(
                 cfg.model.tasks(),
             ));
         }
-        let base = core.job.lock().tasks().stream_from() as usize;
-        let partitions = crate::stream_watch::partitions_of(&core.files.read()[base..])?;
+        let partitions = core
+            .sources
+            .read()
+            .iter()
+            .filter_map(Source::partition)
+            .cloned()
+            .collect();
         tokio::spawn(crate::stream_watch::run(
             core.clone(),
             s.clone(),

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context as _};
 use elastrec_job::config::JobConfig;
 use elastrec_job::distributed::SyncMode;
+use elastrec_job::split::Source;
 use elastrec_job::stream::PartitionAssignment;
 use elastrec_proto::brain as pb;
 use elastrec_rpc::tls::TlsMaterial;
@@ -290,7 +291,12 @@ pub(super) fn files_rows_total(core: &MasterCore) -> u64 {
 /// The job's files with their rows, by index.
 pub(crate) fn core_file_pairs(core: &MasterCore) -> Vec<(String, u64)> {
     let rows = core.job.lock().tasks().file_rows().to_vec();
-    core.files.read().iter().cloned().zip(rows).collect()
+    core.sources
+        .read()
+        .iter()
+        .map(Source::to_string)
+        .zip(rows)
+        .collect()
 }
 
 #[cfg(test)]

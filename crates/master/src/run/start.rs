@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use elastrec_job::config::JobConfig;
+use elastrec_job::split::Source;
 use elastrec_rpc::tls::TlsMaterial;
 use elastrec_rpc::{role_token, Caller};
 
@@ -358,7 +359,7 @@ pub async fn start_job(
             master_token,
         },
         &cfg,
-    );
+    )?;
     core.set_restore_plan(initial_plan);
     if let Some(c) = coordinator {
         core.set_checkpoints(c);
@@ -466,7 +467,7 @@ pub async fn resume_job(
             master_token: master_token.clone(),
         },
         &cfg,
-    );
+    )?;
     if let Some(t) = snap.meta.get(crate::online_scale_loop::TRAFFIC_KEY) {
         let _ = core.resumed_traffic.set(t.clone());
     }
@@ -668,13 +669,22 @@ struct CoreParts {
 
 /// The master's shared state: the job, its database writer and backend, and what node
 /// launches and calls to the PS need.
-fn master_core(p: CoreParts, cfg: &JobConfig) -> Arc<MasterCore> {
+fn master_core(p: CoreParts, cfg: &JobConfig) -> anyhow::Result<Arc<MasterCore>> {
+    // The queue knows where the stream's partitions start among the recorded names.
+    let stream_from = p.job.tasks().stream_from() as usize;
+    let sources = p
+        .files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| Source::from_recorded(&f.path, i >= stream_from))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("the job's recorded files: {e}"))?;
     let core = Arc::new(MasterCore::new(
         p.job,
         Writer::spawn(p.store),
         p.backend,
         p.job_toml,
-        p.files.into_iter().map(|f| f.path).collect(),
+        sources,
         cfg.cluster.heartbeat_ms as u32,
         p.job_id,
     ));
@@ -684,7 +694,7 @@ fn master_core(p: CoreParts, cfg: &JobConfig) -> Arc<MasterCore> {
         token: p.master_token,
         max_bytes: cfg.cluster.max_message_bytes,
     });
-    core
+    Ok(core)
 }
 
 /// The job as the previous master left it: its nodes, target, phase and evaluation from
