@@ -37,4 +37,4 @@ pub mod db;
 pub mod service;
 
 #[cfg(feature = "service")]
-pub use service::{serve, serve_with_listener, BrainServeOptions};
+pub use service::{serve, serve_with_listener, spec_from_proto, BrainServeOptions};

@@ -334,7 +334,11 @@ fn bounds_from(b: Option<pb::Bounds>) -> Result<Bounds> {
 }
 
 fn spec_from(j: Option<pb::JobSpec>) -> Result<JobSpec> {
-    let j = j.ok_or_else(|| BrainError::invalid("job", "missing"))?;
+    spec_from_proto(j.ok_or_else(|| BrainError::invalid("job", "missing"))?)
+}
+
+/// The brain's job spec from its wire form (what a master sends), checked.
+pub fn spec_from_proto(j: pb::JobSpec) -> Result<JobSpec> {
     if j.tables.len() > crate::job::MAX_TABLES {
         return Err(BrainError::invalid("job.tables", "too many tables"));
     }

@@ -743,14 +743,45 @@ fn print_bench_table(
 }
 
 pub fn brain_plan(job: &Path, json: bool) -> Result<()> {
-    let plan = elastrec_brain::plan_for_job_file(job)
-        .with_context(|| format!("planning {}", job.display()))?;
+    let plan = plan_of(job).with_context(|| format!("planning {}", job.display()))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&plan)?);
     } else {
         print!("{}", plan.render_table());
     }
     Ok(())
+}
+
+/// The brain's plan for `path`: a brain job description (a file with a `[job]` table,
+/// `docs/brain.md`), or a job file `elastrec run` runs, planned as its master plans it at
+/// start when the brain knows no similar job. Such a job's data is generated or listed
+/// and its features inferred first, as `run` does: its tables and samples come from them.
+fn plan_of(path: &Path) -> Result<elastrec_brain::Plan> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let table: toml::Table = toml::from_str(&text).context("not a TOML file")?;
+    if table.contains_key("job") {
+        return Ok(elastrec_brain::plan_for_job_file(path)?);
+    }
+    let mut cfg = elastrec_master::run::validate_job(path)?;
+    anyhow::ensure!(
+        cfg.stream.is_none(),
+        "an online job reads an unbounded stream, and its worker count follows the traffic \
+         (docs/online.md): `brain plan` plans jobs over files"
+    );
+    elastrec_job::prepare::ensure_data(&cfg, true)?;
+    elastrec_job::datasets::resolve_datasets(&mut cfg)?;
+    elastrec_job::prepare::resolve_schema(&mut cfg)?;
+    elastrec_job::prepare::fill_batch_size(&mut cfg)?;
+    // The samples the job trains: its training rows but the validation slice, per epoch.
+    let counts = elastrec_job::prepare::count_train_rows(&cfg)?;
+    let (kept, _) = elastrec_job::selection::split_validation(&counts, cfg.train.validation);
+    let samples = kept.iter().map(|(_, rows)| rows).sum::<u64>() * u64::from(cfg.train.epochs);
+    let id = path
+        .file_stem()
+        .map_or("job".into(), |s| s.to_string_lossy().into_owned());
+    let file = elastrec_master::autoscale_loop::brain_job_file(&cfg, &id, samples)?;
+    Ok(elastrec_brain::plan_for_job(&file)?)
 }
 
 /// `elastrec brain history`: the jobs of a config database as a table (or JSON).

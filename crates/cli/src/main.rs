@@ -300,7 +300,8 @@ struct BrainArgs {
 
 #[derive(Subcommand)]
 enum BrainCommand {
-    /// Print the brain's resource plan for a job description (TOML, see docs/brain.md).
+    /// Print the brain's resource plan for a job file (what `elastrec run` runs, planned as
+    /// its master plans at start) or a brain job description (TOML, see docs/brain.md).
     Plan {
         /// Job description file.
         #[arg(long)]

@@ -388,6 +388,63 @@ fn brain_plan_stays_within_the_job_bounds() {
     );
 }
 
+/// `elastrec brain plan` reads the job file a user runs (its `[autoscale]` bounds and
+/// requested size, its tables and samples from the data), as the job's master plans at
+/// start; an online job, which follows its traffic, is refused by name.
+#[test]
+fn brain_plan_reads_the_job_file_users_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = tmp.path().join("job.toml");
+    let text = "[data]\ndir = \"data\"\ntrain = [\"day_0.tsv\"]\neval = [\"day_1.tsv\"]\n\
+        [data.generate]\nrows = 4000\ndays = 2\nseed = 3\n\
+        [model]\nbottom_mlp = [16, 16]\ntop_mlp = [16, 1]\nmax_table_rows = 500\n\
+        [cluster]\nps = 1\nworkers = 2\n\
+        [autoscale]\nenabled = true\nworkers = [2, 3]\nps = [1, 1]\ncluster_cpu = 8\nworker_cpu = 3\n";
+    std::fs::write(&job, text).unwrap();
+    let out = ok(&elastrec(&[
+        "brain",
+        "plan",
+        "--job",
+        job.to_str().unwrap(),
+        "--json",
+    ]));
+    let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(plan["job_id"], "job");
+    let workers = plan["allocation"]["workers"].as_f64().unwrap();
+    assert!((2.0..=3.0).contains(&workers), "{workers} workers: {plan}");
+    assert_eq!(plan["allocation"]["ps"].as_f64(), Some(1.0), "{plan}");
+    assert_eq!(
+        plan["allocation"]["worker_cpu"].as_f64(),
+        Some(3.0),
+        "{plan}"
+    );
+    // A PS's memory is sized from the job's own tables (26 of at most 500 rows), not the
+    // 2 GiB floor a brain job description defaults to.
+    let ps_mem = plan["allocation"]["ps_mem_gb"].as_f64().unwrap();
+    assert!(ps_mem > 0.0 && ps_mem < 2.0, "{ps_mem} GiB per PS: {plan}");
+    assert!(
+        tmp.path().join("data/day_0.tsv").exists(),
+        "the data is generated as run does"
+    );
+
+    let online = tmp.path().join("online.toml");
+    let text = text.replace("train = [\"day_0.tsv\"]\n", "");
+    // (An online job that sets [autoscale] is refused when it loads, for any command.)
+    let text = &text[..text.find("[autoscale]").unwrap()];
+    std::fs::write(
+        &online,
+        format!("{text}[stream]\nbrokers = \"127.0.0.1:9\"\ntopics = [\"clicks\"]\n"),
+    )
+    .unwrap();
+    let out = elastrec(&["brain", "plan", "--job", online.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("online.toml") && err.contains("an online job"),
+        "{err}"
+    );
+}
+
 /// The brain service refuses to start without a shared token.
 #[test]
 fn brain_service_requires_a_token() {

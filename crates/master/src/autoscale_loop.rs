@@ -181,6 +181,32 @@ pub fn job_spec(cfg: &JobConfig, brain_job_id: &str, samples_total: u64) -> pb::
     }
 }
 
+/// The brain's job file for a training job, as its master would plan at start without
+/// history: the job's spec ([`job_spec`]: tables, dense size, bounds, the allocation the
+/// file asks for) and the cluster it must fit in (`autoscale.cluster_cpu` and
+/// `cluster_mem_gb`, or this host's). What `elastrec brain plan --job` plans for a job
+/// file users run.
+pub fn brain_job_file(
+    cfg: &JobConfig,
+    job_id: &str,
+    samples_total: u64,
+) -> elastrec_brain::Result<elastrec_brain::JobFile> {
+    let s = settings(cfg);
+    Ok(elastrec_brain::JobFile {
+        job: elastrec_brain::spec_from_proto(job_spec(cfg, job_id, samples_total))?,
+        remaining_samples: None,
+        current: None,
+        cluster: elastrec_brain::job::ClusterFile {
+            cpu: s.cluster_cpu,
+            mem_gb: s.cluster_mem_gb,
+            ..Default::default()
+        },
+        profile: Vec::new(),
+        memory: Vec::new(),
+        steps: None,
+    })
+}
+
 /// The model family warm start compares: `model.type`, marked with each learned pooling
 /// of a behaviour sequence (attention, a transformer: a different cost per sample).
 fn model_family(cfg: &JobConfig) -> String {
