@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use elastrec_job::split::Source;
 use elastrec_proto::master::{self as pb, NodeStatus, RestorePlan, StatusResponse};
@@ -21,6 +21,9 @@ use crate::events::event;
 use crate::job::{Change, Context, Event, Job, Node, Phase, Role};
 use crate::metrics::Metrics;
 use crate::store::{Barrier, Depends, Writer};
+
+/// How long a `/metrics` scrape waits for the job's lock to refresh the gauges.
+pub const SCRAPE_WAIT: Duration = Duration::from_millis(200);
 
 /// Wall-clock milliseconds since the Unix epoch: only for times shown to people or
 /// compared across processes (checkpoint manifests, recovery records), never for timeouts.
@@ -437,6 +440,23 @@ impl MasterCore {
 
     /// The status reply (also used by the progress display).
     pub fn status(&self) -> StatusResponse {
+        self.status_within(None).expect("waits for the job's lock")
+    }
+
+    /// The `/metrics` exposition. The gauges the status feeds are refreshed first, unless
+    /// the job's state stays locked past [`SCRAPE_WAIT`]: the scrape then serves those of
+    /// the previous refresh and counts a stale scrape, rather than answer late (a scraper
+    /// gives up after its timeout and marks the node down).
+    pub fn scrape(&self) -> String {
+        if self.status_within(Some(SCRAPE_WAIT)).is_none() {
+            self.metrics.stale_scrapes.inc();
+        }
+        self.metrics.render()
+    }
+
+    /// [`MasterCore::status`], waiting at most `wait` for the job's lock (`None`: as long
+    /// as it takes).
+    fn status_within(&self, wait: Option<Duration>) -> Option<StatusResponse> {
         let now = monotonic_ms();
         // Before the job's lock: the stream's own locks are never taken inside it here.
         let stream = self.stream_status();
@@ -450,7 +470,10 @@ impl MasterCore {
         } else {
             String::new()
         };
-        let job = self.job.lock();
+        let job = match wait {
+            None => self.job.lock(),
+            Some(wait) => self.job.try_lock_for(wait)?,
+        };
         let q = job.tasks();
         let mix_json = self
             .mix_status(q)
@@ -529,7 +552,7 @@ impl MasterCore {
         reply.checkpoint = self.checkpoints().map(|c| c.status(samples_done));
         reply.samples_per_sec = self.recent_rate(samples_done);
         self.metrics.observe(&reply);
-        reply
+        Some(reply)
     }
 }
 
@@ -565,5 +588,101 @@ impl MasterCore {
             "queued": queued_by,
             "served": served_by,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::NodeExit;
+    use crate::job::Policy;
+    use crate::store::MasterDb;
+    use crate::tasks::{DataSharding, TaskQueue};
+
+    struct NoProcesses;
+    impl ClusterBackend for NoProcesses {
+        fn start(&self, _: &Node) -> anyhow::Result<u32> {
+            Ok(0)
+        }
+        fn stop(&self, _: &Node) {}
+        fn exited(&self) -> Vec<NodeExit> {
+            Vec::new()
+        }
+    }
+
+    async fn core(dir: &std::path::Path) -> MasterCore {
+        let store = MasterDb::open(&dir.join("master.db"), true).await.unwrap();
+        let sharding = DataSharding {
+            rows_per_shard: 100,
+            min_rows: 10,
+            epochs: 1,
+            seed: 1,
+            shuffle: false,
+            shuffle_rows: false,
+        };
+        let policy = Policy {
+            num_ps: 0,
+            dead_after_ms: 60_000,
+            max_worker_restarts: 0,
+            straggler_ratio: 0.5,
+            evaluate: false,
+            recover_ps: false,
+            warmup_samples: 0,
+            pin_partitions: false,
+            executors: 0,
+        };
+        let mut cx = LiveCtx::now();
+        let job = Job::start(policy, TaskQueue::new(sharding, vec![1000]), 1, &mut cx);
+        store.apply(&cx.take_changes()).await.unwrap();
+        let source = Source::File("day_0.tsv".into());
+        let writer = Writer::spawn(store);
+        MasterCore::new(
+            job,
+            writer,
+            Arc::new(NoProcesses),
+            String::new(),
+            vec![source],
+            500,
+            "j".into(),
+        )
+    }
+
+    fn series(text: &str, name: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    }
+
+    #[tokio::test]
+    async fn a_scrape_while_the_jobs_state_is_locked_serves_the_last_refresh_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let core = Arc::new(core(dir.path()).await);
+        let fresh = core.scrape();
+        assert_eq!(series(&fresh, "elastrec_master_stale_scrapes_total"), 0.0);
+        let shards = "elastrec_master_shards{state=\"todo\"}";
+        assert_eq!(series(&fresh, shards), 0.0, "{fresh}");
+
+        // Another thread holds the job's lock until the scrape has answered.
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let holder = {
+            let core = core.clone();
+            std::thread::spawn(move || {
+                let _job = core.job.lock();
+                held_tx.send(()).unwrap();
+                // Past this, a scrape that waits for the lock would get it: the stale
+                // count below tells the two apart.
+                let _ = done_rx.recv_timeout(std::time::Duration::from_secs(30));
+            })
+        };
+        held_rx.recv().unwrap();
+        let stale = core.scrape();
+        done_tx.send(()).unwrap();
+        holder.join().unwrap();
+        assert_eq!(series(&stale, "elastrec_master_stale_scrapes_total"), 1.0);
+        assert_eq!(series(&stale, shards), 0.0, "the previous refresh's gauges");
+        // Once the lock is free, the next scrape refreshes again.
+        let again = core.scrape();
+        assert_eq!(series(&again, "elastrec_master_stale_scrapes_total"), 1.0);
     }
 }

@@ -29,6 +29,8 @@ pub struct Metrics {
     pub probe_saves: Counter,
     /// Unreported remainders returned to the queue.
     pub requeues: Counter,
+    /// Scrapes that found the job's state locked and served the previous refresh.
+    pub stale_scrapes: Counter,
     /// The per-method request counters, resolved once (no allocation per request).
     by_method: Vec<(&'static str, Counter)>,
     /// Online jobs: per partition, the age of the oldest untrained message and backlog.
@@ -146,6 +148,12 @@ impl Metrics {
             "Unreported remainders requeued",
             requeues.clone(),
         );
+        let stale_scrapes = Counter::default();
+        registry.register(
+            "stale_scrapes",
+            "Scrapes that found the job's state locked and served the gauges of the previous refresh",
+            stale_scrapes.clone(),
+        );
         let partition_lag = Family::<Labels, Gauge<f64, AtomicU64>>::default();
         registry.register(
             "stream_partition_lag_seconds",
@@ -223,6 +231,7 @@ impl Metrics {
             node_deaths,
             probe_saves,
             requeues,
+            stale_scrapes,
             partition_lag,
             partition_backlog,
             stream,

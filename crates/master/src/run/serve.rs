@@ -210,11 +210,7 @@ impl Endpoints {
         let metrics = elastrec_metrics::serve(
             SocketAddr::new(ip, cfg.cluster.metrics_port),
             token,
-            move || {
-                // Refreshes the gauges the status snapshot feeds.
-                mcore.status();
-                mcore.metrics.render()
-            },
+            move || mcore.scrape(),
         )
         .await
         .context("binding the metrics endpoint")?;
