@@ -117,6 +117,11 @@ impl Replication {
         self.node.store(node, Ordering::Release);
     }
 
+    /// This server's node id (0: started without a master).
+    pub(crate) fn node(&self) -> u32 {
+        self.node.load(Ordering::Acquire)
+    }
+
     /// The master published the node of each index (0 where none runs; see
     /// `HeartbeatResponse.ps_nodes`). A running node fences every older node of its index;
     /// an index where none runs fences the node this server holds a replica from, which
@@ -140,7 +145,7 @@ impl Replication {
 
     /// Refuses a request of `node` for index `index` when a newer node of that index is
     /// known; otherwise `node` becomes the oldest one taken.
-    fn admit(&self, index: u32, node: u32) -> Result<(), PsError> {
+    pub(crate) fn admit(&self, index: u32, node: u32) -> Result<(), PsError> {
         let mut floors = self.floors.lock();
         let i = index as usize;
         if floors.len() <= i {

@@ -841,6 +841,41 @@ fn rest_of(b: &Batch, source: u32, old_count: u32, new: &Layout<'_>, j: u32) -> 
     }
 }
 
+/// A server of the old layout that was declared dead and replaced may still send its
+/// part of a re-sharding: the receiver knows the index's newer node (from the master) and
+/// refuses it, staging nothing, while the current node's part is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_from_a_replaced_server_is_refused_and_stages_nothing() {
+    let job = job("async");
+    let j2 = Server::start(PsShard::joining(&job, 2, 4, 1).unwrap()).await;
+    // The master says index 0 of the old layout now runs node 7 (node 6 was replaced).
+    j2.shard.fence_peers(&[7, 8]);
+    // Rows 2 and 6 of table 0: held by PS 0 of 2, bound for PS 2 of 4.
+    assert_eq!((shard_of(0, 6, 2), shard_of(0, 6, 4)), (0, 2));
+    let import = |source_node, row| ImportRequest {
+        version: rpc::version(),
+        layout_version: 1,
+        num_ps: 4,
+        target: 2,
+        source: 0,
+        source_count: 2,
+        source_node,
+        table: 0,
+        rows: vec![row],
+        values: vec![0.5; DIM + 1],
+        ..Default::default()
+    };
+    let mut c = j2.client();
+    let e = c.import_shard(import(6, 2)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("node 6"), "{}", e.message());
+    let ok = c.import_shard(import(7, 6)).await.unwrap().into_inner();
+    assert_eq!(
+        ok.rows_staged, 1,
+        "the refusal staged nothing: one row in all"
+    );
+}
+
 /// Every field of an import is checked against the routing and the sizes; a refused
 /// import names the field and stages nothing; a commit before everything arrived is
 /// refused; a synchronous job refuses re-sharding.

@@ -454,6 +454,8 @@ impl PsShard {
             let Some(msg) = msg else {
                 return Ok(sent);
             };
+            // A server past the master's lease may have been replaced: it sends nothing.
+            self.lease.check()?;
             sent.add(&msg);
             let peers = peers.clone();
             in_flight = Some(tokio::spawn(async move { peers.import(j, msg).await }));
@@ -496,6 +498,7 @@ impl PsShard {
             target: j,
             source: plan.old.index,
             source_count: plan.old.count,
+            source_node: self.replication.node(),
             ..Default::default()
         };
         let per_table = &plan.rows[j as usize];

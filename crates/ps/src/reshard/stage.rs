@@ -319,6 +319,8 @@ impl PsShard {
     /// first: a refused message changes nothing.
     pub fn import(&self, req: ImportRequest) -> Result<ImportResponse, PsError> {
         self.check_import_header(&req)?;
+        // Rows from a replaced server of the old layout would overwrite its successor's.
+        self.replication.admit(req.source, req.source_node)?;
         let mut staged = self.staged.lock();
         let joining = self.layout().phase == Phase::Joining;
         match staged.as_ref() {
