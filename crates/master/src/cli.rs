@@ -387,23 +387,12 @@ async fn start_bench_master(
     workers: u32,
     token: &'static str,
 ) -> anyhow::Result<(Arc<crate::core::MasterCore>, String)> {
-    use crate::backend::ClusterBackend;
+    use crate::backend::NoProcesses;
     use crate::core::{LiveCtx, MasterCore};
-    use crate::job::{Job, Node, Policy};
+    use crate::job::{Job, Policy};
     use crate::service::MasterService;
     use crate::store::{MasterDb, Writer};
     use crate::tasks::{DataSharding, TaskQueue};
-
-    struct NoProcesses;
-    impl ClusterBackend for NoProcesses {
-        fn start(&self, _: &Node) -> anyhow::Result<u32> {
-            Ok(0)
-        }
-        fn stop(&self, _: &Node) {}
-        fn exited(&self) -> Vec<crate::backend::NodeExit> {
-            Vec::new()
-        }
-    }
 
     let store = MasterDb::open_with(&db, true, durability).await?;
     let queue = TaskQueue::new(

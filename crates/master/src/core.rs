@@ -594,21 +594,10 @@ impl MasterCore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::NodeExit;
+    use crate::backend::NoProcesses;
     use crate::job::Policy;
     use crate::store::MasterDb;
     use crate::tasks::{DataSharding, TaskQueue};
-
-    struct NoProcesses;
-    impl ClusterBackend for NoProcesses {
-        fn start(&self, _: &Node) -> anyhow::Result<u32> {
-            Ok(0)
-        }
-        fn stop(&self, _: &Node) {}
-        fn exited(&self) -> Vec<NodeExit> {
-            Vec::new()
-        }
-    }
 
     async fn core(dir: &std::path::Path) -> MasterCore {
         let store = MasterDb::open(&dir.join("master.db"), true).await.unwrap();

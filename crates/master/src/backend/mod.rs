@@ -67,6 +67,20 @@ pub trait ClusterBackend: Send + Sync {
     }
 }
 
+/// A backend that launches nothing: the nodes of `elastrec bench-master` are simulated
+/// clients that register themselves, and tests drive a master without processes.
+pub struct NoProcesses;
+
+impl ClusterBackend for NoProcesses {
+    fn start(&self, _: &Node) -> anyhow::Result<u32> {
+        Ok(0)
+    }
+    fn stop(&self, _: &Node) {}
+    fn exited(&self) -> Vec<NodeExit> {
+        Vec::new()
+    }
+}
+
 /// A change of a running node's limits; `None` leaves one as it is.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Resize {
