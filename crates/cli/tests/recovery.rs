@@ -218,7 +218,7 @@ fn run_with_a_ps_killed(
     assert!(
         recovering
             .iter()
-            .any(|e| e["ps"] == "[1]" && e["mode"] == mode),
+            .any(|e| e["ps"] == serde_json::json!([1]) && e["mode"] == mode),
         "{recovering:?}\n{text}"
     );
     (r, rec[0].clone(), text)

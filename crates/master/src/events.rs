@@ -8,7 +8,7 @@
 //! ([`attach`]): tools and tests read the kind and fields there, never the wording.
 //!
 //! ```text
-//! {"at_ms":1763950000000,"level":"INFO","kind":"ps_recovery","ps":"[1]","mode":"partial",
+//! {"at_ms":1763950000000,"level":"INFO","kind":"ps_recovery","ps":[1],"mode":"partial",
 //!  "message":"master: recovering PS [1] (partial) from checkpoint 3: ..."}
 //! ```
 
@@ -106,15 +106,27 @@ impl<S: tracing::Subscriber> Layer<S> for EventLog {
     }
 }
 
-/// An event's fields as JSON values (numbers stay numbers; `?x` fields are their Debug
-/// text).
+/// An event's fields as JSON values: numbers stay numbers, and a `?x` field is
+/// [`debug_value`] of its Debug text.
 #[derive(Default)]
 struct Fields(Map<String, Value>);
+
+/// A `?x` field's value: its Debug text read as JSON where it is a list or a quoted
+/// string (a list of PS indices `[0, 1]` stays a list, a `String` loses its Debug
+/// quotes), else the text itself (`Worker`, `Some(3)`). `%x` fields arrive here too, as
+/// their Display text: a bare number or word stays text, so a field keeps one type
+/// whatever its value (a job id of digits is still a string).
+fn debug_value(text: String) -> Value {
+    match serde_json::from_str::<Value>(&text) {
+        Ok(v @ (Value::Array(_) | Value::String(_))) => v,
+        _ => text.into(),
+    }
+}
 
 impl Visit for Fields {
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
         self.0
-            .insert(field.name().into(), format!("{value:?}").into());
+            .insert(field.name().into(), debug_value(format!("{value:?}")));
     }
     fn record_str(&mut self, field: &Field, value: &str) {
         self.0.insert(field.name().into(), value.into());
@@ -180,5 +192,28 @@ mod tests {
         assert_eq!(events[1]["kind"], "checkpoint_failed");
         assert_eq!(events[1]["level"], "WARN");
         assert_eq!(events[1]["error"], "disk full");
+    }
+
+    /// Lists and strings recorded with `?` read as JSON values; other Debug text (and
+    /// the Display text of `%` fields) stays text.
+    #[test]
+    fn debug_fields_that_are_json_stay_json() {
+        let of = |v: &dyn std::fmt::Debug| debug_value(format!("{v:?}"));
+        assert_eq!(of(&vec![0u32, 1]), serde_json::json!([0, 1]));
+        assert_eq!(of(&Vec::<u32>::new()), serde_json::json!([]));
+        assert_eq!(
+            of(&0.25f64),
+            serde_json::json!("0.25"),
+            "numbers go by record_f64"
+        );
+        assert_eq!(
+            of(&format_args!("{}", 1234)),
+            serde_json::json!("1234"),
+            "a %x field"
+        );
+        assert_eq!(of(&"node 3".to_string()), serde_json::json!("node 3"));
+        assert_eq!(of(&Some(3u64)), serde_json::json!("Some(3)"));
+        assert_eq!(of(&f64::NAN), serde_json::json!("NaN"));
+        assert_eq!(of(&(1u32, 2u32)), serde_json::json!("(1, 2)"));
     }
 }

@@ -49,7 +49,11 @@ pub fn record(core: &MasterCore, at_s: f64) {
             )
         })
         .collect();
-    event!("progressive_eval", samples = f.samples, auc = ?f.auc, logloss = f.logloss,
+    event!(
+        "progressive_eval",
+        samples = f.samples,
+        auc = f.auc,
+        logloss = f.logloss,
         "master: progressive validation over the last {} samples: AUC {}, logloss {:.4}{}{others}",
         f.samples,
         auc(f.auc),

@@ -539,7 +539,7 @@ impl Coordinator {
             "ps_recovery",
             ps = ?ps,
             mode = %decision.mode,
-            checkpoint = ?ckpt,
+            checkpoint = ckpt,
             reason = %decision.reason,
             "master: recovering PS {ps:?} ({}) from {}: {}",
             decision.mode,
