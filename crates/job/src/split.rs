@@ -105,7 +105,7 @@ impl Split {
 
     /// The split a task received from the wire carries, checked for shape only (a worker
     /// still checks that the file or topic is the job's own): a range that does not run
-    /// backwards, a named partition, a shuffle with a block.
+    /// backwards, a named partition, a shuffle that `RowShuffle::check` accepts.
     pub fn from_proto(split: Option<&pb::task::Split>) -> Result<Self, String> {
         match split {
             None => Err("the task names no file or partition".into()),
@@ -115,8 +115,9 @@ impl Split {
                     file_rows: s.file_rows,
                     seed: s.seed,
                 });
-                if shuffle.is_some_and(|s| s.block_rows == 0) {
-                    return Err(format!("file {}: a row shuffle with no block", f.path));
+                if let Some(s) = shuffle {
+                    s.check(f.start_row, f.end_row)
+                        .map_err(|e| format!("file {}: {e}", f.path))?;
                 }
                 Self::checked(
                     Source::File(f.path.clone()),
@@ -229,9 +230,11 @@ mod tests {
             end_row: 3,
             shuffle: Some(pb::RowShuffle::default()),
         });
-        assert!(Split::from_proto(Some(&no_block))
-            .unwrap_err()
-            .contains("no block"));
+        let e = Split::from_proto(Some(&no_block)).unwrap_err();
+        assert!(
+            e.contains("a.tsv") && e.contains("shuffle block of 0 rows"),
+            "{e}"
+        );
         let nameless = pb::task::Split::Stream(pb::StreamSplit {
             topic: String::new(),
             partition: 0,
