@@ -12,11 +12,13 @@ this machine's package registry is the only network needed):
 
 `movielens-named` is MovieLens again as a log with named columns and the genres as one
 list column, for a job that names only its label (docs/data.md, "Your own data").
-`movielens-history` adds each rating's behaviour sequence: `liked_movies`, the last
-20 films the user rated 4 or 5 strictly before this rating's time, most recent
-last (docs/models.md, "Behaviour sequences"). Its LightGBM baseline gets hand-made
-history features instead: the number of films liked before, the user's share of liked
-ratings so far, and the share of the liked films that share a genre with this one.
+`movielens-history` adds what the user did strictly before each rating's time, most
+recent last (docs/models.md, "Behaviour sequences"): `liked_movies` and
+`disliked_movies`, the last 20 films they rated 4 or 5 and 1 to 3, and `past_labels`,
+the outcome (1 liked, 0 not) of their last 50 ratings. Its LightGBM baseline gets
+hand-made history features from the same past instead: the films liked and disliked
+before, the user's share of liked ratings so far and over the last 50, and the share of
+the last 20 liked (disliked) films that share a genre with this one.
 
 Each of the other sets is written in the Criteo layout elastrec reads (`label, I1..I13, C1..C26`,
 docs/data.md): integers as they are, each categorical value as the CRC-32 of
@@ -99,8 +101,8 @@ def movielens(wheel):
 
 def write_named(df, genres, out, history=None):
     """MovieLens as a user's own log: named columns, string and integer ids, and the
-    film's genres as one list column (docs/data.md, "Your own data"); with `history`, a
-    `liked_movies` list column of it."""
+    film's genres as one list column (docs/data.md, "Your own data"); with `history`,
+    its list columns (`histories`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -122,7 +124,8 @@ def write_named(df, genres, out, history=None):
         "genres": pa.array([list(names[row]) for row in flags], type=pa.list_(pa.string())),
     })
     if history is not None:
-        table = table.append_column("liked_movies", pa.array(history, type=pa.list_(pa.int64())))
+        for name, lists in history.items():
+            table = table.append_column(name, pa.array(lists, type=pa.list_(pa.int64())))
     fit, valid, test = split(len(df))
     for name, rows in [("fit", fit), ("valid", valid), ("test", test), ("train", slice(0, valid.stop))]:
         pq.write_table(table.slice(rows.start, rows.stop - rows.start), os.path.join(out, name + ".parquet"))
@@ -131,39 +134,57 @@ def write_named(df, genres, out, history=None):
 
 
 HISTORY = 20
+OUTCOMES = 50
+# The tree baseline's history features, in `histories`' order.
+HISTORY_FEATURES = [
+    "hist_liked", "hist_like_rate", "hist_genre_match",
+    "hist_recent_like_rate", "hist_disliked", "hist_disliked_genre_match",
+]
 
 
-def liked_histories(df, genres):
-    """Per row, the films its user liked (rated 4 or 5) strictly before its time, the
-    last HISTORY of them, most recent last; and the hand-made history features."""
+def histories(df, genres):
+    """Per row, what its user did strictly before its time, most recent last: the last
+    HISTORY films they liked (rated 4 or 5), the last HISTORY films they did not, and the
+    outcome (1 liked, 0 not) of their last OUTCOMES ratings; and the hand-made history
+    features the tree baseline gets from the same past."""
     flags = df[genres].to_numpy().astype(bool)
-    hist, n_liked, past_rate, genre_match = [], [], [], []
-    state = {}  # user -> (liked films, rated count)
+    state = {}  # user -> (liked films, disliked films, outcomes), each oldest first
     order = np.lexsort((df.index.to_numpy(), df["timestamp"].to_numpy(), df["user_id"].to_numpy()))
-    out_hist = [None] * len(df)
-    out_feats = np.zeros((len(df), 3))
+    lists = {name: [None] * len(df) for name in ["liked_movies", "disliked_movies", "past_labels"]}
+    feats = np.zeros((len(df), len(HISTORY_FEATURES)))
     users, times = df["user_id"].to_numpy(), df["timestamp"].to_numpy()
     movies, labels = df["movie_id"].to_numpy(), df["label"].to_numpy()
+
+    def genre_share(films, k):
+        return np.mean([(f & flags[k]).any() for _, f in films]) if films else 0.0
+
     i = 0
     while i < len(order):
         # One user's ratings at one time see only what came strictly before it.
         j = i
         while j < len(order) and users[order[j]] == users[order[i]] and times[order[j]] == times[order[i]]:
             j += 1
-        liked, rated = state.get(users[order[i]], ([], 0))
+        liked, disliked, outcomes = state.get(users[order[i]], ([], [], []))
         for k in order[i:j]:
-            last = liked[-HISTORY:]
-            out_hist[k] = [int(m) for m, _ in last]
-            share = np.mean([(f & flags[k]).any() for _, f in last]) if last else 0.0
-            out_feats[k] = [len(liked), (sum(1 for _ in liked) / rated) if rated else 0.0, share]
+            last_liked, last_disliked = liked[-HISTORY:], disliked[-HISTORY:]
+            recent = outcomes[-OUTCOMES:]
+            lists["liked_movies"][k] = [int(m) for m, _ in last_liked]
+            lists["disliked_movies"][k] = [int(m) for m, _ in last_disliked]
+            lists["past_labels"][k] = list(recent)
+            feats[k] = [
+                len(liked),
+                len(liked) / len(outcomes) if outcomes else 0.0,
+                genre_share(last_liked, k),
+                np.mean(recent) if recent else 0.0,
+                len(disliked),
+                genre_share(last_disliked, k),
+            ]
         for k in order[i:j]:
-            if labels[k] == 1:
-                liked.append((movies[k], flags[k]))
-            rated += 1
-        state[users[order[i]]] = (liked, rated)
+            (liked if labels[k] == 1 else disliked).append((movies[k], flags[k]))
+            outcomes.append(int(labels[k]))
+        state[users[order[i]]] = (liked, disliked, outcomes)
         i = j
-    feats = pd.DataFrame(out_feats, columns=["hist_liked", "hist_like_rate", "hist_genre_match"], index=df.index)
-    return out_hist, feats
+    return lists, pd.DataFrame(feats, columns=HISTORY_FEATURES, index=df.index)
 
 
 def adult(wheel):
@@ -331,6 +352,15 @@ def movielens_named(wheel, args):
         json.dump(info, f, indent=2)
 
 
+def multi_hot(lists, width):
+    """One row per list, a 1 in each listed id's column."""
+    from scipy import sparse
+
+    cols = [m for row in lists for m in row]
+    rows = np.repeat(np.arange(len(lists)), [len(row) for row in lists])
+    return sparse.csr_matrix((np.ones(len(cols)), (rows, cols)), shape=(len(lists), width))
+
+
 def movielens_history(wheel, args):
     """The `movielens-history` set and its baselines: a logistic regression on the same
     columns with the history multi-hot, and LightGBM on the scalar columns with the
@@ -339,19 +369,22 @@ def movielens_history(wheel, args):
 
     df, ints, cats = movielens(wheel)
     genres = cats[8:]
-    history, feats = liked_histories(df, genres)
+    history, feats = histories(df, genres)
     out = os.path.join(args.out, "movielens-history")
     info = write_named(df, genres, out, history)
     print(f"movielens-history: {len(df)} rows, {info['positives']:.3f} positive -> {out}", flush=True)
     if not args.no_baselines:
         scalar_ints = ["release_year", "film_age"]
         scalar_cats = ["user_id", "movie_id", "gender", "occupation", "zip_code", "age", "weekday", "hour"]
-        rows = [m for h in history for m in h]
-        cols = np.repeat(np.arange(len(history)), [len(h) for h in history])
-        multi_hot = sparse.csr_matrix((np.ones(len(rows)), (cols, rows)), shape=(len(df), int(df["movie_id"].max()) + 1))
-        info["logistic_regression"] = logistic_regression(df, scalar_ints, scalar_cats + genres, extra=multi_hot)
+        films = int(df["movie_id"].max()) + 1
+        # The regression reads the same lists: each film list as a multi-hot, the past
+        # outcomes as their mean.
+        blocks = [multi_hot(history[name], films) for name in ["liked_movies", "disliked_movies"]]
+        blocks.append(sparse.csr_matrix(feats[["hist_recent_like_rate"]].to_numpy()))
+        info["logistic_regression"] = logistic_regression(
+            df, scalar_ints, scalar_cats + genres, extra=sparse.hstack(blocks))
         with_feats = pd.concat([df, feats], axis=1)
-        info["gradient_boosting"] = gradient_boosting(with_feats, scalar_ints + list(feats.columns), scalar_cats)
+        info["gradient_boosting"] = gradient_boosting(with_feats, scalar_ints + HISTORY_FEATURES, scalar_cats)
         for model in ["logistic_regression", "gradient_boosting"]:
             t = info[model]["test"]
             print(f"  {model}: test AUC {t['auc']:.4f}, log loss {t['logloss']:.4f}", flush=True)
