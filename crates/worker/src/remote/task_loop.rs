@@ -1,0 +1,446 @@
+//! The worker's loop over its tasks: ask the master, read the split, train each batch
+//! through the parameter servers, report the progress offset.
+
+use super::*;
+
+/// Reports progress, retrying while the master is unreachable (e.g. restarting).
+/// Returns `(task_done, stop, lr_scale)` (`lr_scale` 0: no schedule).
+pub(super) async fn report(
+    master: &mut Master,
+    id: u32,
+    task: u64,
+    offset: u64,
+    predicted: Predictions,
+) -> anyhow::Result<(bool, bool, f32)> {
+    let req = ReportProgressRequest {
+        version: rpc::version(),
+        node_id: id,
+        task_id: task,
+        offset,
+        predicted: predicted.probs,
+        labels: predicted.labels,
+        tasks: predicted.tasks,
+        weights: predicted.weights,
+    };
+    let r = rpc::retry_transient(Some(Duration::from_secs(300)), || {
+        let (mut m, req) = (master.clone(), req.clone());
+        async move { m.report_progress(req).await }
+    })
+    .await;
+    match r {
+        Ok(r) => {
+            let r = r.into_inner();
+            Ok((r.task_done, r.stop, r.lr_scale))
+        }
+        Err(s) if s.code() == Code::NotFound || s.code() == Code::FailedPrecondition => {
+            eprintln!("worker {id}: master refused progress ({s}); exiting");
+            std::process::exit(3);
+        }
+        Err(s) => bail!("report progress: {s}"),
+    }
+}
+
+/// The evaluation the master asked for at the job's end: the model as the PS hold it,
+/// judged on the job's evaluation files, reported per task.
+pub(super) async fn evaluate_and_report(
+    job: &JobConfig,
+    model: &mut RemoteModel,
+    master: &Master,
+    id: u32,
+) -> anyhow::Result<()> {
+    let mut stats = elastrec_data::ReadStats::default();
+    let batches = crate::trainer::load_eval_set(&job.eval_files(), job, &mut stats)?;
+    let accs = model.evaluate(&batches, job.data.user_slot()).await?;
+    let results: Vec<_> = accs.iter().map(EvalAccumulator::result).collect();
+    let (first, rest) = (results[0], &results[1..]);
+    let nan = |v: Option<f64>| v.unwrap_or(f64::NAN);
+    let req = ReportEvalRequest {
+        version: rpc::version(),
+        node_id: id,
+        auc: first.auc,
+        logloss: first.logloss,
+        samples: first.samples,
+        ne: nan(first.ne),
+        calibration: nan(first.calibration),
+        task_auc: rest.iter().map(|r| r.auc).collect(),
+        task_logloss: rest.iter().map(|r| r.logloss).collect(),
+        task_ne: rest.iter().map(|r| nan(r.ne)).collect(),
+        task_calibration: rest.iter().map(|r| nan(r.calibration)).collect(),
+        gauc: nan(first.gauc),
+        task_gauc: rest.iter().map(|r| nan(r.gauc)).collect(),
+    };
+    rpc::retry_transient(None, || {
+        let (mut m, req) = (master.clone(), req.clone());
+        async move { m.report_eval(req).await }
+    })
+    .await
+    .map_err(|s| anyhow::anyhow!("report eval: {s}"))?;
+    Ok(())
+}
+
+/// The worker process.
+pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
+    let token = rpc::token_from_env()?;
+    elastrec_rpc::tls::install_from_env()?;
+    let id = args.node_id;
+    let mut master = rpc::master_client(&args.master, &token, 64 << 20)?;
+    // The job says where to bind; registering again with the endpoint's address also
+    // waits for the parameter servers.
+    let (job, _, _, _) = register(&mut master, Role::Worker, id, "", "", false).await?;
+    let metrics = Arc::new(WorkerMetrics::new(id));
+    let (_endpoint, metrics_addr) = serve_metrics(&job, id, &token, &metrics).await?;
+    eprintln!("worker {id}: metrics on http://{metrics_addr}/metrics");
+    let reg = register_node(&mut master, Role::Worker, id, "", &metrics_addr, true).await?;
+    let hb_ms = reg.heartbeat_ms;
+    let layout = PsLayout {
+        version: reg.layout_version,
+        addrs: reg.ps_addrs,
+    };
+    let max = job.cluster.max_message_bytes;
+    let master = rpc::master_client(&args.master, &token, max)?;
+    let shared = Arc::new(Shared::default());
+    shared.executors.set_credentials(&token, max);
+    *shared.ps_layout.lock() = layout.clone();
+    *shared.last_ack.lock() = Some(Instant::now());
+    // On a thread of their own (`rpc::beats`): training, reading and pushing keep this
+    // runtime busy, and the master must hear from the worker all the same.
+    let beat_shared = shared.clone();
+    let _beats = rpc::beats::spawn(
+        "heartbeats",
+        &args.master,
+        &token,
+        Duration::from_millis(hb_ms),
+        move |mut m, seq| {
+            let req = heartbeat_request(id, &beat_shared);
+            let shared = beat_shared.clone();
+            async move {
+                let r = m.heartbeat(req).await;
+                apply_heartbeat_reply(r, seq, id, &shared);
+            }
+        },
+    )?;
+    let model = RemoteModel::new(&job, layout, token.clone(), shared.clone(), id)?;
+    let files = TaskFiles::of_blocking(&job).await?;
+    // Compiled once: every task's reader runs it.
+    let plan = elastrec_job::prepare::feature_plan(&job)?;
+    shared
+        .active_workers
+        .store(job.cluster.workers, Ordering::Relaxed);
+    let mut worker = TaskLoop {
+        // The master declares a node dead after `dead_after_ms` of silence; stop pushing
+        // well before that so a worker it gave up on never trains reassigned samples.
+        lease: job.cluster.lease(hb_ms),
+        batch: Batch::with_capacity(job.train.batch_size),
+        exit_after_push: fail_point_exit_after_push(id),
+        slow_batch: fail_point_slow_batch(id),
+        trace: RowTrace::open(id)?,
+        // Online jobs judge the stream (`stream.eval_window`); batch jobs every batch
+        // (`train.progressive_window`).
+        progressive: match &job.stream {
+            Some(s) => s.eval_window > 0,
+            None => job.train.progressive_window > 0,
+        },
+        predicted: Predictions::default(),
+        stream: None,
+        job,
+        id,
+        master,
+        model,
+        files,
+        plan,
+        shared,
+        metrics,
+    };
+    while let Some(task) = worker.next_task().await? {
+        if worker.train_task(&task).await? == Continue::Exit {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Serves the worker's `/metrics` where the job says; returns the endpoint (serving
+/// until dropped) and the address the master is told.
+async fn serve_metrics(
+    job: &JobConfig,
+    id: u32,
+    token: &str,
+    metrics: &Arc<WorkerMetrics>,
+) -> anyhow::Result<(elastrec_metrics::Endpoint, String)> {
+    let ip = elastrec_job::resources::bind_address(job).map_err(anyhow::Error::msg)?;
+    let port = job
+        .cluster
+        .node_metrics_port(id)
+        .map_err(anyhow::Error::msg)?;
+    let m = metrics.clone();
+    let endpoint = elastrec_metrics::serve(std::net::SocketAddr::new(ip, port), token, move || {
+        m.render()
+    })
+    .await
+    .with_context(|| format!("binding the metrics endpoint (port {port})"))?;
+    let addr = elastrec_job::resources::advertise_for(&job.engine, endpoint.addr())
+        .map_err(anyhow::Error::msg)?;
+    Ok((endpoint, addr))
+}
+
+/// Whether the worker goes on after a task.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Continue {
+    NextTask,
+    /// The master scaled this worker away.
+    Exit,
+}
+
+/// A registered worker's state while it trains its tasks.
+pub(super) struct TaskLoop {
+    job: JobConfig,
+    id: u32,
+    master: Master,
+    model: RemoteModel,
+    files: TaskFiles,
+    plan: Option<Arc<elastrec_preprocess::Plan>>,
+    /// An online job's consumer, made on its first task.
+    stream: Option<elastrec_stream::StreamInput>,
+    batch: Batch,
+    shared: Arc<Shared>,
+    metrics: Arc<WorkerMetrics>,
+    lease: Duration,
+    /// Progressive validation is on: each batch is predicted before it is trained.
+    progressive: bool,
+    predicted: Predictions,
+    exit_after_push: Option<u64>,
+    slow_batch: Option<Duration>,
+    trace: Option<RowTrace>,
+}
+
+impl TaskLoop {
+    /// The next task from the master, waiting while it has none yet; `None` when the
+    /// job is over for this worker (finished, after the final evaluation it asked for,
+    /// stopped, or refused).
+    async fn next_task(&mut self) -> anyhow::Result<Option<elastrec_proto::master::Task>> {
+        let id = self.id;
+        loop {
+            let req = GetTaskRequest {
+                version: rpc::version(),
+                node_id: id,
+            };
+            let t_ask = Instant::now();
+            let reply = match rpc::retry_transient(None, || {
+                let mut m = self.master.clone();
+                async move { m.get_task(req).await }
+            })
+            .await
+            {
+                Ok(r) => r.into_inner().reply,
+                Err(s) => {
+                    eprintln!("worker {id}: get-task refused: {s}; exiting");
+                    return Ok(None);
+                }
+            };
+            match reply {
+                Some(Reply::Task(t)) => {
+                    TimeSplit::add(&self.shared.profile.master_us, t_ask);
+                    return Ok(Some(t));
+                }
+                Some(Reply::WaitMs(ms)) => {
+                    self.metrics.get_task_waits.inc();
+                    tokio::time::sleep(Duration::from_millis(ms.clamp(10, 2000) as u64)).await;
+                    TimeSplit::add(&self.shared.profile.master_us, t_ask);
+                }
+                Some(Reply::Finished(f)) => {
+                    let served = self.shared.executors.served.load(Ordering::Relaxed);
+                    if served > 0 {
+                        eprintln!("worker {id}: {served} samples came through the data executors");
+                    }
+                    if f.evaluate {
+                        evaluate_and_report(&self.job, &mut self.model, &self.master, id).await?;
+                    }
+                    return Ok(None);
+                }
+                Some(Reply::Stop(_)) | None => return Ok(None),
+            }
+        }
+    }
+
+    /// Trains `task`'s split from the offset the master holds for it, batch by batch,
+    /// reporting the offset after each.
+    async fn train_task(
+        &mut self,
+        task: &elastrec_proto::master::Task,
+    ) -> anyhow::Result<Continue> {
+        let id = self.id;
+        let split = task_split(task)?;
+        let (held, start) = (split.len(), split.range.start);
+        let mut offset = task.offset;
+        let (file_index, mut reader) = open_split(
+            &self.job,
+            &self.files,
+            self.plan.as_ref(),
+            &self.shared.executors,
+            &mut self.stream,
+            &split,
+            task.source_index,
+            start + offset,
+            id,
+        )
+        .with_context(|| format!("task {}", task.task_id))?;
+        let file = split.source.to_string();
+        // Progressive validation judges the model on the stream only, not on the history
+        // a mixture job also trains.
+        let from_stream = split.is_stream();
+        let validate = self.progressive && (from_stream || self.job.stream.is_none());
+        self.shared.task.store(task.task_id, Ordering::Relaxed);
+        self.metrics.task.set(task.task_id as i64);
+        self.shared.offset.store(offset, Ordering::Relaxed);
+        let mut skipped_before = reader.stats().rows_skipped;
+        while offset < held {
+            // A stream reader may wait on its broker: off the runtime's async threads.
+            let rows = local_batch_size(&self.job, &self.shared);
+            let t0 = Instant::now();
+            let n = tokio::task::block_in_place(|| reader.next_batch(&mut self.batch, rows))?;
+            self.batch
+                .check_tasks(self.job.model.tasks(), Path::new(&file))?;
+            TimeSplit::add(&self.shared.profile.read_us, t0);
+            let skipped = reader.stats().rows_skipped - skipped_before;
+            skipped_before = reader.stats().rows_skipped;
+            // Files count rows; a stream counts offsets (whole messages delivered).
+            let physical = match reader.position() {
+                Some(at) => at.saturating_sub(start + offset),
+                None => n as u64 + skipped,
+            };
+            if n == 0 && physical == 0 {
+                bail!("{} ended before row {}", file, start + offset);
+            }
+            if n > 0 {
+                let key = BatchKey {
+                    epoch: task.epoch,
+                    file: file_index,
+                    start_row: start + offset,
+                };
+                self.train_batch(key, n, from_stream, validate).await?;
+            }
+            offset += physical;
+            if self.report_batch(task, offset, n).await? == Continue::Exit {
+                eprintln!("worker {id}: scaled away after reporting offset {offset}; exiting");
+                return Ok(Continue::Exit);
+            }
+        }
+        self.shared.task.store(0, Ordering::Relaxed);
+        self.metrics.task.set(0);
+        Ok(Continue::NextTask)
+    }
+
+    /// One step on the `n` rows in `self.batch`: pull their rows, compute, push the
+    /// gradients under `key` (only while the master's lease holds).
+    async fn train_batch(
+        &mut self,
+        key: BatchKey,
+        n: usize,
+        from_stream: bool,
+        validate: bool,
+    ) -> anyhow::Result<()> {
+        let shared = &self.shared;
+        if let Some(pause) = self.slow_batch {
+            // A slow machine: every sample takes longer, counted as compute (the master
+            // measures capacity from busy time). Per sample, so that the small tasks of a
+            // quiet stream are not charged a whole batch.
+            let t0 = Instant::now();
+            let full = self.job.train.batch_size.max(1) as f64;
+            tokio::time::sleep(pause.mul_f64(n as f64 / full)).await;
+            TimeSplit::add(&shared.profile.compute_us, t0);
+        }
+        let routing = self.model.route(&self.batch)?;
+        let t0 = Instant::now();
+        self.model.pull(&routing).await?;
+        self.metrics
+            .pull_latency
+            .observe(t0.elapsed().as_secs_f64());
+        TimeSplit::add(&shared.profile.pull_us, t0);
+        let t0 = Instant::now();
+        let (model, batch) = (&mut self.model, &self.batch);
+        let loss = tokio::task::block_in_place(|| model.compute(batch, from_stream))?;
+        if validate {
+            self.predicted = self.model.predictions(&self.batch);
+        }
+        TimeSplit::add(&shared.profile.compute_us, t0);
+        if !loss.is_finite() {
+            bail!("training diverged (loss {loss})");
+        }
+        while !shared.lease_ok(self.lease) {
+            // No recent word from the master: it may have given our task away.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let contributors = shared.active_workers.load(Ordering::Relaxed).max(1);
+        let t0 = Instant::now();
+        self.model
+            .push(&routing, contributors, key, n as u32)
+            .await?;
+        self.metrics
+            .push_latency
+            .observe(t0.elapsed().as_secs_f64());
+        TimeSplit::add(&shared.profile.push_us, t0);
+        if let Some(left) = self.exit_after_push.as_mut() {
+            *left -= 1;
+            if *left == 0 {
+                eprintln!(
+                    "worker {}: fail point: exiting after a push, before its report",
+                    self.id
+                );
+                std::process::exit(86);
+            }
+        }
+        Ok(())
+    }
+
+    /// Reports `task`'s new `offset` after a batch of `n` trained rows, and counts them.
+    async fn report_batch(
+        &mut self,
+        task: &elastrec_proto::master::Task,
+        offset: u64,
+        n: usize,
+    ) -> anyhow::Result<Continue> {
+        let shared = &self.shared;
+        let t0 = Instant::now();
+        let predictions = std::mem::take(&mut self.predicted);
+        let (_, stop, lr_scale) =
+            report(&mut self.master, self.id, task.task_id, offset, predictions).await?;
+        if lr_scale > 0.0 {
+            self.model.lr_scale = lr_scale;
+        }
+        TimeSplit::add(&shared.profile.master_us, t0);
+        if let Some(trace) = self.trace.as_mut() {
+            trace.record(task, &self.batch)?;
+        }
+        if n > 0 {
+            shared.profile.batches.fetch_add(1, Ordering::Relaxed);
+            shared
+                .profile
+                .samples
+                .fetch_add(n as u64, Ordering::Relaxed);
+            self.metrics.samples.inc_by(n as u64);
+            self.metrics.batches.inc();
+        }
+        shared.offset.store(offset, Ordering::Relaxed);
+        shared.samples.fetch_add(n as u64, Ordering::Relaxed);
+        shared.steps.fetch_add(1, Ordering::Relaxed);
+        Ok(if stop {
+            Continue::Exit
+        } else {
+            Continue::NextTask
+        })
+    }
+}
+
+/// Rows of this worker's next batch. Asynchronous: `train.batch_size`. Synchronous: the
+/// job's batch is the global one, shared by the workers that train this step, so a step
+/// applies the mean gradient of `batch_size` samples, as the single-process trainer does.
+pub(super) fn local_batch_size(job: &JobConfig, shared: &Shared) -> usize {
+    let batch = job.train.batch_size;
+    match job.cluster.mode {
+        SyncMode::Async => batch,
+        SyncMode::Sync => {
+            let workers = shared.active_workers.load(Ordering::Relaxed).max(1) as usize;
+            batch.div_ceil(workers)
+        }
+    }
+}
