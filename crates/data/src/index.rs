@@ -46,7 +46,7 @@ pub fn index_path(path: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
-fn file_stamp(path: &Path) -> Result<(u64, u64)> {
+pub(crate) fn file_stamp(path: &Path) -> Result<(u64, u64)> {
     let md = std::fs::metadata(path).map_err(|e| DataError::io(path, e))?;
     let mtime = md
         .modified()

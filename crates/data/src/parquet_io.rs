@@ -29,9 +29,7 @@ use arrow_array::types::{
 };
 use arrow_array::{Array, ArrayRef, Int32Array, Int64Array, RecordBatch, UInt32Array};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
-};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::Compression;
 use parquet::file::metadata::ParquetMetaData;
@@ -211,10 +209,13 @@ impl ParquetWriter {
 /// Row count of a Parquet file, from its footer.
 pub fn parquet_row_count(path: &Path) -> Result<u64> {
     let file = File::open(path).map_err(|e| DataError::io(path, e))?;
-    let builder = guarded(path, "reading the footer", || {
-        ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| DataError::parquet(path, e))
+    // The footer alone: no Arrow schema is built, no column is touched.
+    let meta = guarded(path, "reading the footer", || {
+        parquet::file::metadata::ParquetMetaDataReader::new()
+            .parse_and_finish(&file)
+            .map_err(|e| DataError::parquet(path, e))
     })?;
-    Ok(footer_rows(path, builder.metadata())?.0)
+    Ok(footer_rows(path, &meta)?.0)
 }
 
 /// Runs `f`, a call into the Parquet and Arrow decoders. They panic on some corrupt input

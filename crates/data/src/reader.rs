@@ -6,9 +6,11 @@ use crate::columns::RawColumns;
 use crate::error::{DataError, Result};
 use crate::raw::RawRow;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::fmt;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{LazyLock, Mutex};
 
 /// What a reader does with a malformed row.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -315,8 +317,8 @@ pub fn open_source(
 /// Number of data rows of `path` as a job reads it: with `named` features a text file's
 /// first line is its header, not a row (see [`count_rows`]).
 pub fn count_source_rows(path: &Path, named: bool) -> Result<u64> {
-    let rows = count_rows(path)?;
-    Ok(match detect_format(path)? {
+    let (format, rows) = counted(path)?;
+    Ok(match format {
         FileFormat::Tsv | FileFormat::TsvGzip if named => rows.saturating_sub(1),
         _ => rows,
     })
@@ -326,10 +328,43 @@ pub fn count_source_rows(path: &Path, named: bool) -> Result<u64> {
 /// line without `\n` counts) and builds or reuses the sidecar index (see
 /// [`crate::index`]); for Parquet it reads the footer.
 pub fn count_rows(path: &Path) -> Result<u64> {
-    match detect_format(path)? {
-        FileFormat::Parquet => crate::parquet_io::parquet_row_count(path),
-        _ => Ok(crate::index::LineIndex::load_or_build(path)?.rows),
+    Ok(counted(path)?.1)
+}
+
+/// Parquet counts this process already made, by file, with the file's size and
+/// modification time when counted: a job's start asks for each file's rows up to three
+/// times (the automatic batch size, the standardization pass, the task queue), and a
+/// changed file is counted again. A text file's count is its sidecar index's, which
+/// [`crate::index`] already keeps (and checks) on disk.
+static COUNTED: LazyLock<Mutex<HashMap<PathBuf, Counted>>> = LazyLock::new(Default::default);
+
+/// A file's size and modification time when it was counted, and its rows.
+type Counted = ((u64, u64), u64);
+
+/// Entries [`COUNTED`] holds at most (about 100 MB for the longest paths); past it, it
+/// starts over.
+const COUNTED_MAX: usize = 1 << 20;
+
+/// A file's format and rows; a Parquet file's from [`COUNTED`] while it is unchanged.
+fn counted(path: &Path) -> Result<(FileFormat, u64)> {
+    let stamp = crate::index::file_stamp(path)?;
+    let memo = || COUNTED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(&(at, rows)) = memo().get(path) {
+        if at == stamp {
+            return Ok((FileFormat::Parquet, rows));
+        }
     }
+    let format = detect_format(path)?;
+    if format != FileFormat::Parquet {
+        return Ok((format, crate::index::LineIndex::load_or_build(path)?.rows));
+    }
+    let rows = crate::parquet_io::parquet_row_count(path)?;
+    let mut memo = memo();
+    if memo.len() >= COUNTED_MAX {
+        memo.clear();
+    }
+    memo.insert(path.to_path_buf(), (stamp, rows));
+    Ok((format, rows))
 }
 
 /// Reads a whole file into one batch (convenience for tests, evaluation and small data).
