@@ -347,17 +347,20 @@ const COUNTED_MAX: usize = 1 << 20;
 
 /// A file's format and rows; a Parquet file's from [`COUNTED`] while it is unchanged.
 fn counted(path: &Path) -> Result<(FileFormat, u64)> {
-    let stamp = crate::index::file_stamp(path)?;
     let memo = || COUNTED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(&(at, rows)) = memo().get(path) {
-        if at == stamp {
+    let known = memo().get(path).copied();
+    if let Some((at, rows)) = known {
+        if at == crate::index::file_stamp(path)? {
             return Ok((FileFormat::Parquet, rows));
         }
     }
     let format = detect_format(path)?;
     if format != FileFormat::Parquet {
+        // The index checks the file's stamp itself.
         return Ok((format, crate::index::LineIndex::load_or_build(path)?.rows));
     }
+    // Taken before the footer is read: a file that changes meanwhile is counted again.
+    let stamp = crate::index::file_stamp(path)?;
     let rows = crate::parquet_io::parquet_row_count(path)?;
     let mut memo = memo();
     if memo.len() >= COUNTED_MAX {

@@ -143,8 +143,9 @@ pub fn job_schema(job: &JobConfig) -> Option<Arc<elastrec_data::Schema>> {
 }
 
 /// Rows the first pass of `model.dense_norm = "standardize"` reads at most, in equal
-/// shares from the start of each training file it reads ([`DENSE_STATS_FILES`]): enough for a mean and a deviation to
-/// three digits, and a bounded cost (about a second of parsing) on any data set.
+/// shares from the start of each training file it reads ([`DENSE_STATS_FILES`]): enough
+/// for a mean and a deviation to three digits, and a bounded cost (about a second of
+/// parsing) on any data set.
 pub const DENSE_STATS_ROWS: u64 = 1_000_000;
 
 /// Training files that pass reads at most, spread evenly over the job's files: its cost

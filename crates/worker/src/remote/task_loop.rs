@@ -5,7 +5,7 @@ use super::*;
 
 /// Reports progress, retrying while the master is unreachable (e.g. restarting).
 /// Returns `(task_done, stop, lr_scale)` (`lr_scale` 0: no schedule).
-pub(super) async fn report(
+async fn report(
     master: &mut Master,
     id: u32,
     task: u64,
@@ -42,7 +42,7 @@ pub(super) async fn report(
 
 /// The evaluation the master asked for at the job's end: the model as the PS hold it,
 /// judged on the job's evaluation files, reported per task.
-pub(super) async fn evaluate_and_report(
+async fn evaluate_and_report(
     job: &JobConfig,
     model: &mut RemoteModel,
     master: &Master,
@@ -185,14 +185,14 @@ async fn serve_metrics(
 
 /// Whether the worker goes on after a task.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Continue {
+enum Continue {
     NextTask,
     /// The master scaled this worker away.
     Exit,
 }
 
 /// A registered worker's state while it trains its tasks.
-pub(super) struct TaskLoop {
+struct TaskLoop {
     job: JobConfig,
     id: u32,
     master: Master,
@@ -434,7 +434,7 @@ impl TaskLoop {
 /// Rows of this worker's next batch. Asynchronous: `train.batch_size`. Synchronous: the
 /// job's batch is the global one, shared by the workers that train this step, so a step
 /// applies the mean gradient of `batch_size` samples, as the single-process trainer does.
-pub(super) fn local_batch_size(job: &JobConfig, shared: &Shared) -> usize {
+fn local_batch_size(job: &JobConfig, shared: &Shared) -> usize {
     let batch = job.train.batch_size;
     match job.cluster.mode {
         SyncMode::Async => batch,
