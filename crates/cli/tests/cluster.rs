@@ -76,18 +76,39 @@ fn a_history_read_by_a_transformer_trains_on_two_ps_as_in_one_process() {
     );
 }
 
+/// Features with their own operator chains (a bucketized price, hashed users, history
+/// 2-grams) train on two PS, their rows parsed by two data executors, as in one
+/// process: every reader applies the same chains, and every process sizes the chains'
+/// tables alike.
+#[test]
+fn features_with_their_own_chains_train_on_two_ps_as_in_one_process() {
+    named_trains_on_two_ps_as_in_one_process("chains", &common::chained_features(), "", 2);
+}
+
 /// Trains the named data set with its history pooled by `pooling` in one process, then
 /// on two PS and one worker (reading through `executors` data executors, when any).
 fn history_trains_on_two_ps_as_in_one_process(pooling: &str, settings: &str, executors: u32) {
+    let features = named_features(&format!(
+        "max_len = 20\npooling = \"{pooling}\"\nquery = \"item_id\""
+    ));
+    named_trains_on_two_ps_as_in_one_process(pooling, &features, settings, executors);
+}
+
+/// Trains the named data set with `features` (and `[model]` `settings`) in one process
+/// as the job `<name>-single`, then on two PS and one worker (reading through
+/// `executors` data executors, when any) as `<name>-run`.
+fn named_trains_on_two_ps_as_in_one_process(
+    name: &str,
+    features: &str,
+    settings: &str,
+    executors: u32,
+) {
     let _g = serial();
     let f = fixture();
     let data = f.dir.join("named-attention");
     if !data.join("day_2.parquet").exists() {
         gen_named(&data, ROWS);
     }
-    let features = named_features(&format!(
-        "max_len = 20\npooling = \"{pooling}\"\nquery = \"item_id\""
-    ));
     let text = |out: &str, cluster: &str| {
         format!(
             r#"
@@ -110,9 +131,9 @@ dir = "{out}"
 "#
         )
     };
-    let single = format!("{pooling}-single");
+    let single = format!("{name}-single");
     let baseline = train_auc(&single, &text(&single, ""));
-    assert!(baseline > 0.55, "{pooling} trains: AUC {baseline}");
+    assert!(baseline > 0.55, "{name} trains: AUC {baseline}");
     // TensorBoard's reader sees `train`'s evaluations and losses.
     if let Some(board) = tensorboard_scalars(&f.dir.join(&single)) {
         let auc = last_scalar(&board, "eval/auc");
@@ -135,7 +156,7 @@ dir = "{out}"
         "workers = 3",
         &format!("workers = 1\nshuffle = false\nexecutors = {executors}"),
     );
-    let run = format!("{pooling}-run");
+    let run = format!("{name}-run");
     let (job, dir) = write_job_file(&run, &text(&run, &cluster));
     let log = dir.with_extension("log");
     let mut g = Group::spawn(&["run", job.to_str().unwrap()], &log);

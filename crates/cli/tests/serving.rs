@@ -282,6 +282,14 @@ fn a_history_read_by_a_transformer_is_served_from_each_rows_list() {
     );
 }
 
+/// As [`a_named_feature_model_serves_json_rows_with_lists`], with features that carry
+/// their own operator chains (a bucketized price, hashed users, history 2-grams): a
+/// request's raw values go through the same chains as the file's.
+#[test]
+fn features_with_their_own_chains_are_served_as_eval_reads_them() {
+    serve_named("serve-chains", &common::chained_features());
+}
+
 fn serve_named(name: &str, features: &str) {
     let f = fixture();
     let data = f.dir.join(format!("{name}-data"));

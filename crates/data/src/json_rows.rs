@@ -57,6 +57,10 @@ fn columns_of(schema: &Schema) -> Vec<(String, Role)> {
     for f in &schema.features {
         match f.kind {
             FeatureKind::Dense => add(f.column(), Role::Dense),
+            // A categorical feature whose chain starts by bucketizing reads a number.
+            FeatureKind::Categorical if crate::chain::reads_numbers(f) => {
+                add(f.column(), Role::Dense)
+            }
             FeatureKind::Categorical => add(f.column(), Role::Id),
             FeatureKind::Bag | FeatureKind::Sequence => {
                 add(f.column(), Role::Ids);
@@ -114,7 +118,8 @@ impl JsonRows {
             // The file reader's own checks: every column there, each of a type its kind
             // takes; and its projection.
             let opened = open_projected(path, None, |file| {
-                Ok(Columns::resolve(path, file, schema)?.project().0)
+                let chains = crate::chain::Chains::of(schema);
+                Ok(Columns::resolve(path, file, schema, &chains)?.project().0)
             })?;
             Source::Parquet {
                 inner: opened.inner,

@@ -15,9 +15,12 @@
 //!   features over any Parquet file or CSV/TSV file with a header, read by
 //!   [`NamedParquetReader`] and [`NamedCsvReader`] into jagged batches, and inferred from
 //!   a file by [`schema::infer`];
-//! - [`RawColumns`], rows in column form for a preprocessing plan (`elastrec-preprocess`).
+//! - [`RawColumns`], rows in column form for a preprocessing plan (`elastrec-preprocess`);
+//! - the preprocessing operators, their text form and kernels ([`ops`]), shared by the
+//!   `[[preprocess]]` graphs and the named features' own chains.
 
 pub mod batch;
+pub mod chain;
 pub mod columns;
 pub mod error;
 pub mod gen;
@@ -26,6 +29,7 @@ pub mod json_rows;
 pub mod named;
 pub mod named_csv;
 pub mod named_json;
+pub mod ops;
 pub mod parquet_io;
 pub mod raw;
 pub mod reader;

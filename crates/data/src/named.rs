@@ -14,6 +14,7 @@
 //!   counted); per-id weights: a `list` of floats or integers as long as the ids.
 
 use crate::batch::{Batch, Jagged};
+use crate::chain::Chains;
 use crate::error::{DataError, FieldError, Result};
 use crate::parquet_io::{decode_label, guarded, open_projected};
 use crate::reader::{BadRowPolicy, BatchReader, ReadStats};
@@ -65,6 +66,9 @@ struct Staged {
     /// A list column's decoded items (reused).
     items: Vec<u64>,
     weights: Vec<f32>,
+    /// The features' own chains, and a column's numbers on their way through one.
+    chains: Chains,
+    numbers: Vec<f64>,
 }
 
 /// Reads a Parquet file's rows through a [`Schema`].
@@ -157,6 +161,7 @@ impl Columns {
         path: &Path,
         file: &arrow_schema::Schema,
         schema: &Schema,
+        chains: &Chains,
     ) -> Result<Self> {
         let out = Self::locate(schema, |name, role| {
             file.index_of(name).map_err(|_| {
@@ -189,8 +194,13 @@ impl Columns {
         for &i in &out.dense {
             check(i, is_number, what_it_needs(FeatureKind::Dense))?;
         }
-        for &i in &out.cats {
-            check(i, is_id, what_it_needs(FeatureKind::Categorical))?;
+        for (&i, chain) in out.cats.iter().zip(&chains.cats) {
+            match chain {
+                Some(c) if c.reads_numbers() => {
+                    check(i, is_number, "its chain starts with a number (bucketize)")?
+                }
+                _ => check(i, is_id, what_it_needs(FeatureKind::Categorical))?,
+            }
         }
         for &(i, w) in &out.lists {
             check(
@@ -252,8 +262,10 @@ impl NamedParquetReader {
         schema: Arc<Schema>,
     ) -> Result<Self> {
         let mut columns = None;
+        let chains = Chains::of(&schema);
         let opened = open_projected(path, range, |file| {
-            let (wanted, decoded) = Columns::resolve(path, file, &schema)?.project();
+            let resolved = Columns::resolve(path, file, &schema, &chains)?;
+            let (wanted, decoded) = resolved.project();
             columns = Some(decoded);
             Ok(wanted)
         })?;
@@ -262,7 +274,10 @@ impl NamedParquetReader {
             schema,
             inner: opened.inner,
             columns: columns.expect("set when the file opened"),
-            staged: Staged::default(),
+            staged: Staged {
+                chains,
+                ..Staged::default()
+            },
             cursor: 0,
             next_row: opened.next_row,
             policy,
@@ -411,8 +426,11 @@ impl Staged {
             }
         }
         self.dense.resize_with(c.dense.len(), Vec::new);
-        for ((dst, &col), f) in self.dense.iter_mut().zip(&c.dense).zip(schema.dense()) {
-            numbers(b.column(col), dst);
+        let nums = &mut self.numbers;
+        let dense = self.dense.iter_mut().zip(&c.dense).zip(schema.dense());
+        for (((dst, &col), f), chain) in dense.zip(&self.chains.dense) {
+            let col = b.column(col);
+            numbers(col, dst);
             for (r, v) in dst.iter_mut().enumerate() {
                 if !v.is_finite() {
                     flag(r, f.column(), FieldError::NotFinite(v.to_string()));
@@ -421,13 +439,36 @@ impl Staged {
                     *v = f.transform.apply(*v);
                 }
             }
+            if let Some(chain) = chain {
+                nullable(col, dst, nums);
+                chain.numbers(nums);
+                dst.iter_mut()
+                    .zip(nums.iter())
+                    .for_each(|(d, &x)| *d = x as f32);
+            }
         }
         self.cats.resize_with(c.cats.len(), Vec::new);
-        for (dst, &col) in self.cats.iter_mut().zip(&c.cats) {
-            keys(b.column(col), dst);
+        for ((dst, &col), chain) in self.cats.iter_mut().zip(&c.cats).zip(&self.chains.cats) {
+            let col = b.column(col);
+            match chain {
+                Some(chain) if chain.reads_numbers() => {
+                    let mut floats = Vec::new();
+                    numbers(col, &mut floats);
+                    nullable(col, &floats, nums);
+                    dst.clear();
+                    dst.resize(n, NULL_KEY);
+                    chain.numbers_to_ids(nums, dst);
+                }
+                Some(chain) => {
+                    keys(col, dst);
+                    chain.ids(dst);
+                }
+                None => keys(col, dst),
+            }
         }
         self.lists.resize_with(c.lists.len(), Jagged::default);
-        for ((dst, &(col, weights)), f) in self.lists.iter_mut().zip(&c.lists).zip(schema.lists()) {
+        let lists = self.lists.iter_mut().zip(&c.lists).zip(schema.lists());
+        for (((dst, &(col, weights)), f), chain) in lists.zip(&self.chains.lists) {
             let weights = weights.map(|w| b.column(w));
             let (items, wbuf) = (&mut self.items, &mut self.weights);
             list(
@@ -440,8 +481,24 @@ impl Staged {
                 stats,
                 &mut flag,
             );
+            if let Some(chain) = chain {
+                stats.list_nulls += chain.lists(dst, 0);
+            }
         }
     }
+}
+
+/// A column's numbers as read (`floats`, null read as 0) with its nulls as NaN: what a
+/// chain takes.
+fn nullable(col: &ArrayRef, floats: &[f32], out: &mut Vec<f64>) {
+    out.clear();
+    out.extend(floats.iter().enumerate().map(|(r, &v)| {
+        if col.is_null(r) {
+            f64::NAN
+        } else {
+            f64::from(v)
+        }
+    }));
 }
 
 /// Every value of a numeric or boolean column as `f32` (null: 0).

@@ -17,6 +17,7 @@
 //! line and column (or, under `data.on_bad_row = "skip"`, a skipped, counted row).
 
 use crate::batch::{Batch, Jagged};
+use crate::chain::Chains;
 use crate::error::{show_bytes, DataError, FieldError, Result};
 use crate::named::{conclude, missing_column, Columns};
 use crate::reader::{BadRowPolicy, BatchReader, ReadStats};
@@ -160,6 +161,8 @@ pub struct NamedCsvReader {
     lines: Lines,
     header: Vec<String>,
     columns: Columns,
+    /// The features' own chains.
+    chains: Chains,
     split: Splitter,
     row: RowScratch,
     /// A list field's items, before the null ones are dropped.
@@ -227,6 +230,7 @@ impl NamedCsvReader {
             ..RowScratch::default()
         };
         Ok(Self {
+            chains: Chains::of(&schema),
             schema,
             lines,
             header,
@@ -241,8 +245,13 @@ impl NamedCsvReader {
 
     /// Parses the split line into `self.row`; a bad value names its column.
     fn parse(&mut self) -> std::result::Result<(), (String, FieldError)> {
-        let (split, columns, schema, row) =
-            (&self.split, &self.columns, &*self.schema, &mut self.row);
+        let (split, columns, schema, row, chains) = (
+            &self.split,
+            &self.columns,
+            &*self.schema,
+            &mut self.row,
+            &self.chains,
+        );
         if split.len() != self.header.len() {
             let column = self
                 .header
@@ -267,20 +276,30 @@ impl NamedCsvReader {
             None => 1.0,
         };
         row.dense.clear();
-        for (&i, f) in columns.dense.iter().zip(schema.dense()) {
+        let dense = columns.dense.iter().zip(schema.dense());
+        for ((&i, f), chain) in dense.zip(&chains.dense) {
             let v = parse_number(split.field(i)).map_err(|e| named(i, e))?;
-            row.dense.push(f.transform.apply(v));
-        }
-        row.cats.clear();
-        for &i in &columns.cats {
-            let t = split.field(i);
-            row.cats.push(if t.is_empty() {
-                NULL_KEY
-            } else {
-                string_key(t)
+            row.dense.push(match chain {
+                Some(chain) => chain.number(nullable(split.field(i), v)),
+                None => f.transform.apply(v),
             });
         }
-        for ((dst, &(i, w)), f) in row.lists.iter_mut().zip(&columns.lists).zip(schema.lists()) {
+        row.cats.clear();
+        for (&i, chain) in columns.cats.iter().zip(&chains.cats) {
+            let t = split.field(i);
+            row.cats.push(match chain {
+                Some(chain) if chain.reads_numbers() => {
+                    let v = parse_number(t).map_err(|e| named(i, e))?;
+                    chain.id_of_number(nullable(t, v))
+                }
+                Some(chain) if !t.is_empty() => chain.id(string_key(t)),
+                Some(chain) => chain.id(NULL_KEY),
+                None if t.is_empty() => NULL_KEY,
+                None => string_key(t),
+            });
+        }
+        let lists = row.lists.iter_mut().zip(&columns.lists).zip(schema.lists());
+        for (((dst, &(i, w)), f), chain) in lists.zip(&chains.lists) {
             dst.clear();
             let sep = schema.csv.list_separator as u8;
             self.items.clear();
@@ -334,6 +353,9 @@ impl NamedCsvReader {
                 }
             }
             dst.end_row();
+            if let Some(chain) = chain {
+                self.stats.list_nulls += chain.lists(dst, 0);
+            }
         }
         Ok(())
     }
@@ -435,6 +457,11 @@ pub(crate) fn parse_weight(t: &[u8]) -> std::result::Result<f32, FieldError> {
         Ok(v) if !t.is_empty() && v >= 0.0 => Ok(v),
         _ => Err(FieldError::BadWeight(format!("{:?}", show_bytes(t)))),
     }
+}
+
+/// A parsed number `v` of the field `t` as a chain takes it: `None` for an empty field.
+pub(crate) fn nullable(t: &[u8], v: f32) -> Option<f32> {
+    (!t.trim_ascii().is_empty()).then_some(v)
 }
 
 pub(crate) fn parse_number(t: &[u8]) -> std::result::Result<f32, FieldError> {

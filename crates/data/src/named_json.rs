@@ -3,7 +3,8 @@
 //! (`crate::named`, `crate::named_csv`), so a row sent as JSON gets the key, the value
 //! and the list a file's row gets:
 //!
-//! - dense: a number or `null` (0), transformed as the feature says;
+//! - dense: a number or `null` (0), transformed as the feature says (its `transform`
+//!   or its own chain, [`crate::chain`]);
 //! - categorical: an integer (a 64-bit id), a string (hashed like a string column, a
 //!   plainly written integer being that integer), a boolean, or `null`;
 //! - bag, sequence: an array of such ids (`null` items are dropped), or `null` (empty);
@@ -15,6 +16,7 @@
 //! column; the batch is left as it was.
 
 use crate::batch::Batch;
+use crate::chain::Chains;
 use crate::schema::{string_key, FeatureSpec, Schema, NULL_KEY};
 use serde_json::{Map, Value};
 
@@ -28,16 +30,17 @@ pub enum Labels {
     Ignored,
 }
 
-/// Appends `row` to `batch` (laid out for `schema`, bags included); on an error, naming
-/// the column, `batch` is left as it was.
+/// Appends `row` to `batch` (laid out for `schema`, bags included; `chains` are
+/// [`Chains::of`] `schema`); on an error, naming the column, `batch` is left as it was.
 pub fn push_json_row(
     batch: &mut Batch,
     schema: &Schema,
+    chains: &Chains,
     row: &Map<String, Value>,
     labels: Labels,
 ) -> Result<(), String> {
     let before = batch.len();
-    let pushed = push_features(batch, schema, row, labels);
+    let pushed = push_features(batch, schema, chains, row, labels);
     if pushed.is_err() {
         batch.truncate(before);
     }
@@ -47,6 +50,7 @@ pub fn push_json_row(
 fn push_features(
     batch: &mut Batch,
     schema: &Schema,
+    chains: &Chains,
     row: &Map<String, Value>,
     labels: Labels,
 ) -> Result<(), String> {
@@ -76,11 +80,9 @@ fn push_features(
     let bad = |column: &str, what: &str, v: &Value| {
         format!("feature `{column}`: must be {what}, got {}", type_name(v))
     };
-    let mut dense = 0;
-    for f in schema.dense() {
-        let v = get(f, f.column())?;
-        let x = match v {
-            Value::Null => 0.0,
+    let number = |f: &FeatureSpec| -> Result<Option<f32>, String> {
+        let x = match get(f, f.column())? {
+            Value::Null => return Ok(None),
             Value::Bool(b) => f32::from(u8::from(*b)),
             Value::Number(n) => n.as_f64().map_or(f32::NAN, |x| x as f32),
             other => return Err(bad(f.column(), "a number or null", other)),
@@ -88,20 +90,33 @@ fn push_features(
         if !x.is_finite() {
             return Err(format!("feature `{}`: must be finite", f.column()));
         }
-        batch.dense.push(f.transform.apply(x));
+        Ok(Some(x))
+    };
+    let mut dense = 0;
+    for (f, chain) in schema.dense().zip(&chains.dense) {
+        let x = number(f)?;
+        batch.dense.push(match chain {
+            Some(chain) => chain.number(x),
+            None => f.transform.apply(x.unwrap_or(0.0)),
+        });
         dense += 1;
     }
     if dense == 0 {
         // The constant input of a schema without dense features (Schema::dense_width).
         batch.dense.push(0.0);
     }
-    for f in schema.categorical() {
+    for (f, chain) in schema.categorical().zip(&chains.cats) {
+        if let Some(chain) = chain.as_ref().filter(|c| c.reads_numbers()) {
+            batch.sparse.push(chain.id_of_number(number(f)?));
+            continue;
+        }
         let v = get(f, f.column())?;
         let key = id_key(v)
             .ok_or_else(|| bad(f.column(), "an integer, a string, a boolean or null", v))?;
-        batch.sparse.push(key);
+        batch.sparse.push(chain.as_ref().map_or(key, |c| c.id(key)));
     }
-    for (f, bag) in schema.lists().zip(&mut batch.bags) {
+    let lists = schema.lists().zip(&chains.lists);
+    for ((f, chain), bag) in lists.zip(&mut batch.bags) {
         let ids = match get(f, f.column())? {
             Value::Null => &Vec::new(),
             Value::Array(items) => items,
@@ -147,7 +162,21 @@ fn push_features(
             }
         }
         bag.end_row();
+        if let Some(chain) = chain {
+            // Ids a chain makes null are dropped, as the file readers drop them.
+            chain.lists(bag, bag.rows() - 1);
+        }
     }
+    push_labels(batch, schema, row, labels)
+}
+
+/// A row's labels and sample weight (a request's are ignored: one label of 0).
+fn push_labels(
+    batch: &mut Batch,
+    schema: &Schema,
+    row: &Map<String, Value>,
+    labels: Labels,
+) -> Result<(), String> {
     match labels {
         Labels::Ignored => batch.labels.push(0.0),
         Labels::Required => {

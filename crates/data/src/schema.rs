@@ -9,6 +9,9 @@
 //! - **sequence**: an ordered list (recently clicked items) kept in order, at most
 //!   `max_len` of the most recent (the list's tail), pooled like a bag.
 //!
+//! Each feature may carry its own operator chain (`ops`, the `[[preprocess]]` operators;
+//! see [`crate::chain`]).
+//!
 //! Tables are declared once and may be shared by several features (an item table read by
 //! `item_id` and `hist_items`), as TorchRec's `feature_names`. Every table has the job's
 //! `model.embedding_dim`: the interactions (dot, cross, FM) combine vectors of equal width.
@@ -197,9 +200,15 @@ pub struct FeatureSpec {
     pub column: Option<String>,
     /// How it enters the model.
     pub kind: FeatureKind,
-    /// Dense only: the transform applied to the raw value.
+    /// Dense only: the transform applied to the raw value (the short form of
+    /// `ops = ["log1p"]`).
     #[serde(default, skip_serializing_if = "is_default")]
     pub transform: DenseTransform,
+    /// The feature's own operator chain, applied to its column as it is read
+    /// (`["fill_null(0)", "clamp(max=500)", "log1p"]`, `["bucketize([10, 100])"]`,
+    /// `["ngram(2)"]`); what each kind may use is in [`crate::chain`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ops: Vec<String>,
     /// Categorical, bag and sequence: the table its ids are looked up in (a
     /// `[[data.table]]` name); default: a table named like the feature.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -232,6 +241,7 @@ impl FeatureSpec {
             column: None,
             kind,
             transform: DenseTransform::None,
+            ops: Vec::new(),
             table: None,
             pooling: Pooling::Mean,
             max_len: None,
@@ -284,6 +294,13 @@ pub struct TableSpec {
 
 /// Rows of a table no `[[data.table]]` declares.
 pub const DEFAULT_SCHEMA_TABLE_ROWS: u64 = 1 << 16;
+
+/// Rows of an undeclared table whose features' chains produce at most `ids` distinct ids:
+/// ids hash into rows like any other, so 4 rows per id (at least 1,024) keep two buckets
+/// from sharing a row, as a `[[preprocess]]` graph's tables are sized.
+pub fn chain_table_rows(ids: u64) -> u64 {
+    ids.saturating_mul(4).max(1024)
+}
 
 /// The features of a data set with named columns.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -359,6 +376,15 @@ impl Schema {
             if f.max_len == Some(0) {
                 return Err(format!("feature {:?}: max_len must be at least 1", f.name));
             }
+            if f.transform != DenseTransform::None && !f.ops.is_empty() {
+                return Err(format!(
+                    "feature {:?} has both `transform` and `ops`: write the transform as \
+                     the chain's first operator",
+                    f.name
+                ));
+            }
+            crate::chain::Chain::compile(f)
+                .map_err(|e| format!("feature {:?}: ops: {e}", f.name))?;
             self.check_query(f)?;
         }
         let mut tables = HashSet::new();
@@ -515,16 +541,41 @@ impl Schema {
             .collect()
     }
 
-    /// Rows of each table, in [`Schema::table_names`] order.
+    /// Rows of each table, in [`Schema::table_names`] order: as declared, else room for
+    /// the ids its features' chains can produce (`bucketize`'s buckets, `sigrid_hash`'s
+    /// `mod`; [`chain_table_rows`]) when every feature reading it is bounded, else
+    /// [`DEFAULT_SCHEMA_TABLE_ROWS`].
     pub fn table_rows(&self) -> Vec<u64> {
         self.table_names()
             .iter()
-            .map(|n| {
-                self.tables
-                    .iter()
-                    .find(|t| t.name == *n)
-                    .map_or(DEFAULT_SCHEMA_TABLE_ROWS, |t| t.rows)
+            .map(|n| match self.tables.iter().find(|t| t.name == *n) {
+                Some(t) => t.rows,
+                None => self
+                    .natural_rows(n)
+                    .map_or(DEFAULT_SCHEMA_TABLE_ROWS, chain_table_rows),
             })
+            .collect()
+    }
+
+    /// The most ids the features reading `table` can produce, when all are bounded.
+    fn natural_rows(&self, table: &str) -> Option<u64> {
+        self.slot_features()
+            .iter()
+            .filter(|f| f.table() == table)
+            .map(|f| {
+                crate::chain::Chain::compile(f)
+                    .ok()
+                    .flatten()
+                    .and_then(|c| c.cardinality())
+            })
+            .try_fold(0u64, |most, c| Some(most.max(c?)))
+    }
+
+    /// Each feature's chain, in [`Schema::features`] order (`None`: no `ops`).
+    pub fn chains(&self) -> Vec<Option<crate::chain::Chain>> {
+        self.features
+            .iter()
+            .map(|f| crate::chain::Chain::compile(f).ok().flatten())
             .collect()
     }
 

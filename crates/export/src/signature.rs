@@ -27,8 +27,12 @@ pub struct Signature {
 pub struct DenseColumn {
     /// The feature's name.
     pub feature: String,
-    /// What the reader applies to the raw value before the model reads it.
+    /// What the reader applies to the raw value before the model reads it (`none`,
+    /// `log1p`, or `ops` for the feature's own chain).
     pub transform: &'static str,
+    /// The feature's own operator chain (`data.feature.ops`), applied before `dense`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ops: Vec<String>,
 }
 
 /// One single-id feature.
@@ -38,6 +42,10 @@ pub struct Slot {
     pub feature: String,
     /// Index into [`Signature::tables`].
     pub table: usize,
+    /// The feature's own operator chain, applied to its id (or number) before the row
+    /// is found.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ops: Vec<String>,
 }
 
 /// One bag or sequence.
@@ -51,6 +59,10 @@ pub struct List {
     pub max_len: usize,
     /// How the ids' vectors pool.
     pub pooling: Pooling,
+    /// The feature's own operator chain, applied to its kept ids before their rows are
+    /// found.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ops: Vec<String>,
 }
 
 /// One embedding table.
@@ -87,6 +99,7 @@ impl Signature {
                         format!("dense_{i}")
                     },
                     transform: if criteo { "log1p" } else { "preprocess" },
+                    ops: Vec::new(),
                 })
                 .collect();
             let names: Vec<String> = (0..slots)
@@ -106,6 +119,7 @@ impl Signature {
                     .map(|(t, f)| Slot {
                         feature: f.clone(),
                         table: t,
+                        ops: Vec::new(),
                     })
                     .collect(),
                 lists: Vec::new(),
@@ -136,9 +150,11 @@ impl Signature {
                 .map(|f| DenseColumn {
                     feature: f.name.clone(),
                     transform: match f.transform {
+                        _ if !f.ops.is_empty() => "ops",
                         elastrec_data::schema::DenseTransform::None => "none",
                         elastrec_data::schema::DenseTransform::Log1p => "log1p",
                     },
+                    ops: f.ops.clone(),
                 })
                 .collect(),
             singles: schema
@@ -146,6 +162,7 @@ impl Signature {
                 .map(|f| Slot {
                     feature: f.name.clone(),
                     table: table_of(f),
+                    ops: f.ops.clone(),
                 })
                 .collect(),
             lists: schema
@@ -155,6 +172,7 @@ impl Signature {
                     table: table_of(f),
                     max_len: f.max_len(),
                     pooling: f.pooling,
+                    ops: f.ops.clone(),
                 })
                 .collect(),
             tables: table_names

@@ -751,8 +751,8 @@ impl JobConfig {
             (
                 !self.preprocess.is_empty(),
                 "preprocess",
-                "preprocessing graphs read the Criteo columns; named features carry their \
-                 own transform (data.feature.transform)",
+                "preprocessing graphs read the Criteo columns; a named feature carries its \
+                 own operator chain (data.feature.ops, the same operators)",
             ),
             (
                 self.data.generate.is_some(),

@@ -3,7 +3,8 @@
 //!
 //! - [`spec`]: the `[[preprocess]]` entries of a job file and the default graph;
 //! - [`ops`]: the operators of RAP's Table 1 (and what Criteo pipelines use), their
-//!   arguments and typing rules; [`syntax`] reads their text form;
+//!   arguments and typing rules; [`syntax`] reads their text form (both in
+//!   `elastrec-data`, shared with the named features' chains);
 //! - [`plan`]: a graph compiled into a fused, cache-blocked [`Plan`];
 //! - [`kernels`]: the per-column passes the plan runs;
 //! - [`reader`]: any reader of raw rows through a plan;
@@ -11,14 +12,13 @@
 //! - [`types`]: value types and how a null is held.
 
 pub mod error;
-pub mod kernels;
 pub mod materialize;
-pub mod ops;
 pub mod plan;
 pub mod reader;
 pub mod spec;
-pub mod syntax;
-pub mod types;
+
+/// The operators live in `elastrec-data` (a named feature's own chain uses them too).
+pub use elastrec_data::ops::{self, kernels, syntax, types};
 
 pub use error::{PreprocessError, Result};
 pub use ops::Op;

@@ -26,8 +26,9 @@ pub fn batch_from_json(body: &[u8], schema: &Schema, max_rows: usize) -> Result<
     // A request's rows carry no labels: one (ignored) task.
     let mut batch = schema.empty_batch();
     batch.tasks = 1;
+    let chains = elastrec_data::chain::Chains::of(schema);
     for (i, row) in req.rows.iter().enumerate() {
-        push_json_row(&mut batch, schema, row, Labels::Ignored)
+        push_json_row(&mut batch, schema, &chains, row, Labels::Ignored)
             .map_err(|e| format!("row {i}: {e}"))?;
     }
     Ok(batch)

@@ -138,8 +138,9 @@ pub fn decode_json(
         _ => return frame("a JSON message is an object of named features, or an array of them"),
     };
     let mut bad = Vec::new();
+    let chains = elastrec_data::chain::Chains::of(schema);
     for (i, row) in rows.iter().enumerate() {
-        if let Err(why) = push_json_row(out, schema, row, Labels::Required) {
+        if let Err(why) = push_json_row(out, schema, &chains, row, Labels::Required) {
             bad.push(BadSample {
                 sample: i as u32,
                 field: elastrec_data::error::JSON_FIELD,

@@ -338,6 +338,50 @@ table = "item_id"
     )
 }
 
+/// The generated named log's features with chains of their own (`data.feature.ops`):
+/// a hashed user, a price both as a clamped `log1p` number and as a categorical of its
+/// bands, the first two genres, and the history's item-to-item transitions (2-grams)
+/// besides its items.
+pub fn chained_features() -> String {
+    r#"label = "click"
+[[data.feature]]
+name = "user_id"
+kind = "categorical"
+ops = ["sigrid_hash(3, 4000)"]
+[[data.feature]]
+name = "item_id"
+kind = "categorical"
+[[data.feature]]
+name = "device"
+kind = "categorical"
+[[data.feature]]
+name = "genres"
+kind = "bag"
+ops = ["first_x(2)"]
+[[data.feature]]
+name = "price"
+kind = "dense"
+ops = ["fill_null(0)", "clamp(max = 200)", "log1p"]
+[[data.feature]]
+name = "price_band"
+column = "price"
+kind = "categorical"
+ops = ["bucketize([5, 10, 20, 50, 100])"]
+[[data.feature]]
+name = "hist_items"
+kind = "sequence"
+table = "item_id"
+max_len = 20
+[[data.feature]]
+name = "hist_pairs"
+column = "hist_items"
+kind = "sequence"
+max_len = 10
+ops = ["ngram(2)"]
+"#
+    .to_string()
+}
+
 /// Trains `text` as the job `name` in one process (`elastrec train`); returns its
 /// evaluation AUC.
 pub fn train_auc(name: &str, text: &str) -> f64 {

@@ -21,8 +21,14 @@ fn both_ways(path: &Path, schema: &Schema) -> (Batch, Batch, usize) {
     let mut rows = JsonRows::open(path, schema).unwrap_or_else(|e| panic!("{e}"));
     let mut n = 0;
     while let Some(row) = rows.next_row().unwrap_or_else(|e| panic!("{e}")) {
-        push_json_row(&mut got, schema, &row, Labels::Required)
-            .unwrap_or_else(|e| panic!("row {n} {row:?}: {e}"));
+        push_json_row(
+            &mut got,
+            schema,
+            &elastrec_data::chain::Chains::of(schema),
+            &row,
+            Labels::Required,
+        )
+        .unwrap_or_else(|e| panic!("row {n} {row:?}: {e}"));
         n += 1;
     }
     (want, got, n)

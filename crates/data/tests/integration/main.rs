@@ -2,6 +2,7 @@
 
 mod bad_rows;
 mod corrupt_parquet;
+mod feature_ops;
 mod gen;
 mod json_rows;
 mod named;

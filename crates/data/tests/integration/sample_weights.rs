@@ -101,6 +101,7 @@ fn a_json_sample_needs_its_weight_and_a_request_does_not() {
     push_json_row(
         &mut b,
         &s,
+        &elastrec_data::chain::Chains::of(&s),
         &row(r#"{"click": 1, "user": 7, "w": 2.5}"#),
         Labels::Required,
     )
@@ -111,7 +112,14 @@ fn a_json_sample_needs_its_weight_and_a_request_does_not() {
         r#"{"click": 1, "user": 7, "w": -1}"#,
         r#"{"click": 1, "user": 7, "w": "x"}"#,
     ] {
-        let err = push_json_row(&mut b, &s, &row(bad), Labels::Required).unwrap_err();
+        let err = push_json_row(
+            &mut b,
+            &s,
+            &elastrec_data::chain::Chains::of(&s),
+            &row(bad),
+            Labels::Required,
+        )
+        .unwrap_err();
         assert!(
             err.contains("sample weight `w`: must be a number >= 0"),
             "{bad}: {err}"
@@ -124,6 +132,13 @@ fn a_json_sample_needs_its_weight_and_a_request_does_not() {
     }
     // A prediction request carries no label and no weight.
     let mut b = s.empty_batch();
-    push_json_row(&mut b, &s, &row(r#"{"user": 7}"#), Labels::Ignored).unwrap();
+    push_json_row(
+        &mut b,
+        &s,
+        &elastrec_data::chain::Chains::of(&s),
+        &row(r#"{"user": 7}"#),
+        Labels::Ignored,
+    )
+    .unwrap();
     assert!(b.weights.is_empty());
 }

@@ -1,9 +1,14 @@
 //! The operators (RAP Table 1 and what Criteo pipelines use), their arguments and their
 //! typing rules. The contract of each is in `docs/preprocess.md`; the kernels are in
-//! [`crate::kernels`].
+//! [`kernels`]. A `[[preprocess]]` graph (`elastrec-preprocess`) and a named feature's own
+//! chain (`data.feature.ops`, [`crate::chain`]) use the same operators and kernels.
 
-use crate::syntax::{parse_call, Arg, Call, Value};
-use crate::types::{Element, ValueType, NULL_ID, NULL_INT};
+pub mod kernels;
+pub mod syntax;
+pub mod types;
+
+use self::syntax::{parse_call, Arg, Call, Value};
+use self::types::{Element, ValueType, NULL_ID, NULL_INT};
 
 /// Most columns a one-hot or multi-hot vector may have: each becomes a dense input of the
 /// bottom MLP, so a larger vocabulary belongs in an embedding table.

@@ -1,12 +1,12 @@
 //! The operators' kernels: one pass over a block of rows of one column, nulls as sentinels
-//! ([`crate::types`]), no allocation. Written so that the compiler vectorizes the simple
+//! ([`super::types`]), no allocation. Written so that the compiler vectorizes the simple
 //! ones (selects instead of branches); `ln`, `powf` and the hashes are scalar.
 
 use std::sync::OnceLock;
 
 use elastrec_common::splitmix::{mix64, splitmix64, GOLDEN_GAMMA};
 
-use crate::types::{NULL_ID, NULL_INT};
+use crate::columns::{NULL_ID, NULL_INT};
 
 /// `fill_null` on ints.
 pub fn fill_null_int(v: &mut [i64], fill: i64) {
@@ -169,25 +169,30 @@ pub fn sigrid_hash(v: &mut [u64], mixed_salt: u64, modulus: u64) {
     }
 }
 
-/// `ngram`: one gram from the columns of its window: `h = GOLDEN_GAMMA`, then
-/// `h = mix64(h ^ x)` for each id in order. A null anywhere in the window gives null;
-/// a gram that lands on the null sentinel is moved one below it.
+/// `ngram`: one gram from the columns of its window (see [`gram`]).
 pub fn ngram(window: &[&[u64]], dst: &mut [u64]) {
     for (r, d) in dst.iter_mut().enumerate() {
-        let mut h = GOLDEN_GAMMA;
-        let mut null = false;
-        for col in window {
-            let x = col[r];
-            null |= x == NULL_ID;
-            h = mix64(h ^ x);
-        }
-        *d = if null {
-            NULL_ID
-        } else if h == NULL_ID {
-            NULL_ID - 1
-        } else {
-            h
-        };
+        *d = gram(window.iter().map(|col| col[r]));
+    }
+}
+
+/// One gram of `ids` in order: `h = GOLDEN_GAMMA`, then `h = mix64(h ^ x)` for each id.
+/// A null anywhere gives null; a gram that lands on the null sentinel is moved one below
+/// it.
+#[inline]
+pub fn gram(ids: impl IntoIterator<Item = u64>) -> u64 {
+    let mut h = GOLDEN_GAMMA;
+    let mut null = false;
+    for x in ids {
+        null |= x == NULL_ID;
+        h = mix64(h ^ x);
+    }
+    if null {
+        NULL_ID
+    } else if h == NULL_ID {
+        NULL_ID - 1
+    } else {
+        h
     }
 }
 
@@ -295,7 +300,7 @@ mod tests {
         for (x, y) in xs.iter().zip(&out) {
             assert_eq!(
                 (*y as f32).to_bits(),
-                elastrec_data::Batch::transform_dense(*x).to_bits(),
+                crate::Batch::transform_dense(*x).to_bits(),
                 "x = {x}"
             );
         }

@@ -9,9 +9,9 @@
 use std::fmt;
 
 /// Null of an `id` column.
-pub use elastrec_data::NULL_ID;
+pub use crate::columns::NULL_ID;
 /// Null of an `int` column.
-pub use elastrec_data::NULL_INT;
+pub use crate::columns::NULL_INT;
 
 /// The type of a chain's value at one point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
