@@ -4,7 +4,9 @@
 //! bytes the named reader allocates per row once its buffers have grown. The same log as
 //! CSV with a header, read through the same schema. The generated file has 13 row
 //! groups, which the reader decodes on up to 4 threads; the same rows rewritten as one
-//! row group are decoded on the reading thread alone, the serial peer.
+//! row group are decoded on the reading thread alone, the serial peer. And the same file
+//! through the schema with three features of their own chains added (`data.feature.ops`:
+//! the price bucketized, the user hashed, the history's 2-grams).
 //!
 //! `cargo bench -p elastrec-data --bench named`
 
@@ -83,6 +85,50 @@ fn drain(path: &Path, schema: Option<&Arc<Schema>>, batch: &mut Batch) -> (usize
     }
 }
 
+/// `schema` with three more features, each with a chain of its own (`chains`), or the
+/// same columns read again as plain features (the peer: what reading them costs without
+/// a chain).
+fn with_chains(schema: &Schema, chains: bool) -> Schema {
+    use elastrec_data::{FeatureKind, FeatureSpec};
+    let mut s = schema.clone();
+    let mut add = |name: &str, column: &str, kind, ops: &[&str]| {
+        let plain = if kind == FeatureKind::Categorical && column == "price" {
+            FeatureKind::Dense
+        } else {
+            kind
+        };
+        let mut f = FeatureSpec::new(name, if chains { kind } else { plain });
+        f.column = Some(column.into());
+        if chains {
+            f.ops = ops.iter().map(|o| o.to_string()).collect();
+        }
+        if kind == FeatureKind::Sequence {
+            f.max_len = Some(30);
+        }
+        s.features.push(f);
+    };
+    add(
+        "price_band",
+        "price",
+        FeatureKind::Categorical,
+        &["bucketize([5, 10, 20, 50, 100])"],
+    );
+    add(
+        "user_hashed",
+        "user_id",
+        FeatureKind::Categorical,
+        &["sigrid_hash(3, 4000)"],
+    );
+    add(
+        "hist_pairs",
+        "hist_items",
+        FeatureKind::Sequence,
+        &["ngram(2)"],
+    );
+    s.validate().unwrap();
+    s
+}
+
 fn named(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let report = generate_named(&NamedSpec {
@@ -109,6 +155,8 @@ fn named(c: &mut Criterion) {
             .unwrap()
             .schema,
     );
+    let chained = Arc::new(with_chains(&schema, true));
+    let copies = Arc::new(with_chains(&schema, false));
     let serial = dir.path().join("one-row-group.parquet");
     one_row_group(&file, &serial);
     let criteo_dir = dir.path().join("criteo");
@@ -136,6 +184,16 @@ fn named(c: &mut Criterion) {
          decoding included)",
         bytes as f64 / n as f64
     );
+    let mut chained_batch = Batch::default();
+    drain(&file, Some(&chained), &mut chained_batch);
+    let before = ALLOCATED.load(Ordering::Relaxed);
+    let (n, items) = drain(&file, Some(&chained), &mut chained_batch);
+    let bytes = ALLOCATED.load(Ordering::Relaxed) - before;
+    println!(
+        "named reader with chains: {n} rows, {items} list items, {:.1} bytes allocated per \
+         row",
+        bytes as f64 / n as f64
+    );
     drain(&csv, Some(&schema), &mut batch);
     let before = ALLOCATED.load(Ordering::Relaxed);
     let (n, _) = drain(&csv, Some(&schema), &mut batch);
@@ -151,6 +209,18 @@ fn named(c: &mut Criterion) {
     g.throughput(Throughput::Elements(ROWS));
     g.bench_function("named_with_lists", |b| {
         b.iter(|| assert_eq!(drain(&file, Some(&schema), &mut batch).0 as u64, ROWS))
+    });
+    g.bench_function("named_with_lists_and_chains", |b| {
+        b.iter(|| {
+            let read = drain(&file, Some(&chained), &mut chained_batch).0;
+            assert_eq!(read as u64, ROWS)
+        })
+    });
+    g.bench_function("named_with_lists_and_plain_copies", |b| {
+        b.iter(|| {
+            let read = drain(&file, Some(&copies), &mut chained_batch).0;
+            assert_eq!(read as u64, ROWS)
+        })
     });
     g.bench_function("named_with_lists_one_row_group", |b| {
         b.iter(|| assert_eq!(drain(&serial, Some(&schema), &mut batch).0 as u64, ROWS))

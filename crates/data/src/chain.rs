@@ -323,41 +323,54 @@ fn typed_list(ops: &[Op], from: ValueType) -> Result<(), String> {
 
 /// Keeps the first `x` ids (and weights) of each row from `from_row`.
 fn first_x(list: &mut Jagged, from_row: usize, x: usize) {
-    reshape(list, from_row, |ids, out| {
-        out.extend_from_slice(&ids[..ids.len().min(x)])
+    compact(list, from_row, |ids, write, row| {
+        let kept = row.len().min(x);
+        ids.copy_within(row.start..row.start + kept, write);
+        kept
     });
 }
 
 /// Each row from `from_row` becomes the hashes of its `n` consecutive ids (a row shorter
 /// than `n` becomes empty); a gram over a null id is null.
 fn ngrams(list: &mut Jagged, from_row: usize, n: usize) {
-    reshape(list, from_row, |ids, out| {
-        out.extend(ids.windows(n).map(|w| k::gram(w.iter().copied())));
+    compact(list, from_row, |ids, write, row| {
+        // Gram `i` is written at `write + i <= row.start + i`, after its window
+        // `row.start + i ..` was read, and later grams read only past it: in place.
+        let grams = (row.len() + 1).saturating_sub(n);
+        for i in 0..grams {
+            let at = row.start + i;
+            ids[write + i] = k::gram(ids[at..at + n].iter().copied());
+        }
+        grams
     });
 }
 
-/// Rebuilds the rows from `from_row` with `row(ids, out)`, which keeps a prefix of a
-/// row or makes new ids; weights are cut to each new row's length (a prefix, as
-/// `first_x` keeps: `compile` refuses an ngram of a weighted list).
-fn reshape(list: &mut Jagged, from_row: usize, mut row: impl FnMut(&[u64], &mut Vec<u64>)) {
-    let start = list.offsets[from_row] as usize;
-    let old_offsets: Vec<u32> = list.offsets[from_row..].to_vec();
-    let old_ids = list.ids.split_off(start);
-    let old_weights = if list.weights.is_empty() {
-        Vec::new()
-    } else {
-        list.weights.split_off(start)
-    };
-    list.offsets.truncate(from_row + 1);
-    for w in old_offsets.windows(2) {
-        let (a, b) = (w[0] as usize - start, w[1] as usize - start);
-        let before = list.ids.len();
-        row(&old_ids[a..b], &mut list.ids);
-        if !old_weights.is_empty() {
-            let kept = list.ids.len() - before;
-            list.weights.extend_from_slice(&old_weights[a..a + kept]);
+/// Rebuilds the rows from `from_row` in place: `row(ids, write, range)` writes the row's
+/// new ids at `write..` (never past `range.start` plus what it has read) and returns how
+/// many; a row's weights keep their prefix of that length (what `first_x` keeps:
+/// `compile` refuses an ngram of a weighted list).
+fn compact(
+    list: &mut Jagged,
+    from_row: usize,
+    mut row: impl FnMut(&mut [u64], usize, std::ops::Range<usize>) -> usize,
+) {
+    let weighted = !list.weights.is_empty();
+    let mut write = list.offsets[from_row] as usize;
+    let mut start = write;
+    for r in from_row..list.rows() {
+        // The row's old end, read before its new end replaces it.
+        let end = list.offsets[r + 1] as usize;
+        let kept = row(&mut list.ids, write, start..end);
+        if weighted {
+            list.weights.copy_within(start..start + kept, write);
         }
-        list.offsets.push(list.ids.len() as u32);
+        write += kept;
+        list.offsets[r + 1] = write as u32;
+        start = end;
+    }
+    list.ids.truncate(write);
+    if weighted {
+        list.weights.truncate(write);
     }
 }
 
@@ -431,6 +444,22 @@ mod tests {
             (&[30, 10], &[0.7, 0.8]),
         ]);
         assert_eq!(j, want);
+    }
+
+    #[test]
+    fn ngrams_are_made_in_place_row_by_row() {
+        let mut f = FeatureSpec::new("hist", FeatureKind::Sequence);
+        f.ops = vec!["ngram(2)".into()];
+        let chain = Chain::compile(&f).unwrap().unwrap();
+        let mut j = Jagged::default();
+        for row in [&[1u64, 2, 3][..], &[4], &[], &[5, 6]] {
+            j.ids.extend_from_slice(row);
+            j.end_row();
+        }
+        assert_eq!(chain.lists(&mut j, 0), 0);
+        let g = |a: u64, b: u64| k::gram([a, b]);
+        let rows: Vec<&[u64]> = (0..j.rows()).map(|r| j.row(r)).collect();
+        assert_eq!(rows, [&[g(1, 2), g(2, 3)][..], &[], &[], &[g(5, 6)]]);
     }
 
     #[test]

@@ -69,6 +69,7 @@ struct Staged {
     /// The features' own chains, and a column's numbers on their way through one.
     chains: Chains,
     numbers: Vec<f64>,
+    floats: Vec<f32>,
 }
 
 /// Reads a Parquet file's rows through a [`Schema`].
@@ -452,9 +453,8 @@ impl Staged {
             let col = b.column(col);
             match chain {
                 Some(chain) if chain.reads_numbers() => {
-                    let mut floats = Vec::new();
-                    numbers(col, &mut floats);
-                    nullable(col, &floats, nums);
+                    numbers(col, &mut self.floats);
+                    nullable(col, &self.floats, nums);
                     dst.clear();
                     dst.resize(n, NULL_KEY);
                     chain.numbers_to_ids(nums, dst);
