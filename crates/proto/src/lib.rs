@@ -7,6 +7,8 @@
 /// Major version of the wire protocol. Bumped on incompatible message changes.
 pub const PROTOCOL_MAJOR: u32 = 2;
 
+pub mod packed;
+
 /// Messages shared by all services.
 pub mod common {
     tonic::include_proto!("elastrec.common.v1");

@@ -459,6 +459,7 @@ mod tests {
             rows: vec![0],
             want_dense: false,
             layout_version: 0,
+            packed: false,
         });
         assert!(pulled.is_ok());
     }

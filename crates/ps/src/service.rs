@@ -34,9 +34,17 @@ impl ParameterServer for Service {
         self.0.lease.check()?;
         let rows = req.rows.len() as u64;
         let shard = self.0.clone();
-        let out = tokio::task::spawn_blocking(move || shard.pull(&req))
-            .await
-            .map_err(PsError::from)??;
+        let out = tokio::task::spawn_blocking(move || {
+            let packed = req.packed;
+            shard.pull(&req).map(|mut out| {
+                if packed {
+                    out.pack();
+                }
+                out
+            })
+        })
+        .await
+        .map_err(PsError::from)??;
         fail_point_slow_rows(rows).await;
         // Served pulls only: a refused one moved no rows.
         let m = &self.0.metrics;
@@ -50,8 +58,9 @@ impl ParameterServer for Service {
     async fn push(&self, req: Request<PushRequest>) -> Result<Response<PushResponse>, Status> {
         rpc::require(&req, &[rpc::Caller::Worker])?;
         let t0 = Instant::now();
-        let req = req.into_inner();
+        let mut req = req.into_inner();
         check_version(&req.version)?;
+        req.unpack().map_err(Status::invalid_argument)?;
         let rows = req.rows.len() as u64;
         let out = self.0.push(req).await?;
         fail_point_slow_rows(rows).await;

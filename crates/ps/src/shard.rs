@@ -590,6 +590,7 @@ impl PsShard {
                 Vec::new()
             },
             dense_version: self.version_locked(&st),
+            ..PullResponse::default()
         })
     }
 
@@ -966,6 +967,8 @@ mod tests {
             dense_spans: vec![],
             lr_scale: 0.0,
             loss_weight: None,
+            grads_le: Vec::new(),
+            dense_grad_le: Vec::new(),
         }
     }
 
@@ -977,6 +980,7 @@ mod tests {
             rows: vec![row],
             want_dense,
             layout_version: 0,
+            packed: false,
         })
         .unwrap()
     }
@@ -997,6 +1001,7 @@ mod tests {
                 rows,
                 want_dense: false,
                 layout_version: 0,
+                packed: false,
             })
         };
         let mine = owned_row(3, 0);
@@ -1048,6 +1053,7 @@ mod tests {
                 rows: vec![row; n],
                 want_dense,
                 layout_version: 0,
+                packed: false,
             })
         };
         // dim 4: 16 bytes a row. The largest pull that fits, then one row more.
@@ -1111,6 +1117,8 @@ mod tests {
             dense_spans: vec![],
             lr_scale: 0.0,
             loss_weight: None,
+            grads_le: Vec::new(),
+            dense_grad_le: Vec::new(),
         };
         let n = before.dense.len();
         assert!(matches!(
@@ -1299,6 +1307,8 @@ mod tests {
                 dense_spans: vec![],
                 lr_scale: 0.0,
                 loss_weight: None,
+                grads_le: Vec::new(),
+                dense_grad_le: Vec::new(),
             };
             let values = || pull_row(&ps, row, false).values;
             ps.push(req(7, key(512))).await.unwrap();
@@ -1432,6 +1442,7 @@ mod tests {
                 rows: vec![],
                 want_dense: true,
                 layout_version: 0,
+                packed: false,
             })
             .unwrap()
             .dense

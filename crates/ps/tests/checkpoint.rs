@@ -46,6 +46,8 @@ async fn push(ps: &PsShard, rows: &[u64], times: usize) {
             dense_spans: vec![],
             lr_scale: 0.0,
             loss_weight: None,
+            grads_le: Vec::new(),
+            dense_grad_le: Vec::new(),
         })
         .await
         .unwrap();
@@ -60,6 +62,7 @@ fn pull(ps: &PsShard, rows: &[u64]) -> Vec<Vec<f32>> {
             rows: rows.to_vec(),
             want_dense: false,
             layout_version: 0,
+            packed: false,
         })
         .unwrap();
     r.values.chunks(4).map(|c| c.to_vec()).collect()

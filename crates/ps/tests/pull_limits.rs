@@ -80,6 +80,7 @@ fn pull_of(n: usize) -> PullRequest {
         rows: vec![7; n],
         want_dense: false,
         layout_version: 0,
+        packed: false,
     }
 }
 

@@ -356,6 +356,7 @@ async fn a_server_past_its_lease_serves_nothing_until_renewed() {
             rows: vec![0],
             want_dense: true,
             layout_version: 0,
+            packed: false,
         })
         .await
         .unwrap_err();

@@ -219,6 +219,8 @@ impl Layout<'_> {
             dense_spans: vec![],
             lr_scale: 0.0,
             loss_weight: None,
+            grads_le: Vec::new(),
+            dense_grad_le: Vec::new(),
         }
     }
 
@@ -250,6 +252,7 @@ impl Layout<'_> {
                             rows: part.to_vec(),
                             want_dense: false,
                             layout_version: self.version,
+                            packed: false,
                         })
                         .await
                         .unwrap()
@@ -275,6 +278,7 @@ impl Layout<'_> {
                     rows: vec![],
                     want_dense: true,
                     layout_version: self.version,
+                    packed: false,
                 })
                 .await
                 .unwrap()
@@ -518,6 +522,7 @@ async fn two_servers_become_four_then_two_and_lose_nothing() {
             rows: vec![],
             want_dense: true,
             layout_version: 0,
+            packed: false,
         })
         .await
         .unwrap_err();
@@ -792,6 +797,8 @@ fn route_v0(b: &Batch, j: u32) -> PushRequest {
         dense_spans: vec![],
         lr_scale: 0.0,
         loss_weight: None,
+        grads_le: Vec::new(),
+        dense_grad_le: Vec::new(),
     }
 }
 
@@ -838,6 +845,8 @@ fn rest_of(b: &Batch, source: u32, old_count: u32, new: &Layout<'_>, j: u32) -> 
         dense_spans,
         lr_scale: 0.0,
         loss_weight: None,
+        grads_le: Vec::new(),
+        dense_grad_le: Vec::new(),
     }
 }
 

@@ -294,13 +294,17 @@ mod tests {
                 values: vec![0.0; r.rows.len() * DIM],
                 dense: vec![0.0; if r.want_dense { self.slice_len } else { 0 }],
                 dense_version: 1,
+                ..PullResponse::default()
             };
             self.pulls.lock().push(r);
             Ok(Response::new(reply))
         }
 
         async fn push(&self, r: Request<PushRequest>) -> Result<Response<PushResponse>, Status> {
-            self.pushes.lock().push(r.into_inner());
+            // Read as the real server reads a push: packed floats unpacked.
+            let mut r = r.into_inner();
+            r.unpack().map_err(Status::invalid_argument)?;
+            self.pushes.lock().push(r);
             if self.dies {
                 if let Some((Some(shared), next)) = &self.next {
                     *shared.ps_layout.lock() = next.clone();

@@ -402,6 +402,7 @@ impl RemoteModel {
                     rows: rows.clone(),
                     want_dense,
                     layout_version,
+                    packed: true,
                 };
                 async move { c.pull(req).await }
             });
@@ -411,7 +412,12 @@ impl RemoteModel {
         let mut replies_ok = Vec::with_capacity(replies.len());
         for (i, r) in replies.into_iter().enumerate() {
             match r {
-                Ok(r) => replies_ok.push(r.into_inner()),
+                Ok(r) => {
+                    let mut r = r.into_inner();
+                    r.unpack()
+                        .map_err(|e| anyhow::anyhow!("pull from PS {i}: {e}"))?;
+                    replies_ok.push(r)
+                }
                 Err(s) if rpc::is_layout_refusal(&s) => return Ok(Some(Refusal::Layout(i, s))),
                 Err(s) if is_transient(&s) => return Ok(Some(Refusal::Unreachable(i, s))),
                 Err(s) => return Err(s).with_context(|| format!("pull from PS {i}")),
@@ -557,6 +563,8 @@ impl RemoteModel {
             dense_spans,
             lr_scale: self.lr_scale,
             loss_weight: self.loss_weight,
+            grads_le: Vec::new(),
+            dense_grad_le: Vec::new(),
         }
     }
 
@@ -621,8 +629,9 @@ impl RemoteModel {
                 let mut c = self.ps[i].clone();
                 let part = parts[i].as_ref().expect("pending");
                 let resplit = parts_layout != first_layout;
-                let req =
+                let mut req =
                     self.push_request(i, part, resplit, dense_grad, contributors, batch, samples);
+                req.pack();
                 async move { c.push(req).await }
             });
             let replies = rpc::join_all(calls).await;
