@@ -123,7 +123,20 @@ impl Group {
     /// Waits (at most 300 s) for the job to end and fails the test, showing its log,
     /// unless it succeeded. Returns the log.
     pub fn wait_success(&mut self, log: &Path) -> String {
-        let st = self.wait(Duration::from_secs(300));
+        let limit = Duration::from_secs(300);
+        let t0 = Instant::now();
+        let st = loop {
+            if let Some(s) = self.0.try_wait().unwrap() {
+                break s;
+            }
+            if t0.elapsed() >= limit {
+                // A job that hangs: what it and its nodes logged, for the failure report.
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                let nodes = node_logs(&log.with_extension(""));
+                panic!("job did not finish in {limit:?}\n{text}\n{nodes}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
         let text = std::fs::read_to_string(log).unwrap();
         assert!(st.success(), "{text}");
         text
@@ -139,6 +152,21 @@ impl Group {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// The last lines of every node log under `dir/logs` (empty when there is none).
+fn node_logs(dir: &Path) -> String {
+    let Ok(entries) = std::fs::read_dir(dir.join("logs")) else {
+        return String::new();
+    };
+    let mut out = String::new();
+    for path in entries.flatten().map(|e| e.path()) {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+        out += &format!("== {}\n{tail}\n", path.display());
+    }
+    out
 }
 
 impl Drop for Group {
