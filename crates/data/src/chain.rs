@@ -139,13 +139,7 @@ impl Chain {
         if self.kind == FeatureKind::Dense {
             return None;
         }
-        self.ops.iter().fold(None, |c, op| {
-            if matches!(op, Op::FirstX(_)) {
-                c
-            } else {
-                op.cardinality(c)
-            }
-        })
+        self.ops.iter().fold(None, |c, op| op.cardinality(c))
     }
 
     /// A dense chain over `values` (NaN: null), then every null becomes 0.
@@ -323,17 +317,21 @@ fn typed_list(ops: &[Op], from: ValueType) -> Result<(), String> {
 
 /// Keeps the first `x` ids (and weights) of each row from `from_row`.
 fn first_x(list: &mut Jagged, from_row: usize, x: usize) {
-    compact(list, from_row, |ids, write, row| {
+    compact(list, from_row, |ids, weights, write, row| {
         let kept = row.len().min(x);
         ids.copy_within(row.start..row.start + kept, write);
+        if let Some(w) = weights {
+            w.copy_within(row.start..row.start + kept, write);
+        }
         kept
     });
 }
 
 /// Each row from `from_row` becomes the hashes of its `n` consecutive ids (a row shorter
-/// than `n` becomes empty); a gram over a null id is null.
+/// than `n` becomes empty); a gram over a null id is null. (`compile` refuses an ngram of
+/// a weighted list.)
 fn ngrams(list: &mut Jagged, from_row: usize, n: usize) {
-    compact(list, from_row, |ids, write, row| {
+    compact(list, from_row, |ids, _, write, row| {
         // Gram `i` is written at `write + i <= row.start + i`, after its window
         // `row.start + i ..` was read, and later grams read only past it: in place.
         let grams = (row.len() + 1).saturating_sub(n);
@@ -345,35 +343,6 @@ fn ngrams(list: &mut Jagged, from_row: usize, n: usize) {
     });
 }
 
-/// Rebuilds the rows from `from_row` in place: `row(ids, write, range)` writes the row's
-/// new ids at `write..` (never past `range.start` plus what it has read) and returns how
-/// many; a row's weights keep their prefix of that length (what `first_x` keeps:
-/// `compile` refuses an ngram of a weighted list).
-fn compact(
-    list: &mut Jagged,
-    from_row: usize,
-    mut row: impl FnMut(&mut [u64], usize, std::ops::Range<usize>) -> usize,
-) {
-    let weighted = !list.weights.is_empty();
-    let mut write = list.offsets[from_row] as usize;
-    let mut start = write;
-    for r in from_row..list.rows() {
-        // The row's old end, read before its new end replaces it.
-        let end = list.offsets[r + 1] as usize;
-        let kept = row(&mut list.ids, write, start..end);
-        if weighted {
-            list.weights.copy_within(start..start + kept, write);
-        }
-        write += kept;
-        list.offsets[r + 1] = write as u32;
-        start = end;
-    }
-    list.ids.truncate(write);
-    if weighted {
-        list.weights.truncate(write);
-    }
-}
-
 /// Drops the null ids (and their weights) of rows from `from_row`, in place; returns
 /// how many.
 fn drop_nulls(list: &mut Jagged, from_row: usize) -> u64 {
@@ -381,28 +350,46 @@ fn drop_nulls(list: &mut Jagged, from_row: usize) -> u64 {
     if !list.ids[start..].contains(&NULL_ID) {
         return 0;
     }
-    let weighted = !list.weights.is_empty();
-    let (mut write, mut read) = (start, start);
-    for r in from_row..list.rows() {
-        let end = list.offsets[r + 1] as usize;
-        for i in read..end {
-            if list.ids[i] != NULL_ID {
-                list.ids[write] = list.ids[i];
-                if weighted {
-                    list.weights[write] = list.weights[i];
+    let before = list.ids.len();
+    compact(list, from_row, |ids, mut weights, write, row| {
+        let mut kept = 0;
+        for i in row {
+            if ids[i] != NULL_ID {
+                ids[write + kept] = ids[i];
+                if let Some(w) = weights.as_deref_mut() {
+                    w[write + kept] = w[i];
                 }
-                write += 1;
+                kept += 1;
             }
         }
-        read = end;
+        kept
+    });
+    (before - list.ids.len()) as u64
+}
+
+/// Rebuilds the rows from `from_row` in place: `row(ids, weights, write, range)` writes
+/// the row's new ids (and weights, when the list has them) at `write..`, never past what
+/// it has read of `range`, and returns how many.
+fn compact(
+    list: &mut Jagged,
+    from_row: usize,
+    mut row: impl FnMut(&mut [u64], Option<&mut [f32]>, usize, std::ops::Range<usize>) -> usize,
+) {
+    let weighted = !list.weights.is_empty();
+    let mut write = list.offsets[from_row] as usize;
+    let mut start = write;
+    for r in from_row..list.rows() {
+        // The row's old end, read before its new end replaces it.
+        let end = list.offsets[r + 1] as usize;
+        let weights = weighted.then_some(list.weights.as_mut_slice());
+        write += row(&mut list.ids, weights, write, start..end);
         list.offsets[r + 1] = write as u32;
+        start = end;
     }
-    let dropped = list.ids.len() - write;
     list.ids.truncate(write);
     if weighted {
         list.weights.truncate(write);
     }
-    dropped as u64
 }
 
 #[cfg(test)]

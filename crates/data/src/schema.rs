@@ -571,14 +571,6 @@ impl Schema {
             .try_fold(0u64, |most, c| Some(most.max(c?)))
     }
 
-    /// Each feature's chain, in [`Schema::features`] order (`None`: no `ops`).
-    pub fn chains(&self) -> Vec<Option<crate::chain::Chain>> {
-        self.features
-            .iter()
-            .map(|f| crate::chain::Chain::compile(f).ok().flatten())
-            .collect()
-    }
-
     /// True when every slot has its own table and no slot is a list: batches of this
     /// schema train through the same single-id path as the Criteo layout.
     pub fn is_single_id(&self) -> bool {
