@@ -124,18 +124,11 @@ impl Group {
     /// unless it succeeded. Returns the log.
     pub fn wait_success(&mut self, log: &Path) -> String {
         let limit = Duration::from_secs(300);
-        let t0 = Instant::now();
-        let st = loop {
-            if let Some(s) = self.0.try_wait().unwrap() {
-                break s;
-            }
-            if t0.elapsed() >= limit {
-                // A job that hangs: what it and its nodes logged, for the failure report.
-                let text = std::fs::read_to_string(log).unwrap_or_default();
-                let nodes = node_logs(&log.with_extension(""));
-                panic!("job did not finish in {limit:?}\n{text}\n{nodes}");
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        let Some(st) = self.wait_for(limit) else {
+            // A job that hangs: what it and its nodes logged, for the failure report.
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let nodes = node_logs(&log.with_extension(""));
+            panic!("job did not finish in {limit:?}\n{text}\n{nodes}");
         };
         let text = std::fs::read_to_string(log).unwrap();
         assert!(st.success(), "{text}");
@@ -143,14 +136,20 @@ impl Group {
     }
 
     pub fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        self.wait_for(limit)
+            .unwrap_or_else(|| panic!("job did not finish in {limit:?}"))
+    }
+
+    /// The job's exit status, or `None` when it is still running after `limit`.
+    fn wait_for(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
         let t0 = Instant::now();
-        loop {
+        while t0.elapsed() < limit {
             if let Some(s) = self.0.try_wait().unwrap() {
-                return s;
+                return Some(s);
             }
-            assert!(t0.elapsed() < limit, "job did not finish in {limit:?}");
             std::thread::sleep(Duration::from_millis(100));
         }
+        self.0.try_wait().unwrap()
     }
 }
 
