@@ -2,7 +2,8 @@
 # What the distributed path costs over `train` (issue 49, item 3): the quickstart model on
 # its first two days (400,000 rows, batch 2,048, one epoch, no evaluation, no checkpoints),
 # trained by `train` in one process and by `run` with 1 PS + 1 worker, then 1 PS + 2
-# workers, each timed whole-process (every process of the job: `/usr/bin/time` of the
+# workers, then 1 PS + 1 worker with `cluster.staleness = 1` (pipelined pulls), each timed
+# whole-process (every process of the job: `/usr/bin/time` of the
 # command, whose children are waited for). Prints samples/s, CPU-seconds per million
 # samples, and the cores kept busy, per mode, as a Markdown table.
 #
@@ -65,11 +66,18 @@ job run-2w "[cluster]
 ps = 1
 workers = 2
 mode = \"async\""
+# Staleness 1: each batch's pull starts before the previous batch's compute and push.
+job run-1w-s1 "[cluster]
+ps = 1
+workers = 1
+mode = \"async\"
+staleness = 1"
 
 results=$(
     measure train "$bin" train "$out/train.toml"
     measure run-1w "$bin" run "$out/run-1w.toml"
     measure run-2w "$bin" run "$out/run-2w.toml"
+    measure run-1w-s1 "$bin" run "$out/run-1w-s1.toml"
 )
 echo "| mode | samples/s | CPU-s per million samples | cores busy | vs train, samples/s | vs train, CPU per sample |"
 echo "|---|---:|---:|---:|---:|---:|"

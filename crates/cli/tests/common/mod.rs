@@ -524,13 +524,41 @@ pub fn take_checkpoint(dir: &Path) {
 /// Waits until the job stands at its pause point. A paused job cannot pass it, so no fast
 /// run skips this state.
 pub fn wait_held(dir: &Path) -> serde_json::Value {
+    wait_for_status(
+        dir,
+        Duration::from_secs(180),
+        "held at its pause point",
+        |s| s["pause"]["held"].as_bool() == Some(true),
+    )
+}
+
+/// Polls the job's status until `cond` holds and returns that status. A job that does not
+/// get there in `limit` fails the test with what it was waiting `for`, the last status,
+/// the job's log and the tail of every node's log: a hang is diagnosed from its report.
+pub fn wait_for_status(
+    dir: &Path,
+    limit: Duration,
+    what: &str,
+    mut cond: impl FnMut(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let t0 = Instant::now();
     let mut last = None;
-    wait_for(Duration::from_secs(180), || {
-        last = status_json(dir);
-        last.as_ref()
-            .is_some_and(|s| s["pause"]["held"].as_bool() == Some(true))
-    });
-    last.unwrap()
+    loop {
+        last = status_json(dir).or(last);
+        if let Some(s) = last.as_ref().filter(|s| cond(s)) {
+            return s.clone();
+        }
+        if t0.elapsed() >= limit {
+            let log = std::fs::read_to_string(dir.with_extension("log")).unwrap_or_default();
+            panic!(
+                "the job in {} was not {what} after {limit:?}\nlast status: {}\njob log:\n{log}\n{}",
+                dir.display(),
+                last.map_or("none".into(), |s| s.to_string()),
+                node_logs(dir)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// The running nodes of `role` (`"ps"`, `"worker"`, `"executor"`) in a status, as
@@ -563,14 +591,13 @@ pub fn kill_node(dir: &Path, id: u64, pid: i32) {
 
 /// Waits until node `id` is no longer running (declared dead or exited).
 pub fn wait_not_running(dir: &Path, id: u64) {
-    wait_for(Duration::from_secs(60), || {
-        status_json(dir).is_some_and(|s| {
-            s["nodes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|n| n["id"].as_u64() == Some(id) && n["state"] != "running")
-        })
+    let what = format!("without node {id} running");
+    wait_for_status(dir, Duration::from_secs(60), &what, |s| {
+        s["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["id"].as_u64() == Some(id) && n["state"] != "running")
     });
 }
 

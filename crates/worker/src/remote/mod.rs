@@ -8,6 +8,7 @@
 //! worker the master declared dead cannot train samples that were handed to another).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use elastrec_embedding::{row_of, shard_of};
 use elastrec_job::distributed::SyncMode;
 use elastrec_job::prepare::{dense_model, resolve_key_spaces};
 use elastrec_job::register::{register, register_node};
+use elastrec_job::split::Split;
 use elastrec_job::JobConfig;
 use elastrec_metrics::prometheus_client::metrics::counter::Counter;
 use elastrec_metrics::prometheus_client::metrics::gauge::Gauge;
@@ -29,7 +31,7 @@ use elastrec_proto::master::{
     get_task_response::Reply, GetTaskRequest, HeartbeatRequest, NodeAction, NodeProfile,
     ReportEvalRequest, ReportProgressRequest, Role,
 };
-use elastrec_proto::ps::{BatchKey, DenseSpan, PullRequest, PushRequest};
+use elastrec_proto::ps::{BatchKey, DenseSpan, PullRequest, PullResponse, PushRequest};
 use elastrec_rpc::{self as rpc, dense_slice, is_transient, Master, Ps};
 use parking_lot::Mutex;
 use tonic::Code;
@@ -40,11 +42,11 @@ use crate::pooling::{LookupPlan, SlotLayout};
 use crate::split_source::{open_split, task_split, TaskFiles};
 
 mod ps_model;
+mod read_ahead;
 mod task_loop;
 
-#[cfg(test)]
-use ps_model::Routing;
-use ps_model::{Predictions, RemoteModel};
+use ps_model::{Predictions, Prefetch, RemoteModel, Routing};
+use read_ahead::{ReadAhead, ReadBatch};
 pub use task_loop::run_worker;
 
 /// Arguments of the hidden `elastrec worker` role command.
@@ -70,6 +72,10 @@ pub struct WorkerMetrics {
     pull_latency: Histogram,
     push_latency: Histogram,
     get_task_waits: Counter,
+    /// Pulls started before the previous batch's push that served their batch, and those
+    /// that did not (the batch was pulled again).
+    prefetched: Counter,
+    prefetches_discarded: Counter,
     task: Gauge,
     process: elastrec_metrics::process::ProcessMetrics,
 }
@@ -104,6 +110,19 @@ impl WorkerMetrics {
             get_task_waits.clone(),
         );
         registry.register("task", "Data task in progress (0: none)", task.clone());
+        let (prefetched, prefetches_discarded) = (Counter::default(), Counter::default());
+        registry.register(
+            "prefetched_pulls",
+            "Pulls started before the previous batch's compute and push that served their \
+             batch (async mode, cluster.staleness >= 1)",
+            prefetched.clone(),
+        );
+        registry.register(
+            "discarded_prefetches",
+            "Prefetched pulls that could not serve (the PS layout or a server changed, a server \
+             refused, or dense parameters fell due): their batch was pulled again",
+            prefetches_discarded.clone(),
+        );
         let process = elastrec_metrics::process::ProcessMetrics::register(&mut registry);
         Self {
             process,
@@ -113,6 +132,8 @@ impl WorkerMetrics {
             pull_latency,
             push_latency,
             get_task_waits,
+            prefetched,
+            prefetches_discarded,
             task,
         }
     }

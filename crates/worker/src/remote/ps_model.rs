@@ -22,6 +22,19 @@ pub(super) enum Refusal {
     Layout(usize, tonic::Status),
 }
 
+/// A pull's reply from one server.
+pub(super) type PullReply = Result<tonic::Response<PullResponse>, tonic::Status>;
+
+/// The next batch's pull, started before this batch's compute and push: its calls in
+/// flight, and what they were made under.
+pub(super) struct Prefetch {
+    routing: Routing,
+    layout: u64,
+    addrs: Vec<String>,
+    want_dense: bool,
+    calls: Vec<tokio::task::JoinHandle<PullReply>>,
+}
+
 /// How long a worker waits for a replacement of a fenced server (see `elastrec_ps::lease`)
 /// before it calls that server again.
 pub(super) const FENCE_POLL: Duration = Duration::from_millis(200);
@@ -63,6 +76,9 @@ pub(super) struct RemoteModel {
     pub(super) shared: Arc<Shared>,
     pub(super) slices: Vec<std::ops::Range<usize>>,
     pub(super) versions: Vec<u64>,
+    /// The newest dense version each server reported (pulls and pushes): what a push of
+    /// ours will follow.
+    pub(super) seen: Vec<u64>,
     pub(super) need_dense: bool,
     pub(super) staleness: u64,
     pub(super) mode: SyncMode,
@@ -104,6 +120,7 @@ impl RemoteModel {
             dim: job.model.row_width(),
             slices: Vec::new(),
             versions: Vec::new(),
+            seen: Vec::new(),
             need_dense: true,
             staleness: job.cluster.staleness as u64,
             mode: job.cluster.mode,
@@ -145,6 +162,7 @@ impl RemoteModel {
         self.layout = layout.version;
         self.slices = (0..p).map(|i| dense_slice(n, p, i)).collect();
         self.versions = vec![0; p];
+        self.seen = vec![0; p];
         self.need_dense = true;
         Ok(())
     }
@@ -305,8 +323,13 @@ impl RemoteModel {
     ) -> Routing {
         let p = self.ps.len();
         let mut per_ps: Vec<(Vec<u32>, Vec<u64>)> = vec![(Vec::new(), Vec::new()); p];
-        let mut index: Vec<HashMap<(u32, u64), u32>> = vec![HashMap::new(); p];
-        let mut slot = Vec::with_capacity(keys.size_hint().0);
+        let lookups = keys.size_hint().0;
+        // Tens of thousands of keys a batch: foldhash (seeded per process), several times
+        // faster than the standard library's SipHash on these small keys.
+        let mut index: Vec<hashbrown::HashMap<(u32, u64), u32>> = (0..p)
+            .map(|_| hashbrown::HashMap::with_capacity(lookups / p))
+            .collect();
+        let mut slot = Vec::with_capacity(lookups);
         for (t, id) in keys {
             let row = row_of(t, id, self.key_spaces[t]);
             let s = shard_of(t, row, p as u32) as usize;
@@ -389,12 +412,22 @@ impl RemoteModel {
     /// unreachable or refused the layout.
     pub(super) async fn try_pull(&mut self, routing: &Routing) -> anyhow::Result<Option<Refusal>> {
         let want_dense = self.need_dense || self.mode == SyncMode::Sync;
+        let replies = rpc::join_all(self.pull_calls(routing, want_dense).into_iter()).await;
+        self.place(routing, want_dense, replies)
+    }
+
+    /// The calls of a pull of `routing`'s rows (and the dense slices when `want_dense`),
+    /// one per server of the current layout.
+    fn pull_calls(
+        &self,
+        routing: &Routing,
+        want_dense: bool,
+    ) -> Vec<impl Future<Output = PullReply> + Send + 'static> {
         let layout_version = self.layout;
-        let calls = self
-            .ps
+        self.ps
             .iter()
             .zip(&routing.per_ps)
-            .map(|(c, (tables, rows))| {
+            .map(move |(c, (tables, rows))| {
                 let mut c = c.clone();
                 let req = PullRequest {
                     version: rpc::version(),
@@ -405,8 +438,67 @@ impl RemoteModel {
                     packed: true,
                 };
                 async move { c.pull(req).await }
-            });
-        let replies = rpc::join_all(calls).await;
+            })
+            .collect()
+    }
+
+    /// True when the next batch's pull may start before this batch is pushed: async mode
+    /// with a staleness bound of at least one update, which a pull made before this
+    /// worker's own push lags by (its rows and dense parameters miss that push).
+    pub(super) fn can_prefetch(&self) -> bool {
+        self.mode == SyncMode::Async && self.staleness >= 1
+    }
+
+    /// Starts the pull of the next batch (`routing`) while this one is computed and
+    /// pushed (see [`Self::can_prefetch`]). It asks for the dense slices when they are
+    /// due, or will be once this worker's push of the current batch lands.
+    pub(super) fn prefetch(&self, routing: Routing) -> Prefetch {
+        let due_after_push = self
+            .seen
+            .iter()
+            .zip(&self.versions)
+            .any(|(&seen, &held)| (seen + 1).saturating_sub(held) > self.staleness);
+        let want_dense = self.need_dense || due_after_push;
+        let calls = self
+            .pull_calls(&routing, want_dense)
+            .into_iter()
+            .map(tokio::spawn)
+            .collect();
+        Prefetch {
+            routing,
+            layout: self.layout,
+            addrs: self.addrs.clone(),
+            want_dense,
+            calls,
+        }
+    }
+
+    /// Places a prefetched pull; returns its routing and whether it served. It does not
+    /// (and the caller pulls again) when the layout or a server changed since it started,
+    /// a server refused it, or dense parameters fell due that it did not ask for.
+    pub(super) async fn take_prefetch(&mut self, p: Prefetch) -> anyhow::Result<(Routing, bool)> {
+        let mut replies = Vec::with_capacity(p.calls.len());
+        for call in p.calls {
+            replies.push(call.await.context("a prefetched pull")?);
+        }
+        self.follow_layout()?;
+        let current = p.layout == self.layout && p.addrs == self.addrs;
+        if !current || (self.need_dense && !p.want_dense) {
+            return Ok((p.routing, false));
+        }
+        let placed = self.place(&p.routing, p.want_dense, replies)?.is_none();
+        Ok((p.routing, placed))
+    }
+
+    /// Puts a pull's replies in place: each row where the batch reads it (pooled and
+    /// attended for named features), the dense slices when asked for. `Some` (and nothing
+    /// placed) when a server was unreachable or refused the layout.
+    fn place(
+        &mut self,
+        routing: &Routing,
+        want_dense: bool,
+        replies: Vec<PullReply>,
+    ) -> anyhow::Result<Option<Refusal>> {
         let d = self.dim;
         let mut values = Vec::with_capacity(replies.len());
         let mut replies_ok = Vec::with_capacity(replies.len());
@@ -438,6 +530,7 @@ impl RemoteModel {
                 );
                 self.dense.params_mut()[range].copy_from_slice(&r.dense);
                 self.versions[i] = r.dense_version;
+                self.seen[i] = self.seen[i].max(r.dense_version);
             }
             values.push(r.values);
         }
@@ -641,6 +734,7 @@ impl RemoteModel {
                     Ok(r) => {
                         parts[i] = None;
                         let v = r.into_inner().dense_version;
+                        self.seen[i] = self.seen[i].max(v);
                         if v.saturating_sub(self.versions[i]) > self.staleness {
                             self.need_dense = true;
                         }

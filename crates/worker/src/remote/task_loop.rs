@@ -153,6 +153,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     };
     while let Some(task) = worker.next_task().await? {
         if worker.train_task(&task).await? == Continue::Exit {
+            worker.say_how_data_came();
             return Ok(());
         }
     }
@@ -248,17 +249,38 @@ impl TaskLoop {
                     TimeSplit::add(&self.shared.profile.master_us, t_ask);
                 }
                 Some(Reply::Finished(f)) => {
-                    let served = self.shared.executors.served.load(Ordering::Relaxed);
-                    if served > 0 {
-                        eprintln!("worker {id}: {served} samples came through the data executors");
-                    }
+                    self.say_how_data_came();
                     if f.evaluate {
                         evaluate_and_report(&self.job, &mut self.model, &self.master, id).await?;
                     }
                     return Ok(None);
                 }
-                Some(Reply::Stop(_)) | None => return Ok(None),
+                Some(Reply::Stop(_)) | None => {
+                    self.say_how_data_came();
+                    return Ok(None);
+                }
             }
+        }
+    }
+
+    /// Says, once training is over for this worker (before a final evaluation, which the
+    /// master may end the job after), how its batches came: through data executors, and
+    /// by pulls prefetched within the staleness bound.
+    fn say_how_data_came(&self) {
+        let id = self.id;
+        let served = self.shared.executors.served.load(Ordering::Relaxed);
+        if served > 0 {
+            eprintln!("worker {id}: {served} samples came through the data executors");
+        }
+        let (used, discarded) = (
+            self.metrics.prefetched.get(),
+            self.metrics.prefetches_discarded.get(),
+        );
+        if used + discarded > 0 {
+            eprintln!(
+                "worker {id}: {used} pulls started before the previous batch's compute and push \
+                 served their batch, {discarded} did not (pulled again)"
+            );
         }
     }
 
@@ -268,11 +290,9 @@ impl TaskLoop {
         &mut self,
         task: &elastrec_proto::master::Task,
     ) -> anyhow::Result<Continue> {
-        let id = self.id;
         let split = task_split(task)?;
-        let (held, start) = (split.len(), split.range.start);
-        let mut offset = task.offset;
-        let (file_index, mut reader) = open_split(
+        let from = split.range.start + task.offset;
+        let (file_index, reader) = open_split(
             &self.job,
             &self.files,
             self.plan.as_ref(),
@@ -280,60 +300,133 @@ impl TaskLoop {
             &mut self.stream,
             &split,
             task.source_index,
-            start + offset,
-            id,
+            from,
+            self.id,
         )
         .with_context(|| format!("task {}", task.task_id))?;
-        let file = split.source.to_string();
-        // Progressive validation judges the model on the stream only, not on the history
-        // a mixture job also trains.
-        let from_stream = split.is_stream();
-        let validate = self.progressive && (from_stream || self.job.stream.is_none());
         self.shared.task.store(task.task_id, Ordering::Relaxed);
         self.metrics.task.set(task.task_id as i64);
-        self.shared.offset.store(offset, Ordering::Relaxed);
-        let mut skipped_before = reader.stats().rows_skipped;
-        while offset < held {
-            // A stream reader may wait on its broker: off the runtime's async threads.
-            let rows = local_batch_size(&self.job, &self.shared);
-            let t0 = Instant::now();
-            let n = tokio::task::block_in_place(|| reader.next_batch(&mut self.batch, rows))?;
-            self.batch
-                .check_tasks(self.job.model.tasks(), Path::new(&file))?;
-            TimeSplit::add(&self.shared.profile.read_us, t0);
-            let skipped = reader.stats().rows_skipped - skipped_before;
-            skipped_before = reader.stats().rows_skipped;
-            // Files count rows; a stream counts offsets (whole messages delivered).
-            let physical = match reader.position() {
-                Some(at) => at.saturating_sub(start + offset),
-                None => n as u64 + skipped,
-            };
-            if n == 0 && physical == 0 {
-                bail!("{} ended before row {}", file, start + offset);
-            }
-            if n > 0 {
-                let key = BatchKey {
-                    epoch: task.epoch,
-                    file: file_index,
-                    start_row: start + offset,
-                };
-                self.train_batch(key, n, from_stream, validate).await?;
-            }
-            offset += physical;
-            if self.report_batch(task, offset, n).await? == Continue::Exit {
-                eprintln!("worker {id}: scaled away after reporting offset {offset}; exiting");
-                return Ok(Continue::Exit);
-            }
+        self.shared.offset.store(task.offset, Ordering::Relaxed);
+        let mut ahead = ReadAhead::start(
+            reader,
+            from,
+            split.source.to_string(),
+            self.job.model.tasks(),
+            local_batch_size(&self.job, &self.shared),
+        );
+        let trained = self.train_split(task, &split, file_index, &mut ahead).await;
+        ahead.finish().await;
+        if trained? == Continue::Exit {
+            return Ok(Continue::Exit);
         }
         self.shared.task.store(0, Ordering::Relaxed);
         self.metrics.task.set(0);
         Ok(Continue::NextTask)
     }
 
-    /// One step on the `n` rows in `self.batch`: pull their rows, compute, push the
-    /// gradients under `key` (only while the master's lease holds).
+    /// Trains the batches `ahead` reads of `split` (source `file_index` of the job), from
+    /// the task's offset to the split's end. Within the staleness the mode allows, each
+    /// batch's pull is started before the previous batch is computed and pushed.
+    async fn train_split(
+        &mut self,
+        task: &elastrec_proto::master::Task,
+        split: &Split,
+        file_index: u32,
+        ahead: &mut ReadAhead,
+    ) -> anyhow::Result<Continue> {
+        let (held, start) = (split.len(), split.range.start);
+        let from_stream = split.is_stream();
+        // Progressive validation judges the model on the stream only, not on the history
+        // a mixture job also trains.
+        let validate = self.progressive && (from_stream || self.job.stream.is_none());
+        let mut offset = task.offset;
+        // The next batch, read (and its pull started) ahead of this one's compute. A read
+        // that failed fails the task only when its turn comes, after this batch.
+        let mut next: Option<(anyhow::Result<ReadBatch>, Option<Prefetch>)> = None;
+        while offset < held {
+            let (read, prefetched) = match next.take() {
+                Some(next) => next,
+                None => (self.wait_read(ahead).await, None),
+            };
+            let read = read?;
+            let (n, consumed) = (read.rows, read.consumed);
+            if n == 0 && consumed == 0 {
+                bail!("{} ended before row {}", split.source, start + offset);
+            }
+            ahead.recycle(std::mem::replace(&mut self.batch, read.batch));
+            if n > 0 {
+                let routing = self.pull_batch(prefetched).await?;
+                if offset + consumed < held && self.model.can_prefetch() {
+                    let read = self.wait_read(ahead).await;
+                    // A batch that cannot be routed is not prefetched: its own turn
+                    // routes it again and reports why.
+                    let prefetch = match &read {
+                        Ok(r) if r.rows > 0 => self.model.route(&r.batch).ok(),
+                        _ => None,
+                    };
+                    next = Some((read, prefetch.map(|r| self.model.prefetch(r))));
+                }
+                let key = BatchKey {
+                    epoch: task.epoch,
+                    file: file_index,
+                    start_row: start + offset,
+                };
+                self.train_batch(&routing, key, n, from_stream, validate)
+                    .await?;
+            }
+            offset += consumed;
+            if self.report_batch(task, offset, n).await? == Continue::Exit {
+                let id = self.id;
+                eprintln!("worker {id}: scaled away after reporting offset {offset}; exiting");
+                return Ok(Continue::Exit);
+            }
+        }
+        Ok(Continue::NextTask)
+    }
+
+    /// The next batch of the split. What the step waits for it is its read time: the read
+    /// itself runs ahead, on the reader's thread.
+    async fn wait_read(&self, ahead: &mut ReadAhead) -> anyhow::Result<ReadBatch> {
+        let t0 = Instant::now();
+        let read = ahead.next().await;
+        TimeSplit::add(&self.shared.profile.read_us, t0);
+        read
+    }
+
+    /// The rows of `self.batch` (and the dense parameters when due) in place: from its
+    /// prefetched pull when that still serves, else pulled now. Returns the routing.
+    async fn pull_batch(&mut self, prefetched: Option<Prefetch>) -> anyhow::Result<Routing> {
+        let t0 = Instant::now();
+        let routing = match prefetched {
+            Some(p) => match self.model.take_prefetch(p).await? {
+                (routing, true) => {
+                    self.metrics.prefetched.inc();
+                    routing
+                }
+                (routing, false) => {
+                    self.metrics.prefetches_discarded.inc();
+                    self.model.pull(&routing).await?;
+                    routing
+                }
+            },
+            None => {
+                let routing = self.model.route(&self.batch)?;
+                self.model.pull(&routing).await?;
+                routing
+            }
+        };
+        self.metrics
+            .pull_latency
+            .observe(t0.elapsed().as_secs_f64());
+        TimeSplit::add(&self.shared.profile.pull_us, t0);
+        Ok(routing)
+    }
+
+    /// One step on the `n` rows in `self.batch`, whose rows `routing` pulled: compute,
+    /// then push the gradients under `key` (only while the master's lease holds).
     async fn train_batch(
         &mut self,
+        routing: &Routing,
         key: BatchKey,
         n: usize,
         from_stream: bool,
@@ -349,13 +442,6 @@ impl TaskLoop {
             tokio::time::sleep(pause.mul_f64(n as f64 / full)).await;
             TimeSplit::add(&shared.profile.compute_us, t0);
         }
-        let routing = self.model.route(&self.batch)?;
-        let t0 = Instant::now();
-        self.model.pull(&routing).await?;
-        self.metrics
-            .pull_latency
-            .observe(t0.elapsed().as_secs_f64());
-        TimeSplit::add(&shared.profile.pull_us, t0);
         let t0 = Instant::now();
         let (model, batch) = (&mut self.model, &self.batch);
         let loss = tokio::task::block_in_place(|| model.compute(batch, from_stream))?;
@@ -373,7 +459,7 @@ impl TaskLoop {
         let contributors = shared.active_workers.load(Ordering::Relaxed).max(1);
         let t0 = Instant::now();
         self.model
-            .push(&routing, contributors, key, n as u32)
+            .push(routing, contributors, key, n as u32)
             .await?;
         self.metrics
             .push_latency
@@ -431,12 +517,13 @@ impl TaskLoop {
     }
 }
 
-/// Rows of this worker's next batch. Asynchronous: `train.batch_size`. Synchronous: the
-/// job's batch is the global one, shared by the workers that train this step, so a step
-/// applies the mean gradient of `batch_size` samples, as the single-process trainer does.
-fn local_batch_size(job: &JobConfig, shared: &Shared) -> usize {
-    let batch = job.train.batch_size;
-    match job.cluster.mode {
+/// Rows of this worker's next batch, asked for by its reader before each read.
+/// Asynchronous: `train.batch_size`. Synchronous: the job's batch is the global one,
+/// shared by the workers that train this step, so a step applies the mean gradient of
+/// `batch_size` samples, as the single-process trainer does.
+fn local_batch_size(job: &JobConfig, shared: &Arc<Shared>) -> impl Fn() -> usize + Send + 'static {
+    let (batch, mode, shared) = (job.train.batch_size, job.cluster.mode, shared.clone());
+    move || match mode {
         SyncMode::Async => batch,
         SyncMode::Sync => {
             let workers = shared.active_workers.load(Ordering::Relaxed).max(1) as usize;
