@@ -364,8 +364,8 @@ fn netns_a_ps_cut_off_past_dead_after_ms_fences_itself_before_it_is_replaced() {
 
 /// Every packet held 5 ms on its way between two hosts: a 10 ms round trip, as between
 /// the zones of a region. The job ends as a clean one does; its speed is in the test's
-/// output. `ELASTREC_NETNS_RTT_MS` sets another round trip (`docs/engines.md` has the
-/// speeds measured so).
+/// output. `ELASTREC_NETNS_RTT_MS` sets another round trip, `ELASTREC_NETNS_STALENESS`
+/// the job's `cluster.staleness` (`docs/engines.md` has the speeds measured so).
 #[test]
 fn netns_a_job_over_a_10_ms_round_trip_trains_every_sample_once() {
     let _g = serial();
@@ -381,7 +381,14 @@ fn netns_a_job_over_a_10_ms_round_trip_trains_every_sample_once() {
     if rtt_ms > 0.0 {
         net.delay(one_way);
     }
-    let (job, dir) = write_job("netns-rtt", &on_hosts(&net));
+    let staleness: u32 = std::env::var("ELASTREC_NETNS_STALENESS")
+        .ok()
+        .map_or(0, |v| v.parse().expect("ELASTREC_NETNS_STALENESS: a count"));
+    let cluster = on_hosts(&net).replace(
+        "[cluster]\n",
+        &format!("[cluster]\nstaleness = {staleness}\n"),
+    );
+    let (job, dir) = write_job("netns-rtt", &cluster);
     let log = dir.with_extension("log");
     let g = spawn_held(&net, &job, &log);
     let s = wait_held_on(&net, &dir);
@@ -392,7 +399,8 @@ fn netns_a_job_over_a_10_ms_round_trip_trains_every_sample_once() {
     finish(&net, g, &dir, &log);
     let r = result(&dir);
     eprintln!(
-        "round trip {:.2} ms (a TCP connect): {:.0} samples/s, {:.1} s, eval AUC {:.4}",
+        "round trip {:.2} ms (a TCP connect), staleness {staleness}: {:.0} samples/s, {:.1} s, \
+         eval AUC {:.4}",
         rtt.as_secs_f64() * 1e3,
         r["samples_per_s"].as_f64().unwrap(),
         r["wall_s"].as_f64().unwrap(),

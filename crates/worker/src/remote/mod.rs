@@ -3,9 +3,13 @@
 //! Loop: ask the master for a data task, read its rows batch by batch, pull the batch's
 //! embedding rows (and, when stale, the dense parameters) from the parameter servers,
 //! run forward/backward locally, push sparse and dense gradients, and only after every PS
-//! accepted them report the new progress offset. A heartbeat task keeps the membership
-//! lease; without a fresh acknowledgement from the master the worker pushes nothing (so a
-//! worker the master declared dead cannot train samples that were handed to another).
+//! accepted them report the new progress offset. The stages overlap where the ledger and
+//! the staleness bound allow: the next batch is read on a thread of its own
+//! (`read_ahead`), its pull may start before this batch's compute (`cluster.staleness` ≥
+//! 1), and a report is answered while the next batch is computed (it is pushed only
+//! after). A heartbeat task keeps the membership lease; without a fresh acknowledgement
+//! from the master the worker pushes nothing (so a worker the master declared dead cannot
+//! train samples that were handed to another).
 
 use std::collections::HashMap;
 use std::future::Future;

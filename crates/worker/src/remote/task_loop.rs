@@ -343,6 +343,9 @@ impl TaskLoop {
         // The next batch, read (and its pull started) ahead of this one's compute. A read
         // that failed fails the task only when its turn comes, after this batch.
         let mut next: Option<(anyhow::Result<ReadBatch>, Option<Prefetch>)> = None;
+        // The last batch's progress report, answered while this batch is computed; this
+        // batch is pushed only once it is (the master may have said to stop).
+        let mut reported: Option<PendingReport> = None;
         while offset < held {
             let (read, prefetched) = match next.take() {
                 Some(next) => next,
@@ -353,8 +356,13 @@ impl TaskLoop {
             if n == 0 && consumed == 0 {
                 bail!("{} ended before row {}", split.source, start + offset);
             }
-            ahead.recycle(std::mem::replace(&mut self.batch, read.batch));
-            if n > 0 {
+            let previous = std::mem::replace(&mut self.batch, read.batch);
+            match reported.as_mut() {
+                // The row trace records the reported batch once the master took it.
+                Some(r) => r.batch = Some(previous),
+                None => ahead.recycle(previous),
+            }
+            let routing = if n > 0 {
                 let routing = self.pull_batch(prefetched).await?;
                 if offset + consumed < held && self.model.can_prefetch() {
                     let read = self.wait_read(ahead).await;
@@ -366,22 +374,31 @@ impl TaskLoop {
                     };
                     next = Some((read, prefetch.map(|r| self.model.prefetch(r))));
                 }
+                self.compute_batch(n, from_stream, validate).await?;
+                Some(routing)
+            } else {
+                None
+            };
+            if let Some(r) = reported.take() {
+                if self.answered(task, r, ahead).await? == Continue::Exit {
+                    return Ok(Continue::Exit);
+                }
+            }
+            if let Some(routing) = routing {
                 let key = BatchKey {
                     epoch: task.epoch,
                     file: file_index,
                     start_row: start + offset,
                 };
-                self.train_batch(&routing, key, n, from_stream, validate)
-                    .await?;
+                self.push_batch(&routing, key, n).await?;
             }
             offset += consumed;
-            if self.report_batch(task, offset, n).await? == Continue::Exit {
-                let id = self.id;
-                eprintln!("worker {id}: scaled away after reporting offset {offset}; exiting");
-                return Ok(Continue::Exit);
-            }
+            reported = Some(self.report_batch(task, offset, n));
         }
-        Ok(Continue::NextTask)
+        match reported {
+            Some(r) => self.answered(task, r, ahead).await,
+            None => Ok(Continue::NextTask),
+        }
     }
 
     /// The next batch of the split. What the step waits for it is its read time: the read
@@ -422,12 +439,9 @@ impl TaskLoop {
         Ok(routing)
     }
 
-    /// One step on the `n` rows in `self.batch`, whose rows `routing` pulled: compute,
-    /// then push the gradients under `key` (only while the master's lease holds).
-    async fn train_batch(
+    /// Forward and backward on the `n` rows in `self.batch`, whose parameters are pulled.
+    async fn compute_batch(
         &mut self,
-        routing: &Routing,
-        key: BatchKey,
         n: usize,
         from_stream: bool,
         validate: bool,
@@ -452,6 +466,18 @@ impl TaskLoop {
         if !loss.is_finite() {
             bail!("training diverged (loss {loss})");
         }
+        Ok(())
+    }
+
+    /// Pushes the gradients of the `n` rows just computed under `key`, to the servers
+    /// `routing` pulled them from, only while the master's lease holds.
+    async fn push_batch(
+        &mut self,
+        routing: &Routing,
+        key: BatchKey,
+        n: usize,
+    ) -> anyhow::Result<()> {
+        let shared = &self.shared;
         while !shared.lease_ok(self.lease) {
             // No recent word from the master: it may have given our task away.
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -478,25 +504,50 @@ impl TaskLoop {
         Ok(())
     }
 
-    /// Reports `task`'s new `offset` after a batch of `n` trained rows, and counts them.
-    async fn report_batch(
+    /// Sends the master `task`'s new `offset` after the batch of `n` rows in `self.batch`
+    /// (trained and pushed, or all skipped), with its predictions; the reply is awaited by
+    /// [`Self::answered`], while the next batch is pulled and computed.
+    fn report_batch(
         &mut self,
         task: &elastrec_proto::master::Task,
         offset: u64,
         n: usize,
-    ) -> anyhow::Result<Continue> {
-        let shared = &self.shared;
-        let t0 = Instant::now();
+    ) -> PendingReport {
         let predictions = std::mem::take(&mut self.predicted);
-        let (_, stop, lr_scale) =
-            report(&mut self.master, self.id, task.task_id, offset, predictions).await?;
+        let (mut master, id, task_id) = (self.master.clone(), self.id, task.task_id);
+        let call =
+            tokio::spawn(
+                async move { report(&mut master, id, task_id, offset, predictions).await },
+            );
+        PendingReport {
+            call,
+            offset,
+            n,
+            batch: None,
+        }
+    }
+
+    /// Waits for the master's answer to a report and counts its batch; the batch (when
+    /// the step moved on from it) goes back to the reader.
+    async fn answered(
+        &mut self,
+        task: &elastrec_proto::master::Task,
+        r: PendingReport,
+        ahead: &ReadAhead,
+    ) -> anyhow::Result<Continue> {
+        let t0 = Instant::now();
+        let (_, stop, lr_scale) = r.call.await.context("a progress report")??;
         if lr_scale > 0.0 {
             self.model.lr_scale = lr_scale;
         }
+        let shared = &self.shared;
+        // What the step waited for the master, not the round trip it overlapped.
         TimeSplit::add(&shared.profile.master_us, t0);
+        let batch = r.batch.as_ref().unwrap_or(&self.batch);
         if let Some(trace) = self.trace.as_mut() {
-            trace.record(task, &self.batch)?;
+            trace.record(task, batch)?;
         }
+        let n = r.n;
         if n > 0 {
             shared.profile.batches.fetch_add(1, Ordering::Relaxed);
             shared
@@ -506,15 +557,29 @@ impl TaskLoop {
             self.metrics.samples.inc_by(n as u64);
             self.metrics.batches.inc();
         }
-        shared.offset.store(offset, Ordering::Relaxed);
+        shared.offset.store(r.offset, Ordering::Relaxed);
         shared.samples.fetch_add(n as u64, Ordering::Relaxed);
         shared.steps.fetch_add(1, Ordering::Relaxed);
-        Ok(if stop {
-            Continue::Exit
-        } else {
-            Continue::NextTask
-        })
+        if let Some(batch) = r.batch {
+            ahead.recycle(batch);
+        }
+        if stop {
+            let (id, offset) = (self.id, r.offset);
+            eprintln!("worker {id}: scaled away after reporting offset {offset}; exiting");
+            return Ok(Continue::Exit);
+        }
+        Ok(Continue::NextTask)
     }
+}
+
+/// A progress report on its way to the master.
+struct PendingReport {
+    call: tokio::task::JoinHandle<anyhow::Result<(bool, bool, f32)>>,
+    offset: u64,
+    /// Rows of the reported batch.
+    n: usize,
+    /// The reported batch, once `TaskLoop::batch` holds the next one.
+    batch: Option<Batch>,
 }
 
 /// Rows of this worker's next batch, asked for by its reader before each read.
