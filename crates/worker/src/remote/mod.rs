@@ -123,8 +123,8 @@ impl WorkerMetrics {
         );
         registry.register(
             "discarded_prefetches",
-            "Prefetched pulls that could not serve (the PS layout or a server changed, a server \
-             refused, or dense parameters fell due): their batch was pulled again",
+            "Prefetched pulls that could not serve (the PS layout or a server changed, or a \
+             server refused): their batch was pulled again",
             prefetches_discarded.clone(),
         );
         let process = elastrec_metrics::process::ProcessMetrics::register(&mut registry);

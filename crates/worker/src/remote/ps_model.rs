@@ -473,17 +473,28 @@ impl RemoteModel {
         }
     }
 
-    /// Places a prefetched pull; returns its routing and whether it served. It does not
-    /// (and the caller pulls again) when the layout or a server changed since it started,
-    /// a server refused it, or dense parameters fell due that it did not ask for.
+    /// Places a prefetched pull; returns its routing and whether it served. When dense
+    /// parameters fell due that it did not ask for (other workers' pushes), they are
+    /// pulled alone first (attention units pool the rows with the dense weights). It does
+    /// not serve (and the caller pulls again) when the layout or a server changed since it
+    /// started, or a server refused it.
     pub(super) async fn take_prefetch(&mut self, p: Prefetch) -> anyhow::Result<(Routing, bool)> {
         let mut replies = Vec::with_capacity(p.calls.len());
         for call in p.calls {
             replies.push(call.await.context("a prefetched pull")?);
         }
         self.follow_layout()?;
-        let current = p.layout == self.layout && p.addrs == self.addrs;
-        if !current || (self.need_dense && !p.want_dense) {
+        let current = |m: &Self| p.layout == m.layout && p.addrs == m.addrs;
+        if current(self) && self.need_dense && !p.want_dense {
+            let dense_only = Routing {
+                per_ps: vec![(Vec::new(), Vec::new()); self.ps.len()],
+                slot: Vec::new(),
+                layout: self.layout,
+                pool: None,
+            };
+            self.pull(&dense_only).await?;
+        }
+        if !current(self) {
             return Ok((p.routing, false));
         }
         let placed = self.place(&p.routing, p.want_dense, replies)?.is_none();
