@@ -484,12 +484,23 @@ pub fn running_workers(s: &serde_json::Value) -> Vec<(u64, i32)> {
         .collect()
 }
 
-pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) {
+pub fn wait_for(limit: Duration, cond: impl FnMut() -> bool) {
+    assert!(
+        poll_until(limit, cond),
+        "condition not reached in {limit:?}"
+    );
+}
+
+/// Checks `cond` every 100 ms until it holds (true) or `limit` has passed (false).
+fn poll_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let t0 = Instant::now();
     while !cond() {
-        assert!(t0.elapsed() < limit, "condition not reached in {limit:?}");
+        if t0.elapsed() >= limit {
+            return false;
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
+    true
 }
 
 pub fn samples_done(dir: &Path) -> u64 {
@@ -541,14 +552,14 @@ pub fn wait_for_status(
     what: &str,
     mut cond: impl FnMut(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
-    let t0 = Instant::now();
-    let mut last = None;
-    loop {
-        last = status_json(dir).or(last);
-        if let Some(s) = last.as_ref().filter(|s| cond(s)) {
-            return s.clone();
-        }
-        if t0.elapsed() >= limit {
+    let mut last: Option<serde_json::Value> = None;
+    let reached = poll_until(limit, || {
+        last = status_json(dir).or(last.take());
+        last.as_ref().is_some_and(&mut cond)
+    });
+    match last {
+        Some(s) if reached => s,
+        last => {
             let log = std::fs::read_to_string(dir.with_extension("log")).unwrap_or_default();
             panic!(
                 "the job in {} was not {what} after {limit:?}\nlast status: {}\njob log:\n{log}\n{}",
@@ -557,7 +568,6 @@ pub fn wait_for_status(
                 node_logs(dir)
             );
         }
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

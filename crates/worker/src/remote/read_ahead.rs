@@ -27,6 +27,8 @@ pub(super) struct ReadAhead {
     /// allocation per batch).
     spare: std::sync::mpsc::Sender<Batch>,
     thread: Option<tokio::task::JoinHandle<()>>,
+    /// The split's file or partition, for an error of the reader's thread itself.
+    source: String,
 }
 
 /// Batches read ahead of the step. One is enough to hide the read behind the step (the
@@ -46,6 +48,7 @@ impl ReadAhead {
     ) -> Self {
         let (ready_tx, ready) = tokio::sync::mpsc::channel(AHEAD);
         let (spare, spare_rx) = std::sync::mpsc::channel::<Batch>();
+        let source = file.clone();
         let thread = tokio::task::spawn_blocking(move || {
             let mut at = start;
             let mut skipped_before = reader.stats().rows_skipped;
@@ -90,6 +93,7 @@ impl ReadAhead {
             ready,
             spare,
             thread: Some(thread),
+            source,
         }
     }
 
@@ -99,7 +103,7 @@ impl ReadAhead {
         match self.ready.recv().await {
             Some(item) => item,
             // The reader ended after an error or the end it already delivered; a panic in
-            // it is reported as such.
+            // it (a dependency's, on corrupt input) is an error naming the split's source.
             None => match self.thread.take() {
                 Some(thread) => match thread.await {
                     Ok(()) => Ok(ReadBatch {
@@ -107,7 +111,7 @@ impl ReadAhead {
                         rows: 0,
                         consumed: 0,
                     }),
-                    Err(e) => Err(anyhow::anyhow!("the split's reader failed: {e}")),
+                    Err(e) => Err(anyhow::anyhow!("reading {} failed: {e}", self.source)),
                 },
                 None => anyhow::bail!("the split's reader was read past its end"),
             },
@@ -219,6 +223,28 @@ mod tests {
         let err = ahead.next().await.err().expect("the bad row's batch fails");
         let text = format!("{err:#}");
         assert!(text.contains("day.tsv"), "{text}");
+        ahead.finish().await;
+    }
+
+    /// A reader that panics (as a dependency may on a corrupt file) fails the task with an
+    /// error naming the file, not the worker with a panic.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panic_in_the_reader_is_an_error_naming_the_file() {
+        struct Corrupt(elastrec_data::ReadStats);
+        impl BatchReader for Corrupt {
+            fn next_batch(&mut self, _: &mut Batch, _: usize) -> elastrec_data::Result<usize> {
+                panic!("offset + len out of bounds");
+            }
+            fn stats(&self) -> &elastrec_data::ReadStats {
+                &self.0
+            }
+        }
+        let reader = Box::new(Corrupt(Default::default()));
+        let mut ahead = ReadAhead::start(reader, 0, "part-7.parquet".into(), 1, || 8);
+        let err = ahead.next().await.err().expect("the panic is an error");
+        let text = format!("{err:#}");
+        assert!(text.contains("part-7.parquet"), "{text}");
+        assert!(text.contains("offset + len out of bounds"), "{text}");
         ahead.finish().await;
     }
 
