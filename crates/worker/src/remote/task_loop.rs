@@ -234,6 +234,7 @@ impl TaskLoop {
             {
                 Ok(r) => r.into_inner().reply,
                 Err(s) => {
+                    self.say_how_data_came();
                     eprintln!("worker {id}: get-task refused: {s}; exiting");
                     return Ok(None);
                 }
@@ -272,14 +273,15 @@ impl TaskLoop {
         if served > 0 {
             eprintln!("worker {id}: {served} samples came through the data executors");
         }
-        let (used, discarded) = (
+        let (batches, used, discarded) = (
+            self.metrics.batches.get(),
             self.metrics.prefetched.get(),
             self.metrics.prefetches_discarded.get(),
         );
         if used + discarded > 0 {
             eprintln!(
-                "worker {id}: {used} pulls started before the previous batch's compute and push \
-                 served their batch, {discarded} did not (pulled again)"
+                "worker {id}: of {batches} batches, {used} were served by pulls started before \
+                 the previous batch's compute and push, {discarded} were pulled again"
             );
         }
     }
