@@ -311,8 +311,7 @@ pub fn eval(
         o.finish()?;
     }
     if let Some(path) = onnx_inputs {
-        let schema = job.data.schema();
-        let sig = elastrec_export::Signature::of(&dlrm, schema.as_ref())?;
+        let sig = elastrec_export::Signature::of_job(&dlrm, &job)?;
         let mut inputs = elastrec_export::Inputs::new(sig);
         for b in &batches {
             inputs.push(b)?;

@@ -192,12 +192,13 @@ fn convert(args: &ExportArgs) -> anyhow::Result<()> {
         (None, None) => bail!("name the model: --model FILE or --checkpoint DIR"),
     };
     let schema = job.data.schema();
+    let source = elastrec_data::FeatureSource::new(schema.as_ref(), !job.preprocess.is_empty());
     let record = match args.format {
         Format::Onnx => {
             let opts = elastrec_export::OnnxOptions {
                 external_data: args.external_data,
             };
-            let e = elastrec_export::onnx::write(&model, schema.as_ref(), &args.out, opts)?;
+            let e = elastrec_export::onnx::write(&model, source, &args.out, opts)?;
             serde_json::json!({
                 "format": "onnx",
                 "path": e.path,
@@ -208,7 +209,7 @@ fn convert(args: &ExportArgs) -> anyhow::Result<()> {
             })
         }
         Format::Safetensors => {
-            let e = elastrec_export::tensors::write(&model, schema.as_ref(), &args.out)?;
+            let e = elastrec_export::tensors::write(&model, source, &args.out)?;
             serde_json::json!({
                 "format": "safetensors",
                 "path": e.path,

@@ -5,8 +5,8 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use elastrec_data::{
-    generate, open_reader_range, BadRowPolicy, Batch, BatchReader, GenSpec, OutputFormat,
-    ParquetReader, RowShuffle, ShuffledReader, TsvReader,
+    generate, open_reader_range, BadRowPolicy, BatchReader, GenSpec, OutputFormat, ParquetReader,
+    RowShuffle, ShuffledReader, TsvReader,
 };
 use std::io::Write;
 use std::path::Path;
@@ -15,7 +15,7 @@ const ROWS: u64 = 200_000;
 const BATCH: usize = 4096;
 
 fn drain(mut r: impl BatchReader) -> usize {
-    let mut b = Batch::with_capacity(BATCH);
+    let mut b = elastrec_data::criteo::batch(BATCH);
     let mut n = 0;
     loop {
         let k = r.next_batch(&mut b, BATCH).unwrap();

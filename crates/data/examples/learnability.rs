@@ -10,11 +10,11 @@
 
 use elastrec_common::mix64;
 use elastrec_data::gen::exact_auc;
-use elastrec_data::{generate, read_all, BadRowPolicy, Batch, GenSpec, NUM_DENSE, NUM_SPARSE};
+use elastrec_data::{criteo, generate, read_all, BadRowPolicy, Batch, GenSpec};
 
 const K: usize = 4;
 const BITS: u32 = 22;
-const FIELDS: usize = NUM_DENSE + NUM_SPARSE;
+const FIELDS: usize = criteo::DENSE + criteo::CATEGORICAL;
 
 struct Fm {
     w: Vec<f32>,
@@ -31,7 +31,8 @@ fn slots(b: &Batch, i: usize, out: &mut [usize; FIELDS]) {
         out[f] = (mix64(((f as u64) << 40) ^ bucket) >> (64 - BITS)) as usize;
     }
     for (f, &id) in b.sparse_row(i).iter().enumerate() {
-        out[NUM_DENSE + f] = (mix64((((NUM_DENSE + f) as u64) << 40) ^ id) >> (64 - BITS)) as usize;
+        out[criteo::DENSE + f] =
+            (mix64((((criteo::DENSE + f) as u64) << 40) ^ id) >> (64 - BITS)) as usize;
     }
 }
 

@@ -1,9 +1,5 @@
 //! The in-memory batch every reader fills and every trainer consumes.
 
-/// Number of integer (dense) features in the Criteo layout.
-pub const NUM_DENSE: usize = 13;
-/// Number of categorical features in the Criteo layout.
-pub const NUM_SPARSE: usize = 26;
 /// Value stored for an empty categorical field. Real values are 32-bit (8 hex digits), so
 /// this sentinel can never collide with one.
 pub const MISSING_CATEGORY: u64 = 1 << 32;
@@ -25,11 +21,12 @@ pub fn check_tasks(
     })
 }
 
-/// A batch of Criteo-layout samples in structure-of-arrays form.
+/// A batch of samples in structure-of-arrays form, of the widths its reader gives it.
 ///
 /// Buffers are reused across batches (`clear` keeps capacity), so readers fill them without
-/// per-row allocation. A reader fills the Criteo layout ([`NUM_DENSE`] and [`NUM_SPARSE`]
-/// features per row); a preprocessing plan (`elastrec-preprocess`) fills its own widths.
+/// per-row allocation. Whoever fills a batch sets its layout: a named schema's reader its
+/// features, a preprocessing plan (`elastrec-preprocess`) its outputs, a reader of the
+/// Criteo preset [`crate::criteo`]'s widths. A new batch has no features until then.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
     /// Click label per sample (task 0's of a multi-task batch), 0.0 or 1.0.
@@ -43,11 +40,13 @@ pub struct Batch {
     /// Each sample's weight in the loss (`data.weight`), `len` values; empty when the data
     /// has no weight column: 1 each.
     pub weights: Vec<f32>,
-    /// `len * NUM_DENSE` values, row-major, already transformed as `ln(1 + max(x, 0))`;
-    /// an empty field is 0.
+    /// `len * dense_width` values, row-major, already transformed (the Criteo preset's
+    /// integers as `ln(1 + max(x, 0))`, a schema's or plan's by their chains); an empty
+    /// field is 0.
     pub dense: Vec<f32>,
-    /// `len * NUM_SPARSE` raw categorical values, row-major (the 8-hex-digit value parsed
-    /// as an integer), `MISSING_CATEGORY` for an empty field.
+    /// `len * sparse_width` categorical ids, row-major (a Criteo category's 8 hex digits
+    /// parsed as an integer, a schema's ids as its features key them),
+    /// `MISSING_CATEGORY` for an empty field.
     pub sparse: Vec<u64>,
     /// Dense features per row.
     pub dense_width: usize,
@@ -163,17 +162,13 @@ impl Jagged {
 }
 
 impl Default for Batch {
+    /// An empty batch of no features, for a reader to give its layout.
     fn default() -> Self {
-        Self::with_capacity(0)
+        Self::with_widths(0, 0, 0)
     }
 }
 
 impl Batch {
-    /// An empty Criteo-layout batch with room for `rows` samples.
-    pub fn with_capacity(rows: usize) -> Self {
-        Self::with_widths(rows, NUM_DENSE, NUM_SPARSE)
-    }
-
     /// An empty batch of `dense_width` dense and `sparse_width` categorical features per
     /// row, with room for `rows` samples.
     pub fn with_widths(rows: usize, dense_width: usize, sparse_width: usize) -> Self {
@@ -224,10 +219,14 @@ impl Batch {
     /// [`Batch::transform_dense`] to the integers and [`MISSING_CATEGORY`] to empty
     /// categorical fields. Does not allocate once the buffers have grown.
     ///
-    /// This is the default preprocessing; the batch must have the Criteo layout.
+    /// This is the Criteo preset's preprocessing; the batch must have its layout
+    /// ([`crate::criteo::batch`], [`crate::criteo::set_layout`]).
     #[inline]
     pub fn push_raw(&mut self, row: &crate::raw::RawRow) {
-        debug_assert!(self.dense_width == NUM_DENSE && self.sparse_width == NUM_SPARSE);
+        debug_assert!(
+            self.dense_width == crate::criteo::DENSE
+                && self.sparse_width == crate::criteo::CATEGORICAL
+        );
         row.push_labels(&mut self.labels, &mut self.tasks, &mut self.task_labels);
         let table = crate::raw::dense_table();
         self.dense.extend(

@@ -4,7 +4,7 @@
 //! [`NULL_INT`] in an integer column, [`NULL_ID`] in a categorical one. The one value this
 //! takes away, the integer `-9223372036854775808`, reads as an empty field.
 
-use crate::batch::{NUM_DENSE, NUM_SPARSE};
+use crate::criteo;
 use crate::raw::RawRow;
 
 /// An empty integer field.
@@ -40,8 +40,12 @@ impl RawColumns {
             labels: Vec::with_capacity(rows),
             tasks: 1,
             task_labels: Vec::new(),
-            ints: (0..NUM_DENSE).map(|_| Vec::with_capacity(rows)).collect(),
-            cats: (0..NUM_SPARSE).map(|_| Vec::with_capacity(rows)).collect(),
+            ints: (0..criteo::DENSE)
+                .map(|_| Vec::with_capacity(rows))
+                .collect(),
+            cats: (0..criteo::CATEGORICAL)
+                .map(|_| Vec::with_capacity(rows))
+                .collect(),
         }
     }
 

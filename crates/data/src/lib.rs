@@ -5,6 +5,7 @@
 //! - the reader seam [`BatchReader`] with its [`BadRowPolicy`] and [`ReadStats`], format
 //!   detection by magic bytes and row-range opening for data shards
 //!   ([`open_reader_range`], [`count_rows`]);
+//! - the Criteo preset ([`criteo`]): its widths and column names, the one place they live;
 //! - the Criteo TSV reader (plain and gzip) with a sidecar line index for O(1) range seeks
 //!   ([`tsv`], [`index`]);
 //! - Parquet writer and reader with the same batch semantics ([`parquet_io`]);
@@ -22,6 +23,7 @@
 pub mod batch;
 pub mod chain;
 pub mod columns;
+pub mod criteo;
 pub mod error;
 pub mod gen;
 pub mod index;
@@ -39,7 +41,7 @@ pub mod shuffled;
 pub mod text;
 pub mod tsv;
 
-pub use batch::{check_tasks, Batch, Jagged, MISSING_CATEGORY, NUM_DENSE, NUM_SPARSE};
+pub use batch::{check_tasks, Batch, Jagged, MISSING_CATEGORY};
 pub use columns::{RawColumns, NULL_ID, NULL_INT};
 pub use error::{DataError, FieldError, Result};
 pub use gen::{generate, generate_with_progress, GenFile, GenReport, GenSpec, OutputFormat};
@@ -51,6 +53,6 @@ pub use reader::{
     count_rows, count_source_rows, detect_format, open_reader, open_reader_range, open_source,
     read_all, BadRowPolicy, BatchReader, FileFormat, ReadStats, RowSink,
 };
-pub use schema::{CsvFormat, FeatureKind, FeatureSpec, Pooling, Schema, TableSpec};
+pub use schema::{CsvFormat, FeatureKind, FeatureSource, FeatureSpec, Pooling, Schema, TableSpec};
 pub use shuffled::{RowShuffle, ShuffledReader};
 pub use tsv::TsvReader;

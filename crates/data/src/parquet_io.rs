@@ -17,8 +17,9 @@
 //! Row ranges select the row groups that overlap the range and skip inside the first one,
 //! so a range read decodes at most one row group of rows it does not deliver.
 
-use crate::batch::{Batch, NUM_DENSE, NUM_SPARSE};
+use crate::batch::Batch;
 use crate::columns::RawColumns;
+use crate::criteo;
 use crate::error::{show_bytes, DataError, FieldError, Result};
 use crate::raw::{RawBatch, RawRow};
 use crate::reader::{BadRowPolicy, BatchReader, ReadStats, RowSink};
@@ -38,16 +39,6 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Name of integer column `i` (0-based): `I1`..`I13`.
-pub fn int_column(i: usize) -> String {
-    format!("I{}", i + 1)
-}
-
-/// Name of categorical column `i` (0-based): `C1`..`C26`.
-pub fn cat_column(i: usize) -> String {
-    format!("C{}", i + 1)
-}
-
 /// Name of the label column of task `t ≥ 1` of a multi-task file: `label_1`, ...
 pub fn task_label_column(t: usize) -> String {
     format!("label_{t}")
@@ -62,8 +53,13 @@ pub fn criteo_schema() -> SchemaRef {
 fn schema_with_tasks(extra: usize) -> SchemaRef {
     let mut fields = vec![Field::new("label", DataType::Int32, false)];
     fields.extend((1..=extra).map(|t| Field::new(task_label_column(t), DataType::Int32, false)));
-    fields.extend((0..NUM_DENSE).map(|i| Field::new(int_column(i), DataType::Int64, true)));
-    fields.extend((0..NUM_SPARSE).map(|i| Field::new(cat_column(i), DataType::UInt32, true)));
+    fields.extend(
+        (0..criteo::DENSE).map(|i| Field::new(criteo::dense_name(i), DataType::Int64, true)),
+    );
+    fields.extend(
+        (0..criteo::CATEGORICAL)
+            .map(|i| Field::new(criteo::categorical_name(i), DataType::UInt32, true)),
+    );
     Arc::new(Schema::new(fields))
 }
 
@@ -163,7 +159,8 @@ impl ParquetWriter {
                 1 + first
             )));
         }
-        let mut cols: Vec<ArrayRef> = Vec::with_capacity(1 + first + NUM_DENSE + NUM_SPARSE);
+        let mut cols: Vec<ArrayRef> =
+            Vec::with_capacity(1 + first + criteo::DENSE + criteo::CATEGORICAL);
         cols.push(Arc::new(Int32Array::from_iter_values(
             raw.labels.iter().map(|&l| l as i32),
         )));
@@ -172,14 +169,14 @@ impl ParquetWriter {
                 raw.extra_labels.iter().map(|&b| i32::from((b >> t) & 1)),
             )));
         }
-        for f in 0..NUM_DENSE {
+        for f in 0..criteo::DENSE {
             cols.push(Arc::new(Int64Array::from_iter(
-                (0..n).map(|r| raw.ints[r * NUM_DENSE + f]),
+                (0..n).map(|r| raw.ints[r * criteo::DENSE + f]),
             )));
         }
-        for f in 0..NUM_SPARSE {
+        for f in 0..criteo::CATEGORICAL {
             cols.push(Arc::new(UInt32Array::from_iter(
-                (0..n).map(|r| raw.cats[r * NUM_SPARSE + f]),
+                (0..n).map(|r| raw.cats[r * criteo::CATEGORICAL + f]),
             )));
         }
         self.open(first)?;
@@ -332,8 +329,8 @@ struct Projection {
     label: usize,
     /// `label_1`, `label_2`, ... of a multi-task file (as many as are there in a row).
     extra: Vec<usize>,
-    ints: [usize; NUM_DENSE],
-    cats: [usize; NUM_SPARSE],
+    ints: [usize; criteo::DENSE],
+    cats: [usize; criteo::CATEGORICAL],
 }
 
 fn check_type(path: &Path, schema: &Schema, name: &str, ok: &[DataType]) -> Result<usize> {
@@ -361,16 +358,16 @@ impl Projection {
                 Int8, Int16, Int32, Int64, UInt8, UInt32, Float32, Float64, Boolean,
             ],
         )?;
-        let mut ints = [0; NUM_DENSE];
+        let mut ints = [0; criteo::DENSE];
         for (i, slot) in ints.iter_mut().enumerate() {
-            *slot = check_type(path, schema, &int_column(i), &[Int32, Int64])?;
+            *slot = check_type(path, schema, &criteo::dense_name(i), &[Int32, Int64])?;
         }
-        let mut cats = [0; NUM_SPARSE];
+        let mut cats = [0; criteo::CATEGORICAL];
         for (i, slot) in cats.iter_mut().enumerate() {
             *slot = check_type(
                 path,
                 schema,
-                &cat_column(i),
+                &criteo::categorical_name(i),
                 &[UInt32, Int32, Int64, Utf8, LargeUtf8],
             )?;
         }
@@ -559,9 +556,9 @@ fn stage(
     raw.labels.clear();
     raw.labels.resize(n, 0);
     raw.ints.clear();
-    raw.ints.resize(n * NUM_DENSE, None);
+    raw.ints.resize(n * criteo::DENSE, None);
     raw.cats.clear();
-    raw.cats.resize(n * NUM_SPARSE, None);
+    raw.cats.resize(n * criteo::CATEGORICAL, None);
     errs.clear();
     errs.resize(n, None);
     let label = b.column(p.label);
@@ -592,7 +589,7 @@ fn stage(
     }
     for (f, &c) in p.ints.iter().enumerate() {
         let col = b.column(c);
-        let dst = raw.ints.iter_mut().skip(f).step_by(NUM_DENSE);
+        let dst = raw.ints.iter_mut().skip(f).step_by(criteo::DENSE);
         match col.data_type() {
             DataType::Int32 => {
                 for (d, v) in dst.zip(col.as_primitive::<Int32Type>().iter()) {
@@ -615,7 +612,7 @@ fn stage(
     }
     for (f, &c) in p.cats.iter().enumerate() {
         let col = b.column(c);
-        let dst = raw.cats.iter_mut().skip(f).step_by(NUM_SPARSE);
+        let dst = raw.cats.iter_mut().skip(f).step_by(criteo::CATEGORICAL);
         if let DataType::UInt32 = col.data_type() {
             let a = col.as_primitive::<UInt32Type>();
             if a.null_count() == 0 {
@@ -634,7 +631,7 @@ fn stage(
                 Ok(v) => *d = v,
                 Err(e) => {
                     if errs[r].is_none() {
-                        errs[r] = Some((cat_column(f), e));
+                        errs[r] = Some((criteo::categorical_name(f), e));
                     }
                 }
             }

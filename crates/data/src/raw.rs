@@ -1,6 +1,7 @@
 //! Raw (untransformed) Criteo rows: what the TSV parser produces and the writers consume.
 
-use crate::batch::{Batch, NUM_DENSE, NUM_SPARSE};
+use crate::batch::Batch;
+use crate::criteo;
 use std::sync::OnceLock;
 
 /// One Criteo row before the dense transform: `None` is an empty field.
@@ -14,9 +15,9 @@ pub struct RawRow {
     /// Bit `t` is the label of task `t + 1`.
     pub extra_labels: u8,
     /// Integer features `I1..I13`, raw.
-    pub ints: [Option<i64>; NUM_DENSE],
+    pub ints: [Option<i64>; criteo::DENSE],
     /// Categorical features `C1..C26` as the 32-bit value of their 8 hex digits.
-    pub cats: [Option<u32>; NUM_SPARSE],
+    pub cats: [Option<u32>; criteo::CATEGORICAL],
 }
 
 /// Most labels after the first a row can carry (a label field has at most 8 digits).
@@ -62,9 +63,9 @@ impl RawRow {
 pub struct RawBatch {
     /// Labels, 0 or 1.
     pub labels: Vec<u8>,
-    /// `len * NUM_DENSE` integer features, row-major.
+    /// `len * criteo::DENSE` integer features, row-major.
     pub ints: Vec<Option<i64>>,
-    /// `len * NUM_SPARSE` categorical features, row-major.
+    /// `len * criteo::CATEGORICAL` categorical features, row-major.
     pub cats: Vec<Option<u32>>,
     /// Per row, [`RawRow::extra_tasks`] and [`RawRow::extra_labels`] (both empty while
     /// every row has one label).
@@ -78,8 +79,8 @@ impl RawBatch {
     pub fn with_capacity(rows: usize) -> Self {
         Self {
             labels: Vec::with_capacity(rows),
-            ints: Vec::with_capacity(rows * NUM_DENSE),
-            cats: Vec::with_capacity(rows * NUM_SPARSE),
+            ints: Vec::with_capacity(rows * criteo::DENSE),
+            cats: Vec::with_capacity(rows * criteo::CATEGORICAL),
             extra_tasks: Vec::new(),
             extra_labels: Vec::new(),
         }
@@ -129,15 +130,15 @@ impl RawBatch {
             ..RawRow::default()
         };
         r.ints
-            .copy_from_slice(&self.ints[i * NUM_DENSE..(i + 1) * NUM_DENSE]);
+            .copy_from_slice(&self.ints[i * criteo::DENSE..(i + 1) * criteo::DENSE]);
         r.cats
-            .copy_from_slice(&self.cats[i * NUM_SPARSE..(i + 1) * NUM_SPARSE]);
+            .copy_from_slice(&self.cats[i * criteo::CATEGORICAL..(i + 1) * criteo::CATEGORICAL]);
         r
     }
 
     /// The transformed model batch for these rows.
     pub fn to_batch(&self) -> Batch {
-        let mut b = Batch::with_capacity(self.len());
+        let mut b = criteo::batch(self.len());
         for i in 0..self.len() {
             b.push_raw(&self.row(i));
         }

@@ -198,8 +198,10 @@ pub trait RowSink {
 }
 
 impl RowSink for Batch {
+    /// Empties the batch for a Criteo reader's rows, giving it the preset's layout.
     fn clear(&mut self) {
-        Batch::clear(self)
+        Batch::clear(self);
+        crate::criteo::set_layout(self);
     }
     fn len(&self) -> usize {
         Batch::len(self)
@@ -379,7 +381,7 @@ pub fn read_all(path: &Path, policy: BadRowPolicy) -> Result<(Batch, ReadStats)>
 /// Reads everything left in `reader` into one batch.
 pub fn drain(reader: &mut dyn BatchReader) -> Result<(Batch, ReadStats)> {
     let mut all = Batch::default();
-    let mut chunk = Batch::with_capacity(8192);
+    let mut chunk = Batch::default();
     while reader.next_batch(&mut chunk, 8192)? > 0 {
         // The reader's widths (a preprocessing plan's may not be Criteo's).
         if all.is_empty() {

@@ -302,6 +302,30 @@ pub fn chain_table_rows(ids: u64) -> u64 {
     ids.saturating_mul(4).max(1024)
 }
 
+/// What defines a model's inputs, and so their names and transforms: the Criteo preset,
+/// a `[[preprocess]]` graph's outputs, or named features.
+#[derive(Debug, Clone, Copy)]
+pub enum FeatureSource<'a> {
+    /// The Criteo preset ([`crate::criteo`]): `I1`..`I13` as `log1p`, `C1`..`C26`.
+    Criteo,
+    /// A preprocessing graph: its dense and categorical outputs, in order.
+    Plan,
+    /// Named features.
+    Named(&'a Schema),
+}
+
+impl<'a> FeatureSource<'a> {
+    /// The source of a job with named features `schema` (if any) and a preprocessing
+    /// graph or not.
+    pub fn new(schema: Option<&'a Schema>, has_plan: bool) -> Self {
+        match (schema, has_plan) {
+            (Some(s), _) => Self::Named(s),
+            (None, true) => Self::Plan,
+            (None, false) => Self::Criteo,
+        }
+    }
+}
+
 /// The features of a data set with named columns.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Schema {

@@ -10,8 +10,9 @@
 //! A line longer than [`MAX_LINE_BYTES`] is a bad row ([`DataError::LineTooLong`]) and is
 //! never buffered whole.
 
-use crate::batch::{Batch, NUM_DENSE, NUM_SPARSE};
+use crate::batch::Batch;
 use crate::columns::RawColumns;
+use crate::criteo;
 use crate::error::{show_bytes, show_escaped, DataError, FieldError, Result};
 use crate::index::LineIndex;
 use crate::raw::RawRow;
@@ -20,7 +21,7 @@ use crate::text::{open_input, open_lines, Line, Lines};
 use std::path::Path;
 
 /// Fields per line: label + 13 integers + 26 categoricals.
-pub const NUM_FIELDS: usize = 1 + NUM_DENSE + NUM_SPARSE;
+pub const NUM_FIELDS: usize = 1 + criteo::DENSE + criteo::CATEGORICAL;
 
 pub use crate::text::MAX_LINE_BYTES;
 
@@ -232,7 +233,7 @@ fn parse_line_fast(line: &[u8], row: &mut RawRow) -> Option<()> {
         p += 1;
     }
     for (i, slot) in row.cats.iter_mut().enumerate() {
-        let last = i == NUM_SPARSE - 1;
+        let last = i == criteo::CATEGORICAL - 1;
         let end = if last {
             n
         } else {
@@ -256,12 +257,12 @@ fn parse_line_checked(line: &[u8], row: &mut RawRow) -> Result<(), (usize, Field
     let missing = |found: usize| (found, FieldError::MissingField { found });
     let f = fields.next().ok_or(missing(0))?;
     parse_label(f, row).map_err(|e| (0, e))?;
-    for i in 0..NUM_DENSE {
+    for i in 0..criteo::DENSE {
         let f = fields.next().ok_or(missing(1 + i))?;
         row.ints[i] = parse_int(f).map_err(|e| (1 + i, e))?;
     }
-    for i in 0..NUM_SPARSE {
-        let field = 1 + NUM_DENSE + i;
+    for i in 0..criteo::CATEGORICAL {
+        let field = 1 + criteo::DENSE + i;
         if let Some(v) = fields.try_hex8() {
             row.cats[i] = Some(v);
             continue;
@@ -488,11 +489,11 @@ mod tests {
 
     fn line(label: &str, ints: &[&str], cats: &[&str]) -> String {
         let mut s = label.to_string();
-        for i in 0..NUM_DENSE {
+        for i in 0..criteo::DENSE {
             s.push('\t');
             s.push_str(ints.get(i).copied().unwrap_or(""));
         }
-        for i in 0..NUM_SPARSE {
+        for i in 0..criteo::CATEGORICAL {
             s.push('\t');
             s.push_str(cats.get(i).copied().unwrap_or(""));
         }

@@ -2,7 +2,7 @@
 //! the tables they look up. The ONNX graph's inputs, the inputs file of a data set and
 //! the side file that documents both are all derived from this one description.
 
-use elastrec_data::{Pooling, Schema, NUM_DENSE, NUM_SPARSE};
+use elastrec_data::{criteo, FeatureSource, Pooling};
 use elastrec_worker::Dlrm;
 use serde::Serialize;
 
@@ -75,8 +75,16 @@ pub struct TableInfo {
 }
 
 impl Signature {
-    /// The signature of `model`, whose named features (if any) are `schema`.
-    pub fn of(model: &Dlrm, schema: Option<&Schema>) -> Result<Self> {
+    /// The signature of `model` of job `job` (its named features, or its preprocessing
+    /// graph's outputs, or the Criteo preset).
+    pub fn of_job(model: &Dlrm, job: &elastrec_job::JobConfig) -> Result<Self> {
+        let schema = job.data.schema();
+        let source = FeatureSource::new(schema.as_ref(), !job.preprocess.is_empty());
+        Self::of(model, source)
+    }
+
+    /// The signature of `model`, whose inputs come from `source`.
+    pub fn of(model: &Dlrm, source: FeatureSource<'_>) -> Result<Self> {
         if model.embeddings.config().dynamic.is_some() {
             return Err(ExportError::Unsupported(
                 "the model's tables are dynamic (model.dynamic_embeddings): their keys span \
@@ -88,47 +96,36 @@ impl Signature {
         let rows = &model.embeddings.config().rows;
         let nd = model.dense.config().num_dense();
         let slots = model.tables();
-        let Some(schema) = schema else {
-            // The Criteo layout or a `[[preprocess]]` graph: one table per slot.
-            let criteo = nd == NUM_DENSE && slots == NUM_SPARSE;
-            let dense = (0..nd)
-                .map(|i| DenseColumn {
-                    feature: if criteo {
-                        format!("I{}", i + 1)
-                    } else {
-                        format!("dense_{i}")
-                    },
-                    transform: if criteo { "log1p" } else { "preprocess" },
-                    ops: Vec::new(),
-                })
-                .collect();
-            let names: Vec<String> = (0..slots)
-                .map(|i| {
-                    if criteo {
-                        format!("C{}", i + 1)
-                    } else {
-                        format!("sparse_{i}")
-                    }
-                })
-                .collect();
-            return Ok(Self {
-                dense,
-                singles: names
-                    .iter()
-                    .enumerate()
-                    .map(|(t, f)| Slot {
-                        feature: f.clone(),
-                        table: t,
-                        ops: Vec::new(),
-                    })
-                    .collect(),
-                lists: Vec::new(),
-                tables: names
-                    .into_iter()
-                    .zip(rows)
-                    .map(|(name, &rows)| TableInfo { name, rows })
-                    .collect(),
-            });
+        let schema = match source {
+            FeatureSource::Named(schema) => schema,
+            FeatureSource::Criteo
+                if (nd, slots, rows.len()) != (criteo::DENSE, criteo::CATEGORICAL, slots) =>
+            {
+                return Err(ExportError::Shape(format!(
+                    "a model of the Criteo features takes {} dense columns and {} categorical \
+                     ones, a table each; this one has {nd} dense columns, {slots} categorical \
+                     ones and {} tables",
+                    criteo::DENSE,
+                    criteo::CATEGORICAL,
+                    rows.len()
+                )));
+            }
+            FeatureSource::Criteo => {
+                return Ok(Self::unnamed(
+                    rows,
+                    (0..nd).map(criteo::dense_name),
+                    "log1p",
+                    (0..slots).map(criteo::categorical_name),
+                ))
+            }
+            FeatureSource::Plan => {
+                return Ok(Self::unnamed(
+                    rows,
+                    (0..nd).map(|i| format!("dense_{i}")),
+                    "preprocess",
+                    (0..slots).map(|i| format!("sparse_{i}")),
+                ))
+            }
         };
         let table_names = schema.table_names();
         if table_names.len() != rows.len() {
@@ -202,5 +199,80 @@ impl Signature {
             Some(slot) => slot.table,
             None => self.lists[s - self.singles.len()].table,
         }
+    }
+}
+
+impl Signature {
+    /// The signature of a model whose columns have no names of their own (the Criteo
+    /// preset's or a preprocessing graph's): one table per single-id slot.
+    fn unnamed(
+        rows: &[u64],
+        dense: impl Iterator<Item = String>,
+        transform: &'static str,
+        singles: impl Iterator<Item = String>,
+    ) -> Self {
+        let names: Vec<String> = singles.collect();
+        Self {
+            dense: dense
+                .map(|feature| DenseColumn {
+                    feature,
+                    transform,
+                    ops: Vec::new(),
+                })
+                .collect(),
+            singles: names
+                .iter()
+                .enumerate()
+                .map(|(t, f)| Slot {
+                    feature: f.clone(),
+                    table: t,
+                    ops: Vec::new(),
+                })
+                .collect(),
+            lists: Vec::new(),
+            tables: names
+                .into_iter()
+                .zip(rows)
+                .map(|(name, &rows)| TableInfo { name, rows })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use elastrec_job::JobConfig;
+
+    fn criteo_shaped() -> Dlrm {
+        Dlrm::new(&JobConfig::default(), vec![16; criteo::CATEGORICAL]).unwrap()
+    }
+
+    /// The preset's columns are named and transformed as its files are read.
+    #[test]
+    fn a_criteo_model_reads_the_presets_columns() {
+        let sig = Signature::of(&criteo_shaped(), FeatureSource::Criteo).unwrap();
+        assert_eq!(sig.dense[0].feature, "I1");
+        assert_eq!(sig.dense[12].transform, "log1p");
+        assert_eq!(sig.singles[25].feature, "C26");
+        assert_eq!(sig.tables[3].name, "C4");
+    }
+
+    /// A preprocessing graph of 13 dense and 26 categorical outputs has the preset's shape
+    /// but not its columns: the signature says the graph's outputs, not `I1` as `log1p`.
+    #[test]
+    fn a_graphs_outputs_of_the_presets_shape_are_not_taken_for_it() {
+        let sig = Signature::of(&criteo_shaped(), FeatureSource::Plan).unwrap();
+        assert_eq!(sig.dense[0].feature, "dense_0");
+        assert_eq!(sig.dense[0].transform, "preprocess");
+        assert_eq!(sig.singles[25].feature, "sparse_25");
+    }
+
+    /// A model said to read the preset but shaped otherwise is refused, naming both shapes.
+    #[test]
+    fn a_model_of_another_shape_is_no_criteo_model() {
+        let model = Dlrm::new(&JobConfig::default(), vec![16; 5]).unwrap();
+        let err = Signature::of(&model, FeatureSource::Criteo).unwrap_err();
+        assert!(err.to_string().contains("and 5 tables"), "{err}");
     }
 }

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use elastrec_data::Schema;
+use elastrec_data::FeatureSource;
 use elastrec_worker::Dlrm;
 use safetensors::tensor::{Dtype, TensorView};
 
@@ -28,9 +28,9 @@ pub struct TensorsExport {
     pub tensors: usize,
 }
 
-/// Writes `model`'s tables and dense parameters to `path`.
-pub fn write(model: &Dlrm, schema: Option<&Schema>, path: &Path) -> Result<TensorsExport> {
-    let sig = Signature::of(model, schema)?;
+/// Writes `model`'s tables and dense parameters (its inputs from `source`) to `path`.
+pub fn write(model: &Dlrm, source: FeatureSource<'_>, path: &Path) -> Result<TensorsExport> {
+    let sig = Signature::of(model, source)?;
     let c = model.dense.config();
     let (d, width) = (c.embedding_dim, model.embeddings.dim());
     let mut arrays: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();

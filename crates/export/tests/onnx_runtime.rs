@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 
 use elastrec_common::splitmix::derive;
-use elastrec_data::Batch;
+use elastrec_data::{Batch, FeatureSource};
 use elastrec_export::{onnx, Inputs, OnnxOptions, Signature};
 use elastrec_job::config::{JobConfig, MmoeSettings, ModelType};
 use elastrec_worker::{Dlrm, Predictor};
@@ -48,8 +48,14 @@ fn check(name: &str, job: &JobConfig) {
         .unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let graph = tmp.path().join("model.onnx");
-    onnx::write(&model, None, &graph, OnnxOptions::default()).unwrap();
-    let mut inputs = Inputs::new(Signature::of(&model, None).unwrap());
+    onnx::write(
+        &model,
+        FeatureSource::Criteo,
+        &graph,
+        OnnxOptions::default(),
+    )
+    .unwrap();
+    let mut inputs = Inputs::new(Signature::of(&model, FeatureSource::Criteo).unwrap());
     inputs.push(&b).unwrap();
     inputs
         .write(&tmp.path().join("inputs.safetensors"))

@@ -308,7 +308,7 @@ pub struct ModelConfig {
     pub top_mlp: Vec<usize>,
     /// Feature interaction: `"dot"` (pairwise dot products) or `"concat"`.
     pub interaction: InteractionKind,
-    /// Hashed rows per table: one number for all 26 tables, or a list of 26.
+    /// Hashed rows per table: one number for every table, or a list of one per table.
     pub table_rows: TableRows,
     /// Upper bound applied to every table's row count (keeps memory predictable).
     pub max_table_rows: u64,
@@ -681,7 +681,7 @@ impl<'de> Deserialize<'de> for TableRows {
         match Raw::deserialize(d)? {
             Raw::Name(s) if s == "auto" => Ok(TableRows::Auto),
             Raw::Name(s) => Err(serde::de::Error::custom(format!(
-                "table_rows must be \"auto\", a number or a list of 26 numbers, got \"{s}\""
+                "table_rows must be \"auto\", a number or a list of one number per table, got \"{s}\""
             ))),
             Raw::One(n) => Ok(TableRows::All(positive(n)?)),
             Raw::Many(v) => Ok(TableRows::PerTable(

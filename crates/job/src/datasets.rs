@@ -316,7 +316,7 @@ fn check_schema(
     policy: elastrec_data::BadRowPolicy,
 ) -> std::result::Result<(), elastrec_data::DataError> {
     let mut reader = elastrec_data::open_reader(std::path::Path::new(file), policy)?;
-    let mut batch = elastrec_data::Batch::with_capacity(1);
+    let mut batch = elastrec_data::Batch::default();
     reader.next_batch(&mut batch, 1)?;
     Ok(())
 }

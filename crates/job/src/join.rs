@@ -100,14 +100,21 @@ impl JoinConfig {
     }
 }
 
-/// The TSV field of key column `key` (`C1` is field 14: label, I1..I13, C1..C26).
+/// The TSV field of key column `key` of the Criteo preset (`C1` is field 14: label,
+/// I1..I13, C1..C26).
 fn key_field(key: &str) -> std::result::Result<usize, String> {
+    use elastrec_data::criteo;
     let n: usize = key
         .strip_prefix('C')
         .and_then(|n| n.parse().ok())
-        .filter(|n| (1..=26).contains(n))
-        .ok_or_else(|| format!("`{key}` is not a categorical column; name one of C1 … C26"))?;
-    Ok(13 + n)
+        .filter(|n| (1..=criteo::CATEGORICAL).contains(n))
+        .ok_or_else(|| {
+            format!(
+                "`{key}` is not a categorical column; name one of C1 … C{}",
+                criteo::CATEGORICAL
+            )
+        })?;
+    Ok(criteo::DENSE + n)
 }
 
 /// What one source's join did, for the log and the summary.

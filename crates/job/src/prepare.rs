@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use elastrec_data::{BatchReader, GenSpec, OutputFormat, NUM_DENSE, NUM_SPARSE};
+use elastrec_data::{criteo, BatchReader, GenSpec, OutputFormat};
 use elastrec_embedding::capped_rows;
 use elastrec_model::{DenseDlrm, DlrmConfig};
 use elastrec_preprocess::{Plan, PreprocessedReader};
@@ -339,7 +339,7 @@ pub fn feature_widths(job: &JobConfig) -> (usize, usize) {
     match feature_plan(job) {
         Ok(Some(plan)) => (plan.dense_width(), plan.sparse_width()),
         // A graph that does not compile was refused when the job file was loaded.
-        _ => (NUM_DENSE, NUM_SPARSE),
+        _ => (criteo::DENSE, criteo::CATEGORICAL),
     }
 }
 
@@ -394,7 +394,9 @@ pub fn resolve_table_rows(job: &JobConfig) -> Vec<u64> {
     }
     // A graph that does not compile was refused when the job file was loaded.
     let plan = feature_plan(job).ok().flatten();
-    let sparse = plan.as_ref().map_or(NUM_SPARSE, |p| p.sparse_width());
+    let sparse = plan
+        .as_ref()
+        .map_or(criteo::CATEGORICAL, |p| p.sparse_width());
     match (&job.model.table_rows, plan) {
         (TableRows::All(n), _) => vec![(*n).min(cap); sparse],
         (TableRows::PerTable(v), _) => capped_rows(v, cap),
@@ -416,7 +418,7 @@ pub fn resolve_table_rows(job: &JobConfig) -> Vec<u64> {
                 .collect()
         }
         (TableRows::Auto, None) => match elastrec_data::gen::read_report(&job.data.dir) {
-            Ok(report) if report.cardinalities.len() == NUM_SPARSE => {
+            Ok(report) if report.cardinalities.len() == criteo::CATEGORICAL => {
                 let sized: Vec<u64> = report
                     .cardinalities
                     .iter()
@@ -424,7 +426,7 @@ pub fn resolve_table_rows(job: &JobConfig) -> Vec<u64> {
                     .collect();
                 capped_rows(&sized, cap)
             }
-            _ => vec![DEFAULT_TABLE_ROWS.min(cap); NUM_SPARSE],
+            _ => vec![DEFAULT_TABLE_ROWS.min(cap); criteo::CATEGORICAL],
         },
     }
 }

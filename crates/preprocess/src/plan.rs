@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use elastrec_data::{Batch, RawColumns, MISSING_CATEGORY, NUM_DENSE, NUM_SPARSE};
+use elastrec_data::{criteo, Batch, RawColumns, MISSING_CATEGORY};
 
 use crate::error::{PreprocessError, Result};
 use crate::kernels as k;
@@ -88,10 +88,10 @@ fn column_of(name: &str) -> Option<Column> {
             .map(|i| i - 1)
     };
     if let Some(rest) = name.strip_prefix('I') {
-        return index(rest, NUM_DENSE).map(Column::Int);
+        return index(rest, criteo::DENSE).map(Column::Int);
     }
     name.strip_prefix('C')
-        .and_then(|rest| index(rest, NUM_SPARSE))
+        .and_then(|rest| index(rest, criteo::CATEGORICAL))
         .map(Column::Cat)
 }
 
@@ -261,8 +261,10 @@ impl Plan {
                     entry_err(
                         None,
                         format!(
-                            "no input column `{c}`; the columns are I1..I{NUM_DENSE} (integers) \
-                             and C1..C{NUM_SPARSE} (categorical)"
+                            "no input column `{c}`; the columns are I1..I{} (integers) \
+                             and C1..C{} (categorical)",
+                            criteo::DENSE,
+                            criteo::CATEGORICAL
                         ),
                     )
                 })?);
@@ -820,10 +822,10 @@ mod tests {
         let plan = Plan::compile(&default_graph()).unwrap();
         assert_eq!(
             (plan.dense_width(), plan.sparse_width()),
-            (NUM_DENSE, NUM_SPARSE)
+            (criteo::DENSE, criteo::CATEGORICAL)
         );
         let input = criteo_rows(3 * BLOCK_ROWS + 17);
-        let mut want = Batch::with_capacity(input.len());
+        let mut want = criteo::batch(input.len());
         for i in 0..input.len() {
             want.push_raw(&input.row(i));
         }

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use elastrec_data::{NUM_DENSE, NUM_SPARSE};
+use elastrec_data::criteo;
 
 /// One `[[preprocess]]` entry: a chain of operators from one or more input columns to
 /// one model feature (dense floats or sparse ids).
@@ -110,13 +110,13 @@ pub fn expand(specs: &[FeatureSpec]) -> Result<Vec<(usize, FeatureSpec)>, (usize
 /// `ln(1 + max(x, 0))` of every earlier release, bit for bit) and `C1..C26` as they are
 /// (an empty field is the shared "missing" id).
 pub fn default_graph() -> Vec<FeatureSpec> {
-    let dense = (1..=NUM_DENSE).map(|i| FeatureSpec {
+    let dense = (1..=criteo::DENSE).map(|i| FeatureSpec {
         name: None,
         input: Input::One(format!("I{i}")),
         ops: vec!["fill_null(0)".into(), "clamp(min=0)".into(), "log1p".into()],
         rows: None,
     });
-    let sparse = (1..=NUM_SPARSE).map(|j| FeatureSpec {
+    let sparse = (1..=criteo::CATEGORICAL).map(|j| FeatureSpec {
         name: None,
         input: Input::One(format!("C{j}")),
         ops: Vec::new(),

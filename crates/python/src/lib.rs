@@ -94,8 +94,8 @@ impl Model {
         let arrays = self
             .served
             .with_model(
-                |m, schema| -> Result<Vec<(String, Vec<f32>, usize)>, String> {
-                    let sig = Signature::of(m, schema).map_err(|e| e.to_string())?;
+                |m, source| -> Result<Vec<(String, Vec<f32>, usize)>, String> {
+                    let sig = Signature::of(m, source).map_err(|e| e.to_string())?;
                     let width = m.embeddings.dim();
                     sig.tables
                         .iter()

@@ -7,7 +7,7 @@
 //! refused the same way. The row then goes through the model's own preprocessing, as a row
 //! of a training file would.
 
-use elastrec_data::{RawRow, NUM_DENSE, NUM_SPARSE};
+use elastrec_data::{criteo, RawRow};
 
 /// A feature's value as a request carries it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,8 +38,8 @@ fn slot(name: &str) -> Option<Slot> {
     }
     let n: usize = number.parse().ok()?;
     match kind {
-        "I" if (1..=NUM_DENSE).contains(&n) => Some(Slot::Int(n - 1)),
-        "C" if (1..=NUM_SPARSE).contains(&n) => Some(Slot::Cat(n - 1)),
+        "I" if (1..=criteo::DENSE).contains(&n) => Some(Slot::Int(n - 1)),
+        "C" if (1..=criteo::CATEGORICAL).contains(&n) => Some(Slot::Cat(n - 1)),
         _ => None,
     }
 }
@@ -58,14 +58,16 @@ pub fn parse_row<'a>(
     features: impl IntoIterator<Item = (&'a str, Value<'a>)>,
 ) -> Result<RawRow, String> {
     let mut row = RawRow::default();
-    let mut seen_ints = [false; NUM_DENSE];
-    let mut seen_cats = [false; NUM_SPARSE];
+    let mut seen_ints = [false; criteo::DENSE];
+    let mut seen_cats = [false; criteo::CATEGORICAL];
     for (name, value) in features {
         let bad = |what: String| Err(format!("row {index}: feature {name}: {what}"));
         match (slot(name), value) {
             (None, _) => {
                 return Err(format!(
-                    "row {index}: unknown feature `{name}` (the model takes I1..I{NUM_DENSE} and C1..C{NUM_SPARSE})"
+                    "row {index}: unknown feature `{name}` (the model takes I1..I{} and C1..C{})",
+                    criteo::DENSE,
+                    criteo::CATEGORICAL
                 ))
             }
             (Some(Slot::Int(i)), v) => {
@@ -95,11 +97,11 @@ pub fn parse_row<'a>(
             }
         }
     }
-    let missing: Vec<String> = (0..NUM_DENSE)
+    let missing: Vec<String> = (0..criteo::DENSE)
         .filter(|&i| !seen_ints[i])
         .map(|i| format!("I{}", i + 1))
         .chain(
-            (0..NUM_SPARSE)
+            (0..criteo::CATEGORICAL)
                 .filter(|&j| !seen_cats[j])
                 .map(|j| format!("C{}", j + 1)),
         )
@@ -223,10 +225,10 @@ mod tests {
 
     fn full_row() -> serde_json::Map<String, serde_json::Value> {
         let mut m = serde_json::Map::new();
-        for i in 1..=NUM_DENSE {
+        for i in 1..=criteo::DENSE {
             m.insert(format!("I{i}"), serde_json::json!(i as i64 * 10));
         }
-        for j in 1..=NUM_SPARSE {
+        for j in 1..=criteo::CATEGORICAL {
             m.insert(
                 format!("C{j}"),
                 serde_json::json!(format!("{:08x}", j * 17)),

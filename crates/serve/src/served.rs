@@ -211,7 +211,7 @@ impl Served {
         }
         let batch = match &cur.plan {
             None => {
-                let mut b = Batch::with_capacity(rows.len());
+                let mut b = elastrec_data::criteo::batch(rows.len());
                 for r in rows {
                     b.push_raw(r);
                 }
@@ -230,14 +230,18 @@ impl Served {
         self.predict_with(cur, &batch)
     }
 
-    /// `f` of the model served now and its named features (`None`: the Criteo layout);
-    /// `None` when no model is loaded. Predictions wait while `f` runs.
+    /// `f` of the model served now and where its inputs come from (its named features,
+    /// preprocessing graph or the Criteo preset); `None` when no model is loaded.
+    /// Predictions wait while `f` runs.
     pub fn with_model<R>(
         &self,
-        f: impl FnOnce(&Dlrm, Option<&elastrec_data::Schema>) -> R,
+        f: impl FnOnce(&Dlrm, elastrec_data::FeatureSource<'_>) -> R,
     ) -> Option<R> {
         let guard = self.current.read();
-        guard.as_ref().map(|c| f(&c.model, c.schema.as_deref()))
+        guard.as_ref().map(|c| {
+            let source = elastrec_data::FeatureSource::new(c.schema.as_deref(), c.plan.is_some());
+            f(&c.model, source)
+        })
     }
 
     /// The named features of the model served now; `None` for the Criteo features (or no
@@ -367,7 +371,7 @@ impl Served {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use elastrec_data::{NUM_DENSE, NUM_SPARSE};
+    use elastrec_data::criteo;
     use elastrec_job::config::JobConfig;
     use elastrec_worker::model_file::{self, ModelDelta};
 
@@ -376,7 +380,7 @@ mod tests {
     fn model(seed: u64) -> (Dlrm, JobConfig) {
         let mut job = JobConfig::default();
         job.model.seed = seed;
-        let m = Dlrm::new(&job, vec![ROWS; NUM_SPARSE]).unwrap();
+        let m = Dlrm::new(&job, vec![ROWS; criteo::CATEGORICAL]).unwrap();
         (m, job)
     }
 
@@ -391,7 +395,7 @@ mod tests {
         (0..5)
             .map(|i| {
                 let mut r = RawRow::default();
-                for (k, v) in r.ints.iter_mut().enumerate().take(NUM_DENSE) {
+                for (k, v) in r.ints.iter_mut().enumerate().take(criteo::DENSE) {
                     *v = (k % 3 != 0).then_some((i * 7 + k) as i64);
                 }
                 for (k, c) in r.cats.iter_mut().enumerate() {
@@ -404,7 +408,7 @@ mod tests {
 
     /// What `m` predicts for `rows`, computed as `elastrec eval` does.
     fn expected(m: &Dlrm, rows: &[RawRow]) -> Vec<f32> {
-        let mut b = Batch::with_capacity(rows.len());
+        let mut b = elastrec_data::criteo::batch(rows.len());
         rows.iter().for_each(|r| b.push_raw(r));
         let mut p = Vec::new();
         Predictor::new(m, rows.len())
@@ -426,13 +430,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut job = JobConfig::default();
         job.model.model_type = elastrec_job::config::ModelType::Mmoe;
-        let m = Dlrm::new(&job, vec![ROWS; NUM_SPARSE]).unwrap();
+        let m = Dlrm::new(&job, vec![ROWS; criteo::CATEGORICAL]).unwrap();
         assert_eq!(m.dense.tasks(), 2);
         let served = served_from(&exported(&m, &job, 3, dir.path()));
         let rows = rows();
         let (probs, tasks, checkpoint) = served.predict_tasks(&rows).unwrap();
         assert_eq!((tasks, checkpoint), (2, Some(3)));
-        let mut b = Batch::with_capacity(rows.len());
+        let mut b = elastrec_data::criteo::batch(rows.len());
         rows.iter().for_each(|r| b.push_raw(r));
         let mut want = Vec::new();
         Predictor::new(&m, rows.len())
@@ -453,9 +457,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut job = JobConfig::default();
         job.model.dynamic_embeddings = Some(Default::default());
-        let table_rows = vec![ROWS; NUM_SPARSE];
+        let table_rows = vec![ROWS; criteo::CATEGORICAL];
         let rows = rows();
-        let mut batch = Batch::with_capacity(rows.len());
+        let mut batch = elastrec_data::criteo::batch(rows.len());
         rows.iter().for_each(|r| batch.push_raw(r));
         // The keys of table 0 for the first two request rows.
         let probe = Dlrm::new(&job, table_rows.clone()).unwrap();
@@ -464,7 +468,7 @@ mod tests {
             .embeddings
             .ids_to_rows(&batch.sparse, &mut keys)
             .unwrap();
-        let (first, second) = (keys[0], keys[NUM_SPARSE]);
+        let (first, second) = (keys[0], keys[criteo::CATEGORICAL]);
         // Stores `keys` in table 0 of `m`, each at its current value plus `by`.
         let moved = |m: &mut Dlrm, keys: &[u64], by: f32| {
             let table = m.embeddings.table(0).unwrap();
@@ -504,7 +508,7 @@ mod tests {
 
         // Checkpoint 7: the job evicted the first key. The delta says so, and the served
         // model drops it (it reads as its initial value again, as in the job).
-        let mut newer = Dlrm::new(&job, vec![ROWS; NUM_SPARSE]).unwrap();
+        let mut newer = Dlrm::new(&job, vec![ROWS; criteo::CATEGORICAL]).unwrap();
         moved(&mut newer, &[second], 0.25);
         let new_bytes = exported(&new, &job, 5, dir.path());
         let prev = model_file::model_from_bytes(&new_bytes, Path::new("m")).unwrap();
@@ -522,7 +526,7 @@ mod tests {
         assert_eq!(served.predict(&rows).unwrap().0, expected(&newer, &rows));
         // Evicted keys of a table index the model does not have: refused as read.
         let mut bad = delta;
-        bad.header.evicted[0].table = NUM_SPARSE;
+        bad.header.evicted[0].table = criteo::CATEGORICAL;
         bad.header.from = 7;
         bad.header.to = 9;
         let path = dir.path().join("delta-7-9.bin");
@@ -619,7 +623,7 @@ mod tests {
         assert!(ModelDelta::between(&prev, &m, 3, 0)
             .unwrap_err()
             .contains("not older than 3"));
-        let other = Dlrm::new(&job, vec![ROWS + 1; NUM_SPARSE]).unwrap();
+        let other = Dlrm::new(&job, vec![ROWS + 1; criteo::CATEGORICAL]).unwrap();
         assert_eq!(
             ModelDelta::between(&prev, &other, 4, 0).unwrap_err(),
             "its model has another shape"

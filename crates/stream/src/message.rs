@@ -30,7 +30,7 @@
 //! trailing bytes); a sample with a bad label, or with another number of labels than the
 //! job's model has tasks, is rejected alone.
 
-use elastrec_data::{FieldError, RawRow, NUM_DENSE, NUM_SPARSE};
+use elastrec_data::{criteo, FieldError, RawRow};
 use serde::{Deserialize, Serialize};
 
 /// Magic bytes opening a binary batch message of one label per sample.
@@ -234,7 +234,7 @@ fn decode_batch(payload: &[u8], tasks: usize, out: &mut Vec<RawRow>) -> Vec<BadS
         let (Some(bits), Some(present)) = (c.u8(), c.u64()) else {
             return truncated(out);
         };
-        if present >> (NUM_DENSE + NUM_SPARSE) != 0 {
+        if present >> (criteo::DENSE + criteo::CATEGORICAL) != 0 {
             out.truncate(start);
             return frame(format!(
                 "sample {i}: presence mask {present:#x} has unknown bits"
@@ -255,7 +255,7 @@ fn decode_batch(payload: &[u8], tasks: usize, out: &mut Vec<RawRow>) -> Vec<BadS
             }
         }
         for (k, slot) in row.cats.iter_mut().enumerate() {
-            if present >> (NUM_DENSE + k) & 1 == 1 {
+            if present >> (criteo::DENSE + k) & 1 == 1 {
                 let Some(v) = c.u32() else {
                     return truncated(out);
                 };
@@ -324,7 +324,7 @@ pub fn encode(rows: &[RawRow], format: MessageFormat, out: &mut Vec<u8>) {
                     present |= u64::from(v.is_some()) << k;
                 }
                 for (k, v) in r.cats.iter().enumerate() {
-                    present |= u64::from(v.is_some()) << (NUM_DENSE + k);
+                    present |= u64::from(v.is_some()) << (criteo::DENSE + k);
                 }
                 out.extend_from_slice(&present.to_le_bytes());
                 for v in r.ints.iter().flatten() {
@@ -347,10 +347,10 @@ mod tests {
             label: (i % 2) as u8,
             ..RawRow::default()
         };
-        for k in 0..NUM_DENSE {
+        for k in 0..criteo::DENSE {
             r.ints[k] = (k as u32 != i % 13).then_some(i as i64 * 7 - k as i64);
         }
-        for k in 0..NUM_SPARSE {
+        for k in 0..criteo::CATEGORICAL {
             r.cats[k] = (k as u32 != i % 26).then_some(i.wrapping_mul(2654435761) ^ k as u32);
         }
         r

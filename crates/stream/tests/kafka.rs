@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use elastrec_data::{BadRowPolicy, Batch, BatchReader, DataError, RawRow, NUM_DENSE, NUM_SPARSE};
+use elastrec_data::{criteo, BadRowPolicy, Batch, BatchReader, DataError, RawRow};
 use elastrec_stream::tansu::Tansu;
 
 #[path = "support/secure_broker.rs"]
@@ -60,10 +60,10 @@ fn rows(n: u32) -> Vec<RawRow> {
                 label: u8::from(i % 3 == 0),
                 ..RawRow::default()
             };
-            for k in 0..NUM_DENSE {
+            for k in 0..criteo::DENSE {
                 r.ints[k] = Some(i as i64 + k as i64);
             }
-            for k in 0..NUM_SPARSE {
+            for k in 0..criteo::CATEGORICAL {
                 r.cats[k] = (k % 5 != 0).then_some(i ^ (k as u32) << 8);
             }
             r
@@ -105,7 +105,7 @@ fn read_all(
     batch: usize,
 ) -> (Vec<f32>, Vec<u64>) {
     let mut r = input.range(p, start, end, BadRowPolicy::Fail).unwrap();
-    let mut b = Batch::with_capacity(batch);
+    let mut b = Batch::default();
     let mut labels = Vec::new();
     let mut positions = Vec::new();
     loop {
@@ -201,7 +201,7 @@ fn kafka_bad_messages_are_skipped_and_counted_or_stop_at_their_offset() {
     let input = StreamInput::new(&conn, "test", MessageFormat::Tsv).unwrap();
 
     let mut r = input.range(&p, 0, 3, BadRowPolicy::Skip).unwrap();
-    let mut b = Batch::with_capacity(8);
+    let mut b = Batch::default();
     assert_eq!(r.next_batch(&mut b, 8).unwrap(), 2);
     assert_eq!(r.stats().rows_skipped, 1);
     assert!(
@@ -253,7 +253,7 @@ fn kafka_a_two_task_input_keeps_both_labels_and_skips_one_label_samples() {
         .unwrap()
         .with_tasks(2);
     let mut r = input.range(&p, 0, 3, BadRowPolicy::Skip).unwrap();
-    let mut b = Batch::with_capacity(16);
+    let mut b = Batch::default();
     assert_eq!(r.next_batch(&mut b, 16).unwrap(), 6);
     assert_eq!(b.tasks, 2);
     let want: Vec<f32> = two.iter().map(|r| f32::from(r.task_label(1))).collect();
@@ -296,7 +296,7 @@ fn kafka_a_range_whose_data_is_gone_fails_naming_the_offset() {
 
     let input = StreamInput::new(&conn, "test", MessageFormat::Tsv).unwrap();
     let mut r = input.range(&p, 5, 10, BadRowPolicy::Skip).unwrap();
-    let mut b = Batch::with_capacity(8);
+    let mut b = Batch::default();
     let err = r.next_batch(&mut b, 8).unwrap_err();
     let text = err.to_string();
     assert!(matches!(err, DataError::Stream { .. }), "{text}");
@@ -336,7 +336,7 @@ fn kafka_consecutive_ranges_of_a_partition_share_one_assignment() {
     // 80.. continues 70..80; left half-read, it leaves the consumer somewhere past its
     // position, so the range after it assigns anew.
     let mut r = input.range(&p, 80, 100, BadRowPolicy::Fail).unwrap();
-    let mut b = Batch::with_capacity(5);
+    let mut b = Batch::default();
     assert_eq!(r.next_batch(&mut b, 5).unwrap(), 5);
     drop(r);
     assert_eq!(input.assignments(), 2);

@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use elastrec_data::{Batch, GenSpec, OutputFormat, NUM_SPARSE};
+use elastrec_data::{criteo, Batch, GenSpec, OutputFormat};
 use elastrec_embedding::{capped_rows, CRITEO_KAGGLE_CARDINALITIES};
 use elastrec_job::config::{JobConfig, TableRows};
 use serde::Serialize;
@@ -231,14 +231,14 @@ pub fn prepare(opts: &BenchOptions) -> Result<BenchData> {
 
 /// Dense forward + backward + Adagrad on fixed embedding inputs: samples/s and FLOPs/sample.
 fn dense_only(job: &JobConfig, batches: &[Batch], opts: &BenchOptions) -> Result<(f64, u64)> {
-    let model = Dlrm::new(job, vec![1; NUM_SPARSE])?;
+    let model = Dlrm::new(job, vec![1; criteo::CATEGORICAL])?;
     let mut dense = model.dense;
     let mut opt = job
         .optimizer
         .dense
         .build_with_statistics(dense.num_params(), dense.statistic_ranges());
     let mut ws = dense.workspace(opts.batch_size);
-    let emb: Vec<f32> = (0..opts.batch_size * NUM_SPARSE * model.embeddings.dim())
+    let emb: Vec<f32> = (0..opts.batch_size * criteo::CATEGORICAL * model.embeddings.dim())
         .map(|i| ((i % 97) as f32 - 48.0) * 1e-3)
         .collect();
     let total = opts.steps + opts.warmup;

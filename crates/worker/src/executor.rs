@@ -82,7 +82,7 @@ fn read_chunk(reader: &mut dyn BatchReader, rows: usize) -> anyhow::Result<(Batc
     if let Some(pause) = slow_parse() {
         std::thread::sleep(pause);
     }
-    let mut batch = Batch::with_capacity(rows);
+    let mut batch = Batch::default();
     let mut stats = elastrec_data::ReadStats::default();
     let n = crate::executor_reader::read_counted(reader, &mut batch, rows, &mut stats)?;
     Ok((batch, n as u64 + stats.rows_skipped, stats.rows_skipped))
@@ -388,7 +388,7 @@ fn check_list(col: &ListColumn, n: usize, max_len: usize) -> anyhow::Result<()> 
 mod tests {
     use super::*;
     use crate::executor_reader::{ExecutorReader, Executors};
-    use elastrec_data::{BadRowPolicy, NUM_DENSE, NUM_SPARSE};
+    use elastrec_data::{criteo, BadRowPolicy};
     use elastrec_proto::executor::ListColumn;
 
     const TOKEN: &str = "executortesttoken";
@@ -403,14 +403,14 @@ mod tests {
         let mut text = String::new();
         for r in 0..rows {
             text += &format!("{}", r % 2);
-            for i in 0..NUM_DENSE {
+            for i in 0..criteo::DENSE {
                 if r == 6 && i == 3 {
                     text += "\tx";
                 } else {
                     text += &format!("\t{}", (r * 7 + i) % 50);
                 }
             }
-            for i in 0..NUM_SPARSE {
+            for i in 0..criteo::CATEGORICAL {
                 text += &format!("\t{:08x}", (r * 31 + i * 7) % 997);
             }
             text += "\n";
@@ -647,7 +647,7 @@ max_len = 5
             RowFormat::default(),
             0,
         );
-        let mut got = Batch::default();
+        let mut got = criteo::batch(0);
         let mut b = Batch::default();
         tokio::task::block_in_place(|| {
             for k in 0.. {
@@ -674,8 +674,8 @@ max_len = 5
     fn malformed_answers_are_refused() {
         let ok = ReadResponse {
             labels: vec![1.0; 2],
-            dense: vec![0.0; 2 * NUM_DENSE],
-            sparse: vec![0; 2 * NUM_SPARSE],
+            dense: vec![0.0; 2 * criteo::DENSE],
+            sparse: vec![0; 2 * criteo::CATEGORICAL],
             rows_consumed: 3,
             rows_skipped: 1,
             ..Default::default()
@@ -690,7 +690,7 @@ max_len = 5
             "past the range"
         );
         let short = ReadResponse {
-            dense: vec![0.0; NUM_DENSE],
+            dense: vec![0.0; criteo::DENSE],
             ..ok.clone()
         };
         assert!(check_response(&short, 2, 10, &criteo()).is_err());

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use elastrec_data::criteo;
 use elastrec_data::{BadRowPolicy, Batch, BatchReader, Jagged, ReadStats, Schema};
-use elastrec_data::{NUM_DENSE, NUM_SPARSE};
 use elastrec_job::config::JobConfig;
 use elastrec_preprocess::Plan;
 use elastrec_proto::executor::ReadRequest;
@@ -72,8 +72,8 @@ impl RowFormat {
                 list_max_lens: s.lists().map(|f| f.max_len()).collect(),
             },
             (None, None) => ReadLayout {
-                dense_width: NUM_DENSE,
-                sparse_width: NUM_SPARSE,
+                dense_width: criteo::DENSE,
+                sparse_width: criteo::CATEGORICAL,
                 list_max_lens: Vec::new(),
             },
         }

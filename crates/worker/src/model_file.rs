@@ -626,11 +626,11 @@ fn read_len(r: &mut Reader<'_>, what: &str) -> Result<usize, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use elastrec_data::NUM_SPARSE;
+    use elastrec_data::criteo;
 
     fn saved(dir: &Path) -> (Dlrm, std::path::PathBuf) {
         let job = JobConfig::default();
-        let model = Dlrm::new(&job, vec![16; NUM_SPARSE]).unwrap();
+        let model = Dlrm::new(&job, vec![16; criteo::CATEGORICAL]).unwrap();
         let path = dir.join("model.bin");
         save(&model, &job, &path).unwrap();
         (model, path)

@@ -170,7 +170,7 @@ pub(crate) fn open_split(
 
 #[cfg(test)]
 mod tests {
-    use elastrec_data::{Batch, NUM_DENSE, NUM_SPARSE};
+    use elastrec_data::{criteo, Batch};
     use elastrec_job::stream::StreamConfig;
     use elastrec_stream::PartitionId;
 
@@ -182,10 +182,10 @@ mod tests {
         let mut text = String::new();
         for r in 0..rows {
             text += &format!("{}", r % 2);
-            for i in 0..NUM_DENSE {
+            for i in 0..criteo::DENSE {
                 text += &format!("\t{}", (r + i) % 9);
             }
-            for i in 0..NUM_SPARSE {
+            for i in 0..criteo::CATEGORICAL {
                 text += &format!("\t{:08x}", r * 31 + i);
             }
             text += "\n";

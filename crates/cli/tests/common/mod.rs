@@ -704,7 +704,7 @@ pub fn request_rows(file: &Path, n: usize) -> (Vec<elastrec_data::RawRow>, Vec<u
 /// What the model file at `model` predicts for `rows`, computed in this process.
 pub fn file_predictions(model: &Path, rows: &[elastrec_data::RawRow]) -> Vec<f32> {
     let (m, _) = elastrec_worker::model_file::load(model).unwrap();
-    let mut b = elastrec_data::Batch::with_capacity(rows.len());
+    let mut b = elastrec_data::criteo::batch(rows.len());
     rows.iter().for_each(|r| b.push_raw(r));
     let mut p = Vec::new();
     elastrec_worker::Predictor::new(&m, rows.len())

@@ -7,7 +7,7 @@
 //! correlation between days `a` and `b` falls as `cos(θ_a − θ_b)`: with `R = 0.25`, day 4
 //! shares nothing with day 0. Each day's bias `b_d` is fitted for the same click rate.
 
-use crate::batch::NUM_SPARSE;
+use crate::criteo;
 use crate::raw::RawRow;
 
 use super::model::{bias_for_ctr, calibration_rows, Features, Teacher};
@@ -71,7 +71,7 @@ impl Drift {
         first: &Teacher,
         day: u32,
         row: &RawRow,
-        ranks: &[u32; NUM_SPARSE],
+        ranks: &[u32; criteo::CATEGORICAL],
     ) -> f64 {
         let m = self.days[day as usize];
         let mut logit = m.bias + m.first * first.signal(row, ranks);
@@ -95,7 +95,7 @@ mod tests {
         let (mut first_p, mut own_p, mut labels) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..20_000 {
             let mut row = RawRow::default();
-            let mut ranks = [0u32; NUM_SPARSE];
+            let mut ranks = [0u32; criteo::CATEGORICAL];
             features.sample(&mut rng, &mut row, &mut ranks);
             let p = sigmoid(drift.logit(first, day, &row, &ranks));
             labels.push(u8::from(rng.f64() < p));

@@ -29,7 +29,7 @@ mod rng;
 
 pub use model::CRITEO_KAGGLE_CARDINALITIES;
 
-use crate::batch::NUM_SPARSE;
+use crate::criteo;
 use crate::error::{DataError, Result};
 use crate::parquet_io::{ParquetOptions, ParquetWriter};
 use crate::raw::{RawBatch, RawRow};
@@ -308,13 +308,18 @@ impl Conversion {
         c
     }
 
-    fn signal(&self, click: &Teacher, row: &RawRow, ranks: &[u32; NUM_SPARSE]) -> f64 {
+    fn signal(&self, click: &Teacher, row: &RawRow, ranks: &[u32; criteo::CATEGORICAL]) -> f64 {
         let rho = CONVERSION_CORRELATION;
         rho * click.signal(row, ranks) + (1.0 - rho * rho).sqrt() * self.teacher.signal(row, ranks)
     }
 
     /// Probability that a click converts.
-    fn probability(&self, click: &Teacher, row: &RawRow, ranks: &[u32; NUM_SPARSE]) -> f64 {
+    fn probability(
+        &self,
+        click: &Teacher,
+        row: &RawRow,
+        ranks: &[u32; criteo::CATEGORICAL],
+    ) -> f64 {
         sigmoid(self.bias + self.signal(click, row, ranks))
     }
 }
@@ -336,7 +341,7 @@ impl World {
             self.seed ^ splitmix64(((job.day as u64) << 40) ^ job.index),
         ));
         let mut row = RawRow::default();
-        let mut ranks = [0u32; NUM_SPARSE];
+        let mut ranks = [0u32; criteo::CATEGORICAL];
         let mut payload = match self.format {
             OutputFormat::Tsv => Payload::Tsv(Vec::with_capacity(job.rows * 280)),
             OutputFormat::Parquet => Payload::Parquet(RawBatch::with_capacity(job.rows)),

@@ -2,32 +2,32 @@
 //! turns a row into a click probability ([`Teacher`]).
 
 use super::rng::{fmix32, splitmix64, unit, Rng};
-use crate::batch::{NUM_DENSE, NUM_SPARSE};
+use crate::criteo;
 use crate::raw::RawRow;
 
 /// Published per-feature cardinalities of the Criteo Kaggle (display advertising) data.
-pub const CRITEO_KAGGLE_CARDINALITIES: [u64; NUM_SPARSE] = [
+pub const CRITEO_KAGGLE_CARDINALITIES: [u64; criteo::CATEGORICAL] = [
     1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992,
     5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
 ];
 
 /// Missing rate of each integer feature (close to the real Criteo data).
-const INT_MISSING: [f64; NUM_DENSE] = [
+const INT_MISSING: [f64; criteo::DENSE] = [
     0.45, 0.001, 0.21, 0.22, 0.026, 0.22, 0.043, 0.0005, 0.043, 0.45, 0.043, 0.76, 0.22,
 ];
 /// Lomax scale of each integer feature (roughly its typical magnitude).
-const INT_SCALE: [f64; NUM_DENSE] = [
+const INT_SCALE: [f64; criteo::DENSE] = [
     1.5, 30.0, 8.0, 4.0, 3000.0, 60.0, 6.0, 10.0, 50.0, 0.4, 2.0, 0.3, 5.0,
 ];
 /// Lomax tail exponent of each integer feature (smaller = heavier tail).
-const INT_ALPHA: [f64; NUM_DENSE] = [
+const INT_ALPHA: [f64; criteo::DENSE] = [
     1.6, 1.1, 1.3, 2.0, 1.2, 1.3, 1.3, 2.0, 1.4, 3.0, 1.6, 1.5, 1.8,
 ];
 /// Largest generated integer.
 const INT_CAP: f64 = 1e8;
 /// Missing rate of each categorical feature (close to the real Criteo data; at least
 /// 0.05% so that every field is sometimes empty).
-const CAT_MISSING: [f64; NUM_SPARSE] = [
+const CAT_MISSING: [f64; criteo::CATEGORICAL] = [
     0.0005, 0.0005, 0.034, 0.034, 0.0005, 0.12, 0.0005, 0.0005, 0.0005, 0.0005, 0.0005, 0.034,
     0.0005, 0.0005, 0.0005, 0.034, 0.0005, 0.0005, 0.44, 0.44, 0.034, 0.76, 0.0005, 0.034, 0.44,
     0.44,
@@ -69,21 +69,21 @@ pub(crate) const MISSING_RANK: u32 = u32::MAX;
 /// only on `scale`).
 #[derive(Debug, Clone)]
 pub(crate) struct Features {
-    pub(crate) cards: [u64; NUM_SPARSE],
+    pub(crate) cards: [u64; criteo::CATEGORICAL],
     /// Inverse CDF of each categorical feature's rank distribution (`x >= 1`).
     zipf: Vec<Table>,
     /// Inverse CDF of each integer feature below [`INT_TABLE_MAX_U`], in units of the
     /// scale.
     lomax: Vec<Table>,
-    keys: [u32; NUM_SPARSE],
+    keys: [u32; criteo::CATEGORICAL],
 }
 
 impl Features {
     pub(crate) fn new(scale: f64) -> Self {
-        let mut cards = [0u64; NUM_SPARSE];
-        let mut zipf = Vec::with_capacity(NUM_SPARSE);
-        let mut keys = [0u32; NUM_SPARSE];
-        for f in 0..NUM_SPARSE {
+        let mut cards = [0u64; criteo::CATEGORICAL];
+        let mut zipf = Vec::with_capacity(criteo::CATEGORICAL);
+        let mut keys = [0u32; criteo::CATEGORICAL];
+        for f in 0..criteo::CATEGORICAL {
             let n = ((CRITEO_KAGGLE_CARDINALITIES[f] as f64 * scale).round() as u64).max(2);
             cards[f] = n;
             // Exponent in [1.05, 1.2], fixed per feature.
@@ -94,7 +94,7 @@ impl Features {
             zipf.push(Table::new(|u| (1.0 + u * a).powf(inv)));
             keys[f] = splitmix64(0x5EED_0000 + f as u64) as u32;
         }
-        let lomax = (0..NUM_DENSE)
+        let lomax = (0..criteo::DENSE)
             .map(|f| {
                 let alpha = INT_ALPHA[f];
                 Table::new(|t| (1.0 - t * INT_TABLE_MAX_U).powf(-1.0 / alpha) - 1.0)
@@ -135,7 +135,12 @@ impl Features {
 
     /// Samples one row's features; `ranks[f]` gets the rank (or [`MISSING_RANK`]).
     #[inline]
-    pub(crate) fn sample(&self, rng: &mut Rng, row: &mut RawRow, ranks: &mut [u32; NUM_SPARSE]) {
+    pub(crate) fn sample(
+        &self,
+        rng: &mut Rng,
+        row: &mut RawRow,
+        ranks: &mut [u32; criteo::CATEGORICAL],
+    ) {
         for (f, slot) in row.ints.iter_mut().enumerate() {
             let u = rng.f64();
             *slot = if u < INT_MISSING[f] {
@@ -150,7 +155,7 @@ impl Features {
                 }
             };
         }
-        for f in 0..NUM_SPARSE {
+        for f in 0..criteo::CATEGORICAL {
             let u = rng.f64();
             if u < CAT_MISSING[f] {
                 row.cats[f] = None;
@@ -179,14 +184,14 @@ pub(crate) const COMPONENTS: usize = 4;
 #[derive(Debug, Clone)]
 pub(crate) struct Teacher {
     key: u64,
-    dense_mean: [f64; NUM_DENSE],
-    dense_inv_std: [f64; NUM_DENSE],
-    w: [f64; NUM_DENSE],
-    a: [[f64; NUM_DENSE]; HIDDEN],
+    dense_mean: [f64; criteo::DENSE],
+    dense_inv_std: [f64; criteo::DENSE],
+    w: [f64; criteo::DENSE],
+    a: [[f64; criteo::DENSE]; HIDDEN],
     c: [f64; HIDDEN],
-    amp: [f64; NUM_SPARSE],
+    amp: [f64; criteo::CATEGORICAL],
     /// Ranks below about `r0` carry most of the per-id signal.
-    r0: [f64; NUM_SPARSE],
+    r0: [f64; criteo::CATEGORICAL],
     pub(crate) scales: [f64; COMPONENTS],
     pub(crate) bias: f64,
 }
@@ -208,13 +213,13 @@ impl Teacher {
         let amp = std::array::from_fn(|_| 0.3 + 0.7 * (g() * 0.5 + 0.5));
         Teacher {
             key: splitmix64(seed ^ 0x1D5_1D5),
-            dense_mean: [0.0; NUM_DENSE],
-            dense_inv_std: [1.0; NUM_DENSE],
+            dense_mean: [0.0; criteo::DENSE],
+            dense_inv_std: [1.0; criteo::DENSE],
             w,
             a,
             c,
             amp,
-            r0: [40.0; NUM_SPARSE],
+            r0: [40.0; criteo::CATEGORICAL],
             scales: [1.0; COMPONENTS],
             bias: 0.0,
         }
@@ -236,8 +241,12 @@ impl Teacher {
 
     /// Unscaled component values of a row.
     #[inline]
-    pub(crate) fn components(&self, row: &RawRow, ranks: &[u32; NUM_SPARSE]) -> [f64; COMPONENTS] {
-        let z: [f64; NUM_DENSE] = std::array::from_fn(|f| {
+    pub(crate) fn components(
+        &self,
+        row: &RawRow,
+        ranks: &[u32; criteo::CATEGORICAL],
+    ) -> [f64; COMPONENTS] {
+        let z: [f64; criteo::DENSE] = std::array::from_fn(|f| {
             let g = crate::raw::transform_dense_fast(row.ints[f].unwrap_or(0)) as f64;
             (g - self.dense_mean[f]) * self.dense_inv_std[f]
         });
@@ -266,13 +275,13 @@ impl Teacher {
 
     /// The teacher's logit for a row.
     #[inline]
-    pub(crate) fn logit(&self, row: &RawRow, ranks: &[u32; NUM_SPARSE]) -> f64 {
+    pub(crate) fn logit(&self, row: &RawRow, ranks: &[u32; criteo::CATEGORICAL]) -> f64 {
         self.bias + self.signal(row, ranks)
     }
 
     /// The logit without the bias: the scaled components.
     #[inline]
-    pub(crate) fn signal(&self, row: &RawRow, ranks: &[u32; NUM_SPARSE]) -> f64 {
+    pub(crate) fn signal(&self, row: &RawRow, ranks: &[u32; criteo::CATEGORICAL]) -> f64 {
         let c = self.components(row, ranks);
         c.iter().zip(&self.scales).map(|(c, s)| c * s).sum::<f64>()
     }
@@ -288,7 +297,7 @@ impl Teacher {
         ctr: f64,
     ) {
         let rows = calibration_rows(features, seed, n);
-        for f in 0..NUM_DENSE {
+        for f in 0..criteo::DENSE {
             let g: Vec<f64> = rows
                 .iter()
                 .map(|(r, _)| crate::raw::transform_dense_fast(r.ints[f].unwrap_or(0)) as f64)
@@ -321,12 +330,12 @@ pub(crate) fn calibration_rows(
     features: &Features,
     seed: u64,
     n: usize,
-) -> Vec<(RawRow, [u32; NUM_SPARSE])> {
+) -> Vec<(RawRow, [u32; criteo::CATEGORICAL])> {
     let mut rng = Rng::new(seed ^ 0xCA11_B8A7E);
     (0..n)
         .map(|_| {
             let mut row = RawRow::default();
-            let mut ranks = [0u32; NUM_SPARSE];
+            let mut ranks = [0u32; criteo::CATEGORICAL];
             features.sample(&mut rng, &mut row, &mut ranks);
             (row, ranks)
         })

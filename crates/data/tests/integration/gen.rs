@@ -4,8 +4,8 @@
 use elastrec_data::gen::{read_report, CRITEO_KAGGLE_CARDINALITIES};
 use elastrec_data::tsv::parse_line;
 use elastrec_data::{
-    count_rows, generate, generate_with_progress, read_all, BadRowPolicy, GenSpec, OutputFormat,
-    RawRow, NUM_SPARSE,
+    count_rows, criteo, generate, generate_with_progress, read_all, BadRowPolicy, GenSpec,
+    OutputFormat, RawRow,
 };
 use std::collections::HashSet;
 use std::path::Path;
@@ -83,8 +83,8 @@ fn report_and_statistics() {
     assert_eq!(report.cardinalities, expected);
 
     // Read the raw rows back and check the data's shape.
-    let mut distinct: Vec<HashSet<u32>> = vec![HashSet::new(); NUM_SPARSE];
-    let mut missing = [0u64; NUM_SPARSE];
+    let mut distinct: Vec<HashSet<u32>> = vec![HashSet::new(); criteo::CATEGORICAL];
+    let mut missing = [0u64; criteo::CATEGORICAL];
     let mut int_missing = [0u64; 13];
     let mut negatives = 0u64;
     let mut clicks = 0u64;
@@ -122,7 +122,7 @@ fn report_and_statistics() {
         }
     }
     assert_eq!(clicks as f64 / 100_000.0, report.click_rate);
-    for f in 0..NUM_SPARSE {
+    for f in 0..criteo::CATEGORICAL {
         assert!(
             distinct[f].len() as u64 <= expected[f],
             "C{} has {} ids > {}",

@@ -6,8 +6,8 @@ use arrow_array::UInt32Array;
 use arrow_array::{ArrayRef, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use elastrec_data::{
-    count_rows, open_reader_range, read_all, BadRowPolicy, DataError, ParquetOptions,
-    ParquetReader, ParquetWriter, NUM_DENSE, NUM_SPARSE,
+    count_rows, criteo, open_reader_range, read_all, BadRowPolicy, DataError, ParquetOptions,
+    ParquetReader, ParquetWriter,
 };
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader, ParquetMetaDataWriter};
@@ -31,20 +31,20 @@ fn columns_the_reader_does_not_need_are_not_decoded() {
     cols.push(Arc::new(Int32Array::from_iter_values(
         raw.labels.iter().map(|&l| l as i32),
     )));
-    for f in 0..NUM_DENSE {
+    for f in 0..criteo::DENSE {
         fields.push(Field::new(format!("I{}", f + 1), DataType::Int64, true));
         cols.push(Arc::new(Int64Array::from_iter(
-            (0..n).map(|r| raw.ints[r * NUM_DENSE + f]),
+            (0..n).map(|r| raw.ints[r * criteo::DENSE + f]),
         )));
     }
     fields.push(Field::new("weight", DataType::Float64, false));
     cols.push(Arc::new(Float64Array::from_iter_values(
         (0..n).map(|r| r as f64 * 0.5),
     )));
-    for f in 0..NUM_SPARSE {
+    for f in 0..criteo::CATEGORICAL {
         fields.push(Field::new(format!("C{}", f + 1), DataType::UInt32, true));
         cols.push(Arc::new(UInt32Array::from_iter(
-            (0..n).map(|r| raw.cats[r * NUM_SPARSE + f]),
+            (0..n).map(|r| raw.cats[r * criteo::CATEGORICAL + f]),
         )));
     }
     let schema = Arc::new(Schema::new(fields));

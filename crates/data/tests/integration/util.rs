@@ -1,7 +1,7 @@
 //! Shared helpers: deterministic random raw rows and file writers.
 
 use elastrec_data::tsv::write_row;
-use elastrec_data::{RawBatch, RawRow, NUM_DENSE, NUM_SPARSE};
+use elastrec_data::{criteo, RawBatch, RawRow};
 use std::io::Write;
 use std::path::Path;
 
@@ -27,7 +27,7 @@ pub fn random_rows(n: usize, seed: u64) -> RawBatch {
             label: (rng.next() % 2) as u8,
             ..RawRow::default()
         };
-        for f in 0..NUM_DENSE {
+        for f in 0..criteo::DENSE {
             r.ints[f] = match rng.next() % 10 {
                 0 => None,
                 1 => Some(-((rng.next() % 3) as i64)),
@@ -35,7 +35,7 @@ pub fn random_rows(n: usize, seed: u64) -> RawBatch {
                 _ => Some((rng.next() % 1000) as i64),
             };
         }
-        for f in 0..NUM_SPARSE {
+        for f in 0..criteo::CATEGORICAL {
             r.cats[f] = if rng.next().is_multiple_of(7) {
                 None
             } else {

@@ -23,7 +23,7 @@ pub mod proto;
 
 use std::path::{Path, PathBuf};
 
-use elastrec_data::{Pooling, Schema};
+use elastrec_data::{FeatureSource, Pooling};
 use elastrec_model::norm::{Norm, EPS};
 use elastrec_model::{Activation, InteractionKind, Mlp};
 use elastrec_worker::Dlrm;
@@ -76,14 +76,14 @@ seed = 0x656c617374726563 XOR table index) mod table rows; key of an integer id:
 text is a plain integer; of a null or missing id: 2^64 - 1. An empty list is one id, \
 the null key, with weight 1.";
 
-/// Writes `model` (its named features `schema`, if any) as an ONNX graph to `out`.
+/// Writes `model` (its inputs from `source`) as an ONNX graph to `out`.
 pub fn write(
     model: &Dlrm,
-    schema: Option<&Schema>,
+    source: FeatureSource<'_>,
     out: &Path,
     opts: OnnxOptions,
 ) -> Result<OnnxExport> {
-    let sig = Signature::of(model, schema)?;
+    let sig = Signature::of(model, source)?;
     let mut g = Graph::default();
     for p in params::dense_params(&model.dense) {
         g.constant_f32(&p.name, &p.shape, &p.values);

@@ -170,8 +170,8 @@ fn load_train_set(job: &JobConfig) -> Result<Vec<Batch>> {
             if (n as usize) < b.len() {
                 let n = n as usize;
                 b.labels.truncate(n);
-                b.dense.truncate(n * elastrec_data::NUM_DENSE);
-                b.sparse.truncate(n * elastrec_data::NUM_SPARSE);
+                b.dense.truncate(n * elastrec_data::criteo::DENSE);
+                b.sparse.truncate(n * elastrec_data::criteo::CATEGORICAL);
             }
             n > 0
         });

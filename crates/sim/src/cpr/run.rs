@@ -6,7 +6,7 @@ use elastrec_checkpoint::priority::{clear_counts, mfu_memory_bytes, select_mfu, 
 use elastrec_control::cpr::{
     expected_pls, overhead_full, overhead_partial, PlsTracker, RecoveryMode,
 };
-use elastrec_data::{Batch, NUM_SPARSE};
+use elastrec_data::{criteo, Batch};
 use elastrec_embedding::EmbeddingStore;
 use elastrec_worker::step::Predictor;
 use elastrec_worker::trainer::evaluate;
@@ -257,7 +257,7 @@ impl<'p> Run<'p> {
             col.extend(
                 rows.iter()
                     .skip(*t)
-                    .step_by(NUM_SPARSE)
+                    .step_by(criteo::CATEGORICAL)
                     .map(|&r| r as usize),
             );
             list.observe(&col);

@@ -54,9 +54,7 @@ impl ReadAhead {
             let mut skipped_before = reader.stats().rows_skipped;
             loop {
                 let rows = batch_rows();
-                let mut batch = spare_rx
-                    .try_recv()
-                    .unwrap_or_else(|_| Batch::with_capacity(rows));
+                let mut batch = spare_rx.try_recv().unwrap_or_else(|_| Batch::default());
                 let read = reader
                     .next_batch(&mut batch, rows)
                     .map_err(anyhow::Error::from)
@@ -107,7 +105,7 @@ impl ReadAhead {
             None => match self.thread.take() {
                 Some(thread) => match thread.await {
                     Ok(()) => Ok(ReadBatch {
-                        batch: Batch::with_capacity(0),
+                        batch: Batch::default(),
                         rows: 0,
                         consumed: 0,
                     }),

@@ -130,7 +130,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         // The master declares a node dead after `dead_after_ms` of silence; stop pushing
         // well before that so a worker it gave up on never trains reassigned samples.
         lease: job.cluster.lease(hb_ms),
-        batch: Batch::with_capacity(job.train.batch_size),
+        batch: Batch::default(),
         exit_after_push: fail_point_exit_after_push(id),
         slow_batch: fail_point_slow_batch(id),
         trace: RowTrace::open(id)?,

@@ -31,7 +31,7 @@ pub(super) fn read_batches(
 ) -> Result<()> {
     let (rows, tasks) = (job.train.batch_size, job.model.tasks());
     loop {
-        let mut b = Batch::with_capacity(rows);
+        let mut b = Batch::default();
         if reader.next_batch(&mut b, rows)? == 0 {
             return Ok(());
         }

@@ -127,7 +127,7 @@ impl Prefetcher {
         let batch_size = job.train.batch_size;
         for _ in 0..PREFETCH + 2 {
             let f = Fetched {
-                batch: Batch::with_capacity(batch_size),
+                batch: Batch::default(),
                 raw: RawColumns::default(),
                 ready: false,
             };
