@@ -242,20 +242,22 @@ impl Batch {
     }
 
     /// Appends the rows `range` of `other` to this batch (an empty batch takes `other`'s
-    /// task count).
+    /// layout: widths, task count and bag columns).
     ///
     /// # Panics
     /// If both hold rows and their task counts differ.
     pub fn extend_from(&mut self, other: &Batch, range: std::ops::Range<usize>) {
-        debug_assert!(
-            self.dense_width == other.dense_width && self.sparse_width == other.sparse_width
-        );
         if self.is_empty() {
             self.tasks = other.tasks;
+            self.dense_width = other.dense_width;
+            self.sparse_width = other.sparse_width;
             if self.bags.len() != other.bags.len() {
                 self.bags.resize_with(other.bags.len(), Jagged::default);
             }
         }
+        debug_assert!(
+            self.dense_width == other.dense_width && self.sparse_width == other.sparse_width
+        );
         assert_eq!(self.tasks, other.tasks, "rows of different task counts");
         let (d, s) = (other.dense_width, other.sparse_width);
         let x = other.tasks - 1;

@@ -382,10 +382,14 @@ pub fn read_all(path: &Path, policy: BadRowPolicy) -> Result<(Batch, ReadStats)>
 pub fn drain(reader: &mut dyn BatchReader) -> Result<(Batch, ReadStats)> {
     let mut all = Batch::default();
     let mut chunk = Batch::default();
-    while reader.next_batch(&mut chunk, 8192)? > 0 {
-        // The reader's widths (a preprocessing plan's may not be Criteo's).
+    loop {
+        let n = reader.next_batch(&mut chunk, 8192)?;
+        // The reader's layout, which it gives even a batch of no rows.
         if all.is_empty() {
             all.take_layout(&chunk);
+        }
+        if n == 0 {
+            break;
         }
         all.extend_from(&chunk, 0..chunk.len());
     }

@@ -31,6 +31,7 @@ fn ranges() -> Vec<(u64, u64)> {
 
 fn slice(full: &Batch, start: u64, end: u64) -> Batch {
     let mut b = Batch::default();
+    b.take_layout(full);
     b.extend_from(full, start as usize..end as usize);
     b
 }
