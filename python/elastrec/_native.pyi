@@ -22,7 +22,11 @@ class Model:
     def config(self) -> Dict[str, Any]:
         """The model's settings as its file records them."""
     def tables(self) -> Dict[str, npt.NDArray[np.float32]]:
-        """Every embedding table, ``[rows, width]`` (copies)."""
+        """Every embedding table, ``[rows, width]`` (copies). A dynamic table's rows are
+        the ones it stores, then one of zeros."""
+    def keys(self) -> Dict[str, npt.NDArray[np.uint64]]:
+        """The key of each stored row of every dynamic table, ``[stored]``, in the order
+        of ``tables()``' rows; empty for a model of hashed tables."""
     def weights(self) -> Dict[str, npt.NDArray[np.float32]]:
         """Every dense parameter, named and shaped as PyTorch's modules."""
     def predict(self, rows: Sequence[Dict[str, Any]]) -> npt.NDArray[np.float32]:

@@ -282,6 +282,78 @@ fn a_dlrm_rebuilt_from_the_safetensors_export_predicts_what_eval_predicts() {
     assert!(diff <= 1e-5, "the rebuilt DLRM differs from eval by {diff}");
 }
 
+/// Dynamic tables (collision-free keys) export their stored rows with their keys: the
+/// ONNX graph turns each id's key into its row, and on the rows it trained on (every id
+/// admitted, none evicted) ONNX Runtime predicts what `eval` predicts; the safetensors
+/// file holds each table's keys beside its rows.
+#[test]
+fn dynamic_tables_export_their_stored_rows_and_keys() {
+    if !python_imports("ONNXRUNTIME", "onnxruntime, safetensors, numpy") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    gen_data(&tmp.path().join("criteo"), 3_000, &[]);
+    let family = Family {
+        name: "dynamic",
+        data: Data::Criteo,
+        model: "table_rows = \"auto\"\n[model.dynamic_embeddings]\nadmit_count = 1",
+        sparse: "",
+        hist: "",
+    };
+    let (model, eval_file) = train(tmp.path(), &family);
+    let trained_on = eval_file.with_file_name("day_1.tsv");
+    let onnx = tmp.path().join("dynamic.onnx");
+    elastrec_ok(&[
+        "export",
+        "--model",
+        model.to_str().unwrap(),
+        "--format",
+        "onnx",
+        "--out",
+        onnx.to_str().unwrap(),
+    ]);
+    let (predictions, inputs) = eval_with_inputs(&model, &trained_on, tmp.path());
+    let got = python_json("onnx_predictions.py", &[&onnx, &inputs, &predictions]);
+    eprintln!("dynamic: {got}");
+    let rows = std::fs::read_to_string(&trained_on)
+        .unwrap()
+        .lines()
+        .count();
+    assert_eq!(got["rows"], rows, "{got}");
+    let diff = got["max_abs_diff"].as_f64().unwrap();
+    assert!(
+        diff <= 1e-5,
+        "ONNX Runtime differs from eval by {diff}: {got}"
+    );
+    let mean = got["mean_probability"].as_f64().unwrap();
+    assert!(mean > 0.01 && mean < 0.99, "{got}");
+
+    let tensors = tmp.path().join("dynamic.safetensors");
+    elastrec_ok(&[
+        "export",
+        "--model",
+        model.to_str().unwrap(),
+        "--format",
+        "safetensors",
+        "--out",
+        tensors.to_str().unwrap(),
+    ]);
+    let tables = python_json("safetensors_keys.py", &[&tensors]);
+    let tables = tables.as_object().unwrap();
+    assert_eq!(tables.len(), 26, "{tables:?}");
+    for (name, t) in tables {
+        assert_eq!(t["dtype"], "uint64", "{name}: {t}");
+        assert_eq!(
+            t["rows"].as_u64(),
+            t["keys"].as_u64().map(|k| k + 1),
+            "{name}: {t}"
+        );
+        assert!(t["keys"].as_u64().unwrap() > 0, "{name}: {t}");
+        assert_eq!(t["distinct"], true, "{name}: {t}");
+        assert_eq!(t["last_row_zero"], true, "{name}: {t}");
+    }
+}
+
 #[test]
 fn exports_that_cannot_be_written_say_why() {
     let tmp = tempfile::tempdir().unwrap();
@@ -311,34 +383,6 @@ fn exports_that_cannot_be_written_say_why() {
     ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--format onnx or safetensors"));
-    // Dynamic tables have no row array: refused, saying so.
-    let family = Family {
-        name: "dynamic",
-        data: Data::Criteo,
-        model: "table_rows = \"auto\"\n[model.dynamic_embeddings]\nadmit_count = 1",
-        sparse: "",
-        hist: "",
-    };
-    let data = tmp.path().join("criteo");
-    gen_data(&data, 3_000, &[]);
-    let (model, _) = train(tmp.path(), &family);
-    for format in ["onnx", "safetensors"] {
-        let out = elastrec(&[
-            "export",
-            "--model",
-            model.to_str().unwrap(),
-            "--format",
-            format,
-            "--out",
-            tmp.path().join("dynamic.out").to_str().unwrap(),
-        ]);
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            err.contains("dynamic") && err.contains("hashed tables"),
-            "{err}"
-        );
-    }
     // Neither a model nor a checkpoint.
     let out = elastrec(&["export", "--format", "onnx", "--out", "m.onnx"]);
     assert!(!out.status.success());

@@ -61,10 +61,9 @@ impl Inputs {
             )));
         }
         self.dense.extend_from_slice(&batch.dense);
-        let row = |table: usize, key: u64| {
-            let rows = sig.tables[table].rows;
-            row_of(table, key, rows) as i64
-        };
+        // A hashed table's row, or a dynamic table's key (its bits, as ONNX has no
+        // unsigned 64-bit lookups).
+        let row = |table: usize, key: u64| row_of(table, key, sig.tables[table].key_space()) as i64;
         for ids in batch.sparse.chunks_exact(batch.sparse_width.max(1)) {
             for (slot, &id) in sig.singles.iter().zip(ids) {
                 self.sparse_rows.push(row(slot.table, id));

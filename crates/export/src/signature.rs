@@ -70,8 +70,41 @@ pub struct List {
 pub struct TableInfo {
     /// Its name.
     pub name: String,
-    /// Its rows: ids hash into `0..rows`.
+    /// Its rows: a hashed table's ids hash into `0..rows`; a dynamic table's are the rows
+    /// it stores and one of zeros after them, for keys it never admitted.
     pub rows: u64,
+    /// A dynamic table (`model.dynamic_embeddings`): its inputs hold each id's 64-bit key
+    /// instead of a row, and the graph finds the key's row (ONNX-ML `LabelEncoder`); the
+    /// safetensors export has the keys as `embedding.<name>.keys`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub dynamic: bool,
+}
+
+impl TableInfo {
+    /// The space an id's key is hashed over: a hashed table's rows, or a dynamic
+    /// table's whole key space.
+    pub fn key_space(&self) -> u64 {
+        if self.dynamic {
+            elastrec_embedding::DYNAMIC_KEY_SPACE
+        } else {
+            self.rows
+        }
+    }
+}
+
+/// Table `t` of `model`, named `name`.
+fn table_info(model: &Dlrm, t: usize, name: String) -> Result<TableInfo> {
+    let table = model.embeddings.table(t)?;
+    let dynamic = table.is_dynamic();
+    Ok(TableInfo {
+        name,
+        rows: if dynamic {
+            table.local_rows() as u64 + 1
+        } else {
+            model.embeddings.config().rows[t]
+        },
+        dynamic,
+    })
 }
 
 impl Signature {
@@ -85,14 +118,6 @@ impl Signature {
 
     /// The signature of `model`, whose inputs come from `source`.
     pub fn of(model: &Dlrm, source: FeatureSource<'_>) -> Result<Self> {
-        if model.embeddings.config().dynamic.is_some() {
-            return Err(ExportError::Unsupported(
-                "the model's tables are dynamic (model.dynamic_embeddings): their keys span \
-                 2^64, so they have no row array to export; train with hashed tables to \
-                 export this model"
-                    .into(),
-            ));
-        }
         let rows = &model.embeddings.config().rows;
         let nd = model.dense.config().num_dense();
         let slots = model.tables();
@@ -111,20 +136,20 @@ impl Signature {
                 )));
             }
             FeatureSource::Criteo => {
-                return Ok(Self::unnamed(
-                    rows,
+                return Self::unnamed(
+                    model,
                     (0..nd).map(criteo::dense_name),
                     "log1p",
                     (0..slots).map(criteo::categorical_name),
-                ))
+                )
             }
             FeatureSource::Plan => {
-                return Ok(Self::unnamed(
-                    rows,
+                return Self::unnamed(
+                    model,
                     (0..nd).map(|i| format!("dense_{i}")),
                     "preprocess",
                     (0..slots).map(|i| format!("sparse_{i}")),
-                ))
+                )
             }
         };
         let table_names = schema.table_names();
@@ -174,12 +199,9 @@ impl Signature {
                 .collect(),
             tables: table_names
                 .iter()
-                .zip(rows)
-                .map(|(name, &rows)| TableInfo {
-                    name: name.to_string(),
-                    rows,
-                })
-                .collect(),
+                .enumerate()
+                .map(|(t, name)| table_info(model, t, name.to_string()))
+                .collect::<Result<_>>()?,
         })
     }
 
@@ -206,13 +228,13 @@ impl Signature {
     /// The signature of a model whose columns have no names of their own (the Criteo
     /// preset's or a preprocessing graph's): one table per single-id slot.
     fn unnamed(
-        rows: &[u64],
+        model: &Dlrm,
         dense: impl Iterator<Item = String>,
         transform: &'static str,
         singles: impl Iterator<Item = String>,
-    ) -> Self {
+    ) -> Result<Self> {
         let names: Vec<String> = singles.collect();
-        Self {
+        Ok(Self {
             dense: dense
                 .map(|feature| DenseColumn {
                     feature,
@@ -232,10 +254,10 @@ impl Signature {
             lists: Vec::new(),
             tables: names
                 .into_iter()
-                .zip(rows)
-                .map(|(name, &rows)| TableInfo { name, rows })
-                .collect(),
-        }
+                .enumerate()
+                .map(|(t, name)| table_info(model, t, name))
+                .collect::<Result<_>>()?,
+        })
     }
 }
 

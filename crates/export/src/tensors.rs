@@ -3,7 +3,9 @@
 //! `safetensors.numpy`) opens without elastrec.
 //!
 //! Tables are `embedding.<table>` `[rows, dim]` and, for a model with a first-order
-//! term, `first_order.<table>` `[rows]`; the dense parameters are named as in
+//! term, `first_order.<table>` `[rows]`. A dynamic table's rows are the ones it stores,
+//! then one of zeros (for keys it never admitted), and `embedding.<table>.keys`
+//! `[stored]` (uint64) holds each stored row's key. The dense parameters are named as in
 //! [`crate::params`]. The file's metadata holds the model's settings (`elastrec.model`),
 //! its inputs (`elastrec.signature`) and the hashing of ids into rows (`elastrec.rows`).
 
@@ -34,8 +36,12 @@ pub fn write(model: &Dlrm, source: FeatureSource<'_>, path: &Path) -> Result<Ten
     let c = model.dense.config();
     let (d, width) = (c.embedding_dim, model.embeddings.dim());
     let mut arrays: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+    let mut keys: Vec<(String, Vec<u64>)> = Vec::new();
     for (t, info) in sig.tables.iter().enumerate() {
         let rows = crate::tables::table_rows(model, t)?;
+        if let Some(k) = crate::tables::table_keys(model, t)? {
+            keys.push((format!("embedding.{}.keys", info.name), k));
+        }
         let n = info.rows as usize;
         if c.first_order {
             let mut vectors = Vec::with_capacity(n * d);
@@ -63,6 +69,14 @@ pub fn write(model: &Dlrm, source: FeatureSource<'_>, path: &Path) -> Result<Ten
                 bytemuck::cast_slice(values),
             )
         })
+        .chain(keys.iter().map(|(name, k)| {
+            (
+                name.clone(),
+                Dtype::U64,
+                vec![k.len()],
+                bytemuck::cast_slice(k),
+            )
+        }))
         .collect();
     let meta = HashMap::from([
         ("format".to_string(), "elastrec".to_string()),

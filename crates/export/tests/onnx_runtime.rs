@@ -39,9 +39,19 @@ fn check(name: &str, job: &JobConfig) {
     if !elastrec_common::skip::python_imports("ONNXRUNTIME", "onnxruntime, safetensors, numpy") {
         return;
     }
-    let model = Dlrm::new(job, vec![5000; 26]).unwrap();
+    let mut model = Dlrm::new(job, vec![5000; 26]).unwrap();
     let tasks = model.dense.tasks();
     let b = batch(tasks);
+    if model.embeddings.config().dynamic.is_some() {
+        // Every id of the rows gets a slot, as its first update gives it: a zero gradient
+        // admits it and leaves its initial value.
+        let zeros = vec![0.0; b.sparse.len() * model.embeddings.dim()];
+        let mut scratch = elastrec_embedding::UpdateScratch::new();
+        model
+            .embeddings
+            .apply_gradients(&b.sparse, &zeros, &mut scratch)
+            .unwrap();
+    }
     let mut want = Vec::new();
     Predictor::new(&model, ROWS)
         .predict_tasks(&model, &b, &mut want)
@@ -130,4 +140,13 @@ fn a_three_task_head_with_batch_norms_matches_on_every_task() {
         ..MmoeSettings::default()
     });
     check("mmoe", &job);
+}
+
+/// Dynamic tables (collision-free keys): the graph reads each id's 64-bit key and finds
+/// its stored row with ONNX-ML's `LabelEncoder`, then computes what elastrec computes.
+#[test]
+fn dynamic_tables_find_their_keys_rows_in_onnx_as_in_elastrec() {
+    let mut job = small();
+    job.model.dynamic_embeddings = Some(elastrec_embedding::DynamicConfig::default());
+    check("dynamic", &job);
 }

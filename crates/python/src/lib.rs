@@ -89,7 +89,9 @@ impl Model {
 
     /// Every embedding table, `{name: float32 array [rows, width]}` (width: the
     /// embedding dimension, plus the first-order weight when the model has one). Copies:
-    /// a stored row keeps its optimizer state beside it, so no table is one array.
+    /// a stored row keeps its optimizer state beside it, so no table is one array. A
+    /// dynamic table gives the rows it stores, then one of zeros ([`Model::keys`] gives
+    /// the stored rows' keys).
     fn tables<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let arrays = self
             .served
@@ -113,6 +115,31 @@ impl Model {
         for (name, values, width) in arrays {
             let rows = values.len() / width.max(1);
             out.set_item(name, array(py, values, &[rows, width])?)?;
+        }
+        Ok(out)
+    }
+
+    /// The key of each stored row of every dynamic table, `{name: uint64 array
+    /// [stored]}`, in the order of [`Model::tables`]' rows; empty for hashed tables.
+    fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let all = self
+            .served
+            .with_model(|m, source| -> Result<Vec<(String, Vec<u64>)>, String> {
+                let sig = Signature::of(m, source).map_err(|e| e.to_string())?;
+                let mut out = Vec::new();
+                for (t, info) in sig.tables.iter().enumerate() {
+                    if let Some(keys) = tables::table_keys(m, t).map_err(|e| e.to_string())? {
+                        out.push((info.name.clone(), keys));
+                    }
+                }
+                Ok(out)
+            })
+            .ok_or_else(|| runtime("no model"))?
+            .map_err(runtime)?;
+        let out = PyDict::new(py);
+        for (name, keys) in all {
+            let n = keys.len();
+            out.set_item(name, array(py, keys, &[n])?)?;
         }
         Ok(out)
     }

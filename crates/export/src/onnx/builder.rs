@@ -14,7 +14,14 @@ pub struct Graph {
     inputs: Vec<ValueInfoProto>,
     outputs: Vec<ValueInfoProto>,
     next: usize,
+    uses_ml: bool,
 }
+
+/// The operator set of ONNX's classical-ML operators.
+pub const ML_DOMAIN: &str = "ai.onnx.ml";
+/// The version of [`ML_DOMAIN`] the graph is written against (`LabelEncoder` with int64
+/// keys and values).
+pub const ML_OPSET: i64 = 2;
 
 /// A dimension of a graph input or output: fixed, or named (the batch).
 #[derive(Clone, Debug)]
@@ -100,8 +107,34 @@ impl Graph {
             name: format!("{op_type}_{}", self.nodes.len()),
             op_type: op_type.to_string(),
             attribute: attrs,
+            domain: String::new(),
         });
         output
+    }
+
+    /// `keys[i] -> i` for each element of `x` (int64), `default` for any other value:
+    /// ONNX-ML's `LabelEncoder` (operator set `ai.onnx.ml` 2), a hash map in ONNX Runtime.
+    pub fn key_to_index(&mut self, x: &str, keys: &[i64], default: i64) -> String {
+        let values: Vec<i64> = (0..keys.len() as i64).collect();
+        let out = self.op(
+            "LabelEncoder",
+            &[x],
+            vec![
+                ints("keys_int64s", keys),
+                ints("values_int64s", &values),
+                int("default_int64", default),
+            ],
+            None,
+        );
+        let node = self.nodes.last_mut().expect("just added");
+        node.domain = ML_DOMAIN.to_string();
+        self.uses_ml = true;
+        out
+    }
+
+    /// Whether an operator of [`ML_DOMAIN`] is in the graph (the model must import it).
+    pub fn uses_ml(&self) -> bool {
+        self.uses_ml
     }
 
     /// `a @ b` (batched when either has more than two dimensions).

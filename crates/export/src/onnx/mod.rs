@@ -7,7 +7,11 @@
 //! and `<name>_weights` `[batch, max_len]` (its ids' rows, and their weights: 1 each
 //! without a weight column, 0 on padding). Turning raw ids into rows is a hash ONNX has no
 //! operator for, so it stays outside, written down in the side file `<out>.json` and in
-//! the model's metadata (`elastrec.signature`, `elastrec.rows`).
+//! the model's metadata (`elastrec.signature`, `elastrec.rows`). A dynamic table's inputs
+//! are 64-bit keys instead, which the graph turns into its rows with ONNX-ML's
+//! `LabelEncoder` (operator set `ai.onnx.ml` 2, in ONNX Runtime's default build); a key the
+//! table never admitted reads a row of zeros, where elastrec reads the key's seeded
+//! initial value (at most the table's init bound, `1/sqrt(rows)`, in each coordinate).
 //!
 //! Inside: the embedding lookups are `Gather`s of the tables (constants `embedding.<t>`),
 //! a bag is the `ReduceSum` of its rows scaled by its pooling's weights (a history pooled
@@ -74,7 +78,9 @@ pub const ROWS_RULE: &str = "row = xxh3_64_with_seed(key as 8 little-endian byte
 seed = 0x656c617374726563 XOR table index) mod table rows; key of an integer id: its \
 64-bit two's complement; of a string: xxh3_64(UTF-8 bytes) >> 1, or the integer when the \
 text is a plain integer; of a null or missing id: 2^64 - 1. An empty list is one id, \
-the null key, with weight 1.";
+the null key, with weight 1. A dynamic table's input (\"dynamic\": true) is the same hash \
+mod 2^64 - 1 instead, as int64 bits; the graph finds its row, and a key the table never \
+admitted reads zeros.";
 
 /// Writes `model` (its inputs from `source`) as an ONNX graph to `out`.
 pub fn write(
@@ -89,7 +95,10 @@ pub fn write(
         g.constant_f32(&p.name, &p.shape, &p.values);
     }
     let data = add_tables(&mut g, model, &sig, out, opts)?;
-    let logits = model_graph(&mut g, model, &sig);
+    let keys = (0..sig.tables.len())
+        .map(|t| crate::tables::table_keys(model, t))
+        .collect::<Result<Vec<_>>>()?;
+    let logits = model_graph(&mut g, model, &sig, &keys);
     let tasks = model.dense.tasks();
     let batch = [Dim::Named("batch"), Dim::Fixed(tasks)];
     g.output(
@@ -107,6 +116,16 @@ pub fn write(
         &batch,
         "each task's predicted probability (task 0: the click)",
     );
+    let mut opset_import = vec![OperatorSetIdProto {
+        domain: String::new(),
+        version: OPSET,
+    }];
+    if g.uses_ml() {
+        opset_import.push(OperatorSetIdProto {
+            domain: builder::ML_DOMAIN.into(),
+            version: builder::ML_OPSET,
+        });
+    }
     let graph = g.finish("elastrec", "an elastrec model (docs/serving.md, \"ONNX\")");
     let nodes = graph.node.len();
     let signature_json = serde_json::to_string_pretty(&sig).expect("plain data");
@@ -116,10 +135,7 @@ pub fn write(
         producer_version: env!("CARGO_PKG_VERSION").into(),
         doc_string: "A recommendation model trained by elastrec.".into(),
         graph: Some(graph),
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: OPSET,
-        }],
+        opset_import,
         metadata_props: vec![
             entry("elastrec.signature", &signature_json),
             entry("elastrec.rows", ROWS_RULE),
@@ -233,7 +249,8 @@ pub fn table_constant(name: &str) -> String {
 }
 
 /// Declares the inputs and builds the model; returns the logits `[batch, tasks]`.
-fn model_graph(g: &mut Graph, model: &Dlrm, sig: &Signature) -> String {
+/// `keys`: each dynamic table's stored keys, in its rows' order.
+fn model_graph(g: &mut Graph, model: &Dlrm, sig: &Signature, keys: &[Option<Vec<u64>>]) -> String {
     let c = model.dense.config();
     let (nd, d) = (c.num_dense(), c.embedding_dim);
     let batch = Dim::Named("batch");
@@ -249,7 +266,7 @@ fn model_graph(g: &mut Graph, model: &Dlrm, sig: &Signature) -> String {
         let centred = g.sub(&dense, "dense.shift");
         g.mul(&centred, "dense.scale")
     };
-    let emb = embeddings(g, model, sig);
+    let emb = embeddings(g, model, sig, keys);
     // The interaction and the FM term read the rows without their first-order weights.
     let emb_d = if c.first_order {
         g.slice(&emb, 2, 0, d)
@@ -328,7 +345,20 @@ fn model_graph(g: &mut Graph, model: &Dlrm, sig: &Signature) -> String {
 
 /// The embedding slots `[batch, slots, width]`: single ids, then pooled lists (a
 /// history pooled by target attention, by its unit).
-fn embeddings(g: &mut Graph, model: &Dlrm, sig: &Signature) -> String {
+fn embeddings(g: &mut Graph, model: &Dlrm, sig: &Signature, keys: &[Option<Vec<u64>>]) -> String {
+    // A table's rows of the inputs' rows (a dynamic table's: of its keys).
+    let lookup = |g: &mut Graph, t: usize, rows: &str| {
+        let table = table_constant(&sig.tables[t].name);
+        match &keys[t] {
+            None => g.gather(&table, rows, 0),
+            Some(keys) => {
+                let keys: Vec<i64> = keys.iter().map(|&k| k as i64).collect();
+                let unknown = keys.len() as i64;
+                let index = g.key_to_index(rows, &keys, unknown);
+                g.gather(&table, &index, 0)
+            }
+        }
+    };
     let batch = Dim::Named("batch");
     let mut slots = Vec::new();
     if !sig.singles.is_empty() {
@@ -341,8 +371,7 @@ fn embeddings(g: &mut Graph, model: &Dlrm, sig: &Signature) -> String {
         for (s, slot) in sig.singles.iter().enumerate() {
             let col = g.constant_i64("slot", &[1], &[s as i64]);
             let idx = g.gather(&rows, &col, 1);
-            let table = table_constant(&sig.tables[slot.table].name);
-            slots.push(g.gather(&table, &idx, 0));
+            slots.push(lookup(g, slot.table, &idx));
         }
     }
     for (b, list) in sig.lists.iter().enumerate() {
@@ -359,8 +388,7 @@ fn embeddings(g: &mut Graph, model: &Dlrm, sig: &Signature) -> String {
             &dims,
             "each id's weight (1 without a weight column), 0 on padding",
         );
-        let table = table_constant(&sig.tables[list.table].name);
-        let vectors = g.gather(&table, &rows, 0);
+        let vectors = lookup(g, list.table, &rows);
         let slot = sig.singles.len() + b;
         let unit = model
             .dense

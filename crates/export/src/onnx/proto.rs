@@ -70,6 +70,10 @@ pub struct NodeProto {
     pub op_type: String,
     #[prost(message, repeated, tag = "5")]
     pub attribute: Vec<AttributeProto>,
+    /// The operator set the operator is from: empty for ONNX's own, `ai.onnx.ml` for
+    /// the classical-ML operators.
+    #[prost(string, tag = "7")]
+    pub domain: String,
 }
 
 /// An operator's attribute: one of a float, an integer, a list of integers.
