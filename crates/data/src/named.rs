@@ -63,13 +63,100 @@ struct Staged {
     lists: Vec<Jagged>,
     /// The first bad value of each row.
     errs: Vec<Option<(String, FieldError)>>,
-    /// A list column's decoded items (reused).
-    items: Vec<u64>,
+    /// Each id column's keys (a list column's: its items'), decoded once per Arrow
+    /// batch however many features read the column.
+    keys: DecodedKeys,
     weights: Vec<f32>,
     /// The features' own chains, and a column's numbers on their way through one.
     chains: Chains,
     numbers: Vec<f64>,
     floats: Vec<f32>,
+}
+
+/// The keys of the id columns of one Arrow batch: hashing a string column's ids is most
+/// of a reader's cost, and several features may read one column (a history and its
+/// n-grams, an id hashed two ways). A column that several features read is decoded once
+/// per batch and kept for the others; any other is decoded into one reused buffer, which
+/// stays in cache. Buffers are kept across batches.
+#[derive(Debug, Default)]
+struct DecodedKeys {
+    /// The columns that more than one id feature reads.
+    shared: Vec<usize>,
+    /// `(column, its keys)` of shared columns; the first `used` entries hold this batch's.
+    columns: Vec<(usize, Vec<u64>)>,
+    used: usize,
+    /// The keys of the column decoded last, when it is read by one feature only.
+    scratch: Vec<u64>,
+}
+
+impl DecodedKeys {
+    /// Keys for the id columns `c` addresses (single ids and lists).
+    fn new(c: &Columns) -> Self {
+        let mut ids: Vec<usize> = c
+            .cats
+            .iter()
+            .copied()
+            .chain(c.lists.iter().map(|l| l.0))
+            .collect();
+        ids.sort_unstable();
+        let mut shared: Vec<usize> = ids
+            .windows(2)
+            .filter(|w| w[0] == w[1])
+            .map(|w| w[0])
+            .collect();
+        shared.dedup();
+        Self {
+            shared,
+            ..Self::default()
+        }
+    }
+
+    /// Whether several features read column `index`.
+    fn is_shared(&self, index: usize) -> bool {
+        self.shared.contains(&index)
+    }
+
+    /// Forgets the previous batch's keys, keeping their buffers.
+    fn clear(&mut self) {
+        self.used = 0;
+    }
+
+    /// The keys of column `index` (whose values are `values`: the column itself, or a
+    /// list column's items): a shared column's decoded on its first call of this batch.
+    fn of(&mut self, index: usize, values: &ArrayRef) -> &[u64] {
+        if !self.is_shared(index) {
+            keys(values, &mut self.scratch);
+            return &self.scratch;
+        }
+        let found = self.columns[..self.used]
+            .iter()
+            .position(|(c, _)| *c == index);
+        let slot = match found {
+            Some(slot) => slot,
+            None => {
+                if self.used == self.columns.len() {
+                    self.columns.push((index, Vec::new()));
+                }
+                let slot = self.used;
+                self.used += 1;
+                let (c, out) = &mut self.columns[slot];
+                *c = index;
+                keys(values, out);
+                slot
+            }
+        };
+        &self.columns[slot].1
+    }
+
+    /// Column `index`'s keys into `dst`: decoded straight into it unless shared.
+    fn copy(&mut self, index: usize, col: &ArrayRef, dst: &mut Vec<u64>) {
+        if self.is_shared(index) {
+            dst.clear();
+            dst.extend_from_slice(self.of(index, col));
+        } else {
+            keys(col, dst);
+        }
+    }
 }
 
 /// Reads a Parquet file's rows through a [`Schema`].
@@ -270,15 +357,17 @@ impl NamedParquetReader {
             columns = Some(decoded);
             Ok(wanted)
         })?;
+        let columns = columns.expect("set when the file opened");
         Ok(Self {
             path: path.to_path_buf(),
             schema,
             inner: opened.inner,
-            columns: columns.expect("set when the file opened"),
             staged: Staged {
                 chains,
+                keys: DecodedKeys::new(&columns),
                 ..Staged::default()
             },
+            columns,
             cursor: 0,
             next_row: opened.next_row,
             policy,
@@ -390,6 +479,7 @@ impl Staged {
     fn fill(&mut self, b: &RecordBatch, schema: &Schema, c: &Columns, stats: &mut ReadStats) {
         let n = b.num_rows();
         self.rows = n;
+        self.keys.clear();
         self.errs.clear();
         self.errs.resize(n, None);
         let errs = &mut self.errs;
@@ -449,8 +539,8 @@ impl Staged {
             }
         }
         self.cats.resize_with(c.cats.len(), Vec::new);
-        for ((dst, &col), chain) in self.cats.iter_mut().zip(&c.cats).zip(&self.chains.cats) {
-            let col = b.column(col);
+        for ((dst, &c_col), chain) in self.cats.iter_mut().zip(&c.cats).zip(&self.chains.cats) {
+            let col = b.column(c_col);
             match chain {
                 Some(chain) if chain.reads_numbers() => {
                     numbers(col, &mut self.floats);
@@ -460,24 +550,25 @@ impl Staged {
                     chain.numbers_to_ids(nums, dst);
                 }
                 Some(chain) => {
-                    keys(col, dst);
+                    self.keys.copy(c_col, col, dst);
                     chain.ids(dst);
                 }
-                None => keys(col, dst),
+                None => self.keys.copy(c_col, col, dst),
             }
         }
         self.lists.resize_with(c.lists.len(), Jagged::default);
         let lists = self.lists.iter_mut().zip(&c.lists).zip(schema.lists());
         for (((dst, &(col, weights)), f), chain) in lists.zip(&self.chains.lists) {
             let weights = weights.map(|w| b.column(w));
-            let (items, wbuf) = (&mut self.items, &mut self.weights);
+            let column = b.column(col);
+            let items = self.keys.of(col, &list_values(column));
             list(
-                b.column(col),
+                column,
                 weights,
                 f,
                 dst,
                 items,
-                wbuf,
+                &mut self.weights,
                 stats,
                 &mut flag,
             );
@@ -613,14 +704,13 @@ fn list(
     weights: Option<&ArrayRef>,
     spec: &FeatureSpec,
     dst: &mut Jagged,
-    items: &mut Vec<u64>,
+    items: &[u64],
     wbuf: &mut Vec<f32>,
     stats: &mut ReadStats,
     flag: &mut impl FnMut(usize, &str, FieldError),
 ) {
     dst.clear();
     let (offsets, values) = list_parts(col);
-    keys(&values, items);
     let wparts = weights.map(|w| {
         let (o, v) = list_parts(w);
         numbers(&v, wbuf);
@@ -662,6 +752,14 @@ fn list(
             }
         }
         dst.end_row();
+    }
+}
+
+/// A `list` or `large_list` column's item values.
+fn list_values(col: &ArrayRef) -> ArrayRef {
+    match col.data_type() {
+        DataType::LargeList(_) => col.as_list::<i64>().values().clone(),
+        _ => col.as_list::<i32>().values().clone(),
     }
 }
 

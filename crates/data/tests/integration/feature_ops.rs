@@ -271,3 +271,53 @@ fn a_string_column_for_a_bucketized_feature_names_the_file_and_the_column() {
         "{err}"
     );
 }
+
+/// Two categorical features of one column (its ids decoded once for both): each gets
+/// the column's ids through its own chain, the raw one unchanged by the other's.
+#[test]
+fn features_of_one_id_column_each_apply_their_own_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let parquet = dir.path().join("log.parquet");
+    log(&parquet);
+    let schema = Schema {
+        labels: vec!["click".into()],
+        weight: None,
+        features: vec![
+            feature(
+                "item_hashed",
+                "item",
+                FeatureKind::Categorical,
+                &["sigrid_hash(3, 10)"],
+            ),
+            feature("item", "item", FeatureKind::Categorical, &[]),
+            feature("tags", "tags", FeatureKind::Bag, &[]),
+            feature(
+                "tag_hashed",
+                "tags",
+                FeatureKind::Bag,
+                &["sigrid_hash(3, 10)"],
+            ),
+        ],
+        tables: Vec::new(),
+        csv: Default::default(),
+    };
+    schema.validate().unwrap();
+    let (b, _) = read(&parquet, &schema);
+    let salt = sigrid_salt(3);
+    let raw: Vec<u64> = b.sparse.chunks(2).map(|s| s[1]).collect();
+    assert_eq!(raw[0], string_key(b"x"));
+    assert_eq!(raw[1], NULL_KEY);
+    let hashed: Vec<u64> = b.sparse.chunks(2).map(|s| s[0]).collect();
+    for (h, r) in hashed.iter().zip(&raw) {
+        if *r != NULL_KEY {
+            assert_eq!(*h, sigrid_one(*r, salt, 10));
+        }
+    }
+    let tag_rows = rows(&b.bags[0]);
+    assert_eq!(tag_rows[0], vec![string_key(b"a"), string_key(b"b")]);
+    let hashed_rows: Vec<Vec<u64>> = tag_rows
+        .iter()
+        .map(|r| r.iter().map(|&k| sigrid_one(k, salt, 10)).collect())
+        .collect();
+    assert_eq!(rows(&b.bags[1]), hashed_rows);
+}
