@@ -87,6 +87,19 @@ fn train(root: &Path, family: &Family) -> (PathBuf, PathBuf) {
     (out.join("model.bin"), data.join(format!("day_2.{ext}")))
 }
 
+/// `elastrec export` of `model` as `format` to `out`.
+fn export(model: &Path, format: &str, out: &Path) {
+    elastrec_ok(&[
+        "export",
+        "--model",
+        model.to_str().unwrap(),
+        "--format",
+        format,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+}
+
 /// `eval` of `model` on `data` with its predictions and ONNX inputs written to `dir`.
 fn eval_with_inputs(model: &Path, data: &Path, dir: &Path) -> (PathBuf, PathBuf) {
     let (predictions, inputs) = (dir.join("predictions.csv"), dir.join("inputs.safetensors"));
@@ -303,15 +316,7 @@ fn dynamic_tables_export_their_stored_rows_and_keys() {
     let (model, eval_file) = train(tmp.path(), &family);
     let trained_on = eval_file.with_file_name("day_1.tsv");
     let onnx = tmp.path().join("dynamic.onnx");
-    elastrec_ok(&[
-        "export",
-        "--model",
-        model.to_str().unwrap(),
-        "--format",
-        "onnx",
-        "--out",
-        onnx.to_str().unwrap(),
-    ]);
+    export(&model, "onnx", &onnx);
     let (predictions, inputs) = eval_with_inputs(&model, &trained_on, tmp.path());
     let got = python_json("onnx_predictions.py", &[&onnx, &inputs, &predictions]);
     eprintln!("dynamic: {got}");
@@ -329,15 +334,7 @@ fn dynamic_tables_export_their_stored_rows_and_keys() {
     assert!(mean > 0.01 && mean < 0.99, "{got}");
 
     let tensors = tmp.path().join("dynamic.safetensors");
-    elastrec_ok(&[
-        "export",
-        "--model",
-        model.to_str().unwrap(),
-        "--format",
-        "safetensors",
-        "--out",
-        tensors.to_str().unwrap(),
-    ]);
+    export(&model, "safetensors", &tensors);
     let tables = python_json("safetensors_keys.py", &[&tensors]);
     let tables = tables.as_object().unwrap();
     assert_eq!(tables.len(), 26, "{tables:?}");

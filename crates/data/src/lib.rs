@@ -26,6 +26,7 @@ pub mod columns;
 pub mod criteo;
 pub mod error;
 pub mod gen;
+pub(crate) mod id_keys;
 pub mod index;
 pub mod json_rows;
 pub mod named;

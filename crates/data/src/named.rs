@@ -7,8 +7,8 @@
 //! - labels: any integer, float or boolean column holding 0/1;
 //! - dense: any integer, float or boolean column (null is 0; NaN or ±inf is a bad value);
 //! - categorical: integers (an `i64` id `v` is the key `v as u64`), booleans, strings
-//!   (hashed by [`string_key`]) and dictionary-encoded strings or integers (null is
-//!   [`NULL_KEY`], one learned row per table);
+//!   (hashed by [`crate::schema::string_key`]) and dictionary-encoded strings or
+//!   integers (null is [`NULL_KEY`], one learned row per table);
 //! - bag, sequence: `list` or `large_list` of the categorical types (a null list is
 //!   empty, null items are dropped and counted, lists longer than `max_len` are cut and
 //!   counted); per-id weights: a `list` of floats or integers as long as the ids.
@@ -16,11 +16,12 @@
 use crate::batch::{Batch, Jagged};
 use crate::chain::Chains;
 use crate::error::{DataError, FieldError, Result};
+use crate::id_keys::{keys, DecodedKeys};
 use crate::parquet_io::{decode_label, guarded, open_projected};
 use crate::reader::{BadRowPolicy, BatchReader, ReadStats};
 use crate::schema::{
-    schema_error, string_key, ColumnSample, DenseTransform, FeatureKind, FeatureSpec, Inferred,
-    Schema, TableSpec, INFER_SAMPLE_ROWS, NULL_KEY,
+    schema_error, ColumnSample, DenseTransform, FeatureKind, FeatureSpec, Inferred, Schema,
+    TableSpec, INFER_SAMPLE_ROWS, NULL_KEY,
 };
 use arrow_array::cast::AsArray;
 use arrow_array::types::*;
@@ -71,92 +72,6 @@ struct Staged {
     chains: Chains,
     numbers: Vec<f64>,
     floats: Vec<f32>,
-}
-
-/// The keys of the id columns of one Arrow batch: hashing a string column's ids is most
-/// of a reader's cost, and several features may read one column (a history and its
-/// n-grams, an id hashed two ways). A column that several features read is decoded once
-/// per batch and kept for the others; any other is decoded into one reused buffer, which
-/// stays in cache. Buffers are kept across batches.
-#[derive(Debug, Default)]
-struct DecodedKeys {
-    /// The columns that more than one id feature reads.
-    shared: Vec<usize>,
-    /// `(column, its keys)` of shared columns; the first `used` entries hold this batch's.
-    columns: Vec<(usize, Vec<u64>)>,
-    used: usize,
-    /// The keys of the column decoded last, when it is read by one feature only.
-    scratch: Vec<u64>,
-}
-
-impl DecodedKeys {
-    /// Keys for the id columns `c` addresses (single ids and lists).
-    fn new(c: &Columns) -> Self {
-        let mut ids: Vec<usize> = c
-            .cats
-            .iter()
-            .copied()
-            .chain(c.lists.iter().map(|l| l.0))
-            .collect();
-        ids.sort_unstable();
-        let mut shared: Vec<usize> = ids
-            .windows(2)
-            .filter(|w| w[0] == w[1])
-            .map(|w| w[0])
-            .collect();
-        shared.dedup();
-        Self {
-            shared,
-            ..Self::default()
-        }
-    }
-
-    /// Whether several features read column `index`.
-    fn is_shared(&self, index: usize) -> bool {
-        self.shared.contains(&index)
-    }
-
-    /// Forgets the previous batch's keys, keeping their buffers.
-    fn clear(&mut self) {
-        self.used = 0;
-    }
-
-    /// The keys of column `index` (whose values are `values`: the column itself, or a
-    /// list column's items): a shared column's decoded on its first call of this batch.
-    fn of(&mut self, index: usize, values: &ArrayRef) -> &[u64] {
-        if !self.is_shared(index) {
-            keys(values, &mut self.scratch);
-            return &self.scratch;
-        }
-        let found = self.columns[..self.used]
-            .iter()
-            .position(|(c, _)| *c == index);
-        let slot = match found {
-            Some(slot) => slot,
-            None => {
-                if self.used == self.columns.len() {
-                    self.columns.push((index, Vec::new()));
-                }
-                let slot = self.used;
-                self.used += 1;
-                let (c, out) = &mut self.columns[slot];
-                *c = index;
-                keys(values, out);
-                slot
-            }
-        };
-        &self.columns[slot].1
-    }
-
-    /// Column `index`'s keys into `dst`: decoded straight into it unless shared.
-    fn copy(&mut self, index: usize, col: &ArrayRef, dst: &mut Vec<u64>) {
-        if self.is_shared(index) {
-            dst.clear();
-            dst.extend_from_slice(self.of(index, col));
-        } else {
-            keys(col, dst);
-        }
-    }
 }
 
 /// Reads a Parquet file's rows through a [`Schema`].
@@ -627,73 +542,6 @@ fn numbers(col: &ArrayRef, out: &mut Vec<f32>) {
         ),
         // Decimal and other numeric types were let through by `is_numeric`: read as null.
         _ => out.resize(col.len(), 0.0),
-    }
-}
-
-/// Every value of an id column as a 64-bit key (null: [`NULL_KEY`]).
-fn keys(col: &ArrayRef, out: &mut Vec<u64>) {
-    out.clear();
-    macro_rules! prim {
-        ($t:ty) => {
-            out.extend(
-                col.as_primitive::<$t>()
-                    .iter()
-                    .map(|v| v.map_or(NULL_KEY, |v| v as i64 as u64)),
-            )
-        };
-    }
-    macro_rules! unsigned {
-        ($t:ty) => {
-            out.extend(
-                col.as_primitive::<$t>()
-                    .iter()
-                    .map(|v| v.map_or(NULL_KEY, u64::from)),
-            )
-        };
-    }
-    macro_rules! strings {
-        ($a:expr) => {
-            out.extend(
-                $a.iter()
-                    .map(|v| v.map_or(NULL_KEY, |s| string_key(s.as_bytes()))),
-            )
-        };
-    }
-    match col.data_type() {
-        DataType::Int8 => prim!(Int8Type),
-        DataType::Int16 => prim!(Int16Type),
-        DataType::Int32 => prim!(Int32Type),
-        DataType::Int64 => prim!(Int64Type),
-        DataType::UInt8 => unsigned!(UInt8Type),
-        DataType::UInt16 => unsigned!(UInt16Type),
-        DataType::UInt32 => unsigned!(UInt32Type),
-        DataType::UInt64 => out.extend(
-            col.as_primitive::<UInt64Type>()
-                .iter()
-                .map(|v| v.unwrap_or(NULL_KEY)),
-        ),
-        DataType::Boolean => out.extend(
-            col.as_boolean()
-                .iter()
-                .map(|v| v.map_or(NULL_KEY, u64::from)),
-        ),
-        DataType::Utf8 => strings!(col.as_string::<i32>()),
-        DataType::LargeUtf8 => strings!(col.as_string::<i64>()),
-        DataType::Utf8View => strings!(col.as_string_view()),
-        DataType::Dictionary(_, _) => {
-            let dict = col.as_any_dictionary();
-            let mut values = Vec::new();
-            keys(dict.values(), &mut values);
-            let codes = dict.normalized_keys();
-            out.extend(codes.iter().enumerate().map(|(r, &k)| {
-                if col.is_null(r) {
-                    NULL_KEY
-                } else {
-                    values.get(k).copied().unwrap_or(NULL_KEY)
-                }
-            }));
-        }
-        _ => out.resize(col.len(), NULL_KEY),
     }
 }
 

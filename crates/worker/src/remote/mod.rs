@@ -85,6 +85,23 @@ pub struct WorkerMetrics {
 }
 
 impl WorkerMetrics {
+    /// How worker `id`'s pulls went, once it prefetched any: of its batches, how many a
+    /// pull started before the previous batch's compute and push served, and how many
+    /// were pulled again.
+    pub(crate) fn how_pulls_went(&self, id: u32) -> Option<String> {
+        let (batches, used, discarded) = (
+            self.batches.get(),
+            self.prefetched.get(),
+            self.prefetches_discarded.get(),
+        );
+        (used + discarded > 0).then(|| {
+            format!(
+                "worker {id}: of {batches} batches, {used} were served by pulls started before \
+                 the previous batch's compute and push, {discarded} were pulled again"
+            )
+        })
+    }
+
     /// The metrics of worker node `node`.
     pub fn new(node: u32) -> Self {
         let mut registry = Registry::with_prefix_and_labels(

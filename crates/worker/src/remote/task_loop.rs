@@ -11,6 +11,7 @@ async fn report(
     task: u64,
     offset: u64,
     predicted: Predictions,
+    metrics: &WorkerMetrics,
 ) -> anyhow::Result<(bool, bool, f32)> {
     let req = ReportProgressRequest {
         version: rpc::version(),
@@ -33,6 +34,9 @@ async fn report(
             Ok((r.task_done, r.stop, r.lr_scale))
         }
         Err(s) if s.code() == Code::NotFound || s.code() == Code::FailedPrecondition => {
+            if let Some(line) = metrics.how_pulls_went(id) {
+                eprintln!("{line}");
+            }
             eprintln!("worker {id}: master refused progress ({s}); exiting");
             std::process::exit(3);
         }
@@ -151,13 +155,11 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         shared,
         metrics,
     };
-    while let Some(task) = worker.next_task().await? {
-        if worker.train_task(&task).await? == Continue::Exit {
-            worker.say_how_data_came();
-            return Ok(());
-        }
+    let trained = worker.train_tasks().await;
+    if trained.is_err() {
+        worker.say_how_data_came();
     }
-    Ok(())
+    trained
 }
 
 /// Serves the worker's `/metrics` where the job says; returns the endpoint (serving
@@ -264,25 +266,28 @@ impl TaskLoop {
         }
     }
 
+    /// Trains task after task until the master has none left for this worker.
+    async fn train_tasks(&mut self) -> anyhow::Result<()> {
+        while let Some(task) = self.next_task().await? {
+            if self.train_task(&task).await? == Continue::Exit {
+                self.say_how_data_came();
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
     /// Says, once training is over for this worker (before a final evaluation, which the
-    /// master may end the job after), how its batches came: through data executors, and
-    /// by pulls prefetched within the staleness bound.
+    /// master may end the job after; or as it fails), how its batches came: through data
+    /// executors, and by pulls prefetched within the staleness bound.
     fn say_how_data_came(&self) {
         let id = self.id;
         let served = self.shared.executors.served.load(Ordering::Relaxed);
         if served > 0 {
             eprintln!("worker {id}: {served} samples came through the data executors");
         }
-        let (batches, used, discarded) = (
-            self.metrics.batches.get(),
-            self.metrics.prefetched.get(),
-            self.metrics.prefetches_discarded.get(),
-        );
-        if used + discarded > 0 {
-            eprintln!(
-                "worker {id}: of {batches} batches, {used} were served by pulls started before \
-                 the previous batch's compute and push, {discarded} were pulled again"
-            );
+        if let Some(line) = self.metrics.how_pulls_went(id) {
+            eprintln!("{line}");
         }
     }
 
@@ -517,10 +522,10 @@ impl TaskLoop {
     ) -> PendingReport {
         let predictions = std::mem::take(&mut self.predicted);
         let (mut master, id, task_id) = (self.master.clone(), self.id, task.task_id);
-        let call =
-            tokio::spawn(
-                async move { report(&mut master, id, task_id, offset, predictions).await },
-            );
+        let metrics = self.metrics.clone();
+        let call = tokio::spawn(async move {
+            report(&mut master, id, task_id, offset, predictions, &metrics).await
+        });
         PendingReport {
             call,
             offset,
