@@ -18,9 +18,8 @@ use crate::schema::{string_key, NULL_KEY};
 pub(crate) struct DecodedKeys {
     /// The columns that more than one id feature reads.
     shared: Vec<usize>,
-    /// `(column, its keys)` of shared columns; the first `used` entries hold this batch's.
-    columns: Vec<(usize, Vec<u64>)>,
-    used: usize,
+    /// The keys of each shared column, and whether they are this batch's.
+    decoded: Vec<(Vec<u64>, bool)>,
     /// The keys of the column decoded last, when it is read by one feature only.
     scratch: Vec<u64>,
 }
@@ -42,51 +41,37 @@ impl DecodedKeys {
             .collect();
         shared.dedup();
         Self {
+            decoded: vec![(Vec::new(), false); shared.len()],
             shared,
-            ..Self::default()
+            scratch: Vec::new(),
         }
-    }
-
-    /// Whether several features read column `index`.
-    fn is_shared(&self, index: usize) -> bool {
-        self.shared.contains(&index)
     }
 
     /// Forgets the previous batch's keys, keeping their buffers.
     pub(crate) fn clear(&mut self) {
-        self.used = 0;
+        self.decoded
+            .iter_mut()
+            .for_each(|(_, fresh)| *fresh = false);
     }
 
     /// The keys of column `index` (whose values are `values`: the column itself, or a
     /// list column's items): a shared column's decoded on its first call of this batch.
     pub(crate) fn of(&mut self, index: usize, values: &ArrayRef) -> &[u64] {
-        if !self.is_shared(index) {
+        let Some(s) = self.shared.iter().position(|&c| c == index) else {
             keys(values, &mut self.scratch);
             return &self.scratch;
-        }
-        let found = self.columns[..self.used]
-            .iter()
-            .position(|(c, _)| *c == index);
-        let slot = match found {
-            Some(slot) => slot,
-            None => {
-                if self.used == self.columns.len() {
-                    self.columns.push((index, Vec::new()));
-                }
-                let slot = self.used;
-                self.used += 1;
-                let (c, out) = &mut self.columns[slot];
-                *c = index;
-                keys(values, out);
-                slot
-            }
         };
-        &self.columns[slot].1
+        let (out, fresh) = &mut self.decoded[s];
+        if !*fresh {
+            keys(values, out);
+            *fresh = true;
+        }
+        out
     }
 
     /// Column `index`'s keys into `dst`: decoded straight into it unless shared.
     pub(crate) fn copy(&mut self, index: usize, col: &ArrayRef, dst: &mut Vec<u64>) {
-        if self.is_shared(index) {
+        if self.shared.contains(&index) {
             dst.clear();
             dst.extend_from_slice(self.of(index, col));
         } else {

@@ -14,7 +14,6 @@ pub struct Graph {
     inputs: Vec<ValueInfoProto>,
     outputs: Vec<ValueInfoProto>,
     next: usize,
-    uses_ml: bool,
 }
 
 /// The operator set of ONNX's classical-ML operators.
@@ -128,13 +127,12 @@ impl Graph {
         );
         let node = self.nodes.last_mut().expect("just added");
         node.domain = ML_DOMAIN.to_string();
-        self.uses_ml = true;
         out
     }
 
     /// Whether an operator of [`ML_DOMAIN`] is in the graph (the model must import it).
     pub fn uses_ml(&self) -> bool {
-        self.uses_ml
+        self.nodes.iter().any(|n| n.domain == ML_DOMAIN)
     }
 
     /// `a @ b` (batched when either has more than two dimensions).

@@ -95,9 +95,13 @@ pub fn write(
         g.constant_f32(&p.name, &p.shape, &p.values);
     }
     let data = add_tables(&mut g, model, &sig, out, opts)?;
+    // Each dynamic table's keys as ONNX takes them: int64 bits, converted once.
     let keys = (0..sig.tables.len())
-        .map(|t| crate::tables::table_keys(model, t))
-        .collect::<Result<Vec<_>>>()?;
+        .map(|t| {
+            let keys = crate::tables::table_keys(model, t)?;
+            Ok(keys.map(|k| k.into_iter().map(|k| k as i64).collect()))
+        })
+        .collect::<Result<Vec<Option<Vec<i64>>>>>()?;
     let logits = model_graph(&mut g, model, &sig, &keys);
     let tasks = model.dense.tasks();
     let batch = [Dim::Named("batch"), Dim::Fixed(tasks)];
@@ -249,8 +253,8 @@ pub fn table_constant(name: &str) -> String {
 }
 
 /// Declares the inputs and builds the model; returns the logits `[batch, tasks]`.
-/// `keys`: each dynamic table's stored keys, in its rows' order.
-fn model_graph(g: &mut Graph, model: &Dlrm, sig: &Signature, keys: &[Option<Vec<u64>>]) -> String {
+/// `keys`: each dynamic table's stored keys (as int64 bits), in its rows' order.
+fn model_graph(g: &mut Graph, model: &Dlrm, sig: &Signature, keys: &[Option<Vec<i64>>]) -> String {
     let c = model.dense.config();
     let (nd, d) = (c.num_dense(), c.embedding_dim);
     let batch = Dim::Named("batch");
@@ -345,16 +349,15 @@ fn model_graph(g: &mut Graph, model: &Dlrm, sig: &Signature, keys: &[Option<Vec<
 
 /// The embedding slots `[batch, slots, width]`: single ids, then pooled lists (a
 /// history pooled by target attention, by its unit).
-fn embeddings(g: &mut Graph, model: &Dlrm, sig: &Signature, keys: &[Option<Vec<u64>>]) -> String {
+fn embeddings(g: &mut Graph, model: &Dlrm, sig: &Signature, keys: &[Option<Vec<i64>>]) -> String {
     // A table's rows of the inputs' rows (a dynamic table's: of its keys).
     let lookup = |g: &mut Graph, t: usize, rows: &str| {
         let table = table_constant(&sig.tables[t].name);
         match &keys[t] {
             None => g.gather(&table, rows, 0),
             Some(keys) => {
-                let keys: Vec<i64> = keys.iter().map(|&k| k as i64).collect();
                 let unknown = keys.len() as i64;
-                let index = g.key_to_index(rows, &keys, unknown);
+                let index = g.key_to_index(rows, keys, unknown);
                 g.gather(&table, &index, 0)
             }
         }
