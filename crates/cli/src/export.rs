@@ -47,6 +47,11 @@ pub struct ExportArgs {
     /// external data) instead of inside it; forced past 1 GiB of tables.
     #[arg(long)]
     pub external_data: bool,
+    /// `--format onnx`: the graph's `dense` input takes the raw dense columns (NaN for a
+    /// null) and applies their transforms (`log1p`, a feature's numeric `ops`) itself,
+    /// so a service feeds it the numbers it logs.
+    #[arg(long)]
+    pub raw_dense: bool,
     /// Checkpoint id to export (default: the newest intact one).
     #[arg(long)]
     pub id: Option<u64>,
@@ -197,6 +202,7 @@ fn convert(args: &ExportArgs) -> anyhow::Result<()> {
         Format::Onnx => {
             let opts = elastrec_export::OnnxOptions {
                 external_data: args.external_data,
+                raw_dense: args.raw_dense,
             };
             let e = elastrec_export::onnx::write(&model, source, &args.out, opts)?;
             serde_json::json!({

@@ -385,3 +385,142 @@ fn exports_that_cannot_be_written_say_why() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--checkpoint"));
 }
+
+/// Exports `model` as ONNX with `--raw-dense` to `dir/model.onnx`, then runs it in ONNX
+/// Runtime on `data`'s own dense columns (empty fields as NaN) with the other inputs
+/// from `eval --onnx-inputs`; returns what `onnx_predictions.py` measured.
+fn raw_dense_predictions(model: &Path, data: &Path, dir: &Path) -> serde_json::Value {
+    std::fs::create_dir_all(dir).unwrap();
+    let onnx = dir.join("model.onnx");
+    elastrec_ok(&[
+        "export",
+        "--model",
+        model.to_str().unwrap(),
+        "--format",
+        "onnx",
+        "--raw-dense",
+        "--out",
+        onnx.to_str().unwrap(),
+    ]);
+    let (predictions, inputs) = eval_with_inputs(model, data, dir);
+    python_json("onnx_predictions.py", &[&onnx, &inputs, &predictions, data])
+}
+
+/// `export --raw-dense`: the graph takes the dense columns as a service logs them (NaN
+/// for a null) and applies their transforms itself: the Criteo preset's `ln(1 + max(x,
+/// 0))`, and a named feature's `log1p` or own chain (`fill_null`, `clamp`, `log1p`,
+/// `logit`, `box_cox`). ONNX Runtime fed the data files' raw columns predicts what
+/// `eval` predicts within 1e-5, nulls included; a model whose dense columns come from a
+/// `[[preprocess]]` graph is refused, saying what to do.
+#[test]
+fn raw_dense_columns_are_transformed_inside_the_onnx_graph() {
+    if !python_imports("ONNXRUNTIME", "onnxruntime, safetensors, numpy") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let criteo = Family {
+        name: "raw-criteo",
+        data: Data::Criteo,
+        model: "",
+        sparse: "",
+        hist: "",
+    };
+    let (model, day) = train(tmp.path(), &criteo);
+    let got = raw_dense_predictions(&model, &day, &tmp.path().join("raw-criteo-export"));
+    eprintln!("criteo: {got}");
+    assert_eq!(got["rows"], 10_000, "{got}");
+    assert!(got["dense_nulls"].as_u64().unwrap() > 0, "{got}");
+    assert!(got["max_abs_diff"].as_f64().unwrap() <= 1e-5, "{got}");
+
+    let data = tmp.path().join("named-csv");
+    elastrec_ok(&[
+        "gen-data",
+        "--named",
+        "--format",
+        "csv",
+        "--out",
+        data.to_str().unwrap(),
+        "--rows",
+        "30000",
+        "--days",
+        "3",
+    ]);
+    let out = tmp.path().join("raw-named");
+    let job = tmp.path().join("raw-named.toml");
+    let dense = [
+        ("price_plain", ""),
+        ("price_log", "transform = \"log1p\""),
+        (
+            "price_chain",
+            "ops = [\"fill_null(3)\", \"clamp(max = 200)\", \"log1p\"]",
+        ),
+        ("price_bc", "ops = [\"box_cox(0.5)\"]"),
+        (
+            "price_logit",
+            "ops = [\"clamp(min = 0, max = 2)\", \"fill_null(0.5)\", \"logit(0.01)\"]",
+        ),
+    ]
+    .map(|(name, line)| {
+        format!(
+            "[[data.feature]]\nname = \"{name}\"\ncolumn = \"price\"\nkind = \"dense\"\n{line}\n"
+        )
+    })
+    .concat();
+    std::fs::write(
+        &job,
+        format!(
+            "[data]\ndir = \"{}\"\ntrain = [\"day_0.csv\", \"day_1.csv\"]\neval = [\"day_2.csv\"]\n\
+             label = \"click\"\n[[data.feature]]\nname = \"item_id\"\nkind = \"categorical\"\n\
+             {dense}[model]\n{SMALL}max_table_rows = 5000\n[train]\nprogress = false\n\
+             [output]\ndir = \"{}\"\n",
+            data.display(),
+            out.display()
+        ),
+    )
+    .unwrap();
+    elastrec_ok(&["train", job.to_str().unwrap()]);
+    let model = out.join("model.bin");
+    let got = raw_dense_predictions(
+        &model,
+        &data.join("day_2.csv"),
+        &tmp.path().join("raw-named-export"),
+    );
+    eprintln!("named: {got}");
+    assert_eq!(got["rows"], 10_000, "{got}");
+    assert!(got["dense_nulls"].as_u64().unwrap() > 0, "{got}");
+    assert!(got["max_abs_diff"].as_f64().unwrap() <= 1e-5, "{got}");
+
+    // A preprocessing graph's operators are not in the ONNX graph.
+    let pre = tmp.path().join("pre.toml");
+    let pre_out = tmp.path().join("pre");
+    std::fs::write(
+        &pre,
+        format!(
+            "[data]\ndir = \"{}\"\ntrain = [\"day_0.tsv\"]\neval = [\"day_2.tsv\"]\n[model]\n{SMALL}max_table_rows = 5000\n\
+             [[preprocess]]\ninput = \"I1..I13\"\nops = [\"fill_null(0)\", \"log1p\"]\n\
+             [[preprocess]]\ninput = \"C1..C26\"\n[train]\nprogress = false\n[output]\ndir = \"{}\"\n",
+            data_dir(tmp.path(), Data::Criteo).display(),
+            pre_out.display()
+        ),
+    )
+    .unwrap();
+    elastrec_ok(&["train", pre.to_str().unwrap()]);
+    let pre_onnx = tmp.path().join("pre.onnx");
+    let refused = elastrec(&[
+        "export",
+        "--model",
+        pre_out.join("model.bin").to_str().unwrap(),
+        "--format",
+        "onnx",
+        "--raw-dense",
+        "--out",
+        pre_onnx.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{err}");
+    assert!(err.contains("export without --raw-dense"), "{err}");
+    assert!(
+        !pre_onnx.exists(),
+        "nothing is written for a refused export"
+    );
+}

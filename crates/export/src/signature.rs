@@ -27,6 +27,8 @@ pub struct Signature {
 pub struct DenseColumn {
     /// The feature's name.
     pub feature: String,
+    /// The column it reads (the Criteo preset's `I1`..`I13` are fields 1-13 of a row).
+    pub column: String,
     /// What the reader applies to the raw value before the model reads it (`none`,
     /// `log1p`, or `ops` for the feature's own chain).
     pub transform: &'static str,
@@ -171,6 +173,7 @@ impl Signature {
                 .dense()
                 .map(|f| DenseColumn {
                     feature: f.name.clone(),
+                    column: f.column().to_string(),
                     transform: match f.transform {
                         _ if !f.ops.is_empty() => "ops",
                         elastrec_data::schema::DenseTransform::None => "none",
@@ -237,6 +240,7 @@ impl Signature {
         Ok(Self {
             dense: dense
                 .map(|feature| DenseColumn {
+                    column: feature.clone(),
                     feature,
                     transform,
                     ops: Vec::new(),

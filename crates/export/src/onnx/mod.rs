@@ -24,6 +24,7 @@
 
 pub mod builder;
 pub mod proto;
+pub mod raw_dense;
 
 use std::path::{Path, PathBuf};
 
@@ -48,12 +49,16 @@ const IR_VERSION: i64 = 8;
 /// options say: one protobuf message cannot exceed 2 GiB.
 const INLINE_LIMIT: u64 = 1 << 30;
 
-/// How to lay the graph out on disk.
+/// How to lay the graph out on disk, and what its `dense` input holds.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OnnxOptions {
     /// Put the embedding tables in `<out>.data` beside the graph (ONNX external data)
     /// rather than inside it; forced past 1 GiB of tables.
     pub external_data: bool,
+    /// The `dense` input takes the raw columns (NaN: null) and the graph applies their
+    /// transforms ([`raw_dense`]); otherwise it takes them transformed, as
+    /// `eval --onnx-inputs` writes them.
+    pub raw_dense: bool,
 }
 
 /// What [`write`] wrote.
@@ -90,6 +95,9 @@ pub fn write(
     opts: OnnxOptions,
 ) -> Result<OnnxExport> {
     let sig = Signature::of(model, source)?;
+    if opts.raw_dense {
+        raw_dense::check(&sig)?;
+    }
     let mut g = Graph::default();
     for p in params::dense_params(&model.dense) {
         g.constant_f32(&p.name, &p.shape, &p.values);
@@ -102,7 +110,7 @@ pub fn write(
             Ok(keys.map(|k| k.into_iter().map(|k| k as i64).collect()))
         })
         .collect::<Result<Vec<Option<Vec<i64>>>>>()?;
-    let logits = model_graph(&mut g, model, &sig, &keys);
+    let logits = model_graph(&mut g, model, &sig, &keys, opts.raw_dense)?;
     let tasks = model.dense.tasks();
     let batch = [Dim::Named("batch"), Dim::Fixed(tasks)];
     g.output(
@@ -143,6 +151,7 @@ pub fn write(
         metadata_props: vec![
             entry("elastrec.signature", &signature_json),
             entry("elastrec.rows", ROWS_RULE),
+            entry("elastrec.dense", dense_form(opts.raw_dense)),
             entry(
                 "elastrec.model",
                 &serde_json::to_string(model.dense.config()).expect("plain data"),
@@ -156,6 +165,7 @@ pub fn write(
         "graph": out.file_name().map(|n| n.to_string_lossy().to_string()),
         "inputs": &sig,
         "rows": ROWS_RULE,
+        "dense": dense_form(opts.raw_dense),
         "outputs": {"logit": "[batch, tasks]", "probability": "[batch, tasks]"},
     });
     elastrec_job::fsio::write_atomic(
@@ -173,6 +183,16 @@ pub fn write(
         nodes,
         signature: sig,
     })
+}
+
+/// What the `dense` input holds (`elastrec.dense` in the metadata, `dense` in the side
+/// file).
+fn dense_form(raw: bool) -> &'static str {
+    if raw {
+        "raw: each column as the data holds it, NaN for a null; the graph applies the transforms"
+    } else {
+        "transformed: each column after the transform the side file names"
+    }
 }
 
 /// The side file of graph `out`: `<out>.json`.
@@ -254,16 +274,33 @@ pub fn table_constant(name: &str) -> String {
 
 /// Declares the inputs and builds the model; returns the logits `[batch, tasks]`.
 /// `keys`: each dynamic table's stored keys (as int64 bits), in its rows' order.
-fn model_graph(g: &mut Graph, model: &Dlrm, sig: &Signature, keys: &[Option<Vec<i64>>]) -> String {
+fn model_graph(
+    g: &mut Graph,
+    model: &Dlrm,
+    sig: &Signature,
+    keys: &[Option<Vec<i64>>],
+    raw: bool,
+) -> Result<String> {
     let c = model.dense.config();
     let (nd, d) = (c.num_dense(), c.embedding_dim);
     let batch = Dim::Named("batch");
-    let dense = g.input(
-        "dense",
-        data_type::FLOAT,
-        &[batch.clone(), Dim::Fixed(nd)],
-        "the dense columns after their transforms (the side file lists them)",
-    );
+    let dense = if raw {
+        let input = g.input(
+            "dense",
+            data_type::FLOAT,
+            &[batch.clone(), Dim::Fixed(nd)],
+            "the dense columns as the data holds them, NaN for a null (the graph applies \
+             the transforms the side file lists)",
+        );
+        raw_dense::transformed(g, &input, sig)?
+    } else {
+        g.input(
+            "dense",
+            data_type::FLOAT,
+            &[batch.clone(), Dim::Fixed(nd)],
+            "the dense columns after their transforms (the side file lists them)",
+        )
+    };
     let dense_x = if c.dense_shift.is_empty() {
         dense
     } else {
@@ -340,11 +377,11 @@ fn model_graph(g: &mut Graph, model: &Dlrm, sig: &Signature, keys: &[Option<Vec<
         logit = mlp(g, "adapt", adapt, &a_in);
     }
     if task_logits.is_empty() {
-        return logit;
+        return Ok(logit);
     }
     let mut all = vec![logit.as_str()];
     all.extend(task_logits.iter().map(String::as_str));
-    g.concat(&all, 1)
+    Ok(g.concat(&all, 1))
 }
 
 /// The embedding slots `[batch, slots, width]`: single ids, then pooled lists (a
