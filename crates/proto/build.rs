@@ -16,6 +16,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let fds = protox::compile(&files, [&dir])?;
-    tonic_prost_build::configure().compile_fds(fds)?;
+    // The status messages people and tools read as JSON (`elastrec status --json`, the
+    // dashboard, `result.json`) serialize with the proto's own field names, and read back
+    // (a field a file lacks takes its default).
+    let mut config = tonic_prost_build::configure();
+    for message in [
+        "ReshardRecord",
+        "ProgressiveWindow",
+        "TaskWindow",
+        "MixStatus",
+        "Served",
+        "DatasetsStatus",
+        "PendingPartition",
+        "StreamStatus",
+        "PartitionLag",
+        "OnlineDecision",
+        "AutoscaleStatus",
+        "AutoscaleBounds",
+        "AutoscalePlan",
+        "AutoscaleLimits",
+        "ScalingAction",
+        "MemoryLimitChange",
+    ] {
+        config = config.type_attribute(
+            format!(".elastrec.master.v1.{message}"),
+            "#[derive(serde::Serialize, serde::Deserialize)] #[serde(default)]",
+        );
+    }
+    config.compile_fds(fds)?;
     Ok(())
 }

@@ -4,19 +4,16 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context as _;
-use elastrec_proto::master::{Role as PbRole, StatusRequest, StatusResponse};
+use elastrec_proto::master::{
+    AutoscaleStatus, DatasetsStatus, MixStatus, ProgressiveWindow, Role as PbRole, StatusRequest,
+    StatusResponse, StreamStatus,
+};
 use elastrec_rpc::{self as rpc, Master};
 
 use crate::connect::connect_with_timeout;
 
 /// A job's live status as `elastrec status --json` prints it (and the dashboard serves).
 pub fn status_value(s: &StatusResponse) -> anyhow::Result<serde_json::Value> {
-    let autoscale = json_state(&s.autoscale_json, "autoscale")?;
-    let datasets = json_state(&s.datasets_json, "datasets")?;
-    let stream = json_state(&s.stream_json, "stream")?;
-    let mix = json_state(&s.mix_json, "mix")?;
-    let progressive = json_state(&s.progressive_json, "progressive")?;
     let nodes: Vec<serde_json::Value> = s
         .nodes
         .iter()
@@ -49,13 +46,13 @@ pub fn status_value(s: &StatusResponse) -> anyhow::Result<serde_json::Value> {
                 "stall_ms": c.stall_ms, "memcpy_ms": c.memcpy_ms,
                 "recoveries": c.recoveries, "taking": c.taking,
             })),
-            "autoscale": autoscale,
+            "autoscale": s.autoscale,
             "layout": {"version": s.layout_version, "ps": s.num_ps},
-            "reshards": serde_json::from_str::<serde_json::Value>(&s.reshards_json).unwrap_or_default(),
-            "datasets": datasets,
-            "stream": stream,
-            "mix": mix,
-            "progressive": progressive,
+            "reshards": s.reshards,
+            "datasets": s.datasets,
+            "stream": s.stream,
+            "mix": s.mix,
+            "progressive": s.progressive,
     }))
 }
 
@@ -103,10 +100,6 @@ impl StatusReader {
 /// Prints a live status as `elastrec status` shows it: the job's line, a row per node,
 /// then what the job's sections report.
 pub fn print_table(s: &StatusResponse) -> anyhow::Result<()> {
-    let autoscale = json_state(&s.autoscale_json, "autoscale")?;
-    let datasets = json_state(&s.datasets_json, "datasets")?;
-    let stream = json_state(&s.stream_json, "stream")?;
-    let mix = json_state(&s.mix_json, "mix")?;
     println!("job {} ({})", s.job_id, s.phase);
     println!(
         "epoch {}/{}  samples {}/{}  {:.0} samples/s  shards todo {} doing {} done {}  target workers {}",
@@ -186,19 +179,19 @@ pub fn print_table(s: &StatusResponse) -> anyhow::Result<()> {
         );
         println!("recovery policy: {}", c.recovery);
     }
-    if let Some(a) = &autoscale {
+    if let Some(a) = &s.autoscale {
         print_autoscale(a);
     }
-    if let Some(d) = &datasets {
+    if let Some(d) = &s.datasets {
         print_datasets(d);
     }
-    if let Some(st) = &stream {
+    if let Some(st) = &s.stream {
         print_stream(st);
     }
-    if let Some(w) = json_state(&s.progressive_json, "progressive")? {
-        print_progressive(&w);
+    if let Some(w) = &s.progressive {
+        print_progressive(w);
     }
-    if let Some(m) = &mix {
+    if let Some(m) = &s.mix {
         print_mix(m);
     }
     Ok(())
@@ -214,120 +207,92 @@ fn role_name(role: i32) -> &'static str {
 }
 
 /// The serving buffers of a job with several sources: one line each.
-fn print_mix(mix: &serde_json::Value) {
-    println!("sources ({}):", mix["serving"].as_str().unwrap_or("?"));
-    for name in mix["sources"].as_array().into_iter().flatten() {
-        let k = name.as_str().unwrap_or("?");
+fn print_mix(mix: &MixStatus) {
+    println!("sources ({}):", mix.serving);
+    for k in &mix.sources {
         println!(
             "  {k:<20}  {:>8} tasks queued  {:>12} rows served",
-            mix["queued"][k], mix["served"][k]["rows"]
+            mix.queued.get(k).copied().unwrap_or(0),
+            mix.served.get(k).map_or(0, |s| s.rows)
         );
     }
 }
 
 /// An online job's part of `elastrec status`.
-fn print_stream(st: &serde_json::Value) {
-    let num = |x: &serde_json::Value| x.as_f64().unwrap_or(f64::NAN);
+fn print_stream(st: &StreamStatus) {
     println!(
         "stream: {:.0} messages/s arriving, lag {:.1} s (SLO {:.1} s, violated {:.1}% of {:.0} s), accumulated lag {:.1} s, downtime {:.1} s",
-        num(&st["arrival_rate"]),
-        num(&st["lag_s"]),
-        num(&st["slo_lag_s"]),
-        100.0 * num(&st["slo_violation_rate"]),
-        num(&st["observed_s"]),
-        num(&st["accumulated_lag_s"]),
-        num(&st["downtime_s"])
+        st.arrival_rate,
+        st.lag_s,
+        st.slo_lag_s,
+        100.0 * st.slo_violation_rate,
+        st.observed_s,
+        st.accumulated_lag_s,
+        st.downtime_s
     );
     println!(
         "  {:<28}  {:>12}  {:>12}  {:>9}  {:>7}  {:>9}  {:>9}",
         "partition", "high", "trained", "backlog", "lag s", "peak lag", "msg/s"
     );
-    for p in st["partitions"].as_array().into_iter().flatten() {
+    for p in &st.partitions {
         println!(
             "  {:<28}  {:>12}  {:>12}  {:>9}  {:>7.1}  {:>9.1}  {:>9.0}",
-            p["partition"].as_str().unwrap_or("?"),
-            p["high"],
-            p["trained"],
-            p["backlog"],
-            num(&p["lag_s"]),
-            num(&p["peak_lag_s"]),
-            num(&p["rate"])
+            p.partition, p.high, p.trained, p.backlog, p.lag_s, p.peak_lag_s, p.rate
         );
     }
-    print_progressive(&st["progressive"]);
-    let d = &st["last_decision"];
-    if d.is_object() {
+    if let Some(w) = &st.progressive {
+        print_progressive(w);
+    }
+    if let Some(d) = &st.last_decision {
         println!(
             "  scaling at {:.0} s: {} -> {} workers ({})",
-            num(&d["at_s"]),
-            d["workers"],
-            d["target"],
-            d["reason"].as_str().unwrap_or("")
+            d.at_s, d.workers, d.target, d.reason
         );
     }
 }
 
-/// The progressive-validation line of `status` (nothing when `w` is not a window).
-fn print_progressive(w: &serde_json::Value) {
-    let num = |x: &serde_json::Value| x.as_f64().unwrap_or(f64::NAN);
-    let auc = |x: &serde_json::Value| fixed(x, 4);
-    if w.is_object() {
+/// The progressive-validation lines of `status`.
+fn print_progressive(w: &ProgressiveWindow) {
+    let auc = |a: Option<f64>| a.map_or("-".to_string(), |x| format!("{x:.4}"));
+    println!(
+        "  progressive validation at {:.0} s: AUC {} logloss {:.4} over the last {} samples",
+        w.at_s,
+        auc(w.auc),
+        w.logloss,
+        w.samples
+    );
+    for (t, task) in w.tasks.iter().enumerate().skip(1) {
         println!(
-            "  progressive validation at {:.0} s: AUC {} logloss {:.4} over the last {} samples",
-            num(&w["at_s"]),
-            auc(&w["auc"]),
-            num(&w["logloss"]),
-            w["samples"]
+            "    task {t}: AUC {} logloss {:.4}",
+            auc(task.auc),
+            task.logloss
         );
-        for (t, task) in w["tasks"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .enumerate()
-            .skip(1)
-        {
-            println!(
-                "    task {t}: AUC {} logloss {:.4}",
-                auc(&task["auc"]),
-                num(&task["logloss"])
-            );
-        }
     }
-}
-
-/// A JSON part of the status reply (empty: the job has none).
-fn json_state(text: &str, what: &str) -> anyhow::Result<Option<serde_json::Value>> {
-    if text.is_empty() {
-        return Ok(None);
-    }
-    serde_json::from_str(text)
-        .map(Some)
-        .with_context(|| format!("the master sent an unreadable {what} state"))
 }
 
 /// A following job's part of `elastrec status`.
-fn print_datasets(d: &serde_json::Value) {
+fn print_datasets(d: &DatasetsStatus) {
     println!(
         "following datasets: {} files, {} partitions landed since the master started; {}",
-        d["files"],
-        d["landed"],
-        if d["growing"].as_bool() == Some(false) {
-            "every window is closed and read"
-        } else {
+        d.files,
+        d.landed,
+        if d.growing {
             "more may land"
+        } else {
+            "every window is closed and read"
         }
     );
-    for p in d["pending"].as_array().into_iter().flatten() {
+    for p in &d.pending {
         println!(
             "  waiting for {}/{} ({}, {:.0} s)",
-            p["dataset"].as_str().unwrap_or("?"),
-            p["dir"].as_str().unwrap_or("?"),
-            if p["exists"].as_bool() == Some(true) {
+            p.dataset,
+            p.dir,
+            if p.exists {
                 "no marker yet"
             } else {
                 "not there yet"
             },
-            p["waiting_s"].as_f64().unwrap_or(0.0)
+            p.waiting_s
         );
     }
 }
@@ -380,58 +345,61 @@ pub fn print_result(text: &str) {
             c["reason"].as_str().unwrap_or_default()
         );
     }
-    if r["autoscale"].is_object() {
-        print_autoscale(&r["autoscale"]);
+    if let Ok(a) = serde_json::from_value::<AutoscaleStatus>(r["autoscale"].clone()) {
+        print_autoscale(&a);
     }
 }
 
 /// The autoscaler's part of `elastrec status`.
-fn print_autoscale(a: &serde_json::Value) {
-    let num = |v: &serde_json::Value| fixed(v, 0);
+fn print_autoscale(a: &AutoscaleStatus) {
+    let num = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.0}"));
+    let bounds = a.bounds.clone().unwrap_or_default();
     println!(
-        "autoscale: workers in {}, PS in {}; {} profile samples, measured {} samples/s",
-        a["bounds"]["workers"],
-        a["bounds"]["ps"],
-        a["profile_samples"],
-        num(&a["measured_samples_per_s"])
+        "autoscale: workers in {:?}, PS in {:?}; {} profile samples, measured {} samples/s",
+        bounds.workers,
+        bounds.ps,
+        a.profile_samples,
+        num(a.measured_samples_per_s)
     );
-    if let Some(p) = a["last_plan"].as_object() {
+    if let Some(p) = &a.last_plan {
+        let count = |c: Option<u32>| c.map_or("-".to_string(), |c| c.to_string());
         println!(
             "  last plan ({}): {} workers, {} PS, predicted {} samples/s, fit MAPE {}%",
-            p["kind"].as_str().unwrap_or("?"),
-            p["workers"],
-            p["ps"],
-            num(&p["predicted_samples_per_s"]),
-            fixed(&p["fit_mape_percent"], 1)
+            p.kind,
+            count(p.workers),
+            count(p.ps),
+            num(Some(p.predicted_samples_per_s)),
+            p.fit_mape_percent
+                .map_or("-".to_string(), |m| format!("{m:.1}"))
         );
-        for r in p["reasons"].as_array().into_iter().flatten() {
-            println!("    - {}", r.as_str().unwrap_or_default());
+        for r in &p.reasons {
+            println!("    - {r}");
         }
     }
-    if let Some(v) = a["last_verdict"].as_str() {
+    if let Some(v) = &a.last_verdict {
         println!("  verdict: {v}");
     }
-    if let Some(e) = a["brain_error"].as_str() {
+    if let Some(e) = &a.brain_error {
         println!("  brain: {e} (training goes on with the last plan)");
     }
-    let scaling = a["scaling"].as_array().cloned().unwrap_or_default();
-    if !scaling.is_empty() {
+    if !a.scaling.is_empty() {
         println!(
             "  {:>8}  {:>9}  {:>9}  {:<6}  {:>10}  {:>10}  {:>10}",
             "at s", "workers", "PS", "source", "before/s", "predicted", "after/s"
         );
-        for r in scaling {
+        for r in &a.scaling {
+            let pair = |v: &[u32], i: usize| v.get(i).copied().unwrap_or(0);
             println!(
                 "  {:>8.1}  {:>4} -> {:<2}  {:>4} -> {:<2}  {:<6}  {:>10}  {:>10}  {:>10}",
-                r["at_s"].as_f64().unwrap_or(0.0),
-                r["before"][0],
-                r["after"][0],
-                r["before"][1],
-                r["after"][1],
-                r["source"].as_str().unwrap_or(""),
-                num(&r["measured_before"]),
-                num(&r["predicted"]),
-                num(&r["measured_after"])
+                r.at_s,
+                pair(&r.before, 0),
+                pair(&r.after, 0),
+                pair(&r.before, 1),
+                pair(&r.after, 1),
+                r.source,
+                num(r.measured_before),
+                num(r.predicted),
+                num(r.measured_after)
             );
         }
     }

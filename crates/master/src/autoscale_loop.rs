@@ -525,10 +525,8 @@ async fn enforce_memory_limits(core: &MasterCore, limits: &MemoryLimits) {
 }
 
 /// The autoscaler's state with the memory limits' changes, for status and result.json.
-fn status(auto: &Autoscaler, limits: &MemoryLimits) -> serde_json::Value {
-    let mut s = auto.status();
-    s["memory_limits"] = serde_json::json!(limits.changes());
-    s
+fn status(auto: &Autoscaler, limits: &MemoryLimits) -> elastrec_proto::master::AutoscaleStatus {
+    crate::wire::autoscale_message(&auto.status(), limits.changes())
 }
 
 /// Vertical memory: each live node's limit follows its resident memory (Primus Eq. 2-3).

@@ -192,16 +192,15 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<()> {
         .await
         .map_err(|s| anyhow::anyhow!("scale refused: {}", s.message()))?
         .into_inner();
-    if !r.reshard_json.is_empty() {
-        let v: serde_json::Value = serde_json::from_str(&r.reshard_json)?;
+    if let Some(v) = &r.reshard {
         println!(
             "PS: {} -> {} (layout {}); training paused {:.1} ms, moved {:.1} MB ({:.1} MB pre-copied)",
-            v["from"],
-            v["to"],
-            v["layout_version"],
-            v["pause_ms"].as_f64().unwrap_or(0.0),
-            (v["frozen_bytes"].as_f64().unwrap_or(0.0) + v["precopy_bytes"].as_f64().unwrap_or(0.0)) / 1e6,
-            v["precopy_bytes"].as_f64().unwrap_or(0.0) / 1e6
+            v.from,
+            v.to,
+            v.layout_version,
+            v.pause_ms,
+            (v.frozen_bytes + v.precopy_bytes) as f64 / 1e6,
+            v.precopy_bytes as f64 / 1e6
         );
     }
     if args.workers.is_some() {

@@ -114,7 +114,7 @@ pub struct MasterCore {
     /// The latest heartbeat profile of every node (CPU, memory, time split).
     pub profiles: Mutex<std::collections::BTreeMap<u32, elastrec_proto::master::NodeProfile>>,
     /// The autoscaler's state as JSON, refreshed by its loop (absent: autoscaling off).
-    pub autoscale_status: Mutex<Option<serde_json::Value>>,
+    pub autoscale_status: Mutex<Option<elastrec_proto::master::AutoscaleStatus>>,
     /// How the master calls parameter servers (re-sharding).
     pub ps_access: std::sync::OnceLock<crate::reshard::PsAccess>,
     /// How the backend starts nodes (its sizes grow after an out-of-memory kill).
@@ -124,7 +124,7 @@ pub struct MasterCore {
     /// An online job's stream statistics (lag, SLO), refreshed by its watcher.
     pub stream_stats: Mutex<Option<crate::stream_stats::StreamStats>>,
     /// A following job's view of its datasets as JSON, refreshed by its watcher.
-    pub follow_status: Mutex<Option<serde_json::Value>>,
+    pub follow_status: Mutex<Option<elastrec_proto::master::DatasetsStatus>>,
     /// The serving buffers' names: the history's sources, then the stream
     /// (`elastrec_job::mix::source_names`); set at start and resume.
     pub source_names: std::sync::OnceLock<Vec<String>>,
@@ -429,13 +429,15 @@ impl MasterCore {
 
     /// An online job's part of the status: its stream statistics, the latest
     /// progressive-validation window and the last scaling decision.
-    fn stream_status(&self) -> Option<serde_json::Value> {
-        let mut v = serde_json::to_value(self.stream_stats.lock().as_ref()?).ok()?;
+    fn stream_status(&self) -> Option<elastrec_proto::master::StreamStatus> {
+        let stats = self.stream_stats.lock().clone()?;
         let latest = self.progressive.lock().as_ref().and_then(|p| p.latest());
         let decision = self.online_scaling.lock().last().cloned();
-        v["progressive"] = serde_json::json!(latest);
-        v["last_decision"] = serde_json::json!(decision);
-        Some(v)
+        Some(crate::wire::stream_message(
+            &stats,
+            latest.as_ref(),
+            decision.as_ref(),
+        ))
     }
 
     /// The status reply (also used by the progress display).
@@ -460,26 +462,21 @@ impl MasterCore {
         let now = monotonic_ms();
         // Before the job's lock: the stream's own locks are never taken inside it here.
         let stream = self.stream_status();
-        let progressive_json = if stream.is_none() {
+        let progressive = if stream.is_none() {
             self.progressive
                 .lock()
                 .as_ref()
                 .and_then(|p| p.latest())
-                .map(|f| serde_json::json!(f).to_string())
-                .unwrap_or_default()
+                .map(|f| crate::wire::window_message(&f))
         } else {
-            String::new()
+            None
         };
         let job = match wait {
             None => self.job.lock(),
             Some(wait) => self.job.try_lock_for(wait)?,
         };
         let q = job.tasks();
-        let mix_json = self
-            .mix_status(q)
-            .map(|v| v.to_string())
-            .unwrap_or_default();
-        let stream_json = stream.map(|v| v.to_string()).unwrap_or_default();
+        let mix = self.mix_status(q);
         let (todo, doing, done) = q.counts();
         let samples_done: u64 = (0..q.spec().epochs)
             .map(|e| q.ledger().summary(e).consumed)
@@ -530,22 +527,17 @@ impl MasterCore {
             held: job.held(),
             layout_version: job.layout_version(),
             num_ps: job.policy().num_ps,
-            reshards_json: serde_json::to_string(&*self.reshards.lock()).unwrap_or_default(),
-            autoscale_json: self
-                .autoscale_status
+            reshards: self
+                .reshards
                 .lock()
-                .as_ref()
-                .map(|v| v.to_string())
-                .unwrap_or_default(),
-            datasets_json: self
-                .follow_status
-                .lock()
-                .as_ref()
-                .map(|v| v.to_string())
-                .unwrap_or_default(),
-            stream_json,
-            progressive_json,
-            mix_json,
+                .iter()
+                .map(crate::wire::reshard_message)
+                .collect(),
+            autoscale: self.autoscale_status.lock().clone(),
+            datasets: self.follow_status.lock().clone(),
+            stream,
+            progressive,
+            mix,
         };
         drop(job);
         let mut reply = reply;
@@ -560,7 +552,10 @@ impl MasterCore {
     /// The serving buffers of a job with several (a mixture, or `[[data.source]]`): how
     /// they are served, and per source (by name) what waits and what was handed out.
     /// `None` for a job with one source.
-    pub(crate) fn mix_status(&self, q: &crate::tasks::TaskQueue) -> Option<serde_json::Value> {
+    pub(crate) fn mix_status(
+        &self,
+        q: &crate::tasks::TaskQueue,
+    ) -> Option<elastrec_proto::master::MixStatus> {
         if !q.is_mixture() && q.source_count() < 2 {
             return None;
         }
@@ -573,21 +568,23 @@ impl MasterCore {
         } else {
             names.len() - 1
         };
-        let mut queued_by = serde_json::Map::new();
-        let mut served_by = serde_json::Map::new();
+        let mut status = elastrec_proto::master::MixStatus {
+            serving: q.serving().to_string(),
+            sources: names[..shown].to_vec(),
+            ..Default::default()
+        };
         for (b, name) in names.iter().enumerate().take(shown) {
-            queued_by.insert(name.clone(), queued.get(b).copied().unwrap_or(0).into());
-            served_by.insert(
-                name.clone(),
-                serde_json::json!(served.get(b).copied().unwrap_or_default()),
-            );
+            let s = served.get(b).copied().unwrap_or_default();
+            let served = elastrec_proto::master::Served {
+                tasks: s.tasks,
+                rows: s.rows,
+            };
+            status
+                .queued
+                .insert(name.clone(), queued.get(b).copied().unwrap_or(0) as u64);
+            status.served.insert(name.clone(), served);
         }
-        Some(serde_json::json!({
-            "serving": q.serving().to_string(),
-            "sources": names[..shown],
-            "queued": queued_by,
-            "served": served_by,
-        }))
+        Some(status)
     }
 }
 

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use elastrec_job::config::JobConfig;
 use elastrec_job::datasets::{Follower, Landed};
 use elastrec_job::split::Source;
+use elastrec_proto::master::{DatasetsStatus, PendingPartition};
 
 use crate::core::MasterCore;
 use crate::events::event;
@@ -215,29 +216,26 @@ impl LateWatch {
         files: usize,
         total_landed: usize,
         growing: bool,
-    ) -> serde_json::Value {
+    ) -> DatasetsStatus {
         let now = Instant::now();
-        let pending: Vec<serde_json::Value> = landed
+        let pending = landed
             .pending
             .iter()
-            .map(|p| {
-                let waited = self
+            .map(|p| PendingPartition {
+                dataset: follower.dataset_name(p.dataset).to_string(),
+                dir: p.dir.clone(),
+                exists: p.exists,
+                waiting_s: self
                     .since
                     .get(&(p.dataset, p.dir.clone()))
-                    .map_or(0.0, |(t, _)| now.duration_since(*t).as_secs_f64());
-                serde_json::json!({
-                    "dataset": follower.dataset_name(p.dataset),
-                    "dir": p.dir,
-                    "exists": p.exists,
-                    "waiting_s": waited,
-                })
+                    .map_or(0.0, |(t, _)| now.duration_since(*t).as_secs_f64()),
             })
             .collect();
-        serde_json::json!({
-            "files": files,
-            "landed": total_landed,
-            "growing": growing,
-            "pending": pending,
-        })
+        DatasetsStatus {
+            files: files as u64,
+            landed: total_landed as u64,
+            growing,
+            pending,
+        }
     }
 }

@@ -344,19 +344,19 @@ impl Master for MasterService {
         if req.ps.is_some_and(|p| p == 0 || p > 64) {
             return Err(MasterError::invalid("ps must be between 1 and 64").into());
         }
-        let mut reshard_json = String::new();
+        let mut reshard = None;
         if let Some(ps) = req.ps {
             let r = crate::reshard::change_ps(&self.0, ps, "requested")
                 .await
                 .map_err(|e| MasterError::not_now(format!("{e:#}")))?;
-            reshard_json = serde_json::to_string(&r).unwrap_or_default();
+            reshard = Some(crate::wire::reshard_message(&r));
         }
         if req.workers == 0 {
             let target = self.0.job.lock().target_workers();
             return Ok(Response::new(ScaleResponse {
                 previous: target,
                 target,
-                reshard_json,
+                reshard,
             }));
         }
         let previous = self
@@ -383,7 +383,7 @@ impl Master for MasterService {
         Ok(Response::new(ScaleResponse {
             previous,
             target: req.workers,
-            reshard_json,
+            reshard,
         }))
     }
 

@@ -146,6 +146,42 @@ pub struct View {
     pub samples_total: u64,
 }
 
+/// The autoscaler's state, as `elastrec status` and `result.json` show it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AutoscaleState {
+    /// Worker and PS bounds, `[lowest, highest]`.
+    pub workers: [u32; 2],
+    /// See `workers`.
+    pub ps: [u32; 2],
+    /// Profile samples taken.
+    pub profile_samples: u64,
+    /// The throughput measured last, samples/s.
+    pub measured_samples_per_s: Option<f64>,
+    /// The brain's last plan.
+    pub last_plan: Option<Proposal>,
+    /// What the autoscaler made of it.
+    pub last_verdict: Option<String>,
+    /// The caps on plans.
+    pub limits: PlanLimits,
+    /// Why the brain could not be asked.
+    pub brain_error: Option<String>,
+    /// Every executed scaling action, oldest first.
+    pub scaling: Vec<ScalingRecord>,
+}
+
+/// The caps the machine and the job put on plans.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PlanLimits {
+    /// Most workers.
+    pub max_workers: Option<u32>,
+    /// Most cores in all.
+    pub max_cpu: Option<f64>,
+    /// Most cores per PS.
+    pub max_ps_cpu: Option<f64>,
+    /// Why the caps are what they are.
+    pub why: Option<String>,
+}
+
 /// One executed scaling action, for `status` and `result.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ScalingRecord {
@@ -437,29 +473,23 @@ impl Autoscaler {
     }
 
     /// The state for `elastrec status` and `result.json`.
-    pub fn status(&self) -> serde_json::Value {
-        serde_json::json!({
-            "bounds": {"workers": self.settings.workers, "ps": self.settings.ps},
-            "profile_samples": self.samples_taken,
-            "measured_samples_per_s": self.measured(),
-            "last_plan": self.last_plan.as_ref().map(|p| serde_json::json!({
-                "kind": p.kind.as_str(),
-                "workers": p.allocation.map(|a| a.workers),
-                "ps": p.allocation.map(|a| a.ps),
-                "predicted_samples_per_s": p.predicted_throughput,
-                "fit_mape_percent": p.fit_mape_percent,
-                "reasons": p.reasons,
-            })),
-            "last_verdict": self.last_verdict,
-            "limits": {
-                "max_workers": self.max_workers,
-                "max_cpu": self.max_cpu,
-                "max_ps_cpu": self.max_ps_cpu,
-                "why": self.cap_reason,
+    pub fn status(&self) -> AutoscaleState {
+        AutoscaleState {
+            workers: self.settings.workers,
+            ps: self.settings.ps,
+            profile_samples: self.samples_taken,
+            measured_samples_per_s: self.measured(),
+            last_plan: self.last_plan.clone(),
+            last_verdict: self.last_verdict.clone(),
+            limits: PlanLimits {
+                max_workers: self.max_workers,
+                max_cpu: self.max_cpu,
+                max_ps_cpu: self.max_ps_cpu,
+                why: self.cap_reason.clone(),
             },
-            "brain_error": self.brain_error,
-            "scaling": self.history,
-        })
+            brain_error: self.brain_error.clone(),
+            scaling: self.history.clone(),
+        }
     }
 }
 

@@ -585,7 +585,7 @@ fn a_growth_that_does_not_pay_is_undone_and_the_workers_stay_within_the_last_tha
     // interval.
     let (a, round, ..) = grow(1800);
     assert!(matches!(round, Round::Report(_)), "{round:?}");
-    assert_eq!(a.status()["limits"]["max_workers"], serde_json::Value::Null);
+    assert_eq!(a.status().limits.max_workers, None);
     // 4 workers at 1100/s: 10% of proportional. Halfway first: 3 workers, no limit
     // yet.
     let (mut a, round, mut t, mut s) = grow(1100);
@@ -604,7 +604,7 @@ fn a_growth_that_does_not_pay_is_undone_and_the_workers_stay_within_the_last_tha
         reasons.last().unwrap().contains("halfway: 3 workers"),
         "{reasons:?}"
     );
-    assert_eq!(a.status()["limits"]["max_workers"], serde_json::Value::Null);
+    assert_eq!(a.status().limits.max_workers, None);
     a.applied(&d, &view(t, 4, s), "revert");
     // 3 workers at 1050/s: 10% of proportional against the 2 workers before the plan.
     run(&mut a, &mut t, &mut s, 3, 1050, 2);
@@ -647,7 +647,7 @@ fn a_growth_that_does_not_pay_is_undone_and_the_workers_stay_within_the_last_tha
         matches!(d, Decision::Keep(ref why) if why.contains("more than the 2 this job measured to pay")),
         "{d:?}"
     );
-    assert_eq!(a.status()["limits"]["max_workers"], 2);
+    assert_eq!(a.status().limits.max_workers, Some(2));
 }
 
 /// A growth from 8 to 16 workers that pays 6% of proportional goes halfway, to 11;
@@ -682,8 +682,8 @@ fn an_unpaid_growth_goes_halfway_and_keeps_the_half_that_pays() {
     run(&mut a, &mut t, &mut s, 11, 2200, 2);
     let round = a.next_round(&view(t, 11, s));
     assert!(matches!(round, Round::Report(_)), "{round:?}");
-    assert_eq!(a.status()["limits"]["max_workers"], 15);
-    let why = a.status()["limits"]["why"].as_str().unwrap().to_string();
+    assert_eq!(a.status().limits.max_workers, Some(15));
+    let why = a.status().limits.why.unwrap();
     assert!(
         why.contains("the halfway step to 11 workers")
             && why.contains("where 16 workers and 17 cores did not"),
@@ -702,7 +702,7 @@ fn an_unpaid_growth_goes_back_to_the_largest_allocation_measured_to_pay() {
     probed(&mut a, &mut t, &mut s, (8, 1800), (6, 1400));
     let round = a.next_round(&view(t, 6, s));
     assert!(matches!(round, Round::Report(_)), "{round:?}");
-    assert_eq!(a.status()["limits"]["max_workers"], serde_json::Value::Null);
+    assert_eq!(a.status().limits.max_workers, None);
     let v = view(t, 6, s);
     let d = a.review(&plan(16, 1, 4000.0), &v);
     assert!(matches!(d, Decision::Apply { workers: 16, .. }), "{d:?}");
@@ -733,7 +733,7 @@ fn an_unpaid_growth_goes_back_to_the_largest_allocation_measured_to_pay() {
         "{reasons:?}"
     );
     a.applied(&d, &view(t, 10, s), "revert");
-    assert_eq!(a.status()["limits"]["max_workers"], 8);
+    assert_eq!(a.status().limits.max_workers, Some(8));
 }
 
 /// A plan that raised the cores per PS and did not pay limits the cores per PS, not
@@ -789,10 +789,10 @@ fn an_unpaid_raise_of_the_ps_cores_limits_the_ps_cores_only() {
         "{d:?}"
     );
     a.applied(&d, &view(t, 4, s), "revert");
-    let limits = &a.status()["limits"];
-    assert_eq!(limits["max_ps_cpu"], 1.0);
-    assert_eq!(limits["max_cpu"], serde_json::Value::Null);
-    assert_eq!(limits["max_workers"], serde_json::Value::Null);
+    let limits = a.status().limits;
+    assert_eq!(limits.max_ps_cpu, Some(1.0));
+    assert_eq!(limits.max_cpu, None);
+    assert_eq!(limits.max_workers, None);
     // More workers may come; their PS keep 1 core.
     run(&mut a, &mut t, &mut s, 4, 1000, 2);
     let v = view(t, 4, s);
@@ -876,8 +876,8 @@ fn a_give_back_probe_that_loses_little_caps_the_workers() {
         ),
         "{d:?}"
     );
-    assert_eq!(a.status()["limits"]["max_workers"], 6);
-    let why = a.status()["limits"]["why"].as_str().unwrap().to_string();
+    assert_eq!(a.status().limits.max_workers, Some(6));
+    let why = a.status().limits.why.unwrap();
     assert!(why.contains("probe: 6 -> 8 workers"), "{why}");
 }
 
@@ -975,10 +975,7 @@ fn plans_outside_the_bounds_garbage_and_scaling_during_recovery_are_refused() {
         matches!(d, Decision::Refuse(ref w) if w.contains("recovered")),
         "{d:?}"
     );
-    assert!(a.status()["last_verdict"]
-        .as_str()
-        .unwrap()
-        .starts_with("refused"));
+    assert!(a.status().last_verdict.unwrap().starts_with("refused"));
 }
 
 #[test]

@@ -195,7 +195,11 @@ pub(super) fn job_result(
             .count() as u32,
         ps_launched: job.nodes().filter(|n| n.role == Role::Ps).count() as u32,
         checkpoint: core.checkpoints().map(|c| c.report(total.consumed)),
-        autoscale: core.autoscale_status.lock().clone(),
+        autoscale: core
+            .autoscale_status
+            .lock()
+            .as_ref()
+            .map(|a| serde_json::to_value(a).expect("plain data")),
         resources: Resources {
             cpu_s: core.profiles.lock().values().map(|p| p.cpu_s).sum(),
             ..used
@@ -203,7 +207,9 @@ pub(super) fn job_result(
         reshards: core.reshards.lock().clone(),
         online: online_result(core, used.worker_node_s),
         progressive,
-        mix: core.mix_status(job.tasks()),
+        mix: core
+            .mix_status(job.tasks())
+            .map(|m| serde_json::to_value(m).expect("plain data")),
         export,
         validation: None,
     }
