@@ -204,7 +204,8 @@ fn convert(args: &ExportArgs) -> anyhow::Result<()> {
                 external_data: args.external_data,
                 raw_dense: args.raw_dense,
             };
-            let e = elastrec_export::onnx::write(&model, source, &args.out, opts)?;
+            let sig = elastrec_export::Signature::of_job(&model, &job)?;
+            let e = elastrec_export::onnx::write_signed(&model, sig, &args.out, opts)?;
             serde_json::json!({
                 "format": "onnx",
                 "path": e.path,

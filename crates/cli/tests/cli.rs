@@ -1,7 +1,11 @@
 //! End-to-end tests of the `elastrec` binary in temporary directories.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+use common::gen_named_csv;
 
 fn elastrec(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_elastrec"))
@@ -845,18 +849,7 @@ fn the_binary_runs_in_the_container_images_slim_runtime() {
 fn a_weight_column_of_zeros_leaves_corrupted_rows_out_and_ones_change_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let clean = tmp.path().join("clean");
-    ok(&elastrec(&[
-        "gen-data",
-        "--named",
-        "--format",
-        "csv",
-        "--out",
-        clean.to_str().unwrap(),
-        "--rows",
-        "90000",
-        "--days",
-        "3",
-    ]));
+    gen_named_csv(&clean, 90000, 3);
     // A job on the copy in `data` (with `extra` sections), writing to `run-<name>`.
     let job = |name: &str, data: &str, weights: bool, batch: usize, extra: &str| {
         let weight = if weights { "weight = \"w\"\n" } else { "" };
@@ -961,18 +954,7 @@ fn eval_figures_with_sample_weights_match_scikit_learn() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let gen = tmp.path().join("gen");
-    ok(&elastrec(&[
-        "gen-data",
-        "--named",
-        "--format",
-        "csv",
-        "--out",
-        gen.to_str().unwrap(),
-        "--rows",
-        "20000",
-        "--days",
-        "2",
-    ]));
+    gen_named_csv(&gen, 20000, 2);
     // Weights 0, 0.5, ..., 2.5 by row, and a heavier weight on clicks of odd rows, so the
     // weighted figures differ from the plain ones.
     let data = tmp.path().join("data");

@@ -7,7 +7,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{elastrec, elastrec_ok, gen_data, gen_named, named_features, python_json};
+use common::{
+    elastrec, elastrec_ok, gen_data, gen_named, gen_named_csv, named_features, python_json,
+};
 use elastrec_common::skip::python_imports;
 
 /// Where a family's data comes from.
@@ -409,9 +411,10 @@ fn raw_dense_predictions(model: &Path, data: &Path, dir: &Path) -> serde_json::V
 /// `export --raw-dense`: the graph takes the dense columns as a service logs them (NaN
 /// for a null) and applies their transforms itself: the Criteo preset's `ln(1 + max(x,
 /// 0))`, and a named feature's `log1p` or own chain (`fill_null`, `clamp`, `log1p`,
-/// `logit`, `box_cox`). ONNX Runtime fed the data files' raw columns predicts what
-/// `eval` predicts within 1e-5, nulls included; a model whose dense columns come from a
-/// `[[preprocess]]` graph is refused, saying what to do.
+/// `logit`, `box_cox`), or a `[[preprocess]]` graph's one-column numeric chain. ONNX
+/// Runtime fed the data files' raw columns predicts what `eval` predicts within 1e-5,
+/// nulls included; a dense feature the graph cannot compute (a one-hot) is refused,
+/// saying what to do.
 #[test]
 fn raw_dense_columns_are_transformed_inside_the_onnx_graph() {
     if !python_imports("ONNXRUNTIME", "onnxruntime, safetensors, numpy") {
@@ -433,18 +436,7 @@ fn raw_dense_columns_are_transformed_inside_the_onnx_graph() {
     assert!(got["max_abs_diff"].as_f64().unwrap() <= 1e-5, "{got}");
 
     let data = tmp.path().join("named-csv");
-    elastrec_ok(&[
-        "gen-data",
-        "--named",
-        "--format",
-        "csv",
-        "--out",
-        data.to_str().unwrap(),
-        "--rows",
-        "30000",
-        "--days",
-        "3",
-    ]);
+    gen_named_csv(&data, 30000, 3);
     let out = tmp.path().join("raw-named");
     let job = tmp.path().join("raw-named.toml");
     let dense = [
@@ -490,37 +482,62 @@ fn raw_dense_columns_are_transformed_inside_the_onnx_graph() {
     assert!(got["dense_nulls"].as_u64().unwrap() > 0, "{got}");
     assert!(got["max_abs_diff"].as_f64().unwrap() <= 1e-5, "{got}");
 
-    // A preprocessing graph's operators are not in the ONNX graph.
-    let pre = tmp.path().join("pre.toml");
-    let pre_out = tmp.path().join("pre");
-    std::fs::write(
-        &pre,
-        format!(
-            "[data]\ndir = \"{}\"\ntrain = [\"day_0.tsv\"]\neval = [\"day_2.tsv\"]\n[model]\n{SMALL}max_table_rows = 5000\n\
-             [[preprocess]]\ninput = \"I1..I13\"\nops = [\"fill_null(0)\", \"log1p\"]\n\
-             [[preprocess]]\ninput = \"C1..C26\"\n[train]\nprogress = false\n[output]\ndir = \"{}\"\n",
-            data_dir(tmp.path(), Data::Criteo).display(),
-            pre_out.display()
-        ),
-    )
-    .unwrap();
-    elastrec_ok(&["train", pre.to_str().unwrap()]);
-    let pre_onnx = tmp.path().join("pre.onnx");
+    // A [[preprocess]] graph's one-column numeric chains are in the graph too; a dense
+    // feature of several columns (a one-hot) is refused, saying what to do.
+    let criteo_data = data_dir(tmp.path(), Data::Criteo);
+    let preprocess_job = |name: &str, extra: &str| {
+        let job = tmp.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &job,
+            format!(
+                "[data]\ndir = \"{}\"\ntrain = [\"day_0.tsv\"]\neval = [\"day_2.tsv\"]\n\
+                 [model]\n{SMALL}max_table_rows = 5000\n\
+                 [[preprocess]]\ninput = \"I1..I12\"\nops = [\"fill_null(1)\", \"clamp(max = 1000)\", \"log1p\"]\n\
+                 [[preprocess]]\ninput = \"I13\"\nops = [\"cast(float)\", \"box_cox(0.5)\"]\n\
+                 {extra}[[preprocess]]\ninput = \"C1..C26\"\n\
+                 [train]\nprogress = false\n[output]\ndir = \"{}\"\n",
+                criteo_data.display(),
+                tmp.path().join(name).display()
+            ),
+        )
+        .unwrap();
+        elastrec_ok(&["train", job.to_str().unwrap()]);
+        tmp.path().join(name).join("model.bin")
+    };
+    let model = preprocess_job("pre", "");
+    let got = raw_dense_predictions(
+        &model,
+        &criteo_data.join("day_2.tsv"),
+        &tmp.path().join("pre-export"),
+    );
+    eprintln!("preprocess: {got}");
+    assert_eq!(got["rows"], 10_000, "{got}");
+    assert!(got["dense_nulls"].as_u64().unwrap() > 0, "{got}");
+    assert!(got["max_abs_diff"].as_f64().unwrap() <= 1e-5, "{got}");
+    let model = preprocess_job(
+        "onehot",
+        "[[preprocess]]\nname = \"I5_bands\"\ninput = \"I5\"\n\
+         ops = [\"fill_null(0)\", \"bucketize([1, 10])\", \"onehot(3)\"]\n",
+    );
+    let onehot_onnx = tmp.path().join("onehot.onnx");
     let refused = elastrec(&[
         "export",
         "--model",
-        pre_out.join("model.bin").to_str().unwrap(),
+        model.to_str().unwrap(),
         "--format",
         "onnx",
         "--raw-dense",
         "--out",
-        pre_onnx.to_str().unwrap(),
+        onehot_onnx.to_str().unwrap(),
     ]);
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "{err}");
-    assert!(err.contains("export without --raw-dense"), "{err}");
     assert!(
-        !pre_onnx.exists(),
+        err.contains("I5_bands") && err.contains("export without --raw-dense"),
+        "{err}"
+    );
+    assert!(
+        !onehot_onnx.exists(),
         "nothing is written for a refused export"
     );
 }

@@ -897,18 +897,7 @@ fn kafka_an_online_job_trains_json_messages_of_named_features_exactly_once() {
     };
     let f = fixture();
     let data = f.dir.join("named-json");
-    elastrec_ok(&[
-        "gen-data",
-        "--named",
-        "--format",
-        "csv",
-        "--out",
-        data.to_str().unwrap(),
-        "--rows",
-        "60000",
-        "--days",
-        "3",
-    ]);
+    gen_named_csv(&data, 60000, 3);
     let features = format!("\n{}", named_features("max_len = 30"));
     let (job, dir) = online_job_with("online-json", &brokers, "", "", "format = \"json\"");
     let text = std::fs::read_to_string(&job)

@@ -354,10 +354,15 @@ pub fn print_result(text: &str) {
 fn print_autoscale(a: &AutoscaleStatus) {
     let num = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.0}"));
     let bounds = a.bounds.clone().unwrap_or_default();
+    // As the JSON prints them: `[1,4]`.
+    let range = |v: &[u32]| {
+        let v: Vec<String> = v.iter().map(u32::to_string).collect();
+        format!("[{}]", v.join(","))
+    };
     println!(
-        "autoscale: workers in {:?}, PS in {:?}; {} profile samples, measured {} samples/s",
-        bounds.workers,
-        bounds.ps,
+        "autoscale: workers in {}, PS in {}; {} profile samples, measured {} samples/s",
+        range(&bounds.workers),
+        range(&bounds.ps),
         a.profile_samples,
         num(a.measured_samples_per_s)
     );

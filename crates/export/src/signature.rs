@@ -115,7 +115,54 @@ impl Signature {
     pub fn of_job(model: &Dlrm, job: &elastrec_job::JobConfig) -> Result<Self> {
         let schema = job.data.schema();
         let source = FeatureSource::new(schema.as_ref(), !job.preprocess.is_empty());
-        Self::of(model, source)
+        let mut sig = Self::of(model, source)?;
+        if matches!(source, FeatureSource::Plan) {
+            sig.name_plan_dense(&job.preprocess)?;
+        }
+        Ok(sig)
+    }
+
+    /// A preprocessing graph's dense columns by their features: a one-column feature of
+    /// one output keeps its column and chain (which `--raw-dense` can put in the graph);
+    /// wider ones (`onehot`, `multihot`) stay `preprocess` columns.
+    fn name_plan_dense(&mut self, specs: &[elastrec_preprocess::FeatureSpec]) -> Result<()> {
+        let plan = elastrec_preprocess::Plan::compile(specs)
+            .map_err(|e| ExportError::Shape(format!("the model's [[preprocess]] graph: {e}")))?;
+        let expanded = elastrec_preprocess::spec::expand(specs).map_err(|(entry, e)| {
+            ExportError::Shape(format!("[[preprocess]] entry {entry}: {e}"))
+        })?;
+        let mut columns = Vec::new();
+        for (f, (_, spec)) in plan.features().iter().zip(&expanded) {
+            if f.kind != elastrec_preprocess::FeatureKind::Dense {
+                continue;
+            }
+            let inputs = spec.input.columns();
+            for k in 0..f.width {
+                columns.push(match (f.width, inputs.as_slice()) {
+                    (1, [column]) => DenseColumn {
+                        feature: f.name.clone(),
+                        column: column.to_string(),
+                        transform: "ops",
+                        ops: spec.ops.clone(),
+                    },
+                    _ => DenseColumn {
+                        feature: format!("{}[{k}]", f.name),
+                        column: inputs.join(","),
+                        transform: "preprocess",
+                        ops: spec.ops.clone(),
+                    },
+                });
+            }
+        }
+        if columns.len() != self.dense.len() {
+            return Err(ExportError::Shape(format!(
+                "the [[preprocess]] graph makes {} dense columns where the model reads {}",
+                columns.len(),
+                self.dense.len()
+            )));
+        }
+        self.dense = columns;
+        Ok(())
     }
 
     /// The signature of `model`, whose inputs come from `source`.

@@ -334,6 +334,22 @@ pub fn gen_named(dir: &Path, rows: u64) {
     ]);
 }
 
+/// [`gen_named`]'s log over `days` days, as CSV files with a header (`day_K.csv`).
+pub fn gen_named_csv(dir: &Path, rows: u64, days: u32) {
+    elastrec_ok(&[
+        "gen-data",
+        "--named",
+        "--format",
+        "csv",
+        "--out",
+        dir.to_str().unwrap(),
+        "--rows",
+        &rows.to_string(),
+        "--days",
+        &days.to_string(),
+    ]);
+}
+
 /// The label and the columns of [`gen_named`]'s log as `[[data.feature]]` tables, to
 /// end a job's `[data]` section; `hist` adds lines to the `hist_items` sequence, which
 /// shares the item table.

@@ -94,7 +94,17 @@ pub fn write(
     out: &Path,
     opts: OnnxOptions,
 ) -> Result<OnnxExport> {
-    let sig = Signature::of(model, source)?;
+    write_signed(model, Signature::of(model, source)?, out, opts)
+}
+
+/// Writes `model`, whose inputs `sig` describes ([`Signature::of_job`] knows a
+/// `[[preprocess]]` graph's dense chains), as an ONNX graph to `out`.
+pub fn write_signed(
+    model: &Dlrm,
+    sig: Signature,
+    out: &Path,
+    opts: OnnxOptions,
+) -> Result<OnnxExport> {
     if opts.raw_dense {
         raw_dense::check(&sig)?;
     }

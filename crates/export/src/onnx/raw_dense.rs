@@ -1,13 +1,16 @@
 //! `--raw-dense`: the graph's `dense` input takes each dense column as the log holds it
 //! (NaN for a null) and applies the column's transform itself, as elastrec's reader does:
 //! `log1p` (`ln(1 + max(x, 0))`, the Criteo preset's and a named feature's
-//! `transform = "log1p"`), or the feature's own numeric chain (`fill_null`, `clamp`,
-//! `log1p`, `logit`, `box_cox`). A null, and anything a chain makes not finite, reads 0.
+//! `transform = "log1p"`), or the numeric chain of a named feature or of a
+//! `[[preprocess]]` graph's one-column dense feature (`fill_null`, `clamp`, `log1p`,
+//! `logit`, `box_cox`, `cast(float)`). A null, and anything a chain makes not finite,
+//! reads 0.
 //!
 //! Per column the graph slices `[batch, 1]`, applies its operators, and concatenates the
 //! columns back. Computed in fp32 where the reader computes chains in f64: the
 //! difference is a rounding of the input's magnitude, far below the predictions' 1e-5.
 
+use elastrec_data::ops::types::Element;
 use elastrec_data::ops::Op;
 
 use super::builder::Graph;
@@ -46,7 +49,8 @@ fn column_steps(c: &DenseColumn) -> Result<Steps> {
                         | Op::Clamp { .. }
                         | Op::Log1p
                         | Op::Logit { .. }
-                        | Op::BoxCox { .. } => Ok(op),
+                        | Op::BoxCox { .. }
+                        | Op::Cast(Element::Float) => Ok(op),
                         other => Err(ExportError::Unsupported(format!(
                             "--raw-dense: feature {}'s operator `{}` has no ONNX form here; \
                              export without --raw-dense and apply the chain before the graph",
@@ -58,9 +62,12 @@ fn column_steps(c: &DenseColumn) -> Result<Steps> {
                 .collect::<Result<Vec<_>>>()?;
             Ok(Steps::Chain(ops))
         }
-        other => Err(ExportError::Unsupported(format!(
-            "--raw-dense: the dense columns come from a [[preprocess]] graph ({other}), whose \
-             operators are not in the ONNX graph; export without --raw-dense"
+        _ => Err(ExportError::Unsupported(format!(
+            "--raw-dense: dense column {} of the [[preprocess]] graph reads {} through `{}`, \
+             which is not one number through numeric operators; export without --raw-dense",
+            c.feature,
+            c.column,
+            c.ops.join(" → ")
         ))),
     }
 }
@@ -187,6 +194,8 @@ impl Consts {
                 let y = g.op("Where", &[&positive, &y, &self.nan], vec![], None);
                 self.nan_unless_finite(g, &y)
             }
+            // An int as a float: the graph's input is already one.
+            Op::Cast(_) => x.to_string(),
             // `column_steps` lets no other operator through.
             _ => unreachable!("refused by column_steps"),
         }
