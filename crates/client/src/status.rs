@@ -13,7 +13,7 @@ use elastrec_rpc::{self as rpc, Master};
 use crate::connect::connect_with_timeout;
 
 /// A job's live status as `elastrec status --json` prints it (and the dashboard serves).
-pub fn status_value(s: &StatusResponse) -> anyhow::Result<serde_json::Value> {
+pub fn status_value(s: &StatusResponse) -> serde_json::Value {
     let nodes: Vec<serde_json::Value> = s
         .nodes
         .iter()
@@ -33,7 +33,7 @@ pub fn status_value(s: &StatusResponse) -> anyhow::Result<serde_json::Value> {
             })
         })
         .collect();
-    Ok(serde_json::json!({
+    serde_json::json!({
             "job": s.job_id, "phase": s.phase, "epoch": s.epoch, "epochs": s.epochs,
             "shards": {"todo": s.shards_todo, "doing": s.shards_doing, "done": s.shards_done},
             "samples_done": s.samples_done, "samples_total": s.samples_total,
@@ -53,7 +53,7 @@ pub fn status_value(s: &StatusResponse) -> anyhow::Result<serde_json::Value> {
             "stream": s.stream,
             "mix": s.mix,
             "progressive": s.progressive,
-    }))
+    })
 }
 
 /// Repeated status reads of one job (the dashboard's poller): the job directory's
@@ -87,7 +87,7 @@ impl StatusReader {
             version: rpc::version(),
         });
         match tokio::time::timeout(self.wait, call).await {
-            Ok(Ok(r)) => Ok(Some(status_value(&r.into_inner())?)),
+            Ok(Ok(r)) => Ok(Some(status_value(&r.into_inner()))),
             _ => {
                 // Connect afresh next time: a resumed master serves on a new address.
                 self.client = None;
@@ -99,7 +99,7 @@ impl StatusReader {
 
 /// Prints a live status as `elastrec status` shows it: the job's line, a row per node,
 /// then what the job's sections report.
-pub fn print_table(s: &StatusResponse) -> anyhow::Result<()> {
+pub fn print_table(s: &StatusResponse) {
     println!("job {} ({})", s.job_id, s.phase);
     println!(
         "epoch {}/{}  samples {}/{}  {:.0} samples/s  shards todo {} doing {} done {}  target workers {}",
@@ -194,7 +194,6 @@ pub fn print_table(s: &StatusResponse) -> anyhow::Result<()> {
     if let Some(m) = &s.mix {
         print_mix(m);
     }
-    Ok(())
 }
 
 /// A node's role as `elastrec status` names it.

@@ -153,10 +153,11 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         }
     };
     if args.json {
-        println!("{}", status_value(&s)?);
-        return Ok(());
+        println!("{}", status_value(&s));
+    } else {
+        elastrec_client::status::print_table(&s);
     }
-    elastrec_client::status::print_table(&s)
+    Ok(())
 }
 
 /// `elastrec scale`: change the number of workers of a running job.

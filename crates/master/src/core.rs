@@ -113,7 +113,7 @@ pub struct MasterCore {
     checkpoints: std::sync::OnceLock<Arc<crate::checkpoint::Coordinator>>,
     /// The latest heartbeat profile of every node (CPU, memory, time split).
     pub profiles: Mutex<std::collections::BTreeMap<u32, elastrec_proto::master::NodeProfile>>,
-    /// The autoscaler's state as JSON, refreshed by its loop (absent: autoscaling off).
+    /// The autoscaler's state, refreshed by its loop (absent: autoscaling off).
     pub autoscale_status: Mutex<Option<elastrec_proto::master::AutoscaleStatus>>,
     /// How the master calls parameter servers (re-sharding).
     pub ps_access: std::sync::OnceLock<crate::reshard::PsAccess>,
@@ -123,7 +123,7 @@ pub struct MasterCore {
     pub reshards: Mutex<Vec<crate::reshard::ReshardRecord>>,
     /// An online job's stream statistics (lag, SLO), refreshed by its watcher.
     pub stream_stats: Mutex<Option<crate::stream_stats::StreamStats>>,
-    /// A following job's view of its datasets as JSON, refreshed by its watcher.
+    /// A following job's view of its datasets, refreshed by its watcher.
     pub follow_status: Mutex<Option<elastrec_proto::master::DatasetsStatus>>,
     /// The serving buffers' names: the history's sources, then the stream
     /// (`elastrec_job::mix::source_names`); set at start and resume.
@@ -430,11 +430,12 @@ impl MasterCore {
     /// An online job's part of the status: its stream statistics, the latest
     /// progressive-validation window and the last scaling decision.
     fn stream_status(&self) -> Option<elastrec_proto::master::StreamStatus> {
-        let stats = self.stream_stats.lock().clone()?;
+        // One lock at a time, as before: the stream's statistics are read last.
         let latest = self.progressive.lock().as_ref().and_then(|p| p.latest());
         let decision = self.online_scaling.lock().last().cloned();
+        let stats = self.stream_stats.lock();
         Some(crate::wire::stream_message(
-            &stats,
+            stats.as_ref()?,
             latest.as_ref(),
             decision.as_ref(),
         ))

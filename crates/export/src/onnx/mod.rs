@@ -105,9 +105,11 @@ pub fn write_signed(
     out: &Path,
     opts: OnnxOptions,
 ) -> Result<OnnxExport> {
-    if opts.raw_dense {
-        raw_dense::check(&sig)?;
-    }
+    // Refused before anything is written.
+    let raw = opts
+        .raw_dense
+        .then(|| raw_dense::Transforms::of(&sig))
+        .transpose()?;
     let mut g = Graph::default();
     for p in params::dense_params(&model.dense) {
         g.constant_f32(&p.name, &p.shape, &p.values);
@@ -120,7 +122,7 @@ pub fn write_signed(
             Ok(keys.map(|k| k.into_iter().map(|k| k as i64).collect()))
         })
         .collect::<Result<Vec<Option<Vec<i64>>>>>()?;
-    let logits = model_graph(&mut g, model, &sig, &keys, opts.raw_dense)?;
+    let logits = model_graph(&mut g, model, &sig, &keys, raw.as_ref());
     let tasks = model.dense.tasks();
     let batch = [Dim::Named("batch"), Dim::Fixed(tasks)];
     g.output(
@@ -283,33 +285,34 @@ pub fn table_constant(name: &str) -> String {
 }
 
 /// Declares the inputs and builds the model; returns the logits `[batch, tasks]`.
-/// `keys`: each dynamic table's stored keys (as int64 bits), in its rows' order.
+/// `keys`: each dynamic table's stored keys (as int64 bits), in its rows' order. `raw`:
+/// the dense columns' transforms, when the `dense` input takes them raw.
 fn model_graph(
     g: &mut Graph,
     model: &Dlrm,
     sig: &Signature,
     keys: &[Option<Vec<i64>>],
-    raw: bool,
-) -> Result<String> {
+    raw: Option<&raw_dense::Transforms>,
+) -> String {
     let c = model.dense.config();
     let (nd, d) = (c.num_dense(), c.embedding_dim);
     let batch = Dim::Named("batch");
-    let dense = if raw {
-        let input = g.input(
-            "dense",
-            data_type::FLOAT,
-            &[batch.clone(), Dim::Fixed(nd)],
-            "the dense columns as the data holds them, NaN for a null (the graph applies \
-             the transforms the side file lists)",
-        );
-        raw_dense::transformed(g, &input, sig)?
-    } else {
-        g.input(
-            "dense",
-            data_type::FLOAT,
-            &[batch.clone(), Dim::Fixed(nd)],
-            "the dense columns after their transforms (the side file lists them)",
-        )
+    let doc = match raw {
+        Some(_) => {
+            "the dense columns as the data holds them, NaN for a null (the graph applies the \
+             transforms the side file lists)"
+        }
+        None => "the dense columns after their transforms (the side file lists them)",
+    };
+    let input = g.input(
+        "dense",
+        data_type::FLOAT,
+        &[batch.clone(), Dim::Fixed(nd)],
+        doc,
+    );
+    let dense = match raw {
+        Some(t) => t.apply(g, &input),
+        None => input,
     };
     let dense_x = if c.dense_shift.is_empty() {
         dense
@@ -387,11 +390,11 @@ fn model_graph(
         logit = mlp(g, "adapt", adapt, &a_in);
     }
     if task_logits.is_empty() {
-        return Ok(logit);
+        return logit;
     }
     let mut all = vec![logit.as_str()];
     all.extend(task_logits.iter().map(String::as_str));
-    Ok(g.concat(&all, 1))
+    g.concat(&all, 1)
 }
 
 /// The embedding slots `[batch, slots, width]`: single ids, then pooled lists (a

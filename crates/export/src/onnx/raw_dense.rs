@@ -27,11 +27,6 @@ enum Steps {
     Chain(Vec<Op>),
 }
 
-/// Each dense column's transform, or the reason the graph cannot apply it.
-fn steps(sig: &Signature) -> Result<Vec<Steps>> {
-    sig.dense.iter().map(column_steps).collect()
-}
-
 fn column_steps(c: &DenseColumn) -> Result<Steps> {
     match c.transform {
         "none" => Ok(Steps::Plain),
@@ -72,44 +67,53 @@ fn column_steps(c: &DenseColumn) -> Result<Steps> {
     }
 }
 
-/// Refuses, before anything is written, a model whose dense transforms the graph cannot
-/// apply.
-pub fn check(sig: &Signature) -> Result<()> {
-    steps(sig).map(drop)
-}
+/// Every dense column's transform as the graph applies it.
+pub struct Transforms(Vec<Steps>);
 
-/// The transformed dense columns `[batch, D]` from the raw ones in `raw`.
-pub(super) fn transformed(g: &mut Graph, raw: &str, sig: &Signature) -> Result<String> {
-    let steps = steps(sig)?;
-    if steps.is_empty() {
-        return Ok(raw.to_string());
+impl Transforms {
+    /// The transforms of `sig`'s dense columns, or why the graph cannot apply one: asked
+    /// before anything is written.
+    pub fn of(sig: &Signature) -> Result<Self> {
+        sig.dense
+            .iter()
+            .map(column_steps)
+            .collect::<Result<_>>()
+            .map(Self)
     }
-    let zero = g.scalar("raw.zero", 0.0);
-    let one = g.scalar("raw.one", 1.0);
-    let nan = g.scalar("raw.nan", f32::NAN);
-    let k = Consts { zero, one, nan };
-    let columns: Vec<String> = steps
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            let x = g.slice(raw, 1, i, i + 1);
-            match s {
-                Steps::Plain => k.null_zero(g, &x),
-                Steps::Log1p => {
-                    let x = k.null_zero(g, &x);
-                    let pos = g.op("Max", &[&x, &k.zero], vec![], None);
-                    let p1 = g.add(&pos, &k.one);
-                    g.op("Log", &[&p1], vec![], None)
+
+    /// The transformed dense columns `[batch, D]` from the raw ones in `raw`.
+    pub(super) fn apply(&self, g: &mut Graph, raw: &str) -> String {
+        if self.0.is_empty() {
+            return raw.to_string();
+        }
+        let zero = g.scalar("raw.zero", 0.0);
+        let one = g.scalar("raw.one", 1.0);
+        let nan = g.scalar("raw.nan", f32::NAN);
+        let k = Consts { zero, one, nan };
+        let columns: Vec<String> = self
+            .0
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let x = g.slice(raw, 1, i, i + 1);
+                match s {
+                    Steps::Plain => k.null_zero(g, &x),
+                    Steps::Log1p => {
+                        let x = k.null_zero(g, &x);
+                        let pos = g.op("Max", &[&x, &k.zero], vec![], None);
+                        let p1 = g.add(&pos, &k.one);
+                        g.op("Log", &[&p1], vec![], None)
+                    }
+                    Steps::Chain(ops) => {
+                        let y = ops.iter().fold(x, |x, op| k.apply(g, op, &x));
+                        k.finite_or_zero(g, &y)
+                    }
                 }
-                Steps::Chain(ops) => {
-                    let y = ops.iter().fold(x, |x, op| k.apply(g, op, &x));
-                    k.finite_or_zero(g, &y)
-                }
-            }
-        })
-        .collect();
-    let parts: Vec<&str> = columns.iter().map(String::as_str).collect();
-    Ok(g.concat(&parts, 1))
+            })
+            .collect();
+        let parts: Vec<&str> = columns.iter().map(String::as_str).collect();
+        g.concat(&parts, 1)
+    }
 }
 
 /// The scalar constants the transforms share.

@@ -702,14 +702,10 @@ impl Progress {
     /// Appends the job's status `s` to its history.
     fn record_history(&mut self, s: &elastrec_proto::master::StatusResponse) {
         let Some(dir) = &self.history_dir else { return };
-        let point = elastrec_client::status::status_value(s).map(|status| {
-            elastrec_client::history::point_of(&status, elastrec_client::history::unix_now_s())
-        });
-        let written = match point {
-            Ok(p) => elastrec_client::history::append(dir, &p).map_err(anyhow::Error::from),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = written {
+        let status = elastrec_client::status::status_value(s);
+        let point =
+            elastrec_client::history::point_of(&status, elastrec_client::history::unix_now_s());
+        if let Err(e) = elastrec_client::history::append(dir, &point) {
             eprintln!(
                 "master: not writing the job's history any more ({}: {e:#}); the dashboard's charts start when it opens",
                 elastrec_client::history::path(dir).display()
