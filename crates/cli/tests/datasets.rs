@@ -1,6 +1,7 @@
 //! Jobs over time-partitioned datasets (`[[data.dataset]]`): hourly partitions written by
 //! `gen-data --hourly-from`, windows chosen by date or sliding from `data.now`, trained by
-//! `elastrec train` and by a distributed `elastrec run` with an exact ledger.
+//! `elastrec train` and by a distributed `elastrec run` with an exact ledger; and a job
+//! over a list of files too long to count before it starts.
 
 #[path = "../../checkpoint/tests/integration/moto.rs"]
 #[allow(dead_code)] // the helper serves several test files
@@ -910,4 +911,109 @@ fn a_joined_source_labels_impressions_by_their_clicks_within_the_window() {
             && err.contains("not ready"),
         "{err}"
     );
+}
+
+/// A job over a long list (300 files of 40 rows, 2 epochs): `run` starts after counting
+/// the first 256 files and counts the rest while they train. Held before that count, the
+/// job trains exactly the counted files and waits (no second epoch is cut, epoch 0 does
+/// not close) while its status already expects every file's rows; its master killed
+/// there and resumed counts the rest from what it recorded, and both epochs cover all
+/// 12,000 rows exactly once.
+#[test]
+fn a_long_list_is_counted_while_training_and_across_a_master_restart() {
+    const FILES: usize = 300;
+    const PER_FILE: usize = 40;
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    common::gen_data(&data, (FILES * PER_FILE * 3 + 300) as u64, &[]);
+    let day = std::fs::read_to_string(data.join("day_0.tsv")).unwrap();
+    let lines: Vec<&str> = day.lines().collect();
+    assert!(lines.len() >= FILES * PER_FILE, "{}", lines.len());
+    let mut train = Vec::new();
+    for (i, rows) in lines.chunks(PER_FILE).take(FILES).enumerate() {
+        let name = format!("part-{i:05}.tsv");
+        std::fs::write(data.join(&name), rows.join("\n") + "\n").unwrap();
+        train.push(format!("\"{name}\""));
+    }
+    let path = tmp.path().join("long.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[data]
+dir = "data"
+train = [{}]
+eval = ["day_1.tsv"]
+[model]
+bottom_mlp = [32, 16]
+top_mlp = [32, 1]
+table_rows = 4000
+[train]
+batch_size = 256
+epochs = 2
+progress = false
+[output]
+dir = "long"
+[cluster]
+ps = 1
+workers = 2
+[checkpoint]
+enabled = false
+"#,
+            train.join(", ")
+        ),
+    )
+    .unwrap();
+    let dir = tmp.path().join("long");
+    let log = tmp.path().join("long.log");
+    let mut run = common::Group::spawn_with_env(
+        &["run", path.to_str().unwrap()],
+        &log,
+        &[("ELASTREC_FAIL_HOLD_COUNTING", "1")],
+    );
+    let counted = (256 * PER_FILE) as u64;
+    let all = (FILES * PER_FILE) as u64;
+    let s = common::wait_for_status(
+        &dir,
+        std::time::Duration::from_secs(180),
+        "done with the counted files",
+        |s| s["samples_done"].as_u64() == Some(counted) && s["shards"]["doing"] == 0,
+    );
+    assert_eq!(s["epoch"], 0, "{s}");
+    assert_eq!(
+        s["samples_total"].as_u64(),
+        Some(2 * all),
+        "the expected rows: {s}"
+    );
+    let started = common::events(&dir, "job_started");
+    assert!(
+        started[0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("256 of 300 files counted")),
+        "{started:?}"
+    );
+    // SAFETY: plain kill(2) of the master only; its nodes keep running.
+    unsafe {
+        libc::kill(run.pid(), libc::SIGKILL);
+    }
+    let _ = run.wait(std::time::Duration::from_secs(30));
+    let log2 = tmp.path().join("long.resume.log");
+    let mut run = common::Group::spawn(&["run", "--resume", dir.to_str().unwrap()], &log2);
+    run.wait_success(&log2);
+    let counts = common::events(&dir, "files_counted");
+    assert!(
+        counts.iter().any(|e| e["files"] == 300 && e["of"] == 300),
+        "{counts:?}"
+    );
+    let r = common::result(&dir);
+    assert_eq!(r["status"], "finished", "{r}");
+    for e in r["epochs"].as_array().unwrap() {
+        assert_eq!(e["consumed"].as_u64(), Some(all), "{r}");
+        assert_eq!(
+            (e["duplicated"].as_u64(), e["missing"].as_u64()),
+            (Some(0), Some(0)),
+            "{r}"
+        );
+    }
+    assert_eq!(r["epochs"].as_array().unwrap().len(), 2, "{r}");
 }

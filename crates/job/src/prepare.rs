@@ -72,7 +72,7 @@ pub fn count_train_rows(job: &JobConfig) -> Result<Vec<(PathBuf, u64)>> {
 /// Each file with its row count (the sidecar index, built on first use and reused); a
 /// named-feature job's text files start with a header that is not a row. Files are
 /// counted in parallel: a job of many files waits on their footers and indexes.
-fn row_counts(job: &JobConfig, files: &[PathBuf]) -> Result<Vec<(PathBuf, u64)>> {
+pub fn row_counts(job: &JobConfig, files: &[PathBuf]) -> Result<Vec<(PathBuf, u64)>> {
     use rayon::prelude::*;
     let named = job.data.is_named();
     files
@@ -197,11 +197,7 @@ pub fn fill_dense_stats(job: &mut JobConfig) -> Result<u64> {
     let (mut mean, mut m2) = (vec![0.0f64; width], vec![0.0f64; width]);
     let mut rows = 0u64;
     let mut batch = elastrec_data::Batch::default();
-    let counts = row_counts(job, &files)?;
-    // The validation slice (`train.validation`) is never trained: its rows do not shape
-    // the features either.
-    let (trained, _) = crate::selection::split_validation(&counts, job.train.validation);
-    let sampled = stats_sample(trained);
+    let sampled = stats_files(job, &files)?;
     let share = (DENSE_STATS_ROWS / sampled.len().max(1) as u64).max(1);
     for (file, end) in &sampled {
         let end = (*end).min(share);
@@ -253,7 +249,26 @@ pub fn fill_dense_stats(job: &mut JobConfig) -> Result<u64> {
 
 /// The files the standardization pass reads, with the rows it may read of each: every
 /// training file, or for a job of more than [`DENSE_STATS_FILES`], that many of those
-/// with rows to train, evenly spaced.
+/// with rows to train, evenly spaced. The validation slice (`train.validation`) is never
+/// trained, so its rows do not shape the features either; without one only the sampled
+/// files are counted (a job of many files starts without reading them all).
+fn stats_files(job: &JobConfig, files: &[PathBuf]) -> Result<Vec<(PathBuf, u64)>> {
+    if job.train.validation > 0.0 || files.len() <= DENSE_STATS_FILES {
+        let counts = row_counts(job, files)?;
+        let (trained, _) = crate::selection::split_validation(&counts, job.train.validation);
+        return Ok(stats_sample(trained));
+    }
+    let n = files.len();
+    let picked: Vec<PathBuf> = (0..DENSE_STATS_FILES)
+        .map(|i| files[i * n / DENSE_STATS_FILES].clone())
+        .collect();
+    let mut counted = row_counts(job, &picked)?;
+    counted.retain(|(_, rows)| *rows > 0);
+    Ok(counted)
+}
+
+/// Every training file with rows to train or, for a job of more than
+/// [`DENSE_STATS_FILES`], that many of those, evenly spaced.
 fn stats_sample(trained: Vec<(PathBuf, u64)>) -> Vec<(PathBuf, u64)> {
     if trained.len() <= DENSE_STATS_FILES {
         return trained;
@@ -300,17 +315,34 @@ pub fn fill_batch_size(job: &mut JobConfig) -> Result<Option<usize>> {
     if files.is_empty() {
         return Ok(None);
     }
-    // The rows an epoch trains, as `train` and `run` split off the validation slice.
-    let (ends, _) =
-        crate::selection::split_validation(&row_counts(job, &files)?, job.train.validation);
-    let trained: u64 = ends.iter().map(|(_, end)| end).sum();
-    if trained >= AUTO_STEPS_PER_EPOCH * AUTO_BATCH_SIZE as u64 {
+    let large = AUTO_STEPS_PER_EPOCH * AUTO_BATCH_SIZE as u64;
+    let trained = epoch_rows_up_to(job, &files, large)?;
+    if trained >= large {
         return Ok(None);
     }
     let fits = (trained / AUTO_STEPS_PER_EPOCH).max(1);
     let batch = (1usize << fits.ilog2()).clamp(MIN_AUTO_BATCH_SIZE, AUTO_BATCH_SIZE);
     job.train.batch_size = batch;
     Ok(Some(batch))
+}
+
+/// The rows an epoch trains, as `train` and `run` split off the validation slice; without
+/// one, counted a batch of files at a time only until they reach `enough` (a job of many
+/// files starts without counting them all).
+fn epoch_rows_up_to(job: &JobConfig, files: &[PathBuf], enough: u64) -> Result<u64> {
+    if job.train.validation > 0.0 {
+        let counts = row_counts(job, files)?;
+        let (ends, _) = crate::selection::split_validation(&counts, job.train.validation);
+        return Ok(ends.iter().map(|(_, end)| end).sum());
+    }
+    let mut rows = 0;
+    for batch in files.chunks(DENSE_STATS_FILES) {
+        rows += row_counts(job, batch)?.iter().map(|(_, r)| r).sum::<u64>();
+        if rows >= enough {
+            break;
+        }
+    }
+    Ok(rows)
 }
 
 /// Hashed rows per distinct value when sizing tables from cardinalities.
@@ -580,8 +612,9 @@ mod tests {
     }
 
     /// A job listing many files standardizes from [`DENSE_STATS_FILES`] of them, evenly
-    /// spaced over the whole list: a start-up cost that does not grow with the list, and
-    /// statistics of all of the data rather than of its first files.
+    /// spaced over the whole list, and opens no other (here the others do not even
+    /// exist): a start-up cost that does not grow with the list, and statistics of all of
+    /// the data rather than of its first files.
     #[test]
     fn a_job_of_many_files_standardizes_from_files_spread_over_the_list() {
         let dir = tempfile::tempdir().unwrap();
@@ -591,7 +624,9 @@ mod tests {
         job.data.train.clear();
         for i in 0..files {
             let name = format!("part_{i}.tsv");
-            std::fs::write(dir.path().join(&name), line(i) + &line(i)).unwrap();
+            if i % 4 == 0 {
+                std::fs::write(dir.path().join(&name), line(i) + &line(i)).unwrap();
+            }
             job.data.train.push(name);
         }
         assert_eq!(

@@ -18,8 +18,7 @@ use elastrec_proto::master::{DatasetsStatus, PendingPartition};
 
 use crate::core::MasterCore;
 use crate::events::event;
-use crate::job::{Change, Phase};
-use crate::run::FileRows;
+use crate::job::Phase;
 
 /// A failing listing is reported again after this long.
 const REPORT_EVERY: Duration = Duration::from_secs(30);
@@ -106,52 +105,8 @@ pub async fn run(core: Arc<MasterCore>, cfg: JobConfig) {
 /// Makes the new files durable, then queues their tasks. Errs when the master's state
 /// cannot be written.
 async fn queue_files(core: &MasterCore, landed: &Landed) -> Result<(), ()> {
-    let known: Vec<FileRows> = {
-        let sources = core.job.lock().tasks().file_sources().to_vec();
-        crate::run::core_file_pairs(core)
-            .into_iter()
-            .enumerate()
-            .map(|(i, (path, rows))| FileRows {
-                path,
-                rows,
-                source: sources.get(i).copied().unwrap_or(0),
-            })
-            .collect()
-    };
-    let all: Vec<FileRows> = known
-        .into_iter()
-        .chain(
-            landed
-                .files
-                .iter()
-                .zip(&landed.sources)
-                .map(|((path, rows), &source)| FileRows {
-                    path: path.clone(),
-                    rows: *rows,
-                    source,
-                }),
-        )
-        .collect();
-    let text = serde_json::to_string(&all).expect("file rows serialize");
-    if let Err(e) = core.persist(vec![Change::Meta("files", text)]).await {
-        event!(warn, "files_unrecorded", error = %e, "master: cannot record new files: {e}");
-        return Err(());
-    }
-    // Paths first: a task handed out names a file the service can resolve.
-    core.sources
-        .write()
-        .extend(landed.files.iter().map(|(p, _)| Source::File(p.clone())));
+    crate::file_count::append(core, &landed.files, &landed.sources).await?;
     let rows: Vec<u64> = landed.files.iter().map(|f| f.1).collect();
-    if core
-        .run(|job, cx| job.append_files(&rows, &landed.sources, cx))
-        .await
-        .is_err()
-    {
-        return Err(());
-    }
-    if let Some(c) = core.checkpoints() {
-        c.add_files(&landed.files);
-    }
     event!(
         "partitions_landed",
         partitions = landed.partitions.len(),

@@ -19,6 +19,7 @@ pub mod dataset_watch;
 pub mod error;
 pub mod events;
 pub mod export;
+pub mod file_count;
 pub mod launch;
 pub mod metrics;
 pub mod online_scale_loop;

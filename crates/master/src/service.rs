@@ -244,7 +244,7 @@ impl Master for MasterService {
                 // The schedule's multiplier at the job's samples so far, over the rows of
                 // its files times its epochs (`train` uses its own count the same way).
                 let lr_scale = schedule.map_or(0.0, |(s, epochs)| {
-                    let rows: u64 = job.tasks().file_rows().iter().sum();
+                    let rows = job.tasks().rows_per_epoch();
                     s.scale(job.samples_done(), rows * u64::from(*epochs))
                 });
                 // Under the job's lock, with the ledger change: the reply then waits for

@@ -518,8 +518,8 @@ impl Job {
         dealt
     }
 
-    /// A following job's new files (rows and `[[data.source]]` of each): appended to the
-    /// queue and cut into tasks. Returns the index of the first, or `None` once the job left training.
+    /// New files (rows and `[[data.source]]` of each) of a following job, or of a list the
+    /// master is still counting: appended to the queue and cut into tasks. Returns the index of the first, or `None` once the job left training.
     pub fn append_files(
         &mut self,
         rows: &[u64],
@@ -534,8 +534,8 @@ impl Job {
         Some(first)
     }
 
-    /// A following job's datasets can bring nothing more: training ends once the queue
-    /// is done (at once when it already is).
+    /// No file will be appended any more (a following job's datasets are closed, or the
+    /// list is counted): epoch 0 closes once done, and training ends once the queue is.
     pub fn stop_growing(&mut self, cx: &mut impl Context) {
         if self.phase != Phase::Training {
             return;

@@ -232,6 +232,9 @@ pub struct TaskQueue {
     follow: bool,
     /// More files may still be appended (cleared by [`TaskQueue::stop_growing`]).
     growing: bool,
+    /// Rows per epoch the whole list is expected to hold while it is still being counted
+    /// ([`TaskQueue::count_later`]); what progress and the learning-rate schedule divide by.
+    expected_rows: u64,
     /// Done tasks dropped by [`TaskQueue::compact`] since this queue was built.
     compacted: u64,
     /// Online queues: per worker, the partition and end offset of its last finished task
@@ -249,6 +252,7 @@ impl TaskQueue {
             open_ended: false,
             follow: false,
             growing: false,
+            expected_rows: 0,
             ledger: Ledger::new(file_rows.clone()),
             spec,
             file_rows,
@@ -442,7 +446,20 @@ impl TaskQueue {
                 .map(|(e, s)| e - s)
                 .sum();
         }
-        self.file_rows.iter().sum::<u64>() * self.spec.epochs as u64
+        self.rows_per_epoch() * self.spec.epochs as u64
+    }
+
+    /// Rows of one epoch over the history's files: while the list is still being counted,
+    /// at least the rows it is expected to hold.
+    pub fn rows_per_epoch(&self) -> u64 {
+        let known = self.file_rows[..self.stream_from() as usize]
+            .iter()
+            .sum::<u64>();
+        if self.growing && !self.follow {
+            known.max(self.expected_rows)
+        } else {
+            known
+        }
     }
 
     /// Epoch currently being handed out (the oldest with open tasks).
@@ -562,7 +579,8 @@ impl TaskQueue {
         if let Some(t) = self.held_by(worker) {
             return Assignment::Task(t.clone());
         }
-        if self.todo.is_empty() && self.generated_epochs < self.spec.epochs {
+        // A list still being counted cuts its next epoch once it is complete.
+        if self.todo.is_empty() && self.generated_epochs < self.spec.epochs && !self.growing {
             self.generate_epoch();
         }
         let next = match pin {

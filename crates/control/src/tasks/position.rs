@@ -15,6 +15,8 @@ impl TaskQueue {
         let mut q = Self::new(spec, file_rows);
         q.generated_epochs = generated_epochs;
         q.restore_ranges(tasks, ranges);
+        // Files counted after the position was taken join its epoch 0.
+        q.cut_untasked();
         q
     }
 

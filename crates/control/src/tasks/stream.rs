@@ -11,9 +11,37 @@ impl TaskQueue {
     pub fn follow(&mut self) {
         debug_assert_eq!(self.spec.epochs, 1, "a following job has one epoch");
         self.follow = true;
+        self.open_growing();
+    }
+
+    /// Makes this the queue of a job whose file list is still being counted (the master
+    /// counts a long list's rows while the first files train): epoch 0 exists at once and
+    /// takes the files [`TaskQueue::append_files`] brings, each batch shuffled among
+    /// itself; no later epoch is cut, and epoch 0 does not close, before
+    /// [`TaskQueue::stop_growing`] says the list is complete. Until then an epoch is
+    /// taken to hold at least `expected_rows` (an estimate from the counted files).
+    pub fn count_later(&mut self, expected_rows: u64) {
+        debug_assert!(!self.open_ended, "a stream's partitions are not counted");
+        self.expected_rows = expected_rows;
+        self.open_growing();
+    }
+
+    /// Opens epoch 0 to appended files: cut now, or (a rebuilt queue) with the files that
+    /// have no task cut.
+    fn open_growing(&mut self) {
         self.growing = true;
         if self.generated_epochs == 0 {
             self.generate_epoch();
+        } else {
+            self.cut_untasked();
+        }
+    }
+
+    /// Cuts into epoch 0 every file that has no task: files appended after the position
+    /// this queue was rebuilt from. Only while epoch 0 is the last one cut (a later
+    /// epoch's cut covers every file).
+    pub(super) fn cut_untasked(&mut self) {
+        if self.open_ended || self.generated_epochs != 1 {
             return;
         }
         let mut tasked = vec![false; self.file_rows.len()];
@@ -34,20 +62,23 @@ impl TaskQueue {
         self.follow
     }
 
-    /// True while a following job's queue may still take files.
+    /// True while the queue may still take files (a following job's, or one whose list is
+    /// still being counted).
     pub fn is_growing(&self) -> bool {
         self.growing
     }
 
-    /// Appends files of the given rows, of the given history sources, to a following
-    /// job's queue and cuts them into tasks at the back of their buffers (after every task
-    /// already there: data is trained in the order it landed). Returns the index of the
-    /// first new file.
+    /// Appends files of the given rows, of the given history sources, to a growing queue
+    /// (following, or still counting its list) and cuts them into epoch-0 tasks at the back
+    /// of their buffers, after every task already there. A following job trains them in
+    /// the order they landed; a counted list's batch is shuffled among itself (seeded by
+    /// the job and the batch's first file). Returns the index of the first new file.
     pub fn append_files(&mut self, rows: &[u64], sources: &[u32]) -> u32 {
         let first = self.file_rows.len() as u32;
-        if !self.follow {
+        if !self.follow && !self.growing {
             return first;
         }
+        let mut ranges = Vec::new();
         for (i, &r) in rows.iter().enumerate() {
             if self.source_count() > 1 {
                 self.file_source.resize(first as usize + i, 0);
@@ -57,20 +88,32 @@ impl TaskQueue {
             self.file_rows.push(r);
             self.file_start.push(0);
             self.ledger.add_file(r);
-            self.cut_file(first + i as u32);
+            let f = first + i as u32;
+            ranges.extend(shards(r, self.spec.rows_per_shard).map(|(s, e)| (f, s, e)));
         }
-        self.growing = true;
+        if !self.follow && self.spec.shuffle {
+            let seed = elastrec_common::splitmix::derive(self.spec.seed, u64::from(first));
+            ranges.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+        }
+        for (f, s, e) in ranges {
+            self.new_task(0, f, s, e, false);
+        }
+        if self.follow {
+            // A full recovery may have closed a following job's growth: files reopen it.
+            self.growing = true;
+        }
         first
     }
 
-    /// No more files will come: the epoch closes once its tasks are done. Returns the
-    /// epoch's verdict when that is already the case.
+    /// No more files will come: epoch 0 closes once its tasks are done (and a job of
+    /// several epochs cuts the next). Returns epoch 0's verdict when it is already done.
     pub fn stop_growing(&mut self) -> Option<(u32, LedgerSummary)> {
         if !std::mem::take(&mut self.growing) {
             return None;
         }
+        // Epoch 0 held off closing while it grew; its tasks may all be done already.
         let open = self.open_per_epoch.get(&0).copied().unwrap_or(0);
-        (self.follow && open == 0).then(|| (0, self.ledger.summary(0)))
+        (open == 0 && self.generated_epochs == 1).then(|| (0, self.ledger.summary(0)))
     }
 
     /// Cuts file `f` of epoch 0 into shards at the back of the queue.

@@ -98,6 +98,81 @@ fn following_again_cuts_the_files_a_rebuilt_queue_has_no_task_for() {
     assert_eq!((verdicts[0].1.consumed, verdicts[0].1.missing), (300, 0));
 }
 
+/// A job whose list is still being counted trains the counted files, waits instead of
+/// cutting its second epoch, takes the rest as they are counted, and then closes epoch 0
+/// and runs epoch 1 over every file: each row once per epoch.
+#[test]
+fn a_queue_counting_its_list_holds_the_next_epoch_until_the_list_is_complete() {
+    let mut q = TaskQueue::new(spec(100, 2), vec![250, 50]);
+    q.count_later(700);
+    assert_eq!(q.total_rows(), 1400, "the estimate while counting");
+    assert!(
+        train_until_wait(&mut q, 1).is_empty(),
+        "epoch 0 is still open"
+    );
+    assert_eq!(q.assign(1, false), Assignment::Wait);
+    assert_eq!(
+        q.generated_epochs(),
+        1,
+        "no epoch 1 before the list is counted"
+    );
+    assert_eq!(q.append_files(&[120, 0, 330], &[]), 2);
+    let mut files = std::collections::BTreeSet::new();
+    while let Assignment::Task(t) = q.assign(1, false) {
+        assert_eq!(t.epoch, 0);
+        files.insert(t.file);
+        q.report(1, t.id, t.len()).unwrap();
+    }
+    assert_eq!(files, [2, 4].into());
+    let (epoch, verdict) = q.stop_growing().expect("epoch 0 is done");
+    assert_eq!((epoch, verdict.consumed, verdict.missing), (0, 750, 0));
+    assert_eq!(q.total_rows(), 1500, "the counted rows once complete");
+    let rest = drain(&mut q, 1);
+    assert_eq!(rest.len(), 1);
+    assert_eq!((rest[0].0, rest[0].1.consumed), (1, 750));
+    assert!(rest[0].1.exactly_once());
+}
+
+/// An appended batch is shuffled among itself, the same way for the same job, and never
+/// ahead of the tasks already queued.
+#[test]
+fn a_counted_batch_is_shuffled_behind_the_queued_tasks() {
+    let order = || {
+        let mut q = TaskQueue::new(spec(10, 1), vec![10]);
+        q.count_later(0);
+        q.append_files(&[100, 100], &[]);
+        let mut got = Vec::new();
+        while let Assignment::Task(t) = q.assign(1, false) {
+            got.push((t.file, t.start));
+            q.report(1, t.id, t.len()).unwrap();
+        }
+        got
+    };
+    let got = order();
+    assert_eq!(got[0], (0, 0), "the counted file's task first");
+    assert_eq!(got.len(), 21);
+    let mut sorted = got.clone();
+    sorted.sort();
+    assert_ne!(got, sorted, "shuffled");
+    assert_eq!(got, order(), "deterministic");
+}
+
+/// A queue rebuilt from a position taken before the last files were counted (a full
+/// recovery, a master's restart) cuts those files into epoch 0: nothing is skipped.
+#[test]
+fn a_rebuilt_queue_cuts_files_counted_after_its_position() {
+    let mut q = TaskQueue::new(spec(100, 1), vec![100]);
+    q.count_later(0);
+    let pos = q.position();
+    q.append_files(&[200], &[]);
+    let mut r = TaskQueue::from_position(spec(100, 1), vec![100, 200], &pos);
+    let tasks: Vec<_> = r.tasks.values().map(|t| (t.file, t.start, t.end)).collect();
+    assert_eq!(tasks, vec![(0, 0, 100), (1, 0, 100), (1, 100, 200)]);
+    let verdicts = drain(&mut r, 1);
+    assert_eq!(verdicts.len(), 1);
+    assert_eq!((verdicts[0].1.consumed, verdicts[0].1.missing), (300, 0));
+}
+
 /// A queue rebuilt from a mid-epoch position (one task held) finishes the job with the
 /// ledger exact: the held task's unreported rows are trained once, nothing twice.
 #[test]

@@ -12,8 +12,9 @@ pub struct Fingerprint {
     pub optimizer: serde_json::Value,
     /// Training files (names) and their rows: the data position refers to them.
     pub files: Vec<(String, u64)>,
-    /// A following job's files grow: a checkpoint of it restores into the same job with
-    /// more files (its own are a prefix of the job's).
+    /// The job's files grow (a following job's partitions land; a long list is counted
+    /// while it trains): a checkpoint of it restores into the same job with more files
+    /// (its own are a prefix of the job's).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub following: bool,
     /// The `[[preprocess]]` graph: it decides the model's inputs (and what a row means to
@@ -40,6 +41,14 @@ impl Fingerprint {
                 serde_json::to_value(&job.preprocess).expect("graph serializes")
             },
             schema: job.data.schema(),
+        }
+    }
+
+    /// This fingerprint, for a job whose files grow (see [`Fingerprint::following`]).
+    pub fn growing(self) -> Self {
+        Self {
+            following: true,
+            ..self
         }
     }
 
@@ -77,7 +86,8 @@ impl Fingerprint {
                 other.schema, self.schema
             ));
         }
-        let grown = self.following && self.files.starts_with(&other.files);
+        // A checkpoint taken while the files grew restores into the same list, longer.
+        let grown = (self.following || other.following) && self.files.starts_with(&other.files);
         if self.files != other.files && !grown {
             return Some(format!(
                 "training files differ: checkpoint {:?} vs job {:?}",

@@ -498,15 +498,25 @@ impl Coordinator {
             }
             RecoveryMode::Full => {
                 self.dense_from_replica.lock().clear();
-                let (spec, rows, following) = {
+                let (spec, rows, following, counting) = {
                     let job = core.job.lock();
                     let q = job.tasks();
-                    (q.spec().clone(), q.file_rows().to_vec(), q.is_following())
+                    let counting = q.is_growing() && !q.is_following();
+                    let expected = counting.then(|| q.rows_per_epoch());
+                    (
+                        q.spec().clone(),
+                        q.file_rows().to_vec(),
+                        q.is_following(),
+                        expected,
+                    )
                 };
+                // Files that landed or were counted after the checkpoint get their tasks
+                // back (in epoch 0).
                 let mut queue = TaskQueue::from_position(spec, rows, &pos);
                 if following {
-                    // Files that landed after the checkpoint get their tasks back.
                     queue.follow();
+                } else if let Some(expected) = counting {
+                    queue.count_later(expected);
                 }
                 let closed = pos.epochs_closed.clone();
                 core.run(|job, cx| job.full_restore(queue, closed, cx))

@@ -50,6 +50,31 @@ fn fingerprint_names_the_section_that_differs() {
     assert!(a.mismatch(&d).unwrap().contains("[[preprocess]] differs"));
 }
 
+/// A checkpoint taken while a long list was still being counted names the files counted
+/// so far: it restores into the same job once more are counted (a PS recovery), and into
+/// a new job over the complete list (`--from-checkpoint`), but not into another list.
+#[test]
+fn a_checkpoint_of_a_list_being_counted_restores_into_the_longer_list() {
+    let job = JobConfig::default();
+    let file = |i: u32| (format!("/d/part-{i}.tsv"), 40);
+    let counted: Vec<_> = (0..2).map(file).collect();
+    let all: Vec<_> = (0..3).map(file).collect();
+    let taken = Fingerprint::of(&job, &counted).growing();
+    assert!(Fingerprint::of(&job, &all)
+        .growing()
+        .mismatch(&taken)
+        .is_none());
+    assert!(Fingerprint::of(&job, &all).mismatch(&taken).is_none());
+    let other: Vec<_> = [0, 2, 1].into_iter().map(file).collect();
+    assert!(Fingerprint::of(&job, &other)
+        .mismatch(&taken)
+        .unwrap()
+        .contains("training files"));
+    // A complete list does not restore into a shorter one.
+    let whole = Fingerprint::of(&job, &all);
+    assert!(Fingerprint::of(&job, &counted).mismatch(&whole).is_some());
+}
+
 /// A fingerprint read back from a manifest matches the job it was taken of, dense
 /// statistics included: their floats survive the JSON text. (Without serde_json's
 /// `float_roundtrip`, 7.5146660804748535 read back one ulp lower, and a standardized

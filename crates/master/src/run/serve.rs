@@ -439,7 +439,7 @@ fn validator(
     let Some(command) = command else {
         bail!("train.validation and train.early_stopping judge checkpoints; set checkpoint.enabled = true");
     };
-    let epoch_rows = core.job.lock().tasks().file_rows().iter().sum();
+    let epoch_rows = core.job.lock().tasks().rows_per_epoch();
     Validator::open(cfg, command, epoch_rows).map(Some)
 }
 

@@ -285,7 +285,7 @@ pub(super) fn shipped(cfg: &JobConfig) -> JobConfig {
 }
 
 pub(super) fn files_rows_total(core: &MasterCore) -> u64 {
-    core.job.lock().tasks().file_rows().iter().sum()
+    core.job.lock().tasks().rows_per_epoch()
 }
 
 /// The job's files with their rows, by index.

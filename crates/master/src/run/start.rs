@@ -19,6 +19,7 @@ use crate::backend::{BackendKind, ClusterBackend};
 use crate::checkpoint::{CheckpointStats, Coordinator, Fingerprint};
 use crate::core::{now_ms, LiveCtx, MasterCore};
 use crate::events::event;
+use crate::file_count;
 use crate::job::{Job, Node, Phase, Role};
 use crate::launch::LaunchTemplate;
 use crate::ledger::LedgerSummary;
@@ -165,12 +166,15 @@ struct JobFiles {
     stream_from: usize,
     /// The offset each of the stream's partitions starts at (an online job).
     stream_starts: Option<Vec<u64>>,
+    /// Listed files counted while the job trains (a long list, see [`file_count`]).
+    rest: file_count::Rest,
 }
 
-/// Counts the history's rows and, for an online job, asks its brokers where each
-/// partition starts: an empty training set is an error naming the files, and brokers
-/// and topics that do not answer stop the job before anything is created.
-async fn job_files(cfg: &JobConfig, job_id: &str) -> anyhow::Result<JobFiles> {
+/// Counts the history's rows (with `count_later`, only the first files of a long list)
+/// and, for an online job, asks its brokers where each partition starts: an empty training
+/// set is an error naming the files, and brokers and topics that do not answer stop the
+/// job before anything is created.
+async fn job_files(cfg: &JobConfig, job_id: &str, count_later: bool) -> anyhow::Result<JobFiles> {
     let stream_starts = match &cfg.stream {
         Some(s) => {
             let (s, group) = (s.clone(), s.group_for(job_id));
@@ -182,8 +186,16 @@ async fn job_files(cfg: &JobConfig, job_id: &str) -> anyhow::Result<JobFiles> {
         None => None,
     };
     // A mixture's history files come first, then the stream's partitions.
+    let mut rest = file_count::Rest::default();
     let history: Vec<FileRows> = if stream_starts.is_none() || cfg.is_mixture() {
-        elastrec_job::prepare::count_train_rows(cfg)?
+        let counted = if count_later {
+            let (counted, left) = file_count::count_first(cfg)?;
+            rest = left;
+            counted
+        } else {
+            elastrec_job::prepare::count_train_rows(cfg)?
+        };
+        counted
             .into_iter()
             .zip(elastrec_job::mix::train_file_sources(cfg))
             .map(|((f, rows), source)| FileRows {
@@ -215,6 +227,7 @@ async fn job_files(cfg: &JobConfig, job_id: &str) -> anyhow::Result<JobFiles> {
         slice,
         stream_from,
         stream_starts,
+        rest,
     })
 }
 
@@ -244,7 +257,13 @@ pub async fn start_job(
         slice,
         stream_from,
         stream_starts,
-    } = job_files(&cfg, &job_id).await?;
+        rest,
+    } = job_files(
+        &cfg,
+        &job_id,
+        file_count::may_count_later(&cfg, from.is_some()),
+    )
+    .await?;
     std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
     job_dir::attach_events(&dir)?;
     if crate::validation::wanted(&cfg) {
@@ -252,11 +271,15 @@ pub async fn start_job(
     }
     // Tells this job's processes and shared memory from another job's of the same name.
     let job_uid = random_hex(16);
-    let total_samples = files.iter().map(|f| f.rows).sum::<u64>() * cfg.train.epochs as u64;
+    let epoch_rows = file_count::expected_rows(&files, &rest);
+    let total_samples = epoch_rows * cfg.train.epochs as u64;
     let autoscale =
         brain_at_start(&mut cfg, &dir, format!("{job_id}-{job_uid}"), total_samples).await?;
     let cfg = cfg;
-    let fingerprint = Fingerprint::of(&cfg, &file_pairs(&files));
+    let mut fingerprint = Fingerprint::of(&cfg, &file_pairs(&files));
+    if !rest.is_empty() {
+        fingerprint = fingerprint.growing();
+    }
     // A job started from a checkpoint checks it before anything is created.
     let foreign = match &from {
         Some(f) => Some(crate::checkpoint::load_foreign(&f.location, f.id, &fingerprint).await?),
@@ -293,6 +316,9 @@ pub async fn start_job(
         },
     )
     .await?;
+    if !rest.is_empty() {
+        store.set_meta(file_count::COUNTING_KEY, "1".into()).await?;
+    }
     std::fs::write(dir.started_ms_file(), now_ms().to_string())?;
     let shm_ns = shm_namespace(&job_id, &job_uid);
     let coordinator = cfg
@@ -326,6 +352,8 @@ pub async fn start_job(
     set_buffers(&mut queue, &cfg, &files);
     if cfg.data.follow {
         queue.follow();
+    } else if !rest.is_empty() {
+        queue.count_later(epoch_rows);
     }
     let workers = cfg.cluster.workers;
     let mut cx = LiveCtx::now();
@@ -338,11 +366,19 @@ pub async fn start_job(
         job.set_pause(pause_at, &mut cx);
     }
     store.apply(&cx.take_changes()).await?;
+    let rows = if rest.is_empty() {
+        format!("{} rows", files.iter().map(|f| f.rows).sum::<u64>())
+    } else {
+        format!(
+            "about {epoch_rows} rows ({} of {} files counted; the rest while training)",
+            files.len(),
+            files.len() + rest.len()
+        )
+    };
     event!("job_started", job = %job_id, addr = %addr, ps = cfg.cluster.ps, workers,
-        "job {job_id}: master on {addr}, {} PS, {} workers, {} rows x {} epochs, {} rows per shard; state in {}",
+        "job {job_id}: master on {addr}, {} PS, {} workers, {rows} x {} epochs, {} rows per shard; state in {}",
         cfg.cluster.ps,
         workers,
-        files.iter().map(|f| f.rows).sum::<u64>(),
         cfg.train.epochs,
         job.tasks().spec().rows_per_shard,
         dir.db().display()
@@ -365,6 +401,9 @@ pub async fn start_job(
         core.set_checkpoints(c);
     }
     core.effects(cx);
+    if !rest.is_empty() {
+        tokio::spawn(file_count::run(core.clone(), cfg.clone(), rest));
+    }
     serve(core, listener, token, &cfg, &dir, autoscale).await
 }
 
@@ -412,7 +451,11 @@ pub async fn resume_job(
             u
         }
     };
-    let queue = restored_queue(&snap.meta, snap.tasks, &snap.ranges, &cfg, &files)?;
+    let rest = uncounted(&snap.meta, &cfg, &files)?;
+    let mut queue = restored_queue(&snap.meta, snap.tasks, &snap.ranges, &cfg, &files)?;
+    if let Some(rest) = &rest {
+        queue.count_later(file_count::expected_rows(&files, rest));
+    }
     let stats: Option<CheckpointStats> = snap
         .meta
         .get("checkpoint_stats")
@@ -475,9 +518,13 @@ pub async fn resume_job(
     // for the next layout go back to the one in force.
     crate::reshard::abort_uncommitted(&core).await;
     if cfg.checkpoint.enabled {
+        let mut fingerprint = Fingerprint::of(&cfg, &core_file_pairs(&core));
+        if rest.is_some() {
+            fingerprint = fingerprint.growing();
+        }
         let c = Arc::new(Coordinator::new(
             &cfg,
-            Fingerprint::of(&cfg, &core_file_pairs(&core)),
+            fingerprint,
             files_rows_total(&core) * cfg.train.epochs as u64,
             &master_token,
             shm_namespace(&job_id, &job_uid),
@@ -494,6 +541,9 @@ pub async fn resume_job(
     } else {
         core.effects(cx);
     }
+    if let Some(rest) = rest {
+        tokio::spawn(file_count::run(core.clone(), cfg.clone(), rest));
+    }
     // The autoscaler starts afresh: the profile of the previous master's allocation is in
     // the brain's database already, and its windows are re-measured here.
     let autoscale = if cfg.autoscale.enabled {
@@ -508,6 +558,33 @@ pub async fn resume_job(
         None
     };
     serve(core, listener, token, &cfg, &dir, autoscale).await
+}
+
+/// The listed files a resumed job has still to count (its list was long; the previous
+/// master recorded the counted part), or `None` once its list is complete. The list must
+/// still begin with the recorded files.
+fn uncounted(
+    meta: &std::collections::HashMap<String, String>,
+    cfg: &JobConfig,
+    files: &[FileRows],
+) -> anyhow::Result<Option<file_count::Rest>> {
+    if meta.get(file_count::COUNTING_KEY).is_none_or(|v| v != "1") {
+        return Ok(None);
+    }
+    let listed = cfg.train_files();
+    if let Some((i, (f, l))) = files
+        .iter()
+        .zip(&listed)
+        .enumerate()
+        .find(|(_, (f, l))| Path::new(&f.path) != l.as_path())
+    {
+        bail!(
+            "training file {i} was {} when the job started and is now {}: data.train must not change while its rows are counted",
+            f.path,
+            l.display()
+        );
+    }
+    Ok(Some(file_count::Rest::after(cfg, files.len())))
 }
 
 /// A job is named after its directory.
