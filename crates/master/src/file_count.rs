@@ -110,6 +110,27 @@ pub fn expected_rows(counted: &[FileRows], rest: &Rest) -> u64 {
     (u128::from(rows) * listed / counted.len() as u128).min(u128::from(u64::MAX)) as u64
 }
 
+/// The training rows as the start reports them: counted, or (a list still being counted)
+/// the estimate and how many files it rests on.
+pub fn describe(counted: &[FileRows], rest: &Rest) -> String {
+    if rest.is_empty() {
+        return format!("{} rows", counted.iter().map(|f| f.rows).sum::<u64>());
+    }
+    format!(
+        "about {} rows ({} of {} files counted; the rest while training)",
+        expected_rows(counted, rest),
+        counted.len(),
+        counted.len() + rest.len()
+    )
+}
+
+/// Starts counting `rest` beside the job (nothing to do when it is empty).
+pub fn spawn(core: &Arc<MasterCore>, cfg: &JobConfig, rest: Rest) {
+    if !rest.is_empty() {
+        tokio::spawn(run(core.clone(), cfg.clone(), rest));
+    }
+}
+
 /// Counts the rest of the list in doubling batches and appends each to the queue, then
 /// closes the list. A file that cannot be counted fails the job, naming it. Ends early
 /// when the job leaves training.

@@ -44,10 +44,11 @@ impl Fingerprint {
         }
     }
 
-    /// This fingerprint, for a job whose files grow (see [`Fingerprint::following`]).
-    pub fn growing(self) -> Self {
+    /// This fingerprint, marked as a job whose files grow when `grows` (see
+    /// [`Fingerprint::following`]).
+    pub fn growing(self, grows: bool) -> Self {
         Self {
-            following: true,
+            following: self.following || grows,
             ..self
         }
     }

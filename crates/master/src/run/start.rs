@@ -170,11 +170,16 @@ struct JobFiles {
     rest: file_count::Rest,
 }
 
-/// Counts the history's rows (with `count_later`, only the first files of a long list)
+/// Counts the history's rows (only the first files of a long list, unless the job starts
+/// from a checkpoint)
 /// and, for an online job, asks its brokers where each partition starts: an empty training
 /// set is an error naming the files, and brokers and topics that do not answer stop the
 /// job before anything is created.
-async fn job_files(cfg: &JobConfig, job_id: &str, count_later: bool) -> anyhow::Result<JobFiles> {
+async fn job_files(
+    cfg: &JobConfig,
+    job_id: &str,
+    from_checkpoint: bool,
+) -> anyhow::Result<JobFiles> {
     let stream_starts = match &cfg.stream {
         Some(s) => {
             let (s, group) = (s.clone(), s.group_for(job_id));
@@ -188,7 +193,7 @@ async fn job_files(cfg: &JobConfig, job_id: &str, count_later: bool) -> anyhow::
     // A mixture's history files come first, then the stream's partitions.
     let mut rest = file_count::Rest::default();
     let history: Vec<FileRows> = if stream_starts.is_none() || cfg.is_mixture() {
-        let counted = if count_later {
+        let counted = if file_count::may_count_later(cfg, from_checkpoint) {
             let (counted, left) = file_count::count_first(cfg)?;
             rest = left;
             counted
@@ -258,12 +263,7 @@ pub async fn start_job(
         stream_from,
         stream_starts,
         rest,
-    } = job_files(
-        &cfg,
-        &job_id,
-        file_count::may_count_later(&cfg, from.is_some()),
-    )
-    .await?;
+    } = job_files(&cfg, &job_id, from.is_some()).await?;
     std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
     job_dir::attach_events(&dir)?;
     if crate::validation::wanted(&cfg) {
@@ -271,15 +271,11 @@ pub async fn start_job(
     }
     // Tells this job's processes and shared memory from another job's of the same name.
     let job_uid = random_hex(16);
-    let epoch_rows = file_count::expected_rows(&files, &rest);
-    let total_samples = epoch_rows * cfg.train.epochs as u64;
+    let total_samples = file_count::expected_rows(&files, &rest) * cfg.train.epochs as u64;
     let autoscale =
         brain_at_start(&mut cfg, &dir, format!("{job_id}-{job_uid}"), total_samples).await?;
     let cfg = cfg;
-    let mut fingerprint = Fingerprint::of(&cfg, &file_pairs(&files));
-    if !rest.is_empty() {
-        fingerprint = fingerprint.growing();
-    }
+    let fingerprint = Fingerprint::of(&cfg, &file_pairs(&files)).growing(!rest.is_empty());
     // A job started from a checkpoint checks it before anything is created.
     let foreign = match &from {
         Some(f) => Some(crate::checkpoint::load_foreign(&f.location, f.id, &fingerprint).await?),
@@ -349,12 +345,7 @@ pub async fn start_job(
         }
     }
     // The queue the job starts with (fresh, or at the checkpoint's position).
-    set_buffers(&mut queue, &cfg, &files);
-    if cfg.data.follow {
-        queue.follow();
-    } else if !rest.is_empty() {
-        queue.count_later(epoch_rows);
-    }
+    open_queue(&mut queue, &cfg, &files, &rest);
     let workers = cfg.cluster.workers;
     let mut cx = LiveCtx::now();
     let mut job = Job::start(policy(&cfg), queue, workers, &mut cx);
@@ -366,15 +357,7 @@ pub async fn start_job(
         job.set_pause(pause_at, &mut cx);
     }
     store.apply(&cx.take_changes()).await?;
-    let rows = if rest.is_empty() {
-        format!("{} rows", files.iter().map(|f| f.rows).sum::<u64>())
-    } else {
-        format!(
-            "about {epoch_rows} rows ({} of {} files counted; the rest while training)",
-            files.len(),
-            files.len() + rest.len()
-        )
-    };
+    let rows = file_count::describe(&files, &rest);
     event!("job_started", job = %job_id, addr = %addr, ps = cfg.cluster.ps, workers,
         "job {job_id}: master on {addr}, {} PS, {} workers, {rows} x {} epochs, {} rows per shard; state in {}",
         cfg.cluster.ps,
@@ -401,9 +384,7 @@ pub async fn start_job(
         core.set_checkpoints(c);
     }
     core.effects(cx);
-    if !rest.is_empty() {
-        tokio::spawn(file_count::run(core.clone(), cfg.clone(), rest));
-    }
+    file_count::spawn(&core, &cfg, rest);
     serve(core, listener, token, &cfg, &dir, autoscale).await
 }
 
@@ -518,10 +499,7 @@ pub async fn resume_job(
     // for the next layout go back to the one in force.
     crate::reshard::abort_uncommitted(&core).await;
     if cfg.checkpoint.enabled {
-        let mut fingerprint = Fingerprint::of(&cfg, &core_file_pairs(&core));
-        if rest.is_some() {
-            fingerprint = fingerprint.growing();
-        }
+        let fingerprint = Fingerprint::of(&cfg, &core_file_pairs(&core)).growing(rest.is_some());
         let c = Arc::new(Coordinator::new(
             &cfg,
             fingerprint,
@@ -542,7 +520,7 @@ pub async fn resume_job(
         core.effects(cx);
     }
     if let Some(rest) = rest {
-        tokio::spawn(file_count::run(core.clone(), cfg.clone(), rest));
+        file_count::spawn(&core, &cfg, rest);
     }
     // The autoscaler starts afresh: the profile of the previous master's allocation is in
     // the brain's database already, and its windows are re-measured here.
@@ -613,6 +591,18 @@ async fn brain_at_start(
         crate::autoscale_loop::apply_warm_plan(cfg, &a);
     }
     Ok(Some(start))
+}
+
+/// Opens a new job's queue to the files still to come: a following job's partitions as
+/// they land, or the rest of a long list as it is counted. Its buffers first, as the job
+/// configures them.
+fn open_queue(queue: &mut TaskQueue, cfg: &JobConfig, files: &[FileRows], rest: &file_count::Rest) {
+    set_buffers(queue, cfg, files);
+    if cfg.data.follow {
+        queue.follow();
+    } else if !rest.is_empty() {
+        queue.count_later(file_count::expected_rows(files, rest));
+    }
 }
 
 /// A new job's queue: its files, then an online job's partitions from their start
