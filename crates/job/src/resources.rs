@@ -411,6 +411,29 @@ pub fn host_address() -> std::io::Result<String> {
     })
 }
 
+/// Why an address to bind or advertise cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum AddressError {
+    /// `engine.network.master_advertise` names neither an IP address nor a host.
+    #[error("engine.network.master_advertise: `{0}` is neither an IP address nor a host name")]
+    NotAHostName(String),
+    /// No route tells this host's own address.
+    #[error("finding this host's address: {0}")]
+    NoHostAddress(#[source] std::io::Error),
+    /// An advertised address (`ELASTREC_ADVERTISE`, `[engine.network] advertise`) that is
+    /// not an IP address.
+    #[error("advertised address `{0}` is not an IP address")]
+    NotAnAdvertisedIp(String),
+    /// An address to bind that is not an IP address, and where it was set.
+    #[error("{setting}: `{value}` is not an IP address")]
+    NotABindIp {
+        /// The environment variable or job file key.
+        setting: &'static str,
+        /// Its value.
+        value: String,
+    },
+}
+
 /// Environment variable overriding the address a node advertises.
 pub const ADVERTISE_ENV: &str = "ELASTREC_ADVERTISE";
 
@@ -418,7 +441,10 @@ pub const ADVERTISE_ENV: &str = "ELASTREC_ADVERTISE";
 /// `bound`: `ELASTREC_ADVERTISE` when set (a pod IP from the downward API, a Slurm node's
 /// address), else `[engine.network] advertise`, else the bound address when it is a
 /// specific one, else this host's address.
-pub fn advertise_for(cfg: &EngineConfig, bound: std::net::SocketAddr) -> Result<String, String> {
+pub fn advertise_for(
+    cfg: &EngineConfig,
+    bound: std::net::SocketAddr,
+) -> Result<String, AddressError> {
     let from_env = std::env::var(ADVERTISE_ENV).ok().filter(|v| !v.is_empty());
     let configured = (!cfg.network.advertise.is_empty()).then(|| cfg.network.advertise.clone());
     advertise(from_env.or(configured), bound)
@@ -428,13 +454,14 @@ pub fn advertise_for(cfg: &EngineConfig, bound: std::net::SocketAddr) -> Result<
 /// master_advertise` (an IP address or a DNS name, e.g. a Kubernetes Service that still
 /// names the master after it restarts in a new pod), else the bound address when
 /// specific, else this host's address.
-pub fn master_advertise(cfg: &EngineConfig, bound: std::net::SocketAddr) -> Result<String, String> {
+pub fn master_advertise(
+    cfg: &EngineConfig,
+    bound: std::net::SocketAddr,
+) -> Result<String, AddressError> {
     let name = &cfg.network.master_advertise;
     if !name.is_empty() && name.parse::<std::net::IpAddr>().is_err() {
         if !is_dns_name(name) {
-            return Err(format!(
-                "engine.network.master_advertise: `{name}` is neither an IP address nor a host name"
-            ));
+            return Err(AddressError::NotAHostName(name.clone()));
         }
         return Ok(format!("{name}:{}", bound.port()));
     }
@@ -456,15 +483,15 @@ pub fn is_dns_name(name: &str) -> bool {
         })
 }
 
-fn advertise(host: Option<String>, bound: std::net::SocketAddr) -> Result<String, String> {
+fn advertise(host: Option<String>, bound: std::net::SocketAddr) -> Result<String, AddressError> {
     let host = match host {
         Some(h) => h,
         None if !bound.ip().is_unspecified() => return Ok(bound.to_string()),
-        None => host_address().map_err(|e| format!("finding this host's address: {e}"))?,
+        None => host_address().map_err(AddressError::NoHostAddress)?,
     };
     let ip: std::net::IpAddr = host
         .parse()
-        .map_err(|_| format!("advertised address `{host}` is not an IP address"))?;
+        .map_err(|_| AddressError::NotAnAdvertisedIp(host.clone()))?;
     Ok(std::net::SocketAddr::new(ip, bound.port()).to_string())
 }
 
@@ -474,19 +501,16 @@ pub const BIND_ENV: &str = "ELASTREC_BIND";
 
 /// The address a PS or worker binds its servers to: `ELASTREC_BIND` when set, else
 /// `[engine.network] bind`, else `cluster.bind`.
-pub fn bind_address(cfg: &JobConfig) -> Result<std::net::IpAddr, String> {
-    if let Some(bind) = std::env::var(BIND_ENV).ok().filter(|v| !v.is_empty()) {
-        return bind
-            .parse()
-            .map_err(|_| format!("{BIND_ENV}: `{bind}` is not an IP address"));
-    }
-    let bind = if cfg.engine.network.bind.is_empty() {
-        &cfg.cluster.bind
-    } else {
-        &cfg.engine.network.bind
+pub fn bind_address(cfg: &JobConfig) -> Result<std::net::IpAddr, AddressError> {
+    let (setting, bind) = match std::env::var(BIND_ENV).ok().filter(|v| !v.is_empty()) {
+        Some(bind) => (BIND_ENV, bind),
+        None if cfg.engine.network.bind.is_empty() => ("cluster.bind", cfg.cluster.bind.clone()),
+        None => ("engine.network.bind", cfg.engine.network.bind.clone()),
     };
-    bind.parse()
-        .map_err(|_| format!("engine.network.bind: `{bind}` is not an IP address"))
+    bind.parse().map_err(|_| AddressError::NotABindIp {
+        setting,
+        value: bind,
+    })
 }
 
 #[cfg(test)]

@@ -9,6 +9,46 @@ use elastrec_data::RowShuffle;
 use elastrec_proto::master as pb;
 use elastrec_stream::PartitionId;
 
+/// Why a source or split read back from the master's records or the wire is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SplitError {
+    /// A recorded stream source that does not name a partition.
+    #[error("{name:?} is listed among the stream's partitions but names none (expected kafka:TOPIC/PARTITION)")]
+    NotAPartition {
+        /// The recorded name.
+        name: String,
+    },
+    /// A task without a split.
+    #[error("the task names no file or partition")]
+    Missing,
+    /// A file split whose row order cannot be built.
+    #[error("file {path}: {reason}")]
+    BadShuffle {
+        /// The file.
+        path: String,
+        /// What `RowShuffle::check` refused.
+        reason: String,
+    },
+    /// A stream split without a topic or with a negative partition.
+    #[error("stream split of topic {topic:?}, partition {partition}: not a partition")]
+    BadPartition {
+        /// The topic named.
+        topic: String,
+        /// The partition named.
+        partition: i32,
+    },
+    /// A range whose end lies before its start.
+    #[error("{split}: range {start}..{end} runs backwards")]
+    Backwards {
+        /// The source, as recorded and reported.
+        split: String,
+        /// First row or offset.
+        start: u64,
+        /// End row or offset.
+        end: u64,
+    },
+}
+
 /// One of a job's data sources, by the master's index: a file or a stream partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
@@ -22,13 +62,13 @@ impl Source {
     /// A source from the name the master records in its job directory: a partition's
     /// `kafka:topic/partition` where the job's list holds partitions (`stream`), else a
     /// file's path.
-    pub fn from_recorded(name: &str, stream: bool) -> Result<Self, String> {
+    pub fn from_recorded(name: &str, stream: bool) -> Result<Self, SplitError> {
         if !stream {
             return Ok(Self::File(name.to_string()));
         }
         PartitionId::parse(name)
             .map(Self::Partition)
-            .ok_or_else(|| format!("{name:?} is listed among the stream's partitions but names none (expected kafka:TOPIC/PARTITION)"))
+            .ok_or_else(|| SplitError::NotAPartition { name: name.into() })
     }
 
     /// The partition, when this is one.
@@ -106,9 +146,9 @@ impl Split {
     /// The split a task received from the wire carries, checked for shape only (a worker
     /// still checks that the file or topic is the job's own): a range that does not run
     /// backwards, a named partition, a shuffle that `RowShuffle::check` accepts.
-    pub fn from_proto(split: Option<&pb::task::Split>) -> Result<Self, String> {
+    pub fn from_proto(split: Option<&pb::task::Split>) -> Result<Self, SplitError> {
         match split {
-            None => Err("the task names no file or partition".into()),
+            None => Err(SplitError::Missing),
             Some(pb::task::Split::File(f)) => {
                 let shuffle = f.shuffle.as_ref().map(|s| RowShuffle {
                     block_rows: s.block_rows,
@@ -117,7 +157,10 @@ impl Split {
                 });
                 if let Some(s) = shuffle {
                     s.check(f.start_row, f.end_row)
-                        .map_err(|e| format!("file {}: {e}", f.path))?;
+                        .map_err(|e| SplitError::BadShuffle {
+                            path: f.path.clone(),
+                            reason: e.to_string(),
+                        })?;
                 }
                 Self::checked(
                     Source::File(f.path.clone()),
@@ -128,10 +171,10 @@ impl Split {
             }
             Some(pb::task::Split::Stream(s)) => {
                 if s.topic.is_empty() || s.partition < 0 {
-                    return Err(format!(
-                        "stream split of topic {:?}, partition {}: not a partition",
-                        s.topic, s.partition
-                    ));
+                    return Err(SplitError::BadPartition {
+                        topic: s.topic.clone(),
+                        partition: s.partition,
+                    });
                 }
                 let p = PartitionId {
                     topic: s.topic.clone(),
@@ -147,9 +190,13 @@ impl Split {
         start: u64,
         end: u64,
         shuffle: Option<RowShuffle>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, SplitError> {
         if start > end {
-            return Err(format!("{source}: range {start}..{end} runs backwards"));
+            return Err(SplitError::Backwards {
+                split: source.to_string(),
+                start,
+                end,
+            });
         }
         Ok(Self {
             source,
@@ -207,7 +254,9 @@ mod tests {
             Source::from_recorded("kafka:t/0", true),
             Ok(partition("t", 0))
         );
-        let e = Source::from_recorded("/data/a.tsv", true).unwrap_err();
+        let e = Source::from_recorded("/data/a.tsv", true)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("\"/data/a.tsv\"") && e.contains("kafka:TOPIC/PARTITION"),
             "{e}"
@@ -223,14 +272,22 @@ mod tests {
             shuffle: None,
         });
         let e = Split::from_proto(Some(&backwards)).unwrap_err();
-        assert!(e.contains("a.tsv") && e.contains("9..3"), "{e}");
+        assert_eq!(
+            e,
+            SplitError::Backwards {
+                split: "a.tsv".into(),
+                start: 9,
+                end: 3
+            }
+        );
+        assert_eq!(e.to_string(), "a.tsv: range 9..3 runs backwards");
         let no_block = pb::task::Split::File(pb::FileSplit {
             path: "a.tsv".into(),
             start_row: 0,
             end_row: 3,
             shuffle: Some(pb::RowShuffle::default()),
         });
-        let e = Split::from_proto(Some(&no_block)).unwrap_err();
+        let e = Split::from_proto(Some(&no_block)).unwrap_err().to_string();
         assert!(
             e.contains("a.tsv") && e.contains("shuffle block of 0 rows"),
             "{e}"
@@ -241,16 +298,20 @@ mod tests {
             start_offset: 0,
             end_offset: 1,
         });
-        assert!(Split::from_proto(Some(&nameless)).is_err());
+        assert!(matches!(
+            Split::from_proto(Some(&nameless)),
+            Err(SplitError::BadPartition { .. })
+        ));
         let negative = pb::task::Split::Stream(pb::StreamSplit {
             topic: "t".into(),
             partition: -1,
             start_offset: 0,
             end_offset: 1,
         });
-        assert!(Split::from_proto(Some(&negative)).is_err());
-        assert!(Split::from_proto(None)
-            .unwrap_err()
-            .contains("no file or partition"));
+        assert!(matches!(
+            Split::from_proto(Some(&negative)),
+            Err(SplitError::BadPartition { partition: -1, .. })
+        ));
+        assert_eq!(Split::from_proto(None), Err(SplitError::Missing));
     }
 }

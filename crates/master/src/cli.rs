@@ -503,8 +503,7 @@ async fn simulated_worker(
                     .await?
                     .into_inner();
                 if let Some(Reply::Task(t)) = r.reply {
-                    let split = elastrec_job::split::Split::from_proto(t.split.as_ref())
-                        .map_err(anyhow::Error::msg)?;
+                    let split = elastrec_job::split::Split::from_proto(t.split.as_ref())?;
                     task = Some((t.task_id, t.offset, split.len()));
                 }
             }

@@ -48,14 +48,13 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
     let keepalive = keep_beating(&args.master, &token, args.node_id, reg.heartbeat_ms)?;
     let (job, plan) = (reg.job, reg.restore);
     let (peer_addrs, dense_from_replica) = (reg.peer_addrs, reg.dense_from_replica);
-    let ip = elastrec_job::resources::bind_address(&job).map_err(anyhow::Error::msg)?;
+    let ip = elastrec_job::resources::bind_address(&job)?;
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0))
         .await
         .with_context(|| format!("binding {ip}"))?;
     // What the master and the workers dial: reachable from other hosts when bound to all
     // interfaces.
-    let addr = elastrec_job::resources::advertise_for(&job.engine, listener.local_addr()?)
-        .map_err(anyhow::Error::msg)?;
+    let addr = elastrec_job::resources::advertise_for(&job.engine, listener.local_addr()?)?;
     let shard = build_shard(
         &job,
         args.index,
@@ -93,8 +92,7 @@ pub async fn run_ps(args: PsArgs) -> anyhow::Result<()> {
         token.clone(),
         job.cluster.max_message_bytes,
     ));
-    let metrics_addr = elastrec_job::resources::advertise_for(&job.engine, metrics.addr())
-        .map_err(anyhow::Error::msg)?;
+    let metrics_addr = elastrec_job::resources::advertise_for(&job.engine, metrics.addr())?;
     // The lease counts from before the registration was sent (see `lease.rs`).
     let registering = std::time::Instant::now();
     let reg = register_request(

@@ -252,12 +252,11 @@ pub async fn run_executor(args: WorkerArgs) -> anyhow::Result<()> {
     // The job says where to bind.
     let first = register_node(&mut master, Role::Executor, id, "", "", false).await?;
     let job = first.job;
-    let ip = elastrec_job::resources::bind_address(&job).map_err(anyhow::Error::msg)?;
+    let ip = elastrec_job::resources::bind_address(&job)?;
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0))
         .await
         .context("binding the executor's port")?;
-    let addr = elastrec_job::resources::advertise_for(&job.engine, listener.local_addr()?)
-        .map_err(anyhow::Error::msg)?;
+    let addr = elastrec_job::resources::advertise_for(&job.engine, listener.local_addr()?)?;
     let executor = Arc::new(Executor {
         files: TaskFiles::of_blocking(&job).await?,
         format: RowFormat::of(&job)?,

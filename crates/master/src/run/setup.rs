@@ -125,7 +125,10 @@ pub(super) fn job_tls(
 
 /// The address nodes reach the master at (see [`elastrec_job::resources::master_advertise`]).
 pub(super) fn advertised(cfg: &JobConfig, bound: SocketAddr) -> anyhow::Result<String> {
-    elastrec_job::resources::master_advertise(&cfg.engine, bound).map_err(anyhow::Error::msg)
+    Ok(elastrec_job::resources::master_advertise(
+        &cfg.engine,
+        bound,
+    )?)
 }
 
 /// The address the master binds: `cluster.bind`.

@@ -170,7 +170,7 @@ async fn serve_metrics(
     token: &str,
     metrics: &Arc<WorkerMetrics>,
 ) -> anyhow::Result<(elastrec_metrics::Endpoint, String)> {
-    let ip = elastrec_job::resources::bind_address(job).map_err(anyhow::Error::msg)?;
+    let ip = elastrec_job::resources::bind_address(job)?;
     let port = job
         .cluster
         .node_metrics_port(id)
@@ -181,8 +181,7 @@ async fn serve_metrics(
     })
     .await
     .with_context(|| format!("binding the metrics endpoint (port {port})"))?;
-    let addr = elastrec_job::resources::advertise_for(&job.engine, endpoint.addr())
-        .map_err(anyhow::Error::msg)?;
+    let addr = elastrec_job::resources::advertise_for(&job.engine, endpoint.addr())?;
     Ok((endpoint, addr))
 }
 

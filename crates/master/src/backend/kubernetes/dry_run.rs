@@ -61,10 +61,9 @@ fn render(cfg: &JobConfig, namespace: &str) -> anyhow::Result<String> {
     // What a start draws: a fresh uid, and a token that is never shown.
     let job_uid = random_hex(16);
     let token = random_hex(32);
-    let ip = elastrec_job::resources::bind_address(cfg).map_err(anyhow::Error::msg)?;
+    let ip = elastrec_job::resources::bind_address(cfg)?;
     let port = cfg.cluster.master_port;
-    let master = elastrec_job::resources::advertise_for(&cfg.engine, SocketAddr::new(ip, port))
-        .map_err(anyhow::Error::msg)?;
+    let master = elastrec_job::resources::advertise_for(&cfg.engine, SocketAddr::new(ip, port))?;
     let master = match master.strip_suffix(":0") {
         Some(host) => format!("{host}:<port bound at start>"),
         None => master,
