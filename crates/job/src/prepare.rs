@@ -561,6 +561,28 @@ mod tests {
         f.join("\t") + "\n"
     }
 
+    /// A large training set keeps the default batch as soon as the files counted so far
+    /// hold enough rows for 100 steps: the rest of a long list is not counted (here its
+    /// last file does not even exist).
+    #[test]
+    fn a_large_training_set_keeps_the_default_batch_without_counting_every_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let per_file = (AUTO_STEPS_PER_EPOCH * AUTO_BATCH_SIZE as u64) as usize / DENSE_STATS_FILES;
+        let first = dir.path().join("part_0.tsv");
+        std::fs::write(&first, (0..per_file as u32).map(line).collect::<String>()).unwrap();
+        let mut job = JobConfig::from_toml("", std::path::Path::new("job.toml")).unwrap();
+        job.data.dir = dir.path().to_path_buf();
+        job.data.train = vec!["part_0.tsv".into()];
+        for i in 1..DENSE_STATS_FILES {
+            let name = format!("part_{i}.tsv");
+            std::fs::hard_link(&first, dir.path().join(&name)).unwrap();
+            job.data.train.push(name);
+        }
+        job.data.train.push("not_counted.tsv".into());
+        assert_eq!(fill_batch_size(&mut job).unwrap(), None);
+        assert_eq!(job.train.batch_size, AUTO_BATCH_SIZE);
+    }
+
     /// A job file without a batch size gets 2048, or on a small training set the largest
     /// power of two that makes 100 steps an epoch (the validation slice not counted);
     /// a batch the file names, and an online job's, stand.
