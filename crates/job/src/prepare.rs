@@ -60,13 +60,20 @@ pub fn ensure_data(job: &JobConfig, progress: bool) -> Result<()> {
 pub fn count_train_rows(job: &JobConfig) -> Result<Vec<(PathBuf, u64)>> {
     let files = job.train_files();
     let counts = row_counts(job, &files)?;
-    if counts.iter().all(|&(_, rows)| rows == 0) {
+    some_rows(files, &counts)?;
+    Ok(counts)
+}
+
+/// [`JobError::NoTrainingData`], naming the listed `files`, when the `counted` ones (all
+/// of them, or the first of a long list) hold no row.
+pub fn some_rows(files: Vec<PathBuf>, counted: &[(PathBuf, u64)]) -> Result<()> {
+    if counted.iter().all(|&(_, rows)| rows == 0) {
         return Err(JobError::NoTrainingData {
             files,
             reason: "the data.train files hold 0 rows".into(),
         });
     }
-    Ok(counts)
+    Ok(())
 }
 
 /// Each file with its row count (the sidecar index, built on first use and reused); a
@@ -258,11 +265,7 @@ fn stats_files(job: &JobConfig, files: &[PathBuf]) -> Result<Vec<(PathBuf, u64)>
         let (trained, _) = crate::selection::split_validation(&counts, job.train.validation);
         return Ok(stats_sample(trained));
     }
-    let n = files.len();
-    let picked: Vec<PathBuf> = (0..DENSE_STATS_FILES)
-        .map(|i| files[i * n / DENSE_STATS_FILES].clone())
-        .collect();
-    let mut counted = row_counts(job, &picked)?;
+    let mut counted = row_counts(job, &evenly_spaced(files))?;
     counted.retain(|(_, rows)| *rows > 0);
     Ok(counted)
 }
@@ -274,12 +277,17 @@ fn stats_sample(trained: Vec<(PathBuf, u64)>) -> Vec<(PathBuf, u64)> {
         return trained;
     }
     let with_rows: Vec<_> = trained.into_iter().filter(|(_, end)| *end > 0).collect();
-    let n = with_rows.len();
-    if n <= DENSE_STATS_FILES {
+    if with_rows.len() <= DENSE_STATS_FILES {
         return with_rows;
     }
+    evenly_spaced(&with_rows)
+}
+
+/// [`DENSE_STATS_FILES`] of `items` (more than that many), evenly spaced from the first.
+fn evenly_spaced<T: Clone>(items: &[T]) -> Vec<T> {
+    let n = items.len();
     (0..DENSE_STATS_FILES)
-        .map(|i| with_rows[i * n / DENSE_STATS_FILES].clone())
+        .map(|i| items[i * n / DENSE_STATS_FILES].clone())
         .collect()
 }
 

@@ -38,9 +38,9 @@ pub struct Rest {
 }
 
 impl Rest {
-    /// The listed files after the first `counted` (and their `[[data.source]]`).
-    pub fn after(cfg: &JobConfig, counted: usize) -> Self {
-        let mut files = cfg.train_files();
+    /// The files of the job's list (`listed`, its `train_files`) after the first
+    /// `counted`, with their `[[data.source]]`.
+    pub fn after(cfg: &JobConfig, mut files: Vec<PathBuf>, counted: usize) -> Self {
         let mut sources = elastrec_job::mix::train_file_sources(cfg);
         files.drain(..counted.min(files.len()));
         sources.drain(..counted.min(sources.len()));
@@ -88,14 +88,8 @@ pub fn count_first(cfg: &JobConfig) -> anyhow::Result<(Vec<(PathBuf, u64)>, Rest
         }
         batch = (batch * 2).min(MAX_BATCH);
     }
-    if counted.iter().all(|&(_, rows)| rows == 0) {
-        return Err(elastrec_job::JobError::NoTrainingData {
-            files,
-            reason: "the data.train files hold 0 rows".into(),
-        }
-        .into());
-    }
-    let rest = Rest::after(cfg, counted.len());
+    let rest = Rest::after(cfg, files.clone(), counted.len());
+    elastrec_job::prepare::some_rows(files, &counted)?;
     Ok((counted, rest))
 }
 

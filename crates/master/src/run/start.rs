@@ -345,7 +345,7 @@ pub async fn start_job(
         }
     }
     // The queue the job starts with (fresh, or at the checkpoint's position).
-    open_queue(&mut queue, &cfg, &files, &rest);
+    open_queue(&mut queue, &cfg, &files, Some(&rest));
     let workers = cfg.cluster.workers;
     let mut cx = LiveCtx::now();
     let mut job = Job::start(policy(&cfg), queue, workers, &mut cx);
@@ -433,10 +433,7 @@ pub async fn resume_job(
         }
     };
     let rest = uncounted(&snap.meta, &cfg, &files)?;
-    let mut queue = restored_queue(&snap.meta, snap.tasks, &snap.ranges, &cfg, &files)?;
-    if let Some(rest) = &rest {
-        queue.count_later(file_count::expected_rows(&files, rest));
-    }
+    let queue = restored_queue(&snap.meta, snap.tasks, &snap.ranges, &cfg, &files, &rest)?;
     let stats: Option<CheckpointStats> = snap
         .meta
         .get("checkpoint_stats")
@@ -539,7 +536,7 @@ pub async fn resume_job(
 }
 
 /// The listed files a resumed job has still to count (its list was long; the previous
-/// master recorded the counted part), or `None` once its list is complete. The list must
+/// master recorded the counted part), or `None` once every file is recorded. The list must
 /// still begin with the recorded files.
 fn uncounted(
     meta: &std::collections::HashMap<String, String>,
@@ -562,7 +559,9 @@ fn uncounted(
             l.display()
         );
     }
-    Ok(Some(file_count::Rest::after(cfg, files.len())))
+    let rest = file_count::Rest::after(cfg, listed, files.len());
+    // Every file was recorded just before the previous master stopped: nothing grows.
+    Ok((!rest.is_empty()).then_some(rest))
 }
 
 /// A job is named after its directory.
@@ -593,14 +592,19 @@ async fn brain_at_start(
     Ok(Some(start))
 }
 
-/// Opens a new job's queue to the files still to come: a following job's partitions as
+/// Opens a new or resumed job's queue to the files still to come: a following job's partitions as
 /// they land, or the rest of a long list as it is counted. Its buffers first, as the job
 /// configures them.
-fn open_queue(queue: &mut TaskQueue, cfg: &JobConfig, files: &[FileRows], rest: &file_count::Rest) {
+fn open_queue(
+    queue: &mut TaskQueue,
+    cfg: &JobConfig,
+    files: &[FileRows],
+    rest: Option<&file_count::Rest>,
+) {
     set_buffers(queue, cfg, files);
     if cfg.data.follow {
         queue.follow();
-    } else if !rest.is_empty() {
+    } else if let Some(rest) = rest.filter(|r| !r.is_empty()) {
         queue.count_later(file_count::expected_rows(files, rest));
     }
 }
@@ -813,6 +817,7 @@ fn restored_queue(
     ranges: &[crate::ledger::ConsumedRange],
     cfg: &JobConfig,
     files: &[FileRows],
+    rest: &Option<file_count::Rest>,
 ) -> anyhow::Result<TaskQueue> {
     let generated: u32 = meta
         .get("generated_epochs")
@@ -852,11 +857,8 @@ fn restored_queue(
     if let Some(adj) = meta.get("ledger_adjust") {
         queue.adjust_ledger(&serde_json::from_str::<Vec<(u32, u64, u64)>>(adj)?);
     }
-    set_buffers(&mut queue, cfg, files);
-    if cfg.data.follow {
-        // Files stored just before the previous master stopped get their tasks.
-        queue.follow();
-    }
+    // Files stored just before the previous master stopped get their tasks.
+    open_queue(&mut queue, cfg, files, rest.as_ref());
     Ok(queue)
 }
 
